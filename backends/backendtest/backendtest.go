@@ -1,0 +1,623 @@
+// Package backendtest is the conformance suite every warden lock backend runs
+// from its own tests, against the real server it talks to. A backend is done
+// when it passes.
+//
+//	func TestConformance(t *testing.T) {
+//		backendtest.Run(t, backendtest.Backend{
+//			NewLocker: func(t testing.TB) guard.Locker { ... },
+//		})
+//	}
+//
+// The suite exercises only the guard.Locker contract (and the optional
+// capabilities the backend implements, found by type assertion): mutual
+// exclusion under contention proven by fencing tokens, token monotonicity,
+// expiry of a vanished holder, refresh, owner-only and idempotent release,
+// waiting that wakes on release, cancellation that leaves nothing behind, FIFO
+// order where claimed, read/write and semaphore semantics where offered.
+//
+// Every wait in the suite is a deadline on a condition, never a fixed sleep
+// whose length decides the outcome, so it holds on slow, shared machines.
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// Backend describes the backend under test.
+type Backend struct {
+	// NewLocker returns a new client of the backend, as independent of the
+	// others as a separate process would be (its own connection, its own
+	// session). Register any cleanup with t.Cleanup.
+	NewLocker func(t testing.TB) guard.Locker
+
+	// TTL is the lease TTL the suite uses. It should be short, because the
+	// expiry tests wait for it, but no shorter than the backend honours.
+	// Default 500ms.
+	TTL time.Duration
+
+	// Abandon makes l stop as a crashed process would: no more renewals,
+	// nothing released. Backends whose leases stay alive only through
+	// explicit Refresh calls can leave it nil; backends that renew a session
+	// in the background (etcd, ZooKeeper) must stop that renewal.
+	Abandon func(t testing.TB, l guard.Locker)
+
+	// FIFO claims first-come, first-served handoff for waiters that asked
+	// for it with AcquireOptions.Fair. It requires Waiters.
+	FIFO bool
+
+	// Waiters reports how many contenders are waiting for key, not counting
+	// the holders. The suite
+	// uses it to know a waiter is enqueued before it starts the next one,
+	// rather than sleeping and hoping. Needed by the FIFO and writer
+	// preference tests, which are skipped without it.
+	Waiters func(t testing.TB, key string) int
+}
+
+func (b *Backend) ttl() time.Duration {
+	if b.TTL > 0 {
+		return b.TTL
+	}
+	return 500 * time.Millisecond
+}
+
+// patience bounds every wait on a condition: far longer than any correct
+// backend needs, so reaching it means the behaviour is wrong, not slow.
+func (b *Backend) patience() time.Duration { return 20*b.ttl() + 10*time.Second }
+
+// Run runs the conformance suite as subtests of t.
+func Run(t *testing.T, b Backend) {
+	if b.NewLocker == nil {
+		t.Fatal("backendtest: Backend.NewLocker is nil")
+	}
+	t.Run("TryWhenHeld", func(t *testing.T) { testTryWhenHeld(t, &b) })
+	t.Run("TokensIncrease", func(t *testing.T) { testTokensIncrease(t, &b) })
+	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, &b) })
+	t.Run("ExpiryWhenHolderVanishes", func(t *testing.T) { testExpiry(t, &b) })
+	t.Run("RefreshExtends", func(t *testing.T) { testRefreshExtends(t, &b) })
+	t.Run("ReleaseIsIdempotent", func(t *testing.T) { testIdempotentRelease(t, &b) })
+	t.Run("WaitWakesOnRelease", func(t *testing.T) { testWaitWakes(t, &b) })
+	t.Run("CancelWhileWaiting", func(t *testing.T) { testCancelWhileWaiting(t, &b) })
+	t.Run("CancelledContext", func(t *testing.T) { testCancelledContext(t, &b) })
+	t.Run("FIFO", func(t *testing.T) { testFIFO(t, &b) })
+	t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, &b) })
+	t.Run("Semaphore", func(t *testing.T) { testSemaphore(t, &b) })
+}
+
+var keySeq atomic.Int64
+
+// key returns a key no earlier test (in this process or a previous run
+// against the same server) has used.
+func key(t testing.TB) string {
+	return fmt.Sprintf("conformance/%s/%d-%d", t.Name(), time.Now().UnixNano(), keySeq.Add(1))
+}
+
+func (b *Backend) opts(wait bool) guard.AcquireOptions {
+	return guard.AcquireOptions{TTL: b.ttl(), Wait: wait}
+}
+
+func (b *Backend) ctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), b.patience())
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustAcquire(t testing.TB, l guard.Locker, ctx context.Context, k string, o guard.AcquireOptions) guard.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctx, k, o)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", k, err)
+	}
+	if lease == nil {
+		t.Fatalf("Acquire(%q) returned a nil lease and no error", k)
+	}
+	return lease
+}
+
+func release(t testing.TB, lease guard.Lease) {
+	t.Helper()
+	if err := lease.Release(context.Background()); err != nil {
+		t.Errorf("Release(%q): %v", lease.Key(), err)
+	}
+}
+
+func expectNotAcquired(t testing.TB, l guard.Locker, ctx context.Context, k string, o guard.AcquireOptions) {
+	t.Helper()
+	lease, err := l.Acquire(ctx, k, o)
+	if err == nil {
+		lease.Release(context.Background())
+		t.Fatalf("Acquire(%q) succeeded while the lock was held elsewhere", k)
+	}
+	if !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("Acquire(%q) on a held lock: got %v, want ErrNotAcquired", k, err)
+	}
+}
+
+// eventually polls cond until it is true or the suite's patience runs out.
+func (b *Backend) eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(b.patience())
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", b.patience(), what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func testTryWhenHeld(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	l1, l2 := b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	lease := mustAcquire(t, l1, ctx, k, b.opts(false))
+	if lease.Key() == "" {
+		t.Error("Lease.Key() is empty")
+	}
+	expectNotAcquired(t, l2, ctx, k, b.opts(false))
+	expectNotAcquired(t, l1, ctx, k, b.opts(false)) // reentrancy is guard's business, not the backend's
+	release(t, lease)
+	release(t, mustAcquire(t, l2, ctx, k, b.opts(false)))
+}
+
+func testTokensIncrease(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	lockers := []guard.Locker{b.NewLocker(t), b.NewLocker(t)}
+	k := key(t)
+	var last uint64
+	for i := range 20 {
+		lease := mustAcquire(t, lockers[i%2], ctx, k, b.opts(false))
+		if tok := lease.Token(); tok <= last {
+			t.Fatalf("acquisition %d: token %d, not greater than the previous %d", i, tok, last)
+		} else {
+			last = tok
+		}
+		release(t, lease)
+	}
+	// A different key has its own lock: holding one must not block the other.
+	other := mustAcquire(t, lockers[0], ctx, k+"-other", b.opts(false))
+	again := mustAcquire(t, lockers[1], ctx, k, b.opts(false))
+	if again.Token() <= last {
+		t.Errorf("token went back from %d to %d", last, again.Token())
+	}
+	release(t, other)
+	release(t, again)
+}
+
+// testMutualExclusion runs contenders on several clients; a fenced resource
+// (it refuses a write whose token is not greater than the last accepted) and
+// an occupancy counter prove no two held the lock at once.
+func testMutualExclusion(t *testing.T, b *Backend) {
+	const clients, perClient, rounds = 3, 3, 8
+	ctx := b.ctx(t)
+	k := key(t)
+	var (
+		inside   atomic.Int32
+		mu       sync.Mutex
+		lastTok  uint64
+		sections int
+		wg       sync.WaitGroup
+	)
+	errs := make(chan error, clients*perClient*rounds)
+	for range clients {
+		l := b.NewLocker(t)
+		for range perClient {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					lease, err := l.Acquire(ctx, k, b.opts(true))
+					if err != nil {
+						errs <- fmt.Errorf("Acquire: %w", err)
+						return
+					}
+					if n := inside.Add(1); n != 1 {
+						errs <- fmt.Errorf("%d holders inside the critical section at once", n)
+					}
+					mu.Lock()
+					if tok := lease.Token(); tok <= lastTok {
+						errs <- fmt.Errorf("fenced write with token %d after token %d was accepted", tok, lastTok)
+					} else {
+						lastTok = tok
+					}
+					sections++
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					inside.Add(-1)
+					if err := lease.Release(context.Background()); err != nil {
+						errs <- fmt.Errorf("Release: %w", err)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if want := clients * perClient * rounds; sections != want {
+		t.Errorf("%d critical sections ran, want %d", sections, want)
+	}
+}
+
+func testExpiry(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	holder, other := b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	stale := mustAcquire(t, holder, ctx, k, b.opts(false))
+	start := time.Now()
+	if b.Abandon != nil {
+		b.Abandon(t, holder)
+	}
+	expectNotAcquired(t, other, ctx, k, b.opts(false))
+
+	next := mustAcquire(t, other, ctx, k, b.opts(true))
+	if waited := time.Since(start); waited < b.ttl()/2 {
+		t.Errorf("lock of a vanished holder was granted again after %v, before half its TTL %v", waited, b.ttl())
+	}
+	if next.Token() <= stale.Token() {
+		t.Errorf("new holder's token %d is not greater than the expired holder's %d", next.Token(), stale.Token())
+	}
+	if b.Abandon == nil {
+		// The stale lease must know it is stale, and must not touch the new
+		// holder's lock.
+		if err := stale.Refresh(ctx, b.ttl()); !errors.Is(err, guard.ErrNotHeld) {
+			t.Errorf("Refresh of an expired, taken-over lease: got %v, want ErrNotHeld", err)
+		}
+		if err := stale.Release(ctx); !errors.Is(err, guard.ErrNotHeld) {
+			t.Errorf("Release of an expired, taken-over lease: got %v, want ErrNotHeld", err)
+		}
+	}
+	expectNotAcquired(t, b.NewLocker(t), ctx, k, b.opts(false))
+	release(t, next)
+}
+
+func testRefreshExtends(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	holder, other := b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	lease := mustAcquire(t, holder, ctx, k, b.opts(false))
+	// Keep the lease alive for three TTLs by refreshing at a third of it; a
+	// refresh that did not extend would let the other client in.
+	end := time.Now().Add(3 * b.ttl())
+	for time.Now().Before(end) {
+		time.Sleep(b.ttl() / 3)
+		if err := lease.Refresh(ctx, b.ttl()); err != nil {
+			t.Fatalf("Refresh: %v", err)
+		}
+		expectNotAcquired(t, other, ctx, k, b.opts(false))
+	}
+	release(t, lease)
+	release(t, mustAcquire(t, other, ctx, k, b.opts(false)))
+}
+
+func testIdempotentRelease(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	l1, l2 := b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	lease := mustAcquire(t, l1, ctx, k, b.opts(false))
+	release(t, lease)
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("second Release: %v, want nil", err)
+	}
+	next := mustAcquire(t, l2, ctx, k, b.opts(false))
+	// A third release of the old lease must not free the new holder's lock.
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("third Release: %v, want nil", err)
+	}
+	if err := lease.Refresh(ctx, b.ttl()); !errors.Is(err, guard.ErrNotHeld) {
+		t.Errorf("Refresh after Release: got %v, want ErrNotHeld", err)
+	}
+	expectNotAcquired(t, l1, ctx, k, b.opts(false))
+	release(t, next)
+}
+
+// testWaitWakes holds the lock with a TTL far longer than the waiter's
+// patience, so only a release can let the waiter in.
+func testWaitWakes(t *testing.T, b *Backend) {
+	long := guard.AcquireOptions{TTL: 10 * b.patience()}
+	ctx := b.ctx(t)
+	l1, l2 := b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	lease := mustAcquire(t, l1, ctx, k, long)
+	waiting := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		close(waiting)
+		wctx, cancel := context.WithTimeout(ctx, b.patience()/2)
+		defer cancel()
+		l, err := l2.Acquire(wctx, k, guard.AcquireOptions{TTL: b.ttl(), Wait: true})
+		if err == nil {
+			err = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	<-waiting
+	time.Sleep(50 * time.Millisecond) // let the waiter start waiting; either order is correct
+	release(t, lease)
+	if err := <-got; err != nil {
+		t.Fatalf("waiter was not woken by the release: %v", err)
+	}
+}
+
+func testCancelWhileWaiting(t *testing.T, b *Backend) {
+	ctx := b.ctx(t)
+	l1, l2, l3 := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
+	k := key(t)
+	lease := mustAcquire(t, l1, ctx, k, b.opts(false))
+	wctx, cancel := context.WithCancel(ctx)
+	got := make(chan error, 1)
+	go func() {
+		l, err := l2.Acquire(wctx, k, guard.AcquireOptions{TTL: b.ttl(), Wait: true, Fair: b.FIFO})
+		if err == nil {
+			l.Release(context.Background())
+		}
+		got <- err
+	}()
+	if b.Waiters != nil {
+		b.eventually(t, "the waiter is queued", func() bool { return b.Waiters(t, k) >= 1 })
+	} else {
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: got %v, want context.Canceled", err)
+	}
+	release(t, lease)
+	// The cancelled waiter must have left nothing that blocks the next
+	// client: no queue entry, no key.
+	release(t, mustAcquire(t, l3, ctx, k, guard.AcquireOptions{TTL: b.ttl(), Fair: b.FIFO}))
+	if b.Waiters != nil {
+		b.eventually(t, "nothing is left queued", func() bool { return b.Waiters(t, k) == 0 })
+	}
+}
+
+func testCancelledContext(t *testing.T, b *Backend) {
+	l := b.NewLocker(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, wait := range []bool{false, true} {
+		lease, err := l.Acquire(ctx, key(t), b.opts(wait))
+		if err == nil {
+			lease.Release(context.Background())
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Acquire(wait=%v) with a cancelled context: got %v, want context.Canceled", wait, err)
+		}
+	}
+}
+
+func testFIFO(t *testing.T, b *Backend) {
+	if !b.FIFO {
+		t.Skip("backend does not claim FIFO order")
+	}
+	if b.Waiters == nil {
+		t.Fatal("Backend.FIFO needs Backend.Waiters")
+	}
+	const waiters = 5
+	ctx := b.ctx(t)
+	k := key(t)
+	fair := guard.AcquireOptions{TTL: b.ttl(), Wait: true, Fair: true}
+	first := mustAcquire(t, b.NewLocker(t), ctx, k, guard.AcquireOptions{TTL: 10 * b.patience(), Fair: true})
+	base := b.Waiters(t, k)
+	order := make(chan int, waiters)
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		l := b.NewLocker(t)
+		go func() {
+			lease, err := l.Acquire(ctx, k, fair)
+			if err != nil {
+				errs <- err
+				return
+			}
+			order <- i
+			time.Sleep(5 * time.Millisecond)
+			errs <- lease.Release(context.Background())
+		}()
+		b.eventually(t, fmt.Sprintf("waiter %d is queued", i), func() bool { return b.Waiters(t, k) >= base+i+1 })
+	}
+	release(t, first)
+	for i := range waiters {
+		select {
+		case got := <-order:
+			if got != i {
+				t.Errorf("handoff %d went to waiter %d, want %d (FIFO)", i, got, i)
+			}
+		case err := <-errs:
+			t.Fatalf("waiter failed: %v", err)
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for handoffs")
+		}
+	}
+	for range waiters {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func testReadWrite(t *testing.T, b *Backend) {
+	probe, ok := b.NewLocker(t).(guard.RWLocker)
+	if !ok {
+		t.Skip("backend does not implement guard.RWLocker")
+	}
+	ctx := b.ctx(t)
+	rw := func() guard.RWLocker { return b.NewLocker(t).(guard.RWLocker) }
+	k := key(t)
+	try := b.opts(false)
+
+	// Many readers at once; no writer while any reads.
+	r1, err := probe.AcquireRead(ctx, k, try)
+	if err != nil {
+		t.Fatalf("AcquireRead: %v", err)
+	}
+	r2, err := rw().AcquireRead(ctx, k, try)
+	if err != nil {
+		t.Fatalf("second AcquireRead while only readers hold: %v", err)
+	}
+	if w, err := rw().AcquireWrite(ctx, k, try); !errors.Is(err, guard.ErrNotAcquired) {
+		if err == nil {
+			w.Release(ctx)
+		}
+		t.Fatalf("AcquireWrite while readers hold: got %v, want ErrNotAcquired", err)
+	}
+	if r1.Token() == r2.Token() {
+		t.Errorf("two read leases share token %d", r1.Token())
+	}
+	release(t, r1)
+	release(t, r2)
+
+	// One writer; no reader or other writer while it writes.
+	w, err := rw().AcquireWrite(ctx, k, try)
+	if err != nil {
+		t.Fatalf("AcquireWrite on a free lock: %v", err)
+	}
+	if r, err := rw().AcquireRead(ctx, k, try); !errors.Is(err, guard.ErrNotAcquired) {
+		if err == nil {
+			r.Release(ctx)
+		}
+		t.Fatalf("AcquireRead while a writer holds: got %v, want ErrNotAcquired", err)
+	}
+	if w2, err := rw().AcquireWrite(ctx, k, try); !errors.Is(err, guard.ErrNotAcquired) {
+		if err == nil {
+			w2.Release(ctx)
+		}
+		t.Fatalf("second AcquireWrite: got %v, want ErrNotAcquired", err)
+	}
+	release(t, w)
+
+	// A waiting writer is not starved: once it is queued behind a reader,
+	// new readers wait too.
+	if b.Waiters == nil {
+		t.Log("writer preference not checked: Backend.Waiters is nil")
+		return
+	}
+	reader, err := rw().AcquireRead(ctx, k, b.opts(false))
+	if err != nil {
+		t.Fatalf("AcquireRead: %v", err)
+	}
+	base := b.Waiters(t, k)
+	wrote := make(chan error, 1)
+	go func() {
+		w, err := rw().AcquireWrite(ctx, k, b.opts(true))
+		if err == nil {
+			err = w.Release(context.Background())
+		}
+		wrote <- err
+	}()
+	b.eventually(t, "the writer is queued", func() bool { return b.Waiters(t, k) > base })
+	if r, err := rw().AcquireRead(ctx, k, try); !errors.Is(err, guard.ErrNotAcquired) {
+		if err == nil {
+			r.Release(ctx)
+		}
+		t.Fatalf("new reader while a writer waits: got %v, want ErrNotAcquired (writers must not starve)", err)
+	}
+	release(t, reader)
+	if err := <-wrote; err != nil {
+		t.Fatalf("waiting writer: %v", err)
+	}
+}
+
+func testSemaphore(t *testing.T, b *Backend) {
+	probe, ok := b.NewLocker(t).(guard.Semaphorer)
+	if !ok {
+		t.Skip("backend does not implement guard.Semaphorer")
+	}
+	const permits = 3
+	ctx := b.ctx(t)
+	k := key(t)
+	sem := func() guard.Semaphorer { return b.NewLocker(t).(guard.Semaphorer) }
+
+	t0 := time.Now() // no permit taken below may expire before t0+TTL
+	var held []guard.Lease
+	for i := range permits {
+		l, err := sem().AcquireSemaphore(ctx, k, permits, b.opts(false))
+		if err != nil {
+			t.Fatalf("permit %d of %d: %v", i+1, permits, err)
+		}
+		held = append(held, l)
+	}
+	if l, err := probe.AcquireSemaphore(ctx, k, permits, b.opts(false)); !errors.Is(err, guard.ErrNotAcquired) {
+		if err == nil {
+			l.Release(ctx)
+		}
+		t.Fatalf("permit %d of %d: got %v, want ErrNotAcquired", permits+1, permits, err)
+	}
+	// A released permit can be taken again, by a waiter.
+	waited := make(chan error, 1)
+	go func() {
+		l, err := probe.AcquireSemaphore(ctx, k, permits, b.opts(true))
+		if err == nil {
+			err = l.Release(context.Background())
+		}
+		waited <- err
+	}()
+	release(t, held[0])
+	if err := <-waited; err != nil {
+		t.Fatalf("waiting for a released permit: %v", err)
+	}
+	// The permit of a holder that vanished comes back after its TTL (only
+	// checkable where abandoning the lease is enough to make it expire).
+	if b.Abandon == nil {
+		l, err := probe.AcquireSemaphore(ctx, k, permits, b.opts(false))
+		if err != nil {
+			t.Fatalf("free permit: %v", err)
+		}
+		held[0] = l // now held[0..2] are abandoned holders: no refresh, no release
+		l, err = sem().AcquireSemaphore(ctx, k, permits, b.opts(true))
+		if err != nil {
+			t.Fatalf("waiting for an expired permit: %v", err)
+		}
+		if since := time.Since(t0); since < b.ttl()/2 {
+			t.Errorf("a permit came back after %v, before half its TTL %v", since, b.ttl())
+		}
+		release(t, l)
+	} else {
+		for _, l := range held[1:] {
+			release(t, l)
+		}
+	}
+
+	// Under contention, never more than permits holders.
+	var inside, peak atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	k2 := key(t)
+	for range 8 {
+		s := sem()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				l, err := s.AcquireSemaphore(ctx, k2, permits, b.opts(true))
+				if err != nil {
+					errs <- err
+					return
+				}
+				n := inside.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				inside.Add(-1)
+				if err := l.Release(context.Background()); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if p := peak.Load(); p > permits {
+		t.Errorf("%d holders of a %d-permit semaphore at once", p, permits)
+	}
+}

@@ -1,0 +1,34 @@
+package guard
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxKeyLen bounds a key (before the guard's prefix is added), so that every
+// backend can store it: etcd keys, ZooKeeper node names and indexed SQL
+// columns all have limits.
+const MaxKeyLen = 200
+
+// ValidateKey reports why key cannot be used as a lock key, or nil. A key is
+// 1 to MaxKeyLen bytes of valid UTF-8 with no control characters.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	for i := 0; i < len(key); {
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if r == utf8.RuneError && size <= 1 {
+			return fmt.Errorf("%w: invalid UTF-8 at byte %d", ErrInvalidKey, i)
+		}
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidKey, r, i)
+		}
+		i += size
+	}
+	return nil
+}
