@@ -1,0 +1,100 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// Sentinel errors, for errors.Is.
+var (
+	// ErrInProgress: another caller holds a live claim on the key and has
+	// not finished.
+	ErrInProgress = errors.New("warden/idempotency: request in progress")
+	// ErrFingerprintMismatch: the key was used before with a different
+	// request (a different fingerprint).
+	ErrFingerprintMismatch = errors.New("warden/idempotency: key reused with a different request")
+	// ErrNotOwner: the claim named by an owner token is no longer that
+	// owner's (its lease expired and another caller claimed the key, or it
+	// was completed or abandoned). A stale owner's write is refused with it.
+	ErrNotOwner = errors.New("warden/idempotency: claim not owned")
+	// ErrNotFound: no live record under the key.
+	ErrNotFound = errors.New("warden/idempotency: no record")
+	// ErrInvalid: an argument is out of range (empty key, non-positive lease).
+	ErrInvalid = errors.New("warden/idempotency: invalid argument")
+	// ErrUnavailable is guard.ErrUnavailable: the store could not be reached.
+	ErrUnavailable = guard.ErrUnavailable
+)
+
+// State is the state of a record.
+type State string
+
+const (
+	// StateInProgress: claimed by an owner that has not finished. The claim
+	// lives until its lease expires unless the owner extends it.
+	StateInProgress State = "in_progress"
+	// StateCompleted: finished; the response is kept for replay until the
+	// retention runs out.
+	StateCompleted State = "completed"
+)
+
+// Record is what a store holds under (Scope, Key).
+type Record struct {
+	Scope       string
+	Key         string
+	State       State
+	Fingerprint string
+	// Owner is the token of the claim that wrote the record.
+	Owner string
+	// Response is the stored result, opaque to the store (set when
+	// completed).
+	Response []byte
+}
+
+// Claim asks a store to take (Scope, Key) for Owner.
+type Claim struct {
+	// Scope separates principals: the same Key under two scopes is two
+	// records, so one user can never be answered with another's response.
+	Scope string
+	Key   string
+	// Fingerprint identifies the request; a later request with the same
+	// key and a different fingerprint is refused.
+	Fingerprint string
+	// Owner is a token unique to this claim (random, unguessable). Later
+	// Extend, Complete and Abandon calls must present it.
+	Owner string
+	// Lease is how long the in-progress claim lives without an Extend,
+	// counted on the store's clock.
+	Lease time.Duration
+}
+
+// Store is what an idempotency backend implements: one compare-and-set per
+// call, so that concurrent callers on several machines agree on one owner.
+// Implementations live beside the lock backends (memory here; Redis, SQL and
+// etcd in their packages) and pass the suite in idempotency/storetest.
+type Store interface {
+	// Claim atomically writes an in-progress record for c.Owner when there
+	// is no live record under (c.Scope, c.Key): none at all, an in-progress
+	// one whose lease expired, or a completed one past its retention. Expiry
+	// is decided by the store's own check of the deadline it recorded, on
+	// its clock, not only by an eviction TTL that may lag. It
+	// then returns (nil, nil). Otherwise it changes nothing and returns the
+	// live record, whatever its fingerprint: the caller decides.
+	Claim(ctx context.Context, c Claim) (*Record, error)
+	// Extend renews owner's in-progress lease to lease from now, or returns
+	// ErrNotOwner.
+	Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error
+	// Complete stores response and marks the record completed, kept for
+	// retention from now (the store's now), only while owner still holds
+	// the in-progress claim (its lease not expired);
+	// otherwise it returns ErrNotOwner and changes nothing.
+	Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error
+	// Abandon removes owner's in-progress claim so that a retry can run. It
+	// returns ErrNotOwner when the claim is not owner's (already released,
+	// taken over, completed).
+	Abandon(ctx context.Context, scope, key, owner string) error
+	// Get returns the live record under (scope, key), or ErrNotFound.
+	Get(ctx context.Context, scope, key string) (*Record, error)
+}
