@@ -408,18 +408,19 @@ func testFIFO(t *testing.T, b *Backend) {
 	first := mustAcquire(t, b.NewLocker(t), ctx, k, guard.AcquireOptions{TTL: 10 * b.patience(), Fair: true})
 	base := b.Waiters(t, k)
 	order := make(chan int, waiters)
-	errs := make(chan error, waiters)
+	failed := make(chan error, waiters)
+	released := make(chan error, waiters)
 	for i := range waiters {
 		l := b.NewLocker(t)
 		go func() {
 			lease, err := l.Acquire(ctx, k, fair)
 			if err != nil {
-				errs <- err
+				failed <- err
 				return
 			}
 			order <- i
 			time.Sleep(5 * time.Millisecond)
-			errs <- lease.Release(context.Background())
+			released <- lease.Release(context.Background())
 		}()
 		b.eventually(t, fmt.Sprintf("waiter %d is queued", i), func() bool { return b.Waiters(t, k) >= base+i+1 })
 	}
@@ -430,14 +431,14 @@ func testFIFO(t *testing.T, b *Backend) {
 			if got != i {
 				t.Errorf("handoff %d went to waiter %d, want %d (FIFO)", i, got, i)
 			}
-		case err := <-errs:
+		case err := <-failed:
 			t.Fatalf("waiter failed: %v", err)
 		case <-ctx.Done():
 			t.Fatal("timed out waiting for handoffs")
 		}
 	}
 	for range waiters {
-		if err := <-errs; err != nil {
+		if err := <-released; err != nil {
 			t.Error(err)
 		}
 	}

@@ -1,0 +1,356 @@
+// Package memory is an in-process lock backend: a real one, for programs
+// that run as a single process and for tests, not a stand-in for the
+// distributed backends.
+//
+// Leases expire after their TTL on the monotonic clock, every grant carries a
+// fencing token from one counter per Locker (so tokens increase per key),
+// waiters queue first-come, first-served and are woken one at a time, and
+// read/write locks and counting semaphores are offered. Exclusive locks,
+// read/write locks and semaphores on the same key are separate locks.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// Locker is the in-process backend. The zero value is not usable; call New.
+type Locker struct {
+	mu      sync.Mutex
+	entries map[entryKey]*entry
+	free    []*entry // idle entries kept for reuse, so a hot key costs no allocation
+	token   uint64
+}
+
+// New returns an empty Locker.
+func New() *Locker {
+	return &Locker{entries: map[entryKey]*entry{}}
+}
+
+type kind uint8
+
+const (
+	exclusive kind = iota
+	rwRead
+	rwWrite
+	sem
+)
+
+// entryKey separates the three kinds of lock that may share a key name.
+type entryKey struct {
+	rw  uint8 // 0 exclusive, 1 read/write, 2 semaphore
+	key string
+}
+
+func (k kind) space() uint8 {
+	switch k {
+	case rwRead, rwWrite:
+		return 1
+	case sem:
+		return 2
+	}
+	return 0
+}
+
+type holder struct {
+	token   uint64
+	shared  bool
+	expires time.Time
+}
+
+type waiter struct {
+	kind    kind
+	permits int
+	ttl     time.Duration
+	ready   chan struct{} // closed when granted
+	token   uint64        // set when granted
+}
+
+type entry struct {
+	key     entryKey
+	holders []holder
+	queue   []*waiter
+	timer   *time.Timer // wakes the queue when the earliest holder expires
+	gen     uint64      // bumped on reuse, so a stale timer does nothing
+}
+
+// Acquire implements guard.Locker.
+func (l *Locker) Acquire(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, exclusive, 1, o)
+}
+
+// AcquireRead implements guard.RWLocker.
+func (l *Locker) AcquireRead(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, rwRead, 0, o)
+}
+
+// AcquireWrite implements guard.RWLocker.
+func (l *Locker) AcquireWrite(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, rwWrite, 1, o)
+}
+
+// AcquireSemaphore implements guard.Semaphorer.
+func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, o guard.AcquireOptions) (guard.Lease, error) {
+	if permits < 1 {
+		return nil, fmt.Errorf("%w: %d permits", guard.ErrInvalidOption, permits)
+	}
+	return l.acquire(ctx, key, sem, permits, o)
+}
+
+// Waiters returns how many contenders are queued for key, over all three
+// kinds of lock, not counting holders.
+func (l *Locker) Waiters(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for space := uint8(0); space < 3; space++ {
+		if e := l.entries[entryKey{space, key}]; e != nil {
+			n += len(e.queue)
+		}
+	}
+	return n
+}
+
+func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o guard.AcquireOptions) (guard.Lease, error) {
+	if o.TTL <= 0 {
+		return nil, fmt.Errorf("%w: ttl %v", guard.ErrInvalidOption, o.TTL)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ek := entryKey{k.space(), key}
+	now := time.Now()
+	l.mu.Lock()
+	e := l.entry(ek)
+	e.expire(now)
+	// Only when nobody is queued: a newcomer must not overtake waiters.
+	if len(e.queue) == 0 && e.grantable(k, permits) {
+		lease := l.grant(e, k, o.TTL, now)
+		l.mu.Unlock()
+		return lease, nil
+	}
+	if !o.Wait {
+		l.idle(e)
+		l.mu.Unlock()
+		return nil, guard.ErrNotAcquired
+	}
+	w := &waiter{kind: k, permits: permits, ttl: o.TTL, ready: make(chan struct{})}
+	e.queue = append(e.queue, w)
+	l.schedule(e, now)
+	l.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return &lease{l: l, key: ek, token: w.token}, nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-w.ready:
+		// Granted as ctx ended: give it back, so nothing is left behind.
+		e.drop(w.token)
+	default:
+		for i, q := range e.queue {
+			if q == w {
+				e.queue = append(e.queue[:i], e.queue[i+1:]...)
+				break
+			}
+		}
+	}
+	l.dispatch(e, time.Now())
+	return nil, ctx.Err()
+}
+
+// entry returns the entry for k, reusing an idle one.
+func (l *Locker) entry(k entryKey) *entry {
+	if e := l.entries[k]; e != nil {
+		return e
+	}
+	var e *entry
+	if n := len(l.free); n > 0 {
+		e, l.free = l.free[n-1], l.free[:n-1]
+	} else {
+		e = &entry{}
+	}
+	e.key = k
+	l.entries[k] = e
+	return e
+}
+
+// idle forgets e when nothing holds or waits on it.
+func (l *Locker) idle(e *entry) {
+	if len(e.holders) > 0 || len(e.queue) > 0 {
+		return
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil // its callback names the old generation
+	}
+	delete(l.entries, e.key)
+	e.gen++
+	e.holders = e.holders[:0]
+	if len(l.free) < 64 {
+		l.free = append(l.free, e)
+	}
+}
+
+func (l *Locker) grant(e *entry, k kind, ttl time.Duration, now time.Time) *lease {
+	l.token++
+	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: now.Add(ttl)})
+	return &lease{l: l, key: e.key, token: l.token}
+}
+
+// dispatch grants the lock to waiters at the head of the queue, in order,
+// for as long as they fit: one writer, or a run of readers, or permits.
+func (l *Locker) dispatch(e *entry, now time.Time) {
+	e.expire(now)
+	for len(e.queue) > 0 {
+		w := e.queue[0]
+		if !e.grantable(w.kind, w.permits) {
+			break
+		}
+		e.queue = e.queue[1:]
+		w.token = l.grant(e, w.kind, w.ttl, now).token
+		close(w.ready)
+	}
+	l.schedule(e, now)
+	l.idle(e)
+}
+
+// schedule arms e's timer for the earliest holder expiry while someone
+// waits, so the waiter of a holder that vanished is woken when its lease
+// runs out.
+func (l *Locker) schedule(e *entry, now time.Time) {
+	if len(e.queue) == 0 || len(e.holders) == 0 {
+		return
+	}
+	first := e.holders[0].expires
+	for _, h := range e.holders[1:] {
+		if h.expires.Before(first) {
+			first = h.expires
+		}
+	}
+	if e.timer == nil {
+		gen := e.gen
+		e.timer = time.AfterFunc(first.Sub(now), func() { l.expired(e, gen) })
+		return
+	}
+	e.timer.Reset(first.Sub(now))
+}
+
+func (l *Locker) expired(e *entry, gen uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e.gen == gen {
+		l.dispatch(e, time.Now())
+	}
+}
+
+// expire drops holders whose lease ran out.
+func (e *entry) expire(now time.Time) {
+	kept := e.holders[:0]
+	for _, h := range e.holders {
+		if now.Before(h.expires) {
+			kept = append(kept, h)
+		}
+	}
+	e.holders = kept
+}
+
+func (e *entry) grantable(k kind, permits int) bool {
+	switch k {
+	case rwRead:
+		for _, h := range e.holders {
+			if !h.shared {
+				return false
+			}
+		}
+		return true
+	case sem:
+		return len(e.holders) < permits
+	}
+	return len(e.holders) == 0
+}
+
+// find returns the index of token among the live holders, or -1.
+func (e *entry) find(token uint64) int {
+	for i, h := range e.holders {
+		if h.token == token {
+			return i
+		}
+	}
+	return -1
+}
+
+func (e *entry) drop(token uint64) bool {
+	i := e.find(token)
+	if i < 0 {
+		return false
+	}
+	e.holders = append(e.holders[:i], e.holders[i+1:]...)
+	return true
+}
+
+// lease is one grant. It names its entry by key, not by pointer, because
+// entries are reused once idle.
+type lease struct {
+	l        *Locker
+	key      entryKey
+	token    uint64
+	released bool // guarded by l.mu
+}
+
+func (s *lease) Key() string   { return s.key.key }
+func (s *lease) Token() uint64 { return s.token }
+
+// Done returns nil: an in-process lease is only lost by outliving its TTL,
+// which Refresh reports.
+func (s *lease) Done() <-chan struct{} { return nil }
+
+func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: ttl %v", guard.ErrInvalidOption, ttl)
+	}
+	now := time.Now()
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	e := s.l.entries[s.key]
+	if s.released || e == nil {
+		return guard.ErrNotHeld
+	}
+	e.expire(now)
+	i := e.find(s.token)
+	if i < 0 {
+		s.l.dispatch(e, now)
+		return guard.ErrNotHeld
+	}
+	e.holders[i].expires = now.Add(ttl)
+	s.l.schedule(e, now)
+	return nil
+}
+
+func (s *lease) Release(ctx context.Context) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.released {
+		return nil
+	}
+	s.released = true
+	e := s.l.entries[s.key]
+	if e == nil {
+		return guard.ErrNotHeld
+	}
+	now := time.Now()
+	e.expire(now)
+	held := e.drop(s.token)
+	s.l.dispatch(e, now)
+	if !held {
+		return guard.ErrNotHeld
+	}
+	return nil
+}

@@ -1,0 +1,22 @@
+package memory_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/backendtest"
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+)
+
+func TestConformance(t *testing.T) {
+	// One Locker is one process's lock table: every "client" of the suite
+	// shares it, as goroutines of a single-process program would.
+	shared := memory.New()
+	backendtest.Run(t, backendtest.Backend{
+		NewLocker: func(testing.TB) guard.Locker { return shared },
+		TTL:       300 * time.Millisecond,
+		FIFO:      true,
+		Waiters:   func(_ testing.TB, key string) int { return shared.Waiters(key) },
+	})
+}

@@ -1,0 +1,337 @@
+// Package guard runs critical sections under distributed locks.
+//
+// It has two layers, the way database/sql sits over its drivers. Backends
+// (Redis, RedLock, etcd, ZooKeeper, SQL, in-process memory) implement the
+// small Locker and Lease interfaces of backend.go. Users call Guard, which
+// adds to every backend alike:
+//
+//   - a watchdog that refreshes each held lease at a third of its TTL;
+//   - loss detection: when a refresh fails for good, or the backend reports
+//     the lease gone, the critical section's context is cancelled with cause
+//     ErrLockLost, and the loss is logged, counted and recorded on the span;
+//   - reentrancy carried by the context, since Go has no thread identity;
+//   - all-or-nothing multi-key locking in one fixed order;
+//   - OpenTelemetry spans and metrics, and slog events;
+//   - validation of keys and options, with sentinel errors for errors.Is.
+//
+// A fencing token comes with every lock (Lock.Token): pass it to the storage
+// the lock protects, so a holder that was paused past its lease cannot
+// overwrite the work of the next one.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Guard runs critical sections under the locks of one backend. It is safe
+// for concurrent use; create one per backend and share it.
+type Guard struct {
+	locker         Locker
+	prefix         string
+	ttl            time.Duration
+	releaseTimeout time.Duration
+	backend        string
+	logger         *slog.Logger
+	tel            *telemetry
+	// explicitTracing: spans are started for every acquisition, not only
+	// under a recording parent span.
+	explicitTracing bool
+	wd              watchdog
+}
+
+// New returns a Guard over locker.
+func New(locker Locker, opts ...Option) (*Guard, error) {
+	if locker == nil {
+		return nil, fmt.Errorf("%w: nil Locker", ErrInvalidOption)
+	}
+	c := config{
+		prefix:         "warden:",
+		ttl:            30 * time.Second,
+		releaseTimeout: 5 * time.Second,
+		backend:        fmt.Sprintf("%T", locker),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.ttl <= 0 {
+		return nil, fmt.Errorf("%w: ttl %v is not positive", ErrInvalidOption, c.ttl)
+	}
+	if c.releaseTimeout <= 0 {
+		return nil, fmt.Errorf("%w: release timeout %v is not positive", ErrInvalidOption, c.releaseTimeout)
+	}
+	if c.prefix != "" {
+		if err := ValidateKey(c.prefix); err != nil {
+			return nil, fmt.Errorf("%w: prefix: %w", ErrInvalidOption, err)
+		}
+	}
+	explicit := c.tracerProvider != nil
+	if c.tracerProvider == nil {
+		c.tracerProvider = otel.GetTracerProvider()
+	}
+	if c.meterProvider == nil {
+		c.meterProvider = otel.GetMeterProvider()
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	tel, err := newTelemetry(c.backend, c.tracerProvider, c.meterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("warden: telemetry: %w", err)
+	}
+	g := &Guard{
+		locker:          locker,
+		prefix:          c.prefix,
+		ttl:             c.ttl,
+		releaseTimeout:  c.releaseTimeout,
+		backend:         c.backend,
+		logger:          c.logger,
+		tel:             tel,
+		explicitTracing: explicit,
+	}
+	g.wd.g = g
+	return g, nil
+}
+
+// Lock acquires key, waiting while it is held elsewhere until it is free,
+// ctx is done (ctx's error is returned), or the WaitAtMost bound runs out
+// (ErrNotAcquired). The caller must Unlock the returned Lock.
+//
+// When ctx already carries a held lock on key from this Guard (it is, or
+// derives from, that Lock's Context), the same Lock is returned with one
+// more hold: reentrancy.
+func (g *Guard) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	c := lockConfig{ttl: g.ttl, wait: -1}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return g.acquire(ctx, key, &c)
+}
+
+// TryLock acquires key if it is free, and returns ErrNotAcquired at once if
+// it is not.
+func (g *Guard) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	c := lockConfig{ttl: g.ttl, wait: -1}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	c.wait = 0
+	return g.acquire(ctx, key, &c)
+}
+
+// Do runs fn while holding key, acquired as Lock does (waiting, unless
+// NoWait or WaitAtMost say otherwise), and unlocks when fn returns or
+// panics. fn's ctx is the Lock's context: it is cancelled, with cause
+// ErrLockLost, if the lock is lost while fn runs.
+//
+// Do returns fn's error. If the lock was lost while fn ran, the error also
+// wraps ErrLockLost, even when fn returned nil: the section may not have run
+// alone to its end.
+func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lock) error, opts ...LockOption) error {
+	l, err := g.Lock(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	return runLocked(ctx, func() error { return fn(l.Context(), l) }, l)
+}
+
+// DoAll runs fn while holding every key, all or nothing. Keys are taken in
+// one fixed order (sorted, duplicates removed), so two callers locking
+// overlapping sets cannot deadlock; if any key cannot be had, those already
+// taken are released and the error is returned. fn's ctx is cancelled if any
+// of the locks is lost; the locks are passed in key order.
+func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context, locks []*Lock) error, opts ...LockOption) error {
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: no keys", ErrInvalidKey)
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	locks := make([]*Lock, 0, len(sorted))
+	inner := ctx
+	for _, k := range sorted {
+		// Each lock is taken with the previous one's context, so losing any
+		// of them cancels the context fn gets.
+		l, err := g.Lock(inner, k, opts...)
+		if err != nil {
+			for i := len(locks) - 1; i >= 0; i-- {
+				locks[i].Unlock(ctx)
+			}
+			return err
+		}
+		locks = append(locks, l)
+		inner = l.Context()
+	}
+	return runLocked(ctx, func() error { return fn(inner, locks) }, locks...)
+}
+
+// runLocked runs fn and unlocks locks (innermost first) on the way out, even
+// if fn panics, and folds a loss into the result.
+func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error) {
+	unlock := func() error {
+		var lost error
+		for i := len(locks) - 1; i >= 0; i-- {
+			if uerr := locks[i].Unlock(ctx); errors.Is(uerr, ErrLockLost) && lost == nil {
+				lost = uerr
+			}
+		}
+		return lost
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			unlock()
+			panic(r)
+		}
+	}()
+	err = fn()
+	if lost := unlock(); lost != nil {
+		if err == nil {
+			return lost
+		}
+		return fmt.Errorf("%w (after the lock was lost: %w)", err, lost)
+	}
+	return err
+}
+
+// errWaitBound is the cause of a wait cut short by WaitAtMost.
+var errWaitBound = errors.New("warden: wait bound reached")
+
+func (g *Guard) acquire(ctx context.Context, key string, c *lockConfig) (*Lock, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: nil context", ErrInvalidOption)
+	}
+	if err := ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("warden: lock %q: %w", key, err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("warden: lock %q: %w", key, err)
+	}
+	full := key
+	if g.prefix != "" {
+		full = g.prefix + key
+	}
+	if l, err := g.reenter(ctx, full, c); l != nil || err != nil {
+		return l, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	start := time.Now()
+	var span trace.Span
+	if g.explicitTracing || trace.SpanFromContext(ctx).IsRecording() {
+		_, span = g.tel.startSpan(ctx, "warden.acquire", key)
+	}
+	actx := ctx
+	if c.wait > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeoutCause(ctx, c.wait, errWaitBound)
+		defer cancel()
+	}
+	lease, err := g.acquireLease(actx, full, c)
+	took := time.Since(start)
+	if err != nil {
+		outcome := outcomeError
+		switch {
+		case ctx.Err() != nil:
+			outcome, err = outcomeCanceled, ctx.Err()
+		case actx.Err() != nil:
+			outcome, err = outcomeNotAcquired, fmt.Errorf("warden: lock %q: %w after waiting %v", key, ErrNotAcquired, c.wait)
+		case errors.Is(err, ErrNotAcquired):
+			outcome, err = outcomeNotAcquired, fmt.Errorf("warden: lock %q: %w", key, err)
+		default:
+			err = fmt.Errorf("warden: lock %q: %w", key, err)
+		}
+		g.tel.acquired(ctx, outcome, took)
+		endSpan(span, outcome, nil, attribute.Int64("warden.waited_ms", took.Milliseconds()))
+		return nil, err
+	}
+
+	l := &Lock{
+		g: g, key: key, full: full, mode: c.mode, permits: c.permits, ttl: c.ttl,
+		lease: lease, outer: heldBy(ctx), holds: 1, index: -1, since: start.Add(took),
+	}
+	lctx, cancel := context.WithCancelCause(ctx)
+	l.ctx = lockContext{Context: lctx, lock: l}
+	l.cancel = cancel
+	g.tel.acquired(ctx, outcomeAcquired, took)
+	if span != nil {
+		endSpan(span, outcomeAcquired, nil,
+			attribute.Int64("warden.waited_ms", took.Milliseconds()),
+			attribute.Int64("warden.token", int64(lease.Token())))
+		var sctx context.Context
+		sctx, l.span = g.tel.startSpan(lctx, "warden.section", key)
+		if l.span != nil {
+			l.span.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
+			l.ctx.Context = sctx
+		}
+	}
+	if done := lease.Done(); done != nil {
+		l.stopDone = make(chan struct{})
+		go l.watchDone(done, l.stopDone)
+	}
+	g.wd.add(l, start)
+	return l, nil
+}
+
+func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (Lease, error) {
+	o := AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair}
+	switch c.mode {
+	case read, write:
+		rw, ok := g.locker.(RWLocker)
+		if !ok {
+			return nil, fmt.Errorf("%w: read/write locks on %s", ErrUnsupported, g.backend)
+		}
+		if c.mode == read {
+			return rw.AcquireRead(ctx, full, o)
+		}
+		return rw.AcquireWrite(ctx, full, o)
+	case semaphore:
+		s, ok := g.locker.(Semaphorer)
+		if !ok {
+			return nil, fmt.Errorf("%w: semaphores on %s", ErrUnsupported, g.backend)
+		}
+		return s.AcquireSemaphore(ctx, full, c.permits, o)
+	}
+	return g.locker.Acquire(ctx, full, o)
+}
+
+// reenter returns the lock ctx already holds on full, with one more hold, or
+// nil when ctx holds none. Holding the write side satisfies a nested read;
+// any other change of mode on a held key is refused, because waiting for it
+// would deadlock on the caller's own hold.
+func (g *Guard) reenter(ctx context.Context, full string, c *lockConfig) (*Lock, error) {
+	for h := heldBy(ctx); h != nil; h = h.outer {
+		if h.g != g || h.full != full {
+			continue
+		}
+		compatible := h.mode == c.mode || (h.mode == write && c.mode == read)
+		if !compatible {
+			return nil, fmt.Errorf("%w: %q is already held by this context in %s mode; a nested %s lock would deadlock",
+				ErrInvalidOption, h.key, h.mode, c.mode)
+		}
+		if err := h.enter(); err != nil {
+			if errors.Is(err, ErrNotHeld) {
+				continue // an unlocked lock left in the context: acquire anew
+			}
+			return nil, err
+		}
+		g.tel.acquired(ctx, outcomeReentered, 0)
+		return h, nil
+	}
+	return nil, nil
+}

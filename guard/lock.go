@@ -1,0 +1,247 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Lock is a held lock: a backend lease kept alive by the Guard's watchdog,
+// with a context that is cancelled, with cause ErrLockLost, the moment the
+// lease is known to be lost.
+//
+// A Lock is safe for concurrent use. The same Lock is returned to nested
+// acquisitions of its key made with its context (reentrancy), and the lease is
+// released when the last of them unlocks.
+type Lock struct {
+	g       *Guard
+	key     string // as the caller named it
+	full    string // with the Guard's prefix: what the backend sees
+	mode    mode
+	permits int
+	ttl     time.Duration
+	lease   Lease
+	outer   *Lock // the innermost lock already held by the context this one was taken with
+
+	cancel context.CancelCauseFunc
+	ctx    lockContext
+	span   trace.Span
+	since  time.Time
+
+	mu       sync.Mutex
+	holds    int
+	lostErr  error         // set once, when the lease is lost
+	stopDone chan struct{} // stops the goroutine watching lease.Done(); nil when none runs
+
+	// Watchdog state, guarded by the watchdog's mutex.
+	due        time.Time // next refresh
+	validUntil time.Time // local, conservative bound of the server's expiry
+	index      int       // position in the watchdog's heap; -1 when not scheduled
+
+	release releaseContext
+}
+
+// Key returns the key as it was passed to Lock (without the Guard's prefix).
+func (l *Lock) Key() string { return l.key }
+
+// Token returns the lease's fencing token. It is greater than the token of
+// every earlier holder of the key, so storage guarded by the lock can reject a
+// write that carries an older token: see the fencing helpers of the backends.
+func (l *Lock) Token() uint64 { return l.lease.Token() }
+
+// Context returns a context derived from the one the lock was taken with,
+// carrying the lock (nested acquisitions of the same key with it are
+// reentrant) and cancelled when the lock is lost, with cause ErrLockLost
+// (context.Cause), or when it is unlocked.
+func (l *Lock) Context() context.Context { return &l.ctx }
+
+// Err returns nil while the lock is held, an error wrapping ErrLockLost once
+// the lock has been lost, and an error wrapping ErrNotHeld after Unlock.
+func (l *Lock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lostErr != nil {
+		return l.lostErr
+	}
+	if l.holds == 0 {
+		return errUnlocked
+	}
+	return nil
+}
+
+var errUnlocked = fmt.Errorf("%w: unlocked", ErrNotHeld)
+
+// Unlock gives up one hold of the lock. The lease is released when the
+// outermost holder unlocks, on a context detached from ctx and bounded by the
+// Guard's release timeout, so that an already cancelled ctx still unlocks.
+//
+// Unlocking an unlocked Lock returns nil. When the lock had been lost, or the
+// backend says the lease was no longer this owner's, Unlock returns an error
+// wrapping ErrNotHeld (and ErrLockLost when the loss had been detected).
+func (l *Lock) Unlock(ctx context.Context) error {
+	l.mu.Lock()
+	if l.holds == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	l.holds--
+	if l.holds > 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	lost := l.lostErr
+	stop := l.stopDone
+	l.mu.Unlock()
+
+	g := l.g
+	g.wd.remove(l)
+	if stop != nil {
+		close(stop)
+	}
+	l.release.init(ctx, g.releaseTimeout)
+	err := l.lease.Release(&l.release)
+	l.release.stop()
+	l.cancel(errUnlocked)
+	g.tel.held.Add(ctx, -1, g.tel.onBackend)
+
+	switch {
+	case lost != nil:
+		err = fmt.Errorf("%w: %w", ErrNotHeld, lost)
+	case errors.Is(err, ErrNotHeld):
+		err = fmt.Errorf("warden: unlock %q: %w", l.key, err)
+	case err != nil:
+		// The lease will expire on its own after its TTL; the caller
+		// learns that the lock may stay taken until then.
+		g.logger.WarnContext(ctx, "warden: release failed; the lease will expire after its ttl",
+			"key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
+		err = fmt.Errorf("warden: unlock %q: %w", l.key, err)
+	}
+	if l.span != nil {
+		outcome := "released"
+		if lost != nil {
+			outcome = "lost"
+		}
+		endSpan(l.span, outcome, err, attribute.Int64("warden.held_ms", time.Since(l.since).Milliseconds()))
+	}
+	return err
+}
+
+// enter adds a reentrant hold, unless the lock has been lost or unlocked.
+func (l *Lock) enter() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lostErr != nil {
+		return l.lostErr
+	}
+	if l.holds == 0 {
+		return errUnlocked
+	}
+	l.holds++
+	return nil
+}
+
+// lose marks the lock lost and cancels its context. Only the first cause is
+// kept.
+func (l *Lock) lose(cause error) {
+	l.mu.Lock()
+	if l.lostErr != nil || l.holds == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.lostErr = fmt.Errorf("%w: %q: %w", ErrLockLost, l.key, cause)
+	err := l.lostErr
+	l.mu.Unlock()
+
+	g := l.g
+	g.wd.remove(l)
+	l.cancel(err)
+	g.tel.lost.Add(context.Background(), 1, g.tel.onBackend)
+	g.logger.Warn("warden: lock lost; its critical section's context is cancelled",
+		"key", l.key, "backend", g.backend, "token", l.lease.Token(), "error", cause)
+	if l.span != nil {
+		l.span.AddEvent("warden.lock.lost", trace.WithAttributes(attribute.String("warden.cause", cause.Error())))
+	}
+}
+
+// watchDone turns the backend's own loss signal into a lost lock.
+func (l *Lock) watchDone(done <-chan struct{}, stop <-chan struct{}) {
+	select {
+	case <-done:
+		l.lose(errors.New("the backend reported the lease gone"))
+	case <-stop:
+	}
+}
+
+// lockContext is the Lock's context: the cancellable context it derives from
+// the caller's, plus the lock itself as a value. Being a field of Lock, it
+// costs no allocation of its own.
+type lockContext struct {
+	context.Context
+	lock *Lock
+}
+
+type holdKey struct{}
+
+func (c *lockContext) Value(key any) any {
+	if _, ok := key.(holdKey); ok {
+		return c.lock
+	}
+	return c.Context.Value(key)
+}
+
+// heldBy returns the innermost lock carried by ctx, or nil.
+func heldBy(ctx context.Context) *Lock {
+	l, _ := ctx.Value(holdKey{}).(*Lock)
+	return l
+}
+
+// releaseContext is the detached, bounded context a lease is released with.
+// It carries the values of the caller's context but not its cancellation,
+// and its deadline timer is only made if a backend asks for Done, which the
+// in-process backend never does.
+type releaseContext struct {
+	values   context.Context
+	deadline time.Time
+	once     sync.Once
+	done     chan struct{}
+	timer    *time.Timer
+}
+
+func (c *releaseContext) init(ctx context.Context, timeout time.Duration) {
+	c.values = ctx
+	c.deadline = time.Now().Add(timeout)
+}
+
+// stop frees the timer once the release is over.
+func (c *releaseContext) stop() {
+	c.once.Do(func() {}) // no timer can be started after this
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+func (c *releaseContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *releaseContext) Done() <-chan struct{} {
+	c.once.Do(func() {
+		c.done = make(chan struct{})
+		c.timer = time.AfterFunc(time.Until(c.deadline), func() { close(c.done) })
+	})
+	return c.done
+}
+
+func (c *releaseContext) Err() error {
+	select {
+	case <-c.Done():
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+func (c *releaseContext) Value(key any) any { return c.values.Value(key) }

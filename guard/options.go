@@ -1,0 +1,129 @@
+package guard
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Option configures a Guard.
+type Option func(*config)
+
+type config struct {
+	prefix         string
+	ttl            time.Duration
+	releaseTimeout time.Duration
+	backend        string
+	logger         *slog.Logger
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+}
+
+// WithPrefix namespaces every key: the backend sees prefix+key. Default
+// "warden:". Services sharing one backend keep apart by using different
+// prefixes.
+func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithTTL sets the default lease TTL (default 30s). The watchdog refreshes a
+// held lease every TTL/3, so the TTL only matters when the holder dies: it is
+// how long the lock stays taken by a crashed process.
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithReleaseTimeout bounds the release done on the way out of a critical
+// section (default 5s). The release runs on a context detached from the
+// caller's, so a cancelled request still unlocks.
+func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+
+// WithBackendName names the backend in spans, metrics and logs (default: the
+// Locker's Go type).
+func WithBackendName(name string) Option { return func(c *config) { c.backend = name } }
+
+// WithLogger sets the logger for lock events such as losses and failed
+// refreshes (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithTracerProvider sets where spans go (default the otel global provider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracerProvider = tp }
+}
+
+// WithMeterProvider sets where metrics go (default the otel global provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.meterProvider = mp }
+}
+
+// LockOption configures one acquisition.
+type LockOption func(*lockConfig)
+
+type mode uint8
+
+const (
+	exclusive mode = iota
+	read
+	write
+	semaphore
+)
+
+func (m mode) String() string {
+	switch m {
+	case read:
+		return "read"
+	case write:
+		return "write"
+	case semaphore:
+		return "semaphore"
+	}
+	return "exclusive"
+}
+
+type lockConfig struct {
+	ttl     time.Duration
+	wait    time.Duration // <0: until ctx is done; 0: one attempt; >0: at most this long
+	fair    bool
+	mode    mode
+	permits int
+}
+
+// TTL overrides the Guard's lease TTL for this lock.
+func TTL(ttl time.Duration) LockOption { return func(c *lockConfig) { c.ttl = ttl } }
+
+// WaitAtMost bounds how long Lock and Do wait for a held lock; when the bound
+// runs out they return ErrNotAcquired. Without it they wait until the
+// context is done.
+func WaitAtMost(d time.Duration) LockOption { return func(c *lockConfig) { c.wait = d } }
+
+// NoWait makes Lock and Do give up at once, with ErrNotAcquired, when the
+// lock is held: the behaviour of TryLock.
+func NoWait() LockOption { return func(c *lockConfig) { c.wait = 0 } }
+
+// Fair asks for first-come, first-served handoff among waiters. Backends that
+// cannot honour it fail the acquisition with ErrUnsupported.
+func Fair() LockOption { return func(c *lockConfig) { c.fair = true } }
+
+// Read takes the shared side of a read/write lock: many readers may hold the
+// key at once, but no writer. Needs a backend implementing RWLocker.
+func Read() LockOption { return func(c *lockConfig) { c.mode = read } }
+
+// Write takes the exclusive side of a read/write lock. Needs a backend
+// implementing RWLocker. A read/write lock and a plain lock on the same key
+// are different locks.
+func Write() LockOption { return func(c *lockConfig) { c.mode = write } }
+
+// Permits turns the lock into a counting semaphore: up to n holders at once.
+// Needs a backend implementing Semaphorer.
+func Permits(n int) LockOption {
+	return func(c *lockConfig) { c.mode, c.permits = semaphore, n }
+}
+
+func (c *lockConfig) validate() error {
+	if c.ttl <= 0 {
+		return fmt.Errorf("%w: ttl %v is not positive", ErrInvalidOption, c.ttl)
+	}
+	if c.mode == semaphore && c.permits < 1 {
+		return fmt.Errorf("%w: %d permits, want at least 1", ErrInvalidOption, c.permits)
+	}
+	return nil
+}

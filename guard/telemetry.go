@@ -1,0 +1,107 @@
+package guard
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const instrumentation = "github.com/warden-go/warden/guard"
+
+// Outcomes of an acquisition, as recorded on spans and metrics.
+const (
+	outcomeAcquired    = "acquired"
+	outcomeReentered   = "reentered"
+	outcomeNotAcquired = "not_acquired"
+	outcomeCanceled    = "canceled"
+	outcomeError       = "error"
+)
+
+// telemetry holds the instruments of one Guard. Measurement options are built
+// once so that recording costs no allocation on the hot path.
+type telemetry struct {
+	tracer trace.Tracer
+
+	acquireDuration metric.Float64Histogram
+	held            metric.Int64UpDownCounter
+	contended       metric.Int64Counter
+	lost            metric.Int64Counter
+	refreshFailures metric.Int64Counter
+
+	backendAttr attribute.KeyValue
+	byOutcome   map[string]metric.MeasurementOption
+	onBackend   metric.MeasurementOption
+}
+
+func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	m := mp.Meter(instrumentation)
+	t := &telemetry{
+		tracer:      tp.Tracer(instrumentation),
+		backendAttr: attribute.String("warden.backend", backend),
+		byOutcome:   map[string]metric.MeasurementOption{},
+	}
+	var err error
+	if t.acquireDuration, err = m.Float64Histogram("warden.lock.acquire.duration",
+		metric.WithUnit("s"), metric.WithDescription("Time to acquire a lock, waiting included, by outcome.")); err != nil {
+		return nil, err
+	}
+	if t.held, err = m.Int64UpDownCounter("warden.lock.held",
+		metric.WithDescription("Locks held by this process.")); err != nil {
+		return nil, err
+	}
+	if t.contended, err = m.Int64Counter("warden.lock.contended",
+		metric.WithDescription("Acquisitions that gave up because the lock was held elsewhere.")); err != nil {
+		return nil, err
+	}
+	if t.lost, err = m.Int64Counter("warden.lock.lost",
+		metric.WithDescription("Held locks lost before their unlock: the critical section's context was cancelled.")); err != nil {
+		return nil, err
+	}
+	if t.refreshFailures, err = m.Int64Counter("warden.lock.refresh.failures",
+		metric.WithDescription("Watchdog refreshes that failed (transient or final).")); err != nil {
+		return nil, err
+	}
+	t.onBackend = metric.WithAttributeSet(attribute.NewSet(t.backendAttr))
+	for _, o := range []string{outcomeAcquired, outcomeReentered, outcomeNotAcquired, outcomeCanceled, outcomeError} {
+		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.outcome", o)))
+	}
+	return t, nil
+}
+
+func (t *telemetry) acquired(ctx context.Context, outcome string, took time.Duration) {
+	t.acquireDuration.Record(ctx, took.Seconds(), t.byOutcome[outcome])
+	switch outcome {
+	case outcomeAcquired:
+		t.held.Add(ctx, 1, t.onBackend)
+	case outcomeNotAcquired:
+		t.contended.Add(ctx, 1, t.onBackend)
+	}
+}
+
+// startSpan starts a span and hands back a nil span when it is not
+// recorded, so that callers skip building attributes nobody will see.
+func (t *telemetry) startSpan(ctx context.Context, name, key string) (context.Context, trace.Span) {
+	sctx, span := t.tracer.Start(ctx, name)
+	if !span.IsRecording() {
+		return ctx, nil
+	}
+	span.SetAttributes(t.backendAttr, attribute.String("warden.key", key))
+	return sctx, span
+}
+
+func endSpan(span trace.Span, outcome string, err error, attrs ...attribute.KeyValue) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(attribute.String("warden.outcome", outcome))
+	span.SetAttributes(attrs...)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
