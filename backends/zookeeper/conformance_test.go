@@ -1,0 +1,39 @@
+package zookeeper
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/warden-go/warden/backends/backendtest"
+	"github.com/warden-go/warden/guard"
+)
+
+func TestConformance(t *testing.T) {
+	srv := servers(t)
+	probe := dial(t, srv)
+	var (
+		mu      sync.Mutex
+		proxies = map[guard.Locker]*proxy{}
+	)
+	backendtest.Run(t, backendtest.Backend{
+		// Every client goes through its own proxy, so that Abandon can cut
+		// it off as a crash would: the session then expires on the server,
+		// which a Close (it ends the session at once) would not show.
+		NewLocker: func(t testing.TB) guard.Locker {
+			p := startProxy(t, srv[0])
+			l := dial(t, []string{p.Addr()})
+			mu.Lock()
+			proxies[l] = p
+			mu.Unlock()
+			return l
+		},
+		TTL: testSession,
+		Abandon: func(t testing.TB, l guard.Locker) {
+			mu.Lock()
+			defer mu.Unlock()
+			proxies[l].Cut()
+		},
+		FIFO:    true,
+		Waiters: func(t testing.TB, key string) int { return waiters(t, probe, key) },
+	})
+}

@@ -1,0 +1,424 @@
+package zookeeper
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// kind is what a contender node asks for; it is part of the node's name so
+// that every contender can judge the whole queue from one listing.
+type kind string
+
+const (
+	kindWrite  kind = "write" // exclusive: Acquire and AcquireWrite
+	kindRead   kind = "read"
+	kindPermit kind = "permit" // one of a semaphore's permits
+)
+
+// guidPrefix starts every contender node name; the 32 hex digits after it
+// identify one create, so a retried create can find its own node.
+const guidPrefix = "_c_"
+
+// errRequeue says the contender's node vanished (its session expired while
+// it waited): queue again with a new node.
+var errRequeue = errors.New("zookeeper: contender node vanished")
+
+// Acquire takes the exclusive lock on key: it is a write lock in the
+// read/write recipe, so it excludes AcquireRead and AcquireWrite on the same
+// key too. The lease lives with the Locker's session (opts.TTL is not used),
+// and waiters are served first come, first served whatever opts.Fair says.
+func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, kindWrite, 0, opts)
+}
+
+// AcquireWrite takes key for writing: no other writer and no reader holds it
+// at the same time. It is the same lock as Acquire.
+func (l *Locker) AcquireWrite(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, kindWrite, 0, opts)
+}
+
+// AcquireRead takes key for reading, alongside other readers. A reader waits
+// for the last writer queued before it, so a waiting writer is not starved by
+// readers that come after it.
+func (l *Locker) AcquireRead(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+	return l.acquire(ctx, key, kindRead, 0, opts)
+}
+
+// AcquireSemaphore takes one of permits permits on key, in arrival order.
+// Every contender of a key must pass the same permits. Semaphores live apart
+// from the locks: key as a semaphore and key as a lock do not exclude each
+// other.
+func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts guard.AcquireOptions) (guard.Lease, error) {
+	if permits < 1 {
+		return nil, fmt.Errorf("%w: %d permits", guard.ErrInvalidOption, permits)
+	}
+	return l.acquire(ctx, key, kindPermit, permits, opts)
+}
+
+func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, opts guard.AcquireOptions) (guard.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if key == "" {
+		return nil, fmt.Errorf("%w: empty", guard.ErrInvalidKey)
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil, errClosed
+	}
+	parent := l.lockPath(key)
+	if k == kindPermit {
+		parent = l.semaphorePath(key)
+	}
+	for {
+		node, err := l.enqueue(ctx, parent, k)
+		if err != nil {
+			return nil, err
+		}
+		lease, err := l.contend(ctx, key, parent, node, k, permits, opts.Wait)
+		if errors.Is(err, errRequeue) {
+			continue
+		}
+		return lease, err
+	}
+}
+
+// lockPath is the parent node of key's lock and read/write lock.
+func (l *Locker) lockPath(key string) string { return l.root + "/" + escape(key) }
+
+// semaphorePath is the parent node of key's semaphore; '~' never survives
+// escape, so it cannot collide with a lock's parent.
+func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape(key) + "~semaphore" }
+
+// escape turns any key into one valid node name, readable where the key is:
+// bytes outside [A-Za-z0-9_:.-] become %XX, and so does a leading '.' (the
+// names "." and ".." are reserved).
+func escape(key string) string {
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		safe := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '_' || c == '-' || c == ':' || c == '.' && i > 0
+		if safe {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// enqueue creates the contender node under parent. When ctx ends first, the
+// create may still complete: a cleanup deletes whatever it made.
+func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, error) {
+	var g [16]byte
+	rand.Read(g[:])
+	guid := hex.EncodeToString(g[:])
+	type result struct {
+		node  string
+		maybe bool
+		err   error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		node, maybe, err := l.create(parent, guid, k)
+		ch <- result{node, maybe, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil && r.maybe {
+			l.background(func() { l.retry(func() bool { return l.sweep(parent, guid) }) })
+		}
+		return r.node, r.err
+	case <-ctx.Done():
+		l.background(func() {
+			switch r := <-ch; {
+			case r.err == nil:
+				l.retry(func() bool { return l.remove(r.node) })
+			case r.maybe:
+				l.retry(func() bool { return l.sweep(parent, guid) })
+			}
+		})
+		return "", ctx.Err()
+	}
+}
+
+// create is the protected create: after a connection loss, whether the node
+// was made is unknown, so it looks for its GUID among parent's children
+// before trying again. maybe reports that a node may exist even though an
+// error is returned.
+func (l *Locker) create(parent, guid string, k kind) (node string, maybe bool, err error) {
+	prefix := parent + "/" + guidPrefix + guid + "-" + string(k) + "-"
+	for range 5 {
+		l.requests.Add(1)
+		sid, sent := l.conn.SessionID(), time.Now()
+		node, err = l.conn.Create(prefix, nil, zk.FlagEphemeralSequential, l.acl)
+		switch {
+		case err == nil:
+			l.ack(sent, sid)
+			return node, maybe, nil
+		case errors.Is(err, zk.ErrNoNode):
+			if err := l.makeParent(parent); err != nil {
+				return "", maybe, err
+			}
+		case errors.Is(err, zk.ErrConnectionClosed):
+			maybe = true
+			name, err := l.find(parent, guid)
+			if err != nil {
+				return "", maybe, err
+			}
+			if name != "" {
+				return parent + "/" + name, maybe, nil
+			}
+		case errors.Is(err, zk.ErrSessionExpired):
+			// Whatever was made went with the session: just try again.
+		default:
+			return "", maybe, unavailable("create", err)
+		}
+	}
+	return "", maybe, unavailable("create", err)
+}
+
+// makeParent creates parent as a container node (the server deletes it once
+// it is empty), creating the persistent root first if needed.
+func (l *Locker) makeParent(parent string) error {
+	for range 2 {
+		l.requests.Add(1)
+		_, err := l.conn.CreateContainer(parent, nil, zk.FlagContainer, l.acl)
+		if err == nil || errors.Is(err, zk.ErrNodeExists) {
+			return nil
+		}
+		if !errors.Is(err, zk.ErrNoNode) {
+			return unavailable("create parent", err)
+		}
+		p := ""
+		for _, part := range strings.Split(l.root[1:], "/") {
+			p += "/" + part
+			l.requests.Add(1)
+			if _, err := l.conn.Create(p, nil, zk.FlagPersistent, l.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return unavailable("create root", err)
+			}
+		}
+	}
+	return nil
+}
+
+// find returns the name of parent's child made by the create with guid, or "".
+func (l *Locker) find(parent, guid string) (string, error) {
+	l.requests.Add(1)
+	names, _, err := l.conn.Children(parent)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return "", unavailable("list", err)
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, guidPrefix+guid) {
+			return name, nil
+		}
+	}
+	return "", nil
+}
+
+// sweep deletes any node a create with guid left under parent. It reports
+// whether it is done.
+func (l *Locker) sweep(parent, guid string) bool {
+	name, err := l.find(parent, guid)
+	if err != nil {
+		return false
+	}
+	return name == "" || l.remove(parent+"/"+name)
+}
+
+// remove deletes node and reports whether it is gone.
+func (l *Locker) remove(node string) bool {
+	l.requests.Add(1)
+	err := l.conn.Delete(node, -1)
+	// An expired session took its ephemeral nodes with it.
+	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
+}
+
+// leave withdraws a contender that will not hold: its node must go, or the
+// next contender would queue behind it forever. It tries for a moment, then
+// goes on trying in the background, and returns cause.
+func (l *Locker) leave(node string, cause error) error {
+	done := make(chan struct{})
+	if !l.background(func() {
+		defer close(done)
+		l.retry(func() bool { return l.remove(node) })
+	}) {
+		return cause
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
+	return cause
+}
+
+// contender is one node of a lock's queue.
+type contender struct {
+	name string
+	kind kind
+	seq  int64
+}
+
+// queue parses and orders the children of a lock's parent; names that are
+// not contender nodes are ignored.
+func queue(names []string) []contender {
+	q := make([]contender, 0, len(names))
+	for _, name := range names {
+		rest, ok := strings.CutPrefix(name, guidPrefix)
+		if !ok || len(rest) < 34 || rest[32] != '-' {
+			continue
+		}
+		rest = rest[33:]
+		i := strings.LastIndexByte(rest, '-')
+		if i < 0 {
+			continue
+		}
+		seq, err := strconv.ParseInt(rest[i+1:], 10, 64)
+		if err != nil {
+			continue
+		}
+		q = append(q, contender{name: name, kind: kind(rest[:i]), seq: seq})
+	}
+	slices.SortFunc(q, func(a, b contender) int { return cmp.Compare(a.seq, b.seq) })
+	return q
+}
+
+// decide judges contender pos of q: whether it holds, and if not, the one
+// node it must watch (target), or, for the first waiter of a semaphore, that
+// it must watch the whole list (all).
+func decide(q []contender, pos, permits int) (holds bool, target string, all bool) {
+	switch q[pos].kind {
+	case kindRead:
+		for i := pos - 1; i >= 0; i-- {
+			if q[i].kind != kindRead {
+				return false, q[i].name, false
+			}
+		}
+		return true, "", false
+	case kindPermit:
+		switch {
+		case pos < permits:
+			return true, "", false
+		case pos == permits:
+			// Any holder leaving frees a permit for this one, so it alone
+			// watches the list; the waiters behind it watch their predecessor.
+			return false, "", true
+		}
+		return false, q[pos-1].name, false
+	default:
+		if pos == 0 {
+			return true, "", false
+		}
+		return false, q[pos-1].name, false
+	}
+}
+
+type listing struct {
+	names []string
+	ch    <-chan zk.Event
+}
+
+type existence struct {
+	ok   bool
+	stat *zk.Stat
+	ch   <-chan zk.Event
+}
+
+// contend waits, if wait, until node is a holder of parent's lock, and turns
+// it into a lease; a contender that gives up deletes its node.
+func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, permits int, wait bool) (guard.Lease, error) {
+	name := node[len(parent)+1:]
+	watchAll := false
+	for {
+		r, err := call(ctx, l, "list", func() (listing, error) {
+			if watchAll {
+				names, _, ch, err := l.conn.ChildrenW(parent)
+				return listing{names, ch}, err
+			}
+			names, _, err := l.conn.Children(parent)
+			return listing{names: names}, err
+		})
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return nil, l.leave(node, err)
+		}
+		q := queue(r.names)
+		pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
+		if pos < 0 {
+			return nil, errRequeue
+		}
+		holds, target, all := decide(q, pos, permits)
+		switch {
+		case holds:
+			return l.grant(ctx, key, node, k)
+		case !wait:
+			return nil, l.leave(node, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key))
+		case all && !watchAll:
+			watchAll = true
+			continue
+		case all:
+		default:
+			e, err := call(ctx, l, "watch", func() (existence, error) {
+				ok, stat, ch, err := l.conn.ExistsW(parent + "/" + target)
+				return existence{ok, stat, ch}, err
+			})
+			if err != nil {
+				return nil, l.leave(node, err)
+			}
+			// A semaphore contender that took its permit marks its node
+			// (see grant); the one behind it may then be first in line.
+			if !e.ok || k == kindPermit && e.stat.Version > 0 {
+				continue
+			}
+			r.ch = e.ch
+		}
+		select {
+		case <-r.ch:
+		case <-ctx.Done():
+			return nil, l.leave(node, ctx.Err())
+		}
+	}
+}
+
+// grant reads the holder node's stat for its fencing token and owning
+// session. A semaphore permit writes to its node instead of reading it: the
+// change wakes the contender queued behind, which may now be first in line.
+func (l *Locker) grant(ctx context.Context, key, node string, k kind) (guard.Lease, error) {
+	sent := time.Now()
+	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) {
+		if k == kindPermit {
+			return l.conn.Set(node, nil, -1)
+		}
+		ok, stat, err := l.conn.Exists(node)
+		if err == nil && !ok {
+			err = zk.ErrNoNode
+		}
+		return stat, err
+	})
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, errRequeue
+	}
+	if err != nil {
+		return nil, l.leave(node, err)
+	}
+	ep, err := l.grantEpoch(stat.EphemeralOwner, sent)
+	if err != nil {
+		return nil, l.leave(node, err)
+	}
+	return &lease{l: l, key: key, node: node, token: uint64(stat.Czxid), ep: ep}, nil
+}
