@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/warden-go/warden/guard"
@@ -40,6 +41,59 @@ const (
 	StateCompleted State = "completed"
 )
 
+// Limits every store accepts. Scope and Key are opaque byte strings, not
+// necessarily UTF-8 (they may hold any byte, NUL included): a store that keeps
+// them in a text column or joins them into one key encodes them (hex, base64,
+// length prefixes) so that no two (Scope, Key) pairs collide and Record gives
+// them back byte for byte.
+const (
+	// MaxKeyLen bounds Key, in bytes: the Idempotency-Key header allows 255
+	// characters.
+	MaxKeyLen = 255
+	// MaxScopeLen bounds Scope, in bytes. Scope may be empty.
+	MaxScopeLen = 255
+	// MaxResponseLen is the largest Response every store must keep. Callers
+	// never pass more.
+	MaxResponseLen = 1 << 20
+)
+
+// CheckKey returns an error wrapping ErrInvalid when (scope, key) is outside
+// the limits: an empty key, a key longer than MaxKeyLen or a scope longer
+// than MaxScopeLen. Stores call it before touching their backend.
+func CheckKey(scope, key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: key of %d bytes, more than %d", ErrInvalid, len(key), MaxKeyLen)
+	case len(scope) > MaxScopeLen:
+		return fmt.Errorf("%w: scope of %d bytes, more than %d", ErrInvalid, len(scope), MaxScopeLen)
+	}
+	return nil
+}
+
+// CheckOwner returns an error wrapping ErrInvalid when owner is empty.
+func CheckOwner(owner string) error {
+	if owner == "" {
+		return fmt.Errorf("%w: empty owner token", ErrInvalid)
+	}
+	return nil
+}
+
+// CheckDuration returns an error wrapping ErrInvalid when d, a lease or a
+// retention, is not positive.
+func CheckDuration(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%w: non-positive duration %v", ErrInvalid, d)
+	}
+	return nil
+}
+
+// Check returns an error wrapping ErrInvalid when c is outside the limits.
+func (c Claim) Check() error {
+	return errors.Join(CheckKey(c.Scope, c.Key), CheckOwner(c.Owner), CheckDuration(c.Lease))
+}
+
 // Record is what a store holds under (Scope, Key).
 type Record struct {
 	Scope       string
@@ -75,6 +129,10 @@ type Claim struct {
 // Implementations live beside the lock backends (memory here; Redis, SQL and
 // etcd in their packages) and pass the suite in idempotency/storetest.
 type Store interface {
+	// Every method returns an error wrapping ErrInvalid for arguments
+	// outside the limits (see CheckKey, CheckOwner, CheckDuration, Claim.Check), and one
+	// wrapping ErrUnavailable when the backend cannot be reached.
+	//
 	// Claim atomically writes an in-progress record for c.Owner when there
 	// is no live record under (c.Scope, c.Key): none at all, an in-progress
 	// one whose lease expired, or a completed one past its retention. Expiry
@@ -84,7 +142,8 @@ type Store interface {
 	// live record, whatever its fingerprint: the caller decides.
 	Claim(ctx context.Context, c Claim) (*Record, error)
 	// Extend renews owner's in-progress lease to lease from now, or returns
-	// ErrNotOwner.
+	// ErrNotOwner. A lease that has expired is not revived, even when no one
+	// has claimed the key since: a watcher may already have seen it free.
 	Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error
 	// Complete stores response and marks the record completed, kept for
 	// retention from now (the store's now), only while owner still holds
