@@ -2,10 +2,15 @@ package zookeeper
 
 import (
 	"errors"
+	"fmt"
 	"io"
-	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+		"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,6 +75,8 @@ type proxy struct {
 	ln       net.Listener
 	upstream string
 
+	holed atomic.Bool // bytes are dropped, connections kept: a silent partition
+
 	mu    sync.Mutex
 	conns []net.Conn
 	cut   bool
@@ -109,16 +116,31 @@ func (p *proxy) serve() {
 		}
 		p.conns = append(p.conns, c, u)
 		p.mu.Unlock()
-		go relay(c, u)
-		go relay(u, c)
+		go p.relay(c, u)
+		go p.relay(u, c)
 	}
 }
 
-func relay(dst, src net.Conn) {
-	io.Copy(dst, src)
-	dst.Close()
-	src.Close()
+func (p *proxy) relay(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.holed.Load() {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
+
+// Blackhole drops every byte from now on, in both directions, but keeps the
+// connections open: neither side learns of the partition but by silence.
+func (p *proxy) Blackhole() { p.holed.Store(true) }
 
 // Cut closes the listener and every relayed connection, for good.
 func (p *proxy) Cut() {
@@ -131,5 +153,119 @@ func (p *proxy) Cut() {
 	p.ln.Close()
 	for _, c := range p.conns {
 		c.Close()
+	}
+}
+
+var keySeq atomic.Int64
+
+// testKey returns a key no other test or earlier run has used.
+func testKey(t testing.TB) string {
+	return fmt.Sprintf("%s/%d-%d", t.Name(), time.Now().UnixNano(), keySeq.Add(1))
+}
+
+// eventually polls cond until it holds or a generous deadline passes.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// children lists the nodes queued on key's lock.
+func children(t testing.TB, l *Locker, key string) []string {
+	t.Helper()
+	names, _, err := l.conn.Children(l.lockPath(key))
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("Children: %v", err)
+	}
+	return names
+}
+
+// zkServer is a ZooKeeper server of the test's own, for faults that must not
+// touch the shared one.
+type zkServer struct {
+	addr string
+	cmd  *exec.Cmd
+}
+
+// startServer starts a standalone ZooKeeper on a free port with its data in
+// a temporary directory, and waits until it answers. A server that cannot be
+// started skips the test, or fails it when WARDEN_REQUIRE_SERVERS=1.
+func startServer(t *testing.T) *zkServer {
+	t.Helper()
+	java, err := exec.LookPath("java")
+	if err != nil {
+		backendtest.Unreachable(t, "java", "PATH", err)
+		return nil
+	}
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cfg := filepath.Join(dir, "zoo.cfg")
+	conf := fmt.Sprintf("tickTime=500\nminSessionTimeout=1000\nmaxSessionTimeout=60000\ndataDir=%s\n"+
+		"clientPort=%d\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n",
+		filepath.Join(dir, "data"), port)
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+		"-cp", "/usr/share/java/*:/etc/zookeeper/conf",
+		"org.apache.zookeeper.server.ZooKeeperServerMain", cfg)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		backendtest.Unreachable(t, "java ZooKeeperServerMain", cfg, err)
+		return nil
+	}
+	s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	t.Cleanup(func() {
+		s.Kill()
+		logf.Close()
+	})
+	// A JVM on a loaded machine takes a while; the deadline only bounds a
+	// server that will never come up.
+	deadline := time.Now().Add(60 * time.Second)
+	for !s.ok() {
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logf.Name())
+			backendtest.Unreachable(t, "own ZooKeeper", s.addr, fmt.Errorf("not answering after 60s; log:\n%s", log))
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return s
+}
+
+// ok reports whether the server answers "ruok" with "imok".
+func (s *zkServer) ok() bool {
+	c, err := net.DialTimeout("tcp", s.addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ruok")); err != nil {
+		return false
+	}
+	b, _ := io.ReadAll(c)
+	return string(b) == "imok"
+}
+
+// Kill stops the server with SIGKILL.
+func (s *zkServer) Kill() {
+	if s.cmd.ProcessState == nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
 	}
 }

@@ -251,8 +251,9 @@ func (l *Locker) remove(node string) bool {
 }
 
 // leave withdraws a contender that will not hold: its node must go, or the
-// next contender would queue behind it forever. It tries for a moment, then
-// goes on trying in the background, and returns cause.
+// next contender would queue behind it forever. It waits for the delete up to
+// a session timeout (far longer than a healthy server needs), then goes on
+// trying in the background, and returns cause.
 func (l *Locker) leave(node string, cause error) error {
 	done := make(chan struct{})
 	if !l.background(func() {
@@ -263,7 +264,7 @@ func (l *Locker) leave(node string, cause error) error {
 	}
 	select {
 	case <-done:
-	case <-time.After(time.Second):
+	case <-time.After(l.sessionTimeout()):
 	}
 	return cause
 }
