@@ -1,0 +1,14 @@
+// Package idempotency makes a piece of work run at most once per key across
+// processes, and answers its repeats with the stored result.
+//
+// A Store (the in-process MemoryStore here; Redis, SQL and etcd stores beside
+// the lock backends) holds one record per (scope, key): claimed in progress
+// by an owner token with a lease, or completed with the result kept for a
+// retention. Every transition is one compare-and-set on the store's clock,
+// and completion is fenced by the owner token, so an owner whose lease ran
+// out can never overwrite the record of the one that took over.
+//
+// An Executor puts the protocol to work for callers outside HTTP (message
+// consumers, "claim the red packet once per user"); httpmw.Idempotency does
+// the same for HTTP requests. Every Store passes idempotency/storetest.
+package idempotency

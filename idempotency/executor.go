@@ -1,0 +1,357 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const instrumentation = "github.com/warden-go/warden/idempotency"
+
+// finishTimeout bounds the writes that end a call (Complete, Abandon). They
+// run on a context detached from the caller's, so that a caller that gave up
+// the moment fn returned does not leave the claim hanging until its lease
+// runs out.
+const finishTimeout = 10 * time.Second
+
+// ErrStoredFailure is wrapped by the error a replay returns when the first
+// call's failure was stored under the Keep policy. The message of the
+// original error follows it; the original error value itself is not kept.
+var ErrStoredFailure = errors.New("warden/idempotency: stored failure replayed")
+
+// Outcomes of a call, as recorded on spans and logs.
+const (
+	outcomeExecuted   = "executed"
+	outcomeReplayed   = "replayed"
+	outcomeInProgress = "in_progress"
+	outcomeMismatch   = "fingerprint_mismatch"
+	outcomeReleased   = "released"
+	outcomeLost       = "lost"
+	outcomeError      = "error"
+)
+
+// Func is the work Do runs at most once per key. Its bytes are the result
+// stored for replay. ctx is cancelled when the caller's is, and with cause
+// ErrNotOwner when the claim is lost (the store could not be reached to
+// renew it in time, or another caller took over after it expired), since
+// from then on a retry may be running the same work.
+type Func func(ctx context.Context) ([]byte, error)
+
+// Result is what Do returns: fn's bytes, either fresh or replayed.
+type Result struct {
+	Response []byte
+	// Replayed is true when fn did not run in this call: the result is the
+	// one an earlier call stored.
+	Replayed bool
+}
+
+// Executor runs functions at most once per key over a Store: the first
+// caller claims the key and runs fn, its result is stored and replayed to
+// the callers that come after. It is safe for concurrent use; one Executor
+// serves any number of keys.
+type Executor struct {
+	store  Store
+	cfg    config
+	tracer trace.Tracer
+}
+
+// New returns an Executor over store. It returns an error wrapping
+// ErrInvalid when store is nil or an option is out of range.
+func New(store Store, opts ...Option) (*Executor, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalid)
+	}
+	cfg := config{
+		lease:     DefaultLease,
+		retention: DefaultRetention,
+		onError:   func(error) Action { return Release },
+		logger:    slog.Default(),
+		tracer:    otel.GetTracerProvider(),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Executor{store: store, cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+}
+
+// Do runs fn once for (scope, key), scope set by WithScope:
+//
+//   - The first caller claims the key, runs fn while a watchdog renews the
+//     claim every third of the lease, and stores fn's result for the
+//     retention. It gets fn's result with Replayed false.
+//   - A later caller with the same fingerprint gets the stored result with
+//     Replayed true, without running fn.
+//   - A caller with a different fingerprint gets ErrFingerprintMismatch.
+//   - A caller that comes while the first is still running gets
+//     ErrInProgress, or with WithWait waits for the first to finish.
+//   - An error from fn releases the claim (the caller gets the error, and
+//     the next call runs fn again) or is stored, as the ErrorPolicy says.
+//   - A panic in fn releases the claim and goes on up the stack unchanged.
+//   - A crashed owner's claim expires after its lease; then a retry runs fn.
+//
+// When the claim was lost while fn ran, the result is not stored (a newer
+// owner's record is never overwritten) and Do returns fn's bytes with an
+// error wrapping ErrNotOwner. Errors reaching the store wrap ErrUnavailable.
+// opts override the Executor's options for this call.
+func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opts ...Option) (Result, error) {
+	cfg, tracer := &e.cfg, e.tracer
+	if len(opts) > 0 {
+		c := e.cfg
+		for _, o := range opts {
+			o(&c)
+		}
+		if err := c.validate(); err != nil {
+			return Result{}, err
+		}
+		if c.tracer != e.cfg.tracer {
+			tracer = c.tracer.Tracer(instrumentation)
+		}
+		cfg = &c
+	}
+	if err := CheckKey(cfg.scope, key); err != nil {
+		return Result{}, err
+	}
+	if fn == nil {
+		return Result{}, fmt.Errorf("%w: nil func", ErrInvalid)
+	}
+	hash := KeyHash(cfg.scope, key)
+	ctx, span := tracer.Start(ctx, "warden.idempotency.Do", trace.WithAttributes(attribute.String("warden.idempotency.key_hash", hash)))
+	defer span.End()
+	res, outcome, err := e.do(ctx, cfg, key, fingerprint, fn, hash)
+	span.SetAttributes(attribute.String("warden.idempotency.outcome", outcome))
+	if outcome == outcomeError || outcome == outcomeLost {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, outcome)
+	}
+	return res, err
+}
+
+func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string, fn Func, hash string) (Result, string, error) {
+	c := Claim{Scope: cfg.scope, Key: key, Fingerprint: fingerprint, Owner: rand.Text(), Lease: cfg.lease}
+	var deadline time.Time
+	if cfg.wait > 0 {
+		deadline = time.Now().Add(cfg.wait)
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		sent := time.Now()
+		rec, err := e.store.Claim(ctx, c)
+		switch {
+		case err != nil:
+			return Result{}, outcomeError, storeError(ctx, "claim", err)
+		case rec == nil:
+			return e.run(ctx, cfg, c, sent, fn, hash)
+		case rec.Fingerprint != fingerprint:
+			return Result{}, outcomeMismatch, fmt.Errorf("%w (key hash %s)", ErrFingerprintMismatch, hash)
+		case rec.State == StateCompleted:
+			res, err := decodeResult(rec.Response)
+			if err != nil && !errors.Is(err, ErrStoredFailure) {
+				return Result{}, outcomeError, err
+			}
+			return res, outcomeReplayed, err
+		}
+		// In progress elsewhere. Waiting polls: the Store contract has no
+		// notification, and a duplicate is rare enough that a few reads
+		// with backoff cost less than a subscription per key.
+		left := time.Until(deadline)
+		if left <= 0 {
+			return Result{}, outcomeInProgress, fmt.Errorf("%w (key hash %s)", ErrInProgress, hash)
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Result{}, outcomeError, context.Cause(ctx)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// run executes fn under the claim c, sent to the store at sent, and ends
+// the claim as the outcome says.
+func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time, fn Func, hash string) (Result, string, error) {
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := e.watch(runCtx, cancel, cfg, c, sent, hash)
+	returned := false
+	defer func() {
+		// fn panicked or called runtime.Goexit: release the claim so a
+		// retry can run, and let the panic go on with its own stack.
+		if !returned {
+			stop()
+			e.abandon(ctx, cfg, c, hash)
+		}
+	}()
+	out, fnErr := fn(runCtx)
+	returned = true
+	stop()
+	res := Result{Response: out}
+
+	if fnErr != nil && cfg.onError(fnErr) == Release {
+		e.abandon(ctx, cfg, c, hash)
+		return res, outcomeReleased, fnErr
+	}
+	payload := encodeResult(out, fnErr)
+	if len(payload) > MaxResponseLen {
+		e.abandon(ctx, cfg, c, hash)
+		return res, outcomeReleased, errors.Join(fnErr, fmt.Errorf("%w: result of %d bytes, more than the %d a store keeps; claim released", ErrInvalid, len(payload), MaxResponseLen))
+	}
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer fcancel()
+	if err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention); err != nil {
+		if errors.Is(err, ErrNotOwner) {
+			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost before completion; result not stored",
+				slog.String("key_hash", hash))
+			return res, outcomeLost, errors.Join(fnErr, fmt.Errorf("idempotency: result not stored: %w", err))
+		}
+		// The claim stays until its lease runs out: a retry then runs fn
+		// again, which is the price of a store that failed at this moment.
+		cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: storing the result failed",
+			slog.String("key_hash", hash), slog.Any("error", err))
+		return res, outcomeError, errors.Join(fnErr, storeError(fctx, "complete", err))
+	}
+	return res, outcomeExecuted, fnErr
+}
+
+// watch renews c every third of the lease until the returned stop is
+// called, and cancels fn's context with cause ErrNotOwner once the claim is
+// lost or can no longer be known to be held.
+func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cfg *config, c Claim, sent time.Time, hash string) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	// Renewals outlive the caller's cancellation: fn may still be finishing
+	// work that must not be run twice.
+	base := context.WithoutCancel(ctx)
+	go func() {
+		defer close(exited)
+		interval := cfg.lease / 3
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		// held is a bound on the claim's life measured locally from before
+		// the request that set it, so it never outlasts the store's.
+		held := sent.Add(cfg.lease)
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			sent := time.Now()
+			ectx, ecancel := context.WithTimeout(base, interval)
+			err := e.store.Extend(ectx, c.Scope, c.Key, c.Owner, cfg.lease)
+			ecancel()
+			switch {
+			case err == nil:
+				held = sent.Add(cfg.lease)
+				continue
+			case errors.Is(err, ErrNotOwner):
+			case time.Now().Before(held):
+				cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: renewing the claim failed; retrying",
+					slog.String("key_hash", hash), slog.Any("error", err))
+				continue
+			}
+			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost while running",
+				slog.String("key_hash", hash), slog.Any("error", err))
+			cancel(fmt.Errorf("%w: claim lost while running (%v)", ErrNotOwner, err))
+			return
+		}
+	}()
+	return func() {
+		select {
+		case <-done:
+		default:
+			close(done)
+		}
+		<-exited
+	}
+}
+
+func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash string) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner); err != nil && !errors.Is(err, ErrNotOwner) {
+		// The claim then blocks the key until its lease runs out.
+		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: releasing the claim failed",
+			slog.String("key_hash", hash), slog.Any("error", err))
+	}
+}
+
+// storeError makes err, from the store, wrap ErrUnavailable unless it is an
+// argument error or the caller's own cancellation.
+func storeError(ctx context.Context, op string, err error) error {
+	switch {
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrInvalid):
+		return fmt.Errorf("idempotency: %s: %w", op, err)
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return err
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}
+
+// KeyHash returns a short, stable digest of (scope, key) for logs and spans,
+// where the key itself (often a secret-like random token, sometimes
+// personal data) must not appear.
+func KeyHash(scope, key string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(scope)))])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0])[:8])
+}
+
+// The stored result is versioned so that the encoding can change without
+// misreading records written by an earlier release:
+//
+//	version 1: 0x01, kind (0 success, 1 failure), for a failure the message
+//	length as a uvarint and the message, then fn's bytes.
+const (
+	resultV1      = 1
+	resultSuccess = 0
+	resultFailure = 1
+)
+
+func encodeResult(out []byte, fnErr error) []byte {
+	if fnErr == nil {
+		return append([]byte{resultV1, resultSuccess}, out...)
+	}
+	msg := fnErr.Error()
+	b := make([]byte, 0, 2+binary.MaxVarintLen64+len(msg)+len(out))
+	b = append(b, resultV1, resultFailure)
+	b = binary.AppendUvarint(b, uint64(len(msg)))
+	b = append(b, msg...)
+	return append(b, out...)
+}
+
+func decodeResult(b []byte) (Result, error) {
+	if len(b) < 2 || b[0] != resultV1 {
+		return Result{}, fmt.Errorf("%w: stored result in an unknown encoding", ErrInvalid)
+	}
+	switch b[1] {
+	case resultSuccess:
+		return Result{Response: b[2:], Replayed: true}, nil
+	case resultFailure:
+		n, size := binary.Uvarint(b[2:])
+		if size <= 0 || n > uint64(len(b)-2-size) {
+			return Result{}, fmt.Errorf("%w: stored failure truncated", ErrInvalid)
+		}
+		msg := b[2+size : 2+size+int(n)]
+		return Result{Response: b[2+size+int(n):], Replayed: true}, fmt.Errorf("%w: %s", ErrStoredFailure, msg)
+	}
+	return Result{}, fmt.Errorf("%w: stored result of unknown kind %d", ErrInvalid, b[1])
+}

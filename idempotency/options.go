@@ -1,0 +1,98 @@
+package idempotency
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Defaults of an Executor.
+const (
+	// DefaultLease is how long a claim lives without renewal. While fn runs a
+	// watchdog renews it every third of the lease, so it only runs out when
+	// the owner is gone or cut off from the store.
+	DefaultLease = 30 * time.Second
+	// DefaultRetention is how long a completed result is kept for replay.
+	DefaultRetention = 24 * time.Hour
+)
+
+// Option configures an Executor (in New) or a single call (in Do, where it
+// overrides the Executor's setting for that call only).
+type Option func(*config)
+
+// Action is what an ErrorPolicy decides for an error returned by fn.
+type Action int
+
+const (
+	// Release abandons the claim, so the next call with the key runs fn
+	// again. The caller gets fn's error; nothing is stored.
+	Release Action = iota
+	// Keep stores the failure as the key's result: later calls with the key
+	// get an error wrapping ErrStoredFailure with the message of fn's error,
+	// and fn's bytes, without running fn.
+	Keep
+)
+
+// ErrorPolicy decides what an error returned by fn does to the claim.
+type ErrorPolicy func(err error) Action
+
+type config struct {
+	scope     string
+	lease     time.Duration
+	retention time.Duration
+	wait      time.Duration
+	onError   ErrorPolicy
+	logger    *slog.Logger
+	tracer    trace.TracerProvider
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.lease <= 0:
+		return fmt.Errorf("%w: lease %v is not positive", ErrInvalid, c.lease)
+	case c.retention <= 0:
+		return fmt.Errorf("%w: retention %v is not positive", ErrInvalid, c.retention)
+	case c.wait < 0:
+		return fmt.Errorf("%w: wait %v is negative", ErrInvalid, c.wait)
+	case len(c.scope) > MaxScopeLen:
+		return fmt.Errorf("%w: scope of %d bytes, more than %d", ErrInvalid, len(c.scope), MaxScopeLen)
+	case c.onError == nil || c.logger == nil || c.tracer == nil:
+		return fmt.Errorf("%w: nil error policy, logger or tracer provider", ErrInvalid)
+	}
+	return nil
+}
+
+// WithScope sets the scope keys live in: typically the principal (the
+// user, the tenant) so that one principal's key never reaches another's
+// result, or the name of a consumer. Default "" (one shared scope).
+func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
+
+// WithLease sets the in-progress lease (default DefaultLease): how long a
+// crashed owner's claim blocks the key before a retry may run fn again.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithRetention sets how long a completed result is replayed (default
+// DefaultRetention). It is enforced by the store against the deadline it
+// records, not left to an eviction TTL alone.
+func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+
+// WithWait makes a duplicate that finds the key in progress wait up to d for
+// the owner to finish, then replay its result (or, when the owner released
+// the claim, run fn itself). Default 0: fail at once with ErrInProgress.
+func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithErrorPolicy sets what an error from fn does to the claim. Default:
+// Release for every error, so a retry runs.
+func WithErrorPolicy(p ErrorPolicy) Option { return func(c *config) { c.onError = p } }
+
+// WithLogger sets the logger (default slog.Default()). Keys are logged only
+// as hashes.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithTracerProvider sets where spans go (default otel.GetTracerProvider()).
+// Keys appear on spans only as hashes.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracer = tp }
+}
