@@ -1,0 +1,112 @@
+package sqllock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// dialect holds the few SQL fragments that differ between the databases.
+// Everything else is written once, in the portable subset the three share.
+type dialect struct {
+	name string
+	// now is an expression for the database's current time as integer
+	// microseconds since the Unix epoch. Instants are stored in that form
+	// because it compares correctly whatever the column types, session time
+	// zones and timestamp formats of each database, and because it keeps the
+	// arithmetic (now + ttl) in the database, on the database's clock.
+	now string
+	// upsert says whether the database has INSERT ... ON CONFLICT ... DO
+	// UPDATE ... WHERE ... RETURNING (PostgreSQL, SQLite). MySQL has
+	// ON DUPLICATE KEY UPDATE instead, which can neither filter nor return.
+	upsert bool
+	// sessions says whether the database has named session locks.
+	sessions bool
+}
+
+func dialectOf(db *gorm.DB) (dialect, error) {
+	switch name := db.Dialector.Name(); name {
+	case "postgres":
+		// clock_timestamp(), not now(): now() is frozen at the start of
+		// the transaction, which would make a lease taken inside a long
+		// transaction end early or a takeover see a stale instant.
+		// extract(epoch ...) is numeric since PostgreSQL 14, so the product
+		// is exact to the microsecond.
+		return dialect{
+			name:     name,
+			now:      "(extract(epoch from clock_timestamp())*1000000)::bigint",
+			upsert:   true,
+			sessions: true,
+		}, nil
+	case "mysql":
+		// TIMESTAMPDIFF from the epoch on UTC_TIMESTAMP is plain calendar
+		// arithmetic: unlike UNIX_TIMESTAMP(NOW(6)) it does not go through
+		// the session time zone, so a daylight-saving change cannot move it.
+		return dialect{
+			name:     name,
+			now:      "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+			sessions: true,
+		}, nil
+	case "sqlite":
+		// SQLite keeps 'now' fixed for the whole step of one statement, so
+		// the two strftime calls read the same instant. It has millisecond
+		// resolution.
+		return dialect{
+			name:   name,
+			now:    "(CAST(strftime('%s','now') AS INTEGER)*1000000 + CAST(substr(strftime('%f','now'),4) AS INTEGER)*1000)",
+			upsert: true,
+		}, nil
+	default:
+		return dialect{}, fmt.Errorf("%w: gorm dialect %q (want postgres, mysql or sqlite)", guard.ErrUnsupported, name)
+	}
+}
+
+// quoteTable validates a table name (optionally schema-qualified) and quotes
+// it for db. Table names cannot be bound as parameters, so they are spliced
+// into the SQL: only plain identifiers are accepted.
+func quoteTable(db *gorm.DB, table string) (string, error) {
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return "", fmt.Errorf("%w: table name %q", guard.ErrInvalidOption, table)
+	}
+	for _, p := range parts {
+		if !isIdentifier(p) {
+			return "", fmt.Errorf("%w: table name %q: want letters, digits and underscores", guard.ErrInvalidOption, table)
+		}
+	}
+	var b strings.Builder
+	db.Dialector.QuoteTo(&b, table)
+	return b.String(), nil
+}
+
+func isIdentifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case r == '_', 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z':
+		case '0' <= r && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// retryable reports whether err is a conflict the database resolved by
+// aborting this statement, so running it again is correct. InnoDB can pick
+// an INSERT ... ON DUPLICATE KEY UPDATE as a deadlock victim when several
+// clients insert the same new key at once.
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == 1213 || me.Number == 1205 // deadlock, lock wait timeout
+	}
+	return false
+}

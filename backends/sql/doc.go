@@ -1,0 +1,88 @@
+// Package sqllock is a warden lock backend on a SQL database through gorm:
+// PostgreSQL, MySQL/MariaDB, and SQLite (github.com/glebarez/sqlite, pure Go).
+// It is the classic database lock, with its well-known flaws fixed.
+//
+// # Lease mode (default)
+//
+// A lock is a row of the lock table. Acquire inserts the row when it is
+// absent, or takes it over when its lease has expired, in one statement, so
+// concurrent contenders are serialised by the database's row lock and exactly
+// one wins:
+//
+//	INSERT INTO warden_locks (name, owner, version, lock_until, locked_at)
+//	VALUES (?, ?, 1, <db now> + ttl, <db now>)
+//	ON CONFLICT (name) DO UPDATE SET owner = ..., version = version + 1, ...
+//	WHERE warden_locks.lock_until <= <db now>
+//	RETURNING version
+//
+// (MySQL writes the same with ON DUPLICATE KEY UPDATE and IF().)
+//
+// Every instant is the DATABASE's clock, stored as integer microseconds since
+// the Unix epoch, computed and compared inside the statement: application
+// servers whose clocks disagree cannot break exclusion. On SQLite the
+// database's clock is the clock of the host running the statement; processes
+// sharing one SQLite file share a host anyway (WAL does not work over network
+// file systems).
+//
+// The fencing token is the row's version. It only grows, because the row is
+// never deleted: Release moves lock_until to now and keeps the row. So there
+// is no stale-row sweeper to run either: an expired row is simply taken over
+// by the next Acquire. Refresh and Release are owner-checked
+// (WHERE name = ? AND owner = ? AND version = ? AND lock_until > <db now>);
+// a refresh that matches no row means the lease is lost. Owner ids are
+// host:pid:random plus a per-lease counter, so two processes never look alike
+// and a lease never mistakes an older lease of the same Locker for itself.
+//
+// Waiting polls with jittered exponential backoff (WithMaxBackoff), never
+// sleeping past the holder's recorded expiry. It is not fair: Fair is refused
+// with guard.ErrUnsupported.
+//
+// # Session mode (WithSessionLocks)
+//
+// The lock is a session lock of the database, pg_try_advisory_lock on
+// PostgreSQL and GET_LOCK on MySQL/MariaDB, held by a connection taken out of
+// the pool until Release. The database frees it the moment the holding
+// process dies (its connection closes): there is no TTL to wait out. The
+// price is one connection per held lock; size the pool for it. The token is
+// still the lock table's version, bumped while the session lock is held, so
+// Fence works in both modes. SQLite has no session locks.
+//
+// # Fencing
+//
+// Fence, called inside the caller's own transaction before its writes,
+// refuses the transaction when a newer token has already written the same
+// resource, so a holder that paused past its lease cannot overwrite the newer
+// holder's data.
+//
+// # Tables
+//
+// Locker.Migrate creates the tables with gorm's AutoMigrate. To create them
+// with your own migrations instead, this is the DDL (PostgreSQL and SQLite;
+// MySQL the same with ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+// COLLATE=utf8mb4_bin, so that names compare byte for byte):
+//
+//	CREATE TABLE warden_locks (
+//		name       varchar(255) NOT NULL PRIMARY KEY,
+//		owner      varchar(255) NOT NULL,
+//		version    bigint       NOT NULL, -- the fencing token
+//		lock_until bigint       NOT NULL, -- lease end, µs since the epoch, database clock
+//		locked_at  bigint       NOT NULL  -- when this owner took it, same unit
+//	);
+//	CREATE TABLE warden_fences (
+//		resource varchar(255) NOT NULL PRIMARY KEY,
+//		token    bigint       NOT NULL -- highest token that wrote the resource
+//	);
+//
+// Keys are at most 255 bytes; longer ones are refused with
+// guard.ErrInvalidKey. On MySQL, whose utf8mb4_bin collation pads with
+// spaces, keys differing only in trailing spaces share one lock (more
+// exclusion, never less).
+//
+// # SQLite
+//
+// Open the file with WAL and a busy timeout, so that several connections and
+// processes can share it and a writer waits for the file lock instead of
+// failing:
+//
+//	sqlite.Open("locks.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+package sqllock

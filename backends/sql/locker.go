@@ -1,0 +1,373 @@
+package sqllock
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/guard"
+)
+
+const (
+	// DefaultTable is the lock table used unless WithTable says otherwise.
+	DefaultTable = "warden_locks"
+	// DefaultFenceTable is the table Fence records tokens in.
+	DefaultFenceTable = "warden_fences"
+	// maxName is the width of the name columns: guard's 200-byte keys plus
+	// its prefix.
+	maxName = 255
+	// retries bounds how often a statement the database aborted as a
+	// deadlock victim is run again before the error is reported.
+	retries = 5
+)
+
+// Locker is a guard.Locker on a SQL table (lease mode, the default) or on
+// database session locks (WithSessionLocks). It is safe for concurrent use.
+type Locker struct {
+	db         *gorm.DB
+	d          dialect
+	table      string // quoted
+	rawTable   string
+	fenceTable string
+	owner      string
+	session    bool
+	clock      func() time.Time
+	maxBackoff time.Duration
+	seq        atomic.Uint64
+	q          queries
+}
+
+// queries are the lease-mode statements, built once per Locker because the
+// table name is spliced in.
+type queries struct {
+	acquire   string // upsert dialects: returns the new version when taken
+	readBack  string // MySQL: version of the row if this owner took it
+	refresh   string
+	release   string
+	holds     string
+	remaining string
+	bump      string // session mode: new version, unconditionally
+}
+
+// New returns a Locker on db. It does not touch the database: call Migrate
+// (or create the tables from the DDL in the package documentation) first.
+// db's dialect must be postgres, mysql or sqlite; session mode is refused on
+// SQLite with an error wrapping guard.ErrUnsupported.
+func New(db *gorm.DB, opts ...Option) (*Locker, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *gorm.DB", guard.ErrInvalidOption)
+	}
+	c := defaults()
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	d, err := dialectOf(db)
+	if err != nil {
+		return nil, err
+	}
+	if c.session && !d.sessions {
+		return nil, fmt.Errorf("%w: session locks on %s", guard.ErrUnsupported, d.name)
+	}
+	table, err := quoteTable(db, c.table)
+	if err != nil {
+		return nil, err
+	}
+	if c.owner == "" {
+		if c.owner, err = defaultOwner(); err != nil {
+			return nil, err
+		}
+	}
+	l := &Locker{
+		db:         db,
+		d:          d,
+		table:      table,
+		rawTable:   c.table,
+		fenceTable: DefaultFenceTable,
+		owner:      c.owner,
+		session:    c.session,
+		clock:      c.clock,
+		maxBackoff: c.maxBackoff,
+	}
+	l.q = buildQueries(d, table)
+	return l, nil
+}
+
+// defaultOwner is host:pid:random. The random part tells apart two
+// processes on one host whose pids were reused (containers often all run as
+// pid 1), and two Lockers in one process.
+func defaultOwner() (string, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	if len(host) > 100 {
+		host = host[:100]
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("warden/sql: owner id: %w", err)
+	}
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])), nil
+}
+
+func buildQueries(d dialect, t string) queries {
+	now := d.now
+	q := queries{
+		refresh: "UPDATE " + t + " SET lock_until = " + now + " + ? WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
+		// Release keeps the row, and with it the version counter, so that
+		// tokens keep growing: it only moves the expiry to now.
+		release:   "UPDATE " + t + " SET lock_until = " + now + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
+		holds:     "SELECT count(*) FROM " + t + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
+		remaining: "SELECT lock_until - " + now + " FROM " + t + " WHERE name = ?",
+		readBack:  "SELECT version FROM " + t + " WHERE name = ? AND owner = ?",
+	}
+	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	if d.upsert {
+		// One statement: the row is inserted if absent, or taken over if
+		// its lease has expired. Both databases lock the conflicting row
+		// and evaluate the WHERE against its latest committed version, so
+		// of two contenders for an expired lock exactly one sees it expired
+		// and the other gets no row back.
+		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
+			" lock_until = excluded.lock_until, locked_at = excluded.locked_at" +
+			" WHERE t.lock_until <= excluded.locked_at RETURNING version"
+		q.bump = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
+			" lock_until = excluded.locked_at, locked_at = excluded.locked_at RETURNING version"
+		return q
+	}
+	// MySQL: ON DUPLICATE KEY UPDATE cannot filter, so every column is set
+	// to itself unless the lease had expired. The assignments run left to
+	// right and see the columns already assigned, so lock_until, which the
+	// condition reads, is assigned last. InnoDB holds the row's exclusive
+	// lock while it evaluates them, so two contenders cannot both see the
+	// lease expired. Whether this owner won is read back by owner id, which
+	// is unique to the attempt.
+	insert = "INSERT INTO " + t + " (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	expired := "lock_until <= VALUES(locked_at)"
+	q.acquire = insert + " ON DUPLICATE KEY UPDATE" +
+		" owner = IF(" + expired + ", VALUES(owner), owner)," +
+		" version = IF(" + expired + ", version + 1, version)," +
+		" locked_at = IF(" + expired + ", VALUES(locked_at), locked_at)," +
+		" lock_until = IF(" + expired + ", VALUES(lock_until), lock_until)"
+	q.bump = insert + " ON DUPLICATE KEY UPDATE owner = VALUES(owner), version = version + 1," +
+		" locked_at = VALUES(locked_at), lock_until = VALUES(locked_at)"
+	return q
+}
+
+// Migrate creates or updates the lock table and the fence table with gorm's
+// AutoMigrate. It is safe to run from several processes at once.
+func (l *Locker) Migrate(ctx context.Context) error {
+	if err := migrate(ctx, l.db, l.d, l.rawTable, &lockRow{}); err != nil {
+		return err
+	}
+	return migrate(ctx, l.db, l.d, l.fenceTable, &fenceRow{})
+}
+
+// lockRow is the lock table's schema, for AutoMigrate.
+type lockRow struct {
+	Name      string `gorm:"column:name;primaryKey;type:varchar(255);not null"`
+	Owner     string `gorm:"column:owner;type:varchar(255);not null"`
+	Version   int64  `gorm:"column:version;not null"`
+	LockUntil int64  `gorm:"column:lock_until;not null"`
+	LockedAt  int64  `gorm:"column:locked_at;not null"`
+}
+
+// fenceRow is the fence table's schema, for AutoMigrate.
+type fenceRow struct {
+	Resource string `gorm:"column:resource;primaryKey;type:varchar(255);not null"`
+	Token    int64  `gorm:"column:token;not null"`
+}
+
+func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
+	run := func() error {
+		tx := db.WithContext(ctx)
+		if d.name == "mysql" {
+			// Keys compare byte for byte, as on the other databases,
+			// instead of case-insensitively.
+			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+		}
+		return tx.Table(table).AutoMigrate(model)
+	}
+	err := run()
+	if err != nil && ctx.Err() == nil && db.WithContext(ctx).Migrator().HasTable(table) {
+		// Another process created the table between AutoMigrate's check
+		// and its CREATE TABLE: run it again to apply the rest.
+		err = run()
+	}
+	if err != nil {
+		return dbErr(ctx, fmt.Errorf("migrate %s: %w", table, err))
+	}
+	return nil
+}
+
+// dbErr turns a database error into the error guard expects: the context's
+// own error when ctx is done, otherwise one wrapping guard.ErrUnavailable.
+func dbErr(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return fmt.Errorf("%w: %w", guard.ErrUnavailable, err)
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", guard.ErrInvalidKey)
+	case len(key) > maxName:
+		return fmt.Errorf("%w: %d bytes, more than the %d the name column holds", guard.ErrInvalidKey, len(key), maxName)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: invalid UTF-8", guard.ErrInvalidKey)
+	}
+	return nil
+}
+
+// Acquire implements guard.Locker. Waiting polls with jittered exponential
+// backoff, never sleeping past the holder's expiry; it cannot be fair, so
+// opts.Fair is refused with guard.ErrUnsupported.
+func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if opts.TTL <= 0 && !l.session {
+		return nil, fmt.Errorf("%w: TTL %v", guard.ErrInvalidOption, opts.TTL)
+	}
+	if opts.Fair {
+		return nil, fmt.Errorf("%w: fair waiting", guard.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var pause time.Duration
+	for attempt := 0; ; attempt++ {
+		var (
+			lease guard.Lease
+			err   error
+		)
+		if l.session {
+			lease, err = l.trySession(ctx, key)
+		} else {
+			lease, err = l.try(ctx, key, opts.TTL)
+		}
+		if err != nil || lease != nil {
+			return lease, err
+		}
+		if !opts.Wait {
+			return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key)
+		}
+		pause = l.nextPause(pause)
+		if !l.session {
+			// The holder's lease cannot end before its recorded expiry,
+			// so there is no point waking up after it either: retry as it
+			// ends (or at once when it already has).
+			left, err := l.remaining(ctx, key)
+			if err != nil {
+				return nil, err
+			}
+			if left < pause {
+				pause = max(left, 0) + time.Millisecond
+			}
+		}
+		if err := sleep(ctx, pause); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// nextPause doubles the previous pause up to maxBackoff, with jitter in
+// [d/2, d) so that waiters released together do not stampede together.
+func (l *Locker) nextPause(prev time.Duration) time.Duration {
+	d := min(max(2*prev, 4*time.Millisecond), l.maxBackoff)
+	return d/2 + mrand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// try makes one lease-mode attempt. It returns a nil lease and no error
+// when the lock is held by someone else.
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration) (guard.Lease, error) {
+	owner := l.leaseOwner()
+	sent := l.clock()
+	var (
+		version int64
+		ok      bool
+		err     error
+	)
+	for range retries {
+		version, ok, err = l.tryOnce(ctx, key, owner, ttl)
+		if err == nil || !retryable(err) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, dbErr(ctx, fmt.Errorf("acquire %q: %w", key, err))
+	}
+	if !ok {
+		return nil, nil
+	}
+	return newLease(l, key, owner, version, ttl, sent), nil
+}
+
+func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+	db := l.db.WithContext(ctx)
+	var version int64
+	if l.d.upsert {
+		err := db.Raw(l.q.acquire, key, owner, ttl.Microseconds()).Row().Scan(&version)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, false, nil
+		}
+		return version, err == nil, err
+	}
+	if err := db.Exec(l.q.acquire, key, owner, ttl.Microseconds()).Error; err != nil {
+		return 0, false, err
+	}
+	// The owner id is unique to this attempt, so finding it in the row
+	// means this attempt took the lock. Reading in a separate statement is
+	// safe: the row can change owner again only after our lease expires.
+	err := db.Raw(l.q.readBack, key, owner).Row().Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return version, err == nil, err
+}
+
+// leaseOwner is the owner id of one acquisition: the Locker's id and a
+// counter, so that a new lease never mistakes an older lease of the same
+// Locker (expired, released) for itself.
+func (l *Locker) leaseOwner() string {
+	return fmt.Sprintf("%s/%d", l.owner, l.seq.Add(1))
+}
+
+// remaining is how long the current holder's lease has left by the
+// database's clock (zero or less when none).
+func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
+	var micros int64
+	err := l.db.WithContext(ctx).Raw(l.q.remaining, key).Row().Scan(&micros)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, dbErr(ctx, fmt.Errorf("acquire %q: %w", key, err))
+	}
+	return time.Duration(micros) * time.Microsecond, nil
+}
