@@ -1,0 +1,255 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// kind is what a contender's key stands for.
+type kind int
+
+const (
+	// exclusive: a mutex or a writer, blocked by every earlier key.
+	exclusive kind = iota
+	// shared: a reader, blocked only by earlier exclusive keys.
+	shared
+	// counting: a semaphore permit, held while fewer than permits keys are
+	// earlier.
+	counting
+)
+
+// errSessionLost ends a wait whose own key vanished with its session.
+var errSessionLost = fmt.Errorf("%w: etcd session lost while waiting", guard.ErrUnavailable)
+
+// attempt is one contender's key and the range of keys that block it.
+type attempt struct {
+	l       *Locker
+	s       *session
+	name    string // the lock's name, as guard gave it
+	own     string // the contender's etcd key
+	from    string // the blocking range is [from, end)
+	end     string
+	rev     int64 // create revision of own, once put
+	permits int64
+	kind    kind
+}
+
+// acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore.
+func (l *Locker) acquire(ctx context.Context, name string, opts guard.AcquireOptions, k kind, permits int) (guard.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := l.session(ctx, opts.TTL)
+	if err != nil {
+		return nil, err
+	}
+	dir := l.dir(name)
+	a := &attempt{l: l, s: s, name: name, from: dir, end: clientv3.GetPrefixRangeEnd(dir), kind: k, permits: int64(permits)}
+	a.own = dir + l.contenderName(s)
+	if k == shared {
+		a.own = dir + "r/" + l.contenderName(s)
+		// Writer keys are hex digits and '-', all before "r".
+		a.end = dir + "r"
+	}
+	if !opts.Wait && k != counting {
+		return a.try(ctx)
+	}
+	return a.enqueue(ctx, opts.Wait)
+}
+
+// try puts the key only if nothing blocks it, in one transaction, so that a
+// failed attempt writes nothing.
+func (a *attempt) try(ctx context.Context) (guard.Lease, error) {
+	resp, err := a.l.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(a.from).WithRange(a.end), "=", 0)).
+		Then(clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id))).
+		Commit()
+	if err != nil {
+		return nil, a.abort(ctx, unavailable(ctx, err))
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, a.name)
+	}
+	a.rev = resp.Header.Revision
+	return a.lease(), nil
+}
+
+// blockersOp reads what blocks own among the keys created before revision
+// below: the latest of them for an ordered lock, up to permits of them for a
+// semaphore. (Not a count: etcd ignores the create-revision filter when it
+// only counts.)
+func (a *attempt) blockersOp(below int64) clientv3.Op {
+	opts := []clientv3.OpOption{clientv3.WithRange(a.end)}
+	if below > 0 {
+		opts = append(opts, clientv3.WithMaxCreateRev(below-1))
+	}
+	if a.kind == counting {
+		opts = append(opts, clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend),
+			clientv3.WithLimit(a.permits), clientv3.WithKeysOnly())
+	} else {
+		opts = append(opts, clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend),
+			clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	}
+	return clientv3.OpGet(a.from, opts...)
+}
+
+// enqueue puts the key and, in the same transaction, reads what was there
+// before it; then waits for its turn.
+func (a *attempt) enqueue(ctx context.Context, wait bool) (guard.Lease, error) {
+	resp, err := a.l.client.Txn(ctx).
+		Then(a.blockersOp(0), clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id))).
+		Commit()
+	if err != nil {
+		return nil, a.abort(ctx, unavailable(ctx, err))
+	}
+	a.rev = resp.Header.Revision
+	before := resp.Responses[0].GetResponseRange()
+	if a.kind == counting {
+		if int64(len(before.Kvs)) < a.permits {
+			return a.lease(), nil
+		}
+		if !wait {
+			return nil, a.abort(ctx, fmt.Errorf("%w: %q", guard.ErrNotAcquired, a.name))
+		}
+		err = a.waitCount(ctx)
+	} else if len(before.Kvs) > 0 {
+		// The predecessor existed when own was put, at revision a.rev.
+		err = a.waitPredecessor(ctx, string(before.Kvs[0].Key), a.rev)
+	}
+	if err != nil {
+		return nil, a.abort(ctx, err)
+	}
+	return a.lease(), nil
+}
+
+// recheck reads the blockers again, provided own still exists: without it, a
+// contender whose session expired would find nothing before it and believe
+// it holds the lock.
+func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
+	resp, err := a.l.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(a.own), "=", a.rev)).
+		Then(a.blockersOp(a.rev)).
+		Commit()
+	if err != nil {
+		return nil, unavailable(ctx, err)
+	}
+	if !resp.Succeeded {
+		return nil, errSessionLost
+	}
+	return resp, nil
+}
+
+// waitPredecessor waits until no key in the blocking range precedes own,
+// watching one key at a time: the latest before own.
+func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int64) error {
+	for pred != "" {
+		if err := a.waitDeleted(ctx, pred, knownAt); err != nil {
+			return err
+		}
+		// The predecessor may have been a waiter that gave up, with others
+		// still before it.
+		resp, err := a.recheck(ctx)
+		if err != nil {
+			return err
+		}
+		pred, knownAt = "", resp.Header.Revision
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			pred = string(kvs[0].Key)
+		}
+	}
+	return nil
+}
+
+// waitDeleted returns once key, which existed at revision knownAt, is
+// deleted.
+//
+// The watch starts at the server's current revision, which keeps it among the
+// server's synced watchers, notified as soon as the deletion is applied; a
+// watch from an older revision would be served by the catch-up loop, every
+// 100 ms. A deletion between knownAt and the watch's start would be missed,
+// so when the revision moved in between, the key is looked up once more.
+func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) error {
+	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
+		if !wr.Created {
+			return len(wr.Events) > 0, nil
+		}
+		if wr.Header.Revision == knownAt {
+			return false, nil
+		}
+		g, err := a.l.client.Get(ctx, key, clientv3.WithCountOnly())
+		if err != nil {
+			return false, unavailable(ctx, err)
+		}
+		return g.Count == 0, nil
+	})
+}
+
+// waitCount waits until fewer than permits keys precede own. Any deletion in
+// the range may be the one that lets own in, so every semaphore waiter
+// watches the whole range and counts again on each deletion.
+func (a *attempt) waitCount(ctx context.Context) error {
+	// Counting once the watch exists, and after every deletion from then on,
+	// misses none.
+	return a.watchDeletes(ctx, a.from, func(clientv3.WatchResponse) (bool, error) {
+		resp, err := a.recheck(ctx)
+		if err != nil {
+			return false, err
+		}
+		return int64(len(resp.Responses[0].GetResponseRange().Kvs)) < a.permits, nil
+	}, clientv3.WithRange(a.end))
+}
+
+// watchDeletes watches deletions of key (a range with WithRange) from the
+// server's current revision, and passes the watch's creation and each batch
+// of deletions to handle until it reports done, fails, ctx ends or the
+// session is lost.
+func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clientv3.WatchResponse) (bool, error), opts ...clientv3.OpOption) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	opts = append(opts, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	wch := a.l.client.Watch(wctx, key, opts...)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-a.s.done:
+			return errSessionLost
+		case wr, ok := <-wch:
+			if !ok {
+				return unavailable(ctx, errors.New("watch closed"))
+			}
+			if err := wr.Err(); err != nil {
+				return unavailable(ctx, err)
+			}
+			if !wr.Created && len(wr.Events) == 0 {
+				continue // progress notification
+			}
+			if done, err := handle(wr); done || err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// abort removes own, which may or may not have been put, and returns cause.
+// The key is unique to this attempt, so deleting it unconditionally cannot
+// touch anyone else's. If it cannot be deleted, it would block every later
+// contender for as long as the session lives, so the session is given up
+// instead: its lease expires and takes the key with it.
+func (a *attempt) abort(ctx context.Context, cause error) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.s.ttl)
+	defer cancel()
+	if _, err := a.l.client.Delete(dctx, a.own); err != nil {
+		a.s.abandon()
+	}
+	return cause
+}
+
+func (a *attempt) lease() *lease {
+	return &lease{locker: a.l, s: a.s, name: a.name, own: a.own, rev: a.rev}
+}
