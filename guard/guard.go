@@ -111,26 +111,35 @@ func New(locker Locker, opts ...Option) (*Guard, error) {
 // derives from, that Lock's Context), the same Lock is returned with one
 // more hold: reentrancy.
 func (g *Guard) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
-	c := lockConfig{ttl: g.ttl, wait: -1}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return g.acquire(ctx, key, &c)
+	return g.acquire(ctx, key, g.lockConfig(opts, false))
 }
 
 // TryLock acquires key if it is free, and returns ErrNotAcquired at once if
 // it is not.
 func (g *Guard) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	return g.acquire(ctx, key, g.lockConfig(opts, true))
+}
+
+// lockConfig applies opts to the Guard's defaults. It returns a value, so
+// that a call without options allocates nothing for its configuration.
+func (g *Guard) lockConfig(opts []LockOption, try bool) lockConfig {
 	c := lockConfig{ttl: g.ttl, wait: -1}
+	if len(opts) > 0 {
+		c = applyLockOptions(c, opts)
+	}
+	if try {
+		c.wait = 0
+	}
+	return c
+}
+
+func applyLockOptions(c lockConfig, opts []LockOption) lockConfig {
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
 		}
 	}
-	c.wait = 0
-	return g.acquire(ctx, key, &c)
+	return c
 }
 
 // Do runs fn while holding key, acquired as Lock does (waiting, unless
@@ -210,7 +219,7 @@ func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error)
 // errWaitBound is the cause of a wait cut short by WaitAtMost.
 var errWaitBound = errors.New("warden: wait bound reached")
 
-func (g *Guard) acquire(ctx context.Context, key string, c *lockConfig) (*Lock, error) {
+func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: nil context", ErrInvalidOption)
 	}
@@ -224,7 +233,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c *lockConfig) (*Lock, 
 	if g.prefix != "" {
 		full = g.prefix + key
 	}
-	if l, err := g.reenter(ctx, full, c); l != nil || err != nil {
+	if l, err := g.reenter(ctx, full, &c); l != nil || err != nil {
 		return l, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -242,7 +251,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c *lockConfig) (*Lock, 
 		actx, cancel = context.WithTimeoutCause(ctx, c.wait, errWaitBound)
 		defer cancel()
 	}
-	lease, err := g.acquireLease(actx, full, c)
+	lease, err := g.acquireLease(actx, full, &c)
 	took := time.Since(start)
 	if err != nil {
 		outcome := outcomeError

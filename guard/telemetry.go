@@ -33,8 +33,10 @@ type telemetry struct {
 	refreshFailures metric.Int64Counter
 
 	backendAttr attribute.KeyValue
-	byOutcome   map[string]metric.MeasurementOption
-	onBackend   metric.MeasurementOption
+	// Option slices, not single options: a variadic call with a fresh slice
+	// would allocate on every measurement.
+	byOutcome map[string][]metric.RecordOption
+	onBackend []metric.AddOption
 }
 
 func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
@@ -42,7 +44,7 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 	t := &telemetry{
 		tracer:      tp.Tracer(instrumentation),
 		backendAttr: attribute.String("warden.backend", backend),
-		byOutcome:   map[string]metric.MeasurementOption{},
+		byOutcome:   map[string][]metric.RecordOption{},
 	}
 	var err error
 	if t.acquireDuration, err = m.Float64Histogram("warden.lock.acquire.duration",
@@ -65,20 +67,20 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 		metric.WithDescription("Watchdog refreshes that failed (transient or final).")); err != nil {
 		return nil, err
 	}
-	t.onBackend = metric.WithAttributeSet(attribute.NewSet(t.backendAttr))
+	t.onBackend = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
 	for _, o := range []string{outcomeAcquired, outcomeReentered, outcomeNotAcquired, outcomeCanceled, outcomeError} {
-		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.outcome", o)))
+		t.byOutcome[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.outcome", o)))}
 	}
 	return t, nil
 }
 
 func (t *telemetry) acquired(ctx context.Context, outcome string, took time.Duration) {
-	t.acquireDuration.Record(ctx, took.Seconds(), t.byOutcome[outcome])
+	t.acquireDuration.Record(ctx, took.Seconds(), t.byOutcome[outcome]...)
 	switch outcome {
 	case outcomeAcquired:
-		t.held.Add(ctx, 1, t.onBackend)
+		t.held.Add(ctx, 1, t.onBackend...)
 	case outcomeNotAcquired:
-		t.contended.Add(ctx, 1, t.onBackend)
+		t.contended.Add(ctx, 1, t.onBackend...)
 	}
 }
 

@@ -122,7 +122,7 @@ func (w *watchdog) refresh(due []*Lock) {
 // done reschedules l after a refresh sent at sent, or loses it.
 func (w *watchdog) done(l *Lock, sent time.Time, err error) {
 	if err != nil {
-		w.g.tel.refreshFailures.Add(context.Background(), 1, w.g.tel.onBackend)
+		w.g.tel.refreshFailures.Add(context.Background(), 1, w.g.tel.onBackend...)
 	}
 	l.mu.Lock()
 	live := l.holds > 0 && l.lostErr == nil

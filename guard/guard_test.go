@@ -1,0 +1,544 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+)
+
+// faulty wraps the real memory backend so a test can make its leases fail
+// to refresh, report themselves gone, or its acquisitions fail: the faults a
+// remote backend has, which guard must turn into cancelled contexts and
+// sentinel errors.
+type faulty struct {
+	*memory.Locker
+	refreshErr atomic.Pointer[error]
+	acquireErr atomic.Pointer[error]
+	refreshes  atomic.Int32
+	gone       chan struct{}
+}
+
+func newFaulty() *faulty { return &faulty{Locker: memory.New(), gone: make(chan struct{})} }
+
+func (f *faulty) Acquire(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+	if err := f.acquireErr.Load(); err != nil {
+		return nil, *err
+	}
+	l, err := f.Locker.Acquire(ctx, key, o)
+	if err != nil {
+		return nil, err
+	}
+	return &faultyLease{Lease: l, f: f}, nil
+}
+
+type faultyLease struct {
+	guard.Lease
+	f *faulty
+}
+
+func (l *faultyLease) Refresh(ctx context.Context, ttl time.Duration) error {
+	l.f.refreshes.Add(1)
+	if err := l.f.refreshErr.Load(); err != nil {
+		return *err
+	}
+	return l.Lease.Refresh(ctx, ttl)
+}
+
+func (l *faultyLease) Done() <-chan struct{} { return l.f.gone }
+
+func newGuard(t testing.TB, l guard.Locker, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(l, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", limit, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestDoExcludesAndReleases(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	ran := false
+	err := g.Do(ctx, "orders/close", func(ctx context.Context, l *guard.Lock) error {
+		ran = true
+		if l.Token() == 0 {
+			t.Error("token is 0")
+		}
+		if l.Key() != "orders/close" {
+			t.Errorf("Key() = %q", l.Key())
+		}
+		// Another caller (a context not carrying the lock) is excluded.
+		if _, err := g.TryLock(context.Background(), "orders/close"); !errors.Is(err, guard.ErrNotAcquired) {
+			t.Errorf("TryLock while held: %v, want ErrNotAcquired", err)
+		}
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do: ran=%v err=%v", ran, err)
+	}
+	l, err := g.TryLock(ctx, "orders/close")
+	if err != nil {
+		t.Fatalf("TryLock after Do: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Errorf("second Unlock: %v, want nil", err)
+	}
+	if !errors.Is(l.Err(), guard.ErrNotHeld) {
+		t.Errorf("Err after Unlock: %v, want ErrNotHeld", l.Err())
+	}
+	if l.Context().Err() == nil {
+		t.Error("lock context not cancelled after Unlock")
+	}
+}
+
+func TestDoReturnsSectionError(t *testing.T) {
+	g := newGuard(t, memory.New())
+	want := errors.New("boom")
+	if err := g.Do(context.Background(), "k", func(context.Context, *guard.Lock) error { return want }); !errors.Is(err, want) {
+		t.Fatalf("Do: %v, want %v", err, want)
+	}
+	if _, err := g.TryLock(context.Background(), "k"); err != nil {
+		t.Fatalf("lock not released after a failed section: %v", err)
+	}
+}
+
+func TestWatchdogKeepsLeaseAlive(t *testing.T) {
+	f := newFaulty()
+	ttl := 150 * time.Millisecond
+	g := newGuard(t, f, guard.WithTTL(ttl))
+	err := g.Do(context.Background(), "long", func(ctx context.Context, l *guard.Lock) error {
+		// Hold for several TTLs: only refreshes keep others out.
+		waitFor(t, "five refreshes", 10*time.Second, func() bool { return f.refreshes.Load() >= 5 })
+		if _, err := g.TryLock(context.Background(), "long"); !errors.Is(err, guard.ErrNotAcquired) {
+			t.Errorf("TryLock after %d refreshes: %v, want ErrNotAcquired", f.refreshes.Load(), err)
+		}
+		return ctx.Err()
+	})
+	if err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+}
+
+func TestRefreshNotHeldCancelsSection(t *testing.T) {
+	f := newFaulty()
+	notHeld := error(guard.ErrNotHeld)
+	f.refreshErr.Store(&notHeld)
+	ttl := 600 * time.Millisecond
+	g := newGuard(t, f, guard.WithTTL(ttl))
+	start := time.Now()
+	var cancelledAfter time.Duration
+	err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+		select {
+		case <-ctx.Done():
+			cancelledAfter = time.Since(start)
+		case <-time.After(10 * time.Second):
+			t.Fatal("section context not cancelled after the refresh failed")
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
+			t.Errorf("cause %v, want ErrLockLost", cause)
+		}
+		if !errors.Is(l.Err(), guard.ErrLockLost) {
+			t.Errorf("l.Err() = %v, want ErrLockLost", l.Err())
+		}
+		return nil
+	})
+	if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
+		t.Errorf("Do after loss: %v, want ErrLockLost and ErrNotHeld", err)
+	}
+	// The first refresh is due at ttl/3; the loss must be acted on then, and
+	// certainly before the lease could have expired on the server.
+	t.Logf("cancelled %v after acquiring (refresh due at %v, ttl %v)", cancelledAfter, ttl/3, ttl)
+	if cancelledAfter >= ttl {
+		t.Errorf("cancelled after %v: not before the lease's ttl %v", cancelledAfter, ttl)
+	}
+}
+
+func TestTransientRefreshFailuresLoseBeforeExpiry(t *testing.T) {
+	f := newFaulty()
+	down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
+	f.refreshErr.Store(&down)
+	ttl := 600 * time.Millisecond
+	g := newGuard(t, f, guard.WithTTL(ttl))
+	start := time.Now()
+	err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+		<-ctx.Done()
+		if d := time.Since(start); d > ttl {
+			t.Errorf("section cancelled %v after acquiring: after the lease's ttl %v, when another owner may hold it", d, ttl)
+		}
+		return ctx.Err()
+	})
+	if !errors.Is(err, guard.ErrLockLost) {
+		t.Fatalf("Do: %v, want ErrLockLost", err)
+	}
+	if n := f.refreshes.Load(); n < 2 {
+		t.Errorf("%d refresh attempts, want retries before giving up", n)
+	}
+}
+
+func TestBackendDoneCancelsSection(t *testing.T) {
+	f := newFaulty()
+	g := newGuard(t, f)
+	err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+		close(f.gone)
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("section context not cancelled after the backend reported the lease gone")
+		}
+		return context.Cause(ctx)
+	})
+	if !errors.Is(err, guard.ErrLockLost) {
+		t.Fatalf("Do: %v, want ErrLockLost", err)
+	}
+}
+
+func TestReentrancy(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	outer, err := g.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := g.TryLock(outer.Context(), "k")
+	if err != nil {
+		t.Fatalf("nested TryLock with the holder's context: %v", err)
+	}
+	if inner != outer {
+		t.Error("nested lock is not the held lock")
+	}
+	// A nested Do through a context derived from the holder's.
+	derived, cancel := context.WithCancel(outer.Context())
+	defer cancel()
+	if err := g.Do(derived, "k", func(context.Context, *guard.Lock) error { return nil }); err != nil {
+		t.Fatalf("nested Do: %v", err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// One hold remains: still excluded for others.
+	if _, err := g.TryLock(ctx, "k"); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("TryLock after the inner unlock: %v, want ErrNotAcquired", err)
+	}
+	if outer.Err() != nil {
+		t.Fatalf("outer lock: %v", outer.Err())
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := g.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryLock after the outermost unlock: %v", err)
+	}
+	l.Unlock(ctx)
+
+	// Another Guard's lock on the same key is not reentrant.
+	g2 := newGuard(t, memory.New())
+	held, _ := g.Lock(ctx, "k")
+	defer held.Unlock(ctx)
+	other, err := g2.TryLock(held.Context(), "k")
+	if err != nil {
+		t.Fatalf("a different Guard (backend): %v", err)
+	}
+	if other == held {
+		t.Error("a different Guard reentered the lock")
+	}
+	other.Unlock(ctx)
+}
+
+func TestReentrancyModes(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	w, err := g.Lock(ctx, "doc", guard.Write())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Unlock(ctx)
+	r, err := g.TryLock(w.Context(), "doc", guard.Read())
+	if err != nil || r != w {
+		t.Fatalf("read inside write: %v (same lock: %v)", err, r == w)
+	}
+	r.Unlock(ctx)
+
+	rl, err := g.Lock(ctx, "page", guard.Read())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Unlock(ctx)
+	if _, err := g.Lock(rl.Context(), "page", guard.Write()); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Fatalf("write inside read (an upgrade that would deadlock): %v, want ErrInvalidOption", err)
+	}
+}
+
+func TestDoAllTakesAllOrNothingWithoutDeadlock(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	var inside atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	// Opposite orders: taken as given, these would deadlock.
+	for _, keys := range [][]string{{"a", "b", "c"}, {"c", "b", "a"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				err := g.DoAll(ctx, keys, func(ctx context.Context, locks []*guard.Lock) error {
+					if n := inside.Add(1); n != 1 {
+						return fmt.Errorf("%d callers inside", n)
+					}
+					if len(locks) != 3 || locks[0].Key() != "a" || locks[2].Key() != "c" {
+						return fmt.Errorf("locks not in key order: %d", len(locks))
+					}
+					inside.Add(-1)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("DoAll deadlocked")
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	// All or nothing: with "b" held elsewhere, none of the keys stay taken.
+	b, _ := g.Lock(ctx, "b")
+	err := g.DoAll(ctx, []string{"a", "b", "c"}, func(context.Context, []*guard.Lock) error {
+		t.Error("section ran without all its locks")
+		return nil
+	}, guard.NoWait())
+	if !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("DoAll with a held key: %v, want ErrNotAcquired", err)
+	}
+	b.Unlock(ctx)
+	a, err := g.TryLock(ctx, "a")
+	if err != nil {
+		t.Fatalf("key a left locked by a failed DoAll: %v", err)
+	}
+	a.Unlock(ctx)
+	if err := g.DoAll(ctx, nil, func(context.Context, []*guard.Lock) error { return nil }); !errors.Is(err, guard.ErrInvalidKey) {
+		t.Errorf("DoAll with no keys: %v, want ErrInvalidKey", err)
+	}
+}
+
+func TestErrorSentinels(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	noop := func(context.Context, *guard.Lock) error { return nil }
+
+	for _, key := range []string{"", strings.Repeat("k", guard.MaxKeyLen+1), "a\x00b", "line\nbreak", "bad\xffutf8"} {
+		if err := g.Do(ctx, key, noop); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Errorf("Do(%q): %v, want ErrInvalidKey", key, err)
+		}
+	}
+	if err := g.Do(ctx, "k", noop, guard.TTL(0)); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("TTL(0): %v, want ErrInvalidOption", err)
+	}
+	if err := g.Do(ctx, "k", noop, guard.Permits(0)); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("Permits(0): %v, want ErrInvalidOption", err)
+	}
+	for _, opt := range []guard.Option{guard.WithTTL(-time.Second), guard.WithReleaseTimeout(0), guard.WithPrefix("a\tb")} {
+		if _, err := guard.New(memory.New(), opt); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("New with a bad option: %v, want ErrInvalidOption", err)
+		}
+	}
+	if _, err := guard.New(nil); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("New(nil): %v, want ErrInvalidOption", err)
+	}
+
+	// Capabilities the backend lacks.
+	plain := newGuard(t, struct{ guard.Locker }{memory.New()})
+	if err := plain.Do(ctx, "k", noop, guard.Read()); !errors.Is(err, guard.ErrUnsupported) {
+		t.Errorf("Read on a backend without RWLocker: %v, want ErrUnsupported", err)
+	}
+	if err := plain.Do(ctx, "k", noop, guard.Permits(2)); !errors.Is(err, guard.ErrUnsupported) {
+		t.Errorf("Permits on a backend without Semaphorer: %v, want ErrUnsupported", err)
+	}
+
+	// Held elsewhere: not acquired, at once or after the wait bound.
+	held, _ := g.Lock(ctx, "busy")
+	if err := g.Do(ctx, "busy", noop, guard.NoWait()); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Errorf("NoWait on a held lock: %v, want ErrNotAcquired", err)
+	}
+	if err := g.Do(ctx, "busy", noop, guard.WaitAtMost(20*time.Millisecond)); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Errorf("WaitAtMost on a held lock: %v, want ErrNotAcquired", err)
+	}
+	// Context errors stay context errors.
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	if err := g.Do(cctx, "busy", noop); !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrNotAcquired) {
+		t.Errorf("cancelled while waiting: %v, want context.Canceled only", err)
+	}
+	dctx, dcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer dcancel()
+	if err := g.Do(dctx, "busy", noop); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("deadline while waiting: %v, want context.DeadlineExceeded", err)
+	}
+	held.Unlock(ctx)
+
+	// The backend is down.
+	f := newFaulty()
+	down := fmt.Errorf("%w: dial tcp: connection refused", guard.ErrUnavailable)
+	f.acquireErr.Store(&down)
+	if err := newGuard(t, f).Do(ctx, "k", noop); !errors.Is(err, guard.ErrUnavailable) {
+		t.Errorf("backend down: %v, want ErrUnavailable", err)
+	}
+
+	// Unlock after the lease was lost reports not held.
+	f = newFaulty()
+	notHeld := error(guard.ErrNotHeld)
+	f.refreshErr.Store(&notHeld)
+	lost, err := newGuard(t, f, guard.WithTTL(60*time.Millisecond)).Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lost.Context().Done()
+	if err := lost.Unlock(ctx); !errors.Is(err, guard.ErrNotHeld) || !errors.Is(err, guard.ErrLockLost) {
+		t.Errorf("Unlock of a lost lock: %v, want ErrNotHeld and ErrLockLost", err)
+	}
+}
+
+func TestPanicInSectionReleasesAndPropagates(t *testing.T) {
+	g := newGuard(t, memory.New())
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v, want the section's panic", r)
+			}
+		}()
+		g.Do(context.Background(), "k", func(context.Context, *guard.Lock) error { panic("boom") })
+	}()
+	l, err := g.TryLock(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("lock not released after a panic: %v", err)
+	}
+	l.Unlock(context.Background())
+}
+
+func TestUnlockWithCancelledContextStillReleases(t *testing.T) {
+	g := newGuard(t, memory.New())
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := g.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock with a cancelled context: %v", err)
+	}
+	again, err := g.TryLock(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("lock not released: %v", err)
+	}
+	again.Unlock(context.Background())
+}
+
+func TestPrefixNamespacesKeys(t *testing.T) {
+	ctx := context.Background()
+	shared := memory.New()
+	a := newGuard(t, shared, guard.WithPrefix("svc-a:"))
+	b := newGuard(t, shared, guard.WithPrefix("svc-b:"))
+	la, err := a.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Unlock(ctx)
+	lb, err := b.TryLock(ctx, "job")
+	if err != nil {
+		t.Fatalf("same key under another prefix: %v", err)
+	}
+	lb.Unlock(ctx)
+	if _, err := newGuard(t, shared, guard.WithPrefix("svc-a:")).TryLock(ctx, "job"); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("same prefix and key: %v, want ErrNotAcquired", err)
+	}
+}
+
+func TestSemaphoreAndReadWriteThroughGuard(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	var held []*guard.Lock
+	for range 2 {
+		l, err := g.TryLock(ctx, "pool", guard.Permits(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+	if _, err := g.TryLock(ctx, "pool", guard.Permits(2)); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("third permit of two: %v", err)
+	}
+	for _, l := range held {
+		l.Unlock(ctx)
+	}
+	r1, err := g.TryLock(ctx, "doc", guard.Read())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := g.TryLock(ctx, "doc", guard.Read())
+	if err != nil {
+		t.Fatalf("second reader: %v", err)
+	}
+	if _, err := g.TryLock(ctx, "doc", guard.Write()); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("writer while reading: %v", err)
+	}
+	r1.Unlock(ctx)
+	r2.Unlock(ctx)
+}
+
+func FuzzValidateKey(f *testing.F) {
+	for _, s := range []string{"", "a", "orders/close", "user:42", "\x00", "é", strings.Repeat("x", 201), "a\u0085b", "\xff"} {
+		f.Add(s)
+	}
+	g, err := guard.New(memory.New())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		verr := guard.ValidateKey(key)
+		if verr != nil && !errors.Is(verr, guard.ErrInvalidKey) {
+			t.Fatalf("ValidateKey(%q) = %v: not ErrInvalidKey", key, verr)
+		}
+		if verr == nil && (key == "" || len(key) > guard.MaxKeyLen || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f })) {
+			t.Fatalf("ValidateKey(%q) accepted a bad key", key)
+		}
+		// Whatever the key, TryLock answers with an error or a lock, never a panic.
+		l, err := g.TryLock(context.Background(), key)
+		if (err == nil) != (verr == nil) {
+			t.Fatalf("TryLock(%q) = %v, ValidateKey = %v", key, err, verr)
+		}
+		if l != nil {
+			l.Unlock(context.Background())
+		}
+	})
+}

@@ -1,0 +1,95 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/warden-go/warden/guard"
+)
+
+func TestSpansAndMetrics(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	f := newFaulty()
+	g := newGuard(t, f, guard.WithTracerProvider(tp), guard.WithMeterProvider(mp),
+		guard.WithBackendName("memory"), guard.WithTTL(90*time.Millisecond))
+	ctx := context.Background()
+
+	if err := g.Do(ctx, "report", func(context.Context, *guard.Lock) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := g.Lock(ctx, "busy")
+	g.Do(ctx, "busy", func(context.Context, *guard.Lock) error { return nil }, guard.NoWait())
+	held.Unlock(ctx)
+	notHeld := error(guard.ErrNotHeld)
+	f.refreshErr.Store(&notHeld)
+	err := g.Do(ctx, "lost", func(ctx context.Context, _ *guard.Lock) error { <-ctx.Done(); return nil })
+	if !errors.Is(err, guard.ErrLockLost) {
+		t.Fatalf("Do: %v", err)
+	}
+
+	byName := map[string][]sdktrace.ReadOnlySpan{}
+	for _, s := range spans.Ended() {
+		byName[s.Name()] = append(byName[s.Name()], s)
+	}
+	if len(byName["warden.acquire"]) != 4 || len(byName["warden.section"]) != 3 {
+		t.Fatalf("spans: %d acquire, %d section; want 4 and 3", len(byName["warden.acquire"]), len(byName["warden.section"]))
+	}
+	attrs := func(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+		m := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes() {
+			m[kv.Key] = kv.Value
+		}
+		return m
+	}
+	first := attrs(byName["warden.acquire"][0])
+	if first["warden.key"].AsString() != "report" || first["warden.backend"].AsString() != "memory" ||
+		first["warden.outcome"].AsString() != "acquired" || first["warden.token"].AsInt64() == 0 {
+		t.Errorf("acquire span attributes: %v", first)
+	}
+	if _, ok := first["warden.waited_ms"]; !ok {
+		t.Error("acquire span has no warden.waited_ms")
+	}
+	if a := attrs(byName["warden.acquire"][2]); a["warden.outcome"].AsString() != "not_acquired" {
+		t.Errorf("contended acquire outcome: %v", a["warden.outcome"])
+	}
+	lostSpan := byName["warden.section"][2]
+	if a := attrs(lostSpan); a["warden.outcome"].AsString() != "lost" {
+		t.Errorf("lost section outcome: %v", a["warden.outcome"])
+	}
+	var sawLoss bool
+	for _, e := range lostSpan.Events() {
+		sawLoss = sawLoss || e.Name == "warden.lock.lost"
+	}
+	if !sawLoss {
+		t.Error("lost section span has no warden.lock.lost event")
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, dp := range s.DataPoints {
+					sums[m.Name] += dp.Value
+				}
+			}
+		}
+	}
+	if sums["warden.lock.lost"] != 1 || sums["warden.lock.contended"] != 1 || sums["warden.lock.held"] != 0 || sums["warden.lock.refresh.failures"] < 1 {
+		t.Errorf("metrics: %v", sums)
+	}
+}
