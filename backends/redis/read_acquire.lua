@@ -1,0 +1,25 @@
+-- A read lease: readers are members of a sorted set scored by their deadline
+-- (server clock), so that each reader's lease expires on its own. A writer
+-- that holds the lock, or one that is waiting, keeps new readers out.
+-- KEYS[1] readers (zset)  KEYS[2] writer  KEYS[3] waiting writers (zset)
+-- KEYS[4] fence
+-- ARGV[1] owner  ARGV[2] ttl (ms)
+-- Returns {1, token} or {0, ms until the blocking writer's lease or place lapses}.
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+redis.call('zremrangebyscore', KEYS[3], '-inf', now)
+local wpttl = redis.call('pttl', KEYS[2])
+if wpttl == -2 and redis.call('zcard', KEYS[3]) == 0 then
+  local ttl = tonumber(ARGV[2])
+  redis.call('zadd', KEYS[1], now + ttl, ARGV[1])
+  if redis.call('pttl', KEYS[1]) < ttl then
+    redis.call('pexpire', KEYS[1], ttl)
+  end
+  return {1, redis.call('incr', KEYS[4])}
+end
+if wpttl < 0 then
+  local first = redis.call('zrange', KEYS[3], 0, 0, 'WITHSCORES')
+  wpttl = tonumber(first[2]) - now
+end
+return {0, wpttl}

@@ -1,0 +1,61 @@
+package redis
+
+import (
+	_ "embed"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// The scripts are sent by digest (EVALSHA) and only in full when the server
+// answers NOSCRIPT, which go-redis's Script.Run does for us.
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed fair_acquire.lua
+	fairAcquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed refresh.lua
+	refreshSrc string
+	//go:embed dequeue.lua
+	dequeueSrc string
+	//go:embed read_acquire.lua
+	readAcquireSrc string
+	//go:embed write_acquire.lua
+	writeAcquireSrc string
+	//go:embed write_release.lua
+	writeReleaseSrc string
+	//go:embed unwait.lua
+	unwaitSrc string
+	//go:embed sem_acquire.lua
+	semAcquireSrc string
+	//go:embed zrelease.lua
+	zreleaseSrc string
+	//go:embed zrefresh.lua
+	zrefreshSrc string
+)
+
+// scripts holds the parsed scripts. It lives in the Locker rather than in
+// package variables, so that the package keeps no mutable state.
+type scripts struct {
+	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
+	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
+	semAcquire, zrelease, zrefresh                  *goredis.Script
+}
+
+func newScripts() *scripts {
+	return &scripts{
+		acquire:      goredis.NewScript(acquireSrc),
+		fairAcquire:  goredis.NewScript(fairAcquireSrc),
+		release:      goredis.NewScript(releaseSrc),
+		refresh:      goredis.NewScript(refreshSrc),
+		dequeue:      goredis.NewScript(dequeueSrc),
+		readAcquire:  goredis.NewScript(readAcquireSrc),
+		writeAcquire: goredis.NewScript(writeAcquireSrc),
+		writeRelease: goredis.NewScript(writeReleaseSrc),
+		unwait:       goredis.NewScript(unwaitSrc),
+		semAcquire:   goredis.NewScript(semAcquireSrc),
+		zrelease:     goredis.NewScript(zreleaseSrc),
+		zrefresh:     goredis.NewScript(zrefreshSrc),
+	}
+}

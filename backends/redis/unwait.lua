@@ -1,0 +1,6 @@
+-- A waiting writer gives up: readers it was keeping out may go.
+-- KEYS[1] waiting writers (zset)  ARGV[1] owner  ARGV[2] channel
+if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('publish', ARGV[2], '')
+end
+return 1

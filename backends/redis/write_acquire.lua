@@ -1,0 +1,30 @@
+-- A write lease: granted when there is neither a writer nor a live reader.
+-- A writer that must wait records itself (with a deadline it keeps renewing
+-- while it waits), which turns new readers away, so writers are not starved.
+-- KEYS[1] readers (zset)  KEYS[2] writer  KEYS[3] waiting writers (zset)
+-- KEYS[4] fence
+-- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to record the wait
+-- ARGV[4] waiter timeout (ms)
+-- Returns {1, token} or {0, ms until the earliest blocking lease lapses}.
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+redis.call('zremrangebyscore', KEYS[3], '-inf', now)
+if redis.call('exists', KEYS[2]) == 0 and redis.call('zcard', KEYS[1]) == 0 then
+  redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  redis.call('zrem', KEYS[3], ARGV[1])
+  return {1, redis.call('incr', KEYS[4])}
+end
+if ARGV[3] == '1' then
+  local timeout = tonumber(ARGV[4])
+  redis.call('zadd', KEYS[3], now + timeout, ARGV[1])
+  if redis.call('pttl', KEYS[3]) < timeout then
+    redis.call('pexpire', KEYS[3], timeout)
+  end
+end
+local p = redis.call('pttl', KEYS[2])
+if p < 0 then
+  local first = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+  p = tonumber(first[2]) - now
+end
+return {0, p}
