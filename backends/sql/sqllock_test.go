@@ -209,3 +209,8 @@ func killSession(admin *gorm.DB, name any) error {
 	}
 	return admin.Exec(fmt.Sprintf("KILL CONNECTION %d", *id)).Error
 }
+
+// uniqueKey is a key no other test or earlier run used.
+func uniqueKey(t testing.TB) string {
+	return fmt.Sprintf("sqltest/%s/%d", t.Name(), time.Now().UnixNano())
+}
