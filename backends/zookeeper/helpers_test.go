@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-		"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,7 +247,8 @@ func startServer(t *testing.T) *zkServer {
 	return s
 }
 
-// ok reports whether the server answers "ruok" with "imok".
+// ok reports whether the server serves clients: "imok" to "ruok" comes too
+// early, while it still turns sessions away, so it asks "srvr" for its mode.
 func (s *zkServer) ok() bool {
 	c, err := net.DialTimeout("tcp", s.addr, time.Second)
 	if err != nil {
@@ -255,11 +256,11 @@ func (s *zkServer) ok() bool {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("ruok")); err != nil {
+	if _, err := c.Write([]byte("srvr")); err != nil {
 		return false
 	}
 	b, _ := io.ReadAll(c)
-	return string(b) == "imok"
+	return strings.Contains(string(b), "Mode: standalone")
 }
 
 // Kill stops the server with SIGKILL.
