@@ -1,0 +1,295 @@
+package sqllock
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// DefaultIdempotencyTable is the table an IdempotencyStore uses unless
+// WithStoreTable says otherwise.
+const DefaultIdempotencyTable = "warden_idempotency"
+
+// IdempotencyStore is an idempotency.Store on a SQL table. Every call is one
+// conditional statement (plus a read where the answer is the record), with
+// leases and retention counted on the database's clock. Create the table
+// with Migrate; its DDL (PostgreSQL; bytea is BLOB on SQLite and LONGBLOB on
+// MySQL):
+//
+//	CREATE TABLE warden_idempotency (
+//		id          varchar(64) NOT NULL PRIMARY KEY, -- hex SHA-256 of (scope, key)
+//		scope       bytea,
+//		idem_key    bytea,
+//		state       varchar(16) NOT NULL,  -- in_progress | completed
+//		fingerprint bytea,
+//		owner       bytea,
+//		claim_id    varchar(32) NOT NULL,  -- random, one per Claim call
+//		response    bytea,
+//		expires_at  bigint      NOT NULL   -- lease end, or retention end once completed; µs, database clock
+//	);
+//	CREATE INDEX idx_warden_idempotency_expires_at ON warden_idempotency (expires_at);
+//
+// Scopes and keys are opaque bytes, so the primary key is a hash of the
+// length-prefixed pair: no two pairs collide by concatenation, and the key
+// fits every database's index limits. Expired rows are equivalent to absent
+// ones and are reused by the next Claim; Purge deletes those never claimed
+// again.
+type IdempotencyStore struct {
+	db    *gorm.DB
+	d     dialect
+	table string
+	raw   string
+}
+
+var _ idempotency.Store = (*IdempotencyStore)(nil)
+
+// StoreOption configures an IdempotencyStore.
+type StoreOption func(*IdempotencyStore)
+
+// WithStoreTable sets the idempotency table (default
+// DefaultIdempotencyTable).
+func WithStoreTable(name string) StoreOption {
+	return func(s *IdempotencyStore) { s.raw = name }
+}
+
+// NewIdempotencyStore returns a store on db. Like New, it does not touch the
+// database: run Migrate or create the table first.
+func NewIdempotencyStore(db *gorm.DB, opts ...StoreOption) (*IdempotencyStore, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *gorm.DB", guard.ErrInvalidOption)
+	}
+	s := &IdempotencyStore{db: db, raw: DefaultIdempotencyTable}
+	for _, o := range opts {
+		o(s)
+	}
+	var err error
+	if s.d, err = dialectOf(db); err != nil {
+		return nil, err
+	}
+	if s.table, err = quoteTable(db, s.raw); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// idemRow is the idempotency table's schema, for AutoMigrate.
+type idemRow struct {
+	ID          string `gorm:"column:id;primaryKey;type:varchar(64);not null"`
+	Scope       []byte `gorm:"column:scope"`
+	Key         []byte `gorm:"column:idem_key"`
+	State       string `gorm:"column:state;type:varchar(16);not null"`
+	Fingerprint []byte `gorm:"column:fingerprint"`
+	Owner       []byte `gorm:"column:owner"`
+	ClaimID     string `gorm:"column:claim_id;type:varchar(32);not null"`
+	Response    []byte `gorm:"column:response"`
+	ExpiresAt   int64  `gorm:"column:expires_at;not null;index"`
+}
+
+// Migrate creates or updates the idempotency table with gorm's AutoMigrate.
+func (s *IdempotencyStore) Migrate(ctx context.Context) error {
+	return migrate(ctx, s.db, s.d, s.raw, &idemRow{})
+}
+
+// recordID is the row's primary key for (scope, key).
+func recordID(scope, key string) string {
+	h := sha256.New()
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(scope)))
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func storeErr(ctx context.Context, op string, err error) error {
+	return dbErr(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+}
+
+// Claim implements idempotency.Store.
+func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	id := recordID(c.Scope, c.Key)
+	var nonce [16]byte
+	rand.Read(nonce[:])
+	claimID := hex.EncodeToString(nonce[:])
+	now, t := s.d.now, s.table
+	cols := " (id, scope, idem_key, state, fingerprint, owner, claim_id, response, expires_at)" +
+		" VALUES (?, ?, ?, ?, ?, ?, ?, NULL, " + now + " + ?)"
+	var query string
+	if s.d.upsert {
+		// The row is inserted, or taken over if its lease or retention has
+		// run out, in one statement serialised by the row's lock.
+		query = "INSERT INTO " + t + " AS t" + cols +
+			" ON CONFLICT (id) DO UPDATE SET state = excluded.state, fingerprint = excluded.fingerprint," +
+			" owner = excluded.owner, claim_id = excluded.claim_id, response = NULL, expires_at = excluded.expires_at" +
+			" WHERE t.expires_at <= " + now
+	} else {
+		// MySQL: every column keeps its value unless the row has expired;
+		// expires_at, which the condition reads, is assigned last. Whether
+		// this call won is read back by its claim_id.
+		expired := "expires_at <= " + now
+		set := func(col, val string) string { return col + " = IF(" + expired + ", " + val + ", " + col + ")" }
+		query = "INSERT INTO " + t + cols + " ON DUPLICATE KEY UPDATE " + set("state", "VALUES(state)") + ", " +
+			set("fingerprint", "VALUES(fingerprint)") + ", " + set("owner", "VALUES(owner)") + ", " +
+			set("response", "NULL") + ", " + set("claim_id", "VALUES(claim_id)") + ", " +
+			set("expires_at", "VALUES(expires_at)")
+	}
+	// A conflicting row that expires between the claim and the read of the
+	// live record is claimed on the next round.
+	for range 10 {
+		var res *gorm.DB
+		for range retries {
+			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
+				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
+			if !retryable(res.Error) {
+				break
+			}
+		}
+		if res.Error != nil {
+			return nil, storeErr(ctx, "claim", res.Error)
+		}
+		if s.d.upsert && res.RowsAffected > 0 {
+			return nil, nil
+		}
+		rec, winner, live, err := s.read(ctx, id)
+		if err != nil {
+			return nil, storeErr(ctx, "claim", err)
+		}
+		if !s.d.upsert && winner == claimID {
+			return nil, nil
+		}
+		if live {
+			return rec, nil
+		}
+	}
+	return nil, storeErr(ctx, "claim", errors.New("record kept expiring under contention"))
+}
+
+// read returns the row under id, the claim_id that last claimed it and
+// whether it is live by the database's clock.
+func (s *IdempotencyStore) read(ctx context.Context, id string) (*idempotency.Record, string, bool, error) {
+	var (
+		scope, key, fp, owner, resp []byte
+		state, claimID              string
+		live                        bool
+	)
+	err := s.db.WithContext(ctx).Raw("SELECT scope, idem_key, state, fingerprint, owner, response, claim_id, expires_at > "+s.d.now+
+		" FROM "+s.table+" WHERE id = ?", id).Row().Scan(&scope, &key, &state, &fp, &owner, &resp, &claimID, &live)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, "", false, nil
+	}
+	if err != nil {
+		return nil, "", false, err
+	}
+	return &idempotency.Record{
+		Scope: string(scope), Key: string(key), State: idempotency.State(state),
+		Fingerprint: string(fp), Owner: string(owner), Response: resp,
+	}, claimID, live, nil
+}
+
+// Get implements idempotency.Store.
+func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return nil, err
+	}
+	rec, _, live, err := s.read(ctx, recordID(scope, key))
+	if err != nil {
+		return nil, storeErr(ctx, "get", err)
+	}
+	if !live {
+		return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return rec, nil
+}
+
+// owned is the condition of every owner's write: the row is this owner's
+// live in-progress claim, by the database's clock.
+func (s *IdempotencyStore) owned() string {
+	return " WHERE id = ? AND owner = ? AND state = '" + string(idempotency.StateInProgress) + "' AND expires_at > " + s.d.now
+}
+
+// write runs an owner-checked statement; no row matched means ErrNotOwner.
+func (s *IdempotencyStore) write(ctx context.Context, op, query string, args ...any) error {
+	var res *gorm.DB
+	for range retries {
+		res = s.db.WithContext(ctx).Exec(query, args...)
+		if !retryable(res.Error) {
+			break
+		}
+	}
+	if res.Error != nil {
+		return storeErr(ctx, op, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("%w: %s", idempotency.ErrNotOwner, op)
+	}
+	return nil
+}
+
+// Extend implements idempotency.Store. An expired lease is not revived.
+func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+		return err
+	}
+	id := recordID(scope, key)
+	err := s.write(ctx, "extend", "UPDATE "+s.table+" SET expires_at = "+s.d.now+" + ?"+s.owned(), lease.Microseconds(), id, []byte(owner))
+	if errors.Is(err, idempotency.ErrNotOwner) && s.d.name == "mysql" {
+		// MySQL counts changed rows: an extension to the very same
+		// expires_at reports none. Check the claim itself.
+		var n int64
+		if qerr := s.db.WithContext(ctx).Raw("SELECT count(*) FROM "+s.table+s.owned(), id, []byte(owner)).Row().Scan(&n); qerr != nil {
+			return storeErr(ctx, "extend", qerr)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+	return err
+}
+
+// Complete implements idempotency.Store.
+func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+		return err
+	}
+	if response == nil {
+		response = []byte{}
+	}
+	return s.write(ctx, "complete", "UPDATE "+s.table+" SET state = ?, response = ?, expires_at = "+s.d.now+" + ?"+s.owned(),
+		string(idempotency.StateCompleted), response, retention.Microseconds(), recordID(scope, key), []byte(owner))
+}
+
+// Abandon implements idempotency.Store.
+func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+		return err
+	}
+	return s.write(ctx, "abandon", "DELETE FROM "+s.table+s.owned(), recordID(scope, key), []byte(owner))
+}
+
+// Purge deletes the records whose lease or retention has run out, which
+// Claim would otherwise reuse only if their key came again. Run it now and
+// then; it returns how many rows it deleted.
+func (s *IdempotencyStore) Purge(ctx context.Context) (int64, error) {
+	res := s.db.WithContext(ctx).Exec("DELETE FROM " + s.table + " WHERE expires_at <= " + s.d.now)
+	if res.Error != nil {
+		return 0, storeErr(ctx, "purge", res.Error)
+	}
+	return res.RowsAffected, nil
+}
