@@ -127,6 +127,9 @@ func Dial(servers []string, sessionTimeout time.Duration, opts ...Option) (*Lock
 	if cfg.root == "/" || !strings.HasPrefix(cfg.root, "/") || strings.HasSuffix(cfg.root, "/") {
 		return nil, fmt.Errorf("%w: zookeeper root %q", guard.ErrInvalidOption, cfg.root)
 	}
+	if len(cfg.acl) == 0 {
+		return nil, fmt.Errorf("%w: empty zookeeper ACL", guard.ErrInvalidOption)
+	}
 	if sessionTimeout <= 0 {
 		return nil, fmt.Errorf("%w: zookeeper session timeout %v", guard.ErrInvalidOption, sessionTimeout)
 	}
