@@ -1,0 +1,51 @@
+// Package redlock is the warden lock backend on N independent Redis masters,
+// by the RedLock algorithm as its author describes it, with fencing tokens
+// added.
+//
+// # Algorithm
+//
+// Acquire asks every node in parallel to set the lock key (a random owner id,
+// PX ttl) if it is free, each call bounded by a per-node timeout far below the
+// TTL (WithNodeTimeout, default 50ms), so a node that is down or hangs costs
+// at most that. The lock is acquired only when a majority granted it AND the
+// time the round took leaves a positive validity:
+//
+//	validity = ttl - elapsed - drift,   drift = ttl*0.01 + 2ms
+//
+// On any failure the owner's votes are withdrawn from ALL nodes, including
+// those whose answer was lost or late, since they may have granted it.
+// Refresh (owner-checked PEXPIRE) also needs a majority within the validity;
+// Release is owner-checked on every node.
+//
+// # Fencing tokens
+//
+// RedLock alone offers no fencing token, which is the heart of Martin
+// Kleppmann's objection to it: a holder paused past its validity cannot tell
+// that its lock is gone, so the storage it writes to must refuse it. Here each
+// node keeps a fence counter beside the lock key. Each granting node reports
+// its counter; the token is the highest plus one, and it is written back
+// (never lowering a counter, and only where the owner still holds the node's
+// vote) to a majority before Acquire returns. Any two majorities share a
+// node, so a later lease reads a counter at least as high as every earlier
+// token, and tokens increase.
+//
+// That holds under an assumption the docs must state plainly: nodes keep
+// their data. A node that restarts without persistence (or with fsync
+// lagging, appendfsync everysec) forgets both its votes and its counter; if
+// enough do, two holders may overlap and tokens may repeat. Run the nodes
+// with appendonly yes and appendfsync always, or keep a restarted node out
+// of service for longer than the largest TTL (delayed restart).
+//
+// The per-node timeout is enforced by the Locker even when a client does not
+// honour context deadlines (go-redis does only with ContextTimeoutEnabled);
+// set ContextTimeoutEnabled on the clients so that a hung node's connection
+// is also given back promptly.
+//
+// # Waiting
+//
+// A waiting Acquire retries with jittered pauses that grow from 2ms to
+// WithMaxBackoff (default 250ms), never longer than the holder's remaining
+// TTL as the nodes report it. Release notifications over N nodes' Pub/Sub
+// are not used: the single-node backend (package
+// github.com/warden-go/warden/backends/redis) does that.
+package redlock
