@@ -44,6 +44,19 @@
 //
 // 503: the client went away while its request waited.
 //
+// # Locked
+//
+// 409 (or 423 with WithLockedStatus), with Retry-After: under Lock, another
+// request holds the same key and did not finish within the wait bound.
+//
+// # Invalid lock key
+//
+// 400: under Lock, the key derived from the request is not a valid lock key.
+//
+// # Lock unavailable
+//
+// 503, with Retry-After: under Lock, the lock backend could not be reached.
+//
 // # Internal
 //
 // 500: a stored response could not be read, or another unexpected failure.
