@@ -1,0 +1,90 @@
+# CI runs `make lint` and `make test` (see .ci/run); the other targets are
+# for people.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# The Go that Debian-based machines here have outside PATH too.
+GO ?= $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
+GOFMT ?= $(dir $(GO))gofmt
+export PATH := $(dir $(GO)):$(PATH)
+
+# Where `go install` puts tools, which need not be in PATH.
+GOTOOLBIN = $(or $(shell $(GO) env GOBIN),$(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin)
+# 2026.2.x: the first staticcheck release line built for and checking Go 1.26+.
+STATICCHECK_VERSION ?= v0.8.2
+STATICCHECK = $(GOTOOLBIN)/staticcheck
+
+SERVICES := scripts/services.sh
+PKG ?= ./...
+BENCH ?= .
+TESTFLAGS ?=
+FUZZTIME ?= 10s
+FUZZ ?= .
+ARGS ?=
+
+.PHONY: help run demo services services-down services-status test bench lint staticcheck fuzz
+
+help:
+	@echo "make run              go run ./examples/closeorder (ARGS=...)"
+	@echo "make demo             the closeorder demo runner (ARGS=...)"
+	@echo "make services         start the test servers ($(SERVICES) up)"
+	@echo "make services-down    stop the test servers that make services started"
+	@echo "make services-status  which test servers answer"
+	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...)"
+	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
+	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
+	@echo "make fuzz             each fuzz target for FUZZTIME=$(FUZZTIME) (FUZZ=regexp)"
+
+run:
+	@if [[ -d examples/closeorder ]]; then \
+		$(GO) run ./examples/closeorder $(ARGS); \
+	else \
+		echo "make run: examples/closeorder does not exist yet; nothing to run"; \
+	fi
+
+# Placeholder until the demo runner exists.
+demo:
+	@if [[ -d examples/closeorder/demo ]]; then \
+		$(GO) run ./examples/closeorder/demo $(ARGS); \
+	else \
+		echo "make demo: examples/closeorder/demo does not exist yet; the demo runner is still to be written"; \
+	fi
+
+services:
+	$(SERVICES) up
+
+services-down:
+	$(SERVICES) down
+
+services-status:
+	$(SERVICES) status
+
+# WARDEN_REQUIRE_SERVERS=1: a backend whose server is missing fails instead of
+# skipping, so a green run means every backend was exercised.
+test: services
+	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -race -timeout 30m $(TESTFLAGS) $(PKG)
+
+bench: services
+	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKG)
+
+lint: staticcheck
+	@echo "gofmt -l ."
+	@unformatted="$$($(GOFMT) -l .)"; \
+	if [[ -n "$$unformatted" ]]; then \
+		echo "gofmt: these files are not gofmt-formatted (fix with gofmt -w):"; \
+		echo "$$unformatted"; \
+		exit 1; \
+	fi
+	$(GO) vet $(PKG)
+	$(STATICCHECK) $(PKG)
+
+# Installed (again) unless the pinned version is already there.
+staticcheck:
+	@if ! "$(STATICCHECK)" -version 2>/dev/null | grep -qF "($(patsubst v%,%,$(STATICCHECK_VERSION)))"; then \
+		echo "installing staticcheck $(STATICCHECK_VERSION) into $(GOTOOLBIN)"; \
+		GOBIN="$(GOTOOLBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
+
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ='$(FUZZ)' scripts/fuzz.sh
