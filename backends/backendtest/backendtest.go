@@ -214,7 +214,7 @@ func testMutualExclusion(t *testing.T, b *Backend) {
 				for range rounds {
 					lease, err := l.Acquire(ctx, k, b.opts(true))
 					if err != nil {
-						errs <- fmt.Errorf("Acquire: %w", err)
+						errs <- fmt.Errorf("acquire: %w", err)
 						return
 					}
 					if n := inside.Add(1); n != 1 {
@@ -231,7 +231,7 @@ func testMutualExclusion(t *testing.T, b *Backend) {
 					time.Sleep(time.Millisecond)
 					inside.Add(-1)
 					if err := lease.Release(context.Background()); err != nil {
-						errs <- fmt.Errorf("Release: %w", err)
+						errs <- fmt.Errorf("release: %w", err)
 					}
 				}
 			}()
