@@ -1,0 +1,181 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// config is the command line, validated.
+type config struct {
+	addr        string
+	db          string
+	lock        string
+	idempotency string
+	schedule    string
+	unpaidAfter time.Duration
+	workDelay   time.Duration
+	ttl         time.Duration
+	instance    string
+	trace       string
+}
+
+// usageError is a bad flag: the message names it, the exit status is 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func badFlag(name, format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf("-%s: %s", name, fmt.Sprintf(format, args...))}
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	host, _ := os.Hostname()
+	c := &config{}
+	fs := flag.NewFlagSet("closeorder", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.StringVar(&c.db, "db", "sqlite://closeorder.db", "orders database: sqlite://PATH | postgres://... | mysql://user:pass@tcp(host:port)/db")
+	fs.StringVar(&c.lock, "lock", "", "lock backend: memory | sqlite://PATH | postgres://... | mysql://... | redis://host:port | redlock://h1:p1,h2:p2,h3:p3 | etcd://host:port[,...] | zk://host:port[,...] (default: same as -db)")
+	fs.StringVar(&c.idempotency, "idempotency", "", "idempotency store, same URL forms (default: the -lock backend where it has a store, else -db)")
+	fs.StringVar(&c.schedule, "schedule", "@every 1m", "cron spec of the close job (5 fields, 6 with seconds, or descriptors such as @every 1s)")
+	fs.DurationVar(&c.unpaidAfter, "unpaid-after", 30*time.Minute, "close orders unpaid for longer than this")
+	fs.DurationVar(&c.workDelay, "work-delay", 0, "pause per order inside the close job (demos and fault tests)")
+	fs.DurationVar(&c.ttl, "ttl", 15*time.Second, "lock lease ttl")
+	fs.StringVar(&c.instance, "instance", fmt.Sprintf("%s-%d", host, os.Getpid()), "replica name")
+	fs.StringVar(&c.trace, "trace", "none", "tracing: none | stdout | otlp (OTLP from the OTEL_EXPORTER_OTLP_* variables)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, &usageError{msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return nil, &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	if c.lock == "" {
+		c.lock = c.db
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	if _, _, err := net.SplitHostPort(c.addr); err != nil {
+		return badFlag("addr", "%q is not host:port", c.addr)
+	}
+	for _, f := range []struct{ name, value string }{{"db", c.db}, {"lock", c.lock}, {"idempotency", c.idempotency}} {
+		if f.value == "" && f.name == "idempotency" {
+			continue
+		}
+		u, err := parseBackendURL(f.value)
+		if err != nil {
+			return badFlag(f.name, "%v", err)
+		}
+		if f.name == "db" && !u.sql() {
+			return badFlag("db", "%s: the orders database must be sqlite://, postgres:// or mysql://", u)
+		}
+	}
+	parser := cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	if _, err := parser.Parse(c.schedule); err != nil {
+		return badFlag("schedule", "%q: %v", c.schedule, err)
+	}
+	if c.unpaidAfter < 0 {
+		return badFlag("unpaid-after", "%v is negative", c.unpaidAfter)
+	}
+	if c.workDelay < 0 {
+		return badFlag("work-delay", "%v is negative", c.workDelay)
+	}
+	if c.ttl < time.Second {
+		return badFlag("ttl", "%v is below 1s", c.ttl)
+	}
+	if c.instance == "" || len(c.instance) > 128 {
+		return badFlag("instance", "must be 1 to 128 characters")
+	}
+	switch c.trace {
+	case "none", "stdout", "otlp":
+	default:
+		return badFlag("trace", "%q: want none, stdout or otlp", c.trace)
+	}
+	return nil
+}
+
+// backendURL is a parsed -db, -lock or -idempotency value.
+type backendURL struct {
+	scheme string   // memory, sqlite, postgres, mysql, redis, redlock, etcd, zk
+	raw    string   // as given
+	path   string   // sqlite: the file
+	dsn    string   // postgres, mysql: the driver's DSN
+	hosts  []string // redis, redlock, etcd, zk
+}
+
+func (u *backendURL) sql() bool {
+	return u.scheme == "sqlite" || u.scheme == "postgres" || u.scheme == "mysql"
+}
+
+// String masks any password, so the URL can be printed in errors and logs.
+func (u *backendURL) String() string { return maskPassword(u.raw) }
+
+var userinfoPassword = regexp.MustCompile(`(//[^:/@]*):[^@/]*@`)
+
+func maskPassword(s string) string { return userinfoPassword.ReplaceAllString(s, "$1:xxxxx@") }
+
+func parseBackendURL(s string) (*backendURL, error) {
+	if s == "memory" {
+		return &backendURL{scheme: "memory", raw: s}, nil
+	}
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return nil, fmt.Errorf("%q is not a backend URL (want memory or scheme://...)", maskPassword(s))
+	}
+	u := &backendURL{scheme: scheme, raw: s}
+	switch scheme {
+	case "sqlite":
+		if rest == "" {
+			return nil, fmt.Errorf("%s: no file path", u)
+		}
+		u.path = rest
+	case "postgres", "postgresql":
+		u.scheme = "postgres"
+		if _, err := url.Parse(s); err != nil {
+			return nil, fmt.Errorf("%s: %v", u, errors.Unwrap(err))
+		}
+		u.dsn = s
+	case "mysql":
+		if !strings.Contains(rest, "@tcp(") && !strings.Contains(rest, "@unix(") {
+			return nil, fmt.Errorf("%s: want mysql://user:pass@tcp(host:port)/db", u)
+		}
+		u.dsn = rest
+		if !strings.Contains(rest, "parseTime=") {
+			sep := "?"
+			if strings.Contains(rest, "?") {
+				sep = "&"
+			}
+			u.dsn += sep + "parseTime=true"
+		}
+	case "redis", "redlock", "etcd", "zk":
+		for _, h := range strings.Split(rest, ",") {
+			if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
+				return nil, fmt.Errorf("%s: %q is not host:port", u, h)
+			}
+			u.hosts = append(u.hosts, h)
+		}
+		if scheme == "redis" && len(u.hosts) != 1 {
+			return nil, fmt.Errorf("%s: redis:// takes one host:port (use redlock:// for several)", u)
+		}
+		if scheme == "redlock" && (len(u.hosts) < 3 || len(u.hosts)%2 == 0) {
+			return nil, fmt.Errorf("%s: redlock:// needs an odd number of nodes, at least 3", u)
+		}
+	default:
+		return nil, fmt.Errorf("%s: unknown scheme %q", u, scheme)
+	}
+	return u, nil
+}

@@ -1,0 +1,235 @@
+// Command closeorder is warden's example service: orders that are closed by a
+// cron job when left unpaid too long, with the job running on one replica of
+// a cluster at a time and once per scheduled slot, and order endpoints made
+// idempotent per user.
+//
+//	go run ./examples/closeorder                   # SQLite file, nothing else needed
+//	go run ./examples/closeorder -lock redis://127.0.0.1:6379 -schedule '@every 1s'
+//
+// See README.md beside this file for the HTTP API and `make demo`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/httpmw"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/scheduler"
+)
+
+const closeJob = "close-unpaid-orders"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole program; it returns the exit status: 0 after a clean
+// shutdown, 2 for a bad flag or an unreachable backend, 1 for other failures.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "closeorder: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil)).With("instance", cfg.instance)
+	app, err := open(ctx, cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "closeorder: %v\n", err)
+		var u *unreachable
+		if errors.As(err, &u) {
+			return 2
+		}
+		return 1
+	}
+	defer app.close()
+	if err := app.serve(ctx, stdout); err != nil {
+		fmt.Fprintf(stderr, "closeorder: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// app is the running service.
+type app struct {
+	cfg      *config
+	log      *slog.Logger
+	backends *backends
+	orders   *orders
+	sched    *scheduler.Scheduler
+	handler  http.Handler
+	shutdown func(context.Context) error // tracing
+}
+
+func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
+	a := &app{cfg: cfg, log: log, backends: newBackends()}
+	ok := false
+	defer func() {
+		if !ok {
+			a.close()
+		}
+	}()
+	dbURL, _ := parseBackendURL(cfg.db)
+	db, err := a.backends.openSQL(ctx, dbURL)
+	if err != nil {
+		return nil, &unreachable{"db", dbURL, err}
+	}
+	a.orders = &orders{db: db}
+	if err := a.orders.migrate(ctx); err != nil {
+		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, err)
+	}
+
+	lockURL, _ := parseBackendURL(cfg.lock)
+	locker, err := a.backends.locker(ctx, lockURL, cfg.ttl)
+	if err != nil {
+		return nil, &unreachable{"lock", lockURL, err}
+	}
+	store, err := a.openStore(ctx, lockURL, dbURL)
+	if err != nil {
+		return nil, err
+	}
+
+	tp, shutdown, err := tracerProvider(ctx, cfg.trace)
+	if err != nil {
+		return nil, badFlag("trace", "%v", err)
+	}
+	a.shutdown = shutdown
+	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"),
+		guard.WithBackendName(lockURL.scheme), guard.WithLogger(log), guard.WithTracerProvider(tp))
+	if err != nil {
+		return nil, err
+	}
+
+	a.sched, err = scheduler.New(g,
+		scheduler.WithSlotStore(store),
+		scheduler.WithInstance(cfg.instance),
+		scheduler.WithLogger(log),
+		scheduler.WithTracerProvider(tp),
+		scheduler.WithRunObserver(a.recordRun),
+	)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.sched.Add(cfg.schedule, closeJob, a.closeUnpaid); err != nil {
+		return nil, badFlag("schedule", "%v", err)
+	}
+
+	idem, err := httpmw.Idempotency(store,
+		httpmw.WithRequireKey(),
+		httpmw.WithScope(func(r *http.Request) string { return userFrom(r.Context()) }),
+		httpmw.WithLogger(log),
+		httpmw.WithTracerProvider(tp),
+	)
+	if err != nil {
+		return nil, err
+	}
+	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy}
+	a.handler = srv.routes()
+	ok = true
+	return a, nil
+}
+
+// openStore opens the idempotency store: -idempotency when given, else the
+// lock backend's own store where it has one, else the orders database's.
+func (a *app) openStore(ctx context.Context, lockURL, dbURL *backendURL) (idempotency.Store, error) {
+	flagName, u := "idempotency", lockURL
+	if a.cfg.idempotency != "" {
+		u, _ = parseBackendURL(a.cfg.idempotency)
+	}
+	store, err := a.backends.store(ctx, u)
+	if errors.Is(err, errNoStore) && a.cfg.idempotency == "" {
+		flagName, u = "db", dbURL
+		store, err = a.backends.store(ctx, u)
+	}
+	if errors.Is(err, errNoStore) {
+		return nil, badFlag(flagName, "%v", err)
+	}
+	if err != nil {
+		return nil, &unreachable{flagName, u, err}
+	}
+	return store, nil
+}
+
+func (a *app) healthy(ctx context.Context) error {
+	for _, ping := range a.backends.pings {
+		if err := ping(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *app) close() {
+	if a.shutdown != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		a.shutdown(ctx)
+		cancel()
+	}
+	a.backends.close()
+}
+
+// serve runs the HTTP server and the scheduler until ctx is done, then stops
+// both, letting a running job finish (bounded) and release its lock.
+func (a *app) serve(ctx context.Context, stdout io.Writer) error {
+	ln, err := net.Listen("tcp", a.cfg.addr)
+	if err != nil {
+		return badFlag("addr", "%v", err)
+	}
+	hs := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	a.sched.Start()
+	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q)\n",
+		a.cfg.instance, ln.Addr(), maskPassword(a.cfg.db), maskPassword(a.cfg.lock), a.cfg.schedule)
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	herr := hs.Shutdown(sctx)
+	serr := a.sched.Stop(sctx)
+	return errors.Join(herr, serr)
+}
+
+// closeUnpaid is the close job: it closes the orders unpaid for longer than
+// -unpaid-after, each with a write fenced by the run's token.
+func (a *app) closeUnpaid(ctx context.Context) error {
+	run, ok := scheduler.RunFrom(ctx)
+	if !ok {
+		return errors.New("close job called outside the scheduler")
+	}
+	token := run.Lock.Token()
+	a.orders.startRun(ctx, closeJob, run.Slot, a.cfg.instance, token)
+	closed, err := a.orders.closeExpired(ctx, now().Add(-a.cfg.unpaidAfter), a.cfg.instance, token, a.cfg.workDelay)
+	a.orders.setClosed(closeJob, run.Slot, a.cfg.instance, closed, errors.Is(err, errStaleHolder))
+	if closed > 0 || err != nil {
+		a.log.InfoContext(ctx, "close job", "slot", run.Slot, "token", token, "closed", closed, "error", err)
+	}
+	return err
+}
+
+// recordRun stores every run's outcome, skipped and misfired runs included.
+func (a *app) recordRun(r scheduler.RunRecord) {
+	if err := a.orders.finishRun(r); err != nil {
+		a.log.Error("recording a job run", "job", r.Job, "slot", r.Slot, "error", err)
+	}
+}
