@@ -65,18 +65,37 @@ func (l *Locker) acquire(ctx context.Context, name string, opts guard.AcquireOpt
 // try puts the key only if nothing blocks it, in one transaction, so that a
 // failed attempt writes nothing.
 func (a *attempt) try(ctx context.Context) (guard.Lease, error) {
-	resp, err := a.l.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(a.from).WithRange(a.end), "=", 0)).
-		Then(clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id))).
-		Commit()
+	resp, err := a.put(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.from).WithRange(a.end), "=", 0)},
+		clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
 	if err != nil {
-		return nil, a.abort(ctx, unavailable(ctx, err))
+		return nil, err
 	}
 	if !resp.Succeeded {
 		return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, a.name)
 	}
 	a.rev = resp.Header.Revision
+	if err := ctx.Err(); err != nil {
+		return nil, a.abort(ctx, err)
+	}
 	return a.lease(), nil
+}
+
+// put commits the transaction that puts own, on a context that ctx's
+// cancellation does not reach: a put cancelled in flight could still be
+// applied after a delete meant to undo it, and leave a key behind that
+// blocks everyone for as long as the session lives. When the outcome stays
+// unknown (the server did not answer within the TTL), the session is given
+// up, so that its lease, and any such key, expires.
+func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	dctx, cancel := a.detached(ctx)
+	defer cancel()
+	resp, err := a.l.client.Txn(dctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		a.s.abandon()
+		return nil, unavailable(ctx, err)
+	}
+	return resp, nil
 }
 
 // blockersOp reads what blocks own among the keys created before revision
@@ -101,13 +120,14 @@ func (a *attempt) blockersOp(below int64) clientv3.Op {
 // enqueue puts the key and, in the same transaction, reads what was there
 // before it; then waits for its turn.
 func (a *attempt) enqueue(ctx context.Context, wait bool) (guard.Lease, error) {
-	resp, err := a.l.client.Txn(ctx).
-		Then(a.blockersOp(0), clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id))).
-		Commit()
+	resp, err := a.put(ctx, nil, a.blockersOp(0), clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
 	if err != nil {
-		return nil, a.abort(ctx, unavailable(ctx, err))
+		return nil, err
 	}
 	a.rev = resp.Header.Revision
+	if err := ctx.Err(); err != nil {
+		return nil, a.abort(ctx, err)
+	}
 	before := resp.Responses[0].GetResponseRange()
 	if a.kind == counting {
 		if int64(len(before.Kvs)) < a.permits {
@@ -236,18 +256,25 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 	}
 }
 
-// abort removes own, which may or may not have been put, and returns cause.
-// The key is unique to this attempt, so deleting it unconditionally cannot
-// touch anyone else's. If it cannot be deleted, it would block every later
-// contender for as long as the session lives, so the session is given up
-// instead: its lease expires and takes the key with it.
+// abort removes own, which has been put, and returns cause. The key is
+// unique to this attempt, so deleting it unconditionally cannot touch anyone
+// else's. If it cannot be deleted, it would block every later contender for
+// as long as the session lives, so the session is given up instead: its
+// lease expires and takes the key with it.
 func (a *attempt) abort(ctx context.Context, cause error) error {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.s.ttl)
+	dctx, cancel := a.detached(ctx)
 	defer cancel()
 	if _, err := a.l.client.Delete(dctx, a.own); err != nil {
 		a.s.abandon()
 	}
 	return cause
+}
+
+// detached returns a context for a write that must not be left half done:
+// ctx's values without its cancellation, bounded by the session TTL, after
+// which the session would be lost anyway.
+func (a *attempt) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), a.s.ttl)
 }
 
 func (a *attempt) lease() *lease {

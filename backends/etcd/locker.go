@@ -134,5 +134,10 @@ func unavailable(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
+	// The server gives up at the deadline the request carried, and its answer
+	// can arrive before ctx's own timer has run on a busy machine.
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
 	return fmt.Errorf("%w: etcd: %w", guard.ErrUnavailable, err)
 }

@@ -195,6 +195,9 @@ func (s *session) abandon() { s.stop() }
 // close stops the keepalive and, when revoke is set, revokes the lease so its
 // keys disappear at once.
 func (s *session) close(ctx context.Context, revoke bool) error {
+	// A lost session has already tried to revoke its lease; the server
+	// will expire it otherwise.
+	revoke = revoke && !s.lost()
 	s.stop()
 	<-s.exited
 	s.wg.Wait()

@@ -1,0 +1,235 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// contender is one party to a handoff benchmark: warden's Locker or, as the
+// peer to compare with, client/v3/concurrency.Mutex.
+type contender interface {
+	lock(ctx context.Context) error
+	unlock(ctx context.Context) error
+}
+
+type wardenContender struct {
+	l     *Locker
+	key   string
+	lease guard.Lease
+}
+
+func (c *wardenContender) lock(ctx context.Context) (err error) {
+	c.lease, err = c.l.Acquire(ctx, c.key, guard.AcquireOptions{TTL: MinTTL, Wait: true})
+	return err
+}
+
+func (c *wardenContender) unlock(ctx context.Context) error { return c.lease.Release(ctx) }
+
+type mutexContender struct{ m *concurrency.Mutex }
+
+func (c *mutexContender) lock(ctx context.Context) error   { return c.m.Lock(ctx) }
+func (c *mutexContender) unlock(ctx context.Context) error { return c.m.Unlock(ctx) }
+
+// BenchmarkHandoff has 8 contenders, each with its own client and session,
+// take one lock in turn, and reports the handoff latency (from the holder's
+// release call to the next holder's acquisition returning) and handoffs per
+// second, for warden and for concurrency.Mutex on the same server.
+func BenchmarkHandoff(b *testing.B) {
+	const contenders = 8
+	eps := endpoints(b)
+	b.Run("warden", func(b *testing.B) {
+		key := fmt.Sprintf("bench/handoff/%d", time.Now().UnixNano())
+		cs := make([]contender, contenders)
+		for i := range cs {
+			l, _ := newLocker(b, eps)
+			cs[i] = &wardenContender{l: l, key: key}
+		}
+		runHandoffs(b, cs)
+	})
+	b.Run("concurrency.Mutex", func(b *testing.B) {
+		pfx := fmt.Sprintf("%s/bench-mutex/%d", testPrefix, time.Now().UnixNano())
+		cs := make([]contender, contenders)
+		for i := range cs {
+			s, err := concurrency.NewSession(newClient(b, eps), concurrency.WithTTL(int(MinTTL/time.Second)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			cs[i] = &mutexContender{concurrency.NewMutex(s, pfx)}
+		}
+		runHandoffs(b, cs)
+	})
+}
+
+func runHandoffs(b *testing.B, cs []contender) {
+	ctx := context.Background()
+	var (
+		count    atomic.Int64
+		released atomic.Int64 // when the last release started, in ns since start; 0 before the first
+		mu       sync.Mutex
+		handoffs []time.Duration
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	b.ResetTimer()
+	for _, c := range cs {
+		wg.Go(func() {
+			for {
+				if err := c.lock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				now := time.Since(start)
+				if r := released.Load(); r > 0 {
+					mu.Lock()
+					handoffs = append(handoffs, now-time.Duration(r))
+					mu.Unlock()
+				}
+				n := count.Add(1)
+				released.Store(int64(time.Since(start)))
+				if err := c.unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				if n >= int64(b.N) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if len(handoffs) == 0 {
+		return
+	}
+	slices.Sort(handoffs)
+	pct := func(p float64) float64 {
+		return float64(handoffs[int(p*float64(len(handoffs)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(float64(count.Load())/elapsed.Seconds(), "handoffs/s")
+}
+
+// requestCounter counts the messages a client sends (unary requests and
+// stream messages: watch creations, keepalives) and receives on streams
+// (watch notifications).
+type requestCounter struct{ sent, received atomic.Int64 }
+
+func (rc *requestCounter) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			rc.sent.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return &countedStream{ClientStream: s, rc: rc}, nil
+		}),
+	}
+}
+
+type countedStream struct {
+	grpc.ClientStream
+	rc *requestCounter
+}
+
+func (s *countedStream) SendMsg(m any) error {
+	s.rc.sent.Add(1)
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *countedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		s.rc.received.Add(1)
+	}
+	return err
+}
+
+// BenchmarkRequestsPerHandoff queues 4, 16 and 64 waiters behind a holder and
+// counts what all clients send to and receive from etcd while the lock goes
+// down the queue. Flat figures across queue lengths mean a release wakes one
+// waiter, not the herd.
+func BenchmarkRequestsPerHandoff(b *testing.B) {
+	eps := endpoints(b)
+	const clients = 4
+	var rc requestCounter
+	lockers := make([]*Locker, clients)
+	var probe *clientv3.Client
+	for i := range lockers {
+		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: rc.dialOptions()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		if lockers[i], err = New(c, WithKeyPrefix(testPrefix)); err != nil {
+			b.Fatal(err)
+		}
+		probe = c
+	}
+	b.Cleanup(func() {
+		for _, l := range lockers {
+			l.Close(context.Background())
+		}
+	})
+	opts := guard.AcquireOptions{TTL: MinTTL, Wait: true}
+	for _, waiters := range []int{4, 16, 64} {
+		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) {
+			ctx := context.Background()
+			var sent, received, handoffs int64
+			for b.Loop() {
+				key := fmt.Sprintf("bench/requests/%d", time.Now().UnixNano())
+				holder, err := lockers[0].Acquire(ctx, key, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var wg sync.WaitGroup
+				for i := range waiters {
+					l := lockers[i%clients]
+					wg.Go(func() {
+						lease, err := l.Acquire(ctx, key, opts)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := lease.Release(ctx); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				// Everyone queued (and their watches created) before counting.
+				for len(keysUnder(b, probe, lockers[0], key)) < waiters+1 {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(50 * time.Millisecond)
+				s0, r0 := rc.sent.Load(), rc.received.Load()
+				if err := holder.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+				wg.Wait()
+				sent += rc.sent.Load() - s0
+				received += rc.received.Load() - r0
+				handoffs += int64(waiters)
+			}
+			b.ReportMetric(float64(sent)/float64(handoffs), "sent/handoff")
+			b.ReportMetric(float64(received)/float64(handoffs), "recv/handoff")
+		})
+	}
+}
