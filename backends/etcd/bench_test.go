@@ -124,14 +124,15 @@ func runHandoffs(b *testing.B, cs []contender) {
 	b.ReportMetric(float64(count.Load())/elapsed.Seconds(), "handoffs/s")
 }
 
-// requestCounter counts the messages a client sends (unary requests and
-// stream messages: watch creations, keepalives) and receives on streams
-// (watch notifications).
-type requestCounter struct{ sent, received atomic.Int64 }
+// requestCounter counts the messages a client sends (unary requests, and
+// stream messages: watch creations and cancellations, keepalives) and
+// receives on streams (watch notifications and acknowledgements).
+type requestCounter struct{ unary, sent, received atomic.Int64 }
 
 func (rc *requestCounter) dialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			rc.unary.Add(1)
 			rc.sent.Add(1)
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}),
@@ -193,7 +194,7 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 	for _, waiters := range []int{4, 16, 64} {
 		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) {
 			ctx := context.Background()
-			var sent, received, handoffs int64
+			var unary, sent, received, handoffs int64
 			for b.Loop() {
 				key := fmt.Sprintf("bench/requests/%d", time.Now().UnixNano())
 				holder, err := lockers[0].Acquire(ctx, key, opts)
@@ -219,15 +220,17 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 					time.Sleep(time.Millisecond)
 				}
 				time.Sleep(50 * time.Millisecond)
-				s0, r0 := rc.sent.Load(), rc.received.Load()
+				u0, s0, r0 := rc.unary.Load(), rc.sent.Load(), rc.received.Load()
 				if err := holder.Release(ctx); err != nil {
 					b.Fatal(err)
 				}
 				wg.Wait()
+				unary += rc.unary.Load() - u0
 				sent += rc.sent.Load() - s0
 				received += rc.received.Load() - r0
 				handoffs += int64(waiters)
 			}
+			b.ReportMetric(float64(unary)/float64(handoffs), "requests/handoff")
 			b.ReportMetric(float64(sent)/float64(handoffs), "sent/handoff")
 			b.ReportMetric(float64(received)/float64(handoffs), "recv/handoff")
 		})
