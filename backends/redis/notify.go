@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"sync"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -30,7 +31,14 @@ type subscription struct {
 	any chan struct{}
 	// named has one wake-up channel per fair waiter, by its id.
 	named map[string]chan struct{}
+	// linger drops the subscription a while after its last waiter left.
+	linger *time.Timer
 }
+
+// lingerFor keeps a subscription nobody waits on for a while, so that a key
+// contended again and again is not subscribed anew (a round trip, and a
+// connection when it was the only one) for every wait.
+const lingerFor = 2 * time.Second
 
 func newNotifier(client goredis.UniversalClient) *notifier {
 	return &notifier{client: client, subs: make(map[string]*subscription)}
@@ -39,15 +47,17 @@ func newNotifier(client goredis.UniversalClient) *notifier {
 // joinIfActive registers a waiter on a subscription that is already live, at
 // no cost, or returns nil. Joining before the first attempt means that no
 // release after that attempt can go unnoticed. The channel returned is the
-// one the waiter sleeps on.
-func (n *notifier) joinIfActive(channel, id string) (*subscription, <-chan struct{}) {
+// one the waiter sleeps on; others reports whether local waiters were
+// already there.
+func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-chan struct{}, others bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	s := n.subs[channel]
+	s = n.subs[channel]
 	if s == nil || !s.isReady {
-		return nil, nil
+		return nil, nil, false
 	}
-	return s, n.register(s, id)
+	others = s.refs > 0
+	return s, n.register(s, id), others
 }
 
 // join registers a waiter, subscribing to channel if this process is not yet
@@ -93,6 +103,15 @@ func (n *notifier) join(ctx context.Context, channel, id string) (*subscription,
 // register counts a waiter in and returns the channel it sleeps on: its own
 // for a fair waiter (id != ""), the shared one otherwise.
 func (n *notifier) register(s *subscription, id string) <-chan struct{} {
+	if s.refs == 0 && s.linger != nil {
+		s.linger.Stop()
+		s.linger = nil
+		// A release nobody was waiting for: the newcomer tries first anyway.
+		select {
+		case <-s.any:
+		default:
+		}
+	}
 	s.refs++
 	if id == "" {
 		return s.any
@@ -121,6 +140,17 @@ func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	if s.refs > 0 {
 		return
 	}
+	s.linger = time.AfterFunc(lingerFor, func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if s.refs == 0 && n.subs[s.channel] == s {
+			n.drop(s)
+		}
+	})
+}
+
+// drop ends a subscription nobody waits on, and the connection with the last.
+func (n *notifier) drop(s *subscription) {
 	delete(n.subs, s.channel)
 	if s.ps != n.ps {
 		return // its connection is already gone

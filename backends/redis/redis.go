@@ -110,6 +110,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 		waitMs := l.waiterTimeout.Milliseconds()
 		w = waiter{
 			id:        owner,
+			ttl:       opts.TTL,
 			keepAlive: l.waiterTimeout / 3,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 				return run(ctx, sc, l.s.fairAcquire, []string{k.lock, k.fence, k.queue, k.deadlines}, owner, ttl, flag(queued), waitMs)
@@ -121,6 +122,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 		}
 	} else {
 		w = waiter{
+			ttl: opts.TTL,
 			attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
 				return run(ctx, sc, l.s.acquire, []string{k.lock, k.fence}, owner, ttl)
 			},

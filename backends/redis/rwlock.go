@@ -21,6 +21,7 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts guard.Acquire
 	ttl := opts.TTL.Milliseconds()
 	ls := &lease{l: l, key: key, owner: owner, kind: kindRead, keys: k}
 	return l.acquire(ctx, key, k.channel, opts.Wait, ls, waiter{
+		ttl:    opts.TTL,
 		shared: true,
 		attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
 			return run(ctx, sc, l.s.readAcquire, []string{k.readers, k.writer, k.writeWaiters, k.fence}, owner, ttl)
@@ -44,6 +45,7 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts guard.Acquir
 	waitMs := l.waiterTimeout.Milliseconds()
 	ls := &lease{l: l, key: key, owner: owner, kind: kindWrite, keys: k}
 	return l.acquire(ctx, key, k.channel, opts.Wait, ls, waiter{
+		ttl:       opts.TTL,
 		keepAlive: l.waiterTimeout / 3,
 		attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 			return run(ctx, sc, l.s.writeAcquire, []string{k.readers, k.writer, k.writeWaiters, k.fence}, owner, ttl, flag(queued), waitMs)
@@ -71,6 +73,7 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 	ttl := opts.TTL.Milliseconds()
 	ls := &lease{l: l, key: key, owner: owner, kind: kindPermit, keys: k}
 	return l.acquire(ctx, key, k.channel, opts.Wait, ls, waiter{
+		ttl: opts.TTL,
 		attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
 			return run(ctx, sc, l.s.semAcquire, []string{k.permits, k.fence}, owner, ttl, permits)
 		},

@@ -19,6 +19,9 @@ type waiter struct {
 	// keepAlive, when set, is how often a waiting contender comes back to
 	// renew its recorded place (fair queue, waiting writer).
 	keepAlive time.Duration
+	// ttl is the TTL asked for: without better knowledge, how long a lease
+	// may block this waiter.
+	ttl time.Duration
 	// shared: after this waiter gets in, the next local waiter may too
 	// (readers), so the wake-up is passed on.
 	shared bool
@@ -40,11 +43,16 @@ const cleanupTimeout = 2 * time.Second
 // or, for waiters with a recorded place, until it is time to renew it.
 func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls *lease, w waiter) (_ guard.Lease, err error) {
 	var (
-		sub  *subscription
-		wake <-chan struct{}
+		sub    *subscription
+		wake   <-chan struct{}
+		queued bool
 	)
 	if wait {
-		sub, wake = l.notify.joinIfActive(channel, w.id)
+		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
+		// Behind local waiters, a non-fair newcomer waits its turn for a
+		// release message instead of trying at once: otherwise each
+		// release would cost a failed attempt by the waiter it woke.
+		queued = queued && w.id == ""
 	}
 	woken := false
 	defer func() {
@@ -58,6 +66,12 @@ func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls
 		}
 	}()
 	for {
+		if queued {
+			queued = false
+			if !sleep(ctx, wake, w.ttl, &woken) {
+				return nil, ctx.Err()
+			}
+		}
 		got, r, err := l.attempt(ctx, ls, w, wait)
 		if err != nil {
 			return nil, err
@@ -77,18 +91,25 @@ func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls
 			woken = false
 			continue
 		}
-		timer := time.NewTimer(retryDelay(r[1], w.keepAlive))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !sleep(ctx, wake, retryDelay(r[1], w.keepAlive), &woken) {
 			return nil, ctx.Err()
-		case <-wake:
-			woken = true
-		case <-timer.C:
-			woken = false
 		}
-		timer.Stop()
 	}
+}
+
+// sleep waits for a wake-up or d, and reports false when ctx ended first.
+func sleep(ctx context.Context, wake <-chan struct{}, d time.Duration, woken *bool) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+		*woken = true
+	case <-timer.C:
+		*woken = false
+	}
+	return true
 }
 
 // retryDelay turns the server's hint (ms until the blocking lease lapses) into
