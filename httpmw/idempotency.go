@@ -339,7 +339,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.send()
 		return
 	}
-	hash := idempotency.KeyHash(scope, key)
+	hash := func() string { return idempotency.KeyHash(scope, key) }
 	switch {
 	case err == nil:
 		m.replay(w, res.Response, hash)
@@ -351,11 +351,11 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"This idempotency key was used with a different request.", 0)
 	case errors.Is(err, idempotency.ErrUnavailable) && c.failOpen:
 		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "httpmw: idempotency store unavailable; serving unguarded",
-			slog.String("key_hash", hash), slog.Any("error", err))
+			slog.String("key_hash", hash()), slog.Any("error", err))
 		m.next.ServeHTTP(w, r)
 	case errors.Is(err, idempotency.ErrUnavailable):
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",
-			slog.String("key_hash", hash), slog.Any("error", err))
+			slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusServiceUnavailable, "Store_unavailable", "Idempotency store unavailable",
 			"", c.retryAfter)
 	case r.Context().Err() != nil:
@@ -363,16 +363,16 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
 	default:
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency failed",
-			slog.String("key_hash", hash), slog.Any("error", err))
+			slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusInternalServerError, "Internal", "Idempotency failed", "", 0)
 	}
 }
 
 // replay writes a stored response.
-func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash string) {
+func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() string) {
 	resp, err := decodeResponse(stored)
 	if err != nil {
-		m.cfg.logger.Error("httpmw: stored response unreadable", slog.String("key_hash", hash), slog.Any("error", err))
+		m.cfg.logger.Error("httpmw: stored response unreadable", slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusInternalServerError, "Internal", "Stored response unreadable", "", 0)
 		return
 	}
