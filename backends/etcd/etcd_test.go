@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -130,4 +131,91 @@ func TestInvalidOptions(t *testing.T) {
 	if _, err := l.AcquireSemaphore(context.Background(), "k", 0, guard.AcquireOptions{TTL: MinTTL}); !errors.Is(err, guard.ErrInvalidOption) {
 		t.Errorf("0 permits: got %v, want ErrInvalidOption", err)
 	}
+}
+
+func TestRefreshBatch(t *testing.T) {
+	eps := endpoints(t)
+	l, _ := newLocker(t, eps)
+	other, _ := newLocker(t, eps)
+	ctx := context.Background()
+	opts := guard.AcquireOptions{TTL: MinTTL}
+	name := fmt.Sprintf("refresh-batch/%d", time.Now().UnixNano())
+	var leases []guard.Lease
+	for i := range 3 {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("%s/%d", name, i), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(ctx)
+		leases = append(leases, lease)
+	}
+	foreign, err := other.Acquire(ctx, name+"/foreign", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Release(ctx)
+	if err := leases[1].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	errs := l.RefreshBatch(ctx, append(leases, foreign), MinTTL)
+	for i, want := range []error{nil, guard.ErrNotHeld, nil, guard.ErrInvalidOption} {
+		if (want == nil && errs[i] != nil) || !errors.Is(errs[i], want) {
+			t.Errorf("lease %d: got %v, want %v", i, errs[i], want)
+		}
+	}
+}
+
+func TestCloseReleases(t *testing.T) {
+	eps := endpoints(t)
+	l, _ := newLocker(t, eps)
+	other, _ := newLocker(t, eps)
+	ctx := context.Background()
+	name := fmt.Sprintf("close/%d", time.Now().UnixNano())
+	lease, err := l.Acquire(ctx, name, guard.AcquireOptions{TTL: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-lease.Done():
+	default:
+		t.Error("Done is still open after Close")
+	}
+	// The lease was revoked: the lock is free at once, not after 60 s.
+	next, err := other.Acquire(ctx, name, guard.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatalf("Acquire after the holder closed: %v", err)
+	}
+	next.Release(ctx)
+	if _, err := l.Acquire(ctx, name, guard.AcquireOptions{TTL: MinTTL}); !errors.Is(err, guard.ErrUnavailable) {
+		t.Errorf("Acquire on a closed Locker: got %v, want ErrUnavailable", err)
+	}
+}
+
+// TestNestedNames checks that a '/' in a name cannot put one lock's keys
+// inside another's.
+func TestNestedNames(t *testing.T) {
+	eps := endpoints(t)
+	l1, _ := newLocker(t, eps)
+	l2, _ := newLocker(t, eps)
+	ctx := context.Background()
+	name := fmt.Sprintf("nested/%d", time.Now().UnixNano())
+	opts := guard.AcquireOptions{TTL: MinTTL}
+	inner, err := l1.Acquire(ctx, name+"/r/inner", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Release(ctx)
+	outer, err := l2.Acquire(ctx, name, opts)
+	if err != nil {
+		t.Fatalf("lock %q is blocked by lock %q: %v", name, name+"/r/inner", err)
+	}
+	outer.Release(ctx)
+	reader, err := l2.AcquireRead(ctx, name+"/r", opts)
+	if err != nil {
+		t.Fatalf("reader of %q is blocked by lock %q: %v", name+"/r", name+"/r/inner", err)
+	}
+	reader.Release(ctx)
 }
