@@ -198,6 +198,16 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 	switch u.scheme {
 	case "memory":
 		return idempotency.NewMemoryStore(), nil
+	case "sqlite", "postgres", "mysql":
+		db, err := b.openSQL(ctx, u)
+		if err != nil {
+			return nil, err
+		}
+		s, err := sqllock.NewIdempotencyStore(db)
+		if err != nil {
+			return nil, err
+		}
+		return s, s.Migrate(ctx)
 	}
 	return nil, fmt.Errorf("%s: %w", u, errNoStore)
 }

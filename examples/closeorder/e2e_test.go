@@ -1,0 +1,308 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/backendtest"
+)
+
+// The end-to-end tests run the real service: three replica processes on one
+// shared backend, orders created over HTTP, and the replica running the close
+// job killed with SIGKILL mid-run. Every eligible order must then be closed
+// exactly once, by a run whose token fits the order of the writes, and no
+// two runs may have overlapped.
+
+func TestClusterOnSQLite(t *testing.T) {
+	db := "sqlite://" + filepath.Join(t.TempDir(), "e2e.db")
+	runCluster(t, db, db)
+}
+
+func TestClusterOnRedis(t *testing.T) {
+	addr := backendtest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	runCluster(t, "sqlite://"+filepath.Join(t.TempDir(), "e2e.db"), "redis://"+addr)
+}
+
+type replica struct {
+	name string
+	cmd  *exec.Cmd
+	url  string
+}
+
+func buildService(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "closeorder")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func startReplica(t *testing.T, bin, name string, args ...string) *replica {
+	t.Helper()
+	r := &replica{name: name}
+	r.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-instance", name}, args...)...)
+	stdout, err := r.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Stderr = stderr
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+		if t.Failed() {
+			logs, _ := os.ReadFile(stderr.Name())
+			t.Logf("%s stderr (last 3000 bytes):\n%s", name, tail(logs, 3000))
+		}
+	})
+	// The service prints its address once it listens: "... listening on http://ADDR (...".
+	lines := bufio.NewScanner(stdout)
+	found := make(chan string, 1)
+	go func() {
+		for lines.Scan() {
+			if _, rest, ok := strings.Cut(lines.Text(), "listening on "); ok {
+				found <- strings.Fields(rest)[0]
+			}
+		}
+		close(found)
+	}()
+	select {
+	case u, ok := <-found:
+		if !ok {
+			t.Fatalf("%s exited before listening", name)
+		}
+		r.url = strings.TrimPrefix(u, "http://")
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not start listening within 60s", name)
+	}
+	go io.Copy(io.Discard, stdout)
+	return r
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+func getJSON(t *testing.T, url string, v any) error {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func runCluster(t *testing.T, db, lock string) {
+	if testing.Short() {
+		t.Skip("end-to-end test")
+	}
+	bin := buildService(t)
+	args := []string{"-db", db, "-lock", lock, "-schedule", "@every 1s",
+		"-unpaid-after", "300ms", "-work-delay", "200ms", "-ttl", "2s"}
+	var replicas []*replica
+	for i := range 3 {
+		replicas = append(replicas, startReplica(t, bin, fmt.Sprintf("replica-%d", i+1), args...))
+	}
+
+	// Orders, created through all replicas; every one is retried once with
+	// the same key, and must be answered from the store.
+	const orders = 12
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range orders {
+		body := fmt.Sprintf(`{"amount_cents": %d}`, 100+i)
+		key := fmt.Sprintf("e2e-order-%d", i)
+		var first []byte
+		for attempt := range 2 {
+			r := replicas[(i+attempt)%3]
+			req, _ := http.NewRequest(http.MethodPost, "http://"+r.url+"/orders", strings.NewReader(body))
+			req.Header.Set("X-User-ID", fmt.Sprintf("user-%d", i%4))
+			req.Header.Set("Idempotency-Key", key)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Fatalf("POST /orders (attempt %d): %s %s", attempt, resp.Status, got)
+			}
+			if attempt == 0 {
+				first = got
+			} else if resp.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(got, first) {
+				t.Fatalf("retry of %s not replayed byte for byte: replayed=%q\n%s\n%s", key, resp.Header.Get("Idempotent-Replayed"), first, got)
+			}
+		}
+	}
+
+	// Kill the replica running the close job once it has closed something.
+	type run struct {
+		Job        string     `json:"job"`
+		Instance   string     `json:"instance"`
+		Token      uint64     `json:"token"`
+		StartedAt  time.Time  `json:"started_at"`
+		FinishedAt *time.Time `json:"finished_at"`
+		Outcome    string     `json:"outcome"`
+	}
+	type order struct {
+		ID          int64      `json:"id"`
+		Status      string     `json:"status"`
+		ClosedAt    *time.Time `json:"closed_at"`
+		ClosedBy    *string    `json:"closed_by"`
+		ClosedToken *uint64    `json:"closed_token"`
+	}
+	var victim *replica
+	var killedAt time.Time
+	waitUntil(t, "a replica is running the close job after closing an order", 60*time.Second, func() bool {
+		var closed []order
+		var runs []run
+		if getJSON(t, "http://"+replicas[0].url+"/orders?status=closed", &closed) != nil || len(closed) == 0 ||
+			getJSON(t, "http://"+replicas[0].url+"/jobs/runs?limit=20", &runs) != nil {
+			return false
+		}
+		for _, r := range runs {
+			if r.FinishedAt == nil && r.Outcome == "running" {
+				for _, rep := range replicas {
+					if rep.name == r.Instance {
+						victim = rep
+					}
+				}
+				return victim != nil
+			}
+		}
+		return false
+	})
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	victim.cmd.Wait()
+	killedAt = time.Now()
+	var survivor *replica
+	for _, r := range replicas {
+		if r != victim {
+			survivor = r
+			break
+		}
+	}
+	t.Logf("killed %s while it ran the close job", victim.name)
+
+	var all []order
+	waitUntil(t, "every order is closed by the surviving replicas", 60*time.Second, func() bool {
+		all = nil
+		if getJSON(t, "http://"+survivor.url+"/orders", &all) != nil || len(all) != orders {
+			return false
+		}
+		for _, o := range all {
+			if o.Status != statusClosed {
+				return false
+			}
+		}
+		return true
+	})
+	var runs []run
+	if err := getJSON(t, "http://"+survivor.url+"/jobs/runs?limit=10000", &runs); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each order closed once, by a run of the instance it names, with that
+	// run's token.
+	runOf := map[uint64]run{}
+	for _, r := range runs {
+		if r.Token != 0 && r.Outcome != "skipped" && r.Outcome != "misfired" {
+			if prev, dup := runOf[r.Token]; dup {
+				t.Errorf("two runs share token %d: %+v and %+v", r.Token, prev, r)
+			}
+			runOf[r.Token] = r
+		}
+	}
+	closedByOthers := 0
+	for _, o := range all {
+		if o.ClosedToken == nil || o.ClosedBy == nil || o.ClosedAt == nil {
+			t.Fatalf("order %d closed without its closing run: %+v", o.ID, o)
+		}
+		r, ok := runOf[*o.ClosedToken]
+		if !ok || r.Instance != *o.ClosedBy {
+			t.Errorf("order %d closed by %s with token %d, which no run of that instance holds", o.ID, *o.ClosedBy, *o.ClosedToken)
+		}
+		if *o.ClosedBy != victim.name {
+			closedByOthers++
+		}
+	}
+	if closedByOthers == 0 {
+		t.Error("no order was closed after the kill: the job did not move to another replica")
+	}
+	// Tokens fit the order of the writes: a later close never carries an
+	// older token.
+	slices.SortFunc(all, func(a, b order) int { return a.ClosedAt.Compare(*b.ClosedAt) })
+	for i := 1; i < len(all); i++ {
+		if *all[i].ClosedToken < *all[i-1].ClosedToken {
+			t.Errorf("order %d closed at %v with token %d after order %d closed with token %d",
+				all[i].ID, all[i].ClosedAt, *all[i].ClosedToken, all[i-1].ID, *all[i-1].ClosedToken)
+		}
+	}
+	// No two runs overlapped. The killed run has no finish: it ended when
+	// its process died.
+	type span struct {
+		r          run
+		start, end time.Time
+	}
+	var spans []span
+	for _, r := range runs {
+		switch {
+		case r.Outcome == "running" && r.Instance == victim.name:
+			spans = append(spans, span{r, r.StartedAt, killedAt})
+		case r.Outcome == "running":
+			// still running on a survivor: open-ended
+			spans = append(spans, span{r, r.StartedAt, time.Now()})
+		case r.Outcome == "ran" || r.Outcome == "failed" || r.Outcome == "lost":
+			spans = append(spans, span{r, r.StartedAt, *r.FinishedAt})
+		}
+	}
+	for i := range spans {
+		for j := i + 1; j < len(spans); j++ {
+			a, b := spans[i], spans[j]
+			if a.start.Before(b.end) && b.start.Before(a.end) {
+				t.Errorf("runs overlapped: %s token %d [%v, %v] and %s token %d [%v, %v]",
+					a.r.Instance, a.r.Token, a.start, a.end, b.r.Instance, b.r.Token, b.start, b.end)
+			}
+		}
+	}
+	t.Logf("%d orders closed (%d after the kill), %d runs recorded", len(all), closedByOthers, len(spans))
+}
