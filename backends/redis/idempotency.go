@@ -1,0 +1,163 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/idempotency"
+)
+
+var (
+	//go:embed idem_claim.lua
+	idemClaimSrc string
+	//go:embed idem_update.lua
+	idemUpdateSrc string
+	//go:embed idem_get.lua
+	idemGetSrc string
+)
+
+// IdempotencyStore is an idempotency.Store on Redis: one hash per record,
+// each call one script. Leases and retention are deadlines on the server's
+// clock (TIME), checked by the scripts; the key's PEXPIRE only reclaims the
+// memory. It is safe for concurrent use.
+type IdempotencyStore struct {
+	client              goredis.UniversalClient
+	prefix              string
+	claim, update, read *goredis.Script
+}
+
+// StoreOption configures an IdempotencyStore.
+type StoreOption func(*IdempotencyStore)
+
+// WithStorePrefix sets the prefix of the store's keys (default "warden:idem:").
+func WithStorePrefix(prefix string) StoreOption {
+	return func(s *IdempotencyStore) { s.prefix = prefix }
+}
+
+// NewIdempotencyStore returns a store that keeps its records on client,
+// which the caller keeps ownership of.
+func NewIdempotencyStore(client goredis.UniversalClient, opts ...StoreOption) *IdempotencyStore {
+	s := &IdempotencyStore{
+		client: client,
+		prefix: "warden:idem:",
+		claim:  goredis.NewScript(idemClaimSrc),
+		update: goredis.NewScript(idemUpdateSrc),
+		read:   goredis.NewScript(idemGetSrc),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+var _ idempotency.Store = (*IdempotencyStore)(nil)
+
+// recordKey is binary-safe and unambiguous: the scope's length tells where
+// it ends.
+func (s *IdempotencyStore) recordKey(scope, key string) string {
+	return s.prefix + strconv.Itoa(len(scope)) + ":" + scope + ":" + key
+}
+
+// Claim implements idempotency.Store.
+func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	v, err := s.claim.Run(ctx, s.client, []string{s.recordKey(c.Scope, c.Key)}, c.Owner, c.Fingerprint, ms(c.Lease)).Result()
+	if err != nil {
+		return nil, unavailable(ctx, err)
+	}
+	return record(c.Scope, c.Key, v)
+}
+
+// Extend implements idempotency.Store.
+func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+		return err
+	}
+	return s.change(ctx, scope, key, owner, "extend", ms(lease), "")
+}
+
+// Complete implements idempotency.Store.
+func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+		return err
+	}
+	return s.change(ctx, scope, key, owner, "complete", ms(retention), string(response))
+}
+
+// Abandon implements idempotency.Store.
+func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string) error {
+	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+		return err
+	}
+	return s.change(ctx, scope, key, owner, "abandon", 0, "")
+}
+
+func (s *IdempotencyStore) change(ctx context.Context, scope, key, owner, op string, d int64, response string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n, err := s.update.Run(ctx, s.client, []string{s.recordKey(scope, key)}, owner, op, d, response).Int64()
+	if err != nil {
+		return unavailable(ctx, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
+	}
+	return nil
+}
+
+// Get implements idempotency.Store.
+func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	v, err := s.read.Run(ctx, s.client, []string{s.recordKey(scope, key)}).Result()
+	if err != nil {
+		return nil, unavailable(ctx, err)
+	}
+	rec, err := record(scope, key, v)
+	if err == nil && rec == nil {
+		return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return rec, err
+}
+
+// record decodes a script's answer: 0 for none, else the record's fields.
+func record(scope, key string, v any) (*idempotency.Record, error) {
+	fields, ok := v.([]any)
+	if !ok {
+		return nil, nil
+	}
+	if len(fields) != 4 {
+		return nil, fmt.Errorf("%w: malformed record %q", idempotency.ErrUnavailable, key)
+	}
+	str := func(i int) string { s, _ := fields[i].(string); return s }
+	r := &idempotency.Record{
+		Scope: scope, Key: key,
+		State:       idempotency.State(str(0)),
+		Fingerprint: str(1),
+		Owner:       str(2),
+	}
+	if s, ok := fields[3].(string); ok {
+		r.Response = []byte(s)
+	}
+	return r, nil
+}
+
+// ms converts a positive duration to whole milliseconds, at least 1, so that a
+// sub-millisecond lease is not sent as zero.
+func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
