@@ -2,8 +2,12 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -77,4 +81,71 @@ type alwaysFair struct{ l *Locker }
 func (f alwaysFair) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
 	opts.Fair = true
 	return f.l.Acquire(ctx, key, opts)
+}
+
+// TestRefreshBatch: one pipelined call refreshes every kind of lease; a lost
+// lease and one from another Locker get their own errors.
+func TestRefreshBatch(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	l, other := New(c), New(newClient(t))
+	base := fmt.Sprintf("batch/%d", time.Now().UnixNano())
+	short := guard.AcquireOptions{TTL: 300 * time.Millisecond}
+	var leases []guard.Lease
+	add := func(ls guard.Lease, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, ls)
+	}
+	add(l.Acquire(ctx, base+"/mutex", short))
+	add(l.AcquireRead(ctx, base+"/rw", short))
+	add(l.AcquireWrite(ctx, base+"/rw2", short))
+	add(l.AcquireSemaphore(ctx, base+"/sem", 2, short))
+	add(other.Acquire(ctx, base+"/foreign", short))
+	lost, err := l.Acquire(ctx, base+"/lost", short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lost.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leases = append(leases, lost)
+
+	errs := l.RefreshBatch(ctx, leases, time.Minute)
+	for i, err := range errs[:4] {
+		if err != nil {
+			t.Errorf("lease %d (%s): %v", i, leases[i].Key(), err)
+		}
+	}
+	if !errors.Is(errs[4], guard.ErrInvalidOption) {
+		t.Errorf("foreign lease: got %v, want ErrInvalidOption", errs[4])
+	}
+	if !errors.Is(errs[5], guard.ErrNotHeld) {
+		t.Errorf("released lease: got %v, want ErrNotHeld", errs[5])
+	}
+	// Past the original 300ms TTL (a lower bound: a slower machine only
+	// waits longer), the refreshed lock still keeps others out.
+	time.Sleep(600 * time.Millisecond)
+	if _, err := other.Acquire(ctx, base+"/mutex", short); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Errorf("after the batch refresh: got %v, want ErrNotAcquired", err)
+	}
+	for _, ls := range leases[:5] {
+		ls.Release(ctx)
+	}
+}
+
+func TestKeysShareOneHashTag(t *testing.T) {
+	l := New(nil, WithPrefix("app{x}:"))
+	k := l.keys("a{b}c%7B/:é")
+	want := "app%7Bx%7D:{a%7Bb%7Dc%257B/:é}"
+	for _, name := range []string{k.lock, k.fence, k.queue, k.deadlines, k.readers, k.writer, k.writeWaiters, k.permits, k.channel} {
+		if !strings.HasPrefix(name, want) {
+			t.Errorf("%q does not start with %q", name, want)
+		}
+	}
+	if l.keys("a{b}").lock == l.keys("a%7Bb%7D").lock {
+		t.Error("two keys encode to one")
+	}
 }
