@@ -52,7 +52,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts guard.AcquireOpt
 	a := &attempt{l: l, s: s, name: name, from: dir, end: clientv3.GetPrefixRangeEnd(dir), kind: k, permits: int64(permits)}
 	a.own = dir + l.contenderName(s)
 	if k == shared {
-		a.own = dir + "r/" + l.contenderName(s)
+		a.own = dir + "r/" + a.own[len(dir):]
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = dir + "r"
 	}

@@ -40,6 +40,20 @@
 // once (client/v3/concurrency.Mutex watches from an older revision, which the
 // server serves from the slower unsynced path, batched every 100 ms).
 //
+// Semaphore waiters are the exception: any release may admit any of them, so
+// they watch the whole lock and count again on every deletion.
+//
 // Release deletes the key only if it still has the lease's create revision, so
 // a stale or retried unlock never deletes another holder's key.
+//
+// # Failures
+//
+// The transaction that puts a contender's key is never abandoned half way:
+// it runs to completion even when the caller's context is cancelled (the key
+// is then deleted before Acquire returns the context's error), because a put
+// cancelled in flight could land after the delete meant to undo it and block
+// the lock for as long as the session lives. When etcd does not answer it
+// within the TTL, or the key of a cancelled waiter cannot be deleted, the
+// session is given up instead, so that its lease expires and takes the key
+// with it; the other locks of that session are then lost too.
 package etcd
