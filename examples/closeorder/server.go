@@ -133,8 +133,8 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	limit := 50
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 10000 {
-			problem(w, http.StatusBadRequest, "invalid limit", "limit must be 1 to 10000")
+		if err != nil || n < 1 || n > 100000 {
+			problem(w, http.StatusBadRequest, "invalid limit", "limit must be 1 to 100000")
 			return
 		}
 		limit = n
