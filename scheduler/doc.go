@@ -1,0 +1,42 @@
+// Package scheduler runs cron jobs once per scheduled slot across a cluster
+// of processes, each job under a distributed lock from guard.
+//
+// A Scheduler sits on robfig/cron/v3: its spec parser (with an optional
+// seconds field and the @descriptors), its time zone and its timer loop.
+// Every process of the cluster adds the same jobs; at each fire time every
+// process tries to run the job, and exactly one does:
+//
+//  1. The slot is named: the job name plus the scheduled fire time, the
+//     same on every node. Cron specs are wall-clock aligned already; @every
+//     schedules are aligned here to an anchor (the Unix epoch by default),
+//     because robfig/cron counts them from when each node added the job.
+//  2. The slot is claimed in an idempotency.Store (WithSlotStore). A slot
+//     claimed or completed elsewhere is skipped, whatever the clocks say:
+//     this is what keeps a short job from running twice when one node's
+//     clock or timer is a little behind, the failure users of ShedLock,
+//     gocron and dcron keep reporting.
+//  3. The job's lock (named after the job) is taken, by default without
+//     waiting: a run that finds it held is skipped. WaitForLock waits up to
+//     a bound instead. The lock keeps runs of the same job from overlapping.
+//  4. The job runs with a context that is cancelled when the lock is lost
+//     (cause guard.ErrLockLost), at LockAtMostFor (cause ErrLockAtMostFor)
+//     and on Stop (cause ErrStopped), and that carries the run (RunFrom):
+//     the slot, the instance and the lock with its fencing token.
+//  5. The slot claim is completed. A failed slot is not retried by default;
+//     RetryFailedSlots lets another node (or a later timer) run it again.
+//  6. The lock is kept until LockAtLeastFor has passed since it was taken,
+//     then released.
+//
+// Every run ends in one outcome, recorded on a span, in metrics, in the log
+// and to the RunObserver: ran, skipped, failed, lost or misfired. Nothing is
+// dropped silently.
+//
+// Without a slot store, once per slot rests on the lock and LockAtLeastFor
+// alone, as with ShedLock: it holds only while nodes' clocks and timers
+// differ by less than LockAtLeastFor and the job's run plus that bound stay
+// under the interval. Use a slot store in production.
+//
+// For programs that keep their own scheduler, Wrap guards a robfig/cron job
+// and Locker makes a Guard serve as a go-co-op/gocron/v2 Locker; both give
+// mutual exclusion and the bounds, not once per slot.
+package scheduler

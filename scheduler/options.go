@@ -1,0 +1,123 @@
+package scheduler
+
+import (
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/warden-go/warden/idempotency"
+)
+
+// Option configures a Scheduler.
+type Option func(*config)
+
+type config struct {
+	store          idempotency.Store
+	clock          func() time.Time
+	anchor         time.Time
+	instance       string
+	location       *time.Location
+	logger         *slog.Logger
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	observer       func(RunRecord)
+	jobDefaults    []JobOption
+}
+
+// WithSlotStore sets the idempotency store in which each slot is claimed, so
+// that a slot runs at most once across every Scheduler sharing the store,
+// whatever their clocks say. Without one, once per slot rests on the lock
+// and LockAtLeastFor alone (see the package documentation).
+func WithSlotStore(s idempotency.Store) Option { return func(c *config) { c.store = s } }
+
+// WithClock sets the clock slots and misfires are computed on (default
+// time.Now). It exists for tests that give one node a skewed clock; the
+// locks and the slot store never use it, since their time is the servers'.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+
+// WithAnchor sets the instant @every schedules are aligned to (default the
+// Unix epoch): the slots of "@every D" are anchor + k*D on every node.
+func WithAnchor(t time.Time) Option { return func(c *config) { c.anchor = t } }
+
+// WithInstance names this scheduler in spans, logs and RunRecords (default
+// host-pid).
+func WithInstance(name string) Option { return func(c *config) { c.instance = name } }
+
+// WithLocation sets the time zone cron specs are read in (default
+// time.Local). A spec may also name its own with CRON_TZ=.
+func WithLocation(loc *time.Location) Option { return func(c *config) { c.location = loc } }
+
+// WithLogger sets the logger for run outcomes and robfig/cron's own errors
+// (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithTracerProvider sets where run spans go (default the otel global
+// provider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracerProvider = tp }
+}
+
+// WithMeterProvider sets where run metrics go (default the otel global
+// provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.meterProvider = mp }
+}
+
+// WithRunObserver calls fn once for every run, whatever its outcome, after
+// the job returned (or was skipped). fn runs on the run's goroutine; keep it
+// short. It is the hook to record job runs in an application's database.
+func WithRunObserver(fn func(RunRecord)) Option { return func(c *config) { c.observer = fn } }
+
+// WithJobDefaults sets options applied to every job before its own.
+func WithJobDefaults(opts ...JobOption) Option {
+	return func(c *config) { c.jobDefaults = append(c.jobDefaults, opts...) }
+}
+
+// JobOption configures one job.
+type JobOption func(*jobConfig)
+
+type jobConfig struct {
+	atMost       time.Duration
+	atLeast      time.Duration
+	wait         time.Duration
+	misfireAfter time.Duration
+	ttl          time.Duration
+	retention    time.Duration
+	retryFailed  bool
+}
+
+// LockAtMostFor is the hard cap on a run (default one hour): when it passes,
+// the job's context is cancelled with cause ErrLockAtMostFor, however well
+// the watchdog keeps the lock alive. The lock itself is held until the job
+// returns, so that two runs never overlap: a job must honour its context.
+func LockAtMostFor(d time.Duration) JobOption { return func(c *jobConfig) { c.atMost = d } }
+
+// LockAtLeastFor keeps the lock for at least d after it was taken (default
+// 0), even when the run ends sooner, so that a node whose clock or timer is
+// a little behind finds it held rather than running the job again.
+func LockAtLeastFor(d time.Duration) JobOption { return func(c *jobConfig) { c.atLeast = d } }
+
+// WaitForLock makes a run that finds the lock held wait up to d for it
+// instead of being skipped at once.
+func WaitForLock(d time.Duration) JobOption { return func(c *jobConfig) { c.wait = d } }
+
+// MisfireAfter skips, with outcome misfired, a run that would start more
+// than d after its slot (default: no bound), whether the delay came from a
+// late timer or from waiting for the lock.
+func MisfireAfter(d time.Duration) JobOption { return func(c *jobConfig) { c.misfireAfter = d } }
+
+// LockTTL sets the lease TTL of the job's lock (default the Guard's). It is
+// how long the lock outlives a node that dies mid-run.
+func LockTTL(d time.Duration) JobOption { return func(c *jobConfig) { c.ttl = d } }
+
+// SlotRetention is how long a finished slot stays in the slot store
+// (default 24 hours); a node whose timer fires later than that for the same
+// slot would run it again.
+func SlotRetention(d time.Duration) JobOption { return func(c *jobConfig) { c.retention = d } }
+
+// RetryFailedSlots lets a slot whose run failed, panicked or lost its lock
+// be run again by a node that fires later for it. By default a failed slot
+// is recorded as done and is not retried: the next slot runs as scheduled.
+func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = true } }

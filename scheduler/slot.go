@@ -1,0 +1,81 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// slotSchedule is the cron.Schedule robfig/cron runs a job on. It computes
+// the job's slots on the scheduler's clock, aligns @every schedules to the
+// anchor, and remembers each slot it hands out so that the run it fires can
+// name it.
+//
+// robfig/cron's timer runs on the real clock. When the scheduler's clock is
+// offset from it (WithClock), Next translates: it finds the next slot on the
+// scheduler's clock and returns the real instant at which that clock shows
+// it. A node whose clock is ahead thus fires earlier in real time, exactly
+// as a skewed machine would, and still names the same slot as the others.
+type slotSchedule struct {
+	spec   cron.Schedule // nil for @every
+	every  time.Duration
+	anchor time.Time
+	clock  func() time.Time
+
+	mu sync.Mutex
+	// pending holds the slots Next returned that have not fired yet, oldest
+	// first. robfig/cron fires an entry for the value Next last returned and
+	// only then asks for the following one, so each firing takes the oldest.
+	// Pairing by order, not by comparing times, keeps a run that starts late
+	// on a busy machine from taking its successor's name.
+	pending []time.Time
+}
+
+func newSlotSchedule(s cron.Schedule, anchor time.Time, clock func() time.Time) *slotSchedule {
+	ss := &slotSchedule{spec: s, anchor: anchor, clock: clock}
+	if cd, ok := s.(cron.ConstantDelaySchedule); ok {
+		ss.spec, ss.every = nil, cd.Delay
+	}
+	return ss
+}
+
+// Next implements cron.Schedule.
+func (s *slotSchedule) Next(t time.Time) time.Time {
+	offset := s.clock().Sub(time.Now())
+	slot := s.after(t.Add(offset))
+	if slot.IsZero() {
+		return slot // the spec never fires again
+	}
+	s.mu.Lock()
+	// The queue stays short: a Scheduler starts its cron once, so every
+	// value handed out is fired, in order, except the last one at Stop.
+	s.pending = append(s.pending, slot)
+	s.mu.Unlock()
+	return slot.Add(-offset)
+}
+
+// after returns the first slot strictly after v, on the scheduler's clock.
+func (s *slotSchedule) after(v time.Time) time.Time {
+	if s.spec != nil {
+		return s.spec.Next(v)
+	}
+	d := v.Sub(s.anchor)
+	k := d / s.every
+	if d < 0 && d%s.every != 0 {
+		k-- // floor, for instants before the anchor
+	}
+	return s.anchor.Add((k + 1) * s.every).In(v.Location())
+}
+
+// fired returns the slot of the firing that is starting now.
+func (s *slotSchedule) fired() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 {
+		return time.Time{}, false
+	}
+	slot := s.pending[0]
+	s.pending = s.pending[1:]
+	return slot, true
+}
