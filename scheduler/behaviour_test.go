@@ -1,0 +1,224 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/glebarez/sqlite"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/scheduler"
+)
+
+// records returns the observer records so far.
+func (j *journal) snapshot() []scheduler.RunRecord {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]scheduler.RunRecord(nil), j.records...)
+}
+
+// first waits for the first record with outcome o.
+func (j *journal) first(t *testing.T, o scheduler.Outcome) scheduler.RunRecord {
+	t.Helper()
+	var found scheduler.RunRecord
+	waitFor(t, "a run with outcome "+string(o), 15*time.Second, func() bool {
+		for _, r := range j.snapshot() {
+			if r.Outcome == o {
+				found = r
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// start runs fn every second on a new scheduler over g, stopped when t ends.
+func start(t *testing.T, g *guard.Guard, name string, fn func(context.Context) error, opts ...scheduler.JobOption) *journal {
+	t.Helper()
+	j := new(journal)
+	s := newScheduler(t, g, scheduler.WithInstance("solo"), scheduler.WithRunObserver(j.observe))
+	if err := s.Add("@every 1s", name, fn, opts...); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { stop(t, s) })
+	return j
+}
+
+func TestHeldLockSkipsAndRecords(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memory.New())
+	held, err := g.Lock(context.Background(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 10)
+	j := start(t, g, "held", func(ctx context.Context) error { ran <- struct{}{}; return nil })
+	r := j.first(t, scheduler.Skipped)
+	if r.Reason != "lock held" || r.Instance != "solo" || r.Job != "held" || r.Slot.IsZero() {
+		t.Errorf("skip recorded as %+v", r)
+	}
+	select {
+	case <-ran:
+		t.Fatal("job ran while its lock was held elsewhere")
+	default:
+	}
+	held.Unlock(context.Background())
+	j.first(t, scheduler.Ran)
+}
+
+func TestPanicIsRecoveredAndReleasesTheLock(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memory.New())
+	j := start(t, g, "panics", func(ctx context.Context) error { panic("boom") })
+	r := j.first(t, scheduler.Failed)
+	if !errors.Is(r.Err, scheduler.ErrPanicked) || !strings.Contains(r.Err.Error(), "boom") {
+		t.Errorf("panic recorded as %v", r.Err)
+	}
+	waitFor(t, "the lock to be free after the panic", 5*time.Second, func() bool {
+		l, err := g.TryLock(context.Background(), "panics")
+		if err != nil {
+			return false
+		}
+		l.Unlock(context.Background())
+		return true
+	})
+}
+
+func TestLockAtMostForCancelsTheJob(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memory.New())
+	cause := make(chan error, 10)
+	j := start(t, g, "capped", func(ctx context.Context) error {
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	}, scheduler.LockAtMostFor(200*time.Millisecond))
+	r := j.first(t, scheduler.Failed)
+	if err := <-cause; !errors.Is(err, scheduler.ErrLockAtMostFor) {
+		t.Errorf("cause %v, want ErrLockAtMostFor", err)
+	}
+	if d := r.Finished.Sub(r.Started); d < 200*time.Millisecond {
+		t.Errorf("run ended after %v, before its cap", d)
+	}
+}
+
+func TestLockAtLeastForKeepsTheLock(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memory.New())
+	atLeast := 700 * time.Millisecond
+	j := start(t, g, "short", func(ctx context.Context) error { return nil }, scheduler.LockAtLeastFor(atLeast))
+	r := j.first(t, scheduler.Ran)
+	// The observer is told when the job returns, before the hold ends.
+	if _, err := g.TryLock(context.Background(), "short"); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Errorf("TryLock right after a short run: %v, want ErrNotAcquired", err)
+	}
+	waitFor(t, "the lock to be released after LockAtLeastFor", 5*time.Second, func() bool {
+		l, err := g.TryLock(context.Background(), "short")
+		if err != nil {
+			return false
+		}
+		l.Unlock(context.Background())
+		if held := time.Since(r.Started); held < atLeast {
+			t.Errorf("lock free %v after the run started, before LockAtLeastFor %v", held, atLeast)
+		}
+		return true
+	})
+}
+
+func TestMisfireAfterWaitingForTheLock(t *testing.T) {
+	t.Parallel()
+	locker := memory.New()
+	g := newGuard(t, locker)
+	held, err := g.Lock(context.Background(), "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 10)
+	j := start(t, g, "late", func(ctx context.Context) error { ran <- struct{}{}; return nil },
+		scheduler.WaitForLock(5*time.Second), scheduler.MisfireAfter(300*time.Millisecond))
+	waitFor(t, "a run waiting for the lock", 10*time.Second, func() bool { return locker.Waiters("warden:late") > 0 })
+	// The waiter started at or after its slot, so after this it is late by
+	// more than the bound whatever the machine's speed.
+	time.Sleep(500 * time.Millisecond)
+	held.Unlock(context.Background())
+	r := j.first(t, scheduler.Misfired)
+	if !strings.Contains(r.Reason, "after its slot") {
+		t.Errorf("misfire recorded as %+v", r)
+	}
+	if len(j.snapshot()) > 0 && j.snapshot()[0].Outcome != scheduler.Misfired {
+		t.Errorf("first run %s, want misfired", j.snapshot()[0].Outcome)
+	}
+}
+
+func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memory.New())
+	var j journal
+	s := newScheduler(t, g, scheduler.WithRunObserver(j.observe))
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	if err := s.Add("@every 1s", "stopped", func(ctx context.Context) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	}, scheduler.LockAtLeastFor(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	// LockAtLeastFor is an hour: Stop keeps the lock until its own bound
+	// runs out, then releases it.
+	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Stop: %v, want the deadline of its context (the hold was cut short)", err)
+	}
+	if err := <-cause; !errors.Is(err, scheduler.ErrStopped) {
+		t.Errorf("cause %v, want ErrStopped", err)
+	}
+	l, err := g.TryLock(context.Background(), "stopped")
+	if err != nil {
+		t.Fatalf("lock not released by Stop: %v", err)
+	}
+	l.Unlock(context.Background())
+}
+
+// TestLockLossCancelsTheJob takes the job's lock away in the database, as
+// an operator or an expired lease would, and expects the job's context to
+// be cancelled with ErrLockLost.
+func TestLockLossCancelsTheJob(t *testing.T) {
+	t.Parallel()
+	dsn := sqliteDSN(t)
+	c := sqlCluster(t, sqlite.Open, dsn)
+	thief := openDB(t, sqlite.Open, dsn)
+	started := make(chan struct{}, 1)
+	cause := make(chan error, 1)
+	j := start(t, c.node(t), "stolen", func(ctx context.Context) error {
+		started <- struct{}{}
+		select {
+		case <-ctx.Done():
+			cause <- context.Cause(ctx)
+		case <-time.After(20 * time.Second):
+			cause <- errors.New("not cancelled")
+		}
+		return nil
+	}, scheduler.LockTTL(600*time.Millisecond))
+	<-started
+	if err := thief.Exec("UPDATE warden_locks SET owner = 'thief', version = version + 1 WHERE name = ?", "warden:stolen").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-cause; !errors.Is(err, guard.ErrLockLost) {
+		t.Errorf("cause %v, want ErrLockLost", err)
+	}
+	r := j.first(t, scheduler.Lost)
+	if !errors.Is(r.Err, guard.ErrLockLost) || r.Token == 0 {
+		t.Errorf("loss recorded as %+v", r)
+	}
+}
