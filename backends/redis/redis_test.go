@@ -149,3 +149,22 @@ func TestKeysShareOneHashTag(t *testing.T) {
 		t.Error("two keys encode to one")
 	}
 }
+
+// TestWaitReplicasUnmet: the test server has no replica, so WAIT 1 times out
+// with none acknowledging; the acquisition fails and leaves no lock behind.
+func TestWaitReplicasUnmet(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprintf("wait-replicas/%d", time.Now().UnixNano())
+	l := New(newClient(t), WithWaitReplicas(1, 50*time.Millisecond))
+	if _, err := l.Acquire(ctx, key, guard.AcquireOptions{TTL: time.Minute}); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Acquire with an unmet WAIT: got %v, want ErrUnavailable", err)
+	}
+	lease, err := New(newClient(t)).Acquire(ctx, key, guard.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("the failed acquisition left its lock: %v", err)
+	}
+	lease.Release(ctx)
+	if _, err := New(newClient(t), WithWaitReplicas(0, time.Second)).Acquire(ctx, key, guard.AcquireOptions{TTL: time.Minute}); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("WithWaitReplicas(0): got %v, want ErrInvalidOption", err)
+	}
+}
