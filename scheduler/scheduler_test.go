@@ -165,6 +165,7 @@ const wantSlots = 10
 // TestThreeSchedulersOncePerSlot: three schedulers on "@every 1s" for ten
 // seconds run each slot exactly once and never overlap.
 func TestThreeSchedulersOncePerSlot(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -195,6 +196,7 @@ func TestThreeSchedulersOncePerSlot(t *testing.T) {
 // with its clock 400 ms ahead, so its timer fires 400 ms before theirs; a
 // 50 ms job still runs once per slot.
 func TestClockOffsetOncePerSlot(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,0 +1,277 @@
+package scheduler_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/glebarez/sqlite"
+
+	sqllock "github.com/warden-go/warden/backends/sql"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/scheduler"
+)
+
+// The environment of a scheduler process started by startProcess.
+const (
+	helperEnv   = "WARDEN_SCHEDULER_HELPER"
+	dsnEnv      = "WARDEN_SCHEDULER_DSN"
+	outEnv      = "WARDEN_SCHEDULER_OUT"
+	instanceEnv = "WARDEN_SCHEDULER_INSTANCE"
+	workEnv     = "WARDEN_SCHEDULER_WORK"
+	ttlEnv      = "WARDEN_SCHEDULER_TTL"
+	runForEnv   = "WARDEN_SCHEDULER_RUN_FOR"
+)
+
+// TestHelperScheduler is not a test: it is the body of a scheduler process
+// that the multi-process tests start from this test binary. It runs the
+// job "tick" on "@every 1s" over the shared SQLite file, and appends a
+// "start|end slot instance unix-nanos" line to its output file around each
+// run.
+func TestHelperScheduler(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		t.Skip("the body of a scheduler process; run by the multi-process tests")
+	}
+	dur := func(env string) time.Duration {
+		d, err := time.ParseDuration(os.Getenv(env))
+		if err != nil {
+			t.Fatalf("%s: %v", env, err)
+		}
+		return d
+	}
+	out, err := os.OpenFile(os.Getenv(outEnv), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	instance := os.Getenv(instanceEnv)
+	note := func(what string, slot time.Time) {
+		// One write per line, on an O_APPEND file: the parent may read it
+		// at any moment, or after a kill -9.
+		fmt.Fprintf(out, "%s %d %s %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano())
+	}
+	l, err := sqllock.New(openDB(t, sqlite.Open, os.Getenv(dsnEnv)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGuard(t, l, guard.WithTTL(dur(ttlEnv)))
+	s, err := scheduler.New(g, scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := dur(workEnv)
+	err = s.Add("@every 1s", "tick", func(ctx context.Context) error {
+		run, _ := scheduler.RunFrom(ctx)
+		note("start", run.Slot)
+		t := time.NewTimer(work)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		note("end", run.Slot)
+		return nil
+	}, scheduler.LockAtLeastFor(700*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	time.Sleep(dur(runForEnv)) // the process's lifetime, not a wait for an outcome
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type process struct {
+	instance string
+	out      string
+	cmd      *exec.Cmd
+	done     chan error
+}
+
+// startProcess starts a scheduler process on the SQLite file dsn.
+func startProcess(t *testing.T, dsn, instance string, work, ttl, runFor time.Duration) *process {
+	t.Helper()
+	p := &process{instance: instance, out: filepath.Join(t.TempDir(), instance+".log"), done: make(chan error, 1)}
+	p.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperScheduler$", "-test.count=1")
+	p.cmd.Env = append(os.Environ(), helperEnv+"=1", dsnEnv+"="+dsn, outEnv+"="+p.out, instanceEnv+"="+instance,
+		workEnv+"="+work.String(), ttlEnv+"="+ttl.String(), runForEnv+"="+runFor.String())
+	p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// procRun is one run of the job as a process reported it.
+type procRun struct {
+	slot       time.Time
+	instance   string
+	start, end time.Time // end is zero when the process died mid-run
+}
+
+// readRuns parses the output files of ps.
+func readRuns(t *testing.T, ps []*process) []procRun {
+	t.Helper()
+	var runs []procRun
+	for _, p := range ps {
+		f, err := os.Open(p.out)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		open := map[int64]int{}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) != 4 {
+				continue // a line cut short by kill -9
+			}
+			slot, err1 := strconv.ParseInt(fields[1], 10, 64)
+			at, err2 := strconv.ParseInt(fields[3], 10, 64)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			switch fields[0] {
+			case "start":
+				open[slot] = len(runs)
+				runs = append(runs, procRun{slot: time.Unix(0, slot), instance: fields[2], start: time.Unix(0, at)})
+			case "end":
+				if i, ok := open[slot]; ok {
+					runs[i].end = time.Unix(0, at)
+				}
+			}
+		}
+		f.Close()
+	}
+	slices.SortFunc(runs, func(a, b procRun) int { return a.start.Compare(b.start) })
+	return runs
+}
+
+func sharedSQLite(t *testing.T) string {
+	dsn := sqliteDSN(t)
+	sqlCluster(t, sqlite.Open, dsn) // migrates the tables
+	return dsn
+}
+
+// TestThreeProcessesOncePerSlot: three scheduler processes on "@every 1s"
+// for ten seconds run each slot exactly once and never overlap.
+func TestThreeProcessesOncePerSlot(t *testing.T) {
+	t.Parallel()
+	dsn := sharedSQLite(t)
+	var ps []*process
+	for _, inst := range []string{"p1", "p2", "p3"} {
+		ps = append(ps, startProcess(t, dsn, inst, 50*time.Millisecond, 2*time.Second, 10*time.Second))
+	}
+	for _, p := range ps {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			if err != nil {
+				t.Fatalf("process %s: %v", p.instance, err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("process %s still running", p.instance)
+		}
+	}
+	runs := readRuns(t, ps)
+	perSlot := map[time.Time]int{}
+	by := map[string]int{}
+	for i, r := range runs {
+		perSlot[r.slot]++
+		by[r.instance]++
+		if r.end.IsZero() {
+			t.Errorf("run of slot %v on %s never ended", r.slot, r.instance)
+		}
+		if i > 0 && r.start.Before(runs[i-1].end) {
+			t.Errorf("run of slot %v on %s overlaps the run of slot %v on %s", r.slot, r.instance, runs[i-1].slot, runs[i-1].instance)
+		}
+	}
+	for s, n := range perSlot {
+		if n != 1 {
+			t.Errorf("slot %v ran %d times", s, n)
+		}
+	}
+	if len(runs) < 8 {
+		t.Errorf("%d runs in ten seconds, want about ten", len(runs))
+	}
+	for i := 1; i < len(runs); i++ {
+		if d := runs[i].slot.Sub(runs[i-1].slot); d != time.Second {
+			t.Errorf("slot %v follows %v: %v apart", runs[i].slot, runs[i-1].slot, d)
+		}
+	}
+	t.Logf("%d slots run once each, by process: %v", len(runs), by)
+}
+
+// TestKilledProcessSlotsRunElsewhere kills a scheduler process with kill -9
+// in the middle of a run; once its lock's ttl has passed, the next slots
+// run on the other processes.
+func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
+	t.Parallel()
+	dsn := sharedSQLite(t)
+	const ttl = time.Second
+	var ps []*process
+	for _, inst := range []string{"k1", "k2", "k3"} {
+		ps = append(ps, startProcess(t, dsn, inst, 3*time.Second, ttl, 30*time.Second))
+	}
+	var victim procRun
+	waitFor(t, "a process to start a run", 20*time.Second, func() bool {
+		runs := readRuns(t, ps)
+		if len(runs) > 0 {
+			victim = runs[0]
+		}
+		return len(runs) > 0
+	})
+	for _, p := range ps {
+		if p.instance == victim.instance {
+			if err := p.cmd.Process.Kill(); err != nil { // SIGKILL: no release, no goodbye
+				t.Fatal(err)
+			}
+			<-p.done
+			p.done <- nil
+		}
+	}
+	killed := time.Now()
+	var next procRun
+	waitFor(t, "a run on another process", 20*time.Second, func() bool {
+		for _, r := range readRuns(t, ps) {
+			if r.instance != victim.instance {
+				next = r
+				return true
+			}
+		}
+		return false
+	})
+	if next.start.Before(killed) {
+		t.Errorf("slot %v ran on %s at %v, while %s still held the lock (killed at %v)",
+			next.slot, next.instance, next.start, victim.instance, killed)
+	}
+	// The lease outlives its holder by at most ttl; the next slot after
+	// that comes within a second.
+	if d := next.start.Sub(killed); d > ttl+time.Second+2*time.Second {
+		t.Errorf("next run %v after the kill, want within ttl %v + the interval (+ slack)", d, ttl)
+	}
+	if !next.slot.After(victim.slot) {
+		t.Errorf("slot %v ran after the killed run of slot %v", next.slot, victim.slot)
+	}
+	t.Logf("killed %s mid-run of slot %v; slot %v ran on %s %v after the kill",
+		victim.instance, victim.slot.Format(time.TimeOnly), next.slot.Format(time.TimeOnly), next.instance, next.start.Sub(killed))
+}
