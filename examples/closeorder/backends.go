@@ -208,6 +208,12 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 			return nil, err
 		}
 		return s, s.Migrate(ctx)
+	case "redis":
+		c, err := b.openRedis(ctx, u.hosts[0])
+		if err != nil {
+			return nil, err
+		}
+		return redislock.NewIdempotencyStore(c), nil
 	}
 	return nil, fmt.Errorf("%s: %w", u, errNoStore)
 }
