@@ -1,0 +1,52 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/scheduler"
+)
+
+func Example() {
+	// In production every node has its own client of a shared backend and
+	// slot store (Redis, SQL, etcd); here both are in-process.
+	g, err := guard.New(memory.New())
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := scheduler.New(g,
+		scheduler.WithSlotStore(idempotency.NewMemoryStore()),
+		scheduler.WithInstance("node-1"),
+		scheduler.WithRunObserver(func(r scheduler.RunRecord) {
+			// Record runs in your own database here.
+			_ = r.Outcome
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	done := make(chan struct{})
+	err = s.Add("@every 1s", "close-orders", func(ctx context.Context) error {
+		run, _ := scheduler.RunFrom(ctx)
+		// Pass run.Lock.Token() to the storage the job writes (fencing), and
+		// honour ctx: it is cancelled if the lock is lost.
+		fmt.Println("closing orders on", run.Instance, "with a fencing token:", run.Lock.Token() > 0)
+		close(done)
+		return nil
+	}, scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(200*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	s.Start()
+	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output: closing orders on node-1 with a fencing token: true
+}
