@@ -42,7 +42,8 @@ func newSlotSchedule(s cron.Schedule, anchor time.Time, clock func() time.Time) 
 
 // Next implements cron.Schedule.
 func (s *slotSchedule) Next(t time.Time) time.Time {
-	offset := s.clock().Sub(time.Now())
+	wall := time.Now()
+	offset := s.clock().Sub(wall)
 	slot := s.after(t.Add(offset))
 	if slot.IsZero() {
 		return slot // the spec never fires again

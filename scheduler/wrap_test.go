@@ -99,4 +99,3 @@ func TestGocronLocker(t *testing.T) {
 		return true
 	})
 }
-

@@ -1,0 +1,57 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+func TestEverySlotsAreAlignedToTheAnchor(t *testing.T) {
+	anchor := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := newSlotSchedule(cron.Every(10*time.Second), anchor, time.Now)
+	for _, c := range []struct{ v, want time.Time }{
+		{anchor.Add(3 * time.Second), anchor.Add(10 * time.Second)},
+		{anchor.Add(10 * time.Second), anchor.Add(20 * time.Second)}, // strictly after
+		{anchor.Add(-3 * time.Second), anchor},
+		{anchor.Add(-10 * time.Second), anchor},
+	} {
+		if got := s.after(c.v); !got.Equal(c.want) {
+			t.Errorf("after(%v) = %v, want %v", c.v, got, c.want)
+		}
+	}
+}
+
+func TestNextTranslatesAnOffsetClock(t *testing.T) {
+	const offset = 400 * time.Millisecond
+	s := newSlotSchedule(cron.Every(time.Second), time.Unix(0, 0), func() time.Time { return time.Now().Add(offset) })
+	now := time.Now()
+	next := s.Next(now)
+	slot, ok := s.fired()
+	if !ok {
+		t.Fatal("no slot recorded")
+	}
+	if slot.Truncate(time.Second) != slot {
+		t.Errorf("slot %v not on a whole second", slot)
+	}
+	// The timer fires when the skewed clock shows the slot: offset earlier
+	// in real time (give or take the two clock reads).
+	if d := slot.Sub(next) - offset; d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("Next = %v for slot %v: %v off the clock's offset", next, slot, d)
+	}
+	if _, ok := s.fired(); ok {
+		t.Error("a slot fired twice")
+	}
+}
+
+func TestSpecSlotIsTheSpecTime(t *testing.T) {
+	spec, err := cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow).Parse("*/5 * * * * *")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSlotSchedule(spec, time.Unix(0, 0), time.Now)
+	v := time.Date(2030, 1, 1, 0, 0, 7, 0, time.UTC)
+	if got, want := s.after(v), time.Date(2030, 1, 1, 0, 0, 10, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("after(%v) = %v, want %v", v, got, want)
+	}
+}
