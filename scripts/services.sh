@@ -309,11 +309,13 @@ start_zookeeper() {
 		return 0
 	fi
 	mkdir -p "$dir/conf" "$dir/data"
-	# A short tick so tests may ask for sessions as short as a second (the
-	# server raises shorter ones to minSessionTimeout); no connection limit
-	# because parallel test packages all connect from 127.0.0.1.
+	# A short tick: the server expires sessions in buckets of one tick, so
+	# a dead client's session ends at most a tick after its timeout (the
+	# kill -9 tests count on it); sessions stay at least a second long; no
+	# connection limit because parallel test packages all connect from
+	# 127.0.0.1.
 	cat >"$dir/conf/zoo.cfg" <<-EOF
-		tickTime=500
+		tickTime=200
 		minSessionTimeout=1000
 		maxSessionTimeout=60000
 		dataDir=$dir/data

@@ -249,9 +249,9 @@ func TestCancelledWaitersLeaveNoNode(t *testing.T) {
 			t.Errorf("cancelled waiter: got %v, want context.Canceled", err)
 		}
 	}
-	if names := children(t, probe, key); len(names) != 1 {
-		t.Fatalf("after the waiters returned, the lock has nodes %v, want only the holder's", names)
-	}
+	// A waiter cancelled between its create completing and Acquire seeing
+	// it leaves the delete to the background cleanup: wait for it, bounded.
+	eventually(t, "only the holder's node is left", func() bool { return len(children(t, probe, key)) == 1 })
 
 	// Deadlines that end at any point of an acquisition, the create included:
 	// a node made after the caller gave up is cleaned up in the background.
