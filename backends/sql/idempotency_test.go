@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	sqllock "github.com/warden-go/warden/backends/sql"
-	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/httpmw/httpmwtest"
+	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/idempotency/storetest"
 )
 

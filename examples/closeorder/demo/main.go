@@ -679,7 +679,7 @@ const settle = 1500 * time.Millisecond
 
 type summary struct {
 	orders, runs       int
-	created, paid      int
+	paid               int
 	closed, unpaidLeft int
 	perReplica         map[string]int
 	outcomes           map[string]int
