@@ -32,7 +32,8 @@ type cluster struct {
 	// node returns a Guard on a client of its own, as a separate process
 	// would have, closed when t ends.
 	node func(t *testing.T, opts ...guard.Option) *guard.Guard
-	// store is the shared slot store, nil where the backend has none yet.
+	// store is the shared slot store, nil where the backend has none yet
+	// (etcd).
 	store idempotency.Store
 }
 
@@ -60,11 +61,13 @@ func backends() []backend {
 		}},
 		{"redis", func(t *testing.T) cluster {
 			addr := backendtest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+			shared := goredis.NewClient(&goredis.Options{Addr: addr})
+			t.Cleanup(func() { shared.Close() })
 			return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
 				client := goredis.NewClient(&goredis.Options{Addr: addr})
 				t.Cleanup(func() { client.Close() })
 				return newGuard(t, redis.New(client), opts...)
-			}}
+			}, store: redis.NewIdempotencyStore(shared)}
 		}},
 		{"etcd", func(t *testing.T) cluster {
 			eps := backendtest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379")
@@ -134,14 +137,22 @@ func openDB(t *testing.T, open func(string) gorm.Dialector, dsn string) *gorm.DB
 }
 
 func sqlCluster(t *testing.T, open func(string) gorm.Dialector, dsn string) cluster {
-	l, err := sqllock.New(openDB(t, open, dsn))
+	db := openDB(t, open, dsn)
+	l, err := sqllock.New(db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
+	store, err := sqllock.NewIdempotencyStore(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return cluster{store: store, node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
 		l, err := sqllock.New(openDB(t, open, dsn))
 		if err != nil {
 			t.Fatal(err)

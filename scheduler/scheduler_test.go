@@ -151,11 +151,12 @@ func stop(t *testing.T, s *scheduler.Scheduler) {
 }
 
 // clusterJobOptions: without a slot store, once per slot rests on
-// LockAtLeastFor, which must cover the nodes' skew (400 ms here) and stay
-// under the interval.
-func clusterJobOptions(c cluster) []scheduler.JobOption {
+// LockAtLeastFor, which must cover the nodes' skew and, with the time taken
+// to acquire, stay under the interval: 300 ms for nodes on one clock, 600 ms
+// when one runs 400 ms ahead.
+func clusterJobOptions(c cluster, atLeast time.Duration) []scheduler.JobOption {
 	if c.store == nil {
-		return []scheduler.JobOption{scheduler.LockAtLeastFor(700 * time.Millisecond)}
+		return []scheduler.JobOption{scheduler.LockAtLeastFor(atLeast)}
 	}
 	return nil
 }
@@ -175,7 +176,7 @@ func TestThreeSchedulersOncePerSlot(t *testing.T) {
 			var nodes []*scheduler.Scheduler
 			for _, inst := range []string{"a", "b", "c"} {
 				s := newScheduler(t, c.node(t), scheduler.WithInstance(inst), scheduler.WithSlotStore(c.store), scheduler.WithRunObserver(j.observe))
-				if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c)...); err != nil {
+				if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c, 300*time.Millisecond)...); err != nil {
 					t.Fatal(err)
 				}
 				nodes = append(nodes, s)
@@ -206,7 +207,7 @@ func TestClockOffsetOncePerSlot(t *testing.T) {
 			add := func(inst string, opts ...scheduler.Option) *scheduler.Scheduler {
 				s := newScheduler(t, c.node(t), append(opts, scheduler.WithInstance(inst),
 					scheduler.WithSlotStore(c.store), scheduler.WithRunObserver(j.observe))...)
-				if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c)...); err != nil {
+				if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c, 600*time.Millisecond)...); err != nil {
 					t.Fatal(err)
 				}
 				return s
