@@ -212,7 +212,9 @@ func testMutualExclusion(t *testing.T, b *Backend) {
 			go func() {
 				defer wg.Done()
 				for range rounds {
-					lease, err := l.Acquire(ctx, k, b.opts(true))
+					o := b.opts(true)
+					o.Fair = b.FIFO // a FIFO backend's fair path must exclude as well
+					lease, err := l.Acquire(ctx, k, o)
 					if err != nil {
 						errs <- fmt.Errorf("acquire: %w", err)
 						return
@@ -274,6 +276,22 @@ func testExpiry(t *testing.T, b *Backend) {
 		if err := stale.Release(ctx); !errors.Is(err, guard.ErrNotHeld) {
 			t.Errorf("Release of an expired, taken-over lease: got %v, want ErrNotHeld", err)
 		}
+	} else {
+		// The abandoned client must learn that its lease is gone, through
+		// Done or through Refresh: that is what lets guard cancel the work
+		// the lease guarded.
+		b.eventually(t, "the abandoned lease reports its loss", func() bool {
+			if done := stale.Done(); done != nil {
+				select {
+				case <-done:
+					return true
+				default:
+				}
+			}
+			rctx, cancel := context.WithTimeout(ctx, b.ttl())
+			defer cancel()
+			return errors.Is(stale.Refresh(rctx, b.ttl()), guard.ErrNotHeld)
+		})
 	}
 	expectNotAcquired(t, b.NewLocker(t), ctx, k, b.opts(false))
 	release(t, next)
