@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/backendtest"
 	"github.com/warden-go/warden/guard"
 )
 
@@ -131,8 +131,8 @@ func TestCutConnection(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			eps := endpoints(t)
-			p := startProxy(t, eps[0])
-			holder, _ := newLocker(t, []string{p.addr()})
+			p := backendtest.StartProxy(t, eps[0])
+			holder, _ := newLocker(t, []string{p.Addr()})
 			waiter, c := newLocker(t, eps)
 			key := fmt.Sprintf("cut/%s/%d", name, time.Now().UnixNano())
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -160,7 +160,11 @@ func TestCutConnection(t *testing.T) {
 			}()
 			waitFor(t, "the waiter is queued", func() bool { return len(keysUnder(t, c, waiter, key)) == 2 })
 
-			p.cut(blackhole)
+			if blackhole {
+				p.Blackhole()
+			} else {
+				p.Cut()
+			}
 			r := <-got
 			if r.err != nil {
 				t.Fatalf("waiter: %v", r.err)
@@ -240,84 +244,5 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// proxy forwards TCP connections to a server until cut.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu        sync.Mutex
-	conns     []net.Conn
-	blackhole bool
-}
-
-func startProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target}
-	go p.serve()
-	t.Cleanup(func() { p.cut(false) })
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	for {
-		down, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			down.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, down, up)
-		p.mu.Unlock()
-		go p.pipe(up, down)
-		go p.pipe(down, up)
-	}
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if err != nil {
-			dst.Close()
-			return
-		}
-		p.mu.Lock()
-		drop := p.blackhole
-		p.mu.Unlock()
-		if drop {
-			continue
-		}
-		if _, err := dst.Write(buf[:n]); err != nil {
-			src.Close()
-			return
-		}
-	}
-}
-
-// cut closes every connection and refuses new ones or, with blackhole, keeps
-// them open and accepting but drops every byte, as a network partition does.
-func (p *proxy) cut(blackhole bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if blackhole {
-		p.blackhole = true
-		return
-	}
-	p.ln.Close()
-	for _, c := range p.conns {
-		c.Close()
 	}
 }

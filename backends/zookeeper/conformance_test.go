@@ -13,14 +13,14 @@ func TestConformance(t *testing.T) {
 	probe := dial(t, srv)
 	var (
 		mu      sync.Mutex
-		proxies = map[guard.Locker]*proxy{}
+		proxies = map[guard.Locker]*backendtest.Proxy{}
 	)
 	backendtest.Run(t, backendtest.Backend{
 		// Every client goes through its own proxy, so that Abandon can cut
 		// it off as a crash would: the session then expires on the server,
 		// which a Close (it ends the session at once) would not show.
 		NewLocker: func(t testing.TB) guard.Locker {
-			p := startProxy(t, srv[0])
+			p := backendtest.StartProxy(t, srv[0])
 			l := dial(t, []string{p.Addr()})
 			mu.Lock()
 			proxies[l] = p

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/backendtest"
 	"github.com/warden-go/warden/guard"
 )
 
@@ -128,7 +129,7 @@ func TestLostConnectionFiresDoneFirst(t *testing.T) {
 	for _, mode := range []string{"cut", "blackhole"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := servers(t)
-			p := startProxy(t, srv[0])
+			p := backendtest.StartProxy(t, srv[0])
 			holder, other, probe := dial(t, []string{p.Addr()}), dial(t, srv), dial(t, srv)
 			key := testKey(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
