@@ -42,10 +42,7 @@ type Guard struct {
 	backend        string
 	logger         *slog.Logger
 	tel            *telemetry
-	// explicitTracing: spans are started for every acquisition, not only
-	// under a recording parent span.
-	explicitTracing bool
-	wd              watchdog
+	wd             watchdog
 }
 
 // New returns a Guard over locker.
@@ -75,10 +72,6 @@ func New(locker Locker, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("%w: prefix: %w", ErrInvalidOption, err)
 		}
 	}
-	explicit := c.tracerProvider != nil
-	if c.tracerProvider == nil {
-		c.tracerProvider = otel.GetTracerProvider()
-	}
 	if c.meterProvider == nil {
 		c.meterProvider = otel.GetMeterProvider()
 	}
@@ -90,14 +83,13 @@ func New(locker Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("warden: telemetry: %w", err)
 	}
 	g := &Guard{
-		locker:          locker,
-		prefix:          c.prefix,
-		ttl:             c.ttl,
-		releaseTimeout:  c.releaseTimeout,
-		backend:         c.backend,
-		logger:          c.logger,
-		tel:             tel,
-		explicitTracing: explicit,
+		locker:         locker,
+		prefix:         c.prefix,
+		ttl:            c.ttl,
+		releaseTimeout: c.releaseTimeout,
+		backend:        c.backend,
+		logger:         c.logger,
+		tel:            tel,
 	}
 	g.wd.g = g
 	return g, nil
@@ -242,8 +234,9 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 
 	start := time.Now()
 	var span trace.Span
-	if g.explicitTracing || trace.SpanFromContext(ctx).IsRecording() {
-		_, span = g.tel.startSpan(ctx, "warden.acquire", key)
+	tracer := g.tel.tracerFor(ctx)
+	if tracer != nil {
+		_, span = g.tel.startSpan(ctx, tracer, "warden.acquire", key)
 	}
 	actx := ctx
 	if c.wait > 0 {
@@ -283,7 +276,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
 		var sctx context.Context
-		sctx, l.span = g.tel.startSpan(lctx, "warden.section", key)
+		sctx, l.span = g.tel.startSpan(lctx, tracer, "warden.section", key)
 		if l.span != nil {
 			l.span.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
 			l.ctx.Context = sctx

@@ -46,9 +46,9 @@ func WithBackendName(name string) Option { return func(c *config) { c.backend = 
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithTracerProvider sets where spans go, and records a span for every
-// acquisition and critical section. Without it, spans go to the otel global
-// provider and are started only under a recording parent span (a traced
-// request or job), so a program that traces nothing pays nothing for them.
+// acquisition and critical section. Without it, spans are started only under
+// a recording parent span (a traced request or job), with that span's own
+// provider, so a program that traces nothing pays nothing for them.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracerProvider = tp }
 }

@@ -24,6 +24,8 @@ const (
 // telemetry holds the instruments of one Guard. Measurement options are built
 // once so that recording costs no allocation on the hot path.
 type telemetry struct {
+	// tracer is set when the Guard was given a TracerProvider; otherwise
+	// spans use the provider of the recording parent span, if any.
 	tracer trace.Tracer
 
 	acquireDuration metric.Float64Histogram
@@ -42,7 +44,6 @@ type telemetry struct {
 func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(instrumentation)
 	t := &telemetry{
-		tracer:      tp.Tracer(instrumentation),
 		backendAttr: attribute.String("warden.backend", backend),
 		byOutcome:   map[string][]metric.RecordOption{},
 	}
@@ -67,6 +68,9 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 		metric.WithDescription("Watchdog refreshes that failed (transient or final).")); err != nil {
 		return nil, err
 	}
+	if tp != nil {
+		t.tracer = tp.Tracer(instrumentation)
+	}
 	t.onBackend = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
 	for _, o := range []string{outcomeAcquired, outcomeReentered, outcomeNotAcquired, outcomeCanceled, outcomeError} {
 		t.byOutcome[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.outcome", o)))}
@@ -84,10 +88,22 @@ func (t *telemetry) acquired(ctx context.Context, outcome string, took time.Dura
 	}
 }
 
+// tracerFor returns the tracer for spans under ctx, or nil when nothing
+// would record them: the Guard's own, else that of ctx's recording span.
+func (t *telemetry) tracerFor(ctx context.Context) trace.Tracer {
+	if t.tracer != nil {
+		return t.tracer
+	}
+	if parent := trace.SpanFromContext(ctx); parent.IsRecording() {
+		return parent.TracerProvider().Tracer(instrumentation)
+	}
+	return nil
+}
+
 // startSpan starts a span and hands back a nil span when it is not
 // recorded, so that callers skip building attributes nobody will see.
-func (t *telemetry) startSpan(ctx context.Context, name, key string) (context.Context, trace.Span) {
-	sctx, span := t.tracer.Start(ctx, name)
+func (t *telemetry) startSpan(ctx context.Context, tracer trace.Tracer, name, key string) (context.Context, trace.Span) {
+	sctx, span := tracer.Start(ctx, name)
 	if !span.IsRecording() {
 		return ctx, nil
 	}

@@ -93,3 +93,32 @@ func TestSpansAndMetrics(t *testing.T) {
 		t.Errorf("metrics: %v", sums)
 	}
 }
+
+// Without WithTracerProvider, spans follow the caller's recording span, on
+// that span's provider; with no recording span, none are made.
+func TestSpansFollowTheParentSpan(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	g := newGuard(t, newFaulty())
+	noop := func(context.Context, *guard.Lock) error { return nil }
+
+	if err := g.Do(context.Background(), "untraced", noop); err != nil {
+		t.Fatal(err)
+	}
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
+	if err := g.Do(ctx, "traced", noop); err != nil {
+		t.Fatal(err)
+	}
+	parent.End()
+
+	var names []string
+	for _, s := range spans.Ended() {
+		names = append(names, s.Name())
+		if s.Name() != "request" && s.Parent().SpanID() != parent.SpanContext().SpanID() {
+			t.Errorf("span %s is not a child of the request span", s.Name())
+		}
+	}
+	if len(names) != 3 {
+		t.Fatalf("spans %v, want warden.acquire and warden.section under request only", names)
+	}
+}
