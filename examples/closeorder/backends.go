@@ -214,6 +214,12 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 			return nil, err
 		}
 		return redislock.NewIdempotencyStore(c), nil
+	case "etcd":
+		c, err := b.openEtcd(ctx, u.hosts)
+		if err != nil {
+			return nil, err
+		}
+		return etcdlock.NewIdempotencyStore(c)
 	}
 	return nil, fmt.Errorf("%s: %w", u, errNoStore)
 }
