@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,68 +29,197 @@ import (
 	"github.com/warden-go/warden/idempotency"
 )
 
-// cluster is a shared lock backend (and slot store, where the backend has
-// one) that several schedulers, each with a client of its own, run on.
+// cluster is a shared lock backend and slot store that several schedulers,
+// each with a client of its own, run on.
 type cluster struct {
 	// node returns a Guard on a client of its own, as a separate process
 	// would have, closed when t ends.
 	node func(t *testing.T, opts ...guard.Option) *guard.Guard
-	// store is the shared slot store, nil where the backend has none yet
-	// (etcd).
+	// store is the shared slot store; nil for the one case kept without
+	// (etcd-nostore).
 	store idempotency.Store
+	// ttl is a short lock TTL the backend takes (etcd's minimum): the
+	// tests that wait for a lease to expire or be checked use it.
+	ttl time.Duration
+	// lockSpec and storeSpec tell a scheduler process where the lock
+	// backend and the slot store are (see specLocker and specStore); empty
+	// for memory, which no other process can reach.
+	lockSpec, storeSpec string
+	// steal takes the lock named name (as the job passed it to guard, whose
+	// default prefix the backend sees) away from its holder behind its
+	// back, as an operator or a lost lease would; nil for memory, whose
+	// leases only go by outliving their TTL unrefreshed.
+	steal func(t *testing.T, name string)
 }
 
 type backend struct {
 	name  string
 	setup func(t *testing.T) cluster
+	// noStore marks the case run without a slot store.
+	noStore bool
 }
+
+const (
+	redisEnv, redisDef = "WARDEN_REDIS_ADDR", "127.0.0.1:16379"
+	etcdEnv, etcdDef   = "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379"
+)
 
 func backends() []backend {
 	return []backend{
-		{"memory", func(t *testing.T) cluster {
-			locker, store := memory.New(), idempotency.NewMemoryStore()
-			return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard { return newGuard(t, locker, opts...) }, store: store}
+		{name: "memory", setup: func(t *testing.T) cluster {
+			locker := memory.New()
+			return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard { return newGuard(t, locker, opts...) },
+				store: idempotency.NewMemoryStore(), ttl: 600 * time.Millisecond}
 		}},
-		{"sqlite", func(t *testing.T) cluster {
-			return sqlCluster(t, sqlite.Open, sqliteDSN(t))
+		{name: "sqlite", setup: func(t *testing.T) cluster {
+			return sqlCluster(t, "sqlite", sqliteDSN(t))
 		}},
-		{"postgres", func(t *testing.T) cluster {
-			return sqlCluster(t, postgres.Open, reachableDSN(t, "WARDEN_POSTGRES_DSN",
+		{name: "postgres", setup: func(t *testing.T) cluster {
+			return sqlCluster(t, "postgres", reachableDSN(t, "WARDEN_POSTGRES_DSN",
 				"postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable", postgres.Open))
 		}},
-		{"mysql", func(t *testing.T) cluster {
-			return sqlCluster(t, mysql.Open, reachableDSN(t, "WARDEN_MYSQL_DSN",
+		{name: "mysql", setup: func(t *testing.T) cluster {
+			return sqlCluster(t, "mysql", reachableDSN(t, "WARDEN_MYSQL_DSN",
 				"warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true", mysql.Open))
 		}},
-		{"redis", func(t *testing.T) cluster {
-			addr := backendtest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
-			shared := goredis.NewClient(&goredis.Options{Addr: addr})
-			t.Cleanup(func() { shared.Close() })
-			return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
-				client := goredis.NewClient(&goredis.Options{Addr: addr})
-				t.Cleanup(func() { client.Close() })
-				return newGuard(t, redis.New(client), opts...)
-			}, store: redis.NewIdempotencyStore(shared)}
+		{name: "redis", setup: func(t *testing.T) cluster {
+			spec := "redis|" + backendtest.Addr(t, redisEnv, redisDef)
+			thief := redisClient(t, spec)
+			return cluster{
+				node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
+					return newGuard(t, specLocker(t, spec), opts...)
+				},
+				store:    specStore(t, spec),
+				ttl:      600 * time.Millisecond,
+				lockSpec: spec, storeSpec: spec,
+				steal: func(t *testing.T, name string) {
+					// The layout of backends/redis/doc.go, with both default
+					// prefixes (the Locker's and guard's).
+					key := "warden:{warden:" + name + "}:lock"
+					if n, err := thief.Del(context.Background(), key).Result(); err != nil || n != 1 {
+						t.Fatalf("DEL %s: %d keys, %v", key, n, err)
+					}
+				},
+			}
 		}},
-		{"etcd", func(t *testing.T) cluster {
-			eps := backendtest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379")
-			return cluster{node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
-				client, err := clientv3.New(clientv3.Config{Endpoints: []string{eps}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-				if err != nil {
-					t.Fatal(err)
-				}
-				locker, err := etcd.New(client)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					locker.Close(context.Background())
-					client.Close()
-				})
-				return newGuard(t, locker, opts...)
-			}}
+		{name: "etcd", setup: func(t *testing.T) cluster {
+			c := etcdCluster(t)
+			c.storeSpec = c.lockSpec
+			c.store = specStore(t, c.storeSpec)
+			return c
 		}},
+		{name: "etcd-nostore", noStore: true, setup: etcdCluster},
 	}
+}
+
+func etcdCluster(t *testing.T) cluster {
+	spec := "etcd|" + backendtest.Addr(t, etcdEnv, etcdDef)
+	thief := etcdClient(t, spec)
+	return cluster{
+		node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
+			return newGuard(t, specLocker(t, spec), opts...)
+		},
+		ttl:      etcd.MinTTL,
+		lockSpec: spec,
+		steal: func(t *testing.T, name string) {
+			// The contender keys of backends/etcd/doc.go: deleting the
+			// holder's is what a Refresh finds gone.
+			dir := etcd.DefaultKeyPrefix + "/" + url.PathEscape("warden:"+name) + "/"
+			resp, err := thief.Delete(context.Background(), dir, clientv3.WithPrefix())
+			if err != nil || resp.Deleted != 1 {
+				t.Fatalf("delete %s*: %v", dir, err)
+			}
+		},
+	}
+}
+
+// eachBackend runs scenario on every backend keep accepts, each in its own
+// subtest, all at once. The subtests are not t.Parallel: go test runs at
+// most GOMAXPROCS parallel tests at a time, which on a two-core machine
+// would run these scenarios, ten seconds each and mostly waiting on timers,
+// two at a time. t.Run may be called from several goroutines.
+func eachBackend(t *testing.T, keep func(backend) bool, scenario func(t *testing.T, b backend)) {
+	var wg sync.WaitGroup
+	for _, b := range backends() {
+		if keep != nil && !keep(b) {
+			continue
+		}
+		wg.Go(func() { t.Run(b.name, func(t *testing.T) { scenario(t, b) }) })
+	}
+	wg.Wait()
+}
+
+var dialects = map[string]func(string) gorm.Dialector{"sqlite": sqlite.Open, "postgres": postgres.Open, "mysql": mysql.Open}
+
+// specLocker returns a new client of the lock backend spec names
+// ("kind|address"), closed when t ends.
+func specLocker(t *testing.T, spec string) guard.Locker {
+	t.Helper()
+	kind, addr, _ := strings.Cut(spec, "|")
+	switch kind {
+	case "redis":
+		return redis.New(redisClient(t, spec))
+	case "etcd":
+		locker, err := etcd.New(etcdClient(t, spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { locker.Close(context.Background()) })
+		return locker
+	}
+	open, ok := dialects[kind]
+	if !ok {
+		t.Fatalf("unknown lock backend %q", spec)
+	}
+	l, err := sqllock.New(openDB(t, open, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// specStore returns a new client of the slot store spec names, whose
+// tables (SQL) the caller has migrated.
+func specStore(t *testing.T, spec string) idempotency.Store {
+	t.Helper()
+	kind, addr, _ := strings.Cut(spec, "|")
+	switch kind {
+	case "redis":
+		return redis.NewIdempotencyStore(redisClient(t, spec))
+	case "etcd":
+		s, err := etcd.NewIdempotencyStore(etcdClient(t, spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	open, ok := dialects[kind]
+	if !ok {
+		t.Fatalf("unknown slot store %q", spec)
+	}
+	s, err := sqllock.NewIdempotencyStore(openDB(t, open, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func redisClient(t *testing.T, spec string) *goredis.Client {
+	_, addr, _ := strings.Cut(spec, "|")
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func etcdClient(t *testing.T, spec string) *clientv3.Client {
+	t.Helper()
+	_, eps, _ := strings.Cut(spec, "|")
+	c, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func newGuard(t *testing.T, l guard.Locker, opts ...guard.Option) *guard.Guard {
@@ -136,29 +268,44 @@ func openDB(t *testing.T, open func(string) gorm.Dialector, dsn string) *gorm.DB
 	return db
 }
 
-func sqlCluster(t *testing.T, open func(string) gorm.Dialector, dsn string) cluster {
-	db := openDB(t, open, dsn)
-	l, err := sqllock.New(db)
+// sqlStore migrates the idempotency table at dsn and returns a store on it.
+func sqlStore(t *testing.T, kind, dsn string) idempotency.Store {
+	t.Helper()
+	s, err := sqllock.NewIdempotencyStore(openDB(t, dialects[kind], dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func sqlCluster(t *testing.T, kind, dsn string) cluster {
+	open := dialects[kind]
+	spec := kind + "|" + dsn
+	l, err := sqllock.New(openDB(t, open, dsn))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	store, err := sqllock.NewIdempotencyStore(db)
-	if err != nil {
-		t.Fatal(err)
+	thief := openDB(t, open, dsn)
+	return cluster{
+		node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
+			return newGuard(t, specLocker(t, spec), opts...)
+		},
+		store:    sqlStore(t, kind, dsn),
+		ttl:      600 * time.Millisecond,
+		lockSpec: spec, storeSpec: spec,
+		steal: func(t *testing.T, name string) {
+			res := thief.Exec("UPDATE warden_locks SET owner = 'thief', version = version + 1 WHERE name = ?", "warden:"+name)
+			if res.Error != nil || res.RowsAffected != 1 {
+				t.Fatalf("steal %s: %d rows, %v", name, res.RowsAffected, res.Error)
+			}
+		},
 	}
-	if err := store.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return cluster{store: store, node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
-		l, err := sqllock.New(openDB(t, open, dsn))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return newGuard(t, l, opts...)
-	}}
 }
 
 // uniqueName keeps tests sharing a server out of each other's locks.

@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/glebarez/sqlite"
-
-	sqllock "github.com/warden-go/warden/backends/sql"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/scheduler"
 )
@@ -24,7 +21,9 @@ import (
 // The environment of a scheduler process started by startProcess.
 const (
 	helperEnv   = "WARDEN_SCHEDULER_HELPER"
-	dsnEnv      = "WARDEN_SCHEDULER_DSN"
+	lockEnv     = "WARDEN_SCHEDULER_LOCK"
+	storeEnv    = "WARDEN_SCHEDULER_STORE"
+	jobEnv      = "WARDEN_SCHEDULER_JOB"
 	outEnv      = "WARDEN_SCHEDULER_OUT"
 	instanceEnv = "WARDEN_SCHEDULER_INSTANCE"
 	workEnv     = "WARDEN_SCHEDULER_WORK"
@@ -33,10 +32,10 @@ const (
 )
 
 // TestHelperScheduler is not a test: it is the body of a scheduler process
-// that the multi-process tests start from this test binary. It runs the
-// job "tick" on "@every 1s" over the shared SQLite file, and appends a
-// "start|end slot instance unix-nanos" line to its output file around each
-// run.
+// that the multi-process tests start from this test binary. It runs a job
+// on "@every 1s" under the lock backend and with the slot store its
+// environment names, and appends a "start|end slot instance unix-nanos"
+// line to its output file around each run.
 func TestHelperScheduler(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("the body of a scheduler process; run by the multi-process tests")
@@ -59,17 +58,14 @@ func TestHelperScheduler(t *testing.T) {
 		// at any moment, or after a kill -9.
 		fmt.Fprintf(out, "%s %d %s %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano())
 	}
-	l, err := sqllock.New(openDB(t, sqlite.Open, os.Getenv(dsnEnv)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := newGuard(t, l, guard.WithTTL(dur(ttlEnv)))
-	s, err := scheduler.New(g, scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)))
+	g := newGuard(t, specLocker(t, os.Getenv(lockEnv)), guard.WithTTL(dur(ttlEnv)))
+	s, err := scheduler.New(g, scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)),
+		scheduler.WithSlotStore(specStore(t, os.Getenv(storeEnv))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	work := dur(workEnv)
-	err = s.Add("@every 1s", "tick", func(ctx context.Context) error {
+	err = s.Add("@every 1s", os.Getenv(jobEnv), func(ctx context.Context) error {
 		run, _ := scheduler.RunFrom(ctx)
 		note("start", run.Slot)
 		t := time.NewTimer(work)
@@ -80,7 +76,7 @@ func TestHelperScheduler(t *testing.T) {
 		}
 		note("end", run.Slot)
 		return nil
-	}, scheduler.LockAtLeastFor(700*time.Millisecond))
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,12 +96,14 @@ type process struct {
 	done     chan error
 }
 
-// startProcess starts a scheduler process on the SQLite file dsn.
-func startProcess(t *testing.T, dsn, instance string, work, ttl, runFor time.Duration) *process {
+// startProcess starts a scheduler process running job on c's lock backend
+// and slot store.
+func startProcess(t *testing.T, c cluster, job, instance string, work, ttl, runFor time.Duration) *process {
 	t.Helper()
 	p := &process{instance: instance, out: filepath.Join(t.TempDir(), instance+".log"), done: make(chan error, 1)}
 	p.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperScheduler$", "-test.count=1")
-	p.cmd.Env = append(os.Environ(), helperEnv+"=1", dsnEnv+"="+dsn, outEnv+"="+p.out, instanceEnv+"="+instance,
+	p.cmd.Env = append(os.Environ(), helperEnv+"=1", lockEnv+"="+c.lockSpec, storeEnv+"="+c.storeSpec, jobEnv+"="+job,
+		outEnv+"="+p.out, instanceEnv+"="+instance,
 		workEnv+"="+work.String(), ttlEnv+"="+ttl.String(), runForEnv+"="+runFor.String())
 	p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
 	if err := p.cmd.Start(); err != nil {
@@ -166,59 +164,62 @@ func readRuns(t *testing.T, ps []*process) []procRun {
 	return runs
 }
 
-func sharedSQLite(t *testing.T) string {
-	dsn := sqliteDSN(t)
-	sqlCluster(t, sqlite.Open, dsn) // migrates the tables
-	return dsn
-}
+// processBackends keeps the backends the multi-process tests run on: those
+// another process can reach, less MySQL, whose lock and store code is the
+// SQL backend's already run on SQLite and PostgreSQL here and in-process in
+// the cluster tests.
+func processBackends(b backend) bool { return b.name != "memory" && b.name != "mysql" && !b.noStore }
 
 // TestThreeProcessesOncePerSlot: three scheduler processes on "@every 1s"
 // for ten seconds run each slot exactly once and never overlap.
 func TestThreeProcessesOncePerSlot(t *testing.T) {
 	t.Parallel()
-	dsn := sharedSQLite(t)
-	var ps []*process
-	for _, inst := range []string{"p1", "p2", "p3"} {
-		ps = append(ps, startProcess(t, dsn, inst, 50*time.Millisecond, 2*time.Second, 10*time.Second))
-	}
-	for _, p := range ps {
-		select {
-		case err := <-p.done:
-			p.done <- err
-			if err != nil {
-				t.Fatalf("process %s: %v", p.instance, err)
+	eachBackend(t, processBackends, func(t *testing.T, b backend) {
+		c := b.setup(t)
+		job := uniqueName("tick")
+		var ps []*process
+		for _, inst := range []string{"p1", "p2", "p3"} {
+			ps = append(ps, startProcess(t, c, job, inst, 50*time.Millisecond, c.ttl, 10*time.Second))
+		}
+		for _, p := range ps {
+			select {
+			case err := <-p.done:
+				p.done <- err
+				if err != nil {
+					t.Fatalf("process %s: %v", p.instance, err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("process %s still running", p.instance)
 			}
-		case <-time.After(60 * time.Second):
-			t.Fatalf("process %s still running", p.instance)
 		}
-	}
-	runs := readRuns(t, ps)
-	perSlot := map[time.Time]int{}
-	by := map[string]int{}
-	for i, r := range runs {
-		perSlot[r.slot]++
-		by[r.instance]++
-		if r.end.IsZero() {
-			t.Errorf("run of slot %v on %s never ended", r.slot, r.instance)
+		runs := readRuns(t, ps)
+		perSlot := map[time.Time]int{}
+		by := map[string]int{}
+		for i, r := range runs {
+			perSlot[r.slot]++
+			by[r.instance]++
+			if r.end.IsZero() {
+				t.Errorf("run of slot %v on %s never ended", r.slot, r.instance)
+			}
+			if i > 0 && r.start.Before(runs[i-1].end) {
+				t.Errorf("run of slot %v on %s overlaps the run of slot %v on %s", r.slot, r.instance, runs[i-1].slot, runs[i-1].instance)
+			}
 		}
-		if i > 0 && r.start.Before(runs[i-1].end) {
-			t.Errorf("run of slot %v on %s overlaps the run of slot %v on %s", r.slot, r.instance, runs[i-1].slot, runs[i-1].instance)
+		for s, n := range perSlot {
+			if n != 1 {
+				t.Errorf("slot %v ran %d times", s, n)
+			}
 		}
-	}
-	for s, n := range perSlot {
-		if n != 1 {
-			t.Errorf("slot %v ran %d times", s, n)
+		if len(runs) < 8 {
+			t.Errorf("%d runs in ten seconds, want about ten", len(runs))
 		}
-	}
-	if len(runs) < 8 {
-		t.Errorf("%d runs in ten seconds, want about ten", len(runs))
-	}
-	for i := 1; i < len(runs); i++ {
-		if d := runs[i].slot.Sub(runs[i-1].slot); d != time.Second {
-			t.Errorf("slot %v follows %v: %v apart", runs[i].slot, runs[i-1].slot, d)
+		for i := 1; i < len(runs); i++ {
+			if d := runs[i].slot.Sub(runs[i-1].slot); d != time.Second {
+				t.Errorf("slot %v follows %v: %v apart", runs[i].slot, runs[i-1].slot, d)
+			}
 		}
-	}
-	t.Logf("%d slots run once each, by process: %v", len(runs), by)
+		t.Logf("%d slots run once each, by process: %v", len(runs), by)
+	})
 }
 
 // TestKilledProcessSlotsRunElsewhere kills a scheduler process with kill -9
@@ -226,52 +227,60 @@ func TestThreeProcessesOncePerSlot(t *testing.T) {
 // run on the other processes.
 func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
 	t.Parallel()
-	dsn := sharedSQLite(t)
-	const ttl = time.Second
-	var ps []*process
-	for _, inst := range []string{"k1", "k2", "k3"} {
-		ps = append(ps, startProcess(t, dsn, inst, 3*time.Second, ttl, 30*time.Second))
-	}
-	var victim procRun
-	waitFor(t, "a process to start a run", 20*time.Second, func() bool {
-		runs := readRuns(t, ps)
-		if len(runs) > 0 {
-			victim = runs[0]
+	eachBackend(t, processBackends, func(t *testing.T, b backend) {
+		c := b.setup(t)
+		job := uniqueName("killed")
+		ttl := c.ttl
+		var ps []*process
+		for _, inst := range []string{"k1", "k2", "k3"} {
+			ps = append(ps, startProcess(t, c, job, inst, ttl+2*time.Second, ttl, 60*time.Second))
 		}
-		return len(runs) > 0
-	})
-	for _, p := range ps {
-		if p.instance == victim.instance {
-			if err := p.cmd.Process.Kill(); err != nil { // SIGKILL: no release, no goodbye
-				t.Fatal(err)
+		var victim procRun
+		waitFor(t, "a process to start a run", 20*time.Second, func() bool {
+			runs := readRuns(t, ps)
+			if len(runs) > 0 {
+				victim = runs[0]
 			}
-			<-p.done
-			p.done <- nil
+			return len(runs) > 0
+		})
+		for _, p := range ps {
+			if p.instance == victim.instance {
+				if err := p.cmd.Process.Kill(); err != nil { // SIGKILL: no release, no goodbye
+					t.Fatal(err)
+				}
+				<-p.done
+				p.done <- nil
+			}
 		}
-	}
-	killed := time.Now()
-	var next procRun
-	waitFor(t, "a run on another process", 20*time.Second, func() bool {
+		killed := time.Now()
+		var next procRun
+		waitFor(t, "a run on another process", 20*time.Second, func() bool {
+			for _, r := range readRuns(t, ps) {
+				if r.instance != victim.instance {
+					next = r
+					return true
+				}
+			}
+			return false
+		})
 		for _, r := range readRuns(t, ps) {
-			if r.instance != victim.instance {
-				next = r
-				return true
+			if r.instance == victim.instance && r.slot.Equal(victim.slot) && !r.end.IsZero() {
+				t.Fatalf("the run of slot %v ended before the kill: not a kill mid-run", victim.slot)
 			}
 		}
-		return false
+		if next.start.Before(killed) {
+			t.Errorf("slot %v ran on %s at %v, while %s still held the lock (killed at %v)",
+				next.slot, next.instance, next.start, victim.instance, killed)
+		}
+		// The lease outlives its holder by at most ttl; the next slot after
+		// that comes within a second.
+		if d := next.start.Sub(killed); d > ttl+time.Second+2*time.Second {
+			t.Errorf("next run %v after the kill, want within ttl %v + the interval (+ slack)", d, ttl)
+		}
+		if !next.slot.After(victim.slot) {
+			t.Errorf("slot %v ran after the killed run of slot %v", next.slot, victim.slot)
+		}
+		t.Logf("killed %s mid-run of slot %v; slot %v ran on %s %v after the kill",
+			victim.instance, victim.slot.Format(time.TimeOnly), next.slot.Format(time.TimeOnly), next.instance, next.start.Sub(killed))
 	})
-	if next.start.Before(killed) {
-		t.Errorf("slot %v ran on %s at %v, while %s still held the lock (killed at %v)",
-			next.slot, next.instance, next.start, victim.instance, killed)
-	}
-	// The lease outlives its holder by at most ttl; the next slot after
-	// that comes within a second.
-	if d := next.start.Sub(killed); d > ttl+time.Second+2*time.Second {
-		t.Errorf("next run %v after the kill, want within ttl %v + the interval (+ slack)", d, ttl)
-	}
-	if !next.slot.After(victim.slot) {
-		t.Errorf("slot %v ran after the killed run of slot %v", next.slot, victim.slot)
-	}
-	t.Logf("killed %s mid-run of slot %v; slot %v ran on %s %v after the kill",
-		victim.instance, victim.slot.Format(time.TimeOnly), next.slot.Format(time.TimeOnly), next.instance, next.start.Sub(killed))
 }
