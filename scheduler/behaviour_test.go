@@ -195,7 +195,7 @@ func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
 // not let happen short of a stalled process.
 func TestLockLossCancelsTheJob(t *testing.T) {
 	t.Parallel()
-	eachBackend(t, func(b backend) bool { return b.name != "memory" && !b.noStore }, func(t *testing.T, b backend) {
+	eachBackend(t, func(b backend) bool { return b.name != "memory" }, func(t *testing.T, b backend) {
 		c := b.setup(t)
 		name := uniqueName("stolen")
 		started := make(chan struct{}, 1)

@@ -35,8 +35,9 @@ type cluster struct {
 	// node returns a Guard on a client of its own, as a separate process
 	// would have, closed when t ends.
 	node func(t *testing.T, opts ...guard.Option) *guard.Guard
-	// store is the shared slot store; nil for the one case kept without
-	// (etcd-nostore).
+	// store is the shared slot store. Every case has one: without it, once
+	// per slot would rest on LockAtLeastFor outlasting timer jitter, which
+	// no test on a busy machine can promise.
 	store idempotency.Store
 	// ttl is a short lock TTL the backend takes (etcd's minimum): the
 	// tests that wait for a lease to expire or be checked use it.
@@ -55,8 +56,6 @@ type cluster struct {
 type backend struct {
 	name  string
 	setup func(t *testing.T) cluster
-	// noStore marks the case run without a slot store.
-	noStore bool
 }
 
 const (
@@ -108,7 +107,6 @@ func backends() []backend {
 			c.store = specStore(t, c.storeSpec)
 			return c
 		}},
-		{name: "etcd-nostore", noStore: true, setup: etcdCluster},
 	}
 }
 

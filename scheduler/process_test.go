@@ -168,7 +168,7 @@ func readRuns(t *testing.T, ps []*process) []procRun {
 // another process can reach, less MySQL, whose lock and store code is the
 // SQL backend's already run on SQLite and PostgreSQL here and in-process in
 // the cluster tests.
-func processBackends(b backend) bool { return b.name != "memory" && b.name != "mysql" && !b.noStore }
+func processBackends(b backend) bool { return b.name != "memory" && b.name != "mysql" }
 
 // TestThreeProcessesOncePerSlot: three scheduler processes on "@every 1s"
 // for ten seconds run each slot exactly once and never overlap.

@@ -150,20 +150,6 @@ func stop(t *testing.T, s *scheduler.Scheduler) {
 	}
 }
 
-// clusterJobOptions: without a slot store, once per slot rests on
-// LockAtLeastFor, which must outlast the lateness of the other nodes'
-// timers and, with the time taken to acquire and release, leave the lock
-// free for the next slot. Half the interval leaves both the same margin on
-// nodes that share a clock. There is no such case for a node whose clock
-// is 400 ms ahead: the margins would be 100 ms, under what a busy machine
-// delays a timer, so that test runs with slot stores only.
-func clusterJobOptions(c cluster) []scheduler.JobOption {
-	if c.store == nil {
-		return []scheduler.JobOption{scheduler.LockAtLeastFor(500 * time.Millisecond)}
-	}
-	return nil
-}
-
 const wantSlots = 10
 
 // TestThreeSchedulersOncePerSlot: three schedulers on "@every 1s" for ten
@@ -177,7 +163,7 @@ func TestThreeSchedulersOncePerSlot(t *testing.T) {
 		var nodes []*scheduler.Scheduler
 		for _, inst := range []string{"a", "b", "c"} {
 			s := newScheduler(t, c.node(t), scheduler.WithInstance(inst), scheduler.WithSlotStore(c.store), scheduler.WithRunObserver(j.observe))
-			if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c)...); err != nil {
+			if err := s.Add("@every 1s", name, j.job(50*time.Millisecond)); err != nil {
 				t.Fatal(err)
 			}
 			nodes = append(nodes, s)
@@ -198,14 +184,14 @@ func TestThreeSchedulersOncePerSlot(t *testing.T) {
 // 50 ms job still runs once per slot.
 func TestClockOffsetOncePerSlot(t *testing.T) {
 	t.Parallel()
-	eachBackend(t, func(b backend) bool { return !b.noStore }, func(t *testing.T, b backend) {
+	eachBackend(t, func(backend) bool { return true }, func(t *testing.T, b backend) {
 		c := b.setup(t)
 		var j journal
 		name := uniqueName("skew")
 		add := func(inst string, opts ...scheduler.Option) *scheduler.Scheduler {
 			s := newScheduler(t, c.node(t), append(opts, scheduler.WithInstance(inst),
 				scheduler.WithSlotStore(c.store), scheduler.WithRunObserver(j.observe))...)
-			if err := s.Add("@every 1s", name, j.job(50*time.Millisecond), clusterJobOptions(c)...); err != nil {
+			if err := s.Add("@every 1s", name, j.job(50*time.Millisecond)); err != nil {
 				t.Fatal(err)
 			}
 			return s
