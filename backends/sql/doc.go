@@ -33,9 +33,34 @@
 // host:pid:random plus a per-lease counter, so two processes never look alike
 // and a lease never mistakes an older lease of the same Locker for itself.
 //
-// Waiting polls with jittered exponential backoff (WithMaxBackoff), never
-// sleeping past the holder's recorded expiry. It is not fair: Fair is refused
-// with guard.ErrUnsupported.
+// # Waiting
+//
+// A waiting Acquire polls with jittered exponential backoff (WithMaxBackoff),
+// never sleeping past the holder's recorded expiry. It is not fair: Fair is
+// refused with guard.ErrUnsupported.
+//
+// On PostgreSQL a release also announces itself, so that a waiter learns of it
+// at once rather than at its next poll. The releasing statement (both modes)
+// calls pg_notify on a channel named after the lock table, with the lock name
+// as payload; being part of the release's transaction, the notification is
+// delivered only if the release committed. While any of its Acquire calls
+// waits, a Locker keeps one connection out of the pool LISTENing on that
+// channel (size the pool for it; a pool limited to one connection is left
+// alone and its waiters poll). A notification wakes one local waiter of that
+// name, the longest waiting, not all of them: only one could win the lock, and
+// the others keep their backoff timers and are woken by the next release. The
+// listener stops a few seconds after the last waiter leaves, or on
+// Locker.Close.
+//
+// Notifications only shorten pauses; polling stays the rule. A lost
+// notification, a listener that fails (it reconnects with backoff), or a
+// session-mode holder whose connection died (no release, so no notification)
+// costs a waiter at most one backoff pause. Each time
+// the listener starts listening it wakes every local waiter once, since
+// releases committed before then were not heard. Listening needs gorm's
+// postgres driver on pgx (its default); on any other driver waiters poll
+// without notice. WithoutNotify turns the whole mechanism off. MySQL and
+// SQLite always poll.
 //
 // # Session mode (WithSessionLocks)
 //

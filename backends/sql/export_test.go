@@ -1,5 +1,34 @@
 package sqllock
 
+import "time"
+
 // SessionName exposes the session lock name of key, so that tests can find
 // and kill the database session holding it, as a crash would end it.
 func SessionName(l *Locker, key string) any { return l.sessionName(key) }
+
+// SetMinPause sets the first backoff pause. Raised to the maximum backoff, it
+// makes every pause long, so that a test can tell a handoff by notification
+// from one by polling.
+func SetMinPause(l *Locker, d time.Duration) { l.minPause = d }
+
+// Channel is the NOTIFY channel of l's table ("" when l does not notify).
+func Channel(l *Locker) string { return l.channel }
+
+// ListenStats reports how often l's listener started listening, how often
+// its connection failed, and how many waiters a notification woke.
+func ListenStats(l *Locker) (listens, drops, woken uint64) {
+	if l.notes == nil {
+		return 0, 0, 0
+	}
+	return l.notes.listens.Load(), l.notes.drops.Load(), l.notes.woken.Load()
+}
+
+// Waiters is the number of l's Acquire calls registered as waiting for key.
+func Waiters(l *Locker, key string) int {
+	if l.notes == nil {
+		return 0
+	}
+	l.notes.mu.Lock()
+	defer l.notes.mu.Unlock()
+	return len(l.notes.subs[key])
+}

@@ -92,14 +92,19 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release implements guard.Lease. It moves the row's expiry to now and keeps
-// the row, so the version goes on growing.
+// the row, so the version goes on growing. On PostgreSQL the same statement
+// notifies the table's channel, waking a waiter at once.
 func (ls *lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.released {
 		return nil
 	}
-	held, err := ls.exec(ctx, ls.l.q.release, ls.key, ls.owner, ls.version)
+	args := []any{ls.key, ls.owner, ls.version}
+	if ls.l.channel != "" {
+		args = append(args, ls.l.channel)
+	}
+	held, err := ls.exec(ctx, ls.l.q.release, args...)
 	if err != nil {
 		return dbErr(ctx, fmt.Errorf("release %q: %w", ls.key, err))
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
 	"github.com/warden-go/warden/guard"
@@ -43,8 +44,17 @@ type Locker struct {
 	session    bool
 	clock      func() time.Time
 	maxBackoff time.Duration
-	seq        atomic.Uint64
-	q          queries
+	// minPause is the first backoff pause; tests raise it to show that a
+	// handoff came from a notification and not from polling.
+	minPause time.Duration
+	seq      atomic.Uint64
+	q        queries
+	// channel is the NOTIFY channel releases announce themselves on,
+	// empty when they do not (not PostgreSQL, or WithoutNotify).
+	channel string
+	// notes wakes this Locker's waiters on those notifications; nil when
+	// they only poll.
+	notes *notifier
 }
 
 // queries are the lease-mode statements, built once per Locker because the
@@ -53,7 +63,7 @@ type queries struct {
 	acquire   string // upsert dialects: returns the new version when taken
 	readBack  string // MySQL: version of the row if this owner took it
 	refresh   string
-	release   string
+	release   string // on PostgreSQL, also notifies the channel (one more argument)
 	holds     string
 	remaining string
 	bump      string // session mode: new version, unconditionally
@@ -99,8 +109,20 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 		session:    c.session,
 		clock:      c.clock,
 		maxBackoff: c.maxBackoff,
+		minPause:   4 * time.Millisecond,
 	}
-	l.q = buildQueries(d, table)
+	if d.name == "postgres" && c.notify {
+		l.channel = channelName(c.table)
+		// Waiters can only listen through pgx (gorm's postgres driver
+		// uses it); on any other driver releases still notify, for the
+		// Lockers that can listen, and this one's waiters poll.
+		if pool, err := db.DB(); err == nil {
+			if _, ok := pool.Driver().(*stdlib.Driver); ok {
+				l.notes = newNotifier(pool, c.table)
+			}
+		}
+	}
+	l.q = buildQueries(d, table, l.channel != "")
 	return l, nil
 }
 
@@ -122,7 +144,7 @@ func defaultOwner() (string, error) {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])), nil
 }
 
-func buildQueries(d dialect, t string) queries {
+func buildQueries(d dialect, t string, notify bool) queries {
 	now := d.now
 	q := queries{
 		refresh: "UPDATE " + t + " SET lock_until = " + now + " + ? WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
@@ -132,6 +154,13 @@ func buildQueries(d dialect, t string) queries {
 		holds:     "SELECT count(*) FROM " + t + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
 		remaining: "SELECT lock_until - " + now + " FROM " + t + " WHERE name = ?",
 		readBack:  "SELECT version FROM " + t + " WHERE name = ? AND owner = ?",
+	}
+	if notify {
+		// The notification is part of the releasing statement, hence of
+		// its transaction: PostgreSQL delivers it only if the release
+		// commits, and only when the row was this owner's to release.
+		// The SELECT reports one row per released row, as the UPDATE would.
+		q.release = "WITH r AS (" + q.release + " RETURNING name) SELECT pg_notify(?, r.name) FROM r"
 	}
 	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
 	if d.upsert {
@@ -164,6 +193,17 @@ func buildQueries(d dialect, t string) queries {
 	q.bump = insert + " ON DUPLICATE KEY UPDATE owner = VALUES(owner), version = version + 1," +
 		" locked_at = VALUES(locked_at), lock_until = VALUES(locked_at)"
 	return q
+}
+
+// Close stops the Locker's PostgreSQL listener, if one runs, and waits for it
+// to end, returning its connection. The listener also stops by itself a few
+// seconds after the last waiting Acquire ends, so Close is needed only to end
+// it promptly, as at shutdown. Close does not release leases, and the Locker
+// stays usable; its waiting Acquire calls then poll only. It always returns
+// nil.
+func (l *Locker) Close() error {
+	l.notes.close()
+	return nil
 }
 
 // Migrate creates or updates the lock table and the fence table with gorm's
@@ -234,9 +274,10 @@ func checkKey(key string) error {
 }
 
 // Acquire implements guard.Locker. Waiting polls with jittered exponential
-// backoff, never sleeping past the holder's expiry; it cannot be fair, so
-// opts.Fair is refused with guard.ErrUnsupported.
-func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+// backoff, never sleeping past the holder's expiry; on PostgreSQL a release
+// notification also ends the pause early (see the package documentation). It
+// cannot be fair, so opts.Fair is refused with guard.ErrUnsupported.
+func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (lease guard.Lease, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -249,12 +290,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var pause time.Duration
-	for attempt := 0; ; attempt++ {
-		var (
-			lease guard.Lease
-			err   error
-		)
+	var (
+		pause time.Duration
+		w     *waiter
+	)
+	defer func() { w.leave(lease == nil) }()
+	for {
 		if l.session {
 			lease, err = l.trySession(ctx, key)
 		} else {
@@ -265,6 +306,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 		}
 		if !opts.Wait {
 			return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key)
+		}
+		if w == nil {
+			// Joined before remaining() reads the row, so that a release
+			// committed after that read is announced to this waiter.
+			w = l.notes.join(key)
 		}
 		pause = l.nextPause(pause)
 		if !l.session {
@@ -279,7 +325,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 				pause = max(left, 0) + time.Millisecond
 			}
 		}
-		if err := sleep(ctx, pause); err != nil {
+		if err := pauseFor(ctx, pause, w.wake()); err != nil {
 			return nil, err
 		}
 	}
@@ -288,17 +334,20 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 // nextPause doubles the previous pause up to maxBackoff, with jitter in
 // [d/2, d) so that waiters released together do not stampede together.
 func (l *Locker) nextPause(prev time.Duration) time.Duration {
-	d := min(max(2*prev, 4*time.Millisecond), l.maxBackoff)
+	d := min(max(2*prev, l.minPause), l.maxBackoff)
 	return d/2 + mrand.N(d/2+1)
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// pauseFor sleeps for d, or less when a wake-up arrives on wake.
+func pauseFor(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
+		return nil
+	case <-wake:
 		return nil
 	}
 }

@@ -16,6 +16,7 @@ type config struct {
 	owner      string
 	clock      func() time.Time
 	maxBackoff time.Duration
+	notify     bool
 }
 
 func defaults() config {
@@ -23,6 +24,7 @@ func defaults() config {
 		table:      DefaultTable,
 		clock:      time.Now,
 		maxBackoff: 250 * time.Millisecond,
+		notify:     true,
 	}
 }
 
@@ -89,13 +91,30 @@ func WithClock(now func() time.Time) Option {
 
 // WithMaxBackoff bounds the pause between two attempts of a waiting Acquire
 // (default 250ms). Pauses start at a few milliseconds, double, carry jitter,
-// and never reach past the holder's recorded expiry.
+// and never reach past the holder's recorded expiry. On PostgreSQL a release
+// notification usually ends the pause sooner; the bound is what a waiter
+// waits when a notification is lost.
 func WithMaxBackoff(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Millisecond {
 			return fmt.Errorf("%w: max backoff %v below 1ms", guard.ErrInvalidOption, d)
 		}
 		c.maxBackoff = d
+		return nil
+	}
+}
+
+// WithoutNotify turns off PostgreSQL's LISTEN/NOTIFY handoff: releases send
+// no notification and waiting Acquire calls only poll, with backoff up to
+// WithMaxBackoff, and take no pooled connection for a listener. PostgreSQL
+// serialises the commits of all notifying transactions on the server (a
+// global lock on its notification queue), which can matter where releases
+// are very frequent and waits are rare. Lockers with and without it can share a table: a waiter
+// that hears nothing still polls. It has no effect on MySQL and SQLite,
+// which always poll.
+func WithoutNotify() Option {
+	return func(c *config) error {
+		c.notify = false
 		return nil
 	}
 }

@@ -50,11 +50,22 @@ func (l *Locker) sessionSQL() (try, check, unlock string) {
 		return "SELECT pg_try_advisory_lock($1)",
 			"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()" +
 				" AND granted AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2)",
-			"SELECT pg_advisory_unlock($1)"
+			l.pgUnlock()
 	}
 	return "SELECT COALESCE(GET_LOCK(?, 0), 0) = 1",
 		"SELECT COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) = 1",
 		"SELECT COALESCE(RELEASE_LOCK(?), 0) = 1"
+}
+
+// pgUnlock is PostgreSQL's unlock, notifying the table's channel when the
+// lock was held: in the one statement, so that the notification is sent
+// only for a release that happened. The CASE evaluates the notifying
+// subquery only in its THEN branch.
+func (l *Locker) pgUnlock() string {
+	if l.channel == "" {
+		return "SELECT pg_advisory_unlock($1)"
+	}
+	return "SELECT CASE WHEN pg_advisory_unlock($1) THEN (SELECT true FROM pg_notify($2, $3)) ELSE false END"
 }
 
 // trySession makes one session-mode attempt: a non-blocking session lock on
@@ -168,7 +179,8 @@ func (s *sessionLease) Refresh(ctx context.Context, _ time.Duration) error {
 }
 
 // Release implements guard.Lease: it unlocks on the holding connection and
-// hands the connection back to the pool.
+// hands the connection back to the pool. On PostgreSQL the unlocking
+// statement also notifies the table's channel.
 func (s *sessionLease) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -176,8 +188,12 @@ func (s *sessionLease) Release(ctx context.Context) error {
 		return nil
 	}
 	_, _, unlock := s.l.sessionSQL()
+	args := []any{s.name}
+	if s.l.channel != "" {
+		args = append(args, s.l.channel, s.key)
+	}
 	var ok bool
-	err := s.conn.QueryRowContext(ctx, unlock, s.name).Scan(&ok)
+	err := s.conn.QueryRowContext(ctx, unlock, args...).Scan(&ok)
 	s.released = true
 	if err != nil || !ok {
 		// Closing the session frees whatever it still held; but a session

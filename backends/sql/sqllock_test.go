@@ -114,6 +114,9 @@ func newLocker(t testing.TB, g *gorm.DB, opts ...sqllock.Option) *sqllock.Locker
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// Registered after openDB's cleanup, so it runs first: the listener
+	// ends before its pool closes.
+	t.Cleanup(func() { l.Close() })
 	return l
 }
 
