@@ -264,7 +264,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 
 	l := &Lock{
-		g: g, key: key, full: full, mode: c.mode, permits: c.permits, ttl: c.ttl,
+		g: g, key: key, full: full, mode: c.mode, ttl: c.ttl,
 		lease: lease, outer: heldBy(ctx), holds: 1, index: -1, since: start.Add(took),
 	}
 	lctx, cancel := context.WithCancelCause(ctx)

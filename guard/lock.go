@@ -19,14 +19,13 @@ import (
 // acquisitions of its key made with its context (reentrancy), and the lease is
 // released when the last of them unlocks.
 type Lock struct {
-	g       *Guard
-	key     string // as the caller named it
-	full    string // with the Guard's prefix: what the backend sees
-	mode    mode
-	permits int
-	ttl     time.Duration
-	lease   Lease
-	outer   *Lock // the innermost lock already held by the context this one was taken with
+	g     *Guard
+	key   string // as the caller named it
+	full  string // with the Guard's prefix: what the backend sees
+	mode  mode
+	ttl   time.Duration
+	lease Lease
+	outer *Lock // the innermost lock already held by the context this one was taken with
 
 	cancel context.CancelCauseFunc
 	ctx    lockContext

@@ -218,9 +218,15 @@ func (a *app) closeUnpaid(ctx context.Context) error {
 		return errors.New("close job called outside the scheduler")
 	}
 	token := run.Lock.Token()
-	a.orders.startRun(ctx, closeJob, run.Slot, a.cfg.instance, token)
+	// A run whose start could not be recorded still runs: the observer
+	// records it when it ends (recordRun).
+	if err := a.orders.startRun(ctx, closeJob, run.Slot, a.cfg.instance, token); err != nil {
+		a.log.WarnContext(ctx, "recording a run's start", "slot", run.Slot, "error", err)
+	}
 	closed, err := a.orders.closeExpired(ctx, now().Add(-a.cfg.unpaidAfter), a.cfg.instance, token, a.cfg.workDelay)
-	a.orders.setClosed(closeJob, run.Slot, a.cfg.instance, closed, errors.Is(err, errStaleHolder))
+	if rerr := a.orders.setClosed(closeJob, run.Slot, a.cfg.instance, closed, errors.Is(err, errStaleHolder)); rerr != nil {
+		a.log.WarnContext(ctx, "recording a run's closed orders", "slot", run.Slot, "closed", closed, "error", rerr)
+	}
 	if closed > 0 || err != nil {
 		a.log.InfoContext(ctx, "close job", "slot", run.Slot, "token", token, "closed", closed, "error", err)
 	}
