@@ -10,51 +10,42 @@ import (
 	"github.com/warden-go/warden/idempotency/storetest"
 )
 
-func TestIdempotencyStore(t *testing.T) {
+// eachStore runs suite on the SQL idempotency store of each database, with
+// the table migrated first; newStore opens a client of its own each call.
+// The first store is returned to the suite's caller for checks afterwards.
+func eachStore(t *testing.T, suite func(t *testing.T, first *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store)) {
 	for _, db := range databases() {
 		t.Run(db.name, func(t *testing.T) {
 			dsn := db.dsn(t)
-			st, err := sqllock.NewIdempotencyStore(openDB(t, db, dsn))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := st.Migrate(context.Background()); err != nil {
-				t.Fatalf("Migrate: %v", err)
-			}
-			storetest.Run(t, func(t testing.TB) idempotency.Store {
+			open := func(t testing.TB) *sqllock.IdempotencyStore {
 				st, err := sqllock.NewIdempotencyStore(openDB(t, db, dsn))
 				if err != nil {
 					t.Fatal(err)
 				}
 				return st
-			})
-			if _, err := st.Purge(context.Background()); err != nil {
-				t.Errorf("Purge: %v", err)
 			}
+			first := open(t)
+			if err := first.Migrate(context.Background()); err != nil {
+				t.Fatalf("Migrate: %v", err)
+			}
+			suite(t, first, func(t testing.TB) idempotency.Store { return open(t) })
 		})
 	}
+}
+
+func TestIdempotencyStore(t *testing.T) {
+	eachStore(t, func(t *testing.T, first *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store) {
+		storetest.Run(t, newStore)
+		if _, err := first.Purge(context.Background()); err != nil {
+			t.Errorf("Purge: %v", err)
+		}
+	})
 }
 
 // TestIdempotencyMiddleware runs httpmw's behaviour tests, over real HTTP, on
 // the SQL store of each database.
 func TestIdempotencyMiddleware(t *testing.T) {
-	for _, db := range databases() {
-		t.Run(db.name, func(t *testing.T) {
-			dsn := db.dsn(t)
-			st, err := sqllock.NewIdempotencyStore(openDB(t, db, dsn))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := st.Migrate(context.Background()); err != nil {
-				t.Fatalf("Migrate: %v", err)
-			}
-			httpmwtest.Run(t, func(t testing.TB) idempotency.Store {
-				st, err := sqllock.NewIdempotencyStore(openDB(t, db, dsn))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return st
-			})
-		})
-	}
+	eachStore(t, func(t *testing.T, _ *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store) {
+		httpmwtest.Run(t, newStore)
+	})
 }
