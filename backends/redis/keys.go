@@ -1,6 +1,6 @@
 package redis
 
-import "strings"
+import "github.com/warden-go/warden/backends/internal/redistag"
 
 // keySet names every Redis key and the channel that belong to one lock key.
 // All share the hash tag {<key>}, so they live in one Cluster slot and a
@@ -12,32 +12,8 @@ type keySet struct {
 	channel                       string
 }
 
-// escapeTag keeps braces out of the hash tag: Redis Cluster hashes the text
-// between the first '{' and the next '}', so a key containing them would
-// otherwise split its lock's keys across slots. '%' is escaped too so that
-// the encoding stays one-to-one.
-func escapeTag(s string) string {
-	if !strings.ContainsAny(s, "%{}") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '{':
-			b.WriteString("%7B")
-		case '}':
-			b.WriteString("%7D")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
 func (l *Locker) keys(key string) keySet {
-	base := l.prefix + "{" + escapeTag(key) + "}"
+	base := l.prefix + "{" + redistag.Escape(key) + "}"
 	return keySet{
 		lock:         base + ":lock",
 		fence:        base + ":fence",

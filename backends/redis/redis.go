@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/warden-go/warden/backends/internal/redistag"
+
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard"
@@ -34,7 +36,7 @@ type Option func(*Locker)
 // WithPrefix sets the prefix of every Redis key and channel the Locker uses
 // (default "warden:"), so that several applications can share a server.
 func WithPrefix(prefix string) Option {
-	return func(l *Locker) { l.prefix = escapeTag(prefix) }
+	return func(l *Locker) { l.prefix = redistag.Escape(prefix) }
 }
 
 // WithWaiterTimeout sets how long a fair waiter, or a writer waiting for

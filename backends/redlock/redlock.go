@@ -8,8 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
+
+	"github.com/warden-go/warden/backends/internal/redistag"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -72,7 +73,7 @@ func WithDriftFactor(f float64) Option {
 // WithPrefix sets the prefix of every key on the nodes (default "warden:").
 func WithPrefix(prefix string) Option {
 	return func(l *Locker) error {
-		l.prefix = escapeTag(prefix)
+		l.prefix = redistag.Escape(prefix)
 		return nil
 	}
 }
@@ -308,30 +309,7 @@ func firstErr(rs []result) error {
 }
 
 func (l *Locker) keyFor(key, suffix string) string {
-	return l.prefix + "{" + escapeTag(key) + "}:" + suffix
-}
-
-// escapeTag keeps braces out of the hash tag, so that a lock's two keys stay
-// in one slot even on a node that is a Cluster; '%' is escaped too so that
-// the encoding stays one-to-one.
-func escapeTag(s string) string {
-	if !strings.ContainsAny(s, "%{}") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '{':
-			b.WriteString("%7B")
-		case '}':
-			b.WriteString("%7D")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
+	return l.prefix + "{" + redistag.Escape(key) + "}:" + suffix
 }
 
 // newOwner returns a random, unguessable owner id.

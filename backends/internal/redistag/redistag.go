@@ -1,0 +1,29 @@
+// Package redistag encodes lock names for use inside a Redis Cluster hash
+// tag, for the Redis and RedLock backends alike.
+package redistag
+
+import "strings"
+
+// Escape keeps braces out of a hash tag: Redis Cluster hashes the text
+// between the first '{' and the next '}', so a name containing them would
+// otherwise split a lock's keys across slots. '%' is escaped too, so that
+// the encoding stays one-to-one and two names never share keys.
+func Escape(s string) string {
+	if !strings.ContainsAny(s, "%{}") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
