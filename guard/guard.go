@@ -2,17 +2,21 @@
 //
 // It has two layers, the way database/sql sits over its drivers. Backends
 // (Redis, RedLock, etcd, ZooKeeper, SQL, in-process memory) implement the
-// small Locker and Lease interfaces of backend.go. Users call Guard, which
-// adds to every backend alike:
+// small contract of package guard/driver. Users call Guard, which owns the
+// life of every lease for every backend alike:
 //
-//   - a watchdog that refreshes each held lease at a third of its TTL;
-//   - loss detection: when a refresh fails for good, or the backend reports
-//     the lease gone, the critical section's context is cancelled with cause
-//     ErrLockLost, and the loss is logged, counted and recorded on the span;
+//   - one lease keeper per Guard renews the held leases, many in one request
+//     where the backend batches, and none at all where a backend session
+//     renews them (etcd, ZooKeeper);
+//   - loss on time: a lease not confirmed by a renewal is declared lost a
+//     safety margin before it could expire on the server, on a timer, whatever
+//     a renewal in flight is doing; the critical section's context is then
+//     cancelled with cause ErrLockLost, and Do, DoAll and Unlock report it;
 //   - reentrancy carried by the context, since Go has no thread identity;
 //   - all-or-nothing multi-key locking in one fixed order;
-//   - OpenTelemetry spans and metrics, and slog events;
-//   - validation of keys and options, with sentinel errors for errors.Is.
+//   - one key namespace (WithPrefix), validation of keys and TTLs against the
+//     backend's limits, and sentinel errors for errors.Is;
+//   - OpenTelemetry spans and metrics, and slog events.
 //
 // A fencing token comes with every lock (Lock.Token): pass it to the storage
 // the lock protects, so a holder that was paused past its lease cannot
@@ -30,25 +34,31 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // Guard runs critical sections under the locks of one backend. It is safe
 // for concurrent use; create one per backend and share it.
 type Guard struct {
-	locker         Locker
+	locker         driver.Locker
+	limits         driver.Limits
 	prefix         string
 	ttl            time.Duration
+	margin         time.Duration
 	releaseTimeout time.Duration
 	backend        string
 	logger         *slog.Logger
 	tel            *telemetry
-	wd             watchdog
+	keeper         keeper
 }
 
-// New returns a Guard over locker.
-func New(locker Locker, opts ...Option) (*Guard, error) {
+// New returns a Guard over locker, a backend's driver.Locker. It refuses
+// options the backend cannot honour (a TTL outside its limits) with an error
+// wrapping ErrInvalidOption.
+func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	if locker == nil {
-		return nil, fmt.Errorf("%w: nil Locker", ErrInvalidOption)
+		return nil, fmt.Errorf("warden: guard: %w: nil Locker", ErrInvalidOption)
 	}
 	c := config{
 		prefix:         "warden:",
@@ -61,38 +71,77 @@ func New(locker Locker, opts ...Option) (*Guard, error) {
 			o(&c)
 		}
 	}
-	if c.ttl <= 0 {
-		return nil, fmt.Errorf("%w: ttl %v is not positive", ErrInvalidOption, c.ttl)
+	g := &Guard{
+		locker:         locker,
+		limits:         driver.LimitsOf(locker),
+		prefix:         c.prefix,
+		ttl:            c.ttl,
+		margin:         c.margin,
+		releaseTimeout: c.releaseTimeout,
+		backend:        c.backend,
+		logger:         c.logger,
+	}
+	if err := g.ValidateTTL(c.ttl); err != nil {
+		return nil, fmt.Errorf("warden: guard: %w", err)
+	}
+	if c.margin < 0 {
+		return nil, fmt.Errorf("warden: guard: %w: safety margin %v is negative", ErrInvalidOption, c.margin)
 	}
 	if c.releaseTimeout <= 0 {
-		return nil, fmt.Errorf("%w: release timeout %v is not positive", ErrInvalidOption, c.releaseTimeout)
+		return nil, fmt.Errorf("warden: guard: %w: release timeout %v is not positive", ErrInvalidOption, c.releaseTimeout)
 	}
 	if c.prefix != "" {
 		if err := ValidateKey(c.prefix); err != nil {
-			return nil, fmt.Errorf("%w: prefix: %w", ErrInvalidOption, err)
+			return nil, fmt.Errorf("warden: guard: %w: prefix: %w", ErrInvalidOption, err)
 		}
 	}
 	if c.meterProvider == nil {
 		c.meterProvider = otel.GetMeterProvider()
 	}
-	if c.logger == nil {
-		c.logger = slog.Default()
+	if g.logger == nil {
+		g.logger = slog.Default()
 	}
 	tel, err := newTelemetry(c.backend, c.tracerProvider, c.meterProvider)
 	if err != nil {
-		return nil, fmt.Errorf("warden: telemetry: %w", err)
+		return nil, fmt.Errorf("warden: guard: telemetry: %w", err)
 	}
-	g := &Guard{
-		locker:         locker,
-		prefix:         c.prefix,
-		ttl:            c.ttl,
-		releaseTimeout: c.releaseTimeout,
-		backend:        c.backend,
-		logger:         c.logger,
-		tel:            tel,
-	}
-	g.wd.g = g
+	g.tel = tel
+	g.keeper.g = g
 	return g, nil
+}
+
+// TTL returns the Guard's default lease TTL.
+func (g *Guard) TTL() time.Duration { return g.ttl }
+
+// ReleaseTimeout returns how long a release on the way out of a section may
+// take before the lease is left to expire.
+func (g *Guard) ReleaseTimeout() time.Duration { return g.releaseTimeout }
+
+// Logger returns the Guard's logger, for packages built on a Guard (the
+// scheduler, the HTTP middleware) to log alike.
+func (g *Guard) Logger() *slog.Logger { return g.logger }
+
+// ValidateTTL reports why ttl cannot be used for a lock of this Guard: not
+// positive, outside the backend's limits, or not longer than twice the
+// safety margin. Packages that take a TTL from their users (the scheduler)
+// call it when they are configured.
+func (g *Guard) ValidateTTL(ttl time.Duration) error {
+	if err := g.limits.CheckTTL(ttl); err != nil {
+		return err
+	}
+	if g.margin > 0 && ttl <= 2*g.margin {
+		return fmt.Errorf("%w: ttl %v is not longer than twice the safety margin %v", ErrInvalidOption, ttl, g.margin)
+	}
+	return nil
+}
+
+// marginFor is how long before a lease's conservative expiry its loss is
+// declared.
+func (g *Guard) marginFor(ttl time.Duration) time.Duration {
+	if g.margin > 0 {
+		return g.margin
+	}
+	return ttl / 10
 }
 
 // Lock acquires key, waiting while it is held elsewhere until it is free,
@@ -139,10 +188,14 @@ func applyLockOptions(c lockConfig, opts []LockOption) lockConfig {
 // panics. fn's ctx is the Lock's context: it is cancelled, with cause
 // ErrLockLost, if the lock is lost while fn runs.
 //
-// Do returns fn's error. If the lock was lost while fn ran, the error also
-// wraps ErrLockLost, even when fn returned nil: the section may not have run
-// alone to its end.
+// Do returns fn's error. If the lock was lost while fn ran, however that was
+// learnt (a renewal that did not come in time, the backend's own signal, or
+// the release finding another owner), the error wraps ErrLockLost, even when
+// fn returned nil: the section may not have run alone to its end.
 func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lock) error, opts ...LockOption) error {
+	if fn == nil {
+		return wrapLockErr(key, fmt.Errorf("%w: nil function", ErrInvalidOption))
+	}
 	l, err := g.Lock(ctx, key, opts...)
 	if err != nil {
 		return err
@@ -154,10 +207,14 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context,
 // one fixed order (sorted, duplicates removed), so two callers locking
 // overlapping sets cannot deadlock; if any key cannot be had, those already
 // taken are released and the error is returned. fn's ctx is cancelled if any
-// of the locks is lost; the locks are passed in key order.
+// of the locks is lost; the locks are passed in key order. Like Do, DoAll
+// reports a loss of any of them as an error wrapping ErrLockLost.
 func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context, locks []*Lock) error, opts ...LockOption) error {
 	if len(keys) == 0 {
-		return fmt.Errorf("%w: no keys", ErrInvalidKey)
+		return fmt.Errorf("warden: %w: no keys", ErrInvalidKey)
+	}
+	if fn == nil {
+		return fmt.Errorf("warden: %w: nil function", ErrInvalidOption)
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
@@ -199,13 +256,17 @@ func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error)
 		}
 	}()
 	err = fn()
-	if lost := unlock(); lost != nil {
-		if err == nil {
-			return lost
-		}
-		return fmt.Errorf("%w (after the lock was lost: %w)", err, lost)
+	lost := unlock()
+	switch {
+	case lost == nil:
+		return err
+	case err == nil:
+		return lost
+	case errors.Is(err, ErrLockLost):
+		// fn returned the cause of its cancelled context: the loss itself.
+		return err
 	}
-	return err
+	return fmt.Errorf("%w (%w)", err, lost)
 }
 
 // errWaitBound is the cause of a wait cut short by WaitAtMost.
@@ -213,13 +274,18 @@ var errWaitBound = errors.New("warden: wait bound reached")
 
 func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, error) {
 	if ctx == nil {
-		return nil, fmt.Errorf("%w: nil context", ErrInvalidOption)
+		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
 	if err := ValidateKey(key); err != nil {
-		return nil, fmt.Errorf("warden: lock %q: %w", key, err)
+		return nil, wrapLockErr(key, err)
 	}
 	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("warden: lock %q: %w", key, err)
+		return nil, wrapLockErr(key, err)
+	}
+	if c.ttl != g.ttl {
+		if err := g.ValidateTTL(c.ttl); err != nil {
+			return nil, wrapLockErr(key, err)
+		}
 	}
 	full := key
 	if g.prefix != "" {
@@ -246,17 +312,21 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 	lease, err := g.acquireLease(actx, full, &c)
 	took := time.Since(start)
+	if err == nil && lease == nil {
+		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
+	}
 	if err != nil {
 		outcome := outcomeError
 		switch {
 		case ctx.Err() != nil:
 			outcome, err = outcomeCanceled, ctx.Err()
 		case actx.Err() != nil:
-			outcome, err = outcomeNotAcquired, fmt.Errorf("warden: lock %q: %w after waiting %v", key, ErrNotAcquired, c.wait)
+			outcome, err = outcomeNotAcquired, &lockError{key: key, sentinel: ErrNotAcquired,
+				cause: fmt.Errorf("still held after waiting %v", c.wait)}
 		case errors.Is(err, ErrNotAcquired):
-			outcome, err = outcomeNotAcquired, fmt.Errorf("warden: lock %q: %w", key, err)
+			outcome, err = outcomeNotAcquired, wrapLockErr(key, err)
 		default:
-			err = fmt.Errorf("warden: lock %q: %w", key, err)
+			err = wrapLockErr(key, err)
 		}
 		g.tel.acquired(ctx, outcome, took)
 		endSpan(span, outcome, nil, attribute.Int64("warden.waited_ms", took.Milliseconds()))
@@ -282,19 +352,15 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 			l.ctx.Context = sctx
 		}
 	}
-	if done := lease.Done(); done != nil {
-		l.stopDone = make(chan struct{})
-		go l.watchDone(done, l.stopDone)
-	}
-	g.wd.add(l, start)
+	g.keeper.add(l)
 	return l, nil
 }
 
-func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (Lease, error) {
-	o := AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair}
+func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (driver.Lease, error) {
+	o := driver.AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair}
 	switch c.mode {
 	case read, write:
-		rw, ok := g.locker.(RWLocker)
+		rw, ok := g.locker.(driver.RWLocker)
 		if !ok {
 			return nil, fmt.Errorf("%w: read/write locks on %s", ErrUnsupported, g.backend)
 		}
@@ -303,7 +369,7 @@ func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (L
 		}
 		return rw.AcquireWrite(ctx, full, o)
 	case semaphore:
-		s, ok := g.locker.(Semaphorer)
+		s, ok := g.locker.(driver.Semaphorer)
 		if !ok {
 			return nil, fmt.Errorf("%w: semaphores on %s", ErrUnsupported, g.backend)
 		}
@@ -323,14 +389,14 @@ func (g *Guard) reenter(ctx context.Context, full string, c *lockConfig) (*Lock,
 		}
 		compatible := h.mode == c.mode || (h.mode == write && c.mode == read)
 		if !compatible {
-			return nil, fmt.Errorf("%w: %q is already held by this context in %s mode; a nested %s lock would deadlock",
-				ErrInvalidOption, h.key, h.mode, c.mode)
+			return nil, wrapLockErr(h.key, fmt.Errorf("%w: already held by this context in %s mode; a nested %s lock would deadlock",
+				ErrInvalidOption, h.mode, c.mode))
 		}
 		if err := h.enter(); err != nil {
-			if errors.Is(err, ErrNotHeld) {
-				continue // an unlocked lock left in the context: acquire anew
+			if errors.Is(err, ErrLockLost) {
+				return nil, err
 			}
-			return nil, err
+			continue // an unlocked lock left in the context: acquire anew
 		}
 		g.tel.acquired(ctx, outcomeReentered, 0)
 		return h, nil

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"fmt"
+	"strconv"
 	"unicode"
 	"unicode/utf8"
 )
@@ -31,4 +32,13 @@ func ValidateKey(key string) error {
 		i += size
 	}
 	return nil
+}
+
+// quote shows a key in messages; keys that fail validation may be long or
+// binary, so they are cut.
+func quote(key string) string {
+	if len(key) > MaxKeyLen {
+		key = key[:MaxKeyLen] + "..."
+	}
+	return strconv.Quote(key)
 }

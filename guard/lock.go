@@ -9,11 +9,13 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
-// Lock is a held lock: a backend lease kept alive by the Guard's watchdog,
-// with a context that is cancelled, with cause ErrLockLost, the moment the
-// lease is known to be lost.
+// Lock is a held lock: a backend lease kept alive by the Guard's lease
+// keeper, with a context that is cancelled, with cause ErrLockLost, as soon
+// as the lease is known lost or could be.
 //
 // A Lock is safe for concurrent use. The same Lock is returned to nested
 // acquisitions of its key made with its context (reentrancy), and the lease is
@@ -24,7 +26,7 @@ type Lock struct {
 	full  string // with the Guard's prefix: what the backend sees
 	mode  mode
 	ttl   time.Duration
-	lease Lease
+	lease driver.Lease
 	outer *Lock // the innermost lock already held by the context this one was taken with
 
 	cancel context.CancelCauseFunc
@@ -32,15 +34,18 @@ type Lock struct {
 	span   trace.Span
 	since  time.Time
 
-	mu       sync.Mutex
-	holds    int
-	lostErr  error         // set once, when the lease is lost
-	stopDone chan struct{} // stops the goroutine watching lease.Done(); nil when none runs
+	mu      sync.Mutex
+	holds   int
+	lostErr error // set once, when the lease is lost
 
-	// Watchdog state, guarded by the watchdog's mutex.
-	due        time.Time // next refresh
-	validUntil time.Time // local, conservative bound of the server's expiry
-	index      int       // position in the watchdog's heap; -1 when not scheduled
+	// Lease keeper state, guarded by the keeper's mutex.
+	expiry     time.Time     // conservative expiry: the lock is lost a margin before it
+	due        time.Time     // next renewal
+	at         time.Time     // when the keeper next looks: min(due, loss deadline)
+	index      int           // position in the keeper's heap; -1 when not in it
+	refreshing bool          // a renewal is in flight
+	lastErr    error         // of the last renewal, while it failed
+	sess       *sessionWatch // the session keeping the lease alive, if any
 
 	release releaseContext
 }
@@ -68,20 +73,23 @@ func (l *Lock) Err() error {
 		return l.lostErr
 	}
 	if l.holds == 0 {
-		return errUnlocked
+		return errNotHeld(l.key)
 	}
 	return nil
 }
 
-var errUnlocked = fmt.Errorf("%w: unlocked", ErrNotHeld)
+func errNotHeld(key string) error {
+	return &lockError{key: key, sentinel: ErrNotHeld, cause: errUnlocked}
+}
 
 // Unlock gives up one hold of the lock. The lease is released when the
 // outermost holder unlocks, on a context detached from ctx and bounded by the
 // Guard's release timeout, so that an already cancelled ctx still unlocks.
 //
 // Unlocking an unlocked Lock returns nil. When the lock had been lost, or the
-// backend says the lease was no longer this owner's, Unlock returns an error
-// wrapping ErrNotHeld (and ErrLockLost when the loss had been detected).
+// release finds the lease no longer this owner's (it expired, and may have
+// been taken over), Unlock returns an error wrapping ErrLockLost (and
+// ErrNotHeld).
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.holds == 0 {
@@ -94,35 +102,32 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		return nil
 	}
 	lost := l.lostErr
-	stop := l.stopDone
 	l.mu.Unlock()
 
 	g := l.g
-	g.wd.remove(l)
-	if stop != nil {
-		close(stop)
-	}
+	g.keeper.remove(l)
 	l.release.init(ctx, g.releaseTimeout)
 	err := l.lease.Release(&l.release)
 	l.release.stop()
-	l.cancel(errUnlocked)
-	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
 
 	switch {
 	case lost != nil:
-		err = fmt.Errorf("%w: %w", ErrNotHeld, lost)
+		err = lost
 	case errors.Is(err, ErrNotHeld):
-		err = fmt.Errorf("warden: unlock %q: %w", l.key, err)
+		// Another owner may have held the lock during the section: that is a
+		// loss, even though nobody saw it before now.
+		l.markLost(err, true)
+		err = l.Err()
 	case err != nil:
-		// The lease will expire on its own after its TTL; the caller
-		// learns that the lock may stay taken until then.
-		g.logger.WarnContext(ctx, "warden: release failed; the lease will expire after its ttl",
+		g.logger.WarnContext(ctx, "warden: release failed; the lock stays taken until its lease expires on the server",
 			"key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
-		err = fmt.Errorf("warden: unlock %q: %w", l.key, err)
+		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))
 	}
+	l.cancel(errUnlocked)
+	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
 	if l.span != nil {
 		outcome := "released"
-		if lost != nil {
+		if errors.Is(err, ErrLockLost) {
 			outcome = "lost"
 		}
 		endSpan(l.span, outcome, err, attribute.Int64("warden.held_ms", time.Since(l.since).Milliseconds()))
@@ -138,21 +143,25 @@ func (l *Lock) enter() error {
 		return l.lostErr
 	}
 	if l.holds == 0 {
-		return errUnlocked
+		return errNotHeld(l.key)
 	}
 	l.holds++
 	return nil
 }
 
-// lose marks the lock lost and cancels its context. Only the first cause is
-// kept.
-func (l *Lock) lose(cause error) {
+// lose marks a held lock lost and cancels its context. Only the first cause
+// is kept; a lock already unlocked is left alone.
+func (l *Lock) lose(cause error) { l.markLost(cause, false) }
+
+// markLost is lose, and also for Unlock, when the release finds another
+// owner after the last hold is gone (afterUnlock).
+func (l *Lock) markLost(cause error, afterUnlock bool) {
 	l.mu.Lock()
-	if l.lostErr != nil || l.holds == 0 {
+	if l.lostErr != nil || (l.holds == 0 && !afterUnlock) {
 		l.mu.Unlock()
 		return
 	}
-	l.lostErr = fmt.Errorf("%w: %q: %w", ErrLockLost, l.key, cause)
+	l.lostErr = lostError(l.key, cause)
 	err := l.lostErr
 	l.mu.Unlock()
 
@@ -163,19 +172,15 @@ func (l *Lock) lose(cause error) {
 		l.span.AddEvent("warden.lock.lost", trace.WithAttributes(attribute.String("warden.cause", cause.Error())))
 	}
 	g.tel.lost.Add(context.Background(), 1, g.tel.onBackend...)
-	g.logger.Warn("warden: lock lost; its critical section's context is cancelled",
-		"key", l.key, "backend", g.backend, "token", l.lease.Token(), "error", cause)
-	g.wd.remove(l)
-	l.cancel(err)
-}
-
-// watchDone turns the backend's own loss signal into a lost lock.
-func (l *Lock) watchDone(done <-chan struct{}, stop <-chan struct{}) {
-	select {
-	case <-done:
-		l.lose(errors.New("the backend reported the lease gone"))
-	case <-stop:
+	msg := "warden: lock lost; its critical section's context is cancelled"
+	if afterUnlock {
+		msg = "warden: lock lost; the release found it no longer this owner's"
 	}
+	g.logger.Warn(msg, "key", l.key, "backend", g.backend, "token", l.lease.Token(), "error", cause)
+	if !afterUnlock {
+		g.keeper.remove(l)
+	}
+	l.cancel(err)
 }
 
 // lockContext is the Lock's context: the cancellable context it derives from

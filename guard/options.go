@@ -15,6 +15,7 @@ type Option func(*config)
 type config struct {
 	prefix         string
 	ttl            time.Duration
+	margin         time.Duration // 0: a tenth of each lock's TTL
 	releaseTimeout time.Duration
 	backend        string
 	logger         *slog.Logger
@@ -27,10 +28,19 @@ type config struct {
 // prefixes.
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
-// WithTTL sets the default lease TTL (default 30s). The watchdog refreshes a
-// held lease every TTL/3, so the TTL only matters when the holder dies: it is
-// how long the lock stays taken by a crashed process.
+// WithTTL sets the default lease TTL (default 30s). A held lease is renewed
+// every TTL/3, so the TTL only matters when the holder dies or is cut off: it
+// is how long the lock stays taken by a crashed process. It must be one the
+// backend honours (driver.Limits); New refuses it otherwise.
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithSafetyMargin sets how long before a lease's conservative expiry the
+// critical section's context is cancelled when no renewal has confirmed the
+// lease by then (default a tenth of each lock's TTL). It is the time the
+// section gets to stop before another process may take the lock, and room
+// for the server's clock running slightly faster than this one. It must be
+// shorter than half of every TTL used with the Guard.
+func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margin = d } }
 
 // WithReleaseTimeout bounds the release done on the way out of a critical
 // section (default 5s). The release runs on a context detached from the
@@ -46,9 +56,11 @@ func WithBackendName(name string) Option { return func(c *config) { c.backend = 
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithTracerProvider sets where spans go, and records a span for every
-// acquisition and critical section. Without it, spans are started only under
-// a recording parent span (a traced request or job), with that span's own
-// provider, so a program that traces nothing pays nothing for them.
+// acquisition and critical section. Without it, spans go where a recording
+// parent span's go (a traced request or job), else to the global
+// TracerProvider once the program has set one (otel.SetTracerProvider), as
+// in the scheduler and httpmw; a program that traces nothing pays nothing
+// for them.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracerProvider = tp }
 }
@@ -90,7 +102,8 @@ type lockConfig struct {
 	permits int
 }
 
-// TTL overrides the Guard's lease TTL for this lock.
+// TTL overrides the Guard's lease TTL for this lock. It must be one the
+// backend honours, and longer than twice the Guard's safety margin.
 func TTL(ttl time.Duration) LockOption { return func(c *lockConfig) { c.ttl = ttl } }
 
 // WaitAtMost bounds how long Lock and Do wait for a held lock; when the bound
@@ -122,9 +135,6 @@ func Permits(n int) LockOption {
 }
 
 func (c *lockConfig) validate() error {
-	if c.ttl <= 0 {
-		return fmt.Errorf("%w: ttl %v is not positive", ErrInvalidOption, c.ttl)
-	}
 	if c.mode == semaphore && c.permits < 1 {
 		return fmt.Errorf("%w: %d permits, want at least 1", ErrInvalidOption, c.permits)
 	}

@@ -2,8 +2,10 @@ package guard
 
 import (
 	"context"
+	"reflect"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -89,7 +91,11 @@ func (t *telemetry) acquired(ctx context.Context, outcome string, took time.Dura
 }
 
 // tracerFor returns the tracer for spans under ctx, or nil when nothing
-// would record them: the Guard's own, else that of ctx's recording span.
+// would record them: the Guard's own, else that of ctx's recording span,
+// else the global provider once a program has set one. The global provider
+// is read on every acquisition, so one set after New is used too; while it
+// is otel's unset default, no span is started at all, which keeps the
+// untraced path free of allocations.
 func (t *telemetry) tracerFor(ctx context.Context) trace.Tracer {
 	if t.tracer != nil {
 		return t.tracer
@@ -97,8 +103,15 @@ func (t *telemetry) tracerFor(ctx context.Context) trace.Tracer {
 	if parent := trace.SpanFromContext(ctx); parent.IsRecording() {
 		return parent.TracerProvider().Tracer(instrumentation)
 	}
+	if tp := otel.GetTracerProvider(); reflect.TypeOf(tp) != unsetGlobalTracerProvider {
+		return tp.Tracer(instrumentation)
+	}
 	return nil
 }
+
+// unsetGlobalTracerProvider is the type of otel's global TracerProvider
+// before any program sets one: a stand-in that records nothing.
+var unsetGlobalTracerProvider = reflect.TypeOf(otel.GetTracerProvider())
 
 // startSpan starts a span and hands back a nil span when it is not
 // recorded, so that callers skip building attributes nobody will see.

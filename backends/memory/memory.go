@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // Locker is the in-process backend. The zero value is not usable; call New.
@@ -68,6 +68,7 @@ type waiter struct {
 	ttl     time.Duration
 	ready   chan struct{} // closed when granted
 	token   uint64        // set when granted
+	expires time.Time     // set when granted
 }
 
 type entry struct {
@@ -78,25 +79,25 @@ type entry struct {
 	gen     uint64      // bumped on reuse, so a stale timer does nothing
 }
 
-// Acquire implements guard.Locker.
-func (l *Locker) Acquire(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+// Acquire implements driver.Locker.
+func (l *Locker) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, exclusive, 1, o)
 }
 
-// AcquireRead implements guard.RWLocker.
-func (l *Locker) AcquireRead(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+// AcquireRead implements driver.RWLocker.
+func (l *Locker) AcquireRead(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, rwRead, 0, o)
 }
 
-// AcquireWrite implements guard.RWLocker.
-func (l *Locker) AcquireWrite(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+// AcquireWrite implements driver.RWLocker.
+func (l *Locker) AcquireWrite(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, rwWrite, 1, o)
 }
 
-// AcquireSemaphore implements guard.Semaphorer.
-func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, o guard.AcquireOptions) (guard.Lease, error) {
+// AcquireSemaphore implements driver.Semaphorer.
+func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, o driver.AcquireOptions) (driver.Lease, error) {
 	if permits < 1 {
-		return nil, fmt.Errorf("%w: %d permits", guard.ErrInvalidOption, permits)
+		return nil, fmt.Errorf("%w: %d permits", driver.ErrInvalidOption, permits)
 	}
 	return l.acquire(ctx, key, sem, permits, o)
 }
@@ -115,12 +116,9 @@ func (l *Locker) Waiters(key string) int {
 	return n
 }
 
-func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o guard.AcquireOptions) (guard.Lease, error) {
+func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o driver.AcquireOptions) (driver.Lease, error) {
 	if o.TTL <= 0 {
-		return nil, fmt.Errorf("%w: ttl %v", guard.ErrInvalidOption, o.TTL)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: ttl %v", driver.ErrInvalidOption, o.TTL)
 	}
 	ek := entryKey{k.space(), key}
 	now := time.Now()
@@ -136,7 +134,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 	if !o.Wait {
 		l.idle(e)
 		l.mu.Unlock()
-		return nil, guard.ErrNotAcquired
+		return nil, driver.ErrNotAcquired
 	}
 	w := &waiter{kind: k, permits: permits, ttl: o.TTL, ready: make(chan struct{})}
 	e.queue = append(e.queue, w)
@@ -145,7 +143,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 
 	select {
 	case <-w.ready:
-		return &lease{l: l, key: ek, token: w.token}, nil
+		return &lease{l: l, key: ek, token: w.token, expires: w.expires}, nil
 	case <-ctx.Done():
 	}
 	l.mu.Lock()
@@ -201,8 +199,9 @@ func (l *Locker) idle(e *entry) {
 
 func (l *Locker) grant(e *entry, k kind, ttl time.Duration, now time.Time) *lease {
 	l.token++
-	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: now.Add(ttl)})
-	return &lease{l: l, key: e.key, token: l.token}
+	expires := now.Add(ttl)
+	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: expires})
+	return &lease{l: l, key: e.key, token: l.token, expires: expires}
 }
 
 // dispatch grants the lock to waiters at the head of the queue, in order,
@@ -215,7 +214,8 @@ func (l *Locker) dispatch(e *entry, now time.Time) {
 			break
 		}
 		e.queue = e.queue[1:]
-		w.token = l.grant(e, w.kind, w.ttl, now).token
+		g := l.grant(e, w.kind, w.ttl, now)
+		w.token, w.expires = g.token, g.expires
 		close(w.ready)
 	}
 	l.schedule(e, now)
@@ -299,37 +299,36 @@ func (e *entry) drop(token uint64) bool {
 // lease is one grant. It names its entry by key, not by pointer, because
 // entries are reused once idle.
 type lease struct {
-	l        *Locker
-	key      entryKey
-	token    uint64
-	released bool // guarded by l.mu
+	l       *Locker
+	key     entryKey
+	token   uint64
+	expires time.Time // guarded by l.mu
 }
 
-func (s *lease) Key() string   { return s.key.key }
 func (s *lease) Token() uint64 { return s.token }
 
-// Done returns nil: an in-process lease is only lost by outliving its TTL,
-// which Refresh reports.
-func (s *lease) Done() <-chan struct{} { return nil }
+func (s *lease) Expiry() time.Time {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	return s.expires
+}
 
 func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
-	if ttl <= 0 {
-		return fmt.Errorf("%w: ttl %v", guard.ErrInvalidOption, ttl)
-	}
 	now := time.Now()
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
 	e := s.l.entries[s.key]
-	if s.released || e == nil {
-		return guard.ErrNotHeld
+	if e == nil {
+		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}
 	e.expire(now)
 	i := e.find(s.token)
 	if i < 0 {
 		s.l.dispatch(e, now)
-		return guard.ErrNotHeld
+		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}
-	e.holders[i].expires = now.Add(ttl)
+	s.expires = now.Add(ttl)
+	e.holders[i].expires = s.expires
 	s.l.schedule(e, now)
 	return nil
 }
@@ -337,20 +336,16 @@ func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 func (s *lease) Release(ctx context.Context) error {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	if s.released {
-		return nil
-	}
-	s.released = true
 	e := s.l.entries[s.key]
 	if e == nil {
-		return guard.ErrNotHeld
+		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}
 	now := time.Now()
 	e.expire(now)
 	held := e.drop(s.token)
 	s.l.dispatch(e, now)
 	if !held {
-		return guard.ErrNotHeld
+		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}
 	return nil
 }

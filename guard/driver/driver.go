@@ -1,0 +1,120 @@
+// Package driver is the contract a warden lock backend implements, the way
+// database/sql/driver is for SQL drivers. Users never call it: they call
+// guard.Guard, which owns each lease's life (renewal, loss, release once,
+// reentrancy, tracing, the key namespace) for every backend alike. A backend
+// imports this package, never guard.
+//
+// A backend implements Locker, and any of the optional capabilities
+// (RWLocker, Semaphorer, BatchRefresher, Limiter) it can honour; guard finds
+// them by type assertion. Its leases implement Lease, or SessionLease when a
+// session of the backend keeps them alive on its own.
+package driver
+
+import (
+	"context"
+	"time"
+)
+
+// Locker takes locks on one backend.
+//
+// Keys reach the backend validated (1 to 200 bytes of UTF-8 without control
+// characters) and already namespaced by guard; a backend adds only the
+// structural suffixes it needs (":lock", a znode path), never a prefix of its
+// own.
+type Locker interface {
+	// Acquire makes one attempt to take key for opts.TTL. When the key is held
+	// by someone else it returns ErrNotAcquired, unless opts.Wait is set: then
+	// it blocks, woken by the backend's own notification where it has one,
+	// until the lock is acquired or ctx is done, in which case it returns ctx's
+	// error and leaves nothing behind (no queued waiter, no key). A backend
+	// that cannot be reached returns an error wrapping ErrUnavailable (see
+	// Unavailable); a waiting Acquire keeps trying through such errors until
+	// ctx is done.
+	Acquire(ctx context.Context, key string, opts AcquireOptions) (Lease, error)
+}
+
+// AcquireOptions are the per-acquisition settings guard passes to a backend.
+type AcquireOptions struct {
+	// TTL is how long the lease lives without a renewal, counted by the
+	// backend's clock (Redis PX, an etcd lease, the database's now()), never
+	// by comparing application clocks. Always positive and within the
+	// backend's Limits.
+	TTL time.Duration
+	// Wait asks Acquire to block until the lock is free instead of failing.
+	Wait bool
+	// Fair asks for first-come, first-served handoff among waiters. A backend
+	// that cannot honour it returns an error wrapping ErrUnsupported.
+	Fair bool
+}
+
+// Lease is one holding of a lock, as the backend sees it. guard calls
+// Release at most once, and never Refresh after Release has begun; a Refresh
+// may still be in flight when Release is called.
+type Lease interface {
+	// Token is the fencing token: strictly greater than the token of every
+	// earlier lease on the same key, whoever held it, within the guarantees
+	// the backend documents. Storage that the lock protects can refuse writes
+	// carrying an older token.
+	Token() uint64
+	// Expiry is the local time (with its monotonic reading) before which the
+	// lease is surely still held on the server if nothing renews it: the send
+	// time of the request that granted or last renewed it, plus its TTL, less
+	// whatever clock drift the backend allows for. A successful Refresh moves
+	// it. guard cancels the section a safety margin before it, so it must
+	// never be later than the server's own expiry.
+	Expiry() time.Time
+	// Refresh extends the lease to ttl from now (the backend's now). It
+	// returns an error wrapping ErrNotHeld when the lease has already been
+	// lost (expired, taken over, session gone): that is final. Any other
+	// error may be transient.
+	Refresh(ctx context.Context, ttl time.Duration) error
+	// Release gives the lock up. Only the owner's lease is removed: a lease
+	// that expired and was taken by another owner is left alone and an error
+	// wrapping ErrNotHeld is returned.
+	Release(ctx context.Context) error
+}
+
+// SessionLease is a lease kept alive by a session of its backend (an etcd
+// lease on its keepalive stream, a ZooKeeper session) rather than by Refresh:
+// guard sends no request per lock for it and watches the session instead.
+// Its Expiry is the session's.
+type SessionLease interface {
+	Lease
+	Session() Session
+}
+
+// Session keeps many leases alive at once.
+type Session interface {
+	// Expiry is the local time before which the session is surely alive on
+	// the server: the send time of its last answered renewal plus its TTL.
+	// It is in the past once the session is known lost.
+	Expiry() time.Time
+	// Done is closed when the session is lost, revoked or closed; every
+	// lease it kept is lost with it.
+	Done() <-chan struct{}
+}
+
+// RWLocker is an optional capability: read/write locks, where many readers or
+// one writer hold a key at a time and a waiting writer is not starved by a
+// stream of new readers.
+type RWLocker interface {
+	AcquireRead(ctx context.Context, key string, opts AcquireOptions) (Lease, error)
+	AcquireWrite(ctx context.Context, key string, opts AcquireOptions) (Lease, error)
+}
+
+// Semaphorer is an optional capability: counting semaphores, where up to
+// permits leases hold a key at once. Each permit is an expiring lease, so the
+// permit of a holder that crashed comes back after its TTL.
+type Semaphorer interface {
+	AcquireSemaphore(ctx context.Context, key string, permits int, opts AcquireOptions) (Lease, error)
+}
+
+// BatchRefresher is an optional capability: refreshing many leases of this
+// backend in one round trip, so that keeping N locks alive costs one request
+// per renewal period instead of N.
+type BatchRefresher interface {
+	// RefreshBatch refreshes every lease to ttl and returns one error per
+	// lease, in order (nil where the refresh succeeded, which moves that
+	// lease's Expiry). guard passes only leases this Locker granted.
+	RefreshBatch(ctx context.Context, leases []Lease, ttl time.Duration) []error
+}

@@ -1,0 +1,370 @@
+package guard
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// keeper owns the life of every lease a Guard holds.
+//
+// Each lease has a conservative expiry, driver.Lease.Expiry: the send time of
+// the request that last granted or renewed it, plus its TTL. A lease that no
+// renewal has confirmed by a safety margin before that instant is declared
+// lost on a timer, whatever a renewal in flight is doing, so a client that
+// ignores deadlines cannot delay the loss.
+//
+// Leases renewed one by one (Redis, RedLock, SQL, memory) sit in one heap
+// under one timer: holding a lock costs no goroutine and no timer of its own.
+// When a renewal falls due, every lease due within the next renewal period is
+// renewed with it, in one request where the backend batches, so the leases
+// fall into step and the requests per period stay constant as locks grow.
+//
+// Leases kept alive by a backend session (etcd, ZooKeeper) are never renewed
+// here: the keeper watches each session once, with one timer and one
+// goroutine per session, and loses all of its leases together.
+type keeper struct {
+	g        *Guard
+	mu       sync.Mutex
+	locks    lockHeap
+	timer    *time.Timer
+	armed    time.Time // when the timer fires; zero when idle
+	sessions map[driver.Session]*sessionWatch
+}
+
+// retryDivisor spaces the retries of a failed renewal: a tenth of the TTL,
+// so several fit before the loss deadline.
+const retryDivisor = 10
+
+func (k *keeper) add(l *Lock) {
+	if sl, ok := l.lease.(driver.SessionLease); ok {
+		k.addToSession(l, sl.Session())
+		return
+	}
+	k.mu.Lock()
+	l.expiry = l.lease.Expiry()
+	l.due = l.expiry.Add(-l.ttl + l.ttl/3)
+	l.schedule(k.g.marginFor(l.ttl))
+	heap.Push(&k.locks, l)
+	k.armLocked()
+	k.mu.Unlock()
+}
+
+func (k *keeper) remove(l *Lock) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if sw := l.sess; sw != nil {
+		sw.remove(l)
+		return
+	}
+	if l.index >= 0 {
+		heap.Remove(&k.locks, l.index)
+	}
+}
+
+// schedule sets when the keeper must next look at l: its renewal, or the
+// loss deadline when that comes first or a renewal is already in flight.
+func (l *Lock) schedule(margin time.Duration) {
+	l.at = l.expiry.Add(-margin)
+	if !l.refreshing && l.due.Before(l.at) {
+		l.at = l.due
+	}
+}
+
+// armLocked makes the timer fire for the earliest lock. A timer armed for
+// later is moved earlier; one armed earlier is left, since firing early only
+// re-arms. So a lock taken and released in a loop resets no timer.
+func (k *keeper) armLocked() {
+	if len(k.locks) == 0 {
+		return
+	}
+	at := k.locks[0].at
+	if !k.armed.IsZero() && !k.armed.After(at) {
+		return
+	}
+	k.armed = at
+	if k.timer == nil {
+		k.timer = time.AfterFunc(time.Until(at), k.fire)
+	} else {
+		k.timer.Reset(time.Until(at))
+	}
+}
+
+func (k *keeper) fire() {
+	now := time.Now()
+	_, batches := k.g.locker.(driver.BatchRefresher)
+	var lost, renew, later []*Lock
+	k.mu.Lock()
+	k.armed = time.Time{}
+	for len(k.locks) > 0 && !k.locks[0].at.After(now) {
+		l := heap.Pop(&k.locks).(*Lock)
+		if !now.Before(l.expiry.Add(-k.g.marginFor(l.ttl))) {
+			lost = append(lost, l)
+			continue
+		}
+		renew = append(renew, l)
+	}
+	if batches && len(renew) > 0 {
+		// Bring forward every renewal due within the coming period, so that
+		// it goes in the same request and falls into step with the others.
+		window := now.Add(renew[0].ttl / 3)
+		for len(k.locks) > 0 && !k.locks[0].at.After(window) {
+			l := heap.Pop(&k.locks).(*Lock)
+			if l.refreshing || l.due.After(now.Add(l.ttl/3)) {
+				later = append(later, l)
+				continue
+			}
+			renew = append(renew, l)
+		}
+	}
+	for _, l := range renew {
+		l.refreshing = true
+		l.schedule(k.g.marginFor(l.ttl))
+		heap.Push(&k.locks, l)
+	}
+	for _, l := range later {
+		heap.Push(&k.locks, l)
+	}
+	// Lost locks stay out of the heap: lose, or their Unlock, ends them.
+	for _, l := range lost {
+		l.index = -1
+	}
+	causes := make([]error, len(lost))
+	for i, l := range lost {
+		causes[i] = l.expiredCause(k.g.marginFor(l.ttl))
+	}
+	k.armLocked()
+	k.mu.Unlock()
+
+	for i, l := range lost {
+		l.lose(causes[i])
+	}
+	if len(renew) > 0 {
+		go k.renew(renew)
+	}
+}
+
+// expiredCause says why a lease was declared lost on its deadline. Called
+// with the keeper's mutex held.
+func (l *Lock) expiredCause(margin time.Duration) error {
+	if l.lastErr != nil {
+		return fmt.Errorf("not renewed within %v of its expiry: %w", margin, l.lastErr)
+	}
+	if l.refreshing {
+		return fmt.Errorf("not renewed within %v of its expiry: the renewal sent has not been answered", margin)
+	}
+	return fmt.Errorf("not renewed within %v of its expiry", margin)
+}
+
+// renew renews locks: in one call per TTL when the backend batches, else
+// concurrently, so one slow lease does not hold up the others. Each call's
+// deadline is the loss deadline of the earliest lease in it, so a renewal
+// never outlives the point where its answer could still help.
+func (k *keeper) renew(locks []*Lock) {
+	if br, ok := k.g.locker.(driver.BatchRefresher); ok {
+		byTTL := map[time.Duration][]*Lock{}
+		for _, l := range locks {
+			byTTL[l.ttl] = append(byTTL[l.ttl], l)
+		}
+		for ttl, group := range byTTL {
+			leases := make([]driver.Lease, len(group))
+			deadline := group[0].lossDeadline()
+			for i, l := range group {
+				leases[i] = l.lease
+				if d := l.lossDeadline(); d.Before(deadline) {
+					deadline = d
+				}
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			errs := br.RefreshBatch(ctx, leases, ttl)
+			cancel()
+			for i, l := range group {
+				err := errors.New("the backend returned no result for this lease")
+				if i < len(errs) {
+					err = errs[i]
+				}
+				k.renewed(l, err)
+			}
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for _, l := range locks {
+		wg.Go(func() {
+			ctx, cancel := context.WithDeadline(context.Background(), l.lossDeadline())
+			err := l.lease.Refresh(ctx, l.ttl)
+			cancel()
+			k.renewed(l, err)
+		})
+	}
+	wg.Wait()
+}
+
+// lossDeadline reads, under the keeper's mutex, when l is lost unless renewed.
+func (l *Lock) lossDeadline() time.Time {
+	k := &l.g.keeper
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return l.expiry.Add(-k.g.marginFor(l.ttl))
+}
+
+// renewed takes the result of l's renewal.
+func (k *keeper) renewed(l *Lock, err error) {
+	g := k.g
+	if err != nil {
+		g.tel.refreshFailures.Add(context.Background(), 1, g.tel.onBackend...)
+	}
+	k.mu.Lock()
+	l.refreshing = false
+	if l.index < 0 {
+		// Unlocked, or declared lost, while the renewal was in flight.
+		k.mu.Unlock()
+		return
+	}
+	if errors.Is(err, ErrNotHeld) {
+		heap.Remove(&k.locks, l.index)
+		k.mu.Unlock()
+		l.lose(err)
+		return
+	}
+	margin := g.marginFor(l.ttl)
+	if err == nil {
+		l.lastErr = nil
+		l.expiry = l.lease.Expiry()
+		l.due = l.expiry.Add(-l.ttl + l.ttl/3)
+	} else {
+		l.lastErr = err
+		l.due = time.Now().Add(l.ttl / retryDivisor)
+		g.logger.Warn("warden: renewal failed; retrying until the lease's loss deadline",
+			"key", l.key, "backend", g.backend, "deadline", l.expiry.Add(-margin), "error", err)
+	}
+	l.schedule(margin)
+	heap.Fix(&k.locks, l.index)
+	k.armLocked()
+	k.mu.Unlock()
+}
+
+// sessionWatch watches one backend session for the locks it keeps alive.
+type sessionWatch struct {
+	k      *keeper
+	sess   driver.Session
+	locks  map[*Lock]struct{}
+	margin time.Duration // the largest margin of its locks so far
+	timer  *time.Timer
+	armed  bool
+}
+
+func (k *keeper) addToSession(l *Lock, s driver.Session) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.sessions == nil {
+		k.sessions = map[driver.Session]*sessionWatch{}
+	}
+	sw := k.sessions[s]
+	if sw == nil {
+		sw = &sessionWatch{k: k, sess: s, locks: map[*Lock]struct{}{}}
+		k.sessions[s] = sw
+		go sw.watch()
+	}
+	sw.locks[l] = struct{}{}
+	sw.margin = max(sw.margin, k.g.marginFor(l.ttl))
+	l.sess = sw
+	if !sw.armed {
+		sw.arm()
+	}
+}
+
+// arm sets the timer for the session's loss deadline. Called with the
+// keeper's mutex held.
+func (sw *sessionWatch) arm() {
+	d := time.Until(sw.sess.Expiry().Add(-sw.margin))
+	sw.armed = true
+	if sw.timer == nil {
+		sw.timer = time.AfterFunc(d, sw.check)
+	} else {
+		sw.timer.Reset(d)
+	}
+}
+
+// remove takes l off the session. Called with the keeper's mutex held.
+func (sw *sessionWatch) remove(l *Lock) {
+	delete(sw.locks, l)
+	l.sess = nil
+	if len(sw.locks) == 0 && sw.timer != nil {
+		sw.timer.Stop()
+		sw.armed = false
+	}
+}
+
+// check runs at the session's loss deadline as last known: a session renewed
+// since has moved its expiry, and the timer is set again for it.
+func (sw *sessionWatch) check() {
+	k := sw.k
+	k.mu.Lock()
+	sw.armed = false
+	if len(sw.locks) == 0 {
+		k.mu.Unlock()
+		return
+	}
+	if time.Now().Before(sw.sess.Expiry().Add(-sw.margin)) {
+		sw.arm()
+		k.mu.Unlock()
+		return
+	}
+	k.mu.Unlock()
+	sw.loseAll(fmt.Errorf("the backend session was not renewed within %v of its expiry", sw.margin))
+}
+
+// watch loses every lock of the session the moment the backend reports the
+// session gone, and forgets the session.
+func (sw *sessionWatch) watch() {
+	<-sw.sess.Done()
+	k := sw.k
+	k.mu.Lock()
+	delete(k.sessions, sw.sess)
+	k.mu.Unlock()
+	sw.loseAll(errors.New("the backend reported its session lost"))
+}
+
+func (sw *sessionWatch) loseAll(cause error) {
+	k := sw.k
+	k.mu.Lock()
+	locks := make([]*Lock, 0, len(sw.locks))
+	for l := range sw.locks {
+		locks = append(locks, l)
+	}
+	k.mu.Unlock()
+	for _, l := range locks {
+		l.lose(cause)
+	}
+}
+
+// lockHeap orders locks by when the keeper must next look at them.
+type lockHeap []*Lock
+
+func (h lockHeap) Len() int           { return len(h) }
+func (h lockHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h lockHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *lockHeap) Push(x any) {
+	l := x.(*Lock)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *lockHeap) Pop() any {
+	old := *h
+	n := len(old)
+	l := old[n-1]
+	old[n-1] = nil
+	l.index = -1
+	*h = old[:n-1]
+	return l
+}
