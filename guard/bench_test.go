@@ -7,6 +7,7 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // BenchmarkDo measures an uncontended Do on the memory backend with no
@@ -31,7 +32,7 @@ func BenchmarkDo(b *testing.B) {
 func BenchmarkBackendFloor(b *testing.B) {
 	l := memory.New()
 	ctx := context.Background()
-	o := guard.AcquireOptions{TTL: 30 * time.Second}
+	o := driver.AcquireOptions{TTL: 30 * time.Second}
 	b.ReportAllocs()
 	for b.Loop() {
 		lease, err := l.Acquire(ctx, "warden:job", o)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // A critical section: Do takes the lock, keeps it alive while fn runs, and
@@ -67,4 +68,40 @@ func ExampleGuard_DoAll() {
 	// account/3
 	// account/9
 	// err: <nil>
+}
+
+// partitioned is the in-process backend behind a network that has just been
+// cut: leases are granted, but no renewal gets through any more.
+type partitioned struct{ *memory.Locker }
+
+func (p partitioned) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	l, err := p.Locker.Acquire(ctx, key, o)
+	if err != nil {
+		return nil, err
+	}
+	return cutLease{l}, nil
+}
+
+type cutLease struct{ driver.Lease }
+
+func (cutLease) Refresh(context.Context, time.Duration) error {
+	return fmt.Errorf("%w: connection reset", driver.ErrUnavailable)
+}
+
+// What a section sees when its lock is lost: when no renewal could confirm
+// the lease, its context is cancelled a safety margin before the lease could
+// expire on the server, with cause ErrLockLost, and Do reports the loss even
+// if the section returns nil. The section must stop writing at once; a
+// fencing token in every write protects the data if it does not.
+func ExampleGuard_Do_lost() {
+	g, _ := guard.New(partitioned{memory.New()}, guard.WithTTL(300*time.Millisecond))
+	err := g.Do(context.Background(), "ledger", func(ctx context.Context, l *guard.Lock) error {
+		<-ctx.Done() // a real section checks ctx between steps
+		fmt.Println("section stopped; cause is ErrLockLost:", errors.Is(context.Cause(ctx), guard.ErrLockLost))
+		return nil
+	})
+	fmt.Println("Do reports the loss:", errors.Is(err, guard.ErrLockLost))
+	// Output:
+	// section stopped; cause is ErrLockLost: true
+	// Do reports the loss: true
 }

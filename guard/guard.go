@@ -51,6 +51,7 @@ type Guard struct {
 	logger         *slog.Logger
 	tel            *telemetry
 	keeper         keeper
+	names          names
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses
@@ -287,10 +288,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 			return nil, wrapLockErr(key, err)
 		}
 	}
-	full := key
-	if g.prefix != "" {
-		full = g.prefix + key
-	}
+	full := g.names.full(g.prefix, key)
 	if l, err := g.reenter(ctx, full, &c); l != nil || err != nil {
 		return l, err
 	}
@@ -298,11 +296,17 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		return nil, err
 	}
 
-	start := time.Now()
 	var span trace.Span
 	tracer := g.tel.tracerFor(ctx)
 	if tracer != nil {
 		_, span = g.tel.startSpan(ctx, tracer, "warden.acquire", key)
+	}
+	// The clock is read only for someone who records the wait: on some
+	// machines a clock read costs as much as the in-process lock itself.
+	timed := span != nil || g.tel.acquireDuration.Enabled(ctx)
+	var start time.Time
+	if timed {
+		start = time.Now()
 	}
 	actx := ctx
 	if c.wait > 0 {
@@ -311,7 +315,10 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		defer cancel()
 	}
 	lease, err := g.acquireLease(actx, full, &c)
-	took := time.Since(start)
+	var took time.Duration
+	if timed {
+		took = time.Since(start)
+	}
 	if err == nil && lease == nil {
 		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
 	}
@@ -335,7 +342,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 
 	l := &Lock{
 		g: g, key: key, full: full, mode: c.mode, ttl: c.ttl,
-		lease: lease, outer: heldBy(ctx), holds: 1, index: -1, since: start.Add(took),
+		lease: lease, outer: heldBy(ctx), holds: 1, index: -1,
 	}
 	lctx, cancel := context.WithCancelCause(ctx)
 	l.ctx = lockContext{Context: lctx, lock: l}
@@ -345,6 +352,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		endSpan(span, outcomeAcquired, nil,
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
+		l.since = start.Add(took)
 		var sctx context.Context
 		sctx, l.span = g.tel.startSpan(lctx, tracer, "warden.section", key)
 		if l.span != nil {

@@ -41,6 +41,10 @@ type keeper struct {
 // so several fit before the loss deadline.
 const retryDivisor = 10
 
+// maxRenewals bounds the renewals in flight at once on a backend that
+// renews one lease per request.
+const maxRenewals = 32
+
 func (k *keeper) add(l *Lock) {
 	if sl, ok := l.lease.(driver.SessionLease); ok {
 		k.addToSession(l, sl.Session())
@@ -193,9 +197,15 @@ func (k *keeper) renew(locks []*Lock) {
 		}
 		return
 	}
+	// At most maxRenewals at once: goroutines stay bounded however many
+	// locks fall due together, and a renewal that hangs holds one slot
+	// while the loss deadline, not its answer, decides its lock's fate.
+	slots := make(chan struct{}, maxRenewals)
 	var wg sync.WaitGroup
 	for _, l := range locks {
+		slots <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-slots }()
 			ctx, cancel := context.WithDeadline(context.Background(), l.lossDeadline())
 			err := l.lease.Refresh(ctx, l.ttl)
 			cancel()

@@ -58,6 +58,20 @@ func (l *Lock) Key() string { return l.key }
 // write that carries an older token: see the fencing helpers of the backends.
 func (l *Lock) Token() uint64 { return l.lease.Token() }
 
+// Expiry returns the lease's conservative expiry as last confirmed: the send
+// time of the request that granted or last renewed it plus its TTL, on this
+// process's clock. The lock is declared lost a safety margin before it
+// unless a renewal moves it.
+func (l *Lock) Expiry() time.Time {
+	k := &l.g.keeper
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l.sess != nil {
+		return l.sess.sess.Expiry()
+	}
+	return l.expiry
+}
+
 // Context returns a context derived from the one the lock was taken with,
 // carrying the lock (nested acquisitions of the same key with it are
 // reentrant) and cancelled when the lock is lost, with cause ErrLockLost
@@ -214,7 +228,8 @@ func heldBy(ctx context.Context) *Lock {
 type releaseContext struct {
 	values   context.Context
 	timeout  time.Duration
-	once     sync.Once
+	mu       sync.Mutex
+	stopped  bool // no timer may start any more
 	deadline time.Time
 	done     chan struct{}
 	timer    *time.Timer
@@ -225,16 +240,26 @@ func (c *releaseContext) init(ctx context.Context, timeout time.Duration) {
 }
 
 func (c *releaseContext) start() {
-	c.once.Do(func() {
-		c.deadline = time.Now().Add(c.timeout)
-		c.done = make(chan struct{})
-		c.timer = time.AfterFunc(c.timeout, func() { close(c.done) })
-	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return
+	}
+	c.done = make(chan struct{})
+	if c.stopped {
+		// Asked for after the release: report it over.
+		close(c.done)
+		return
+	}
+	c.deadline = time.Now().Add(c.timeout)
+	c.timer = time.AfterFunc(c.timeout, func() { close(c.done) })
 }
 
 // stop frees the timer once the release is over.
 func (c *releaseContext) stop() {
-	c.once.Do(func() {}) // no timer can be started after this
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
 	if c.timer != nil {
 		c.timer.Stop()
 	}

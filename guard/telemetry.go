@@ -81,7 +81,9 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 }
 
 func (t *telemetry) acquired(ctx context.Context, outcome string, took time.Duration) {
-	t.acquireDuration.Record(ctx, took.Seconds(), t.byOutcome[outcome]...)
+	if t.acquireDuration.Enabled(ctx) {
+		t.acquireDuration.Record(ctx, took.Seconds(), t.byOutcome[outcome]...)
+	}
 	switch outcome {
 	case outcomeAcquired:
 		t.held.Add(ctx, 1, t.onBackend...)

@@ -20,7 +20,7 @@ func TestSpansAndMetrics(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	f := newFaulty()
+	f := newFaulty(t)
 	g := newGuard(t, f, guard.WithTracerProvider(tp), guard.WithMeterProvider(mp),
 		guard.WithBackendName("memory"), guard.WithTTL(90*time.Millisecond))
 	ctx := context.Background()
@@ -99,7 +99,7 @@ func TestSpansAndMetrics(t *testing.T) {
 func TestSpansFollowTheParentSpan(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	g := newGuard(t, newFaulty())
+	g := newGuard(t, newFaulty(t))
 	noop := func(context.Context, *guard.Lock) error { return nil }
 
 	if err := g.Do(context.Background(), "untraced", noop); err != nil {

@@ -317,6 +317,10 @@ func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	now := time.Now()
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
+	return s.refreshLocked(ttl, now)
+}
+
+func (s *lease) refreshLocked(ttl time.Duration, now time.Time) error {
 	e := s.l.entries[s.key]
 	if e == nil {
 		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
@@ -331,6 +335,24 @@ func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	e.holders[i].expires = s.expires
 	s.l.schedule(e, now)
 	return nil
+}
+
+// RefreshBatch implements driver.BatchRefresher: one pass under the
+// Locker's mutex instead of one per lease.
+func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
+	errs := make([]error, len(leases))
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, dl := range leases {
+		s, ok := dl.(*lease)
+		if !ok || s.l != l {
+			errs[i] = fmt.Errorf("%w: a lease of another Locker", driver.ErrInvalidOption)
+			continue
+		}
+		errs[i] = s.refreshLocked(ttl, now)
+	}
+	return errs
 }
 
 func (s *lease) Release(ctx context.Context) error {

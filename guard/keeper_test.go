@@ -1,0 +1,317 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// A renewal that hangs, in a client that ignores ctx deadlines, must not
+// delay the loss: the section's ctx is cancelled by the lease's conservative
+// expiry minus the margin, never after the expiry.
+func TestHungRefreshLosesOnTime(t *testing.T) {
+	for range 3 {
+		f := newFaulty(t)
+		f.refreshBlock.Store(true)
+		ttl, margin := 900*time.Millisecond, 250*time.Millisecond
+		g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+		var expiry, cancelled time.Time
+		err := g.Do(context.Background(), "hung", func(ctx context.Context, l *guard.Lock) error {
+			expiry = l.Expiry()
+			select {
+			case <-ctx.Done():
+				cancelled = time.Now()
+			case <-time.After(10 * ttl):
+				t.Fatal("section context not cancelled while the renewal hung")
+			}
+			return nil
+		})
+		if !errors.Is(err, guard.ErrLockLost) {
+			t.Fatalf("Do: %v, want ErrLockLost", err)
+		}
+		if !cancelled.Before(expiry) {
+			t.Errorf("cancelled %v after the lease's conservative expiry", cancelled.Sub(expiry))
+		}
+		if early := expiry.Sub(cancelled); early > margin+50*time.Millisecond+ttl/3 {
+			t.Errorf("cancelled %v before the expiry: far earlier than the margin %v", early, margin)
+		}
+		if !strings.Contains(err.Error(), `warden: lock "hung" lost: `) {
+			t.Errorf("error text %q does not name the lock once", err)
+		}
+	}
+}
+
+// A section whose lease was taken over, where nothing told guard before the
+// release (renewals answered yes, but the lease ran out on the server), must
+// make Do report the loss, every time.
+func TestTakeoverFoundAtReleaseIsALoss(t *testing.T) {
+	f := newFaulty(t)
+	f.fakeRenew.Store(true)
+	ttl := 60 * time.Millisecond
+	g := newGuard(t, f, guard.WithTTL(ttl))
+	other := newGuard(t, f.mem)
+	for i := range 20 {
+		key := "taken/" + strconv.Itoa(i)
+		err := g.Do(context.Background(), key, func(ctx context.Context, l *guard.Lock) error {
+			// The memory lease expires on its own; another owner takes it.
+			taken, err := other.Lock(context.Background(), key, guard.WaitAtMost(10*time.Second))
+			if err != nil {
+				return err
+			}
+			return taken.Unlock(context.Background())
+		})
+		if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
+			t.Fatalf("round %d: Do = %v, want ErrLockLost and ErrNotHeld", i, err)
+		}
+	}
+}
+
+// sessionLocker wraps the memory backend so that its leases are kept alive
+// by a session, as etcd's and ZooKeeper's are: guard must never refresh
+// them, and must lose them all when the session goes.
+type sessionLocker struct {
+	*memory.Locker
+	sess      *fakeSession
+	refreshes atomic.Int32
+}
+
+type fakeSession struct {
+	mu     sync.Mutex
+	expiry time.Time
+	done   chan struct{}
+}
+
+func (s *fakeSession) Expiry() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expiry
+}
+
+func (s *fakeSession) Done() <-chan struct{} { return s.done }
+
+func (s *fakeSession) renew(ttl time.Duration) {
+	s.mu.Lock()
+	s.expiry = time.Now().Add(ttl)
+	s.mu.Unlock()
+}
+
+type sessionLease struct {
+	driver.Lease
+	l *sessionLocker
+}
+
+func (l *sessionLease) Session() driver.Session { return l.l.sess }
+func (l *sessionLease) Expiry() time.Time       { return l.l.sess.Expiry() }
+func (l *sessionLease) Refresh(ctx context.Context, ttl time.Duration) error {
+	l.l.refreshes.Add(1)
+	return l.Lease.Refresh(ctx, ttl)
+}
+
+func newSessionLocker(ttl time.Duration) *sessionLocker {
+	s := &sessionLocker{Locker: memory.New(), sess: &fakeSession{done: make(chan struct{})}}
+	s.sess.renew(ttl)
+	return s
+}
+
+func (s *sessionLocker) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	// The in-process lease itself must outlive the test: the session, not
+	// the memory TTL, is what this backend's leases live by.
+	o.TTL = time.Hour
+	l, err := s.Locker.Acquire(ctx, key, o)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionLease{Lease: l, l: s}, nil
+}
+
+func TestSessionLossCancelsAtOnce(t *testing.T) {
+	sl := newSessionLocker(time.Hour)
+	g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+	ctx := context.Background()
+	a, err := g.Lock(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := g.Lock(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(sl.sess.done)
+	for _, l := range []*guard.Lock{a, b} {
+		select {
+		case <-l.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a lock of a lost session was not cancelled")
+		}
+		if err := l.Unlock(ctx); !errors.Is(err, guard.ErrLockLost) {
+			t.Errorf("Unlock after the session was lost: %v, want ErrLockLost", err)
+		}
+	}
+	if n := sl.refreshes.Load(); n != 0 {
+		t.Errorf("%d per-lock refreshes of session leases, want none", n)
+	}
+}
+
+func TestSessionNotRenewedLosesOnTime(t *testing.T) {
+	ttl := 900 * time.Millisecond
+	sl := newSessionLocker(ttl)
+	g := newGuard(t, sl, guard.WithTTL(ttl))
+	ctx := context.Background()
+	// Renew the session for a while: the lock must stay.
+	l, err := g.Lock(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 6 {
+		time.Sleep(ttl / 3)
+		sl.sess.renew(ttl)
+		if l.Err() != nil {
+			t.Fatalf("lock lost while its session was renewed: %v", l.Err())
+		}
+	}
+	expiry := sl.sess.Expiry()
+	select {
+	case <-l.Context().Done():
+	case <-time.After(10 * ttl):
+		t.Fatal("lock kept after its session stopped being renewed")
+	}
+	if now := time.Now(); !now.Before(expiry) {
+		t.Errorf("cancelled %v after the session's expiry", now.Sub(expiry))
+	}
+	l.Unlock(ctx)
+	if n := sl.refreshes.Load(); n != 0 {
+		t.Errorf("%d per-lock refreshes of session leases, want none", n)
+	}
+}
+
+// Holding many locks costs no goroutine per lock, whether they are renewed
+// one by one or kept by a session.
+func TestGoroutinesDoNotGrowWithHeldLocks(t *testing.T) {
+	const n = 10000
+	for _, tc := range []struct {
+		name   string
+		locker driver.Locker
+	}{
+		{"memory", memory.New()},
+		{"session", newSessionLocker(time.Hour)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGuard(t, tc.locker, guard.WithTTL(3*time.Second))
+			ctx := context.Background()
+			before := runtime.NumGoroutine()
+			locks := make([]*guard.Lock, 0, n)
+			for i := range n {
+				l, err := g.Lock(ctx, "many/"+strconv.Itoa(i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				locks = append(locks, l)
+			}
+			// Across a renewal, so the keeper's work is counted too.
+			time.Sleep(1200 * time.Millisecond)
+			during := runtime.NumGoroutine()
+			for _, l := range locks {
+				if err := l.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if during-before > 5 {
+				t.Errorf("%d goroutines with %d held locks, %d with none", during, n, before)
+			}
+		})
+	}
+}
+
+// batchCounter is the memory backend with a batch refresh that counts its
+// calls.
+type batchCounter struct {
+	*memory.Locker
+	batches atomic.Int32
+	leases  atomic.Int32
+}
+
+func (b *batchCounter) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
+	b.batches.Add(1)
+	b.leases.Add(int32(len(leases)))
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = l.Refresh(ctx, ttl)
+	}
+	return errs
+}
+
+// Locks taken at different moments fall into step: after the first period,
+// renewing them all takes one batch per period.
+func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
+	ttl := 1500 * time.Millisecond
+	bc := &batchCounter{Locker: memory.New()}
+	g := newGuard(t, bc, guard.WithTTL(ttl))
+	ctx := context.Background()
+	var locks []*guard.Lock
+	// 300 locks spread over a whole renewal period.
+	for i := range 300 {
+		l, err := g.Lock(ctx, "batch/"+strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l)
+		time.Sleep(ttl / 3 / 300)
+	}
+	time.Sleep(ttl) // let them fall into step
+	b0, l0 := bc.batches.Load(), bc.leases.Load()
+	periods := 4
+	time.Sleep(time.Duration(periods) * ttl / 3)
+	batches, renewed := bc.batches.Load()-b0, bc.leases.Load()-l0
+	for _, l := range locks {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("unlock: %v", err)
+		}
+	}
+	t.Logf("%d batches renewing %d leases over %d periods", batches, renewed, periods)
+	if max := int32(2 * (periods + 1)); batches > max {
+		t.Errorf("%d batches over %d renewal periods of 300 locks, want at most %d", batches, periods, max)
+	}
+	if renewed < int32(300*(periods-1)) {
+		t.Errorf("only %d lease renewals over %d periods of 300 locks", renewed, periods)
+	}
+}
+
+// limited declares etcd-like TTL limits.
+type limited struct{ *memory.Locker }
+
+func (limited) Limits() driver.Limits {
+	return driver.Limits{MinTTL: 2 * time.Second, TTLStep: time.Second}
+}
+
+func TestTTLCheckedAgainstTheBackendsLimits(t *testing.T) {
+	lk := limited{memory.New()}
+	for _, ttl := range []time.Duration{time.Second, 1500 * time.Millisecond, -time.Second} {
+		if _, err := guard.New(lk, guard.WithTTL(ttl)); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("New(WithTTL(%v)) on a backend of whole seconds from 2s: %v, want ErrInvalidOption", ttl, err)
+		}
+	}
+	g := newGuard(t, lk, guard.WithTTL(3*time.Second))
+	if err := g.ValidateTTL(2500 * time.Millisecond); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("ValidateTTL(2.5s): %v, want ErrInvalidOption", err)
+	}
+	err := g.Do(context.Background(), "k", func(context.Context, *guard.Lock) error { return nil }, guard.TTL(2500*time.Millisecond))
+	if !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("Do with TTL(2.5s): %v, want ErrInvalidOption", err)
+	}
+	if _, err := guard.New(memory.New(), guard.WithTTL(time.Second), guard.WithSafetyMargin(600*time.Millisecond)); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("a margin over half the TTL: %v, want ErrInvalidOption", err)
+	}
+	if err := g.Do(context.Background(), "k", nil); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("Do with a nil function: %v, want ErrInvalidOption", err)
+	}
+}
