@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 func TestConformance(t *testing.T) {
