@@ -2,6 +2,8 @@ package guard_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -11,7 +13,10 @@ import (
 )
 
 // BenchmarkDo measures an uncontended Do on the memory backend with no
-// telemetry provider: everything guard adds to the backend's own cost.
+// telemetry provider: everything guard adds to the backend's own cost. It
+// also reports x-floor, its time per op over that of the same backend's bare
+// Acquire and Release run as many times right after it, since only a ratio
+// from one run means anything on a shared machine.
 func BenchmarkDo(b *testing.B) {
 	g, err := guard.New(memory.New())
 	if err != nil {
@@ -20,27 +25,85 @@ func BenchmarkDo(b *testing.B) {
 	ctx := context.Background()
 	fn := func(context.Context, *guard.Lock) error { return nil }
 	b.ReportAllocs()
+	start := time.Now()
+	n := 0
 	for b.Loop() {
 		if err := g.Do(ctx, "job", fn); err != nil {
 			b.Fatal(err)
 		}
+		n++
 	}
+	do := time.Since(start)
+	b.StopTimer()
+	l := memory.New()
+	start = time.Now()
+	for range n {
+		acquireRelease(b, l)
+	}
+	b.ReportMetric(float64(do)/float64(time.Since(start)), "x-floor")
 }
 
 // BenchmarkBackendFloor is the floor Do is compared with: the same backend's
 // acquire and release, called directly.
 func BenchmarkBackendFloor(b *testing.B) {
 	l := memory.New()
-	ctx := context.Background()
-	o := driver.AcquireOptions{TTL: 30 * time.Second}
 	b.ReportAllocs()
 	for b.Loop() {
-		lease, err := l.Acquire(ctx, "warden:job", o)
+		acquireRelease(b, l)
+	}
+}
+
+func acquireRelease(b *testing.B, l *memory.Locker) {
+	ctx := context.Background()
+	lease, err := l.Acquire(ctx, "warden:job", driver.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkHeldLocks holds 10,000 locks through one Guard on the memory
+// backend and reports the heap each held lock costs (guard's Lock, its place
+// in the keeper, the backend's lease) and the goroutines added by holding
+// them all.
+func BenchmarkHeldLocks(b *testing.B) {
+	const n = 10_000
+	ctx := context.Background()
+	var perLock, goroutines float64
+	for b.Loop() {
+		g, err := guard.New(memory.New(), guard.WithTTL(30*time.Second))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := lease.Release(ctx); err != nil {
-			b.Fatal(err)
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("held/%d", i)
+		}
+		locks := make([]*guard.Lock, n)
+		before, g0 := heapInUse(), runtime.NumGoroutine()
+		for i, k := range keys {
+			if locks[i], err = g.TryLock(ctx, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		after, g1 := heapInUse(), runtime.NumGoroutine()
+		perLock = float64(after-before) / n
+		goroutines = float64(g1 - g0)
+		for _, l := range locks {
+			if err := l.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
+	b.ReportMetric(perLock, "B/lock")
+	b.ReportMetric(goroutines, "goroutines")
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -33,6 +33,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -49,6 +50,8 @@ type Guard struct {
 	releaseTimeout time.Duration
 	backend        string
 	logger         *slog.Logger
+	tracerProvider trace.TracerProvider // nil: otel's global, read when used
+	meterProvider  metric.MeterProvider
 	tel            *telemetry
 	keeper         keeper
 	names          names
@@ -107,6 +110,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("warden: guard: telemetry: %w", err)
 	}
 	g.tel = tel
+	g.tracerProvider, g.meterProvider = c.tracerProvider, c.meterProvider
 	g.keeper.g = g
 	return g, nil
 }
@@ -121,6 +125,20 @@ func (g *Guard) ReleaseTimeout() time.Duration { return g.releaseTimeout }
 // Logger returns the Guard's logger, for packages built on a Guard (the
 // scheduler, the HTTP middleware) to log alike.
 func (g *Guard) Logger() *slog.Logger { return g.logger }
+
+// TracerProvider returns the TracerProvider the Guard traces with: the one
+// given with WithTracerProvider, or otel's global one. Packages built on a
+// Guard trace with it too.
+func (g *Guard) TracerProvider() trace.TracerProvider {
+	if g.tracerProvider != nil {
+		return g.tracerProvider
+	}
+	return otel.GetTracerProvider()
+}
+
+// MeterProvider returns the MeterProvider the Guard measures with: the one
+// given with WithMeterProvider, or otel's global one.
+func (g *Guard) MeterProvider() metric.MeterProvider { return g.meterProvider }
 
 // ValidateTTL reports why ttl cannot be used for a lock of this Guard: not
 // positive, outside the backend's limits, or not longer than twice the

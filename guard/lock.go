@@ -133,8 +133,13 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		l.markLost(err, true)
 		err = l.Err()
 	case err != nil:
-		g.logger.WarnContext(ctx, "warden: release failed; the lock stays taken until its lease expires on the server",
-			"key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
+		msg := "warden: release failed; the lock stays taken until its lease expires on the server"
+		if _, ok := l.lease.(driver.SessionLease); ok {
+			// Such backends give the session up when a release cannot be
+			// confirmed, so that the lock goes with it.
+			msg = "warden: release failed; the lock stays taken until the backend's session that kept it expires"
+		}
+		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))
 	}
 	l.cancel(errUnlocked)

@@ -14,12 +14,13 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/httpmw"
 )
 
 const patience = 30 * time.Second
 
-func newGuard(t *testing.T, l guard.Locker, opts ...guard.Option) *guard.Guard {
+func newGuard(t *testing.T, l driver.Locker, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	g, err := guard.New(l, opts...)
 	if err != nil {
@@ -138,9 +139,9 @@ func TestLockBusy(t *testing.T) {
 
 // losing is a backend whose leases are lost at their first refresh, as when
 // the server was partitioned from the lock service.
-type losing struct{ guard.Locker }
+type losing struct{ driver.Locker }
 
-func (l losing) Acquire(ctx context.Context, key string, o guard.AcquireOptions) (guard.Lease, error) {
+func (l losing) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
 	lease, err := l.Locker.Acquire(ctx, key, o)
 	if err != nil {
 		return nil, err
@@ -148,9 +149,9 @@ func (l losing) Acquire(ctx context.Context, key string, o guard.AcquireOptions)
 	return lostLease{lease}, nil
 }
 
-type lostLease struct{ guard.Lease }
+type lostLease struct{ driver.Lease }
 
-func (lostLease) Refresh(context.Context, time.Duration) error { return guard.ErrNotHeld }
+func (lostLease) Refresh(context.Context, time.Duration) error { return driver.ErrNotHeld }
 
 func TestLockLostCancelsHandler(t *testing.T) {
 	g := newGuard(t, losing{memory.New()}, guard.WithTTL(300*time.Millisecond))

@@ -1,4 +1,4 @@
-package etcd
+package etcdlock
 
 import (
 	"context"
@@ -11,10 +11,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // contender is one party to a handoff benchmark: warden's Locker or, as the
@@ -27,11 +26,11 @@ type contender interface {
 type wardenContender struct {
 	l     *Locker
 	key   string
-	lease guard.Lease
+	lease driver.Lease
 }
 
 func (c *wardenContender) lock(ctx context.Context) (err error) {
-	c.lease, err = c.l.Acquire(ctx, c.key, guard.AcquireOptions{TTL: MinTTL, Wait: true})
+	c.lease, err = c.l.Acquire(ctx, c.key, opts(MinTTL, true))
 	return err
 }
 
@@ -50,7 +49,7 @@ func BenchmarkHandoff(b *testing.B) {
 	const contenders = 8
 	eps := endpoints(b)
 	b.Run("warden", func(b *testing.B) {
-		key := fmt.Sprintf("bench/handoff/%d", time.Now().UnixNano())
+		key := name("bench/handoff")
 		cs := make([]contender, contenders)
 		for i := range cs {
 			l, _ := newLocker(b, eps)
@@ -59,7 +58,7 @@ func BenchmarkHandoff(b *testing.B) {
 		runHandoffs(b, cs)
 	})
 	b.Run("concurrency.Mutex", func(b *testing.B) {
-		pfx := fmt.Sprintf("%s/bench-mutex/%d", testPrefix, time.Now().UnixNano())
+		pfx := name("bench-mutex")
 		cs := make([]contender, contenders)
 		for i := range cs {
 			s, err := concurrency.NewSession(newClient(b, eps), concurrency.WithTTL(int(MinTTL/time.Second)))
@@ -175,29 +174,18 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 	lockers := make([]*Locker, clients)
 	var probe *clientv3.Client
 	for i := range lockers {
-		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: rc.dialOptions()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		if lockers[i], err = New(c, WithKeyPrefix(testPrefix)); err != nil {
-			b.Fatal(err)
-		}
+		c := newClient(b, eps, rc.dialOptions()...)
+		lockers[i] = lockerOn(b, c)
 		probe = c
 	}
-	b.Cleanup(func() {
-		for _, l := range lockers {
-			l.Close(context.Background())
-		}
-	})
-	opts := guard.AcquireOptions{TTL: MinTTL, Wait: true}
+	o := opts(MinTTL, true)
 	for _, waiters := range []int{4, 16, 64} {
 		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) {
 			ctx := context.Background()
 			var unary, sent, received, handoffs int64
 			for b.Loop() {
-				key := fmt.Sprintf("bench/requests/%d", time.Now().UnixNano())
-				holder, err := lockers[0].Acquire(ctx, key, opts)
+				key := name("bench/requests")
+				holder, err := lockers[0].Acquire(ctx, key, o)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -205,7 +193,7 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 				for i := range waiters {
 					l := lockers[i%clients]
 					wg.Go(func() {
-						lease, err := l.Acquire(ctx, key, opts)
+						lease, err := l.Acquire(ctx, key, o)
 						if err != nil {
 							b.Error(err)
 							return
@@ -216,7 +204,7 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 					})
 				}
 				// Everyone queued (and their watches created) before counting.
-				for len(keysUnder(b, probe, lockers[0], key)) < waiters+1 {
+				for len(keysUnder(b, probe, key)) < waiters+1 {
 					time.Sleep(time.Millisecond)
 				}
 				time.Sleep(50 * time.Millisecond)

@@ -1,4 +1,4 @@
-package etcd
+package etcdlock
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -21,12 +21,7 @@ import (
 // WithStorePrefix says otherwise; records live under <prefix>/idem/.
 const DefaultStorePrefix = "warden"
 
-// cleanupTimeout bounds the best-effort revocation of a lease nothing uses
-// any more, which runs even when the caller's context is done: a lease left
-// behind holds nothing, but it stays in the server's memory until its TTL.
-const cleanupTimeout = 2 * time.Second
-
-// IdempotencyStore is an idempotency.Store on etcd. It is safe for concurrent
+// Store is an idempotency.Store on etcd. It is safe for concurrent
 // use.
 //
 // # Expiry
@@ -72,18 +67,27 @@ const cleanupTimeout = 2 * time.Second
 // response. A record with a response of idempotency.MaxResponseLen (1 MiB) is
 // a request of about 1 MiB + 1 KiB, within etcd's default request limit of
 // 1.5 MiB (--max-request-bytes) and the client's default send limit of 2 MiB.
-type IdempotencyStore struct {
-	client *clientv3.Client
-	dir    string
+//
+// # Failures
+//
+// Every request is bounded by the request timeout (WithStoreRequestTimeout):
+// one that gets no answer in time fails with an error wrapping
+// idempotency.ErrUnavailable (which is driver.ErrUnavailable), while the
+// caller's own cancellation is reported as ctx's error.
+type Store struct {
+	client  *clientv3.Client
+	dir     string
+	timeout bound
 }
 
-var _ idempotency.Store = (*IdempotencyStore)(nil)
+var _ idempotency.Store = (*Store)(nil)
 
-// StoreOption configures an IdempotencyStore.
+// StoreOption configures an Store.
 type StoreOption func(*storeConfig) error
 
 type storeConfig struct {
-	prefix string
+	prefix  string
+	timeout bound
 }
 
 // WithStorePrefix puts the records under <prefix>/idem/ (a trailing '/' is
@@ -93,33 +97,48 @@ func WithStorePrefix(prefix string) StoreOption {
 	return func(c *storeConfig) error {
 		p := strings.TrimSuffix(prefix, "/")
 		if p == "" {
-			return fmt.Errorf("%w: empty etcd key prefix", guard.ErrInvalidOption)
+			return fmt.Errorf("%w: empty etcd key prefix", driver.ErrInvalidOption)
 		}
 		c.prefix = p
 		return nil
 	}
 }
 
-// NewIdempotencyStore returns a store that keeps its records in the etcd
+// WithStoreRequestTimeout bounds each request the store makes to etcd; d
+// must be positive. Default DefaultRequestTimeout.
+func WithStoreRequestTimeout(d time.Duration) StoreOption {
+	return func(c *storeConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: etcd request timeout %v is not positive", driver.ErrInvalidOption, d)
+		}
+		c.timeout = bound(d)
+		return nil
+	}
+}
+
+// NewStore returns a store that keeps its records in the etcd
 // cluster client talks to. The client stays the caller's; the store holds no
 // resources of its own and makes no request until it is used.
-func NewIdempotencyStore(client *clientv3.Client, opts ...StoreOption) (*IdempotencyStore, error) {
+func NewStore(client *clientv3.Client, opts ...StoreOption) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: nil etcd client", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalidOption)
 	}
-	c := storeConfig{prefix: DefaultStorePrefix}
+	c := storeConfig{prefix: DefaultStorePrefix, timeout: bound(DefaultRequestTimeout)}
 	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalidOption)
+		}
 		if err := o(&c); err != nil {
 			return nil, err
 		}
 	}
-	return &IdempotencyStore{client: client, dir: c.prefix + "/idem/"}, nil
+	return &Store{client: client, dir: c.prefix + "/idem/", timeout: c.timeout}, nil
 }
 
 // recordKey is unambiguous because the scope's length comes first, and
 // base64url keeps NULs and '/' out of the key so that tools listing the
 // prefix see one flat directory.
-func (s *IdempotencyStore) recordKey(scope, key string) string {
+func (s *Store) recordKey(scope, key string) string {
 	b := binary.AppendUvarint(make([]byte, 0, 2+len(scope)+len(key)), uint64(len(scope)))
 	b = append(b, scope...)
 	b = append(b, key...)
@@ -129,7 +148,7 @@ func (s *IdempotencyStore) recordKey(scope, key string) string {
 // Claim implements idempotency.Store. The lease is granted first, then one
 // transaction puts the record with it only if the key does not exist, or
 // else reads the record in the same revision.
-func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -137,22 +156,26 @@ func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*ide
 		return nil, err
 	}
 	ttl := ttlSeconds(c.Lease)
-	g, err := s.client.Grant(ctx, ttl)
+	g, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return s.client.Grant(rctx, ttl)
+	})
 	if err != nil {
-		return nil, unavailable(ctx, err)
+		return nil, err
 	}
 	k := s.recordKey(c.Scope, c.Key)
 	v := encodeRecord(stored{state: idempotency.StateInProgress, ttl: ttl, fingerprint: c.Fingerprint, owner: c.Owner})
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, v, clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(k)).
-		Commit()
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(rctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, v, clientv3.WithLease(g.ID))).
+			Else(clientv3.OpGet(k)).
+			Commit()
+	})
 	if err != nil {
 		// The put may have landed; revoking takes the claim with it, which
 		// is what a caller told the claim failed expects.
 		s.revoke(ctx, g.ID)
-		return nil, unavailable(ctx, err)
+		return nil, err
 	}
 	if resp.Succeeded {
 		return nil, nil
@@ -181,7 +204,7 @@ func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*ide
 // has a lease of its own, which this keepalive cannot touch, so the race only
 // exists with the same owner's own Complete or Abandon, and then renews a
 // lease that no longer holds the record (or is revoked, making Extend fail).
-func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
@@ -205,7 +228,7 @@ func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string,
 // alive on the leader's clock; the record then moves, in a transaction
 // fenced by its mod revision, to a new lease of the retention, and the
 // claim's lease is revoked, so that its TTL no longer bounds the record.
-func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
 		return err
 	}
@@ -224,7 +247,7 @@ func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner strin
 // Abandon implements idempotency.Store. An owner may abandon a claim whose
 // lease has run out but whose key is not yet deleted: no one else can hold
 // it, and deleting it early only frees the key sooner.
-func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
@@ -233,12 +256,14 @@ func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string
 	if err != nil {
 		return err
 	}
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
-		Then(clientv3.OpDelete(k)).
-		Commit()
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(rctx).
+			If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(k)).
+			Commit()
+	})
 	if err != nil {
-		return unavailable(ctx, err)
+		return err
 	}
 	if !resp.Succeeded {
 		return notOwner("abandon", key)
@@ -248,16 +273,18 @@ func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string
 }
 
 // Get implements idempotency.Store.
-func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := idempotency.CheckKey(scope, key); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	resp, err := s.client.Get(ctx, s.recordKey(scope, key))
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
+		return s.client.Get(rctx, s.recordKey(scope, key))
+	})
 	if err != nil {
-		return nil, unavailable(ctx, err)
+		return nil, err
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
@@ -271,13 +298,15 @@ func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempot
 
 // owned reads the record under k and returns it when owner holds it in
 // progress, or ErrNotOwner.
-func (s *IdempotencyStore) owned(ctx context.Context, k, key, owner, op string) (*mvccpb.KeyValue, stored, error) {
+func (s *Store) owned(ctx context.Context, k, key, owner, op string) (*mvccpb.KeyValue, stored, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, stored{}, err
 	}
-	resp, err := s.client.Get(ctx, k)
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
+		return s.client.Get(rctx, k)
+	})
 	if err != nil {
-		return nil, stored{}, unavailable(ctx, err)
+		return nil, stored{}, err
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, stored{}, notOwner(op, key)
@@ -296,13 +325,15 @@ func (s *IdempotencyStore) owned(ctx context.Context, k, key, owner, op string) 
 // keepAlive renews the lease kv is attached to. The leader answers that the
 // lease is gone once its TTL has passed on its clock, even before the
 // revocation has deleted the key.
-func (s *IdempotencyStore) keepAlive(ctx context.Context, kv *mvccpb.KeyValue, key, op string) error {
-	_, err := s.client.KeepAliveOnce(ctx, clientv3.LeaseID(kv.Lease))
+func (s *Store) keepAlive(ctx context.Context, kv *mvccpb.KeyValue, key, op string) error {
+	rctx, cancel := s.timeout.ctx(ctx)
+	defer cancel()
+	_, err := s.client.KeepAliveOnce(rctx, clientv3.LeaseID(kv.Lease))
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: %s of %q: lease expired", idempotency.ErrNotOwner, op, key)
 	case err != nil:
-		return unavailable(ctx, err)
+		return s.timeout.err(ctx, rctx, err)
 	}
 	return nil
 }
@@ -311,19 +342,23 @@ func (s *IdempotencyStore) keepAlive(ctx context.Context, kv *mvccpb.KeyValue, k
 // the record's current version, then revokes the old lease. The revocation
 // can come after the transaction because the put already detached the key
 // from the old lease; if it fails, the old lease expires holding nothing.
-func (s *IdempotencyStore) move(ctx context.Context, k string, kv *mvccpb.KeyValue, key string, st stored, op string) error {
-	g, err := s.client.Grant(ctx, st.ttl)
+func (s *Store) move(ctx context.Context, k string, kv *mvccpb.KeyValue, key string, st stored, op string) error {
+	g, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return s.client.Grant(rctx, st.ttl)
+	})
 	if err != nil {
-		return unavailable(ctx, err)
+		return err
 	}
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
-		Then(clientv3.OpPut(k, encodeRecord(st), clientv3.WithLease(g.ID))).
-		Commit()
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+		return s.client.Txn(rctx).
+			If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(k, encodeRecord(st), clientv3.WithLease(g.ID))).
+			Commit()
+	})
 	if err != nil {
 		// Unknown outcome: the new lease is left to expire rather than
 		// revoked, since it may now hold the record.
-		return unavailable(ctx, err)
+		return err
 	}
 	if !resp.Succeeded {
 		s.revoke(ctx, g.ID)
@@ -335,10 +370,19 @@ func (s *IdempotencyStore) move(ctx context.Context, k string, kv *mvccpb.KeyVal
 
 // revoke releases a lease best-effort, even when ctx is done. Failure is not
 // reported: the lease expires on its own.
-func (s *IdempotencyStore) revoke(ctx context.Context, id clientv3.LeaseID) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) {
+	rctx, cancel := s.timeout.detached(ctx)
 	defer cancel()
 	_, _ = s.client.Revoke(rctx, id)
+}
+
+// call makes one request to etcd, bounded by b, and reports its failure as
+// b.err does.
+func call[T any](ctx context.Context, b bound, f func(rctx context.Context) (T, error)) (T, error) {
+	rctx, cancel := b.ctx(ctx)
+	defer cancel()
+	v, err := f(rctx)
+	return v, b.err(ctx, rctx, err)
 }
 
 func notOwner(op, key string) error {

@@ -1,4 +1,4 @@
-package etcd
+package etcdlock
 
 import (
 	"context"
@@ -7,29 +7,29 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/httpmw/httpmwtest"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/idempotency/storetest"
 )
 
-// newIdempotencyStore returns a store on a client of its own, as a separate
+// newStore returns a store on a client of its own, as a separate
 // process would have.
-func newIdempotencyStore(t testing.TB, eps []string) *IdempotencyStore {
+func newStore(t testing.TB, eps []string) *Store {
 	t.Helper()
-	s, err := NewIdempotencyStore(newClient(t, eps), WithStorePrefix(testPrefix))
+	s, err := NewStore(newClient(t, eps), WithStorePrefix(testPrefix+"store"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-// TestIdempotencyStoreConformance runs the store suite with MinTTL as the
+// TestStoreConformance runs the store suite with MinTTL as the
 // short lease: a shorter one would be rounded up to it by the server anyway,
 // and the suite's patience grows with the lease it is told.
-func TestIdempotencyStoreConformance(t *testing.T) {
+func TestStoreConformance(t *testing.T) {
 	eps := endpoints(t)
-	storetest.Run(t, func(t testing.TB) idempotency.Store { return newIdempotencyStore(t, eps) },
+	storetest.Run(t, func(t testing.TB) idempotency.Store { return newStore(t, eps) },
 		storetest.Lease(MinTTL))
 }
 
@@ -37,18 +37,20 @@ func TestIdempotencyStoreConformance(t *testing.T) {
 // the etcd store; its 500 ms lease becomes etcd's minimum TTL.
 func TestIdempotencyMiddleware(t *testing.T) {
 	eps := endpoints(t)
-	httpmwtest.Run(t, func(t testing.TB) idempotency.Store { return newIdempotencyStore(t, eps) })
+	httpmwtest.Run(t, func(t testing.TB) idempotency.Store { return newStore(t, eps) })
 }
 
-func TestIdempotencyStoreOptions(t *testing.T) {
-	if _, err := NewIdempotencyStore(nil); !errors.Is(err, guard.ErrInvalidOption) {
+func TestStoreOptions(t *testing.T) {
+	if _, err := NewStore(nil); !errors.Is(err, driver.ErrInvalidOption) {
 		t.Errorf("nil client: %v, want ErrInvalidOption", err)
 	}
 	c := newClient(t, endpoints(t))
-	if _, err := NewIdempotencyStore(c, WithStorePrefix("/")); !errors.Is(err, guard.ErrInvalidOption) {
-		t.Errorf("empty prefix: %v, want ErrInvalidOption", err)
+	for _, o := range []StoreOption{WithStorePrefix("/"), WithStoreRequestTimeout(0), nil} {
+		if _, err := NewStore(c, o); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("bad option: %v, want ErrInvalidOption", err)
+		}
 	}
-	s, err := NewIdempotencyStore(c, WithStorePrefix("app/"))
+	s, err := NewStore(c, WithStorePrefix("app/"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +78,7 @@ func TestIdempotencyTTLSeconds(t *testing.T) {
 // error, never a free key.
 func TestIdempotencyMalformedRecord(t *testing.T) {
 	eps := endpoints(t)
-	s := newIdempotencyStore(t, eps)
+	s := newStore(t, eps)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	k := "malformed-" + time.Now().Format(time.RFC3339Nano)

@@ -1,13 +1,14 @@
-package etcd
+package etcdlock
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // kind is what a contender's key stands for.
@@ -23,14 +24,14 @@ const (
 	counting
 )
 
-// errSessionLost ends a wait whose own key vanished with its session.
-var errSessionLost = fmt.Errorf("%w: etcd session lost while waiting", guard.ErrUnavailable)
+// errSessionLost ends an attempt whose session was lost or given up before
+// it was granted: its key vanished, or will, with the session.
+var errSessionLost = fmt.Errorf("%w: etcd session lost", driver.ErrUnavailable)
 
 // attempt is one contender's key and the range of keys that block it.
 type attempt struct {
 	l       *Locker
 	s       *session
-	name    string // the lock's name, as guard gave it
 	own     string // the contender's etcd key
 	from    string // the blocking range is [from, end)
 	end     string
@@ -39,22 +40,35 @@ type attempt struct {
 	kind    kind
 }
 
-// acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore.
-func (l *Locker) acquire(ctx context.Context, name string, opts guard.AcquireOptions, k kind, permits int) (guard.Lease, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
+// acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore. A
+// waiting acquisition starts over, with a new key and a session that is
+// alive, after every failure to reach etcd, until ctx is done.
+func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
+	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for {
+		lease, err := l.attempt(ctx, name, opts, k, permits)
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
+			return lease, err
+		}
+		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
+			return nil, err
+		}
 	}
+}
+
+// attempt makes one attempt at name, with a key of its own.
+func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
 	s, err := l.session(ctx, opts.TTL)
 	if err != nil {
 		return nil, err
 	}
-	dir := l.dir(name)
-	a := &attempt{l: l, s: s, name: name, from: dir, end: clientv3.GetPrefixRangeEnd(dir), kind: k, permits: int64(permits)}
-	a.own = dir + l.contenderName(s)
+	d := KeyDir(name)
+	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits)}
+	a.own = d + l.contenderName(s)
 	if k == shared {
-		a.own = dir + "r/" + a.own[len(dir):]
+		a.own = d + "r/" + a.own[len(d):]
 		// Writer keys are hex digits and '-', all before "r".
-		a.end = dir + "r"
+		a.end = d + "r"
 	}
 	if !opts.Wait && k != counting {
 		return a.try(ctx)
@@ -64,7 +78,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts guard.AcquireOpt
 
 // try puts the key only if nothing blocks it, in one transaction, so that a
 // failed attempt writes nothing.
-func (a *attempt) try(ctx context.Context) (guard.Lease, error) {
+func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 	resp, err := a.put(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.from).WithRange(a.end), "=", 0)},
 		clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
@@ -72,28 +86,28 @@ func (a *attempt) try(ctx context.Context) (guard.Lease, error) {
 		return nil, err
 	}
 	if !resp.Succeeded {
-		return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, a.name)
+		return nil, driver.ErrNotAcquired
 	}
 	a.rev = resp.Header.Revision
 	if err := ctx.Err(); err != nil {
 		return nil, a.abort(ctx, err)
 	}
-	return a.lease(), nil
+	return a.lease(ctx)
 }
 
 // put commits the transaction that puts own, on a context that ctx's
 // cancellation does not reach: a put cancelled in flight could still be
 // applied after a delete meant to undo it, and leave a key behind that
 // blocks everyone for as long as the session lives. When the outcome stays
-// unknown (the server did not answer within the TTL), the session is given
-// up, so that its lease, and any such key, expires.
+// unknown (no answer within the request timeout), the session is given up,
+// so that its lease, and any such key, expires.
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	dctx, cancel := a.detached(ctx)
+	rctx, cancel := a.l.timeout.detached(ctx)
 	defer cancel()
-	resp, err := a.l.client.Txn(dctx).If(cmps...).Then(ops...).Commit()
+	resp, err := a.l.client.Txn(rctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
-		a.s.abandon()
-		return nil, unavailable(ctx, err)
+		a.s.giveUp()
+		return nil, a.l.timeout.err(ctx, rctx, err)
 	}
 	return resp, nil
 }
@@ -119,7 +133,7 @@ func (a *attempt) blockersOp(below int64) clientv3.Op {
 
 // enqueue puts the key and, in the same transaction, reads what was there
 // before it; then waits for its turn.
-func (a *attempt) enqueue(ctx context.Context, wait bool) (guard.Lease, error) {
+func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) {
 	resp, err := a.put(ctx, nil, a.blockersOp(0), clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
 	if err != nil {
 		return nil, err
@@ -131,10 +145,10 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (guard.Lease, error) {
 	before := resp.Responses[0].GetResponseRange()
 	if a.kind == counting {
 		if int64(len(before.Kvs)) < a.permits {
-			return a.lease(), nil
+			return a.lease(ctx)
 		}
 		if !wait {
-			return nil, a.abort(ctx, fmt.Errorf("%w: %q", guard.ErrNotAcquired, a.name))
+			return nil, a.abort(ctx, driver.ErrNotAcquired)
 		}
 		err = a.waitCount(ctx)
 	} else if len(before.Kvs) > 0 {
@@ -144,19 +158,21 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (guard.Lease, error) {
 	if err != nil {
 		return nil, a.abort(ctx, err)
 	}
-	return a.lease(), nil
+	return a.lease(ctx)
 }
 
 // recheck reads the blockers again, provided own still exists: without it, a
 // contender whose session expired would find nothing before it and believe
 // it holds the lock.
 func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
-	resp, err := a.l.client.Txn(ctx).
+	rctx, cancel := a.l.timeout.ctx(ctx)
+	defer cancel()
+	resp, err := a.l.client.Txn(rctx).
 		If(clientv3.Compare(clientv3.CreateRevision(a.own), "=", a.rev)).
 		Then(a.blockersOp(a.rev)).
 		Commit()
 	if err != nil {
-		return nil, unavailable(ctx, err)
+		return nil, a.l.timeout.err(ctx, rctx, err)
 	}
 	if !resp.Succeeded {
 		return nil, errSessionLost
@@ -201,9 +217,11 @@ func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) er
 		if wr.Header.Revision == knownAt {
 			return false, nil
 		}
-		g, err := a.l.client.Get(ctx, key, clientv3.WithCountOnly())
+		rctx, cancel := a.l.timeout.ctx(ctx)
+		defer cancel()
+		g, err := a.l.client.Get(rctx, key, clientv3.WithCountOnly())
 		if err != nil {
-			return false, unavailable(ctx, err)
+			return false, a.l.timeout.err(ctx, rctx, err)
 		}
 		return g.Count == 0, nil
 	})
@@ -241,10 +259,10 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 			return errSessionLost
 		case wr, ok := <-wch:
 			if !ok {
-				return unavailable(ctx, errors.New("watch closed"))
+				return driver.Unavailable(ctx, errors.New("etcd: watch closed"))
 			}
 			if err := wr.Err(); err != nil {
-				return unavailable(ctx, err)
+				return driver.Unavailable(ctx, fmt.Errorf("etcd: %w", err))
 			}
 			if !wr.Created && len(wr.Events) == 0 {
 				continue // progress notification
@@ -258,25 +276,23 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 
 // abort removes own, which has been put, and returns cause. The key is
 // unique to this attempt, so deleting it unconditionally cannot touch anyone
-// else's. If it cannot be deleted, it would block every later contender for
-// as long as the session lives, so the session is given up instead: its
-// lease expires and takes the key with it.
+// else's. If the delete cannot be confirmed, the key would block every later
+// contender for as long as the session lives, so the session is given up
+// instead: its lease expires, or is revoked, and takes the key with it.
 func (a *attempt) abort(ctx context.Context, cause error) error {
-	dctx, cancel := a.detached(ctx)
+	rctx, cancel := a.l.timeout.detached(ctx)
 	defer cancel()
-	if _, err := a.l.client.Delete(dctx, a.own); err != nil {
-		a.s.abandon()
+	if _, err := a.l.client.Delete(rctx, a.own); err != nil {
+		a.s.giveUp()
 	}
 	return cause
 }
 
-// detached returns a context for a write that must not be left half done:
-// ctx's values without its cancellation, bounded by the session TTL, after
-// which the session would be lost anyway.
-func (a *attempt) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), a.s.ttl)
-}
-
-func (a *attempt) lease() *lease {
-	return &lease{locker: a.l, s: a.s, name: a.name, own: a.own, rev: a.rev}
+// lease returns the lease of a granted attempt, unless its session was lost
+// or given up meanwhile: the lease would be lost as soon as it was returned.
+func (a *attempt) lease(ctx context.Context) (driver.Lease, error) {
+	if a.s.lost() {
+		return nil, a.abort(ctx, errSessionLost)
+	}
+	return &lease{s: a.s, own: a.own, rev: a.rev}, nil
 }

@@ -1,0 +1,78 @@
+// Package etcdlock is a warden lock backend on etcd v3
+// (go.etcd.io/etcd/client/v3): a driver.Locker for guard.New.
+//
+// # Sessions
+//
+// A Locker holds one etcd lease per TTL in use (in practice one per process,
+// since guard uses one TTL): its session. Every lock the Locker holds is a key
+// attached to that lease, so keeping any number of locks alive is one
+// keepalive request per TTL/3 on one keepalive stream: the leases are
+// driver.SessionLeases, guard sends nothing per lock for them, and no
+// goroutine runs per held lock. The lease's TTL is counted by the etcd
+// server; a lock is gone when the server expires or revokes the lease.
+//
+// etcd counts lease TTLs in whole seconds and cannot keep a lease shorter than
+// about two election timeouts alive reliably, so the Locker declares (as a
+// driver.Limiter) that TTLs are whole seconds, at least MinTTL; guard rejects
+// any other TTL when it is configured rather than rounding it, since a TTL
+// that silently grew would delay the takeover after a crash.
+//
+// Each keepalive request's send time bounds the server's expiry from below, so
+// the session knows, by its own monotonic clock, the latest moment the lease is
+// certainly alive: that is the session's Expiry. When no renewal has
+// succeeded by a tenth of the TTL before that moment (the server is
+// unreachable, the connection is cut), or the server says the lease is gone,
+// the session is lost: its Done channel is closed before the server can grant
+// the locks to anyone else. The next acquisition starts a new session; leases
+// of the lost one stay lost.
+//
+// Lease.Refresh renews nothing (the keepalive does) and guard never calls it:
+// for other callers it is a cheap ownership check, one read of the key.
+//
+// # Keys
+//
+// A lock named n lives under <escaped n>.lock/ (KeyDir; guard's prefix is
+// part of n), where the name is path-escaped so that a '/' in it cannot nest one lock
+// inside another. A contender puts <escaped n>.lock/<lease id in
+// hex>-<sequence> in a transaction (readers of a read/write lock put it under
+// <escaped n>.lock/r/), and the contenders are ordered by the keys' create
+// revisions: the lowest holds. The fencing token is the holder's create
+// revision, which increases across the whole cluster. Handoff is first come,
+// first served, with or without AcquireOptions.Fair.
+//
+// A waiter watches only the deletion of the key just before its own, so a
+// release wakes one waiter, not all of them. The watch is created at the
+// server's current revision and the predecessor checked after it exists, so
+// the server serves it from its synced watchers and the deletion arrives at
+// once (client/v3/concurrency.Mutex watches from an older revision, which the
+// server serves from the slower unsynced path, batched every 100 ms).
+//
+// Semaphore waiters are the exception: any release may admit any of them, so
+// they watch the whole lock and count again on every deletion.
+//
+// Release deletes the key only if it still has the lease's create revision, so
+// a stale or retried unlock never deletes another holder's key.
+//
+// # Failures
+//
+// The etcd client waits for a connection, and retries a lease grant, without
+// limit; every request the Locker (and the Store) makes is therefore bounded
+// by a request timeout of its own (WithRequestTimeout, default
+// DefaultRequestTimeout). A request that gets no answer in time fails with an
+// error wrapping driver.ErrUnavailable, unless the caller's context ended
+// first, which is then reported as such. A waiting acquisition starts over
+// after such a failure, with backoff, until its context is done.
+//
+// A key whose removal cannot be confirmed must not outlive the session TTL,
+// or the lock would stay blocked for as long as the keepalive runs (after a
+// leader election that swallowed a release, for instance). So the
+// transaction that puts a contender's key runs to completion even when the
+// caller's context is cancelled (the key is then deleted before Acquire
+// returns the context's error), because a put cancelled in flight could land
+// after the delete meant to undo it; and whenever such a put, the delete of
+// an abandoned attempt or a Release gets no answer, the session is given up:
+// its keepalive stops, its Done channel closes, its lease is revoked best
+// effort and otherwise expires with every key on it within its TTL. The other
+// locks of that session are lost with it; later acquisitions start a new
+// session.
+package etcdlock

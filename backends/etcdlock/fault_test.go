@@ -1,0 +1,491 @@
+package etcdlock
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// The holder process of TestKilledHolder: the test binary run again with
+// these variables set.
+const (
+	holderKeyEnv = "WARDEN_ETCD_TEST_HOLDER_KEY"
+	holderTTL    = MinTTL
+)
+
+// TestHelperHolder is not a test: it is the body of the holder process that
+// TestKilledHolder starts and kills. It takes the lock, says so on stdout
+// and holds it until killed.
+func TestHelperHolder(t *testing.T) {
+	key := os.Getenv(holderKeyEnv)
+	if key == "" {
+		t.Skip("helper process for TestKilledHolder")
+	}
+	l, _ := newLocker(t, endpoints(t))
+	lease, err := l.Acquire(context.Background(), key, opts(holderTTL, false))
+	if err != nil {
+		fmt.Printf("ERROR %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Printf("HELD %d\n", lease.Token())
+	select {}
+}
+
+// TestKilledHolder kills -9 a process holding a lock: the next waiter must get
+// it within the session TTL plus one second.
+func TestKilledHolder(t *testing.T) {
+	eps := endpoints(t)
+	key := name("killed-holder")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHolder$", "-test.count=1")
+	cmd.Env = append(os.Environ(), holderKeyEnv+"="+key, endpointsEnv+"="+strings.Join(eps, ","))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the holder process: %v", err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			if f := s.Text(); strings.HasPrefix(f, "HELD ") || strings.HasPrefix(f, "ERROR ") {
+				line <- f
+				break
+			}
+		}
+		io.Copy(io.Discard, stdout)
+		close(line)
+	}()
+	var held string
+	select {
+	case held = <-line:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder process did not take the lock")
+	}
+	heldTok, err := strconv.ParseUint(strings.TrimPrefix(held, "HELD "), 10, 64)
+	if err != nil {
+		t.Fatalf("holder process: %s", held)
+	}
+
+	waiter, c := newLocker(t, eps)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		lease driver.Lease
+		err   error
+		at    time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := waiter.Acquire(ctx, key, opts(MinTTL, true))
+		got <- result{lease, err, time.Now()}
+	}()
+	waitFor(t, "the waiter is queued", func() bool { return len(keysUnder(t, c, key)) == 2 })
+
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiter: %v", r.err)
+	}
+	defer r.lease.Release(context.Background())
+	if took, bound := r.at.Sub(killed), holderTTL+time.Second; took > bound {
+		t.Errorf("the waiter got the lock %v after the holder was killed, more than %v", took, bound)
+	} else {
+		t.Logf("the waiter got the lock %v after the holder was killed", took)
+	}
+	if r.lease.Token() <= heldTok {
+		t.Errorf("token %d after the killed holder's %d", r.lease.Token(), heldTok)
+	}
+}
+
+// TestCutConnection cuts the holder off from the server (connections closed,
+// or silently dropping every byte): the holder's lease must report the loss
+// through Done before the waiter is granted the lock.
+func TestCutConnection(t *testing.T) {
+	for _, blackhole := range []bool{false, true} {
+		mode := "closed"
+		if blackhole {
+			mode = "blackholed"
+		}
+		t.Run(mode, func(t *testing.T) {
+			eps := endpoints(t)
+			p := drivertest.StartProxy(t, eps[0])
+			holder, _ := newLocker(t, []string{p.Addr()})
+			waiter, c := newLocker(t, eps)
+			key := name("cut/" + mode)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+
+			held, err := holder.Acquire(ctx, key, opts(MinTTL, false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				lease    driver.Lease
+				err      error
+				doneSeen bool
+			}
+			got := make(chan result, 1)
+			go func() {
+				lease, err := waiter.Acquire(ctx, key, opts(MinTTL, true))
+				r := result{lease: lease, err: err}
+				select {
+				case <-held.(driver.SessionLease).Session().Done():
+					r.doneSeen = true
+				default:
+				}
+				got <- r
+			}()
+			waitFor(t, "the waiter is queued", func() bool { return len(keysUnder(t, c, key)) == 2 })
+
+			if blackhole {
+				p.Blackhole()
+			} else {
+				p.Cut()
+			}
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("waiter: %v", r.err)
+			}
+			defer r.lease.Release(context.Background())
+			if !r.doneSeen {
+				t.Fatal("the waiter was granted the lock before the cut-off holder's Done fired")
+			}
+			if err := held.Refresh(ctx, MinTTL); !errors.Is(err, driver.ErrNotHeld) {
+				t.Errorf("Refresh of the lost lease: got %v, want ErrNotHeld", err)
+			}
+			if r.lease.Token() <= held.Token() {
+				t.Errorf("token %d after the lost holder's %d", r.lease.Token(), held.Token())
+			}
+		})
+	}
+}
+
+// TestCancelledWaitersLeaveNoKey cancels waiters at every stage (before the
+// request, during it, while queued) and lists the keys afterwards: only the
+// holder's may remain.
+func TestCancelledWaitersLeaveNoKey(t *testing.T) {
+	eps := endpoints(t)
+	holder, c := newLocker(t, eps)
+	key := name("cancelled-waiters")
+	held, err := holder.Acquire(context.Background(), key, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockers := []*Locker{holder}
+	for range 2 {
+		l, _ := newLocker(t, eps)
+		lockers = append(lockers, l)
+	}
+	var wg sync.WaitGroup
+	var unexpected atomic.Int32
+	for i := range 30 {
+		l := lockers[i%len(lockers)]
+		// From already expired to well after the waiter is queued.
+		timeout := time.Duration(i*i) * 100 * time.Microsecond
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			var err error
+			switch i % 3 {
+			case 0:
+				_, err = l.Acquire(ctx, key, opts(MinTTL, true))
+			case 1:
+				_, err = l.AcquireRead(ctx, key, opts(MinTTL, true))
+			default:
+				_, err = l.AcquireSemaphore(ctx, key, 1, opts(MinTTL, true))
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("waiter %d (timeout %v): got %v, want context.DeadlineExceeded", i, timeout, err)
+				unexpected.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if keys := keysUnder(t, c, key); len(keys) != 1 || keys[0] != held.(*lease).own {
+		t.Errorf("keys left after the waiters gave up: %q, want only the holder's %q", keys, held.(*lease).own)
+	}
+	if err := held.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if keys := keysUnder(t, c, key); len(keys) != 0 {
+		t.Errorf("keys left after release: %q", keys)
+	}
+}
+
+// waitFor polls cond until it holds, failing after a generous deadline.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// closedAddr returns a local address nothing listens on.
+func closedAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestUnreachable: with no server to answer (nothing listening, or a proxy
+// that swallows every byte), an acquisition that does not wait, and every
+// store call, fail with ErrUnavailable within the request timeout, whatever
+// the caller's context; a waiting acquisition keeps trying until its own
+// deadline and reports that.
+func TestUnreachable(t *testing.T) {
+	const (
+		timeout = 500 * time.Millisecond
+		slack   = 2 * time.Second
+	)
+	for _, mode := range []string{"closed-port", "blackholed"} {
+		t.Run(mode, func(t *testing.T) {
+			addr := closedAddr(t)
+			if mode == "blackholed" {
+				p := drivertest.StartProxy(t, endpoints(t)[0])
+				p.Blackhole()
+				addr = p.Addr()
+			}
+			c := newClient(t, []string{addr})
+			l := lockerOn(t, c, WithRequestTimeout(timeout))
+			g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(testPrefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			within := func(what string, bound time.Duration, call func() error, want error) {
+				t.Helper()
+				start := time.Now()
+				err := call()
+				took := time.Since(start)
+				if !errors.Is(err, want) {
+					t.Errorf("%s: got %v, want %v", what, err, want)
+				}
+				if want == driver.ErrUnavailable && errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s: %v would pass for the caller's own deadline", what, err)
+				}
+				if took > bound {
+					t.Errorf("%s took %v, more than %v", what, took, bound)
+				}
+			}
+			within("TryLock(context.Background())", timeout+slack, func() error {
+				_, err := g.TryLock(context.Background(), "unreachable")
+				return err
+			}, guard.ErrUnavailable)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			within("Acquire with a distant deadline", timeout+slack, func() error {
+				_, err := l.Acquire(ctx, name("unreachable"), opts(MinTTL, false))
+				return err
+			}, driver.ErrUnavailable)
+			within("waiting Acquire", 3*timeout+slack, func() error {
+				wctx, cancel := context.WithTimeout(context.Background(), 3*timeout)
+				defer cancel()
+				_, err := l.Acquire(wctx, name("unreachable"), opts(MinTTL, true))
+				return err
+			}, context.DeadlineExceeded)
+
+			s, err := NewStore(c, WithStoreRequestTimeout(timeout), WithStorePrefix(testPrefix+"store"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			within("Store.Claim", timeout+slack, func() error {
+				_, err := s.Claim(context.Background(), idempotency.Claim{Key: "unreachable", Owner: "o", Lease: MinTTL})
+				return err
+			}, idempotency.ErrUnavailable)
+			within("Store.Get", timeout+slack, func() error {
+				_, err := s.Get(context.Background(), "", "unreachable")
+				return err
+			}, idempotency.ErrUnavailable)
+		})
+	}
+}
+
+// swallower makes chosen unary calls of a client go unanswered, as during a
+// leader election, while the keepalive stream carries on.
+type swallower struct {
+	on      atomic.Bool
+	methods []string
+}
+
+func (sw *swallower) dialOption() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if sw.on.Load() && slices.Contains(sw.methods, method) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+}
+
+// TestReleaseWithoutAnswer is the lock stuck for good after a leader
+// election: the release's delete, and then the revocation, get no answer,
+// while the keepalive stream goes on renewing the session. The session must
+// be given up, so that the key is gone within the session TTL (plus the
+// leader's half-second expiry tick and a margin), and later acquisitions
+// must use a new session.
+func TestReleaseWithoutAnswer(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	eps := endpoints(t)
+	sw := &swallower{methods: []string{"/etcdserverpb.KV/Txn", "/etcdserverpb.Lease/LeaseRevoke"}}
+	c := newClient(t, eps, sw.dialOption())
+	l := lockerOn(t, c, WithRequestTimeout(timeout))
+	probe := newClient(t, eps)
+	ctx := context.Background()
+	k := name("release-without-answer")
+	held, err := l.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := held.(driver.SessionLease).Session()
+
+	sw.on.Store(true)
+	start := time.Now()
+	if err := held.Release(ctx); !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("unanswered Release: got %v, want ErrUnavailable", err)
+	}
+	select {
+	case <-sess.Done():
+	case <-time.After(time.Second):
+		t.Fatal("the session was not given up after a release without answer")
+	}
+	bound := timeout + MinTTL + 2*time.Second
+	deadline := start.Add(bound)
+	for len(keysUnder(t, probe, k)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key of the unanswered release is still there %v later", time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the key was gone %v after the release began", time.Since(start))
+	sw.on.Store(false)
+
+	again, err := l.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatalf("Acquire after the session was given up: %v", err)
+	}
+	if again.(driver.SessionLease).Session() == sess {
+		t.Error("the given-up session was used again")
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCleanupWithoutAnswer: a waiter whose context ends while it is queued
+// deletes its key; when that delete gets no answer the key must still go
+// within the session TTL, instead of blocking the lock behind it for as long
+// as the keepalive runs.
+func TestCleanupWithoutAnswer(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	eps := endpoints(t)
+	holder, probe := newLocker(t, eps)
+	sw := &swallower{methods: []string{"/etcdserverpb.KV/DeleteRange", "/etcdserverpb.Lease/LeaseRevoke"}}
+	waiter := lockerOn(t, newClient(t, eps, sw.dialOption()), WithRequestTimeout(timeout))
+	ctx := context.Background()
+	k := name("cleanup-without-answer")
+	held, err := holder.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	got := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(wctx, k, opts(MinTTL, true))
+		got <- err
+	}()
+	waitFor(t, "the waiter is queued", func() bool { return len(keysUnder(t, probe, k)) == 2 })
+	sw.on.Store(true)
+	start := time.Now()
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: got %v, want context.Canceled", err)
+	}
+	deadline := start.Add(timeout + MinTTL + 2*time.Second)
+	for len(keysUnder(t, probe, k)) > 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled waiter's key is still there %v later", time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaseBlackholed cuts the holder off silently in the middle of its
+// release: the release fails within the request timeout, and the key is gone
+// within the session TTL of the cut (plus the leader's expiry tick and a
+// margin), so the next contender is not blocked for good.
+func TestReleaseBlackholed(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	eps := endpoints(t)
+	p := drivertest.StartProxy(t, eps[0])
+	l := lockerOn(t, newClient(t, []string{p.Addr()}), WithRequestTimeout(timeout))
+	other, probe := newLocker(t, eps)
+	ctx := context.Background()
+	k := name("release-blackholed")
+	held, err := l.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	cut := time.Now()
+	if err := held.Release(ctx); !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("Release through a blackhole: got %v, want ErrUnavailable", err)
+	}
+	if took := time.Since(cut); took > timeout+2*time.Second {
+		t.Errorf("Release through a blackhole took %v", took)
+	}
+	deadline := cut.Add(MinTTL + 2*time.Second)
+	for len(keysUnder(t, probe, k)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key is still there %v after the cut", time.Since(cut))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	next, err := other.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatalf("Acquire after the blackholed release: %v", err)
+	}
+	if next.Token() <= held.Token() {
+		t.Errorf("token %d after %d", next.Token(), held.Token())
+	}
+	next.Release(ctx)
+}

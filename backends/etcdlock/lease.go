@@ -1,0 +1,147 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// lease is one holding: a key on a session's etcd lease. It is a
+// driver.SessionLease: the session's keepalive keeps it, with every other
+// key of the session, alive, so guard sends nothing for it and no goroutine
+// runs for it.
+type lease struct {
+	s   *session
+	own string // the contender's etcd key
+	rev int64  // own's create revision
+}
+
+var _ driver.SessionLease = (*lease)(nil)
+
+// Token is the key's create revision: etcd's revision counter only grows, so
+// every later holder of the lock has a greater one.
+func (le *lease) Token() uint64 { return uint64(le.rev) }
+
+// Expiry is the session's.
+func (le *lease) Expiry() time.Time { return le.s.Expiry() }
+
+// Session implements driver.SessionLease.
+func (le *lease) Session() driver.Session { return le.s }
+
+// Refresh extends nothing: the session's keepalive, not Refresh, renews the
+// etcd lease (every TTL/3, for all of the session's keys at once), and guard
+// never calls it for a session lease. For whoever does, it checks that the
+// lease still holds the lock, with one read: the key exists with this
+// lease's create revision only while the etcd lease is alive on the server.
+// ttl must be the TTL the lock was acquired with, since a session's TTL
+// cannot change.
+func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if err := le.checkRefresh(ttl); err != nil {
+		return err
+	}
+	rctx, cancel := le.s.timeout.ctx(ctx)
+	defer cancel()
+	resp, err := le.s.client.Get(rctx, le.own, clientv3.WithKeysOnly())
+	if err != nil {
+		return le.s.timeout.err(ctx, rctx, err)
+	}
+	return le.verify(resp)
+}
+
+// checkRefresh is what Refresh can tell without asking the server.
+func (le *lease) checkRefresh(ttl time.Duration) error {
+	if ttl != le.s.ttl {
+		return fmt.Errorf("%w: refresh with TTL %v of a lock acquired with %v: an etcd session's TTL cannot change",
+			driver.ErrInvalidOption, ttl, le.s.ttl)
+	}
+	if le.s.lost() {
+		return fmt.Errorf("%w: etcd session lost", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// verify checks a read of the lease's key.
+func (le *lease) verify(resp *clientv3.GetResponse) error {
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != le.rev || resp.Kvs[0].Lease != int64(le.s.id) {
+		return fmt.Errorf("%w: key gone", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Release deletes the key if it is still this lease's (same create
+// revision), so a retried or stale release never deletes a newer holder's
+// key.
+//
+// When the delete gets no answer (a leader election, a partition, ctx done
+// in flight), the key may still be there, and the session's keepalive would
+// keep it, and the lock, forever. The session is given up instead: its
+// keepalive stops, its lease is revoked best effort, and the key is gone
+// within the session TTL at the latest. The session's other locks are lost
+// with it; later acquisitions start a new session.
+func (le *lease) Release(ctx context.Context) error {
+	rctx, cancel := le.s.timeout.ctx(ctx)
+	defer cancel()
+	resp, err := le.s.client.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(le.own), "=", le.rev)).
+		Then(clientv3.OpDelete(le.own)).
+		Commit()
+	if err != nil {
+		le.s.giveUp()
+		return le.s.timeout.err(ctx, rctx, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// maxTxnOps is etcd's default limit on operations in one transaction
+// (--max-txn-ops).
+const maxTxnOps = 128
+
+// RefreshBatch implements driver.BatchRefresher for callers that check many
+// leases at once: one read transaction per 128 leases, each checked as
+// Refresh does. guard does not call it, since it refreshes no session lease.
+// Leases of another Locker get an error wrapping driver.ErrInvalidOption.
+func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
+	errs := make([]error, len(leases))
+	var (
+		mine []*lease
+		at   []int
+	)
+	for i, dl := range leases {
+		le, ok := dl.(*lease)
+		switch {
+		case !ok || le.s.l != l:
+			errs[i] = fmt.Errorf("%w: lease of another locker", driver.ErrInvalidOption)
+		default:
+			if errs[i] = le.checkRefresh(ttl); errs[i] == nil {
+				mine = append(mine, le)
+				at = append(at, i)
+			}
+		}
+	}
+	for start := 0; start < len(mine); start += maxTxnOps {
+		batch := mine[start:min(start+maxTxnOps, len(mine))]
+		ops := make([]clientv3.Op, len(batch))
+		for j, le := range batch {
+			ops[j] = clientv3.OpGet(le.own, clientv3.WithKeysOnly())
+		}
+		rctx, cancel := l.timeout.ctx(ctx)
+		resp, err := l.client.Txn(rctx).Then(ops...).Commit()
+		err = l.timeout.err(ctx, rctx, err)
+		cancel()
+		for j, le := range batch {
+			if err != nil {
+				errs[at[start+j]] = err
+				continue
+			}
+			errs[at[start+j]] = le.verify((*clientv3.GetResponse)(resp.Responses[j].GetResponseRange()))
+		}
+	}
+	return errs
+}

@@ -1,0 +1,183 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// MinTTL is the shortest lock TTL the backend accepts. etcd refuses to let a
+// lease expire sooner than about 1.5 election timeouts (1.5 s with the default
+// 1 s election timeout) and counts in whole seconds.
+const MinTTL = 2 * time.Second
+
+// Locker is a driver.Locker on etcd. It also offers read/write locks
+// (driver.RWLocker), semaphores (driver.Semaphorer) and declares its TTL
+// limits (driver.Limiter). It is safe for concurrent use; Close it when done.
+type Locker struct {
+	client  *clientv3.Client
+	timeout bound
+	// seq tells apart the keys of several acquisitions of one name under one
+	// session, so that each contender, even in one process, has its own key.
+	seq atomic.Uint64
+
+	mu       sync.Mutex
+	sessions map[time.Duration]*session
+	// retired are sessions replaced after they were lost or given up, whose
+	// keepalive may still be revoking: Close waits for them.
+	retired []*session
+	// starting has a channel per TTL whose session is being granted,
+	// closed when the grant is over.
+	starting map[time.Duration]chan struct{}
+	closed   bool
+}
+
+var (
+	_ driver.Locker         = (*Locker)(nil)
+	_ driver.RWLocker       = (*Locker)(nil)
+	_ driver.Semaphorer     = (*Locker)(nil)
+	_ driver.BatchRefresher = (*Locker)(nil)
+	_ driver.Limiter        = (*Locker)(nil)
+)
+
+// New returns a Locker that keeps its locks in the etcd cluster client talks
+// to. The client stays the caller's: Close does not close it. No request is
+// made until the first acquisition, which starts the session.
+func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalidOption)
+	}
+	c := config{timeout: bound(DefaultRequestTimeout)}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalidOption)
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	return &Locker{
+		client:   client,
+		timeout:  c.timeout,
+		sessions: make(map[time.Duration]*session),
+		starting: make(map[time.Duration]chan struct{}),
+	}, nil
+}
+
+// Limits implements driver.Limiter: etcd leases count whole seconds, and
+// cannot be kept alive reliably below MinTTL. A TTL that were silently
+// rounded would delay the takeover after a crash.
+func (l *Locker) Limits() driver.Limits {
+	return driver.Limits{MinTTL: MinTTL, TTLStep: time.Second}
+}
+
+// Acquire implements driver.Locker. opts.TTL is the TTL of the session the
+// key is attached to.
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	return l.acquire(ctx, key, opts, exclusive, 0)
+}
+
+// Close revokes the Locker's sessions, which releases every lock it holds
+// (their sessions' Done channels close before the revocation is sent), and
+// makes later acquisitions fail with an error wrapping
+// driver.ErrUnavailable. Each revocation is bounded by the request timeout.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	sessions, retired := l.sessions, l.retired
+	l.sessions, l.retired = nil, nil
+	l.mu.Unlock()
+	var errs []error
+	for _, s := range sessions {
+		errs = append(errs, s.close(true))
+	}
+	for _, s := range retired {
+		s.close(false)
+	}
+	return errors.Join(errs...)
+}
+
+// errClosed is what an acquisition on a closed Locker returns.
+var errClosed = fmt.Errorf("%w: etcd locker closed", driver.ErrUnavailable)
+
+// session returns the live session for ttl, starting one if there is none or
+// the last one was lost or given up.
+func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, errClosed
+		}
+		if s := l.sessions[ttl]; s != nil && !s.lost() {
+			l.mu.Unlock()
+			return s, nil
+		}
+		// Concurrent first acquisitions share the session one of them
+		// starts instead of each granting a lease of its own; they wait for
+		// it no longer than their own ctx, and try themselves if it fails.
+		if starting := l.starting[ttl]; starting != nil {
+			l.mu.Unlock()
+			select {
+			case <-starting:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		starting := make(chan struct{})
+		l.starting[ttl] = starting
+		l.mu.Unlock()
+
+		s, err := newSession(ctx, l, ttl)
+
+		l.mu.Lock()
+		delete(l.starting, ttl)
+		close(starting)
+		if err != nil {
+			l.mu.Unlock()
+			return nil, err
+		}
+		if l.closed {
+			l.mu.Unlock()
+			s.close(true)
+			return nil, errClosed
+		}
+		if old := l.sessions[ttl]; old != nil {
+			// Lost or given up: its keepalive has stopped or is stopping
+			// (and may be revoking); Close waits for it.
+			l.retired = slices.DeleteFunc(l.retired, (*session).exitedYet)
+			l.retired = append(l.retired, old)
+		}
+		l.sessions[ttl] = s
+		l.mu.Unlock()
+		return s, nil
+	}
+}
+
+// KeyDir returns the etcd key directory under which the contender keys of
+// the lock named key live (key as the backend sees it, with guard's prefix),
+// for tools that list a lock's holders and waiters. Path-escaping the name
+// keeps lock "a" from containing the keys of lock "a/b"; the ".lock" suffix
+// keeps every lock's directory apart from the idempotency store's records
+// under "<store prefix>/idem/".
+func KeyDir(key string) string {
+	return url.PathEscape(key) + ".lock/"
+}
+
+// contenderName is the last path element of a contender's key: the session's
+// lease id and a sequence number, in hex digits and '-' only, so that writer
+// keys sort before the readers' "r/" subdirectory.
+func (l *Locker) contenderName(s *session) string {
+	return strconv.FormatInt(int64(s.id), 16) + "-" + strconv.FormatUint(l.seq.Add(1), 16)
+}

@@ -1,0 +1,91 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+)
+
+// TestNoPerLockRequests holds 10,000 locks through guard for two renewal
+// periods of the session and counts what the client sends meanwhile: no
+// unary request at all (guard refreshes no session lease), a keepalive or
+// two per period on one stream, and no goroutine per held lock.
+func TestNoPerLockRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 10,000 locks")
+	}
+	const locks = 10_000
+	eps := endpoints(t)
+	var rc requestCounter
+	l := lockerOn(t, newClient(t, eps, rc.dialOptions()...))
+	g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(name("many")+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	goroutines := runtime.NumGoroutine()
+
+	held := make([]*guard.Lock, locks)
+	var wg sync.WaitGroup
+	errs := make(chan error, locks)
+	const workers = 64
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < locks; i += workers {
+				lk, err := g.TryLock(ctx, fmt.Sprint(i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				held[i] = lk
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, lk := range held {
+			lk.Unlock(context.Background())
+		}
+	})
+	if grew := runtime.NumGoroutine() - goroutines; grew > 50 {
+		t.Errorf("%d goroutines more while holding %d locks", grew, locks)
+	}
+
+	l.mu.Lock()
+	s := l.sessions[MinTTL]
+	l.mu.Unlock()
+	unary, sent := rc.unary.Load(), rc.sent.Load()
+	start := time.Now()
+	// Two renewal periods: two keepalives answered after this point.
+	for range 2 {
+		last := s.Expiry()
+		waitFor(t, "a keepalive is answered", func() bool { return s.Expiry().After(last) })
+	}
+	// And one whole TTL, in case anything ran on a TTL-long timer.
+	for time.Since(start) < MinTTL {
+		time.Sleep(10 * time.Millisecond)
+	}
+	dUnary, dSent := rc.unary.Load()-unary, rc.sent.Load()-sent
+	t.Logf("holding %d locks for %v: %d unary requests, %d messages sent", locks, time.Since(start).Round(time.Millisecond), dUnary, dSent)
+	if dUnary != 0 {
+		t.Errorf("%d unary requests while holding %d locks, want none", dUnary, locks)
+	}
+	// A keepalive every TTL/3, a new stream or so: nothing near one per lock.
+	if periods := int64(time.Since(start)/(MinTTL/3)) + 1; dSent > 2*periods+2 {
+		t.Errorf("%d messages sent in %d renewal periods", dSent, periods)
+	}
+	for i, lk := range held {
+		if err := lk.Err(); err != nil {
+			t.Fatalf("lock %d lost: %v", i, err)
+		}
+	}
+}

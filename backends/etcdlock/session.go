@@ -1,0 +1,288 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// session is one etcd lease shared by every key a Locker holds with one TTL,
+// kept alive on a single keepalive stream. It is the driver.Session of all
+// those keys' leases.
+type session struct {
+	l       *Locker // whose session it is
+	client  *clientv3.Client
+	timeout bound
+	id      clientv3.LeaseID
+	ttl     time.Duration
+
+	// born is the send time of the grant; expiry is the session's Expiry as
+	// nanoseconds after it, so that Expiry keeps born's monotonic reading
+	// and guard can read it while the keepalive moves it. Zero once lost.
+	born   time.Time
+	expiry atomic.Int64
+
+	kctx context.Context // the keepalive's; cancelled when the session is given up or closed
+	stop context.CancelFunc
+	// revoke asks the keepalive's exit to revoke the lease.
+	revoke atomic.Bool
+	// revokeErr is the exit's revocation error; read after exited.
+	revokeErr error
+
+	// done is closed when the lease is lost, revoked or given up.
+	done   chan struct{}
+	exited chan struct{}
+	// wg counts the keepalive stream readers, so that close returns only
+	// when nothing of the session runs any more.
+	wg sync.WaitGroup
+}
+
+var _ driver.Session = (*session)(nil)
+
+// retryDelay spaces attempts to reopen a broken keepalive stream. The loss
+// deadline, not the number of attempts, decides when to give up.
+const retryDelay = 100 * time.Millisecond
+
+// newSession grants a lease of ttl and starts keeping it alive.
+func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
+	client, timeout := l.client, l.timeout
+	rctx, cancel := timeout.ctx(ctx)
+	defer cancel()
+	sent := time.Now()
+	resp, err := client.Grant(rctx, int64((ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return nil, timeout.err(ctx, rctx, err)
+	}
+	kctx, stop := context.WithCancel(context.Background())
+	s := &session{
+		l:       l,
+		client:  client,
+		timeout: timeout,
+		id:      resp.ID,
+		ttl:     ttl,
+		born:    sent,
+		kctx:    kctx,
+		stop:    stop,
+		done:    make(chan struct{}),
+		exited:  make(chan struct{}),
+	}
+	// The server started counting no earlier than the request was sent, and
+	// may have raised the TTL to its minimum, never lowered it.
+	s.expiry.Store(int64(time.Duration(resp.TTL) * time.Second))
+	go s.run()
+	return s, nil
+}
+
+// Expiry implements driver.Session: the send time of the last answered
+// keepalive (or of the grant) plus the lease's TTL; born, in the past, once
+// the session is lost.
+func (s *session) Expiry() time.Time { return s.born.Add(time.Duration(s.expiry.Load())) }
+
+// Done implements driver.Session.
+func (s *session) Done() <-chan struct{} { return s.done }
+
+// lost reports whether the session has ended or is ending: one given up
+// must take no new key even before its keepalive has noticed.
+func (s *session) lost() bool {
+	if s.kctx.Err() != nil {
+		return true
+	}
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// margin is how long before the earliest possible server-side expiry the
+// session declares itself lost: room for the two clocks running at slightly
+// different rates and for this process being descheduled.
+func (s *session) margin() time.Duration { return s.ttl / 10 }
+
+// run keeps the lease alive until it is lost or stopped, then closes done
+// and only then revokes the lease when asked to: whoever watches done learns
+// of the loss before the server can hand the locks to anyone else.
+func (s *session) run() {
+	defer close(s.exited)
+	unreachable := s.keepAlive(s.kctx)
+	s.expiry.Store(0)
+	close(s.done)
+	if unreachable || s.revoke.Load() {
+		s.revokeErr = s.revokeLease()
+	}
+}
+
+// revokeLease revokes the lease, so that its keys disappear at once instead
+// of at its expiry.
+func (s *session) revokeLease() error {
+	rctx, cancel := s.timeout.ctx(context.Background())
+	defer cancel()
+	if _, err := s.client.Revoke(rctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return s.timeout.err(context.Background(), rctx, err)
+	}
+	return nil
+}
+
+type keepAliveResult struct {
+	resp *pb.LeaseKeepAliveResponse
+	err  error
+}
+
+// keepAliveStream is one LeaseKeepAlive stream and the goroutine reading it.
+type keepAliveStream struct {
+	stream pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+	resps  chan keepAliveResult
+}
+
+func (s *session) openStream(ctx context.Context) (*keepAliveStream, error) {
+	// Require a leader, as client/v3 does for its own keepalives: a member cut
+	// off from the quorum must fail the stream rather than answer for a lease
+	// the rest of the cluster may already have expired.
+	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	stream, err := pb.NewLeaseClient(s.client.ActiveConnection()).LeaseKeepAlive(sctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	ks := &keepAliveStream{stream: stream, cancel: cancel, resps: make(chan keepAliveResult)}
+	s.wg.Go(func() {
+		for {
+			resp, err := stream.Recv()
+			select {
+			case ks.resps <- keepAliveResult{resp, err}:
+			case <-sctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	return ks, nil
+}
+
+// keepAlive renews the lease every ttl/3 with one request at a time on one
+// stream, until ctx is done or the lease can no longer be known to be alive;
+// it reports the latter case when the server may still hold the lease
+// (it did not answer in time), so that run revokes it in case it hears after
+// all.
+func (s *session) keepAlive(ctx context.Context) (unreachable bool) {
+	var (
+		st          *keepAliveStream
+		sentAt      time.Time
+		outstanding bool
+	)
+	drop := func() {
+		if st != nil {
+			st.cancel()
+			st = nil
+		}
+		outstanding = false
+	}
+	defer drop()
+
+	interval := s.ttl / 3
+	lostTimer := time.NewTimer(time.Until(s.Expiry()) - s.margin())
+	defer lostTimer.Stop()
+	tick := time.NewTimer(interval)
+	defer tick.Stop()
+
+	for {
+		var resps chan keepAliveResult
+		if st != nil {
+			resps = st.resps
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-lostTimer.C:
+			return true
+		case <-tick.C:
+			if outstanding {
+				// A whole interval without an answer: the stream is stuck
+				// (a half-open connection); start over on a new one.
+				drop()
+			}
+			if st == nil {
+				var err error
+				if st, err = s.openStream(ctx); err != nil {
+					tick.Reset(retryDelay)
+					continue
+				}
+			}
+			sentAt = time.Now()
+			if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
+				drop()
+				tick.Reset(retryDelay)
+				continue
+			}
+			outstanding = true
+			tick.Reset(interval)
+		case r := <-resps:
+			if r.err != nil {
+				drop()
+				tick.Reset(retryDelay)
+				continue
+			}
+			if !outstanding {
+				continue
+			}
+			outstanding = false
+			if r.resp.TTL <= 0 {
+				return false // the server no longer knows the lease: expired or revoked
+			}
+			s.expiry.Store(int64(sentAt.Sub(s.born) + time.Duration(r.resp.TTL)*time.Second))
+			lostTimer.Reset(time.Until(s.Expiry()) - s.margin())
+			tick.Reset(time.Until(sentAt.Add(interval)))
+		}
+	}
+}
+
+// giveUp ends the session because one of its keys may be left behind: a
+// delete or a put whose outcome is unknown. Its keepalive stops at once, so
+// that no such key can outlive the lease's TTL; the lease is revoked, best
+// effort, after done is closed. Every other lease of the session is lost
+// with it; the Locker starts a new session for later acquisitions.
+func (s *session) giveUp() {
+	s.revoke.Store(true)
+	s.stop()
+}
+
+// close stops the keepalive and, when revoke is set, revokes the lease so its
+// keys disappear at once. It returns when nothing of the session runs any
+// more.
+func (s *session) close(revoke bool) error {
+	// A lost session has already tried to revoke its lease, or the server
+	// no longer has it.
+	revoke = revoke && !s.lost()
+	if revoke {
+		s.revoke.Store(true)
+	}
+	s.stop()
+	<-s.exited
+	s.wg.Wait()
+	if !revoke {
+		return nil
+	}
+	return s.revokeErr
+}
+
+// exitedYet reports whether nothing of the session runs any more.
+func (s *session) exitedYet() bool {
+	select {
+	case <-s.exited:
+		return true
+	default:
+		return false
+	}
+}
