@@ -171,12 +171,12 @@ func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
 	}
 	s.Start()
 	<-started
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// LockAtLeastFor is an hour: Stop keeps the lock until its own bound
-	// runs out, then releases it.
-	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Stop: %v, want the deadline of its context (the hold was cut short)", err)
+	// LockAtLeastFor is an hour: Stop cuts the hold short rather than
+	// waiting for it, and returns once the lock is released.
+	if err := s.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v, want nil (the hold cut short, the lock released)", err)
 	}
 	if err := <-cause; !errors.Is(err, scheduler.ErrStopped) {
 		t.Errorf("cause %v, want ErrStopped", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,12 +19,13 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	"github.com/warden-go/warden/backends/backendtest"
-	"github.com/warden-go/warden/backends/etcd"
+	"github.com/warden-go/warden/backends/etcdlock"
 	"github.com/warden-go/warden/backends/memory"
-	"github.com/warden-go/warden/backends/redis"
-	sqllock "github.com/warden-go/warden/backends/sql"
+	"github.com/warden-go/warden/backends/redislock"
+	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -82,7 +82,7 @@ func backends() []backend {
 				"warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true", mysql.Open))
 		}},
 		{name: "redis", setup: func(t *testing.T) cluster {
-			spec := "redis|" + backendtest.Addr(t, redisEnv, redisDef)
+			spec := "redis|" + drivertest.Addr(t, redisEnv, redisDef)
 			thief := redisClient(t, spec)
 			return cluster{
 				node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
@@ -92,9 +92,9 @@ func backends() []backend {
 				ttl:      600 * time.Millisecond,
 				lockSpec: spec, storeSpec: spec,
 				steal: func(t *testing.T, name string) {
-					// The layout of backends/redis/doc.go, with both default
-					// prefixes (the Locker's and guard's).
-					key := "warden:{warden:" + name + "}:lock"
+					// The layout of backends/redislock/doc.go, under
+					// guard's default prefix.
+					key := "{warden:" + name + "}:lock"
 					if n, err := thief.Del(context.Background(), key).Result(); err != nil || n != 1 {
 						t.Fatalf("DEL %s: %d keys, %v", key, n, err)
 					}
@@ -111,18 +111,18 @@ func backends() []backend {
 }
 
 func etcdCluster(t *testing.T) cluster {
-	spec := "etcd|" + backendtest.Addr(t, etcdEnv, etcdDef)
+	spec := "etcd|" + drivertest.Addr(t, etcdEnv, etcdDef)
 	thief := etcdClient(t, spec)
 	return cluster{
 		node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
 			return newGuard(t, specLocker(t, spec), opts...)
 		},
-		ttl:      etcd.MinTTL,
+		ttl:      etcdlock.MinTTL,
 		lockSpec: spec,
 		steal: func(t *testing.T, name string) {
-			// The contender keys of backends/etcd/doc.go: deleting the
+			// The contender keys of backends/etcdlock/doc.go: deleting the
 			// holder's is what a Refresh finds gone.
-			dir := etcd.DefaultKeyPrefix + "/" + url.PathEscape("warden:"+name) + "/"
+			dir := etcdlock.KeyDir("warden:" + name)
 			resp, err := thief.Delete(context.Background(), dir, clientv3.WithPrefix())
 			if err != nil || resp.Deleted != 1 {
 				t.Fatalf("delete %s*: %v", dir, err)
@@ -151,18 +151,23 @@ var dialects = map[string]func(string) gorm.Dialector{"sqlite": sqlite.Open, "po
 
 // specLocker returns a new client of the lock backend spec names
 // ("kind|address"), closed when t ends.
-func specLocker(t *testing.T, spec string) guard.Locker {
+func specLocker(t *testing.T, spec string) driver.Locker {
 	t.Helper()
 	kind, addr, _ := strings.Cut(spec, "|")
 	switch kind {
 	case "redis":
-		return redis.New(redisClient(t, spec))
-	case "etcd":
-		locker, err := etcd.New(etcdClient(t, spec))
+		locker, err := redislock.New(redisClient(t, spec))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { locker.Close(context.Background()) })
+		t.Cleanup(func() { locker.Close() })
+		return locker
+	case "etcd":
+		locker, err := etcdlock.New(etcdClient(t, spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { locker.Close() })
 		return locker
 	}
 	open, ok := dialects[kind]
@@ -183,9 +188,13 @@ func specStore(t *testing.T, spec string) idempotency.Store {
 	kind, addr, _ := strings.Cut(spec, "|")
 	switch kind {
 	case "redis":
-		return redis.NewIdempotencyStore(redisClient(t, spec))
+		s, err := redislock.NewStore(redisClient(t, spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	case "etcd":
-		s, err := etcd.NewIdempotencyStore(etcdClient(t, spec))
+		s, err := etcdlock.NewStore(etcdClient(t, spec))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +204,7 @@ func specStore(t *testing.T, spec string) idempotency.Store {
 	if !ok {
 		t.Fatalf("unknown slot store %q", spec)
 	}
-	s, err := sqllock.NewIdempotencyStore(openDB(t, open, addr))
+	s, err := sqllock.NewStore(openDB(t, open, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +229,7 @@ func etcdClient(t *testing.T, spec string) *clientv3.Client {
 	return c
 }
 
-func newGuard(t *testing.T, l guard.Locker, opts ...guard.Option) *guard.Guard {
+func newGuard(t *testing.T, l driver.Locker, opts ...guard.Option) *guard.Guard {
 	t.Helper()
 	g, err := guard.New(l, opts...)
 	if err != nil {
@@ -247,7 +256,7 @@ func reachableDSN(t *testing.T, env, def string, open func(string) gorm.Dialecto
 		pool.Close()
 	}
 	if err != nil {
-		backendtest.Unreachable(t, env, dsn, err)
+		drivertest.Unreachable(t, env, dsn, err)
 	}
 	return dsn
 }
@@ -269,7 +278,7 @@ func openDB(t *testing.T, open func(string) gorm.Dialector, dsn string) *gorm.DB
 // sqlStore migrates the idempotency table at dsn and returns a store on it.
 func sqlStore(t *testing.T, kind, dsn string) idempotency.Store {
 	t.Helper()
-	s, err := sqllock.NewIdempotencyStore(openDB(t, dialects[kind], dsn))
+	s, err := sqllock.NewStore(openDB(t, dialects[kind], dsn))
 	if err != nil {
 		t.Fatal(err)
 	}

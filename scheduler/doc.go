@@ -33,10 +33,12 @@
 //
 // Without a slot store, once per slot rests on the lock and LockAtLeastFor
 // alone, as with ShedLock: it holds only while nodes' clocks and timers
-// differ by less than LockAtLeastFor and the job's run plus that bound stay
-// under the interval. Use a slot store in production.
+// differ by less than LockAtLeastFor (DefaultLockAtLeastFor unless set) and
+// the job's run plus that bound stay under the interval. Use a slot store
+// in production.
 //
-// For programs that keep their own scheduler, Wrap guards a robfig/cron job
-// and Locker makes a Guard serve as a go-co-op/gocron/v2 Locker; both give
-// mutual exclusion and the bounds, not once per slot.
+// For programs that keep their own scheduler, Scheduler.Wrap guards a
+// robfig/cron job and Scheduler.Locker serves as a go-co-op/gocron/v2
+// Locker: both take every run through the same path as a job added to the
+// Scheduler, with the same options and defaults.
 package scheduler

@@ -6,6 +6,9 @@ import (
 	"log"
 	"time"
 
+	"github.com/go-co-op/gocron/v2"
+	"github.com/robfig/cron/v3"
+
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/idempotency"
@@ -49,4 +52,59 @@ func Example() {
 		log.Fatal(err)
 	}
 	// Output: closing orders on node-1 with a fencing token: true
+}
+
+// A program that keeps its own robfig/cron runs its jobs through the
+// Scheduler's run path with Wrap: slot claim, lock, bounds, telemetry.
+func ExampleScheduler_Wrap() {
+	g, err := guard.New(memory.New())
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := scheduler.New(g, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	wrap, err := s.Wrap("send-reports", scheduler.LockAtMostFor(10*time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	c := cron.New()
+	if _, err := c.AddJob("0 6 * * *", cron.NewChain(wrap).Then(cron.FuncJob(func() {
+		// send the reports
+	}))); err != nil {
+		log.Fatal(err)
+	}
+	c.Start()
+	defer c.Stop()
+}
+
+// A go-co-op/gocron/v2 program runs its jobs under warden's locks with the
+// Scheduler's Locker.
+func ExampleScheduler_Locker() {
+	g, err := guard.New(memory.New())
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, err := scheduler.New(g, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	locker, err := s.Locker(scheduler.LockAtMostFor(10 * time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	gs, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := gs.NewJob(gocron.CronJob("0 6 * * *", false), gocron.NewTask(func() {
+		// send the reports
+	}), gocron.WithName("send-reports")); err != nil {
+		log.Fatal(err)
+	}
+	gs.Start()
+	defer gs.Shutdown()
 }

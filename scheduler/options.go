@@ -1,12 +1,14 @@
 package scheduler
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -50,17 +52,15 @@ func WithInstance(name string) Option { return func(c *config) { c.instance = na
 func WithLocation(loc *time.Location) Option { return func(c *config) { c.location = loc } }
 
 // WithLogger sets the logger for run outcomes and robfig/cron's own errors
-// (default slog.Default()).
+// (default the Guard's).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithTracerProvider sets where run spans go (default the otel global
-// provider).
+// WithTracerProvider sets where run spans go (default the Guard's).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracerProvider = tp }
 }
 
-// WithMeterProvider sets where run metrics go (default the otel global
-// provider).
+// WithMeterProvider sets where run metrics go (default the Guard's).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) { c.meterProvider = mp }
 }
@@ -81,6 +81,7 @@ type JobOption func(*jobConfig)
 type jobConfig struct {
 	atMost       time.Duration
 	atLeast      time.Duration
+	atLeastSet   bool
 	wait         time.Duration
 	misfireAfter time.Duration
 	ttl          time.Duration
@@ -90,14 +91,24 @@ type jobConfig struct {
 
 // LockAtMostFor is the hard cap on a run (default one hour): when it passes,
 // the job's context is cancelled with cause ErrLockAtMostFor, however well
-// the watchdog keeps the lock alive. The lock itself is held until the job
-// returns, so that two runs never overlap: a job must honour its context.
+// the lease keeper keeps the lock alive, and a warning names the job. The
+// lock itself is held until the job returns, so that two runs never
+// overlap: a job must honour its context.
+//
+// Coming from ShedLock: there lockAtMostFor is also how long the lock of a
+// dead node lasts. Here that is the lock's TTL (guard.WithTTL, LockTTL),
+// kept short and renewed while the node lives, so a dead node's lock goes
+// after one TTL whatever LockAtMostFor says.
 func LockAtMostFor(d time.Duration) JobOption { return func(c *jobConfig) { c.atMost = d } }
 
-// LockAtLeastFor keeps the lock for at least d after it was taken (default
-// 0), even when the run ends sooner, so that a node whose clock or timer is
-// a little behind finds it held rather than running the job again.
-func LockAtLeastFor(d time.Duration) JobOption { return func(c *jobConfig) { c.atLeast = d } }
+// LockAtLeastFor keeps the lock for at least d after it was taken, even
+// when the run ends sooner, so that a node whose clock or timer is a little
+// behind finds it held rather than running the job again. The default is 0
+// with a slot store (the store keeps slots apart) and
+// DefaultLockAtLeastFor without one (see there).
+func LockAtLeastFor(d time.Duration) JobOption {
+	return func(c *jobConfig) { c.atLeast, c.atLeastSet = d, true }
+}
 
 // WaitForLock makes a run that finds the lock held wait up to d for it
 // instead of being skipped at once.
@@ -121,3 +132,30 @@ func SlotRetention(d time.Duration) JobOption { return func(c *jobConfig) { c.re
 // be run again by a node that fires later for it. By default a failed slot
 // is recorded as done and is not retried: the next slot runs as scheduled.
 func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = true } }
+
+// validate refuses bounds that are out of range or contradict each other,
+// and a lock TTL the Guard's backend cannot honour.
+func (c *jobConfig) validate(g *guard.Guard) error {
+	switch {
+	case c.atMost <= 0:
+		return fmt.Errorf("LockAtMostFor %v is not positive", c.atMost)
+	case c.atLeast < 0:
+		return fmt.Errorf("LockAtLeastFor %v is negative", c.atLeast)
+	case c.atLeast > c.atMost:
+		return fmt.Errorf("LockAtLeastFor %v is longer than LockAtMostFor %v", c.atLeast, c.atMost)
+	case c.wait < 0:
+		return fmt.Errorf("WaitForLock %v is negative", c.wait)
+	case c.misfireAfter < 0:
+		return fmt.Errorf("MisfireAfter %v is negative", c.misfireAfter)
+	case c.retention <= 0:
+		return fmt.Errorf("SlotRetention %v is not positive", c.retention)
+	case c.ttl < 0:
+		return fmt.Errorf("LockTTL %v is negative", c.ttl)
+	}
+	if c.ttl > 0 {
+		if err := g.ValidateTTL(c.ttl); err != nil {
+			return fmt.Errorf("LockTTL: %w", err)
+		}
+	}
+	return nil
+}

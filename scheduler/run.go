@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -81,10 +82,24 @@ type RunRecord struct {
 type job struct {
 	s        *Scheduler
 	name     string
+	spec     string
 	fn       func(context.Context) error
 	cfg      jobConfig
 	slots    *slotSchedule
 	lockOpts []guard.LockOption
+
+	mu   sync.Mutex
+	last *RunRecord
+}
+
+func (j *job) lastRun() *RunRecord {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.last == nil {
+		return nil
+	}
+	r := *j.last
+	return &r
 }
 
 // Run implements cron.Job: one firing.
@@ -93,103 +108,153 @@ func (j *job) Run() {
 	if !ok {
 		return
 	}
-	s := j.s
-	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
+	if !j.s.enter() {
 		return
 	}
-	s.runs.Add(1)
-	s.mu.Unlock()
-	defer s.runs.Done()
-	j.run(slot)
+	defer j.s.runs.Done()
+	j.run(slot, j.fn)
 }
 
-func (j *job) run(slot time.Time) {
+// run is the one path every run takes, whoever fired it (the Scheduler's
+// timer, a robfig/cron Wrap, a gocron Locker): begin, the job, end.
+func (j *job) run(slot time.Time, fn func(context.Context) error) {
+	r, ok := j.begin(slot)
+	if !ok {
+		return
+	}
+	r.end(j.call(r.lock, slot, fn))
+}
+
+// running is a run that holds its lock (and its slot claim, with a store).
+type running struct {
+	j      *job
+	ctx    context.Context
+	span   trace.Span
+	rec    RunRecord
+	claim  slotClaim
+	lock   *guard.Lock
+	locked time.Time
+	// done guards against a second end (a gocron Unlock called twice).
+	done sync.Once
+}
+
+// begin checks the misfire bound, claims the slot and takes the lock. It
+// returns false, with the outcome recorded in r.rec, when the run does not
+// go ahead.
+func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	s := j.s
-	rec := RunRecord{Job: j.name, Slot: slot, Instance: s.instance, Started: s.clock()}
-	ctx, span := s.tel.start(s.ctx, &rec)
+	r = &running{j: j, rec: RunRecord{Job: j.name, Slot: slot, Instance: s.instance, Started: s.clock()}}
+	r.ctx, r.span = s.tel.start(s.ctx, &r.rec)
 	defer func() {
-		// A panic in the bookkeeping below (a user observer, a store) must
-		// not take the process down with it.
-		if r := recover(); r != nil {
-			s.logger.Error("warden/scheduler: panic while recording a run", "job", j.name, "panic", r)
+		// A panic in the bookkeeping (a user observer, a store) must not
+		// take the process down with it.
+		if p := recover(); p != nil {
+			s.logger.Error("warden/scheduler: panic while starting a run", "job", j.name, "panic", p)
+			if r.lock != nil {
+				r.lock.Unlock(context.WithoutCancel(r.ctx))
+			}
+			r.rec.Outcome, r.rec.Reason, ok = Failed, fmt.Sprint("panic: ", p), false
 		}
 	}()
-
-	if lag := rec.Started.Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
-		j.finish(ctx, span, &rec, Misfired, fmt.Sprintf("started %v after its slot", lag), nil)
-		return
+	if lag := r.rec.Started.Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
+		r.finish(Misfired, fmt.Sprintf("started %v after its slot", lag), nil)
+		return r, false
 	}
-
-	claim, err := j.claim(ctx, slot)
+	claim, err := j.claim(r.ctx, slot)
 	switch {
 	case err != nil:
-		j.finish(ctx, span, &rec, Failed, "slot store", err)
-		return
+		r.finish(Failed, "slot store", err)
+		return r, false
 	case claim.held != "":
-		j.finish(ctx, span, &rec, Skipped, claim.held, nil)
-		return
+		r.finish(Skipped, claim.held, nil)
+		return r, false
 	}
-
-	l, err := s.g.Lock(ctx, j.name, j.lockOpts...)
+	r.claim = claim
+	l, err := s.g.Lock(r.ctx, j.name, j.lockOpts...)
 	if err != nil {
-		claim.abandon(ctx)
+		claim.abandon(r.ctx)
 		if errors.Is(err, guard.ErrNotAcquired) {
-			j.finish(ctx, span, &rec, Skipped, "lock held", nil)
+			r.finish(Skipped, "lock held", nil)
 		} else {
-			j.finish(ctx, span, &rec, Failed, "lock", err)
+			r.finish(Failed, "lock", err)
 		}
-		return
+		return r, false
 	}
-	locked := time.Now()
-	rec.Token = l.Token()
+	r.lock, r.locked = l, time.Now()
+	r.rec.Token = l.Token()
 	// Waiting for the lock may have made the run late.
 	if lag := s.clock().Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
-		claim.abandon(ctx)
-		j.release(ctx, l, locked)
-		j.finish(ctx, span, &rec, Misfired, fmt.Sprintf("lock taken %v after its slot", lag), nil)
-		return
+		claim.abandon(r.ctx)
+		// The job did not run: there is nothing for LockAtLeastFor to keep
+		// apart.
+		r.unlock()
+		r.finish(Misfired, fmt.Sprintf("lock taken %v after its slot", lag), nil)
+		return r, false
 	}
+	return r, true
+}
 
-	err = j.call(l, slot)
-	rec.Finished = s.clock()
-	outcome := Ran
-	switch {
-	case errors.Is(l.Err(), guard.ErrLockLost):
-		outcome, err = Lost, errors.Join(err, l.Err())
-	case err != nil:
-		outcome = Failed
-	}
-	if outcome == Ran {
-		claim.complete(ctx, "ran")
-	} else if j.cfg.retryFailed {
-		claim.abandon(ctx)
-	} else {
-		claim.complete(ctx, string(outcome)+": "+err.Error())
-	}
-	j.finish(ctx, span, &rec, outcome, "", err)
-	j.release(ctx, l, locked)
+// end records the job's result err, completes or gives back the slot, and
+// releases the lock once LockAtLeastFor has passed.
+func (r *running) end(err error) {
+	r.done.Do(func() {
+		defer func() {
+			if p := recover(); p != nil {
+				r.j.s.logger.Error("warden/scheduler: panic while recording a run", "job", r.j.name, "panic", p)
+			}
+			r.release()
+		}()
+		j := r.j
+		r.rec.Finished = j.s.clock()
+		outcome, reason := Ran, ""
+		switch {
+		case errors.Is(r.lock.Err(), guard.ErrLockLost):
+			outcome, err = Lost, errors.Join(err, r.lock.Err())
+		case err != nil:
+			outcome = Failed
+		}
+		if took := r.rec.Finished.Sub(r.rec.Started); took > j.cfg.atMost {
+			reason = fmt.Sprintf("overran LockAtMostFor %v: ran %v", j.cfg.atMost, took)
+		}
+		if outcome == Ran {
+			r.claim.complete(r.ctx, "ran")
+		} else if j.cfg.retryFailed {
+			r.claim.abandon(r.ctx)
+		} else {
+			r.claim.complete(r.ctx, string(outcome)+": "+err.Error())
+		}
+		r.finish(outcome, reason, err)
+	})
 }
 
 // call runs the job under the lock's context, capped at LockAtMostFor, and
 // turns a panic into an error.
-func (j *job) call(l *guard.Lock, slot time.Time) (err error) {
-	ctx, cancel := context.WithTimeoutCause(l.Context(), j.cfg.atMost, ErrLockAtMostFor)
+func (j *job) call(l *guard.Lock, slot time.Time, fn func(context.Context) error) (err error) {
+	capped, cancel := context.WithTimeoutCause(l.Context(), j.cfg.atMost, ErrLockAtMostFor)
 	defer cancel()
-	ctx = context.WithValue(ctx, runKey{}, &Run{Job: j.name, Slot: slot, Instance: j.s.instance, Lock: l})
+	// A job that ignores its context keeps its lock past LockAtMostFor (runs
+	// never overlap): say so once, when it happens.
+	overrun := context.AfterFunc(capped, func() {
+		if errors.Is(context.Cause(capped), ErrLockAtMostFor) {
+			j.s.logger.Warn("warden/scheduler: job still running past LockAtMostFor; its context is cancelled and its lock is kept until it returns",
+				"job", j.name, "slot", slot, "lock_at_most_for", j.cfg.atMost)
+		}
+	})
+	defer overrun()
+	ctx := context.WithValue(capped, runKey{}, &Run{Job: j.name, Slot: slot, Instance: j.s.instance, Lock: l})
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v\n%s", ErrPanicked, r, debug.Stack())
 		}
 	}()
-	return j.fn(ctx)
+	return fn(ctx)
 }
 
 // release gives the lock up once LockAtLeastFor has passed since it was
 // taken, or at once when Stop's bound runs out.
-func (j *job) release(ctx context.Context, l *guard.Lock, locked time.Time) {
-	if wait := j.cfg.atLeast - time.Since(locked); wait > 0 && l.Err() == nil {
+func (r *running) release() {
+	j := r.j
+	if wait := j.cfg.atLeast - time.Since(r.locked); wait > 0 && r.lock.Err() == nil {
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -197,27 +262,41 @@ func (j *job) release(ctx context.Context, l *guard.Lock, locked time.Time) {
 			t.Stop()
 		}
 	}
-	if err := l.Unlock(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, guard.ErrLockLost) {
-		j.s.logger.Warn("warden/scheduler: unlock failed", "job", j.name, "error", err)
+	r.unlock()
+}
+
+func (r *running) unlock() {
+	if err := r.lock.Unlock(context.WithoutCancel(r.ctx)); err != nil && !errors.Is(err, guard.ErrLockLost) {
+		r.j.s.logger.Warn("warden/scheduler: unlock failed", "job", r.j.name, "error", err)
 	}
 }
 
 // finish records the outcome of a run everywhere.
-func (j *job) finish(ctx context.Context, span trace.Span, rec *RunRecord, o Outcome, reason string, err error) {
-	s := j.s
+func (r *running) finish(o Outcome, reason string, err error) {
+	j, s, rec := r.j, r.j.s, &r.rec
 	if rec.Finished.IsZero() {
 		rec.Finished = s.clock()
 	}
 	rec.Outcome, rec.Reason, rec.Err = o, reason, err
-	s.tel.end(ctx, span, rec)
+	last := *rec
+	j.mu.Lock()
+	j.last = &last
+	j.mu.Unlock()
+	ctx := r.ctx
+	s.tel.end(ctx, r.span, rec)
 	attrs := []any{"job", rec.Job, "slot", rec.Slot, "instance", rec.Instance, "outcome", o}
 	switch o {
 	case Ran:
 		s.logger.DebugContext(ctx, "warden/scheduler: ran", append(attrs, "token", rec.Token, "took", rec.Finished.Sub(rec.Started))...)
 	case Skipped:
-		s.logger.InfoContext(ctx, "warden/scheduler: skipped", append(attrs, "reason", reason)...)
+		// Every replica but one skips every slot: that is the normal case,
+		// not news.
+		s.logger.DebugContext(ctx, "warden/scheduler: skipped", append(attrs, "reason", reason)...)
 	default:
 		s.logger.WarnContext(ctx, "warden/scheduler: run did not succeed", append(attrs, "token", rec.Token, "reason", reason, "error", err)...)
+	}
+	if reason != "" && o == Ran {
+		s.logger.WarnContext(ctx, "warden/scheduler: run overran", append(attrs, "reason", reason)...)
 	}
 	if s.observer != nil {
 		s.observer(*rec)

@@ -53,13 +53,14 @@ type Scheduler struct {
 	// ctx is the parent of every job context; Stop cancels it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// hurry is closed when Stop's context is done: locks kept for
-	// LockAtLeastFor are then released at once.
+	// hurry is closed by Stop: locks kept for LockAtLeastFor are then
+	// released at once.
 	hurry     chan struct{}
 	hurryOnce sync.Once
 
 	mu      sync.Mutex
 	names   map[string]bool
+	jobs    []*job // in the order they were added
 	started bool
 	stopped bool
 	runs    sync.WaitGroup
@@ -86,11 +87,16 @@ func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 		}
 		c.instance = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	// Unless told otherwise, a Scheduler logs, traces and measures where its
+	// Guard does.
 	if c.logger == nil {
-		c.logger = slog.Default()
+		c.logger = g.Logger()
 	}
 	if c.tracerProvider == nil {
-		c.tracerProvider = otel.GetTracerProvider()
+		c.tracerProvider = g.TracerProvider()
+	}
+	if c.meterProvider == nil {
+		c.meterProvider = g.MeterProvider()
 	}
 	if c.meterProvider == nil {
 		c.meterProvider = otel.GetMeterProvider()
@@ -130,12 +136,39 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	if fn == nil {
 		return fmt.Errorf("%w: %q: nil func", ErrInvalidJob, name)
 	}
+	sched, err := parseSpec(s.parser, spec)
+	if err != nil {
+		return fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
+	}
+	j, err := s.newJob(name, shortestInterval(sched), opts)
+	if err != nil {
+		return err
+	}
+	j.spec, j.fn, j.slots = spec, fn, newSlotSchedule(sched, s.anchor, s.clock)
+
+	s.mu.Lock()
+	stopped := s.stopped
+	s.mu.Unlock()
+	if stopped {
+		return fmt.Errorf("%w: add %q", ErrStopped, name)
+	}
+	if err := s.register(j); err != nil {
+		return err
+	}
+	s.cron.Schedule(j.slots, j)
+	return nil
+}
+
+// newJob checks a job's name and options and returns the job, not yet
+// scheduled. interval is the shortest time between two of its slots, or 0
+// when the caller's own scheduler decides (Wrap, Locker).
+func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption) (*job, error) {
 	if err := guard.ValidateKey(name); err != nil {
-		return fmt.Errorf("%w: name %q: %w", ErrInvalidJob, name, err)
+		return nil, fmt.Errorf("%w: name %q: %w", ErrInvalidJob, name, err)
 	}
 	// The slot key is name@RFC3339Nano, which must fit the store's limit.
 	if len(name)+1+len("2006-01-02T15:04:05.999999999Z") > idempotency.MaxKeyLen {
-		return fmt.Errorf("%w: name %q is too long to name its slots", ErrInvalidJob, name)
+		return nil, fmt.Errorf("%w: name %q is too long to name its slots", ErrInvalidJob, name)
 	}
 	jc := jobConfig{atMost: time.Hour, retention: 24 * time.Hour}
 	for _, o := range append(s.defaults[:len(s.defaults):len(s.defaults)], opts...) {
@@ -143,14 +176,13 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 			o(&jc)
 		}
 	}
-	if jc.atMost <= 0 || jc.atLeast < 0 || jc.wait < 0 || jc.misfireAfter < 0 || jc.ttl < 0 || jc.retention <= 0 {
-		return fmt.Errorf("%w: %q: negative or zero bound", ErrInvalidJob, name)
+	if !jc.atLeastSet {
+		jc.atLeast = s.defaultAtLeast(interval, jc.atMost)
 	}
-	sched, err := s.parser.Parse(spec)
-	if err != nil {
-		return fmt.Errorf("%w: %q: spec %q: %w", ErrInvalidJob, name, spec, err)
+	if err := jc.validate(s.g); err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
 	}
-	j := &job{s: s, name: name, fn: fn, cfg: jc, slots: newSlotSchedule(sched, s.anchor, s.clock)}
+	j := &job{s: s, name: name, cfg: jc}
 	if jc.ttl > 0 {
 		j.lockOpts = append(j.lockOpts, guard.TTL(jc.ttl))
 	}
@@ -159,18 +191,70 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	} else {
 		j.lockOpts = append(j.lockOpts, guard.NoWait())
 	}
+	return j, nil
+}
 
+// DefaultLockAtLeastFor is how long a job's lock is kept, by default, when
+// there is no slot store: it covers nodes whose clocks and timers are up to
+// that far apart, so that a short run is not repeated by a node that fires
+// a little later for the same slot. With a slot store the store keeps slots
+// apart and the default is 0.
+const DefaultLockAtLeastFor = time.Second
+
+// defaultAtLeast is the LockAtLeastFor of a job that did not set one: none
+// with a slot store; otherwise DefaultLockAtLeastFor, or half the interval
+// of a job that fires more often than twice that, so that the hold never
+// swallows the job's own next slot. Never more than atMost.
+func (s *Scheduler) defaultAtLeast(interval, atMost time.Duration) time.Duration {
+	if s.store != nil {
+		return 0
+	}
+	d := DefaultLockAtLeastFor
+	if interval > 0 && interval < 2*d {
+		d = interval / 2
+	}
+	return min(d, atMost)
+}
+
+// enter counts a run in, unless the Scheduler has stopped.
+func (s *Scheduler) enter() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.names[name] {
-		return fmt.Errorf("%w: %q", ErrDuplicateJob, name)
-	}
 	if s.stopped {
-		return fmt.Errorf("%w: add %q", ErrStopped, name)
+		return false
 	}
-	s.names[name] = true
-	s.cron.Schedule(j.slots, j)
-	return nil
+	s.runs.Add(1)
+	return true
+}
+
+// Entry describes one job of a Scheduler, as Entries reports it.
+type Entry struct {
+	// Name is the job's name, which is also its lock's.
+	Name string
+	// Spec is the schedule it was added with.
+	Spec string
+	// Next is the job's next slot on the scheduler's clock; zero before
+	// Start, after Stop, or when the schedule never fires again.
+	Next time.Time
+	// Last is this Scheduler's record of the job's latest run (skipped ones
+	// included), or nil before the first.
+	Last *RunRecord
+}
+
+// Entries lists the jobs in the order they were added.
+func (s *Scheduler) Entries() []Entry {
+	s.mu.Lock()
+	jobs := s.jobs[:len(s.jobs):len(s.jobs)]
+	running := s.started && !s.stopped
+	s.mu.Unlock()
+	out := make([]Entry, len(jobs))
+	for i, j := range jobs {
+		out[i] = Entry{Name: j.name, Spec: j.spec, Last: j.lastRun()}
+		if running {
+			out[i].Next = j.slots.next()
+		}
+	}
+	return out
 }
 
 // Start starts the timer loop. Jobs added later are scheduled as they come.
@@ -186,10 +270,13 @@ func (s *Scheduler) Start() {
 }
 
 // Stop stops scheduling, cancels the contexts of running jobs (cause
-// ErrStopped) and waits for them to return and release their locks. Locks
-// kept for LockAtLeastFor are held until that time unless ctx is done
-// first, in which case they are released at once. Stop returns ctx's error
+// ErrStopped), releases the locks kept for LockAtLeastFor at once, and waits
+// for the jobs to return and release their locks. Stop returns ctx's error
 // if ctx is done before every job has returned.
+//
+// Releasing a LockAtLeastFor hold early is safe here: the hold guards
+// against a node whose clock is behind running the same slot again, and
+// with a slot store the slot is already recorded as done.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopped = true
@@ -199,6 +286,7 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	// are waited for through s.runs, which no run joins once stopped is set.
 	s.cron.Stop()
 	s.cancel(ErrStopped)
+	s.hurryOnce.Do(func() { close(s.hurry) })
 
 	done := make(chan struct{})
 	go func() {
@@ -209,11 +297,10 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		s.hurryOnce.Do(func() { close(s.hurry) })
 	}
 	// The held locks are being released now; give that the Guard's own
 	// release bound rather than none.
-	t := time.NewTimer(5 * time.Second)
+	t := time.NewTimer(s.g.ReleaseTimeout())
 	defer t.Stop()
 	select {
 	case <-done:

@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,12 +34,69 @@ type slotSchedule struct {
 	pending []time.Time
 }
 
+// minEvery is the shortest @every interval: shorter ones would fire faster
+// than a lock round trip and a slot claim can complete.
+const minEvery = 100 * time.Millisecond
+
+// parseSpec parses a cron spec. "@every D" is parsed here rather than by
+// robfig/cron, which rounds D down to whole seconds (1500ms would run every
+// second) and turns anything under a second into one: warden honours D to
+// the nanosecond, or refuses it.
+func parseSpec(p cron.Parser, spec string) (cron.Schedule, error) {
+	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return nil, fmt.Errorf("spec %q: %w", spec, err)
+		}
+		if d < minEvery {
+			return nil, fmt.Errorf("spec %q: interval %v is shorter than the minimum %v", spec, d, minEvery)
+		}
+		return cron.ConstantDelaySchedule{Delay: d}, nil
+	}
+	sched, err := p.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("spec %q: %w", spec, err)
+	}
+	return sched, nil
+}
+
+// shortestInterval is the shortest gap between the next few slots of s,
+// which is what a default LockAtLeastFor must stay under.
+func shortestInterval(s cron.Schedule) time.Duration {
+	if cd, ok := s.(cron.ConstantDelaySchedule); ok {
+		return cd.Delay
+	}
+	var shortest time.Duration
+	t := s.Next(time.Now())
+	for range 32 {
+		next := s.Next(t)
+		if next.IsZero() {
+			break
+		}
+		if gap := next.Sub(t); shortest == 0 || gap < shortest {
+			shortest = gap
+		}
+		t = next
+	}
+	return shortest
+}
+
 func newSlotSchedule(s cron.Schedule, anchor time.Time, clock func() time.Time) *slotSchedule {
 	ss := &slotSchedule{spec: s, anchor: anchor, clock: clock}
 	if cd, ok := s.(cron.ConstantDelaySchedule); ok {
 		ss.spec, ss.every = nil, cd.Delay
 	}
 	return ss
+}
+
+// next returns the slot that fires next, or zero when none is pending.
+func (s *slotSchedule) next() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 {
+		return time.Time{}
+	}
+	return s.pending[0]
 }
 
 // Next implements cron.Schedule.

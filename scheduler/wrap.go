@@ -2,143 +2,143 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/robfig/cron/v3"
-	"go.opentelemetry.io/otel"
 
 	"github.com/warden-go/warden/guard"
 )
 
-// Wrap returns a robfig/cron JobWrapper that runs a job only while holding
-// the lock name on g, for programs that keep their own cron.Cron. A run
-// that finds the lock held is skipped (or waits, with WaitForLock); the lock
-// is kept for LockAtLeastFor; a panic is recovered and the lock released.
-// Outcomes go to slog.Default and the otel global providers.
+// Wrap returns a robfig/cron JobWrapper for a program that keeps its own
+// cron.Cron: each firing of the wrapped job takes the same path as a job
+// added to the Scheduler (misfire bound, slot claim, lock, LockAtLeastFor,
+// panic recovery, span, metrics, log and RunObserver), with the same
+// options and defaults. The Scheduler need not be started; Stop still ends
+// the holds and makes later firings do nothing.
 //
-// A cron.Job takes no context, so neither a lost lock nor LockAtMostFor can
-// stop it, and robfig/cron names no slot, so there is no once-per-slot
-// claim: for those, use a Scheduler.
-func Wrap(g *guard.Guard, name string, opts ...JobOption) cron.JobWrapper {
-	jc := jobConfig{atMost: time.Hour}
-	for _, o := range opts {
-		if o != nil {
-			o(&jc)
-		}
-	}
-	lockOpts := []guard.LockOption{guard.NoWait()}
-	if jc.wait > 0 {
-		lockOpts = []guard.LockOption{guard.WaitAtMost(jc.wait)}
-	}
-	if jc.ttl > 0 {
-		lockOpts = append(lockOpts, guard.TTL(jc.ttl))
-	}
-	logger := slog.Default()
-	// The global providers' instruments cannot fail to be created; if a
-	// custom global one does, runs are still guarded, only not measured.
-	tel, telErr := newTelemetry(otel.GetTracerProvider(), otel.GetMeterProvider())
-	return func(inner cron.Job) cron.Job {
-		return cron.FuncJob(func() {
-			rec := RunRecord{Job: name, Started: time.Now()}
-			rec.Slot = rec.Started
-			ctx := context.Background()
-			finish := func(o Outcome, reason string, err error) {
-				rec.Finished, rec.Outcome, rec.Reason, rec.Err = time.Now(), o, reason, err
-				if telErr == nil {
-					_, span := tel.start(ctx, &rec)
-					tel.end(ctx, span, &rec)
-				}
-				level := slog.LevelWarn
-				switch o {
-				case Ran:
-					level = slog.LevelDebug
-				case Skipped:
-					level = slog.LevelInfo
-				}
-				logger.Log(ctx, level, "warden/scheduler: wrapped job "+string(o), "job", name, "token", rec.Token, "reason", reason, "error", err)
-			}
-			l, err := g.Lock(ctx, name, lockOpts...)
-			if err != nil {
-				if errors.Is(err, guard.ErrNotAcquired) {
-					finish(Skipped, "lock held", nil)
-				} else {
-					finish(Failed, "lock", err)
-				}
-				return
-			}
-			rec.Token = l.Token()
-			locked := time.Now()
-			defer func() {
-				if wait := jc.atLeast - time.Since(locked); wait > 0 && l.Err() == nil {
-					time.Sleep(wait) // the hold LockAtLeastFor asks for; robfig runs each job on its own goroutine
-				}
-				l.Unlock(ctx)
-			}()
-			err = func() (err error) {
-				defer func() {
-					if r := recover(); r != nil {
-						err = fmt.Errorf("%w: %v", ErrPanicked, r)
-					}
-				}()
-				inner.Run()
-				return nil
-			}()
-			switch {
-			case errors.Is(l.Err(), guard.ErrLockLost):
-				finish(Lost, "", l.Err())
-			case err != nil:
-				finish(Failed, "", err)
-			default:
-				finish(Ran, "", nil)
-			}
-		})
-	}
-}
-
-// Locker makes g serve as a go-co-op/gocron/v2 Locker
-// (gocron.WithDistributedLocker): gocron asks it for the job's name before
-// each run and skips the run when the lock is held. The lock is kept until
-// atLeast has passed since it was taken, even when the job ends sooner, so
-// that a scheduler whose timer fires a little later finds it held; gocron's
-// Unlock returns at once and the lock is released in the background then.
-//
-// gocron does not hand the lock's context to the job, so a lost lock cannot
-// cancel it; gocron names no slot either. For those, use a Scheduler.
-func Locker(g *guard.Guard, atLeast time.Duration, opts ...guard.LockOption) gocron.Locker {
-	return gocronLocker{g: g, atLeast: atLeast, opts: opts}
-}
-
-type gocronLocker struct {
-	g       *guard.Guard
-	atLeast time.Duration
-	opts    []guard.LockOption
-}
-
-func (l gocronLocker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	lk, err := l.g.TryLock(ctx, key, l.opts...)
+// robfig/cron fires on whole seconds of each node's clock, so the slot of a
+// firing is the Scheduler's clock truncated to the second: nodes whose
+// clocks differ by less than a second name the same slot, and with a slot
+// store the job runs once per slot. A cron.Job takes no context, so neither
+// a lost lock nor LockAtMostFor can stop it; they are recorded.
+func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error) {
+	j, err := s.newJob(name, 0, opts)
 	if err != nil {
 		return nil, err
 	}
-	return heldAtLeast{l: lk, until: time.Now().Add(l.atLeast)}, nil
-}
-
-// heldAtLeast is a gocron.Lock whose release waits for its LockAtLeastFor.
-type heldAtLeast struct {
-	l     *guard.Lock
-	until time.Time
-}
-
-func (h heldAtLeast) Unlock(ctx context.Context) error {
-	wait := time.Until(h.until)
-	if wait <= 0 {
-		return h.l.Unlock(ctx)
+	j.spec = "robfig/cron"
+	if err := s.register(j); err != nil {
+		return nil, err
 	}
-	// Detached: gocron's context ends with the run, the hold does not.
-	ctx = context.WithoutCancel(ctx)
-	time.AfterFunc(wait, func() { h.l.Unlock(ctx) })
+	return func(inner cron.Job) cron.Job {
+		fn := func(context.Context) error {
+			inner.Run()
+			return nil
+		}
+		return cron.FuncJob(func() {
+			if !s.enter() {
+				return
+			}
+			defer s.runs.Done()
+			j.run(s.clock().Truncate(time.Second), fn)
+		})
+	}, nil
+}
+
+// Locker returns a go-co-op/gocron/v2 Locker (gocron.WithDistributedLocker)
+// that takes gocron's runs through the same path as a job added to the
+// Scheduler, with the same options and defaults, the job named by gocron's
+// key. gocron calls Lock before a run and Unlock after it: a run that is
+// skipped (slot claimed elsewhere, lock held, misfired) makes Lock fail, and
+// Unlock returns at once while the LockAtLeastFor hold and the release go on
+// in the background (Stop ends them).
+//
+// The slot of a run is the Scheduler's clock truncated to the second, which
+// names the same slot on every node for gocron's cron and
+// wall-clock-aligned jobs; gocron's duration jobs start from each process's
+// start time, so only the lock and LockAtLeastFor keep their runs apart.
+// gocron does not hand the lock's context to the job, so a lost lock is
+// recorded but cannot cancel it.
+func (s *Scheduler) Locker(opts ...JobOption) (gocron.Locker, error) {
+	// Checked once here, so that Lock fails only on a bad key.
+	if _, err := s.newJob("gocron", 0, opts); err != nil {
+		return nil, err
+	}
+	return &gocronLocker{s: s, opts: opts, jobs: map[string]*job{}}, nil
+}
+
+// register adds j to the jobs Entries lists, refusing a second job of the
+// same name.
+func (s *Scheduler) register(j *job) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.names[j.name] {
+		return fmt.Errorf("%w: %q", ErrDuplicateJob, j.name)
+	}
+	s.names[j.name] = true
+	s.jobs = append(s.jobs, j)
+	return nil
+}
+
+type gocronLocker struct {
+	s    *Scheduler
+	opts []JobOption
+
+	mu   sync.Mutex
+	jobs map[string]*job
+}
+
+func (l *gocronLocker) job(key string) (*job, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if j, ok := l.jobs[key]; ok {
+		return j, nil
+	}
+	j, err := l.s.newJob(key, 0, l.opts)
+	if err != nil {
+		return nil, err
+	}
+	j.spec = "gocron"
+	if err := l.s.register(j); err != nil {
+		return nil, err
+	}
+	l.jobs[key] = j
+	return j, nil
+}
+
+// Lock implements gocron.Locker.
+func (l *gocronLocker) Lock(_ context.Context, key string) (gocron.Lock, error) {
+	j, err := l.job(key)
+	if err != nil {
+		return nil, err
+	}
+	if !l.s.enter() {
+		return nil, ErrStopped
+	}
+	r, ok := j.begin(l.s.clock().Truncate(time.Second))
+	if !ok {
+		l.s.runs.Done()
+		return nil, fmt.Errorf("%w: %s run of %q: %s", guard.ErrNotAcquired, r.rec.Outcome, key, r.rec.Reason)
+	}
+	return &gocronRun{s: l.s, r: r}, nil
+}
+
+type gocronRun struct {
+	s    *Scheduler
+	r    *running
+	once sync.Once
+}
+
+// Unlock implements gocron.Lock.
+func (g *gocronRun) Unlock(context.Context) error {
+	g.once.Do(func() {
+		go func() {
+			defer g.s.runs.Done()
+			g.r.end(nil)
+		}()
+	})
 	return nil
 }

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,14 +11,29 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/scheduler"
 )
+
+// stoppedScheduler is a quiet Scheduler stopped when t ends.
+func stoppedScheduler(t *testing.T, g *guard.Guard, opts ...scheduler.Option) *scheduler.Scheduler {
+	t.Helper()
+	s := newScheduler(t, g, opts...)
+	t.Cleanup(func() { s.Stop(context.Background()) })
+	return s
+}
 
 func TestWrapSkipsWhileHeldAndReleasesAfterPanic(t *testing.T) {
 	t.Parallel()
 	g := newGuard(t, memory.New())
+	var records []scheduler.RunRecord
+	s := stoppedScheduler(t, g, scheduler.WithRunObserver(func(r scheduler.RunRecord) { records = append(records, r) }))
+	wrap, err := s.Wrap("wrapped", scheduler.LockAtLeastFor(0))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var runs atomic.Int32
-	job := scheduler.Wrap(g, "wrapped")(cron.FuncJob(func() {
+	job := wrap(cron.FuncJob(func() {
 		runs.Add(1)
 		panic("boom")
 	}))
@@ -39,15 +55,117 @@ func TestWrapSkipsWhileHeldAndReleasesAfterPanic(t *testing.T) {
 		t.Fatalf("lock not released after the panic: %v", err)
 	}
 	l.Unlock(context.Background())
+	if len(records) != 2 || records[0].Outcome != scheduler.Skipped || records[1].Outcome != scheduler.Failed ||
+		!errors.Is(records[1].Err, scheduler.ErrPanicked) {
+		t.Errorf("records %+v, want a skipped run, then a failed one with ErrPanicked", records)
+	}
 }
 
-func TestWrapLockAtLeastFor(t *testing.T) {
+func TestWrapAndLockerRefuseBadOptions(t *testing.T) {
 	t.Parallel()
-	g := newGuard(t, memory.New())
+	s := stoppedScheduler(t, newGuard(t, memory.New()))
+	bad := []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}
+	if _, err := s.Wrap("job", bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
+		t.Errorf("Wrap: %v, want ErrInvalidJob", err)
+	}
+	if _, err := s.Wrap("bad\x00name"); !errors.Is(err, scheduler.ErrInvalidJob) {
+		t.Errorf("Wrap with a control character in the name: %v, want ErrInvalidJob", err)
+	}
+	if _, err := s.Locker(bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
+		t.Errorf("Locker: %v, want ErrInvalidJob", err)
+	}
+	if _, err := s.Wrap("twice"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wrap("twice"); !errors.Is(err, scheduler.ErrDuplicateJob) {
+		t.Errorf("a second Wrap of one name: %v, want ErrDuplicateJob", err)
+	}
+}
+
+// skewedNode is one of two processes sharing a lock backend, the second
+// with its clock 400ms behind the first's.
+func skewedNodes(t *testing.T, opts ...scheduler.Option) [2]*scheduler.Scheduler {
+	locker := memory.New()
+	var nodes [2]*scheduler.Scheduler
+	for i := range nodes {
+		skew := time.Duration(i) * -400 * time.Millisecond
+		clock := func() time.Time { return time.Now().Add(skew) }
+		nodes[i] = stoppedScheduler(t, newGuard(t, locker), append(opts, scheduler.WithClock(clock))...)
+	}
+	return nodes
+}
+
+// With default options, a short wrapped job never runs twice for one tick
+// across two processes whose clocks are 400ms apart: robfig/cron fires the
+// second one 400ms later in real time, after the first run has ended.
+func TestWrapDefaultsNeverRunATickTwice(t *testing.T) {
+	t.Parallel()
+	nodes := skewedNodes(t)
+	var runs atomic.Int32
+	var crons []*cron.Cron
+	for i, s := range nodes {
+		wrap, err := s.Wrap("report")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := cron.New(cron.WithSeconds())
+		delay := time.Duration(i) * 400 * time.Millisecond
+		// The second node's cron fires when its own clock shows the
+		// second: 400ms after the first's in real time.
+		late := func(j cron.Job) cron.Job {
+			return cron.FuncJob(func() { time.Sleep(delay); j.Run() })
+		}
+		if _, err := c.AddJob("*/2 * * * * *", cron.NewChain(late, wrap).Then(cron.FuncJob(func() { runs.Add(1) }))); err != nil {
+			t.Fatal(err)
+		}
+		crons = append(crons, c)
+	}
+	for _, c := range crons {
+		c.Start()
+	}
 	start := time.Now()
-	scheduler.Wrap(g, "brief", scheduler.LockAtLeastFor(300*time.Millisecond))(cron.FuncJob(func() {})).Run()
-	if d := time.Since(start); d < 300*time.Millisecond {
-		t.Errorf("lock released %v after it was taken, before LockAtLeastFor", d)
+	time.Sleep(7 * time.Second) // the observation window: three or four ticks
+	for _, c := range crons {
+		<-c.Stop().Done()
+	}
+	ticks := int32(time.Since(start)/(2*time.Second)) + 1
+	if n := runs.Load(); n > ticks || n < ticks-2 {
+		t.Errorf("%d runs in %d ticks across two nodes, want one per tick", n, ticks)
+	}
+}
+
+// The gocron Locker, with default options, keeps a short run's lock past the
+// moment a node 400ms behind asks for it.
+func TestLockerDefaultsNeverRunATickTwice(t *testing.T) {
+	t.Parallel()
+	nodes := skewedNodes(t)
+	var lockers [2]gocron.Locker
+	for i, s := range nodes {
+		l, err := s.Locker()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockers[i] = l
+	}
+	ctx := context.Background()
+	for range 3 {
+		// The previous round's hold ends after DefaultLockAtLeastFor.
+		var first gocron.Lock
+		waitFor(t, "the first node to take the lock", 10*time.Second, func() bool {
+			l, err := lockers[0].Lock(ctx, "gocron-report")
+			first = l
+			return err == nil
+		})
+		first.Unlock(ctx) // a short job
+		time.Sleep(400 * time.Millisecond)
+		second, err := lockers[1].Lock(ctx, "gocron-report")
+		if err == nil {
+			second.Unlock(ctx)
+			t.Fatal("the node 400ms behind ran the tick again")
+		}
+		if !errors.Is(err, guard.ErrNotAcquired) {
+			t.Fatalf("the second node: %v, want ErrNotAcquired", err)
+		}
 	}
 }
 
@@ -67,7 +185,11 @@ func TestGocronLocker(t *testing.T) {
 	}
 	var schedulers []gocron.Scheduler
 	for range 2 {
-		s, err := gocron.NewScheduler(gocron.WithDistributedLocker(scheduler.Locker(newGuard(t, locker), 200*time.Millisecond)))
+		l, err := stoppedScheduler(t, newGuard(t, locker)).Locker(scheduler.LockAtLeastFor(200 * time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := gocron.NewScheduler(gocron.WithDistributedLocker(l))
 		if err != nil {
 			t.Fatal(err)
 		}
