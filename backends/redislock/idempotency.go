@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -22,28 +23,32 @@ var (
 	idemGetSrc string
 )
 
-// IdempotencyStore is an idempotency.Store on Redis: one hash per record,
+// Store is an idempotency.Store on Redis: one hash per record,
 // each call one script. Leases and retention are deadlines on the server's
 // clock (TIME), checked by the scripts; the key's PEXPIRE only reclaims the
 // memory. It is safe for concurrent use.
-type IdempotencyStore struct {
+type Store struct {
 	client              goredis.UniversalClient
 	prefix              string
 	claim, update, read *goredis.Script
 }
 
-// StoreOption configures an IdempotencyStore.
-type StoreOption func(*IdempotencyStore)
+// StoreOption configures a Store.
+type StoreOption func(*Store)
 
-// WithStorePrefix sets the prefix of the store's keys (default "warden:idem:").
-func WithStorePrefix(prefix string) StoreOption {
-	return func(s *IdempotencyStore) { s.prefix = prefix }
-}
+// WithStorePrefix sets the prefix of the store's keys (default
+// "warden:idem:"). The store has no guard above it to namespace its keys, so
+// it keeps a prefix of its own.
+func WithStorePrefix(prefix string) StoreOption { return func(s *Store) { s.prefix = prefix } }
 
-// NewIdempotencyStore returns a store that keeps its records on client,
-// which the caller keeps ownership of.
-func NewIdempotencyStore(client goredis.UniversalClient, opts ...StoreOption) *IdempotencyStore {
-	s := &IdempotencyStore{
+// NewStore returns a store that keeps its records on client, which the
+// caller keeps ownership of. A nil client is an error wrapping
+// driver.ErrInvalidOption.
+func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", driver.ErrInvalidOption)
+	}
+	s := &Store{
 		client: client,
 		prefix: "warden:idem:",
 		claim:  goredis.NewScript(idemClaimSrc),
@@ -51,21 +56,23 @@ func NewIdempotencyStore(client goredis.UniversalClient, opts ...StoreOption) *I
 		read:   goredis.NewScript(idemGetSrc),
 	}
 	for _, o := range opts {
-		o(s)
+		if o != nil {
+			o(s)
+		}
 	}
-	return s
+	return s, nil
 }
 
-var _ idempotency.Store = (*IdempotencyStore)(nil)
+var _ idempotency.Store = (*Store)(nil)
 
 // recordKey is binary-safe and unambiguous: the scope's length tells where
 // it ends.
-func (s *IdempotencyStore) recordKey(scope, key string) string {
+func (s *Store) recordKey(scope, key string) string {
 	return s.prefix + strconv.Itoa(len(scope)) + ":" + scope + ":" + key
 }
 
 // Claim implements idempotency.Store.
-func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -74,13 +81,13 @@ func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*ide
 	}
 	v, err := s.claim.Run(ctx, s.client, []string{s.recordKey(c.Scope, c.Key)}, c.Owner, c.Fingerprint, ms(c.Lease)).Result()
 	if err != nil {
-		return nil, unavailable(ctx, err)
+		return nil, driver.Unavailable(ctx, err)
 	}
 	return record(c.Scope, c.Key, v)
 }
 
 // Extend implements idempotency.Store.
-func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
@@ -88,7 +95,7 @@ func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string,
 }
 
 // Complete implements idempotency.Store.
-func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
 		return err
 	}
@@ -96,20 +103,20 @@ func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner strin
 }
 
 // Abandon implements idempotency.Store.
-func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	return s.change(ctx, scope, key, owner, "abandon", 0, "")
 }
 
-func (s *IdempotencyStore) change(ctx context.Context, scope, key, owner, op string, d int64, response string) error {
+func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int64, response string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	n, err := s.update.Run(ctx, s.client, []string{s.recordKey(scope, key)}, owner, op, d, response).Int64()
 	if err != nil {
-		return unavailable(ctx, err)
+		return driver.Unavailable(ctx, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
@@ -118,7 +125,7 @@ func (s *IdempotencyStore) change(ctx context.Context, scope, key, owner, op str
 }
 
 // Get implements idempotency.Store.
-func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := idempotency.CheckKey(scope, key); err != nil {
 		return nil, err
 	}
@@ -127,7 +134,7 @@ func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempot
 	}
 	v, err := s.read.Run(ctx, s.client, []string{s.recordKey(scope, key)}).Result()
 	if err != nil {
-		return nil, unavailable(ctx, err)
+		return nil, driver.Unavailable(ctx, err)
 	}
 	rec, err := record(scope, key, v)
 	if err == nil && rec == nil {

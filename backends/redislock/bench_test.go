@@ -1,8 +1,9 @@
-package redis
+package redislock
 
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // counter is a go-redis hook that counts round trips (a command or a
@@ -55,10 +57,10 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	for _, fair := range []bool{false, true} {
 		b.Run(fmt.Sprintf("fair=%v", fair), func(b *testing.B) {
 			c, n := countedClient(b)
-			l := New(c)
+			l := newLocker(b, c)
 			ctx := context.Background()
 			key := benchKey(b)
-			opts := guard.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: fair}
+			opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: fair}
 			once := func() {
 				lease, err := l.Acquire(ctx, key, opts)
 				if err != nil {
@@ -87,9 +89,9 @@ func BenchmarkContended(b *testing.B) {
 	for _, contenders := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("waiters=%d", contenders), func(b *testing.B) {
 			c, n := countedClient(b)
-			l := New(c)
+			l := newLocker(b, c)
 			key := benchKey(b)
-			contend(b, contenders, func(int) guard.Locker { return l }, key, false)
+			contend(b, contenders, func(int) driver.Locker { return l }, key, false)
 			b.ReportMetric(float64(n.cmds.Load())/float64(b.N), "cmds/op")
 		})
 	}
@@ -101,11 +103,11 @@ func BenchmarkContended(b *testing.B) {
 func BenchmarkWait(b *testing.B) {
 	for _, fair := range []bool{false, true} {
 		b.Run(fmt.Sprintf("fair=%v", fair), func(b *testing.B) {
-			lockers := make([]guard.Locker, 8)
+			lockers := make([]driver.Locker, 8)
 			for i := range lockers {
-				lockers[i] = New(newClient(b))
+				lockers[i] = newLocker(b, newClient(b))
 			}
-			waits := contend(b, len(lockers), func(i int) guard.Locker { return lockers[i] }, benchKey(b), fair)
+			waits := contend(b, len(lockers), func(i int) driver.Locker { return lockers[i] }, benchKey(b), fair)
 			slices.Sort(waits)
 			if len(waits) > 0 {
 				p50, p99 := waits[len(waits)/2], waits[len(waits)*99/100]
@@ -118,9 +120,9 @@ func BenchmarkWait(b *testing.B) {
 
 // contend runs b.N acquisitions shared among contenders goroutines, holding
 // each lock for 100µs, and returns how long each acquisition waited.
-func contend(b *testing.B, contenders int, locker func(i int) guard.Locker, key string, fair bool) []time.Duration {
+func contend(b *testing.B, contenders int, locker func(i int) driver.Locker, key string, fair bool) []time.Duration {
 	ctx := context.Background()
-	opts := guard.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: fair}
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: fair}
 	if lease, err := locker(0).Acquire(ctx, key, opts); err == nil { // warm the script cache
 		lease.Release(ctx)
 	}
@@ -158,4 +160,52 @@ func contend(b *testing.B, contenders int, locker func(i int) guard.Locker, key 
 	wg.Wait()
 	b.StopTimer()
 	return waits
+}
+
+// BenchmarkHeldLocks holds 10,000 locks through one Guard with a 3s ttl and
+// reports the heap each held lock costs (guard's Lock and the lease) and the
+// round trips to Redis per renewal period (a third of the ttl) while they
+// are held: renewals go in one pipeline per period, not one per lock.
+func BenchmarkHeldLocks(b *testing.B) {
+	const n, ttl = 10_000, 3 * time.Second
+	ctx := context.Background()
+	var perLock, tripsPerPeriod float64
+	for b.Loop() {
+		c, count := countedClient(b)
+		g, err := guard.New(newLocker(b, c), guard.WithTTL(ttl))
+		if err != nil {
+			b.Fatal(err)
+		}
+		prefix := benchKey(b)
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("%s/%d", prefix, i)
+		}
+		locks := make([]*guard.Lock, n)
+		before := heapAlloc()
+		for i, k := range keys {
+			if locks[i], err = g.TryLock(ctx, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		perLock = float64(heapAlloc()-before) / n
+		count.reset()
+		const periods = 4
+		time.Sleep(periods * ttl / 3)
+		tripsPerPeriod = float64(count.trips.Load()) / periods
+		for _, l := range locks {
+			if err := l.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(perLock, "B/lock")
+	b.ReportMetric(tripsPerPeriod, "trips/period")
+}
+
+func heapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"bufio"
@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // The holder process: a re-exec of this test binary that takes a lock on the
@@ -29,8 +29,8 @@ func TestHelperProcess(t *testing.T) {
 		t.Skip("helper process for the fault tests")
 	}
 	ms, _ := strconv.Atoi(os.Getenv(helperTTLms))
-	l := New(newClient(t), WithWaiterTimeout(time.Second))
-	opts := guard.AcquireOptions{TTL: time.Duration(ms) * time.Millisecond, Fair: true, Wait: mode == "wait"}
+	l := newLocker(t, newClient(t), WithWaiterTimeout(time.Second))
+	opts := driver.AcquireOptions{TTL: time.Duration(ms) * time.Millisecond, Fair: true, Wait: mode == "wait"}
 	fmt.Println("ready")
 	lease, err := l.Acquire(context.Background(), os.Getenv(helperKey), opts)
 	if err != nil {
@@ -100,7 +100,7 @@ func TestKilledHolderFreesAfterTTL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c := newClient(t)
-	l := New(c)
+	l := newLocker(t, c)
 	key := testKey(t)
 	const ttl = time.Second
 	cmd, lines := startHelper(t, "hold", key, ttl)
@@ -113,10 +113,10 @@ func TestKilledHolderFreesAfterTTL(t *testing.T) {
 	}
 	cmd.Wait()
 	killed := time.Now()
-	if _, err := l.Acquire(ctx, key, guard.AcquireOptions{TTL: ttl}); !errors.Is(err, guard.ErrNotAcquired) {
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: ttl}); !errors.Is(err, driver.ErrNotAcquired) {
 		t.Fatalf("Acquire right after the holder died: got %v, want ErrNotAcquired", err)
 	}
-	lease, err := l.Acquire(ctx, key, guard.AcquireOptions{TTL: ttl, Wait: true})
+	lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: ttl, Wait: true})
 	if err != nil {
 		t.Fatalf("waiting for the dead holder's lock: %v", err)
 	}
@@ -135,25 +135,25 @@ func TestKilledFairWaiterLosesPlace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	probe := newClient(t)
-	holder := New(newClient(t), WithWaiterTimeout(time.Second))
-	next := New(newClient(t), WithWaiterTimeout(time.Second))
+	holder := newLocker(t, newClient(t), WithWaiterTimeout(time.Second))
+	next := newLocker(t, newClient(t), WithWaiterTimeout(time.Second))
 	key := testKey(t)
-	held, err := holder.Acquire(ctx, key, guard.AcquireOptions{TTL: time.Minute, Fair: true})
+	held, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Fair: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd, lines := startHelper(t, "wait", key, time.Minute)
 	expectLine(t, lines, "ready")
-	eventually(t, "the helper is queued", func() bool { return waiters(t, probe, holder, key) == 1 })
+	eventually(t, "the helper is queued", func() bool { return waiters(t, probe, key) == 1 })
 	got := make(chan error, 1)
 	go func() {
-		lease, err := next.Acquire(ctx, key, guard.AcquireOptions{TTL: time.Second, Wait: true, Fair: true})
+		lease, err := next.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second, Wait: true, Fair: true})
 		if err == nil {
 			err = lease.Release(context.Background())
 		}
 		got <- err
 	}()
-	eventually(t, "the second waiter is queued", func() bool { return waiters(t, probe, holder, key) == 2 })
+	eventually(t, "the second waiter is queued", func() bool { return waiters(t, probe, key) == 2 })
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestKilledFairWaiterLosesPlace(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the waiter behind a dead one: %v", err)
 	}
-	if n := waiters(t, probe, holder, key); n != 0 {
+	if n := waiters(t, probe, key); n != 0 {
 		t.Errorf("%d waiters left queued", n)
 	}
 }

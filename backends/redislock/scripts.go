@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	_ "embed"

@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"context"
@@ -15,9 +15,12 @@ import (
 type notifier struct {
 	client goredis.UniversalClient
 
-	mu   sync.Mutex
-	ps   *goredis.PubSub // nil while nobody waits
-	subs map[string]*subscription
+	closed chan struct{} // closed by close
+
+	mu       sync.Mutex
+	ps       *goredis.PubSub // nil while nobody waits
+	subs     map[string]*subscription
+	isClosed bool
 }
 
 // subscription is the process's interest in one channel.
@@ -41,7 +44,30 @@ type subscription struct {
 const lingerFor = 2 * time.Second
 
 func newNotifier(client goredis.UniversalClient) *notifier {
-	return &notifier{client: client, subs: make(map[string]*subscription)}
+	return &notifier{client: client, closed: make(chan struct{}), subs: make(map[string]*subscription)}
+}
+
+// close ends the Pub/Sub connection and every wait on it.
+func (n *notifier) close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.isClosed {
+		return nil
+	}
+	n.isClosed = true
+	close(n.closed)
+	for _, s := range n.subs {
+		if s.linger != nil {
+			s.linger.Stop()
+		}
+	}
+	clear(n.subs)
+	if n.ps == nil {
+		return nil
+	}
+	err := n.ps.Close()
+	n.ps = nil
+	return err
 }
 
 // joinIfActive registers a waiter on a subscription that is already live, at
@@ -65,6 +91,10 @@ func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-cha
 // ends; a waiter whose confirmation is slow still has its PTTL fallback).
 func (n *notifier) join(ctx context.Context, channel, id string) (*subscription, <-chan struct{}, error) {
 	n.mu.Lock()
+	if n.isClosed {
+		n.mu.Unlock()
+		return nil, nil, errClosed
+	}
 	s := n.subs[channel]
 	if s == nil {
 		s = &subscription{
@@ -97,6 +127,8 @@ func (n *notifier) join(ctx context.Context, channel, id string) (*subscription,
 	case <-ctx.Done():
 		n.leave(s, id, false)
 		return nil, nil, ctx.Err()
+	case <-n.closed:
+		return nil, nil, errClosed
 	}
 }
 
@@ -137,7 +169,7 @@ func (n *notifier) leave(s *subscription, id string, passOn bool) {
 		}
 	}
 	s.refs--
-	if s.refs > 0 {
+	if s.refs > 0 || n.isClosed {
 		return
 	}
 	s.linger = time.AfterFunc(lingerFor, func() {

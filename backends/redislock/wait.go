@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // waiter describes how to contend for one kind of lease.
@@ -19,9 +19,6 @@ type waiter struct {
 	// keepAlive, when set, is how often a waiting contender comes back to
 	// renew its recorded place (fair queue, waiting writer).
 	keepAlive time.Duration
-	// ttl is the TTL asked for: without better knowledge, how long a lease
-	// may block this waiter.
-	ttl time.Duration
 	// shared: after this waiter gets in, the next local waiter may too
 	// (readers), so the wake-up is passed on.
 	shared bool
@@ -34,20 +31,21 @@ type waiter struct {
 	cleanup func(ctx context.Context)
 }
 
-// cleanupTimeout bounds the best-effort cleanup after a cancelled wait.
+// cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
-// acquire contends for a lease. Without wait it makes one attempt. With wait
-// it sleeps between attempts until a release message wakes it, or until the
-// blocking lease would have expired (so a lost message costs at most that),
-// or, for waiters with a recorded place, until it is time to renew it.
-func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls *lease, w waiter) (_ guard.Lease, err error) {
+// acquire contends for a lease. Without opts.Wait it makes one attempt. With
+// it, it sleeps between attempts until a release message wakes it, or until
+// the blocking lease would have expired (so a lost message costs at most
+// that), or, for waiters with a recorded place, until it is time to renew
+// it; an unreachable server is tried again, backing off, until ctx is done.
+func (l *Locker) acquire(ctx context.Context, channel string, opts driver.AcquireOptions, ls *lease, w waiter) (_ driver.Lease, err error) {
 	var (
 		sub    *subscription
 		wake   <-chan struct{}
 		queued bool
 	)
-	if wait {
+	if opts.Wait {
 		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
 		// Behind local waiters, a non-fair newcomer waits its turn for a
 		// release message instead of trying at once: otherwise each
@@ -56,7 +54,7 @@ func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls
 	}
 	woken := false
 	defer func() {
-		if err != nil && !errors.Is(err, guard.ErrNotAcquired) {
+		if err != nil && !errors.Is(err, driver.ErrNotAcquired) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			w.cleanup(cctx)
 			cancel()
@@ -65,23 +63,32 @@ func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))
 		}
 	}()
+	var unreachable, unknown driver.Backoff
 	for {
 		if queued {
 			queued = false
-			if !sleep(ctx, wake, w.ttl, &woken) {
-				return nil, ctx.Err()
+			if err := l.sleep(ctx, wake, opts.TTL, &woken); err != nil {
+				return nil, err
 			}
 		}
-		got, r, err := l.attempt(ctx, ls, w, wait)
-		if err != nil {
-			return nil, err
-		}
-		if got {
+		sent := time.Now()
+		r, err := l.attempt(ctx, ls, w, opts.Wait)
+		switch {
+		case err == nil && r[0] == 1:
+			ls.token = uint64(r[1])
+			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
+		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable):
+			if err := l.sleep(ctx, wake, unreachable.Next(), &woken); err != nil {
+				return nil, err
+			}
+			continue
+		case err != nil:
+			return nil, err
+		case !opts.Wait:
+			return nil, driver.ErrNotAcquired
 		}
-		if !wait {
-			return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key)
-		}
+		unreachable.Reset()
 		if sub == nil {
 			if sub, wake, err = l.notify.join(ctx, channel, w.id); err != nil {
 				return nil, err
@@ -91,86 +98,79 @@ func (l *Locker) acquire(ctx context.Context, key, channel string, wait bool, ls
 			woken = false
 			continue
 		}
-		if !sleep(ctx, wake, retryDelay(r[1], w.keepAlive), &woken) {
-			return nil, ctx.Err()
+		d := time.Duration(r[1])*time.Millisecond + time.Millisecond
+		switch {
+		case r[1] >= 0:
+			unknown.Reset()
+		case w.keepAlive > 0:
+			// A fair waiter ahead was let in: its release will say who
+			// is next, and the place must be renewed meanwhile anyway.
+			d = w.keepAlive
+		default:
+			// The blocking lease vanished just after the attempt, maybe
+			// expired, which publishes nothing.
+			d = unknown.Next()
+		}
+		if w.keepAlive > 0 {
+			d = min(d, w.keepAlive)
+		}
+		if err := l.sleep(ctx, wake, d, &woken); err != nil {
+			return nil, err
 		}
 	}
 }
 
-// sleep waits for a wake-up or d, and reports false when ctx ended first.
-func sleep(ctx context.Context, wake <-chan struct{}, d time.Duration, woken *bool) bool {
+// sleep waits for a wake-up or d. It returns ctx's error when ctx ended
+// first, and errClosed when the Locker was closed.
+func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration, woken *bool) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false
+		return ctx.Err()
+	case <-l.notify.closed:
+		return errClosed
 	case <-wake:
 		*woken = true
 	case <-timer.C:
 		*woken = false
 	}
-	return true
-}
-
-// retryDelay turns the server's hint (ms until the blocking lease lapses) into
-// how long to sleep when no message comes.
-func retryDelay(pttl int64, keepAlive time.Duration) time.Duration {
-	d := time.Duration(pttl)*time.Millisecond + time.Millisecond
-	if pttl < 0 {
-		// The lock was free but not ours (a fair waiter ahead) or vanished
-		// just after the attempt.
-		d = 10 * time.Millisecond
-		if keepAlive > 0 {
-			d = keepAlive
-		}
-	}
-	if keepAlive > 0 && d > keepAlive {
-		d = keepAlive
-	}
-	return d
+	return nil
 }
 
 // attempt makes one acquisition attempt. With WithWaitReplicas it runs on a
 // connection of its own, because WAIT counts the replicas that acknowledged
 // the writes of the connection it is sent on.
-func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) (bool, []int64, error) {
-	if l.replicas == 0 {
-		r, err := w.attempt(ctx, l.client, queued)
-		if err != nil || r[0] != 1 {
-			return false, r, err
-		}
-		ls.token = uint64(r[1])
-		return true, r, nil
+func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) ([]int64, error) {
+	if l.cfg.replicas == 0 {
+		return w.attempt(ctx, l.client, queued)
 	}
 	var conn *goredis.Conn
 	switch c := l.client.(type) {
 	case *goredis.Client:
 		conn = c.Conn()
 	case *goredis.ClusterClient:
-		node, err := c.MasterForKey(ctx, ls.keys.fence)
+		node, err := c.MasterForKey(ctx, namesOf(ls.key).fence())
 		if err != nil {
-			return false, nil, unavailable(ctx, err)
+			return nil, driver.Unavailable(ctx, err)
 		}
 		conn = node.Conn()
-	default:
-		return false, nil, fmt.Errorf("%w: WithWaitReplicas with a %T", guard.ErrUnsupported, l.client)
 	}
 	defer conn.Close()
 	r, err := w.attempt(ctx, conn, queued)
 	if err != nil || r[0] != 1 {
-		return false, r, err
+		return r, err
 	}
-	ls.token = uint64(r[1])
-	acked, err := conn.Wait(ctx, l.replicas, l.replicaWait).Result()
-	if err == nil && acked >= int64(l.replicas) {
-		return true, r, nil
+	acked, err := conn.Wait(ctx, l.cfg.replicas, l.cfg.replicaWait).Result()
+	if err == nil && acked >= int64(l.cfg.replicas) {
+		return r, nil
 	}
 	if err == nil {
-		err = fmt.Errorf("%d of %d replicas acknowledged the lock within %v", acked, l.replicas, l.replicaWait)
+		err = fmt.Errorf("%d of %d replicas acknowledged the lock within %v", acked, l.cfg.replicas, l.cfg.replicaWait)
 	}
 	// The lock must not outlive the failed acquisition.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	ls.releaseOn(rctx, conn)
-	return false, nil, unavailable(ctx, err)
+	return nil, driver.Unavailable(ctx, err)
 }

@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"testing"
@@ -9,6 +9,6 @@ import (
 )
 
 func TestIdempotencyStoreConformance(t *testing.T) {
-	storetest.Run(t, func(t testing.TB) idempotency.Store { return NewIdempotencyStore(newClient(t)) },
+	storetest.Run(t, func(t testing.TB) idempotency.Store { return newStore(t, newClient(t)) },
 		storetest.Lease(300*time.Millisecond))
 }

@@ -1,4 +1,4 @@
-package redis
+package redislock
 
 import (
 	"testing"
@@ -11,5 +11,5 @@ import (
 // on the Redis store: the middleware's guarantees are only as good as the
 // store under it.
 func TestIdempotencyMiddleware(t *testing.T) {
-	httpmwtest.Run(t, func(t testing.TB) idempotency.Store { return NewIdempotencyStore(newClient(t)) })
+	httpmwtest.Run(t, func(t testing.TB) idempotency.Store { return newStore(t, newClient(t)) })
 }

@@ -1,0 +1,175 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+type kind uint8
+
+const (
+	kindMutex kind = iota
+	kindRead
+	kindWrite
+	kindPermit
+)
+
+// lease is one holding of a lock, a read or write lock or a permit. It keeps
+// only what cannot be derived: the Redis key names are built from key when a
+// call needs them, so that a held lock costs little memory.
+type lease struct {
+	l     *Locker
+	key   string
+	owner string // random, unguessable: the proof of ownership every call presents
+	token uint64
+	// expiry is Expiry as nanoseconds after epoch, so that a refresh can move
+	// it while guard reads it, without a lock.
+	expiry atomic.Int64
+	kind   kind
+}
+
+// epoch anchors lease expiries on the monotonic clock.
+var epoch = time.Now()
+
+// expiryAllowance is subtracted from every expiry: the deadlines of leases
+// kept in sorted sets are counted on the server's clock in whole
+// milliseconds, which can end up to 1ms before send time plus TTL.
+const expiryAllowance = time.Millisecond
+
+// renewed records that a request sent at sent granted or extended the lease
+// for px milliseconds.
+func (ls *lease) renewed(sent time.Time, px int64) {
+	ls.expiry.Store(int64(sent.Sub(epoch) + time.Duration(px)*time.Millisecond - expiryAllowance))
+}
+
+// Token implements driver.Lease: the key's counter in Redis.
+func (ls *lease) Token() uint64 { return ls.token }
+
+// Expiry implements driver.Lease.
+func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.Load())) }
+
+// Refresh implements driver.Lease: it extends the lease to ttl from now,
+// counted by Redis.
+func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	px := pxOf(ttl)
+	s, keys, args := ls.refreshCall(px)
+	sent := time.Now()
+	n, err := s.Run(ctx, ls.l.client, keys, args...).Int64()
+	return ls.refreshed(ctx, sent, px, n, err)
+}
+
+func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
+	sc := ls.l.s
+	n := namesOf(ls.key)
+	switch ls.kind {
+	case kindRead:
+		return sc.zrefresh, []string{n.readers()}, []any{ls.owner, px}
+	case kindWrite:
+		return sc.refresh, []string{n.writer()}, []any{ls.owner, px}
+	case kindPermit:
+		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
+	default:
+		return sc.refresh, []string{n.lock()}, []any{ls.owner, px}
+	}
+}
+
+// refreshed takes the answer of a refresh sent at sent.
+func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, err error) error {
+	if err != nil {
+		return driver.Unavailable(ctx, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+	}
+	ls.renewed(sent, px)
+	return nil
+}
+
+// Release implements driver.Lease: it gives the lease up, only if it is
+// still this owner's.
+func (ls *lease) Release(ctx context.Context) error {
+	n, err := ls.releaseOn(ctx, ls.l.client)
+	if err != nil {
+		return driver.Unavailable(ctx, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// releaseOn runs the owner-checked release script: one round trip that
+// deletes the lease and publishes on the key's channel.
+func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
+	s := ls.l.s
+	n := namesOf(ls.key)
+	switch ls.kind {
+	case kindRead:
+		return s.zrelease.Run(ctx, sc, []string{n.readers()}, ls.owner, n.channel(), "0").Int64()
+	case kindWrite:
+		return s.writeRelease.Run(ctx, sc, []string{n.writer()}, ls.owner, n.channel()).Int64()
+	case kindPermit:
+		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
+	default:
+		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines()}, ls.owner, n.channel()).Int64()
+	}
+}
+
+// RefreshBatch implements driver.BatchRefresher: one pipelined round trip
+// (one per node on a Cluster) refreshes every lease. A lease from another
+// Locker gets an error wrapping driver.ErrInvalidOption.
+func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
+	errs := make([]error, len(leases))
+	mine := make([]*lease, len(leases))
+	cmds := make([]*goredis.Cmd, len(leases))
+	px := pxOf(ttl)
+	pipe := l.client.Pipeline()
+	for i, g := range leases {
+		ls, ok := g.(*lease)
+		if !ok || ls.l != l {
+			errs[i] = fmt.Errorf("%w: the lease was not granted by this Locker", driver.ErrInvalidOption)
+			continue
+		}
+		mine[i] = ls
+		s, keys, args := ls.refreshCall(px)
+		cmds[i] = s.EvalSha(ctx, pipe, keys, args...)
+	}
+	sent := time.Now()
+	// Each command's own error is read below.
+	_, _ = pipe.Exec(ctx)
+	var again []int
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, i)
+			continue
+		}
+		n, err := c.Int64()
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+	}
+	if len(again) == 0 {
+		return errs
+	}
+	// The server lost its script cache (restart, SCRIPT FLUSH): send those
+	// bodies once; the single-lease calls reload the cache.
+	pipe = l.client.Pipeline()
+	for _, i := range again {
+		s, keys, args := mine[i].refreshCall(px)
+		cmds[i] = s.Eval(ctx, pipe, keys, args...)
+	}
+	sent = time.Now()
+	_, _ = pipe.Exec(ctx)
+	for _, i := range again {
+		n, err := cmds[i].Int64()
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+	}
+	return errs
+}

@@ -1,0 +1,174 @@
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// Locker is a warden lock backend on one Redis deployment: a single server,
+// a Sentinel-managed primary or a Cluster (any goredis.UniversalClient). It
+// implements driver.Locker, driver.RWLocker, driver.Semaphorer and
+// driver.BatchRefresher. It is safe for concurrent use.
+type Locker struct {
+	client goredis.UniversalClient
+	cfg    config
+	s      *scripts
+	notify *notifier
+}
+
+type config struct {
+	waiterTimeout time.Duration
+	replicas      int
+	replicaWait   time.Duration
+}
+
+// Option configures a Locker. An invalid value makes New fail.
+type Option func(*config) error
+
+// WithWaiterTimeout sets how long a fair waiter, or a writer waiting for
+// readers, keeps its place without coming back (default 5s, at least 3ms). A
+// waiting process renews its place every third of it; a crashed one loses
+// its place after it, so it bounds how long a crashed waiter can hold up the
+// queue.
+func WithWaiterTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 3*time.Millisecond {
+			return fmt.Errorf("%w: waiter timeout %v, want at least 3ms", driver.ErrInvalidOption, d)
+		}
+		c.waiterTimeout = d
+		return nil
+	}
+}
+
+// WithWaitReplicas makes every acquisition wait, with the WAIT command, until
+// n replicas have acknowledged it or timeout passes; when fewer acknowledge,
+// the lock is released again and Acquire fails with driver.ErrUnavailable.
+//
+// It narrows, but does not close, the window in which a failover promotes a
+// replica that never saw the lock: WAIT does not make Redis replication
+// strongly consistent, and a replica that acknowledged can still lose the
+// write if it restarts without persistence. It costs one more round trip per
+// acquisition and needs a *goredis.Client (single node, Sentinel) or a
+// *goredis.ClusterClient.
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) error {
+		if n < 1 || timeout <= 0 {
+			return fmt.Errorf("%w: WAIT for %d replicas within %v", driver.ErrInvalidOption, n, timeout)
+		}
+		c.replicas, c.replicaWait = n, timeout
+		return nil
+	}
+}
+
+// New returns a Locker that keeps its locks on client. The caller keeps
+// ownership of client and closes it after the Locker's Close. An invalid
+// option is an error wrapping driver.ErrInvalidOption.
+func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", driver.ErrInvalidOption)
+	}
+	c := config{waiterTimeout: 5 * time.Second}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.replicas > 0 {
+		switch client.(type) {
+		case *goredis.Client, *goredis.ClusterClient:
+		default:
+			return nil, fmt.Errorf("%w: WithWaitReplicas with a %T", driver.ErrUnsupported, client)
+		}
+	}
+	return &Locker{client: client, cfg: c, s: newScripts(), notify: newNotifier(client)}, nil
+}
+
+// Close ends the Pub/Sub connection the Locker's waiters share. Waits in
+// progress end with an error, and so does any later waiting acquisition;
+// held leases, and acquisitions that do not wait, go on working on the
+// client, which stays the caller's to close.
+func (l *Locker) Close() error { return l.notify.close() }
+
+var (
+	_ driver.Locker         = (*Locker)(nil)
+	_ driver.RWLocker       = (*Locker)(nil)
+	_ driver.Semaphorer     = (*Locker)(nil)
+	_ driver.BatchRefresher = (*Locker)(nil)
+)
+
+// Acquire implements driver.Locker. With opts.Fair the lock goes to waiters
+// in the order they arrived.
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	n := namesOf(key)
+	owner := rand.Text()
+	px := pxOf(opts.TTL)
+	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
+	channel := n.channel()
+	release := []string{n.lock(), n.queue(), n.deadlines()}
+	var w waiter
+	if opts.Fair {
+		keys := []string{n.lock(), n.fence(), n.queue(), n.deadlines()}
+		waitMs := l.cfg.waiterTimeout.Milliseconds()
+		w = waiter{
+			id:        owner,
+			keepAlive: l.cfg.waiterTimeout / 3,
+			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
+				return run(ctx, sc, l.s.fairAcquire, keys, owner, px, flag(queued), waitMs)
+			},
+			cleanup: func(ctx context.Context) {
+				l.s.release.Run(ctx, l.client, release, owner, channel)
+				l.s.dequeue.Run(ctx, l.client, []string{n.queue(), n.deadlines(), n.lock()}, owner, channel)
+			},
+		}
+	} else {
+		keys := []string{n.lock(), n.fence()}
+		w = waiter{
+			attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
+				return run(ctx, sc, l.s.acquire, keys, owner, px)
+			},
+			cleanup: func(ctx context.Context) {
+				l.s.release.Run(ctx, l.client, release, owner, channel)
+			},
+		}
+	}
+	return l.acquire(ctx, channel, opts, ls, w)
+}
+
+// run runs a script that answers an array of integers.
+func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
+	r, err := s.Run(ctx, sc, keys, args...).Int64Slice()
+	if err != nil {
+		return nil, driver.Unavailable(ctx, err)
+	}
+	if len(r) != 2 {
+		return nil, fmt.Errorf("%w: a script answered %d values, want 2", driver.ErrUnavailable, len(r))
+	}
+	return r, nil
+}
+
+// pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that
+// the server never keeps a lease for less than was asked.
+func pxOf(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// errClosed ends the waits of a closed Locker. It does not wrap
+// driver.ErrUnavailable, which a waiting Acquire would retry forever.
+var errClosed = errors.New("the Locker is closed")

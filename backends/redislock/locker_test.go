@@ -1,0 +1,217 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+const addrEnv, addrDefault = "WARDEN_REDIS_ADDR", "127.0.0.1:16379"
+
+// newClient connects to the shared test server, as a separate process would.
+func newClient(t testing.TB) *goredis.Client {
+	t.Helper()
+	addr := drivertest.Addr(t, addrEnv, addrDefault)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newLocker returns a Locker on c, closed when t ends.
+func newLocker(t testing.TB, c goredis.UniversalClient, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// newStore returns an idempotency store on c.
+func newStore(t testing.TB, c goredis.UniversalClient, opts ...StoreOption) *Store {
+	t.Helper()
+	s, err := NewStore(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// waiters counts the live waiters recorded for key: fair waiters and
+// waiting writers.
+func waiters(t testing.TB, c goredis.UniversalClient, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	min := strconv.FormatInt(now.UnixMilli(), 10)
+	k := namesOf(key)
+	n := 0
+	for _, z := range []string{k.deadlines(), k.writeWaiters()} {
+		c, err := c.ZCount(ctx, z, "("+min, "+inf").Result()
+		if err != nil {
+			t.Fatalf("ZCOUNT %s: %v", z, err)
+		}
+		n += int(c)
+	}
+	return n
+}
+
+func TestConformance(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run("fair="+strconv.FormatBool(fair), func(t *testing.T) {
+			b := drivertest.Backend{
+				NewLocker: func(t testing.TB) driver.Locker { return newLocker(t, newClient(t)) },
+				FIFO:      fair,
+			}
+			if fair {
+				probe := newClient(t)
+				b.Waiters = func(t testing.TB, key string) int { return waiters(t, probe, key) }
+			}
+			drivertest.Run(t, b)
+		})
+	}
+	// The suite asks for fair mode only in its FIFO and cancellation tests;
+	// this run sends every acquisition through the queue, so mutual
+	// exclusion, expiry and wake-ups are proven for fair mode too.
+	t.Run("fair=always", func(t *testing.T) {
+		probe := newClient(t)
+		drivertest.Run(t, drivertest.Backend{
+			NewLocker: func(t testing.TB) driver.Locker { return alwaysFair{newLocker(t, newClient(t))} },
+			FIFO:      true,
+			Waiters:   func(t testing.TB, key string) int { return waiters(t, probe, key) },
+		})
+	})
+}
+
+// alwaysFair is a Locker that asks for fair mode on every acquisition.
+type alwaysFair struct{ l *Locker }
+
+func (f alwaysFair) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	opts.Fair = true
+	return f.l.Acquire(ctx, key, opts)
+}
+
+// TestRefreshBatch: one pipelined call refreshes every kind of lease; a lost
+// lease and one from another Locker get their own errors.
+func TestRefreshBatch(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	l, other := newLocker(t, c), newLocker(t, newClient(t))
+	base := fmt.Sprintf("batch/%d", time.Now().UnixNano())
+	short := driver.AcquireOptions{TTL: 300 * time.Millisecond}
+	var leases []driver.Lease
+	add := func(ls driver.Lease, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, ls)
+	}
+	add(l.Acquire(ctx, base+"/mutex", short))
+	add(l.AcquireRead(ctx, base+"/rw", short))
+	add(l.AcquireWrite(ctx, base+"/rw2", short))
+	add(l.AcquireSemaphore(ctx, base+"/sem", 2, short))
+	add(other.Acquire(ctx, base+"/foreign", short))
+	lost, err := l.Acquire(ctx, base+"/lost", short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lost.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leases = append(leases, lost)
+
+	errs := l.RefreshBatch(ctx, leases, time.Minute)
+	for i, err := range errs[:4] {
+		if err != nil {
+			t.Errorf("lease %d: %v", i, err)
+		}
+	}
+	if !errors.Is(errs[4], driver.ErrInvalidOption) {
+		t.Errorf("foreign lease: got %v, want ErrInvalidOption", errs[4])
+	}
+	if !errors.Is(errs[5], driver.ErrNotHeld) {
+		t.Errorf("released lease: got %v, want ErrNotHeld", errs[5])
+	}
+	// Past the original 300ms TTL (a lower bound: a slower machine only
+	// waits longer), the refreshed lock still keeps others out.
+	time.Sleep(600 * time.Millisecond)
+	if _, err := other.Acquire(ctx, base+"/mutex", short); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("after the batch refresh: got %v, want ErrNotAcquired", err)
+	}
+	for _, ls := range leases[:5] {
+		ls.Release(ctx)
+	}
+}
+
+func TestKeysShareOneHashTag(t *testing.T) {
+	k := namesOf("a{b}c%7B/:é")
+	want := "{a%7Bb%7Dc%257B/:é}"
+	for _, name := range []string{k.lock(), k.fence(), k.queue(), k.deadlines(), k.readers(), k.writer(), k.writeWaiters(), k.permits(), k.channel()} {
+		if !strings.HasPrefix(name, want) {
+			t.Errorf("%q does not start with %q", name, want)
+		}
+	}
+	if namesOf("a{b}").lock() == namesOf("a%7Bb%7D").lock() {
+		t.Error("two keys encode to one")
+	}
+}
+
+// TestWaitReplicasUnmet: the test server has no replica, so WAIT 1 times out
+// with none acknowledging; the acquisition fails and leaves no lock behind.
+func TestWaitReplicasUnmet(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprintf("wait-replicas/%d", time.Now().UnixNano())
+	l := newLocker(t, newClient(t), WithWaitReplicas(1, 50*time.Millisecond))
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("Acquire with an unmet WAIT: got %v, want ErrUnavailable", err)
+	}
+	lease, err := newLocker(t, newClient(t)).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("the failed acquisition left its lock: %v", err)
+	}
+	lease.Release(ctx)
+	if _, err := New(newClient(t), WithWaitReplicas(0, time.Second)); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("WithWaitReplicas(0): got %v, want ErrInvalidOption", err)
+	}
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	if _, err := New(nil); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("New(nil): %v, want ErrInvalidOption", err)
+	}
+	if _, err := New(newClient(t), WithWaiterTimeout(time.Millisecond)); !errors.Is(err, driver.ErrInvalidOption) ||
+		!strings.Contains(err.Error(), "waiter timeout") {
+		t.Errorf("WithWaiterTimeout(1ms): %v, want ErrInvalidOption naming the waiter timeout", err)
+	}
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	defer ring.Close()
+	if _, err := New(ring, WithWaitReplicas(1, time.Second)); !errors.Is(err, driver.ErrUnsupported) {
+		t.Errorf("WithWaitReplicas on a Ring: %v, want ErrUnsupported", err)
+	}
+	if _, err := NewStore(nil); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("NewStore(nil): %v, want ErrInvalidOption", err)
+	}
+}
+
+// Ten thousand locks with a 3s ttl, renewed through one Guard while other
+// processes load the machine: none is lost.
+func TestHoldManyUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds 10,000 locks for 6s")
+	}
+	drivertest.HoldMany(t, newLocker(t, newClient(t)), 10_000, 3*time.Second, 6*time.Second)
+}
