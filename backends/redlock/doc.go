@@ -6,7 +6,7 @@
 //
 // Acquire asks every node in parallel to set the lock key (a random owner id,
 // PX ttl) if it is free, each call bounded by a per-node timeout far below the
-// TTL (WithNodeTimeout, default 50ms), so a node that is down or hangs costs
+// TTL (WithNodeTimeout, default 200ms), so a node that is down or hangs costs
 // at most that. The lock is acquired only when a majority granted it AND the
 // time the round took leaves a positive validity:
 //
@@ -15,7 +15,9 @@
 // On any failure the owner's votes are withdrawn from ALL nodes, including
 // those whose answer was lost or late, since they may have granted it.
 // Refresh (owner-checked PEXPIRE) also needs a majority within the validity;
-// Release is owner-checked on every node.
+// Release is owner-checked on every node. A lease's Expiry is the start of
+// the round that granted or last extended it plus ttl - drift, so guard
+// cancels the section before the votes can have lapsed on any node.
 //
 // # Fencing tokens
 //
@@ -43,9 +45,11 @@
 //
 // # Waiting
 //
-// A waiting Acquire retries with jittered pauses that grow from 2ms to
-// WithMaxBackoff (default 250ms), never longer than the holder's remaining
-// TTL as the nodes report it. Release notifications over N nodes' Pub/Sub
-// are not used: the single-node backend (package
-// github.com/warden-go/warden/backends/redis) does that.
+// A waiting Acquire retries with jittered pauses whose bound grows from 2ms
+// to WithMaxBackoff (default 250ms) and stays there however long the wait
+// (driver.Backoff), never longer than the holder's remaining TTL as the
+// nodes report it. Nodes that fail do not end the wait: it goes on until
+// its context is done. Release notifications over N nodes' Pub/Sub are not
+// used: the single-deployment backend (package
+// github.com/warden-go/warden/backends/redislock) does that.
 package redlock

@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -19,17 +20,19 @@ func Example() {
 	for _, addr := range []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379", "10.0.0.4:6379", "10.0.0.5:6379"} {
 		nodes = append(nodes, goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true}))
 	}
-	locker, err := redlock.New(nodes, redlock.WithNodeTimeout(50*time.Millisecond))
+	locker, err := redlock.New(nodes)
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	ctx := context.Background()
-	lease, err := locker.Acquire(ctx, "reports/daily", guard.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+	g, err := guard.New(locker, guard.WithTTL(30*time.Second))
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	defer lease.Release(ctx)
-	fmt.Println("writing with fencing token", lease.Token())
+	err = g.Do(context.Background(), "reports/daily", func(ctx context.Context, l *guard.Lock) error {
+		fmt.Println("writing with fencing token", l.Token())
+		return nil
+	}, guard.WaitAtMost(time.Minute))
+	if err != nil {
+		log.Print(err)
+	}
 }

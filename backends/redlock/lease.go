@@ -3,89 +3,76 @@ package redlock
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // lease is one holding of a RedLock: the owner's votes on a majority.
 type lease struct {
-	l              *Locker
-	key, owner     string
-	lock, fenceKey string
-	token          uint64
-
-	mu       sync.Mutex
-	released bool
+	l          *Locker
+	key, owner string
+	token      uint64
+	// expiry is Expiry in nanoseconds after epoch: a refresh moves it while
+	// guard reads it.
+	expiry atomic.Int64
 }
 
-// Key returns the key the lease was acquired for.
-func (ls *lease) Key() string { return ls.key }
+// epoch anchors lease expiries on the monotonic clock.
+var epoch = time.Now()
 
-// Token returns the fencing token: one above the highest counter of the
+func (ls *lease) setExpiry(t time.Time) { ls.expiry.Store(int64(t.Sub(epoch))) }
+
+// Token implements driver.Lease: one above the highest counter of the
 // majority that granted the lease.
 func (ls *lease) Token() uint64 { return ls.token }
 
-// Done returns nil: the nodes do not tell a holder its votes expired.
-func (ls *lease) Done() <-chan struct{} { return nil }
+// Expiry implements driver.Lease: the start of the round that granted or
+// last extended the votes on a majority, plus the TTL, less the drift
+// allowance.
+func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.Load())) }
 
-// Refresh extends the owner's votes on every node still holding them, and
-// succeeds only when a majority extended within the TTL's validity.
+// Refresh implements driver.Lease: it extends the owner's votes on every
+// node still holding them, and succeeds only when a majority extended them
+// before the new expiry.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if ttl < time.Millisecond {
-		return fmt.Errorf("%w: TTL %v, want at least 1ms", guard.ErrInvalidOption, ttl)
-	}
-	ls.mu.Lock()
-	released := ls.released
-	ls.mu.Unlock()
-	if released {
-		return fmt.Errorf("%w: %q was released", guard.ErrNotHeld, ls.key)
-	}
 	l := ls.l
+	lock, _ := keysOf(ls.key)
 	start := time.Now()
 	rs := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.refresh.Run(ctx, n, []string{ls.lock}, ls.owner, ttl.Milliseconds()).Int64()
+		return l.refresh.Run(ctx, n, []string{lock}, ls.owner, ttl.Milliseconds()).Int64()
 	})
 	held, failed := count(rs)
-	if held >= l.quorum && l.validity(ttl, start) > 0 {
+	expiry := l.expiry(ttl, start)
+	if held >= l.quorum && time.Now().Before(expiry) {
+		ls.setExpiry(expiry)
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if failed > 0 && held+failed >= l.quorum {
-		return fmt.Errorf("%w: %q: refreshed on %d of %d nodes, %d failed: %w", guard.ErrUnavailable, ls.key, held, len(l.nodes), failed, firstErr(rs))
+		return fmt.Errorf("%w: refreshed on %d of %d nodes, %d failed: %w", driver.ErrUnavailable, held, len(l.nodes), failed, firstErr(rs))
 	}
-	return fmt.Errorf("%w: %q: held on %d of %d nodes, no majority", guard.ErrNotHeld, ls.key, held, len(l.nodes))
+	return fmt.Errorf("%w: held on %d of %d nodes, no majority", driver.ErrNotHeld, held, len(l.nodes))
 }
 
-// Release withdraws the owner's votes from every node.
+// Release implements driver.Lease: it withdraws the owner's votes from
+// every node.
 func (ls *lease) Release(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.released {
-		return nil
-	}
 	l := ls.l
 	rs := l.releaseAll(ctx, ls)
 	held, failed := count(rs)
 	if held < l.quorum && failed > 0 && held+failed >= l.quorum {
-		// Not knowing whether a majority still holds the owner's votes,
-		// leave the lease releasable; the votes expire with the TTL anyway.
-		return fmt.Errorf("%w: %q: released on %d of %d nodes, %d failed: %w", guard.ErrUnavailable, ls.key, held, len(l.nodes), failed, firstErr(rs))
+		// Whether a majority still holds the owner's votes is unknown; they
+		// expire with the TTL.
+		return fmt.Errorf("%w: released on %d of %d nodes, %d failed: %w", driver.ErrUnavailable, held, len(l.nodes), failed, firstErr(rs))
 	}
-	ls.released = true
 	if held < l.quorum {
-		return fmt.Errorf("%w: %q: held on %d of %d nodes at release", guard.ErrNotHeld, ls.key, held, len(l.nodes))
+		return fmt.Errorf("%w: held on %d of %d nodes at release", driver.ErrNotHeld, held, len(l.nodes))
 	}
 	return nil
 }

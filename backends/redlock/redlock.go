@@ -2,19 +2,16 @@ package redlock
 
 import (
 	"context"
-	crand "crypto/rand"
+	"crypto/rand"
 	_ "embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
-
-	"github.com/warden-go/warden/backends/internal/redistag"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/backends/internal/redistag"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 var (
@@ -29,14 +26,13 @@ var (
 )
 
 // Locker is a warden lock backend on N independent Redis masters, by the
-// RedLock algorithm, with fencing tokens. It implements guard.Locker and is
-// safe for concurrent use.
+// RedLock algorithm, with fencing tokens. It implements driver.Locker and
+// driver.Limiter, and is safe for concurrent use.
 type Locker struct {
 	nodes       []goredis.UniversalClient
 	quorum      int
 	nodeTimeout time.Duration
 	driftFactor float64
-	prefix      string
 	maxBackoff  time.Duration
 
 	acquire, fence, release, refresh *goredis.Script
@@ -45,13 +41,15 @@ type Locker struct {
 // Option configures a Locker.
 type Option func(*Locker) error
 
-// WithNodeTimeout bounds each call to one node (default 50ms). It must be far
-// below the lock TTL: a node that is down or hangs costs at most this, and
-// all nodes are asked in parallel.
+// WithNodeTimeout bounds each call to one node (default 200ms, room for
+// nodes that fsync every write, as appendfsync always does). A node that is
+// down or hangs costs at most this, and all nodes are asked in parallel. It
+// must be far below the lock TTL: the shortest TTL the Locker accepts is
+// MinTTLFactor times it.
 func WithNodeTimeout(d time.Duration) Option {
 	return func(l *Locker) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: node timeout %v", guard.ErrInvalidOption, d)
+			return fmt.Errorf("%w: node timeout %v", driver.ErrInvalidOption, d)
 		}
 		l.nodeTimeout = d
 		return nil
@@ -63,17 +61,9 @@ func WithNodeTimeout(d time.Duration) Option {
 func WithDriftFactor(f float64) Option {
 	return func(l *Locker) error {
 		if f < 0 || f >= 0.5 {
-			return fmt.Errorf("%w: drift factor %v, want [0, 0.5)", guard.ErrInvalidOption, f)
+			return fmt.Errorf("%w: drift factor %v, want [0, 0.5)", driver.ErrInvalidOption, f)
 		}
 		l.driftFactor = f
-		return nil
-	}
-}
-
-// WithPrefix sets the prefix of every key on the nodes (default "warden:").
-func WithPrefix(prefix string) Option {
-	return func(l *Locker) error {
-		l.prefix = redistag.Escape(prefix)
 		return nil
 	}
 }
@@ -83,7 +73,7 @@ func WithPrefix(prefix string) Option {
 func WithMaxBackoff(d time.Duration) Option {
 	return func(l *Locker) error {
 		if d < time.Millisecond {
-			return fmt.Errorf("%w: max backoff %v", guard.ErrInvalidOption, d)
+			return fmt.Errorf("%w: max backoff %v", driver.ErrInvalidOption, d)
 		}
 		l.maxBackoff = d
 		return nil
@@ -95,21 +85,28 @@ func WithMaxBackoff(d time.Duration) Option {
 // recommended count. The caller keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
-		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", guard.ErrInvalidOption, len(nodes))
+		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
 	}
 	l := &Locker{
 		nodes:       nodes,
 		quorum:      len(nodes)/2 + 1,
-		nodeTimeout: 50 * time.Millisecond,
+		nodeTimeout: 200 * time.Millisecond,
 		driftFactor: 0.01,
-		prefix:      "warden:",
 		maxBackoff:  250 * time.Millisecond,
 		acquire:     goredis.NewScript(acquireSrc),
 		fence:       goredis.NewScript(fenceSrc),
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
 	}
+	for i, n := range nodes {
+		if n == nil {
+			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
+		}
+	}
 	for _, o := range opts {
+		if o == nil {
+			continue
+		}
 		if err := o(l); err != nil {
 			return nil, err
 		}
@@ -117,44 +114,47 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	return l, nil
 }
 
-var _ guard.Locker = (*Locker)(nil)
+var (
+	_ driver.Locker  = (*Locker)(nil)
+	_ driver.Limiter = (*Locker)(nil)
+)
+
+// MinTTLFactor: a TTL must be at least this many node timeouts, so that an
+// acquisition round that takes its full timeout still leaves most of the
+// TTL as validity.
+const MinTTLFactor = 5
+
+// Limits implements driver.Limiter: TTLs of at least MinTTLFactor node
+// timeouts, counted in whole milliseconds by the nodes.
+func (l *Locker) Limits() driver.Limits {
+	return driver.Limits{MinTTL: MinTTLFactor * l.nodeTimeout, TTLStep: time.Millisecond}
+}
 
 // Acquire takes key on a majority of the nodes. Fair mode is not offered
-// (guard.ErrUnsupported). A waiting Acquire retries with jittered, growing
-// pauses, never longer than the holder's remaining TTL as the nodes report it.
-func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if opts.TTL < time.Millisecond {
-		return nil, fmt.Errorf("%w: TTL %v, want at least 1ms", guard.ErrInvalidOption, opts.TTL)
-	}
+// (driver.ErrUnsupported). A waiting Acquire retries after a jittered pause
+// that grows to WithMaxBackoff and never past it however long the wait, is
+// never longer than the holder's remaining TTL as the nodes report it, and
+// goes on through nodes that fail (ErrUnavailable) until ctx is done.
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
-		return nil, fmt.Errorf("%w: fair mode with RedLock", guard.ErrUnsupported)
+		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, key: key, owner: newOwner(), lock: l.keyFor(key, "lock"), fenceKey: l.keyFor(key, "fence")}
-	backoff := 2 * time.Millisecond
+	ls := &lease{l: l, key: key, owner: rand.Text()}
+	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
 	for {
 		hint, err := l.try(ctx, ls, opts.TTL)
 		if err == nil {
 			return ls, nil
 		}
-		if !opts.Wait || !errors.Is(err, guard.ErrNotAcquired) {
+		if !opts.Wait || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
-		d := min(backoff, l.maxBackoff)
+		d := backoff.Next()
 		if hint > 0 && hint < d {
 			d = hint
 		}
-		// Jitter keeps contenders that split the votes from colliding again.
-		d = d/2 + rand.N(d/2+1)
-		backoff *= 2
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := driver.Sleep(ctx, d, nil); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -165,8 +165,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOpti
 func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Duration, error) {
 	start := time.Now()
 	ms := ttl.Milliseconds()
+	lock, fence := keysOf(ls.key)
 	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.acquire.Run(ctx, n, []string{ls.lock, ls.fenceKey}, ls.owner, ms).Int64Slice()
+		return l.acquire.Run(ctx, n, []string{lock, fence}, ls.owner, ms).Int64Slice()
 	})
 	var (
 		granted  []int
@@ -195,14 +196,14 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 		return hint, err
 	}
 	if len(granted) < l.quorum {
-		return fail(l.shortfall(ls.key, failed, firstErr(votes)))
+		return fail(l.shortfall(failed, firstErr(votes)))
 	}
 	// The token goes above every counter in this majority, and is written
 	// back to all of it before the lease is handed out: any later majority
 	// shares a node with this one and reads a counter at least this high.
 	token := maxFence + 1
 	written := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.fence.Run(ctx, n, []string{ls.lock, ls.fenceKey}, ls.owner, token).Int64()
+		return l.fence.Run(ctx, n, []string{lock, fence}, ls.owner, token).Int64()
 	}, granted...)
 	ok, unwritten := 0, 0
 	for _, w := range written {
@@ -214,37 +215,42 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 		}
 	}
 	if ok < l.quorum {
-		return fail(l.shortfall(ls.key, failed+unwritten, firstErr(written)))
+		return fail(l.shortfall(failed+unwritten, firstErr(written)))
 	}
-	if l.validity(ttl, start) <= 0 {
-		return fail(fmt.Errorf("%w: %q: acquiring took longer than the TTL %v", guard.ErrNotAcquired, ls.key, ttl))
+	expiry := l.expiry(ttl, start)
+	if !time.Now().Before(expiry) {
+		return fail(fmt.Errorf("%w: acquiring took longer than the TTL %v", driver.ErrNotAcquired, ttl))
 	}
 	ls.token = uint64(token)
+	ls.setExpiry(expiry)
 	return 0, nil
 }
 
-// validity is how long a majority's votes certainly last: the TTL less the
-// time the round took and an allowance for the nodes' timers drifting.
-func (l *Locker) validity(ttl time.Duration, start time.Time) time.Duration {
+// expiry is the time before which the votes of a round that started at
+// start surely last on every node that granted them: the round's start plus
+// the TTL, less an allowance for the nodes' timers drifting from ours. Its
+// distance from now is RedLock's validity.
+func (l *Locker) expiry(ttl time.Duration, start time.Time) time.Time {
 	drift := time.Duration(float64(ttl)*l.driftFactor) + 2*time.Millisecond
-	return ttl - time.Since(start) - drift
+	return start.Add(ttl - drift)
 }
 
 // shortfall explains a missing majority: ErrUnavailable when too many nodes
 // failed for a majority to be possible, ErrNotAcquired when others hold it.
-func (l *Locker) shortfall(key string, failed int, cause error) error {
+func (l *Locker) shortfall(failed int, cause error) error {
 	if failed > len(l.nodes)-l.quorum {
-		return fmt.Errorf("%w: %q: %d of %d nodes failed: %w", guard.ErrUnavailable, key, failed, len(l.nodes), cause)
+		return fmt.Errorf("%w: %d of %d nodes failed: %w", driver.ErrUnavailable, failed, len(l.nodes), cause)
 	}
-	return fmt.Errorf("%w: %q: no majority of %d nodes", guard.ErrNotAcquired, key, len(l.nodes))
+	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
 // releaseAll withdraws the owner's votes from every node, those that seemed
 // to fail included: a node may have granted a vote whose answer was lost.
 func (l *Locker) releaseAll(ctx context.Context, ls *lease) []result {
 	ctx = context.WithoutCancel(ctx)
+	lock, _ := keysOf(ls.key)
 	return l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.release.Run(ctx, n, []string{ls.lock}, ls.owner).Int64()
+		return l.release.Run(ctx, n, []string{lock}, ls.owner).Int64()
 	})
 }
 
@@ -308,13 +314,9 @@ func firstErr(rs []result) error {
 	return errors.New("no error")
 }
 
-func (l *Locker) keyFor(key, suffix string) string {
-	return l.prefix + "{" + redistag.Escape(key) + "}:" + suffix
-}
-
-// newOwner returns a random, unguessable owner id.
-func newOwner() string {
-	var b [16]byte
-	crand.Read(b[:]) // never fails (crypto/rand documents it)
-	return base64.RawURLEncoding.EncodeToString(b[:])
+// keysOf names the lock and fence keys of key on every node; they share a
+// hash tag, as a script's keys must on a Cluster node.
+func keysOf(key string) (lock, fence string) {
+	tag := "{" + redistag.Escape(key) + "}:"
+	return tag + "lock", tag + "fence"
 }

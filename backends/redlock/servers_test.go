@@ -14,7 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/warden-go/warden/backends/backendtest"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // server is a redis-server process of the test's own, for faults (stopping,
@@ -30,7 +30,7 @@ func startServers(t *testing.T, n int) []*server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		backendtest.Unreachable(t, "redis-server binary", "$PATH", err)
+		drivertest.Unreachable(t, "redis-server binary", "$PATH", err)
 		return nil
 	}
 	out := make([]*server, n)
