@@ -2,10 +2,6 @@ package sqllock
 
 import "time"
 
-// SessionName exposes the session lock name of key, so that tests can find
-// and kill the database session holding it, as a crash would end it.
-func SessionName(l *Locker, key string) any { return l.sessionName(key) }
-
 // SetMinPause sets the first backoff pause. Raised to the maximum backoff, it
 // makes every pause long, so that a test can tell a handoff by notification
 // from one by polling.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	sqllock "github.com/warden-go/warden/backends/sql"
+	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/httpmw/httpmwtest"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/idempotency/storetest"
@@ -13,12 +13,12 @@ import (
 // eachStore runs suite on the SQL idempotency store of each database, with
 // the table migrated first; newStore opens a client of its own each call.
 // The first store is returned to the suite's caller for checks afterwards.
-func eachStore(t *testing.T, suite func(t *testing.T, first *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store)) {
+func eachStore(t *testing.T, suite func(t *testing.T, first *sqllock.Store, newStore func(testing.TB) idempotency.Store)) {
 	for _, db := range databases() {
 		t.Run(db.name, func(t *testing.T) {
 			dsn := db.dsn(t)
-			open := func(t testing.TB) *sqllock.IdempotencyStore {
-				st, err := sqllock.NewIdempotencyStore(openDB(t, db, dsn))
+			open := func(t testing.TB) *sqllock.Store {
+				st, err := sqllock.NewStore(openDB(t, db, dsn))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -33,8 +33,8 @@ func eachStore(t *testing.T, suite func(t *testing.T, first *sqllock.Idempotency
 	}
 }
 
-func TestIdempotencyStore(t *testing.T) {
-	eachStore(t, func(t *testing.T, first *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store) {
+func TestStore(t *testing.T) {
+	eachStore(t, func(t *testing.T, first *sqllock.Store, newStore func(testing.TB) idempotency.Store) {
 		storetest.Run(t, newStore)
 		if _, err := first.Purge(context.Background()); err != nil {
 			t.Errorf("Purge: %v", err)
@@ -45,7 +45,7 @@ func TestIdempotencyStore(t *testing.T) {
 // TestIdempotencyMiddleware runs httpmw's behaviour tests, over real HTTP, on
 // the SQL store of each database.
 func TestIdempotencyMiddleware(t *testing.T) {
-	eachStore(t, func(t *testing.T, _ *sqllock.IdempotencyStore, newStore func(testing.TB) idempotency.Store) {
+	eachStore(t, func(t *testing.T, _ *sqllock.Store, newStore func(testing.TB) idempotency.Store) {
 		httpmwtest.Run(t, newStore)
 	})
 }

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // dialect holds the few SQL fragments that differ between the databases.
@@ -25,8 +24,6 @@ type dialect struct {
 	// UPDATE ... WHERE ... RETURNING (PostgreSQL, SQLite). MySQL has
 	// ON DUPLICATE KEY UPDATE instead, which can neither filter nor return.
 	upsert bool
-	// sessions says whether the database has named session locks.
-	sessions bool
 }
 
 func dialectOf(db *gorm.DB) (dialect, error) {
@@ -38,19 +35,17 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 		// extract(epoch ...) is numeric since PostgreSQL 14, so the product
 		// is exact to the microsecond.
 		return dialect{
-			name:     name,
-			now:      "(extract(epoch from clock_timestamp())*1000000)::bigint",
-			upsert:   true,
-			sessions: true,
+			name:   name,
+			now:    "(extract(epoch from clock_timestamp())*1000000)::bigint",
+			upsert: true,
 		}, nil
 	case "mysql":
 		// TIMESTAMPDIFF from the epoch on UTC_TIMESTAMP is plain calendar
 		// arithmetic: unlike UNIX_TIMESTAMP(NOW(6)) it does not go through
 		// the session time zone, so a daylight-saving change cannot move it.
 		return dialect{
-			name:     name,
-			now:      "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
-			sessions: true,
+			name: name,
+			now:  "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
 		}, nil
 	case "sqlite":
 		// SQLite keeps 'now' fixed for the whole step of one statement, so
@@ -62,7 +57,7 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 			upsert: true,
 		}, nil
 	default:
-		return dialect{}, fmt.Errorf("%w: gorm dialect %q (want postgres, mysql or sqlite)", guard.ErrUnsupported, name)
+		return dialect{}, fmt.Errorf("%w: gorm dialect %q (want postgres, mysql or sqlite)", driver.ErrUnsupported, name)
 	}
 }
 
@@ -72,11 +67,11 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 func quoteTable(db *gorm.DB, table string) (string, error) {
 	parts := strings.Split(table, ".")
 	if len(parts) > 2 {
-		return "", fmt.Errorf("%w: table name %q", guard.ErrInvalidOption, table)
+		return "", fmt.Errorf("%w: table name %q", driver.ErrInvalidOption, table)
 	}
 	for _, p := range parts {
 		if !isIdentifier(p) {
-			return "", fmt.Errorf("%w: table name %q: want letters, digits and underscores", guard.ErrInvalidOption, table)
+			return "", fmt.Errorf("%w: table name %q: want letters, digits and underscores", driver.ErrInvalidOption, table)
 		}
 	}
 	var b strings.Builder
@@ -103,10 +98,17 @@ func isIdentifier(s string) bool {
 // aborting this statement, so running it again is correct. InnoDB can pick
 // an INSERT ... ON DUPLICATE KEY UPDATE as a deadlock victim when several
 // clients insert the same new key at once.
+//
+// The MySQL driver's errors read "Error <number> (<state>): <message>" or
+// "Error <number>: <message>"; matching that text rather than its type keeps
+// programs on other databases from linking the driver.
 func retryable(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == 1213 || me.Number == 1205 // deadlock, lock wait timeout
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout
+			if rest, ok := strings.CutPrefix(e.Error(), code); ok && (strings.HasPrefix(rest, " (") || strings.HasPrefix(rest, ":")) {
+				return true
+			}
+		}
 	}
 	return false
 }

@@ -8,13 +8,13 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // ErrStaleToken is returned by Fence when a newer token has already written
-// the resource. The error also wraps guard.ErrLockLost: the caller's lock was
+// the resource. The error also wraps driver.ErrLockLost: the caller's lock was
 // lost, and its transaction must be rolled back.
-var ErrStaleToken = errors.New("warden/sql: stale fencing token")
+var ErrStaleToken = errors.New("warden/sqllock: stale fencing token")
 
 // Fence guards the caller's own writes with a lease's fencing token. Call it
 // inside the transaction tx, before the writes to resource, with the token
@@ -29,19 +29,19 @@ var ErrStaleToken = errors.New("warden/sql: stale fencing token")
 // either refused or, if they came first, overwritten, never the reverse. The
 // same token may fence many transactions. tx must be a transaction
 // (db.Transaction or db.Begin); Fence refuses anything else with
-// guard.ErrInvalidOption, since the check would not cover the writes.
+// driver.ErrInvalidOption, since the check would not cover the writes.
 func Fence(tx *gorm.DB, resource string, token uint64) error {
 	if tx == nil {
-		return fmt.Errorf("%w: nil transaction", guard.ErrInvalidOption)
+		return fmt.Errorf("%w: nil transaction", driver.ErrInvalidOption)
 	}
 	if _, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok {
-		return fmt.Errorf("%w: Fence needs a transaction, got a plain *gorm.DB", guard.ErrInvalidOption)
+		return fmt.Errorf("%w: Fence needs a transaction, got a plain *gorm.DB", driver.ErrInvalidOption)
 	}
 	if err := checkKey(resource); err != nil {
 		return err
 	}
 	if token == 0 || token > math.MaxInt64 {
-		return fmt.Errorf("%w: token %d", guard.ErrInvalidOption, token)
+		return fmt.Errorf("%w: token %d", driver.ErrInvalidOption, token)
 	}
 	d, err := dialectOf(tx)
 	if err != nil {
@@ -61,10 +61,10 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		res := tx.Exec("INSERT INTO "+table+" AS f (resource, token) VALUES (?, ?) ON CONFLICT (resource)"+
 			" DO UPDATE SET token = excluded.token WHERE f.token <= excluded.token", resource, tok)
 		if res.Error != nil {
-			return dbErr(ctx, fmt.Errorf("fence %q: %w", resource, res.Error))
+			return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, res.Error))
 		}
 		if res.RowsAffected == 0 {
-			return fmt.Errorf("%w: %w: resource %q was written with a token above %d", ErrStaleToken, guard.ErrLockLost, resource, token)
+			return fmt.Errorf("%w: %w: resource %q was written with a token above %d", ErrStaleToken, driver.ErrLockLost, resource, token)
 		}
 		return nil
 	}
@@ -74,7 +74,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 	// transaction's snapshot.
 	if err := tx.Exec("INSERT INTO "+table+" (resource, token) VALUES (?, ?)"+
 		" ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))", resource, tok).Error; err != nil {
-		return dbErr(ctx, fmt.Errorf("fence %q: %w", resource, err))
+		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
 	var current int64
 	err = tx.Raw("SELECT token FROM "+table+" WHERE resource = ? FOR UPDATE", resource).Row().Scan(&current)
@@ -82,10 +82,10 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		err = fmt.Errorf("fence row vanished")
 	}
 	if err != nil {
-		return dbErr(ctx, fmt.Errorf("fence %q: %w", resource, err))
+		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
 	if current != tok {
-		return fmt.Errorf("%w: %w: resource %q was written with token %d, above %d", ErrStaleToken, guard.ErrLockLost, resource, current, token)
+		return fmt.Errorf("%w: %w: resource %q was written with token %d, above %d", ErrStaleToken, driver.ErrLockLost, resource, current, token)
 	}
 	return nil
 }

@@ -8,8 +8,8 @@ import (
 
 	"gorm.io/gorm"
 
-	sqllock "github.com/warden-go/warden/backends/sql"
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // account is the user's own data that the lock protects.
@@ -40,7 +40,7 @@ func TestFence(t *testing.T) {
 				t.Fatal(err)
 			}
 			// write is the user's critical-section write, fenced.
-			write := func(l guard.Lease, balance int64) error {
+			write := func(l driver.Lease, balance int64) error {
 				return g.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 					if err := sqllock.Fence(tx, "account/"+acct.ID, l.Token()); err != nil {
 						return err
@@ -50,7 +50,7 @@ func TestFence(t *testing.T) {
 				})
 			}
 
-			stale, err := newLocker(t, openDB(t, db, dsn)).Acquire(ctx, k, guard.AcquireOptions{TTL: 300 * time.Millisecond})
+			stale, err := newLocker(t, openDB(t, db, dsn)).Acquire(ctx, k, driver.AcquireOptions{TTL: 300 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,7 +58,7 @@ func TestFence(t *testing.T) {
 				t.Fatalf("write under a live lease: %v", err)
 			}
 			// The holder pauses; its lease runs out and another takes over.
-			fresh, err := newLocker(t, openDB(t, db, dsn)).Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute, Wait: true})
+			fresh, err := newLocker(t, openDB(t, db, dsn)).Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +70,7 @@ func TestFence(t *testing.T) {
 				t.Fatalf("new holder's second write with the same token: %v", err)
 			}
 			err = write(stale, 666)
-			if !errors.Is(err, sqllock.ErrStaleToken) || !errors.Is(err, guard.ErrLockLost) {
+			if !errors.Is(err, sqllock.ErrStaleToken) || !errors.Is(err, driver.ErrLockLost) {
 				t.Fatalf("stale holder's write: got %v, want ErrStaleToken and ErrLockLost", err)
 			}
 			var got account
@@ -81,7 +81,7 @@ func TestFence(t *testing.T) {
 				t.Errorf("account after the stale write: balance %d by token %d, want 30 by %d", got.Balance, got.Writer, fresh.Token())
 			}
 
-			if err := sqllock.Fence(g, "account/"+acct.ID, fresh.Token()); !errors.Is(err, guard.ErrInvalidOption) {
+			if err := sqllock.Fence(g, "account/"+acct.ID, fresh.Token()); !errors.Is(err, driver.ErrInvalidOption) {
 				t.Errorf("Fence outside a transaction: got %v, want ErrInvalidOption", err)
 			}
 		})

@@ -8,8 +8,8 @@ import (
 
 	"gorm.io/gorm"
 
-	sqllock "github.com/warden-go/warden/backends/sql"
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 const (
@@ -52,7 +52,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 }
 
 type result struct {
-	lease guard.Lease
+	lease driver.Lease
 	err   error
 }
 
@@ -62,7 +62,7 @@ func waitFor(t testing.TB, ctx context.Context, l *sqllock.Locker, key string) <
 	t.Helper()
 	out := make(chan result, 1)
 	go func() {
-		lease, err := l.Acquire(ctx, key, guard.AcquireOptions{TTL: time.Minute, Wait: true})
+		lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
 		out <- result{lease, err}
 	}()
 	eventually(t, "the Acquire to wait", func() bool { return sqllock.Waiters(l, key) > 0 })
@@ -78,7 +78,7 @@ func warmUp(t testing.TB, l, holder *sqllock.Locker) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k := uniqueKey(t) + "/warm"
-	lease, err := holder.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute})
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func warmUp(t testing.TB, l, holder *sqllock.Locker) {
 
 // handedOver releases lease and requires the waiter behind out to get the
 // lock within handoffDeadline, far below its slowPoll pause.
-func handedOver(t testing.TB, lease guard.Lease, out <-chan result) guard.Lease {
+func handedOver(t testing.TB, lease driver.Lease, out <-chan result) driver.Lease {
 	t.Helper()
 	if err := lease.Release(context.Background()); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -111,39 +111,30 @@ func handedOver(t testing.TB, lease guard.Lease, out <-chan result) guard.Lease 
 }
 
 // TestNotifyHandoff: on PostgreSQL a release wakes a waiter of another
-// process at once, in both modes, although the waiter's next poll is at
-// least 15s away.
+// process at once, although the waiter's next poll is at least 15s away.
 func TestNotifyHandoff(t *testing.T) {
 	db := postgresDB()
-	for _, mode := range []string{"lease", "session"} {
-		t.Run(mode, func(t *testing.T) {
-			var opts []sqllock.Option
-			if mode == "session" {
-				opts = []sqllock.Option{sqllock.WithSessionLocks(), sqllock.WithTable(sessionTable)}
-			}
-			dsn := db.dsn(t)
-			holder := newLocker(t, migrated(t, db, dsn, opts...), opts...)
-			waiter := slowWaiter(t, openDB(t, db, dsn), opts...)
-			warmUp(t, waiter, holder)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	waiter := slowWaiter(t, openDB(t, db, dsn))
+	warmUp(t, waiter, holder)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 
-			k := uniqueKey(t)
-			lease, err := holder.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := waitFor(t, ctx, waiter, k)
-			_, _, before := sqllock.ListenStats(waiter)
-			got := handedOver(t, lease, out)
-			defer got.Release(context.Background())
-			if got.Token() <= lease.Token() {
-				t.Errorf("token %d after the holder's %d", got.Token(), lease.Token())
-			}
-			if _, _, after := sqllock.ListenStats(waiter); after <= before {
-				t.Errorf("no waiter woken by a notification (%d before, %d after)", before, after)
-			}
-		})
+	k := uniqueKey(t)
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := waitFor(t, ctx, waiter, k)
+	_, _, before := sqllock.ListenStats(waiter)
+	got := handedOver(t, lease, out)
+	defer got.Release(context.Background())
+	if got.Token() <= lease.Token() {
+		t.Errorf("token %d after the holder's %d", got.Token(), lease.Token())
+	}
+	if _, _, after := sqllock.ListenStats(waiter); after <= before {
+		t.Errorf("no waiter woken by a notification (%d before, %d after)", before, after)
 	}
 }
 
@@ -160,14 +151,14 @@ func TestNotifyChain(t *testing.T) {
 	defer cancel()
 
 	k := uniqueKey(t)
-	lease, err := holder.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute})
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan result, n)
 	for i := range n {
 		go func() {
-			lease, err := waiter.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute, Wait: true})
+			lease, err := waiter.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
 			out <- result{lease, err}
 		}()
 		eventually(t, "the Acquire to wait", func() bool { return sqllock.Waiters(waiter, k) == i+1 })
@@ -201,7 +192,7 @@ func TestNotifyListenerLost(t *testing.T) {
 	defer cancel()
 
 	k := uniqueKey(t)
-	lease, err := holder.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute})
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,13 +225,13 @@ func TestWithoutNotify(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	k := uniqueKey(t)
-	lease, err := holder.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute})
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan result, 1)
 	go func() {
-		lease, err := waiter.Acquire(ctx, k, guard.AcquireOptions{TTL: time.Minute, Wait: true})
+		lease, err := waiter.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
 		out <- result{lease, err}
 	}()
 	time.Sleep(50 * time.Millisecond)

@@ -2,7 +2,7 @@
 // PostgreSQL, MySQL/MariaDB, and SQLite (github.com/glebarez/sqlite, pure Go).
 // It is the classic database lock, with its well-known flaws fixed.
 //
-// # Lease mode (default)
+// # Leases
 //
 // A lock is a row of the lock table. Acquire inserts the row when it is
 // absent, or takes it over when its lease has expired, in one statement, so
@@ -29,15 +29,20 @@
 // is no stale-row sweeper to run either: an expired row is simply taken over
 // by the next Acquire. Refresh and Release are owner-checked
 // (WHERE name = ? AND owner = ? AND version = ? AND lock_until > <db now>);
-// a refresh that matches no row means the lease is lost. Owner ids are
+// a refresh that matches no row means the lease is lost. The lease keeper
+// renews many held locks with one UPDATE (RefreshBatch), and each lease's
+// Expiry is the local send time of the statement that last set its
+// lock_until, plus the TTL: the database ran it later, so the row lasts at
+// least that long. Owner ids are
 // host:pid:random plus a per-lease counter, so two processes never look alike
 // and a lease never mistakes an older lease of the same Locker for itself.
 //
 // # Waiting
 //
 // A waiting Acquire polls with jittered exponential backoff (WithMaxBackoff),
-// never sleeping past the holder's recorded expiry. It is not fair: Fair is
-// refused with guard.ErrUnsupported.
+// never sleeping past the holder's recorded expiry, and goes on through
+// database errors until its context is done. It is not fair: Fair is
+// refused with driver.ErrUnsupported.
 //
 // On PostgreSQL a release also announces itself, so that a waiter learns of it
 // at once rather than at its next poll. The releasing statement (both modes)
@@ -54,23 +59,22 @@
 //
 // Notifications only shorten pauses; polling stays the rule. A lost
 // notification, a listener that fails (it reconnects with backoff), or a
-// session-mode holder whose connection died (no release, so no notification)
-// costs a waiter at most one backoff pause. Each time
+// holder that died (no release, so no notification) costs a waiter at most
+// one backoff pause. Each time
 // the listener starts listening it wakes every local waiter once, since
 // releases committed before then were not heard. Listening needs gorm's
 // postgres driver on pgx (its default); on any other driver waiters poll
 // without notice. WithoutNotify turns the whole mechanism off. MySQL and
 // SQLite always poll.
 //
-// # Session mode (WithSessionLocks)
+// # No session locks
 //
-// The lock is a session lock of the database, pg_try_advisory_lock on
-// PostgreSQL and GET_LOCK on MySQL/MariaDB, held by a connection taken out of
-// the pool until Release. The database frees it the moment the holding
-// process dies (its connection closes): there is no TTL to wait out. The
-// price is one connection per held lock; size the pool for it. The token is
-// still the lock table's version, bumped while the session lock is held, so
-// Fence works in both modes. SQLite has no session locks.
+// Database session locks (pg_advisory_lock, GET_LOCK) are not offered: the
+// database frees one the moment its connection drops, a partition or a
+// proxy restart included, and the holder learns of it only when it next
+// asks. No expiry can be computed ahead of that, so the section could not be
+// cancelled before another process takes the lock. Leases can: their end is
+// written in the row.
 //
 // # Fencing
 //
@@ -99,7 +103,7 @@
 //	);
 //
 // Keys are at most 255 bytes; longer ones are refused with
-// guard.ErrInvalidKey. On MySQL, whose utf8mb4_bin collation pads with
+// driver.ErrInvalidKey. On MySQL, whose utf8mb4_bin collation pads with
 // spaces, keys differing only in trailing spaces share one lock (more
 // exclusion, never less).
 //

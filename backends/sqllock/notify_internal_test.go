@@ -1,6 +1,12 @@
 package sqllock
 
-import "testing"
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+)
 
 // pending counts the waiters holding a wake-up.
 func pending(ws ...*waiter) int {
@@ -18,7 +24,7 @@ func pending(ws ...*waiter) int {
 // process; the next notification wakes another; a waiter giving up hands its
 // unused wake-up on.
 func TestDispatchWakesOne(t *testing.T) {
-	n := newNotifier(nil, DefaultTable) // no pool: no listener, bookkeeping only
+	n := newNotifier(nil, DefaultTable, nil) // no pool: no listener, bookkeeping only
 	a, b, c := n.join("k"), n.join("k"), n.join("k")
 	other := n.join("other")
 
@@ -65,5 +71,28 @@ func TestChannelName(t *testing.T) {
 	got := channelName(long)
 	if len(got) > maxChannel || got == channelName(long+"x") {
 		t.Errorf("channel of a %d-byte name: %q", len(long), got)
+	}
+}
+
+// The MySQL driver's deadlock and lock wait errors are retried, told by
+// their text so that the package need not link the driver.
+func TestRetryable(t *testing.T) {
+	for _, err := range []error{
+		&mysql.MySQLError{Number: 1213, SQLState: [5]byte{'4', '0', '0', '0', '1'}, Message: "Deadlock found"},
+		&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"},
+		fmt.Errorf("acquire: %w", &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}),
+	} {
+		if !retryable(err) {
+			t.Errorf("%v: not retried", err)
+		}
+	}
+	for _, err := range []error{
+		&mysql.MySQLError{Number: 1062, Message: "Duplicate entry"},
+		&mysql.MySQLError{Number: 12130, Message: "not a deadlock"},
+		errors.New("Error 1213 is what this is not"),
+	} {
+		if retryable(err) {
+			t.Errorf("%v: retried", err)
+		}
 	}
 }

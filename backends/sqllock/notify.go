@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"encoding/hex"
 	"errors"
 	mrand "math/rand/v2"
@@ -12,8 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 const (
@@ -30,9 +30,24 @@ const (
 	maxChannel = 63
 )
 
-// errNotPgx stops the listener for good when the pool's connections are not
-// pgx's: there is no portable way to wait for a notification.
-var errNotPgx = errors.New("warden/sql: not a pgx stdlib connection")
+// ErrCannotListen is what a Listener returns when the pool's connections
+// cannot wait for notifications (another driver than the one it is for): the
+// Locker stops listening for good and its waiters poll.
+var ErrCannotListen = errors.New("warden/sqllock: the connection cannot LISTEN")
+
+// Listener waits for PostgreSQL notifications, which database/sql has no
+// portable way to do; pglisten.Listener does it through pgx, the driver of
+// gorm.io/driver/postgres. It lives in its own package so that programs on
+// other databases do not link pgx. Pass one with WithListener.
+type Listener interface {
+	// Listen runs LISTEN on channel on conn, a connection taken out of the
+	// pool for it alone (discarded afterwards, never reused), calls
+	// listening once the LISTEN took effect, then note with the payload of
+	// every notification on channel, until conn fails or ctx ends. It
+	// returns an error wrapping ErrCannotListen when conn's driver is not
+	// its own.
+	Listen(ctx context.Context, conn *sql.Conn, channel string, listening func(), note func(payload string)) error
+}
 
 // channelName is the NOTIFY channel of a lock table. Lockers on one table
 // must agree on it, so it is derived from the table name alone.
@@ -50,9 +65,9 @@ func channelName(table string) string {
 // its backoff timer, so a missed notification or a dead listener costs at
 // most one backoff pause.
 type notifier struct {
-	pool    *sql.DB
-	channel string
-	listen  string // the LISTEN statement, channel quoted
+	pool     *sql.DB
+	channel  string
+	listener Listener
 
 	mu      sync.Mutex
 	subs    map[string][]*waiter // per lock name, in arrival order
@@ -60,7 +75,7 @@ type notifier struct {
 	cancel  context.CancelFunc   // stops the running listener; nil when none runs
 	idle    *time.Timer          // stops the listener once no waiter is left
 	closed  bool
-	useless bool // the driver is not pgx's: never start again
+	useless bool // the connections cannot LISTEN: never start again
 	wg      sync.WaitGroup
 
 	// Counters for tests: LISTENs established, listener connections lost,
@@ -78,13 +93,12 @@ type waiter struct {
 	c chan struct{}
 }
 
-func newNotifier(pool *sql.DB, table string) *notifier {
-	ch := channelName(table)
+func newNotifier(pool *sql.DB, table string, l Listener) *notifier {
 	return &notifier{
-		pool:    pool,
-		channel: ch,
-		listen:  "LISTEN " + pgx.Identifier{ch}.Sanitize(),
-		subs:    make(map[string][]*waiter),
+		pool:     pool,
+		channel:  channelName(table),
+		listener: l,
+		subs:     make(map[string][]*waiter),
 	}
 }
 
@@ -242,7 +256,7 @@ func (n *notifier) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errNotPgx) {
+		if errors.Is(err, ErrCannotListen) {
 			n.mu.Lock()
 			n.useless = true
 			// cancel is only called under mu, so a live ctx means
@@ -256,14 +270,14 @@ func (n *notifier) run(ctx context.Context) {
 		}
 		n.drops.Add(1)
 		delay = min(max(2*delay, 50*time.Millisecond), relistenMax)
-		if pauseFor(ctx, delay/2+mrand.N(delay/2+1), nil) != nil {
+		if driver.Sleep(ctx, delay/2+mrand.N(delay/2+1), nil) != nil {
 			return
 		}
 	}
 }
 
-// listenOnce takes a connection out of the pool, LISTENs on it and
-// dispatches notifications until the connection fails or ctx ends. The
+// listenOnce takes a connection out of the pool and has the Listener
+// dispatch notifications on it until the connection fails or ctx ends. The
 // connection is then discarded, not returned: it may be broken, and a
 // healthy one would still carry the LISTEN into another user's session.
 func (n *notifier) listenOnce(ctx context.Context, listening func()) error {
@@ -272,26 +286,16 @@ func (n *notifier) listenOnce(ctx context.Context, listening func()) error {
 		return err
 	}
 	defer discard(conn)
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return errNotPgx
-		}
-		c := sc.Conn()
-		if _, err := c.PgConn().Exec(ctx, n.listen).ReadAll(); err != nil {
-			return err
-		}
+	return n.listener.Listen(ctx, conn, n.channel, func() {
 		listening()
 		n.wakeAll()
 		n.listens.Add(1)
-		for {
-			note, err := c.WaitForNotification(ctx)
-			if err != nil {
-				return err
-			}
-			if note.Channel == n.channel {
-				n.dispatch(note.Payload)
-			}
-		}
-	})
+	}, n.dispatch)
+}
+
+// discard closes conn and keeps the pool from reusing it, which ends the
+// database session and the LISTEN with it.
+func discard(conn *sql.Conn) {
+	conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+	conn.Close()
 }

@@ -13,15 +13,15 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
 
-// DefaultIdempotencyTable is the table an IdempotencyStore uses unless
+// DefaultIdempotencyTable is the table a Store uses unless
 // WithStoreTable says otherwise.
 const DefaultIdempotencyTable = "warden_idempotency"
 
-// IdempotencyStore is an idempotency.Store on a SQL table. Every call is one
+// Store is an idempotency.Store on a SQL table. Every call is one
 // conditional statement (plus a read where the answer is the record), with
 // leases and retention counted on the database's clock. Create the table
 // with Migrate; its DDL (PostgreSQL; bytea is BLOB on SQLite and LONGBLOB on
@@ -45,31 +45,31 @@ const DefaultIdempotencyTable = "warden_idempotency"
 // fits every database's index limits. Expired rows are equivalent to absent
 // ones and are reused by the next Claim; Purge deletes those never claimed
 // again.
-type IdempotencyStore struct {
+type Store struct {
 	db    *gorm.DB
 	d     dialect
 	table string
 	raw   string
 }
 
-var _ idempotency.Store = (*IdempotencyStore)(nil)
+var _ idempotency.Store = (*Store)(nil)
 
-// StoreOption configures an IdempotencyStore.
-type StoreOption func(*IdempotencyStore)
+// StoreOption configures a Store.
+type StoreOption func(*Store)
 
 // WithStoreTable sets the idempotency table (default
 // DefaultIdempotencyTable).
 func WithStoreTable(name string) StoreOption {
-	return func(s *IdempotencyStore) { s.raw = name }
+	return func(s *Store) { s.raw = name }
 }
 
-// NewIdempotencyStore returns a store on db. Like New, it does not touch the
+// NewStore returns a store on db. Like New, it does not touch the
 // database: run Migrate or create the table first.
-func NewIdempotencyStore(db *gorm.DB, opts ...StoreOption) (*IdempotencyStore, error) {
+func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil *gorm.DB", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
 	}
-	s := &IdempotencyStore{db: db, raw: DefaultIdempotencyTable}
+	s := &Store{db: db, raw: DefaultIdempotencyTable}
 	for _, o := range opts {
 		o(s)
 	}
@@ -97,7 +97,7 @@ type idemRow struct {
 }
 
 // Migrate creates or updates the idempotency table with gorm's AutoMigrate.
-func (s *IdempotencyStore) Migrate(ctx context.Context) error {
+func (s *Store) Migrate(ctx context.Context) error {
 	return migrate(ctx, s.db, s.d, s.raw, &idemRow{})
 }
 
@@ -113,11 +113,11 @@ func recordID(scope, key string) string {
 }
 
 func storeErr(ctx context.Context, op string, err error) error {
-	return dbErr(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+	return driver.Unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
 }
 
 // Claim implements idempotency.Store.
-func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
@@ -183,7 +183,7 @@ func (s *IdempotencyStore) Claim(ctx context.Context, c idempotency.Claim) (*ide
 
 // read returns the row under id, the claim_id that last claimed it and
 // whether it is live by the database's clock.
-func (s *IdempotencyStore) read(ctx context.Context, id string) (*idempotency.Record, string, bool, error) {
+func (s *Store) read(ctx context.Context, id string) (*idempotency.Record, string, bool, error) {
 	var (
 		scope, key, fp, owner, resp []byte
 		state, claimID              string
@@ -204,7 +204,7 @@ func (s *IdempotencyStore) read(ctx context.Context, id string) (*idempotency.Re
 }
 
 // Get implements idempotency.Store.
-func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := idempotency.CheckKey(scope, key); err != nil {
 		return nil, err
 	}
@@ -220,12 +220,12 @@ func (s *IdempotencyStore) Get(ctx context.Context, scope, key string) (*idempot
 
 // owned is the condition of every owner's write: the row is this owner's
 // live in-progress claim, by the database's clock.
-func (s *IdempotencyStore) owned() string {
+func (s *Store) owned() string {
 	return " WHERE id = ? AND owner = ? AND state = '" + string(idempotency.StateInProgress) + "' AND expires_at > " + s.d.now
 }
 
 // write runs an owner-checked statement; no row matched means ErrNotOwner.
-func (s *IdempotencyStore) write(ctx context.Context, op, query string, args ...any) error {
+func (s *Store) write(ctx context.Context, op, query string, args ...any) error {
 	var res *gorm.DB
 	for range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
@@ -243,7 +243,7 @@ func (s *IdempotencyStore) write(ctx context.Context, op, query string, args ...
 }
 
 // Extend implements idempotency.Store. An expired lease is not revived.
-func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
@@ -264,7 +264,7 @@ func (s *IdempotencyStore) Extend(ctx context.Context, scope, key, owner string,
 }
 
 // Complete implements idempotency.Store.
-func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func (s *IdempotencyStore) Complete(ctx context.Context, scope, key, owner strin
 }
 
 // Abandon implements idempotency.Store.
-func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
@@ -286,7 +286,7 @@ func (s *IdempotencyStore) Abandon(ctx context.Context, scope, key, owner string
 // Purge deletes the records whose lease or retention has run out, which
 // Claim would otherwise reuse only if their key came again. Run it now and
 // then; it returns how many rows it deleted.
-func (s *IdempotencyStore) Purge(ctx context.Context) (int64, error) {
+func (s *Store) Purge(ctx context.Context) (int64, error) {
 	res := s.db.WithContext(ctx).Exec("DELETE FROM " + s.table + " WHERE expires_at <= " + s.d.now)
 	if res.Error != nil {
 		return 0, storeErr(ctx, "purge", res.Error)

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // Option configures a Locker.
@@ -12,17 +12,15 @@ type Option func(*config) error
 
 type config struct {
 	table      string
-	session    bool
 	owner      string
-	clock      func() time.Time
 	maxBackoff time.Duration
 	notify     bool
+	listener   Listener
 }
 
 func defaults() config {
 	return config{
 		table:      DefaultTable,
-		clock:      time.Now,
 		maxBackoff: 250 * time.Millisecond,
 		notify:     true,
 	}
@@ -33,28 +31,10 @@ func defaults() config {
 // to use the same table.
 func WithTable(name string) Option {
 	return func(c *config) error {
+		if name == "" {
+			return fmt.Errorf("%w: empty table name", driver.ErrInvalidOption)
+		}
 		c.table = name
-		return nil
-	}
-}
-
-// WithSessionLocks switches the Locker to session mode: each lock is a
-// database session lock (pg_advisory_lock on PostgreSQL, GET_LOCK on MySQL
-// and MariaDB) held on a connection of its own, so the database frees it the
-// moment the holding process dies, with no TTL to wait out.
-//
-// The cost is one pooled connection per held lock, kept out of the pool
-// until Release: size the pool (SetMaxOpenConns) for the number of locks
-// held at once plus the application's own queries. The TTL passed to Acquire
-// and Refresh is ignored; Refresh checks that the connection is alive.
-// SQLite has no session locks: New returns an error wrapping
-// guard.ErrUnsupported.
-//
-// Lease-mode and session-mode lockers must not share a table: they do not
-// exclude each other.
-func WithSessionLocks() Option {
-	return func(c *config) error {
-		c.session = true
 		return nil
 	}
 }
@@ -66,25 +46,9 @@ func WithSessionLocks() Option {
 func WithOwner(id string) Option {
 	return func(c *config) error {
 		if id == "" || len(id) > 200 {
-			return fmt.Errorf("%w: owner id must be 1 to 200 bytes", guard.ErrInvalidOption)
+			return fmt.Errorf("%w: owner id must be 1 to 200 bytes", driver.ErrInvalidOption)
 		}
 		c.owner = id
-		return nil
-	}
-}
-
-// WithClock sets the application clock (default time.Now). The Locker reads
-// it only to measure its own elapsed time, for the local deadline that closes
-// a lease-mode Lease.Done when no refresh succeeded for a whole TTL. Whether a
-// lock is free, when a lease ends and who may take it over are decided by the
-// database's clock alone, so application clocks that disagree by minutes do
-// not break exclusion.
-func WithClock(now func() time.Time) Option {
-	return func(c *config) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", guard.ErrInvalidOption)
-		}
-		c.clock = now
 		return nil
 	}
 }
@@ -97,7 +61,7 @@ func WithClock(now func() time.Time) Option {
 func WithMaxBackoff(d time.Duration) Option {
 	return func(c *config) error {
 		if d < time.Millisecond {
-			return fmt.Errorf("%w: max backoff %v below 1ms", guard.ErrInvalidOption, d)
+			return fmt.Errorf("%w: max backoff %v below 1ms", driver.ErrInvalidOption, d)
 		}
 		c.maxBackoff = d
 		return nil
@@ -115,6 +79,21 @@ func WithMaxBackoff(d time.Duration) Option {
 func WithoutNotify() Option {
 	return func(c *config) error {
 		c.notify = false
+		return nil
+	}
+}
+
+// WithListener lets the Locker's waiting Acquire calls on PostgreSQL hear
+// releases at once instead of at their next poll: pass pglisten.Listener{}
+// with gorm.io/driver/postgres. Without one, releases still notify (for the
+// Lockers that listen) and this Locker's waiters poll. It has no effect on
+// MySQL and SQLite, or with WithoutNotify.
+func WithListener(l Listener) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil Listener", driver.ErrInvalidOption)
+		}
+		c.listener = l
 		return nil
 	}
 }

@@ -7,16 +7,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"os"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 const (
@@ -32,8 +30,9 @@ const (
 	retries = 5
 )
 
-// Locker is a guard.Locker on a SQL table (lease mode, the default) or on
-// database session locks (WithSessionLocks). It is safe for concurrent use.
+// Locker is a driver.Locker on a SQL table of leases, kept on the database's
+// clock. It implements driver.BatchRefresher and is safe for concurrent
+// use.
 type Locker struct {
 	db         *gorm.DB
 	d          dialect
@@ -41,8 +40,6 @@ type Locker struct {
 	rawTable   string
 	fenceTable string
 	owner      string
-	session    bool
-	clock      func() time.Time
 	maxBackoff time.Duration
 	// minPause is the first backoff pause; tests raise it to show that a
 	// handoff came from a notification and not from polling.
@@ -66,19 +63,20 @@ type queries struct {
 	release   string // on PostgreSQL, also notifies the channel (one more argument)
 	holds     string
 	remaining string
-	bump      string // session mode: new version, unconditionally
 }
 
 // New returns a Locker on db. It does not touch the database: call Migrate
 // (or create the tables from the DDL in the package documentation) first.
-// db's dialect must be postgres, mysql or sqlite; session mode is refused on
-// SQLite with an error wrapping guard.ErrUnsupported.
+// db's dialect must be postgres, mysql or sqlite.
 func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil *gorm.DB", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
 	}
 	c := defaults()
 	for _, o := range opts {
+		if o == nil {
+			continue
+		}
 		if err := o(&c); err != nil {
 			return nil, err
 		}
@@ -86,9 +84,6 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	d, err := dialectOf(db)
 	if err != nil {
 		return nil, err
-	}
-	if c.session && !d.sessions {
-		return nil, fmt.Errorf("%w: session locks on %s", guard.ErrUnsupported, d.name)
 	}
 	table, err := quoteTable(db, c.table)
 	if err != nil {
@@ -106,25 +101,29 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 		rawTable:   c.table,
 		fenceTable: DefaultFenceTable,
 		owner:      c.owner,
-		session:    c.session,
-		clock:      c.clock,
 		maxBackoff: c.maxBackoff,
 		minPause:   4 * time.Millisecond,
 	}
 	if d.name == "postgres" && c.notify {
 		l.channel = channelName(c.table)
-		// Waiters can only listen through pgx (gorm's postgres driver
-		// uses it); on any other driver releases still notify, for the
-		// Lockers that can listen, and this one's waiters poll.
-		if pool, err := db.DB(); err == nil {
-			if _, ok := pool.Driver().(*stdlib.Driver); ok {
-				l.notes = newNotifier(pool, c.table)
+		// Releases notify whatever the driver, for the Lockers that can
+		// listen; this one's waiters listen only with a Listener.
+		if c.listener != nil {
+			pool, err := db.DB()
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
 			}
+			l.notes = newNotifier(pool, c.table, c.listener)
 		}
 	}
 	l.q = buildQueries(d, table, l.channel != "")
 	return l, nil
 }
+
+var (
+	_ driver.Locker         = (*Locker)(nil)
+	_ driver.BatchRefresher = (*Locker)(nil)
+)
 
 // defaultOwner is host:pid:random. The random part tells apart two
 // processes on one host whose pids were reused (containers often all run as
@@ -139,7 +138,7 @@ func defaultOwner() (string, error) {
 	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("warden/sql: owner id: %w", err)
+		return "", fmt.Errorf("warden/sqllock: owner id: %w", err)
 	}
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])), nil
 }
@@ -172,8 +171,6 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
 			" lock_until = excluded.lock_until, locked_at = excluded.locked_at" +
 			" WHERE t.lock_until <= excluded.locked_at RETURNING version"
-		q.bump = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
-			" lock_until = excluded.locked_at, locked_at = excluded.locked_at RETURNING version"
 		return q
 	}
 	// MySQL: ON DUPLICATE KEY UPDATE cannot filter, so every column is set
@@ -190,8 +187,6 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		" version = IF(" + expired + ", version + 1, version)," +
 		" locked_at = IF(" + expired + ", VALUES(locked_at), locked_at)," +
 		" lock_until = IF(" + expired + ", VALUES(lock_until), lock_until)"
-	q.bump = insert + " ON DUPLICATE KEY UPDATE owner = VALUES(owner), version = version + 1," +
-		" locked_at = VALUES(locked_at), lock_until = VALUES(locked_at)"
 	return q
 }
 
@@ -247,116 +242,77 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 		err = run()
 	}
 	if err != nil {
-		return dbErr(ctx, fmt.Errorf("migrate %s: %w", table, err))
+		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
 	return nil
-}
-
-// dbErr turns a database error into the error guard expects: the context's
-// own error when ctx is done, otherwise one wrapping guard.ErrUnavailable.
-func dbErr(ctx context.Context, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	return fmt.Errorf("%w: %w", guard.ErrUnavailable, err)
 }
 
 func checkKey(key string) error {
 	switch {
 	case key == "":
-		return fmt.Errorf("%w: empty", guard.ErrInvalidKey)
+		return fmt.Errorf("%w: empty", driver.ErrInvalidKey)
 	case len(key) > maxName:
-		return fmt.Errorf("%w: %d bytes, more than the %d the name column holds", guard.ErrInvalidKey, len(key), maxName)
+		return fmt.Errorf("%w: %d bytes, more than the %d the name column holds", driver.ErrInvalidKey, len(key), maxName)
 	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: invalid UTF-8", guard.ErrInvalidKey)
+		return fmt.Errorf("%w: invalid UTF-8", driver.ErrInvalidKey)
 	}
 	return nil
 }
 
-// Acquire implements guard.Locker. Waiting polls with jittered exponential
+// Acquire implements driver.Locker. Waiting polls with jittered exponential
 // backoff, never sleeping past the holder's expiry; on PostgreSQL a release
-// notification also ends the pause early (see the package documentation). It
-// cannot be fair, so opts.Fair is refused with guard.ErrUnsupported.
-func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (lease guard.Lease, err error) {
+// notification also ends the pause early (see the package documentation).
+// It goes on through database errors until ctx is done. It cannot be fair,
+// so opts.Fair is refused with driver.ErrUnsupported.
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	if opts.TTL <= 0 && !l.session {
-		return nil, fmt.Errorf("%w: TTL %v", guard.ErrInvalidOption, opts.TTL)
-	}
 	if opts.Fair {
-		return nil, fmt.Errorf("%w: fair waiting", guard.ErrUnsupported)
+		return nil, fmt.Errorf("%w: fair waiting", driver.ErrUnsupported)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	var (
-		pause time.Duration
-		w     *waiter
-	)
+	var w *waiter
 	defer func() { w.leave(lease == nil) }()
+	backoff := driver.Backoff{Min: l.minPause, Max: l.maxBackoff}
 	for {
-		if l.session {
-			lease, err = l.trySession(ctx, key)
-		} else {
-			lease, err = l.try(ctx, key, opts.TTL)
-		}
-		if err != nil || lease != nil {
-			return lease, err
+		got, err := l.try(ctx, key, opts.TTL)
+		if got != nil {
+			return got, nil
 		}
 		if !opts.Wait {
-			return nil, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key)
+			if err != nil {
+				return nil, err
+			}
+			return nil, driver.ErrNotAcquired
+		}
+		if err != nil && !errors.Is(err, driver.ErrUnavailable) {
+			return nil, err
 		}
 		if w == nil {
 			// Joined before remaining() reads the row, so that a release
 			// committed after that read is announced to this waiter.
 			w = l.notes.join(key)
 		}
-		pause = l.nextPause(pause)
-		if !l.session {
+		pause := backoff.Next()
+		if err == nil {
 			// The holder's lease cannot end before its recorded expiry,
-			// so there is no point waking up after it either: retry as it
-			// ends (or at once when it already has).
-			left, err := l.remaining(ctx, key)
-			if err != nil {
-				return nil, err
-			}
-			if left < pause {
+			// so there is no point waking up after it either: retry as
+			// it ends (or at once when it already has).
+			if left, err := l.remaining(ctx, key); err == nil && left < pause {
 				pause = max(left, 0) + time.Millisecond
 			}
 		}
-		if err := pauseFor(ctx, pause, w.wake()); err != nil {
+		if err := driver.Sleep(ctx, pause, w.wake()); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// nextPause doubles the previous pause up to maxBackoff, with jitter in
-// [d/2, d) so that waiters released together do not stampede together.
-func (l *Locker) nextPause(prev time.Duration) time.Duration {
-	d := min(max(2*prev, l.minPause), l.maxBackoff)
-	return d/2 + mrand.N(d/2+1)
-}
-
-// pauseFor sleeps for d, or less when a wake-up arrives on wake.
-func pauseFor(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	case <-wake:
-		return nil
-	}
-}
-
 // try makes one lease-mode attempt. It returns a nil lease and no error
 // when the lock is held by someone else.
-func (l *Locker) try(ctx context.Context, key string, ttl time.Duration) (guard.Lease, error) {
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration) (*lease, error) {
 	owner := l.leaseOwner()
-	sent := l.clock()
+	sent := time.Now()
 	var (
 		version int64
 		ok      bool
@@ -369,7 +325,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration) (guard.
 		}
 	}
 	if err != nil {
-		return nil, dbErr(ctx, fmt.Errorf("acquire %q: %w", key, err))
+		return nil, driver.Unavailable(ctx, err)
 	}
 	if !ok {
 		return nil, nil
@@ -416,7 +372,7 @@ func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, erro
 		return 0, nil
 	}
 	if err != nil {
-		return 0, dbErr(ctx, fmt.Errorf("acquire %q: %w", key, err))
+		return 0, driver.Unavailable(ctx, err)
 	}
 	return time.Duration(micros) * time.Microsecond, nil
 }

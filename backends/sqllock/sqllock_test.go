@@ -1,0 +1,246 @@
+package sqllock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/backends/sqllock/pglisten"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+const (
+	postgresEnv = "WARDEN_POSTGRES_DSN"
+	mysqlEnv    = "WARDEN_MYSQL_DSN"
+	postgresDef = "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"
+	mysqlDef    = "warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true"
+)
+
+// database is one of the three databases the tests run on. dsn skips or
+// fails the test (per WARDEN_REQUIRE_SERVERS) when the server is missing;
+// for SQLite it names a file private to the top-level test.
+type database struct {
+	name string
+	dsn  func(t testing.TB) string
+	open func(dsn string) gorm.Dialector
+}
+
+func databases() []database {
+	return []database{
+		{
+			name: "sqlite",
+			dsn: func(t testing.TB) string {
+				// WAL lets readers run beside the one writer; busy_timeout
+				// makes a writer wait for the file lock instead of failing.
+				return filepath.Join(t.TempDir(), "locks.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+			},
+			open: sqlite.Open,
+		},
+		{
+			name: "postgres",
+			dsn: func(t testing.TB) string {
+				return reachable(t, postgresEnv, env(postgresEnv, postgresDef), postgres.Open)
+			},
+			open: postgres.Open,
+		},
+		{
+			name: "mariadb",
+			dsn: func(t testing.TB) string {
+				return reachable(t, mysqlEnv, env(mysqlEnv, mysqlDef), mysql.Open)
+			},
+			open: mysql.Open,
+		},
+	}
+}
+
+// reachable returns dsn after checking that its server answers; when it does
+// not, the test is skipped, or fails under WARDEN_REQUIRE_SERVERS=1.
+func reachable(t testing.TB, envName, dsn string, open func(string) gorm.Dialector) string {
+	t.Helper()
+	g, err := gorm.Open(open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err == nil {
+		pool, _ := g.DB()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = pool.PingContext(ctx)
+		cancel()
+		pool.Close()
+	}
+	if err != nil {
+		drivertest.Unreachable(t, envName, dsn, err)
+	}
+	return dsn
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// openDB opens a client of its own on dsn, as a separate process would have,
+// closed when t ends.
+func openDB(t testing.TB, db database, dsn string) *gorm.DB {
+	t.Helper()
+	g, err := gorm.Open(db.open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatalf("open %s: %v", db.name, err)
+	}
+	pool, err := g.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	return g
+}
+
+// newLocker returns a Locker on g whose waiters, on PostgreSQL, listen for
+// releases.
+func newLocker(t testing.TB, g *gorm.DB, opts ...sqllock.Option) *sqllock.Locker {
+	t.Helper()
+	l, err := sqllock.New(g, append([]sqllock.Option{sqllock.WithListener(pglisten.Listener{})}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	// Registered after openDB's cleanup, so it runs first: the listener
+	// ends before its pool closes.
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// migrated opens dsn, migrates the tables for opts, and returns the client.
+func migrated(t testing.TB, db database, dsn string, opts ...sqllock.Option) *gorm.DB {
+	t.Helper()
+	g := openDB(t, db, dsn)
+	if err := newLocker(t, g, opts...).Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return g
+}
+
+func TestConformance(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			migrated(t, db, dsn)
+			drivertest.Run(t, drivertest.Backend{
+				NewLocker: func(t testing.TB) driver.Locker { return newLocker(t, openDB(t, db, dsn)) },
+			})
+		})
+	}
+}
+
+// uniqueKey is a key no other test or earlier run used.
+func uniqueKey(t testing.TB) string {
+	return fmt.Sprintf("sqltest/%s/%d", t.Name(), time.Now().UnixNano())
+}
+
+// TestRefreshBatch: one statement refreshes every lease still its owner's;
+// a lease taken over and one from another Locker get their own errors.
+func TestRefreshBatch(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			l := newLocker(t, migrated(t, db, dsn))
+			other := newLocker(t, openDB(t, db, dsn))
+			ctx := context.Background()
+			short := driver.AcquireOptions{TTL: 300 * time.Millisecond}
+			var leases []driver.Lease
+			for range 3 {
+				lease, err := l.Acquire(ctx, uniqueKey(t), short)
+				if err != nil {
+					t.Fatal(err)
+				}
+				leases = append(leases, lease)
+			}
+			foreign, err := other.Acquire(ctx, uniqueKey(t), short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lostKey := uniqueKey(t)
+			lost, err := l.Acquire(ctx, lostKey, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lost.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			taker, err := other.Acquire(ctx, lostKey, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer taker.Release(ctx)
+			leases = append(leases, foreign, lost)
+
+			before := time.Now()
+			errs := l.RefreshBatch(ctx, leases, time.Minute)
+			for i, err := range errs[:3] {
+				if err != nil {
+					t.Errorf("lease %d: %v", i, err)
+				}
+				if e := leases[i].Expiry(); e.Before(before.Add(time.Minute - time.Second)) {
+					t.Errorf("lease %d: Expiry %v after the batch, want about a minute", i, e.Sub(before))
+				}
+			}
+			if !errors.Is(errs[3], driver.ErrInvalidOption) {
+				t.Errorf("foreign lease: %v, want ErrInvalidOption", errs[3])
+			}
+			if !errors.Is(errs[4], driver.ErrNotHeld) {
+				t.Errorf("lease taken over: %v, want ErrNotHeld", errs[4])
+			}
+			// Past the original 300ms, the refreshed locks still keep
+			// others out.
+			time.Sleep(600 * time.Millisecond)
+			for i, lease := range leases[:3] {
+				if err := lease.Release(ctx); err != nil {
+					t.Errorf("lease %d after the batch refresh: %v", i, err)
+				}
+			}
+			foreign.Release(ctx)
+		})
+	}
+}
+
+// Ten thousand locks with a 3s ttl on PostgreSQL, renewed through one Guard
+// while other processes load the machine: none is lost.
+func TestHoldManyUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds 10,000 locks for 6s")
+	}
+	db := postgresDB()
+	dsn := db.dsn(t)
+	drivertest.HoldMany(t, newLocker(t, migrated(t, db, dsn)), 10_000, 3*time.Second, 6*time.Second)
+}
+
+// A program on SQLite alone does not link the PostgreSQL or MySQL drivers:
+// the package depends on neither, and PostgreSQL's listener is in pglisten.
+func TestLinksNoDatabaseDriver(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go tool: %v", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "github.com/warden-go/warden/backends/sqllock").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/jackc/pgx") || strings.HasPrefix(dep, "github.com/go-sql-driver/mysql") ||
+			strings.HasPrefix(dep, "gorm.io/driver/") {
+			t.Errorf("sqllock depends on %s", dep)
+		}
+	}
+}
