@@ -1,4 +1,4 @@
-// Package zookeeper is a warden lock backend on Apache ZooKeeper, with the
+// Package zklock is a warden lock backend on Apache ZooKeeper, with the
 // classic recipe: one persistent (container) parent per lock name, one
 // EPHEMERAL_SEQUENTIAL child per contender, the lowest sequence holds, and
 // every waiter watches only the node it queues behind, so a release wakes one
@@ -19,9 +19,12 @@
 // # Leases live with the session
 //
 // A lease is an ephemeral node, so it lives exactly as long as the ZooKeeper
-// session of the Locker that created it: the session timeout given to Dial
-// (as negotiated with the server) is the lease TTL, and AcquireOptions.TTL is
-// ignored. Lease.Refresh checks the node is still there and the session alive.
+// session of the Locker that created it: the session timeout
+// (WithSessionTimeout, as negotiated with the server) is the lease TTL.
+// Leases are driver.SessionLeases: guard sends nothing per lock and watches
+// the session instead. The TTL given to guard only sizes guard's safety
+// margin (a tenth of it), so the Locker accepts TTLs up to twice the session
+// timeout (Limits), which keeps that margin within the session's slack.
 //
 // # When a lease is lost
 //
@@ -29,17 +32,25 @@
 // the session timeout T. A request the server answered proves it heard from
 // the client no earlier than the moment the request was sent, so the Locker
 // keeps, by the local monotonic clock, the send time of the latest answered
-// request (sending a cheap heartbeat every T/6 while it holds leases). Lease.Done
-// is closed as soon as 2/3 T has passed since then without a newer answer,
-// which is at least T/3 before the server can expire the session and grant
-// the lock to anyone else; and at once when the session is reported expired or
-// the Locker is closed. A lost lease stays lost even if the connection comes
-// back: its owner must stop and Release it.
+// request (sending a cheap heartbeat every T/6 while it holds leases). The
+// session's Expiry is 2/3 T after it, at least T/3 before the server can
+// expire the session and grant the lock to anyone else, and its Done is
+// closed then without a newer answer, and at once when the session is
+// reported expired or the Locker is closed. A lost lease stays lost even if
+// the connection comes back: its owner must stop and Release it.
+//
+// # Releases that get no answer
+//
+// A release whose delete gets no answer (a partition, a server restart)
+// leaves the node to a background retry, which deletes it once the
+// connection is back; if it never comes back, the session expires and takes
+// the node with it. Either way no lock stays taken longer than the session
+// timeout after its release.
 //
 // Fencing tokens are the czxid of the contender's node: ZooKeeper's
 // transaction ids grow across the whole ensemble, and the holders of a lock
 // are granted in creation order.
-package zookeeper
+package zklock
 
 import (
 	"context"
@@ -54,46 +65,108 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
-// DefaultRoot is the node under which locks live unless WithRoot is given.
-const DefaultRoot = "/warden/locks"
+const (
+	// DefaultRoot is the node under which locks live unless WithRoot is
+	// given.
+	DefaultRoot = "/warden/locks"
+	// DefaultSessionTimeout is the session timeout, and so the lease TTL,
+	// unless WithSessionTimeout says otherwise.
+	DefaultSessionTimeout = 30 * time.Second
+)
 
-// Option configures a Locker.
-type Option func(*config)
+// Option configures a Locker. An invalid value makes New fail.
+type Option func(*config) error
 
 type config struct {
-	root   string
-	acl    []zk.ACL
-	logger zk.Logger
+	root           string
+	acl            []zk.ACL
+	logger         zk.Logger
+	sessionTimeout time.Duration
+	requestTimeout time.Duration
 }
 
 // WithRoot sets the persistent node under which lock nodes are created. It
 // must be an absolute ZooKeeper path other than "/", without a trailing slash.
 // It is created on first use.
-func WithRoot(path string) Option { return func(c *config) { c.root = path } }
+func WithRoot(path string) Option {
+	return func(c *config) error {
+		if path == "/" || !strings.HasPrefix(path, "/") || strings.HasSuffix(path, "/") {
+			return fmt.Errorf("%w: zookeeper root %q, want an absolute path other than / without a trailing slash", driver.ErrInvalidOption, path)
+		}
+		c.root = path
+		return nil
+	}
+}
 
 // WithACL sets the ACL of every node the Locker creates (default: world
 // readable and writable, zk.WorldACL(zk.PermAll)).
-func WithACL(acl ...zk.ACL) Option { return func(c *config) { c.acl = acl } }
+func WithACL(acl ...zk.ACL) Option {
+	return func(c *config) error {
+		if len(acl) == 0 {
+			return fmt.Errorf("%w: empty zookeeper ACL", driver.ErrInvalidOption)
+		}
+		c.acl = acl
+		return nil
+	}
+}
 
 // WithLogger sets where the ZooKeeper client logs connection errors (default
 // zk.DefaultLogger, the standard log package).
-func WithLogger(l zk.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l zk.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", driver.ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
 
-// Locker is a guard.Locker on one ZooKeeper session. It also offers read/write
-// locks (guard.RWLocker) and semaphores (guard.Semaphorer). It is safe for
+// WithSessionTimeout sets the session timeout the Locker asks the server
+// for (default DefaultSessionTimeout; the server may adjust it to its
+// minSessionTimeout..maxSessionTimeout range, and the Locker follows what it
+// grants). It is the TTL of every lease: how long a crashed holder keeps its
+// locks.
+func WithSessionTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 100*time.Millisecond {
+			return fmt.Errorf("%w: zookeeper session timeout %v, want at least 100ms", driver.ErrInvalidOption, d)
+		}
+		c.sessionTimeout = d
+		return nil
+	}
+}
+
+// WithRequestTimeout bounds each request to the ensemble (default: the
+// session timeout), so that an unreachable ensemble fails calls with
+// driver.ErrUnavailable instead of blocking them until their context ends.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: zookeeper request timeout %v", driver.ErrInvalidOption, d)
+		}
+		c.requestTimeout = d
+		return nil
+	}
+}
+
+// Locker is a driver.Locker on one ZooKeeper session. It also offers read/write
+// locks (driver.RWLocker) and semaphores (driver.Semaphorer). It is safe for
 // concurrent use; each Locker is one session, so separate processes (or
 // clients that must not share fate) need separate Lockers.
 type Locker struct {
-	conn    *zk.Conn
-	root    string
-	acl     []zk.ACL
-	timeout time.Duration // as asked at Dial
+	conn           *zk.Conn
+	root           string
+	acl            []zk.ACL
+	timeout        time.Duration // as asked at New
+	requestTimeout time.Duration
 
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
+	heartbeats atomic.Int64
 
 	mu     sync.Mutex
 	ep     *epoch // leases granted since the session was last known healthy
@@ -106,6 +179,7 @@ type Locker struct {
 // epoch groups the leases that share a fate: those granted on one session
 // since the Locker last had to declare its leases lost.
 type epoch struct {
+	l       *Locker
 	session int64
 	done    chan struct{}
 	// guarded by Locker.mu
@@ -114,36 +188,34 @@ type epoch struct {
 	lost    bool
 }
 
-// Dial connects to the ZooKeeper ensemble servers (host:port each) with the
-// given session timeout, which is the TTL of every lease of this Locker (the
-// server may adjust it to its minSessionTimeout..maxSessionTimeout range; the
-// Locker follows what the server grants). Dial does not wait for the session:
-// operations wait for it, or fail with guard.ErrUnavailable.
-func Dial(servers []string, sessionTimeout time.Duration, opts ...Option) (*Locker, error) {
-	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger}
+// New connects to the ZooKeeper ensemble servers (host:port each). It does
+// not wait for the session: operations wait for it, up to the request
+// timeout, or fail with driver.ErrUnavailable. An invalid option is an error
+// wrapping driver.ErrInvalidOption. Close the Locker to end its session.
+func New(servers []string, opts ...Option) (*Locker, error) {
+	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger, sessionTimeout: DefaultSessionTimeout}
 	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.root == "/" || !strings.HasPrefix(cfg.root, "/") || strings.HasSuffix(cfg.root, "/") {
-		return nil, fmt.Errorf("%w: zookeeper root %q", guard.ErrInvalidOption, cfg.root)
-	}
-	if len(cfg.acl) == 0 {
-		return nil, fmt.Errorf("%w: empty zookeeper ACL", guard.ErrInvalidOption)
-	}
-	if sessionTimeout <= 0 {
-		return nil, fmt.Errorf("%w: zookeeper session timeout %v", guard.ErrInvalidOption, sessionTimeout)
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
 	}
 	if len(servers) == 0 {
-		return nil, fmt.Errorf("%w: no zookeeper servers", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: no zookeeper servers", driver.ErrInvalidOption)
 	}
-	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: sessionTimeout, quit: make(chan struct{})}
-	conn, _, err := zk.Connect(servers, sessionTimeout,
+	if cfg.requestTimeout == 0 {
+		cfg.requestTimeout = cfg.sessionTimeout
+	}
+	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout, quit: make(chan struct{})}
+	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithDialer(l.dial),
 		zk.WithEventCallback(l.onEvent),
 		zk.WithLogger(cfg.logger),
 		zk.WithLogInfo(false))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", guard.ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
 	}
 	l.conn = conn
 	l.bg.Add(1)
@@ -151,8 +223,20 @@ func Dial(servers []string, sessionTimeout time.Duration, opts ...Option) (*Lock
 	return l, nil
 }
 
+var (
+	_ driver.Locker     = (*Locker)(nil)
+	_ driver.RWLocker   = (*Locker)(nil)
+	_ driver.Semaphorer = (*Locker)(nil)
+	_ driver.Limiter    = (*Locker)(nil)
+)
+
+// Limits implements driver.Limiter: the TTL given to guard sizes only its
+// safety margin here (the session keeps the leases), so it may be at most
+// twice the session timeout, which keeps that margin under a fifth of it.
+func (l *Locker) Limits() driver.Limits { return driver.Limits{MaxTTL: 2 * l.timeout} }
+
 // Close ends the session: every lease of the Locker is released at once (the
-// server deletes its ephemeral nodes) and their Done channels are closed.
+// server deletes its ephemeral nodes) and the session is reported lost.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -259,12 +343,30 @@ func (l *Locker) grantEpoch(owner int64, sent time.Time) (*epoch, error) {
 		l.loseLocked(ep)
 	}
 	if ep == nil || ep.lost || ep.session != owner {
-		ep = &epoch{session: owner, done: make(chan struct{}), lastAck: sent}
+		ep = &epoch{l: l, session: owner, done: make(chan struct{}), lastAck: sent}
 		l.ep = ep
 	}
 	ep.held++
 	return ep, nil
 }
+
+var _ driver.Session = (*epoch)(nil)
+
+// Expiry implements driver.Session: 2/3 of the session timeout after the
+// send time of the latest answered request, or the zero time once the epoch
+// is lost.
+func (ep *epoch) Expiry() time.Time {
+	t := ep.l.sessionTimeout()
+	ep.l.mu.Lock()
+	defer ep.l.mu.Unlock()
+	if ep.lost {
+		return time.Time{}
+	}
+	return ep.lastAck.Add(t * 2 / 3)
+}
+
+// Done implements driver.Session.
+func (ep *epoch) Done() <-chan struct{} { return ep.done }
 
 func (l *Locker) dropHeld(ep *epoch) {
 	l.mu.Lock()
@@ -295,6 +397,7 @@ func (l *Locker) monitor() {
 		due, next := l.check(time.Now())
 		if due && !beating {
 			beating = true
+			l.heartbeats.Add(1)
 			go func() {
 				sent, sid := time.Now(), l.conn.SessionID()
 				if _, _, err := l.conn.Exists(l.root); err == nil {
@@ -326,16 +429,15 @@ func (l *Locker) check(now time.Time) (heartbeat bool, next time.Duration) {
 	return now.Sub(ep.lastAck) >= interval, min(lossAt.Sub(now), interval)
 }
 
-var errClosed = fmt.Errorf("%w: zookeeper locker closed", guard.ErrUnavailable)
+// errClosed ends the calls of a closed Locker. It does not wrap
+// driver.ErrUnavailable, which a waiting Acquire would retry forever.
+var errClosed = errors.New("zklock: the Locker is closed")
 
 // call runs one ZooKeeper request, returning early with ctx's error when ctx
 // ends first (the client library takes no context). A request the server
 // answered, even with a "no node", is recorded as a sign of life.
 func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)) (T, error) {
 	var zero T
-	if err := ctx.Err(); err != nil {
-		return zero, err
-	}
 	l.requests.Add(1)
 	sid, sent := l.conn.SessionID(), time.Now()
 	type result struct {
@@ -350,24 +452,28 @@ func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)
 		}
 		ch <- result{v, err}
 	}()
+	timeout := time.NewTimer(l.requestTimeout)
+	defer timeout.Stop()
 	select {
 	case r := <-ch:
 		if r.err != nil && !errors.Is(r.err, zk.ErrNoNode) && !errors.Is(r.err, zk.ErrNodeExists) {
 			return r.v, unavailable(op, r.err)
 		}
 		return r.v, r.err
+	case <-timeout.C:
+		return zero, unavailable(op, fmt.Errorf("no answer within %v", l.requestTimeout))
 	case <-ctx.Done():
 		return zero, ctx.Err()
 	}
 }
 
-// unavailable wraps a client or server failure as guard.ErrUnavailable,
+// unavailable wraps a client or server failure as driver.ErrUnavailable,
 // keeping the zk error reachable with errors.Is.
 func unavailable(op string, err error) error {
-	if errors.Is(err, guard.ErrUnavailable) {
+	if errors.Is(err, driver.ErrUnavailable) {
 		return err
 	}
-	return fmt.Errorf("%w: zookeeper %s: %w", guard.ErrUnavailable, op, err)
+	return fmt.Errorf("%w: zookeeper %s: %w", driver.ErrUnavailable, op, err)
 }
 
 // background runs f as a cleanup the Locker waits for on Close. It reports

@@ -1,11 +1,11 @@
-package zookeeper
+package zklock
 
 import (
 	"sync"
 	"testing"
 
-	"github.com/warden-go/warden/backends/backendtest"
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 func TestConformance(t *testing.T) {
@@ -13,14 +13,14 @@ func TestConformance(t *testing.T) {
 	probe := dial(t, srv)
 	var (
 		mu      sync.Mutex
-		proxies = map[guard.Locker]*backendtest.Proxy{}
+		proxies = map[driver.Locker]*drivertest.Proxy{}
 	)
-	backendtest.Run(t, backendtest.Backend{
+	drivertest.Run(t, drivertest.Backend{
 		// Every client goes through its own proxy, so that Abandon can cut
 		// it off as a crash would: the session then expires on the server,
 		// which a Close (it ends the session at once) would not show.
-		NewLocker: func(t testing.TB) guard.Locker {
-			p := backendtest.StartProxy(t, srv[0])
+		NewLocker: func(t testing.TB) driver.Locker {
+			p := drivertest.StartProxy(t, srv[0])
 			l := dial(t, []string{p.Addr()})
 			mu.Lock()
 			proxies[l] = p
@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 			return l
 		},
 		TTL: testSession,
-		Abandon: func(t testing.TB, l guard.Locker) {
+		Abandon: func(t testing.TB, l driver.Locker) {
 			mu.Lock()
 			defer mu.Unlock()
 			proxies[l].Cut()

@@ -1,4 +1,4 @@
-package zookeeper
+package zklock
 
 import (
 	"errors"
@@ -15,7 +15,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/warden-go/warden/backends/backendtest"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // testSession is the session timeout, hence the lease TTL, of the tests: the
@@ -28,7 +29,7 @@ const testRoot = "/warden-test/locks"
 
 func servers(t testing.TB) []string {
 	t.Helper()
-	return strings.Split(backendtest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181"), ",")
+	return strings.Split(drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181"), ",")
 }
 
 type discard struct{}
@@ -39,9 +40,9 @@ func (discard) Printf(string, ...any) {}
 // expected in the fault tests, so the client library's log is dropped.
 func dial(t testing.TB, addrs []string, opts ...Option) *Locker {
 	t.Helper()
-	l, err := Dial(addrs, testSession, append([]Option{WithRoot(testRoot), WithLogger(discard{})}, opts...)...)
+	l, err := New(addrs, append([]Option{WithSessionTimeout(testSession), WithRoot(testRoot), WithLogger(discard{})}, opts...)...)
 	if err != nil {
-		t.Fatalf("Dial: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
@@ -110,7 +111,7 @@ func startServer(t *testing.T) *zkServer {
 	t.Helper()
 	java, err := exec.LookPath("java")
 	if err != nil {
-		backendtest.Unreachable(t, "java", "PATH", err)
+		drivertest.Unreachable(t, "java", "PATH", err)
 		return nil
 	}
 	dir := t.TempDir()
@@ -136,7 +137,7 @@ func startServer(t *testing.T) *zkServer {
 		"org.apache.zookeeper.server.ZooKeeperServerMain", cfg)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		backendtest.Unreachable(t, "java ZooKeeperServerMain", cfg, err)
+		drivertest.Unreachable(t, "java ZooKeeperServerMain", cfg, err)
 		return nil
 	}
 	s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
@@ -150,7 +151,7 @@ func startServer(t *testing.T) *zkServer {
 	for !s.ok() {
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			backendtest.Unreachable(t, "own ZooKeeper", s.addr, fmt.Errorf("not answering after 60s; log:\n%s", log))
+			drivertest.Unreachable(t, "own ZooKeeper", s.addr, fmt.Errorf("not answering after 60s; log:\n%s", log))
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -180,4 +181,9 @@ func (s *zkServer) Kill() {
 		s.cmd.Process.Kill()
 		s.cmd.Wait()
 	}
+}
+
+// sessionDone is the Done channel of the session that keeps lease.
+func sessionDone(lease driver.Lease) <-chan struct{} {
+	return lease.(driver.SessionLease).Session().Done()
 }

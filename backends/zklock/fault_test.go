@@ -1,4 +1,4 @@
-package zookeeper
+package zklock
 
 import (
 	"bufio"
@@ -7,13 +7,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/backends/backendtest"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // holderEnv carries "servers|key" to the holder process of TestKilledHolder.
@@ -27,12 +29,12 @@ func TestHelperHolder(t *testing.T) {
 		t.Skip("helper process of TestKilledHolderFreesLock")
 	}
 	addrs, key, _ := strings.Cut(spec, "|")
-	l, err := Dial(strings.Split(addrs, ","), testSession, WithRoot(testRoot), WithLogger(discard{}))
+	l, err := New(strings.Split(addrs, ","), WithSessionTimeout(testSession), WithRoot(testRoot), WithLogger(discard{}))
 	if err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(1)
 	}
-	lease, err := l.Acquire(context.Background(), key, guard.AcquireOptions{TTL: testSession})
+	lease, err := l.Acquire(context.Background(), key, driver.AcquireOptions{TTL: testSession})
 	if err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(1)
@@ -87,17 +89,17 @@ func TestKilledHolderFreesLock(t *testing.T) {
 	waiter, probe := dial(t, srv), dial(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := waiter.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession}); !errors.Is(err, guard.ErrNotAcquired) {
+	if _, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
 		t.Fatalf("try while the holder process holds: got %v, want ErrNotAcquired", err)
 	}
 	type result struct {
-		lease guard.Lease
+		lease driver.Lease
 		err   error
 		at    time.Time
 	}
 	got := make(chan result, 1)
 	go func() {
-		l, err := waiter.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession, Wait: true})
+		l, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
 		got <- result{l, err, time.Now()}
 	}()
 	eventually(t, "the waiter is queued", func() bool { return waiters(t, probe, key) == 1 })
@@ -129,31 +131,31 @@ func TestLostConnectionFiresDoneFirst(t *testing.T) {
 	for _, mode := range []string{"cut", "blackhole"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := servers(t)
-			p := backendtest.StartProxy(t, srv[0])
+			p := drivertest.StartProxy(t, srv[0])
 			holder, other, probe := dial(t, []string{p.Addr()}), dial(t, srv), dial(t, srv)
 			key := testKey(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			lease, err := holder.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession})
+			lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession})
 			if err != nil {
 				t.Fatal(err)
 			}
 			doneAt := make(chan time.Time, 1)
 			go func() {
-				<-lease.Done()
+				<-sessionDone(lease)
 				doneAt <- time.Now()
 			}()
 			type result struct {
-				lease     guard.Lease
+				lease     driver.Lease
 				err       error
 				doneFirst bool
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := other.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession, Wait: true})
+				l, err := other.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
 				r := result{lease: l, err: err}
 				select {
-				case <-lease.Done():
+				case <-sessionDone(lease):
 					r.doneFirst = true
 				default:
 				}
@@ -177,7 +179,7 @@ func TestLostConnectionFiresDoneFirst(t *testing.T) {
 			}
 			t.Logf("holder's Done fired %v after the %s; the other client was granted the lock after %v",
 				(<-doneAt).Sub(cutAt), mode, time.Since(cutAt))
-			if err := lease.Refresh(ctx, testSession); !errors.Is(err, guard.ErrNotHeld) {
+			if err := lease.Refresh(ctx, testSession); !errors.Is(err, driver.ErrNotHeld) {
 				t.Errorf("Refresh of the lost lease: got %v, want ErrNotHeld", err)
 			}
 			if r.lease.Token() <= lease.Token() {
@@ -195,7 +197,7 @@ func TestServerStopFiresDone(t *testing.T) {
 	holder := dial(t, []string{s.addr})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	lease, err := holder.Acquire(ctx, testKey(t), guard.AcquireOptions{TTL: testSession})
+	lease, err := holder.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +207,7 @@ func TestServerStopFiresDone(t *testing.T) {
 	stopped := time.Now()
 	s.Kill()
 	select {
-	case <-lease.Done():
+	case <-sessionDone(lease):
 		t.Logf("Done fired %v after the server was killed (session timeout %v)", time.Since(stopped), testSession)
 	case <-time.After(30 * time.Second):
 		t.Fatal("Done did not fire with the server gone")
@@ -213,7 +215,7 @@ func TestServerStopFiresDone(t *testing.T) {
 	if since := time.Since(stopped); since >= testSession {
 		t.Errorf("Done fired %v after the server died, not before the session timeout %v", since, testSession)
 	}
-	if err := lease.Refresh(ctx, testSession); !errors.Is(err, guard.ErrNotHeld) {
+	if err := lease.Refresh(ctx, testSession); !errors.Is(err, driver.ErrNotHeld) {
 		t.Errorf("Refresh after Done: got %v, want ErrNotHeld", err)
 	}
 }
@@ -225,7 +227,7 @@ func TestCancelledWaitersLeaveNoNode(t *testing.T) {
 	holder, probe := dial(t, srv), dial(t, srv)
 	key := testKey(t)
 	ctx := context.Background()
-	lease, err := holder.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession})
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func TestCancelledWaitersLeaveNoNode(t *testing.T) {
 	for range queued {
 		w := dial(t, srv)
 		go func() {
-			l, err := w.Acquire(wctx, key, guard.AcquireOptions{TTL: testSession, Wait: true})
+			l, err := w.Acquire(wctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
 			if err == nil {
 				l.Release(ctx)
 			}
@@ -259,7 +261,7 @@ func TestCancelledWaitersLeaveNoNode(t *testing.T) {
 	w := dial(t, srv)
 	for i := range 20 {
 		dctx, cancel := context.WithTimeout(ctx, time.Duration(i)*300*time.Microsecond)
-		_, err := w.Acquire(dctx, key, guard.AcquireOptions{TTL: testSession, Wait: true})
+		_, err := w.Acquire(dctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("waiter with a deadline: got %v, want context.DeadlineExceeded", err)
@@ -285,13 +287,55 @@ func TestKeysBecomeValidNodeNames(t *testing.T) {
 			t.Errorf("keys %q and %q both become %q", prev, key, e)
 		}
 		seen[e] = key
-		lease, err := l.Acquire(ctx, key+"/"+testKey(t), guard.AcquireOptions{TTL: testSession})
+		lease, err := l.Acquire(ctx, key+"/"+testKey(t), driver.AcquireOptions{TTL: testSession})
 		if err != nil {
 			t.Errorf("Acquire(%q): %v", key, err)
 			continue
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Errorf("Release(%q): %v", key, err)
+		}
+	}
+}
+
+// TestNoPerLockRequests holds 10,000 locks through guard for two session
+// timeouts: the session's heartbeats, one every sixth of the timeout
+// whatever the number of locks, are all that is sent, and no goroutine is
+// added per lock.
+func TestNoPerLockRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 10,000 locks")
+	}
+	const n = 10_000
+	l := dial(t, servers(t))
+	g, err := guard.New(l, guard.WithTTL(testSession))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	base := testKey(t)
+	before := runtime.NumGoroutine()
+	locks := make([]*guard.Lock, n)
+	for i := range locks {
+		if locks[i], err = g.TryLock(ctx, fmt.Sprintf("%s/%d", base, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requests, beats := l.requests.Load(), l.heartbeats.Load()
+	window := 2 * testSession
+	time.Sleep(window) // a window to count in, not a condition to wait for
+	if d := l.requests.Load() - requests; d != 0 {
+		t.Errorf("%d lock requests while %d locks were held", d, n)
+	}
+	if d, most := l.heartbeats.Load()-beats, int64(window/(testSession/6))+2; d > most {
+		t.Errorf("%d heartbeats in %v, want at most %d whatever the number of locks", d, window, most)
+	}
+	if grown := runtime.NumGoroutine() - before; grown > 50 {
+		t.Errorf("%d goroutines more with %d locks held", grown, n)
+	}
+	for i, lk := range locks {
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatalf("lock %d: %v", i, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package zookeeper
+package zklock
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // contend runs one contender per locker, each acquiring and releasing key in
@@ -33,7 +33,7 @@ func contend(b *testing.B, lockers []*Locker, key string, handoffs int) []time.D
 		go func() {
 			defer wg.Done()
 			for count.Load() < int64(handoffs) {
-				lease, err := l.Acquire(ctx, key, guard.AcquireOptions{TTL: testSession, Wait: true})
+				lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					cancel()

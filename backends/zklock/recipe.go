@@ -1,4 +1,4 @@
-package zookeeper
+package zklock
 
 import (
 	"cmp"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // kind is what a contender node asks for; it is part of the node's name so
@@ -39,20 +39,20 @@ var errRequeue = errors.New("zookeeper: contender node vanished")
 // read/write recipe, so it excludes AcquireRead and AcquireWrite on the same
 // key too. The lease lives with the Locker's session (opts.TTL is not used),
 // and waiters are served first come, first served whatever opts.Fair says.
-func (l *Locker) Acquire(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, kindWrite, 0, opts)
 }
 
 // AcquireWrite takes key for writing: no other writer and no reader holds it
 // at the same time. It is the same lock as Acquire.
-func (l *Locker) AcquireWrite(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, kindWrite, 0, opts)
 }
 
 // AcquireRead takes key for reading, alongside other readers. A reader waits
 // for the last writer queued before it, so a waiting writer is not starved by
 // readers that come after it.
-func (l *Locker) AcquireRead(ctx context.Context, key string, opts guard.AcquireOptions) (guard.Lease, error) {
+func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	return l.acquire(ctx, key, kindRead, 0, opts)
 }
 
@@ -60,37 +60,40 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts guard.Acquire
 // Every contender of a key must pass the same permits. Semaphores live apart
 // from the locks: key as a semaphore and key as a lock do not exclude each
 // other.
-func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts guard.AcquireOptions) (guard.Lease, error) {
+func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
 	if permits < 1 {
-		return nil, fmt.Errorf("%w: %d permits", guard.ErrInvalidOption, permits)
+		return nil, fmt.Errorf("%w: %d permits", driver.ErrInvalidOption, permits)
 	}
 	return l.acquire(ctx, key, kindPermit, permits, opts)
 }
 
-func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, opts guard.AcquireOptions) (guard.Lease, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if key == "" {
-		return nil, fmt.Errorf("%w: empty", guard.ErrInvalidKey)
-	}
-	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
-		return nil, errClosed
-	}
+func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
 	parent := l.lockPath(key)
 	if k == kindPermit {
 		parent = l.semaphorePath(key)
 	}
+	backoff := driver.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
 	for {
-		node, err := l.enqueue(ctx, parent, k)
-		if err != nil {
-			return nil, err
+		l.mu.Lock()
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			return nil, errClosed
 		}
-		lease, err := l.contend(ctx, key, parent, node, k, permits, opts.Wait)
-		if errors.Is(err, errRequeue) {
+		node, err := l.enqueue(ctx, parent, k)
+		var lease driver.Lease
+		if err == nil {
+			lease, err = l.contend(ctx, key, parent, node, k, permits, opts.Wait)
+		}
+		switch {
+		case errors.Is(err, errRequeue):
+			continue
+		case opts.Wait && errors.Is(err, driver.ErrUnavailable):
+			// A waiting Acquire goes on through an unreachable ensemble
+			// until its context ends.
+			if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		return lease, err
@@ -138,13 +141,21 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, er
 		node, maybe, err := l.create(parent, guid, k)
 		ch <- result{node, maybe, err}
 	}()
+	timeout := time.NewTimer(l.requestTimeout)
+	defer timeout.Stop()
+	var cut error
 	select {
 	case r := <-ch:
 		if r.err != nil && r.maybe {
 			l.background(func() { l.retry(func() bool { return l.sweep(parent, guid) }) })
 		}
 		return r.node, r.err
+	case <-timeout.C:
+		cut = unavailable("create", fmt.Errorf("no answer within %v", l.requestTimeout))
 	case <-ctx.Done():
+		cut = ctx.Err()
+	}
+	{
 		l.background(func() {
 			switch r := <-ch; {
 			case r.err == nil:
@@ -153,7 +164,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, er
 				l.retry(func() bool { return l.sweep(parent, guid) })
 			}
 		})
-		return "", ctx.Err()
+		return "", cut
 	}
 }
 
@@ -343,7 +354,7 @@ type existence struct {
 
 // contend waits, if wait, until node is a holder of parent's lock, and turns
 // it into a lease; a contender that gives up deletes its node.
-func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, permits int, wait bool) (guard.Lease, error) {
+func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, permits int, wait bool) (driver.Lease, error) {
 	name := node[len(parent)+1:]
 	watchAll := false
 	for {
@@ -368,7 +379,7 @@ func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, 
 		case holds:
 			return l.grant(ctx, key, node, k)
 		case !wait:
-			return nil, l.leave(node, fmt.Errorf("%w: %q", guard.ErrNotAcquired, key))
+			return nil, l.leave(node, driver.ErrNotAcquired)
 		case all && !watchAll:
 			watchAll = true
 			continue
@@ -399,7 +410,7 @@ func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, 
 // grant reads the holder node's stat for its fencing token and owning
 // session. A semaphore permit writes to its node instead of reading it: the
 // change wakes the contender queued behind, which may now be first in line.
-func (l *Locker) grant(ctx context.Context, key, node string, k kind) (guard.Lease, error) {
+func (l *Locker) grant(ctx context.Context, key, node string, k kind) (driver.Lease, error) {
 	sent := time.Now()
 	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) {
 		if k == kindPermit {
@@ -421,5 +432,5 @@ func (l *Locker) grant(ctx context.Context, key, node string, k kind) (guard.Lea
 	if err != nil {
 		return nil, l.leave(node, err)
 	}
-	return &lease{l: l, key: key, node: node, token: uint64(stat.Czxid), ep: ep}, nil
+	return &lease{l: l, node: node, token: uint64(stat.Czxid), ep: ep}, nil
 }

@@ -1,0 +1,85 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// lease is a contender node that holds its lock. It is a
+// driver.SessionLease: the session keeps the node, and guard watches the
+// session (its epoch), not the lease.
+type lease struct {
+	l     *Locker
+	node  string
+	token uint64
+	ep    *epoch
+}
+
+var _ driver.SessionLease = (*lease)(nil)
+
+// Token implements driver.Lease: the node's czxid.
+func (le *lease) Token() uint64 { return le.token }
+
+// Expiry implements driver.Lease: the session's.
+func (le *lease) Expiry() time.Time { return le.ep.Expiry() }
+
+// Session implements driver.SessionLease.
+func (le *lease) Session() driver.Session { return le.ep }
+
+func (le *lease) lost() bool {
+	select {
+	case <-le.ep.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Refresh extends nothing, since the session keeps the node alive, and guard
+// never calls it for a session lease. For whoever does, it checks with one
+// request that the node is still there, owned by the session the lease was
+// granted on, and that the lease was not declared lost. ttl is not used.
+func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if le.lost() {
+		return fmt.Errorf("%w: zookeeper session lost", driver.ErrNotHeld)
+	}
+	e, err := call(ctx, le.l, "refresh", func() (existence, error) {
+		ok, stat, err := le.l.conn.Exists(le.node)
+		return existence{ok: ok, stat: stat}, err
+	})
+	if err != nil {
+		return err
+	}
+	if !e.ok || e.stat.EphemeralOwner != le.ep.session || le.lost() {
+		return fmt.Errorf("%w: node gone", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Release deletes the lease's node (its name is unique to this lease, so no
+// other owner's node can be touched). It returns ErrNotHeld when the node was
+// already gone or the lease had been declared lost before. When the delete
+// gets no answer, a background retry deletes the node once the connection is
+// back, and the session's expiry removes it if it never is: the lock does not
+// stay taken past the session timeout.
+func (le *lease) Release(ctx context.Context) error {
+	_, err := call(ctx, le.l, "release", func() (struct{}, error) {
+		return struct{}{}, le.l.conn.Delete(le.node, -1)
+	})
+	le.l.dropHeld(le.ep)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		node := le.node
+		le.l.background(func() { le.l.retry(func() bool { return le.l.remove(node) }) })
+		return err
+	}
+	if err != nil || le.lost() {
+		return fmt.Errorf("%w: node gone or session lost before release", driver.ErrNotHeld)
+	}
+	return nil
+}
