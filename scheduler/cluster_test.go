@@ -48,8 +48,8 @@ type cluster struct {
 	lockSpec, storeSpec string
 	// steal takes the lock named name (as the job passed it to guard, whose
 	// default prefix the backend sees) away from its holder behind its
-	// back, as an operator or a lost lease would; nil for memory, whose
-	// leases only go by outliving their TTL unrefreshed.
+	// back, as an operator or a lost lease would; nil for memory and etcd
+	// (see TestLockLossCancelsTheJob).
 	steal func(t *testing.T, name string)
 }
 
@@ -112,22 +112,12 @@ func backends() []backend {
 
 func etcdCluster(t *testing.T) cluster {
 	spec := "etcd|" + drivertest.Addr(t, etcdEnv, etcdDef)
-	thief := etcdClient(t, spec)
 	return cluster{
 		node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
 			return newGuard(t, specLocker(t, spec), opts...)
 		},
 		ttl:      etcdlock.MinTTL,
 		lockSpec: spec,
-		steal: func(t *testing.T, name string) {
-			// The contender keys of backends/etcdlock/doc.go: deleting the
-			// holder's is what a Refresh finds gone.
-			dir := etcdlock.KeyDir("warden:" + name)
-			resp, err := thief.Delete(context.Background(), dir, clientv3.WithPrefix())
-			if err != nil || resp.Deleted != 1 {
-				t.Fatalf("delete %s*: %v", dir, err)
-			}
-		},
 	}
 }
 

@@ -15,13 +15,14 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	etcdlock "github.com/warden-go/warden/backends/etcd"
+	"github.com/warden-go/warden/backends/etcdlock"
 	"github.com/warden-go/warden/backends/memory"
-	redislock "github.com/warden-go/warden/backends/redis"
+	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/redlock"
-	sqllock "github.com/warden-go/warden/backends/sql"
-	"github.com/warden-go/warden/backends/zookeeper"
-	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/backends/sqllock/pglisten"
+	"github.com/warden-go/warden/backends/zklock"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -134,7 +135,7 @@ func (b *backends) openEtcd(ctx context.Context, hosts []string) (*clientv3.Clie
 }
 
 // locker opens the lock backend u names.
-func (b *backends) locker(ctx context.Context, u *backendURL, ttl time.Duration) (guard.Locker, error) {
+func (b *backends) locker(ctx context.Context, u *backendURL, ttl time.Duration) (driver.Locker, error) {
 	switch u.scheme {
 	case "memory":
 		return memory.New(), nil
@@ -143,17 +144,28 @@ func (b *backends) locker(ctx context.Context, u *backendURL, ttl time.Duration)
 		if err != nil {
 			return nil, err
 		}
-		l, err := sqllock.New(db)
+		var opts []sqllock.Option
+		if u.scheme == "postgres" {
+			// Waiters hear releases at once instead of at their next poll.
+			opts = append(opts, sqllock.WithListener(pglisten.Listener{}))
+		}
+		l, err := sqllock.New(db, opts...)
 		if err != nil {
 			return nil, err
 		}
+		b.closers = append(b.closers, func() { l.Close() })
 		return l, l.Migrate(ctx)
 	case "redis":
 		c, err := b.openRedis(ctx, u.hosts[0])
 		if err != nil {
 			return nil, err
 		}
-		return redislock.New(c), nil
+		l, err := redislock.New(c)
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, nil
 	case "redlock":
 		var nodes []goredis.UniversalClient
 		for _, h := range u.hosts {
@@ -173,14 +185,10 @@ func (b *backends) locker(ctx context.Context, u *backendURL, ttl time.Duration)
 		if err != nil {
 			return nil, err
 		}
-		b.closers = append(b.closers, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer cancel()
-			l.Close(ctx)
-		})
+		b.closers = append(b.closers, func() { l.Close() })
 		return l, nil
 	case "zk":
-		l, err := zookeeper.Dial(u.hosts, ttl)
+		l, err := zklock.New(u.hosts, zklock.WithSessionTimeout(ttl))
 		if err != nil {
 			return nil, err
 		}
@@ -203,7 +211,7 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 		if err != nil {
 			return nil, err
 		}
-		s, err := sqllock.NewIdempotencyStore(db)
+		s, err := sqllock.NewStore(db)
 		if err != nil {
 			return nil, err
 		}
@@ -213,13 +221,13 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 		if err != nil {
 			return nil, err
 		}
-		return redislock.NewIdempotencyStore(c), nil
+		return redislock.NewStore(c)
 	case "etcd":
 		c, err := b.openEtcd(ctx, u.hosts)
 		if err != nil {
 			return nil, err
 		}
-		return etcdlock.NewIdempotencyStore(c)
+		return etcdlock.NewStore(c)
 	}
 	return nil, fmt.Errorf("%s: %w", u, errNoStore)
 }

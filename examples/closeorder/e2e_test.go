@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warden-go/warden/backends/backendtest"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // The end-to-end tests run the real service: three replica processes on one
@@ -31,7 +31,7 @@ func TestClusterOnSQLite(t *testing.T) {
 }
 
 func TestClusterOnRedis(t *testing.T) {
-	addr := backendtest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	runCluster(t, "sqlite://"+filepath.Join(t.TempDir(), "e2e.db"), "redis://"+addr)
 }
 

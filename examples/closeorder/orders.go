@@ -8,7 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
-	sqllock "github.com/warden-go/warden/backends/sql"
+	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/scheduler"
 )
 

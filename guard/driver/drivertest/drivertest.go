@@ -77,7 +77,7 @@ func (b *Backend) patience() time.Duration { return 20*b.ttl() + 10*time.Second 
 // Run runs the conformance suite as subtests of t.
 func Run(t *testing.T, b Backend) {
 	if b.NewLocker == nil {
-		t.Fatal("backendtest: Backend.NewLocker is nil")
+		t.Fatal("drivertest: Backend.NewLocker is nil")
 	}
 	t.Run("TryWhenHeld", func(t *testing.T) { testTryWhenHeld(t, &b) })
 	t.Run("TokensIncrease", func(t *testing.T) { testTokensIncrease(t, &b) })
