@@ -107,8 +107,22 @@ func (k *keeper) fire() {
 	k.armed = time.Time{}
 	for len(k.locks) > 0 && !k.locks[0].at.After(now) {
 		l := heap.Pop(&k.locks).(*Lock)
+		// A renewal may have moved the lease's expiry without its result
+		// being taken yet (a large batch is still being applied): the
+		// lease's own Expiry is the truth.
+		if e := l.lease.Expiry(); e.After(l.expiry) {
+			l.expiry = e
+			l.due = e.Add(-l.ttl + l.ttl/3)
+		}
 		if !now.Before(l.expiry.Add(-k.g.marginFor(l.ttl))) {
 			lost = append(lost, l)
+			continue
+		}
+		if l.refreshing {
+			// Its renewal is in flight and has already succeeded; its
+			// result will schedule it.
+			later = append(later, l)
+			l.schedule(k.g.marginFor(l.ttl))
 			continue
 		}
 		renew = append(renew, l)
@@ -187,13 +201,7 @@ func (k *keeper) renew(locks []*Lock) {
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
 			errs := br.RefreshBatch(ctx, leases, ttl)
 			cancel()
-			for i, l := range group {
-				err := errors.New("the backend returned no result for this lease")
-				if i < len(errs) {
-					err = errs[i]
-				}
-				k.renewed(l, err)
-			}
+			k.renewedBatch(group, errs)
 		}
 		return
 	}
@@ -225,22 +233,54 @@ func (l *Lock) lossDeadline() time.Time {
 
 // renewed takes the result of l's renewal.
 func (k *keeper) renewed(l *Lock, err error) {
+	k.mu.Lock()
+	lose := k.renewedLocked(l, err)
+	k.armLocked()
+	k.mu.Unlock()
+	if lose {
+		l.lose(err)
+	}
+}
+
+// renewedBatch takes the results of a batch renewal under one hold of the
+// mutex, so that thousands of results are applied at once rather than one
+// by one between the timer's checks.
+func (k *keeper) renewedBatch(locks []*Lock, errs []error) {
+	var lost []*Lock
+	var causes []error
+	k.mu.Lock()
+	for i, l := range locks {
+		err := errors.New("the backend returned no result for this lease")
+		if i < len(errs) {
+			err = errs[i]
+		}
+		if k.renewedLocked(l, err) {
+			lost, causes = append(lost, l), append(causes, err)
+		}
+	}
+	k.armLocked()
+	k.mu.Unlock()
+	for i, l := range lost {
+		l.lose(causes[i])
+	}
+}
+
+// renewedLocked applies the result of l's renewal, with the keeper's mutex
+// held, and reports whether l is lost for it (the caller loses it after
+// letting go of the mutex).
+func (k *keeper) renewedLocked(l *Lock, err error) bool {
 	g := k.g
 	if err != nil {
 		g.tel.refreshFailures.Add(context.Background(), 1, g.tel.onBackend...)
 	}
-	k.mu.Lock()
 	l.refreshing = false
 	if l.index < 0 {
 		// Unlocked, or declared lost, while the renewal was in flight.
-		k.mu.Unlock()
-		return
+		return false
 	}
 	if errors.Is(err, ErrNotHeld) {
 		heap.Remove(&k.locks, l.index)
-		k.mu.Unlock()
-		l.lose(err)
-		return
+		return true
 	}
 	margin := g.marginFor(l.ttl)
 	if err == nil {
@@ -255,8 +295,7 @@ func (k *keeper) renewed(l *Lock, err error) {
 	}
 	l.schedule(margin)
 	heap.Fix(&k.locks, l.index)
-	k.armLocked()
-	k.mu.Unlock()
+	return false
 }
 
 // sessionWatch watches one backend session for the locks it keeps alive.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestNoPerLockRequests holds 10,000 locks through guard for two renewal
@@ -19,6 +20,7 @@ func TestNoPerLockRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 10,000 locks")
 	}
+	drivertest.Exclusive(t, drivertest.HeavyTests)
 	const locks = 10_000
 	eps := endpoints(t)
 	var rc requestCounter
@@ -88,4 +90,14 @@ func TestNoPerLockRequests(t *testing.T) {
 			t.Fatalf("lock %d lost: %v", i, err)
 		}
 	}
+}
+
+// Ten thousand locks with a 3s ttl, kept by one session through one Guard
+// while other processes load the machine: none is lost.
+func TestHoldManyUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds 10,000 locks for 6s")
+	}
+	l, _ := newLocker(t, endpoints(t))
+	drivertest.HoldMany(t, l, 10_000, 3*time.Second, 6*time.Second)
 }

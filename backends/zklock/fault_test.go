@@ -306,6 +306,7 @@ func TestNoPerLockRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 10,000 locks")
 	}
+	drivertest.Exclusive(t, drivertest.HeavyTests)
 	const n = 10_000
 	l := dial(t, servers(t))
 	g, err := guard.New(l, guard.WithTTL(testSession))

@@ -10,6 +10,11 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
+// HeavyTests is the Exclusive name of the tests that take thousands of
+// locks or load the machine: run one at a time, they measure the backend
+// rather than each other.
+const HeavyTests = "heavy"
+
 // HoldMany takes n locks on l through a guard.Guard with ttl, keeps them
 // for hold while Load keeps every CPU busy, and fails t if the lease keeper
 // lost any of them or could not release one. It is the many-locks test every
@@ -17,6 +22,9 @@ import (
 // machine, in the round trips the backend needs for them.
 func HoldMany(t *testing.T, l driver.Locker, n int, ttl, hold time.Duration) {
 	t.Helper()
+	// One such test at a time on the machine: the load is one other
+	// process's, not another package's test doing the same.
+	Exclusive(t, HeavyTests)
 	g, err := guard.New(l, guard.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
