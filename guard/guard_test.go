@@ -23,13 +23,14 @@ import (
 // It renews one lease per request: it does not pass on the memory backend's
 // batch refresh.
 type faulty struct {
-	mem          *memory.Locker
-	refreshErr   atomic.Pointer[error]
-	acquireErr   atomic.Pointer[error]
-	refreshBlock atomic.Bool // refreshes hang, ignoring their ctx, until the test ends
-	fakeRenew    atomic.Bool // refreshes answer success without renewing, and Expiry lies
-	refreshes    atomic.Int32
-	unblock      chan struct{}
+	mem           *memory.Locker
+	refreshErr    atomic.Pointer[error]
+	acquireErr    atomic.Pointer[error]
+	refreshBlock  atomic.Bool // refreshes hang, ignoring their ctx, until the test ends
+	fakeRenew     atomic.Bool // refreshes answer success without renewing, and Expiry lies
+	renewThenHang atomic.Bool // refreshes renew, then hang before answering, ignoring their ctx
+	refreshes     atomic.Int32
+	unblock       chan struct{}
 }
 
 func newFaulty(t testing.TB) *faulty {
@@ -59,6 +60,11 @@ func (l *faultyLease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if l.f.refreshBlock.Load() {
 		<-l.f.unblock // a client that ignores ctx deadlines
 		return context.DeadlineExceeded
+	}
+	if l.f.renewThenHang.Load() {
+		err := l.Lease.Refresh(ctx, ttl)
+		<-l.f.unblock // the answer is slow to reach the keeper
+		return err
 	}
 	if err := l.f.refreshErr.Load(); err != nil {
 		return *err
