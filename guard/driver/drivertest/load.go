@@ -2,24 +2,27 @@ package drivertest
 
 import (
 	"os/exec"
-	"runtime"
+	"sync"
 	"testing"
 )
 
-// Load keeps every CPU of the machine busy with other processes until t
-// ends, the way a noisy neighbour would, so that a test can show that held
-// locks survive a loaded machine (renewals delayed by the scheduler, not by
-// the backend).
-func Load(t testing.TB) {
+// Load keeps one CPU of the machine busy with another process, the way a
+// noisy neighbour would, so that a test can show that held locks survive a
+// loaded machine (renewals delayed by the scheduler, not by the backend).
+// The process runs until the returned stop is called or t ends.
+func Load(t testing.TB) (stop func()) {
 	t.Helper()
-	for range runtime.NumCPU() {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("drivertest: starting a load process: %v", err)
-		}
-		t.Cleanup(func() {
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("drivertest: starting a load process: %v", err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		})
 	}
+	t.Cleanup(stop)
+	return stop
 }
