@@ -362,9 +362,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		g: g, key: key, full: full, mode: c.mode, ttl: c.ttl,
 		lease: lease, outer: heldBy(ctx), holds: 1, index: -1,
 	}
-	lctx, cancel := context.WithCancelCause(ctx)
-	l.ctx = lockContext{Context: lctx, lock: l}
-	l.cancel = cancel
+	l.ctx.parent, l.ctx.lock = ctx, l
 	g.tel.acquired(ctx, outcomeAcquired, took)
 	if span != nil {
 		endSpan(span, outcomeAcquired, nil,
@@ -372,10 +370,10 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 			attribute.Int64("warden.token", int64(lease.Token())))
 		l.since = start.Add(took)
 		var sctx context.Context
-		sctx, l.span = g.tel.startSpan(lctx, tracer, "warden.section", key)
+		sctx, l.span = g.tel.startSpan(ctx, tracer, "warden.section", key)
 		if l.span != nil {
 			l.span.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
-			l.ctx.Context = sctx
+			l.ctx.parent = sctx
 		}
 	}
 	g.keeper.add(l)

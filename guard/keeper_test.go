@@ -342,3 +342,50 @@ func TestRenewedLeaseIsNotLostWhileItsAnswerIsLate(t *testing.T) {
 		t.Fatalf("a lease the server renewed was declared lost at its old deadline: %v", err)
 	}
 }
+
+// A section's context is made when the section first looks at it; one that
+// looks only after its lock was lost, released or its parent cancelled sees
+// it already cancelled, with the right cause.
+func TestLockContextMadeLateKeepsItsCause(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
+	notHeld := driver.ErrNotHeld
+	f.refreshErr.Store(&notHeld)
+	l, err := g.TryLock(context.Background(), "late-look")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lock to be lost", 10*time.Second, func() bool { return l.Err() != nil })
+	ctx := l.Context()
+	select {
+	case <-ctx.Done():
+	default:
+		t.Fatal("the context of a lost lock is not done")
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
+		t.Errorf("cause %v, want ErrLockLost", cause)
+	}
+	l.Unlock(context.Background())
+
+	f.refreshErr.Store(nil)
+	parent, cancel := context.WithCancelCause(context.Background())
+	l2, err := g.TryLock(parent, "late-look-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := errors.New("parent stopped")
+	cancel(stop)
+	if cause := context.Cause(l2.Context()); !errors.Is(cause, stop) {
+		t.Errorf("after the parent's cancellation: cause %v, want the parent's", cause)
+	}
+	l2.Unlock(context.Background())
+
+	l3, err := g.TryLock(context.Background(), "late-look-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l3.Unlock(context.Background())
+	if err := l3.Context().Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("after Unlock: %v, want context.Canceled", err)
+	}
+}

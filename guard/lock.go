@@ -29,10 +29,9 @@ type Lock struct {
 	lease driver.Lease
 	outer *Lock // the innermost lock already held by the context this one was taken with
 
-	cancel context.CancelCauseFunc
-	ctx    lockContext
-	span   trace.Span
-	since  time.Time
+	ctx   lockContext
+	span  trace.Span
+	since time.Time
 
 	mu      sync.Mutex
 	holds   int
@@ -142,7 +141,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))
 	}
-	l.cancel(errUnlocked)
+	l.ctx.end(errUnlocked)
 	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
 	if l.span != nil {
 		outcome := "released"
@@ -199,16 +198,55 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 	if !afterUnlock {
 		g.keeper.remove(l)
 	}
-	l.cancel(err)
+	l.ctx.end(err)
 }
 
-// lockContext is the Lock's context: the cancellable context it derives from
-// the caller's, plus the lock itself as a value. Being a field of Lock, it
-// costs no allocation of its own.
+// lockContext is the Lock's context: a context.WithCancelCause of the
+// caller's context, cancelled when the lock is lost or released, that also
+// carries the Lock for reentrancy. The cancellable context is made the first
+// time the section asks for it (Done, Err, a value), not when the lock is
+// taken: a section that never looks, as most short ones do, costs neither
+// its allocation nor its cancellation, which measured as a third of what
+// guard adds to an uncontended Do on the memory backend.
 type lockContext struct {
-	context.Context
-	lock *Lock
+	parent context.Context
+	lock   *Lock
+
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	cause  error // the cause it ended with, before ctx was made
 }
+
+// get returns the cancellable context, making it (already cancelled, if the
+// lock has ended) on first use.
+func (c *lockContext) get() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil {
+		c.ctx, c.cancel = context.WithCancelCause(c.parent)
+		if c.cause != nil {
+			c.cancel(c.cause)
+		}
+	}
+	return c.ctx
+}
+
+// end cancels the context with cause, or records cause for when it is made.
+func (c *lockContext) end(cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx != nil {
+		c.cancel(cause)
+	} else if c.cause == nil {
+		c.cause = cause
+	}
+}
+
+func (c *lockContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *lockContext) Done() <-chan struct{}       { return c.get().Done() }
+func (c *lockContext) Err() error                  { return c.get().Err() }
+func (c *lockContext) String() string              { return "warden lock context" }
 
 type holdKey struct{}
 
@@ -216,7 +254,8 @@ func (c *lockContext) Value(key any) any {
 	if _, ok := key.(holdKey); ok {
 		return c.lock
 	}
-	return c.Context.Value(key)
+	// Through the cancellable context, which is how context.Cause finds it.
+	return c.get().Value(key)
 }
 
 // heldBy returns the innermost lock carried by ctx, or nil.
