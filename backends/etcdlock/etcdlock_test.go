@@ -180,39 +180,6 @@ func TestInvalidOptions(t *testing.T) {
 	}
 }
 
-func TestRefreshBatch(t *testing.T) {
-	eps := endpoints(t)
-	l, _ := newLocker(t, eps)
-	other, _ := newLocker(t, eps)
-	ctx := context.Background()
-	k := name("refresh-batch")
-	var leases []driver.Lease
-	for i := range 3 {
-		lease, err := l.Acquire(ctx, fmt.Sprintf("%s/%d", k, i), opts(MinTTL, false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i != 1 {
-			defer lease.Release(ctx)
-		}
-		leases = append(leases, lease)
-	}
-	foreign, err := other.Acquire(ctx, k+"/foreign", opts(MinTTL, false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer foreign.Release(ctx)
-	if err := leases[1].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	errs := l.RefreshBatch(ctx, append(leases, foreign), MinTTL)
-	for i, want := range []error{nil, driver.ErrNotHeld, nil, driver.ErrInvalidOption} {
-		if (want == nil && errs[i] != nil) || !errors.Is(errs[i], want) {
-			t.Errorf("lease %d: got %v, want %v", i, errs[i], want)
-		}
-	}
-}
-
 func TestCloseReleases(t *testing.T) {
 	eps := endpoints(t)
 	l, _ := newLocker(t, eps)

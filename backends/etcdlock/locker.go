@@ -43,11 +43,10 @@ type Locker struct {
 }
 
 var (
-	_ driver.Locker         = (*Locker)(nil)
-	_ driver.RWLocker       = (*Locker)(nil)
-	_ driver.Semaphorer     = (*Locker)(nil)
-	_ driver.BatchRefresher = (*Locker)(nil)
-	_ driver.Limiter        = (*Locker)(nil)
+	_ driver.Locker     = (*Locker)(nil)
+	_ driver.RWLocker   = (*Locker)(nil)
+	_ driver.Semaphorer = (*Locker)(nil)
+	_ driver.Limiter    = (*Locker)(nil)
 )
 
 // New returns a Locker that keeps its locks in the etcd cluster client talks
