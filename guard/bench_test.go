@@ -10,6 +10,7 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // BenchmarkDo measures an uncontended Do on the memory backend with no
@@ -83,13 +84,13 @@ func BenchmarkHeldLocks(b *testing.B) {
 			keys[i] = fmt.Sprintf("held/%d", i)
 		}
 		locks := make([]*guard.Lock, n)
-		before, g0 := heapInUse(), runtime.NumGoroutine()
+		before, g0 := drivertest.HeapAlloc(), runtime.NumGoroutine()
 		for i, k := range keys {
 			if locks[i], err = g.TryLock(ctx, k); err != nil {
 				b.Fatal(err)
 			}
 		}
-		after, g1 := heapInUse(), runtime.NumGoroutine()
+		after, g1 := drivertest.HeapAlloc(), runtime.NumGoroutine()
 		perLock = float64(after-before) / n
 		goroutines = float64(g1 - g0)
 		for _, l := range locks {
@@ -100,11 +101,4 @@ func BenchmarkHeldLocks(b *testing.B) {
 	}
 	b.ReportMetric(perLock, "B/lock")
 	b.ReportMetric(goroutines, "goroutines")
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

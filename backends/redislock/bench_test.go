@@ -3,7 +3,6 @@ package redislock
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // counter is a go-redis hook that counts round trips (a command or a
@@ -182,13 +182,13 @@ func BenchmarkHeldLocks(b *testing.B) {
 			keys[i] = fmt.Sprintf("%s/%d", prefix, i)
 		}
 		locks := make([]*guard.Lock, n)
-		before := heapAlloc()
+		before := drivertest.HeapAlloc()
 		for i, k := range keys {
 			if locks[i], err = g.TryLock(ctx, k); err != nil {
 				b.Fatal(err)
 			}
 		}
-		perLock = float64(heapAlloc()-before) / n
+		perLock = float64(drivertest.HeapAlloc()-before) / n
 		count.reset()
 		const periods = 4
 		time.Sleep(periods * ttl / 3)
@@ -201,11 +201,4 @@ func BenchmarkHeldLocks(b *testing.B) {
 	}
 	b.ReportMetric(perLock, "B/lock")
 	b.ReportMetric(tripsPerPeriod, "trips/period")
-}
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

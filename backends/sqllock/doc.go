@@ -45,11 +45,12 @@
 // refused with driver.ErrUnsupported.
 //
 // On PostgreSQL a release also announces itself, so that a waiter learns of it
-// at once rather than at its next poll. The releasing statement (both modes)
-// calls pg_notify on a channel named after the lock table, with the lock name
+// at once rather than at its next poll. The releasing statement calls
+// pg_notify on a channel named after the lock table, with the lock name
 // as payload; being part of the release's transaction, the notification is
-// delivered only if the release committed. While any of its Acquire calls
-// waits, a Locker keeps one connection out of the pool LISTENing on that
+// delivered only if the release committed. With a Listener
+// (WithListener(pglisten.Listener{})), while any of its Acquire calls waits,
+// a Locker keeps one connection out of the pool LISTENing on that
 // channel (size the pool for it; a pool limited to one connection is left
 // alone and its waiters poll). A notification wakes one local waiter of that
 // name, the longest waiting, not all of them: only one could win the lock, and
@@ -62,10 +63,11 @@
 // holder that died (no release, so no notification) costs a waiter at most
 // one backoff pause. Each time
 // the listener starts listening it wakes every local waiter once, since
-// releases committed before then were not heard. Listening needs gorm's
-// postgres driver on pgx (its default); on any other driver waiters poll
-// without notice. WithoutNotify turns the whole mechanism off. MySQL and
-// SQLite always poll.
+// releases committed before then were not heard. pglisten's Listener needs
+// gorm's postgres driver on pgx (its default); on any other driver, or
+// without a Listener, waiters poll. The Listener lives in its own package so
+// that programs on MySQL or SQLite do not link pgx. WithoutNotify turns the
+// whole mechanism off. MySQL and SQLite always poll.
 //
 // # No session locks
 //

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"os/exec"
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -25,4 +26,13 @@ func Load(t testing.TB) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// HeapAlloc is the live heap after a collection: benchmarks read it before
+// and after taking many locks to report the bytes each held lock costs.
+func HeapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
