@@ -306,8 +306,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 			return nil, wrapLockErr(key, err)
 		}
 	}
-	full := g.names.full(g.prefix, key)
-	if l, err := g.reenter(ctx, full, &c); l != nil || err != nil {
+	if l, err := g.reenter(ctx, key, &c); l != nil || err != nil {
 		return l, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -332,7 +331,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		actx, cancel = context.WithTimeoutCause(ctx, c.wait, errWaitBound)
 		defer cancel()
 	}
-	lease, err := g.acquireLease(actx, full, &c)
+	lease, err := g.acquireLease(actx, g.names.full(g.prefix, key), &c)
 	var took time.Duration
 	if timed {
 		took = time.Since(start)
@@ -359,7 +358,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 
 	l := &Lock{
-		g: g, key: key, full: full, mode: c.mode, ttl: c.ttl,
+		g: g, key: key, mode: c.mode, ttl: c.ttl,
 		lease: lease, outer: heldBy(ctx), holds: 1, index: -1,
 	}
 	l.ctx.parent, l.ctx.lock = ctx, l
@@ -368,11 +367,9 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		endSpan(span, outcomeAcquired, nil,
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
-		l.since = start.Add(took)
-		var sctx context.Context
-		sctx, l.span = g.tel.startSpan(ctx, tracer, "warden.section", key)
-		if l.span != nil {
-			l.span.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
+		if sctx, s := g.tel.startSpan(ctx, tracer, "warden.section", key); s != nil {
+			s.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
+			l.section = &section{span: s, since: start.Add(took)}
 			l.ctx.parent = sctx
 		}
 	}
@@ -402,13 +399,13 @@ func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (d
 	return g.locker.Acquire(ctx, full, o)
 }
 
-// reenter returns the lock ctx already holds on full, with one more hold, or
+// reenter returns the lock ctx already holds on key, with one more hold, or
 // nil when ctx holds none. Holding the write side satisfies a nested read;
 // any other change of mode on a held key is refused, because waiting for it
 // would deadlock on the caller's own hold.
-func (g *Guard) reenter(ctx context.Context, full string, c *lockConfig) (*Lock, error) {
+func (g *Guard) reenter(ctx context.Context, key string, c *lockConfig) (*Lock, error) {
 	for h := heldBy(ctx); h != nil; h = h.outer {
-		if h.g != g || h.full != full {
+		if h.g != g || h.key != key {
 			continue
 		}
 		compatible := h.mode == c.mode || (h.mode == write && c.mode == read)

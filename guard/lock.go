@@ -22,31 +22,39 @@ import (
 // released when the last of them unlocks.
 type Lock struct {
 	g     *Guard
-	key   string // as the caller named it
-	full  string // with the Guard's prefix: what the backend sees
-	mode  mode
+	key   string // as the caller named it, without the Guard's prefix
 	ttl   time.Duration
 	lease driver.Lease
 	outer *Lock // the innermost lock already held by the context this one was taken with
 
-	ctx   lockContext
-	span  trace.Span
-	since time.Time
+	ctx     lockContext
+	section *section // when traced
 
 	mu      sync.Mutex
-	holds   int
 	lostErr error // set once, when the lease is lost
 
 	// Lease keeper state, guarded by the keeper's mutex.
-	expiry     time.Time     // conservative expiry: the lock is lost a margin before it
-	due        time.Time     // next renewal
-	at         time.Time     // when the keeper next looks: min(due, loss deadline)
-	index      int           // position in the keeper's heap; -1 when not in it
-	refreshing bool          // a renewal is in flight
-	lastErr    error         // of the last renewal, while it failed
-	sess       *sessionWatch // the session keeping the lease alive, if any
+	expiry  time.Time     // conservative expiry: the lock is lost a margin before it
+	due     time.Time     // next renewal
+	at      time.Time     // when the keeper next looks: min(due, loss deadline)
+	index   int           // position in the keeper's heap; -1 when not in it
+	lastErr error         // of the last renewal, while it failed
+	sess    *sessionWatch // the session keeping the lease alive, if any
 
 	release releaseContext
+
+	// Small fields last, packed into one word.
+	holds      int32 // guarded by mu
+	refreshing bool  // a renewal is in flight; guarded by the keeper's mutex
+	mode       mode
+}
+
+// section is what a traced Lock adds: the span of its critical section.
+// Kept apart because a Lock is allocated on every acquisition, and its size
+// decides how often an uncontended Do pays for a garbage collection.
+type section struct {
+	span  trace.Span
+	since time.Time
 }
 
 // Key returns the key as it was passed to Lock (without the Guard's prefix).
@@ -143,12 +151,12 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	l.ctx.end(errUnlocked)
 	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
-	if l.span != nil {
+	if s := l.section; s != nil {
 		outcome := "released"
 		if errors.Is(err, ErrLockLost) {
 			outcome = "lost"
 		}
-		endSpan(l.span, outcome, err, attribute.Int64("warden.held_ms", time.Since(l.since).Milliseconds()))
+		endSpan(s.span, outcome, err, attribute.Int64("warden.held_ms", time.Since(s.since).Milliseconds()))
 	}
 	return err
 }
@@ -186,8 +194,8 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 	// Record the loss before cancelling: the section may end, and its span
 	// with it, as soon as its context is done.
 	g := l.g
-	if l.span != nil {
-		l.span.AddEvent("warden.lock.lost", trace.WithAttributes(attribute.String("warden.cause", cause.Error())))
+	if s := l.section; s != nil {
+		s.span.AddEvent("warden.lock.lost", trace.WithAttributes(attribute.String("warden.cause", cause.Error())))
 	}
 	g.tel.lost.Add(context.Background(), 1, g.tel.onBackend...)
 	msg := "warden: lock lost; its critical section's context is cancelled"
