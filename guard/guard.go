@@ -28,7 +28,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -49,6 +51,7 @@ type Guard struct {
 	margin         time.Duration
 	releaseTimeout time.Duration
 	backend        string
+	owner          string
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider // nil: otel's global, read when used
 	meterProvider  metric.MeterProvider
@@ -83,7 +86,14 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		margin:         c.margin,
 		releaseTimeout: c.releaseTimeout,
 		backend:        c.backend,
+		owner:          c.owner,
 		logger:         c.logger,
+	}
+	if !c.ownerSet {
+		g.owner = defaultOwner()
+	}
+	if err := driver.CheckOwner(g.owner); err != nil {
+		return nil, fmt.Errorf("warden: guard: %w", err)
 	}
 	if err := g.ValidateTTL(c.ttl); err != nil {
 		return nil, fmt.Errorf("warden: guard: %w", err)
@@ -114,6 +124,19 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	g.keeper.g = g
 	return g, nil
 }
+
+// defaultOwner is "host/pid", cut to what a label may hold.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || driver.CheckOwner(host) != nil {
+		host = "unknown-host"
+	}
+	pid := "/" + strconv.Itoa(os.Getpid())
+	return host[:min(len(host), driver.MaxOwnerLen-len(pid))] + pid
+}
+
+// Owner returns the label this Guard's leases carry (WithOwner).
+func (g *Guard) Owner() string { return g.owner }
 
 // TTL returns the Guard's default lease TTL.
 func (g *Guard) TTL() time.Duration { return g.ttl }
@@ -362,12 +385,15 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		lease: lease, outer: heldBy(ctx), holds: 1, index: -1,
 	}
 	l.ctx.parent, l.ctx.lock = ctx, l
+	if c.detach {
+		l.ctx.parent = context.WithoutCancel(ctx)
+	}
 	g.tel.acquired(ctx, outcomeAcquired, took)
 	if span != nil {
 		endSpan(span, outcomeAcquired, nil,
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
-		if sctx, s := g.tel.startSpan(ctx, tracer, "warden.section", key); s != nil {
+		if sctx, s := g.tel.startSpan(l.ctx.parent, tracer, "warden.section", key); s != nil {
 			s.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
 			l.section = &section{span: s, since: start.Add(took)}
 			l.ctx.parent = sctx
@@ -378,7 +404,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 }
 
 func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (driver.Lease, error) {
-	o := driver.AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair}
+	o := driver.AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair, Owner: g.owner}
 	switch c.mode {
 	case read, write:
 		rw, ok := g.locker.(driver.RWLocker)

@@ -10,8 +10,10 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,12 +62,14 @@ type holder struct {
 	token   uint64
 	shared  bool
 	expires time.Time
+	owner   string
 }
 
 type waiter struct {
 	kind    kind
 	permits int
 	ttl     time.Duration
+	owner   string
 	ready   chan struct{} // closed when granted
 	token   uint64        // set when granted
 	expires time.Time     // set when granted
@@ -116,6 +120,30 @@ func (l *Locker) Waiters(key string) int {
 	return n
 }
 
+// Inspect implements driver.Inspector. It reports the holders of all three
+// kinds of lock on key (exclusive, read/write, semaphore), oldest grant
+// first, and the waiters of all three.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var in driver.Inspection
+	for space := uint8(0); space < 3; space++ {
+		e := l.entries[entryKey{space, key}]
+		if e == nil {
+			continue
+		}
+		in.Waiters += len(e.queue)
+		for _, h := range e.holders {
+			if now.Before(h.expires) {
+				in.Holders = append(in.Holders, driver.Holding{Owner: h.owner, Token: h.token, TTL: h.expires.Sub(now)})
+			}
+		}
+	}
+	slices.SortFunc(in.Holders, func(a, b driver.Holding) int { return cmp.Compare(a.Token, b.Token) })
+	return in, nil
+}
+
 func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o driver.AcquireOptions) (driver.Lease, error) {
 	if o.TTL <= 0 {
 		return nil, fmt.Errorf("%w: ttl %v", driver.ErrInvalidOption, o.TTL)
@@ -127,7 +155,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 	e.expire(now)
 	// Only when nobody is queued: a newcomer must not overtake waiters.
 	if len(e.queue) == 0 && e.grantable(k, permits) {
-		lease := l.grant(e, k, o.TTL, now)
+		lease := l.grant(e, k, o.TTL, o.Owner, now)
 		l.mu.Unlock()
 		return lease, nil
 	}
@@ -136,7 +164,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		l.mu.Unlock()
 		return nil, driver.ErrNotAcquired
 	}
-	w := &waiter{kind: k, permits: permits, ttl: o.TTL, ready: make(chan struct{})}
+	w := &waiter{kind: k, permits: permits, ttl: o.TTL, owner: o.Owner, ready: make(chan struct{})}
 	e.queue = append(e.queue, w)
 	l.schedule(e, now)
 	l.mu.Unlock()
@@ -197,10 +225,10 @@ func (l *Locker) idle(e *entry) {
 	}
 }
 
-func (l *Locker) grant(e *entry, k kind, ttl time.Duration, now time.Time) *lease {
+func (l *Locker) grant(e *entry, k kind, ttl time.Duration, owner string, now time.Time) *lease {
 	l.token++
 	expires := now.Add(ttl)
-	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: expires})
+	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: expires, owner: owner})
 	return &lease{l: l, key: e.key, token: l.token, expires: expires}
 }
 
@@ -214,7 +242,7 @@ func (l *Locker) dispatch(e *entry, now time.Time) {
 			break
 		}
 		e.queue = e.queue[1:]
-		g := l.grant(e, w.kind, w.ttl, now)
+		g := l.grant(e, w.kind, w.ttl, w.owner, now)
 		w.token, w.expires = g.token, g.expires
 		close(w.ready)
 	}

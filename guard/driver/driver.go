@@ -5,7 +5,7 @@
 // imports this package, never guard.
 //
 // A backend implements Locker, and any of the optional capabilities
-// (RWLocker, Semaphorer, BatchRefresher, Limiter) it can honour; guard finds
+// (RWLocker, Semaphorer, BatchRefresher, Limiter, Inspector) it can honour; guard finds
 // them by type assertion. Its leases implement Lease, or SessionLease when a
 // session of the backend keeps them alive on its own.
 package driver
@@ -45,6 +45,11 @@ type AcquireOptions struct {
 	// Fair asks for first-come, first-served handoff among waiters. A backend
 	// that cannot honour it returns an error wrapping ErrUnsupported.
 	Fair bool
+	// Owner labels the holder (a process, a replica) for Inspector, which
+	// reports it; it passed CheckOwner and may be empty. It never decides
+	// ownership: leases are told apart by ids the backend makes itself.
+	// Backends without Inspector ignore it.
+	Owner string
 }
 
 // Lease is one holding of a lock, as the backend sees it. guard calls

@@ -1,0 +1,217 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+func TestCampaignElectsOneAtATimeWithGrowingTerms(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	a := newGuard(t, mem, guard.WithOwner("a"))
+	b := newGuard(t, mem, guard.WithOwner("b"))
+
+	la, err := a.Campaign(ctx, "reports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Campaign(ctx, "reports", guard.NoWait()); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("second candidate while a leads: %v, want ErrNotAcquired", err)
+	}
+	elected := make(chan *guard.Leadership, 1)
+	go func() {
+		lb, err := b.Campaign(ctx, "reports")
+		if err != nil {
+			t.Error(err)
+		}
+		elected <- lb
+	}()
+	waitFor(t, "b waits behind a", 5*time.Second, func() bool { return mem.Waiters("warden:election:reports") == 1 })
+	if err := la.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if la.Context().Err() == nil || la.Err() == nil {
+		t.Fatal("a's term still open after Resign")
+	}
+	lb := <-elected
+	if lb == nil {
+		t.FailNow()
+	}
+	if lb.Term() <= la.Term() {
+		t.Fatalf("term %d after term %d: terms must grow", lb.Term(), la.Term())
+	}
+	if lb.Election() != "reports" {
+		t.Fatalf("Election() = %q", lb.Election())
+	}
+	if err := lb.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCampaignContextBoundsOnlyTheWait(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := newGuard(t, memory.New())
+	ld, err := g.Campaign(ctx, "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := ld.Context().Err(); err != nil {
+		t.Fatalf("term ended with Campaign's ctx: %v", err)
+	}
+	if err := ld.Err(); err != nil {
+		t.Fatalf("Err() = %v while leading", err)
+	}
+	if err := ld.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A wait is cut by its ctx.
+	holder, err := g.Campaign(context.Background(), "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Resign(context.Background())
+	wctx, wcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer wcancel()
+	if _, err := g.Campaign(wctx, "e"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("campaign past its ctx: %v, want context.DeadlineExceeded", err)
+	}
+}
+
+func TestCampaignRefusesSharedModes(t *testing.T) {
+	g := newGuard(t, memory.New())
+	for name, opt := range map[string]guard.LockOption{"read": guard.Read(), "permits": guard.Permits(2)} {
+		if _, err := g.Campaign(context.Background(), "e", opt); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+func TestLostTermCancelsTheLeader(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
+	ld, err := g.Campaign(context.Background(), "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refreshBlock.Store(true)
+	select {
+	case <-ld.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("term not ended although its lease could not be renewed")
+	}
+	if !errors.Is(context.Cause(ld.Context()), guard.ErrLockLost) || !errors.Is(ld.Err(), guard.ErrLockLost) {
+		t.Fatalf("cause %v, Err %v: want ErrLockLost", context.Cause(ld.Context()), ld.Err())
+	}
+}
+
+func TestObserveFollowsTerms(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	mem := memory.New()
+	a := newGuard(t, mem, guard.WithOwner("replica-a"), guard.WithTTL(time.Second))
+	b := newGuard(t, mem, guard.WithOwner("replica-b"), guard.WithTTL(time.Second))
+	seen, err := b.Observe(ctx, "reports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(want string) guard.Leader {
+		t.Helper()
+		select {
+		case l := <-seen:
+			if l.Owner != want {
+				t.Fatalf("observed %+v, want owner %q", l, want)
+			}
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no leader change observed, waiting for %q", want)
+		}
+		return guard.Leader{}
+	}
+	if l := next(""); l.Term != 0 {
+		t.Fatalf("empty seat observed as %+v", l)
+	}
+	la, err := a.Campaign(ctx, "reports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := next("replica-a"); l.Term != la.Term() || l.TTL <= 0 || l.TTL > time.Second {
+		t.Fatalf("observed %+v for term %d", l, la.Term())
+	}
+	if err := la.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next("")
+	lb, err := b.Campaign(ctx, "reports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := next("replica-b"); l.Term != lb.Term() {
+		t.Fatalf("observed %+v for term %d", l, lb.Term())
+	}
+	cancel()
+	for range seen {
+	}
+}
+
+func TestInspectNeedsTheCapability(t *testing.T) {
+	g := newGuard(t, withoutInspect{memory.New()})
+	if _, err := g.Inspect(context.Background(), "k"); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("Inspect on a backend without it: %v, want ErrUnsupported", err)
+	}
+	if _, err := g.Observe(context.Background(), "e"); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("Observe on a backend without Inspect: %v, want ErrUnsupported", err)
+	}
+	if _, err := newGuard(t, memory.New()).Inspect(context.Background(), ""); !errors.Is(err, guard.ErrInvalidKey) {
+		t.Fatalf("Inspect of an empty key: %v, want ErrInvalidKey", err)
+	}
+}
+
+func TestInspectReportsHoldersAndWaiters(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	g := newGuard(t, mem, guard.WithOwner("worker-1"))
+	in, err := g.Inspect(ctx, "k")
+	if err != nil || len(in.Holders) != 0 || in.Key != "k" {
+		t.Fatalf("free key: %+v, %v", in, err)
+	}
+	l, err := g.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if l2, err := newGuard(t, mem).Lock(ctx, "k"); err == nil {
+			l2.Unlock(ctx)
+		}
+	}()
+	waitFor(t, "a waiter queues", 5*time.Second, func() bool { return mem.Waiters("warden:k") == 1 })
+	in, err = g.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Holders) != 1 || in.Holders[0].Owner != "worker-1" || in.Holders[0].Token != l.Token() || in.Waiters != 1 {
+		t.Fatalf("held key: %+v, want worker-1 with token %d and 1 waiter", in, l.Token())
+	}
+	l.Unlock(ctx)
+}
+
+func TestOwnerLabelIsChecked(t *testing.T) {
+	for _, bad := range []string{"tab\there", string(make([]byte, 200)), "\xff"} {
+		if _, err := guard.New(memory.New(), guard.WithOwner(bad)); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("WithOwner(%q): %v, want ErrInvalidOption", bad, err)
+		}
+	}
+	g := newGuard(t, memory.New())
+	if g.Owner() == "" {
+		t.Fatal("no default owner label")
+	}
+}
+
+// withoutInspect shows only the memory backend's Locker methods.
+type withoutInspect struct{ driver.Locker }
