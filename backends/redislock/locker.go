@@ -2,7 +2,6 @@ package redislock
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -104,13 +103,14 @@ var (
 	_ driver.RWLocker       = (*Locker)(nil)
 	_ driver.Semaphorer     = (*Locker)(nil)
 	_ driver.BatchRefresher = (*Locker)(nil)
+	_ driver.Inspector      = (*Locker)(nil)
 )
 
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters
 // in the order they arrived.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	n := namesOf(key)
-	owner := rand.Text()
+	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
 	channel := n.channel()

@@ -2,7 +2,6 @@ package redislock
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -18,7 +17,7 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.Acquir
 		return nil, err
 	}
 	n := namesOf(key)
-	owner := rand.Text()
+	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	channel := n.channel()
 	keys := []string{n.readers(), n.writer(), n.writeWaiters(), n.fence()}
@@ -42,7 +41,7 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 		return nil, err
 	}
 	n := namesOf(key)
-	owner := rand.Text()
+	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	waitMs := l.cfg.waiterTimeout.Milliseconds()
 	channel := n.channel()
@@ -73,7 +72,7 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 		return nil, fmt.Errorf("%w: %d permits", driver.ErrInvalidOption, permits)
 	}
 	n := namesOf(key)
-	owner := rand.Text()
+	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	channel := n.channel()
 	keys := []string{n.permits(), n.fence()}

@@ -33,6 +33,8 @@ var (
 	zreleaseSrc string
 	//go:embed zrefresh.lua
 	zrefreshSrc string
+	//go:embed inspect.lua
+	inspectSrc string
 )
 
 // scripts holds the parsed scripts. It lives in the Locker rather than in
@@ -40,7 +42,7 @@ var (
 type scripts struct {
 	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
-	semAcquire, zrelease, zrefresh                  *goredis.Script
+	semAcquire, zrelease, zrefresh, inspect         *goredis.Script
 }
 
 func newScripts() *scripts {
@@ -57,5 +59,6 @@ func newScripts() *scripts {
 		semAcquire:   goredis.NewScript(semAcquireSrc),
 		zrelease:     goredis.NewScript(zreleaseSrc),
 		zrefresh:     goredis.NewScript(zrefreshSrc),
+		inspect:      goredis.NewScript(inspectSrc),
 	}
 }

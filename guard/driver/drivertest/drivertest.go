@@ -91,6 +91,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("FIFO", func(t *testing.T) { testFIFO(t, &b) })
 	t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, &b) })
 	t.Run("Semaphore", func(t *testing.T) { testSemaphore(t, &b) })
+	t.Run("Inspect", func(t *testing.T) { testInspect(t, &b) })
 }
 
 var keySeq atomic.Int64
