@@ -26,6 +26,8 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	observer       func(RunRecord)
 	jobDefaults    []JobOption
+	election       string
+	electionSet    bool
 }
 
 // WithSlotStore sets the idempotency store in which each slot is claimed, so

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -29,13 +30,17 @@ const (
 	workEnv     = "WARDEN_SCHEDULER_WORK"
 	ttlEnv      = "WARDEN_SCHEDULER_TTL"
 	runForEnv   = "WARDEN_SCHEDULER_RUN_FOR"
+	// Optional: the election of leader mode, and the job's schedule
+	// (default "@every 1s").
+	leaderEnv = "WARDEN_SCHEDULER_LEADER"
+	everyEnv  = "WARDEN_SCHEDULER_EVERY"
 )
 
 // TestHelperScheduler is not a test: it is the body of a scheduler process
 // that the multi-process tests start from this test binary. It runs a job
 // on "@every 1s" under the lock backend and with the slot store its
-// environment names, and appends a "start|end slot instance unix-nanos"
-// line to its output file around each run.
+// environment names, and appends a "start|end slot instance unix-nanos
+// term" line to its output file around each run.
 func TestHelperScheduler(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("the body of a scheduler process; run by the multi-process tests")
@@ -47,6 +52,7 @@ func TestHelperScheduler(t *testing.T) {
 		}
 		return d
 	}
+	var term uint64 // of the run being noted
 	out, err := os.OpenFile(os.Getenv(outEnv), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -56,17 +62,23 @@ func TestHelperScheduler(t *testing.T) {
 	note := func(what string, slot time.Time) {
 		// One write per line, on an O_APPEND file: the parent may read it
 		// at any moment, or after a kill -9.
-		fmt.Fprintf(out, "%s %d %s %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano())
+		fmt.Fprintf(out, "%s %d %s %d %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano(), term)
 	}
 	g := newGuard(t, specLocker(t, os.Getenv(lockEnv)), guard.WithTTL(dur(ttlEnv)))
-	s, err := scheduler.New(g, scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)),
-		scheduler.WithSlotStore(specStore(t, os.Getenv(storeEnv))))
+	opts := []scheduler.Option{scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)),
+		scheduler.WithSlotStore(specStore(t, os.Getenv(storeEnv)))}
+	if e := os.Getenv(leaderEnv); e != "" {
+		opts = append(opts, scheduler.WithLeaderElection(e))
+	}
+	every := cmp.Or(os.Getenv(everyEnv), "@every 1s")
+	s, err := scheduler.New(g, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	work := dur(workEnv)
-	err = s.Add("@every 1s", os.Getenv(jobEnv), func(ctx context.Context) error {
+	err = s.Add(every, os.Getenv(jobEnv), func(ctx context.Context) error {
 		run, _ := scheduler.RunFrom(ctx)
+		term = run.Term
 		note("start", run.Slot)
 		t := time.NewTimer(work)
 		defer t.Stop()
@@ -98,13 +110,14 @@ type process struct {
 
 // startProcess starts a scheduler process running job on c's lock backend
 // and slot store.
-func startProcess(t *testing.T, c cluster, job, instance string, work, ttl, runFor time.Duration) *process {
+func startProcess(t *testing.T, c cluster, job, instance string, work, ttl, runFor time.Duration, env ...string) *process {
 	t.Helper()
 	p := &process{instance: instance, out: filepath.Join(t.TempDir(), instance+".log"), done: make(chan error, 1)}
 	p.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperScheduler$", "-test.count=1")
 	p.cmd.Env = append(os.Environ(), helperEnv+"=1", lockEnv+"="+c.lockSpec, storeEnv+"="+c.storeSpec, jobEnv+"="+job,
 		outEnv+"="+p.out, instanceEnv+"="+instance,
 		workEnv+"="+work.String(), ttlEnv+"="+ttl.String(), runForEnv+"="+runFor.String())
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -122,6 +135,7 @@ type procRun struct {
 	slot       time.Time
 	instance   string
 	start, end time.Time // end is zero when the process died mid-run
+	term       uint64    // in leader mode
 }
 
 // readRuns parses the output files of ps.
@@ -140,18 +154,19 @@ func readRuns(t *testing.T, ps []*process) []procRun {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			fields := strings.Fields(sc.Text())
-			if len(fields) != 4 {
+			if len(fields) != 5 {
 				continue // a line cut short by kill -9
 			}
 			slot, err1 := strconv.ParseInt(fields[1], 10, 64)
 			at, err2 := strconv.ParseInt(fields[3], 10, 64)
-			if err1 != nil || err2 != nil {
+			term, err3 := strconv.ParseUint(fields[4], 10, 64)
+			if err1 != nil || err2 != nil || err3 != nil {
 				continue
 			}
 			switch fields[0] {
 			case "start":
 				open[slot] = len(runs)
-				runs = append(runs, procRun{slot: time.Unix(0, slot), instance: fields[2], start: time.Unix(0, at)})
+				runs = append(runs, procRun{slot: time.Unix(0, slot), instance: fields[2], start: time.Unix(0, at), term: term})
 			case "end":
 				if i, ok := open[slot]; ok {
 					runs[i].end = time.Unix(0, at)
@@ -282,5 +297,82 @@ func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
 		}
 		t.Logf("killed %s mid-run of slot %v; slot %v ran on %s %v after the kill",
 			victim.instance, victim.slot.Format(time.TimeOnly), next.slot.Format(time.TimeOnly), next.instance, next.start.Sub(killed))
+	})
+}
+
+// TestKilledLeaderIsReplaced runs three scheduler processes in leader mode
+// and kills the leader with kill -9: another process leads, and runs the
+// job, within the lock's ttl and a second (plus one interval of the job),
+// under a greater term, and no two terms ever run at once.
+func TestKilledLeaderIsReplaced(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, processBackends, func(t *testing.T, b backend) {
+		c := b.setup(t)
+		job, election := uniqueName("led"), uniqueName("election")
+		const interval = 200 * time.Millisecond
+		env := []string{leaderEnv + "=" + election, everyEnv + "=@every " + interval.String()}
+		var ps []*process
+		for _, inst := range []string{"l1", "l2", "l3"} {
+			ps = append(ps, startProcess(t, c, job, inst, 20*time.Millisecond, c.ttl, 60*time.Second, env...))
+		}
+		var leader procRun
+		waitFor(t, "a leader to run the job", 30*time.Second, func() bool {
+			runs := readRuns(t, ps)
+			if len(runs) >= 3 {
+				leader = runs[len(runs)-1]
+			}
+			return len(runs) >= 3
+		})
+		for _, p := range ps {
+			if p.instance == leader.instance {
+				if err := p.cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				<-p.done
+				p.done <- nil
+			}
+		}
+		killed := time.Now()
+		var next procRun
+		waitFor(t, "another process to lead", 30*time.Second, func() bool {
+			for _, r := range readRuns(t, ps) {
+				if r.instance != leader.instance {
+					next = r
+					return true
+				}
+			}
+			return false
+		})
+		if d := next.start.Sub(killed); d > c.ttl+time.Second+interval {
+			t.Errorf("the new leader's first run came %v after the kill, want within ttl %v + 1s + the interval", d, c.ttl)
+		}
+		if next.term <= leader.term {
+			t.Errorf("new term %d after term %d", next.term, leader.term)
+		}
+		// Let the new leader run a while, then judge every run.
+		waitFor(t, "the new leader's fifth run", 30*time.Second, func() bool {
+			n := 0
+			for _, r := range readRuns(t, ps) {
+				if r.instance == next.instance {
+					n++
+				}
+			}
+			return n >= 5
+		})
+		runs := readRuns(t, ps)
+		for i := 1; i < len(runs); i++ {
+			prev, r := runs[i-1], runs[i]
+			if r.term == 0 {
+				t.Fatalf("run %+v without a term", r)
+			}
+			if r.term < prev.term {
+				t.Errorf("term %d ran at %v, after term %d had started", r.term, r.start, prev.term)
+			}
+			if r.term != prev.term && (prev.end.IsZero() && r.start.Before(killed) || !prev.end.IsZero() && r.start.Before(prev.end)) {
+				t.Errorf("terms %d (on %s) and %d (on %s) ran at once", prev.term, prev.instance, r.term, r.instance)
+			}
+		}
+		t.Logf("killed leader %s (term %d); %s led from term %d, first run %v after the kill",
+			leader.instance, leader.term, next.instance, next.term, next.start.Sub(killed).Round(time.Millisecond))
 	})
 }

@@ -48,6 +48,9 @@ type Run struct {
 	// writes, so that a run that outlived its lock cannot overwrite a newer
 	// one's work.
 	Lock *guard.Lock
+	// Term is the leader's term the run goes ahead under, with
+	// WithLeaderElection; 0 otherwise.
+	Term uint64
 }
 
 type runKey struct{}
@@ -68,6 +71,9 @@ type RunRecord struct {
 	Instance string
 	// Token is the lock's fencing token, 0 when the lock was not taken.
 	Token uint64
+	// Term is the leader's term the run went ahead under, with
+	// WithLeaderElection; 0 otherwise.
+	Term uint64
 	// Started is when the run began, on the scheduler's clock; Finished
 	// when the job returned (or the run was given up).
 	Started, Finished time.Time
@@ -122,7 +128,7 @@ func (j *job) run(slot time.Time, fn func(context.Context) error) {
 	if !ok {
 		return
 	}
-	r.end(j.call(r.lock, slot, fn))
+	r.end(j.call(r, fn))
 }
 
 // running is a run that holds its lock (and its slot claim, with a store).
@@ -134,6 +140,10 @@ type running struct {
 	claim  slotClaim
 	lock   *guard.Lock
 	locked time.Time
+	// term is the leadership the run went ahead under (WithLeaderElection),
+	// and leave detaches the lock's context from it once the lock is gone.
+	term  *guard.Leadership
+	leave func()
 	// done guards against a second end (a gocron Unlock called twice).
 	done sync.Once
 }
@@ -160,6 +170,15 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		r.finish(Misfired, fmt.Sprintf("started %v after its slot", lag), nil)
 		return r, false
 	}
+	if s.cand != nil {
+		// Followers skip before touching the store or the lock: sparing
+		// them that is what leadership is for.
+		if r.term = s.cand.leading(); r.term == nil {
+			r.finish(Skipped, "not the leader", nil)
+			return r, false
+		}
+		r.rec.Term = r.term.Term()
+	}
 	claim, err := j.claim(r.ctx, slot)
 	switch {
 	case err != nil:
@@ -170,8 +189,15 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		return r, false
 	}
 	r.claim = claim
-	l, err := s.g.Lock(r.ctx, j.name, j.lockOpts...)
+	lockCtx := r.ctx
+	if r.term != nil {
+		lockCtx, r.leave = underTerm(r.ctx, r.term)
+	}
+	l, err := s.g.Lock(lockCtx, j.name, j.lockOpts...)
 	if err != nil {
+		if r.leave != nil {
+			r.leave()
+		}
 		claim.abandon(r.ctx)
 		if errors.Is(err, guard.ErrNotAcquired) {
 			r.finish(Skipped, "lock held", nil)
@@ -210,6 +236,8 @@ func (r *running) end(err error) {
 		switch {
 		case errors.Is(r.lock.Err(), guard.ErrLockLost):
 			outcome, err = Lost, errors.Join(err, r.lock.Err())
+		case r.term != nil && errors.Is(r.term.Err(), guard.ErrLockLost):
+			outcome, err = Lost, errors.Join(err, r.term.Err())
 		case err != nil:
 			outcome = Failed
 		}
@@ -229,7 +257,8 @@ func (r *running) end(err error) {
 
 // call runs the job under the lock's context, capped at LockAtMostFor, and
 // turns a panic into an error.
-func (j *job) call(l *guard.Lock, slot time.Time, fn func(context.Context) error) (err error) {
+func (j *job) call(r *running, fn func(context.Context) error) (err error) {
+	l, slot := r.lock, r.rec.Slot
 	capped, cancel := context.WithTimeoutCause(l.Context(), j.cfg.atMost, ErrLockAtMostFor)
 	defer cancel()
 	// A job that ignores its context keeps its lock past LockAtMostFor (runs
@@ -241,7 +270,7 @@ func (j *job) call(l *guard.Lock, slot time.Time, fn func(context.Context) error
 		}
 	})
 	defer overrun()
-	ctx := context.WithValue(capped, runKey{}, &Run{Job: j.name, Slot: slot, Instance: j.s.instance, Lock: l})
+	ctx := context.WithValue(capped, runKey{}, &Run{Job: j.name, Slot: slot, Instance: j.s.instance, Lock: l, Term: r.rec.Term})
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v\n%s", ErrPanicked, r, debug.Stack())
@@ -268,6 +297,20 @@ func (r *running) release() {
 func (r *running) unlock() {
 	if err := r.lock.Unlock(context.WithoutCancel(r.ctx)); err != nil && !errors.Is(err, guard.ErrLockLost) {
 		r.j.s.logger.Warn("warden/scheduler: unlock failed", "job", r.j.name, "error", err)
+	}
+	if r.leave != nil {
+		r.leave()
+	}
+}
+
+// underTerm returns a context of ctx that is also cancelled when term ends,
+// with the term's error as its cause, and the function that detaches it.
+func underTerm(ctx context.Context, term *guard.Leadership) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(term.Context(), func() { cancel(term.Err()) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
 	}
 }
 

@@ -49,6 +49,7 @@ type Scheduler struct {
 	tel      *telemetry
 	observer func(RunRecord)
 	defaults []JobOption
+	cand     *candidate // WithLeaderElection
 
 	// ctx is the parent of every job context; Stop cancels it.
 	ctx    context.Context
@@ -119,6 +120,11 @@ func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 		defaults: c.jobDefaults,
 		hurry:    make(chan struct{}),
 		names:    make(map[string]bool),
+	}
+	if c.electionSet {
+		if s.cand, err = newCandidate(g, c.election, c.logger); err != nil {
+			return nil, err
+		}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.cron = cron.New(cron.WithParser(parser), cron.WithLocation(c.location), cron.WithLogger(cronLogger{c.logger}))
@@ -266,12 +272,20 @@ func (s *Scheduler) Start() {
 		return
 	}
 	s.started = true
+	if s.cand != nil {
+		s.runs.Add(1)
+		go func() {
+			defer s.runs.Done()
+			s.cand.run(s.ctx)
+		}()
+	}
 	s.cron.Start()
 }
 
 // Stop stops scheduling, cancels the contexts of running jobs (cause
-// ErrStopped), releases the locks kept for LockAtLeastFor at once, and waits
-// for the jobs to return and release their locks. Stop returns ctx's error
+// ErrStopped), releases the locks kept for LockAtLeastFor at once, resigns
+// any leadership (WithLeaderElection, Elector), and waits for the jobs to
+// return and release their locks. Stop returns ctx's error
 // if ctx is done before every job has returned.
 //
 // Releasing a LockAtLeastFor hold early is safe here: the hold guards
