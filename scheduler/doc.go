@@ -24,6 +24,10 @@
 //     the slot, the instance and the lock with its fencing token.
 //  5. The slot claim is completed. A failed slot is not retried by default;
 //     RetryFailedSlots lets another node (or a later timer) run it again.
+//     A slot whose runner died mid-run stays claimed until the claim
+//     lapses; with CatchUp another node watches the claim and runs the
+//     slot again, with a fresh fencing token, while the slot is younger
+//     than MisfireAfter.
 //  6. The lock is kept until LockAtLeastFor has passed since it was taken,
 //     then released.
 //
@@ -36,6 +40,16 @@
 // differ by less than LockAtLeastFor (DefaultLockAtLeastFor unless set) and
 // the job's run plus that bound stay under the interval. Use a slot store
 // in production.
+//
+// # Leader mode
+//
+// WithLeaderElection adds a gate in front of step 2: the Schedulers of the
+// cluster campaign for one election (guard.Guard.Campaign), and only the
+// leader goes on to claim slots and take job locks; the others skip every
+// slot as "not the leader", touching neither the store nor the locks. The
+// leader's term number (its lease's fencing token) is in Run and RunRecord,
+// and a job's context is cancelled when the term is lost. Scheduler.Elector
+// offers the same election to go-co-op/gocron/v2 (gocron.WithDistributedElector).
 //
 // For programs that keep their own scheduler, Scheduler.Wrap guards a
 // robfig/cron job and Scheduler.Locker serves as a go-co-op/gocron/v2

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -89,6 +90,7 @@ type jobConfig struct {
 	ttl          time.Duration
 	retention    time.Duration
 	retryFailed  bool
+	catchUp      bool
 }
 
 // LockAtMostFor is the hard cap on a run (default one hour): when it passes,
@@ -135,6 +137,22 @@ func SlotRetention(d time.Duration) JobOption { return func(c *jobConfig) { c.re
 // is recorded as done and is not retried: the next slot runs as scheduled.
 func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = true } }
 
+// CatchUp runs again a slot whose runner died before finishing it: another
+// node that found the slot claimed keeps watching the claim until the slot
+// is MisfireAfter old, and once the claim has expired (its runner stopped
+// renewing it) claims the slot and runs it, waiting for the dead runner's
+// lock to expire if need be, with a fresh fencing token. Off by default:
+// a job must be safe to run twice for the slot it was cut short in, since
+// the dead run may have done part of its work.
+//
+// It needs a slot store and MisfireAfter. While a run goes on, its runner
+// renews its claim every third of the job's lock TTL, so a dead runner's
+// claim lapses one TTL after its last renewal. A runner that cannot renew
+// its claim for a whole TTL (its store unreachable) may see the slot run
+// again elsewhere once it has finished: the job's lock keeps the two runs
+// from overlapping.
+func CatchUp() JobOption { return func(c *jobConfig) { c.catchUp = true } }
+
 // validate refuses bounds that are out of range or contradict each other,
 // and a lock TTL the Guard's backend cannot honour.
 func (c *jobConfig) validate(g *guard.Guard) error {
@@ -153,6 +171,8 @@ func (c *jobConfig) validate(g *guard.Guard) error {
 		return fmt.Errorf("SlotRetention %v is not positive", c.retention)
 	case c.ttl < 0:
 		return fmt.Errorf("LockTTL %v is negative", c.ttl)
+	case c.catchUp && c.misfireAfter == 0:
+		return errors.New("CatchUp needs MisfireAfter, the age after which a slot is no longer caught up")
 	}
 	if c.ttl > 0 {
 		if err := g.ValidateTTL(c.ttl); err != nil {

@@ -34,13 +34,15 @@ const (
 	// (default "@every 1s").
 	leaderEnv = "WARDEN_SCHEDULER_LEADER"
 	everyEnv  = "WARDEN_SCHEDULER_EVERY"
+	// Optional: CatchUp with this MisfireAfter.
+	catchUpEnv = "WARDEN_SCHEDULER_CATCH_UP"
 )
 
 // TestHelperScheduler is not a test: it is the body of a scheduler process
 // that the multi-process tests start from this test binary. It runs a job
 // on "@every 1s" under the lock backend and with the slot store its
 // environment names, and appends a "start|end slot instance unix-nanos
-// term" line to its output file around each run.
+// term token" line to its output file around each run.
 func TestHelperScheduler(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("the body of a scheduler process; run by the multi-process tests")
@@ -52,7 +54,7 @@ func TestHelperScheduler(t *testing.T) {
 		}
 		return d
 	}
-	var term uint64 // of the run being noted
+	var term, token uint64 // of the run being noted
 	out, err := os.OpenFile(os.Getenv(outEnv), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +64,7 @@ func TestHelperScheduler(t *testing.T) {
 	note := func(what string, slot time.Time) {
 		// One write per line, on an O_APPEND file: the parent may read it
 		// at any moment, or after a kill -9.
-		fmt.Fprintf(out, "%s %d %s %d %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano(), term)
+		fmt.Fprintf(out, "%s %d %s %d %d %d\n", what, slot.UnixNano(), instance, time.Now().UnixNano(), term, token)
 	}
 	g := newGuard(t, specLocker(t, os.Getenv(lockEnv)), guard.WithTTL(dur(ttlEnv)))
 	opts := []scheduler.Option{scheduler.WithInstance(instance), scheduler.WithLogger(slog.New(slog.DiscardHandler)),
@@ -76,9 +78,13 @@ func TestHelperScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := dur(workEnv)
+	var jobOpts []scheduler.JobOption
+	if os.Getenv(catchUpEnv) != "" {
+		jobOpts = append(jobOpts, scheduler.CatchUp(), scheduler.MisfireAfter(dur(catchUpEnv)))
+	}
 	err = s.Add(every, os.Getenv(jobEnv), func(ctx context.Context) error {
 		run, _ := scheduler.RunFrom(ctx)
-		term = run.Term
+		term, token = run.Term, run.Lock.Token()
 		note("start", run.Slot)
 		t := time.NewTimer(work)
 		defer t.Stop()
@@ -88,7 +94,7 @@ func TestHelperScheduler(t *testing.T) {
 		}
 		note("end", run.Slot)
 		return nil
-	})
+	}, jobOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +142,7 @@ type procRun struct {
 	instance   string
 	start, end time.Time // end is zero when the process died mid-run
 	term       uint64    // in leader mode
+	token      uint64
 }
 
 // readRuns parses the output files of ps.
@@ -154,19 +161,20 @@ func readRuns(t *testing.T, ps []*process) []procRun {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			fields := strings.Fields(sc.Text())
-			if len(fields) != 5 {
+			if len(fields) != 6 {
 				continue // a line cut short by kill -9
 			}
 			slot, err1 := strconv.ParseInt(fields[1], 10, 64)
 			at, err2 := strconv.ParseInt(fields[3], 10, 64)
 			term, err3 := strconv.ParseUint(fields[4], 10, 64)
-			if err1 != nil || err2 != nil || err3 != nil {
+			token, err4 := strconv.ParseUint(fields[5], 10, 64)
+			if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 				continue
 			}
 			switch fields[0] {
 			case "start":
 				open[slot] = len(runs)
-				runs = append(runs, procRun{slot: time.Unix(0, slot), instance: fields[2], start: time.Unix(0, at), term: term})
+				runs = append(runs, procRun{slot: time.Unix(0, slot), instance: fields[2], start: time.Unix(0, at), term: term, token: token})
 			case "end":
 				if i, ok := open[slot]; ok {
 					runs[i].end = time.Unix(0, at)
@@ -374,5 +382,88 @@ func TestKilledLeaderIsReplaced(t *testing.T) {
 		}
 		t.Logf("killed leader %s (term %d); %s led from term %d, first run %v after the kill",
 			leader.instance, leader.term, next.instance, next.term, next.start.Sub(killed).Round(time.Millisecond))
+	})
+}
+
+// TestCatchUpAfterKill kills, with kill -9, the process running a slot of a
+// CatchUp job: another process runs that slot again, exactly once, with a
+// greater fencing token, and every other slot runs once.
+func TestCatchUpAfterKill(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, processBackends, func(t *testing.T, b backend) {
+		c := b.setup(t)
+		job := uniqueName("catchup")
+		// The window must hold the dead claim's lapse (one ttl after its
+		// last renewal), the watchers' poll (ttl/2) and the dead lock's.
+		every := max(4*time.Second, 3*c.ttl)
+		misfire := every - 500*time.Millisecond
+		// Long enough to be killed mid-run, short enough to fit the
+		// catch-up run into the slot's window after the dead claim lapses.
+		work := 1500 * time.Millisecond
+		env := []string{everyEnv + "=@every " + every.String(), catchUpEnv + "=" + misfire.String()}
+		var ps []*process
+		for _, inst := range []string{"c1", "c2", "c3"} {
+			ps = append(ps, startProcess(t, c, job, inst, work, c.ttl, 60*time.Second, env...))
+		}
+		var victim procRun
+		waitFor(t, "a run to start", 30*time.Second, func() bool {
+			runs := readRuns(t, ps)
+			if len(runs) > 0 {
+				victim = runs[0]
+			}
+			return len(runs) > 0
+		})
+		for _, p := range ps {
+			if p.instance == victim.instance {
+				if err := p.cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				<-p.done
+				p.done <- nil
+			}
+		}
+		killed := time.Now()
+		var again procRun
+		waitFor(t, "the killed slot to run again", 30*time.Second, func() bool {
+			for _, r := range readRuns(t, ps) {
+				if r.slot.Equal(victim.slot) && r.instance != victim.instance {
+					again = r
+					return true
+				}
+			}
+			return false
+		})
+		if again.start.Before(killed) {
+			t.Fatalf("slot %v caught up at %v, before its runner was killed at %v", victim.slot, again.start, killed)
+		}
+		if again.token <= victim.token {
+			t.Errorf("caught-up run's token %d, not greater than the killed run's %d", again.token, victim.token)
+		}
+		// Two more slots, then every slot but the killed one ran once, and
+		// the killed one exactly twice (the dead run and its catch-up).
+		waitFor(t, "two slots after the killed one", 30*time.Second, func() bool {
+			n := 0
+			for _, r := range readRuns(t, ps) {
+				if r.slot.After(victim.slot) && !r.end.IsZero() {
+					n++
+				}
+			}
+			return n >= 2
+		})
+		perSlot := map[time.Time]int{}
+		for _, r := range readRuns(t, ps) {
+			perSlot[r.slot]++
+		}
+		for slot, n := range perSlot {
+			want := 1
+			if slot.Equal(victim.slot) {
+				want = 2
+			}
+			if n != want {
+				t.Errorf("slot %v ran %d times, want %d", slot, n, want)
+			}
+		}
+		t.Logf("killed %s mid-run of slot %v; %s caught it up %v after the kill (tokens %d then %d)",
+			victim.instance, victim.slot.Format(time.TimeOnly), again.instance, again.start.Sub(killed).Round(time.Millisecond), victim.token, again.token)
 	})
 }

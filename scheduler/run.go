@@ -163,6 +163,12 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 			if r.lock != nil {
 				r.lock.Unlock(context.WithoutCancel(r.ctx))
 			}
+			// The store may be what panicked: the claim is left to lapse.
+			if r.claim.stop != nil {
+				r.claim.stop()
+			}
+			// Ending a span twice is harmless; leaving one open is a leak.
+			r.span.End()
 			r.rec.Outcome, r.rec.Reason, ok = Failed, fmt.Sprint("panic: ", p), false
 		}
 	}()
@@ -180,6 +186,9 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		r.rec.Term = r.term.Term()
 	}
 	claim, err := j.claim(r.ctx, slot)
+	if err == nil && claim.running && j.cfg.catchUp {
+		claim, err = j.catchUp(r.ctx, slot, claim)
+	}
 	switch {
 	case err != nil:
 		r.finish(Failed, "slot store", err)
@@ -189,16 +198,26 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		return r, false
 	}
 	r.claim = claim
+	r.claim.keep(r.ctx)
+	lockOpts := j.lockOpts
+	if claim.caughtUp != "" {
+		// The dead runner's lock lapses about when its claim did: wait for
+		// it, within the slot's window.
+		left := max(slot.Add(j.cfg.misfireAfter).Sub(s.clock()), 0)
+		lockOpts = append(lockOpts[:len(lockOpts):len(lockOpts)], guard.WaitAtMost(left))
+		s.logger.WarnContext(r.ctx, "warden/scheduler: catching up a slot whose runner did not finish it",
+			"job", j.name, "slot", slot, "previous", claim.caughtUp)
+	}
 	lockCtx := r.ctx
 	if r.term != nil {
 		lockCtx, r.leave = underTerm(r.ctx, r.term)
 	}
-	l, err := s.g.Lock(lockCtx, j.name, j.lockOpts...)
+	l, err := s.g.Lock(lockCtx, j.name, lockOpts...)
 	if err != nil {
 		if r.leave != nil {
 			r.leave()
 		}
-		claim.abandon(r.ctx)
+		r.claim.abandon(r.ctx)
 		if errors.Is(err, guard.ErrNotAcquired) {
 			r.finish(Skipped, "lock held", nil)
 		} else {
@@ -210,7 +229,7 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	r.rec.Token = l.Token()
 	// Waiting for the lock may have made the run late.
 	if lag := s.clock().Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
-		claim.abandon(r.ctx)
+		r.claim.abandon(r.ctx)
 		// The job did not run: there is nothing for LockAtLeastFor to keep
 		// apart.
 		r.unlock()
@@ -352,8 +371,14 @@ type slotClaim struct {
 	j     *job
 	key   string
 	owner string
-	// held says who has the slot when it could not be claimed.
-	held string
+	// held says who has the slot when it could not be claimed, and running
+	// whether that one has not finished it.
+	held    string
+	running bool
+	// caughtUp says whose lapsed claim this one replaces (CatchUp).
+	caughtUp string
+	// stop ends the renewals keep started.
+	stop func()
 }
 
 // claimMargin pads the claim's lease past the longest a run can last, for
@@ -368,20 +393,100 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
-	// The claim lives as long as a run can: the wait for the lock plus the
-	// cap. A node that dies mid-run keeps this one slot claimed; later
-	// slots are claimed afresh.
-	rec, err := store.Claim(ctx, idempotency.Claim{
-		Scope: slotScope, Key: c.key, Owner: c.owner, Lease: j.cfg.wait + j.cfg.atMost + claimMargin,
-	})
+	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: j.claimLease()})
 	if err != nil {
 		return slotClaim{}, err
 	}
 	if rec != nil {
 		c.owner = ""
 		c.held = fmt.Sprintf("slot %s by %s", rec.State, instanceOf(rec.Owner))
+		c.running = rec.State == idempotency.StateInProgress
 	}
 	return c, nil
+}
+
+// claimLease is how long a slot claim lives unless renewed. Without
+// CatchUp it covers the longest a run can last (the wait for the lock plus
+// the cap), so a node that dies mid-run keeps that one slot claimed. With
+// CatchUp it is one lock TTL, renewed while the run goes on, so that a dead
+// runner's claim lapses soon enough for another node to catch the slot up.
+func (j *job) claimLease() time.Duration {
+	if j.cfg.catchUp {
+		return j.lockTTL()
+	}
+	return j.cfg.wait + j.cfg.atMost + claimMargin
+}
+
+func (j *job) lockTTL() time.Duration {
+	if j.cfg.ttl > 0 {
+		return j.cfg.ttl
+	}
+	return j.s.g.TTL()
+}
+
+// catchUp watches a slot claimed by a runner that has not finished, until
+// the slot is MisfireAfter old, and claims it once the runner's claim has
+// lapsed. It returns the claim it got, or c when the slot was finished
+// elsewhere, stayed claimed, or Stop came first.
+func (j *job) catchUp(ctx context.Context, slot time.Time, c slotClaim) (slotClaim, error) {
+	deadline := slot.Add(j.cfg.misfireAfter)
+	every := j.claimLease() / 2
+	for c.running {
+		left := deadline.Sub(j.s.clock())
+		if left <= 0 {
+			return c, nil
+		}
+		t := time.NewTimer(min(every, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return c, nil
+		}
+		next, err := j.claim(ctx, slot)
+		if err != nil {
+			return c, err
+		}
+		if next.held == "" {
+			next.caughtUp = c.held
+		}
+		c = next
+	}
+	return c, nil
+}
+
+// keep renews c every third of its lease, when CatchUp makes claims short,
+// until the claim is completed or abandoned.
+func (c *slotClaim) keep(ctx context.Context) {
+	if c.owner == "" || !c.j.cfg.catchUp {
+		return
+	}
+	lease := c.j.claimLease()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, rcancel := context.WithTimeout(ctx, lease/3)
+			err := c.j.s.store.Extend(rctx, slotScope, c.key, c.owner, lease)
+			rcancel()
+			if err != nil && ctx.Err() == nil {
+				c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
+					"job", c.j.name, "slot", c.key, "error", err)
+			}
+		}
+	}()
+	c.stop = func() {
+		cancel()
+		<-done
+	}
 }
 
 func instanceOf(owner string) string {
@@ -400,6 +505,9 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 	if c.owner == "" {
 		return
 	}
+	if c.stop != nil {
+		c.stop()
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
 	if err := c.j.s.store.Complete(ctx, slotScope, c.key, c.owner, []byte(result), c.j.cfg.retention); err != nil {
@@ -411,6 +519,9 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 func (c slotClaim) abandon(ctx context.Context) {
 	if c.owner == "" {
 		return
+	}
+	if c.stop != nil {
+		c.stop()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()

@@ -188,6 +188,9 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	if err := jc.validate(s.g); err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
 	}
+	if jc.catchUp && s.store == nil {
+		return nil, fmt.Errorf("%w: %q: CatchUp needs a slot store (WithSlotStore)", ErrInvalidJob, name)
+	}
 	j := &job{s: s, name: name, cfg: jc}
 	if jc.ttl > 0 {
 		j.lockOpts = append(j.lockOpts, guard.TTL(jc.ttl))

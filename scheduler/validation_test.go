@@ -11,6 +11,7 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
 )
 
@@ -45,6 +46,7 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 		{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
 		{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
 		{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
+		{"@every 1s", []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)}, "CatchUp needs a slot store"},
 	} {
 		err := s.Add(tc.spec, "job", noop, tc.opts...)
 		if !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
@@ -53,6 +55,13 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 	}
 	if err := s.Add("@every 1s", "nil", nil); !errors.Is(err, scheduler.ErrInvalidJob) {
 		t.Errorf("Add with a nil func: %v, want ErrInvalidJob", err)
+	}
+	stored, _ := newMemoryScheduler(t, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp()); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "MisfireAfter") {
+		t.Errorf("CatchUp without MisfireAfter: %v, want ErrInvalidJob naming MisfireAfter", err)
+	}
+	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)); err != nil {
+		t.Errorf("CatchUp with a store and MisfireAfter: %v", err)
 	}
 }
 
