@@ -320,3 +320,24 @@ func keysOf(key string) (lock, fence string) {
 	tag := "{" + redistag.Escape(key) + "}:"
 	return tag + "lock", tag + "fence"
 }
+
+// Ping implements driver.Pinger: nil when a majority of the nodes answer
+// PING within the node timeout, which is what a lock needs.
+func (l *Locker) Ping(ctx context.Context) error {
+	rs := l.each(ctx, func(ctx context.Context, c goredis.UniversalClient) (any, error) {
+		return nil, c.Ping(ctx).Err()
+	})
+	up := 0
+	for _, r := range rs {
+		if r.err == nil {
+			up++
+		}
+	}
+	if up >= l.quorum {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: redlock: %d of %d nodes answered, %d needed: %w", driver.ErrUnavailable, up, len(l.nodes), l.quorum, firstErr(rs))
+}

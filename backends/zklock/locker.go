@@ -429,6 +429,16 @@ func (l *Locker) check(now time.Time) (heartbeat bool, next time.Duration) {
 	return now.Sub(ep.lastAck) >= interval, min(lossAt.Sub(now), interval)
 }
 
+// Ping implements driver.Pinger: one read of the root node, bounded like
+// every request.
+func (l *Locker) Ping(ctx context.Context) error {
+	_, err := call(ctx, l, "ping", func() (bool, error) {
+		ok, _, err := l.conn.Exists(l.root)
+		return ok, err
+	})
+	return err
+}
+
 // errClosed ends the calls of a closed Locker. It does not wrap
 // driver.ErrUnavailable, which a waiting Acquire would retry forever.
 var errClosed = errors.New("zklock: the Locker is closed")

@@ -123,3 +123,12 @@ type BatchRefresher interface {
 	// lease's Expiry). guard passes only leases this Locker granted.
 	RefreshBatch(ctx context.Context, leases []Lease, ttl time.Duration) []error
 }
+
+// Pinger is an optional capability: checking that the backend answers, for
+// health checks and for refusing to start on a wrong address. Ping returns
+// nil when the backend answered a request within ctx, and otherwise an error
+// wrapping ErrUnavailable (or ctx's error when ctx ended first). It never
+// blocks past ctx's deadline, whatever the client's own timeouts.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}

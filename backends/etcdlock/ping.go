@@ -1,0 +1,29 @@
+package etcdlock
+
+import (
+	"context"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+var _ driver.Pinger = (*Locker)(nil)
+
+// Ping implements driver.Pinger.
+func (l *Locker) Ping(ctx context.Context) error { return ping(ctx, l.client, l.timeout) }
+
+// Ping reports whether the store's etcd cluster answers, as Locker.Ping
+// does.
+func (s *Store) Ping(ctx context.Context) error { return ping(ctx, s.client, s.timeout) }
+
+// pingKey is read, never written: a linearizable read of any key needs the
+// cluster's leader and a quorum, which is what locks need too.
+const pingKey = "\x00warden-ping"
+
+func ping(ctx context.Context, c *clientv3.Client, b bound) error {
+	rctx, cancel := b.ctx(ctx)
+	defer cancel()
+	_, err := c.Get(rctx, pingKey, clientv3.WithCountOnly())
+	return b.err(ctx, rctx, err)
+}
