@@ -4,6 +4,6 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)
 -- Returns {1, token} or {0, holder's pttl}.
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('incr', KEYS[2])}
+  return {1, next_token(KEYS[2])}
 end
 return {0, redis.call('pttl', KEYS[1])}

@@ -25,7 +25,20 @@
 // '{', '}' and '%' in a key are percent-encoded so the hash tag stays whole.
 // The fence counter is the only key that never expires: its cost is one
 // small key per lock name ever used, the price of tokens that never go back.
-// It is replicated asynchronously like every Redis write, so a failover to a
-// replica that missed it, or a restart without persistence, can issue a
-// token again: the fence is as durable as the deployment's data.
+//
+// # What the fencing token guarantees
+//
+// Each grant sets the fence to the greater of its last value plus one and
+// the server's clock (TIME) in microseconds, and that is the token. The
+// fence is replicated asynchronously like every Redis write, so a failover
+// to a replica that missed the latest grants, or a restart without
+// persistence, loses it (and the lock with it: two holders may then
+// overlap, which is what the token is for). The next grant starts again
+// from the new server's clock, which is past every token issued before as
+// long as that server's clock is not behind the old one's by more than the
+// time from the last grant there to the first grant here (a failover takes
+// seconds; keep the servers' clocks synchronized, as NTP does, well within
+// that). On one server that keeps its clock, tokens grow whatever happens to
+// its data. A clock stepped backwards by more than the gap between two
+// grants is the one case where a token can repeat.
 package redislock

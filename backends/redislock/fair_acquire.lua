@@ -21,7 +21,7 @@ if redis.call('exists', KEYS[1]) == 0 and ((not head) or head == ARGV[1]) then
     redis.call('lpop', KEYS[3])
     redis.call('zrem', KEYS[4], ARGV[1])
   end
-  return {1, redis.call('incr', KEYS[2])}
+  return {1, next_token(KEYS[2])}
 end
 if ARGV[3] == '1' then
   local timeout = tonumber(ARGV[4])

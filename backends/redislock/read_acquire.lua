@@ -16,7 +16,7 @@ if wpttl == -2 and redis.call('zcard', KEYS[3]) == 0 then
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
   end
-  return {1, redis.call('incr', KEYS[4])}
+  return {1, next_token(KEYS[4])}
 end
 if wpttl < 0 then
   local first = redis.call('zrange', KEYS[3], 0, 0, 'WITHSCORES')

@@ -35,6 +35,9 @@ var (
 	zrefreshSrc string
 	//go:embed inspect.lua
 	inspectSrc string
+	// tokenSrc defines next_token for the scripts that grant a lock.
+	//go:embed token.lua
+	tokenSrc string
 )
 
 // scripts holds the parsed scripts. It lives in the Locker rather than in
@@ -47,16 +50,16 @@ type scripts struct {
 
 func newScripts() *scripts {
 	return &scripts{
-		acquire:      goredis.NewScript(acquireSrc),
-		fairAcquire:  goredis.NewScript(fairAcquireSrc),
+		acquire:      goredis.NewScript(tokenSrc + acquireSrc),
+		fairAcquire:  goredis.NewScript(tokenSrc + fairAcquireSrc),
 		release:      goredis.NewScript(releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
 		dequeue:      goredis.NewScript(dequeueSrc),
-		readAcquire:  goredis.NewScript(readAcquireSrc),
-		writeAcquire: goredis.NewScript(writeAcquireSrc),
+		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
+		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),
 		writeRelease: goredis.NewScript(writeReleaseSrc),
 		unwait:       goredis.NewScript(unwaitSrc),
-		semAcquire:   goredis.NewScript(semAcquireSrc),
+		semAcquire:   goredis.NewScript(tokenSrc + semAcquireSrc),
 		zrelease:     goredis.NewScript(zreleaseSrc),
 		zrefresh:     goredis.NewScript(zrefreshSrc),
 		inspect:      goredis.NewScript(inspectSrc),

@@ -12,7 +12,7 @@ if redis.call('zcard', KEYS[1]) < tonumber(ARGV[3]) then
   if redis.call('pttl', KEYS[1]) < ttl then
     redis.call('pexpire', KEYS[1], ttl)
   end
-  return {1, redis.call('incr', KEYS[2])}
+  return {1, next_token(KEYS[2])}
 end
 local first = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, tonumber(first[2]) - now}

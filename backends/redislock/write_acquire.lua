@@ -13,7 +13,7 @@ redis.call('zremrangebyscore', KEYS[3], '-inf', now)
 if redis.call('exists', KEYS[2]) == 0 and redis.call('zcard', KEYS[1]) == 0 then
   redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[2])
   redis.call('zrem', KEYS[3], ARGV[1])
-  return {1, redis.call('incr', KEYS[4])}
+  return {1, next_token(KEYS[4])}
 end
 if ARGV[3] == '1' then
   local timeout = tonumber(ARGV[4])

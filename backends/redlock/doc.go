@@ -31,12 +31,17 @@
 // node, so a later lease reads a counter at least as high as every earlier
 // token, and tokens increase.
 //
-// That holds under an assumption the docs must state plainly: nodes keep
-// their data. A node that restarts without persistence (or with fsync
-// lagging, appendfsync everysec) forgets both its votes and its counter; if
-// enough do, two holders may overlap and tokens may repeat. Run the nodes
-// with appendonly yes and appendfsync always, or keep a restarted node out
-// of service for longer than the largest TTL (delayed restart).
+// Mutual exclusion holds under an assumption the docs must state plainly:
+// nodes keep their data. A node that restarts without persistence (or with
+// fsync lagging, appendfsync everysec) forgets its votes; if enough do, two
+// holders may overlap. Run the nodes with appendonly yes and appendfsync
+// always, or keep a restarted node out of service for longer than the
+// largest TTL (delayed restart). Tokens still grow when counters are lost:
+// a node that votes reports the greater of its counter and its clock in
+// microseconds, so a token issued after nodes forgot their counters is past
+// every earlier one unless their clocks run behind by more than the time
+// they were away. That is what lets fenced storage refuse the stale holder
+// of such an overlap.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

@@ -235,3 +235,32 @@ func TestLimits(t *testing.T) {
 		t.Errorf("a nil node: %v, want ErrInvalidOption", err)
 	}
 }
+
+// TestTokensGrowAfterNodesForget: every node restarts without persistence,
+// forgetting its fence; tokens issued afterwards are still greater than
+// every token issued before.
+func TestTokensGrowAfterNodesForget(t *testing.T) {
+	servers := startServers(t, 3)
+	grant := func() uint64 {
+		t.Helper()
+		l := privateLocker(t, servers, nil)
+		lease, err := l.Acquire(context.Background(), "k", driver.AcquireOptions{TTL: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return lease.Token()
+	}
+	var last uint64
+	for range 5 {
+		last = grant()
+	}
+	for _, s := range servers {
+		s.restart(t)
+	}
+	if next := grant(); next <= last {
+		t.Fatalf("token %d after the nodes restarted empty, not greater than %d before", next, last)
+	}
+}

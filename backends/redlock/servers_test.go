@@ -35,15 +35,20 @@ func startServers(t *testing.T, n int) []*server {
 	}
 	out := make([]*server, n)
 	for i := range out {
-		out[i] = startServer(t, bin)
+		out[i] = startServer(t, bin, 0)
 	}
 	return out
 }
 
-func startServer(t *testing.T, bin string) *server {
+// startServer starts a redis-server on port, or on a free one when port is
+// 0.
+func startServer(t *testing.T, bin string, port int) *server {
 	t.Helper()
+	fixed := port
 	for range 5 { // a free port can be taken by someone else before we bind it
-		port := freePort(t)
+		if port = fixed; port == 0 {
+			port = freePort(t)
+		}
 		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
 		stdout, err := cmd.StdoutPipe()
@@ -99,6 +104,16 @@ func (s *server) waitReady(patience time.Duration) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
+}
+
+// restart starts the server again on its port, with no data: as after a
+// crash without persistence.
+func (s *server) restart(t *testing.T) {
+	t.Helper()
+	s.kill(t)
+	_, port, _ := net.SplitHostPort(s.addr)
+	p, _ := strconv.Atoi(port)
+	*s = *startServer(t, s.cmd.Path, p)
 }
 
 func (s *server) kill(t *testing.T) {
