@@ -29,6 +29,7 @@ var (
 // memory. It is safe for concurrent use.
 type Store struct {
 	client              goredis.UniversalClient
+	sc                  *scripter // client, for scripts
 	prefix              string
 	claim, update, read *goredis.Script
 }
@@ -50,6 +51,7 @@ func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, erro
 	}
 	s := &Store{
 		client: client,
+		sc:     newScripter(client),
 		prefix: "warden:idem:",
 		claim:  goredis.NewScript(idemClaimSrc),
 		update: goredis.NewScript(idemUpdateSrc),
@@ -79,7 +81,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	v, err := s.claim.Run(ctx, s.client, []string{s.recordKey(c.Scope, c.Key)}, c.Owner, c.Fingerprint, ms(c.Lease)).Result()
+	v, err := s.claim.Run(ctx, s.sc, []string{s.recordKey(c.Scope, c.Key)}, c.Owner, c.Fingerprint, ms(c.Lease)).Result()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
@@ -114,7 +116,7 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.update.Run(ctx, s.client, []string{s.recordKey(scope, key)}, owner, op, d, response).Int64()
+	n, err := s.update.Run(ctx, s.sc, []string{s.recordKey(scope, key)}, owner, op, d, response).Int64()
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
@@ -132,7 +134,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	v, err := s.read.Run(ctx, s.client, []string{s.recordKey(scope, key)}).Result()
+	v, err := s.read.Run(ctx, s.sc, []string{s.recordKey(scope, key)}).Result()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

@@ -32,7 +32,7 @@ func labelOf(owner string) string {
 // are not counted.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	n := namesOf(key)
-	r, err := l.s.inspect.Run(ctx, l.client, []string{n.lock(), n.fence(), n.queue()}).Slice()
+	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue()}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}

@@ -60,7 +60,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	px := pxOf(ttl)
 	s, keys, args := ls.refreshCall(px)
 	sent := time.Now()
-	n, err := s.Run(ctx, ls.l.client, keys, args...).Int64()
+	n, err := s.Run(ctx, ls.l.sc, keys, args...).Int64()
 	return ls.refreshed(ctx, sent, px, n, err)
 }
 
@@ -94,7 +94,7 @@ func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, err
 // Release implements driver.Lease: it gives the lease up, only if it is
 // still this owner's.
 func (ls *lease) Release(ctx context.Context) error {
-	n, err := ls.releaseOn(ctx, ls.l.client)
+	n, err := ls.releaseOn(ctx, ls.l.sc)
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}

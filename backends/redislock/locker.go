@@ -17,6 +17,7 @@ import (
 // driver.BatchRefresher. It is safe for concurrent use.
 type Locker struct {
 	client goredis.UniversalClient
+	sc     *scripter // client, for scripts
 	cfg    config
 	s      *scripts
 	notify *notifier
@@ -89,7 +90,7 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 			return nil, fmt.Errorf("%w: WithWaitReplicas with a %T", driver.ErrUnsupported, client)
 		}
 	}
-	return &Locker{client: client, cfg: c, s: newScripts(), notify: newNotifier(client)}, nil
+	return &Locker{client: client, sc: newScripter(client), cfg: c, s: newScripts(), notify: newNotifier(client)}, nil
 }
 
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
@@ -126,8 +127,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return run(ctx, sc, l.s.fairAcquire, keys, owner, px, flag(queued), waitMs)
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.client, release, owner, channel)
-				l.s.dequeue.Run(ctx, l.client, []string{n.queue(), n.deadlines(), n.lock()}, owner, channel)
+				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, owner, channel)
 			},
 		}
 	} else {
@@ -137,7 +138,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return run(ctx, sc, l.s.acquire, keys, owner, px)
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.client, release, owner, channel)
+				l.s.release.Run(ctx, l.sc, release, owner, channel)
 			},
 		}
 	}

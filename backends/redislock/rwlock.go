@@ -28,7 +28,7 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.Acquir
 			return run(ctx, sc, l.s.readAcquire, keys, owner, px)
 		},
 		cleanup: func(ctx context.Context) {
-			l.s.zrelease.Run(ctx, l.client, keys[:1], owner, channel, "0")
+			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "0")
 		},
 	})
 }
@@ -53,8 +53,8 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 			return run(ctx, sc, l.s.writeAcquire, keys, owner, px, flag(queued), waitMs)
 		},
 		cleanup: func(ctx context.Context) {
-			l.s.writeRelease.Run(ctx, l.client, keys[1:2], owner, channel)
-			l.s.unwait.Run(ctx, l.client, keys[2:3], owner, channel)
+			l.s.writeRelease.Run(ctx, l.sc, keys[1:2], owner, channel)
+			l.s.unwait.Run(ctx, l.sc, keys[2:3], owner, channel)
 		},
 	})
 }
@@ -82,7 +82,7 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 			return run(ctx, sc, l.s.semAcquire, keys, owner, px, permits)
 		},
 		cleanup: func(ctx context.Context) {
-			l.s.zrelease.Run(ctx, l.client, keys[:1], owner, channel, "1")
+			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "1")
 		},
 	})
 }

@@ -143,7 +143,7 @@ func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, d time.Duratio
 // the writes of the connection it is sent on.
 func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) ([]int64, error) {
 	if l.cfg.replicas == 0 {
-		return w.attempt(ctx, l.client, queued)
+		return w.attempt(ctx, l.sc, queued)
 	}
 	var conn *goredis.Conn
 	switch c := l.client.(type) {

@@ -1,0 +1,86 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// scripter runs the scripts on a client, adding what a Redis Cluster needs
+// and go-redis does not do with its default options:
+//
+//   - While a lock's slot migrates to another node, a script that names
+//     keys of which some exist and some do not is answered TRYAGAIN.
+//     go-redis retries it only a few times within milliseconds; a release
+//     that gives up then leaves the lock taken for its TTL. The script is
+//     sent again, with growing pauses, until it is answered otherwise or
+//     ctx ends.
+//   - After a master dies, go-redis keeps sending its slots' commands to
+//     it until a MOVED answer (which a dead node never sends) or its
+//     periodic reload, a minute later. A command that fails without an
+//     answer from the server makes the client reload the slot map at once
+//     (at most every reloadEvery), so locks come back as soon as a replica
+//     has been promoted.
+type scripter struct {
+	goredis.Scripter
+	cluster  *goredis.ClusterClient // nil when the client is not a Cluster's
+	reloaded atomic.Int64           // unix nanos of the last reload asked for
+}
+
+const reloadEvery = 250 * time.Millisecond
+
+func newScripter(c goredis.UniversalClient) *scripter {
+	cc, _ := c.(*goredis.ClusterClient)
+	return &scripter{Scripter: c, cluster: cc}
+}
+
+func (s *scripter) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	return s.retry(ctx, func() *goredis.Cmd { return s.Scripter.Eval(ctx, script, keys, args...) })
+}
+
+func (s *scripter) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *goredis.Cmd {
+	return s.retry(ctx, func() *goredis.Cmd { return s.Scripter.EvalSha(ctx, sha1, keys, args...) })
+}
+
+func (s *scripter) retry(ctx context.Context, send func() *goredis.Cmd) *goredis.Cmd {
+	if s.cluster == nil {
+		return send()
+	}
+	pause := driver.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Millisecond}
+	for {
+		cmd := send()
+		err := cmd.Err()
+		if err != nil && !isReply(err) {
+			s.reload()
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
+			return cmd
+		}
+		if driver.Sleep(ctx, pause.Next(), nil) != nil {
+			return cmd
+		}
+	}
+}
+
+// reload asks the Cluster client to load the slot map again.
+func (s *scripter) reload() {
+	now := time.Now().UnixNano()
+	last := s.reloaded.Load()
+	if now-last < int64(reloadEvery) || !s.reloaded.CompareAndSwap(last, now) {
+		return
+	}
+	s.cluster.ReloadState(context.Background())
+}
+
+// isReply tells an answer of the server (a Lua error, NOSCRIPT, MOVED) from
+// a failure to get one (a refused or timed-out connection).
+func isReply(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re)
+}
