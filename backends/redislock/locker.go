@@ -49,7 +49,12 @@ func WithWaiterTimeout(d time.Duration) Option {
 
 // WithWaitReplicas makes every acquisition wait, with the WAIT command, until
 // n replicas have acknowledged it or timeout passes; when fewer acknowledge,
-// the lock is released again and Acquire fails with driver.ErrUnavailable.
+// the lock is released again and Acquire fails with driver.ErrUnavailable,
+// saying how many replicas the master has. There is no degraded mode: after
+// a failover that left a shard with fewer than n replicas, locks on that
+// shard fail (and waiting acquisitions keep trying) until enough rejoin,
+// because a lock that one crash can erase is what this option exists to
+// refuse.
 //
 // It narrows, but does not close, the window in which a failover promotes a
 // replica that never saw the lock: WAIT does not make Redis replication

@@ -176,8 +176,9 @@ func TestWaitReplicasUnmet(t *testing.T) {
 	ctx := context.Background()
 	key := fmt.Sprintf("wait-replicas/%d", time.Now().UnixNano())
 	l := newLocker(t, newClient(t), WithWaitReplicas(1, 50*time.Millisecond))
-	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrUnavailable) {
-		t.Fatalf("Acquire with an unmet WAIT: got %v, want ErrUnavailable", err)
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "the master has 0 connected replicas") {
+		t.Fatalf("Acquire with an unmet WAIT on a master without replicas: got %v, want ErrUnavailable naming the cause", err)
 	}
 	lease, err := newLocker(t, newClient(t)).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {

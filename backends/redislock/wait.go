@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -166,11 +167,27 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 		return r, nil
 	}
 	if err == nil {
-		err = fmt.Errorf("%d of %d replicas acknowledged the lock within %v", acked, l.cfg.replicas, l.cfg.replicaWait)
+		err = fmt.Errorf("%d of %d replicas acknowledged the lock within %v%s", acked, l.cfg.replicas, l.cfg.replicaWait, replicasOf(ctx, conn))
 	}
 	// The lock must not outlive the failed acquisition.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	ls.releaseOn(rctx, conn)
 	return nil, driver.Unavailable(ctx, err)
+}
+
+// replicasOf says how many replicas the master behind conn has, when it
+// tells: after a failover that left a shard without replicas, no WAIT can
+// succeed until one rejoins, and the error should say so.
+func replicasOf(ctx context.Context, conn *goredis.Conn) string {
+	info, err := conn.Info(ctx, "replication").Result()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
+			return fmt.Sprintf(" (the master has %s connected replicas; locks on it fail until enough rejoin)", n)
+		}
+	}
+	return ""
 }
