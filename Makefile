@@ -23,7 +23,7 @@ FUZZTIME ?= 10s
 FUZZ ?= .
 ARGS ?=
 
-.PHONY: help run demo services services-down services-status test bench lint staticcheck fuzz
+.PHONY: help run demo services services-down services-status test bench bench-peers lint staticcheck fuzz
 
 help:
 	@echo "make run              go run ./examples/closeorder (ARGS=...)"
@@ -33,6 +33,7 @@ help:
 	@echo "make services-status  which test servers answer"
 	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...)"
 	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
+	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 10 minutes)"
 	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
 	@echo "make fuzz             each fuzz target for FUZZTIME=$(FUZZTIME) (FUZZ=regexp)"
 
@@ -73,6 +74,10 @@ test: services
 
 bench: services
 	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKG)
+
+# Its own module, so that warden's users never download the peers.
+bench-peers: services
+	eval "$$($(SERVICES) env)" && cd benchmarks && WARDEN_REQUIRE_SERVERS=1 $(GO) run ./cmd/bench-peers -out . $(ARGS)
 
 lint: staticcheck
 	@echo "gofmt -l ."

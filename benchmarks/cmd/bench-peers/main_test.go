@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickRun runs the whole program in -quick mode against the servers of
+// scripts/services.sh, and checks that it measured everything and wrote a
+// readable report and chart. Figures are never asserted: they depend on the
+// machine.
+func TestQuickRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for tens of seconds against live servers")
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	err := run(ctx, []string{"-quick", "-out", dir}, &out)
+	t.Log(out.String())
+	if err != nil {
+		if strings.Contains(err.Error(), "no server answered") && os.Getenv("WARDEN_REQUIRE_SERVERS") != "1" {
+			t.Skipf("no server: %v (start them with scripts/services.sh up)", err)
+		}
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := string(md)
+	for _, want := range []string{"# Benchmarks", "## Machine", "logical CPUs", "go1."} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if i := strings.Index(report, "## Failures"); i >= 0 {
+		t.Errorf("measurements failed:\n%s", report[i:])
+	}
+	if strings.Contains(out.String(), "leaving out") && os.Getenv("WARDEN_REQUIRE_SERVERS") != "1" {
+		t.Logf("some groups were left out: their servers did not answer")
+	}
+	f, err := os.Open(filepath.Join(dir, "bench-peers.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 100 || b.Dy() < 100 {
+		t.Errorf("chart is %v", b)
+	}
+}
+
+func TestSettings(t *testing.T) {
+	s, err := parseSettings([]string{"-quick", "-reps", "2", "-pairs", "memory,redis"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.reps != 2 || s.uncontended >= time.Second || len(s.contenders) != 2 {
+		t.Errorf("quick defaults not applied around an explicit flag: %+v", s)
+	}
+	if strings.Join(s.groups, ",") != "redis,memory" {
+		t.Errorf("groups %v, want the known order", s.groups)
+	}
+	for _, bad := range [][]string{{"-pairs", "mongo"}, {"-contenders", "0"}, {"-reps", "0"}, {"stray"}} {
+		if _, err := parseSettings(bad, &strings.Builder{}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestStatistics(t *testing.T) {
+	if q := quantile([]float64{5, 1, 4, 2, 3}, 0.5); q != 3 {
+		t.Errorf("p50 = %v", q)
+	}
+	if q := quantile([]float64{1, 2, 3, 4, 100}, 0.99); q != 100 {
+		t.Errorf("p99 = %v", q)
+	}
+	m := median([]float64{3, math.NaN(), 1, 2}, func(v float64) float64 { return v })
+	if m != 2 {
+		t.Errorf("median = %v", m)
+	}
+	if !math.IsNaN(ratio(1, 0)) || ratio(3, 2) != 1.5 {
+		t.Error("ratio")
+	}
+}
+
+func TestChartWithoutData(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.png")
+	d := chartData{series: []string{"a", "b"}, rows: []chartRow{
+		{label: "x vs y", values: []float64{0.004, 3000}},
+		{label: "z vs w …", values: []float64{math.NaN(), 1}},
+	}}
+	if err := writeChart(path, d, "title"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFormatting(t *testing.T) {
+	for _, c := range []struct {
+		r    float64
+		want string
+	}{{0.0001, "0.0001×"}, {0.069, "0.069×"}, {0.42, "0.42×"}, {31.4, "31.4×"}, {2116, "2116×"}, {math.NaN(), "—"}} {
+		if got := fmtRatio(c.r); got != c.want {
+			t.Errorf("fmtRatio(%v) = %q, want %q", c.r, got, c.want)
+		}
+	}
+	for in, want := range map[string]string{"-out": "-out", "..": "..", "a b": "'a b'", "it's": `'it'\''s'`, "": "''"} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

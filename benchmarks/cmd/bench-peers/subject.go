@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// subject is one lock implementation under measurement: warden's Guard on a
+// backend, or a peer library used the way its documentation shows.
+type subject struct {
+	id     string
+	label  string // as the report names it
+	group  string
+	warden bool
+	// how is how the subject is set up and waits, for the report.
+	how string
+	// fixture sets up one measurement. Workers made from it have clients of
+	// their own, as separate processes would, except in-process subjects,
+	// whose workers share one lock table as goroutines of a process do.
+	fixture func(ctx context.Context, m *meter) (fixture, error)
+	// holder sets up the renewal scenario; nil when it is not measured.
+	holder func(ctx context.Context, m *meter, ttl time.Duration) (holder, error)
+	// redis lists the Redis servers whose commands the subject's figures
+	// count; none for the other backends.
+	redis []string
+	// batch is how many cycles one latency sample times: in-process locks
+	// take less time than reading the clock does.
+	batch int
+}
+
+// fixture makes the workers of one measurement.
+type fixture interface {
+	worker(ctx context.Context) (worker, error)
+	close()
+}
+
+// worker takes a lock the blocking way, runs a section and releases it.
+type worker interface {
+	// cycle waits for key, runs section while holding it, and releases it
+	// whether or not ctx is done by then, as a deferred unlock would.
+	cycle(ctx context.Context, key string, section func()) error
+	close()
+}
+
+// holder keeps many locks alive at once, renewing them the way the
+// subject's users have to (for peers without a keeper, a goroutine per
+// lock).
+type holder interface {
+	// hold acquires every key and keeps renewing them until release.
+	hold(ctx context.Context, keys []string) error
+	// lost counts the locks whose renewal failed so far.
+	lost() int
+	release(ctx context.Context) error
+	close()
+}
+
+// perWorker is the fixture of subjects whose workers share nothing.
+type perWorker func(ctx context.Context) (worker, error)
+
+func (f perWorker) worker(ctx context.Context) (worker, error) { return f(ctx) }
+func (perWorker) close()                                       {}
+
+// releaseContext bounds a release that must happen even after the caller's
+// context is done, like warden's own release on the way out of Do.
+func releaseContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Second)
+}
+
+// closers runs cleanups in reverse order, like defers.
+type closers []func()
+
+func (c *closers) add(f func()) { *c = append(*c, f) }
+
+func (c closers) close() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
+}
+
+// parallel runs f for each index with up to width goroutines and returns
+// the first error.
+func parallel(ctx context.Context, n, width int, f func(ctx context.Context, i int) error) error {
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range min(width, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f(ctx, i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// renewers is the renewal loop of a peer without a keeper: one goroutine
+// per held lock, renewing it every period, as those libraries' users write
+// it.
+type renewers struct {
+	wg     sync.WaitGroup
+	stop   chan struct{}
+	failed atomic.Int64
+}
+
+func newRenewers() *renewers { return &renewers{stop: make(chan struct{})} }
+
+// start renews one lock every period with refresh until stopped; a failed
+// renewal counts the lock as lost and ends its loop.
+func (r *renewers) start(period time.Duration, refresh func(ctx context.Context) error) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), period)
+			err := refresh(ctx)
+			cancel()
+			if err != nil {
+				r.failed.Add(1)
+				return
+			}
+		}
+	}()
+}
+
+func (r *renewers) halt() {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.wg.Wait()
+}
+
+// backoff is the wait of the hand-written peers: a jittered pause that
+// starts at 1ms and doubles up to 32ms, the usual shape of a polling loop.
+type backoff struct{ next time.Duration }
+
+func (b *backoff) wait(ctx context.Context) error {
+	if b.next == 0 {
+		b.next = time.Millisecond
+	}
+	d := b.next/2 + rand.N(b.next/2+1)
+	b.next = min(2*b.next, 32*time.Millisecond)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+var errNotHeld = errors.New("lock no longer held")
