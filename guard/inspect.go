@@ -3,6 +3,10 @@ package guard
 import (
 	"context"
 	"fmt"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -45,4 +49,72 @@ func (g *Guard) Inspect(ctx context.Context, key string) (Inspection, error) {
 		return Inspection{}, wrapLockErr(key, err)
 	}
 	return Inspection{Key: key, Holders: got.Holders, Waiters: got.Waiters}, nil
+}
+
+// List pages through the held locks whose keys (in the Guard's namespace)
+// start with prefix, in key order, beginning after the key after ("" for
+// the first page), at most limit of them (1 to 1000). It needs a backend
+// that implements driver.Lister; ErrUnsupported otherwise.
+func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("warden: list: %w: nil context", ErrInvalidOption)
+	}
+	if limit < 1 || limit > 1000 {
+		return nil, fmt.Errorf("warden: list: %w: limit %d, want 1 to 1000", ErrInvalidOption, limit)
+	}
+	ls, ok := g.locker.(driver.Lister)
+	if !ok {
+		return nil, fmt.Errorf("warden: list: %w: listing on %s", ErrUnsupported, g.backend)
+	}
+	from := ""
+	if after != "" {
+		from = g.prefix + after
+	}
+	page, err := ls.List(ctx, g.prefix+prefix, from, limit)
+	if err != nil {
+		return nil, fmt.Errorf("warden: list: %w", err)
+	}
+	out := make([]Inspection, len(page))
+	for i, p := range page {
+		out[i] = Inspection{Key: strings.TrimPrefix(p.Key, g.prefix), Holders: p.Holders, Waiters: p.Waiters}
+	}
+	return out, nil
+}
+
+// ForceRelease takes key (in the Guard's namespace) away from whoever holds
+// it, for an operator freeing a lock whose holder hangs: the backend first
+// makes the next token greater than every token issued (so fenced storage
+// refuses the old holder's late writes), then removes the holding. The old
+// holder's context is cancelled at its next renewal at the latest (see the
+// backend's documentation for session-kept leases). It returns the holders
+// removed, none when the lock was free. It is logged at WARN and traced as
+// an admin action. It needs a backend that implements driver.ForceReleaser;
+// ErrUnsupported otherwise.
+func (g *Guard) ForceRelease(ctx context.Context, key string) ([]Holder, error) {
+	if ctx == nil {
+		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
+	}
+	if err := ValidateKey(key); err != nil {
+		return nil, wrapLockErr(key, err)
+	}
+	fr, ok := g.locker.(driver.ForceReleaser)
+	if !ok {
+		return nil, wrapLockErr(key, fmt.Errorf("%w: forced release on %s", ErrUnsupported, g.backend))
+	}
+	var span trace.Span
+	if tracer := g.tel.tracerFor(ctx); tracer != nil {
+		_, span = g.tel.startSpan(ctx, tracer, "warden.force_release", key)
+	}
+	removed, err := fr.ForceRelease(ctx, g.names.full(g.prefix, key))
+	if err != nil {
+		endSpan(span, outcomeError, err)
+		return nil, wrapLockErr(key, err)
+	}
+	attrs := []any{"key", key, "backend", g.backend, "removed", len(removed)}
+	for _, h := range removed {
+		attrs = append(attrs, "owner", h.Owner, "token", h.Token)
+	}
+	g.logger.WarnContext(ctx, "warden: lock released by an operator", attrs...)
+	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
+	return removed, nil
 }

@@ -46,6 +46,8 @@ const retryDivisor = 10
 const maxRenewals = 32
 
 func (k *keeper) add(l *Lock) {
+	// The backend read the clock for the grant already; Held shows it.
+	l.granted = l.lease.Expiry().Add(-l.ttl).UnixNano()
 	if sl, ok := l.lease.(driver.SessionLease); ok {
 		k.addToSession(l, sl.Session())
 		return

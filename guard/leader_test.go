@@ -8,7 +8,6 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
-	"github.com/warden-go/warden/guard/driver"
 )
 
 func TestCampaignElectsOneAtATimeWithGrowingTerms(t *testing.T) {
@@ -159,59 +158,3 @@ func TestObserveFollowsTerms(t *testing.T) {
 	for range seen {
 	}
 }
-
-func TestInspectNeedsTheCapability(t *testing.T) {
-	g := newGuard(t, withoutInspect{memory.New()})
-	if _, err := g.Inspect(context.Background(), "k"); !errors.Is(err, guard.ErrUnsupported) {
-		t.Fatalf("Inspect on a backend without it: %v, want ErrUnsupported", err)
-	}
-	if _, err := g.Observe(context.Background(), "e"); !errors.Is(err, guard.ErrUnsupported) {
-		t.Fatalf("Observe on a backend without Inspect: %v, want ErrUnsupported", err)
-	}
-	if _, err := newGuard(t, memory.New()).Inspect(context.Background(), ""); !errors.Is(err, guard.ErrInvalidKey) {
-		t.Fatalf("Inspect of an empty key: %v, want ErrInvalidKey", err)
-	}
-}
-
-func TestInspectReportsHoldersAndWaiters(t *testing.T) {
-	ctx := context.Background()
-	mem := memory.New()
-	g := newGuard(t, mem, guard.WithOwner("worker-1"))
-	in, err := g.Inspect(ctx, "k")
-	if err != nil || len(in.Holders) != 0 || in.Key != "k" {
-		t.Fatalf("free key: %+v, %v", in, err)
-	}
-	l, err := g.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		if l2, err := newGuard(t, mem).Lock(ctx, "k"); err == nil {
-			l2.Unlock(ctx)
-		}
-	}()
-	waitFor(t, "a waiter queues", 5*time.Second, func() bool { return mem.Waiters("warden:k") == 1 })
-	in, err = g.Inspect(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(in.Holders) != 1 || in.Holders[0].Owner != "worker-1" || in.Holders[0].Token != l.Token() || in.Waiters != 1 {
-		t.Fatalf("held key: %+v, want worker-1 with token %d and 1 waiter", in, l.Token())
-	}
-	l.Unlock(ctx)
-}
-
-func TestOwnerLabelIsChecked(t *testing.T) {
-	for _, bad := range []string{"tab\there", string(make([]byte, 200)), "\xff"} {
-		if _, err := guard.New(memory.New(), guard.WithOwner(bad)); !errors.Is(err, guard.ErrInvalidOption) {
-			t.Errorf("WithOwner(%q): %v, want ErrInvalidOption", bad, err)
-		}
-	}
-	g := newGuard(t, memory.New())
-	if g.Owner() == "" {
-		t.Fatal("no default owner label")
-	}
-}
-
-// withoutInspect shows only the memory backend's Locker methods.
-type withoutInspect struct{ driver.Locker }

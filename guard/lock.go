@@ -38,6 +38,7 @@ type Lock struct {
 	due     time.Time     // next renewal
 	at      time.Time     // when the keeper next looks: min(due, loss deadline)
 	index   int           // position in the keeper's heap; -1 when not in it
+	granted int64         // unix nanos of the grant: the first expiry less the TTL
 	lastErr error         // of the last renewal, while it failed
 	sess    *sessionWatch // the session keeping the lease alive, if any
 
@@ -223,7 +224,6 @@ type lockContext struct {
 	mu     sync.Mutex
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	cause  error // the cause it ended with, before ctx was made
 }
 
 // get returns the cancellable context, making it (already cancelled, if the
@@ -233,22 +233,35 @@ func (c *lockContext) get() context.Context {
 	defer c.mu.Unlock()
 	if c.ctx == nil {
 		c.ctx, c.cancel = context.WithCancelCause(c.parent)
-		if c.cause != nil {
-			c.cancel(c.cause)
+		if cause := c.lock.ended(); cause != nil {
+			c.cancel(cause)
 		}
 	}
 	return c.ctx
 }
 
-// end cancels the context with cause, or records cause for when it is made.
+// end cancels the context with cause, if it has been made; otherwise get
+// finds the cause in the lock's state when it makes it.
 func (c *lockContext) end(cause error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx != nil {
 		c.cancel(cause)
-	} else if c.cause == nil {
-		c.cause = cause
 	}
+}
+
+// ended is why the lock's context must be cancelled, or nil while it is
+// held: the loss, else the unlock.
+func (l *Lock) ended() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lostErr != nil {
+		return l.lostErr
+	}
+	if l.holds == 0 {
+		return errUnlocked
+	}
+	return nil
 }
 
 func (c *lockContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }

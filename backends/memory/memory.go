@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -127,6 +128,10 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.inspectLocked(key, now), nil
+}
+
+func (l *Locker) inspectLocked(key string, now time.Time) driver.Inspection {
 	var in driver.Inspection
 	for space := uint8(0); space < 3; space++ {
 		e := l.entries[entryKey{space, key}]
@@ -141,7 +146,56 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 		}
 	}
 	slices.SortFunc(in.Holders, func(a, b driver.Holding) int { return cmp.Compare(a.Token, b.Token) })
-	return in, nil
+	return in
+}
+
+// List implements driver.Lister.
+func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var keys []string
+	for k := range l.entries {
+		if strings.HasPrefix(k.key, prefix) && k.key > after {
+			keys = append(keys, k.key)
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys) // a key may have entries of several kinds
+	var out []driver.Listed
+	for _, k := range keys {
+		if len(out) == limit {
+			break
+		}
+		if in := l.inspectLocked(k, now); len(in.Holders) > 0 {
+			out = append(out, driver.Listed{Key: k, Inspection: in})
+		}
+	}
+	return out, nil
+}
+
+// ForceRelease implements driver.ForceReleaser for exclusive locks. Tokens
+// come from one counter per Locker, so the next grant's is greater anyway;
+// the old holder's next Refresh finds its lease gone.
+func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.entries[entryKey{exclusive.space(), key}]
+	if e == nil {
+		return nil, nil
+	}
+	e.expire(now)
+	var removed []driver.Holding
+	for _, h := range e.holders {
+		removed = append(removed, driver.Holding{Owner: h.owner, Token: h.token, TTL: h.expires.Sub(now)})
+	}
+	e.holders = e.holders[:0]
+	l.dispatch(e, now)
+	return removed, nil
 }
 
 func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o driver.AcquireOptions) (driver.Lease, error) {

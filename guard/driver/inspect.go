@@ -64,3 +64,32 @@ func CheckOwner(owner string) error {
 	}
 	return nil
 }
+
+// Lister is an optional capability: paging through the held locks, for
+// operators.
+type Lister interface {
+	// List returns up to limit held locks whose keys start with prefix, in
+	// ascending key order, beginning after the key after ("" for the first
+	// page). A key with no live holder is left out. limit is at least 1.
+	List(ctx context.Context, prefix, after string, limit int) ([]Listed, error)
+}
+
+// Listed is one held lock in a List page.
+type Listed struct {
+	// Key is the lock key, as Acquire got it.
+	Key string
+	Inspection
+}
+
+// ForceReleaser is an optional capability: an operator taking a lock away
+// from its holder (one that hangs, or whose process is gone but whose lease
+// is long).
+type ForceReleaser interface {
+	// ForceRelease removes key's current holders (of a plain or fair lock)
+	// and returns them, or none when the key was free. It first makes sure
+	// the next grant's token is greater than every token issued so far, so
+	// that fenced storage refuses the old holders' later writes; an old
+	// holder finds its lease gone at its next renewal at the latest (for
+	// session-kept leases, see the backend's documentation).
+	ForceRelease(ctx context.Context, key string) ([]Holding, error)
+}

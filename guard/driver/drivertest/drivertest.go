@@ -92,6 +92,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, &b) })
 	t.Run("Semaphore", func(t *testing.T) { testSemaphore(t, &b) })
 	t.Run("Inspect", func(t *testing.T) { testInspect(t, &b) })
+	t.Run("List", func(t *testing.T) { testList(t, &b) })
+	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, &b) })
 }
 
 var keySeq atomic.Int64

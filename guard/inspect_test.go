@@ -1,0 +1,176 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+func TestInspectNeedsTheCapability(t *testing.T) {
+	g := newGuard(t, withoutInspect{memory.New()})
+	if _, err := g.Inspect(context.Background(), "k"); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("Inspect on a backend without it: %v, want ErrUnsupported", err)
+	}
+	if _, err := g.Observe(context.Background(), "e"); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("Observe on a backend without Inspect: %v, want ErrUnsupported", err)
+	}
+	if _, err := newGuard(t, memory.New()).Inspect(context.Background(), ""); !errors.Is(err, guard.ErrInvalidKey) {
+		t.Fatalf("Inspect of an empty key: %v, want ErrInvalidKey", err)
+	}
+}
+
+func TestInspectReportsHoldersAndWaiters(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	g := newGuard(t, mem, guard.WithOwner("worker-1"))
+	in, err := g.Inspect(ctx, "k")
+	if err != nil || len(in.Holders) != 0 || in.Key != "k" {
+		t.Fatalf("free key: %+v, %v", in, err)
+	}
+	l, err := g.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if l2, err := newGuard(t, mem).Lock(ctx, "k"); err == nil {
+			l2.Unlock(ctx)
+		}
+	}()
+	waitFor(t, "a waiter queues", 5*time.Second, func() bool { return mem.Waiters("warden:k") == 1 })
+	in, err = g.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Holders) != 1 || in.Holders[0].Owner != "worker-1" || in.Holders[0].Token != l.Token() || in.Waiters != 1 {
+		t.Fatalf("held key: %+v, want worker-1 with token %d and 1 waiter", in, l.Token())
+	}
+	l.Unlock(ctx)
+}
+
+func TestOwnerLabelIsChecked(t *testing.T) {
+	for _, bad := range []string{"tab\there", string(make([]byte, 200)), "\xff"} {
+		if _, err := guard.New(memory.New(), guard.WithOwner(bad)); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("WithOwner(%q): %v, want ErrInvalidOption", bad, err)
+		}
+	}
+	g := newGuard(t, memory.New())
+	if g.Owner() == "" {
+		t.Fatal("no default owner label")
+	}
+}
+
+func TestHeldListsThisGuardsLocks(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New(), guard.WithTTL(time.Second))
+	if h := g.Held(); len(h) != 0 {
+		t.Fatalf("Held before any lock: %+v", h)
+	}
+	before := time.Now()
+	b, err := g.Lock(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := g.Lock(ctx, "a", guard.Write())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := g.Held()
+	if len(held) != 2 || held[0].Key != "a" || held[1].Key != "b" {
+		t.Fatalf("Held = %+v, want a then b", held)
+	}
+	if held[0].Mode != "write" || held[0].Token != a.Token() || held[1].Token != b.Token() {
+		t.Fatalf("Held = %+v, want a in write mode with token %d, b with %d", held, a.Token(), b.Token())
+	}
+	for _, h := range held {
+		if h.Acquired.Before(before.Add(-time.Second)) || h.Acquired.After(time.Now()) || !h.Expiry.After(h.Acquired) || h.Renewed.Before(h.Acquired) {
+			t.Fatalf("times of %+v do not fit a lock taken after %v", h, before)
+		}
+	}
+	waitFor(t, "a renewal of b", 5*time.Second, func() bool {
+		for _, h := range g.Held() {
+			if h.Key == "b" && h.Renewed.After(h.Acquired) {
+				return true
+			}
+		}
+		return false
+	})
+	a.Unlock(ctx)
+	b.Unlock(ctx)
+	if h := g.Held(); len(h) != 0 {
+		t.Fatalf("Held after unlocking everything: %+v", h)
+	}
+}
+
+func TestListAndForceRelease(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	g := newGuard(t, mem, guard.WithOwner("ops-test"), guard.WithTTL(time.Second))
+	other := newGuard(t, mem, guard.WithPrefix("other:"))
+	var locks []*guard.Lock
+	for _, k := range []string{"jobs/b", "jobs/a", "mail/x"} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l)
+	}
+	if _, err := other.Lock(ctx, "jobs/c"); err != nil { // another namespace: never listed
+		t.Fatal(err)
+	}
+	page, err := g.List(ctx, "jobs/", "", 1)
+	if err != nil || len(page) != 1 || page[0].Key != "jobs/a" || page[0].Holders[0].Owner != "ops-test" {
+		t.Fatalf("first page %+v, %v; want jobs/a held by ops-test", page, err)
+	}
+	page, err = g.List(ctx, "jobs/", "jobs/a", 10)
+	if err != nil || len(page) != 1 || page[0].Key != "jobs/b" {
+		t.Fatalf("second page %+v, %v; want only jobs/b", page, err)
+	}
+	if _, err := g.List(ctx, "", "", 0); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Fatalf("List with limit 0: %v, want ErrInvalidOption", err)
+	}
+
+	victim := locks[0] // jobs/b
+	removed, err := g.ForceRelease(ctx, "jobs/b")
+	if err != nil || len(removed) != 1 || removed[0].Token != victim.Token() {
+		t.Fatalf("ForceRelease = %+v, %v; want the holder with token %d", removed, err, victim.Token())
+	}
+	select {
+	case <-victim.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder's context was not cancelled after its lock was taken away")
+	}
+	if !errors.Is(victim.Err(), guard.ErrLockLost) {
+		t.Fatalf("the old holder's Err after a forced release: %v, want ErrLockLost", victim.Err())
+	}
+	next, err := g.TryLock(ctx, "jobs/b")
+	if err != nil || next.Token() <= victim.Token() {
+		t.Fatalf("TryLock after the forced release: %v (token %v after %d)", err, next, victim.Token())
+	}
+	next.Unlock(ctx)
+	if removed, err := g.ForceRelease(ctx, "jobs/b"); err != nil || len(removed) != 0 {
+		t.Fatalf("ForceRelease of a free lock: %+v, %v", removed, err)
+	}
+	if _, err := newGuard(t, withoutInspect{memory.New()}).ForceRelease(ctx, "k"); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("ForceRelease on a backend without it: %v, want ErrUnsupported", err)
+	}
+	if _, err := newGuard(t, withoutInspect{memory.New()}).List(ctx, "", "", 10); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("List on a backend without it: %v, want ErrUnsupported", err)
+	}
+}
+
+func TestPing(t *testing.T) {
+	if err := newGuard(t, memory.New()).Ping(context.Background()); err != nil {
+		t.Fatalf("Ping on memory: %v", err)
+	}
+	if err := newGuard(t, withoutInspect{memory.New()}).Ping(context.Background()); !errors.Is(err, guard.ErrUnsupported) {
+		t.Fatalf("Ping on a backend without it: %v, want ErrUnsupported", err)
+	}
+}
+
+// withoutInspect shows only the memory backend's Locker methods.
+type withoutInspect struct{ driver.Locker }
