@@ -4,9 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/internal/redistag"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -49,4 +54,96 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 	token, _ := r[2].(int64)
 	in.Holders = []driver.Holding{{Owner: labelOf(owner), Token: uint64(token), TTL: time.Duration(max(pttl, 0)) * time.Millisecond}}
 	return in, nil
+}
+
+// List implements driver.Lister. Redis keeps no index of lock names, so
+// each page SCANs every master for the prefix's lock keys and sorts them:
+// a page costs a pass over the keyspace, which suits an operator's tool,
+// not a hot path.
+func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
+	}
+	pattern := "{" + globEscape(redistag.Escape(prefix)) + "*}:lock"
+	var mu sync.Mutex
+	var keys []string
+	scan := func(ctx context.Context, c *goredis.Client) error {
+		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for it.Next(ctx) {
+			inner, ok := strings.CutSuffix(strings.TrimPrefix(it.Val(), "{"), "}:lock")
+			if !ok {
+				continue
+			}
+			key, ok := redistag.Unescape(inner)
+			if ok && strings.HasPrefix(key, prefix) && key > after {
+				mu.Lock()
+				keys = append(keys, key)
+				mu.Unlock()
+			}
+		}
+		return it.Err()
+	}
+	var err error
+	switch c := l.client.(type) {
+	case *goredis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *goredis.Client:
+		err = scan(ctx, c)
+	default:
+		return nil, fmt.Errorf("%w: listing locks on a %T", driver.ErrUnsupported, l.client)
+	}
+	if err != nil {
+		return nil, driver.Unavailable(ctx, err)
+	}
+	slices.Sort(keys)
+	var out []driver.Listed
+	for _, k := range keys {
+		if len(out) == limit {
+			break
+		}
+		in, err := l.Inspect(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if len(in.Holders) > 0 { // it may have been released since the scan
+			out = append(out, driver.Listed{Key: k, Inspection: in})
+		}
+	}
+	return out, nil
+}
+
+// globEscape keeps the characters SCAN's pattern gives a meaning to literal.
+func globEscape(s string) string {
+	if !strings.ContainsAny(s, `*?[]\`) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// ForceRelease implements driver.ForceReleaser for plain and fair locks. The
+// old holder finds its lease gone at its next renewal, a third of its TTL
+// later at most, and its section's context is cancelled then.
+func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+	n := namesOf(key)
+	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence()}, n.channel()).Slice()
+	if err != nil {
+		return nil, driver.Unavailable(ctx, err)
+	}
+	if len(r) != 3 {
+		return nil, fmt.Errorf("%w: force release answered %d values, want 3", driver.ErrUnavailable, len(r))
+	}
+	owner, ok := r[0].(string)
+	if !ok {
+		return nil, nil
+	}
+	token, _ := r[1].(int64)
+	pttl, _ := r[2].(int64)
+	return []driver.Holding{{Owner: labelOf(owner), Token: uint64(token), TTL: time.Duration(max(pttl, 0)) * time.Millisecond}}, nil
 }

@@ -110,6 +110,8 @@ var (
 	_ driver.Semaphorer     = (*Locker)(nil)
 	_ driver.BatchRefresher = (*Locker)(nil)
 	_ driver.Inspector      = (*Locker)(nil)
+	_ driver.Lister         = (*Locker)(nil)
+	_ driver.ForceReleaser  = (*Locker)(nil)
 )
 
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters

@@ -35,6 +35,8 @@ var (
 	zrefreshSrc string
 	//go:embed inspect.lua
 	inspectSrc string
+	//go:embed force_release.lua
+	forceReleaseSrc string
 	// tokenSrc defines next_token for the scripts that grant a lock.
 	//go:embed token.lua
 	tokenSrc string
@@ -45,7 +47,8 @@ var (
 type scripts struct {
 	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
-	semAcquire, zrelease, zrefresh, inspect         *goredis.Script
+	semAcquire, zrelease, zrefresh                  *goredis.Script
+	inspect, forceRelease                           *goredis.Script
 }
 
 func newScripts() *scripts {
@@ -63,5 +66,6 @@ func newScripts() *scripts {
 		zrelease:     goredis.NewScript(zreleaseSrc),
 		zrefresh:     goredis.NewScript(zrefreshSrc),
 		inspect:      goredis.NewScript(inspectSrc),
+		forceRelease: goredis.NewScript(tokenSrc + forceReleaseSrc),
 	}
 }

@@ -27,3 +27,33 @@ func Escape(s string) string {
 	}
 	return b.String()
 }
+
+// Unescape is the inverse of Escape, for names read back from keys. It
+// reports false for text Escape cannot have produced.
+func Unescape(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return s, !strings.ContainsAny(s, "{}")
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		switch s[i+1 : i+3] {
+		case "25":
+			b.WriteByte('%')
+		case "7B":
+			b.WriteByte('{')
+		case "7D":
+			b.WriteByte('}')
+		default:
+			return "", false
+		}
+		i += 2
+	}
+	return b.String(), true
+}

@@ -15,3 +15,17 @@ func TestEscape(t *testing.T) {
 		}
 	}
 }
+
+func TestUnescapeInvertsEscape(t *testing.T) {
+	for _, in := range []string{"orders/close", "a{b}c", "100%", "%7B", "", "%", "}{%%"} {
+		got, ok := Unescape(Escape(in))
+		if !ok || got != in {
+			t.Errorf("Unescape(Escape(%q)) = %q, %v", in, got, ok)
+		}
+	}
+	for _, bad := range []string{"%", "%7", "%41", "a{b"} {
+		if _, ok := Unescape(bad); ok {
+			t.Errorf("Unescape(%q) accepted text Escape never makes", bad)
+		}
+	}
+}
