@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"gorm.io/driver/mysql"
@@ -32,13 +33,19 @@ type backends struct {
 	sql     map[string]*gorm.DB
 	redis   map[string]goredis.UniversalClient
 	etcd    map[string]*clientv3.Client
+	zk      map[string]*zk.Conn
 	closers []func()
 	// pings answer /healthz: one per backend in use.
 	pings []func(context.Context) error
 }
 
 func newBackends() *backends {
-	return &backends{sql: map[string]*gorm.DB{}, redis: map[string]goredis.UniversalClient{}, etcd: map[string]*clientv3.Client{}}
+	return &backends{
+		sql:   map[string]*gorm.DB{},
+		redis: map[string]goredis.UniversalClient{},
+		etcd:  map[string]*clientv3.Client{},
+		zk:    map[string]*zk.Conn{},
+	}
 }
 
 func (b *backends) close() {
@@ -131,6 +138,23 @@ func (b *backends) openEtcd(ctx context.Context, hosts []string) (*clientv3.Clie
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
 	b.pings = append(b.pings, func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err })
+	return c, nil
+}
+
+// openZK connects to a ZooKeeper ensemble for the idempotency store. A
+// zklock.Locker keeps a session of its own, so this is a second connection to
+// the same servers, not a second system.
+func (b *backends) openZK(hosts []string) (*zk.Conn, error) {
+	key := strings.Join(hosts, ",")
+	if c, ok := b.zk[key]; ok {
+		return c, nil
+	}
+	c, _, err := zk.Connect(hosts, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		return nil, err
+	}
+	b.zk[key] = c
+	b.closers = append(b.closers, c.Close)
 	return c, nil
 }
 
@@ -228,6 +252,24 @@ func (b *backends) store(ctx context.Context, u *backendURL) (idempotency.Store,
 			return nil, err
 		}
 		return etcdlock.NewStore(c)
+	case "zk":
+		c, err := b.openZK(u.hosts)
+		if err != nil {
+			return nil, err
+		}
+		s, err := zklock.NewStore(c)
+		if err != nil {
+			return nil, err
+		}
+		// The client connects in the background: only a request tells
+		// whether the ensemble is there.
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.Ping(pctx); err != nil {
+			return nil, err
+		}
+		b.pings = append(b.pings, s.Ping)
+		return s, nil
 	}
 	return nil, fmt.Errorf("%s: %w", u, errNoStore)
 }

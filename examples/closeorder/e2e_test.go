@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/backends/zklock"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
@@ -33,6 +37,58 @@ func TestClusterOnSQLite(t *testing.T) {
 func TestClusterOnRedis(t *testing.T) {
 	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	runCluster(t, "sqlite://"+filepath.Join(t.TempDir(), "e2e.db"), "redis://"+addr)
+}
+
+// TestClusterOnZooKeeper runs the cluster on ZooKeeper alone besides the
+// orders database: its locks, and its idempotency store for the scheduler's
+// slots and the order endpoints.
+func TestClusterOnZooKeeper(t *testing.T) {
+	servers := drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181")
+	before := zkOrderRecords(t, servers)
+	runCluster(t, "sqlite://"+filepath.Join(t.TempDir(), "e2e.db"), "zk://"+servers)
+	// The orders' idempotency records are on ZooKeeper, not in the orders
+	// database.
+	added := 0
+	for name := range zkOrderRecords(t, servers) {
+		if !before[name] {
+			added++
+		}
+	}
+	if added == 0 {
+		t.Error("no idempotency record of an order appeared on ZooKeeper")
+	}
+}
+
+// zkOrderRecords returns the names of the records under zklock's default
+// store root that belong to this test's orders (their keys read e2e-...;
+// node names keep such bytes as they are).
+func zkOrderRecords(t *testing.T, servers string) map[string]bool {
+	t.Helper()
+	conn, _, err := zk.Connect(strings.Split(servers, ","), 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	names := map[string]bool{}
+	buckets, _, err := conn.Children(zklock.DefaultStoreRoot)
+	if errors.Is(err, zk.ErrNoNode) {
+		return names
+	}
+	if err != nil {
+		t.Fatalf("listing %s: %v", zklock.DefaultStoreRoot, err)
+	}
+	for _, b := range buckets {
+		records, _, err := conn.Children(zklock.DefaultStoreRoot + "/" + b)
+		if err != nil {
+			t.Fatalf("listing bucket %s: %v", b, err)
+		}
+		for _, r := range records {
+			if strings.Contains(r, "e2e-") && strings.Contains(r, "-order-") {
+				names[b+"/"+r] = true
+			}
+		}
+	}
+	return names
 }
 
 type replica struct {
