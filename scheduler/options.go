@@ -145,9 +145,10 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // a job must be safe to run twice for the slot it was cut short in, since
 // the dead run may have done part of its work.
 //
-// It needs a slot store and MisfireAfter. While a run goes on, its runner
-// renews its claim every third of the job's lock TTL, so a dead runner's
-// claim lapses one TTL after its last renewal. A runner that cannot renew
+// It needs a slot store and a MisfireAfter of more than twice the claim's
+// lease, which is the job's lock TTL but at least 2s. While a run goes on,
+// its runner renews its claim every third of that lease, so a dead runner's
+// claim lapses one lease after its last renewal. A runner that cannot renew
 // its claim for a whole TTL (its store unreachable) may see the slot run
 // again elsewhere once it has finished: the job's lock keeps the two runs
 // from overlapping.

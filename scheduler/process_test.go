@@ -393,9 +393,10 @@ func TestCatchUpAfterKill(t *testing.T) {
 	eachBackend(t, processBackends, func(t *testing.T, b backend) {
 		c := b.setup(t)
 		job := uniqueName("catchup")
-		// The window must hold the dead claim's lapse (one ttl after its
-		// last renewal), the watchers' poll (ttl/2) and the dead lock's.
-		every := max(4*time.Second, 3*c.ttl)
+		// The window must hold the dead claim's lapse (one lease, 2s or the
+		// ttl, after its last renewal), the watchers' poll (half a lease)
+		// and the dead lock's expiry.
+		every := max(6*time.Second, 3*c.ttl)
 		misfire := every - 500*time.Millisecond
 		// Long enough to be killed mid-run, short enough to fit the
 		// catch-up run into the slot's window after the dead claim lapses.

@@ -408,14 +408,20 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 // claimLease is how long a slot claim lives unless renewed. Without
 // CatchUp it covers the longest a run can last (the wait for the lock plus
 // the cap), so a node that dies mid-run keeps that one slot claimed. With
-// CatchUp it is one lock TTL, renewed while the run goes on, so that a dead
-// runner's claim lapses soon enough for another node to catch the slot up.
+// CatchUp it is one lock TTL (at least minCatchUpLease), renewed while the
+// run goes on, so that a dead runner's claim lapses soon enough for another
+// node to catch the slot up.
 func (j *job) claimLease() time.Duration {
 	if j.cfg.catchUp {
-		return j.lockTTL()
+		return max(j.lockTTL(), minCatchUpLease)
 	}
 	return j.cfg.wait + j.cfg.atMost + claimMargin
 }
+
+// minCatchUpLease keeps CatchUp's claims from lapsing under a runner that
+// is alive but slow to renew: a store answering late on a loaded machine
+// must not make a slot run twice.
+const minCatchUpLease = 2 * time.Second
 
 func (j *job) lockTTL() time.Duration {
 	if j.cfg.ttl > 0 {

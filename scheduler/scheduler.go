@@ -192,6 +192,10 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 		return nil, fmt.Errorf("%w: %q: CatchUp needs a slot store (WithSlotStore)", ErrInvalidJob, name)
 	}
 	j := &job{s: s, name: name, cfg: jc}
+	if lease := j.claimLease(); jc.catchUp && jc.misfireAfter <= 2*lease {
+		return nil, fmt.Errorf("%w: %q: MisfireAfter %v leaves no time to catch a slot up: a dead runner's claim lapses %v after its last renewal, so it must be more than %v",
+			ErrInvalidJob, name, jc.misfireAfter, lease, 2*lease)
+	}
 	if jc.ttl > 0 {
 		j.lockOpts = append(j.lockOpts, guard.TTL(jc.ttl))
 	}

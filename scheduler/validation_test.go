@@ -60,8 +60,11 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp()); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "MisfireAfter") {
 		t.Errorf("CatchUp without MisfireAfter: %v, want ErrInvalidJob naming MisfireAfter", err)
 	}
-	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)); err != nil {
-		t.Errorf("CatchUp with a store and MisfireAfter: %v", err)
+	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "no time to catch a slot up") {
+		t.Errorf("CatchUp with a MisfireAfter shorter than two claim leases: %v, want ErrInvalidJob saying why", err)
+	}
+	if err := stored.Add("@every 1m", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second)); err != nil {
+		t.Errorf("CatchUp with a store and a long enough MisfireAfter: %v", err)
 	}
 }
 
