@@ -135,6 +135,10 @@ func defaultOwner() string {
 	return host[:min(len(host), driver.MaxOwnerLen-len(pid))] + pid
 }
 
+// Backend returns the backend's name as spans, metrics and logs show it
+// (WithBackendName).
+func (g *Guard) Backend() string { return g.backend }
+
 // Owner returns the label this Guard's leases carry (WithOwner).
 func (g *Guard) Owner() string { return g.owner }
 

@@ -142,6 +142,8 @@ missing_packages() {
 	{ have mariadb && have mariadb-admin; } || echo mariadb-client
 	have curl || echo curl
 	{ have runuser && have setsid && have flock; } || echo util-linux
+	# Not a server: the debug page's test renders it in headless Chromium.
+	have chromium || echo chromium
 }
 
 install_missing() {

@@ -1,0 +1,192 @@
+// Package debugpage serves a page that answers an operator's first
+// questions about one process during an incident: which locks it holds,
+// with which tokens and until when; which of them others are waiting for;
+// what its scheduler ran last and runs next; and what an idempotency store
+// holds under a key. The same data comes as JSON with ?format=json.
+//
+// The page is rendered on the server (html/template) with its styles inline
+// and no scripts or external assets, so it works behind any proxy and on a
+// phone. Mount it where only operators reach it:
+//
+//	page, err := debugpage.New(g, debugpage.WithScheduler(s), debugpage.WithStore(store))
+//	mux.Handle("GET /debug/warden", page)
+//
+// It shows no secrets: idempotency owner tokens (which would let a reader
+// complete or abandon a claim) are cut to the instance that made them, and
+// stored responses are shown by size only.
+package debugpage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/scheduler"
+)
+
+// Option configures a page.
+type Option func(*Page)
+
+// WithScheduler adds the scheduler's jobs: schedule, next slot and last run.
+func WithScheduler(s *scheduler.Scheduler) Option { return func(p *Page) { p.sched = s } }
+
+// WithStore adds a lookup of one idempotency record (?scope=&key=).
+func WithStore(s idempotency.Store) Option { return func(p *Page) { p.store = s } }
+
+// WithInspectTimeout bounds the backend calls one page view makes to count
+// the waiters of the held locks (default 1s); a backend that does not
+// answer in time leaves the counts out instead of hanging the page.
+func WithInspectTimeout(d time.Duration) Option { return func(p *Page) { p.timeout = d } }
+
+// Page is the debug page, an http.Handler.
+type Page struct {
+	g       *guard.Guard
+	sched   *scheduler.Scheduler
+	store   idempotency.Store
+	timeout time.Duration
+}
+
+// New returns the page for g. A nil Guard or a non-positive timeout is an
+// error wrapping guard.ErrInvalidOption.
+func New(g *guard.Guard, opts ...Option) (*Page, error) {
+	if g == nil {
+		return nil, fmt.Errorf("debugpage: %w: nil Guard", guard.ErrInvalidOption)
+	}
+	p := &Page{g: g, timeout: time.Second}
+	for _, o := range opts {
+		if o != nil {
+			o(p)
+		}
+	}
+	if p.timeout <= 0 {
+		return nil, fmt.Errorf("debugpage: %w: inspect timeout %v is not positive", guard.ErrInvalidOption, p.timeout)
+	}
+	return p, nil
+}
+
+// View is what the page shows, and the JSON it serves.
+type View struct {
+	Owner   string    `json:"owner"`
+	Backend string    `json:"backend"`
+	Now     time.Time `json:"now"`
+	Held    []Held    `json:"held"`
+	// WaitersUnknown says why the waiter counts are missing, if they are.
+	WaitersUnknown string   `json:"waiters_unknown,omitempty"`
+	Jobs           []Job    `json:"jobs,omitempty"`
+	Lookup         *Lookup  `json:"lookup,omitempty"`
+	HasStore       bool     `json:"-"`
+	HasJobs        bool     `json:"-"`
+	Contended      []string `json:"contended"`
+}
+
+// Held is one lock this process holds.
+type Held struct {
+	guard.HeldLock
+	// Waiters is how many others wait for it, -1 when unknown.
+	Waiters int `json:"waiters"`
+}
+
+// Job is one scheduler job.
+type Job struct {
+	Name string               `json:"name"`
+	Spec string               `json:"spec"`
+	Next time.Time            `json:"next"`
+	Last *scheduler.RunRecord `json:"last,omitempty"`
+	Err  string               `json:"last_error,omitempty"`
+}
+
+// Lookup is the answer to an idempotency record lookup.
+type Lookup struct {
+	Scope string `json:"scope"`
+	Key   string `json:"key"`
+	// Found is false when the store has no live record under the key.
+	Found       bool   `json:"found"`
+	State       string `json:"state,omitempty"`
+	Instance    string `json:"instance,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Response    int    `json:"response_bytes"`
+	Err         string `json:"error,omitempty"`
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	v := p.view(r.Context(), r)
+	w.Header().Set("Cache-Control", "no-store")
+	if r.URL.Query().Get("format") == "json" {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(v) // the client went away: nothing to do
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	// Inline styles only; nothing may load or run from elsewhere.
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	if err := page.Execute(w, v); err != nil {
+		p.g.Logger().Warn("warden/debugpage: rendering failed", "error", err)
+	}
+}
+
+// view gathers the page's data.
+func (p *Page) view(ctx context.Context, r *http.Request) View {
+	v := View{Owner: p.g.Owner(), Backend: p.g.Backend(), Now: time.Now(), HasStore: p.store != nil, HasJobs: p.sched != nil}
+	ictx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	for _, h := range p.g.Held() {
+		held := Held{HeldLock: h, Waiters: -1}
+		if v.WaitersUnknown == "" {
+			in, err := p.g.Inspect(ictx, h.Key)
+			if err != nil {
+				v.WaitersUnknown = err.Error()
+			} else {
+				held.Waiters = in.Waiters
+			}
+		}
+		if held.Waiters > 0 {
+			v.Contended = append(v.Contended, h.Key)
+		}
+		v.Held = append(v.Held, held)
+	}
+	if p.sched != nil {
+		for _, e := range p.sched.Entries() {
+			j := Job{Name: e.Name, Spec: e.Spec, Next: e.Next, Last: e.Last}
+			if e.Last != nil && e.Last.Err != nil {
+				j.Err = e.Last.Err.Error()
+			}
+			v.Jobs = append(v.Jobs, j)
+		}
+	}
+	if q := r.URL.Query(); p.store != nil && q.Get("key") != "" {
+		v.Lookup = p.lookup(ictx, q.Get("scope"), q.Get("key"))
+	}
+	return v
+}
+
+func (p *Page) lookup(ctx context.Context, scope, key string) *Lookup {
+	l := &Lookup{Scope: scope, Key: key}
+	rec, err := p.store.Get(ctx, scope, key)
+	switch {
+	case err == nil:
+		l.Found, l.State, l.Fingerprint, l.Response = true, string(rec.State), rec.Fingerprint, len(rec.Response)
+		// Owner tokens are capabilities; the scheduler's and the
+		// Executor's start with the instance that made them.
+		if inst, _, ok := strings.Cut(rec.Owner, ":"); ok {
+			l.Instance = inst
+		}
+	case errors.Is(err, idempotency.ErrNotFound):
+	default:
+		l.Err = err.Error()
+	}
+	return l
+}
