@@ -302,6 +302,17 @@ func runCluster(t *testing.T, db, lock string) {
 	if err := getJSON(t, "http://"+survivor.url+"/jobs/runs?limit=10000", &runs); err != nil {
 		t.Fatal(err)
 	}
+	// The debug page answers, and lists the close job.
+	var debug struct {
+		Owner string `json:"owner"`
+		Jobs  []struct {
+			Name string `json:"name"`
+		} `json:"jobs"`
+	}
+	if err := getJSON(t, "http://"+survivor.url+"/debug/warden?format=json", &debug); err != nil || debug.Owner == "" ||
+		len(debug.Jobs) != 1 || debug.Jobs[0].Name != closeJob {
+		t.Errorf("debug page: %+v, %v; want this process's owner and the %s job", debug, err, closeJob)
+	}
 
 	// Each order closed once, by a run of the instance it names, with that
 	// run's token.

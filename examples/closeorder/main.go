@@ -23,7 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
@@ -100,6 +102,17 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, &unreachable{"lock", lockURL, err}
 	}
+	// Clients connect in the background: only a request tells whether the
+	// servers are there, and a service that cannot lock must not start.
+	if p, ok := locker.(driver.Pinger); ok {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := p.Ping(pctx)
+		cancel()
+		if err != nil {
+			return nil, &unreachable{"lock", lockURL, err}
+		}
+		a.backends.pings = append(a.backends.pings, p.Ping)
+	}
 	store, err := a.openStore(ctx, lockURL, dbURL)
 	if err != nil {
 		return nil, err
@@ -139,7 +152,11 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy}
+	page, err := debugpage.New(g, debugpage.WithScheduler(a.sched), debugpage.WithStore(store))
+	if err != nil {
+		return nil, err
+	}
+	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy, debug: page}
 	a.handler = srv.routes()
 	ok = true
 	return a, nil
@@ -195,8 +212,8 @@ func (a *app) serve(ctx context.Context, stdout io.Writer) error {
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	a.sched.Start()
-	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q)\n",
-		a.cfg.instance, ln.Addr(), maskPassword(a.cfg.db), maskPassword(a.cfg.lock), a.cfg.schedule)
+	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden\n",
+		a.cfg.instance, ln.Addr(), maskPassword(a.cfg.db), maskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr())
 
 	select {
 	case <-ctx.Done():

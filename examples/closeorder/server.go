@@ -19,6 +19,9 @@ type server struct {
 	// to the caller.
 	idempotent func(http.Handler) http.Handler
 	healthy    func(context.Context) error
+	// debug is warden's debug page. Mounted without authentication here,
+	// as a demo; a real service puts it where only operators reach it.
+	debug http.Handler
 }
 
 const userHeader = "X-User-ID"
@@ -35,6 +38,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /orders", s.listOrders)
 	mux.HandleFunc("GET /jobs/runs", s.listRuns)
 	mux.HandleFunc("GET /healthz", s.health)
+	mux.Handle("GET /debug/warden", s.debug)
 	return mux
 }
 
