@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -23,6 +24,7 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/backends/zklock"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -61,6 +63,7 @@ type backend struct {
 const (
 	redisEnv, redisDef = "WARDEN_REDIS_ADDR", "127.0.0.1:16379"
 	etcdEnv, etcdDef   = "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379"
+	zkEnv, zkDef       = "WARDEN_ZK_SERVERS", "127.0.0.1:12181"
 )
 
 func backends() []backend {
@@ -107,8 +110,25 @@ func backends() []backend {
 			c.store = specStore(t, c.storeSpec)
 			return c
 		}},
+		{name: "zk", setup: func(t *testing.T) cluster {
+			// Locks and slots both on ZooKeeper: no second system.
+			spec := "zk|" + drivertest.Addr(t, zkEnv, zkDef)
+			return cluster{
+				node: func(t *testing.T, opts ...guard.Option) *guard.Guard {
+					// The session timeout bounds the TTL (zklock's Limits).
+					return newGuard(t, specLocker(t, spec), append([]guard.Option{guard.WithTTL(zkSession)}, opts...)...)
+				},
+				store:    specStore(t, spec),
+				ttl:      zkSession,
+				lockSpec: spec, storeSpec: spec,
+			}
+		}},
 	}
 }
+
+// zkSession is the ZooKeeper session timeout of the tests, and so their
+// lock TTL.
+const zkSession = 2 * time.Second
 
 func etcdCluster(t *testing.T) cluster {
 	spec := "etcd|" + drivertest.Addr(t, etcdEnv, etcdDef)
@@ -159,6 +179,13 @@ func specLocker(t *testing.T, spec string) driver.Locker {
 		}
 		t.Cleanup(func() { locker.Close() })
 		return locker
+	case "zk":
+		locker, err := zklock.New(strings.Split(addr, ","), zklock.WithSessionTimeout(zkSession), zklock.WithLogger(quietZK{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { locker.Close() })
+		return locker
 	}
 	open, ok := dialects[kind]
 	if !ok {
@@ -189,6 +216,17 @@ func specStore(t *testing.T, spec string) idempotency.Store {
 			t.Fatal(err)
 		}
 		return s
+	case "zk":
+		conn, _, err := zk.Connect(strings.Split(addr, ","), zkSession, zk.WithLogger(quietZK{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		s, err := zklock.NewStore(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
 	open, ok := dialects[kind]
 	if !ok {
@@ -200,6 +238,11 @@ func specStore(t *testing.T, spec string) idempotency.Store {
 	}
 	return s
 }
+
+// quietZK drops the ZooKeeper client's connection log.
+type quietZK struct{}
+
+func (quietZK) Printf(string, ...any) {}
 
 func redisClient(t *testing.T, spec string) *goredis.Client {
 	_, addr, _ := strings.Cut(spec, "|")
