@@ -35,7 +35,8 @@ type attempt struct {
 	own     string // the contender's etcd key
 	from    string // the blocking range is [from, end)
 	end     string
-	rev     int64 // create revision of own, once put
+	rev     int64  // create revision of own, once put
+	label   string // own's value: the holder's label, for Inspect
 	permits int64
 	kind    kind
 }
@@ -63,7 +64,7 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 		return nil, err
 	}
 	d := KeyDir(name)
-	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits)}
+	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits), label: opts.Owner}
 	a.own = d + l.contenderName(s)
 	if k == shared {
 		a.own = d + "r/" + a.own[len(d):]
@@ -81,7 +82,7 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 	resp, err := a.put(ctx,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.from).WithRange(a.end), "=", 0)},
-		clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
+		clientv3.OpPut(a.own, a.label, clientv3.WithLease(a.s.id)))
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +135,7 @@ func (a *attempt) blockersOp(below int64) clientv3.Op {
 // enqueue puts the key and, in the same transaction, reads what was there
 // before it; then waits for its turn.
 func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) {
-	resp, err := a.put(ctx, nil, a.blockersOp(0), clientv3.OpPut(a.own, "", clientv3.WithLease(a.s.id)))
+	resp, err := a.put(ctx, nil, a.blockersOp(0), clientv3.OpPut(a.own, a.label, clientv3.WithLease(a.s.id)))
 	if err != nil {
 		return nil, err
 	}

@@ -275,7 +275,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	defer func() { w.leave(lease == nil) }()
 	backoff := driver.Backoff{Min: l.minPause, Max: l.maxBackoff}
 	for {
-		got, err := l.try(ctx, key, opts.TTL)
+		got, err := l.try(ctx, key, opts.TTL, opts.Owner)
 		if got != nil {
 			return got, nil
 		}
@@ -310,8 +310,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 
 // try makes one lease-mode attempt. It returns a nil lease and no error
 // when the lock is held by someone else.
-func (l *Locker) try(ctx context.Context, key string, ttl time.Duration) (*lease, error) {
-	owner := l.leaseOwner()
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string) (*lease, error) {
+	owner := labelled(l.leaseOwner(), label)
 	sent := time.Now()
 	var (
 		version int64

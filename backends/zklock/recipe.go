@@ -80,7 +80,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		if closed {
 			return nil, errClosed
 		}
-		node, err := l.enqueue(ctx, parent, k)
+		node, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
 		var lease driver.Lease
 		if err == nil {
 			lease, err = l.contend(ctx, key, parent, node, k, permits, opts.Wait)
@@ -127,7 +127,7 @@ func escape(key string) string {
 
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
-func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, error) {
+func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (string, error) {
 	var g [16]byte
 	rand.Read(g[:])
 	guid := hex.EncodeToString(g[:])
@@ -138,7 +138,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, er
 	}
 	ch := make(chan result, 1)
 	go func() {
-		node, maybe, err := l.create(parent, guid, k)
+		node, maybe, err := l.create(parent, guid, k, data)
 		ch <- result{node, maybe, err}
 	}()
 	timeout := time.NewTimer(l.requestTimeout)
@@ -172,12 +172,12 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind) (string, er
 // was made is unknown, so it looks for its GUID among parent's children
 // before trying again. maybe reports that a node may exist even though an
 // error is returned.
-func (l *Locker) create(parent, guid string, k kind) (node string, maybe bool, err error) {
+func (l *Locker) create(parent, guid string, k kind, data []byte) (node string, maybe bool, err error) {
 	prefix := parent + "/" + guidPrefix + guid + "-" + string(k) + "-"
 	for range 5 {
 		l.requests.Add(1)
 		sid, sent := l.conn.SessionID(), time.Now()
-		node, err = l.conn.Create(prefix, nil, zk.FlagEphemeralSequential, l.acl)
+		node, err = l.conn.Create(prefix, data, zk.FlagEphemeralSequential, l.acl)
 		switch {
 		case err == nil:
 			l.ack(sent, sid)
