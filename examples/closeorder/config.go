@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/warden-go/warden/backends/backendurl"
 )
 
 // config is the command line, validated.
@@ -76,11 +75,11 @@ func (c *config) validate() error {
 		if f.value == "" && f.name == "idempotency" {
 			continue
 		}
-		u, err := parseBackendURL(f.value)
+		u, err := backendurl.Parse(f.value)
 		if err != nil {
 			return badFlag(f.name, "%v", err)
 		}
-		if f.name == "db" && !u.sql() {
+		if f.name == "db" && !u.SQL() {
 			return badFlag("db", "%s: the orders database must be sqlite://, postgres:// or mysql://", u)
 		}
 	}
@@ -108,74 +107,3 @@ func (c *config) validate() error {
 	return nil
 }
 
-// backendURL is a parsed -db, -lock or -idempotency value.
-type backendURL struct {
-	scheme string   // memory, sqlite, postgres, mysql, redis, redlock, etcd, zk
-	raw    string   // as given
-	path   string   // sqlite: the file
-	dsn    string   // postgres, mysql: the driver's DSN
-	hosts  []string // redis, redlock, etcd, zk
-}
-
-func (u *backendURL) sql() bool {
-	return u.scheme == "sqlite" || u.scheme == "postgres" || u.scheme == "mysql"
-}
-
-// String masks any password, so the URL can be printed in errors and logs.
-func (u *backendURL) String() string { return maskPassword(u.raw) }
-
-var userinfoPassword = regexp.MustCompile(`(//[^:/@]*):[^@/]*@`)
-
-func maskPassword(s string) string { return userinfoPassword.ReplaceAllString(s, "$1:xxxxx@") }
-
-func parseBackendURL(s string) (*backendURL, error) {
-	if s == "memory" {
-		return &backendURL{scheme: "memory", raw: s}, nil
-	}
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return nil, fmt.Errorf("%q is not a backend URL (want memory or scheme://...)", maskPassword(s))
-	}
-	u := &backendURL{scheme: scheme, raw: s}
-	switch scheme {
-	case "sqlite":
-		if rest == "" {
-			return nil, fmt.Errorf("%s: no file path", u)
-		}
-		u.path = rest
-	case "postgres", "postgresql":
-		u.scheme = "postgres"
-		if _, err := url.Parse(s); err != nil {
-			return nil, fmt.Errorf("%s: %v", u, errors.Unwrap(err))
-		}
-		u.dsn = s
-	case "mysql":
-		if !strings.Contains(rest, "@tcp(") && !strings.Contains(rest, "@unix(") {
-			return nil, fmt.Errorf("%s: want mysql://user:pass@tcp(host:port)/db", u)
-		}
-		u.dsn = rest
-		if !strings.Contains(rest, "parseTime=") {
-			sep := "?"
-			if strings.Contains(rest, "?") {
-				sep = "&"
-			}
-			u.dsn += sep + "parseTime=true"
-		}
-	case "redis", "redlock", "etcd", "zk":
-		for _, h := range strings.Split(rest, ",") {
-			if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
-				return nil, fmt.Errorf("%s: %q is not host:port", u, h)
-			}
-			u.hosts = append(u.hosts, h)
-		}
-		if scheme == "redis" && len(u.hosts) != 1 {
-			return nil, fmt.Errorf("%s: redis:// takes one host:port (use redlock:// for several)", u)
-		}
-		if scheme == "redlock" && (len(u.hosts) < 3 || len(u.hosts)%2 == 0) {
-			return nil, fmt.Errorf("%s: redlock:// needs an odd number of nodes, at least 3", u)
-		}
-	default:
-		return nil, fmt.Errorf("%s: unknown scheme %q", u, scheme)
-	}
-	return u, nil
-}

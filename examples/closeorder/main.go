@@ -23,9 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
-	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type app struct {
 	cfg      *config
 	log      *slog.Logger
-	backends *backends
+	backends *backendurl.Opener
 	orders   *orders
 	sched    *scheduler.Scheduler
 	handler  http.Handler
@@ -80,15 +80,15 @@ type app struct {
 }
 
 func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
-	a := &app{cfg: cfg, log: log, backends: newBackends()}
+	a := &app{cfg: cfg, log: log, backends: backendurl.NewOpener()}
 	ok := false
 	defer func() {
 		if !ok {
 			a.close()
 		}
 	}()
-	dbURL, _ := parseBackendURL(cfg.db)
-	db, err := a.backends.openSQL(ctx, dbURL)
+	dbURL, _ := backendurl.Parse(cfg.db)
+	db, err := a.backends.SQL(ctx, dbURL)
 	if err != nil {
 		return nil, &unreachable{"db", dbURL, err}
 	}
@@ -97,21 +97,10 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, err)
 	}
 
-	lockURL, _ := parseBackendURL(cfg.lock)
-	locker, err := a.backends.locker(ctx, lockURL, cfg.ttl)
+	lockURL, _ := backendurl.Parse(cfg.lock)
+	locker, err := a.backends.Locker(ctx, lockURL, cfg.ttl)
 	if err != nil {
 		return nil, &unreachable{"lock", lockURL, err}
-	}
-	// Clients connect in the background: only a request tells whether the
-	// servers are there, and a service that cannot lock must not start.
-	if p, ok := locker.(driver.Pinger); ok {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := p.Ping(pctx)
-		cancel()
-		if err != nil {
-			return nil, &unreachable{"lock", lockURL, err}
-		}
-		a.backends.pings = append(a.backends.pings, p.Ping)
 	}
 	store, err := a.openStore(ctx, lockURL, dbURL)
 	if err != nil {
@@ -124,7 +113,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	}
 	a.shutdown = shutdown
 	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"),
-		guard.WithBackendName(lockURL.scheme), guard.WithLogger(log), guard.WithTracerProvider(tp))
+		guard.WithBackendName(lockURL.Scheme), guard.WithLogger(log), guard.WithTracerProvider(tp))
 	if err != nil {
 		return nil, err
 	}
@@ -164,17 +153,17 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 
 // openStore opens the idempotency store: -idempotency when given, else the
 // lock backend's own store where it has one, else the orders database's.
-func (a *app) openStore(ctx context.Context, lockURL, dbURL *backendURL) (idempotency.Store, error) {
+func (a *app) openStore(ctx context.Context, lockURL, dbURL *backendurl.URL) (idempotency.Store, error) {
 	flagName, u := "idempotency", lockURL
 	if a.cfg.idempotency != "" {
-		u, _ = parseBackendURL(a.cfg.idempotency)
+		u, _ = backendurl.Parse(a.cfg.idempotency)
 	}
-	store, err := a.backends.store(ctx, u)
-	if errors.Is(err, errNoStore) && a.cfg.idempotency == "" {
+	store, err := a.backends.Store(ctx, u)
+	if errors.Is(err, backendurl.ErrNoStore) && a.cfg.idempotency == "" {
 		flagName, u = "db", dbURL
-		store, err = a.backends.store(ctx, u)
+		store, err = a.backends.Store(ctx, u)
 	}
-	if errors.Is(err, errNoStore) {
+	if errors.Is(err, backendurl.ErrNoStore) {
 		return nil, badFlag(flagName, "%v", err)
 	}
 	if err != nil {
@@ -184,7 +173,7 @@ func (a *app) openStore(ctx context.Context, lockURL, dbURL *backendURL) (idempo
 }
 
 func (a *app) healthy(ctx context.Context) error {
-	for _, ping := range a.backends.pings {
+	for _, ping := range a.backends.Pings() {
 		if err := ping(ctx); err != nil {
 			return err
 		}
@@ -198,7 +187,7 @@ func (a *app) close() {
 		a.shutdown(ctx)
 		cancel()
 	}
-	a.backends.close()
+	a.backends.Close()
 }
 
 // serve runs the HTTP server and the scheduler until ctx is done, then stops
@@ -213,7 +202,7 @@ func (a *app) serve(ctx context.Context, stdout io.Writer) error {
 	go func() { served <- hs.Serve(ln) }()
 	a.sched.Start()
 	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden\n",
-		a.cfg.instance, ln.Addr(), maskPassword(a.cfg.db), maskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr())
+		a.cfg.instance, ln.Addr(), backendurl.MaskPassword(a.cfg.db), backendurl.MaskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr())
 
 	select {
 	case <-ctx.Done():

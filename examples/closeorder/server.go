@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/warden-go/warden/backends/backendurl"
 )
 
 // server answers the HTTP API.
@@ -158,7 +160,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.healthy(ctx); err != nil {
-		problem(w, http.StatusServiceUnavailable, "unhealthy", maskPassword(err.Error()))
+		problem(w, http.StatusServiceUnavailable, "unhealthy", backendurl.MaskPassword(err.Error()))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

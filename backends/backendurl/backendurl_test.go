@@ -1,0 +1,87 @@
+package backendurl
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		scheme string
+		hosts  int
+	}{
+		{"memory", "memory", 0},
+		{"sqlite:///tmp/x.db", "sqlite", 0},
+		{"postgres://u:p@127.0.0.1:5432/db?sslmode=disable", "postgres", 0},
+		{"postgresql://127.0.0.1/db", "postgres", 0},
+		{"mysql://u:p@tcp(127.0.0.1:3306)/db", "mysql", 0},
+		{"redis://127.0.0.1:6379", "redis", 1},
+		{"redlock://a:1,b:2,c:3", "redlock", 3},
+		{"etcd://a:1,b:2", "etcd", 2},
+		{"zk://a:1", "zk", 1},
+	} {
+		u, err := Parse(tc.in)
+		if err != nil || u.Scheme != tc.scheme || len(u.Hosts) != tc.hosts {
+			t.Errorf("Parse(%q) = %+v, %v; want scheme %s with %d hosts", tc.in, u, err, tc.scheme, tc.hosts)
+		}
+	}
+	for in, want := range map[string]string{
+		"redis":                       "not a backend URL",
+		"sqlite://":                   "no file path",
+		"mysql://u@127.0.0.1/db":      "want mysql://",
+		"redis://a:1,b:2":             "one host:port",
+		"redlock://a:1,b:2":           "odd number of nodes",
+		"etcd://nohost":               "is not host:port",
+		"ftp://x":                     "unknown scheme",
+		"postgres://u:secret@[::1/db": "postgres://u:xxxxx@",
+	} {
+		_, err := Parse(in)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse(%q): %v, want an error naming %q", in, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("Parse(%q) shows the password: %v", in, err)
+		}
+	}
+	if got := MaskPassword("dial postgres://u:secret@h/db: refused"); got != "dial postgres://u:xxxxx@h/db: refused" {
+		t.Errorf("MaskPassword = %q", got)
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	o := NewOpener()
+	defer o.Close()
+	mem, _ := Parse("memory")
+	if _, err := o.Locker(ctx, mem, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Store(ctx, mem); err != nil {
+		t.Fatal(err)
+	}
+	rl, _ := Parse("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+	if _, err := o.Store(ctx, rl); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Store on redlock: %v, want ErrNoStore", err)
+	}
+	u, err := Parse("redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Locker(ctx, u, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Store(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	for _, ping := range o.Pings() {
+		if err := ping(ctx); err != nil {
+			t.Fatalf("ping: %v", err)
+		}
+	}
+}

@@ -1,0 +1,289 @@
+package backendurl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"github.com/go-zookeeper/zk"
+	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/warden-go/warden/backends/etcdlock"
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/backends/redislock"
+	"github.com/warden-go/warden/backends/redlock"
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/backends/sqllock/pglisten"
+	"github.com/warden-go/warden/backends/zklock"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// Opener opens what URLs name, once each: a lock backend and a store on the
+// same database share one connection pool. It is not safe for concurrent
+// use. Close closes everything it opened.
+type Opener struct {
+	sql     map[string]*gorm.DB
+	redis   map[string]goredis.UniversalClient
+	etcd    map[string]*clientv3.Client
+	zk      map[string]*zk.Conn
+	closers []func()
+	pings   []func(context.Context) error
+}
+
+// Pings returns one check per server the Opener connected to, for a health
+// endpoint: each returns nil when its server answers within ctx.
+func (b *Opener) Pings() []func(context.Context) error { return b.pings }
+
+// NewOpener returns an Opener that has opened nothing yet.
+func NewOpener() *Opener {
+	return &Opener{
+		sql:   map[string]*gorm.DB{},
+		redis: map[string]goredis.UniversalClient{},
+		etcd:  map[string]*clientv3.Client{},
+		zk:    map[string]*zk.Conn{},
+	}
+}
+
+// Close closes every client and Locker the Opener opened, last first.
+func (b *Opener) Close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+// SQL opens the SQL database u names and checks that it answers.
+func (b *Opener) SQL(ctx context.Context, u *URL) (*gorm.DB, error) {
+	if db, ok := b.sql[u.raw]; ok {
+		return db, nil
+	}
+	var d gorm.Dialector
+	switch u.Scheme {
+	case "sqlite":
+		// WAL and a busy timeout let several replicas share one file.
+		d = sqlite.Open(u.Path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+	case "postgres":
+		d = postgres.Open(u.DSN)
+	case "mysql":
+		d = mysql.Open(u.DSN)
+	default:
+		return nil, fmt.Errorf("%s is not a SQL database", u)
+	}
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pctx); err != nil {
+		sqlDB.Close()
+		return nil, err
+	}
+	b.sql[u.raw] = db
+	b.closers = append(b.closers, func() { sqlDB.Close() })
+	b.pings = append(b.pings, sqlDB.PingContext)
+	return db, nil
+}
+
+func (b *Opener) openRedis(ctx context.Context, addr string) (goredis.UniversalClient, error) {
+	if c, ok := b.redis[addr]; ok {
+		return c, nil
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr, DialTimeout: 2 * time.Second})
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", addr, err)
+	}
+	b.redis[addr] = c
+	b.closers = append(b.closers, func() { c.Close() })
+	b.pings = append(b.pings, func(ctx context.Context) error { return c.Ping(ctx).Err() })
+	return c, nil
+}
+
+func (b *Opener) openEtcd(ctx context.Context, hosts []string) (*clientv3.Client, error) {
+	key := strings.Join(hosts, ",")
+	if c, ok := b.etcd[key]; ok {
+		return c, nil
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: hosts, DialTimeout: 3 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.Status(pctx, hosts[0]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	b.etcd[key] = c
+	b.closers = append(b.closers, func() { c.Close() })
+	b.pings = append(b.pings, func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err })
+	return c, nil
+}
+
+// openZK connects to a ZooKeeper ensemble for the idempotency store. A
+// zklock.Locker keeps a session of its own, so this is a second connection to
+// the same servers, not a second system.
+func (b *Opener) openZK(hosts []string) (*zk.Conn, error) {
+	key := strings.Join(hosts, ",")
+	if c, ok := b.zk[key]; ok {
+		return c, nil
+	}
+	c, _, err := zk.Connect(hosts, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		return nil, err
+	}
+	b.zk[key] = c
+	b.closers = append(b.closers, c.Close)
+	return c, nil
+}
+
+// Locker opens the lock backend u names, and checks that it answers (a
+// client that connects in the background would otherwise fail only at the
+// first lock). ttl is the lock TTL the program will use; ZooKeeper's
+// session timeout is set to it.
+func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
+	l, err := b.locker(ctx, u, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if p, ok := l.(driver.Pinger); ok {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := p.Ping(pctx); err != nil {
+			return nil, err
+		}
+		b.pings = append(b.pings, p.Ping)
+	}
+	return l, nil
+}
+
+func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
+	switch u.Scheme {
+	case "memory":
+		return memory.New(), nil
+	case "sqlite", "postgres", "mysql":
+		db, err := b.SQL(ctx, u)
+		if err != nil {
+			return nil, err
+		}
+		var opts []sqllock.Option
+		if u.Scheme == "postgres" {
+			// Waiters hear releases at once instead of at their next poll.
+			opts = append(opts, sqllock.WithListener(pglisten.Listener{}))
+		}
+		l, err := sqllock.New(db, opts...)
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, l.Migrate(ctx)
+	case "redis":
+		c, err := b.openRedis(ctx, u.Hosts[0])
+		if err != nil {
+			return nil, err
+		}
+		l, err := redislock.New(c)
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, nil
+	case "redlock":
+		var nodes []goredis.UniversalClient
+		for _, h := range u.Hosts {
+			c, err := b.openRedis(ctx, h)
+			if err != nil {
+				return nil, err
+			}
+			nodes = append(nodes, c)
+		}
+		return redlock.New(nodes)
+	case "etcd":
+		c, err := b.openEtcd(ctx, u.Hosts)
+		if err != nil {
+			return nil, err
+		}
+		l, err := etcdlock.New(c)
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, nil
+	case "zk":
+		l, err := zklock.New(u.Hosts, zklock.WithSessionTimeout(ttl))
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, nil
+	}
+	return nil, fmt.Errorf("%s: not a lock backend", u)
+}
+
+// ErrNoStore: the backend has no idempotency store (RedLock).
+var ErrNoStore = errors.New("no idempotency store on this backend")
+
+// Store opens the idempotency store u names (and migrates its table on
+// SQL), or returns an error wrapping ErrNoStore.
+func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
+	switch u.Scheme {
+	case "memory":
+		return idempotency.NewMemoryStore(), nil
+	case "sqlite", "postgres", "mysql":
+		db, err := b.SQL(ctx, u)
+		if err != nil {
+			return nil, err
+		}
+		s, err := sqllock.NewStore(db)
+		if err != nil {
+			return nil, err
+		}
+		return s, s.Migrate(ctx)
+	case "redis":
+		c, err := b.openRedis(ctx, u.Hosts[0])
+		if err != nil {
+			return nil, err
+		}
+		return redislock.NewStore(c)
+	case "etcd":
+		c, err := b.openEtcd(ctx, u.Hosts)
+		if err != nil {
+			return nil, err
+		}
+		return etcdlock.NewStore(c)
+	case "zk":
+		c, err := b.openZK(u.Hosts)
+		if err != nil {
+			return nil, err
+		}
+		s, err := zklock.NewStore(c)
+		if err != nil {
+			return nil, err
+		}
+		// The client connects in the background: only a request tells
+		// whether the ensemble is there.
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.Ping(pctx); err != nil {
+			return nil, err
+		}
+		b.pings = append(b.pings, s.Ping)
+		return s, nil
+	}
+	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)
+}
