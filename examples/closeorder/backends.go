@@ -17,4 +17,3 @@ type unreachable struct {
 func (e *unreachable) Error() string {
 	return fmt.Sprintf("-%s %s: unreachable: %v", e.flag, e.url, backendurl.MaskPassword(e.err.Error()))
 }
-

@@ -106,4 +106,3 @@ func (c *config) validate() error {
 	}
 	return nil
 }
-
