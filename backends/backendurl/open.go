@@ -89,7 +89,7 @@ func (b *Opener) SQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	defer cancel()
 	if err := sqlDB.PingContext(pctx); err != nil {
 		sqlDB.Close()
-		return nil, err
+		return nil, driver.Unavailable(ctx, err)
 	}
 	b.sql[u.raw] = db
 	b.closers = append(b.closers, func() { sqlDB.Close() })
@@ -106,7 +106,7 @@ func (b *Opener) openRedis(ctx context.Context, addr string) (goredis.UniversalC
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("%s: %w", addr, err)
+		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", addr, err))
 	}
 	b.redis[addr] = c
 	b.closers = append(b.closers, func() { c.Close() })
@@ -127,7 +127,7 @@ func (b *Opener) openEtcd(ctx context.Context, hosts []string) (*clientv3.Client
 	defer cancel()
 	if _, err := c.Status(pctx, hosts[0]); err != nil {
 		c.Close()
-		return nil, err
+		return nil, driver.Unavailable(ctx, err)
 	}
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
@@ -143,7 +143,7 @@ func (b *Opener) openZK(hosts []string) (*zk.Conn, error) {
 	if c, ok := b.zk[key]; ok {
 		return c, nil
 	}
-	c, _, err := zk.Connect(hosts, 10*time.Second, zk.WithLogInfo(false))
+	c, _, err := zk.Connect(hosts, 10*time.Second, zk.WithLogger(quietZK{}))
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		b.closers = append(b.closers, func() { l.Close() })
 		return l, nil
 	case "zk":
-		l, err := zklock.New(u.Hosts, zklock.WithSessionTimeout(ttl))
+		l, err := zklock.New(u.Hosts, zklock.WithSessionTimeout(ttl), zklock.WithLogger(quietZK{}))
 		if err != nil {
 			return nil, err
 		}
@@ -287,3 +287,10 @@ func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)
 }
+
+// quietZK drops the ZooKeeper client's log of every connection attempt: a
+// server that cannot be reached is reported once, by the first request,
+// as one error rather than a line per retry.
+type quietZK struct{}
+
+func (quietZK) Printf(string, ...any) {}

@@ -1,0 +1,381 @@
+// Command warden answers an operator's questions about warden's locks and
+// idempotency records on a backend, and frees a lock whose holder hangs:
+//
+//	warden -lock redis://127.0.0.1:6379 locks ls [PREFIX]
+//	warden -lock etcd://10.0.0.1:2379 locks show KEY
+//	warden -lock postgres://... locks release KEY      (asks first; -yes does not)
+//	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
+//	warden -lock mysql://... ping
+//
+// Backend URLs are those of backendurl (and of the example service); -lock
+// defaults to $WARDEN_LOCK. Keys are named as the services name them, under
+// their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
+// Output is a table for people, or JSON with -json for scripts. Exit status
+// 0 on success, 1 when the backend fails or the answer is no, 2 for bad
+// input (with a one-line error).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: warden [flags] COMMAND
+
+commands:
+  locks ls [PREFIX]      held locks whose keys start with PREFIX
+  locks show KEY         who holds KEY, until when, and who waits
+  locks release KEY      take KEY from its holder (asks first, unless -yes)
+  idem show SCOPE KEY    the idempotency record under SCOPE and KEY
+  ping                   whether the backend answers
+
+flags:
+`
+
+// errUsage marks bad input: exit status 2.
+type errUsage struct{ msg string }
+
+func (e errUsage) Error() string { return e.msg }
+
+func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(format, args...)} }
+
+// cli is one invocation.
+type cli struct {
+	stdin  *bufio.Reader
+	stdout io.Writer
+	json   bool
+	yes    bool
+	limit  int
+	after  string
+	g      *guard.Guard
+	store  func(context.Context) (idempotency.Store, error)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	err := runErr(ctx, args, stdin, stdout, stderr)
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintln(stderr, "warden:", backendurl.MaskPassword(err.Error()))
+	var u errUsage
+	if errors.As(err, &u) {
+		return 2
+	}
+	return 1
+}
+
+func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("warden", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: stdout}
+	lock := fs.String("lock", os.Getenv("WARDEN_LOCK"), "lock backend URL (default $WARDEN_LOCK)")
+	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
+	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
+	timeout := fs.Duration("timeout", 10*time.Second, "bound on the whole command")
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&c.yes, "yes", false, "release without asking")
+	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
+	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage{err.Error()}
+	}
+	cmd := fs.Args()
+	if len(cmd) == 0 {
+		fs.Usage()
+		return badInput("no command")
+	}
+	if *lock == "" {
+		return badInput("no backend: give -lock URL or set WARDEN_LOCK")
+	}
+	if *timeout <= 0 {
+		return badInput("-timeout %v is not positive", *timeout)
+	}
+	if c.limit < 1 || c.limit > 1000 {
+		return badInput("-limit %d: want 1 to 1000", c.limit)
+	}
+	lockURL, err := backendurl.Parse(*lock)
+	if err != nil {
+		return badInput("-lock: %v", err)
+	}
+	if lockURL.Scheme == "memory" {
+		return badInput("-lock memory: an in-process backend holds nothing another process can see")
+	}
+	sURL := lockURL
+	if *storeURL != "" {
+		if sURL, err = backendurl.Parse(*storeURL); err != nil {
+			return badInput("-store: %v", err)
+		}
+	}
+	// The command is checked before anything is opened: a typo must not
+	// wait for a connection.
+	do, err := c.command(cmd)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	o := backendurl.NewOpener()
+	defer o.Close()
+	// The TTL only sizes ZooKeeper's session; nothing is locked here.
+	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("%s: %w", lockURL, err)
+	}
+	opts := []guard.Option{guard.WithPrefix(*prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme)}
+	if lockURL.Scheme == "etcd" {
+		opts = append(opts, guard.WithTTL(60*time.Second))
+	}
+	if c.g, err = guard.New(locker, opts...); err != nil {
+		return badInput("%v", err)
+	}
+	c.store = func(ctx context.Context) (idempotency.Store, error) {
+		s, err := o.Store(ctx, sURL)
+		if errors.Is(err, backendurl.ErrNoStore) {
+			return nil, badInput("%s has no idempotency store: give -store URL", sURL)
+		}
+		return s, err
+	}
+	return do(ctx)
+}
+
+// command returns what cmd asks for, or a usage error.
+func (c *cli) command(cmd []string) (func(context.Context) error, error) {
+	want := func(n int, what string) error {
+		if len(cmd) != n {
+			return badInput("%s: want %s", strings.Join(cmd[:min(len(cmd), 2)], " "), what)
+		}
+		return nil
+	}
+	switch strings.Join(cmd[:min(len(cmd), 2)], " ") {
+	case "locks ls":
+		if len(cmd) > 3 {
+			return nil, badInput("locks ls: want at most a PREFIX")
+		}
+		prefix := ""
+		if len(cmd) == 3 {
+			prefix = cmd[2]
+		}
+		return func(ctx context.Context) error { return c.list(ctx, prefix) }, nil
+	case "locks show":
+		if err := want(3, "KEY"); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.show(ctx, cmd[2]) }, nil
+	case "locks release":
+		if err := want(3, "KEY"); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return c.release(ctx, cmd[2]) }, nil
+	case "idem show":
+		if err := want(4, "SCOPE KEY"); err != nil {
+			return nil, err
+		}
+		if err := idempotency.CheckKey(cmd[2], cmd[3]); err != nil {
+			return nil, badInput("%v", err)
+		}
+		return func(ctx context.Context) error { return c.idem(ctx, cmd[2], cmd[3]) }, nil
+	}
+	if cmd[0] == "ping" && len(cmd) == 1 {
+		return c.ping, nil
+	}
+	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
+}
+
+func (c *cli) list(ctx context.Context, prefix string) error {
+	page, err := c.g.List(ctx, prefix, c.after, c.limit)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(nonNil(page))
+	}
+	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
+	for _, in := range page {
+		for _, h := range in.Holders {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", in.Key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+		}
+	}
+	return tw.Flush()
+}
+
+func (c *cli) show(ctx context.Context, key string) error {
+	in, err := c.g.Inspect(ctx, key)
+	if err != nil {
+		return badKeyOr(err)
+	}
+	if c.json {
+		in.Holders = nonNil(in.Holders)
+		return c.printJSON(in)
+	}
+	if len(in.Holders) == 0 {
+		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", key, waiters(in.Waiters))
+		return nil
+	}
+	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
+	for _, h := range in.Holders {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+	}
+	return tw.Flush()
+}
+
+func (c *cli) release(ctx context.Context, key string) error {
+	in, err := c.g.Inspect(ctx, key)
+	if err != nil {
+		return badKeyOr(err)
+	}
+	if len(in.Holders) == 0 {
+		return fmt.Errorf("%s is not held: nothing to release", key)
+	}
+	if !c.yes {
+		h := in.Holders[0]
+		fmt.Fprintf(c.stdout, "release %s, held by %s with token %d? Its holder's late writes are refused only by fenced storage. [y/N] ",
+			key, orDash(h.Owner), h.Token)
+		answer, _ := c.stdin.ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			return errors.New("not released")
+		}
+	}
+	removed, err := c.g.ForceRelease(ctx, key)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(struct {
+			Key     string         `json:"key"`
+			Removed []guard.Holder `json:"removed"`
+		}{key, nonNil(removed)})
+	}
+	for _, h := range removed {
+		fmt.Fprintf(c.stdout, "released %s from %s (token %d)\n", key, orDash(h.Owner), h.Token)
+	}
+	if len(removed) == 0 {
+		fmt.Fprintf(c.stdout, "%s was freed meanwhile: nothing released\n", key)
+	}
+	return nil
+}
+
+func (c *cli) idem(ctx context.Context, scope, key string) error {
+	s, err := c.store(ctx)
+	if err != nil {
+		return err
+	}
+	rec, err := s.Get(ctx, scope, key)
+	if errors.Is(err, idempotency.ErrNotFound) {
+		return fmt.Errorf("no record under scope %q, key %q", scope, key)
+	}
+	if err != nil {
+		return err
+	}
+	// The owner token is a capability: only the instance part is shown.
+	instance, _, _ := strings.Cut(rec.Owner, ":")
+	if c.json {
+		return c.printJSON(struct {
+			Scope         string `json:"scope"`
+			Key           string `json:"key"`
+			State         string `json:"state"`
+			Fingerprint   string `json:"fingerprint"`
+			Instance      string `json:"instance"`
+			ResponseBytes int    `json:"response_bytes"`
+		}{rec.Scope, rec.Key, string(rec.State), rec.Fingerprint, instance, len(rec.Response)})
+	}
+	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", orDash(rec.Scope), rec.Key, rec.State, orDash(rec.Fingerprint), orDash(instance), len(rec.Response))
+	return tw.Flush()
+}
+
+func (c *cli) ping(ctx context.Context) error {
+	start := time.Now()
+	if err := c.g.Ping(ctx); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	if c.json {
+		return c.printJSON(struct {
+			Backend string  `json:"backend"`
+			Ms      float64 `json:"ms"`
+		}{c.g.Backend(), float64(took.Microseconds()) / 1000})
+	}
+	fmt.Fprintf(c.stdout, "%s answered in %v\n", c.g.Backend(), took.Round(10*time.Microsecond))
+	return nil
+}
+
+func (c *cli) table(headers ...string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(headers, "\t"))
+	return tw
+}
+
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// badKeyOr turns an invalid key into bad input.
+func badKeyOr(err error) error {
+	if errors.Is(err, guard.ErrInvalidKey) {
+		return badInput("%v", err)
+	}
+	return err
+}
+
+func expiresIn(h guard.Holder) string {
+	if h.SessionBound {
+		return "with its session"
+	}
+	return h.TTL.Round(time.Millisecond).String()
+}
+
+func waiters(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// nonNil makes an empty list print as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

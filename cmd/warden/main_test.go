@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// cliRun runs the command line args with stdin, as a shell would.
+func cliRun(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, strings.NewReader(stdin), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// backendURLs are the real servers the CLI is tried on, by name.
+func backendURLs(t *testing.T) map[string]string {
+	return map[string]string{
+		"redis":    "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"),
+		"etcd":     "etcd://" + drivertest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379"),
+		"zk":       "zk://" + drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181"),
+		"postgres": envOr("WARDEN_POSTGRES_DSN", "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"),
+		"mysql":    "mysql://" + envOr("WARDEN_MYSQL_DSN", "warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true"),
+		"sqlite":   "sqlite://" + filepath.Join(t.TempDir(), "cli.db"),
+	}
+}
+
+// TestOnEveryBackend holds a lock as a service would, then looks at it,
+// refuses to release it on a "no", releases it on a "yes" (the holder's
+// context is cancelled where the backend renews per lock, and the next
+// holder's token is greater), and shows an idempotency record without its
+// owner token.
+func TestOnEveryBackend(t *testing.T) {
+	for name, url := range backendURLs(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			u, err := backendurl.Parse(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := backendurl.NewOpener()
+			t.Cleanup(o.Close)
+			const ttl = 2 * time.Second
+			locker, err := o.Locker(ctx, u, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := guard.New(locker, guard.WithOwner("orders-svc/7"), guard.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("cli/%s/%d", name, time.Now().UnixNano())
+			held, err := g.Lock(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Unlock(ctx)
+
+			code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "cli/"+name+"/")
+			if code != 0 || !strings.Contains(out, key) || !strings.Contains(out, "orders-svc/7") {
+				t.Fatalf("locks ls: %d %q %q; want the held key and its owner", code, out, errOut)
+			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "-json", "locks", "show", key)
+			var in guard.Inspection
+			if code != 0 || json.Unmarshal([]byte(out), &in) != nil || len(in.Holders) != 1 || in.Holders[0].Token != held.Token() {
+				t.Fatalf("locks show -json: %d %q %q; want one holder with token %d", code, out, errOut, held.Token())
+			}
+
+			code, _, errOut = cliRun(t, "n\n", "-lock", url, "locks", "release", key)
+			if code != 1 || !strings.Contains(errOut, "not released") || held.Err() != nil {
+				t.Fatalf("release answered no: %d %q, holder %v; want exit 1 and the lock kept", code, errOut, held.Err())
+			}
+			code, out, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", key)
+			if code != 0 || !strings.Contains(out, "released "+key+" from orders-svc/7") {
+				t.Fatalf("release answered yes: %d %q %q", code, out, errOut)
+			}
+			if _, session := sessionBound(in); !session {
+				select {
+				case <-held.Context().Done():
+				case <-time.After(3 * ttl):
+					t.Fatal("the old holder's context was not cancelled after the release")
+				}
+				if !errors.Is(held.Err(), guard.ErrLockLost) {
+					t.Fatalf("the old holder's Err: %v, want ErrLockLost", held.Err())
+				}
+			}
+			next, err := g.TryLock(ctx, key)
+			if err != nil {
+				t.Fatalf("the next holder: %v", err)
+			}
+			if next.Token() <= held.Token() {
+				t.Fatalf("next token %d after %d", next.Token(), held.Token())
+			}
+			next.Unlock(ctx)
+
+			if code, out, errOut := cliRun(t, "", "-lock", url, "ping"); code != 0 || !strings.Contains(out, "answered") {
+				t.Fatalf("ping: %d %q %q", code, out, errOut)
+			}
+
+			store, err := o.Store(ctx, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
+				Owner: "api-3:topsecretownertoken", Lease: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "idem", "show", "user-9", key)
+			if code != 0 || !strings.Contains(out, "in_progress") || !strings.Contains(out, "api-3") || strings.Contains(out, "topsecret") {
+				t.Fatalf("idem show: %d %q %q; want the in-progress record by api-3, without its token", code, out, errOut)
+			}
+			if code, _, errOut := cliRun(t, "", "-lock", url, "idem", "show", "user-9", key+"-none"); code != 1 || !strings.Contains(errOut, "no record") {
+				t.Fatalf("idem show of nothing: %d %q", code, errOut)
+			}
+		})
+	}
+}
+
+// sessionBound reports whether the inspected holder's lease lives with its
+// session (etcd, ZooKeeper), whose holder learns of a forced release only
+// at its own release or its session's end.
+func sessionBound(in guard.Inspection) (guard.Holder, bool) {
+	if len(in.Holders) == 0 {
+		return guard.Holder{}, false
+	}
+	return in.Holders[0], in.Holders[0].SessionBound
+}
+
+func TestBadInputExitsTwo(t *testing.T) {
+	redis := "redis://127.0.0.1:1"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"-lock", redis}, "no command"},
+		{[]string{"locks", "ls"}, "no backend"},
+		{[]string{"-lock", "bogus", "ping"}, "not a backend URL"},
+		{[]string{"-lock", "memory", "ping"}, "in-process"},
+		{[]string{"-lock", "postgres://u:hunter2@[::1/db", "ping"}, "xxxxx"},
+		{[]string{"-lock", redis, "locks", "show"}, "want KEY"},
+		{[]string{"-lock", redis, "locks", "release", "a", "b"}, "want KEY"},
+		{[]string{"-lock", redis, "idem", "show", "scope"}, "want SCOPE KEY"},
+		{[]string{"-lock", redis, "idem", "show", "s", ""}, "empty key"},
+		{[]string{"-lock", redis, "lock", "ls"}, "unknown command"},
+		{[]string{"-lock", redis, "-limit", "0", "locks", "ls"}, "-limit 0"},
+		{[]string{"-lock", redis, "-timeout", "-1s", "ping"}, "not positive"},
+		{[]string{"-nosuchflag"}, "not defined"},
+	} {
+		code, _, errOut := cliRun(t, "", tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "hunter2") {
+			t.Errorf("warden %q: exit %d, %q; want 2 and an error naming %q", tc.args, code, errOut, tc.want)
+		}
+		if lines := strings.Count(strings.TrimSpace(lastLine(errOut)), "\n"); lines != 0 {
+			t.Errorf("warden %q: the error is not one line: %q", tc.args, errOut)
+		}
+	}
+}
+
+func TestUnreachableExitsOne(t *testing.T) {
+	start := time.Now()
+	code, _, errOut := cliRun(t, "", "-lock", "redis://127.0.0.1:1", "-timeout", "2s", "ping")
+	if code != 1 || !strings.Contains(errOut, "unavailable") {
+		t.Fatalf("ping of nothing: %d %q; want 1 and unavailable", code, errOut)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("ping of nothing took %v with -timeout 2s", took)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func TestMain(m *testing.M) {
+	// The CLI reads WARDEN_LOCK; the tests give -lock or expect its absence.
+	os.Unsetenv("WARDEN_LOCK")
+	os.Exit(m.Run())
+}
