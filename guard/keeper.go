@@ -61,6 +61,18 @@ func (k *keeper) add(l *Lock) {
 	k.mu.Unlock()
 }
 
+// overdue reports whether l's lease may have expired unrenewed: now is past
+// its conservative expiry (or its session's) less the margin.
+func (k *keeper) overdue(l *Lock, now time.Time) bool {
+	deadline := l.lease.Expiry()
+	k.mu.Lock()
+	if l.sess == nil && l.expiry.After(deadline) {
+		deadline = l.expiry
+	}
+	k.mu.Unlock()
+	return !now.Before(deadline.Add(-k.g.marginFor(l.ttl)))
+}
+
 func (k *keeper) remove(l *Lock) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

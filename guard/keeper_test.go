@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -81,8 +82,9 @@ func TestTakeoverFoundAtReleaseIsALoss(t *testing.T) {
 // them, and must lose them all when the session goes.
 type sessionLocker struct {
 	*memory.Locker
-	sess      *fakeSession
-	refreshes atomic.Int32
+	sess       *fakeSession
+	refreshes  atomic.Int32
+	releaseErr atomic.Pointer[error] // releases fail with it, once set
 }
 
 type fakeSession struct {
@@ -115,6 +117,13 @@ func (l *sessionLease) Expiry() time.Time       { return l.l.sess.Expiry() }
 func (l *sessionLease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l.l.refreshes.Add(1)
 	return l.Lease.Refresh(ctx, ttl)
+}
+
+func (l *sessionLease) Release(ctx context.Context) error {
+	if err := l.l.releaseErr.Load(); err != nil {
+		return *err
+	}
+	return l.Lease.Release(ctx)
 }
 
 func newSessionLocker(ttl time.Duration) *sessionLocker {
@@ -387,5 +396,41 @@ func TestLockContextMadeLateKeepsItsCause(t *testing.T) {
 	l3.Unlock(context.Background())
 	if err := l3.Context().Err(); !errors.Is(err, context.Canceled) {
 		t.Errorf("after Unlock: %v, want context.Canceled", err)
+	}
+}
+
+// TestFailedReleaseAfterExpiryIsALoss: a process paused past its lease (the
+// keeper's timer has not fired yet when the section ends) whose release
+// then gets no answer must report the loss, from Unlock and as its
+// context's cause: another owner may have held the lock meanwhile. The same
+// failed release within the lease is only a failed release.
+func TestFailedReleaseAfterExpiryIsALoss(t *testing.T) {
+	ctx := context.Background()
+	unanswered := fmt.Errorf("%w: no answer", driver.ErrUnavailable)
+	for _, expired := range []bool{true, false} {
+		sl := newSessionLocker(time.Hour)
+		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		l, err := g.Lock(ctx, "paused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Context().Done() // the section looked at its context early
+		if expired {
+			// As a SIGSTOP past the session's expiry leaves it: the timer
+			// armed for an hour from now has not fired.
+			sl.sess.mu.Lock()
+			sl.sess.expiry = time.Now().Add(-time.Second)
+			sl.sess.mu.Unlock()
+		}
+		sl.releaseErr.Store(&unanswered)
+		err = l.Unlock(ctx)
+		cause := context.Cause(l.Context())
+		if expired {
+			if !errors.Is(err, guard.ErrLockLost) || !errors.Is(cause, guard.ErrLockLost) {
+				t.Fatalf("expired lease, failed release: Unlock %v, cause %v; want both to wrap ErrLockLost", err, cause)
+			}
+		} else if errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrUnavailable) || errors.Is(cause, guard.ErrLockLost) {
+			t.Fatalf("live lease, failed release: Unlock %v, cause %v; want ErrUnavailable and no loss", err, cause)
+		}
 	}
 }

@@ -140,6 +140,15 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		// loss, even though nobody saw it before now.
 		l.markLost(err, true)
 		err = l.Err()
+	case err != nil && g.keeper.overdue(l, time.Now()):
+		// The release got no answer, and the section outlived the lease
+		// while the keeper could not act (a paused process, a starved
+		// timer): another owner may have held the lock meanwhile. (An
+		// owner-checked release that succeeds proves nobody did, so only a
+		// failed one needs the clock.)
+		l.markLost(fmt.Errorf("the section ended after the lease's expiry less the %v margin, unrenewed, and the release failed: %w",
+			g.marginFor(l.ttl), err), true)
+		err = l.Err()
 	case err != nil:
 		msg := "warden: release failed; the lock stays taken until its lease expires on the server"
 		if _, ok := l.lease.(driver.SessionLease); ok {
@@ -150,7 +159,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))
 	}
-	l.ctx.end(errUnlocked)
+	l.ctx.finish()
 	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
 	if s := l.section; s != nil {
 		outcome := "released"
@@ -200,8 +209,11 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 	}
 	g.tel.lost.Add(context.Background(), 1, g.tel.onBackend...)
 	msg := "warden: lock lost; its critical section's context is cancelled"
-	if afterUnlock {
+	switch {
+	case afterUnlock && errors.Is(cause, ErrNotHeld):
 		msg = "warden: lock lost; the release found it no longer this owner's"
+	case afterUnlock:
+		msg = "warden: lock lost; its section ended after its lease could have expired"
 	}
 	g.logger.Warn(msg, "key", l.key, "backend", g.backend, "token", l.lease.Token(), "error", cause)
 	if !afterUnlock {
@@ -247,6 +259,17 @@ func (c *lockContext) end(cause error) {
 	defer c.mu.Unlock()
 	if c.ctx != nil {
 		c.cancel(cause)
+	}
+}
+
+// finish cancels the context, if it has been made, with the lock's own end
+// cause: the loss, if one was declared meanwhile, stays the cause rather
+// than the unlock. A context made later finds the same cause in get.
+func (c *lockContext) finish() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx != nil {
+		c.cancel(c.lock.ended())
 	}
 }
 
