@@ -40,6 +40,9 @@ type Locker struct {
 	// closed when the grant is over.
 	starting map[time.Duration]chan struct{}
 	closed   bool
+	// quit is closed by Close: lost sessions stop retrying their
+	// revocation then.
+	quit chan struct{}
 }
 
 var (
@@ -70,6 +73,7 @@ func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 		timeout:  c.timeout,
 		sessions: make(map[time.Duration]*session),
 		starting: make(map[time.Duration]chan struct{}),
+		quit:     make(chan struct{}),
 	}, nil
 }
 
@@ -92,6 +96,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 // driver.ErrUnavailable. Each revocation is bounded by the request timeout.
 func (l *Locker) Close() error {
 	l.mu.Lock()
+	if !l.closed {
+		close(l.quit)
+	}
 	l.closed = true
 	sessions, retired := l.sessions, l.retired
 	l.sessions, l.retired = nil, nil

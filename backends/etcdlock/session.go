@@ -117,7 +117,30 @@ func (s *session) run() {
 	s.expiry.Store(0)
 	close(s.done)
 	if unreachable || s.revoke.Load() {
-		s.revokeErr = s.revokeLease()
+		s.revokeErr = s.revokeUntilGone()
+	}
+}
+
+// revokeUntilGone revokes the lease, again and again while etcd cannot be
+// reached, until it is gone or the Locker is closed. Giving up after one
+// attempt is not enough: a lease outlives an outage, since etcd restarts
+// every lease's TTL when a new leader is elected, so the keys of a session
+// this process already knows lost would block their locks for a whole TTL
+// after etcd comes back.
+func (s *session) revokeUntilGone() error {
+	pause := driver.Backoff{Min: retryDelay, Max: 2 * time.Second}
+	for {
+		err := s.revokeLease()
+		if err == nil || !errors.Is(err, driver.ErrUnavailable) {
+			return err
+		}
+		t := time.NewTimer(pause.Next())
+		select {
+		case <-s.l.quit:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 	}
 }
 
