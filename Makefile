@@ -23,7 +23,7 @@ FUZZTIME ?= 10s
 FUZZ ?= .
 ARGS ?=
 
-.PHONY: help run demo services services-down services-status test bench bench-peers lint staticcheck fuzz
+.PHONY: help run demo services services-down services-status test test-faults bench bench-peers lint staticcheck fuzz
 
 help:
 	@echo "make run              go run ./examples/closeorder (ARGS=...)"
@@ -32,6 +32,7 @@ help:
 	@echo "make services-down    stop the test servers that make services started"
 	@echo "make services-status  which test servers answer"
 	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...)"
+	@echo "make test-faults      services, then the fenced-counter workload under kill -9, SIGSTOP, partitions and restarts, every backend"
 	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
 	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 10 minutes)"
 	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
@@ -74,6 +75,11 @@ test: services
 
 bench: services
 	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKG)
+
+# The fault suite starts its own servers for the faults that stop one, and
+# uses the shared ones for the rest. -v prints its table of figures.
+test-faults: services
+	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -tags faults -count=1 -timeout 20m -v $(TESTFLAGS) ./internal/faults/
 
 # Its own module, so that warden's users never download the peers.
 bench-peers: services
