@@ -85,6 +85,13 @@
 // resource, so a holder that paused past its lease cannot overwrite the newer
 // holder's data.
 //
+// Leases and tokens are only as durable as the database's commits. A
+// PostgreSQL running with synchronous_commit=off (or MySQL with
+// innodb_flush_log_at_trx_commit other than 1) that crashes forgets its
+// latest commits: a lease it granted may vanish while its holder works on,
+// and the lock's version, which is the token, may be issued again. Run the
+// lock table on a database that commits durably, as it does by default.
+//
 // # Tables
 //
 // Locker.Migrate creates the tables with gorm's AutoMigrate. To create them
