@@ -79,7 +79,11 @@ func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) fu
 				writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
 				return
 			case errors.Is(err, guard.ErrInvalidKey):
-				writeProblem(w, http.StatusBadRequest, "Invalid_lock_key", "Invalid lock key", err.Error(), 0)
+				// The key is the service's own naming: it is logged, never
+				// echoed to the client.
+				g.Logger().WarnContext(r.Context(), "warden/httpmw: the request's lock key is invalid", "error", err)
+				writeProblem(w, http.StatusBadRequest, "Invalid_lock_key", "Invalid lock key",
+					"The request names a resource that cannot be locked.", 0)
 				return
 			default:
 				writeProblem(w, http.StatusServiceUnavailable, "Lock_unavailable", "Lock service unavailable", "", c.retryAfter)

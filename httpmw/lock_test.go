@@ -196,3 +196,19 @@ func TestLockReleasedOnPanic(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidLockKeyIsNotEchoed: a lock key the Guard refuses is the
+// service's internal naming; the problem document must not show it.
+func TestInvalidLockKeyIsNotEchoed(t *testing.T) {
+	g := newGuard(t, memory.New())
+	srv := httptest.NewServer(httpmw.Lock(g, func(*http.Request) string { return "tenant-secret-42\x01" })(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran under an invalid key") })))
+	t.Cleanup(srv.Close)
+	resp, body, err := post(t, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || strings.Contains(body, "tenant-secret") || !strings.Contains(body, "Invalid lock key") {
+		t.Fatalf("%d %s: want 400 without the key", resp.StatusCode, body)
+	}
+}
