@@ -379,3 +379,34 @@ func runCluster(t *testing.T, db, lock string) {
 	}
 	t.Logf("%d orders closed (%d after the kill), %d runs recorded", len(all), closedByOthers, len(spans))
 }
+
+// TestRefusedRequestKeepsItsKey: a POST /orders refused by validation uses
+// up nothing, so the corrected retry with the same Idempotency-Key creates
+// the order, and a repeat of it replays that order.
+func TestRefusedRequestKeepsItsKey(t *testing.T) {
+	bin := buildService(t)
+	r := startReplica(t, bin, "solo", "-db", "sqlite://"+filepath.Join(t.TempDir(), "orders.db"), "-lock", "memory")
+	post := func(body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+r.url+"/orders", strings.NewReader(body))
+		req.Header.Set("X-User-ID", "user-1")
+		req.Header.Set("Idempotency-Key", "fix-and-retry")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post(`{"amount_cents": 0}`); code != http.StatusBadRequest {
+		t.Fatalf("amount 0: %d %s, want 400", code, body)
+	}
+	code, created := post(`{"amount_cents": 250}`)
+	if code != http.StatusCreated {
+		t.Fatalf("the corrected retry with the same key: %d %s, want 201", code, created)
+	}
+	if code, again := post(`{"amount_cents": 250}`); code != http.StatusCreated || again != created {
+		t.Fatalf("a repeat: %d %s, want the replay of %s", code, again, created)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,10 @@ func userFrom(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string
 
 func (s *server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", s.authenticated(s.idempotent(http.HandlerFunc(s.createOrder))))
+	// Validation runs before the idempotency middleware: a request refused
+	// before any work is done does not use up its Idempotency-Key, so the
+	// corrected retry with the same key goes through (as Stripe documents).
+	mux.Handle("POST /orders", s.authenticated(validOrder(s.idempotent(http.HandlerFunc(s.createOrder)))))
 	mux.Handle("POST /orders/{id}/pay", s.authenticated(s.idempotent(http.HandlerFunc(s.payOrder))))
 	mux.HandleFunc("GET /orders/{id}", s.getOrder)
 	mux.HandleFunc("GET /orders", s.listOrders)
@@ -57,17 +61,51 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 	})
 }
 
-func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		AmountCents *int64 `json:"amount_cents"`
-	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<16))
+// maxOrderBody bounds a POST /orders body.
+const maxOrderBody = 1 << 16
+
+// orderBody is a POST /orders body.
+type orderBody struct {
+	AmountCents *int64 `json:"amount_cents"`
+}
+
+// parseOrder reads and checks a POST /orders body.
+func parseOrder(b []byte) (int64, bool) {
+	var body orderBody
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil || body.AmountCents == nil {
+	if err := dec.Decode(&body); err != nil || body.AmountCents == nil || *body.AmountCents <= 0 {
+		return 0, false
+	}
+	return *body.AmountCents, true
+}
+
+// validOrder refuses a malformed POST /orders body before next runs, and
+// hands next the body it read.
+func validOrder(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxOrderBody+1))
+		if err != nil || len(b) > maxOrderBody {
+			problem(w, http.StatusBadRequest, "invalid body", "the body could not be read, or is over 64 KiB")
+			return
+		}
+		if _, ok := parseOrder(b); !ok {
+			problem(w, http.StatusBadRequest, "invalid body", `want {"amount_cents": N} with N > 0`)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxOrderBody))
+	amount, ok := parseOrder(b)
+	if err != nil || !ok {
 		problem(w, http.StatusBadRequest, "invalid body", `want {"amount_cents": N} with N > 0`)
 		return
 	}
-	ord, err := s.orders.create(r.Context(), userFrom(r.Context()), *body.AmountCents)
+	ord, err := s.orders.create(r.Context(), userFrom(r.Context()), amount)
 	if errors.Is(err, errInvalidInput) {
 		problem(w, http.StatusBadRequest, "invalid body", err.Error())
 		return
