@@ -115,6 +115,7 @@ func (g *Guard) ForceRelease(ctx context.Context, key string) ([]Holder, error) 
 		attrs = append(attrs, "owner", h.Owner, "token", h.Token)
 	}
 	g.logger.WarnContext(ctx, "warden: lock released by an operator", attrs...)
+	g.tel.forceReleased.Add(ctx, int64(len(removed)), g.tel.onBackend...)
 	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
 	return removed, nil
 }

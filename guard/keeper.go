@@ -215,6 +215,7 @@ func (k *keeper) renew(locks []*Lock) {
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
 			errs := br.RefreshBatch(ctx, leases, ttl)
 			cancel()
+			k.g.tel.renewalRequests.Add(context.Background(), 1, k.g.tel.byResult[batchOK(errs)]...)
 			k.renewedBatch(group, errs)
 		}
 		return
@@ -231,10 +232,22 @@ func (k *keeper) renew(locks []*Lock) {
 			ctx, cancel := context.WithDeadline(context.Background(), l.lossDeadline())
 			err := l.lease.Refresh(ctx, l.ttl)
 			cancel()
+			k.g.tel.renewalRequests.Add(context.Background(), 1, k.g.tel.byResult[err == nil]...)
 			k.renewed(l, err)
 		})
 	}
 	wg.Wait()
+}
+
+// batchOK reports whether a batch renewal was answered: some lease renewed,
+// or every refusal was the backend's own (not a failure to reach it).
+func batchOK(errs []error) bool {
+	for _, err := range errs {
+		if err == nil || errors.Is(err, ErrNotHeld) {
+			return true
+		}
+	}
+	return len(errs) == 0
 }
 
 // lossDeadline reads, under the keeper's mutex, when l is lost unless renewed.

@@ -161,6 +161,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	l.ctx.finish()
 	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
+	if g.tel.holdDuration.Enabled(ctx) {
+		g.tel.holdDuration.Record(ctx, time.Since(time.Unix(0, l.granted)).Seconds(), g.tel.onRecord...)
+	}
 	if s := l.section; s != nil {
 		outcome := "released"
 		if errors.Is(err, ErrLockLost) {
@@ -207,7 +210,7 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 	if s := l.section; s != nil {
 		s.span.AddEvent("warden.lock.lost", trace.WithAttributes(attribute.String("warden.cause", cause.Error())))
 	}
-	g.tel.lost.Add(context.Background(), 1, g.tel.onBackend...)
+	g.tel.lost.Add(context.Background(), 1, g.tel.byCause[l.lossKind(cause, afterUnlock)]...)
 	msg := "warden: lock lost; its critical section's context is cancelled"
 	switch {
 	case afterUnlock && errors.Is(cause, ErrNotHeld):
@@ -220,6 +223,20 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 		g.keeper.remove(l)
 	}
 	l.ctx.end(err)
+}
+
+// lossKind names the cause of a loss for the warden.lock.lost metric.
+func (l *Lock) lossKind(cause error, afterUnlock bool) string {
+	_, session := l.lease.(driver.SessionLease)
+	switch {
+	case errors.Is(cause, ErrNotHeld):
+		return causeTakenOver
+	case afterUnlock:
+		return causeOverdue
+	case session:
+		return causeSession
+	}
+	return causeExpired
 }
 
 // lockContext is the Lock's context: a context.WithCancelCause of the

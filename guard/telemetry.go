@@ -31,17 +31,31 @@ type telemetry struct {
 	tracer trace.Tracer
 
 	acquireDuration metric.Float64Histogram
+	holdDuration    metric.Float64Histogram
 	held            metric.Int64UpDownCounter
 	contended       metric.Int64Counter
 	lost            metric.Int64Counter
 	refreshFailures metric.Int64Counter
+	renewalRequests metric.Int64Counter
+	forceReleased   metric.Int64Counter
 
 	backendAttr attribute.KeyValue
 	// Option slices, not single options: a variadic call with a fresh slice
 	// would allocate on every measurement.
 	byOutcome map[string][]metric.RecordOption
 	onBackend []metric.AddOption
+	onRecord  []metric.RecordOption
+	byCause   map[string][]metric.AddOption
+	byResult  map[bool][]metric.AddOption // of a renewal request: ok or not
 }
+
+// Causes of a loss, as the warden.lock.lost metric labels them.
+const (
+	causeExpired   = "expired"    // not renewed before the conservative expiry less the margin
+	causeTakenOver = "taken_over" // the backend found the lease another owner's, or gone
+	causeSession   = "session"    // the backend session that kept it was lost
+	causeOverdue   = "overdue"    // the section outlived the lease and its release failed
+)
 
 func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(instrumentation)
@@ -54,26 +68,47 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 		metric.WithUnit("s"), metric.WithDescription("Time to acquire a lock, waiting included, by outcome.")); err != nil {
 		return nil, err
 	}
+	if t.holdDuration, err = m.Float64Histogram("warden.lock.hold.duration",
+		metric.WithUnit("s"), metric.WithDescription("Time from a lock's grant to its unlock.")); err != nil {
+		return nil, err
+	}
 	if t.held, err = m.Int64UpDownCounter("warden.lock.held",
-		metric.WithDescription("Locks held by this process.")); err != nil {
+		metric.WithUnit("{lock}"), metric.WithDescription("Locks held by this process.")); err != nil {
+		return nil, err
+	}
+	if t.renewalRequests, err = m.Int64Counter("warden.lock.renewal.requests",
+		metric.WithUnit("{request}"), metric.WithDescription("Renewal requests sent to the backend (one per batch where it batches), by result.")); err != nil {
+		return nil, err
+	}
+	if t.forceReleased, err = m.Int64Counter("warden.lock.force_released",
+		metric.WithUnit("{lock}"), metric.WithDescription("Locks taken from their holders by an operator (Guard.ForceRelease).")); err != nil {
 		return nil, err
 	}
 	if t.contended, err = m.Int64Counter("warden.lock.contended",
-		metric.WithDescription("Acquisitions that gave up because the lock was held elsewhere.")); err != nil {
+		metric.WithUnit("{acquisition}"), metric.WithDescription("Acquisitions that gave up because the lock was held elsewhere.")); err != nil {
 		return nil, err
 	}
 	if t.lost, err = m.Int64Counter("warden.lock.lost",
-		metric.WithDescription("Held locks lost before their unlock: the critical section's context was cancelled.")); err != nil {
+		metric.WithUnit("{lock}"), metric.WithDescription("Held locks lost, by cause: the critical section's context was cancelled.")); err != nil {
 		return nil, err
 	}
 	if t.refreshFailures, err = m.Int64Counter("warden.lock.refresh.failures",
-		metric.WithDescription("Watchdog refreshes that failed (transient or final).")); err != nil {
+		metric.WithUnit("{lease}"), metric.WithDescription("Watchdog refreshes that failed (transient or final).")); err != nil {
 		return nil, err
 	}
 	if tp != nil {
 		t.tracer = tp.Tracer(instrumentation)
 	}
 	t.onBackend = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
+	t.onRecord = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
+	t.byCause = map[string][]metric.AddOption{}
+	for _, c := range []string{causeExpired, causeTakenOver, causeSession, causeOverdue} {
+		t.byCause[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.cause", c)))}
+	}
+	t.byResult = map[bool][]metric.AddOption{}
+	for ok, r := range map[bool]string{true: "ok", false: "error"} {
+		t.byResult[ok] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.result", r)))}
+	}
 	for _, o := range []string{outcomeAcquired, outcomeReentered, outcomeNotAcquired, outcomeCanceled, outcomeError} {
 		t.byOutcome[o] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.outcome", o)))}
 	}

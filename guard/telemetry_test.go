@@ -80,17 +80,38 @@ func TestSpansAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	sums := map[string]int64{}
+	holds := uint64(0)
+	units := map[string]string{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if s, ok := m.Data.(metricdata.Sum[int64]); ok {
-				for _, dp := range s.DataPoints {
+			units[m.Name] = m.Unit
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range d.DataPoints {
 					sums[m.Name] += dp.Value
+					if m.Name == "warden.lock.lost" {
+						if c, _ := dp.Attributes.Value("warden.cause"); c.AsString() != "taken_over" {
+							t.Errorf("loss by a refresh answered not held counted as %q", c.AsString())
+						}
+					}
+				}
+			case metricdata.Histogram[float64]:
+				if m.Name == "warden.lock.hold.duration" {
+					for _, dp := range d.DataPoints {
+						holds += dp.Count
+					}
 				}
 			}
 		}
 	}
-	if sums["warden.lock.lost"] != 1 || sums["warden.lock.contended"] != 1 || sums["warden.lock.held"] != 0 || sums["warden.lock.refresh.failures"] < 1 {
-		t.Errorf("metrics: %v", sums)
+	if sums["warden.lock.lost"] != 1 || sums["warden.lock.contended"] != 1 || sums["warden.lock.held"] != 0 || sums["warden.lock.refresh.failures"] < 1 ||
+		sums["warden.lock.renewal.requests"] < 1 || holds != 3 {
+		t.Errorf("metrics: %v, %d holds recorded; want 1 loss, 1 contended, none held, refresh failures and renewals, 3 holds", sums, holds)
+	}
+	for name, unit := range map[string]string{"warden.lock.acquire.duration": "s", "warden.lock.hold.duration": "s", "warden.lock.held": "{lock}"} {
+		if units[name] != unit {
+			t.Errorf("%s has unit %q, want %q", name, units[name], unit)
+		}
 	}
 }
 
