@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/idempotency"
@@ -68,6 +70,7 @@ type idemConfig struct {
 	exec        []idempotency.Option
 	logger      *slog.Logger
 	tracer      trace.TracerProvider
+	meter       metric.MeterProvider
 }
 
 // WithMethods sets the methods guarded (default POST and PATCH); requests
@@ -132,6 +135,12 @@ func WithReplayHeaders(names ...string) IdempotencyOption {
 // handler again (false). Default: store 2xx to 4xx except 429.
 func WithStorePolicy(store func(status int) bool) IdempotencyOption {
 	return func(c *idemConfig) { c.store = store }
+}
+
+// WithMeterProvider sets where the warden.idempotency.requests metric goes
+// (default otel's global MeterProvider).
+func WithMeterProvider(mp metric.MeterProvider) IdempotencyOption {
+	return func(c *idemConfig) { c.meter = mp }
 }
 
 // WithFailOpen runs the handler unguarded when the store cannot be reached,
@@ -242,6 +251,7 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 		retryAfter:  DefaultRetryAfter,
 		logger:      slog.Default(),
 		tracer:      otel.GetTracerProvider(),
+		meter:       otel.GetMeterProvider(),
 	}
 	for _, o := range opts {
 		o(&c)
@@ -250,8 +260,8 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 	case c.maxBody <= 0 || c.maxResponse <= 0 || c.maxResponse > idempotency.MaxResponseLen/2 || c.retryAfter < 0:
 		return nil, fmt.Errorf("%w: body and response limits must be positive (the response's at most %d), Retry-After not negative",
 			idempotency.ErrInvalid, idempotency.MaxResponseLen/2)
-	case c.scope == nil || c.fingerprint == nil || c.store == nil || c.logger == nil || c.tracer == nil:
-		return nil, fmt.Errorf("%w: nil scope, fingerprint, store policy, logger or tracer provider", idempotency.ErrInvalid)
+	case c.scope == nil || c.fingerprint == nil || c.store == nil || c.logger == nil || c.tracer == nil || c.meter == nil:
+		return nil, fmt.Errorf("%w: nil scope, fingerprint, store policy, logger, tracer or meter provider", idempotency.ErrInvalid)
 	case c.header == "":
 		return nil, fmt.Errorf("%w: empty header name", idempotency.ErrInvalid)
 	}
@@ -268,15 +278,35 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 	if err != nil {
 		return nil, err
 	}
+	requests, err := c.meter.Meter(instrumentation).Int64Counter("warden.idempotency.requests", metric.WithUnit("{request}"),
+		metric.WithDescription("Requests with an idempotency key, by outcome: executed, replayed, in_progress, key_reused, unavailable, fail_open, canceled, error."))
+	if err != nil {
+		return nil, err
+	}
+	outcomes := map[string][]metric.AddOption{}
+	for _, o := range []string{"executed", "replayed", "in_progress", "key_reused", "unavailable", "fail_open", "canceled", "error"} {
+		outcomes[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("warden.outcome", o)))}
+	}
 	return func(next http.Handler) http.Handler {
-		return &idempotent{cfg: &c, exec: exec, next: next}
+		return &idempotent{cfg: &c, exec: exec, next: next, requests: requests, outcomes: outcomes}
 	}, nil
 }
+
+// instrumentation names httpmw's meter.
+const instrumentation = "github.com/warden-go/warden/httpmw"
 
 type idempotent struct {
 	cfg  *idemConfig
 	exec *idempotency.Executor
 	next http.Handler
+
+	requests metric.Int64Counter
+	outcomes map[string][]metric.AddOption
+}
+
+// count records the outcome of one keyed request.
+func (m *idempotent) count(r *http.Request, outcome string) {
+	m.requests.Add(r.Context(), 1, m.outcomes[outcome]...)
 }
 
 func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -336,32 +366,40 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rec != nil {
 		// The handler ran: its own response goes out whatever became of the
 		// record (a failed completion is logged by the executor).
+		m.count(r, "executed")
 		rec.send()
 		return
 	}
 	hash := func() string { return idempotency.KeyHash(scope, key) }
 	switch {
 	case err == nil:
+		m.count(r, "replayed")
 		m.replay(w, res.Response, hash)
 	case errors.Is(err, idempotency.ErrInProgress):
+		m.count(r, "in_progress")
 		writeProblem(w, http.StatusConflict, "In_progress", "Request in progress",
 			"A request with this idempotency key is still being processed; retry later.", c.retryAfter)
 	case errors.Is(err, idempotency.ErrFingerprintMismatch):
+		m.count(r, "key_reused")
 		writeProblem(w, http.StatusUnprocessableEntity, "Key_reused", "Idempotency key reused",
 			"This idempotency key was used with a different request.", 0)
 	case errors.Is(err, idempotency.ErrUnavailable) && c.failOpen:
+		m.count(r, "fail_open")
 		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "httpmw: idempotency store unavailable; serving unguarded",
 			slog.String("key_hash", hash()), slog.Any("error", err))
 		m.next.ServeHTTP(w, r)
 	case errors.Is(err, idempotency.ErrUnavailable):
+		m.count(r, "unavailable")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",
 			slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusServiceUnavailable, "Store_unavailable", "Idempotency store unavailable",
 			"", c.retryAfter)
 	case r.Context().Err() != nil:
 		// The client left while waiting: no one reads the answer.
+		m.count(r, "canceled")
 		writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
 	default:
+		m.count(r, "error")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency failed",
 			slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusInternalServerError, "Internal", "Idempotency failed", "", 0)

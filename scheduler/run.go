@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/guard"
@@ -359,6 +361,7 @@ func (r *running) finish(o Outcome, reason string, err error) {
 	}
 	if reason != "" && o == Ran {
 		s.logger.WarnContext(ctx, "warden/scheduler: run overran", append(attrs, "reason", reason)...)
+		s.tel.overruns.Add(ctx, 1, metric.WithAttributes(attribute.String("warden.job", rec.Job)))
 	}
 	if s.observer != nil {
 		s.observer(*rec)

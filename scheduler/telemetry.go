@@ -14,6 +14,7 @@ const instrumentation = "github.com/warden-go/warden/scheduler"
 type telemetry struct {
 	tracer   trace.Tracer
 	runs     metric.Int64Counter
+	overruns metric.Int64Counter
 	duration metric.Float64Histogram
 	lag      metric.Float64Histogram
 }
@@ -22,8 +23,12 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	m := mp.Meter(instrumentation)
 	t := &telemetry{tracer: tp.Tracer(instrumentation)}
 	var err error
-	if t.runs, err = m.Int64Counter("warden.scheduler.runs",
+	if t.runs, err = m.Int64Counter("warden.scheduler.runs", metric.WithUnit("{run}"),
 		metric.WithDescription("Job runs, by job and outcome (ran, skipped, failed, lost, misfired).")); err != nil {
+		return nil, err
+	}
+	if t.overruns, err = m.Int64Counter("warden.scheduler.overruns", metric.WithUnit("{run}"),
+		metric.WithDescription("Runs still going past LockAtMostFor, by job.")); err != nil {
 		return nil, err
 	}
 	if t.duration, err = m.Float64Histogram("warden.scheduler.run.duration", metric.WithUnit("s"),
