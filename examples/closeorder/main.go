@@ -112,8 +112,12 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 		return nil, badFlag("trace", "%v", err)
 	}
 	a.shutdown = shutdown
+	mp, metrics, err := meterProvider()
+	if err != nil {
+		return nil, err
+	}
 	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"),
-		guard.WithBackendName(lockURL.Scheme), guard.WithLogger(log), guard.WithTracerProvider(tp))
+		guard.WithBackendName(lockURL.Scheme), guard.WithLogger(log), guard.WithTracerProvider(tp), guard.WithMeterProvider(mp))
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +141,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 		httpmw.WithScope(func(r *http.Request) string { return userFrom(r.Context()) }),
 		httpmw.WithLogger(log),
 		httpmw.WithTracerProvider(tp),
+		httpmw.WithMeterProvider(mp),
 	)
 	if err != nil {
 		return nil, err
@@ -145,7 +150,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy, debug: page}
+	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy, debug: page, metrics: metrics}
 	a.handler = srv.routes()
 	ok = true
 	return a, nil
@@ -201,8 +206,8 @@ func (a *app) serve(ctx context.Context, stdout io.Writer) error {
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	a.sched.Start()
-	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden\n",
-		a.cfg.instance, ln.Addr(), backendurl.MaskPassword(a.cfg.db), backendurl.MaskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr())
+	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden, metrics http://%s/metrics\n",
+		a.cfg.instance, ln.Addr(), backendurl.MaskPassword(a.cfg.db), backendurl.MaskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr(), ln.Addr())
 
 	select {
 	case <-ctx.Done():

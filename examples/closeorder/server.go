@@ -25,6 +25,8 @@ type server struct {
 	// debug is warden's debug page. Mounted without authentication here,
 	// as a demo; a real service puts it where only operators reach it.
 	debug http.Handler
+	// metrics serves Prometheus's scrape of the service's metrics.
+	metrics http.Handler
 }
 
 const userHeader = "X-User-ID"
@@ -45,6 +47,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /jobs/runs", s.listRuns)
 	mux.HandleFunc("GET /healthz", s.health)
 	mux.Handle("GET /debug/warden", s.debug)
+	mux.Handle("GET /metrics", s.metrics)
 	return mux
 }
 
