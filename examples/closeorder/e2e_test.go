@@ -162,9 +162,19 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-func getJSON(t *testing.T, url string, v any) error {
+func getJSON(t *testing.T, url string, v any) error { return getJSONAs(t, url, "", v) }
+
+// getJSONAs gets url as user (none when "").
+func getJSONAs(t *testing.T, url, user string, v any) error {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if user != "" {
+		req.Header.Set("X-User-ID", user)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
 	}
@@ -173,6 +183,24 @@ func getJSON(t *testing.T, url string, v any) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// e2eUsers is how many users the cluster tests' orders belong to.
+const e2eUsers = 4
+
+// getOrders lists at url what each of the tests' users sees (their own
+// orders only), all together.
+func getOrders[T any](t *testing.T, url string, out *[]T) error {
+	t.Helper()
+	*out = (*out)[:0]
+	for i := range e2eUsers {
+		var mine []T
+		if err := getJSONAs(t, url, fmt.Sprintf("user-%d", i), &mine); err != nil {
+			return err
+		}
+		*out = append(*out, mine...)
+	}
+	return nil
 }
 
 func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) {
@@ -212,7 +240,7 @@ func runCluster(t *testing.T, db, lock string) {
 		for attempt := range 2 {
 			r := replicas[(i+attempt)%3]
 			req, _ := http.NewRequest(http.MethodPost, "http://"+r.url+"/orders", strings.NewReader(body))
-			req.Header.Set("X-User-ID", fmt.Sprintf("user-%d", i%4))
+			req.Header.Set("X-User-ID", fmt.Sprintf("user-%d", i%e2eUsers))
 			req.Header.Set("Idempotency-Key", key)
 			resp, err := client.Do(req)
 			if err != nil {
@@ -255,7 +283,7 @@ func runCluster(t *testing.T, db, lock string) {
 	waitUntil(t, "a replica is running the close job after closing an order", 60*time.Second, func() bool {
 		var closed []order
 		var runs []run
-		if getJSON(t, "http://"+replicas[0].url+"/orders?status=closed", &closed) != nil || len(closed) == 0 ||
+		if getOrders(t, "http://"+replicas[0].url+"/orders?status=closed", &closed) != nil || len(closed) == 0 ||
 			getJSON(t, "http://"+replicas[0].url+"/jobs/runs?limit=20", &runs) != nil {
 			return false
 		}
@@ -288,7 +316,7 @@ func runCluster(t *testing.T, db, lock string) {
 	var all []order
 	waitUntil(t, "every order is closed by the surviving replicas", 60*time.Second, func() bool {
 		all = nil
-		if getJSON(t, "http://"+survivor.url+"/orders", &all) != nil || len(all) != orders {
+		if getOrders(t, "http://"+survivor.url+"/orders", &all) != nil || len(all) != orders {
 			return false
 		}
 		for _, o := range all {
@@ -408,5 +436,43 @@ func TestRefusedRequestKeepsItsKey(t *testing.T) {
 	}
 	if code, again := post(`{"amount_cents": 250}`); code != http.StatusCreated || again != created {
 		t.Fatalf("a repeat: %d %s, want the replay of %s", code, again, created)
+	}
+}
+
+// TestOrdersAreTheCallersOwn: GET /orders and GET /orders/{id} answer only
+// the caller's orders; without X-User-ID they answer 401.
+func TestOrdersAreTheCallersOwn(t *testing.T) {
+	bin := buildService(t)
+	r := startReplica(t, bin, "own", "-db", "sqlite://"+filepath.Join(t.TempDir(), "orders.db"), "-lock", "memory")
+	req, _ := http.NewRequest(http.MethodPost, "http://"+r.url+"/orders", strings.NewReader(`{"amount_cents": 300}`))
+	req.Header.Set("X-User-ID", "alice")
+	req.Header.Set("Idempotency-Key", "alice-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		ID int64 `json:"id"`
+	}
+	json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || created.ID == 0 {
+		t.Fatalf("POST /orders: %s", resp.Status)
+	}
+	var mine, theirs []struct {
+		ID int64 `json:"id"`
+	}
+	if err := getJSONAs(t, "http://"+r.url+"/orders", "alice", &mine); err != nil || len(mine) != 1 || mine[0].ID != created.ID {
+		t.Fatalf("alice's list: %v, %v", mine, err)
+	}
+	if err := getJSONAs(t, "http://"+r.url+"/orders", "mallory", &theirs); err != nil || len(theirs) != 0 {
+		t.Fatalf("mallory's list: %v, %v; want nothing of alice's", theirs, err)
+	}
+	one := fmt.Sprintf("http://%s/orders/%d", r.url, created.ID)
+	if err := getJSONAs(t, one, "mallory", &struct{}{}); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("mallory reading alice's order: %v, want 404", err)
+	}
+	if err := getJSONAs(t, one, "", &struct{}{}); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("an anonymous read: %v, want 401", err)
 	}
 }

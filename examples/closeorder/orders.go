@@ -92,17 +92,17 @@ func (o *orders) create(ctx context.Context, userID string, amount int64) (*Orde
 	return ord, nil
 }
 
-func (o *orders) get(ctx context.Context, id int64) (*Order, error) {
+func (o *orders) get(ctx context.Context, userID string, id int64) (*Order, error) {
 	var ord Order
-	err := o.db.WithContext(ctx).First(&ord, id).Error
+	err := o.db.WithContext(ctx).Where("user_id = ?", userID).First(&ord, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, errNotFound
 	}
 	return &ord, err
 }
 
-func (o *orders) list(ctx context.Context, status string) ([]Order, error) {
-	q := o.db.WithContext(ctx).Order("id")
+func (o *orders) list(ctx context.Context, userID, status string) ([]Order, error) {
+	q := o.db.WithContext(ctx).Where("user_id = ?", userID).Order("id")
 	if status != "" {
 		q = q.Where("status = ?", status)
 	}

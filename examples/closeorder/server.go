@@ -42,8 +42,9 @@ func (s *server) routes() http.Handler {
 	// corrected retry with the same key goes through (as Stripe documents).
 	mux.Handle("POST /orders", s.authenticated(validOrder(s.idempotent(http.HandlerFunc(s.createOrder)))))
 	mux.Handle("POST /orders/{id}/pay", s.authenticated(s.idempotent(http.HandlerFunc(s.payOrder))))
-	mux.HandleFunc("GET /orders/{id}", s.getOrder)
-	mux.HandleFunc("GET /orders", s.listOrders)
+	// Reads are the caller's own: another user's order is "not found".
+	mux.Handle("GET /orders/{id}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.HandleFunc("GET /jobs/runs", s.listRuns)
 	mux.HandleFunc("GET /healthz", s.health)
 	mux.Handle("GET /debug/warden", s.debug)
@@ -145,7 +146,7 @@ func (s *server) getOrder(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusNotFound, "not found", "no such order")
 		return
 	}
-	ord, err := s.orders.get(r.Context(), id)
+	ord, err := s.orders.get(r.Context(), userFrom(r.Context()), id)
 	if errors.Is(err, errNotFound) {
 		problem(w, http.StatusNotFound, "not found", "no such order")
 		return
@@ -165,7 +166,7 @@ func (s *server) listOrders(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "invalid status", "status must be unpaid, paid or closed")
 		return
 	}
-	list, err := s.orders.list(r.Context(), status)
+	list, err := s.orders.list(r.Context(), userFrom(r.Context()), status)
 	if err != nil {
 		s.internal(w, r, err)
 		return

@@ -145,7 +145,7 @@ func run(ctx context.Context) int {
 		return 1
 	}
 
-	c := newClient(cluster.urls())
+	c := newClient(cluster.urls(), o.users)
 	fmt.Printf("load: %d users for %v, %.0f%% of order requests retried with the same key, %.0f%% of orders paid\n",
 		o.users, o.duration, o.retryRatio*100, o.payRatio*100)
 	c.load(ctx, o)
@@ -392,6 +392,7 @@ func (c *cluster) stop() {
 type client struct {
 	hc    *http.Client
 	urls  []string
+	users int // user-1 ... user-N, who see only their own orders
 	stats struct {
 		created, replayed, conflicts, retries, paid, payClosed atomic.Int64
 		replayMismatch, duplicateCreates, unexpected           atomic.Int64
@@ -402,10 +403,10 @@ type client struct {
 	lastErrs []string
 }
 
-func newClient(urls []string) *client {
+func newClient(urls []string, users int) *client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 32
-	return &client{hc: &http.Client{Timeout: 10 * time.Second, Transport: tr}, urls: urls, ids: map[int64]bool{}}
+	return &client{hc: &http.Client{Timeout: 10 * time.Second, Transport: tr}, urls: urls, users: users, ids: map[int64]bool{}}
 }
 
 type response struct {
@@ -609,10 +610,13 @@ type jobRun struct {
 	StaleRejected bool       `json:"stale_rejected"`
 }
 
-func (c *client) getJSON(ctx context.Context, url string, v any) error {
+func (c *client) getJSON(ctx context.Context, url, user string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
+	}
+	if user != "" {
+		req.Header.Set("X-User-ID", user)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -626,14 +630,20 @@ func (c *client) getJSON(ctx context.Context, url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// orders lists every simulated user's orders: each user sees only their
+// own.
 func (c *client) orders(ctx context.Context, base, status string, since time.Time) ([]order, error) {
 	var all []order
 	url := base + "/orders"
 	if status != "" {
 		url += "?status=" + status
 	}
-	if err := c.getJSON(ctx, url, &all); err != nil {
-		return nil, err
+	for u := 1; u <= c.users; u++ {
+		var mine []order
+		if err := c.getJSON(ctx, url, fmt.Sprintf("user-%d", u), &mine); err != nil {
+			return nil, err
+		}
+		all = append(all, mine...)
 	}
 	out := all[:0]
 	for _, o := range all {
@@ -700,7 +710,7 @@ func summarize(ctx context.Context, c *client, base string, since time.Time) (*s
 		return nil, err
 	}
 	var all []jobRun
-	if err := c.getJSON(ctx, fmt.Sprintf("%s/jobs/runs?limit=%d", base, runsLimit), &all); err != nil {
+	if err := c.getJSON(ctx, fmt.Sprintf("%s/jobs/runs?limit=%d", base, runsLimit), "", &all); err != nil {
 		return nil, err
 	}
 	s := &summary{perReplica: map[string]int{}, outcomes: map[string]int{}, runsTruncated: len(all) == runsLimit}
