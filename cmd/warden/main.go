@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -153,7 +154,9 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return fmt.Errorf("%s: %w", lockURL, err)
 	}
-	opts := []guard.Option{guard.WithPrefix(*prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme)}
+	// The command's own output is the record of what it did.
+	opts := []guard.Option{guard.WithPrefix(*prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
+		guard.WithLogger(slog.New(slog.DiscardHandler))}
 	if lockURL.Scheme == "etcd" {
 		opts = append(opts, guard.WithTTL(60*time.Second))
 	}
