@@ -136,6 +136,22 @@ func startProcess(t *testing.T, c cluster, job, instance string, work, ttl, runF
 	return p
 }
 
+// kill9 kills the process named instance with SIGKILL (no release, no
+// goodbye), waits for it to die, and returns when it did.
+func kill9(t *testing.T, ps []*process, instance string) time.Time {
+	t.Helper()
+	for _, p := range ps {
+		if p.instance == instance {
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			<-p.done
+			p.done <- nil
+		}
+	}
+	return time.Now()
+}
+
 // procRun is one run of the job as a process reported it.
 type procRun struct {
 	slot       time.Time
@@ -266,16 +282,7 @@ func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
 			}
 			return len(runs) > 0
 		})
-		for _, p := range ps {
-			if p.instance == victim.instance {
-				if err := p.cmd.Process.Kill(); err != nil { // SIGKILL: no release, no goodbye
-					t.Fatal(err)
-				}
-				<-p.done
-				p.done <- nil
-			}
-		}
-		killed := time.Now()
+		killed := kill9(t, ps, victim.instance)
 		var next procRun
 		waitFor(t, "a run on another process", 20*time.Second, func() bool {
 			for _, r := range readRuns(t, ps) {
@@ -331,16 +338,7 @@ func TestKilledLeaderIsReplaced(t *testing.T) {
 			}
 			return len(runs) >= 3
 		})
-		for _, p := range ps {
-			if p.instance == leader.instance {
-				if err := p.cmd.Process.Kill(); err != nil {
-					t.Fatal(err)
-				}
-				<-p.done
-				p.done <- nil
-			}
-		}
-		killed := time.Now()
+		killed := kill9(t, ps, leader.instance)
 		var next procRun
 		waitFor(t, "another process to lead", 30*time.Second, func() bool {
 			for _, r := range readRuns(t, ps) {
@@ -414,16 +412,7 @@ func TestCatchUpAfterKill(t *testing.T) {
 			}
 			return len(runs) > 0
 		})
-		for _, p := range ps {
-			if p.instance == victim.instance {
-				if err := p.cmd.Process.Kill(); err != nil {
-					t.Fatal(err)
-				}
-				<-p.done
-				p.done <- nil
-			}
-		}
-		killed := time.Now()
+		killed := kill9(t, ps, victim.instance)
 		var again procRun
 		waitFor(t, "the killed slot to run again", 30*time.Second, func() bool {
 			for _, r := range readRuns(t, ps) {
