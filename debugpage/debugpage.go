@@ -70,6 +70,10 @@ func New(g *guard.Guard, opts ...Option) (*Page, error) {
 	return p, nil
 }
 
+// maxInspected bounds the backend calls of one page view: a process holding
+// thousands of locks gets its page, with waiters counted for the first ones.
+const maxInspected = 200
+
 // View is what the page shows, and the JSON it serves.
 type View struct {
 	Owner   string    `json:"owner"`
@@ -143,8 +147,11 @@ func (p *Page) view(ctx context.Context, r *http.Request) View {
 	v := View{Owner: p.g.Owner(), Backend: p.g.Backend(), Now: time.Now(), HasStore: p.store != nil, HasJobs: p.sched != nil}
 	ictx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	for _, h := range p.g.Held() {
+	for i, h := range p.g.Held() {
 		held := Held{HeldLock: h, Waiters: -1}
+		if i == maxInspected && v.WaitersUnknown == "" {
+			v.WaitersUnknown = fmt.Sprintf("only the first %d locks are asked about", maxInspected)
+		}
 		if v.WaitersUnknown == "" {
 			in, err := p.g.Inspect(ictx, h.Key)
 			if err != nil {
