@@ -23,7 +23,7 @@ FUZZTIME ?= 10s
 FUZZ ?= .
 ARGS ?=
 
-.PHONY: help run demo services services-down services-status test test-faults bench bench-peers lint staticcheck fuzz
+.PHONY: help run demo services services-down services-status test test-faults test-clusters bench bench-peers lint staticcheck fuzz
 
 help:
 	@echo "make run              go run ./examples/closeorder (ARGS=...)"
@@ -33,6 +33,7 @@ help:
 	@echo "make services-status  which test servers answer"
 	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...)"
 	@echo "make test-faults      services, then the fenced-counter workload under kill -9, SIGSTOP, partitions and restarts, every backend"
+	@echo "make test-clusters    3-member etcd, 3-server ZooKeeper and a 3x2 Redis Cluster (scripts/clusters.sh), faults while locks are held"
 	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
 	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 10 minutes)"
 	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
@@ -80,6 +81,13 @@ bench: services
 # uses the shared ones for the rest. -v prints its table of figures.
 test-faults: services
 	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -tags faults -count=1 -timeout 20m -v $(TESTFLAGS) ./internal/faults/
+
+# Real 3-node topologies on ports of their own (scripts/clusters.sh), with
+# leaders killed and frozen, masters failed over and slots migrated while
+# locks are held and contended. -v prints the table of figures.
+test-clusters:
+	scripts/clusters.sh up
+	eval "$$(scripts/clusters.sh env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -tags clusters -count=1 -timeout 20m -v $(TESTFLAGS) ./internal/clusters/
 
 # Its own module, so that warden's users never download the peers.
 bench-peers: services

@@ -1,0 +1,31 @@
+// Package clusters tests warden against real three-node topologies while
+// their nodes fail: a 3-member etcd cluster, a 3-server ZooKeeper ensemble
+// and a Redis Cluster of three masters with a replica each, all started on
+// loopback by scripts/clusters.sh.
+//
+// In every scenario four clients, each with its own connection, Locker and
+// Guard as separate processes would have, loop on guard.Guard.Do over one
+// key. Inside the section each reads a counter from a fenced store and
+// writes it back incremented, twice, with the lock's fencing token; the
+// store refuses a token lower than the highest it accepted. Meanwhile the
+// test kills (SIGKILL) or freezes (SIGSTOP) the node that matters most, the
+// etcd or ZooKeeper leader or the Redis master of the key's slot (with its
+// replica made to lag, so that the promoted one misses the latest grants),
+// restarts it, and migrates the key's Redis slot between masters. Then it
+// judges that no write was accepted from a section that another overlapped,
+// that tokens only grew from one section to the next, that the lock was
+// granted again within a TTL and a second of each fault (or of the cluster
+// serving again, when that takes longer), that no client hung, and that
+// nothing was left on the servers; a table of every scenario is printed at
+// the end, and kept in $WARDEN_CLUSTERS_DIR/last-report.txt.
+//
+// Everything is in test files behind the build tag clusters, so that go test
+// ./... passes over it:
+//
+//	scripts/clusters.sh up && WARDEN_REQUIRE_SERVERS=1 go test -tags clusters -count=1 -timeout 20m -v ./internal/clusters/
+//
+// Scenarios that show a failure of warden still to be fixed are skipped,
+// naming it (findings_test.go); WARDEN_CLUSTERS_FINDINGS=1 runs them too.
+// WARDEN_CLUSTERS_DEBUG=1 prints every grant, fault, guard warning and error
+// with its time.
+package clusters

@@ -1,0 +1,555 @@
+#!/usr/bin/env bash
+# Three-node topologies on loopback for warden's cluster fault tests
+# (internal/clusters, build tag clusters): a 3-member etcd cluster, a
+# 3-server ZooKeeper ensemble and a Redis Cluster of 3 masters with a
+# replica each.
+#
+#   scripts/clusters.sh up           install what is missing, start every node, form the clusters
+#   scripts/clusters.sh down         stop every node `up` started
+#   scripts/clusters.sh status       which nodes answer, and what role they have
+#   scripts/clusters.sh env          export lines for the tests: eval "$(scripts/clusters.sh env)"
+#   scripts/clusters.sh clean        down, then delete the state directory
+#   scripts/clusters.sh start NODE.. start the named nodes (e.g. etcd-17121) again after a kill
+#
+# Unlike scripts/services.sh, every node here is ours: the tests kill, stop
+# and restart them, so a port already taken by another process is an error,
+# never a server to share. The ports are fixed, in 17100-17199 (Redis cluster
+# buses at +10000), below the ephemeral range and away from the shared test
+# servers (16379-16384, 12379, 12181, 15432, 13306) and from internal/faults'
+# own (17181, 17379-17385, 17432, 17479-17480). Everything a node writes
+# lives under WARDEN_CLUSTERS_DIR (default /tmp/warden-clusters), one
+# directory per node named <kind>-<client port>.
+set -Eeuo pipefail
+
+SVC=clusters
+say() { printf '%s: %s\n' "$SVC" "$*"; }
+warn() { printf '%s: %s\n' "$SVC" "$*" >&2; }
+die() {
+	warn "$*"
+	exit 1
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+# A failing `return` was already explained by whoever returned.
+trap '[[ $BASH_COMMAND == return* ]] || warn "failed (exit $?): $BASH_COMMAND"' ERR
+
+STATE_DIR=${WARDEN_CLUSTERS_DIR:-/tmp/warden-clusters}
+# Per node. Three JVMs and a cluster election on a loaded 2-core machine can
+# take a minute; failing early would only make CI flaky.
+TIMEOUT=${WARDEN_CLUSTERS_TIMEOUT:-180}
+LOCK_FILE=${TMPDIR:-/tmp}/warden-clusters.lock
+
+ETCD_CLIENT_PORTS=(17121 17122 17123)
+ETCD_PEER_PORTS=(17131 17132 17133)
+ZK_CLIENT_PORTS=(17141 17142 17143)
+ZK_QUORUM_PORTS=(17151 17152 17153)
+ZK_ELECTION_PORTS=(17161 17162 17163)
+REDIS_PORTS=(17101 17102 17103 17104 17105 17106)
+# The tests' failover timing depends on it: a dead master is declared failed
+# after this, and its replica promoted within about two more seconds.
+REDIS_NODE_TIMEOUT=2000
+
+joined() {
+	local sep=$1 out="" p
+	shift
+	for p in "$@"; do out+="${out:+$sep}127.0.0.1:$p"; done
+	printf '%s\n' "$out"
+}
+
+# ---------------------------------------------------------------------------
+# Installation (as scripts/services.sh does, for these three only)
+
+missing_packages() {
+	{ have redis-server && have redis-cli; } || echo redis-server redis-tools
+	have etcd || echo etcd-server
+	[[ -f /usr/share/java/zookeeper.jar && -f /usr/share/java/slf4j-log4j12.jar && -f /usr/share/java/log4j-1.2.jar ]] || echo zookeeper
+	have java || echo default-jre-headless
+	have curl || echo curl
+	{ have setsid && have flock; } || echo util-linux
+}
+
+install_missing() {
+	local pkgs sudo=()
+	pkgs=$(missing_packages | xargs)
+	[[ -n $pkgs ]] || return 0
+	if [[ $EUID -ne 0 ]]; then
+		have sudo || die "missing packages ($pkgs), and not root: install them, or run as root"
+		sudo=(sudo)
+	fi
+	say "installing: $pkgs"
+	# Post-install scripts would otherwise start system-wide servers on the
+	# default ports, or fail where there is no init system.
+	local made_policy=
+	if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+		printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+		"${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d
+		made_policy=1
+	fi
+	local rc=0
+	# shellcheck disable=SC2086 # $pkgs is a list of words
+	{
+		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq update &&
+			"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq install -y \
+				--no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold $pkgs
+	} || rc=$?
+	[[ -z $made_policy ]] || "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
+	[[ $rc -eq 0 ]] || die "apt-get failed (exit $rc) installing: $pkgs"
+	pkgs=$(missing_packages | xargs)
+	[[ -z $pkgs ]] || die "still missing after apt-get install: $pkgs"
+}
+
+# ---------------------------------------------------------------------------
+# Process bookkeeping
+
+# pid_of PIDFILE COMM: the pid in PIDFILE if that process is alive and is
+# COMM, so a stale file whose pid was reused never leads to a wrong kill.
+pid_of() {
+	local file=$1 comm=$2 pid
+	[[ -s $file ]] || return 1
+	pid=$(head -n 1 "$file" 2>/dev/null) || return 1
+	[[ $pid =~ ^[0-9]+$ ]] || return 1
+	[[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+	printf '%s\n' "$pid"
+}
+
+# A test that failed half way may leave a node SIGSTOPped; such a node would
+# hold its port and answer nothing.
+resume_if_stopped() {
+	local pid=$1 state
+	state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 0
+	if [[ $state == T ]]; then
+		warn "pid $pid was stopped (SIGSTOP): continuing it"
+		kill -CONT "$pid" 2>/dev/null || true
+	fi
+}
+
+# launch PIDFILE LOG CMD...: CMD in its own session, so that it outlives the
+# caller (a test that restarts a node must not take it down when it ends),
+# with no stdin and its output to LOG, so that a caller reading our stdout is
+# not kept waiting. fd 9 is the lock: a node holding it would block every
+# later run.
+launch() {
+	local pidfile=$1 log=$2
+	shift 2
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	setsid bash -c 'echo $$ >"$0" && exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+}
+
+# wait_for LOG PIDFILE COMM PROBE...: until PROBE succeeds; fails at the
+# deadline or as soon as the node exits, with the end of its log.
+wait_for() {
+	local log=$1 pidfile=$2 comm=$3
+	shift 3
+	local deadline=$((SECONDS + TIMEOUT))
+	while ! "$@"; do
+		if [[ -s $pidfile ]] && ! pid_of "$pidfile" "$comm" >/dev/null; then
+			warn "exited during startup; last lines of $log:"
+			tail -n 30 "$log" >&2 || true
+			return 1
+		fi
+		if ((SECONDS >= deadline)); then
+			warn "not ready after ${TIMEOUT}s; last lines of $log:"
+			tail -n 30 "$log" >&2 || true
+			return 1
+		fi
+		sleep 0.3
+	done
+}
+
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# claim DIR COMM PORT...: whether the node must be started. A node of ours
+# that is alive is left running; a port held by anything else is an error.
+claim() {
+	local dir=$1 comm=$2 pid p
+	shift 2
+	if pid=$(pid_of "$dir/pid" "$comm"); then
+		resume_if_stopped "$pid"
+		return 1
+	fi
+	rm -f "$dir/pid"
+	for p in "$@"; do
+		port_taken "$p" && die "port $p is taken by a process this script did not start; the tests must own every node"
+	done
+	return 0
+}
+
+# ---------------------------------------------------------------------------
+# Probes
+
+redis_ping() { [[ $(timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
+
+# /health is true once the member has a leader and can serve a read.
+etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'; }
+
+zk_4lw() {
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" && printf "%s" "$1" >&3 && cat <&3' "$1" "$2" 2>/dev/null || true
+}
+
+# A server serves once it is the leader or a follower of one.
+zk_mode() { zk_4lw "$1" srvr | sed -n 's/^Mode: //p'; }
+zk_ok() { [[ $(zk_mode "$1") == @(leader|follower) ]]; }
+
+# ---------------------------------------------------------------------------
+# Nodes. Each start_* starts one node unless it already runs, and waits until
+# it answers; it runs in a subshell of its own and exits non-zero on failure.
+
+etcd_initial_cluster() {
+	local i out=""
+	for i in 0 1 2; do
+		out+="${out:+,}etcd-${ETCD_CLIENT_PORTS[i]}=http://127.0.0.1:${ETCD_PEER_PORTS[i]}"
+	done
+	printf '%s\n' "$out"
+}
+
+# start_etcd INDEX WAIT: WAIT=no for the first start of the cluster, where a
+# member cannot be healthy before a quorum of the others runs.
+start_etcd() {
+	local i=$1 wait=$2 port=${ETCD_CLIENT_PORTS[$1]} peer_port=${ETCD_PEER_PORTS[$1]}
+	local name=etcd-$port dir=$STATE_DIR/etcd-$port
+	SVC="clusters: $name"
+	mkdir -p "$dir"
+	if claim "$dir" etcd "$port" "$peer_port"; then
+		local peer=http://127.0.0.1:$peer_port client=http://127.0.0.1:$port
+		# The initial-cluster flags only matter the first time: a member
+		# with a data directory rejoins with what it recorded. The default
+		# 100 ms heartbeat and 1 s election timeout are kept, as the
+		# tests' TTLs assume them.
+		launch "$dir/pid" "$dir/etcd.log" etcd --name "$name" --data-dir "$dir/data" \
+			--listen-client-urls "$client" --advertise-client-urls "$client" \
+			--listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+			--initial-cluster "$(etcd_initial_cluster)" --initial-cluster-state new \
+			--initial-cluster-token warden-clusters \
+			--heartbeat-interval 100 --election-timeout 1000 \
+			--logger zap --log-outputs stderr
+		say "launched"
+	fi
+	[[ $wait == yes ]] || return 0
+	wait_for "$dir/etcd.log" "$dir/pid" etcd etcd_ok "$port"
+	say "healthy (pid $(cat "$dir/pid"))"
+}
+
+start_zookeeper() {
+	local i=$1 wait=$2 port=${ZK_CLIENT_PORTS[$1]}
+	local name=zookeeper-$port dir=$STATE_DIR/zookeeper-$port
+	SVC="clusters: $name"
+	mkdir -p "$dir/conf" "$dir/data"
+	if claim "$dir" java "$port" "${ZK_QUORUM_PORTS[i]}" "${ZK_ELECTION_PORTS[i]}"; then
+		echo $((i + 1)) >"$dir/data/myid"
+		# tickTime 200 ms: sessions expire in buckets of one tick, so a dead
+		# client's session ends close to its timeout; sessions of at least a
+		# second. syncLimit 15 ticks (3 s) before a follower that stopped
+		# answering is dropped. The four-letter words are all allowed: the
+		# tests find the leader with srvr.
+		{
+			cat <<-EOF
+				tickTime=200
+				initLimit=50
+				syncLimit=15
+				minSessionTimeout=1000
+				maxSessionTimeout=60000
+				dataDir=$dir/data
+				clientPort=$port
+				clientPortAddress=127.0.0.1
+				maxClientCnxns=0
+				admin.enableServer=false
+				4lw.commands.whitelist=*
+				forceSync=no
+				reconfigEnabled=false
+				standaloneEnabled=false
+			EOF
+			local j
+			for j in 0 1 2; do
+				echo "server.$((j + 1))=127.0.0.1:${ZK_QUORUM_PORTS[j]}:${ZK_ELECTION_PORTS[j]}"
+			done
+		} >"$dir/conf/zoo.cfg"
+		cat >"$dir/conf/log4j.properties" <<-'EOF'
+			log4j.rootLogger=INFO, CONSOLE
+			log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender
+			log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout
+			log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t:%C{1}@%L] - %m%n
+		EOF
+		# Debian's zookeeper.jar names its other dependencies in its
+		# manifest; only the slf4j binding and log4j must be added. Empty
+		# container nodes (a lock nobody holds or waits for) are reaped
+		# every second rather than every minute, so that the tests can
+		# check that nothing is left behind.
+		local cp="$dir/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+		launch "$dir/pid" "$dir/zookeeper.log" java -Xmx128m -Xss512k -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+			-Dlog4j.configuration="file:$dir/conf/log4j.properties" -Dzookeeper.jmx.log4j.disable=true \
+			-Dznode.container.checkIntervalMs=1000 \
+			-cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/conf/zoo.cfg"
+		say "launched"
+	fi
+	[[ $wait == yes ]] || return 0
+	wait_for "$dir/zookeeper.log" "$dir/pid" java zk_ok "$port"
+	say "serving as $(zk_mode "$port") (pid $(cat "$dir/pid"))"
+}
+
+start_redis() {
+	local port=$1 name=redis-$1 dir=$STATE_DIR/redis-$1
+	SVC="clusters: $name"
+	mkdir -p "$dir"
+	if claim "$dir" redis-server "$port" $((port + 10000)); then
+		# No persistence: a killed master comes back empty, and rejoins as
+		# a replica of whichever node was promoted in its place (its
+		# nodes.conf tells it the cluster it belonged to).
+		launch "$dir/pid" "$dir/redis.log" redis-server --port "$port" --bind 127.0.0.1 \
+			--protected-mode no --daemonize no --dir "$dir" --logfile '' \
+			--save '' --appendonly no \
+			--cluster-enabled yes --cluster-config-file nodes.conf \
+			--cluster-node-timeout "$REDIS_NODE_TIMEOUT"
+	fi
+	wait_for "$dir/redis.log" "$dir/pid" redis-server redis_ping "$port"
+	say "answering (pid $(cat "$dir/pid"))"
+}
+
+rcli() {
+	local port=$1
+	shift
+	timeout 10 redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+
+redis_info_field() { rcli "$1" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
+
+# The cluster is usable once every node sees all slots served, six nodes,
+# none of them failing, and every replica has a live link to its master.
+redis_cluster_ok() {
+	local p
+	for p in "${REDIS_PORTS[@]}"; do
+		[[ $(redis_info_field "$p" cluster_state) == ok ]] || return 1
+		[[ $(redis_info_field "$p" cluster_known_nodes) == 6 ]] || return 1
+		[[ $(redis_info_field "$p" cluster_slots_ok) == 16384 ]] || return 1
+		if rcli "$p" cluster nodes 2>/dev/null | grep -qE ' [^ ]*fail|-[<>]-'; then return 1; fi
+		if rcli "$p" role 2>/dev/null | head -n 1 | grep -qx slave; then
+			rcli "$p" info replication 2>/dev/null | tr -d '\r' | grep -qx 'master_link_status:up' || return 1
+		fi
+	done
+}
+
+form_redis_cluster() {
+	SVC="clusters: redis cluster"
+	local p fresh=0 formed=0
+	for p in "${REDIS_PORTS[@]}"; do
+		if [[ $(redis_info_field "$p" cluster_known_nodes) == 1 && $(redis_info_field "$p" cluster_slots_assigned) == 0 ]]; then
+			fresh=$((fresh + 1))
+		elif [[ $(redis_info_field "$p" cluster_known_nodes) == 6 ]]; then
+			formed=$((formed + 1))
+		fi
+	done
+	if ((fresh == ${#REDIS_PORTS[@]})); then
+		say "creating: 3 masters, 1 replica each"
+		local -a addrs=()
+		for p in "${REDIS_PORTS[@]}"; do addrs+=("127.0.0.1:$p"); done
+		timeout 120 redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+			>"$STATE_DIR/redis-cluster-create.log" 2>&1 || {
+			warn "redis-cli --cluster create failed:"
+			tail -n 30 "$STATE_DIR/redis-cluster-create.log" >&2
+			return 1
+		}
+	elif ((formed != ${#REDIS_PORTS[@]})); then
+		die "the Redis nodes disagree about their cluster ($fresh fresh, $formed formed of ${#REDIS_PORTS[@]}): run $0 clean, then up"
+	elif rcli "${REDIS_PORTS[0]}" cluster nodes 2>/dev/null | grep -q -- '-[<>]-'; then
+		# A test that died half way through a slot migration leaves the
+		# slot open (MIGRATING/IMPORTING); redis-cli settles it.
+		say "closing slots left open by an interrupted migration"
+		timeout 120 redis-cli --cluster fix "127.0.0.1:${REDIS_PORTS[0]}" --cluster-yes \
+			>"$STATE_DIR/redis-cluster-fix.log" 2>&1 || {
+			warn "redis-cli --cluster fix failed:"
+			tail -n 30 "$STATE_DIR/redis-cluster-fix.log" >&2
+			return 1
+		}
+	fi
+	local deadline=$((SECONDS + TIMEOUT))
+	until redis_cluster_ok; do
+		if ((SECONDS >= deadline)); then
+			warn "cluster not ok after ${TIMEOUT}s:"
+			rcli "${REDIS_PORTS[0]}" cluster nodes >&2 || true
+			return 1
+		fi
+		sleep 0.5
+	done
+	say "ok: $(rcli "${REDIS_PORTS[0]}" cluster nodes | awk '$3 ~ /master/ {n++} END {print n}') masters with a replica each"
+}
+
+# ---------------------------------------------------------------------------
+# Subcommands
+
+lock() {
+	exec 9>>"$LOCK_FILE"
+	# Whoever creates it must not lock the others out.
+	[[ ! -O $LOCK_FILE ]] || chmod 666 "$LOCK_FILE" 2>/dev/null || true
+	flock -w 600 9 || die "another scripts/clusters.sh has held $LOCK_FILE for 10 minutes"
+}
+
+prepare_state_dir() {
+	mkdir -p "$STATE_DIR"
+	STATE_DIR=$(cd "$STATE_DIR" && pwd -P)
+}
+
+# wait_all NAME...: waits for the background jobs named in the jobs array.
+declare -A JOBS=()
+wait_all() {
+	local name failed=()
+	for name in "${!JOBS[@]}"; do
+		wait "${JOBS[$name]}" || failed+=("$name")
+	done
+	JOBS=()
+	[[ ${#failed[@]} -eq 0 ]] || die "could not start: ${failed[*]} (logs under $STATE_DIR)"
+}
+
+cmd_up() {
+	lock
+	install_missing
+	prepare_state_dir
+	local start=$SECONDS i p
+	say "starting nodes, state in $STATE_DIR"
+	# Launch every member first: none is healthy before a quorum runs.
+	for i in 0 1 2; do
+		start_etcd "$i" no &
+		JOBS[etcd-${ETCD_CLIENT_PORTS[i]}]=$!
+		start_zookeeper "$i" no &
+		JOBS[zookeeper-${ZK_CLIENT_PORTS[i]}]=$!
+	done
+	for p in "${REDIS_PORTS[@]}"; do
+		start_redis "$p" &
+		JOBS[redis-$p]=$!
+	done
+	wait_all
+	for i in 0 1 2; do
+		start_etcd "$i" yes &
+		JOBS[etcd-${ETCD_CLIENT_PORTS[i]}]=$!
+		start_zookeeper "$i" yes &
+		JOBS[zookeeper-${ZK_CLIENT_PORTS[i]}]=$!
+	done
+	form_redis_cluster &
+	JOBS[redis cluster]=$!
+	wait_all
+	SVC=clusters
+	say "etcd, ZooKeeper and Redis clusters ready in $((SECONDS - start))s"
+}
+
+# cmd_start NODE...: what a test calls to bring back a node it killed.
+cmd_start() {
+	[[ $# -gt 0 ]] || die "start: name the nodes, e.g. etcd-${ETCD_CLIENT_PORTS[0]}"
+	lock
+	prepare_state_dir
+	local node i p
+	for node in "$@"; do
+		case $node in
+		etcd-*)
+			for i in 0 1 2; do [[ $node == "etcd-${ETCD_CLIENT_PORTS[i]}" ]] && start_etcd "$i" yes &&
+				continue 2; done
+			;;
+		zookeeper-*)
+			for i in 0 1 2; do [[ $node == "zookeeper-${ZK_CLIENT_PORTS[i]}" ]] && start_zookeeper "$i" yes &&
+				continue 2; done
+			;;
+		redis-*)
+			for p in "${REDIS_PORTS[@]}"; do [[ $node == "redis-$p" ]] && start_redis "$p" && continue 2; done
+			;;
+		esac
+		die "start: no node named $node (or it failed to start)"
+	done
+}
+
+# stop DIR COMM: TERM (and CONT, for a node a test left stopped), then KILL
+# if it has not gone after a while.
+stop() {
+	local dir=$1 comm=$2 name=${1##*/} pid
+	if ! pid=$(pid_of "$dir/pid" "$comm"); then
+		rm -f "$dir/pid"
+		return 0
+	fi
+	kill -TERM "$pid" 2>/dev/null || true
+	kill -CONT "$pid" 2>/dev/null || true
+	local deadline=$((SECONDS + 30))
+	while kill -0 "$pid" 2>/dev/null; do
+		if ((SECONDS >= deadline)); then
+			warn "$name (pid $pid) ignored TERM for 30s; killing it"
+			kill -KILL "$pid" 2>/dev/null || true
+			break
+		fi
+		sleep 0.2
+	done
+	rm -f "$dir/pid"
+	say "stopped $name (pid $pid)"
+}
+
+cmd_down() {
+	lock
+	if [[ ! -d $STATE_DIR ]]; then
+		say "nothing to stop: no $STATE_DIR"
+		return 0
+	fi
+	local d
+	shopt -s nullglob
+	for d in "$STATE_DIR"/redis-*/; do stop "${d%/}" redis-server & done
+	for d in "$STATE_DIR"/etcd-*/; do stop "${d%/}" etcd & done
+	for d in "$STATE_DIR"/zookeeper-*/; do stop "${d%/}" java & done
+	local rc=0 j
+	for j in $(jobs -p); do
+		wait "$j" || rc=1
+	done
+	[[ $rc -eq 0 ]] || die "some nodes did not stop"
+}
+
+cmd_clean() {
+	cmd_down
+	rm -rf "$STATE_DIR"
+	say "removed $STATE_DIR"
+}
+
+status_line() {
+	local name=$1 dir=$2 comm=$3 ok=$4 role=$5 pid who state=up
+	if pid=$(pid_of "$dir/pid" "$comm"); then who="pid $pid"; else who="not running"; fi
+	$ok || state=DOWN
+	printf '%-16s %-5s %-10s (%s)\n' "$name" "$state" "$role" "$who"
+	[[ $state == up ]]
+}
+
+cmd_status() {
+	local rc=0 p role
+	for p in "${ETCD_CLIENT_PORTS[@]}"; do
+		status_line "etcd-$p" "$STATE_DIR/etcd-$p" etcd "etcd_ok $p" member || rc=1
+	done
+	for p in "${ZK_CLIENT_PORTS[@]}"; do
+		role=$(zk_mode "$p")
+		status_line "zookeeper-$p" "$STATE_DIR/zookeeper-$p" java "zk_ok $p" "${role:--}" || rc=1
+	done
+	for p in "${REDIS_PORTS[@]}"; do
+		role=$(rcli "$p" role 2>/dev/null | head -n 1) || true
+		status_line "redis-$p" "$STATE_DIR/redis-$p" redis-server "redis_ping $p" "${role:--}" || rc=1
+	done
+	if redis_cluster_ok; then echo "redis cluster    ok"; else
+		echo "redis cluster    NOT ok"
+		rc=1
+	fi
+	return $rc
+}
+
+cmd_env() {
+	printf "export WARDEN_CLUSTER_ETCD='%s'\n" "$(joined , "${ETCD_CLIENT_PORTS[@]}")"
+	printf "export WARDEN_CLUSTER_ZK='%s'\n" "$(joined , "${ZK_CLIENT_PORTS[@]}")"
+	printf "export WARDEN_CLUSTER_REDIS='%s'\n" "$(joined , "${REDIS_PORTS[@]}")"
+	printf "export WARDEN_CLUSTERS_DIR='%s'\n" "$STATE_DIR"
+}
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status || exit 1 ;;
+env) cmd_env ;;
+clean) cmd_clean ;;
+start)
+	shift
+	cmd_start "$@"
+	;;
+-h | --help | help) usage ;;
+*)
+	usage >&2
+	exit 2
+	;;
+esac
