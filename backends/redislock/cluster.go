@@ -16,11 +16,11 @@ import (
 // and go-redis does not do with its default options:
 //
 //   - While a lock's slot migrates to another node, a script that names
-//     keys of which some exist and some do not is answered TRYAGAIN.
-//     go-redis retries it only a few times within milliseconds; a release
-//     that gives up then leaves the lock taken for its TTL. The script is
-//     sent again, with growing pauses, until it is answered otherwise or
-//     ctx ends.
+//     keys of which some exist and some do not is answered TRYAGAIN, and
+//     ASK redirections bounce between the nodes. go-redis retries a few
+//     times within milliseconds; a release that gives up then leaves the
+//     lock taken for its TTL. The script is sent again, with growing
+//     pauses, until it is answered otherwise or ctx ends.
 //   - After a master dies, go-redis keeps sending its slots' commands to
 //     it until a MOVED answer (which a dead node never sends) or its
 //     periodic reload, a minute later. A command that fails without an
@@ -59,13 +59,22 @@ func (s *scripter) retry(ctx context.Context, send func() *goredis.Cmd) *goredis
 		if err != nil && !isReply(err) {
 			s.reload()
 		}
-		if err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
+		if err == nil || !migrating(err) {
 			return cmd
 		}
 		if driver.Sleep(ctx, pause.Next(), nil) != nil {
 			return cmd
 		}
 	}
+}
+
+// migrating reports an answer that a slot migration gives and that comes
+// right once it is over: TRYAGAIN for a script whose keys are split between
+// the two nodes, and the ASK or MOVED redirection go-redis gives up following
+// after its few redirects.
+func migrating(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "TRYAGAIN") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "MOVED ")
 }
 
 // reload asks the Cluster client to load the slot map again.
