@@ -263,7 +263,7 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	return &sniffConn{Conn: c, granted: func(ms int32) {
+	return &sniffConn{Conn: c, handshake: l.timeout / 6, granted: func(ms int32) {
 		if ms > 0 {
 			l.negotiated.Store(int64(ms))
 		}
@@ -272,11 +272,32 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 
 // sniffConn watches the first 12 bytes a connection reads: the frame length,
 // the protocol version and the negotiated timeout of the connect response.
+// Until they have come it also caps the connection's deadlines at
+// handshake from when they are set: the client library gives the connect
+// handshake ten times two thirds of the session timeout, so a server that
+// accepts connections but never answers (a frozen process) would hold the
+// client for longer than the session lives, instead of letting it try the
+// next server while its session can still be saved.
 type sniffConn struct {
 	net.Conn
-	head    []byte
-	granted func(ms int32)
+	head      []byte
+	handshake time.Duration
+	granted   func(ms int32)
 }
+
+func (c *sniffConn) capped(t time.Time) time.Time {
+	if len(c.head) >= 12 || t.IsZero() {
+		return t
+	}
+	if limit := time.Now().Add(c.handshake); t.After(limit) {
+		return limit
+	}
+	return t
+}
+
+func (c *sniffConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.capped(t)) }
+func (c *sniffConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.capped(t)) }
+func (c *sniffConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.capped(t)) }
 
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
@@ -504,15 +525,15 @@ func (l *Locker) background(f func()) bool {
 }
 
 // retry calls f until it reports done, backing off between attempts, and
-// gives up when the Locker closes.
+// gives up when the Locker closes. The pause stays short: what f retries is
+// a node that keeps a lock taken, and the ensemble may be back any moment.
 func (l *Locker) retry(f func() bool) {
-	backoff := 50 * time.Millisecond
+	backoff := driver.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 	for !f() {
 		select {
 		case <-l.quit:
 			return
-		case <-time.After(backoff):
+		case <-time.After(backoff.Next()):
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
