@@ -211,13 +211,7 @@ func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int6
 // 100 ms. A deletion between knownAt and the watch's start would be missed,
 // so when the revision moved in between, the key is looked up once more.
 func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) error {
-	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
-		if !wr.Created {
-			return len(wr.Events) > 0, nil
-		}
-		if wr.Header.Revision == knownAt {
-			return false, nil
-		}
+	gone := func(ctx context.Context) (bool, error) {
 		rctx, cancel := a.l.timeout.ctx(ctx)
 		defer cancel()
 		g, err := a.l.client.Get(rctx, key, clientv3.WithCountOnly())
@@ -225,7 +219,16 @@ func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) er
 			return false, a.l.timeout.err(ctx, rctx, err)
 		}
 		return g.Count == 0, nil
-	})
+	}
+	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
+		if !wr.Created {
+			return len(wr.Events) > 0, nil
+		}
+		if wr.Header.Revision == knownAt {
+			return false, nil
+		}
+		return gone(ctx)
+	}, gone)
 }
 
 // waitCount waits until fewer than permits keys precede own. Any deletion in
@@ -234,30 +237,49 @@ func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) er
 func (a *attempt) waitCount(ctx context.Context) error {
 	// Counting once the watch exists, and after every deletion from then on,
 	// misses none.
-	return a.watchDeletes(ctx, a.from, func(clientv3.WatchResponse) (bool, error) {
+	fewer := func(ctx context.Context) (bool, error) {
 		resp, err := a.recheck(ctx)
 		if err != nil {
 			return false, err
 		}
 		return int64(len(resp.Responses[0].GetResponseRange().Kvs)) < a.permits, nil
-	}, clientv3.WithRange(a.end))
+	}
+	return a.watchDeletes(ctx, a.from, func(clientv3.WatchResponse) (bool, error) { return fewer(ctx) }, fewer, clientv3.WithRange(a.end))
 }
 
 // watchDeletes watches deletions of key (a range with WithRange) from the
 // server's current revision, and passes the watch's creation and each batch
 // of deletions to handle until it reports done, fails, ctx ends or the
 // session is lost.
-func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clientv3.WatchResponse) (bool, error), opts ...clientv3.OpOption) error {
+//
+// Every third of the session's TTL it also asks check, by a plain request,
+// whether the wait is over: a watch stream on a member that froze (a
+// stopped process, a stalled disk) neither delivers events nor fails, and
+// the waiters queued behind this one would stall with it. A request goes
+// to whichever member answers; a failed check is only retried.
+func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clientv3.WatchResponse) (bool, error),
+	check func(context.Context) (bool, error), opts ...clientv3.OpOption) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	opts = append(opts, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	wch := a.l.client.Watch(wctx, key, opts...)
+	tick := time.NewTicker(a.s.ttl / 3)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-a.s.done:
 			return errSessionLost
+		case <-tick.C:
+			// Bounded by the period: a check sent to the frozen member
+			// must not hold up the next one, which may reach another.
+			cctx, ccancel := context.WithTimeout(ctx, a.s.ttl/3)
+			done, err := check(cctx)
+			ccancel()
+			if done && err == nil {
+				return nil
+			}
 		case wr, ok := <-wch:
 			if !ok {
 				return driver.Unavailable(ctx, errors.New("etcd: watch closed"))

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -76,25 +78,49 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // revision), so a retried or stale release never deletes a newer holder's
 // key.
 //
-// When the delete gets no answer (a leader election, a partition, ctx done
-// in flight), the key may still be there, and the session's keepalive would
-// keep it, and the lock, forever. The session is given up instead: its
-// keepalive stops, its lease is revoked best effort, and the key is gone
-// within the session TTL at the latest. The session's other locks are lost
-// with it; later acquisitions start a new session.
+// A delete that gets no answer (a leader election, a partition) is sent
+// again, each attempt bounded by a second at most, until ctx ends or the
+// request timeout has passed: the
+// delete is conditional, so repeating it is safe, and an election is over in
+// a second or two. Once an attempt's outcome was unknown, a later attempt
+// that finds the key gone while the session lives counts as released: the
+// key is this lease's alone, and only its own delete (or an operator's
+// forced release) removes it under a live session.
+//
+// When no attempt is answered before ctx ends, the key may still be there,
+// and the session's keepalive would keep it, and the lock, forever. The
+// session is given up instead: its keepalive stops, its lease is revoked
+// (again and again until etcd answers), and the key goes with it. The
+// session's other locks are lost with it; later acquisitions start a new
+// session.
 func (le *lease) Release(ctx context.Context) error {
-	rctx, cancel := le.s.timeout.ctx(ctx)
-	defer cancel()
-	resp, err := le.s.client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(le.own), "=", le.rev)).
-		Then(clientv3.OpDelete(le.own)).
-		Commit()
-	if err != nil {
-		le.s.giveUp()
-		return le.s.timeout.err(ctx, rctx, err)
+	// The attempts together get one request timeout, within the caller's.
+	caller := ctx
+	ctx, cancelAll := le.s.timeout.ctx(ctx)
+	defer cancelAll()
+	per := min(time.Duration(le.s.timeout), time.Second)
+	pause := driver.Backoff{Min: 20 * time.Millisecond, Max: 250 * time.Millisecond}
+	unknown := false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, per)
+		resp, err := le.s.client.Txn(rctx).
+			If(clientv3.Compare(clientv3.CreateRevision(le.own), "=", le.rev)).
+			Then(clientv3.OpDelete(le.own)).
+			Commit()
+		cancel()
+		switch {
+		case err == nil && resp.Succeeded:
+			return nil
+		case err == nil && unknown && !le.s.lost():
+			return nil // an earlier attempt deleted it
+		case err == nil:
+			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		}
+		unknown = true
+		// A closed client answers at once, and will not answer otherwise.
+		if status.Code(err) == codes.Canceled || driver.Sleep(ctx, pause.Next(), nil) != nil {
+			le.s.giveUp()
+			return le.s.timeout.err(caller, ctx, err)
+		}
 	}
-	if !resp.Succeeded {
-		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
-	}
-	return nil
 }
