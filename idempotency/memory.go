@@ -173,6 +173,24 @@ func (m *MemoryStore) Get(ctx context.Context, scope, key string) (*Record, erro
 	return copyRecord(&r.rec), nil
 }
 
+// Delete implements Deleter.
+func (m *MemoryStore) Delete(ctx context.Context, scope, key string) error {
+	if err := CheckKey(scope, key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := memKey{scope, key}
+	if m.live(k, m.now()) == nil {
+		return ErrNotFound
+	}
+	delete(m.records, k)
+	return nil
+}
+
 // Ping reports that the store answers, which an in-process store always
 // does; it is there for health checks written against every store.
 func (m *MemoryStore) Ping(context.Context) error { return nil }

@@ -29,6 +29,16 @@ var (
 	ErrUnavailable = guard.ErrUnavailable
 )
 
+// Deleter is an optional capability of a store: an operator removing a
+// record whatever its state and owner, so that its key runs afresh (a
+// completed record holding a wrong response, a claim whose owner hangs).
+// An owner still working under a removed claim finds it gone, with
+// ErrNotOwner, at its next Extend or Complete. Delete returns an error
+// wrapping ErrNotFound when there was no record.
+type Deleter interface {
+	Delete(ctx context.Context, scope, key string) error
+}
+
 // State is the state of a record.
 type State string
 

@@ -273,6 +273,23 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 }
 
 // Get implements idempotency.Store.
+// Delete implements idempotency.Deleter.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return err
+	}
+	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.DeleteResponse, error) {
+		return s.client.Delete(rctx, s.recordKey(scope, key))
+	})
+	if err != nil {
+		return err
+	}
+	if resp.Deleted == 0 {
+		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return nil
+}
+
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := idempotency.CheckKey(scope, key); err != nil {
 		return nil, err

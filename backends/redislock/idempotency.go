@@ -145,6 +145,21 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	return rec, err
 }
 
+// Delete implements idempotency.Deleter.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return err
+	}
+	n, err := s.client.Del(ctx, s.recordKey(scope, key)).Result()
+	if err != nil {
+		return driver.Unavailable(ctx, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return nil
+}
+
 // record decodes a script's answer: 0 for none, else the record's fields.
 func record(scope, key string, v any) (*idempotency.Record, error) {
 	fields, ok := v.([]any)

@@ -283,6 +283,21 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	return s.write(ctx, "abandon", "DELETE FROM "+s.table+s.owned(), recordID(scope, key), []byte(owner))
 }
 
+// Delete implements idempotency.Deleter.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return err
+	}
+	res := s.db.WithContext(ctx).Exec("DELETE FROM "+s.table+" WHERE id = ?", recordID(scope, key))
+	if res.Error != nil {
+		return storeErr(ctx, "delete", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return nil
+}
+
 // Purge deletes the records whose lease or retention has run out, which
 // Claim would otherwise reuse only if their key came again. Run it now and
 // then; it returns how many rows it deleted.

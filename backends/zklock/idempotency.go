@@ -353,6 +353,29 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	return err
 }
 
+// Delete implements idempotency.Deleter. A record rewritten between the
+// read and the delete is read again, a few times at most.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := idempotency.CheckKey(scope, key); err != nil {
+		return err
+	}
+	_, path := s.place(scope, key)
+	for range 3 {
+		r, stat, err := s.read(ctx, path)
+		if errors.Is(err, zk.ErrNoNode) {
+			return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+		}
+		if err != nil {
+			return err
+		}
+		err = s.remove(ctx, path, stat.Version, r)
+		if !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: zookeeper delete: the record kept changing", idempotency.ErrUnavailable)
+}
+
 // Get implements idempotency.Store. Like Claim, it deletes an expired record
 // it meets.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {

@@ -5,6 +5,7 @@
 //	warden -lock etcd://10.0.0.1:2379 locks show KEY
 //	warden -lock postgres://... locks release KEY      (asks first; -yes does not)
 //	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
+//	warden -lock zk://10.0.0.5:2181 idem delete SCOPE KEY    (asks first; -yes does not)
 //	warden -lock mysql://... ping
 //
 // Backend URLs are those of backendurl (and of the example service); -lock
@@ -49,6 +50,7 @@ commands:
   locks show KEY         who holds KEY, until when, and who waits
   locks release KEY      take KEY from its holder (asks first, unless -yes)
   idem show SCOPE KEY    the idempotency record under SCOPE and KEY
+  idem delete SCOPE KEY  remove that record, so the key runs afresh (asks first, unless -yes)
   ping                   whether the backend answers
 
 flags:
@@ -102,7 +104,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	timeout := fs.Duration("timeout", 10*time.Second, "bound on the whole command")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
-	fs.BoolVar(&c.yes, "yes", false, "release without asking")
+	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
 	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
 	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
 	if err := fs.Parse(args); err != nil {
@@ -201,12 +203,15 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 			return nil, err
 		}
 		return func(ctx context.Context) error { return c.release(ctx, cmd[2]) }, nil
-	case "idem show":
+	case "idem show", "idem delete":
 		if err := want(4, "SCOPE KEY"); err != nil {
 			return nil, err
 		}
 		if err := idempotency.CheckKey(cmd[2], cmd[3]); err != nil {
 			return nil, badInput("%v", err)
+		}
+		if cmd[1] == "delete" {
+			return func(ctx context.Context) error { return c.idemDelete(ctx, cmd[2], cmd[3]) }, nil
 		}
 		return func(ctx context.Context) error { return c.idem(ctx, cmd[2], cmd[3]) }, nil
 	}
@@ -316,6 +321,43 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", orDash(rec.Scope), rec.Key, rec.State, orDash(rec.Fingerprint), orDash(instance), len(rec.Response))
 	return tw.Flush()
+}
+
+func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
+	s, err := c.store(ctx)
+	if err != nil {
+		return err
+	}
+	del, ok := s.(idempotency.Deleter)
+	if !ok {
+		return fmt.Errorf("this store cannot delete records")
+	}
+	rec, err := s.Get(ctx, scope, key)
+	if errors.Is(err, idempotency.ErrNotFound) {
+		return fmt.Errorf("no record under scope %q, key %q", scope, key)
+	}
+	if err != nil {
+		return err
+	}
+	if !c.yes {
+		fmt.Fprintf(c.stdout, "delete the %s record under scope %q, key %q? The next request with this key runs again. [y/N] ", rec.State, scope, key)
+		answer, _ := c.stdin.ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			return errors.New("not deleted")
+		}
+	}
+	if err := del.Delete(ctx, scope, key); err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(struct {
+			Scope   string `json:"scope"`
+			Key     string `json:"key"`
+			Deleted bool   `json:"deleted"`
+		}{scope, key, true})
+	}
+	fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
+	return nil
 }
 
 func (c *cli) ping(ctx context.Context) error {

@@ -125,6 +125,15 @@ func TestOnEveryBackend(t *testing.T) {
 			if code, _, errOut := cliRun(t, "", "-lock", url, "idem", "show", "user-9", key+"-none"); code != 1 || !strings.Contains(errOut, "no record") {
 				t.Fatalf("idem show of nothing: %d %q", code, errOut)
 			}
+			if code, _, errOut := cliRun(t, "no\n", "-lock", url, "idem", "delete", "user-9", key); code != 1 || !strings.Contains(errOut, "not deleted") {
+				t.Fatalf("idem delete answered no: %d %q", code, errOut)
+			}
+			if code, out, errOut := cliRun(t, "", "-lock", url, "-yes", "idem", "delete", "user-9", key); code != 0 || !strings.Contains(out, "deleted") {
+				t.Fatalf("idem delete -yes: %d %q %q", code, out, errOut)
+			}
+			if _, err := store.Get(ctx, "user-9", key); !errors.Is(err, idempotency.ErrNotFound) {
+				t.Fatalf("the record after idem delete: %v, want ErrNotFound", err)
+			}
 		})
 	}
 }
@@ -155,6 +164,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"-lock", redis, "locks", "release", "a", "b"}, "want KEY"},
 		{[]string{"-lock", redis, "idem", "show", "scope"}, "want SCOPE KEY"},
 		{[]string{"-lock", redis, "idem", "show", "s", ""}, "empty key"},
+		{[]string{"-lock", redis, "idem", "delete", "s"}, "want SCOPE KEY"},
 		{[]string{"-lock", redis, "lock", "ls"}, "unknown command"},
 		{[]string{"-lock", redis, "-limit", "0", "locks", "ls"}, "-limit 0"},
 		{[]string{"-lock", redis, "-timeout", "-1s", "ping"}, "not positive"},

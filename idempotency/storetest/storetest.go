@@ -77,6 +77,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("LargeResponse", s.testLargeResponse)
 	t.Run("BinaryKeys", s.testBinaryKeys)
 	t.Run("InvalidArguments", s.testInvalid)
+	t.Run("Delete", s.testDelete)
 }
 
 var seq atomic.Int64
@@ -375,6 +376,40 @@ func (s *suite) testAbandon(t *testing.T) {
 	expectIs(t, "second Abandon", a.Abandon(ctx, "s", k, c.Owner), idempotency.ErrNotOwner)
 	expectIs(t, "Complete after Abandon", a.Complete(ctx, "s", k, c.Owner, []byte("late"), long), idempotency.ErrNotOwner)
 	expectRecord(t, mustGet(t, a, ctx, "s", k), idempotency.Record{Scope: "s", Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: retry.Owner})
+}
+
+// testDelete checks a store's idempotency.Deleter, when it has one: an
+// operator removes an in-progress claim and a completed record alike, the
+// old owner finds its claim gone, and the key runs afresh.
+func (s *suite) testDelete(t *testing.T) {
+	a, admin := s.newStore(t), s.newStore(t)
+	del, ok := admin.(idempotency.Deleter)
+	if !ok {
+		t.Skip("the store does not implement idempotency.Deleter")
+	}
+	ctx := s.ctx(t)
+	k := key(t)
+	expectIs(t, "Delete of nothing", del.Delete(ctx, "s", k), idempotency.ErrNotFound)
+	c := idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("a"), Lease: long}
+	mustClaim(t, a, ctx, c)
+	if err := del.Delete(ctx, "s", k); err != nil {
+		t.Fatalf("Delete of an in-progress claim: %v", err)
+	}
+	expectNotFound(t, a, ctx, "s", k)
+	expectIs(t, "Extend after Delete", a.Extend(ctx, "s", k, c.Owner, long), idempotency.ErrNotOwner)
+	expectIs(t, "Complete after Delete", a.Complete(ctx, "s", k, c.Owner, []byte("late"), long), idempotency.ErrNotOwner)
+
+	again := idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("b"), Lease: long}
+	mustClaim(t, a, ctx, again)
+	if err := a.Complete(ctx, "s", k, again.Owner, []byte("done"), long); err != nil {
+		t.Fatal(err)
+	}
+	if err := del.Delete(ctx, "s", k); err != nil {
+		t.Fatalf("Delete of a completed record: %v", err)
+	}
+	expectNotFound(t, a, ctx, "s", k)
+	mustClaim(t, a, ctx, idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("c"), Lease: long})
+	expectIs(t, "Delete of an invalid key", del.Delete(ctx, "s", ""), idempotency.ErrInvalid)
 }
 
 // testConcurrentClaims: contenders on separate clients race for one key;
