@@ -16,6 +16,7 @@
 //	{<key>}:fence             fencing counter, never expires
 //	{<key>}:queue             fair waiters, oldest first (list)
 //	{<key>}:queue:deadlines   each fair waiter's deadline (zset)
+//	{<key>}:waiters           waiting non-fair contenders by deadline (zset)
 //	{<key>}:readers           read leases by deadline (zset)
 //	{<key>}:writer            the write lease: owner id, PX ttl
 //	{<key>}:writers-waiting   waiting writers by deadline (zset)

@@ -33,11 +33,10 @@ func labelOf(owner string) string {
 // Inspect implements driver.Inspector for plain and fair locks (the keys
 // Acquire takes). Its token is the fence's current value, which is the
 // holder's: the fence moves only when the lock is granted. Waiters counts
-// the fair queue; waiters of plain locks listen instead of queueing, so they
-// are not counted.
+// the fair queue and the live recorded waiters of plain locks.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	n := namesOf(key)
-	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue()}).Slice()
+	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.waiters()}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}
@@ -132,7 +131,7 @@ func globEscape(s string) string {
 // later at most, and its section's context is cancelled then.
 func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
 	n := namesOf(key)
-	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence()}, n.channel()).Slice()
+	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.deadlines(), n.waiters()}, n.channel()).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

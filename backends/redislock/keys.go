@@ -14,6 +14,7 @@ func namesOf(key string) names { return names{"{" + redistag.Escape(key) + "}"} 
 func (n names) lock() string         { return n.tag + ":lock" }
 func (n names) fence() string        { return n.tag + ":fence" }
 func (n names) queue() string        { return n.tag + ":queue" }
+func (n names) waiters() string      { return n.tag + ":waiters" }
 func (n names) deadlines() string    { return n.tag + ":queue:deadlines" }
 func (n names) readers() string      { return n.tag + ":readers" }
 func (n names) writer() string       { return n.tag + ":writer" }

@@ -117,7 +117,7 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	case kindPermit:
 		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	default:
-		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines()}, ls.owner, n.channel()).Int64()
+		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}, ls.owner, n.channel()).Int64()
 	}
 }
 

@@ -122,7 +122,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	px := pxOf(opts.TTL)
 	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
 	channel := n.channel()
-	release := []string{n.lock(), n.queue(), n.deadlines()}
+	release := []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}
 	var w waiter
 	if opts.Fair {
 		keys := []string{n.lock(), n.fence(), n.queue(), n.deadlines()}
@@ -139,13 +139,34 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			},
 		}
 	} else {
-		keys := []string{n.lock(), n.fence()}
+		// A waiting contender is recorded among the lock's waiters, so that
+		// a release names one of them: one attempt per release across all
+		// processes, instead of one per waiting process.
+		keys := []string{n.lock(), n.fence(), n.waiters()}
+		waitMs := l.cfg.waiterTimeout.Milliseconds()
+		recorded := false
 		w = waiter{
-			attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
-				return run(ctx, sc, l.s.acquire, keys, owner, px)
+			id:        owner,
+			keepAlive: l.cfg.waiterTimeout / 3,
+			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
+				mode := "0"
+				switch {
+				case recorded:
+					mode = "2"
+				case queued:
+					mode = "1"
+				}
+				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs)
+				if err == nil && r[0] == 0 && queued {
+					recorded = true
+				}
+				return r, err
 			},
 			cleanup: func(ctx context.Context) {
 				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				if recorded {
+					l.s.unwaitMutex.Run(ctx, l.sc, release, owner, channel)
+				}
 			},
 		}
 	}

@@ -227,11 +227,17 @@ func (n *notifier) deliver(ps *goredis.PubSub, channel, next string) {
 	if s == nil || s.ps != ps {
 		return
 	}
-	if c := s.named[next]; next != "" && c != nil {
-		select {
-		case c <- struct{}{}:
-		default:
+	// A message that names a waiter wakes that waiter only, in the one
+	// process where it waits: the others go on sleeping, which is what
+	// keeps a release from costing an attempt per process.
+	if next != "" {
+		if c := s.named[next]; c != nil {
+			select {
+			case c <- struct{}{}:
+			default:
+			}
 		}
+		return
 	}
 	select {
 	case s.any <- struct{}{}:

@@ -40,6 +40,11 @@ var (
 	// tokenSrc defines next_token for the scripts that grant a lock.
 	//go:embed token.lua
 	tokenSrc string
+	// nextWaiterSrc defines next_waiter for the scripts that free a lock.
+	//go:embed next_waiter.lua
+	nextWaiterSrc string
+	//go:embed unwait_mutex.lua
+	unwaitMutexSrc string
 )
 
 // scripts holds the parsed scripts. It lives in the Locker rather than in
@@ -48,14 +53,14 @@ type scripts struct {
 	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
 	semAcquire, zrelease, zrefresh                  *goredis.Script
-	inspect, forceRelease                           *goredis.Script
+	inspect, forceRelease, unwaitMutex              *goredis.Script
 }
 
 func newScripts() *scripts {
 	return &scripts{
 		acquire:      goredis.NewScript(tokenSrc + acquireSrc),
 		fairAcquire:  goredis.NewScript(tokenSrc + fairAcquireSrc),
-		release:      goredis.NewScript(releaseSrc),
+		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
 		dequeue:      goredis.NewScript(dequeueSrc),
 		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
@@ -66,6 +71,7 @@ func newScripts() *scripts {
 		zrelease:     goredis.NewScript(zreleaseSrc),
 		zrefresh:     goredis.NewScript(zrefreshSrc),
 		inspect:      goredis.NewScript(inspectSrc),
-		forceRelease: goredis.NewScript(tokenSrc + forceReleaseSrc),
+		forceRelease: goredis.NewScript(tokenSrc + nextWaiterSrc + forceReleaseSrc),
+		unwaitMutex:  goredis.NewScript(nextWaiterSrc + unwaitMutexSrc),
 	}
 }
