@@ -5,7 +5,8 @@
 // imports this package, never guard.
 //
 // A backend implements Locker, and any of the optional capabilities
-// (RWLocker, Semaphorer, BatchRefresher, Limiter, Inspector) it can honour; guard finds
+// (RWLocker, Semaphorer, BatchRefresher, Limiter, Inspector, Lister,
+// ForceReleaser, Pinger) it can honour; guard finds
 // them by type assertion. Its leases implement Lease, or SessionLease when a
 // session of the backend keeps them alive on its own.
 package driver

@@ -126,7 +126,7 @@ type run struct {
 	spec     backendSpec
 	st       *store
 	servers  []*server
-	proxies  []*proxy
+	proxies  []*drivertest.Proxy
 	workers  []*workerProc
 	faults   []faultRec
 	notes    []string
@@ -221,13 +221,9 @@ func runScenario(t *testing.T, sc scenario) {
 func (r *run) proxied(spec backendSpec) backendSpec {
 	standIn := map[string]string{}
 	for _, ep := range spec.endpoints() {
-		p, err := startProxy(ep)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		r.t.Cleanup(p.close)
+		p := drivertest.StartProxy(r.t, ep)
 		r.proxies = append(r.proxies, p)
-		standIn[ep] = p.addr()
+		standIn[ep] = p.Addr()
 	}
 	return spec.via(standIn)
 }
@@ -925,7 +921,7 @@ func injectPartition(r *run) {
 	}
 	at := time.Now()
 	for _, p := range r.proxies {
-		p.blackhole()
+		p.Blackhole()
 	}
 	g := r.recordGrant("partition of the holder", victim, at, at)
 	end, err := r.awaitEnd(first.section(), 2*ttl+releaseTimeout+phaseWithin)
@@ -952,7 +948,7 @@ func injectPartition(r *run) {
 	}
 	healed := time.Now()
 	for _, p := range r.proxies {
-		p.reset()
+		p.Reset()
 	}
 	back, err := r.awaitGrant(healed, -1, phaseWithin)
 	for err == nil && back.Worker != victim {

@@ -10,8 +10,9 @@ import (
 
 // Proxy is a TCP relay between a client and a server that a fault test can
 // cut, as a network partition would: the client sees its connection stall
-// or drop, and cannot connect again, while the server keeps running (and
-// keeps the client's session until it expires).
+// (Blackhole) or drop, and cannot connect again (Cut), while the server
+// keeps running (and keeps the client's session until it expires); or the
+// partition heals (Reset) and the client must reconnect.
 type Proxy struct {
 	ln       net.Listener
 	upstream string
@@ -19,7 +20,7 @@ type Proxy struct {
 	holed atomic.Bool // bytes are dropped, connections kept: a silent partition
 
 	mu    sync.Mutex
-	conns []net.Conn
+	conns map[net.Conn]bool
 	cut   bool
 }
 
@@ -31,7 +32,7 @@ func StartProxy(t testing.TB, upstream string) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, upstream: upstream}
+	p := &Proxy{ln: ln, upstream: upstream, conns: map[net.Conn]bool{}}
 	go p.serve()
 	t.Cleanup(p.Cut)
 	return p
@@ -46,28 +47,38 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
-		u, err := net.DialTimeout("tcp", p.upstream, 2*time.Second)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			u.Close()
-			return
-		}
-		p.conns = append(p.conns, c, u)
-		p.mu.Unlock()
-		go p.relay(c, u)
-		go p.relay(u, c)
+		go p.relayConn(c)
 	}
 }
 
+func (p *Proxy) relayConn(c net.Conn) {
+	u, err := net.DialTimeout("tcp", p.upstream, 2*time.Second)
+	if err != nil {
+		abort(c)
+		return
+	}
+	p.mu.Lock()
+	if p.cut {
+		p.mu.Unlock()
+		abort(c)
+		abort(u)
+		return
+	}
+	p.conns[c], p.conns[u] = true, true
+	p.mu.Unlock()
+	go p.relay(u, c)
+	p.relay(c, u)
+}
+
 func (p *Proxy) relay(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
+	defer func() {
+		p.mu.Lock()
+		delete(p.conns, dst)
+		delete(p.conns, src)
+		p.mu.Unlock()
+		dst.Close()
+		src.Close()
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -82,9 +93,30 @@ func (p *Proxy) relay(dst, src net.Conn) {
 	}
 }
 
-// Blackhole drops every byte from now on, in both directions, but keeps the
-// connections open: neither side learns of the partition but by silence.
+// abort closes c with a reset rather than an orderly FIN.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// Blackhole drops every byte from now on, in both directions and on new
+// connections too, but keeps the connections open: neither side learns of
+// the partition but by silence.
 func (p *Proxy) Blackhole() { p.holed.Store(true) }
+
+// Reset heals a Blackhole as a partition heals: every relayed connection is
+// torn down with a TCP reset, and new ones are relayed again.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	for c := range p.conns {
+		abort(c)
+	}
+	clear(p.conns)
+	p.mu.Unlock()
+	p.holed.Store(false)
+}
 
 // Cut closes the listener and every relayed connection, for good.
 func (p *Proxy) Cut() {
@@ -95,7 +127,7 @@ func (p *Proxy) Cut() {
 	}
 	p.cut = true
 	p.ln.Close()
-	for _, c := range p.conns {
+	for c := range p.conns {
 		c.Close()
 	}
 }
