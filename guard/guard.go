@@ -358,7 +358,17 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		actx, cancel = context.WithTimeoutCause(ctx, c.wait, errWaitBound)
 		defer cancel()
 	}
+	// A waiting acquisition counts as a waiter for all of its time, its one
+	// round trip included when the lock is free: only the backend knows
+	// whether it queued, and asking would cost a request.
+	waits := c.wait != 0 && g.tel.waiters.Enabled(ctx)
+	if waits {
+		g.tel.waiters.Add(ctx, 1, g.tel.onBackend...)
+	}
 	lease, err := g.acquireLease(actx, g.names.full(g.prefix, key), &c)
+	if waits {
+		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
+	}
 	var took time.Duration
 	if timed {
 		took = time.Since(start)

@@ -33,6 +33,7 @@ type telemetry struct {
 	acquireDuration metric.Float64Histogram
 	holdDuration    metric.Float64Histogram
 	held            metric.Int64UpDownCounter
+	waiters         metric.Int64UpDownCounter
 	contended       metric.Int64Counter
 	lost            metric.Int64Counter
 	refreshFailures metric.Int64Counter
@@ -76,6 +77,10 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 		metric.WithUnit("{lock}"), metric.WithDescription("Locks held by this process.")); err != nil {
 		return nil, err
 	}
+	if t.waiters, err = m.Int64UpDownCounter("warden.lock.waiters",
+		metric.WithUnit("{acquisition}"), metric.WithDescription("Acquisitions of this process under way that wait while the lock is held elsewhere (Lock and Do without NoWait).")); err != nil {
+		return nil, err
+	}
 	if t.renewalRequests, err = m.Int64Counter("warden.lock.renewal.requests",
 		metric.WithUnit("{request}"), metric.WithDescription("Renewal requests sent to the backend (one per batch where it batches), by result.")); err != nil {
 		return nil, err
@@ -101,6 +106,9 @@ func newTelemetry(backend string, tp trace.TracerProvider, mp metric.MeterProvid
 	}
 	t.onBackend = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
 	t.onRecord = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr))}
+	// A gauge's series exists from the start, at zero, so that dashboards
+	// and alerts on it see a value before the first wait.
+	t.waiters.Add(context.Background(), 0, t.onBackend...)
 	t.byCause = map[string][]metric.AddOption{}
 	for _, c := range []string{causeExpired, causeTakenOver, causeSession, causeOverdue} {
 		t.byCause[c] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.backendAttr, attribute.String("warden.cause", c)))}

@@ -12,6 +12,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 )
 
@@ -141,5 +142,71 @@ func TestSpansFollowTheParentSpan(t *testing.T) {
 	}
 	if len(names) != 3 {
 		t.Fatalf("spans %v, want warden.acquire and warden.section under request only", names)
+	}
+}
+
+// TestWaitersGauge counts a Lock waiting on a held key as a waiter until it
+// is granted, and a NoWait attempt never.
+func TestWaitersGauge(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	g := newGuard(t, memory.New(), guard.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	ctx := context.Background()
+	waiters := func() int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != "warden.lock.waiters" {
+					continue
+				}
+				if m.Unit != "{acquisition}" {
+					t.Errorf("warden.lock.waiters has unit %q", m.Unit)
+				}
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+		return n
+	}
+	held, err := g.Lock(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.TryLock(ctx, "busy"); !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("TryLock of a held key: %v", err)
+	}
+	if n := waiters(); n != 0 {
+		t.Fatalf("%d waiters with nobody waiting", n)
+	}
+	granted := make(chan *guard.Lock)
+	for range 2 {
+		go func() {
+			l, err := g.Lock(ctx, "busy")
+			if err != nil {
+				t.Error(err)
+			}
+			granted <- l
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for waiters() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiters = %d, want 2 while two Locks wait", waiters())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	held.Unlock(ctx)
+	next := <-granted
+	if n := waiters(); n != 1 {
+		t.Fatalf("waiters = %d after one of two was granted, want 1", n)
+	}
+	next.Unlock(ctx)
+	(<-granted).Unlock(ctx)
+	if n := waiters(); n != 0 {
+		t.Fatalf("waiters = %d once both were granted, want 0", n)
 	}
 }

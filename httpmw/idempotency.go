@@ -137,8 +137,9 @@ func WithStorePolicy(store func(status int) bool) IdempotencyOption {
 	return func(c *idemConfig) { c.store = store }
 }
 
-// WithMeterProvider sets where the warden.idempotency.requests metric goes
-// (default otel's global MeterProvider).
+// WithMeterProvider sets where the warden.idempotency.requests metric, and
+// the executor's warden.idempotency.store.duration, go (default otel's
+// global MeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) IdempotencyOption {
 	return func(c *idemConfig) { c.meter = mp }
 }
@@ -273,7 +274,7 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 	}
 	c.replay = replay
 	exec, err := idempotency.New(store, append([]idempotency.Option{
-		idempotency.WithLogger(c.logger), idempotency.WithTracerProvider(c.tracer),
+		idempotency.WithLogger(c.logger), idempotency.WithTracerProvider(c.tracer), idempotency.WithMeterProvider(c.meter),
 	}, c.exec...)...)
 	if err != nil {
 		return nil, err

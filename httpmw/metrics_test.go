@@ -40,8 +40,14 @@ func TestIdempotencyMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]int64{}
+	var storeCalls uint64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "warden.idempotency.store.duration" {
+				for _, dp := range h.DataPoints {
+					storeCalls += dp.Count
+				}
+			}
 			if m.Name != "warden.idempotency.requests" {
 				continue
 			}
@@ -53,6 +59,10 @@ func TestIdempotencyMetrics(t *testing.T) {
 	}
 	if got["executed"] != 1 || got["replayed"] != 1 || got["key_reused"] != 1 || len(got) != 3 {
 		t.Fatalf("warden.idempotency.requests by outcome: %v", got)
+	}
+	// Three claims and one completion, timed on the middleware's provider.
+	if storeCalls != 4 {
+		t.Fatalf("warden.idempotency.store.duration counted %d store calls, want 4", storeCalls)
 	}
 	if _, err := httpmw.Idempotency(idempotency.NewMemoryStore(), httpmw.WithMeterProvider(nil)); err == nil {
 		t.Fatal("a nil MeterProvider accepted")

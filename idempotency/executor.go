@@ -78,11 +78,16 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		onError:   func(error) Action { return Release },
 		logger:    slog.Default(),
 		tracer:    otel.GetTracerProvider(),
+		meter:     otel.GetMeterProvider(),
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	var err error
+	if cfg.metrics, err = newStoreMetrics(cfg.meter); err != nil {
 		return nil, err
 	}
 	return &Executor{store: store, cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
@@ -120,6 +125,13 @@ func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opt
 		if c.tracer != e.cfg.tracer {
 			tracer = c.tracer.Tracer(instrumentation)
 		}
+		if c.meter != e.cfg.meter {
+			m, err := newStoreMetrics(c.meter)
+			if err != nil {
+				return Result{}, err
+			}
+			c.metrics = m
+		}
 		cfg = &c
 	}
 	if err := CheckKey(cfg.scope, key); err != nil {
@@ -150,6 +162,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		rec, err := e.store.Claim(ctx, c)
+		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
 			return Result{}, outcomeError, storeError(ctx, "claim", err)
@@ -213,7 +226,10 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	}
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer fcancel()
-	if err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention); err != nil {
+	start := time.Now()
+	err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
+	cfg.metrics.record(ctx, opComplete, start, err)
+	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
 			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost before completion; result not stored",
 				slog.String("key_hash", hash))
@@ -254,6 +270,7 @@ func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cf
 			ectx, ecancel := context.WithTimeout(base, interval)
 			err := e.store.Extend(ectx, c.Scope, c.Key, c.Owner, cfg.lease)
 			ecancel()
+			cfg.metrics.record(ctx, opExtend, sent, err)
 			switch {
 			case err == nil:
 				held = sent.Add(cfg.lease)
@@ -283,7 +300,10 @@ func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cf
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash string) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner); err != nil && !errors.Is(err, ErrNotOwner) {
+	start := time.Now()
+	err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner)
+	cfg.metrics.record(ctx, opAbandon, start, err)
+	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: releasing the claim failed",
 			slog.String("key_hash", hash), slog.Any("error", err))

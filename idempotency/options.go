@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -46,6 +47,9 @@ type config struct {
 	onError   ErrorPolicy
 	logger    *slog.Logger
 	tracer    trace.TracerProvider
+	meter     metric.MeterProvider
+	// metrics are meter's instruments, made once per provider.
+	metrics *storeMetrics
 }
 
 func (c *config) validate() error {
@@ -58,8 +62,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: wait %v is negative", ErrInvalid, c.wait)
 	case len(c.scope) > MaxScopeLen:
 		return fmt.Errorf("%w: scope of %d bytes, more than %d", ErrInvalid, len(c.scope), MaxScopeLen)
-	case c.onError == nil || c.logger == nil || c.tracer == nil:
-		return fmt.Errorf("%w: nil error policy, logger or tracer provider", ErrInvalid)
+	case c.onError == nil || c.logger == nil || c.tracer == nil || c.meter == nil:
+		return fmt.Errorf("%w: nil error policy, logger, tracer provider or meter provider", ErrInvalid)
 	}
 	return nil
 }
@@ -95,4 +99,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // Keys appear on spans only as hashes.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracer = tp }
+}
+
+// WithMeterProvider sets where the warden.idempotency.store.duration metric
+// goes (default otel.GetMeterProvider()).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.meter = mp }
 }

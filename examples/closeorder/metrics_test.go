@@ -46,7 +46,7 @@ func TestMetricsAndDashboard(t *testing.T) {
 		return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `[{ ]`).MatchString(page)
 	}
 	for _, name := range []string{"warden_lock_acquire_duration_seconds_bucket", "warden_lock_hold_duration_seconds_count",
-		"warden_lock_held", "warden_idempotency_requests_total", "warden_scheduler_runs_total", "warden_scheduler_lag_seconds_bucket"} {
+		"warden_lock_held", "warden_lock_waiters", "warden_idempotency_requests_total", "warden_idempotency_store_duration_seconds_bucket", "warden_scheduler_runs_total", "warden_scheduler_lag_seconds_bucket"} {
 		if !has(name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
