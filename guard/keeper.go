@@ -50,6 +50,10 @@ func (k *keeper) add(l *Lock) {
 	l.granted = l.lease.Expiry().Add(-l.ttl).UnixNano()
 	if sl, ok := l.lease.(driver.SessionLease); ok {
 		k.addToSession(l, sl.Session())
+		if rl, ok := sl.(driver.RevocableLease); ok {
+			// Outside the keeper's mutex: f may run at once, and loses l.
+			rl.OnRevoke(l.revoked)
+		}
 		return
 	}
 	k.mu.Lock()

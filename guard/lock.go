@@ -192,6 +192,12 @@ func (l *Lock) enter() error {
 // is kept; a lock already unlocked is left alone.
 func (l *Lock) lose(cause error) { l.markLost(cause, false) }
 
+// revoked is the loss of a session lease the backend found removed by
+// someone else (driver.RevocableLease), while the session lives.
+func (l *Lock) revoked() {
+	l.lose(fmt.Errorf("%w: the backend found the lease removed by someone else (a forced release)", ErrNotHeld))
+}
+
 // markLost is lose, and also for Unlock, when the release finds another
 // owner after the last hold is gone (afterUnlock).
 func (l *Lock) markLost(cause error, afterUnlock bool) {

@@ -8,7 +8,8 @@
 // (RWLocker, Semaphorer, BatchRefresher, Limiter, Inspector, Lister,
 // ForceReleaser, Pinger) it can honour; guard finds
 // them by type assertion. Its leases implement Lease, or SessionLease when a
-// session of the backend keeps them alive on its own.
+// session of the backend keeps them alive on its own (and RevocableLease
+// when the backend can tell such a lease it was taken from it).
 package driver
 
 import (
@@ -87,6 +88,20 @@ type Lease interface {
 type SessionLease interface {
 	Lease
 	Session() Session
+}
+
+// RevocableLease is an optional capability of a SessionLease: the backend
+// finds out when the lease is removed by someone else while its session
+// lives (an operator's forced release). Without it, guard would learn of
+// such a loss only at the release: the session's renewal, which is all it
+// watches, goes on succeeding.
+type RevocableLease interface {
+	SessionLease
+	// OnRevoke arranges for f to be called once, on a goroutine of the
+	// backend's, when the lease is found removed by someone else; at once
+	// if it already was. f must not block. Once the lease is released (or
+	// its session lost), f is forgotten and never called.
+	OnRevoke(f func())
 }
 
 // Session keeps many leases alive at once.

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -106,8 +107,8 @@ func testList(t *testing.T, b *Backend) {
 }
 
 // testForceRelease checks a backend's ForceReleaser, when it has one: the
-// holder is removed and reported, the next grant's token is greater, and
-// the old lease is found gone.
+// holder is removed and reported, the next grant's token is greater, the
+// old lease is found gone, and a RevocableLease reports its revocation.
 func testForceRelease(t *testing.T, b *Backend) {
 	holder, admin, next := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
 	fr, ok := admin.(driver.ForceReleaser)
@@ -120,6 +121,11 @@ func testForceRelease(t *testing.T, b *Backend) {
 		t.Fatalf("ForceRelease of a free key: %+v, %v; want no holders and no error", got, err)
 	}
 	old := mustAcquire(t, holder, ctx, k, b.opts(false))
+	revoked := make(chan struct{})
+	rl, revocable := old.(driver.RevocableLease)
+	if revocable {
+		rl.OnRevoke(func() { close(revoked) })
+	}
 	got, err := fr.ForceRelease(ctx, k)
 	if err != nil {
 		t.Fatalf("ForceRelease: %v", err)
@@ -130,6 +136,21 @@ func testForceRelease(t *testing.T, b *Backend) {
 	lease := mustAcquire(t, next, ctx, k, b.opts(false))
 	if lease.Token() <= old.Token() {
 		t.Fatalf("token %d after a forced release, not greater than the old holder's %d", lease.Token(), old.Token())
+	}
+	if revocable {
+		// The holder's session lives on: only the revocation tells it.
+		select {
+		case <-revoked:
+		case <-time.After(10 * time.Second):
+			t.Fatal("OnRevoke's function was not called within 10s of the forced release")
+		}
+		late := make(chan struct{})
+		rl.OnRevoke(func() { close(late) })
+		select {
+		case <-late:
+		case <-time.After(10 * time.Second):
+			t.Fatal("OnRevoke registered after the revocation was not called")
+		}
 	}
 	if _, session := old.(driver.SessionLease); !session {
 		if err := old.Refresh(ctx, b.ttl()); !errors.Is(err, driver.ErrNotHeld) {
