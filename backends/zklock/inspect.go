@@ -185,12 +185,16 @@ func unescape(name string) (string, bool) {
 // comes later: either way its node was created after theirs, so its czxid,
 // the token, is greater.
 //
-// The old holder is not told: its node is gone, but its session, which is
-// what guard watches, lives on. Its section goes on until it releases (its
-// Release finds the node gone and returns driver.ErrNotHeld, as Refresh
-// would) or its session ends; fenced storage is what refuses its writes
-// meanwhile. Ending its session is not in another client's power, and
-// would take all of its locks.
+// The old holder's session lives on, but its Locker has a data watch on
+// each node it holds: the deletion reaches it as a watch event, and its
+// lease calls the function guard gave OnRevoke (driver.RevocableLease), so
+// guard cancels its section with guard.ErrLockLost. That takes a round trip
+// from the ensemble to the holder, during which it may still write: fenced
+// storage is what refuses its writes then, and for as long as the event is
+// delayed: a holder disconnected at the time hears of the deletion when it
+// reconnects. A driver user that never calls OnRevoke learns of it only
+// from its Release, which finds the node gone and returns
+// driver.ErrNotHeld.
 func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
 	parent := l.lockPath(key)
 	for {

@@ -114,3 +114,76 @@ func TestListOrder(t *testing.T) {
 		t.Fatalf("listed %q, want %q", got, want)
 	}
 }
+
+// TestRevocation: a lease's node deleted by someone else while its session
+// lives calls OnRevoke's function, for a semaphore permit (whose watch is
+// set after its grant) and for a lock whose node's data was changed first
+// (which uses its watch up); a released lease, or one lost with its
+// session, is forgotten.
+func TestRevocation(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, admin := dial(t, srv), dial(t, srv)
+	k := testKey(t)
+	opts := driver.AcquireOptions{TTL: testSession}
+	revoked := func(held driver.Lease, meddle func(node string)) {
+		t.Helper()
+		called := make(chan struct{})
+		held.(driver.RevocableLease).OnRevoke(func() { close(called) })
+		node := held.(*lease).node
+		meddle(node)
+		select {
+		case <-called:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("OnRevoke's function not called within 10s of the deletion of %s", node)
+		}
+		if err := held.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("Release of a revoked lease: %v, want ErrNotHeld", err)
+		}
+	}
+	del := func(node string) {
+		if err := admin.conn.Delete(node, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	permit, err := l.AcquireSemaphore(ctx, k, 2, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked(permit, del)
+
+	lock, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked(lock, func(node string) {
+		if _, err := admin.conn.Set(node, []byte("meddled"), -1); err != nil {
+			t.Fatal(err)
+		}
+		// Deleted before the watch is set again or after: either the
+		// event or the new watch's read finds the node gone.
+		del(node)
+	})
+
+	released, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released.(driver.RevocableLease).OnRevoke(func() { t.Error("OnRevoke's function called for a released lease") })
+	if err := released.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost.(driver.RevocableLease).OnRevoke(func() { t.Error("OnRevoke's function called for a lost lease") })
+	l.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.leases) != 0 || lost.(*lease).revoke != nil {
+		t.Fatalf("leases still tracked after their release and loss: %v", l.leases)
+	}
+}

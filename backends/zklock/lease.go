@@ -13,15 +13,20 @@ import (
 
 // lease is a contender node that holds its lock. It is a
 // driver.SessionLease: the session keeps the node, and guard watches the
-// session (its epoch), not the lease.
+// session (its epoch), not the lease. It is also a driver.RevocableLease: a
+// data watch on its node, set by the request that grants it, tells the
+// Locker's event callback when someone else deletes the node.
 type lease struct {
 	l     *Locker
 	node  string
 	token uint64
-	ep    *epoch
+	ep    *epoch // guarded by Locker.mu until the grant returns the lease
+	// guarded by Locker.mu
+	revoke  func() // OnRevoke's f, until it is called or forgotten
+	revoked bool   // the node was deleted by someone else while the lease was live
 }
 
-var _ driver.SessionLease = (*lease)(nil)
+var _ driver.RevocableLease = (*lease)(nil)
 
 // Token implements driver.Lease: the node's czxid.
 func (le *lease) Token() uint64 { return le.token }
@@ -62,6 +67,24 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
+// OnRevoke implements driver.RevocableLease. A lease the Locker no longer
+// tracks (released, or its epoch lost) forgets f.
+func (le *lease) OnRevoke(f func()) {
+	l := le.l
+	l.mu.Lock()
+	if l.leases[le.node] != le {
+		l.mu.Unlock()
+		return
+	}
+	if !le.revoked {
+		le.revoke = f
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	f()
+}
+
 // Release deletes the lease's node (its name is unique to this lease, so no
 // other owner's node can be touched). It returns ErrNotHeld when the node was
 // already gone or the lease had been declared lost before. When the delete
@@ -69,6 +92,8 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // back, and the session's expiry removes it if it never is: the lock does not
 // stay taken past the session timeout.
 func (le *lease) Release(ctx context.Context) error {
+	// Forgotten before the delete, whose watch event is no revocation.
+	le.l.untrack(le)
 	_, err := call(ctx, le.l, "release", func() (struct{}, error) {
 		return struct{}{}, le.l.conn.Delete(le.node, -1)
 	})

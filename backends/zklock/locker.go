@@ -39,6 +39,11 @@
 // reported expired or the Locker is closed. A lost lease stays lost even if
 // the connection comes back: its owner must stop and Release it.
 //
+// A lease's node can also be deleted while its session lives, by an
+// operator (ForceRelease). The request that grants a lease sets a data watch
+// on its node, so the Locker hears of the deletion and the lease, a
+// driver.RevocableLease, tells guard, which cancels the section.
+//
 // # Releases that get no answer
 //
 // A release whose delete gets no answer (a partition, a server restart)
@@ -46,6 +51,22 @@
 // connection is back; if it never comes back, the session expires and takes
 // the node with it. Either way no lock stays taken longer than the session
 // timeout after its release.
+//
+// # Reconnecting
+//
+// The Locker, not the client library, chooses which server each connection
+// attempt goes to and when. A server that failed fast (refused the
+// connection, or closed it, as servers do during an election) is tried
+// again after a short jittered backoff, up to a twelfth of the session
+// timeout (between 20ms and 1s); one that timed out (a frozen or
+// unreachable server) is passed over for a sixth of it while the others are
+// tried. So after a leader's failure a client is back within about that
+// backoff of the ensemble serving again, where the library's own rotation,
+// which pauses a second after every round of failures and comes back to a
+// frozen server every round, made it a second or more. Requests wait for a
+// connection rather than queue without one, and fail with
+// driver.ErrUnavailable when a round of attempts has failed meanwhile, as
+// they did with the library's rotation.
 //
 // Fencing tokens are the czxid of the contender's node: ZooKeeper's
 // transaction ids grow across the whole ensemble, and the holders of a lock
@@ -164,12 +185,14 @@ type Locker struct {
 	timeout        time.Duration // as asked at New
 	requestTimeout time.Duration
 
+	hosts      *hosts
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
 	heartbeats atomic.Int64
 
 	mu     sync.Mutex
-	ep     *epoch // leases granted since the session was last known healthy
+	ep     *epoch            // leases granted since the session was last known healthy
+	leases map[string]*lease // live leases by node, for their revocation
 	closed bool
 	bg     sync.WaitGroup // background cleanups and the monitor
 
@@ -208,8 +231,11 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	if cfg.requestTimeout == 0 {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
-	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout, quit: make(chan struct{})}
+	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
+		leases: map[string]*lease{}, quit: make(chan struct{})}
+	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
+		zk.WithHostProvider(l.hosts),
 		zk.WithDialer(l.dial),
 		zk.WithEventCallback(l.onEvent),
 		zk.WithLogger(cfg.logger),
@@ -254,16 +280,23 @@ func (l *Locker) Close() error {
 	return nil
 }
 
-// dial connects like net.DialTimeout and reads, from the connect response
-// that starts every connection, the session timeout the server granted: the
-// client library keeps it to itself, and the loss rule must use the server's
-// figure, not the one asked for.
+// dial connects like net.DialTimeout, once hosts lets the attempt go, and
+// reads, from the connect response that starts every connection, the
+// session timeout the server granted: the client library keeps it to
+// itself, and the loss rule must use the server's figure, not the one asked
+// for.
 func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	if !l.hosts.wait() {
+		return nil, errClosed
+	}
 	c, err := net.DialTimeout(network, address, timeout)
 	if err != nil {
+		if isTimeout(err) {
+			l.hosts.slow()
+		}
 		return nil, err
 	}
-	return &sniffConn{Conn: c, handshake: l.timeout / 6, granted: func(ms int32) {
+	return &sniffConn{Conn: c, handshake: l.timeout / 6, timedOut: l.hosts.slow, granted: func(ms int32) {
 		if ms > 0 {
 			l.negotiated.Store(int64(ms))
 		}
@@ -277,12 +310,14 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 // handshake ten times two thirds of the session timeout, so a server that
 // accepts connections but never answers (a frozen process) would hold the
 // client for longer than the session lives, instead of letting it try the
-// next server while its session can still be saved.
+// next server while its session can still be saved. It reports a read or
+// write that timed out, so that hosts passes the server over for a while.
 type sniffConn struct {
 	net.Conn
 	head      []byte
 	handshake time.Duration
 	granted   func(ms int32)
+	timedOut  func()
 }
 
 func (c *sniffConn) capped(t time.Time) time.Time {
@@ -299,8 +334,19 @@ func (c *sniffConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadD
 func (c *sniffConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.capped(t)) }
 func (c *sniffConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.capped(t)) }
 
+func (c *sniffConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if isTimeout(err) {
+		c.timedOut()
+	}
+	return n, err
+}
+
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if isTimeout(err) {
+		c.timedOut()
+	}
 	if len(c.head) < 12 && n > 0 {
 		c.head = append(c.head, p[:min(n, 12-len(c.head))]...)
 		if len(c.head) == 12 {
@@ -308,6 +354,11 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // sessionTimeout is the session timeout in force: the server's when known.
@@ -318,21 +369,111 @@ func (l *Locker) sessionTimeout() time.Duration {
 	return l.timeout
 }
 
-// onEvent runs on the client library's goroutine and must not block.
+// onEvent runs on the client library's goroutine and must not block. It
+// sees every watch event of the session, so the watches on held leases'
+// nodes need no goroutine of their own (the client library closes each
+// watch's channel after its one event, so unread channels cost nothing).
 func (l *Locker) onEvent(ev zk.Event) {
-	if ev.Type == zk.EventSession && ev.State == zk.StateExpired {
-		l.mu.Lock()
-		if l.ep != nil {
-			l.loseLocked(l.ep)
+	switch ev.Type {
+	case zk.EventSession:
+		if ev.State == zk.StateDisconnected {
+			l.hosts.down()
 		}
+		if ev.State == zk.StateExpired {
+			l.mu.Lock()
+			if l.ep != nil {
+				l.loseLocked(l.ep)
+			}
+			l.mu.Unlock()
+		}
+	case zk.EventNodeDeleted:
+		l.revoke(ev.Path)
+	case zk.EventNodeDataChanged:
+		// A change of the node's data (an operator's, or a same-session
+		// waiter's watch seeing a permit's mark) used the watch up.
+		l.mu.Lock()
+		le := l.leases[ev.Path]
 		l.mu.Unlock()
+		if le != nil {
+			l.background(func() { l.watch(le) })
+		}
 	}
 }
 
+// revoke handles the deletion of node: when it is a live lease's, someone
+// else deleted it, since a lease is forgotten before its owner's delete. The
+// event came on the session, which therefore lives.
+func (l *Locker) revoke(node string) {
+	l.mu.Lock()
+	le := l.leases[node]
+	if le == nil || le.revoked {
+		l.mu.Unlock()
+		return
+	}
+	le.revoked = true
+	f := le.revoke
+	le.revoke = nil
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// watch sets a data watch on a lease's node, for a lease whose grant could
+// not (a permit's grant writes its node, which would fire the watch) or
+// whose watch was used up. It retries through connection errors while the
+// lease is tracked; a node already gone was revoked.
+func (l *Locker) watch(le *lease) {
+	l.retry(func() bool {
+		l.mu.Lock()
+		live := l.leases[le.node] == le && !le.revoked
+		l.mu.Unlock()
+		if !live {
+			return true
+		}
+		l.requests.Add(1)
+		_, _, _, err := l.conn.GetW(le.node)
+		if errors.Is(err, zk.ErrNoNode) {
+			l.revoke(le.node)
+		}
+		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
+	})
+}
+
+// track makes le's node known to the event callback; grant calls it before
+// the request that sets the watch, so that no event can come first.
+func (l *Locker) track(le *lease) {
+	l.mu.Lock()
+	l.leases[le.node] = le
+	l.mu.Unlock()
+}
+
+// untrack forgets le: it is being released, or its grant failed.
+func (l *Locker) untrack(le *lease) {
+	l.mu.Lock()
+	l.untrackLocked(le)
+	l.mu.Unlock()
+}
+
+func (l *Locker) untrackLocked(le *lease) {
+	if l.leases[le.node] == le {
+		delete(l.leases, le.node)
+	}
+	le.revoke = nil
+}
+
+// loseLocked declares ep lost, and forgets its leases: a lost lease is
+// never revoked.
 func (l *Locker) loseLocked(ep *epoch) {
-	if !ep.lost {
-		ep.lost = true
-		close(ep.done)
+	if ep.lost {
+		return
+	}
+	ep.lost = true
+	close(ep.done)
+	for _, le := range l.leases {
+		if le.ep == ep {
+			l.untrackLocked(le)
+		}
 	}
 }
 
@@ -350,13 +491,14 @@ func (l *Locker) ack(sent time.Time, sid int64) {
 	l.mu.Unlock()
 }
 
-// grantEpoch returns the epoch a lease on a node owned by session owner joins,
-// the node's existence having been confirmed by a request sent at sent.
-func (l *Locker) grantEpoch(owner int64, sent time.Time) (*epoch, error) {
+// grantEpoch puts le, on a node owned by session owner, in the epoch it
+// joins, the node's existence having been confirmed by a request sent at
+// sent.
+func (l *Locker) grantEpoch(le *lease, owner int64, sent time.Time) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return nil, errClosed
+		return errClosed
 	}
 	ep := l.ep
 	if ep != nil && !ep.lost && ep.session != owner {
@@ -368,7 +510,8 @@ func (l *Locker) grantEpoch(owner int64, sent time.Time) (*epoch, error) {
 		l.ep = ep
 	}
 	ep.held++
-	return ep, nil
+	le.ep = ep
+	return nil
 }
 
 var _ driver.Session = (*epoch)(nil)
@@ -420,6 +563,15 @@ func (l *Locker) monitor() {
 			beating = true
 			l.heartbeats.Add(1)
 			go func() {
+				// Sent only once connected, so that the send time it
+				// records is close to when the server hears it.
+				up, _ := l.hosts.link()
+				select {
+				case <-up:
+				case <-l.quit:
+					beat <- struct{}{}
+					return
+				}
 				sent, sid := time.Now(), l.conn.SessionID()
 				if _, _, err := l.conn.Exists(l.root); err == nil {
 					l.ack(sent, sid)
@@ -464,11 +616,44 @@ func (l *Locker) Ping(ctx context.Context) error {
 // driver.ErrUnavailable, which a waiting Acquire would retry forever.
 var errClosed = errors.New("zklock: the Locker is closed")
 
+// linked waits until a connection carries the session, so that a request
+// sent then goes out at once rather than waiting in the client library's
+// queue, from where it would go out, however stale, on the next connection.
+// It fails as the library would have failed the queued request when a
+// round of connection attempts fails, with ctx's error when ctx ends first,
+// and when timeout fires. Once the Locker is closed it lets the request go,
+// for the library to fail it.
+func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time) error {
+	up, round := l.hosts.link()
+	select {
+	case <-up:
+		return nil
+	default:
+	}
+	select {
+	case <-up:
+		return nil
+	case <-l.quit:
+		return nil
+	case <-round:
+		return unavailable(op, zk.ErrNoServer)
+	case <-timeout:
+		return unavailable(op, fmt.Errorf("no connection within %v", l.requestTimeout))
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // call runs one ZooKeeper request, returning early with ctx's error when ctx
 // ends first (the client library takes no context). A request the server
 // answered, even with a "no node", is recorded as a sign of life.
 func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)) (T, error) {
 	var zero T
+	timeout := time.NewTimer(l.requestTimeout)
+	defer timeout.Stop()
+	if err := l.linked(ctx, op, timeout.C); err != nil {
+		return zero, err
+	}
 	l.requests.Add(1)
 	sid, sent := l.conn.SessionID(), time.Now()
 	type result struct {
@@ -483,8 +668,6 @@ func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)
 		}
 		ch <- result{v, err}
 	}()
-	timeout := time.NewTimer(l.requestTimeout)
-	defer timeout.Stop()
 	select {
 	case r := <-ch:
 		if r.err != nil && !errors.Is(r.err, zk.ErrNoNode) && !errors.Is(r.err, zk.ErrNodeExists) {

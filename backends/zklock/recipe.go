@@ -128,6 +128,11 @@ func escape(key string) string {
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
 func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (string, error) {
+	timeout := time.NewTimer(l.requestTimeout)
+	defer timeout.Stop()
+	if err := l.linked(ctx, "create", timeout.C); err != nil {
+		return "", err
+	}
 	var g [16]byte
 	rand.Read(g[:])
 	guid := hex.EncodeToString(g[:])
@@ -141,8 +146,6 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 		node, maybe, err := l.create(parent, guid, k, data)
 		ch <- result{node, maybe, err}
 	}()
-	timeout := time.NewTimer(l.requestTimeout)
-	defer timeout.Stop()
 	var cut error
 	select {
 	case r := <-ch:
@@ -408,29 +411,38 @@ func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, 
 }
 
 // grant reads the holder node's stat for its fencing token and owning
-// session. A semaphore permit writes to its node instead of reading it: the
-// change wakes the contender queued behind, which may now be first in line.
+// session, setting with the same request the data watch that tells the
+// lease's revocation (a read of a missing node sets none, unlike an exists
+// watch, which would wait for a creation that never comes). A semaphore
+// permit writes to its node instead of reading it, since the change wakes
+// the contender queued behind, which may now be first in line; its watch is
+// then set without waiting.
 func (l *Locker) grant(ctx context.Context, key, node string, k kind) (driver.Lease, error) {
+	le := &lease{l: l, node: node}
+	l.track(le)
 	sent := time.Now()
 	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) {
 		if k == kindPermit {
 			return l.conn.Set(node, nil, -1)
 		}
-		ok, stat, err := l.conn.Exists(node)
-		if err == nil && !ok {
-			err = zk.ErrNoNode
-		}
+		_, stat, _, err := l.conn.GetW(node)
 		return stat, err
 	})
+	if err == nil {
+		le.token = uint64(stat.Czxid)
+		err = l.grantEpoch(le, stat.EphemeralOwner, sent)
+	}
+	if err != nil {
+		l.untrack(le)
+	}
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, errRequeue
 	}
 	if err != nil {
 		return nil, l.leave(node, err)
 	}
-	ep, err := l.grantEpoch(stat.EphemeralOwner, sent)
-	if err != nil {
-		return nil, l.leave(node, err)
+	if k == kindPermit {
+		l.background(func() { l.watch(le) })
 	}
-	return &lease{l: l, node: node, token: uint64(stat.Czxid), ep: ep}, nil
+	return le, nil
 }
