@@ -83,7 +83,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		node, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
 		var lease driver.Lease
 		if err == nil {
-			lease, err = l.contend(ctx, key, parent, node, k, permits, opts.Wait)
+			lease, err = l.contend(ctx, parent, node, k, permits, opts.Wait)
 		}
 		switch {
 		case errors.Is(err, errRequeue):
@@ -344,9 +344,13 @@ func decide(q []contender, pos, permits int) (holds bool, target string, all boo
 	}
 }
 
+// listing is a read of a lock's queue, and, for a lock, of the contender's
+// own node, asked at the same time (see contend).
 type listing struct {
-	names []string
-	ch    <-chan zk.Event
+	names  []string
+	ch     <-chan zk.Event
+	own    *zk.Stat
+	ownErr error
 }
 
 type existence struct {
@@ -357,30 +361,79 @@ type existence struct {
 
 // contend waits, if wait, until node is a holder of parent's lock, and turns
 // it into a lease; a contender that gives up deletes its node.
-func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, permits int, wait bool) (driver.Lease, error) {
+//
+// A lock's grant needs its own node's stat (the token, the owning session)
+// and a data watch on it (the revocation): every listing of the queue asks
+// for them at the same time, on the same connection, so that the grant
+// costs no round trip of its own and a waiter woken at its turn is granted
+// one round trip after the wake rather than two. The lease is tracked
+// before that read, so that its revocation cannot come first, and only
+// while the listing is in flight or the lease is granted. A permit's grant
+// writes its node instead (see grant).
+func (l *Locker) contend(ctx context.Context, parent, node string, k kind, permits int, wait bool) (driver.Lease, error) {
 	name := node[len(parent)+1:]
+	var le *lease
+	if k != kindPermit {
+		le = &lease{l: l, node: node}
+	}
 	watchAll := false
 	for {
+		if le != nil {
+			l.track(le)
+		}
+		sent := time.Now()
 		r, err := call(ctx, l, "list", func() (listing, error) {
-			if watchAll {
-				names, _, ch, err := l.conn.ChildrenW(parent)
-				return listing{names, ch}, err
+			var (
+				own    *zk.Stat
+				ownErr error
+				read   chan struct{}
+			)
+			if le != nil {
+				read = make(chan struct{})
+				l.requests.Add(1) // call counts the listing
+				go func() {
+					defer close(read)
+					_, own, _, ownErr = l.conn.GetW(node)
+				}()
 			}
-			names, _, err := l.conn.Children(parent)
-			return listing{names: names}, err
+			var lst listing
+			var err error
+			if watchAll {
+				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
+			} else {
+				lst.names, _, err = l.conn.Children(parent)
+			}
+			if read != nil {
+				<-read
+				lst.own, lst.ownErr = own, ownErr
+			}
+			return lst, err
 		})
-		if err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return nil, l.leave(node, err)
+		holds, target, all := false, "", false
+		if err == nil || errors.Is(err, zk.ErrNoNode) {
+			q := queue(r.names)
+			pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
+			if pos < 0 {
+				if le != nil {
+					l.untrack(le)
+				}
+				return nil, errRequeue
+			}
+			holds, target, all = decide(q, pos, permits)
 		}
-		q := queue(r.names)
-		pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
-		if pos < 0 {
-			return nil, errRequeue
+		if le != nil && !(holds && err == nil) {
+			l.untrack(le)
 		}
-		holds, target, all := decide(q, pos, permits)
 		switch {
+		case err != nil && !errors.Is(err, zk.ErrNoNode):
+			return nil, l.leave(node, err)
+		case holds && le != nil:
+			if r.ownErr != nil && !errors.Is(r.ownErr, zk.ErrNoNode) {
+				r.ownErr = unavailable("stat", r.ownErr)
+			}
+			return l.granted(le, r.own, r.ownErr, sent)
 		case holds:
-			return l.grant(ctx, key, node, k)
+			return l.grantPermit(ctx, node)
 		case !wait:
 			return nil, l.leave(node, driver.ErrNotAcquired)
 		case all && !watchAll:
@@ -410,39 +463,38 @@ func (l *Locker) contend(ctx context.Context, key, parent, node string, k kind, 
 	}
 }
 
-// grant reads the holder node's stat for its fencing token and owning
-// session, setting with the same request the data watch that tells the
-// lease's revocation (a read of a missing node sets none, unlike an exists
-// watch, which would wait for a creation that never comes). A semaphore
-// permit writes to its node instead of reading it, since the change wakes
-// the contender queued behind, which may now be first in line; its watch is
-// then set without waiting.
-func (l *Locker) grant(ctx context.Context, key, node string, k kind) (driver.Lease, error) {
+// granted makes the tracked lease le, found a holder by a request sent at
+// sent, from that request's stat of its node, or gives it up on err.
+func (l *Locker) granted(le *lease, stat *zk.Stat, err error, sent time.Time) (driver.Lease, error) {
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		l.untrack(le)
+		return nil, errRequeue
+	case err != nil:
+		l.untrack(le)
+		return nil, l.leave(le.node, err)
+	}
+	le.token = uint64(stat.Czxid)
+	if err := l.grantEpoch(le, stat.EphemeralOwner, sent); err != nil {
+		l.untrack(le)
+		return nil, l.leave(le.node, err)
+	}
+	return le, nil
+}
+
+// grantPermit takes a semaphore permit at its turn. It writes to the
+// permit's node rather than reading it, since the change wakes the
+// contender queued behind, which may now be first in line; the revocation
+// watch, which the write would have fired, is set afterwards without
+// waiting.
+func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, error) {
 	le := &lease{l: l, node: node}
 	l.track(le)
 	sent := time.Now()
-	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) {
-		if k == kindPermit {
-			return l.conn.Set(node, nil, -1)
-		}
-		_, stat, _, err := l.conn.GetW(node)
-		return stat, err
-	})
+	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) { return l.conn.Set(node, nil, -1) })
+	lease, err := l.granted(le, stat, err, sent)
 	if err == nil {
-		le.token = uint64(stat.Czxid)
-		err = l.grantEpoch(le, stat.EphemeralOwner, sent)
-	}
-	if err != nil {
-		l.untrack(le)
-	}
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, errRequeue
-	}
-	if err != nil {
-		return nil, l.leave(node, err)
-	}
-	if k == kindPermit {
 		l.background(func() { l.watch(le) })
 	}
-	return le, nil
+	return lease, err
 }
