@@ -1,12 +1,33 @@
 -- Fair acquisition: the lock goes to the oldest live waiter. Each waiter has
 -- a place in a list and a deadline (server clock) in a sorted set; a waiter
 -- that stops coming back (crashed) loses its place when its deadline passes.
+-- A place is named '<waiter timeout>:<owner>', so that anyone can tell when
+-- its waiter, which renews it every third of its timeout, is late.
+--
+-- A free lock that the head of the queue leaves unclaimed tells of a head
+-- that is gone: a live head is woken by the release that freed the lock (or
+-- by its own timer, when the lease expired) and claims it at once. So:
+--   * a head that is late renewing its place is dropped at once (a live one
+--     only goes to the back of the queue), and so is the next, while late;
+--   * a head on time has a handoff window to claim the lock; whoever finds
+--     the lock free behind it comes back when the window ends.
+-- A head dropped, a place lapsed, or a waiter whose place vanished although
+-- it kept it renewed, while the lock is free, says the queue may hold more
+-- waiters that are gone. After a failover to a replica that missed the
+-- latest grants, the waiters those grants let in are all still queued, ahead
+-- of the live ones, whose places were lost with the grants. Every waiter
+-- that has not confirmed its place lately is then told to confirm it within
+-- the window: the live ones do at once (any attempt renews a place), so the
+-- dead are dropped together rather than one window each.
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue (list)  KEYS[4] deadlines (zset)
--- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired
--- ARGV[4] waiter timeout (ms)
--- Returns {1, token} or {0, holder's pttl (negative when none)}.
+-- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired,
+-- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
+-- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
+-- Returns {1, token} or {0, ms until the holder's lease or the head's window
+-- ends (negative when unknown)}.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local timeout, window, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
 local gone = redis.call('zrangebyscore', KEYS[4], '-inf', now)
 for _, id in ipairs(gone) do
   redis.call('lrem', KEYS[3], 0, id)
@@ -14,21 +35,39 @@ end
 if #gone > 0 then
   redis.call('zremrangebyscore', KEYS[4], '-inf', now)
 end
+local pttl = redis.call('pttl', KEYS[1])
 local head = redis.call('lindex', KEYS[3], 0)
-if redis.call('exists', KEYS[1]) == 0 and ((not head) or head == ARGV[1]) then
-  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if head then
+local due
+local shaken = #gone > 0
+if pttl == -2 then
+  while head and head ~= me do
+    due = tonumber(redis.call('zscore', KEYS[4], head))
+    -- A place without a deadline is nobody's: it would block the queue for
+    -- as long as live waiters keep the list from expiring. A deadline within
+    -- the window is a head told to confirm, or one about to lapse anyway.
+    local period = tonumber(string.match(head, '^(%d+):') or '')
+    if due and not (period and due > now + window and due - period < now - math.floor(period / 3) - window) then
+      break
+    end
     redis.call('lpop', KEYS[3])
-    redis.call('zrem', KEYS[4], ARGV[1])
+    redis.call('zrem', KEYS[4], head)
+    shaken = true
+    head = redis.call('lindex', KEYS[3], 0)
   end
-  return {1, next_token(KEYS[2])}
+  if (not head) or head == me then
+    redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    if head then
+      redis.call('lpop', KEYS[3])
+      redis.call('zrem', KEYS[4], me)
+    end
+    return {1, next_token(KEYS[2])}
+  end
 end
-if ARGV[3] == '1' then
-  local timeout = tonumber(ARGV[4])
-  if not redis.call('zscore', KEYS[4], ARGV[1]) then
-    redis.call('rpush', KEYS[3], ARGV[1])
+if ARGV[3] ~= '0' then
+  if redis.call('zadd', KEYS[4], now + timeout, me) == 1 then
+    redis.call('rpush', KEYS[3], me)
+    shaken = shaken or ARGV[3] == '2'
   end
-  redis.call('zadd', KEYS[4], now + timeout, ARGV[1])
   -- The queue disappears with its last waiter.
   for i = 3, 4 do
     if redis.call('pttl', KEYS[i]) < timeout then
@@ -36,4 +75,23 @@ if ARGV[3] == '1' then
     end
   end
 end
-return {0, redis.call('pttl', KEYS[1])}
+if not due then
+  return {0, pttl}
+end
+local short = now + window
+if shaken then
+  local stale = redis.call('zrangebyscore', KEYS[4], '(' .. short, now + timeout - 2 * window)
+  for _, id in ipairs(stale) do
+    if id ~= head then
+      redis.call('zadd', KEYS[4], short, id)
+      redis.call('publish', ARGV[6], id)
+    end
+  end
+  -- No release will come to wake the new head.
+  redis.call('publish', ARGV[6], head)
+end
+if due > short then
+  due = short
+  redis.call('zadd', KEYS[4], due, head)
+end
+return {0, due - now}

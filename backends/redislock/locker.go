@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -36,7 +37,11 @@ type Option func(*config) error
 // readers, keeps its place without coming back (default 5s, at least 3ms). A
 // waiting process renews its place every third of it; a crashed one loses
 // its place after it, so it bounds how long a crashed waiter can hold up the
-// queue.
+// queue. While the lock is free, a fair waiter that blocks it has less: it
+// loses its place once it is late renewing it by a handoff window (250ms,
+// or a fifth of the timeout when that is shorter), and at the head it has
+// that window to claim the lock; see the README's "Fair mode". Waiters of
+// one key may use different timeouts: each place records its own.
 func WithWaiterTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 3*time.Millisecond {
@@ -127,15 +132,30 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		keys := []string{n.lock(), n.fence(), n.queue(), n.deadlines()}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
+		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
+		// The place carries the waiter timeout, from which any contender
+		// tells when its waiter is late renewing it (fair_acquire.lua).
+		place := strconv.FormatInt(waitMs, 10) + ":" + owner
+		// placed says the last attempt queued the contender: a place gone
+		// since is a sign of lost writes.
+		placed := false
 		w = waiter{
-			id:        owner,
+			id:        place,
 			keepAlive: l.cfg.waiterTimeout / 3,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
-				return run(ctx, sc, l.s.fairAcquire, keys, owner, px, flag(queued), waitMs)
+				mode := flag(queued)
+				if queued && placed {
+					mode = "2"
+				}
+				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place)
+				if err == nil {
+					placed = queued && r[0] == 0
+				}
+				return r, err
 			},
 			cleanup: func(ctx context.Context) {
 				l.s.release.Run(ctx, l.sc, release, owner, channel)
-				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, owner, channel)
+				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, place, channel)
 			},
 		}
 	} else {
@@ -171,6 +191,21 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		}
 	}
 	return l.acquire(ctx, channel, opts, ls, w)
+}
+
+// maxHandoff is how long the head of a fair queue has to claim a free lock
+// before the waiters behind it may drop it. A live head is woken by the
+// release, or by its own timer when the lease expires, and claims within a
+// round trip; the rest is room for a loaded machine, or a wake-up lost with
+// a Pub/Sub connection (a head that misses the window only goes to the back
+// of the queue).
+const maxHandoff = 250 * time.Millisecond
+
+// handoffWindow is maxHandoff, or less under a short waiter timeout: a
+// window must leave a waiter that renews its place every third of the
+// timeout room to be told apart from one told to confirm it.
+func handoffWindow(waiterTimeout time.Duration) time.Duration {
+	return max(min(maxHandoff, waiterTimeout/5), time.Millisecond)
 }
 
 // run runs a script that answers an array of integers.

@@ -17,10 +17,12 @@ local function next_waiter(queue, deadlines, waiters)
     redis.call('lpop', queue)
     redis.call('zrem', deadlines, head)
   end
-  redis.call('zremrangebyscore', waiters, '-inf', now)
-  local oldest = redis.call('zrange', waiters, 0, 0)
-  if oldest[1] then
-    return oldest[1]
+  -- Records sort by deadline, so any dead ones come first: pruning only
+  -- when the first is dead saves a command on most releases.
+  local oldest = redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
+  if oldest[1] and tonumber(oldest[2]) <= now then
+    redis.call('zremrangebyscore', waiters, '-inf', now)
+    oldest = redis.call('zrange', waiters, 0, 0)
   end
-  return ''
+  return oldest[1] or ''
 end

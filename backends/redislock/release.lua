@@ -9,5 +9,9 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[2], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
+-- A waiting contender records itself (a fair place, or a record among the
+-- waiters) before it sleeps: with neither, nobody waits to be told.
+if redis.call('exists', KEYS[2], KEYS[4]) > 0 then
+  redis.call('publish', ARGV[2], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
+end
 return 1

@@ -32,6 +32,14 @@ type waiter struct {
 	cleanup func(ctx context.Context)
 }
 
+// maxUnreachablePause caps the pause of a waiting acquisition between
+// attempts on a server that does not answer. The lock comes back only when a
+// waiter's attempt reaches the server again, and nothing tells a waiter when
+// that is: with pauses of up to a second (the default), the first waiter
+// came back up to that long after the new master of a failover was serving.
+// An attempt on a refused connection costs next to nothing.
+const maxUnreachablePause = 250 * time.Millisecond
+
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
@@ -64,7 +72,8 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))
 		}
 	}()
-	var unreachable, unknown driver.Backoff
+	unreachable := driver.Backoff{Max: maxUnreachablePause}
+	var unknown driver.Backoff
 	for {
 		if queued {
 			queued = false

@@ -1,0 +1,114 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// ghost queues a fair place for key that nobody waits on, as a promoted
+// replica keeps those of the waiters that the grants it missed let in: its
+// waiter timeout is period and its deadline lapses in left.
+func ghost(t *testing.T, c *goredis.Client, key, name string, period, left time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	n := namesOf(key)
+	place := fmt.Sprintf("%d:%s", period.Milliseconds(), name)
+	if err := c.RPush(ctx, n.queue(), place).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := float64(now.Add(left).UnixMilli())
+	if err := c.ZAdd(ctx, n.deadlines(), goredis.Z{Score: deadline, Member: place}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{n.queue(), n.deadlines()} {
+		c.PExpire(ctx, k, time.Minute)
+	}
+	return place
+}
+
+// queued reports whether place is still in key's fair queue.
+func queued(t *testing.T, c *goredis.Client, key, place string) bool {
+	t.Helper()
+	_, err := c.ZScore(context.Background(), namesOf(key).deadlines(), place).Result()
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// acquireWithin takes key fairly, failing the test when that takes until
+// the places ahead would lapse by themselves (30s and more): what the fair
+// queue must not wait for.
+func acquireWithin(t *testing.T, l *Locker, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: true})
+	if err != nil {
+		t.Fatalf("fair Acquire behind places nobody renews: %v", err)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFairSkipsGhosts: places nobody renews any more (the ghosts a promoted
+// replica keeps of the waiters that the grants it missed let in) do not hold
+// a free lock until their deadlines lapse.
+func TestFairSkipsGhosts(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		n            int
+		period, left time.Duration
+	}{
+		// Renewed every 20s, last 30s ago: late, so dropped at once.
+		{"late heads", 3, time.Minute, 30 * time.Second},
+		// Renewed just now, as far as the queue can tell (a quick
+		// failover, or a wake-up lost): each has a handoff window.
+		{"heads on time", 2, time.Minute, time.Minute},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			probe := newClient(t)
+			key := testKey(t)
+			var ghosts []string
+			for i := range c.n {
+				ghosts = append(ghosts, ghost(t, probe, key, fmt.Sprintf("ghost-%d", i), c.period, c.left))
+			}
+			acquireWithin(t, newLocker(t, newClient(t)), key)
+			for _, g := range ghosts {
+				if queued(t, probe, key, g) {
+					t.Errorf("%s still queued", g)
+				}
+			}
+		})
+	}
+}
+
+// TestFairSparesWaitersOnTime: a head with a shorter waiter timeout than the
+// contender behind it, renewing on time, keeps its place and is given the
+// window to claim the lock; it is not judged by the contender's timeout.
+func TestFairSparesWaitersOnTime(t *testing.T) {
+	c := newClient(t)
+	key := testKey(t)
+	// Renewed every 3.3s, last a moment ago; by a minute's timeout, it
+	// would be 50s late.
+	head := ghost(t, c, key, "short", 10*time.Second, 9900*time.Millisecond)
+	l := newLocker(t, newClient(t), WithWaiterTimeout(time.Minute))
+	if _, err := l.Acquire(context.Background(), key, driver.AcquireOptions{TTL: time.Second, Fair: true}); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("fair TryLock behind a live head: got %v, want ErrNotAcquired", err)
+	}
+	if !queued(t, c, key, head) {
+		t.Error("the head on time lost its place to a contender with a longer waiter timeout")
+	}
+}
