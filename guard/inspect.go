@@ -85,8 +85,11 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 // it, for an operator freeing a lock whose holder hangs: the backend first
 // makes the next token greater than every token issued (so fenced storage
 // refuses the old holder's late writes), then removes the holding. The old
-// holder's context is cancelled at its next renewal at the latest (see the
-// backend's documentation for session-kept leases). It returns the holders
+// holder's context is cancelled at its next renewal at the latest, or, for
+// a lease its backend keeps on a session (etcd, ZooKeeper), as soon as the
+// holder's process hears of the removal (driver.RevocableLease); a process
+// cut off from the backend learns of it only when its session ends, and
+// until then fenced storage is what stops it. It returns the holders
 // removed, none when the lock was free. It is logged at WARN and traced as
 // an admin action. It needs a backend that implements driver.ForceReleaser;
 // ErrUnsupported otherwise.

@@ -39,15 +39,25 @@ type attempt struct {
 	label   string // own's value: the holder's label, for Inspect
 	permits int64
 	kind    kind
+	// le is the lease the attempt returns once granted, tracked by the
+	// session from before own is put.
+	le *lease
 }
 
 // acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore. A
 // waiting acquisition starts over, with a new key and a session that is
-// alive, after every failure to reach etcd, until ctx is done.
+// alive, after every failure to reach etcd, until ctx is done. One that
+// does not wait starts over only when its put was cut short because the
+// member it went to stopped answering (at most twice): the attempt never
+// reached the cluster, and the next goes to another member.
 func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
-	for {
+	for moved := 0; ; {
 		lease, err := l.attempt(ctx, name, opts, k, permits)
+		if errors.Is(err, errAvoided) && moved < 2 && ctx.Err() == nil {
+			moved++
+			continue
+		}
 		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
 			return lease, err
 		}
@@ -71,10 +81,18 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}
+	a.le = &lease{s: s, own: a.own}
+	s.track(a.le)
+	var granted driver.Lease
 	if !opts.Wait && k != counting {
-		return a.try(ctx)
+		granted, err = a.try(ctx)
+	} else {
+		granted, err = a.enqueue(ctx, opts.Wait)
 	}
-	return a.enqueue(ctx, opts.Wait)
+	if err != nil {
+		s.forget(a.le)
+	}
+	return granted, err
 }
 
 // try puts the key only if nothing blocks it, in one transaction, so that a
@@ -105,9 +123,14 @@ func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
 	rctx, cancel := a.l.timeout.detached(ctx)
 	defer cancel()
-	resp, err := a.l.client.Txn(rctx).If(cmps...).Then(ops...).Commit()
+	mctx, c, answered := a.l.members.use(rctx)
+	resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
+	answered(err)
 	if err != nil {
 		a.s.giveUp()
+		if errors.Is(context.Cause(mctx), errAvoided) {
+			return nil, fmt.Errorf("%w: %w", driver.ErrUnavailable, errAvoided)
+		}
 		return nil, a.l.timeout.err(ctx, rctx, err)
 	}
 	return resp, nil
@@ -168,10 +191,15 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) 
 func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
 	rctx, cancel := a.l.timeout.ctx(ctx)
 	defer cancel()
-	resp, err := a.l.client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(a.own), "=", a.rev)).
-		Then(a.blockersOp(a.rev)).
-		Commit()
+	var resp *clientv3.TxnResponse
+	err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+		var err error
+		resp, err = c.Txn(actx).
+			If(clientv3.Compare(clientv3.CreateRevision(a.own), "=", a.rev)).
+			Then(a.blockersOp(a.rev)).
+			Commit()
+		return err
+	})
 	if err != nil {
 		return nil, a.l.timeout.err(ctx, rctx, err)
 	}
@@ -214,11 +242,18 @@ func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) er
 	gone := func(ctx context.Context) (bool, error) {
 		rctx, cancel := a.l.timeout.ctx(ctx)
 		defer cancel()
-		g, err := a.l.client.Get(rctx, key, clientv3.WithCountOnly())
+		var count int64
+		err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+			g, err := c.Get(actx, key, clientv3.WithCountOnly())
+			if err == nil {
+				count = g.Count
+			}
+			return err
+		})
 		if err != nil {
 			return false, a.l.timeout.err(ctx, rctx, err)
 		}
-		return g.Count == 0, nil
+		return count == 0, nil
 	}
 	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
 		if !wr.Created {
@@ -255,14 +290,25 @@ func (a *attempt) waitCount(ctx context.Context) error {
 // Every third of the session's TTL it also asks check, by a plain request,
 // whether the wait is over: a watch stream on a member that froze (a
 // stopped process, a stalled disk) neither delivers events nor fails, and
-// the waiters queued behind this one would stall with it. A request goes
-// to whichever member answers; a failed check is only retried.
+// the waiters queued behind this one would stall with it. A failed check
+// is only retried. When the Locker moves its requests to another member,
+// the watch moves with them; its creation is handled, and checked, as the
+// first one was.
 func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clientv3.WatchResponse) (bool, error),
 	check func(context.Context) (bool, error), opts ...clientv3.OpOption) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
 	opts = append(opts, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-	wch := a.l.client.Watch(wctx, key, opts...)
+	var (
+		cancel context.CancelFunc
+		moved  <-chan struct{}
+	)
+	watch := func() clientv3.WatchChan {
+		var wctx context.Context
+		wctx, cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
+		moved = a.l.members.changes()
+		return a.l.members.pick().client.Watch(wctx, key, opts...)
+	}
+	wch := watch()
+	defer func() { cancel() }()
 	tick := time.NewTicker(a.s.ttl / 3)
 	defer tick.Stop()
 	for {
@@ -271,6 +317,9 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 			return ctx.Err()
 		case <-a.s.done:
 			return errSessionLost
+		case <-moved:
+			cancel()
+			wch = watch()
 		case <-tick.C:
 			// Bounded by the period: a check sent to the frozen member
 			// must not hold up the next one, which may reach another.
@@ -298,14 +347,23 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 }
 
 // abort removes own, which has been put, and returns cause. The key is
-// unique to this attempt, so deleting it unconditionally cannot touch anyone
-// else's. If the delete cannot be confirmed, the key would block every later
-// contender for as long as the session lives, so the session is given up
-// instead: its lease expires, or is revoked, and takes the key with it.
+// unique to this attempt, so deleting it unconditionally, and again after an
+// attempt without answer, cannot touch anyone else's. If the delete cannot
+// be confirmed, the key would block every later contender for as long as
+// the session lives, so the session is given up instead: its lease expires,
+// or is revoked, and takes the key with it. A session already lost is
+// past that point, and no delete is sent.
 func (a *attempt) abort(ctx context.Context, cause error) error {
+	if a.s.lost() {
+		return cause // the lease's revocation, or its expiry, takes the key
+	}
 	rctx, cancel := a.l.timeout.detached(ctx)
 	defer cancel()
-	if _, err := a.l.client.Delete(rctx, a.own); err != nil {
+	err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+		_, err := c.Delete(actx, a.own)
+		return err
+	})
+	if err != nil {
 		a.s.giveUp()
 	}
 	return cause
@@ -317,5 +375,6 @@ func (a *attempt) lease(ctx context.Context) (driver.Lease, error) {
 	if a.s.lost() {
 		return nil, a.abort(ctx, errSessionLost)
 	}
-	return &lease{s: a.s, own: a.own, rev: a.rev}, nil
+	a.le.rev = a.rev
+	return a.le, nil
 }

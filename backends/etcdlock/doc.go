@@ -53,6 +53,13 @@
 // Release deletes the key only if it still has the lease's create revision, so
 // a stale or retried unlock never deletes another holder's key.
 //
+// A holder's session renews its lease, not its keys, so a key deleted by an
+// operator (Locker.ForceRelease) would go unnoticed while the session lives.
+// ForceRelease therefore also puts a marker under RevokedPrefix, on the
+// holder's etcd lease, and every session keeps one watch on its own markers:
+// the lease, a driver.RevocableLease, reports the revocation to guard, which
+// cancels the section. That is one watch per session, not per lock.
+//
 // # Failures
 //
 // The etcd client waits for a connection, and retries a lease grant, without
@@ -62,6 +69,21 @@
 // error wrapping driver.ErrUnavailable, unless the caller's context ended
 // first, which is then reported as such. A waiting acquisition starts over
 // after such a failure, with backoff, until its context is done.
+//
+// The client balances its requests over every member, and a member whose
+// process is frozen keeps its connection open while answering nothing, so
+// the Locker sends its requests (and its keepalive stream and watches) to one
+// member at a time, over connections of its own dialed with the client's
+// settings: when a request there goes unanswered for 250 ms, or cannot reach
+// it, the member is probed, and if it does not answer within 500 ms, or
+// knows no leader, the Locker moves to the next member whose connection is
+// not failing, and cuts short what it had sent to the one it left (a put so
+// cut short gives up its session, as below, and is made again, even by an
+// acquisition that does not wait). Requests that are safe to repeat (grants,
+// revocations, releases, reads) are sent in attempts of a second at most,
+// since a request sent during a leader election can be lost with its
+// proposal and would otherwise wait for its whole timeout; the put of a
+// contender's key is not repeated (see below).
 //
 // A key whose removal cannot be confirmed must not outlive the session TTL,
 // or the lock would stay blocked for as long as the keepalive runs (after a

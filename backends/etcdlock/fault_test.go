@@ -489,3 +489,51 @@ func TestReleaseBlackholed(t *testing.T) {
 	}
 	next.Release(ctx)
 }
+
+// TestFrozenMemberAvoided gives the client two endpoints, and then makes
+// the one the Locker uses swallow every byte, as a frozen member does: its
+// connection stays open and answers nothing. The Locker must stop sending to
+// it, so that no acquisition, release or keepalive fails for it. A client
+// balancing over both would send it a share of every request, each failing
+// after the request timeout.
+func TestFrozenMemberAvoided(t *testing.T) {
+	eps := endpoints(t)
+	frozen := drivertest.StartProxy(t, eps[0])
+	l := lockerOn(t, newClient(t, []string{frozen.Addr(), eps[0]}), WithRequestTimeout(3*time.Second))
+	l.members.mu.Lock()
+	l.members.pinned = l.members.member(0)
+	l.members.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	k := name("frozen-member")
+	first, err := l.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatalf("first acquisition: %v", err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	frozen.Blackhole()
+	for i := range 20 {
+		lease, err := l.Acquire(ctx, k, opts(MinTTL, false))
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+	// The session is kept alive by the member that answers.
+	held, err := l.Acquire(ctx, k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := held.(driver.SessionLease).Session()
+	for range 2 {
+		last := sess.Expiry()
+		waitFor(t, "a keepalive is answered", func() bool { return sess.Expiry().After(last) })
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

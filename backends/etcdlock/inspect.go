@@ -43,8 +43,10 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 func (l *Locker) contenders(ctx context.Context, key string) ([]*mvccpb.KeyValue, error) {
 	rctx, cancel := l.timeout.ctx(ctx)
 	defer cancel()
-	resp, err := l.client.Get(rctx, KeyDir(key), clientv3.WithPrefix(),
+	mctx, c, answered := l.members.use(rctx)
+	resp, err := c.Get(mctx, KeyDir(key), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	answered(err)
 	if err != nil {
 		return nil, l.timeout.err(ctx, rctx, err)
 	}
@@ -131,7 +133,9 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 			opts = append(opts, clientv3.WithRev(rev))
 		}
 		rctx, cancel := l.timeout.ctx(ctx)
-		resp, err := l.client.Get(rctx, from, opts...)
+		mctx, c, answered := l.members.use(rctx)
+		resp, err := c.Get(mctx, from, opts...)
+		answered(err)
 		cancel()
 		if err != nil {
 			return nil, l.timeout.err(ctx, rctx, err)
@@ -181,14 +185,16 @@ func smallest(ls []driver.Listed, n int) []driver.Listed {
 // the deletion, so its create revision, the token, is greater than every
 // token issued before.
 //
-// The old holder is not told. Its lease lives on the session's keepalive,
-// which renews the session, not its keys, and guard watches the session:
-// so the old holder's section goes on until it releases (its Release finds
-// the key gone and returns driver.ErrNotHeld, as Refresh would), or until
-// its session ends. Fenced storage is what refuses its writes meanwhile.
-// Revoking the session's etcd lease would make it notice within a third of
-// its TTL, but would also take every other lock that session holds (all the
-// holder process's locks of that TTL), so ForceRelease does not.
+// The same transaction leaves a marker for each holder under RevokedPrefix,
+// on the holder's own etcd lease, which the holder's session watches: its
+// lease, a driver.RevocableLease, reports the revocation (guard then
+// cancels the holder's section) as soon as the watch delivers it, and the
+// session deletes the marker. ForceRelease does not wait for that. A holder
+// whose watch is on a frozen member hears of it only when the watch is
+// served again, or not at all if its session ends first; fenced storage is
+// what refuses its writes meanwhile. Revoking the holder session's etcd
+// lease instead would also take every other lock that session holds (all
+// the holder process's locks of that TTL), so ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
 	for {
 		kvs, err := l.contenders(ctx, key)
@@ -200,13 +206,21 @@ func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding
 			return nil, nil
 		}
 		cmps := make([]clientv3.Cmp, len(holders))
-		ops := make([]clientv3.Op, len(holders))
+		ops := make([]clientv3.Op, 0, 2*len(holders))
 		for i, kv := range holders {
 			cmps[i] = clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)
-			ops[i] = clientv3.OpDelete(string(kv.Key))
+			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+			if kv.Lease != 0 {
+				// The compare proves the lease alive: a lease's keys go
+				// in the same step as the lease.
+				ops = append(ops, clientv3.OpPut(revokedDir(clientv3.LeaseID(kv.Lease))+string(kv.Key), "",
+					clientv3.WithLease(clientv3.LeaseID(kv.Lease))))
+			}
 		}
 		rctx, cancel := l.timeout.ctx(ctx)
-		resp, err := l.client.Txn(rctx).If(cmps...).Then(ops...).Commit()
+		mctx, c, answered := l.members.use(rctx)
+		resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
+		answered(err)
 		cancel()
 		if err != nil {
 			return nil, l.timeout.err(ctx, rctx, err)

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -109,5 +113,91 @@ func TestListOrder(t *testing.T) {
 	}
 	if want := slices.Sorted(slices.Values(keys)); !slices.Equal(got, want) {
 		t.Fatalf("listed %q, want %q", got, want)
+	}
+}
+
+// TestForceReleaseTellsHolder: a lock forcibly released through guard ends
+// its holder's section with guard.ErrLockLost while the holder's session
+// lives on, the marker that told it is deleted, and List never reports it;
+// a lease released before the revocation arrives is never told.
+func TestForceReleaseTellsHolder(t *testing.T) {
+	eps := endpoints(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holder, c := newLocker(t, eps)
+	admin, _ := newLocker(t, eps)
+	prefix := name("force-tells") + "/"
+	g, err := guard.New(holder, guard.WithTTL(MinTTL), guard.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, err := guard.New(admin, guard.WithTTL(MinTTL), guard.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err := g.TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(context.Background())
+	other, err := g.TryLock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Unlock(context.Background())
+	if _, err := ga.ForceRelease(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lk.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the holder's lock was not lost after a forced release")
+	}
+	if err := context.Cause(lk.Context()); !errors.Is(err, guard.ErrLockLost) {
+		t.Errorf("cause %v, want guard.ErrLockLost", err)
+	}
+	if err := other.Err(); err != nil {
+		t.Errorf("the session's other lock: %v", err)
+	}
+	holder.mu.Lock()
+	id := holder.sessions[MinTTL].id
+	holder.mu.Unlock()
+	waitFor(t, "the marker is deleted", func() bool {
+		resp, err := c.Get(ctx, revokedDir(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 0
+	})
+
+	// Released, then asked to report a revocation: it never will.
+	le, err := holder.Acquire(ctx, prefix+"released", opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := make(chan struct{}, 1)
+	le.(driver.RevocableLease).OnRevoke(func() { called <- struct{}{} })
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	le.(driver.RevocableLease).OnRevoke(func() { called <- struct{}{} })
+	select {
+	case <-called:
+		t.Error("OnRevoke's function was called for a released lease")
+	default:
+	}
+
+	// A marker left by a holder that never saw it: List, whose prefix
+	// "warden" reads it, skips it.
+	marker := RevokedPrefix + "0/" + KeyDir(prefix+"ghost") + "1-1"
+	if _, err := c.Put(ctx, marker, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Delete(context.Background(), marker)
+	listed, err := admin.List(ctx, "warden", "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range listed {
+		if strings.HasPrefix(l.Key, "warden/") {
+			t.Errorf("List reports a revocation marker as lock %q", l.Key)
+		}
 	}
 }

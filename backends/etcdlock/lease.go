@@ -6,8 +6,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -15,11 +13,17 @@ import (
 // lease is one holding: a key on a session's etcd lease. It is a
 // driver.SessionLease: the session's keepalive keeps it, with every other
 // key of the session, alive, so guard sends nothing for it and no goroutine
-// runs for it.
+// runs for it. It is also a driver.RevocableLease, told of a forced release
+// by the session's one watch.
 type lease struct {
 	s   *session
 	own string // the contender's etcd key
 	rev int64  // own's create revision
+
+	// Guarded by s.mu: whether a forced release's marker was seen, and
+	// what to call when it is.
+	revoked  bool
+	onRevoke func()
 }
 
 var _ driver.SessionLease = (*lease)(nil)
@@ -47,7 +51,9 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	rctx, cancel := le.s.timeout.ctx(ctx)
 	defer cancel()
-	resp, err := le.s.client.Get(rctx, le.own, clientv3.WithKeysOnly())
+	mctx, c, answered := le.s.l.members.use(rctx)
+	resp, err := c.Get(mctx, le.own, clientv3.WithKeysOnly())
+	answered(err)
 	if err != nil {
 		return le.s.timeout.err(ctx, rctx, err)
 	}
@@ -80,9 +86,8 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 //
 // A delete that gets no answer (a leader election, a partition) is sent
 // again, each attempt bounded by a second at most, until ctx ends or the
-// request timeout has passed: the
-// delete is conditional, so repeating it is safe, and an election is over in
-// a second or two. Once an attempt's outcome was unknown, a later attempt
+// request timeout has passed: the delete is conditional, so repeating it is
+// safe, and an election is over in a second or two. Once an attempt's outcome was unknown, a later attempt
 // that finds the key gone while the session lives counts as released: the
 // key is this lease's alone, and only its own delete (or an operator's
 // forced release) removes it under a live session.
@@ -94,33 +99,33 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // session's other locks are lost with it; later acquisitions start a new
 // session.
 func (le *lease) Release(ctx context.Context) error {
+	le.s.forget(le)
 	// The attempts together get one request timeout, within the caller's.
 	caller := ctx
-	ctx, cancelAll := le.s.timeout.ctx(ctx)
-	defer cancelAll()
-	per := min(time.Duration(le.s.timeout), time.Second)
-	pause := driver.Backoff{Min: 20 * time.Millisecond, Max: 250 * time.Millisecond}
-	unknown := false
-	for {
-		rctx, cancel := context.WithTimeout(ctx, per)
-		resp, err := le.s.client.Txn(rctx).
+	ctx, cancel := le.s.timeout.ctx(ctx)
+	defer cancel()
+	var (
+		resp    *clientv3.TxnResponse
+		unknown bool
+	)
+	err := le.s.l.members.repeat(ctx, func(actx context.Context, c *clientv3.Client) error {
+		var err error
+		resp, err = c.Txn(actx).
 			If(clientv3.Compare(clientv3.CreateRevision(le.own), "=", le.rev)).
 			Then(clientv3.OpDelete(le.own)).
 			Commit()
-		cancel()
-		switch {
-		case err == nil && resp.Succeeded:
-			return nil
-		case err == nil && unknown && !le.s.lost():
-			return nil // an earlier attempt deleted it
-		case err == nil:
-			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
-		}
-		unknown = true
-		// A closed client answers at once, and will not answer otherwise.
-		if status.Code(err) == codes.Canceled || driver.Sleep(ctx, pause.Next(), nil) != nil {
-			le.s.giveUp()
-			return le.s.timeout.err(caller, ctx, err)
-		}
+		unknown = unknown || err != nil
+		return err
+	})
+	switch {
+	case err != nil:
+		le.s.giveUp()
+		return le.s.timeout.err(caller, ctx, err)
+	case resp.Succeeded:
+		return nil
+	case unknown && !le.s.lost():
+		return nil // an earlier attempt deleted it
+	default:
+		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
 	}
 }

@@ -25,7 +25,9 @@ const MinTTL = 2 * time.Second
 // (driver.RWLocker), semaphores (driver.Semaphorer) and declares its TTL
 // limits (driver.Limiter). It is safe for concurrent use; Close it when done.
 type Locker struct {
-	client  *clientv3.Client
+	client *clientv3.Client
+	// members pins the member every request goes to.
+	members *members
 	timeout bound
 	// seq tells apart the keys of several acquisitions of one name under one
 	// session, so that each contender, even in one process, has its own key.
@@ -55,6 +57,13 @@ var (
 // New returns a Locker that keeps its locks in the etcd cluster client talks
 // to. The client stays the caller's: Close does not close it. No request is
 // made until the first acquisition, which starts the session.
+//
+// The Locker dials the client's endpoints itself (client.Dial, with the
+// client's credentials and dial options), one at a time, so that it can stop
+// sending to a member that does not answer (see the package documentation);
+// those connections close with the Locker or the client. A client whose KV
+// or Watcher was replaced (namespace.NewKV) is used as it is instead, with
+// the client's own balancing, so that the replacement still applies.
 func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalidOption)
@@ -70,6 +79,7 @@ func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 	}
 	return &Locker{
 		client:   client,
+		members:  newMembers(client),
 		timeout:  c.timeout,
 		sessions: make(map[time.Duration]*session),
 		starting: make(map[time.Duration]chan struct{}),
@@ -110,6 +120,7 @@ func (l *Locker) Close() error {
 	for _, s := range retired {
 		s.close(false)
 	}
+	l.members.close()
 	return errors.Join(errs...)
 }
 

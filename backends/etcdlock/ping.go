@@ -11,7 +11,12 @@ import (
 var _ driver.Pinger = (*Locker)(nil)
 
 // Ping implements driver.Pinger.
-func (l *Locker) Ping(ctx context.Context) error { return ping(ctx, l.client, l.timeout) }
+func (l *Locker) Ping(ctx context.Context) error {
+	_, c, answered := l.members.use(ctx)
+	err := ping(ctx, c, l.timeout)
+	answered(err)
+	return err
+}
 
 // Ping reports whether the store's etcd cluster answers, as Locker.Ping
 // does.

@@ -19,7 +19,6 @@ import (
 // those keys' leases.
 type session struct {
 	l       *Locker // whose session it is
-	client  *clientv3.Client
 	timeout bound
 	id      clientv3.LeaseID
 	ttl     time.Duration
@@ -37,11 +36,19 @@ type session struct {
 	// revokeErr is the exit's revocation error; read after exited.
 	revokeErr error
 
+	// mu guards leases, and the revocation state of each lease in it.
+	mu sync.Mutex
+	// leases are the session's contenders by etcd key, from before their
+	// key is put until they are released, abandoned or revoked: a forced
+	// release's marker names the key, and may arrive before the
+	// acquisition returns.
+	leases map[string]*lease
+
 	// done is closed when the lease is lost, revoked or given up.
 	done   chan struct{}
 	exited chan struct{}
-	// wg counts the keepalive stream readers, so that close returns only
-	// when nothing of the session runs any more.
+	// wg counts the keepalive stream readers and the revocation watch, so
+	// that close returns only when nothing of the session runs any more.
 	wg sync.WaitGroup
 }
 
@@ -53,24 +60,34 @@ const retryDelay = 100 * time.Millisecond
 
 // newSession grants a lease of ttl and starts keeping it alive.
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
-	client, timeout := l.client, l.timeout
+	timeout := l.timeout
 	rctx, cancel := timeout.ctx(ctx)
 	defer cancel()
-	sent := time.Now()
-	resp, err := client.Grant(rctx, int64((ttl+time.Second-1)/time.Second))
+	var (
+		sent time.Time
+		resp *clientv3.LeaseGrantResponse
+	)
+	// A grant whose attempt timed out but that lands after all leaves a
+	// lease without keys, which expires on its own.
+	err := l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+		sent = time.Now()
+		var err error
+		resp, err = c.Grant(actx, int64((ttl+time.Second-1)/time.Second))
+		return err
+	})
 	if err != nil {
 		return nil, timeout.err(ctx, rctx, err)
 	}
 	kctx, stop := context.WithCancel(context.Background())
 	s := &session{
 		l:       l,
-		client:  client,
 		timeout: timeout,
 		id:      resp.ID,
 		ttl:     ttl,
 		born:    sent,
 		kctx:    kctx,
 		stop:    stop,
+		leases:  make(map[string]*lease),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
 	}
@@ -78,6 +95,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	// may have raised the TTL to its minimum, never lowered it.
 	s.expiry.Store(int64(time.Duration(resp.TTL) * time.Second))
 	go s.run()
+	s.wg.Go(s.watchRevocations)
 	return s, nil
 }
 
@@ -113,10 +131,10 @@ func (s *session) margin() time.Duration { return s.ttl / 10 }
 // of the loss before the server can hand the locks to anyone else.
 func (s *session) run() {
 	defer close(s.exited)
-	unreachable := s.keepAlive(s.kctx)
+	unanswered := s.keepAlive(s.kctx)
 	s.expiry.Store(0)
 	close(s.done)
-	if unreachable || s.revoke.Load() {
+	if unanswered || s.revoke.Load() {
 		s.revokeErr = s.revokeUntilGone()
 	}
 }
@@ -128,7 +146,7 @@ func (s *session) run() {
 // this process already knows lost would block their locks for a whole TTL
 // after etcd comes back.
 func (s *session) revokeUntilGone() error {
-	pause := driver.Backoff{Min: retryDelay, Max: 2 * time.Second}
+	pause := driver.Backoff{Min: retryDelay, Max: 500 * time.Millisecond}
 	for {
 		err := s.revokeLease()
 		if err == nil || !errors.Is(err, driver.ErrUnavailable) {
@@ -149,7 +167,11 @@ func (s *session) revokeUntilGone() error {
 func (s *session) revokeLease() error {
 	rctx, cancel := s.timeout.ctx(context.Background())
 	defer cancel()
-	if _, err := s.client.Revoke(rctx, s.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	err := s.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+		_, err := c.Revoke(actx, s.id)
+		return err
+	})
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return s.timeout.err(context.Background(), rctx, err)
 	}
 	return nil
@@ -162,6 +184,7 @@ type keepAliveResult struct {
 
 // keepAliveStream is one LeaseKeepAlive stream and the goroutine reading it.
 type keepAliveStream struct {
+	member *member // the stream's
 	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
 	resps  chan keepAliveResult
@@ -172,12 +195,16 @@ func (s *session) openStream(ctx context.Context) (*keepAliveStream, error) {
 	// off from the quorum must fail the stream rather than answer for a lease
 	// the rest of the cluster may already have expired.
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	stream, err := pb.NewLeaseClient(s.client.ActiveConnection()).LeaseKeepAlive(sctx)
+	m := s.l.members.pick()
+	stream, err := pb.NewLeaseClient(m.conn).LeaseKeepAlive(sctx)
 	if err != nil {
 		cancel()
+		if unreachable(err) {
+			s.l.members.probe(m)
+		}
 		return nil, err
 	}
-	ks := &keepAliveStream{stream: stream, cancel: cancel, resps: make(chan keepAliveResult)}
+	ks := &keepAliveStream{member: m, stream: stream, cancel: cancel, resps: make(chan keepAliveResult)}
 	s.wg.Go(func() {
 		for {
 			resp, err := stream.Recv()
@@ -199,18 +226,27 @@ func (s *session) openStream(ctx context.Context) (*keepAliveStream, error) {
 // it reports the latter case when the server may still hold the lease
 // (it did not answer in time), so that run revokes it in case it hears after
 // all.
-func (s *session) keepAlive(ctx context.Context) (unreachable bool) {
+func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 	var (
 		st          *keepAliveStream
 		sentAt      time.Time
 		outstanding bool
+		// probe probes the stream's member when the keepalive in
+		// flight goes unanswered for probeAfter.
+		probe *time.Timer
 	)
+	answered := func() {
+		outstanding = false
+		if probe != nil {
+			probe.Stop()
+		}
+	}
 	drop := func() {
 		if st != nil {
 			st.cancel()
 			st = nil
 		}
-		outstanding = false
+		answered()
 	}
 	defer drop()
 
@@ -219,6 +255,15 @@ func (s *session) keepAlive(ctx context.Context) (unreachable bool) {
 	defer lostTimer.Stop()
 	tick := time.NewTimer(interval)
 	defer tick.Stop()
+	// failed drops a stream that failed with err, and has its member probed
+	// when the failure says that member cannot be reached.
+	failed := func(err error) {
+		if unreachable(err) {
+			s.l.members.probe(st.member)
+		}
+		drop()
+		tick.Reset(retryDelay)
+	}
 
 	for {
 		var resps chan keepAliveResult
@@ -230,6 +275,14 @@ func (s *session) keepAlive(ctx context.Context) (unreachable bool) {
 			return false
 		case <-lostTimer.C:
 			return true
+		case <-s.l.members.changes():
+			// Requests have moved to another member, the one this
+			// stream is on having stopped answering: renew there now
+			// rather than after this stream's keepalive times out.
+			if st != nil && st.member != s.l.members.pick() {
+				drop()
+				tick.Reset(0)
+			}
 		case <-tick.C:
 			if outstanding {
 				// A whole interval without an answer: the stream is stuck
@@ -245,22 +298,22 @@ func (s *session) keepAlive(ctx context.Context) (unreachable bool) {
 			}
 			sentAt = time.Now()
 			if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
-				drop()
-				tick.Reset(retryDelay)
+				failed(err)
 				continue
 			}
 			outstanding = true
+			m := st.member
+			probe = time.AfterFunc(probeAfter, func() { s.l.members.probe(m) })
 			tick.Reset(interval)
 		case r := <-resps:
 			if r.err != nil {
-				drop()
-				tick.Reset(retryDelay)
+				failed(r.err)
 				continue
 			}
 			if !outstanding {
 				continue
 			}
-			outstanding = false
+			answered()
 			if r.resp.TTL <= 0 {
 				return false // the server no longer knows the lease: expired or revoked
 			}

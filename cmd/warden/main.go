@@ -268,7 +268,7 @@ func (c *cli) release(ctx context.Context, key string) error {
 	}
 	if !c.yes {
 		h := in.Holders[0]
-		fmt.Fprintf(c.stdout, "release %s, held by %s with token %d? Its holder's late writes are refused only by fenced storage. [y/N] ",
+		fmt.Fprintf(c.stdout, "release %s, held by %s with token %d? Its holder is told when it next hears from the backend; until then only fenced storage refuses its late writes. [y/N] ",
 			key, orDash(h.Owner), h.Token)
 		answer, _ := c.stdin.ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {

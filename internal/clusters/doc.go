@@ -24,8 +24,7 @@
 //
 //	scripts/clusters.sh up && WARDEN_REQUIRE_SERVERS=1 go test -tags clusters -count=1 -timeout 20m -v ./internal/clusters/
 //
-// Scenarios that show a failure of warden still to be fixed are skipped,
-// naming it (findings_test.go); WARDEN_CLUSTERS_FINDINGS=1 runs them too.
-// WARDEN_CLUSTERS_DEBUG=1 prints every grant, fault, guard warning and error
+// Every scenario runs and must pass: a failure of warden it shows is fixed
+// in warden, not skipped here. WARDEN_CLUSTERS_DEBUG=1 prints every grant, fault, guard warning and error
 // with its time.
 package clusters

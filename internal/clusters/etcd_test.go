@@ -172,7 +172,6 @@ func finishEtcd(a *etcdAdmin, s *scenario) {
 // contended, then starts it again; three times, since what a kill catches
 // in flight (a release, a contender's put) varies from one to the next.
 func TestEtcdLeaderKill(t *testing.T) {
-	knownFinding(t, findingEtcdReleaseDuringElection)
 	const ttl = 2 * time.Second
 	faults := newFaultGuard(t)
 	a, s := startEtcd(t, "etcd-kill", ttl)
@@ -199,7 +198,6 @@ func TestEtcdLeaderKill(t *testing.T) {
 // TTL, then a follower: their clients' connections stay open and get no
 // answer, which a dead member's do not.
 func TestEtcdMemberFreeze(t *testing.T) {
-	knownFinding(t, findingEtcdFrozenWatch)
 	const ttl = 2 * time.Second
 	faults := newFaultGuard(t)
 	a, s := startEtcd(t, "etcd-freeze", ttl)

@@ -1,0 +1,330 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// How long a request may go unanswered before the member it went to is
+// probed, and how long that member then has to answer the probe. A member
+// answers the probe (a Status, served locally) within milliseconds, even
+// during an election, unless its process or its connection is frozen.
+// A probe that fails only moves later requests to another member, so these
+// are short: they decide how soon contenders stop sending to a frozen
+// member.
+const (
+	probeAfter   = 250 * time.Millisecond
+	probeTimeout = 500 * time.Millisecond
+)
+
+// members routes the Locker's requests to one etcd member at a time, over a
+// connection of the Locker's own to each member it has used.
+//
+// The client balances its requests round robin over every member's
+// connection, and a member whose process is frozen (stopped, swapped out, a
+// stalled disk) keeps its connection open and answers nothing: with
+// clientv3's default options (no gRPC keepalive), that connection stays in
+// the rotation until the operating system gives up on it, and a third of
+// every grant, put, release and keepalive stream waits for its timeout
+// meanwhile. The client cannot be told to skip one member, so the Locker
+// dials each endpoint on its own (client.Dial: the client's credentials,
+// dial options and interceptors) and sends everything to one of them, the
+// pinned member; when a request there goes unanswered for probeAfter, the
+// pinned member is probed, and if it does not answer within probeTimeout
+// (or knows no leader) the next endpoint is pinned instead. Requests already
+// sent to the member that failed its probe are cut short (errAvoided), and
+// streams (the session's keepalive, watches) move to the new member at once.
+//
+// A client whose KV or Watcher was replaced (namespace.NewKV, a mock) is
+// used as it is, since requests on connections of the Locker's own would
+// bypass the replacement: all requests then go through the client, balanced
+// as it does, with no steering.
+type members struct {
+	client *clientv3.Client
+	steer  bool
+
+	mu     sync.Mutex
+	byEP   map[string]*member
+	pinned *member
+	// changed is closed, and replaced, when another member is pinned.
+	changed chan struct{}
+	closed  bool
+	probes  sync.WaitGroup
+	// unhook stops closing the connections with the client's.
+	unhook func() bool
+}
+
+// member is one endpoint's connection, or the client itself when the
+// Locker does not steer.
+type member struct {
+	ep      string
+	conn    *grpc.ClientConn // owned only when ep != ""
+	client  *clientv3.Client // its requests go through this one
+	probing atomic.Bool
+	// avoided is cancelled when the Locker moves away from the member,
+	// and replaced; guarded by members.mu.
+	avoided context.Context
+	moved   context.CancelCauseFunc
+}
+
+// errAvoided ends a request cut short because its member was found not
+// answering: it would get no answer in time either.
+var errAvoided = errors.New("etcd: the member stopped answering")
+
+func newMembers(client *clientv3.Client) *members {
+	// The types a client has unless its user replaced them.
+	stockKV := reflect.TypeOf(clientv3.NewKVFromKVClient(nil, nil))
+	stockWatcher := reflect.TypeOf(clientv3.NewWatchFromWatchClient(nil, nil))
+	ms := &members{
+		client:  client,
+		steer:   reflect.TypeOf(client.KV) == stockKV && reflect.TypeOf(client.Watcher) == stockWatcher,
+		byEP:    make(map[string]*member),
+		changed: make(chan struct{}),
+	}
+	// The Locker's connections are the client's as far as its user can
+	// tell: closing the client (a process shutting down, a test playing a
+	// crash) must cut them too, or the sessions would live on.
+	ms.mu.Lock()
+	ms.unhook = context.AfterFunc(client.Ctx(), ms.close)
+	ms.mu.Unlock()
+	return ms
+}
+
+// pick returns the pinned member. The first call pins an endpoint at
+// random, so that the processes sharing a cluster spread their load over its
+// members as the client's balancing would.
+func (ms *members) pick() *member {
+	m, _ := ms.pickWhile()
+	return m
+}
+
+// pickWhile is pick, with a context cancelled when the Locker moves away
+// from the member.
+func (ms *members) pickWhile() (*member, context.Context) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.pinned == nil {
+		ms.pinned = ms.member(rand.IntN(max(len(ms.client.Endpoints()), 1)))
+	}
+	return ms.pinned, ms.pinned.avoided
+}
+
+// member returns the member of the i-th of the client's endpoints (wrapped
+// around), dialing it on first use; the client itself when the Locker does
+// not steer or the endpoint cannot be dialed. ms.mu is held.
+func (ms *members) member(i int) *member {
+	eps := ms.client.Endpoints()
+	itself := &member{client: ms.client, conn: ms.client.ActiveConnection(), avoided: context.Background()}
+	if !ms.steer || len(eps) == 0 || ms.closed {
+		return itself
+	}
+	ep := eps[i%len(eps)]
+	if m := ms.byEP[ep]; m != nil {
+		return m
+	}
+	conn, err := ms.client.Dial(ep)
+	if err != nil {
+		return itself
+	}
+	c := clientv3.NewCtxClient(context.Background(), clientv3.WithZapLogger(ms.client.GetLogger()))
+	c.KV = clientv3.NewKVFromKVClient(pb.NewKVClient(conn), ms.client)
+	c.Watcher = clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), ms.client)
+	c.Lease = clientv3.NewLeaseFromLeaseClient(pb.NewLeaseClient(conn), ms.client, 0)
+	m := &member{ep: ep, conn: conn, client: c}
+	m.avoided, m.moved = context.WithCancelCause(context.Background())
+	ms.byEP[ep] = m
+	return m
+}
+
+// use returns the client to send one request with, the context to send it
+// on (ctx, cut short with cause errAvoided if the Locker moves away from
+// the member meanwhile), and the function to call with the request's error
+// once it is answered or has failed. The member it went to is probed when
+// the request goes unanswered for probeAfter, or fails as a member that
+// cannot be reached does: a killed member's connection refuses every
+// request at once, and would otherwise keep the Locker's requests failing
+// until it is back.
+func (ms *members) use(ctx context.Context) (context.Context, *clientv3.Client, func(error)) {
+	m, avoided := ms.pickWhile()
+	rctx, cancel := context.WithCancelCause(ctx)
+	unhook := context.AfterFunc(avoided, func() { cancel(errAvoided) })
+	t := time.AfterFunc(probeAfter, func() { ms.probe(m) })
+	return rctx, m.client, func(err error) {
+		t.Stop()
+		unhook()
+		cancel(nil)
+		if unreachable(err) {
+			ms.probe(m)
+		}
+	}
+}
+
+// attemptTimeout bounds each attempt of a request that repeat may send
+// again. A request sent while the cluster elects a leader can be lost with
+// its proposal (forwarded to a leader that is gone) and would then hold
+// all of its time: an election is over in a second or two, and the next
+// attempt lands then.
+const attemptTimeout = time.Second
+
+// repeat sends an idempotent request, f, until it is answered or ctx ends
+// (ctx carries the request's whole bound): in attempts of attemptTimeout at
+// most, again after an attempt that timed out or could not reach a member,
+// each time on the member pinned then. It returns the last attempt's error.
+// Any other error (one the server answered, a closed client) ends it.
+func (ms *members) repeat(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
+	pause := driver.Backoff{Min: 20 * time.Millisecond, Max: 250 * time.Millisecond}
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		rctx, c, answered := ms.use(actx)
+		err := f(rctx, c)
+		answered(err)
+		timedOut := actx.Err() != nil || errors.Is(context.Cause(rctx), errAvoided)
+		cancel()
+		if err == nil || ctx.Err() != nil || !(timedOut || unreachable(err)) {
+			return err
+		}
+		if driver.Sleep(ctx, pause.Next(), nil) != nil {
+			return err
+		}
+	}
+}
+
+// unreachable reports whether err is the failure of a request that could
+// not reach its member, or that the member could not serve (it knows no
+// leader).
+func unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	return errors.As(err, &ee) && ee.Code() == codes.Unavailable
+}
+
+// changes returns a channel closed when another member is pinned.
+func (ms *members) changes() <-chan struct{} {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.changed
+}
+
+// probe checks, once at a time per member, that m answers at all, and pins
+// the next endpoint when it does not.
+func (ms *members) probe(m *member) {
+	if m.ep == "" || !m.probing.CompareAndSwap(false, true) {
+		return
+	}
+	ms.mu.Lock()
+	if ms.closed {
+		ms.mu.Unlock()
+		m.probing.Store(false)
+		return
+	}
+	ms.probes.Add(1)
+	ms.mu.Unlock()
+	go func() {
+		defer ms.probes.Done()
+		defer m.probing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		resp, err := pb.NewMaintenanceClient(m.conn).Status(ctx, &pb.StatusRequest{})
+		if err == nil && resp.Leader != 0 {
+			return
+		}
+		ms.avoid(m)
+	}()
+}
+
+// avoid pins another endpoint than m's, if m is still the pinned member:
+// the first after it, in the client's order, whose connection is not known
+// to be failing. During an election every member knows no leader, and the
+// pin moves from one to the next; it must not move to the member that was
+// killed, whose connection refuses, or waits for, every request until it is
+// back.
+func (ms *members) avoid(m *member) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return
+	}
+	// Whatever was sent to m waits for nothing.
+	m.moved(errAvoided)
+	m.avoided, m.moved = context.WithCancelCause(context.Background())
+	if ms.pinned != m {
+		return
+	}
+	eps := ms.client.Endpoints()
+	i := slices.Index(eps, m.ep)
+	var next *member
+	for j := 1; j <= len(eps); j++ {
+		c := ms.member(i + j)
+		if next == nil || health(c) < health(next) {
+			next = c
+		}
+	}
+	if next == nil {
+		return
+	}
+	if health(next) == failing {
+		// Every connection fails: try the chosen one now rather than at
+		// the end of its reconnection backoff, which grows to minutes.
+		next.conn.ResetConnectBackoff()
+	}
+	ms.pinned = next
+	close(ms.changed)
+	ms.changed = make(chan struct{})
+}
+
+// How usable a member's connection looks, best first.
+const (
+	usable = iota
+	connecting
+	failing
+)
+
+// health is how usable m's connection looks: a connection not yet used is
+// as good as a ready one.
+func health(m *member) int {
+	switch m.conn.GetState() {
+	case connectivity.Idle, connectivity.Ready:
+		return usable
+	case connectivity.Connecting:
+		return connecting
+	default:
+		return failing
+	}
+}
+
+// close closes the connections the Locker dialed, once nothing of the
+// Locker sends on them any more.
+func (ms *members) close() {
+	ms.mu.Lock()
+	ms.closed = true
+	byEP, unhook := ms.byEP, ms.unhook
+	ms.byEP = nil
+	ms.mu.Unlock()
+	unhook()
+	ms.probes.Wait()
+	for _, m := range byEP {
+		m.client.Close()
+		m.conn.Close()
+	}
+}

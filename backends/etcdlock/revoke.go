@@ -1,0 +1,153 @@
+package etcdlock
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// RevokedPrefix is the etcd key prefix under which ForceRelease tells a
+// holder's session that its key was taken: <RevokedPrefix><session's lease
+// id in hex>/<the contender key>. The marker is attached to the holder's own
+// etcd lease, so it never outlives that session, and the session deletes it
+// once it has seen it. An escaped lock name cannot contain '/', so no lock
+// directory (KeyDir) lies under it, and List skips it; with etcd's
+// authentication on, the users of a Locker need read and write access to it.
+const RevokedPrefix = "warden/revoked/"
+
+var _ driver.RevocableLease = (*lease)(nil)
+
+// revokedDir is the directory of the markers of the session whose etcd lease
+// is id.
+func revokedDir(id clientv3.LeaseID) string {
+	return RevokedPrefix + strconv.FormatInt(int64(id), 16) + "/"
+}
+
+// track registers le, whose key is about to be put, so that a marker naming
+// its key finds it.
+func (s *session) track(le *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leases[le.own] = le
+}
+
+// forget drops le: it was released, or never granted. A revocation found
+// later is not reported.
+func (s *session) forget(le *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leases[le.own] == le {
+		delete(s.leases, le.own)
+	}
+	le.onRevoke = nil
+}
+
+// OnRevoke implements driver.RevocableLease. A forced release (ForceRelease)
+// leaves a marker that the session's watch receives; f is called on the
+// watch's goroutine, or at once when the marker has already been seen.
+//
+// A watch on a frozen member (a stopped process, a stalled disk) neither
+// delivers nor fails, so a revocation may then be reported only once the
+// watch is served again, or never if the session ends first. The forced
+// release itself does not wait for it: the storage's fencing is what refuses
+// the old holder's writes meanwhile.
+func (le *lease) OnRevoke(f func()) {
+	s := le.s
+	s.mu.Lock()
+	switch {
+	case le.revoked:
+	case s.leases[le.own] == le && !s.lost():
+		le.onRevoke = f
+		f = nil
+	default:
+		f = nil // released, never granted or its session lost: nothing to report
+	}
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// revoked reports the forced release of the contender key own.
+func (s *session) revoked(own string) {
+	s.mu.Lock()
+	le := s.leases[own]
+	var f func()
+	if le != nil {
+		delete(s.leases, own)
+		le.revoked = true
+		f, le.onRevoke = le.onRevoke, nil
+	}
+	s.mu.Unlock()
+	if f != nil && !s.lost() {
+		f()
+	}
+}
+
+// watchRevocations watches the session's marker directory until the
+// session ends, reporting each marker once it appears and then deleting it.
+// A watch that fails (a member that loses its leader cancels it, since it
+// is required) is created again; each new watch is followed by a read of
+// the directory, so that a marker put while no watch ran is not missed.
+func (s *session) watchRevocations() {
+	dir := revokedDir(s.id)
+	for {
+		s.watchRevocationsOnce(dir)
+		if driver.Sleep(s.kctx, retryDelay, s.done) != nil || s.lost() {
+			return
+		}
+	}
+}
+
+// watchRevocationsOnce runs one watch of the marker directory dir, on the
+// member the Locker sends its requests to, until it fails, that member is
+// no longer the one, or the session ends.
+func (s *session) watchRevocationsOnce(dir string) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.kctx))
+	defer cancel()
+	moved := s.l.members.changes()
+	wch := s.l.members.pick().client.Watch(ctx, dir, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-moved:
+			return
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				return
+			}
+			var keys []string
+			if wr.Created {
+				rctx, rcancel := s.timeout.ctx(ctx)
+				mctx, c, answered := s.l.members.use(rctx)
+				resp, err := c.Get(mctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+				answered(err)
+				rcancel()
+				if err != nil {
+					return
+				}
+				for _, kv := range resp.Kvs {
+					keys = append(keys, string(kv.Key))
+				}
+			}
+			for _, ev := range wr.Events {
+				keys = append(keys, string(ev.Kv.Key))
+			}
+			for _, k := range keys {
+				s.revoked(strings.TrimPrefix(k, dir))
+				// Best effort: the marker goes with the session's lease
+				// anyway.
+				rctx, rcancel := s.timeout.ctx(ctx)
+				mctx, c, answered := s.l.members.use(rctx)
+				_, err := c.Delete(mctx, k)
+				answered(err)
+				rcancel()
+			}
+		}
+	}
+}
