@@ -12,24 +12,40 @@
 //
 //	validity = ttl - elapsed - drift,   drift = ttl*0.01 + 2ms
 //
-// On any failure the owner's votes are withdrawn from ALL nodes, including
-// those whose answer was lost or late, since they may have granted it.
-// Refresh (owner-checked PEXPIRE) also needs a majority within the validity;
-// Release is owner-checked on every node. A lease's Expiry is the start of
-// the round that granted or last extended it plus ttl - drift, so guard
-// cancels the section before the votes can have lapsed on any node.
+// On any failure the owner's votes are withdrawn from every node that may
+// hold one: those that granted it and those whose answer was lost or late.
+// A node that refused held another owner's vote, so the attempt's cannot be
+// there. Every attempt has an owner id of its own, so a withdrawal still
+// under way on a slow node never removes a later attempt's vote. Refresh
+// (owner-checked PEXPIRE) also needs a majority within the validity; Release
+// is owner-checked, and returns once a majority has withdrawn the votes (the
+// others follow in the background, within the node timeout). A lease's
+// Expiry is the start of the round that granted or last extended it plus
+// ttl - drift, so guard cancels the section before the votes can have lapsed
+// on any node.
 //
 // # Fencing tokens
 //
 // RedLock alone offers no fencing token, which is the heart of Martin
 // Kleppmann's objection to it: a holder paused past its validity cannot tell
 // that its lock is gone, so the storage it writes to must refuse it. Here each
-// node keeps a fence counter beside the lock key. Each granting node reports
-// its counter; the token is the highest plus one, and it is written back
-// (never lowering a counter, and only where the owner still holds the node's
-// vote) to a majority before Acquire returns. Any two majorities share a
-// node, so a later lease reads a counter at least as high as every earlier
-// token, and tokens increase.
+// node keeps a fence counter beside the lock key, and a token is only handed
+// out once it is recorded as the fence of a majority, never lowering a
+// counter. Any two majorities share a node, so a later lease finds a fence at
+// least as high as every earlier token, and tokens increase.
+//
+// Recording usually costs nothing extra: the acquiring round proposes a
+// token, and a node that grants its vote also records the proposal when it
+// is above the node's fence, in the same script. The Locker proposes the
+// highest fence the nodes have reported to it, moved on by the local
+// monotonic time elapsed since; fences follow the nodes' clocks (see below),
+// so the proposal is usually ahead of them all. When fewer than a majority
+// record it (the Locker's first round, a node ahead of the others), the
+// token is one above the highest fence the granting nodes reported, written
+// back to them, where the owner still holds the vote, in a second round
+// before Acquire returns. A node does not record a proposal more than the
+// node timeout ahead of its clock, so fences never run further ahead of the
+// clocks than that.
 //
 // Mutual exclusion holds under an assumption the docs must state plainly:
 // nodes keep their data. A node that restarts without persistence (or with
@@ -37,11 +53,11 @@
 // holders may overlap. Run the nodes with appendonly yes and appendfsync
 // always, or keep a restarted node out of service for longer than the
 // largest TTL (delayed restart). Tokens still grow when counters are lost:
-// a node that votes reports the greater of its counter and its clock in
-// microseconds, so a token issued after nodes forgot their counters is past
-// every earlier one unless their clocks run behind by more than the time
-// they were away. That is what lets fenced storage refuse the stale holder
-// of such an overlap.
+// a node that votes takes the greater of its counter and its clock in
+// microseconds as its fence, so a token issued after nodes forgot their
+// counters is past every earlier one unless their clocks run behind by more
+// than the time they were away, less the node timeout. That is what lets
+// fenced storage refuse the stale holder of such an overlap.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

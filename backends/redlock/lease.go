@@ -16,6 +16,10 @@ type lease struct {
 	l          *Locker
 	key, owner string
 	token      uint64
+	// votes are the nodes that may hold the owner's vote: those that
+	// granted it or did not answer. The others refused it, holding another
+	// owner's, so it cannot be there; refreshes and the release skip them.
+	votes []int
 	// expiry is Expiry in nanoseconds after epoch: a refresh moves it while
 	// guard reads it.
 	expiry atomic.Int64
@@ -35,8 +39,8 @@ func (ls *lease) Token() uint64 { return ls.token }
 // allowance.
 func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.Load())) }
 
-// Refresh implements driver.Lease: it extends the owner's votes on every
-// node still holding them, and succeeds only when a majority extended them
+// Refresh implements driver.Lease: it extends the owner's votes on the nodes
+// that may hold them, and succeeds only when a majority extended them
 // before the new expiry.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
@@ -44,7 +48,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	start := time.Now()
 	rs := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
 		return l.refresh.Run(ctx, n, []string{lock}, ls.owner, ttl.Milliseconds()).Int64()
-	})
+	}, ls.votes...)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)
 	if held >= l.quorum && time.Now().Before(expiry) {
@@ -60,11 +64,14 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	return fmt.Errorf("%w: held on %d of %d nodes, no majority", driver.ErrNotHeld, held, len(l.nodes))
 }
 
-// Release implements driver.Lease: it withdraws the owner's votes from
-// every node.
+// Release implements driver.Lease: it withdraws the owner's votes from the
+// nodes that may hold them. It returns once a majority has withdrawn them,
+// when the lock is free to take; the other nodes' withdrawals finish in the
+// background (within the node timeout). They cannot touch a later lease's
+// votes: every attempt has an owner id of its own.
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
-	rs := l.releaseAll(ctx, ls)
+	rs := l.withdraw(ctx, ls.key, ls.owner, ls.votes, l.quorum)
 	held, failed := count(rs)
 	if held < l.quorum && failed > 0 && held+failed >= l.quorum {
 		// Whether a majority still holds the owner's votes is unknown; they

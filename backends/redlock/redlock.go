@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -36,6 +37,11 @@ type Locker struct {
 	maxBackoff  time.Duration
 
 	acquire, fence, release, refresh *goredis.Script
+
+	// fenceBase is the highest fence a node reported, less the local
+	// monotonic time (µs since epoch) at which the round that read it was
+	// sent: the base of token proposals (see propose). 0 until known.
+	fenceBase atomic.Int64
 }
 
 // Option configures a Locker.
@@ -139,7 +145,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, key: key, owner: rand.Text()}
+	ls := &lease{l: l, key: key}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
 	for {
 		hint, err := l.try(ctx, ls, opts.TTL)
@@ -159,18 +165,27 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	}
 }
 
-// try makes one attempt. On failure it has released every node (including
-// those whose answer it did not get) and returns how long the holder's votes
-// still last, as a hint for the next attempt.
+// try makes one attempt. On failure it has withdrawn the owner's votes from
+// every node that may hold one (including those whose answer it did not
+// get) and returns how long the holder's votes still last, as a hint for the
+// next attempt.
 func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Duration, error) {
+	// An owner id of its own for every attempt: a withdrawal of an earlier
+	// attempt that is still under way on a slow node can then never remove
+	// a vote this attempt counts. The calls of this attempt that may outlive
+	// it read this variable, never ls.
+	owner := rand.Text()
 	start := time.Now()
-	ms := ttl.Milliseconds()
+	proposal := l.propose(start)
 	lock, fence := keysOf(ls.key)
 	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.acquire.Run(ctx, n, []string{lock, fence}, ls.owner, ms).Int64Slice()
+		return l.acquire.Run(ctx, n, []string{lock, fence}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()).Int64Slice()
 	})
 	var (
 		granted  []int
+		mine     []int // nodes that may hold the owner's vote: granted, or no answer
+		recorded int   // granting nodes that recorded the proposal
+		tooHigh  bool  // a node found the proposal too far ahead of its clock
 		maxFence int64
 		failed   int
 		hint     time.Duration
@@ -179,17 +194,26 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 		switch {
 		case v.err != nil:
 			failed++
+			mine = append(mine, i)
 		case v.val.([]int64)[0] == 1:
 			granted = append(granted, i)
-			maxFence = max(maxFence, v.val.([]int64)[1])
+			mine = append(mine, i)
+			f, ok := v.val.([]int64)[1], v.val.([]int64)[2] == 1
+			maxFence = max(maxFence, f)
+			if ok {
+				recorded++
+			} else if f < proposal {
+				tooHigh = true
+			}
 		default:
 			if p := time.Duration(v.val.([]int64)[1]) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
 				hint = p
 			}
 		}
 	}
+	l.learn(start, maxFence, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.releaseAll(ctx, ls)
+		l.withdraw(ctx, ls.key, owner, mine, 0)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -198,32 +222,67 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 	if len(granted) < l.quorum {
 		return fail(l.shortfall(failed, firstErr(votes)))
 	}
-	// The token goes above every counter in this majority, and is written
-	// back to all of it before the lease is handed out: any later majority
-	// shares a node with this one and reads a counter at least this high.
-	token := maxFence + 1
-	written := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.fence.Run(ctx, n, []string{lock, fence}, ls.owner, token).Int64()
-	}, granted...)
-	ok, unwritten := 0, 0
-	for _, w := range written {
-		switch {
-		case w.err != nil:
-			unwritten++
-		case w.val.(int64) == 1:
-			ok++
+	token := proposal
+	if recorded < l.quorum {
+		// Too few nodes recorded the proposal. The token then goes above
+		// every fence in this majority, and is written back to all of it
+		// before the lease is handed out: any later majority shares a node
+		// with this one and reads a fence at least this high.
+		token = maxFence + 1
+		written := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
+			return l.fence.Run(ctx, n, []string{lock, fence}, owner, token).Int64()
+		}, granted...)
+		ok, unwritten := count(written)
+		if ok < l.quorum {
+			return fail(l.shortfall(failed+unwritten, firstErr(written)))
 		}
-	}
-	if ok < l.quorum {
-		return fail(l.shortfall(failed+unwritten, firstErr(written)))
 	}
 	expiry := l.expiry(ttl, start)
 	if !time.Now().Before(expiry) {
 		return fail(fmt.Errorf("%w: acquiring took longer than the TTL %v", driver.ErrNotAcquired, ttl))
 	}
+	ls.owner = owner
 	ls.token = uint64(token)
+	ls.votes = mine
 	ls.setExpiry(expiry)
 	return 0, nil
+}
+
+// propose is the token to propose in a round sent at sent: the highest
+// fence the nodes reported so far, moved on by the local time elapsed since
+// the round that read it was sent. Fences follow the nodes' clocks, and the
+// base keeps the slowest answer's latency, so this is usually above every
+// node's fence and the round needs no second step to write its token back.
+// Only the local monotonic clock is read, never the wall clock: a wrong
+// guess costs that second step, never safety, since nodes record only
+// proposals above their fence. It is 0 (recorded nowhere) until a node has
+// reported a fence.
+func (l *Locker) propose(sent time.Time) int64 {
+	base := l.fenceBase.Load()
+	if base == 0 {
+		return 0
+	}
+	return base + sent.Sub(epoch).Microseconds() + 1
+}
+
+// learn moves the base of proposals to the highest fence the nodes reported
+// to a round sent at sent. The base only rises, unless a node found the
+// proposal too far ahead of its clock: the base is then this round's.
+func (l *Locker) learn(sent time.Time, fence int64, tooHigh bool) {
+	if fence <= 0 {
+		return
+	}
+	base := fence - sent.Sub(epoch).Microseconds()
+	if tooHigh {
+		l.fenceBase.Store(base)
+		return
+	}
+	for {
+		cur := l.fenceBase.Load()
+		if base <= cur || l.fenceBase.CompareAndSwap(cur, base) {
+			return
+		}
+	}
 }
 
 // expiry is the time before which the votes of a round that started at
@@ -244,14 +303,20 @@ func (l *Locker) shortfall(failed int, cause error) error {
 	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
-// releaseAll withdraws the owner's votes from every node, those that seemed
-// to fail included: a node may have granted a vote whose answer was lost.
-func (l *Locker) releaseAll(ctx context.Context, ls *lease) []result {
+// withdraw removes owner's votes for key from the nodes which (their
+// indexes into l.nodes), whatever ctx's state: a node may have granted a vote
+// whose answer was lost. With enough above 0 it returns as soon as that many
+// nodes removed a vote, and the others finish in the background; otherwise
+// it waits for every answer, or the node timeout.
+func (l *Locker) withdraw(ctx context.Context, key, owner string, which []int, enough int) []result {
+	if len(which) == 0 {
+		return nil
+	}
 	ctx = context.WithoutCancel(ctx)
-	lock, _ := keysOf(ls.key)
-	return l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.release.Run(ctx, n, []string{lock}, ls.owner).Int64()
-	})
+	lock, _ := keysOf(key)
+	return l.gather(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
+		return l.release.Run(ctx, n, []string{lock}, owner).Int64()
+	}, enough, which...)
 }
 
 type result struct {
@@ -264,6 +329,13 @@ type result struct {
 // counts as failed even if its client ignores the context's deadline: its
 // call finishes in the background.
 func (l *Locker) each(ctx context.Context, f func(context.Context, goredis.UniversalClient) (any, error), which ...int) []result {
+	return l.gather(ctx, f, 0, which...)
+}
+
+// gather is each, returning early once enough nodes (when above 0) answered
+// 1; the nodes that have not answered by then count as failed, and their
+// calls finish in the background.
+func (l *Locker) gather(ctx context.Context, f func(context.Context, goredis.UniversalClient) (any, error), enough int, which ...int) []result {
 	if len(which) == 0 {
 		which = make([]int, len(l.nodes))
 		for i := range which {
@@ -287,11 +359,17 @@ func (l *Locker) each(ctx context.Context, f func(context.Context, goredis.Unive
 	timeout := time.NewTimer(l.nodeTimeout)
 	defer timeout.Stop()
 	got := make([]bool, len(which))
+	ones := 0
 	for range which {
 		select {
 		case a := <-answers:
 			out[a.i], got[a.i] = a.result, true
-			continue
+			if v, ok := a.val.(int64); ok && a.err == nil && v == 1 {
+				ones++
+			}
+			if enough == 0 || ones < enough {
+				continue
+			}
 		case <-timeout.C:
 		case <-ctx.Done():
 		}

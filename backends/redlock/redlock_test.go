@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -262,5 +263,201 @@ func TestTokensGrowAfterNodesForget(t *testing.T) {
 	}
 	if next := grant(); next <= last {
 		t.Fatalf("token %d after the nodes restarted empty, not greater than %d before", next, last)
+	}
+}
+
+// counter counts the scripts its clients run, by SHA1, ignoring the commands
+// that set up connections.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (c *counter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			c.mu.Lock()
+			c.n[fmt.Sprint(cmd.Args()[1])]++
+			c.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// runs is how often the script ran since the last reset, which it does.
+func (c *counter) runs(s *goredis.Script) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[s.Hash()]
+}
+
+func (c *counter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n = map[string]int{}
+}
+
+// countedLocker is a Locker on the shared nodes whose scripts c counts.
+func countedLocker(t *testing.T, c *counter) *Locker {
+	t.Helper()
+	c.reset()
+	l := sharedLocker(t)
+	for _, n := range l.nodes {
+		n.AddHook(c)
+	}
+	return l
+}
+
+// settle lets the withdrawals a Release left in the background finish.
+func settle() { time.Sleep(100 * time.Millisecond) }
+
+// TestOneRoundPerStep: once a Locker has heard the nodes' fences, an
+// acquisition is one script per node, its token recorded in the same step
+// (no second round writes it back), and a release at most one more; tokens
+// still increase.
+func TestOneRoundPerStep(t *testing.T) {
+	var c counter
+	l := countedLocker(t, &c)
+	ctx := context.Background()
+	key := fmt.Sprintf("one-round/%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	var last uint64
+	cycle := func() {
+		t.Helper()
+		lease, err := l.Acquire(ctx, key, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.Token() <= last {
+			t.Fatalf("token %d after %d", lease.Token(), last)
+		}
+		last = lease.Token()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // learns the fences
+	settle()
+	c.reset()
+	const cycles = 5
+	for range cycles {
+		cycle()
+	}
+	settle()
+	if got, want := c.runs(l.acquire), cycles*len(l.nodes); got != want {
+		t.Errorf("%d acquiring scripts for %d cycles on %d nodes, want %d", got, cycles, len(l.nodes), want)
+	}
+	if got := c.runs(l.fence); got != 0 {
+		t.Errorf("%d fence scripts: tokens were written back in a second round", got)
+	}
+	if got, most := c.runs(l.release), cycles*len(l.nodes); got > most {
+		t.Errorf("%d releasing scripts for %d cycles on %d nodes, want at most %d", got, cycles, len(l.nodes), most)
+	}
+}
+
+// TestRefusingNodesAreLeftAlone: an attempt that every node refuses (the lock
+// is another owner's) withdraws nothing, since a refusing node cannot hold
+// the attempt's vote.
+func TestRefusingNodesAreLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprintf("refused/%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	held, err := sharedLocker(t).Acquire(ctx, key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	var c counter
+	l := countedLocker(t, &c)
+	if _, err := l.Acquire(ctx, key, opts); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("got %v, want ErrNotAcquired", err)
+	}
+	if got := c.runs(l.acquire); got != len(l.nodes) {
+		t.Errorf("%d acquiring scripts, want one per node", got)
+	}
+	if got := c.runs(l.release); got != 0 {
+		t.Errorf("%d withdrawals after an attempt every node refused, want none", got)
+	}
+}
+
+// TestOwnVoteCounts: a node that already holds the owner's vote (the call
+// was sent again after its answer was lost) grants it again with a fresh TTL
+// instead of refusing it, so that a refusal always means another owner's
+// vote.
+func TestOwnVoteCounts(t *testing.T) {
+	l := sharedLocker(t)
+	ctx := context.Background()
+	key := fmt.Sprintf("own-vote/%d", time.Now().UnixNano())
+	lock, fence := keysOf(key)
+	n := l.nodes[0]
+	defer n.Del(ctx, lock)
+	run := func(owner string, ttl int64) []int64 {
+		t.Helper()
+		v, err := l.acquire.Run(ctx, n, []string{lock, fence}, owner, ttl, 0, 0).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := run("a", 1000); v[0] != 1 {
+		t.Fatalf("free lock: %v, want granted", v)
+	}
+	if v := run("a", 5000); v[0] != 1 {
+		t.Fatalf("own vote: %v, want granted again", v)
+	}
+	if p := n.PTTL(ctx, lock).Val(); p <= time.Second {
+		t.Errorf("own vote granted again kept its TTL: %v left, want about 5s", p)
+	}
+	if v := run("b", 1000); v[0] != 0 {
+		t.Fatalf("another owner's vote: %v, want refused", v)
+	}
+}
+
+// TestTokensIncreaseWhateverTheProposals: Lockers whose proposals are far
+// ahead of the nodes' clocks or far behind their fences still hand out
+// increasing tokens (through the second round), and a proposal too far
+// ahead is not recorded, so tokens do not leap.
+func TestTokensIncreaseWhateverTheProposals(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprintf("proposals/%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	fresh, ahead, behind := sharedLocker(t), sharedLocker(t), sharedLocker(t)
+	lease, err := fresh.Acquire(ctx, key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := lease.Token()
+	lease.Release(ctx)
+	const hour = int64(time.Hour / time.Microsecond)
+	for round := range 3 {
+		if round < 2 {
+			ahead.fenceBase.Store(fresh.fenceBase.Load() + hour)
+			behind.fenceBase.Store(fresh.fenceBase.Load() - hour)
+		}
+		for name, l := range map[string]*Locker{"fresh": fresh, "ahead": ahead, "behind": behind} {
+			lease, err := l.Acquire(ctx, key, opts)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if lease.Token() <= last {
+				t.Fatalf("round %d, %s: token %d after %d", round, name, lease.Token(), last)
+			}
+			if lease.Token() > last+uint64(time.Minute/time.Microsecond) {
+				t.Errorf("round %d, %s: token %d leapt from %d", round, name, lease.Token(), last)
+			}
+			last = lease.Token()
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := ahead.fenceBase.Load(); got > fresh.fenceBase.Load()+hour/2 {
+		t.Errorf("a base found too far ahead stayed there")
 	}
 }
