@@ -58,6 +58,16 @@
 // listener stops a few seconds after the last waiter leaves, or on
 // Locker.Close.
 //
+// While its listener runs (it had waiters in the last few seconds) a Locker
+// announces its releases a millisecond late instead, by a statement of their
+// own, and not at all when an attempt of its own finds the lock taken again
+// before then (by itself, asking again at once, or by another process, whose
+// release is announced in its turn). A worker looping on a hot key then takes
+// it back without waking every listening process in vain: each would run an
+// attempt bound to fail, and every notification wakes every listening session
+// of the database. A handoff to another process waits that millisecond more.
+// Close sends the announcements still pending.
+//
 // Notifications only shorten pauses; polling stays the rule. A lost
 // notification, a listener that fails (it reconnects with backoff), or a
 // holder that died (no release, so no notification) costs a waiter at most

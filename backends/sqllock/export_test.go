@@ -1,6 +1,10 @@
 package sqllock
 
-import "time"
+import (
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+)
 
 // SetMinPause sets the first backoff pause. Raised to the maximum backoff, it
 // makes every pause long, so that a test can tell a handoff by notification
@@ -28,3 +32,10 @@ func Waiters(l *Locker, key string) int {
 	defer l.notes.mu.Unlock()
 	return len(l.notes.subs[key])
 }
+
+// SetAnnounceDelay sets how long a release by a Locker that had waiters
+// lately goes unannounced.
+func SetAnnounceDelay(l *Locker, d time.Duration) { l.announceDelay = d }
+
+// LeaseKey is the lock name of a lease l granted.
+func LeaseKey(l driver.Lease) string { return l.(*lease).key }

@@ -73,19 +73,30 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release implements driver.Lease. It moves the row's expiry to now and keeps
-// the row, so the version goes on growing. On PostgreSQL the same statement
-// notifies the table's channel, waking a waiter at once.
+// the row, so the version goes on growing. On PostgreSQL the release is
+// announced on the table's channel, waking a waiter at once: by the same
+// statement, or, when this Locker had waiters lately, by a statement a
+// moment later, unless an attempt of this Locker finds the lock taken again
+// first (see announcer).
 func (ls *lease) Release(ctx context.Context) error {
+	l := ls.l
 	args := []any{ls.key, ls.owner, ls.version}
-	if ls.l.channel != "" {
-		args = append(args, ls.l.channel)
+	query, deferred := l.q.release, l.channel != "" && l.notes.hot()
+	switch {
+	case deferred:
+		query = l.q.quietRelease
+	case l.channel != "":
+		args = append(args, l.channel)
 	}
-	held, err := ls.exec(ctx, ls.l.q.release, args...)
+	held, err := ls.exec(ctx, query, args...)
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
+	}
+	if deferred {
+		l.announcer.after(l, ls.key)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync/atomic"
 	"time"
@@ -52,17 +53,25 @@ type Locker struct {
 	// notes wakes this Locker's waiters on those notifications; nil when
 	// they only poll.
 	notes *notifier
+	// announcer defers the notification of releases while notes is hot.
+	announcer     announcer
+	announceDelay time.Duration
 }
 
 // queries are the lease-mode statements, built once per Locker because the
 // table name is spliced in.
 type queries struct {
-	acquire   string // upsert dialects: returns the new version when taken
-	readBack  string // MySQL: version of the row if this owner took it
-	refresh   string
-	release   string // on PostgreSQL, also notifies the channel (one more argument)
-	holds     string
-	remaining string
+	acquire string // upsert dialects: returns the new version when taken
+	// acquireOrLeft is PostgreSQL's acquire for a waiter's later attempts:
+	// it answers with the new version when taken, or else with the
+	// holder's time left.
+	acquireOrLeft string
+	readBack      string // MySQL: the row's owner, version and time left
+	refresh       string
+	release       string // on PostgreSQL, also notifies the channel (one more argument)
+	quietRelease  string // on PostgreSQL, the release without the notification
+	holds         string
+	remaining     string
 }
 
 // New returns a Locker on db. It does not touch the database: call Migrate
@@ -103,6 +112,8 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 		owner:      c.owner,
 		maxBackoff: c.maxBackoff,
 		minPause:   4 * time.Millisecond,
+
+		announceDelay: announceDelay,
 	}
 	if d.name == "postgres" && c.notify {
 		l.channel = channelName(c.table)
@@ -152,8 +163,9 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		release:   "UPDATE " + t + " SET lock_until = " + now + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
 		holds:     "SELECT count(*) FROM " + t + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
 		remaining: "SELECT lock_until - " + now + " FROM " + t + " WHERE name = ?",
-		readBack:  "SELECT version FROM " + t + " WHERE name = ? AND owner = ?",
+		readBack:  "SELECT owner, version, lock_until - " + now + " FROM " + t + " WHERE name = ?",
 	}
+	q.quietRelease = q.release
 	if notify {
 		// The notification is part of the releasing statement, hence of
 		// its transaction: PostgreSQL delivers it only if the release
@@ -171,6 +183,15 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
 			" lock_until = excluded.lock_until, locked_at = excluded.locked_at" +
 			" WHERE t.lock_until <= excluded.locked_at RETURNING version"
+		if d.name == "postgres" {
+			// A failed attempt also reads how long the holder has left,
+			// which a waiter needs, in the same statement. The read sees
+			// the statement's snapshot, which may be older than the row
+			// the upsert found: at worst the waiter retries early.
+			q.acquireOrLeft = "WITH a AS (" + q.acquire + ") SELECT version, NULL::bigint FROM a" +
+				" UNION ALL SELECT NULL, lock_until - " + now + " FROM " + t +
+				" WHERE name = ? AND NOT EXISTS (SELECT 1 FROM a)"
+		}
 		return q
 	}
 	// MySQL: ON DUPLICATE KEY UPDATE cannot filter, so every column is set
@@ -190,13 +211,15 @@ func buildQueries(d dialect, t string, notify bool) queries {
 	return q
 }
 
-// Close stops the Locker's PostgreSQL listener, if one runs, and waits for it
-// to end, returning its connection. The listener also stops by itself a few
-// seconds after the last waiting Acquire ends, so Close is needed only to end
-// it promptly, as at shutdown. Close does not release leases, and the Locker
-// stays usable; its waiting Acquire calls then poll only. It always returns
-// nil.
+// Close sends the release notifications still deferred (see the package
+// documentation), then stops the Locker's PostgreSQL listener, if one runs,
+// and waits for it to end, returning its connection. The listener also stops
+// by itself a few seconds after the last waiting Acquire ends, so Close is
+// needed only to end it promptly, as at shutdown. Close does not release
+// leases, and the Locker stays usable; its waiting Acquire calls then poll
+// only. It always returns nil.
 func (l *Locker) Close() error {
+	l.announcer.flush(l)
 	l.notes.close()
 	return nil
 }
@@ -271,11 +294,23 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair waiting", driver.ErrUnsupported)
 	}
-	var w *waiter
+	var (
+		w       *waiter
+		waiting bool // an attempt failed, and the waiter joined
+	)
 	defer func() { w.leave(lease == nil) }()
 	backoff := driver.Backoff{Min: l.minPause, Max: l.maxBackoff}
 	for {
-		got, err := l.try(ctx, key, opts.TTL, opts.Owner)
+		// A waiter's later attempts read the holder's time left as they
+		// go, where the database can; its first attempt is as short as
+		// an uncontended one.
+		mark := l.announcer.mark()
+		got, left, err := l.try(ctx, key, opts.TTL, opts.Owner, waiting)
+		if err == nil {
+			// Whoever holds the lock now, this Locker or another, will
+			// announce its own release.
+			l.announcer.taken(key, mark)
+		}
 		if got != nil {
 			return got, nil
 		}
@@ -288,17 +323,22 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		if err != nil && !errors.Is(err, driver.ErrUnavailable) {
 			return nil, err
 		}
-		if w == nil {
-			// Joined before remaining() reads the row, so that a release
-			// committed after that read is announced to this waiter.
-			w = l.notes.join(key)
+		if !waiting {
+			// Joined before the row is read again, so that a release
+			// committed after that read is announced to this waiter:
+			// the attempt read it before the waiter could hear.
+			w, waiting = l.notes.join(key), true
+			left = unknown
 		}
 		pause := backoff.Next()
 		if err == nil {
+			if left == unknown {
+				left, err = l.remaining(ctx, key)
+			}
 			// The holder's lease cannot end before its recorded expiry,
 			// so there is no point waking up after it either: retry as
 			// it ends (or at once when it already has).
-			if left, err := l.remaining(ctx, key); err == nil && left < pause {
+			if err == nil && left < pause {
 				pause = max(left, 0) + time.Millisecond
 			}
 		}
@@ -308,53 +348,86 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	}
 }
 
-// try makes one lease-mode attempt. It returns a nil lease and no error
-// when the lock is held by someone else.
-func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string) (*lease, error) {
+// unknown stands for a holder's time left that an attempt did not read.
+const unknown time.Duration = math.MinInt64
+
+// try makes one lease-mode attempt. It returns a nil lease and no error when
+// the lock is held by someone else, and then how long the holder's lease had
+// left (zero or less when none) when the attempt read it, or unknown.
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string, readLeft bool) (*lease, time.Duration, error) {
 	owner := labelled(l.leaseOwner(), label)
 	sent := time.Now()
 	var (
-		version int64
-		ok      bool
-		err     error
+		a   attempt
+		err error
 	)
 	for range retries {
-		version, ok, err = l.tryOnce(ctx, key, owner, ttl)
+		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft)
 		if err == nil || !retryable(err) {
 			break
 		}
 	}
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, unknown, driver.Unavailable(ctx, err)
 	}
-	if !ok {
-		return nil, nil
+	if !a.taken {
+		return nil, a.left, nil
 	}
-	return newLease(l, key, owner, version, ttl, sent), nil
+	return newLease(l, key, owner, a.version, ttl, sent), 0, nil
 }
 
-func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+// attempt is what one acquiring statement found.
+type attempt struct {
+	taken   bool
+	version int64         // when taken
+	left    time.Duration // when not taken: the holder's time left, or unknown
+}
+
+func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration, readLeft bool) (attempt, error) {
 	db := l.db.WithContext(ctx)
-	var version int64
-	if l.d.upsert {
+	var version, left sql.NullInt64
+	switch {
+	case readLeft && l.q.acquireOrLeft != "":
+		err := db.Raw(l.q.acquireOrLeft, key, owner, ttl.Microseconds(), key).Row().Scan(&version, &left)
+		if errors.Is(err, sql.ErrNoRows) {
+			// The row was inserted after the statement's snapshot.
+			return attempt{left: unknown}, nil
+		}
+		if err != nil {
+			return attempt{}, err
+		}
+		if version.Valid {
+			return attempt{taken: true, version: version.Int64}, nil
+		}
+		return attempt{left: micros(left.Int64)}, nil
+	case l.d.upsert:
 		err := db.Raw(l.q.acquire, key, owner, ttl.Microseconds()).Row().Scan(&version)
 		if errors.Is(err, sql.ErrNoRows) {
-			return 0, false, nil
+			return attempt{left: unknown}, nil
 		}
-		return version, err == nil, err
+		return attempt{taken: err == nil, version: version.Int64}, err
 	}
 	if err := db.Exec(l.q.acquire, key, owner, ttl.Microseconds()).Error; err != nil {
-		return 0, false, err
+		return attempt{}, err
 	}
 	// The owner id is unique to this attempt, so finding it in the row
 	// means this attempt took the lock. Reading in a separate statement is
 	// safe: the row can change owner again only after our lease expires.
-	err := db.Raw(l.q.readBack, key, owner).Row().Scan(&version)
+	var holder string
+	err := db.Raw(l.q.readBack, key).Row().Scan(&holder, &version, &left)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
+		return attempt{left: unknown}, nil
 	}
-	return version, err == nil, err
+	if err != nil {
+		return attempt{}, err
+	}
+	if holder == owner {
+		return attempt{taken: true, version: version.Int64}, nil
+	}
+	return attempt{left: micros(left.Int64)}, nil
 }
+
+func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
 
 // leaseOwner is the owner id of one acquisition: the Locker's id and a
 // counter, so that a new lease never mistakes an older lease of the same
@@ -366,13 +439,13 @@ func (l *Locker) leaseOwner() string {
 // remaining is how long the current holder's lease has left by the
 // database's clock (zero or less when none).
 func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
-	var micros int64
-	err := l.db.WithContext(ctx).Raw(l.q.remaining, key).Row().Scan(&micros)
+	var n int64
+	err := l.db.WithContext(ctx).Raw(l.q.remaining, key).Row().Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, driver.Unavailable(ctx, err)
 	}
-	return time.Duration(micros) * time.Microsecond, nil
+	return micros(n), nil
 }

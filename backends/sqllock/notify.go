@@ -134,6 +134,17 @@ func (n *notifier) join(name string) *waiter {
 	return w
 }
 
+// hot reports whether the listener runs, as it does while this Locker has
+// waiters and for listenIdle after; false on a nil notifier.
+func (n *notifier) hot() bool {
+	if n == nil {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cancel != nil
+}
+
 // wake is the channel a wake-up for w arrives on; nil (never ready) for a
 // nil waiter.
 func (w *waiter) wake() <-chan struct{} {

@@ -110,6 +110,21 @@ func handedOver(t testing.TB, lease driver.Lease, out <-chan result) driver.Leas
 	}
 }
 
+// awaited has holder take a fresh key and waiter wait for it, for up to a
+// minute: it returns the holder's lease and where the waiter's result will
+// arrive.
+func awaited(t *testing.T, holder, waiter *sqllock.Locker) (driver.Lease, <-chan result) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	k := uniqueKey(t)
+	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lease, waitFor(t, ctx, waiter, k)
+}
+
 // TestNotifyHandoff: on PostgreSQL a release wakes a waiter of another
 // process at once, although the waiter's next poll is at least 15s away.
 func TestNotifyHandoff(t *testing.T) {
@@ -118,15 +133,7 @@ func TestNotifyHandoff(t *testing.T) {
 	holder := newLocker(t, migrated(t, db, dsn))
 	waiter := slowWaiter(t, openDB(t, db, dsn))
 	warmUp(t, waiter, holder)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-
-	k := uniqueKey(t)
-	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := waitFor(t, ctx, waiter, k)
+	lease, out := awaited(t, holder, waiter)
 	_, _, before := sqllock.ListenStats(waiter)
 	got := handedOver(t, lease, out)
 	defer got.Release(context.Background())
@@ -188,18 +195,10 @@ func TestNotifyListenerLost(t *testing.T) {
 	holder := newLocker(t, admin, opts...)
 	waiter := slowWaiter(t, openDB(t, db, dsn), opts...)
 	warmUp(t, waiter, holder)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-
-	k := uniqueKey(t)
-	lease, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := waitFor(t, ctx, waiter, k)
+	lease, out := awaited(t, holder, waiter)
 	listens, _, _ := sqllock.ListenStats(waiter)
 	var killed int64
-	err = admin.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = ?",
+	err := admin.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = ?",
 		`LISTEN "`+sqllock.Channel(waiter)+`"`).Row().Scan(&killed)
 	if err != nil || killed == 0 {
 		t.Fatalf("terminate the listener: %d killed, %v", killed, err)
@@ -245,5 +244,70 @@ func TestWithoutNotify(t *testing.T) {
 	r.lease.Release(ctx)
 	if listens, _, _ := sqllock.ListenStats(waiter); listens != 0 {
 		t.Errorf("%d listens with WithoutNotify", listens)
+	}
+}
+
+// hotPair returns a holder whose own listener runs (it waited lately, so its
+// releases are announced a moment after the fact) and a slow-polling waiter
+// whose listener runs too.
+func hotPair(t *testing.T) (holder, waiter *sqllock.Locker) {
+	t.Helper()
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder = newLocker(t, migrated(t, db, dsn))
+	waiter = slowWaiter(t, openDB(t, db, dsn))
+	warmUp(t, holder, waiter)
+	warmUp(t, waiter, holder)
+	return holder, waiter
+}
+
+// TestDeferredAnnouncement: a release by a Locker that had waiters lately is
+// announced a moment later, and wakes a waiter of another process.
+func TestDeferredAnnouncement(t *testing.T) {
+	holder, waiter := hotPair(t)
+	lease, out := awaited(t, holder, waiter)
+	handedOver(t, lease, out).Release(context.Background())
+}
+
+// TestTakenBackIsNotAnnounced: a holder that takes the lock back at once
+// wakes nobody; its next release, not taken back, is announced.
+func TestTakenBackIsNotAnnounced(t *testing.T) {
+	holder, waiter := hotPair(t)
+	sqllock.SetAnnounceDelay(holder, 300*time.Millisecond)
+	lease, out := awaited(t, holder, waiter)
+	ctx := context.Background()
+	_, _, before := sqllock.ListenStats(waiter)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := holder.Acquire(ctx, sqllock.LeaseKey(lease), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("taking the lock back: %v", err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if _, _, after := sqllock.ListenStats(waiter); after != before {
+		t.Errorf("a release taken back woke %d waiters", after-before)
+	}
+	handedOver(t, lease, out).Release(ctx)
+}
+
+// TestCloseAnnounces: Close sends the announcements still deferred, so that
+// a process that releases and shuts down leaves no waiter to its next poll.
+func TestCloseAnnounces(t *testing.T) {
+	holder, waiter := hotPair(t)
+	sqllock.SetAnnounceDelay(holder, time.Hour)
+	lease, out := awaited(t, holder, waiter)
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	holder.Close()
+	select {
+	case r := <-out:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		r.lease.Release(context.Background())
+	case <-time.After(handoffDeadline):
+		t.Fatalf("the waiter did not get the lock within %v of the holder's Close", handoffDeadline)
 	}
 }
