@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -41,8 +44,8 @@ func backendURLs(t *testing.T) map[string]string {
 // TestOnEveryBackend holds a lock as a service would, then looks at it,
 // refuses to release it on a "no", releases it on a "yes" (the holder's
 // context is cancelled, whether its backend renews it per lock or keeps it
-// on a session, and the next holder's token is greater), and shows an
-// idempotency record without its owner token.
+// on a session, and another service waiting meanwhile gets the lock with a
+// greater token), and shows an idempotency record without its owner token.
 func TestOnEveryBackend(t *testing.T) {
 	for name, url := range backendURLs(t) {
 		t.Run(name, func(t *testing.T) {
@@ -83,6 +86,31 @@ func TestOnEveryBackend(t *testing.T) {
 			if code != 1 || !strings.Contains(errOut, "not released") || held.Err() != nil {
 				t.Fatalf("release answered no: %d %q, holder %v; want exit 1 and the lock kept", code, errOut, held.Err())
 			}
+			// Another service waits for the lock meanwhile, on clients of
+			// its own; its waiters gauge says when it is in Lock.
+			reader := sdkmetric.NewManualReader()
+			o2 := backendurl.NewOpener()
+			t.Cleanup(o2.Close)
+			locker2, err := o2.Locker(ctx, u, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g2, err := guard.New(locker2, guard.WithOwner("orders-svc/8"), guard.WithTTL(ttl),
+				guard.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type grant struct {
+				l   *guard.Lock
+				err error
+			}
+			granted := make(chan grant, 1)
+			go func() {
+				l, err := g2.Lock(ctx, key, guard.WaitAtMost(10*ttl))
+				granted <- grant{l, err}
+			}()
+			waitFor(t, "the second service to wait", func() bool { return waiting(t, reader) == 1 })
+
 			code, out, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", key)
 			if code != 0 || !strings.Contains(out, "released "+key+" from orders-svc/7") {
 				t.Fatalf("release answered yes: %d %q %q", code, out, errOut)
@@ -95,14 +123,14 @@ func TestOnEveryBackend(t *testing.T) {
 			if !errors.Is(held.Err(), guard.ErrLockLost) {
 				t.Fatalf("the old holder's Err: %v, want ErrLockLost", held.Err())
 			}
-			next, err := g.TryLock(ctx, key)
-			if err != nil {
-				t.Fatalf("the next holder: %v", err)
+			w := <-granted
+			if w.err != nil {
+				t.Fatalf("the waiting service: %v", w.err)
 			}
-			if next.Token() <= held.Token() {
-				t.Fatalf("next token %d after %d", next.Token(), held.Token())
+			if w.l.Token() <= held.Token() {
+				t.Fatalf("the waiter's token %d after %d", w.l.Token(), held.Token())
 			}
-			next.Unlock(ctx)
+			w.l.Unlock(ctx)
 
 			if code, out, errOut := cliRun(t, "", "-lock", url, "ping"); code != 0 || !strings.Contains(out, "answered") {
 				t.Fatalf("ping: %d %q %q", code, out, errOut)
@@ -198,4 +226,36 @@ func TestMain(m *testing.M) {
 	// The CLI reads WARDEN_LOCK; the tests give -lock or expect its absence.
 	os.Unsetenv("WARDEN_LOCK")
 	os.Exit(m.Run())
+}
+
+// waiting is the number of acquisitions the Guard measured by reader waits in.
+func waiting(t *testing.T, reader *sdkmetric.ManualReader) int64 {
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "warden.lock.waiters" {
+				for _, dp := range sum.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// waitFor waits, up to a deadline far beyond what it should take, until
+// cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
