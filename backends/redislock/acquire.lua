@@ -6,10 +6,12 @@
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] waiters (zset)
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to record the contender when
 -- not acquired, '2' when it was recorded before  ARGV[4] waiter timeout (ms)
+-- ARGV[5] its record: its Locker's wake-up channel, a newline, the owner
+-- (see wake in next_waiter.lua)
 -- Returns {1, token} or {0, holder's pttl}.
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '2' then
-    redis.call('zrem', KEYS[3], ARGV[1])
+    redis.call('zrem', KEYS[3], ARGV[5])
   end
   return {1, next_token(KEYS[2])}
 end
@@ -17,7 +19,7 @@ if ARGV[3] ~= '0' then
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local timeout = tonumber(ARGV[4])
-  redis.call('zadd', KEYS[3], now + timeout, ARGV[1])
+  redis.call('zadd', KEYS[3], now + timeout, ARGV[5])
   if redis.call('pttl', KEYS[3]) < timeout then
     redis.call('pexpire', KEYS[3], timeout)
   end

@@ -13,5 +13,5 @@ local pttl = redis.call('pttl', KEYS[1])
 local token = tonumber(redis.call('get', KEYS[2]) or '0')
 next_token(KEYS[2])
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[1], next_waiter(KEYS[3], KEYS[4], KEYS[5]))
+wake(ARGV[1], next_waiter(KEYS[3], KEYS[4], KEYS[5]))
 return {owner, token, pttl}

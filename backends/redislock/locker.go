@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -22,6 +23,9 @@ type Locker struct {
 	cfg    config
 	s      *scripts
 	notify *notifier
+	// wake is the Locker's own channel: a release that names one of its
+	// non-fair waiters publishes there, so only this process hears it.
+	wake string
 }
 
 type config struct {
@@ -100,7 +104,8 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 			return nil, fmt.Errorf("%w: WithWaitReplicas with a %T", driver.ErrUnsupported, client)
 		}
 	}
-	return &Locker{client: client, sc: newScripter(client), cfg: c, s: newScripts(), notify: newNotifier(client)}, nil
+	return &Locker{client: client, sc: newScripter(client), cfg: c, s: newScripts(), notify: newNotifier(client),
+		wake: "warden:wake:" + rand.Text()}, nil
 }
 
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
@@ -161,10 +166,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	} else {
 		// A waiting contender is recorded among the lock's waiters, so that
 		// a release names one of them: one attempt per release across all
-		// processes, instead of one per waiting process.
+		// processes, instead of one per waiting process. The record says
+		// where the message goes, the Locker's own channel, which only
+		// this process listens to: on the lock's channel, every process
+		// with a waiter would receive every release's message.
 		keys := []string{n.lock(), n.fence(), n.waiters()}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
+		record := l.wake + "\n" + owner
 		recorded := false
+		channel = l.wake
 		w = waiter{
 			id:        owner,
 			keepAlive: l.cfg.waiterTimeout / 3,
@@ -176,16 +186,16 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				case queued:
 					mode = "1"
 				}
-				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs)
+				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record)
 				if err == nil && r[0] == 0 && queued {
 					recorded = true
 				}
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				l.s.release.Run(ctx, l.sc, release, owner, n.channel())
 				if recorded {
-					l.s.unwaitMutex.Run(ctx, l.sc, release, owner, channel)
+					l.s.unwaitMutex.Run(ctx, l.sc, release, record, n.channel())
 				}
 			},
 		}

@@ -26,3 +26,17 @@ local function next_waiter(queue, deadlines, waiters)
   end
   return oldest[1] or ''
 end
+
+-- wake tells next, as next_waiter named it, that the lock is free. A
+-- non-fair waiter's record carries the channel of its own Locker, then a
+-- newline, then its owner: the message goes there, to the one connection
+-- that waits for it, rather than to every process subscribed to the lock's
+-- channel. Fair places, and the empty name, go to the lock's channel.
+local function wake(channel, next)
+  local own, who = string.match(next, '^(.-)\n(.*)$')
+  if own then
+    redis.call('publish', own, who)
+  else
+    redis.call('publish', channel, next)
+  end
+end

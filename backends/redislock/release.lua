@@ -12,6 +12,6 @@ redis.call('del', KEYS[1])
 -- A waiting contender records itself (a fair place, or a record among the
 -- waiters) before it sleeps: with neither, nobody waits to be told.
 if redis.call('exists', KEYS[2], KEYS[4]) > 0 then
-  redis.call('publish', ARGV[2], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
+  wake(ARGV[2], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
 end
 return 1

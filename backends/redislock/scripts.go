@@ -40,7 +40,8 @@ var (
 	// tokenSrc defines next_token for the scripts that grant a lock.
 	//go:embed token.lua
 	tokenSrc string
-	// nextWaiterSrc defines next_waiter for the scripts that free a lock.
+	// nextWaiterSrc defines next_waiter and wake for the scripts that free
+	// a lock.
 	//go:embed next_waiter.lua
 	nextWaiterSrc string
 	//go:embed unwait_mutex.lua
