@@ -7,7 +7,7 @@ redis.call('zrem', KEYS[2], ARGV[1])
 if redis.call('exists', KEYS[3]) == 0 then
   local head = redis.call('lindex', KEYS[1], 0)
   if head then
-    redis.call('publish', ARGV[2], head)
+    wake(ARGV[2], head)
   end
 end
 return 1

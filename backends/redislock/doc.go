@@ -21,10 +21,10 @@
 //	{<key>}:writer            the write lease: owner id, PX ttl
 //	{<key>}:writers-waiting   waiting writers by deadline (zset)
 //	{<key>}:permits           semaphore permits by deadline (zset)
-//	{<key>}:released          Pub/Sub channel of releases (fair waiters,
-//	                          readers, writers, semaphores)
-//	warden:wake:<id>          Pub/Sub channel of one Locker's non-fair
-//	                          waiters, named in their records
+//	{<key>}:released          Pub/Sub channel of releases (readers,
+//	                          writers, semaphores)
+//	warden:wake:<id>          Pub/Sub channel of one Locker's mutex
+//	                          waiters, fair or not, named in their records
 //
 // '{', '}' and '%' in a key are percent-encoded so the hash tag stays whole.
 // The fence counter is the only key that never expires: its cost is one

@@ -1,8 +1,10 @@
 -- Fair acquisition: the lock goes to the oldest live waiter. Each waiter has
 -- a place in a list and a deadline (server clock) in a sorted set; a waiter
 -- that stops coming back (crashed) loses its place when its deadline passes.
--- A place is named '<waiter timeout>:<owner>', so that anyone can tell when
--- its waiter, which renews it every third of its timeout, is late.
+-- A place is named '<waiter timeout>:<channel of its Locker>\n<owner>', so
+-- that anyone can tell when its waiter, which renews it every third of its
+-- timeout, is late, and the messages for it go to its process alone (see
+-- wake).
 --
 -- A free lock that the head of the queue leaves unclaimed tells of a head
 -- that is gone: a live head is woken by the release that freed the lock (or
@@ -84,11 +86,11 @@ if shaken then
   for _, id in ipairs(stale) do
     if id ~= head then
       redis.call('zadd', KEYS[4], short, id)
-      redis.call('publish', ARGV[6], id)
+      wake(ARGV[6], id)
     end
   end
   -- No release will come to wake the new head.
-  redis.call('publish', ARGV[6], head)
+  wake(ARGV[6], head)
 end
 if due > short then
   due = short

@@ -23,8 +23,9 @@ type Locker struct {
 	cfg    config
 	s      *scripts
 	notify *notifier
-	// wake is the Locker's own channel: a release that names one of its
-	// non-fair waiters publishes there, so only this process hears it.
+	// wake is the Locker's own channel: a message that names one of its
+	// mutex waiters, fair or not, goes there, so only this process hears
+	// it.
 	wake string
 }
 
@@ -139,8 +140,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
 		// The place carries the waiter timeout, from which any contender
-		// tells when its waiter is late renewing it (fair_acquire.lua).
-		place := strconv.FormatInt(waitMs, 10) + ":" + owner
+		// tells when its waiter is late renewing it (fair_acquire.lua),
+		// and the Locker's channel, where the messages naming it go.
+		place := strconv.FormatInt(waitMs, 10) + ":" + l.wake + "\n" + owner
 		// placed says the last attempt queued the contender: a place gone
 		// since is a sign of lost writes.
 		placed := false
@@ -174,9 +176,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		record := l.wake + "\n" + owner
 		recorded := false
-		channel = l.wake
 		w = waiter{
-			id:        owner,
+			id:        record,
 			keepAlive: l.cfg.waiterTimeout / 3,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 				mode := "0"
@@ -193,14 +194,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, n.channel())
+				l.s.release.Run(ctx, l.sc, release, owner, channel)
 				if recorded {
-					l.s.unwaitMutex.Run(ctx, l.sc, release, record, n.channel())
+					l.s.unwaitMutex.Run(ctx, l.sc, release, record, channel)
 				}
 			},
 		}
 	}
-	return l.acquire(ctx, channel, opts, ls, w)
+	// Either waiter is named in the messages for it, which go to the
+	// Locker's channel; the lock's channel is where records of an earlier
+	// version are told.
+	return l.acquire(ctx, l.wake, opts, ls, w)
 }
 
 // maxHandoff is how long the head of a fair queue has to claim a free lock

@@ -217,54 +217,58 @@ func TestHoldManyUnderLoad(t *testing.T) {
 	drivertest.HoldMany(t, newLocker(t, newClient(t)), 10_000, 3*time.Second, 6*time.Second)
 }
 
-// TestReleaseWakesTheWaiterOnItsLockersChannel: a release wakes the
-// non-fair waiter it names through the channel of the waiter's own Locker,
+// TestReleaseWakesTheWaiterOnItsLockersChannel: a release wakes the waiter
+// it names, fair or not, through the channel of the waiter's own Locker,
 // which nobody else listens to, so the waiter gets the lock long before its
 // own timers would have it try again (the holder's TTL of 30s, the renewal
-// of its record every 20s), and no process listens on the lock's channel.
+// of its place every 20s), and no process listens on the lock's channel.
 func TestReleaseWakesTheWaiterOnItsLockersChannel(t *testing.T) {
-	holderClient, waiterClient := newClient(t), newClient(t)
-	holder := newLocker(t, holderClient)
-	waiter := newLocker(t, waiterClient, WithWaiterTimeout(time.Minute))
-	ctx := context.Background()
-	key := "wake-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	opts := driver.AcquireOptions{TTL: 30 * time.Second, Wait: true}
-	held, err := holder.Acquire(ctx, key, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := make(chan error, 1)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		le, err := waiter.Acquire(wctx, key, opts)
-		if err == nil {
-			err = le.Release(ctx)
-		}
-		granted <- err
-	}()
-	// Recorded and subscribed: its Locker's channel has a listener.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n, err := holderClient.PubSubNumSub(ctx, waiter.wake).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n[waiter.wake] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter's Locker never subscribed to its channel")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n, err := holderClient.PubSubNumSub(ctx, namesOf(key).channel()).Result(); err != nil || n[namesOf(key).channel()] != 0 {
-		t.Fatalf("listeners on the lock's channel: %v, %v; want none", n, err)
-	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-granted; err != nil {
-		t.Fatalf("the waiter, woken by the release: %v", err)
+	for _, fair := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
+			holderClient, waiterClient := newClient(t), newClient(t)
+			holder := newLocker(t, holderClient)
+			waiter := newLocker(t, waiterClient, WithWaiterTimeout(time.Minute))
+			ctx := context.Background()
+			key := "wake-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			opts := driver.AcquireOptions{TTL: 30 * time.Second, Wait: true, Fair: fair}
+			held, err := holder.Acquire(ctx, key, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			granted := make(chan error, 1)
+			go func() {
+				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				le, err := waiter.Acquire(wctx, key, opts)
+				if err == nil {
+					err = le.Release(ctx)
+				}
+				granted <- err
+			}()
+			// Recorded and subscribed: its Locker's channel has a listener.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				n, err := holderClient.PubSubNumSub(ctx, waiter.wake).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n[waiter.wake] == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the waiter's Locker never subscribed to its channel")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n, err := holderClient.PubSubNumSub(ctx, namesOf(key).channel()).Result(); err != nil || n[namesOf(key).channel()] != 0 {
+				t.Fatalf("listeners on the lock's channel: %v, %v; want none", n, err)
+			}
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-granted; err != nil {
+				t.Fatalf("the waiter, woken by the release: %v", err)
+			}
+		})
 	}
 }

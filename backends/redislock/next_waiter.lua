@@ -27,15 +27,17 @@ local function next_waiter(queue, deadlines, waiters)
   return oldest[1] or ''
 end
 
--- wake tells next, as next_waiter named it, that the lock is free. A
--- non-fair waiter's record carries the channel of its own Locker, then a
--- newline, then its owner: the message goes there, to the one connection
--- that waits for it, rather than to every process subscribed to the lock's
--- channel. Fair places, and the empty name, go to the lock's channel.
+-- wake tells next, as next_waiter named it, that the lock is free. The
+-- record of a mutex waiter (a fair place, or a non-fair waiter's record)
+-- carries the channel of its own Locker, after the place's timeout if any
+-- and before a newline and the owner: the message goes there, to the one
+-- connection that waits for it, rather than to every process subscribed to
+-- the lock's channel. Records without one (an earlier version's), and the
+-- empty name, go to the lock's channel.
 local function wake(channel, next)
-  local own, who = string.match(next, '^(.-)\n(.*)$')
+  local own = string.match(next, '^%d*:?([^\n]*)\n')
   if own then
-    redis.call('publish', own, who)
+    redis.call('publish', own, next)
   else
     redis.call('publish', channel, next)
   end

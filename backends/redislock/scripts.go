@@ -41,7 +41,7 @@ var (
 	//go:embed token.lua
 	tokenSrc string
 	// nextWaiterSrc defines next_waiter and wake for the scripts that free
-	// a lock.
+	// a lock or tell a waiter its turn has come.
 	//go:embed next_waiter.lua
 	nextWaiterSrc string
 	//go:embed unwait_mutex.lua
@@ -60,10 +60,10 @@ type scripts struct {
 func newScripts() *scripts {
 	return &scripts{
 		acquire:      goredis.NewScript(tokenSrc + acquireSrc),
-		fairAcquire:  goredis.NewScript(tokenSrc + fairAcquireSrc),
+		fairAcquire:  goredis.NewScript(tokenSrc + nextWaiterSrc + fairAcquireSrc),
 		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
-		dequeue:      goredis.NewScript(dequeueSrc),
+		dequeue:      goredis.NewScript(nextWaiterSrc + dequeueSrc),
 		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
 		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),
 		writeRelease: goredis.NewScript(writeReleaseSrc),
