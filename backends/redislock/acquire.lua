@@ -7,13 +7,22 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to record the contender when
 -- not acquired, '2' when it was recorded before  ARGV[4] waiter timeout (ms)
 -- ARGV[5] its record: its Locker's wake-up channel, a newline, the owner
--- (see wake in next_waiter.lua)
+-- (see wake in next_waiter.lua)  ARGV[6] '1' when an earlier attempt of the
+-- contender got no answer
 -- Returns {1, token} or {0, holder's pttl}.
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '2' then
     redis.call('zrem', KEYS[3], ARGV[5])
   end
   return {1, next_token(KEYS[2])}
+end
+-- An attempt whose answer never came may have taken the lock: it is the
+-- contender's then, with the token that attempt drew, which nobody can have
+-- moved since.
+if ARGV[6] == '1' and redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('zrem', KEYS[3], ARGV[5])
+  return {1, tonumber(redis.call('get', KEYS[2]))}
 end
 if ARGV[3] ~= '0' then
   local t = redis.call('time')

@@ -25,8 +25,17 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired,
 -- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
 -- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
+-- ARGV[8] '1' when an earlier attempt of the contender got no answer
 -- Returns {1, token} or {0, ms until the holder's lease or the head's window
 -- ends (negative when unknown)}.
+-- An attempt whose answer never came may have taken the lock: it is the
+-- contender's then, with the token that attempt drew.
+if ARGV[8] == '1' and redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('lrem', KEYS[3], 0, ARGV[7])
+  redis.call('zrem', KEYS[4], ARGV[7])
+  return {1, tonumber(redis.call('get', KEYS[2]))}
+end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local timeout, window, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]

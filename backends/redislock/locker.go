@@ -146,18 +146,23 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// placed says the last attempt queued the contender: a place gone
 		// since is a sign of lost writes.
 		placed := false
+		// unanswered says an attempt got no answer, so may have taken the
+		// lock unbeknownst: later attempts then check for it.
+		unanswered := false
 		w = waiter{
 			id:        place,
 			keepAlive: l.cfg.waiterTimeout / 3,
+			bounded:   true,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 				mode := flag(queued)
 				if queued && placed {
 					mode = "2"
 				}
-				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place)
+				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place, flag(unanswered))
 				if err == nil {
 					placed = queued && r[0] == 0
 				}
+				unanswered = unanswered || err != nil
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
@@ -175,10 +180,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		keys := []string{n.lock(), n.fence(), n.waiters()}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		record := l.wake + "\n" + owner
-		recorded := false
+		recorded, unanswered := false, false
 		w = waiter{
 			id:        record,
 			keepAlive: l.cfg.waiterTimeout / 3,
+			bounded:   true,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 				mode := "0"
 				switch {
@@ -187,10 +193,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				case queued:
 					mode = "1"
 				}
-				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record)
+				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record, flag(unanswered))
 				if err == nil && r[0] == 0 && queued {
 					recorded = true
 				}
+				unanswered = unanswered || err != nil
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {

@@ -272,3 +272,57 @@ func TestReleaseWakesTheWaiterOnItsLockersChannel(t *testing.T) {
 		})
 	}
 }
+
+// TestUnansweredGrantIsFound: an attempt cut short without an answer may
+// have taken the lock; a later attempt of the same contender, told so,
+// finds the lock its own, with the token the lost attempt drew and its
+// lease renewed, fair or not; one not told so finds the lock held.
+func TestUnansweredGrantIsFound(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
+			n := namesOf("unanswered-" + strconv.FormatInt(time.Now().UnixNano(), 36))
+			const owner, token = "lost-attempt-owner", 4242
+			if err := c.Set(ctx, n.lock(), owner, time.Second).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Set(ctx, n.fence(), token, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			attempt := func(unanswered bool) []int64 {
+				t.Helper()
+				place := "60000:" + l.wake + "\n" + owner
+				var r []int64
+				var err error
+				if fair {
+					r, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.fence(), n.queue(), n.deadlines()},
+						owner, 30000, "1", 60000, 250, n.channel(), place, flag(unanswered))
+				} else {
+					r, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.fence(), n.waiters()},
+						owner, 30000, "1", 60000, l.wake+"\n"+owner, flag(unanswered))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			if r := attempt(false); r[0] != 0 {
+				t.Fatalf("an attempt not told of a lost answer: %v, want the lock found held", r)
+			}
+			if r := attempt(true); r[0] != 1 || r[1] != token {
+				t.Fatalf("an attempt told of a lost answer: %v, want {1, %d}", r, token)
+			}
+			if pttl, err := c.PTTL(ctx, n.lock()).Result(); err != nil || pttl < 20*time.Second {
+				t.Fatalf("the lock's PTTL after it was found: %v, %v; want it renewed to 30s", pttl, err)
+			}
+			for _, k := range []string{n.waiters(), n.queue(), n.deadlines()} {
+				if ex, err := c.Exists(ctx, k).Result(); err != nil || ex != 0 {
+					t.Fatalf("%s left behind: %d, %v", k, ex, err)
+				}
+			}
+			c.Del(ctx, n.lock(), n.fence())
+		})
+	}
+}

@@ -23,6 +23,9 @@ type waiter struct {
 	// shared: after this waiter gets in, the next local waiter may too
 	// (readers), so the wake-up is passed on.
 	shared bool
+	// bounded: a waiting attempt may be cut short after attemptBound,
+	// since the next one finds the lock if the unanswered one took it.
+	bounded bool
 	// attempt runs the acquisition script once; queued asks it to record
 	// the contender as waiting when it fails. It answers {1, token} or
 	// {0, ms until the blocking lease lapses (negative when unknown)}.
@@ -42,6 +45,18 @@ const maxUnreachablePause = 250 * time.Millisecond
 
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
+
+// attemptBound cuts short a waiting attempt (of a bounded waiter) that has
+// no answer yet. After a Cluster failover, the client goes on dialing the
+// dead master's address for the slot, five times a tenth of a second apart
+// with go-redis's defaults, and again on each of its retries, before it
+// uses the new slot map: an attempt started just before the promotion would
+// hold the first grant back by a second or more. Cut short, the attempt
+// ends as unavailable, the slot map is reloaded (see scripter), and the
+// next attempt goes to the new master. With go-redis's default options the
+// bound reaches only the dialing and the wait for a pooled connection, not
+// a command already sent.
+const attemptBound = 250 * time.Millisecond
 
 // acquire contends for a lease. Without opts.Wait it makes one attempt. With
 // it, it sleeps between attempts until a release message wakes it, or until
@@ -153,7 +168,16 @@ func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, d time.Duratio
 // the writes of the connection it is sent on.
 func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) ([]int64, error) {
 	if l.cfg.replicas == 0 {
-		return w.attempt(ctx, l.sc, queued)
+		if !w.bounded || !queued {
+			return w.attempt(ctx, l.sc, queued)
+		}
+		actx, cancel := context.WithTimeout(ctx, attemptBound)
+		defer cancel()
+		r, err := w.attempt(actx, l.sc, queued)
+		if err != nil && ctx.Err() == nil && actx.Err() != nil {
+			err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)
+		}
+		return r, err
 	}
 	var conn *goredis.Conn
 	switch c := l.client.(type) {
