@@ -8,7 +8,6 @@ import (
 	"image/png"
 	"math"
 	"os"
-	"slices"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
@@ -27,58 +26,51 @@ type chartRow struct {
 	values []float64 // by series; NaN: no bar
 }
 
-// chartData gathers the main ratios. Throughputs are warden ÷ peer; costs
-// (latency, commands, memory) are peer ÷ warden, so that every bar reads
-// "times better for warden".
+// chartData gathers the ratios that count, a row per warden subject and
+// peer library: throughputs as warden ÷ peer, the worse over the peer's
+// settings; costs (latency, round trips, memory) as peer ÷ warden, so that
+// every bar reads "times better for warden".
 func (b *bench) chartData() chartData {
 	var d chartData
 	type metric struct {
 		name string
-		get  func(p pair) float64
+		get  func(f family) float64
 	}
 	var metrics []metric
-	if b.ran("uncontended") {
-		metrics = append(metrics, metric{"uncontended cycles/s (w/p)", func(p pair) float64 {
-			return ratio(b.cycleMedian("uncontended", 1, p.warden).ops, b.cycleMedian("uncontended", 1, p.peer).ops)
-		}})
-	}
-	if b.ran("contended") {
-		for _, n := range b.s.contenders {
-			metrics = append(metrics, metric{fmt.Sprintf("%d contenders acquisitions/s (w/p)", n), func(p pair) float64 {
-				return ratio(b.cycleMedian("contended", n, p.warden).ops, b.cycleMedian("contended", n, p.peer).ops)
-			}})
-		}
-		n := b.s.contenders[len(b.s.contenders)-1]
-		metrics = append(metrics, metric{fmt.Sprintf("%d contenders wait p99 (p/w)", n), func(p pair) float64 {
-			return ratio(b.cycleMedian("contended", n, p.peer).p99, b.cycleMedian("contended", n, p.warden).p99)
+	for _, c := range b.columns() {
+		metrics = append(metrics, metric{c.title + ": acquisitions/s (w/p, worse setting)", func(f family) float64 {
+			if f.pairs[0].contendedOnly && c.scenario != "contended" {
+				return math.NaN()
+			}
+			return b.counted(f, c.scenario, c.n, c.hold).ratio
 		}})
 	}
 	if b.ran("renewal") && len(b.selected("renewal")) > 0 {
 		n := b.s.sizes[len(b.s.sizes)-1]
+		renewal := func(f family) (w, p renewResult) {
+			w, _ = b.renewMedian(n, f.warden)
+			p, _ = b.renewMedian(n, f.peer)
+			return w, p
+		}
 		metrics = append(metrics,
 			// Round trips, not server commands: every Redis subject runs
 			// the same commands per lock, and differs in how it sends them.
-			metric{fmt.Sprintf("%d locks: round trips/period (p/w)", n), func(p pair) float64 {
-				w, _ := b.renewMedian(n, p.warden)
-				pm, _ := b.renewMedian(n, p.peer)
-				return ratio(pm.trips, w.trips)
+			metric{fmt.Sprintf("%d locks: round trips/period (p/w)", n), func(f family) float64 {
+				w, p := renewal(f)
+				return ratio(p.trips, w.trips)
 			}},
-			metric{fmt.Sprintf("%d locks: heap+stacks/lock (p/w)", n), func(p pair) float64 {
-				w, _ := b.renewMedian(n, p.warden)
-				pm, _ := b.renewMedian(n, p.peer)
-				return ratio(pm.heap+pm.stack, w.heap+w.stack)
+			metric{fmt.Sprintf("%d locks: heap+stacks/lock (p/w)", n), func(f family) float64 {
+				w, p := renewal(f)
+				return ratio(p.heap+p.stack, w.heap+w.stack)
 			}})
 	}
 	for _, m := range metrics {
 		d.series = append(d.series, m.name)
 	}
-	for _, p := range pairs {
-		if !slices.Contains(b.groups, p.group) {
-			continue
-		}
-		row := chartRow{label: b.subj[p.warden].label + " vs " + b.subj[p.peer].label}
+	for _, f := range b.allFamilies() {
+		row := chartRow{label: b.familyLabel(f)}
 		for _, m := range metrics {
-			v := m.get(p)
+			v := m.get(f)
 			if v <= 0 || math.IsInf(v, 0) {
 				v = math.NaN()
 			}

@@ -49,7 +49,8 @@ type settings struct {
 	uncontended time.Duration
 	contended   time.Duration
 	contenders  []int
-	hold        time.Duration
+	holds       []time.Duration
+	churn       int
 	sizes       []int
 	renewTTL    time.Duration
 	periods     int
@@ -78,7 +79,8 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.DurationVar(&s.uncontended, "d", 1500*time.Millisecond, "window of one uncontended measurement")
 	fs.DurationVar(&s.contended, "cd", 2*time.Second, "window of one contended measurement")
 	contenders := fs.String("contenders", "8,64", "contender counts, each its own clients, on one key")
-	fs.DurationVar(&s.hold, "hold", time.Millisecond, "how long a contender holds the lock (a sleep; Go's timers on Linux rarely sleep much less than 1ms)")
+	holds := fs.String("holds", "0,1ms", "how long a contender holds the lock, each measured (a sleep; Go's timers on Linux rarely sleep much less than 1ms)")
+	fs.IntVar(&s.churn, "churn", 1_000_000, "lock cycles each PostgreSQL lock table serves before it is measured, so that it is measured in its steady state (dead tuples, vacuum), not fresh")
 	sizes := fs.String("locks", "1000,10000", "held-lock counts for the renewal scenario")
 	fs.DurationVar(&s.renewTTL, "ttl", 3*time.Second, "lease TTL in the renewal scenario; renewals come every TTL/3")
 	fs.IntVar(&s.periods, "periods", 2, "renewal periods counted in the renewal scenario")
@@ -104,6 +106,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 			"locks":      func() { *sizes = "50,200" },
 			"ttl":        func() { s.renewTTL = 1500 * time.Millisecond },
 			"periods":    func() { s.periods = 1 },
+			"churn":      func() { s.churn = 2000 },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -124,13 +127,16 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	if s.sizes, err = positiveInts(*sizes, "-locks"); err != nil {
 		return s, err
 	}
+	if s.holds, err = durations(*holds, "-holds"); err != nil {
+		return s, err
+	}
 	switch {
 	case s.reps < 1:
 		return s, fmt.Errorf("-reps %d: want at least 1", s.reps)
 	case s.uncontended <= 0 || s.contended <= 0:
 		return s, errors.New("-d and -cd must be positive")
-	case s.hold < 0:
-		return s, errors.New("-hold must not be negative")
+	case s.churn < 0:
+		return s, errors.New("-churn must not be negative")
 	case s.renewTTL < 300*time.Millisecond:
 		return s, fmt.Errorf("-ttl %v: want at least 300ms", s.renewTTL)
 	case s.periods < 1:
@@ -165,17 +171,36 @@ func pick(list string, known []string, flagName string) ([]string, error) {
 }
 
 func positiveInts(list, flagName string) ([]int, error) {
-	var out []int
+	return parseList(list, flagName, "a positive integer", func(f string) (int, bool) {
+		n, err := strconv.Atoi(f)
+		return n, err == nil && n >= 1
+	})
+}
+
+// durations parses a comma-separated list of durations, "0" included.
+func durations(list, flagName string) ([]time.Duration, error) {
+	return parseList(list, flagName, "a duration of 0 or more", func(f string) (time.Duration, bool) {
+		d, err := time.ParseDuration(f)
+		return d, err == nil && d >= 0
+	})
+}
+
+// parseList parses a comma-separated list, each item once; what names what
+// an item must be, for the error.
+func parseList[T comparable](list, flagName, what string, parse func(string) (T, bool)) ([]T, error) {
+	var out []T
 	for _, f := range strings.Split(list, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
 			continue
 		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%s: %q is not a positive integer", flagName, f)
+		v, ok := parse(f)
+		if !ok {
+			return nil, fmt.Errorf("%s: %q is not %s", flagName, f, what)
 		}
-		out = append(out, n)
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s: empty", flagName)

@@ -72,7 +72,10 @@ func TestSettings(t *testing.T) {
 	if strings.Join(s.groups, ",") != "redis,memory" {
 		t.Errorf("groups %v, want the known order", s.groups)
 	}
-	for _, bad := range [][]string{{"-pairs", "mongo"}, {"-contenders", "0"}, {"-reps", "0"}, {"stray"}} {
+	if len(s.holds) != 2 || s.holds[0] != 0 || s.holds[1] != time.Millisecond || s.churn == 0 {
+		t.Errorf("holds %v and churn %d, want 0 and 1ms, and some churn", s.holds, s.churn)
+	}
+	for _, bad := range [][]string{{"-pairs", "mongo"}, {"-contenders", "0"}, {"-reps", "0"}, {"stray"}, {"-holds", "-1ms"}, {"-holds", "soon"}, {"-churn", "-1"}} {
 		if _, err := parseSettings(bad, &strings.Builder{}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -127,5 +130,54 @@ func TestFormatting(t *testing.T) {
 		if got := shellQuote(in); got != want {
 			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestCountedTakesTheWorseSetting: the ratio that counts against a peer is
+// the worse of warden's ratios against its settings, and says which.
+func TestCountedTakesTheWorseSetting(t *testing.T) {
+	b := &bench{
+		s:      settings{scenarios: []string{"uncontended", "contended"}, contenders: []int{8}, holds: []time.Duration{0}},
+		groups: []string{"redis"},
+		subj:   map[string]*subject{},
+		res:    newResults(),
+	}
+	for _, sub := range []*subject{
+		{id: "warden-redis", label: "w"}, {id: "warden-redis-fair", label: "wf"},
+		bsmSubject(b, false), bsmSubject(b, true),
+		redsyncSubject(b, "redsync", []string{"x"}, false), redsyncSubject(b, "redsync", []string{"x"}, true),
+		rawRedisSubject(b, false), rawRedisSubject(b, true),
+	} {
+		b.subj[sub.id] = sub
+	}
+	ops := map[string]float64{"warden-redis": 100, "bsm": 80, "bsm-tuned": 125, "redsync": 50, "redsync-tuned": 50, "raw-redis": 90, "raw-redis-tuned": 100, "warden-redis-fair": 10}
+	for id, v := range ops {
+		b.res.addCycle(cycleKey{"contended", 8, 0, id}, cycleResult{ops: v})
+	}
+	fams := b.families("contended")
+	var bsm *family
+	for i := range fams {
+		if fams[i].warden == "warden-redis" && fams[i].peer == "bsm" {
+			bsm = &fams[i]
+		}
+	}
+	if bsm == nil || len(bsm.pairs) != 2 {
+		t.Fatalf("no bsm family with both settings in %+v", fams)
+	}
+	c := b.counted(*bsm, "contended", 8, 0)
+	if c.ratio != 0.8 || c.setting != "tuned" {
+		t.Errorf("counted %+v, want 0.8 against the tuned peer", c)
+	}
+	if got := b.countedCell(*bsm, column{scenario: "contended", n: 8}); !strings.Contains(got, "✗") {
+		t.Errorf("cell %q does not mark 0.8 below the target", got)
+	}
+	var raw family
+	for _, f := range fams {
+		if f.peer == "raw-redis" {
+			raw = f
+		}
+	}
+	if c := b.counted(raw, "contended", 8, 0); c.ratio != 1 || !strings.Contains(b.countedCell(raw, column{scenario: "contended", n: 8}), "✓") {
+		t.Errorf("raw floor: %+v, want 1.0 and the target 0.95 met", c)
 	}
 }

@@ -188,7 +188,7 @@ type grant struct {
 // contended runs n workers, each with clients of its own, taking turns on
 // one key for the window; each holds the lock for the hold time and asks
 // again at once, the hardest case for fairness.
-func (b *bench) contended(ctx context.Context, sub *subject, n, rep, try int) (cycleResult, error) {
+func (b *bench) contended(ctx context.Context, sub *subject, n int, hold time.Duration, rep, try int) (cycleResult, error) {
 	m := b.meterFor(sub)
 	fx, err := sub.fixture(ctx, m)
 	if err != nil {
@@ -211,7 +211,7 @@ func (b *bench) contended(ctx context.Context, sub *subject, n, rep, try int) (c
 	if err != nil {
 		return cycleResult{}, err
 	}
-	key := b.keyFor("contended", sub.id, n, rep, try)
+	key := b.keyFor(fmt.Sprintf("contended-%v", hold), sub.id, n, rep, try)
 	for _, w := range workers {
 		if err := w.cycle(ctx, key, nop); err != nil {
 			return cycleResult{}, fmt.Errorf("warm-up: %w", err)
@@ -261,9 +261,9 @@ func (b *bench) contended(ctx context.Context, sub *subject, n, rep, try int) (c
 					if inside.Add(1) > 1 {
 						overlaps.Add(1)
 					}
-					if b.s.hold > 0 {
+					if hold > 0 {
 						h0 := time.Now()
-						time.Sleep(b.s.hold)
+						time.Sleep(hold)
 						held.Add(int64(time.Since(h0)))
 						sections.Add(1)
 					}
@@ -419,6 +419,7 @@ type results struct {
 type cycleKey struct {
 	scenario string
 	n        int
+	hold     time.Duration // contended: how long each section held the lock
 	subject  string
 }
 
@@ -431,8 +432,7 @@ func newResults() *results {
 	return &results{cycles: map[cycleKey][]cycleResult{}, renewals: map[renewKey][]renewResult{}}
 }
 
-func (r *results) addCycle(scenario string, n int, subject string, c cycleResult) {
-	k := cycleKey{scenario, n, subject}
+func (r *results) addCycle(k cycleKey, c cycleResult) {
 	r.cycles[k] = append(r.cycles[k], c)
 }
 

@@ -60,17 +60,25 @@ func postgresSubjects(b *bench) []*subject {
 				return newGuardHolder(ctx, w, b.keyFor("warm-up", "holder", 0, 0, 0))
 			},
 		},
-		{
-			id: "raw-pg", label: "raw INSERT … ON CONFLICT (pgx)", group: "postgres",
-			how: "hand-written on pgx " + modVersion("github.com/jackc/pgx/v5") + ", one connection per worker: INSERT … ON CONFLICT (name) DO UPDATE … WHERE expired, retried after a jittered pause growing from 1ms to 32ms; release: DELETE … WHERE owner; renewal: a goroutine per lock running an owner-checked UPDATE every TTL/3 on a pool of 8 connections",
-			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) { return newRawPGWorker(ctx, dsn, m) }), nil
-			},
-			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
-				return newRawPGHolder(ctx, dsn, m, ttl)
-			},
+		rawPGSubject(dsn, false), rawPGSubject(dsn, true),
+	}
+}
+
+func rawPGSubject(dsn string, tuned bool) *subject {
+	s := &subject{
+		id: "raw-pg", label: "raw INSERT … ON CONFLICT (pgx)", group: "postgres",
+		fixture: func(ctx context.Context, m *meter) (fixture, error) {
+			return perWorker(func(ctx context.Context) (worker, error) { return newRawPGWorker(ctx, dsn, m, tuned) }), nil
 		},
 	}
+	if !tuned {
+		s.holder = func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+			return newRawPGHolder(ctx, dsn, m, ttl)
+		}
+	}
+	return variant(s, tuned,
+		"hand-written on pgx "+modVersion("github.com/jackc/pgx/v5")+", one connection per worker: INSERT … ON CONFLICT (name) DO UPDATE … WHERE expired, retried after a jittered pause growing from 1ms to 32ms; release: DELETE … WHERE owner; renewal: a goroutine per lock running an owner-checked UPDATE every TTL/3 on a pool of 8 connections",
+		"as raw INSERT … ON CONFLICT, retried every 1ms")
 }
 
 // pgTracer counts the statements a pgx connection sends.
@@ -183,9 +191,12 @@ func newWardenPG(dsn string, m *meter, opts ...guard.Option) (*guardWorker, erro
 }
 
 // rawPGWorker is the single-statement lock on one pgx connection.
-type rawPGWorker struct{ conn *pgx.Conn }
+type rawPGWorker struct {
+	conn   *pgx.Conn
+	linear bool
+}
 
-func newRawPGWorker(ctx context.Context, dsn string, m *meter) (worker, error) {
+func newRawPGWorker(ctx context.Context, dsn string, m *meter, linear bool) (worker, error) {
 	cfg, err := pgConfig(dsn, m)
 	if err != nil {
 		return nil, err
@@ -194,12 +205,12 @@ func newRawPGWorker(ctx context.Context, dsn string, m *meter) (worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rawPGWorker{conn: conn}, nil
+	return &rawPGWorker{conn: conn, linear: linear}, nil
 }
 
 func (w *rawPGWorker) cycle(ctx context.Context, key string, section func()) error {
 	owner := randomOwner()
-	var bo backoff
+	bo := backoff{linear: w.linear}
 	for {
 		tag, err := w.conn.Exec(ctx, pgAcquire, key, owner, workerTTL.Milliseconds())
 		if err != nil {

@@ -76,45 +76,9 @@ func redisSubjects(b *bench) []*subject {
 				}), nil
 			},
 		},
-		{
-			id: "bsm", label: "bsm/redislock " + modVersion("github.com/bsm/redislock"), group: "redis", redis: one,
-			how: "Client.Obtain with RetryStrategy ExponentialBackoff(16ms, 256ms) (16ms is the minimum its documentation recommends), Lock.Release; renewal: a goroutine per lock calling Lock.Refresh every TTL/3",
-			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) {
-					c := newRedisClient(b.srv.redis, m)
-					return &bsmWorker{c: c, lc: bsmlock.New(c)}, nil
-				}), nil
-			},
-			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
-				c := newRedisClient(b.srv.redis, m)
-				return &bsmHolder{c: c, lc: bsmlock.New(c), ttl: ttl, r: newRenewers()}, warmRedis(ctx, c)
-			},
-		},
-		{
-			id: "redsync", label: "redsync " + modVersion("github.com/go-redsync/redsync/v4") + ", 1 pool", group: "redis", redis: one,
-			how: "redsync.New(one go-redis pool), NewMutex with WithExpiry(10s) and WithTries(MaxInt32) so that it waits; its default retry delay, 50–250ms at random; LockContext, UnlockContext; renewal: a goroutine per lock calling ExtendContext every TTL/3",
-			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) { return newRedsyncWorker(one, m), nil }), nil
-			},
-			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
-				w := newRedsyncWorker(one, m)
-				return &redsyncHolder{w: w, ttl: ttl, r: newRenewers()}, warmRedis(ctx, w.clients[0])
-			},
-		},
-		{
-			id: "raw-redis", label: "raw SET NX PX + EVALSHA", group: "redis", redis: one,
-			how: "hand-written floor on go-redis: SET key owner PX ttl NX, retried after a jittered pause growing from 1ms to 32ms; release by an owner-checked DEL script (EVALSHA); renewal: one pipeline of owner-checked PEXPIRE scripts per period for all locks",
-			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) {
-					return &rawRedisWorker{c: newRedisClient(b.srv.redis, m)}, nil
-				}), nil
-			},
-			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
-				c := newRedisClient(b.srv.redis, m)
-				h := &rawRedisHolder{c: c, ttl: ttl, stop: make(chan struct{})}
-				return h, rawRefresh.Load(ctx, c).Err()
-			},
-		},
+		bsmSubject(b, false), bsmSubject(b, true),
+		redsyncSubject(b, "redsync", one, false), redsyncSubject(b, "redsync", one, true),
+		rawRedisSubject(b, false), rawRedisSubject(b, true),
 		{
 			id: "warden-redlock", label: fmt.Sprintf("warden redlock (%d nodes)", len(nodes)), group: "redlock", warden: true, redis: nodes,
 			how: "guard.Do over redlock.New(a go-redis client per node); waits with jittered backoff from 2ms, bounded by the holder's TTL",
@@ -122,14 +86,105 @@ func redisSubjects(b *bench) []*subject {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenRedlock(nodes, m) }), nil
 			},
 		},
-		{
-			id: "redsync5", label: fmt.Sprintf("redsync %s, %d pools", modVersion("github.com/go-redsync/redsync/v4"), len(nodes)), group: "redlock", redis: nodes,
-			how: "redsync.New(a go-redis pool per node), otherwise as redsync with 1 pool",
-			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) { return newRedsyncWorker(nodes, m), nil }), nil
-			},
+		redsyncSubject(b, "redsync5", nodes, false), redsyncSubject(b, "redsync5", nodes, true),
+	}
+}
+
+// tunedID is the id of a peer's tuned variant.
+func tunedID(peer string) string { return peer + "-tuned" }
+
+// variant fills in what tells a peer's tuned variant from the peer at its
+// documented settings.
+func variant(s *subject, tuned bool, documented, fast string) *subject {
+	if tuned {
+		s.tunedOf = s.id
+		s.id = tunedID(s.id)
+		s.label += ", tuned"
+		s.how = fast
+	} else {
+		s.how = documented
+	}
+	return s
+}
+
+func bsmSubject(b *bench, tuned bool) *subject {
+	retry := func() bsmlock.RetryStrategy {
+		return bsmlock.ExponentialBackoff(16*time.Millisecond, 256*time.Millisecond)
+	}
+	if tuned {
+		retry = func() bsmlock.RetryStrategy { return bsmlock.LinearBackoff(time.Millisecond) }
+	}
+	s := &subject{
+		id: "bsm", label: "bsm/redislock " + modVersion("github.com/bsm/redislock"), group: "redis", redis: []string{b.srv.redis},
+		fixture: func(ctx context.Context, m *meter) (fixture, error) {
+			return perWorker(func(ctx context.Context) (worker, error) {
+				c := newRedisClient(b.srv.redis, m)
+				return &bsmWorker{c: c, lc: bsmlock.New(c), retry: retry}, nil
+			}), nil
 		},
 	}
+	if !tuned {
+		s.holder = func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+			c := newRedisClient(b.srv.redis, m)
+			return &bsmHolder{c: c, lc: bsmlock.New(c), ttl: ttl, r: newRenewers()}, warmRedis(ctx, c)
+		}
+	}
+	return variant(s, tuned,
+		"Client.Obtain with RetryStrategy ExponentialBackoff(16ms, 256ms) (16ms is the minimum its documentation recommends), Lock.Release; renewal: a goroutine per lock calling Lock.Refresh every TTL/3",
+		"Client.Obtain with RetryStrategy LinearBackoff(1ms), a retry every millisecond, Lock.Release")
+}
+
+// redsyncSubject is redsync over one pool per address: its default retry
+// delay, or the tuned 1ms.
+func redsyncSubject(b *bench, id string, addrs []string, tuned bool) *subject {
+	var opts []redsync.Option
+	if tuned {
+		opts = append(opts, redsync.WithRetryDelay(time.Millisecond))
+	}
+	s := &subject{
+		id: id, label: fmt.Sprintf("redsync %s, %d pool", modVersion("github.com/go-redsync/redsync/v4"), len(addrs)), group: "redis", redis: addrs,
+		fixture: func(ctx context.Context, m *meter) (fixture, error) {
+			return perWorker(func(ctx context.Context) (worker, error) { return newRedsyncWorker(addrs, m, opts...), nil }), nil
+		},
+	}
+	if len(addrs) > 1 {
+		s.label += "s"
+		s.group = "redlock"
+	}
+	if !tuned && len(addrs) == 1 {
+		s.holder = func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+			w := newRedsyncWorker(addrs, m)
+			return &redsyncHolder{w: w, ttl: ttl, r: newRenewers()}, warmRedis(ctx, w.clients[0])
+		}
+	}
+	documented := "redsync.New(one go-redis pool), NewMutex with WithExpiry(10s) and WithTries(MaxInt32) so that it waits; its default retry delay, 50–250ms at random; LockContext, UnlockContext; renewal: a goroutine per lock calling ExtendContext every TTL/3"
+	fast := "as redsync with 1 pool, with WithRetryDelay(1ms)"
+	if len(addrs) > 1 {
+		documented = "redsync.New(a go-redis pool per node), otherwise as redsync with 1 pool"
+		fast = "as redsync with 5 pools, with WithRetryDelay(1ms)"
+	}
+	return variant(s, tuned, documented, fast)
+}
+
+func rawRedisSubject(b *bench, tuned bool) *subject {
+	s := &subject{
+		id: "raw-redis", label: "raw SET NX PX + EVALSHA", group: "redis", redis: []string{b.srv.redis},
+		fixture: func(ctx context.Context, m *meter) (fixture, error) {
+			return perWorker(func(ctx context.Context) (worker, error) {
+				return &rawRedisWorker{c: newRedisClient(b.srv.redis, m), linear: tuned}, nil
+			}), nil
+		},
+	}
+	if !tuned {
+		s.holder = func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+			c := newRedisClient(b.srv.redis, m)
+			h := &rawRedisHolder{c: c, ttl: ttl, stop: make(chan struct{})}
+			return h, rawRefresh.Load(ctx, c).Err()
+		}
+	}
+	return variant(s, tuned,
+		"hand-written floor on go-redis: SET key owner PX ttl NX, retried after a jittered pause growing from 1ms to 32ms; release by an owner-checked DEL script (EVALSHA); renewal: one pipeline of owner-checked PEXPIRE scripts per period for all locks",
+		"as raw SET NX PX + EVALSHA, retried every 1ms")
 }
 
 // warmRedis opens the client's first connection, outside the measurement.
@@ -245,15 +300,14 @@ func (h *guardHolder) close() { h.w.close() }
 
 // bsmWorker is github.com/bsm/redislock.
 type bsmWorker struct {
-	c  *goredis.Client
-	lc *bsmlock.Client
+	c     *goredis.Client
+	lc    *bsmlock.Client
+	retry func() bsmlock.RetryStrategy
 }
 
 func (w *bsmWorker) cycle(ctx context.Context, key string, section func()) error {
 	// A strategy has state (its attempt count): one per acquisition.
-	lock, err := w.lc.Obtain(ctx, key, workerTTL, &bsmlock.Options{
-		RetryStrategy: bsmlock.ExponentialBackoff(16*time.Millisecond, 256*time.Millisecond),
-	})
+	lock, err := w.lc.Obtain(ctx, key, workerTTL, &bsmlock.Options{RetryStrategy: w.retry()})
 	if err != nil {
 		return err
 	}
@@ -304,12 +358,13 @@ func (h *bsmHolder) close() { h.r.halt(); h.c.Close() }
 type redsyncWorker struct {
 	clients []*goredis.Client
 	rs      *redsync.Redsync
+	opts    []redsync.Option
 	mu      sync.Mutex
 	mutexes map[string]*redsync.Mutex
 }
 
-func newRedsyncWorker(addrs []string, m *meter) *redsyncWorker {
-	w := &redsyncWorker{mutexes: map[string]*redsync.Mutex{}}
+func newRedsyncWorker(addrs []string, m *meter, opts ...redsync.Option) *redsyncWorker {
+	w := &redsyncWorker{mutexes: map[string]*redsync.Mutex{}, opts: opts}
 	var pools []redsyncredis.Pool
 	for _, a := range addrs {
 		c := newRedisClient(a, m)
@@ -325,7 +380,8 @@ func (w *redsyncWorker) mutex(key string, ttl time.Duration) *redsync.Mutex {
 	defer w.mu.Unlock()
 	mu, ok := w.mutexes[key]
 	if !ok {
-		mu = w.rs.NewMutex(key, redsync.WithExpiry(ttl), redsync.WithTries(math.MaxInt32))
+		opts := append([]redsync.Option{redsync.WithExpiry(ttl), redsync.WithTries(math.MaxInt32)}, w.opts...)
+		mu = w.rs.NewMutex(key, opts...)
 		w.mutexes[key] = mu
 	}
 	return mu
@@ -400,7 +456,10 @@ var (
 
 // rawRedisWorker is the least a correct Redis lock can do: one SET per
 // attempt, one script per release.
-type rawRedisWorker struct{ c *goredis.Client }
+type rawRedisWorker struct {
+	c      *goredis.Client
+	linear bool
+}
 
 // rawSet is SET key owner PX ttl NX: true when taken.
 func rawSet(ctx context.Context, c *goredis.Client, key, owner string, ttl time.Duration) (bool, error) {
@@ -416,7 +475,7 @@ func rawSet(ctx context.Context, c *goredis.Client, key, owner string, ttl time.
 
 func (w *rawRedisWorker) cycle(ctx context.Context, key string, section func()) error {
 	owner := randomOwner()
-	var bo backoff
+	bo := backoff{linear: w.linear}
 	for {
 		ok, err := rawSet(ctx, w.c, key, owner, workerTTL)
 		if err != nil {

@@ -167,8 +167,8 @@ type cycleMedians struct {
 	reps int
 }
 
-func (b *bench) cycleMedian(scenario string, n int, id string) cycleMedians {
-	rs := b.res.cycles[cycleKey{scenario, n, id}]
+func (b *bench) cycleMedian(k cycleKey) cycleMedians {
+	rs := b.res.cycles[k]
 	m := cycleMedians{reps: len(rs)}
 	m.ops = median(rs, func(r cycleResult) float64 { return r.ops })
 	m.p50 = median(rs, func(r cycleResult) float64 { return r.p50 })
@@ -223,8 +223,8 @@ func (b *bench) markdown() string {
 	if b.s.note != "" {
 		w("- Note: %s\n", b.s.note)
 	}
-	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v, contended windows %v, hold %v; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
-		b.s.reps, b.s.uncontended, b.s.contended, b.s.hold, b.s.renewTTL, b.s.renewTTL/3, b.s.periods, b.end.Sub(b.start).Round(time.Second))
+	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v, contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
+		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, b.s.renewTTL/3, b.s.periods, b.end.Sub(b.start).Round(time.Second))
 	for _, g := range slices.Sorted(maps.Keys(b.skipped)) {
 		w("- Left out: %s (%s)\n", g, b.skipped[g])
 	}
@@ -236,7 +236,8 @@ func (b *bench) markdown() string {
 	w("Server commands are INFO commandstats deltas summed over the servers involved, so they include the commands Lua scripts run inside Redis (an EVALSHA whose script runs SET and INCR counts 3); round trips are counted by a go-redis hook (a pipeline is one). On PostgreSQL, statements are counted by a pgx tracer, and each is a round trip. etcd, ZooKeeper and in-process figures have no command counts (—). ")
 	w("† marks a figure taken while another client used the same server: the server ran more of the subject's own commands than it sent, so the command count is an upper bound. ")
 	w("Such a measurement is taken again, up to twice, before it is kept with the mark; this run took %d measurement(s) again.\n\n", b.res.retries)
-	w("![warden ÷ peer ratios](%s)\n\n", b.s.pngName)
+	w("![the ratios that count](%s)\n\n", b.s.pngName)
+	b.countedSection(w)
 
 	if ps := b.selected("uncontended"); len(ps) > 0 && b.ran("uncontended") {
 		w("## 1. Uncontended lock and unlock\n\n")
@@ -244,7 +245,7 @@ func (b *bench) markdown() string {
 		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle.\n\n")
 		w("| pair | cycles/s ↑ | p50 ↓ | p99 ↓ | server commands/cycle ↓ | round trips/cycle ↓ |\n|---|---|---|---|---|---|\n")
 		for _, p := range ps {
-			wm, pm := b.cycleMedian("uncontended", 1, p.warden), b.cycleMedian("uncontended", 1, p.peer)
+			wm, pm := b.cycleMedian(cycleKey{"uncontended", 1, 0, p.warden}), b.cycleMedian(cycleKey{"uncontended", 1, 0, p.peer})
 			w("| %s | %s | %s | %s | %s | %s |\n", b.pairLabel(p),
 				cell(wm.ops, pm.ops, fmtCount, false),
 				cell(wm.p50, pm.p50, ms, false),
@@ -256,23 +257,32 @@ func (b *bench) markdown() string {
 	}
 
 	if b.ran("contended") {
-		for i, n := range b.s.contenders {
-			w("## 2.%d. %d contenders on one key\n\n", i+1, n)
-			w("%d workers, each with its own clients, take turns on one key for %v per repetition; each holds the lock for a sleep of %v (%s on average, as measured) and asks again at once, which is the hardest case for fairness. ", n, b.s.contended, b.s.hold, ms(b.meanHold(n)))
-			w("Wait is from asking to being granted; handoff is from the holder starting its release to the next grant; \"back to releaser\" is the share of handoffs won by the worker that had just released, which a fair lock keeps near 1/%d.\n\n", n)
-			w("| pair | acquisitions/s ↑ | wait p50 ↓ | wait p99 ↓ | handoff p50 ↓ | handoff p99 ↓ | back to releaser | server commands/acquisition ↓ |\n|---|---|---|---|---|---|---|---|\n")
-			for _, p := range b.selected("contended") {
-				wm, pm := b.cycleMedian("contended", n, p.warden), b.cycleMedian("contended", n, p.peer)
-				w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", b.pairLabel(p),
-					cell(wm.ops, pm.ops, fmtCount, false),
-					cell(wm.p50, pm.p50, ms, false),
-					cell(wm.p99, pm.p99, ms, false),
-					cell(wm.hand50, pm.hand50, ms, false),
-					cell(wm.hand99, pm.hand99, ms, false),
-					shares(wm.back, pm.back),
-					cell(wm.cmds, pm.cmds, fmtCount, wm.foreign || pm.foreign))
+		i := 0
+		for _, n := range b.s.contenders {
+			for _, hold := range b.s.holds {
+				i++
+				w("## 2.%d. %d contenders on one key, hold %v\n\n", i, n, hold)
+				w("%d workers, each with its own clients, take turns on one key for %v per repetition; ", n, b.s.contended)
+				if hold > 0 {
+					w("each holds the lock for a sleep of %v (%s on average, as measured) and asks again at once, which is the hardest case for fairness. ", hold, ms(b.meanHold(n, hold)))
+				} else {
+					w("each releases the lock as soon as it has it and asks again at once: the cost of an acquisition under contention, with nothing to hide it. ")
+				}
+				w("Wait is from asking to being granted; handoff is from the holder starting its release to the next grant; \"back to releaser\" is the share of handoffs won by the worker that had just released, which a fair lock keeps near 1/%d.\n\n", n)
+				w("| pair | acquisitions/s ↑ | wait p50 ↓ | wait p99 ↓ | handoff p50 ↓ | handoff p99 ↓ | back to releaser | server commands/acquisition ↓ |\n|---|---|---|---|---|---|---|---|\n")
+				for _, p := range b.selected("contended") {
+					wm, pm := b.cycleMedian(cycleKey{"contended", n, hold, p.warden}), b.cycleMedian(cycleKey{"contended", n, hold, p.peer})
+					w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", b.pairLabel(p),
+						cell(wm.ops, pm.ops, fmtCount, false),
+						cell(wm.p50, pm.p50, ms, false),
+						cell(wm.p99, pm.p99, ms, false),
+						cell(wm.hand50, pm.hand50, ms, false),
+						cell(wm.hand99, pm.hand99, ms, false),
+						shares(wm.back, pm.back),
+						cell(wm.cmds, pm.cmds, fmtCount, wm.foreign || pm.foreign))
+				}
+				w("\n")
 			}
-			w("\n")
 		}
 	}
 
@@ -298,6 +308,8 @@ func (b *bench) markdown() string {
 		}
 	}
 
+	b.tablesSection(w)
+
 	w("## The subjects\n\n")
 	seen := map[string]bool{}
 	for _, p := range pairs {
@@ -314,7 +326,7 @@ func (b *bench) markdown() string {
 		}
 	}
 	w("\nwarden is built from this checkout (a `replace` in benchmarks/go.mod); each warden worker uses `guard.New(locker, guard.WithTTL(10s), guard.WithPrefix(\"bench:\"))` and `Guard.Do`. ")
-	w("Peers use a 10s TTL too, and wait the way their documentation shows; their retry pauses, listed above, decide much of their handoff latency and command count.\n\n")
+	w("Peers use a 10s TTL too. Each peer with a retry pause runs twice: at the settings its documentation shows, and tuned the way a user who wants the lock back at once would set it (a 1ms pause); their retry pauses, listed above, decide much of their handoff latency and command count.\n\n")
 
 	errs := b.errorNotes()
 	if len(b.res.failures) > 0 || len(errs) > 0 {
@@ -333,10 +345,10 @@ func (b *bench) markdown() string {
 // meanHold is the median over subjects and repetitions of the time a
 // section really slept: a sleep is not exact, and the hold bounds the
 // throughput of every subject alike.
-func (b *bench) meanHold(n int) float64 {
+func (b *bench) meanHold(n int, hold time.Duration) float64 {
 	var all []cycleResult
 	for k, rs := range b.res.cycles {
-		if k.scenario == "contended" && k.n == n {
+		if k.scenario == "contended" && k.n == n && k.hold == hold {
 			all = append(all, rs...)
 		}
 	}
@@ -356,7 +368,7 @@ func (b *bench) errorNotes() []string {
 			n += r.errs
 		}
 		if n > 0 {
-			out = append(out, fmt.Sprintf("%s %d, %s: %d acquisitions failed (over %d repetitions)", k.scenario, k.n, b.subj[k.subject].label, n, len(rs)))
+			out = append(out, fmt.Sprintf("%s %d (hold %v), %s: %d acquisitions failed (over %d repetitions)", k.scenario, k.n, k.hold, b.subj[k.subject].label, n, len(rs)))
 		}
 	}
 	for k, rs := range b.res.renewals {

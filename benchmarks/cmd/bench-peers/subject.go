@@ -30,6 +30,9 @@ type subject struct {
 	// batch is how many cycles one latency sample times: in-process locks
 	// take less time than reading the clock does.
 	batch int
+	// peer names the peer a tuned variant is of ("" for warden and for a
+	// peer at its documented settings).
+	tunedOf string
 }
 
 // fixture makes the workers of one measurement.
@@ -163,15 +166,23 @@ func (r *renewers) halt() {
 }
 
 // backoff is the wait of the hand-written peers: a jittered pause that
-// starts at 1ms and doubles up to 32ms, the usual shape of a polling loop.
-type backoff struct{ next time.Duration }
+// starts at 1ms and doubles up to 32ms, the usual shape of a polling loop;
+// linear, the tuned variant, pauses 1ms every time, as a user who wants the
+// lock back at once would write it.
+type backoff struct {
+	next   time.Duration
+	linear bool
+}
 
 func (b *backoff) wait(ctx context.Context) error {
 	if b.next == 0 {
 		b.next = time.Millisecond
 	}
-	d := b.next/2 + rand.N(b.next/2+1)
-	b.next = min(2*b.next, 32*time.Millisecond)
+	d := b.next
+	if !b.linear {
+		d = b.next/2 + rand.N(b.next/2+1)
+		b.next = min(2*b.next, 32*time.Millisecond)
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
