@@ -288,6 +288,25 @@ func (b *bench) measureAll(ctx context.Context) error {
 				}
 			}
 		}
+		if slices.Contains(b.s.scenarios, "idempotency") {
+			for _, st := range b.idemStores() {
+				if !slices.Contains(b.groups, st.group) {
+					continue
+				}
+				rs, err := b.idempotent(ctx, st, rep)
+				if err != nil {
+					if err := b.noteFailure(ctx, err, fmt.Sprintf("idempotency, %s, repetition %d", st.label, rep+1)); err != nil {
+						return err
+					}
+					continue
+				}
+				for _, phase := range idemPhases {
+					fmt.Fprintf(b.log, "rep %d idempotency %-6s %-28s %s\n", rep+1, phase, st.label, rs[phase])
+					k := idemKey{st.label, phase}
+					b.res.idem[k] = append(b.res.idem[k], rs[phase])
+				}
+			}
+		}
 	}
 	b.end = time.Now()
 	if slices.Contains(b.groups, "postgres") {
@@ -329,10 +348,15 @@ func (b *bench) note(ctx context.Context, err error, scenario string, sub *subje
 	if err == nil {
 		return nil
 	}
+	return b.noteFailure(ctx, err, fmt.Sprintf("%s %d, %s, repetition %d", scenario, n, sub.label, rep+1))
+}
+
+// noteFailure records a failed measurement, named by what.
+func (b *bench) noteFailure(ctx context.Context, err error, what string) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	msg := fmt.Sprintf("%s %d, %s, repetition %d: %v", scenario, n, sub.label, rep+1, err)
+	msg := fmt.Sprintf("%s: %v", what, err)
 	b.res.failures = append(b.res.failures, msg)
 	fmt.Fprintln(b.log, "FAILED", msg)
 	return nil

@@ -63,7 +63,7 @@ type settings struct {
 
 var (
 	allGroups    = []string{"redis", "redlock", "etcd", "zk", "postgres", "memory"}
-	allScenarios = []string{"uncontended", "contended", "renewal"}
+	allScenarios = []string{"uncontended", "contended", "renewal", "idempotency"}
 )
 
 // parseSettings reads the flags. -quick changes the defaults of the flags

@@ -412,6 +412,7 @@ func growth(before, after uint64, n int) float64 {
 type results struct {
 	cycles   map[cycleKey][]cycleResult
 	renewals map[renewKey][]renewResult
+	idem     map[idemKey][]idemResult
 	failures []string
 	retries  int // measurements taken again because another client used the server
 }
@@ -429,7 +430,7 @@ type renewKey struct {
 }
 
 func newResults() *results {
-	return &results{cycles: map[cycleKey][]cycleResult{}, renewals: map[renewKey][]renewResult{}}
+	return &results{cycles: map[cycleKey][]cycleResult{}, renewals: map[renewKey][]renewResult{}, idem: map[idemKey][]idemResult{}}
 }
 
 func (r *results) addCycle(k cycleKey, c cycleResult) {

@@ -32,7 +32,7 @@ const agingKeys = 128
 // agePostgres has each PostgreSQL subject's lock table serve b.s.churn lock
 // cycles before anything is measured, noting the tables before and after.
 func (b *bench) agePostgres(ctx context.Context) error {
-	if b.s.churn == 0 || !slices.Contains(b.groups, "postgres") {
+	if b.s.churn == 0 || !slices.Contains(b.groups, "postgres") || !(b.ran("uncontended") || b.ran("contended")) {
 		return nil
 	}
 	b.notePGTables(ctx, "before aging")

@@ -308,6 +308,7 @@ func (b *bench) markdown() string {
 		}
 	}
 
+	b.idemSection(w)
 	b.tablesSection(w)
 
 	w("## The subjects\n\n")
