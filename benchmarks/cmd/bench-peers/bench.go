@@ -272,6 +272,9 @@ func (b *bench) measureAll(ctx context.Context) error {
 		if slices.Contains(b.s.scenarios, "renewal") {
 			for _, n := range b.s.sizes {
 				for _, sub := range rotate(b.subjectsFor("renewal"), rep) {
+					if sub.maxLocks > 0 && n > sub.maxLocks {
+						continue
+					}
 					err := b.attempts(ctx, "renewal", sub, n, rep, func(try int) (bool, error) {
 						r, err := b.renewal(ctx, sub, n, rep, try)
 						if err == nil {

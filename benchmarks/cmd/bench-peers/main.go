@@ -81,7 +81,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	contenders := fs.String("contenders", "8,64", "contender counts, each its own clients, on one key")
 	holds := fs.String("holds", "0,1ms", "how long a contender holds the lock, each measured (a sleep; Go's timers on Linux rarely sleep much less than 1ms)")
 	fs.IntVar(&s.churn, "churn", 1_000_000, "lock cycles each PostgreSQL lock table serves before it is measured, so that it is measured in its steady state (dead tuples, vacuum), not fresh")
-	sizes := fs.String("locks", "1000,10000", "held-lock counts for the renewal scenario")
+	sizes := fs.String("locks", "1000,10000,100000", "held-lock counts for the renewal scenario")
 	fs.DurationVar(&s.renewTTL, "ttl", 3*time.Second, "lease TTL in the renewal scenario; renewals come every TTL/3")
 	fs.IntVar(&s.periods, "periods", 2, "renewal periods counted in the renewal scenario")
 	fs.StringVar(&s.out, "out", ".", "directory to write the report and the chart to")
@@ -104,7 +104,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 			"cd":         func() { s.contended = 300 * time.Millisecond },
 			"contenders": func() { *contenders = "2,8" },
 			"locks":      func() { *sizes = "50,200" },
-			"ttl":        func() { s.renewTTL = 1500 * time.Millisecond },
+			"ttl":        func() { s.renewTTL = 2 * time.Second }, // etcd's shortest lease
 			"periods":    func() { s.periods = 1 },
 			"churn":      func() { s.churn = 2000 },
 		}

@@ -289,7 +289,7 @@ func (b *bench) markdown() string {
 	if b.ran("renewal") && len(b.selected("renewal")) > 0 {
 		w("## 3. Keeping many locks alive\n\n")
 		w("One process holds that many locks with a TTL of %v and keeps them alive for %d renewal period(s) of %v, after one period and a half to settle. ", b.s.renewTTL, b.s.periods, b.s.renewTTL/3)
-		w("warden's lease keeper renews every lease due within the next period in one request; the peer libraries offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. ")
+		w("warden's lease keeper renews every lease due within the next period in one request; the Redis and PostgreSQL peers offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. On etcd, warden and concurrency.Mutex alike keep every lock on one session lease (its keepalive is not counted), so the memory per lock is what differs there; etcd is measured up to %d locks. ", etcdMaxLocks)
 		w("Heap and stack per lock are the growth of the process's live heap (after a GC) and of its goroutine stacks, divided by the number of locks.\n\n")
 		for _, n := range b.s.sizes {
 			w("### %d held locks\n\n", n)

@@ -31,13 +31,29 @@ func sessionSubjects(b *bench) []*subject {
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenEtcd(b.srv.etcd) }), nil
 			},
+			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+				w, err := newWardenEtcd(b.srv.etcd, guard.WithTTL(ttl))
+				if err != nil {
+					return nil, err
+				}
+				return newGuardHolder(ctx, w.(*guardWorker), b.keyFor("warm-up", "holder", 0, 0, 0))
+			},
+			maxLocks: etcdMaxLocks,
 		},
 		{
 			id: "etcd-mutex", label: "etcd concurrency.Mutex " + modVersion("go.etcd.io/etcd/client/v3"), group: "etcd",
 			how: "one concurrency.Session (TTL 10s) per worker, concurrency.NewMutex per key; Mutex.Lock, Mutex.Unlock",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) { return newEtcdMutexWorker(ctx, b.srv.etcd, b.id) }), nil
+				return perWorker(func(ctx context.Context) (worker, error) { return newEtcdMutexWorker(ctx, b.srv.etcd, b.id, workerTTL) }), nil
 			},
+			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
+				w, err := newEtcdMutexWorker(ctx, b.srv.etcd, b.id, ttl)
+				if err != nil {
+					return nil, err
+				}
+				return &etcdMutexHolder{w: w.(*etcdMutexWorker)}, nil
+			},
+			maxLocks: etcdMaxLocks,
 		},
 		{
 			id: "warden-zk", label: "warden zklock", group: "zk", warden: true,
@@ -73,7 +89,11 @@ func etcdVersion(ctx context.Context, endpoints []string) (string, error) {
 	return fmt.Sprintf("etcd %s (%s)", st.Version, strings.Join(endpoints, ", ")), nil
 }
 
-func newWardenEtcd(endpoints []string) (worker, error) {
+// etcdMaxLocks bounds the renewal scenario on etcd, whose every held lock
+// is a key written under raft: 100,000 of them take minutes to write.
+const etcdMaxLocks = 10_000
+
+func newWardenEtcd(endpoints []string, opts ...guard.Option) (worker, error) {
 	w := &guardWorker{}
 	c, err := newEtcdClient(endpoints)
 	if err != nil {
@@ -86,7 +106,7 @@ func newWardenEtcd(endpoints []string) (worker, error) {
 		return nil, err
 	}
 	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions()...); err != nil {
+	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
 		w.close()
 		return nil, err
 	}
@@ -101,12 +121,12 @@ type etcdMutexWorker struct {
 	mutexes map[string]*concurrency.Mutex
 }
 
-func newEtcdMutexWorker(ctx context.Context, endpoints []string, run string) (worker, error) {
+func newEtcdMutexWorker(ctx context.Context, endpoints []string, run string, ttl time.Duration) (worker, error) {
 	c, err := newEtcdClient(endpoints)
 	if err != nil {
 		return nil, err
 	}
-	s, err := concurrency.NewSession(c, concurrency.WithTTL(int(workerTTL/time.Second)))
+	s, err := concurrency.NewSession(c, concurrency.WithTTL(max(1, int(ttl/time.Second))))
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -133,6 +153,44 @@ func (w *etcdMutexWorker) close() {
 	w.s.Close()
 	w.c.Close()
 }
+
+// etcdMutexHolder holds many concurrency.Mutexes of one Session, whose
+// keepalive renews them all: the peer's own way of keeping locks.
+type etcdMutexHolder struct {
+	w    *etcdMutexWorker
+	mu   sync.Mutex
+	held []*concurrency.Mutex
+}
+
+func (h *etcdMutexHolder) hold(ctx context.Context, keys []string) error {
+	return parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
+		mu := concurrency.NewMutex(h.w.s, h.w.root+keys[i])
+		if err := mu.Lock(ctx); err != nil {
+			return err
+		}
+		h.mu.Lock()
+		h.held = append(h.held, mu)
+		h.mu.Unlock()
+		return nil
+	})
+}
+
+// lost counts every lock as lost once the session is: it is their only
+// lease.
+func (h *etcdMutexHolder) lost() int {
+	select {
+	case <-h.w.s.Done():
+		return len(h.held)
+	default:
+		return 0
+	}
+}
+
+func (h *etcdMutexHolder) release(ctx context.Context) error {
+	return parallel(ctx, len(h.held), 16, func(ctx context.Context, i int) error { return h.held[i].Unlock(ctx) })
+}
+
+func (h *etcdMutexHolder) close() { h.w.close() }
 
 // quietZK keeps the ZooKeeper client's connection chatter out of the
 // program's output.

@@ -24,6 +24,9 @@ type subject struct {
 	fixture func(ctx context.Context, m *meter) (fixture, error)
 	// holder sets up the renewal scenario; nil when it is not measured.
 	holder func(ctx context.Context, m *meter, ttl time.Duration) (holder, error)
+	// maxLocks bounds the renewal scenario's sizes for this subject; 0:
+	// every size.
+	maxLocks int
 	// redis lists the Redis servers whose commands the subject's figures
 	// count; none for the other backends.
 	redis []string
