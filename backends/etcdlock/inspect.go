@@ -183,14 +183,14 @@ func smallest(ls []driver.Listed, n int) []driver.Listed {
 // target names is deleted in one transaction that compares that key's
 // create revision (and its value, the label, when target has one), so a
 // holding that left after the read, and any key created later, is never
-// touched; when the compare fails, the same transaction reads the
-// contenders again, to name who holds the lock instead. A holder stays one
-// until its key goes (only older keys could stand before it), so the key
-// read as a holder is still one when the transaction runs. With
-// target.AnyHolder, every holder read is deleted, in one transaction that
-// checks they are still the keys read (it then reads again). The next
-// holder's key is created after the deletion, so its create revision, the
-// token, is greater than every token issued before.
+// touched; when the compare fails, the contenders are read again, to name
+// who holds the lock instead. A holder stays one until its key goes (only
+// older keys could stand before it), so the key read as a holder is still
+// one when the transaction runs. With target.AnyHolder, every holder read
+// is deleted, in one transaction that checks they are still the keys read
+// (it then reads again). The next holder's key is created after the
+// deletion, so its create revision, the token, is greater than every token
+// issued before.
 //
 // The same transaction leaves a marker for each holder removed under
 // RevokedPrefix, on the holder's own etcd lease, which the holder's session
@@ -204,21 +204,21 @@ func smallest(ls []driver.Listed, n int) []driver.Listed {
 // session holds (all the holder process's locks of that TTL), so
 // ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
-	dir := KeyDir(key)
-	kvs, err := l.contenders(ctx, key)
 	for {
+		kvs, err := l.contenders(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		holders, _ := admitted(dir, kvs)
+		holders, _ := admitted(KeyDir(key), kvs)
 		if len(holders) == 0 {
 			return nil, nil
 		}
+		hs := holdings(holders)
 		var cmps []clientv3.Cmp
 		var ops []clientv3.Op
-		var removed []*mvccpb.KeyValue
-		for _, kv := range holders {
-			if !target.AnyHolder && !target.Matches(holdings([]*mvccpb.KeyValue{kv})[0]) {
+		var removed []driver.Holding
+		for i, kv := range holders {
+			if !target.AnyHolder && !target.Matches(hs[i]) {
 				continue
 			}
 			k := string(kv.Key)
@@ -233,29 +233,25 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 				ops = append(ops, clientv3.OpPut(revokedDir(clientv3.LeaseID(kv.Lease))+k, "",
 					clientv3.WithLease(clientv3.LeaseID(kv.Lease))))
 			}
-			removed = append(removed, kv)
+			removed = append(removed, hs[i])
 		}
 		if len(removed) == 0 {
-			return nil, driver.HolderChanged(holdings(holders))
+			return nil, driver.HolderChanged(hs)
 		}
 		rctx, cancel := l.timeout.ctx(ctx)
 		mctx, c, answered := l.members.use(rctx)
-		var resp *clientv3.TxnResponse
-		resp, err = c.Txn(mctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(dir, clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))).Commit()
+		resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
 		answered(err)
-		if err != nil {
-			err = l.timeout.err(ctx, rctx, err)
-		}
+		// Judged before cancel, which would make every failure look like
+		// the request's own timeout.
+		err = l.timeout.err(ctx, rctx, err)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 		if resp.Succeeded {
-			return holdings(removed), nil
+			return removed, nil
 		}
-		// A holding read has gone: judge again from what the transaction
-		// read in its place.
-		kvs = resp.Responses[0].GetResponseRange().Kvs
+		// A holding read has gone meanwhile: judge again from a new read.
 	}
 }
