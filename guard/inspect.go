@@ -81,24 +81,42 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 	return out, nil
 }
 
-// ForceRelease takes key (in the Guard's namespace) away from whoever holds
-// it, for an operator freeing a lock whose holder hangs: the backend first
-// makes the next token greater than every token issued (so fenced storage
-// refuses the old holder's late writes), then removes the holding. The old
-// holder's context is cancelled at its next renewal at the latest, or, for
-// a lease its backend keeps on a session (etcd, ZooKeeper), as soon as the
-// holder's process hears of the removal (driver.RevocableLease); a process
-// cut off from the backend learns of it only when its session ends, and
-// until then fenced storage is what stops it. It returns the holders
-// removed, none when the lock was free. It is logged at WARN and traced as
-// an admin action. It needs a backend that implements driver.ForceReleaser;
-// ErrUnsupported otherwise.
-func (g *Guard) ForceRelease(ctx context.Context, key string) ([]Holder, error) {
+// ReleaseTarget names what ForceRelease removes: the holding an operator
+// saw (Token, and Owner to make sure), or, explicitly, any holder.
+type ReleaseTarget = driver.ReleaseTarget
+
+// ErrHolderChanged: ForceRelease found the lock held, but not by the holding
+// it was told to remove, and removed nothing. The error it comes in is a
+// *driver.HolderChangedError, which names the holders found instead.
+var ErrHolderChanged = driver.ErrHolderChanged
+
+// ForceRelease takes key (in the Guard's namespace) away from the holding
+// target names, for an operator freeing a lock whose holder hangs: pass the
+// Token (and Owner) of the Holder that Inspect showed, and the backend
+// removes that holding and no other, checking in the same atomic step that
+// it still holds; if the lock changed hands meanwhile, nothing is removed
+// and the error matches ErrHolderChanged, naming who holds it now. Only
+// target.AnyHolder removes whoever holds the key when the backend answers.
+// It returns the holders removed, none when the lock was free.
+//
+// The backend first makes the next token greater than every token issued
+// (so fenced storage refuses the old holder's late writes), then removes the
+// holding. The old holder's context is cancelled at its next renewal at the
+// latest, or, for a lease its backend keeps on a session (etcd, ZooKeeper),
+// as soon as the holder's process hears of the removal
+// (driver.RevocableLease); a process cut off from the backend learns of it
+// only when its session ends, and until then fenced storage is what stops
+// it. It is logged at WARN and traced as an admin action. It needs a
+// backend that implements driver.ForceReleaser; ErrUnsupported otherwise.
+func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarget) ([]Holder, error) {
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
 	if err := ValidateKey(key); err != nil {
 		return nil, wrapLockErr(key, err)
+	}
+	if !target.AnyHolder && target.Token == 0 {
+		return nil, wrapLockErr(key, fmt.Errorf("%w: a forced release names the token of the holding to remove, or AnyHolder", ErrInvalidOption))
 	}
 	fr, ok := g.locker.(driver.ForceReleaser)
 	if !ok {
@@ -108,7 +126,7 @@ func (g *Guard) ForceRelease(ctx context.Context, key string) ([]Holder, error) 
 	if tracer := g.tel.tracerFor(ctx); tracer != nil {
 		_, span = g.tel.startSpan(ctx, tracer, "warden.force_release", key)
 	}
-	removed, err := fr.ForceRelease(ctx, g.names.full(g.prefix, key))
+	removed, err := fr.ForceRelease(ctx, g.names.full(g.prefix, key), target)
 	if err != nil {
 		endSpan(span, outcomeError, err)
 		return nil, wrapLockErr(key, err)

@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -134,8 +135,28 @@ func TestListAndForceRelease(t *testing.T) {
 		t.Fatalf("List with limit 0: %v, want ErrInvalidOption", err)
 	}
 
+	// An operator saw jobs/a's holder, which then left; a new holder came.
+	seen := locks[1]
+	seen.Unlock(ctx)
+	successor, err := g.Lock(ctx, "jobs/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer successor.Unlock(ctx)
+	removed, err := g.ForceRelease(ctx, "jobs/a", guard.ReleaseTarget{Token: seen.Token(), Owner: "ops-test"})
+	want := fmt.Sprintf(`warden: lock "jobs/a": the lock changed hands: now held by "ops-test" with token %d`, successor.Token())
+	if !errors.Is(err, guard.ErrHolderChanged) || len(removed) != 0 || err.Error() != want {
+		t.Fatalf("ForceRelease of a holder gone = %+v, %v; want ErrHolderChanged, %q", removed, err, want)
+	}
+	if successor.Err() != nil {
+		t.Fatalf("the new holder after a refused release: %v, want its lock kept", successor.Err())
+	}
+	if _, err := g.ForceRelease(ctx, "jobs/a", guard.ReleaseTarget{}); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Fatalf("ForceRelease naming no holding: %v, want ErrInvalidOption", err)
+	}
+
 	victim := locks[0] // jobs/b
-	removed, err := g.ForceRelease(ctx, "jobs/b")
+	removed, err = g.ForceRelease(ctx, "jobs/b", guard.ReleaseTarget{Token: victim.Token(), Owner: "ops-test"})
 	if err != nil || len(removed) != 1 || removed[0].Token != victim.Token() {
 		t.Fatalf("ForceRelease = %+v, %v; want the holder with token %d", removed, err, victim.Token())
 	}
@@ -152,10 +173,10 @@ func TestListAndForceRelease(t *testing.T) {
 		t.Fatalf("TryLock after the forced release: %v (token %v after %d)", err, next, victim.Token())
 	}
 	next.Unlock(ctx)
-	if removed, err := g.ForceRelease(ctx, "jobs/b"); err != nil || len(removed) != 0 {
+	if removed, err := g.ForceRelease(ctx, "jobs/b", guard.ReleaseTarget{AnyHolder: true}); err != nil || len(removed) != 0 {
 		t.Fatalf("ForceRelease of a free lock: %+v, %v", removed, err)
 	}
-	if _, err := newGuard(t, withoutInspect{memory.New()}).ForceRelease(ctx, "k"); !errors.Is(err, guard.ErrUnsupported) {
+	if _, err := newGuard(t, withoutInspect{memory.New()}).ForceRelease(ctx, "k", guard.ReleaseTarget{AnyHolder: true}); !errors.Is(err, guard.ErrUnsupported) {
 		t.Fatalf("ForceRelease on a backend without it: %v, want ErrUnsupported", err)
 	}
 	if _, err := newGuard(t, withoutInspect{memory.New()}).List(ctx, "", "", 10); !errors.Is(err, guard.ErrUnsupported) {

@@ -178,24 +178,32 @@ func smallest(ls []driver.Listed, n int) []driver.Listed {
 	return ls[:min(n, len(ls))]
 }
 
-// ForceRelease implements driver.ForceReleaser: it deletes the holders' keys
-// in one transaction that checks they are still the keys it read, so that a
-// holder which left in between, and a newer holder after it, are never
-// touched (it then reads again). The next holder's key is created after
-// the deletion, so its create revision, the token, is greater than every
-// token issued before.
+// ForceRelease implements driver.ForceReleaser. A holding's token is its
+// contender key's create revision, which no other key shares: the holding
+// target names is deleted in one transaction that compares that key's
+// create revision (and its value, the label, when target has one), so a
+// holding that left after the read, and any key created later, is never
+// touched; when the compare fails, the contenders are read again, to name
+// who holds the lock instead. A holder stays one until its key goes (only
+// older keys could stand before it), so the key read as a holder is still
+// one when the transaction runs. With target.AnyHolder, every holder read
+// is deleted, in one transaction that checks they are still the keys read
+// (it then reads again). The next holder's key is created after the
+// deletion, so its create revision, the token, is greater than every token
+// issued before.
 //
-// The same transaction leaves a marker for each holder under RevokedPrefix,
-// on the holder's own etcd lease, which the holder's session watches: its
-// lease, a driver.RevocableLease, reports the revocation (guard then
-// cancels the holder's section) as soon as the watch delivers it, and the
-// session deletes the marker. ForceRelease does not wait for that. A holder
-// whose watch is on a frozen member hears of it only when the watch is
-// served again, or not at all if its session ends first; fenced storage is
-// what refuses its writes meanwhile. Revoking the holder session's etcd
-// lease instead would also take every other lock that session holds (all
-// the holder process's locks of that TTL), so ForceRelease does not.
-func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+// The same transaction leaves a marker for each holder removed under
+// RevokedPrefix, on the holder's own etcd lease, which the holder's session
+// watches: its lease, a driver.RevocableLease, reports the revocation
+// (guard then cancels the holder's section) as soon as the watch delivers
+// it, and the session deletes the marker. ForceRelease does not wait for
+// that. A holder whose watch is on a frozen member hears of it only when the
+// watch is served again, or not at all if its session ends first; fenced
+// storage is what refuses its writes meanwhile. Revoking the holder
+// session's etcd lease instead would also take every other lock that
+// session holds (all the holder process's locks of that TTL), so
+// ForceRelease does not.
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	for {
 		kvs, err := l.contenders(ctx, key)
 		if err != nil {
@@ -205,28 +213,45 @@ func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding
 		if len(holders) == 0 {
 			return nil, nil
 		}
-		cmps := make([]clientv3.Cmp, len(holders))
-		ops := make([]clientv3.Op, 0, 2*len(holders))
+		hs := holdings(holders)
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		var removed []driver.Holding
 		for i, kv := range holders {
-			cmps[i] = clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)
-			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+			if !target.AnyHolder && !target.Matches(hs[i]) {
+				continue
+			}
+			k := string(kv.Key)
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision))
+			if target.Owner != "" && !target.AnyHolder {
+				cmps = append(cmps, clientv3.Compare(clientv3.Value(k), "=", target.Owner))
+			}
+			ops = append(ops, clientv3.OpDelete(k))
 			if kv.Lease != 0 {
 				// The compare proves the lease alive: a lease's keys go
 				// in the same step as the lease.
-				ops = append(ops, clientv3.OpPut(revokedDir(clientv3.LeaseID(kv.Lease))+string(kv.Key), "",
+				ops = append(ops, clientv3.OpPut(revokedDir(clientv3.LeaseID(kv.Lease))+k, "",
 					clientv3.WithLease(clientv3.LeaseID(kv.Lease))))
 			}
+			removed = append(removed, hs[i])
+		}
+		if len(removed) == 0 {
+			return nil, driver.HolderChanged(hs)
 		}
 		rctx, cancel := l.timeout.ctx(ctx)
 		mctx, c, answered := l.members.use(rctx)
 		resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
 		answered(err)
+		// Judged before cancel, which would make every failure look like
+		// the request's own timeout.
+		err = l.timeout.err(ctx, rctx, err)
 		cancel()
 		if err != nil {
-			return nil, l.timeout.err(ctx, rctx, err)
+			return nil, err
 		}
 		if resp.Succeeded {
-			return holdings(holders), nil
+			return removed, nil
 		}
+		// A holding read has gone meanwhile: judge again from a new read.
 	}
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // TestInspectReaders: readers sharing the lock are all its holders, a writer
-// queued behind them is a waiter, and ForceRelease takes every reader, after
+// queued behind them is a waiter, and ForceRelease of any holder takes every reader, after
 // which the writer holds with a greater token.
 func TestInspectReaders(t *testing.T) {
 	eps := endpoints(t)
@@ -61,7 +61,7 @@ func TestInspectReaders(t *testing.T) {
 		writer <- w
 	}()
 	waitFor(t, "the writer queues", func() bool { return inspect().Waiters == 1 })
-	got, err := admin.ForceRelease(ctx, k)
+	got, err := admin.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
 	if err != nil || !slices.Equal(tokens(got), want) {
 		t.Fatalf("ForceRelease: %+v, %v; want the readers with tokens %v", got, err, want)
 	}
@@ -145,7 +145,7 @@ func TestForceReleaseTellsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Unlock(context.Background())
-	if _, err := ga.ForceRelease(ctx, "job"); err != nil {
+	if _, err := ga.ForceRelease(ctx, "job", guard.ReleaseTarget{Token: lk.Token()}); err != nil {
 		t.Fatal(err)
 	}
 	select {

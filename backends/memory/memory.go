@@ -177,24 +177,41 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	return out, nil
 }
 
-// ForceRelease implements driver.ForceReleaser for exclusive locks. Tokens
-// come from one counter per Locker, so the next grant's is greater anyway;
-// the old holder's next Refresh finds its lease gone.
-func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+// ForceRelease implements driver.ForceReleaser for every kind of lock on
+// key that Inspect reports (exclusive, read/write, semaphore): tokens come
+// from one counter per Locker, so the token target names is one holding of
+// one of them, and the next grant's token is greater anyway. The old
+// holder's next Refresh finds its lease gone.
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.entries[entryKey{exclusive.space(), key}]
-	if e == nil {
+	var removed []driver.Holding
+	for space := uint8(0); space < 3; space++ {
+		e := l.entries[entryKey{space, key}]
+		if e == nil {
+			continue
+		}
+		e.expire(now)
+		kept := e.holders[:0]
+		for _, h := range e.holders {
+			held := driver.Holding{Owner: h.owner, Token: h.token, TTL: h.expires.Sub(now)}
+			if target.AnyHolder || target.Matches(held) {
+				removed = append(removed, held)
+			} else {
+				kept = append(kept, h)
+			}
+		}
+		e.holders = kept
+		l.dispatch(e, now)
+	}
+	if len(removed) == 0 {
+		if in := l.inspectLocked(key, now); len(in.Holders) > 0 {
+			return nil, driver.HolderChanged(in.Holders)
+		}
 		return nil, nil
 	}
-	e.expire(now)
-	var removed []driver.Holding
-	for _, h := range e.holders {
-		removed = append(removed, driver.Holding{Owner: h.owner, Token: h.token, TTL: h.expires.Sub(now)})
-	}
-	e.holders = e.holders[:0]
-	l.dispatch(e, now)
+	slices.SortFunc(removed, func(a, b driver.Holding) int { return cmp.Compare(a.Token, b.Token) })
 	return removed, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -126,17 +127,31 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// ForceRelease implements driver.ForceReleaser for plain and fair locks. The
+// ForceRelease implements driver.ForceReleaser for plain and fair locks, in
+// one script that checks the holder and removes it. The token Inspect
+// reports, and the one target names, is the fence's value, which only a
+// grant moves: while it is unchanged and the lock is held, the holder is
+// the one that was seen. (Read/write locks and semaphores of the same name
+// draw from that fence too, so a grant of one of them in between makes the
+// release refuse, naming the same holder with the fence's new value.) The
 // old holder finds its lease gone at its next renewal, a third of its TTL
 // later at most, and its section's context is cancelled then.
-func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	n := namesOf(key)
-	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.deadlines(), n.waiters()}, n.channel()).Slice()
+	anyHolder, withLabel := "0", "0"
+	if target.AnyHolder {
+		anyHolder = "1"
+	}
+	if target.Owner != "" {
+		withLabel = "1"
+	}
+	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.deadlines(), n.waiters()},
+		n.channel(), anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
-	if len(r) != 3 {
-		return nil, fmt.Errorf("%w: force release answered %d values, want 3", driver.ErrUnavailable, len(r))
+	if len(r) != 4 {
+		return nil, fmt.Errorf("%w: force release answered %d values, want 4", driver.ErrUnavailable, len(r))
 	}
 	owner, ok := r[0].(string)
 	if !ok {
@@ -144,5 +159,10 @@ func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding
 	}
 	token, _ := r[1].(int64)
 	pttl, _ := r[2].(int64)
-	return []driver.Holding{{Owner: labelOf(owner), Token: uint64(token), TTL: time.Duration(max(pttl, 0)) * time.Millisecond}}, nil
+	removed, _ := r[3].(int64)
+	h := []driver.Holding{{Owner: labelOf(owner), Token: uint64(token), TTL: time.Duration(max(pttl, 0)) * time.Millisecond}}
+	if removed != 1 {
+		return nil, driver.HolderChanged(h)
+	}
+	return h, nil
 }

@@ -149,10 +149,17 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	return out, nil
 }
 
-// ForceRelease implements driver.ForceReleaser. In one statement, checked
-// against the holder it read (owner id and version, so that a holder that
+// ForceRelease implements driver.ForceReleaser. A holding's token is its
+// row's version, which every grant moves and nothing else reuses (rows are
+// never deleted), so the version names one holding. In one statement,
+// checked against the holder it read (owner id and version: a holder that
 // left in between, or its successor, is never touched), it ends the row's
 // lease at the database's now, advances the version and clears the owner.
+// When that holder is not the one target names, or the statement finds it
+// gone, nothing is changed and the row is read again to say who holds the
+// lock instead; with target.AnyHolder the holder read is taken, whoever it
+// is, and a holder gone meanwhile sends it back to read again.
+//
 // The next grant takes the row over with the version after that, so its
 // token is greater than the old holder's; and every statement of the old
 // holder names its owner id, most also its version, so none matches the row
@@ -160,7 +167,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // batch refresh) and its Release return driver.ErrNotHeld. On PostgreSQL
 // the statement also notifies the lock table's channel, as a release does,
 // so that waiters that listen try at once.
-func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -174,6 +181,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding
 		h, owner, ok, err := l.holding(ctx, key)
 		if err != nil || !ok {
 			return nil, err
+		}
+		if !target.AnyHolder && !target.Matches(h) {
+			return nil, driver.HolderChanged([]driver.Holding{h})
 		}
 		args := []any{key, owner, int64(h.Token)}
 		if l.channel != "" {

@@ -21,7 +21,8 @@ var (
 
 // holder is a contender node that holds its lock, as read from the server.
 type holder struct {
-	node string
+	node    string
+	version int32 // of the node's data, for a delete that checks it
 	driver.Holding
 }
 
@@ -92,7 +93,7 @@ func (l *Locker) readHolders(ctx context.Context, parent string, cs []contender)
 		if err != nil {
 			return nil, err
 		}
-		hs = append(hs, holder{node: node, Holding: driver.Holding{Owner: string(d.data), Token: uint64(d.stat.Czxid), SessionBound: true}})
+		hs = append(hs, holder{node: node, version: d.stat.Version, Holding: driver.Holding{Owner: string(d.data), Token: uint64(d.stat.Czxid), SessionBound: true}})
 	}
 	return hs, nil
 }
@@ -177,13 +178,19 @@ func unescape(name string) (string, bool) {
 }
 
 // ForceRelease implements driver.ForceReleaser for locks and read/write
-// locks: it deletes the holders' nodes in one multi-operation, which fails
-// as a whole when one of them is already gone (the listing is then taken
-// again), so that only nodes seen holding are deleted. Node names are
-// unique to their create, so no later contender's node can be hit. The
-// next holder is a contender queued behind the old holders or one that
-// comes later: either way its node was created after theirs, so its czxid,
-// the token, is greater.
+// locks. A holding's token is its node's czxid, and its node's name carries
+// a random id of its create (see enqueue), so the name stands for that one
+// holding: ForceRelease deletes the node of the holding target names, with
+// the data version it read, and never another contender's, so of a read
+// lock's readers exactly the one named goes. A holder stays one until its
+// node goes (only older nodes could stand before it), so the node read as a
+// holder is still one when the delete runs; when the node has gone
+// meanwhile, the holders are read again to say who holds the lock instead.
+// With target.AnyHolder, every holder's node is deleted in one
+// multi-operation, which fails as a whole when one of them is already gone
+// (the listing is then taken again). The next holder is a contender queued
+// behind the old holders or one that comes later: either way its node was
+// created after theirs, so its czxid, the token, is greater.
 //
 // The old holder's session lives on, but its Locker has a data watch on
 // each node it holds: the deletion reaches it as a watch event, and its
@@ -195,24 +202,31 @@ func unescape(name string) (string, bool) {
 // reconnects. A driver user that never calls OnRevoke learns of it only
 // from its Release, which finds the node gone and returns
 // driver.ErrNotHeld.
-func (l *Locker) ForceRelease(ctx context.Context, key string) ([]driver.Holding, error) {
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	parent := l.lockPath(key)
 	for {
 		hs, _, err := l.holders(ctx, parent)
 		if err != nil || len(hs) == 0 {
 			return nil, err
 		}
-		ops := make([]any, len(hs))
-		for i, h := range hs {
-			ops[i] = &zk.DeleteRequest{Path: h.node, Version: -1}
+		var ops []any
+		var removed []holder
+		for _, h := range hs {
+			if target.AnyHolder || target.Matches(h.Holding) {
+				ops = append(ops, &zk.DeleteRequest{Path: h.node, Version: h.version})
+				removed = append(removed, h)
+			}
+		}
+		if len(removed) == 0 {
+			return nil, driver.HolderChanged(holdings(hs))
 		}
 		_, err = call(ctx, l, "force release", func() ([]zk.MultiResponse, error) { return l.conn.Multi(ops...) })
-		if errors.Is(err, zk.ErrNoNode) {
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		return holdings(hs), nil
+		return holdings(removed), nil
 	}
 }

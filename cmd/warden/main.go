@@ -3,7 +3,7 @@
 //
 //	warden -lock redis://127.0.0.1:6379 locks ls [PREFIX]
 //	warden -lock etcd://10.0.0.1:2379 locks show KEY
-//	warden -lock postgres://... locks release KEY      (asks first; -yes does not)
+//	warden -lock postgres://... locks release KEY      (asks first; -yes needs -token N or -any-holder)
 //	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
 //	warden -lock zk://10.0.0.5:2181 idem delete SCOPE KEY    (asks first; -yes does not)
 //	warden -lock mysql://... ping
@@ -13,7 +13,9 @@
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
 // Output is a table for people, or JSON with -json for scripts. Exit status
 // 0 on success, 1 when the backend fails or the answer is no, 2 for bad
-// input (with a one-line error).
+// input (with a one-line error), 3 when a release is refused because the
+// lock changed hands after its holder was shown (nothing is released; the
+// new holder is named).
 package main
 
 import (
@@ -48,7 +50,9 @@ const usage = `usage: warden [flags] COMMAND
 commands:
   locks ls [PREFIX]      held locks whose keys start with PREFIX
   locks show KEY         who holds KEY, until when, and who waits
-  locks release KEY      take KEY from its holder (asks first, unless -yes)
+  locks release [-token N | -any-holder] KEY
+                         take KEY from the holder shown (asks first; -yes
+                         needs -token N, the holding's, or -any-holder)
   idem show SCOPE KEY    the idempotency record under SCOPE and KEY
   idem delete SCOPE KEY  remove that record, so the key runs afresh (asks first, unless -yes)
   ping                   whether the backend answers
@@ -87,6 +91,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	var u errUsage
 	if errors.As(err, &u) {
 		return 2
+	}
+	var coded interface{ ExitCode() int }
+	if errors.As(err, &coded) {
+		return coded.ExitCode()
 	}
 	return 1
 }
@@ -199,10 +207,7 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		}
 		return func(ctx context.Context) error { return c.show(ctx, cmd[2]) }, nil
 	case "locks release":
-		if err := want(3, "KEY"); err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.release(ctx, cmd[2]) }, nil
+		return c.releaseCommand(cmd[2:])
 	case "idem show", "idem delete":
 		if err := want(4, "SCOPE KEY"); err != nil {
 			return nil, err
@@ -256,42 +261,6 @@ func (c *cli) show(ctx context.Context, key string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 	}
 	return tw.Flush()
-}
-
-func (c *cli) release(ctx context.Context, key string) error {
-	in, err := c.g.Inspect(ctx, key)
-	if err != nil {
-		return badKeyOr(err)
-	}
-	if len(in.Holders) == 0 {
-		return fmt.Errorf("%s is not held: nothing to release", key)
-	}
-	if !c.yes {
-		h := in.Holders[0]
-		fmt.Fprintf(c.stdout, "release %s, held by %s with token %d? Its holder is told when it next hears from the backend; until then only fenced storage refuses its late writes. [y/N] ",
-			key, orDash(h.Owner), h.Token)
-		answer, _ := c.stdin.ReadString('\n')
-		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
-			return errors.New("not released")
-		}
-	}
-	removed, err := c.g.ForceRelease(ctx, key)
-	if err != nil {
-		return err
-	}
-	if c.json {
-		return c.printJSON(struct {
-			Key     string         `json:"key"`
-			Removed []guard.Holder `json:"removed"`
-		}{key, nonNil(removed)})
-	}
-	for _, h := range removed {
-		fmt.Fprintf(c.stdout, "released %s from %s (token %d)\n", key, orDash(h.Owner), h.Token)
-	}
-	if len(removed) == 0 {
-		fmt.Fprintf(c.stdout, "%s was freed meanwhile: nothing released\n", key)
-	}
-	return nil
 }
 
 func (c *cli) idem(ctx context.Context, scope, key string) error {

@@ -112,7 +112,7 @@ func TestOnEveryBackend(t *testing.T) {
 			waitFor(t, "the second service to wait", func() bool { return waiting(t, reader) == 1 })
 
 			code, out, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", key)
-			if code != 0 || !strings.Contains(out, "released "+key+" from orders-svc/7") {
+			if code != 0 || !strings.Contains(out, fmt.Sprintf("released %q from %q", key, "orders-svc/7")) {
 				t.Fatalf("release answered yes: %d %q %q", code, out, errOut)
 			}
 			select {

@@ -2,7 +2,10 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -85,11 +88,86 @@ type Listed struct {
 // from its holder (one that hangs, or whose process is gone but whose lease
 // is long).
 type ForceReleaser interface {
-	// ForceRelease removes key's current holders (of a plain or fair lock)
-	// and returns them, or none when the key was free. It first makes sure
-	// the next grant's token is greater than every token issued so far, so
-	// that fenced storage refuses the old holders' later writes; an old
-	// holder finds its lease gone at its next renewal at the latest (for
-	// session-kept leases, see the backend's documentation).
-	ForceRelease(ctx context.Context, key string) ([]Holding, error)
+	// ForceRelease removes from key (a plain or fair lock, and where the
+	// backend's Inspect reports them on the same key, its readers or
+	// permits) the holding target names, and returns it: exactly that
+	// holding, in one atomic step of the server that checks it still holds
+	// (a script, a transaction's compare, a conditional delete or update),
+	// never a read and a removal in two requests. When the key is held, but
+	// not by that holding, it removes nothing and returns a
+	// *HolderChangedError naming the holders it found, which matches
+	// ErrHolderChanged; when the key is free, it returns none and no error.
+	// With target.AnyHolder it removes every holder Inspect would report
+	// when the server answers, whoever they are.
+	//
+	// It first makes sure the next grant's token is greater than every token
+	// issued so far, so that fenced storage refuses the removed holder's
+	// later writes; a removed holder finds its lease gone at its next
+	// renewal at the latest (for session-kept leases, see the backend's
+	// documentation).
+	ForceRelease(ctx context.Context, key string, target ReleaseTarget) ([]Holding, error)
 }
+
+// ReleaseTarget names what a forced release removes: the holding an
+// operator saw in an Inspection, or, only when asked for explicitly,
+// whoever holds the key.
+type ReleaseTarget struct {
+	// Token is the fencing token of the holding to remove, as Inspect
+	// reported it. Every backend's tokens tell its holdings of one key
+	// apart, readers and permits included.
+	Token uint64
+	// Owner, when not empty, must be the holding's label as well
+	// (Holding.Owner): a holding with Token but another label is not the
+	// one the operator saw.
+	Owner string
+	// AnyHolder removes whoever holds the key when the server answers, and
+	// ignores Token and Owner.
+	AnyHolder bool
+}
+
+// Matches reports whether h is the holding t names (AnyHolder aside).
+func (t ReleaseTarget) Matches(h Holding) bool {
+	return h.Token == t.Token && (t.Owner == "" || h.Owner == t.Owner)
+}
+
+// ErrHolderChanged: a forced release found the lock held, but not by the
+// holding it was told to remove, and removed nothing.
+var ErrHolderChanged = errors.New("the lock changed hands")
+
+// HolderChangedError is a forced release's refusal: the lock is held by
+// others than the holding it named. It matches ErrHolderChanged.
+type HolderChangedError struct {
+	// Holders are the holders the backend found instead, oldest grant
+	// first.
+	Holders []Holding
+}
+
+// HolderChanged is the refusal of a forced release that found holders
+// instead of the holding it was told to remove.
+func HolderChanged(holders []Holding) error {
+	return &HolderChangedError{Holders: holders}
+}
+
+// Error says who holds the lock now, with each label quoted so that no
+// character of it reaches a terminal raw.
+func (e *HolderChangedError) Error() string {
+	var b strings.Builder
+	b.WriteString(ErrHolderChanged.Error())
+	b.WriteString(": now held by ")
+	for i, h := range e.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if h.Owner == "" {
+			b.WriteString("an unlabelled holder")
+		} else {
+			b.WriteString(strconv.Quote(h.Owner))
+		}
+		b.WriteString(" with token ")
+		b.WriteString(strconv.FormatUint(h.Token, 10))
+	}
+	return b.String()
+}
+
+// Is makes the error match ErrHolderChanged.
+func (e *HolderChangedError) Is(target error) bool { return target == ErrHolderChanged }

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -107,31 +108,44 @@ func testList(t *testing.T, b *Backend) {
 }
 
 // testForceRelease checks a backend's ForceReleaser, when it has one: the
-// holder is removed and reported, the next grant's token is greater, the
-// old lease is found gone, and a RevocableLease reports its revocation.
+// holding named is removed and reported, the next grant's token is greater,
+// the old lease is found gone, and a RevocableLease reports its revocation;
+// a holding that is no longer there is refused, naming the holder found
+// instead, which keeps its lock; and of a shared lock's holders exactly the
+// one named goes.
 func testForceRelease(t *testing.T, b *Backend) {
-	holder, admin, next := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
-	fr, ok := admin.(driver.ForceReleaser)
-	if !ok {
+	if _, ok := b.NewLocker(t).(driver.ForceReleaser); !ok {
 		t.Skip("the backend does not implement driver.ForceReleaser")
 	}
+	t.Run("Named", func(t *testing.T) { testForceReleaseNamed(t, b) })
+	t.Run("ChangedHands", func(t *testing.T) { testForceReleaseChangedHands(t, b) })
+	t.Run("Shared", func(t *testing.T) { testForceReleaseShared(t, b) })
+}
+
+func testForceReleaseNamed(t *testing.T, b *Backend) {
+	holder, admin, next := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
+	fr := admin.(driver.ForceReleaser)
 	ctx := b.ctx(t)
 	k := key(t)
-	if got, err := fr.ForceRelease(ctx, k); err != nil || len(got) != 0 {
-		t.Fatalf("ForceRelease of a free key: %+v, %v; want no holders and no error", got, err)
+	for _, target := range []driver.ReleaseTarget{{Token: 1}, {AnyHolder: true}} {
+		if got, err := fr.ForceRelease(ctx, k, target); err != nil || len(got) != 0 {
+			t.Fatalf("ForceRelease(%+v) of a free key: %+v, %v; want no holders and no error", target, got, err)
+		}
 	}
-	old := mustAcquire(t, holder, ctx, k, b.opts(false))
+	o := b.opts(false)
+	o.Owner = "hung-replica"
+	old := mustAcquire(t, holder, ctx, k, o)
 	revoked := make(chan struct{})
 	rl, revocable := old.(driver.RevocableLease)
 	if revocable {
 		rl.OnRevoke(func() { close(revoked) })
 	}
-	got, err := fr.ForceRelease(ctx, k)
+	got, err := fr.ForceRelease(ctx, k, driver.ReleaseTarget{Token: old.Token(), Owner: o.Owner})
 	if err != nil {
 		t.Fatalf("ForceRelease: %v", err)
 	}
-	if len(got) != 1 || got[0].Token != old.Token() {
-		t.Fatalf("ForceRelease removed %+v, want the holder with token %d", got, old.Token())
+	if len(got) != 1 || got[0].Token != old.Token() || got[0].Owner != o.Owner {
+		t.Fatalf("ForceRelease removed %+v, want the holder %q with token %d", got, o.Owner, old.Token())
 	}
 	lease := mustAcquire(t, next, ctx, k, b.opts(false))
 	if lease.Token() <= old.Token() {
@@ -161,4 +175,137 @@ func testForceRelease(t *testing.T, b *Backend) {
 		t.Fatalf("the old holder's Release after a forced release: %v, want ErrNotHeld", err)
 	}
 	release(t, lease)
+}
+
+// testForceReleaseChangedHands: an operator saw holder A; A left and B took
+// the lock before the release came. The release of A must not take B's
+// lock, whatever the token or label it names, and must say who holds it;
+// only AnyHolder takes it.
+func testForceReleaseChangedHands(t *testing.T, b *Backend) {
+	la, lb, admin := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
+	fr := admin.(driver.ForceReleaser)
+	ctx := b.ctx(t)
+	k := key(t)
+	// Long enough that B's lease cannot run out during the test on a slow
+	// machine, which would hide a wrongful removal.
+	oa, ob := b.opts(false), b.opts(false)
+	oa.TTL, ob.TTL = 20*b.ttl(), 20*b.ttl()
+	oa.Owner, ob.Owner = "replica-a", "replica-b \"quoted\""
+	a := mustAcquire(t, la, ctx, k, oa)
+	seen := driver.ReleaseTarget{Token: a.Token(), Owner: oa.Owner}
+	release(t, a)
+	bl := mustAcquire(t, lb, ctx, k, ob)
+	revoked := make(chan struct{})
+	if rl, ok := bl.(driver.RevocableLease); ok {
+		rl.OnRevoke(func() { close(revoked) })
+	}
+	for _, target := range []driver.ReleaseTarget{
+		seen,
+		{Token: a.Token()},
+		{Token: bl.Token(), Owner: oa.Owner}, // B's token, A's label: not the holding seen
+	} {
+		got, err := fr.ForceRelease(ctx, k, target)
+		if !errors.Is(err, driver.ErrHolderChanged) || len(got) != 0 {
+			t.Fatalf("ForceRelease(%+v) with B holding: %+v, %v; want ErrHolderChanged and nothing removed", target, got, err)
+		}
+		var hc *driver.HolderChangedError
+		if !errors.As(err, &hc) || len(hc.Holders) != 1 || hc.Holders[0].Token != bl.Token() || hc.Holders[0].Owner != ob.Owner {
+			t.Fatalf("ForceRelease(%+v) refused with %v; want it to name B (token %d)", target, err, bl.Token())
+		}
+		want := fmt.Sprintf("the lock changed hands: now held by %q with token %d", ob.Owner, bl.Token())
+		if err.Error() != want {
+			t.Fatalf("refusal %q, want %q", err, want)
+		}
+	}
+	if _, session := bl.(driver.SessionLease); !session {
+		if err := bl.Refresh(ctx, ob.TTL); err != nil {
+			t.Fatalf("B's Refresh after the refused releases: %v, want its lock kept", err)
+		}
+	}
+	select {
+	case <-revoked:
+		t.Fatal("B's lease reported a revocation after releases that were refused")
+	default:
+	}
+	if in, ok := admin.(driver.Inspector); ok {
+		got, err := in.Inspect(ctx, k)
+		if err != nil || len(got.Holders) != 1 || got.Holders[0].Token != bl.Token() {
+			t.Fatalf("Inspect after the refused releases: %+v, %v; want B (token %d) holding", got, err, bl.Token())
+		}
+	}
+	got, err := fr.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
+	if err != nil || len(got) != 1 || got[0].Token != bl.Token() {
+		t.Fatalf("ForceRelease(AnyHolder): %+v, %v; want B (token %d) removed", got, err, bl.Token())
+	}
+	if err := bl.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("B's Release after ForceRelease(AnyHolder): %v, want ErrNotHeld", err)
+	}
+}
+
+// testForceReleaseShared: of a key's shared holders (readers, permits) that
+// Inspect reports, the release of one removes that one and keeps the
+// others. A backend whose Inspect does not report them on the lock's key
+// has nothing to check here.
+func testForceReleaseShared(t *testing.T, b *Backend) {
+	l1, l2, admin := b.NewLocker(t), b.NewLocker(t), b.NewLocker(t)
+	fr := admin.(driver.ForceReleaser)
+	in, ok := admin.(driver.Inspector)
+	if !ok {
+		t.Skip("the backend does not implement driver.Inspector, so no holder can be named from what it shows")
+	}
+	ctx := b.ctx(t)
+	o1, o2 := b.opts(false), b.opts(false)
+	o1.TTL, o2.TTL = 20*b.ttl(), 20*b.ttl()
+	o1.Owner, o2.Owner = "reader-1", "reader-2"
+	checked := 0
+	try := func(kind string, acquire func(l driver.Locker, k string, o driver.AcquireOptions) (driver.Lease, error)) {
+		t.Helper()
+		k := key(t)
+		first, err := acquire(l1, k, o1)
+		if err != nil {
+			t.Fatalf("%s on %q: %v", kind, k, err)
+		}
+		second, err := acquire(l2, k, o2)
+		if err != nil {
+			t.Fatalf("a second %s on %q: %v", kind, k, err)
+		}
+		seen, err := in.Inspect(ctx, k)
+		if err != nil {
+			t.Fatalf("Inspect(%q): %v", k, err)
+		}
+		if len(seen.Holders) < 2 {
+			t.Logf("%s: Inspect reports %d of 2 holders, so a release cannot name both", kind, len(seen.Holders))
+			release(t, first)
+			release(t, second)
+			return
+		}
+		checked++
+		// The newer holder is named: a backend that removed every holder,
+		// or the oldest, fails.
+		got, err := fr.ForceRelease(ctx, k, driver.ReleaseTarget{Token: second.Token(), Owner: o2.Owner})
+		if err != nil || len(got) != 1 || got[0].Token != second.Token() || got[0].Owner != o2.Owner {
+			t.Fatalf("%s: ForceRelease of the second holder: %+v, %v; want it alone (token %d)", kind, got, err, second.Token())
+		}
+		after, err := in.Inspect(ctx, k)
+		if err != nil || len(after.Holders) != 1 || after.Holders[0].Token != first.Token() {
+			t.Fatalf("%s: Inspect after the release of the second holder: %+v, %v; want the first (token %d) alone", kind, after, err, first.Token())
+		}
+		if err := second.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("%s: the released holder's Release: %v, want ErrNotHeld", kind, err)
+		}
+		release(t, first) // fails the test if the first holder lost its lease
+	}
+	if _, ok := l1.(driver.RWLocker); ok {
+		try("AcquireRead", func(l driver.Locker, k string, o driver.AcquireOptions) (driver.Lease, error) {
+			return l.(driver.RWLocker).AcquireRead(ctx, k, o)
+		})
+	}
+	if _, ok := l1.(driver.Semaphorer); ok {
+		try("AcquireSemaphore", func(l driver.Locker, k string, o driver.AcquireOptions) (driver.Lease, error) {
+			return l.(driver.Semaphorer).AcquireSemaphore(ctx, k, 2, o)
+		})
+	}
+	if checked == 0 {
+		t.Skip("the backend's Inspect reports no shared holders on a lock's key")
+	}
 }

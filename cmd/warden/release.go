@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// exitChanged is the exit status of a release refused because the lock
+// changed hands after the operator was shown its holder: nothing was
+// released, and whoever holds it now is named.
+const exitChanged = 3
+
+// changedHands is that refusal.
+type changedHands struct {
+	key string
+	err *driver.HolderChangedError
+}
+
+func (e changedHands) Error() string {
+	return strconv.Quote(e.key) + " was not released: " + e.err.Error()
+}
+
+func (e changedHands) ExitCode() int { return exitChanged }
+
+// releaseCommand reads the arguments of `locks release`, flags before or
+// after KEY:
+//
+//	locks release [-token N | -any-holder] KEY
+//
+// -token names the holding to release, as `locks show` printed it;
+// -any-holder releases whoever holds the key when the release runs. With
+// neither, the release is of the one holder the prompt shows; with -yes
+// there is no prompt, so one of them is needed.
+func (c *cli) releaseCommand(args []string) (func(context.Context) error, error) {
+	fs := flag.NewFlagSet("locks release", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	token := fs.Uint64("token", 0, "the token of the holding to release")
+	anyHolder := fs.Bool("any-holder", false, "release whoever holds the key when the release runs")
+	var keys []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, badInput("locks release: %v (want [-token N | -any-holder] KEY)", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		keys = append(keys, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	tokenSet := false
+	fs.Visit(func(f *flag.Flag) { tokenSet = tokenSet || f.Name == "token" })
+	switch {
+	case len(keys) != 1:
+		return nil, badInput("locks release: want KEY")
+	case tokenSet && *token == 0:
+		return nil, badInput("locks release: -token 0 names no holding")
+	case tokenSet && *anyHolder:
+		return nil, badInput("locks release: either -token or -any-holder, not both")
+	case c.yes && !tokenSet && !*anyHolder:
+		return nil, badInput("locks release: -yes needs -token N or -any-holder, so that what is released is what was meant")
+	}
+	r := release{cli: c, key: keys[0], token: *token, any: *anyHolder}
+	return r.run, nil
+}
+
+// release is one `locks release`.
+type release struct {
+	*cli
+	key   string
+	token uint64 // the holding named with -token, or 0
+	any   bool
+}
+
+func (r release) run(ctx context.Context) error {
+	in, err := r.g.Inspect(ctx, r.key)
+	if err != nil {
+		return badKeyOr(err)
+	}
+	if len(in.Holders) == 0 {
+		return fmt.Errorf("%s is not held: nothing to release", strconv.Quote(r.key))
+	}
+	target, shown, err := r.target(in.Holders)
+	if err != nil {
+		return err
+	}
+	if !r.yes {
+		if err := r.confirm(shown); err != nil {
+			return err
+		}
+	}
+	removed, err := r.g.ForceRelease(ctx, r.key, target)
+	var hc *driver.HolderChangedError
+	if errors.As(err, &hc) {
+		return r.refused(hc)
+	}
+	if err != nil {
+		return err
+	}
+	if r.json {
+		return r.printJSON(struct {
+			Key     string         `json:"key"`
+			Removed []guard.Holder `json:"removed"`
+		}{r.key, nonNil(removed)})
+	}
+	for _, h := range removed {
+		fmt.Fprintf(r.stdout, "released %s from %s (token %d)\n", strconv.Quote(r.key), ownerText(h), h.Token)
+	}
+	if len(removed) == 0 {
+		fmt.Fprintf(r.stdout, "%s was freed meanwhile: nothing released\n", strconv.Quote(r.key))
+	}
+	return nil
+}
+
+// target is what the release asks the backend to remove, given the holders
+// Inspect showed, and the holders the prompt lists.
+func (r release) target(holders []guard.Holder) (guard.ReleaseTarget, []guard.Holder, error) {
+	switch {
+	case r.any:
+		return guard.ReleaseTarget{AnyHolder: true}, holders, nil
+	case r.token != 0:
+		for _, h := range holders {
+			if h.Token == r.token {
+				return guard.ReleaseTarget{Token: h.Token, Owner: h.Owner}, []guard.Holder{h}, nil
+			}
+		}
+		// The holding named is gone already: the same refusal as the
+		// backend's, before anything is asked.
+		return guard.ReleaseTarget{}, nil, r.refused(&driver.HolderChangedError{Holders: holders})
+	case len(holders) > 1:
+		return guard.ReleaseTarget{}, nil, badInput("%s has %d holders: %s; name one with -token N, or release them all with -any-holder",
+			strconv.Quote(r.key), len(holders), holdersText(holders))
+	}
+	h := holders[0]
+	return guard.ReleaseTarget{Token: h.Token, Owner: h.Owner}, holders, nil
+}
+
+// confirm lists every holder the release will remove and asks.
+func (r release) confirm(shown []guard.Holder) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "release %s from:\n", strconv.Quote(r.key))
+	for _, h := range shown {
+		fmt.Fprintf(&b, "  %s (%s)\n", holderText(h), leaseText(h))
+	}
+	if r.any {
+		b.WriteString("or from whoever holds it when the release runs.\n")
+	}
+	b.WriteString("A holder is told when it next hears from the backend; until then only fenced storage refuses its late writes. Release? [y/N] ")
+	io.WriteString(r.stdout, b.String())
+	answer, _ := r.stdin.ReadString('\n')
+	if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+		return errors.New("not released")
+	}
+	return nil
+}
+
+// refused reports a release refused because the holding it named no longer
+// holds the lock: on stderr, and with -json on stdout as well.
+func (r release) refused(hc *driver.HolderChangedError) error {
+	if r.json {
+		if err := r.printJSON(struct {
+			Key     string         `json:"key"`
+			Removed []guard.Holder `json:"removed"`
+			HeldBy  []guard.Holder `json:"held_by"`
+		}{r.key, []guard.Holder{}, nonNil(hc.Holders)}); err != nil {
+			return err
+		}
+	}
+	return changedHands{key: r.key, err: hc}
+}
+
+// holderText names a holder as the backend's refusal does: its label
+// quoted, so that no character of it reaches the terminal raw, and its
+// token.
+func holderText(h guard.Holder) string {
+	return ownerText(h) + " with token " + strconv.FormatUint(h.Token, 10)
+}
+
+func holdersText(hs []guard.Holder) string {
+	s := make([]string, len(hs))
+	for i, h := range hs {
+		s[i] = holderText(h)
+	}
+	return strings.Join(s, ", ")
+}
+
+func ownerText(h guard.Holder) string {
+	if h.Owner == "" {
+		return "an unlabelled holder"
+	}
+	return strconv.Quote(h.Owner)
+}
+
+func leaseText(h guard.Holder) string {
+	if h.SessionBound {
+		return "its lease lasts as long as its session"
+	}
+	return "its lease ends in " + expiresIn(h)
+}
