@@ -280,6 +280,13 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// isClosed reports whether Close has been called.
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
 // dial connects like net.DialTimeout, once hosts lets the attempt go, and
 // reads, from the connect response that starts every connection, the
 // session timeout the server granted: the client library keeps it to

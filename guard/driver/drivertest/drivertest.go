@@ -94,6 +94,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Inspect", func(t *testing.T) { testInspect(t, &b) })
 	t.Run("List", func(t *testing.T) { testList(t, &b) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, &b) })
+	t.Run("ReleaseAfterClose", func(t *testing.T) { testReleaseAfterClose(t, &b) })
 }
 
 var keySeq atomic.Int64
