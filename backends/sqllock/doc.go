@@ -105,9 +105,7 @@
 // # Tables
 //
 // Locker.Migrate creates the tables with gorm's AutoMigrate. To create them
-// with your own migrations instead, this is the DDL (PostgreSQL and SQLite;
-// MySQL the same with ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
-// COLLATE=utf8mb4_bin, so that names compare byte for byte):
+// with your own migrations instead, this is the DDL (PostgreSQL and SQLite):
 //
 //	CREATE TABLE warden_locks (
 //		name       varchar(255) NOT NULL PRIMARY KEY,
@@ -121,10 +119,20 @@
 //		token    bigint       NOT NULL -- highest token that wrote the resource
 //	);
 //
+// On MySQL and MariaDB, name and resource are varbinary(255) instead, and
+// the tables ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin.
+// Keys are bytes, and must compare as bytes: every text collation there
+// ignores trailing spaces (PAD SPACE, utf8mb4_bin included) or letter case,
+// which would make "k" and "k " (or "k" and "K") one lock, whose Inspect,
+// ForceRelease and Fence then reach the other key's holder or token. Tables
+// made by earlier versions, with varchar key columns, are converted by
+// Migrate; with your own migrations, run
+//
+//	ALTER TABLE warden_locks MODIFY name varbinary(255) NOT NULL;
+//	ALTER TABLE warden_fences MODIFY resource varbinary(255) NOT NULL;
+//
 // Keys are at most 255 bytes; longer ones are refused with
-// driver.ErrInvalidKey. On MySQL, whose utf8mb4_bin collation pads with
-// spaces, keys differing only in trailing spaces share one lock (more
-// exclusion, never less).
+// driver.ErrInvalidKey.
 //
 // # SQLite
 //

@@ -224,52 +224,6 @@ func (l *Locker) Close() error {
 	return nil
 }
 
-// Migrate creates or updates the lock table and the fence table with gorm's
-// AutoMigrate. It is safe to run from several processes at once.
-func (l *Locker) Migrate(ctx context.Context) error {
-	if err := migrate(ctx, l.db, l.d, l.rawTable, &lockRow{}); err != nil {
-		return err
-	}
-	return migrate(ctx, l.db, l.d, l.fenceTable, &fenceRow{})
-}
-
-// lockRow is the lock table's schema, for AutoMigrate.
-type lockRow struct {
-	Name      string `gorm:"column:name;primaryKey;type:varchar(255);not null"`
-	Owner     string `gorm:"column:owner;type:varchar(255);not null"`
-	Version   int64  `gorm:"column:version;not null"`
-	LockUntil int64  `gorm:"column:lock_until;not null"`
-	LockedAt  int64  `gorm:"column:locked_at;not null"`
-}
-
-// fenceRow is the fence table's schema, for AutoMigrate.
-type fenceRow struct {
-	Resource string `gorm:"column:resource;primaryKey;type:varchar(255);not null"`
-	Token    int64  `gorm:"column:token;not null"`
-}
-
-func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
-	run := func() error {
-		tx := db.WithContext(ctx)
-		if d.name == "mysql" {
-			// Keys compare byte for byte, as on the other databases,
-			// instead of case-insensitively.
-			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
-		}
-		return tx.Table(table).AutoMigrate(model)
-	}
-	err := run()
-	if err != nil && ctx.Err() == nil && db.WithContext(ctx).Migrator().HasTable(table) {
-		// Another process created the table between AutoMigrate's check
-		// and its CREATE TABLE: run it again to apply the rest.
-		err = run()
-	}
-	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
-	}
-	return nil
-}
-
 func checkKey(key string) error {
 	switch {
 	case key == "":
