@@ -173,14 +173,18 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		// The SELECT reports one row per released row, as the UPDATE would.
 		q.release = "WITH r AS (" + q.release + " RETURNING name) SELECT pg_notify(?, r.name) FROM r"
 	}
-	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	// A new row's version is the database's now in microseconds, and a
+	// takeover's the greater of that and the last version plus one, so that
+	// tokens keep growing when Purge has deleted a free key's row and a later
+	// acquisition inserts it again.
+	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
 	if d.upsert {
 		// One statement: the row is inserted if absent, or taken over if
 		// its lease has expired. Both databases lock the conflicting row
 		// and evaluate the WHERE against its latest committed version, so
 		// of two contenders for an expired lock exactly one sees it expired
 		// and the other gets no row back.
-		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
+		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = " + d.greatest + "(t.version + 1, excluded.version)," +
 			" lock_until = excluded.lock_until, locked_at = excluded.locked_at" +
 			" WHERE t.lock_until <= excluded.locked_at RETURNING version"
 		if d.name == "postgres" {
@@ -201,11 +205,11 @@ func buildQueries(d dialect, t string, notify bool) queries {
 	// lock while it evaluates them, so two contenders cannot both see the
 	// lease expired. Whether this owner won is read back by owner id, which
 	// is unique to the attempt.
-	insert = "INSERT INTO " + t + " (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	insert = "INSERT INTO " + t + " (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
 	expired := "lock_until <= VALUES(locked_at)"
 	q.acquire = insert + " ON DUPLICATE KEY UPDATE" +
 		" owner = IF(" + expired + ", VALUES(owner), owner)," +
-		" version = IF(" + expired + ", version + 1, version)," +
+		" version = IF(" + expired + ", GREATEST(version + 1, VALUES(version)), version)," +
 		" locked_at = IF(" + expired + ", VALUES(locked_at), locked_at)," +
 		" lock_until = IF(" + expired + ", VALUES(lock_until), lock_until)"
 	return q
