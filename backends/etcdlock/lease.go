@@ -92,6 +92,11 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // key is this lease's alone, and only its own delete (or an operator's
 // forced release) removes it under a live session.
 //
+// A lease whose session has ended (lost, given up, or closed with the
+// Locker) is not sent anything: the loss is already known, the session's
+// lease is revoked or expiring with every key on it, and its connections may
+// be closed. Release then returns ErrNotHeld at once.
+//
 // When no attempt is answered before ctx ends, the key may still be there,
 // and the session's keepalive would keep it, and the lock, forever. The
 // session is given up instead: its keepalive stops, its lease is revoked
@@ -100,6 +105,9 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // session.
 func (le *lease) Release(ctx context.Context) error {
 	le.s.forget(le)
+	if le.s.lost() {
+		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
+	}
 	// The attempts together get one request timeout, within the caller's.
 	caller := ctx
 	ctx, cancel := le.s.timeout.ctx(ctx)

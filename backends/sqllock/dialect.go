@@ -24,6 +24,8 @@ type dialect struct {
 	// UPDATE ... WHERE ... RETURNING (PostgreSQL, SQLite). MySQL has
 	// ON DUPLICATE KEY UPDATE instead, which can neither filter nor return.
 	upsert bool
+	// greatest is the function that returns the greater of its arguments.
+	greatest string
 }
 
 func dialectOf(db *gorm.DB) (dialect, error) {
@@ -35,26 +37,29 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 		// extract(epoch ...) is numeric since PostgreSQL 14, so the product
 		// is exact to the microsecond.
 		return dialect{
-			name:   name,
-			now:    "(extract(epoch from clock_timestamp())*1000000)::bigint",
-			upsert: true,
+			name:     name,
+			now:      "(extract(epoch from clock_timestamp())*1000000)::bigint",
+			upsert:   true,
+			greatest: "GREATEST",
 		}, nil
 	case "mysql":
 		// TIMESTAMPDIFF from the epoch on UTC_TIMESTAMP is plain calendar
 		// arithmetic: unlike UNIX_TIMESTAMP(NOW(6)) it does not go through
 		// the session time zone, so a daylight-saving change cannot move it.
 		return dialect{
-			name: name,
-			now:  "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+			name:     name,
+			now:      "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+			greatest: "GREATEST",
 		}, nil
 	case "sqlite":
 		// SQLite keeps 'now' fixed for the whole step of one statement, so
 		// the two strftime calls read the same instant. It has millisecond
 		// resolution.
 		return dialect{
-			name:   name,
-			now:    "(CAST(strftime('%s','now') AS INTEGER)*1000000 + CAST(substr(strftime('%f','now'),4) AS INTEGER)*1000)",
-			upsert: true,
+			name:     name,
+			now:      "(CAST(strftime('%s','now') AS INTEGER)*1000000 + CAST(substr(strftime('%f','now'),4) AS INTEGER)*1000)",
+			upsert:   true,
+			greatest: "max", // with two arguments, SQLite's max is scalar
 		}, nil
 	default:
 		return dialect{}, fmt.Errorf("%w: gorm dialect %q (want postgres, mysql or sqlite)", driver.ErrUnsupported, name)

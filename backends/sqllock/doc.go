@@ -10,8 +10,9 @@
 // one wins:
 //
 //	INSERT INTO warden_locks (name, owner, version, lock_until, locked_at)
-//	VALUES (?, ?, 1, <db now> + ttl, <db now>)
-//	ON CONFLICT (name) DO UPDATE SET owner = ..., version = version + 1, ...
+//	VALUES (?, ?, <db now>, <db now> + ttl, <db now>)
+//	ON CONFLICT (name) DO UPDATE SET owner = ...,
+//	  version = GREATEST(version + 1, <db now>), ...
 //	WHERE warden_locks.lock_until <= <db now>
 //	RETURNING version
 //
@@ -24,10 +25,18 @@
 // sharing one SQLite file share a host anyway (WAL does not work over network
 // file systems).
 //
-// The fencing token is the row's version. It only grows, because the row is
-// never deleted: Release moves lock_until to now and keeps the row. So there
-// is no stale-row sweeper to run either: an expired row is simply taken over
-// by the next Acquire. Refresh and Release are owner-checked
+// The fencing token is the row's version: the database's now in
+// microseconds when the row is inserted, and the greater of that and the
+// last version plus one at each takeover. It only grows, while the row
+// lives: Release moves lock_until to now and keeps the row, and an expired
+// row is simply taken over by the next Acquire. So the table keeps a row
+// per key ever locked; where keys come from request data, reclaim the rows
+// of long-free keys with Locker.Purge. Purge deletes a row only once the
+// clock has passed its version by its idle time (at least MinPurgeIdle), so
+// that the key's next row, starting from the clock, gives greater tokens
+// than the deleted one did, unless the database's clock steps back by more
+// than that. The fence table keeps a row per resource fenced, which Purge
+// leaves alone: deleting one would let a stale token write. Refresh and Release are owner-checked
 // (WHERE name = ? AND owner = ? AND version = ? AND lock_until > <db now>);
 // a refresh that matches no row means the lease is lost. The lease keeper
 // renews many held locks with one UPDATE (RefreshBatch), and each lease's
@@ -105,9 +114,7 @@
 // # Tables
 //
 // Locker.Migrate creates the tables with gorm's AutoMigrate. To create them
-// with your own migrations instead, this is the DDL (PostgreSQL and SQLite;
-// MySQL the same with ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
-// COLLATE=utf8mb4_bin, so that names compare byte for byte):
+// with your own migrations instead, this is the DDL (PostgreSQL and SQLite):
 //
 //	CREATE TABLE warden_locks (
 //		name       varchar(255) NOT NULL PRIMARY KEY,
@@ -121,10 +128,20 @@
 //		token    bigint       NOT NULL -- highest token that wrote the resource
 //	);
 //
+// On MySQL and MariaDB, name and resource are varbinary(255) instead, and
+// the tables ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin.
+// Keys are bytes, and must compare as bytes: every text collation there
+// ignores trailing spaces (PAD SPACE, utf8mb4_bin included) or letter case,
+// which would make "k" and "k " (or "k" and "K") one lock, whose Inspect,
+// ForceRelease and Fence then reach the other key's holder or token. Tables
+// made by earlier versions, with varchar key columns, are converted by
+// Migrate; with your own migrations, run
+//
+//	ALTER TABLE warden_locks MODIFY name varbinary(255) NOT NULL;
+//	ALTER TABLE warden_fences MODIFY resource varbinary(255) NOT NULL;
+//
 // Keys are at most 255 bytes; longer ones are refused with
-// driver.ErrInvalidKey. On MySQL, whose utf8mb4_bin collation pads with
-// spaces, keys differing only in trailing spaces share one lock (more
-// exclusion, never less).
+// driver.ErrInvalidKey.
 //
 // # SQLite
 //

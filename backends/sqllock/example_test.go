@@ -53,7 +53,8 @@ func Example() {
 			// ... the fenced writes go here, on tx ...
 			return nil
 		})
-		fmt.Println("token", l.Token(), "write:", err)
+		// Tokens start from the database's clock, in microseconds.
+		fmt.Println("token from the clock:", l.Token() > 1e15, "write:", err)
 		// Not reentrant here: a context without this section's lock is
 		// another holder.
 		_, err = g.TryLock(context.Background(), "reports/nightly")
@@ -62,7 +63,7 @@ func Example() {
 	})
 	fmt.Println("done:", err)
 	// Output:
-	// token 1 write: <nil>
+	// token from the clock: true write: <nil>
 	// another section: warden: lock "reports/nightly" not acquired
 	// done: <nil>
 }

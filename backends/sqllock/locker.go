@@ -173,14 +173,18 @@ func buildQueries(d dialect, t string, notify bool) queries {
 		// The SELECT reports one row per released row, as the UPDATE would.
 		q.release = "WITH r AS (" + q.release + " RETURNING name) SELECT pg_notify(?, r.name) FROM r"
 	}
-	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	// A new row's version is the database's now in microseconds, and a
+	// takeover's the greater of that and the last version plus one, so that
+	// tokens keep growing when Purge has deleted a free key's row and a later
+	// acquisition inserts it again.
+	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
 	if d.upsert {
 		// One statement: the row is inserted if absent, or taken over if
 		// its lease has expired. Both databases lock the conflicting row
 		// and evaluate the WHERE against its latest committed version, so
 		// of two contenders for an expired lock exactly one sees it expired
 		// and the other gets no row back.
-		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = t.version + 1," +
+		q.acquire = insert + " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, version = " + d.greatest + "(t.version + 1, excluded.version)," +
 			" lock_until = excluded.lock_until, locked_at = excluded.locked_at" +
 			" WHERE t.lock_until <= excluded.locked_at RETURNING version"
 		if d.name == "postgres" {
@@ -201,11 +205,11 @@ func buildQueries(d dialect, t string, notify bool) queries {
 	// lock while it evaluates them, so two contenders cannot both see the
 	// lease expired. Whether this owner won is read back by owner id, which
 	// is unique to the attempt.
-	insert = "INSERT INTO " + t + " (name, owner, version, lock_until, locked_at) VALUES (?, ?, 1, " + now + " + ?, " + now + ")"
+	insert = "INSERT INTO " + t + " (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
 	expired := "lock_until <= VALUES(locked_at)"
 	q.acquire = insert + " ON DUPLICATE KEY UPDATE" +
 		" owner = IF(" + expired + ", VALUES(owner), owner)," +
-		" version = IF(" + expired + ", version + 1, version)," +
+		" version = IF(" + expired + ", GREATEST(version + 1, VALUES(version)), version)," +
 		" locked_at = IF(" + expired + ", VALUES(locked_at), locked_at)," +
 		" lock_until = IF(" + expired + ", VALUES(lock_until), lock_until)"
 	return q
@@ -221,52 +225,6 @@ func buildQueries(d dialect, t string, notify bool) queries {
 func (l *Locker) Close() error {
 	l.announcer.flush(l)
 	l.notes.close()
-	return nil
-}
-
-// Migrate creates or updates the lock table and the fence table with gorm's
-// AutoMigrate. It is safe to run from several processes at once.
-func (l *Locker) Migrate(ctx context.Context) error {
-	if err := migrate(ctx, l.db, l.d, l.rawTable, &lockRow{}); err != nil {
-		return err
-	}
-	return migrate(ctx, l.db, l.d, l.fenceTable, &fenceRow{})
-}
-
-// lockRow is the lock table's schema, for AutoMigrate.
-type lockRow struct {
-	Name      string `gorm:"column:name;primaryKey;type:varchar(255);not null"`
-	Owner     string `gorm:"column:owner;type:varchar(255);not null"`
-	Version   int64  `gorm:"column:version;not null"`
-	LockUntil int64  `gorm:"column:lock_until;not null"`
-	LockedAt  int64  `gorm:"column:locked_at;not null"`
-}
-
-// fenceRow is the fence table's schema, for AutoMigrate.
-type fenceRow struct {
-	Resource string `gorm:"column:resource;primaryKey;type:varchar(255);not null"`
-	Token    int64  `gorm:"column:token;not null"`
-}
-
-func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
-	run := func() error {
-		tx := db.WithContext(ctx)
-		if d.name == "mysql" {
-			// Keys compare byte for byte, as on the other databases,
-			// instead of case-insensitively.
-			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
-		}
-		return tx.Table(table).AutoMigrate(model)
-	}
-	err := run()
-	if err != nil && ctx.Err() == nil && db.WithContext(ctx).Migrator().HasTable(table) {
-		// Another process created the table between AutoMigrate's check
-		// and its CREATE TABLE: run it again to apply the rest.
-		err = run()
-	}
-	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
-	}
 	return nil
 }
 

@@ -23,13 +23,17 @@ const (
 	notifyTable = "warden_notify_test"
 )
 
-func postgresDB() database {
+func postgresDB() database { return databaseNamed("postgres") }
+
+func mariaDB() database { return databaseNamed("mariadb") }
+
+func databaseNamed(name string) database {
 	for _, db := range databases() {
-		if db.name == "postgres" {
+		if db.name == name {
 			return db
 		}
 	}
-	panic("no postgres in databases()")
+	panic("no " + name + " in databases()")
 }
 
 // slowWaiter is a Locker whose waits poll only every slowPoll.

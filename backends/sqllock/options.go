@@ -2,7 +2,9 @@ package sqllock
 
 import (
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -32,7 +34,7 @@ func defaults() config {
 func WithTable(name string) Option {
 	return func(c *config) error {
 		if name == "" {
-			return fmt.Errorf("%w: empty table name", driver.ErrInvalidOption)
+			return fmt.Errorf("%w: table name %q is empty", driver.ErrInvalidOption, name)
 		}
 		c.table = name
 		return nil
@@ -42,11 +44,15 @@ func WithTable(name string) Option {
 // WithOwner sets the owner id recorded with each lock this Locker takes, in
 // place of the default host:pid:random. It must be unique to this Locker
 // among every process sharing the table: two lockers with one owner id would
-// be told apart only by the per-lease counter appended to it.
+// be told apart only by the per-lease counter appended to it. It must be 1
+// to 200 bytes of UTF-8 without NUL, which the owner column could not hold.
 func WithOwner(id string) Option {
 	return func(c *config) error {
-		if id == "" || len(id) > 200 {
-			return fmt.Errorf("%w: owner id must be 1 to 200 bytes", driver.ErrInvalidOption)
+		switch {
+		case id == "" || len(id) > 200:
+			return fmt.Errorf("%w: owner id %q must be 1 to 200 bytes", driver.ErrInvalidOption, id)
+		case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
+			return fmt.Errorf("%w: owner id %q must be UTF-8 without NUL", driver.ErrInvalidOption, id)
 		}
 		c.owner = id
 		return nil

@@ -107,7 +107,8 @@ type zkServer struct {
 // startServer starts a standalone ZooKeeper on a free port with its data in
 // a temporary directory, and waits until it answers. A server that cannot be
 // started skips the test, or fails it when WARDEN_REQUIRE_SERVERS=1.
-func startServer(t *testing.T) *zkServer {
+// properties are -D flags for its JVM.
+func startServer(t *testing.T, properties ...string) *zkServer {
 	t.Helper()
 	java, err := exec.LookPath("java")
 	if err != nil {
@@ -132,9 +133,9 @@ func startServer(t *testing.T) *zkServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-		"-cp", "/usr/share/java/*:/etc/zookeeper/conf",
-		"org.apache.zookeeper.server.ZooKeeperServerMain", cfg)
+	args := append([]string{"-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"}, properties...)
+	cmd := exec.Command(java, append(args, "-cp", "/usr/share/java/*:/etc/zookeeper/conf",
+		"org.apache.zookeeper.server.ZooKeeperServerMain", cfg)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		drivertest.Unreachable(t, "java ZooKeeperServerMain", cfg, err)

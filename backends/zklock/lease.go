@@ -90,10 +90,16 @@ func (le *lease) OnRevoke(f func()) {
 // already gone or the lease had been declared lost before. When the delete
 // gets no answer, a background retry deletes the node once the connection is
 // back, and the session's expiry removes it if it never is: the lock does not
-// stay taken past the session timeout.
+// stay taken past the session timeout. After the Locker's Close, which ended
+// the session and so deleted the node, it sends nothing and returns
+// ErrNotHeld at once.
 func (le *lease) Release(ctx context.Context) error {
 	// Forgotten before the delete, whose watch event is no revocation.
 	le.l.untrack(le)
+	if le.l.isClosed() {
+		le.l.dropHeld(le.ep)
+		return fmt.Errorf("%w: the Locker was closed before release", driver.ErrNotHeld)
+	}
 	_, err := call(ctx, le.l, "release", func() (struct{}, error) {
 		return struct{}{}, le.l.conn.Delete(le.node, -1)
 	})

@@ -83,6 +83,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-zookeeper/zk"
 
@@ -110,16 +111,49 @@ type config struct {
 }
 
 // WithRoot sets the persistent node under which lock nodes are created. It
-// must be an absolute ZooKeeper path other than "/", without a trailing slash.
-// It is created on first use.
+// must be a path ZooKeeper accepts, absolute, other than "/", without a
+// trailing slash, an empty, "." or ".." element, or the characters
+// ZooKeeper refuses (control characters among them). It is created on
+// first use.
 func WithRoot(path string) Option {
 	return func(c *config) error {
-		if path == "/" || !strings.HasPrefix(path, "/") || strings.HasSuffix(path, "/") {
-			return fmt.Errorf("%w: zookeeper root %q, want an absolute path other than / without a trailing slash", driver.ErrInvalidOption, path)
+		if err := checkRoot(path); err != nil {
+			return fmt.Errorf("%w: zookeeper root %q: %w", driver.ErrInvalidOption, path, err)
 		}
 		c.root = path
 		return nil
 	}
+}
+
+// checkRoot says why path cannot be a root, by the rules of ZooKeeper's own
+// path validation: a bad root fails every request with
+// "invalid path", which a waiting acquisition would retry until its
+// context ends.
+func checkRoot(path string) error {
+	switch {
+	case !strings.HasPrefix(path, "/"):
+		return errors.New("want an absolute path")
+	case path == "/":
+		return errors.New("want a node other than /")
+	case strings.HasSuffix(path, "/"):
+		return errors.New("trailing slash")
+	case !utf8.ValidString(path):
+		return errors.New("not UTF-8")
+	}
+	for elem := range strings.SplitSeq(path[1:], "/") {
+		switch elem {
+		case "":
+			return errors.New("empty element (doubled slash)")
+		case ".", "..":
+			return fmt.Errorf("relative element %q", elem)
+		}
+	}
+	for _, r := range path {
+		if r <= 0x1f || (r >= 0x7f && r <= 0x9f) || (r >= 0xd800 && r <= 0xf8ff) || (r >= 0xfff0 && r <= 0xffff) {
+			return fmt.Errorf("character %U, which ZooKeeper refuses", r)
+		}
+	}
+	return nil
 }
 
 // WithACL sets the ACL of every node the Locker creates (default: world
@@ -228,6 +262,11 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	if len(servers) == 0 {
 		return nil, fmt.Errorf("%w: no zookeeper servers", driver.ErrInvalidOption)
 	}
+	for _, s := range servers {
+		if strings.TrimSpace(s) == "" {
+			return nil, fmt.Errorf("%w: empty zookeeper server address in %q", driver.ErrInvalidOption, servers)
+		}
+	}
 	if cfg.requestTimeout == 0 {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
@@ -278,6 +317,13 @@ func (l *Locker) Close() error {
 	l.conn.Close()
 	l.bg.Wait()
 	return nil
+}
+
+// isClosed reports whether Close has been called.
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
 }
 
 // dial connects like net.DialTimeout, once hosts lets the attempt go, and

@@ -15,7 +15,9 @@
 // expiry of a vanished holder, conservative Expiry, refresh, owner-checked
 // refresh and release,
 // waiting that wakes on release, cancellation that leaves nothing behind, FIFO
-// order where claimed, read/write and semaphore semantics where offered.
+// order where claimed, read/write and semaphore semantics where offered,
+// keys that differ only in trailing spaces, case or Unicode normalisation
+// kept apart, and a release after the Locker's Close that returns at once.
 //
 // Every wait in the suite is a deadline on a condition, never a fixed sleep
 // whose length decides the outcome, so it holds on slow, shared machines.
@@ -94,6 +96,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Inspect", func(t *testing.T) { testInspect(t, &b) })
 	t.Run("List", func(t *testing.T) { testList(t, &b) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, &b) })
+	t.Run("DistinctKeys", func(t *testing.T) { testDistinctKeys(t, &b) })
+	t.Run("ReleaseAfterClose", func(t *testing.T) { testReleaseAfterClose(t, &b) })
 }
 
 var keySeq atomic.Int64

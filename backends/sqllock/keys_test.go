@@ -1,0 +1,118 @@
+package sqllock_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// lookalikeResources differ only in trailing spaces, letter case or Unicode
+// normalisation: each is a resource of its own.
+var lookalikeResources = []string{"r", "r ", "R", "\u00e9", "e\u0301"}
+
+// TestFenceDistinctResources: fencing one resource with a high token says
+// nothing about its lookalikes, which a first token of 1 still fences.
+func TestFenceDistinctResources(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			g := migrated(t, db, db.dsn(t))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			base := uniqueKey(t) + "/"
+			fence := func(resource string, token uint64) error {
+				return g.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					return sqllock.Fence(tx, resource, token)
+				})
+			}
+			if err := fence(base+lookalikeResources[0], 5); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range lookalikeResources[1:] {
+				if err := fence(base+r, 1); err != nil {
+					t.Errorf("first fence of %q, after %q was fenced with 5: %v", base+r, base+lookalikeResources[0], err)
+				}
+			}
+		})
+	}
+}
+
+// TestMigrateBinaryKeys: a lock table and a fence table created by an
+// earlier version, with VARCHAR key columns in a PAD SPACE collation, are
+// converted by Migrate, rows kept, so that "k" and "k " become two locks.
+func TestMigrateBinaryKeys(t *testing.T) {
+	db := mariaDB()
+	g := openDB(t, db, db.dsn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	table := fmt.Sprintf("warden_test_oldkeys_%d", time.Now().UnixNano())
+	old := "CREATE TABLE " + table + ` (
+		name varchar(255) NOT NULL PRIMARY KEY,
+		owner varchar(255) NOT NULL,
+		version bigint NOT NULL,
+		lock_until bigint NOT NULL,
+		locked_at bigint NOT NULL
+	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`
+	if err := g.Exec(old).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
+	// A lock taken under the old table, whose token must survive.
+	if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, g, sqllock.WithTable(table))
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate over the old table: %v", err)
+	}
+	if typ := columnType(t, g, table, "name"); typ != "varbinary" {
+		t.Errorf("name column after Migrate: %s, want varbinary", typ)
+	}
+	// A table Migrate creates has it from the start.
+	fresh := table + "_new"
+	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + fresh) })
+	if err := newLocker(t, g, sqllock.WithTable(fresh)).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if typ := columnType(t, g, fresh, "name"); typ != "varbinary" {
+		t.Errorf("name column of a new table: %s, want varbinary", typ)
+	}
+	o := driver.AcquireOptions{TTL: time.Minute}
+	k, err := l.Acquire(ctx, "k", o)
+	if err != nil {
+		t.Fatalf("Acquire(k): %v", err)
+	}
+	if k.Token() <= 41 {
+		t.Errorf("token of k after the migration: %d, not above the old row's 41", k.Token())
+	}
+	padded, err := l.Acquire(ctx, "k ", o)
+	if err != nil {
+		t.Fatalf(`Acquire("k ") while "k" is held: %v`, err)
+	}
+	if err := padded.Release(ctx); err != nil {
+		t.Error(err)
+	}
+	if err := k.Release(ctx); err != nil {
+		t.Error(err)
+	}
+	// Migrating again changes nothing.
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+}
+
+// columnType is the MySQL data type of column in table.
+func columnType(t *testing.T, g *gorm.DB, table, column string) string {
+	t.Helper()
+	var typ string
+	err := g.Raw("SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?", table, column).Scan(&typ).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	return typ
+}

@@ -1,0 +1,123 @@
+package sqllock
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// Migrate creates or updates the lock table and the fence table with gorm's
+// AutoMigrate. It is safe to run from several processes at once.
+//
+// On MySQL and MariaDB it also converts the key columns (the lock table's
+// name, the fence table's resource) of tables created by earlier versions
+// from VARCHAR to VARBINARY, so that keys differing only in trailing spaces
+// or letter case are distinct locks and distinct resources (see the package
+// documentation, Tables). The conversion rewrites the table once, holding
+// its metadata lock meanwhile: run it when the lock traffic is low.
+func (l *Locker) Migrate(ctx context.Context) error {
+	if err := migrate(ctx, l.db, l.d, l.rawTable, &lockRow{}); err != nil {
+		return err
+	}
+	if err := migrate(ctx, l.db, l.d, l.fenceTable, &fenceRow{}); err != nil {
+		return err
+	}
+	if err := binaryKeys(ctx, l.db, l.d, l.rawTable, "name"); err != nil {
+		return err
+	}
+	return binaryKeys(ctx, l.db, l.d, l.fenceTable, "resource")
+}
+
+// lockRow is the lock table's schema, for AutoMigrate.
+type lockRow struct {
+	Name      keyColumn `gorm:"column:name;primaryKey;not null"`
+	Owner     string    `gorm:"column:owner;type:varchar(255);not null"`
+	Version   int64     `gorm:"column:version;not null"`
+	LockUntil int64     `gorm:"column:lock_until;not null"`
+	LockedAt  int64     `gorm:"column:locked_at;not null"`
+}
+
+// fenceRow is the fence table's schema, for AutoMigrate.
+type fenceRow struct {
+	Resource keyColumn `gorm:"column:resource;primaryKey;not null"`
+	Token    int64     `gorm:"column:token;not null"`
+}
+
+// keyColumn is the type of the columns keys are looked up by. They must
+// compare byte for byte, as Go strings do: on MySQL and MariaDB every text
+// collation either ignores trailing spaces (PAD SPACE, utf8mb4_bin among
+// them) or letter case, or both, which would make "k" and "k " one lock, so
+// they are VARBINARY there.
+type keyColumn string
+
+// GormDBDataType tells AutoMigrate the column's type on db.
+func (keyColumn) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
+	if db.Dialector.Name() == "mysql" {
+		return fmt.Sprintf("varbinary(%d)", maxName)
+	}
+	return fmt.Sprintf("varchar(%d)", maxName)
+}
+
+// binaryKeys makes column of table a VARBINARY on MySQL, where the table was
+// created with a VARCHAR key column. AutoMigrate never changes the type of a
+// primary key column, hence this. Other databases compare text byte for byte
+// already.
+func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column string) error {
+	if d.name != "mysql" {
+		return nil
+	}
+	tx := db.WithContext(ctx)
+	var schemaName any // nil: the connection's database
+	name := table
+	if s, t, ok := strings.Cut(table, "."); ok {
+		schemaName, name = s, t
+	}
+	var types []string
+	err := tx.Raw("SELECT DATA_TYPE FROM information_schema.COLUMNS"+
+		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+		schemaName, name, column).Scan(&types).Error
+	if err != nil {
+		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: reading the type of %s: %w", table, column, err))
+	}
+	if len(types) == 1 && strings.EqualFold(types[0], "varbinary") {
+		return nil
+	}
+	quoted, err := quoteTable(db, table)
+	if err != nil {
+		return err
+	}
+	var col strings.Builder
+	db.Dialector.QuoteTo(&col, column)
+	alter := fmt.Sprintf("ALTER TABLE %s MODIFY %s VARBINARY(%d) NOT NULL", quoted, col.String(), maxName)
+	if err := tx.Exec(alter).Error; err != nil {
+		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s (keys must compare byte for byte): %w", table, alter, err))
+	}
+	return nil
+}
+
+func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
+	run := func() error {
+		tx := db.WithContext(ctx)
+		if d.name == "mysql" {
+			// Text compares case-sensitively, as on the other
+			// databases; key columns are binary besides (keyColumn).
+			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+		}
+		return tx.Table(table).AutoMigrate(model)
+	}
+	err := run()
+	if err != nil && ctx.Err() == nil && db.WithContext(ctx).Migrator().HasTable(table) {
+		// Another process created the table between AutoMigrate's check
+		// and its CREATE TABLE: run it again to apply the rest.
+		err = run()
+	}
+	if err != nil {
+		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
+	}
+	return nil
+}
