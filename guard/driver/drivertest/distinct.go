@@ -82,7 +82,7 @@ func testDistinctKeys(t *testing.T, b *Backend) {
 	// Forcing one key free takes its holder away and no other: the rest
 	// stay held, and their own releases succeed.
 	const forced = 1
-	took, err := fr.ForceRelease(ctx, keys[forced])
+	took, err := fr.ForceRelease(ctx, keys[forced], driver.ReleaseTarget{Token: leases[forced].Token(), Owner: owners[forced]})
 	if err != nil {
 		t.Fatalf("ForceRelease(%q): %v", keys[forced], err)
 	}
