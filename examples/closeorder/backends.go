@@ -15,5 +15,5 @@ type unreachable struct {
 }
 
 func (e *unreachable) Error() string {
-	return fmt.Sprintf("-%s %s: unreachable: %v", e.flag, e.url, backendurl.MaskPassword(e.err.Error()))
+	return fmt.Sprintf("-%s %s: unreachable: %v", e.flag, e.url, e.url.RedactError(e.err))
 }

@@ -207,7 +207,7 @@ func (a *app) serve(ctx context.Context, stdout io.Writer) error {
 	go func() { served <- hs.Serve(ln) }()
 	a.sched.Start()
 	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden, metrics http://%s/metrics\n",
-		a.cfg.instance, ln.Addr(), backendurl.MaskPassword(a.cfg.db), backendurl.MaskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr(), ln.Addr())
+		a.cfg.instance, ln.Addr(), backendurl.Redact(a.cfg.db), backendurl.Redact(a.cfg.lock), a.cfg.schedule, ln.Addr(), ln.Addr())
 
 	select {
 	case <-ctx.Done():

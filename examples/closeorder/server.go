@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/warden-go/warden/backends/backendurl"
 )
 
 // server answers the HTTP API.
@@ -202,7 +200,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.healthy(ctx); err != nil {
-		problem(w, http.StatusServiceUnavailable, "unhealthy", backendurl.MaskPassword(err.Error()))
+		problem(w, http.StatusServiceUnavailable, "unhealthy", "a backend does not answer")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
