@@ -11,9 +11,12 @@
 // Backend URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
-// Output is a table for people, or JSON with -json for scripts. Exit status
-// 0 on success, 1 when the backend fails or the answer is no, 2 for bad
-// input (with a one-line error).
+// Output is a table for people, or JSON with -json for scripts; a key, owner
+// or value with a character a terminal would obey or reorder (controls,
+// bidirectional marks) is printed quoted and escaped, as Go's %q does. URLs
+// are printed redacted (backendurl). Exit status 0 on success, 1 when the
+// backend fails or the answer is no, 2 for bad input (with a one-line
+// error).
 package main
 
 import (
@@ -27,16 +30,25 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/idempotency"
 )
 
 func main() {
+	// go-redis logs every failed dial of its pool to stderr; the error the
+	// command returns says it once, on one line. (ZooKeeper's and etcd's
+	// clients are quieted where backendurl opens them.)
+	goredis.SetLogger(silent{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
@@ -83,7 +95,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintln(stderr, "warden:", backendurl.MaskPassword(err.Error()))
+	fmt.Fprintln(stderr, "warden:", strings.ReplaceAll(err.Error(), "\n", "; "))
 	var u errUsage
 	if errors.As(err, &u) {
 		return 2
@@ -91,7 +103,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return 1
 }
 
-func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("warden", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -131,6 +143,8 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return badInput("-lock: %v", err)
 	}
+	// Whatever a client library put in an error, no password leaves here.
+	defer func() { err = lockURL.RedactError(err) }()
 	if lockURL.Scheme == "memory" {
 		return badInput("-lock memory: an in-process backend holds nothing another process can see")
 	}
@@ -139,6 +153,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		if sURL, err = backendurl.Parse(*storeURL); err != nil {
 			return badInput("-store: %v", err)
 		}
+		defer func() { err = sURL.RedactError(err) }()
 	}
 	// The command is checked before anything is opened: a typo must not
 	// wait for a connection.
@@ -232,7 +247,7 @@ func (c *cli) list(ctx context.Context, prefix string) error {
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
 		for _, h := range in.Holders {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", in.Key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
 	return tw.Flush()
@@ -248,12 +263,12 @@ func (c *cli) show(ctx context.Context, key string) error {
 		return c.printJSON(in)
 	}
 	if len(in.Holders) == 0 {
-		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", key, waiters(in.Waiters))
+		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", shown(key), waiters(in.Waiters))
 		return nil
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, h := range in.Holders {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 	}
 	return tw.Flush()
 }
@@ -306,8 +321,8 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	// The owner token is a capability: only the instance part is shown.
-	instance, _, _ := strings.Cut(rec.Owner, ":")
+	// The owner token is a capability: only the instance it names, if any.
+	instance := debugpage.Instance(rec.Owner)
 	if c.json {
 		return c.printJSON(struct {
 			Scope         string `json:"scope"`
@@ -319,7 +334,7 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 		}{rec.Scope, rec.Key, string(rec.State), rec.Fingerprint, instance, len(rec.Response)})
 	}
 	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", orDash(rec.Scope), rec.Key, rec.State, orDash(rec.Fingerprint), orDash(instance), len(rec.Response))
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", shown(rec.Scope), shown(rec.Key), shown(string(rec.State)), shown(rec.Fingerprint), shown(instance), len(rec.Response))
 	return tw.Flush()
 }
 
@@ -340,7 +355,8 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	if !c.yes {
-		fmt.Fprintf(c.stdout, "delete the %s record under scope %q, key %q? The next request with this key runs again. [y/N] ", rec.State, scope, key)
+		fmt.Fprintf(c.stdout, "delete the %s record under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), strconv.Quote(scope), strconv.Quote(key))
 		answer, _ := c.stdin.ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			return errors.New("not deleted")
@@ -416,6 +432,26 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// shown is how a key, owner or value from a backend is printed for people:
+// as it is, or "-" when empty, unless a terminal would obey or reorder some
+// of it (C0 and C1 controls, bidirectional marks and overrides, anything
+// unprintable or not UTF-8), or it starts with a quote; then quoted and
+// escaped, as %q does, so that what is printed is what is there.
+func shown(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) || strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// silent is a go-redis logger that drops what it is given.
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
 
 // nonNil makes an empty list print as [] rather than null.
 func nonNil[T any](s []T) []T {
