@@ -77,8 +77,8 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ping := range o.Pings() {
-		if err := ping(ctx); err != nil {
-			t.Fatalf("ping: %v", err)
+		if err := ping.Check(ctx); err != nil || ping.Backend == "" {
+			t.Fatalf("ping %q: %v", ping.Backend, err)
 		}
 	}
 }

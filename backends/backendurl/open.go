@@ -39,12 +39,22 @@ type Opener struct {
 	etcd    map[string]*clientv3.Client
 	zk      map[string]*zk.Conn
 	closers []func()
-	pings   []func(context.Context) error
+	pings   []Ping
+}
+
+// Ping checks one server the Opener connected to.
+type Ping struct {
+	// Backend names what is checked by its scheme (redis, postgres, zk,
+	// ...), which a health endpoint may show where it must not show the
+	// error's text.
+	Backend string
+	// Check returns nil when the server answers within ctx.
+	Check func(context.Context) error
 }
 
 // Pings returns one check per server the Opener connected to, for a health
-// endpoint: each returns nil when its server answers within ctx.
-func (b *Opener) Pings() []func(context.Context) error { return b.pings }
+// endpoint.
+func (b *Opener) Pings() []Ping { return b.pings }
 
 // NewOpener returns an Opener that has opened nothing yet.
 func NewOpener() *Opener {
@@ -109,7 +119,7 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	}
 	b.sql[key] = db
 	b.closers = append(b.closers, func() { sqlDB.Close() })
-	b.pings = append(b.pings, sqlDB.PingContext)
+	b.pings = append(b.pings, Ping{u.Scheme, sqlDB.PingContext})
 	return db, nil
 }
 
@@ -131,7 +141,7 @@ func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.Uni
 	}
 	b.redis[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, func(ctx context.Context) error { return c.Ping(ctx).Err() })
+	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
 	return c, nil
 }
 
@@ -156,7 +166,7 @@ func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error)
 	}
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err })
+	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err }})
 	return c, nil
 }
 
@@ -192,7 +202,7 @@ func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		if err := p.Ping(pctx); err != nil {
 			return nil, u.RedactError(err)
 		}
-		b.pings = append(b.pings, p.Ping)
+		b.pings = append(b.pings, Ping{u.Scheme, p.Ping})
 	}
 	return l, nil
 }
@@ -312,7 +322,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		if err := s.Ping(pctx); err != nil {
 			return nil, err
 		}
-		b.pings = append(b.pings, s.Ping)
+		b.pings = append(b.pings, Ping{"zk", s.Ping})
 		return s, nil
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)

@@ -1,7 +1,7 @@
 // Command warden answers an operator's questions about warden's locks and
 // idempotency records on a backend, and frees a lock whose holder hangs:
 //
-//	warden -lock redis://127.0.0.1:6379 locks ls [PREFIX]
+//	warden -lock redis://user:pass@127.0.0.1:6379/0 locks ls [PREFIX]
 //	warden -lock etcd://10.0.0.1:2379 locks show KEY
 //	warden -lock postgres://... locks release KEY      (asks first; -yes does not)
 //	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
