@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintln(stderr, "warden:", strings.ReplaceAll(err.Error(), "\n", "; "))
+	fmt.Fprintln(stderr, "warden:", oneLine(err.Error()))
 	var u errUsage
 	if errors.As(err, &u) {
 		return 2
@@ -446,6 +446,27 @@ func shown(s string) string {
 		return strconv.Quote(s)
 	}
 	return s
+}
+
+// oneLine is an error message as one line of stderr: the lines of a
+// multi-line message joined, and whatever a terminal would obey (a backend
+// may quote a stored key or label) escaped.
+func oneLine(msg string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(msg, "\uFFFD") {
+		switch {
+		case r == '\n':
+			b.WriteString("; ")
+		case r == '\t':
+			b.WriteByte(' ')
+		case !strconv.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // silent is a go-redis logger that drops what it is given.

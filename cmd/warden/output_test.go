@@ -188,3 +188,12 @@ func mustLocker(t *testing.T, o *backendurl.Opener, u *backendurl.URL) driver.Lo
 	}
 	return l
 }
+
+// TestErrorLineIsEscaped: an error quoting a backend's bytes is printed as
+// one line with what a terminal would obey escaped.
+func TestErrorLineIsEscaped(t *testing.T) {
+	got := oneLine("first\n\tsecond \x1b[2J\u009b\u202e\xff end")
+	if want := `first;  second \x1b[2J\u009b\u202e` + "\ufffd end"; got != want {
+		t.Fatalf("oneLine = %q, want %q", got, want)
+	}
+}

@@ -101,7 +101,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	}
 	a.orders = &orders{db: db}
 	if err := a.orders.migrate(ctx); err != nil {
-		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, err)
+		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
 	}
 
 	lockURL, _ := backendurl.Parse(cfg.lock)
