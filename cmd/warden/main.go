@@ -356,7 +356,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 	}
 	if !c.yes {
 		fmt.Fprintf(c.stdout, "delete the %s record under scope %s, key %s? The next request with this key runs again. [y/N] ",
-			shown(string(rec.State)), strconv.Quote(scope), strconv.Quote(key))
+			shown(string(rec.State)), shown(scope), shown(key))
 		answer, _ := c.stdin.ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			return errors.New("not deleted")
