@@ -6,18 +6,28 @@
 //
 // The page is rendered on the server (html/template) with its styles inline
 // and no scripts or external assets, so it works behind any proxy and on a
-// phone. Mount it where only operators reach it:
+// phone; its answers forbid framing, sniffing and referrers. It tells
+// operators what a process is doing, which is for operators only: mount it
+// on a listener of its own that the public cannot reach (loopback, or an
+// admin network), never on a service's public API.
 //
 //	page, err := debugpage.New(g, debugpage.WithScheduler(s), debugpage.WithStore(store))
 //	mux.Handle("GET /debug/warden", page)
 //
 // It shows no secrets: idempotency owner tokens (which would let a reader
-// complete or abandon a claim) are cut to the instance that made them, and
-// stored responses are shown by size only.
+// complete or abandon a claim) are cut to the instance that made them
+// (Instance), stored responses are shown by size only, and request
+// fingerprints, which a reader could test guessed bodies against, are shown
+// keyed with a secret the Page draws at New (equal requests show equal
+// values on one Page, and nothing can be checked against them elsewhere).
 package debugpage
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +60,9 @@ type Page struct {
 	sched   *scheduler.Scheduler
 	store   idempotency.Store
 	timeout time.Duration
+	// secret keys the fingerprints shown, so that they cannot be matched
+	// against the hashes of guessed requests.
+	secret [32]byte
 }
 
 // New returns the page for g. A nil Guard or a non-positive timeout is an
@@ -59,6 +72,7 @@ func New(g *guard.Guard, opts ...Option) (*Page, error) {
 		return nil, fmt.Errorf("debugpage: %w: nil Guard", guard.ErrInvalidOption)
 	}
 	p := &Page{g: g, timeout: time.Second}
+	rand.Read(p.secret[:])
 	for _, o := range opts {
 		if o != nil {
 			o(p)
@@ -110,9 +124,11 @@ type Lookup struct {
 	Scope string `json:"scope"`
 	Key   string `json:"key"`
 	// Found is false when the store has no live record under the key.
-	Found       bool   `json:"found"`
-	State       string `json:"state,omitempty"`
-	Instance    string `json:"instance,omitempty"`
+	Found    bool   `json:"found"`
+	State    string `json:"state,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// Fingerprint is the record's request fingerprint keyed with the
+	// Page's secret (HMAC-SHA-256, 16 bytes in hex).
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Response    int    `json:"response_bytes"`
 	Err         string `json:"error,omitempty"`
@@ -120,23 +136,29 @@ type Lookup struct {
 
 // ServeHTTP implements http.Handler.
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	// Inline styles only; nothing may load or run from elsewhere, and no
+	// other site may frame the page.
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
+		h.Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
 	v := p.view(r.Context(), r)
-	w.Header().Set("Cache-Control", "no-store")
 	if r.URL.Query().Get("format") == "json" {
-		w.Header().Set("Content-Type", "application/json")
+		h.Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(v) // the client went away: nothing to do
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	// Inline styles only; nothing may load or run from elsewhere.
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	h.Set("Content-Type", "text/html; charset=utf-8")
 	if err := page.Execute(w, v); err != nil {
 		p.g.Logger().Warn("warden/debugpage: rendering failed", "error", err)
 	}
@@ -185,15 +207,29 @@ func (p *Page) lookup(ctx context.Context, scope, key string) *Lookup {
 	rec, err := p.store.Get(ctx, scope, key)
 	switch {
 	case err == nil:
-		l.Found, l.State, l.Fingerprint, l.Response = true, string(rec.State), rec.Fingerprint, len(rec.Response)
-		// Owner tokens are capabilities; the scheduler's and the
-		// Executor's start with the instance that made them.
-		if inst, _, ok := strings.Cut(rec.Owner, ":"); ok {
-			l.Instance = inst
+		l.Found, l.State, l.Response = true, string(rec.State), len(rec.Response)
+		l.Instance = Instance(rec.Owner)
+		if rec.Fingerprint != "" {
+			mac := hmac.New(sha256.New, p.secret[:])
+			mac.Write([]byte(rec.Fingerprint))
+			l.Fingerprint = hex.EncodeToString(mac.Sum(nil)[:16])
 		}
 	case errors.Is(err, idempotency.ErrNotFound):
 	default:
 		l.Err = err.Error()
 	}
 	return l
+}
+
+// Instance returns the instance label an idempotency owner token starts
+// with, "instance:...", as the scheduler's do, or "" when it has none (the
+// Executor's tokens are random through and through). The rest of a token is
+// a capability: whoever has it can complete or abandon the claim, so only
+// the label is ever shown.
+func Instance(owner string) string {
+	inst, _, ok := strings.Cut(owner, ":")
+	if !ok {
+		return ""
+	}
+	return inst
 }

@@ -3,8 +3,9 @@ package guard
 import (
 	"fmt"
 	"strconv"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // MaxKeyLen bounds a key (before the guard's prefix is added), so that every
@@ -13,7 +14,8 @@ import (
 const MaxKeyLen = 200
 
 // ValidateKey reports why key cannot be used as a lock key, or nil. A key is
-// 1 to MaxKeyLen bytes of valid UTF-8 with no control characters.
+// 1 to MaxKeyLen bytes of valid UTF-8 with no control characters and no
+// bidirectional controls (driver.Unsafe), so that it prints as it is.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
@@ -26,7 +28,7 @@ func ValidateKey(key string) error {
 		if r == utf8.RuneError && size <= 1 {
 			return fmt.Errorf("%w: invalid UTF-8 at byte %d", ErrInvalidKey, i)
 		}
-		if unicode.IsControl(r) {
+		if driver.Unsafe(r) {
 			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidKey, r, i)
 		}
 		i += size

@@ -1,9 +1,16 @@
 // Package backendurl opens warden's backends from URLs, the way a service
 // takes them from flags or the environment: memory, sqlite://PATH,
-// postgres://..., mysql://..., redis://host:port, redlock://h1,h2,h3,
-// etcd://host:port[,...] and zk://host:port[,...]. The example service and
-// the warden CLI both use it; it links every backend and its client, so a
-// program that needs one backend imports that backend instead.
+// postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
+// rediss://... (TLS), redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for
+// TLS), etcd://[user:pass@]host:port[,...] and zk://host:port[,...]. The
+// example service and the warden CLI both use it; it links every backend and
+// its client, so a program that needs one backend imports that backend
+// instead.
+//
+// A URL prints redacted (String): its user info, the values of its query
+// parameters whose names say "pass" (pgx reads ?password=), and the whole
+// of anything it cannot parse unambiguously are replaced by xxxxx. Errors
+// this package returns are redacted the same way.
 package backendurl
 
 import (
@@ -11,13 +18,17 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // URL is a parsed backend URL.
 type URL struct {
-	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd or zk.
+	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd or zk
+	// (rediss and redlocks are redis and redlock over TLS).
 	Scheme string
 	// Path is the database file (sqlite).
 	Path string
@@ -26,7 +37,10 @@ type URL struct {
 	// Hosts are the servers, host:port each (redis, redlock, etcd, zk).
 	Hosts []string
 
-	raw string // as given
+	redis              []*goredis.Options // redis: one; redlock: one per master
+	username, password string             // etcd
+	shown              string             // String's answer
+	secrets            []string           // what Redact removes from text
 }
 
 // SQL reports whether u names a SQL database.
@@ -34,68 +48,284 @@ func (u *URL) SQL() bool {
 	return u.Scheme == "sqlite" || u.Scheme == "postgres" || u.Scheme == "mysql"
 }
 
-// String masks any password, so the URL can be printed in errors and logs.
-func (u *URL) String() string { return MaskPassword(u.raw) }
+// String is the URL redacted, to be printed in errors, logs and banners.
+func (u *URL) String() string { return u.shown }
 
-// userinfoPassword is compiled once and never changed.
-var userinfoPassword = regexp.MustCompile(`(//[^:/@]*):[^@/]*@`)
+// masked replaces every secret in a printed URL.
+const masked = "xxxxx"
 
-// MaskPassword hides the password of every URL in s (an error message, a
-// URL), so that it can be logged.
-func MaskPassword(s string) string { return userinfoPassword.ReplaceAllString(s, "$1:xxxxx@") }
+// Redact returns s, a backend URL or DSN as a user gave it, in the form it
+// may be printed: user info and password parameters masked, and the whole
+// of it masked but its scheme when it cannot be parsed.
+func Redact(s string) string {
+	if u, err := Parse(s); err == nil {
+		return u.String()
+	}
+	if scheme, _, ok := strings.Cut(s, "://"); ok && validScheme(scheme) {
+		return scheme + "://" + masked
+	}
+	return masked
+}
+
+// RedactError returns err with u's secrets (of 4 bytes or more) removed
+// from its message, should a client library have quoted one; errors.Is and
+// errors.As see err.
+func (u *URL) RedactError(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	clean := u.redactText(msg)
+	if clean == msg {
+		return err
+	}
+	return &redacted{msg: clean, err: err}
+}
+
+func (u *URL) redactText(s string) string {
+	var secrets []string
+	for _, secret := range u.secrets {
+		// A password of a few characters would match all over a message;
+		// String never shows it, and no client library quotes one.
+		if len(secret) >= minScrubbed && !slices.Contains(secrets, secret) {
+			secrets = append(secrets, secret)
+		}
+	}
+	// The longest first: a user info goes whole, not its password alone.
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	var pairs []string
+	for _, secret := range secrets {
+		pairs = append(pairs, secret, masked)
+	}
+	return strings.NewReplacer(pairs...).Replace(s)
+}
+
+// minScrubbed is the shortest secret RedactError looks for.
+const minScrubbed = 4
+
+// redacted is an error whose message has had secrets removed.
+type redacted struct {
+	msg string
+	err error
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }
 
 // Parse reads a backend URL: memory, sqlite://PATH, postgres://...,
-// mysql://user:pass@tcp(host:port)/db, redis://host:port,
-// redlock://h1:p1,h2:p2,h3:p3, etcd://host:port[,...] or
-// zk://host:port[,...]. Its errors name what is wrong and mask passwords.
+// mysql://user:pass@tcp(host:port)/db, redis://[user:pass@]host:port[/db],
+// rediss://..., redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db], redlocks://...,
+// etcd://[user:pass@]host:port[,...] or zk://host:port[,...]. Redis URLs take
+// go-redis's query options (redis.ParseURL), applied to every RedLock
+// master. Its errors name what is wrong and never quote a secret.
 func Parse(s string) (*URL, error) {
 	if s == "memory" {
-		return &URL{Scheme: "memory", raw: s}, nil
+		return &URL{Scheme: "memory", shown: s}, nil
 	}
 	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return nil, fmt.Errorf("%q is not a backend URL (want memory or scheme://...)", MaskPassword(s))
+	if !ok || !validScheme(scheme) {
+		return nil, errors.New("not a backend URL (want memory or scheme://...)")
 	}
-	u := &URL{Scheme: scheme, raw: s}
+	unparseable := fmt.Errorf("%s://%s: not a valid URL (percent-encode reserved characters such as / @ : %% in a password)", scheme, masked)
+	u := &URL{Scheme: scheme}
 	switch scheme {
 	case "sqlite":
+		u.shown = s
 		if rest == "" {
 			return nil, fmt.Errorf("%s: no file path", u)
 		}
+		if strings.ContainsAny(rest, "@?") {
+			// Paths are no secret, but user info or parameters may be,
+			// and an error may quote any part of the path.
+			u.shown, u.secrets = scheme+"://"+masked, []string{rest}
+			if i := strings.LastIndex(rest, "@"); i >= 0 {
+				u.secrets = append(u.secrets, rest[:i])
+			}
+			if _, q, ok := strings.Cut(rest, "?"); ok {
+				u.secrets = append(u.secrets, q)
+			}
+		}
 		u.Path = rest
+		return u, nil
+	case "mysql":
+		return parseMySQL(u, rest)
+	case "postgres", "postgresql", "redis", "rediss", "redlock", "redlocks", "etcd", "zk":
+	default:
+		return nil, fmt.Errorf("%s://%s: unknown scheme %q", scheme, masked, scheme)
+	}
+	p, err := url.Parse(s)
+	// Where a password with an '@', '/', '?' or '#' that was not
+	// percent-encoded ends cannot be told (client libraries tell it
+	// differently): two '@' in the authority, an '@' past it, or a '#'.
+	authority, _, _ := strings.Cut(rest, "/")
+	authority, _, _ = strings.Cut(authority, "?")
+	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.Path+p.RawQuery, "@") || strings.Contains(s, "#") {
+		return nil, unparseable
+	}
+	u.shown = redactParsed(p)
+	u.secrets = secretsOf(p)
+	switch scheme {
 	case "postgres", "postgresql":
 		u.Scheme = "postgres"
-		if _, err := url.Parse(s); err != nil {
-			return nil, fmt.Errorf("%s: %v", u, errors.Unwrap(err))
-		}
 		u.DSN = s
-	case "mysql":
-		if !strings.Contains(rest, "@tcp(") && !strings.Contains(rest, "@unix(") {
-			return nil, fmt.Errorf("%s: want mysql://user:pass@tcp(host:port)/db", u)
-		}
-		u.DSN = rest
-		if !strings.Contains(rest, "parseTime=") {
-			sep := "?"
-			if strings.Contains(rest, "?") {
-				sep = "&"
-			}
-			u.DSN += sep + "parseTime=true"
-		}
-	case "redis", "redlock", "etcd", "zk":
-		for _, h := range strings.Split(rest, ",") {
-			if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
-				return nil, fmt.Errorf("%s: %q is not host:port", u, h)
-			}
-			u.Hosts = append(u.Hosts, h)
-		}
-		if scheme == "redis" && len(u.Hosts) != 1 {
+		return u, nil
+	case "redis", "rediss":
+		u.Scheme = "redis"
+		if strings.Contains(p.Host, ",") {
 			return nil, fmt.Errorf("%s: redis:// takes one host:port (use redlock:// for several)", u)
 		}
-		if scheme == "redlock" && (len(u.Hosts) < 3 || len(u.Hosts)%2 == 0) {
+		o, err := goredis.ParseURL(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
+		}
+		u.Hosts, u.redis = []string{o.Addr}, []*goredis.Options{o}
+		return u, nil
+	}
+	for h := range strings.SplitSeq(p.Host, ",") {
+		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
+			return nil, fmt.Errorf("%s: %q is not host:port", u, h)
+		}
+		u.Hosts = append(u.Hosts, h)
+	}
+	switch scheme {
+	case "redlock", "redlocks":
+		u.Scheme = "redlock"
+		if len(u.Hosts) < 3 || len(u.Hosts)%2 == 0 {
 			return nil, fmt.Errorf("%s: redlock:// needs an odd number of nodes, at least 3", u)
 		}
-	default:
-		return nil, fmt.Errorf("%s: unknown scheme %q", u, scheme)
+		master := *p
+		master.Scheme = "redis"
+		if scheme == "redlocks" {
+			master.Scheme = "rediss"
+		}
+		for _, h := range u.Hosts {
+			master.Host = h
+			o, err := goredis.ParseURL(master.String())
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
+			}
+			u.redis = append(u.redis, o)
+		}
+	case "etcd":
+		if p.Path != "" || p.RawQuery != "" {
+			return nil, fmt.Errorf("%s: etcd:// takes hosts only", u)
+		}
+		if p.User != nil {
+			u.username = p.User.Username()
+			u.password, _ = p.User.Password()
+		}
+	case "zk":
+		if p.User != nil || p.Path != "" || p.RawQuery != "" {
+			return nil, fmt.Errorf("%s: zk:// takes hosts only", u)
+		}
 	}
 	return u, nil
+}
+
+// parseMySQL reads a go-sql-driver DSN after mysql://.
+func parseMySQL(u *URL, rest string) (*URL, error) {
+	if !strings.Contains(rest, "@tcp(") && !strings.Contains(rest, "@unix(") {
+		return nil, fmt.Errorf("mysql://%s: want mysql://user:pass@tcp(host:port)/db", masked)
+	}
+	cfg, err := mysql.ParseDSN(rest)
+	if err != nil {
+		// The driver's messages may quote a parameter: none is shown.
+		return nil, fmt.Errorf("mysql://%s: not a valid DSN (want mysql://user:pass@tcp(host:port)/db?param=value)", masked)
+	}
+	if cfg.Passwd != "" {
+		u.secrets = append(u.secrets, cfg.Passwd, url.QueryEscape(cfg.Passwd))
+	}
+	u.DSN = rest
+	if !strings.Contains(rest, "parseTime=") {
+		sep := "?"
+		if strings.Contains(rest, "?") {
+			sep = "&"
+		}
+		u.DSN += sep + "parseTime=true"
+	}
+	shown := cfg.Clone()
+	if shown.User != "" || shown.Passwd != "" {
+		shown.User, shown.Passwd = masked, ""
+	}
+	for k, v := range shown.Params {
+		if secretParam(k) {
+			u.secrets = append(u.secrets, v)
+			shown.Params[k] = masked
+		}
+	}
+	u.shown = "mysql://" + shown.FormatDSN()
+	return u, nil
+}
+
+// validScheme reports whether s has the shape of a URL scheme, so that it
+// can be printed: a letter, then letters, digits, '+', '-' or '.'.
+func validScheme(s string) bool {
+	for i, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.'):
+		default:
+			return false
+		}
+	}
+	return s != "" && len(s) <= 32
+}
+
+// secretParam reports whether a query parameter carries a secret:
+// password, pass, sslpassword, passwd, pwd and the like.
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	return strings.Contains(name, "pass") || name == "pwd" || strings.Contains(name, "secret") || strings.Contains(name, "token")
+}
+
+// redactParsed is p printed with its user info and secret parameters
+// masked.
+func redactParsed(p *url.URL) string {
+	shown := *p
+	if p.User != nil {
+		shown.User = url.User(masked)
+	}
+	var q []string
+	for kv := range strings.SplitSeq(p.RawQuery, "&") {
+		if k, _, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+			kv = k + "=" + masked
+		}
+		q = append(q, kv)
+	}
+	shown.RawQuery = strings.Join(q, "&")
+	return shown.String()
+}
+
+// secretsOf lists p's secrets, decoded and as written, for RedactError.
+func secretsOf(p *url.URL) []string {
+	var s []string
+	add := func(v, raw string) {
+		if v != "" {
+			s = append(s, v, raw, url.QueryEscape(v), url.PathEscape(v))
+		}
+	}
+	if p.User != nil {
+		pw, ok := p.User.Password()
+		raw, _ := strings.CutPrefix(p.User.String(), p.User.Username()+":")
+		if !ok && strings.HasPrefix(p.Scheme, "redis") {
+			// redis://secret@host: redis-cli reads a lone user info as
+			// the password.
+			pw, raw = p.User.Username(), p.User.String()
+		}
+		add(pw, raw)
+		s = append(s, p.User.String())
+	}
+	for kv := range strings.SplitSeq(p.RawQuery, "&") {
+		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+			add(unescape(v), v)
+		}
+	}
+	return s
+}
+
+func unescape(s string) string {
+	if v, err := url.QueryUnescape(s); err == nil {
+		return v
+	}
+	return s
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -36,12 +39,22 @@ type Opener struct {
 	etcd    map[string]*clientv3.Client
 	zk      map[string]*zk.Conn
 	closers []func()
-	pings   []func(context.Context) error
+	pings   []Ping
+}
+
+// Ping checks one server the Opener connected to.
+type Ping struct {
+	// Backend names what is checked by its scheme (redis, postgres, zk,
+	// ...), which a health endpoint may show where it must not show the
+	// error's text.
+	Backend string
+	// Check returns nil when the server answers within ctx.
+	Check func(context.Context) error
 }
 
 // Pings returns one check per server the Opener connected to, for a health
-// endpoint: each returns nil when its server answers within ctx.
-func (b *Opener) Pings() []func(context.Context) error { return b.pings }
+// endpoint.
+func (b *Opener) Pings() []Ping { return b.pings }
 
 // NewOpener returns an Opener that has opened nothing yet.
 func NewOpener() *Opener {
@@ -60,14 +73,27 @@ func (b *Opener) Close() {
 	}
 }
 
-// SQL opens the SQL database u names and checks that it answers.
+// SQL opens the SQL database u names and checks that it answers. Its
+// errors, like Locker's and Store's, quote none of u's secrets.
 func (b *Opener) SQL(ctx context.Context, u *URL) (*gorm.DB, error) {
-	if db, ok := b.sql[u.raw]; ok {
+	db, err := b.openSQL(ctx, u)
+	return db, u.RedactError(err)
+}
+
+func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
+	key := u.Scheme + "\x00" + u.Path + u.DSN
+	if db, ok := b.sql[key]; ok {
 		return db, nil
 	}
 	var d gorm.Dialector
 	switch u.Scheme {
 	case "sqlite":
+		// SQLite reports a missing directory as "out of memory (14)".
+		if dir := filepath.Dir(u.Path); !strings.HasPrefix(u.Path, "file:") && u.Path != ":memory:" {
+			if _, err := os.Stat(dir); err != nil {
+				return nil, fmt.Errorf("the directory of %s: %w", u.Path, err)
+			}
+		}
 		// WAL and a busy timeout let several replicas share one file.
 		d = sqlite.Open(u.Path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
 	case "postgres":
@@ -75,7 +101,7 @@ func (b *Opener) SQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	case "mysql":
 		d = mysql.Open(u.DSN)
 	default:
-		return nil, fmt.Errorf("%s is not a SQL database", u)
+		return nil, errors.New("not a SQL database")
 	}
 	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
@@ -91,35 +117,44 @@ func (b *Opener) SQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 		sqlDB.Close()
 		return nil, driver.Unavailable(ctx, err)
 	}
-	b.sql[u.raw] = db
+	b.sql[key] = db
 	b.closers = append(b.closers, func() { sqlDB.Close() })
-	b.pings = append(b.pings, sqlDB.PingContext)
+	b.pings = append(b.pings, Ping{u.Scheme, sqlDB.PingContext})
 	return db, nil
 }
 
-func (b *Opener) openRedis(ctx context.Context, addr string) (goredis.UniversalClient, error) {
-	if c, ok := b.redis[addr]; ok {
+func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.UniversalClient, error) {
+	key := fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%t", o.Addr, o.Username, o.Password, o.DB, o.TLSConfig != nil)
+	if c, ok := b.redis[key]; ok {
 		return c, nil
 	}
-	c := goredis.NewClient(&goredis.Options{Addr: addr, DialTimeout: 2 * time.Second})
+	opts := *o // ParseURL's answer, kept for the next node of a RedLock
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 2 * time.Second
+	}
+	c := goredis.NewClient(&opts)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		c.Close()
-		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", addr, err))
+		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", o.Addr, err))
 	}
-	b.redis[addr] = c
+	b.redis[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, func(ctx context.Context) error { return c.Ping(ctx).Err() })
+	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
 	return c, nil
 }
 
-func (b *Opener) openEtcd(ctx context.Context, hosts []string) (*clientv3.Client, error) {
-	key := strings.Join(hosts, ",")
+func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error) {
+	hosts := u.Hosts
+	key := strings.Join(hosts, ",") + "\x00" + u.username + "\x00" + u.password
 	if c, ok := b.etcd[key]; ok {
 		return c, nil
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: hosts, DialTimeout: 3 * time.Second})
+	// The client's own log would print a line per retry: the error the
+	// caller gets says it once.
+	c, err := clientv3.New(clientv3.Config{Endpoints: u.Hosts, Username: u.username, Password: u.password,
+		DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +166,7 @@ func (b *Opener) openEtcd(ctx context.Context, hosts []string) (*clientv3.Client
 	}
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err })
+	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err }})
 	return c, nil
 }
 
@@ -159,15 +194,15 @@ func (b *Opener) openZK(hosts []string) (*zk.Conn, error) {
 func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
 	l, err := b.locker(ctx, u, ttl)
 	if err != nil {
-		return nil, err
+		return nil, u.RedactError(err)
 	}
 	if p, ok := l.(driver.Pinger); ok {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if err := p.Ping(pctx); err != nil {
-			return nil, err
+			return nil, u.RedactError(err)
 		}
-		b.pings = append(b.pings, p.Ping)
+		b.pings = append(b.pings, Ping{u.Scheme, p.Ping})
 	}
 	return l, nil
 }
@@ -177,7 +212,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 	case "memory":
 		return memory.New(), nil
 	case "sqlite", "postgres", "mysql":
-		db, err := b.SQL(ctx, u)
+		db, err := b.openSQL(ctx, u)
 		if err != nil {
 			return nil, err
 		}
@@ -193,7 +228,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		b.closers = append(b.closers, func() { l.Close() })
 		return l, l.Migrate(ctx)
 	case "redis":
-		c, err := b.openRedis(ctx, u.Hosts[0])
+		c, err := b.openRedis(ctx, u.redis[0])
 		if err != nil {
 			return nil, err
 		}
@@ -205,8 +240,8 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		return l, nil
 	case "redlock":
 		var nodes []goredis.UniversalClient
-		for _, h := range u.Hosts {
-			c, err := b.openRedis(ctx, h)
+		for _, o := range u.redis {
+			c, err := b.openRedis(ctx, o)
 			if err != nil {
 				return nil, err
 			}
@@ -214,7 +249,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		}
 		return redlock.New(nodes)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u.Hosts)
+		c, err := b.openEtcd(ctx, u)
 		if err != nil {
 			return nil, err
 		}
@@ -241,11 +276,16 @@ var ErrNoStore = errors.New("no idempotency store on this backend")
 // Store opens the idempotency store u names (and migrates its table on
 // SQL), or returns an error wrapping ErrNoStore.
 func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
+	s, err := b.store(ctx, u)
+	return s, u.RedactError(err)
+}
+
+func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 	switch u.Scheme {
 	case "memory":
 		return idempotency.NewMemoryStore(), nil
 	case "sqlite", "postgres", "mysql":
-		db, err := b.SQL(ctx, u)
+		db, err := b.openSQL(ctx, u)
 		if err != nil {
 			return nil, err
 		}
@@ -255,13 +295,13 @@ func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		return s, s.Migrate(ctx)
 	case "redis":
-		c, err := b.openRedis(ctx, u.Hosts[0])
+		c, err := b.openRedis(ctx, u.redis[0])
 		if err != nil {
 			return nil, err
 		}
 		return redislock.NewStore(c)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u.Hosts)
+		c, err := b.openEtcd(ctx, u)
 		if err != nil {
 			return nil, err
 		}
@@ -282,7 +322,7 @@ func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		if err := s.Ping(pctx); err != nil {
 			return nil, err
 		}
-		b.pings = append(b.pings, s.Ping)
+		b.pings = append(b.pings, Ping{"zk", s.Ping})
 		return s, nil
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)

@@ -1,7 +1,7 @@
 // Command warden answers an operator's questions about warden's locks and
 // idempotency records on a backend, and frees a lock whose holder hangs:
 //
-//	warden -lock redis://127.0.0.1:6379 locks ls [PREFIX]
+//	warden -lock redis://user:pass@127.0.0.1:6379/0 locks ls [PREFIX]
 //	warden -lock etcd://10.0.0.1:2379 locks show KEY
 //	warden -lock postgres://... locks release KEY      (asks first; -yes needs -token N or -any-holder)
 //	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
@@ -11,11 +11,13 @@
 // Backend URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
-// Output is a table for people, or JSON with -json for scripts. Exit status
-// 0 on success, 1 when the backend fails or the answer is no, 2 for bad
-// input (with a one-line error), 3 when a release is refused because the
-// lock changed hands after its holder was shown (nothing is released; the
-// new holder is named).
+// Output is a table for people, or JSON with -json for scripts; a key, owner
+// or value with a character a terminal would obey or reorder (controls,
+// bidirectional marks) is printed quoted and escaped, as Go's %q does. URLs
+// are printed redacted (backendurl). Exit status 0 on success, 1 when the
+// backend fails or the answer is no, 2 for bad input (with a one-line
+// error), 3 when a release is refused because the lock changed hands after
+// its holder was shown (nothing is released; the new holder is named).
 package main
 
 import (
@@ -29,16 +31,25 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/idempotency"
 )
 
 func main() {
+	// go-redis logs every failed dial of its pool to stderr; the error the
+	// command returns says it once, on one line. (ZooKeeper's and etcd's
+	// clients are quieted where backendurl opens them.)
+	goredis.SetLogger(silent{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
@@ -87,7 +98,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintln(stderr, "warden:", backendurl.MaskPassword(err.Error()))
+	fmt.Fprintln(stderr, "warden:", oneLine(err.Error()))
 	var u errUsage
 	if errors.As(err, &u) {
 		return 2
@@ -99,7 +110,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return 1
 }
 
-func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("warden", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -139,6 +150,8 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return badInput("-lock: %v", err)
 	}
+	// Whatever a client library put in an error, no password leaves here.
+	defer func() { err = lockURL.RedactError(err) }()
 	if lockURL.Scheme == "memory" {
 		return badInput("-lock memory: an in-process backend holds nothing another process can see")
 	}
@@ -147,6 +160,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		if sURL, err = backendurl.Parse(*storeURL); err != nil {
 			return badInput("-store: %v", err)
 		}
+		defer func() { err = sURL.RedactError(err) }()
 	}
 	// The command is checked before anything is opened: a typo must not
 	// wait for a connection.
@@ -237,7 +251,7 @@ func (c *cli) list(ctx context.Context, prefix string) error {
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
 		for _, h := range in.Holders {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", in.Key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
 	return tw.Flush()
@@ -253,12 +267,12 @@ func (c *cli) show(ctx context.Context, key string) error {
 		return c.printJSON(in)
 	}
 	if len(in.Holders) == 0 {
-		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", key, waiters(in.Waiters))
+		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", shown(key), waiters(in.Waiters))
 		return nil
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, h := range in.Holders {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", key, orDash(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 	}
 	return tw.Flush()
 }
@@ -275,8 +289,8 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 	if err != nil {
 		return err
 	}
-	// The owner token is a capability: only the instance part is shown.
-	instance, _, _ := strings.Cut(rec.Owner, ":")
+	// The owner token is a capability: only the instance it names, if any.
+	instance := debugpage.Instance(rec.Owner)
 	if c.json {
 		return c.printJSON(struct {
 			Scope         string `json:"scope"`
@@ -288,7 +302,7 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 		}{rec.Scope, rec.Key, string(rec.State), rec.Fingerprint, instance, len(rec.Response)})
 	}
 	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
-	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", orDash(rec.Scope), rec.Key, rec.State, orDash(rec.Fingerprint), orDash(instance), len(rec.Response))
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", shown(rec.Scope), shown(rec.Key), shown(string(rec.State)), shown(rec.Fingerprint), shown(instance), len(rec.Response))
 	return tw.Flush()
 }
 
@@ -309,7 +323,8 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	if !c.yes {
-		fmt.Fprintf(c.stdout, "delete the %s record under scope %q, key %q? The next request with this key runs again. [y/N] ", rec.State, scope, key)
+		fmt.Fprintf(c.stdout, "delete the %s record under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), shown(scope), shown(key))
 		answer, _ := c.stdin.ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			return errors.New("not deleted")
@@ -385,6 +400,47 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// shown is how a key, owner or value from a backend is printed for people:
+// as it is, or "-" when empty, unless a terminal would obey or reorder some
+// of it (C0 and C1 controls, bidirectional marks and overrides, anything
+// unprintable or not UTF-8), or it starts with a quote; then quoted and
+// escaped, as %q does, so that what is printed is what is there.
+func shown(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) || strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// oneLine is an error message as one line of stderr: the lines of a
+// multi-line message joined, and whatever a terminal would obey (a backend
+// may quote a stored key or label) escaped.
+func oneLine(msg string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(msg, "\uFFFD") {
+		switch {
+		case r == '\n':
+			b.WriteString("; ")
+		case r == '\t':
+			b.WriteByte(' ')
+		case !strconv.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// silent is a go-redis logger that drops what it is given.
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
 
 // nonNil makes an empty list print as [] rather than null.
 func nonNil[T any](s []T) []T {

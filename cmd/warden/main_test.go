@@ -225,7 +225,11 @@ func lastLine(s string) string {
 func TestMain(m *testing.M) {
 	// The CLI reads WARDEN_LOCK; the tests give -lock or expect its absence.
 	os.Unsetenv("WARDEN_LOCK")
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // waiting is the number of acquisitions the Guard measured by reader waits in.

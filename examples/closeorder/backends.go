@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/warden-go/warden/backends/backendurl"
@@ -15,5 +16,10 @@ type unreachable struct {
 }
 
 func (e *unreachable) Error() string {
-	return fmt.Sprintf("-%s %s: unreachable: %v", e.flag, e.url, backendurl.MaskPassword(e.err.Error()))
+	return fmt.Sprintf("-%s %s: unreachable: %v", e.flag, e.url, e.url.RedactError(e.err))
 }
+
+// quietRedis is a go-redis logger that drops what it is given.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}

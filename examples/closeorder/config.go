@@ -17,6 +17,8 @@ import (
 // config is the command line, validated.
 type config struct {
 	addr        string
+	adminAddr   string
+	readTimeout time.Duration
 	db          string
 	lock        string
 	idempotency string
@@ -42,9 +44,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("closeorder", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address of the API")
+	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:8081", "listen address of the operator endpoints (debug page, metrics, job runs); keep it off public networks; empty: none")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "bound on reading one request, headers and body")
 	fs.StringVar(&c.db, "db", "sqlite://closeorder.db", "orders database: sqlite://PATH | postgres://... | mysql://user:pass@tcp(host:port)/db")
-	fs.StringVar(&c.lock, "lock", "", "lock backend: memory | sqlite://PATH | postgres://... | mysql://... | redis://host:port | redlock://h1:p1,h2:p2,h3:p3 | etcd://host:port[,...] | zk://host:port[,...] (default: same as -db)")
+	fs.StringVar(&c.lock, "lock", "", "lock backend: memory | sqlite://PATH | postgres://... | mysql://... | redis://[user:pass@]host:port[/db] | rediss://... (TLS) | redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db] | redlocks://... | etcd://[user:pass@]host:port[,...] | zk://host:port[,...] (default: same as -db)")
 	fs.StringVar(&c.idempotency, "idempotency", "", "idempotency store, same URL forms (default: the -lock backend where it has a store, else -db)")
 	fs.StringVar(&c.schedule, "schedule", "@every 1m", "cron spec of the close job (5 fields, 6 with seconds, or descriptors such as @every 1s)")
 	fs.DurationVar(&c.unpaidAfter, "unpaid-after", 30*time.Minute, "close orders unpaid for longer than this")
@@ -70,6 +74,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 func (c *config) validate() error {
 	if _, _, err := net.SplitHostPort(c.addr); err != nil {
 		return badFlag("addr", "%q is not host:port", c.addr)
+	}
+	if _, _, err := net.SplitHostPort(c.adminAddr); err != nil && c.adminAddr != "" {
+		return badFlag("admin-addr", "%q is not host:port", c.adminAddr)
+	}
+	if c.readTimeout <= 0 {
+		return badFlag("read-timeout", "%v is not positive", c.readTimeout)
 	}
 	for _, f := range []struct{ name, value string }{{"db", c.db}, {"lock", c.lock}, {"idempotency", c.idempotency}} {
 		if f.value == "" && f.name == "idempotency" {

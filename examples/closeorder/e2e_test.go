@@ -92,9 +92,14 @@ func zkOrderRecords(t *testing.T, servers string) map[string]bool {
 }
 
 type replica struct {
-	name string
-	cmd  *exec.Cmd
-	url  string
+	name  string
+	cmd   *exec.Cmd
+	url   string // the API: host:port
+	admin string // the operator endpoints: host:port
+	// banner is the line the service printed when it started listening.
+	banner string
+	// stderr is the file its log goes to.
+	stderr string
 }
 
 func buildService(t *testing.T) string {
@@ -110,7 +115,7 @@ func buildService(t *testing.T) string {
 func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 	t.Helper()
 	r := &replica{name: name}
-	r.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-instance", name}, args...)...)
+	r.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0", "-instance", name}, args...)...)
 	stdout, err := r.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +124,7 @@ func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.cmd.Stderr = stderr
+	r.cmd.Stderr, r.stderr = stderr, stderr.Name()
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +136,21 @@ func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 			t.Logf("%s stderr (last 3000 bytes):\n%s", name, tail(logs, 3000))
 		}
 	})
-	// The service prints its address once it listens: "... listening on http://ADDR (...".
+	// The service prints its addresses once it listens:
+	// "... listening on http://ADDR (...); admin on http://ADDR (...".
 	lines := bufio.NewScanner(stdout)
-	found := make(chan string, 1)
+	found := make(chan [3]string, 1)
 	go func() {
 		for lines.Scan() {
-			if _, rest, ok := strings.Cut(lines.Text(), "listening on "); ok {
-				found <- strings.Fields(rest)[0]
+			_, api, ok := strings.Cut(lines.Text(), "listening on http://")
+			if !ok {
+				continue
 			}
+			var admin string
+			if _, rest, ok := strings.Cut(api, "admin on http://"); ok {
+				admin = strings.Fields(rest)[0]
+			}
+			found <- [3]string{strings.Fields(api)[0], admin, lines.Text()}
 		}
 		close(found)
 	}()
@@ -147,7 +159,7 @@ func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 		if !ok {
 			t.Fatalf("%s exited before listening", name)
 		}
-		r.url = strings.TrimPrefix(u, "http://")
+		r.url, r.admin, r.banner = u[0], u[1], u[2]
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%s did not start listening within 60s", name)
 	}
@@ -284,7 +296,7 @@ func runCluster(t *testing.T, db, lock string) {
 		var closed []order
 		var runs []run
 		if getOrders(t, "http://"+replicas[0].url+"/orders?status=closed", &closed) != nil || len(closed) == 0 ||
-			getJSON(t, "http://"+replicas[0].url+"/jobs/runs?limit=20", &runs) != nil {
+			getJSON(t, "http://"+replicas[0].admin+"/jobs/runs?limit=20", &runs) != nil {
 			return false
 		}
 		for _, r := range runs {
@@ -327,7 +339,7 @@ func runCluster(t *testing.T, db, lock string) {
 		return true
 	})
 	var runs []run
-	if err := getJSON(t, "http://"+survivor.url+"/jobs/runs?limit=10000", &runs); err != nil {
+	if err := getJSON(t, "http://"+survivor.admin+"/jobs/runs?limit=10000", &runs); err != nil {
 		t.Fatal(err)
 	}
 	// The debug page answers, and lists the close job.
@@ -337,7 +349,7 @@ func runCluster(t *testing.T, db, lock string) {
 			Name string `json:"name"`
 		} `json:"jobs"`
 	}
-	if err := getJSON(t, "http://"+survivor.url+"/debug/warden?format=json", &debug); err != nil || debug.Owner == "" ||
+	if err := getJSON(t, "http://"+survivor.admin+"/debug/warden?format=json", &debug); err != nil || debug.Owner == "" ||
 		len(debug.Jobs) != 1 || debug.Jobs[0].Name != closeJob {
 		t.Errorf("debug page: %+v, %v; want this process's owner and the %s job", debug, err, closeJob)
 	}

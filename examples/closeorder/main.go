@@ -20,8 +20,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/debugpage"
@@ -34,6 +37,9 @@ import (
 const closeJob = "close-unpaid-orders"
 
 func main() {
+	// go-redis prints each failed dial of its pool to stderr, outside the
+	// service's log; what fails is reported once, by the error it causes.
+	goredis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
@@ -75,7 +81,8 @@ type app struct {
 	backends *backendurl.Opener
 	orders   *orders
 	sched    *scheduler.Scheduler
-	handler  http.Handler
+	handler  http.Handler                // the API
+	admin    http.Handler                // the operator endpoints
 	shutdown func(context.Context) error // tracing
 }
 
@@ -94,7 +101,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	}
 	a.orders = &orders{db: db}
 	if err := a.orders.migrate(ctx); err != nil {
-		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, err)
+		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
 	}
 
 	lockURL, _ := backendurl.Parse(cfg.lock)
@@ -150,8 +157,8 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &server{orders: a.orders, log: log, idempotent: idem, healthy: a.healthy, debug: page, metrics: metrics}
-	a.handler = srv.routes()
+	srv := &server{orders: a.orders, log: log, idempotent: idem, failing: a.failing, debug: page, metrics: metrics}
+	a.handler, a.admin = srv.routes(), srv.adminRoutes()
 	ok = true
 	return a, nil
 }
@@ -177,13 +184,18 @@ func (a *app) openStore(ctx context.Context, lockURL, dbURL *backendurl.URL) (id
 	return store, nil
 }
 
-func (a *app) healthy(ctx context.Context) error {
+// failing names the backends that do not answer, and logs why.
+func (a *app) failing(ctx context.Context) []string {
+	var names []string
 	for _, ping := range a.backends.Pings() {
-		if err := ping(ctx); err != nil {
-			return err
+		if err := ping.Check(ctx); err != nil {
+			a.log.WarnContext(ctx, "health check", "backend", ping.Backend, "error", err)
+			if !slices.Contains(names, ping.Backend) {
+				names = append(names, ping.Backend)
+			}
 		}
 	}
-	return nil
+	return names
 }
 
 func (a *app) close() {
@@ -195,30 +207,59 @@ func (a *app) close() {
 	a.backends.Close()
 }
 
-// serve runs the HTTP server and the scheduler until ctx is done, then stops
-// both, letting a running job finish (bounded) and release its lock.
+// serve runs the HTTP servers and the scheduler until ctx is done, then
+// stops them, letting a running job finish (bounded) and release its lock.
 func (a *app) serve(ctx context.Context, stdout io.Writer) error {
 	ln, err := net.Listen("tcp", a.cfg.addr)
 	if err != nil {
 		return badFlag("addr", "%v", err)
 	}
-	hs := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
+	servers := []*http.Server{a.httpServer(a.handler)}
+	listeners := []net.Listener{ln}
+	admin := "off (-admin-addr is empty)"
+	if a.cfg.adminAddr != "" {
+		aln, err := net.Listen("tcp", a.cfg.adminAddr)
+		if err != nil {
+			ln.Close()
+			return badFlag("admin-addr", "%v", err)
+		}
+		servers, listeners = append(servers, a.httpServer(a.admin)), append(listeners, aln)
+		admin = fmt.Sprintf("on http://%s (debug page /debug/warden, metrics /metrics, job runs /jobs/runs)", aln.Addr())
+	}
+	served := make(chan error, len(servers))
+	for i, hs := range servers {
+		go func() { served <- hs.Serve(listeners[i]) }()
+	}
 	a.sched.Start()
-	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); debug page http://%s/debug/warden, metrics http://%s/metrics\n",
-		a.cfg.instance, ln.Addr(), backendurl.MaskPassword(a.cfg.db), backendurl.MaskPassword(a.cfg.lock), a.cfg.schedule, ln.Addr(), ln.Addr())
+	fmt.Fprintf(stdout, "closeorder %s listening on http://%s (db %s, lock %s, schedule %q); admin %s\n",
+		a.cfg.instance, ln.Addr(), backendurl.Redact(a.cfg.db), backendurl.Redact(a.cfg.lock), a.cfg.schedule, admin)
 
+	var serr error
 	select {
 	case <-ctx.Done():
-	case err := <-served:
-		return err
+	case serr = <-served:
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	herr := hs.Shutdown(sctx)
-	serr := a.sched.Stop(sctx)
-	return errors.Join(herr, serr)
+	errs := []error{serr}
+	for _, hs := range servers {
+		errs = append(errs, hs.Shutdown(sctx))
+	}
+	errs = append(errs, a.sched.Stop(sctx))
+	return errors.Join(errs...)
+}
+
+// httpServer bounds what a client may hold: a request must arrive whole
+// within -read-timeout (a client that sends headers and then part of a
+// body is cut off), and an idle connection is closed.
+func (a *app) httpServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: min(5*time.Second, a.cfg.readTimeout),
+		ReadTimeout:       a.cfg.readTimeout,
+		IdleTimeout:       60 * time.Second,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
 }
 
 // closeUnpaid is the close job: it closes the orders unpaid for longer than

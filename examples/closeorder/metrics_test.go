@@ -29,11 +29,11 @@ func TestMetricsAndDashboard(t *testing.T) {
 	resp.Body.Close()
 	var runs []JobRun
 	waitUntil(t, "a scheduler run", 30*time.Second, func() bool {
-		return getJSON(t, "http://"+r.url+"/jobs/runs", &runs) == nil && len(runs) > 0
+		return getJSON(t, "http://"+r.admin+"/jobs/runs", &runs) == nil && len(runs) > 0
 	})
 	var page string
 	waitUntil(t, "the run's metrics", 30*time.Second, func() bool {
-		resp, err := http.Get("http://" + r.url + "/metrics")
+		resp, err := http.Get("http://" + r.admin + "/metrics")
 		if err != nil {
 			return false
 		}

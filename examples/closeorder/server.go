@@ -9,9 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
-
-	"github.com/warden-go/warden/backends/backendurl"
 )
 
 // server answers the HTTP API.
@@ -21,9 +20,10 @@ type server struct {
 	// idempotent wraps the POST handlers: Idempotency-Key handling scoped
 	// to the caller.
 	idempotent func(http.Handler) http.Handler
-	healthy    func(context.Context) error
-	// debug is warden's debug page. Mounted without authentication here,
-	// as a demo; a real service puts it where only operators reach it.
+	// failing names the backends that do not answer.
+	failing func(context.Context) []string
+	// debug is warden's debug page: it is served on the admin listener
+	// only, which the public cannot reach.
 	debug http.Handler
 	// metrics serves Prometheus's scrape of the service's metrics.
 	metrics http.Handler
@@ -45,6 +45,15 @@ func (s *server) routes() http.Handler {
 	// Reads are the caller's own: another user's order is "not found".
 	mux.Handle("GET /orders/{id}", s.authenticated(http.HandlerFunc(s.getOrder)))
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
+	mux.HandleFunc("GET /healthz", s.health)
+	return mux
+}
+
+// adminRoutes are the operator endpoints, for the admin listener alone:
+// what a process holds and runs, and its metrics, tell an attacker as much
+// as an operator.
+func (s *server) adminRoutes() http.Handler {
+	mux := http.NewServeMux()
 	mux.HandleFunc("GET /jobs/runs", s.listRuns)
 	mux.HandleFunc("GET /healthz", s.health)
 	mux.Handle("GET /debug/warden", s.debug)
@@ -201,8 +210,10 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.healthy(ctx); err != nil {
-		problem(w, http.StatusServiceUnavailable, "unhealthy", backendurl.MaskPassword(err.Error()))
+	// The backends' errors go to the log: their text (addresses, users,
+	// versions) is not for whoever can reach the API.
+	if failing := s.failing(ctx); len(failing) > 0 {
+		problem(w, http.StatusServiceUnavailable, "unhealthy", "not answering: "+strings.Join(failing, ", "))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -52,7 +52,7 @@ const MaxOwnerLen = 128
 
 // CheckOwner reports why owner cannot label a lease, as an error wrapping
 // ErrInvalidOption, or nil: it must be UTF-8 of at most MaxOwnerLen bytes
-// without control characters. Empty is valid (no label).
+// without a rune Unsafe refuses. Empty is valid (no label).
 func CheckOwner(owner string) error {
 	if len(owner) > MaxOwnerLen {
 		return fmt.Errorf("%w: owner label of %d bytes, more than %d", ErrInvalidOption, len(owner), MaxOwnerLen)
@@ -61,11 +61,25 @@ func CheckOwner(owner string) error {
 		return fmt.Errorf("%w: owner label %q is not UTF-8", ErrInvalidOption, owner)
 	}
 	for _, r := range owner {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: owner label %q has a control character", ErrInvalidOption, owner)
+		if Unsafe(r) {
+			return fmt.Errorf("%w: owner label %q has control character %U", ErrInvalidOption, owner, r)
 		}
 	}
 	return nil
+}
+
+// Unsafe reports whether r may not appear in an owner label or a lock key:
+// a C0 or C1 control or DEL, which a terminal obeys, or a bidirectional
+// mark, embedding, override or isolate, which reorders the text around it
+// so that an operator reads another key or owner than the one there.
+func Unsafe(r rune) bool {
+	switch {
+	case r < 0x20, r >= 0x7f && r <= 0x9f:
+		return true
+	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return false
 }
 
 // Lister is an optional capability: paging through the held locks, for

@@ -38,6 +38,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/warden-go/warden/backends/backendurl"
 )
 
 const (
@@ -160,7 +162,7 @@ func run(ctx context.Context) int {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		// The summary still says what did and did not happen.
 	}
-	s, err := summarize(ctx, c, base, since)
+	s, err := summarize(ctx, c, base, cluster.replicas[0].admin, since)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		return 1
@@ -188,7 +190,8 @@ func moduleRoot() (string, error) {
 
 type replica struct {
 	name    string
-	url     string
+	url     string // the API
+	admin   string // the operator endpoints (job runs, debug page, metrics)
 	cmd     *exec.Cmd
 	stdout  string // log file paths
 	stderr  string
@@ -208,10 +211,11 @@ func (c *cluster) urls() []string {
 	return out
 }
 
-var listening = regexp.MustCompile(`listening on (http://\S+)`)
+var listening = regexp.MustCompile(`listening on (http://\S+) .*admin on (http://\S+)`)
 
-// start launches the replicas on ports the kernel picks (-addr :0), learns
-// each address from the replica's first line, and waits for /healthz.
+// start launches the replicas on ports the kernel picks (-addr and
+// -admin-addr :0), learns their addresses from each replica's first line,
+// and waits for /healthz.
 func (c *cluster) start(ctx context.Context, bin, dir string, o *options) error {
 	for i := 1; i <= replicaCount; i++ {
 		r := &replica{
@@ -221,7 +225,7 @@ func (c *cluster) start(ctx context.Context, bin, dir string, o *options) error 
 			exited: make(chan struct{}),
 		}
 		args := []string{
-			"-addr", "127.0.0.1:0", "-db", o.db,
+			"-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0", "-db", o.db,
 			"-schedule", schedule, "-unpaid-after", unpaidAfter.String(),
 			"-work-delay", workDelay.String(), "-ttl", ttl.String(), "-instance", r.name,
 		}
@@ -237,7 +241,8 @@ func (c *cluster) start(ctx context.Context, bin, dir string, o *options) error 
 		}
 		c.replicas = append(c.replicas, r)
 		select {
-		case r.url = <-addr:
+		case a := <-addr:
+			r.url, r.admin = a[0], a[1]
 		case <-r.exited:
 			return r.failed("exited before listening")
 		case <-time.After(20 * time.Second):
@@ -251,21 +256,22 @@ func (c *cluster) start(ctx context.Context, bin, dir string, o *options) error 
 		if err := waitHealthy(ctx, r, 20*time.Second); err != nil {
 			return err
 		}
-		fmt.Printf("  %s  %s  stdout %s  stderr %s\n", r.name, r.url, filepath.Base(r.stdout), filepath.Base(r.stderr))
+		fmt.Printf("  %s  %s  admin %s  stdout %s  stderr %s\n", r.name, r.url, r.admin, filepath.Base(r.stdout), filepath.Base(r.stderr))
 	}
-	fmt.Printf("  db %s, lock %s, idempotency %s\n", o.db, orDefault(o.lock, "same as -db"), orDefault(o.idempotency, "the service's default"))
+	fmt.Printf("  db %s, lock %s, idempotency %s\n", backendurl.Redact(o.db), redacted(o.lock, "same as -db"), redacted(o.idempotency, "the service's default"))
 	return nil
 }
 
-func orDefault(s, d string) string {
+// redacted is the URL s as it may be printed, or d when s is empty.
+func redacted(s, d string) string {
 	if s == "" {
 		return d
 	}
-	return s
+	return backendurl.Redact(s)
 }
 
 // launch starts the replica and returns where its address will arrive.
-func (r *replica) launch(bin string, args []string) (<-chan string, error) {
+func (r *replica) launch(bin string, args []string) (<-chan [2]string, error) {
 	outF, err := os.Create(r.stdout)
 	if err != nil {
 		return nil, err
@@ -290,7 +296,7 @@ func (r *replica) launch(bin string, args []string) (<-chan string, error) {
 		errF.Close()
 		return nil, fmt.Errorf("%s: %v", r.name, err)
 	}
-	addr := make(chan string, 1)
+	addr := make(chan [2]string, 1)
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
@@ -300,7 +306,7 @@ func (r *replica) launch(bin string, args []string) (<-chan string, error) {
 			line := sc.Text()
 			fmt.Fprintln(outF, line)
 			if m := listening.FindStringSubmatch(line); m != nil && !sent {
-				addr <- m[1]
+				addr <- [2]string{m[1], m[2]}
 				sent = true
 			}
 		}
@@ -704,13 +710,13 @@ type summary struct {
 	checksCache        []check
 }
 
-func summarize(ctx context.Context, c *client, base string, since time.Time) (*summary, error) {
+func summarize(ctx context.Context, c *client, base, admin string, since time.Time) (*summary, error) {
 	ords, err := c.orders(ctx, base, "", since)
 	if err != nil {
 		return nil, err
 	}
 	var all []jobRun
-	if err := c.getJSON(ctx, fmt.Sprintf("%s/jobs/runs?limit=%d", base, runsLimit), "", &all); err != nil {
+	if err := c.getJSON(ctx, fmt.Sprintf("%s/jobs/runs?limit=%d", admin, runsLimit), "", &all); err != nil {
 		return nil, err
 	}
 	s := &summary{perReplica: map[string]int{}, outcomes: map[string]int{}, runsTruncated: len(all) == runsLimit}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/debugpage"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// unsafeOutput reports what in out a terminal would obey or reorder: ESC
+// and the other C0 controls but newline and tab, C1 controls, and
+// bidirectional overrides.
+func unsafeOutput(out string) string {
+	for _, r := range out {
+		if r < 0x20 && r != '\n' && r != '\t' || r >= 0x7f && r <= 0x9f || strings.ContainsRune("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069", r) {
+			return fmt.Sprintf("%U", r)
+		}
+	}
+	return ""
+}
+
+// TestEscapesInOutput: a lock written to the backend by another client
+// (guard refuses such keys and owners; a raw client does not) whose key and
+// owner hold terminal escapes, a C1 CSI and a right-to-left override is
+// listed and shown escaped, as is an idempotency record under such a key.
+func TestEscapesInOutput(t *testing.T) {
+	const evilOwner = "svc\x1b]0;pwned\x07\x1b[2J\u009b31m\u202eowned"
+	for name, url := range backendURLs(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			u, o := open(t, url)
+			locker := mustLocker(t, o, u)
+			base := fmt.Sprintf("cli-esc/%s/%d/", name, time.Now().UnixNano())
+			evilKey := base + "k\x1b[31m\u202e"
+			if name == "zk" {
+				evilKey = base + "k\u202e" // ZooKeeper refuses controls in node names
+			}
+			lease, err := locker.Acquire(ctx, "warden:"+evilKey, driver.AcquireOptions{TTL: 30 * time.Second, Owner: evilOwner})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { lease.Release(context.Background()) })
+			calm := base + "calm"
+			lease2, err := locker.Acquire(ctx, "warden:"+calm, driver.AcquireOptions{TTL: 30 * time.Second, Owner: evilOwner})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { lease2.Release(context.Background()) })
+
+			code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", base)
+			if code != 0 || !strings.Contains(out, `\u202e`) || !strings.Contains(out, `svc\x1b]0;pwned\a\x1b[2J\u009b31m\u202eowned`) || unsafeOutput(out+errOut) != "" {
+				t.Fatalf("locks ls: %d %q %q; want the key and owner escaped", code, out, errOut)
+			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "locks", "show", calm)
+			if code != 0 || !strings.Contains(out, `\x1b[2J`) || unsafeOutput(out+errOut) != "" {
+				t.Fatalf("locks show: %d %q %q; want the owner escaped", code, out, errOut)
+			}
+
+			store, err := o.Store(ctx, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			idemKey := base + "\x1b[2J\u202e"
+			if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-\x1b[31m", Key: idemKey, Fingerprint: "fp\x1b]0;x\x07",
+				Owner: "api\u009b1m:tok", Lease: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "idem", "show", "user-\x1b[31m", idemKey)
+			if code != 0 || !strings.Contains(out, `fp\x1b]0;x\a`) || unsafeOutput(out+errOut) != "" {
+				t.Fatalf("idem show: %d %q %q; want the record escaped", code, out, errOut)
+			}
+			code, out, errOut = cliRun(t, "n\n", "-lock", url, "idem", "delete", "user-\x1b[31m", idemKey)
+			if code != 1 || !strings.Contains(out, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
+				t.Fatalf("idem delete prompt: %d %q %q; want the key escaped", code, out, errOut)
+			}
+		})
+	}
+}
+
+// TestExecutorTokenNeverShown: an Executor's claim in progress is looked
+// at with the CLI (table and JSON), on the debug page (HTML and JSON) and
+// through the Executor's log, and its owner token, with which anyone could
+// complete the claim with a forged response, appears in none of them.
+func TestExecutorTokenNeverShown(t *testing.T) {
+	for name, url := range backendURLs(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			u, o := open(t, url)
+			store, err := o.Store(ctx, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			ex, err := idempotency.New(store, idempotency.WithScope("user-7"),
+				idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := fmt.Sprintf("cli-token/%s/%d", name, time.Now().UnixNano())
+			running, finish := make(chan struct{}), make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				_, err := ex.Do(ctx, key, "fp-1", func(context.Context) ([]byte, error) {
+					close(running)
+					<-finish
+					return []byte("ok"), nil
+				})
+				done <- err
+			}()
+			<-running
+			rec, err := store.Get(ctx, "user-7", key)
+			if err != nil || rec.State != idempotency.StateInProgress || len(rec.Owner) < 16 {
+				t.Fatalf("the claim: %+v, %v", rec, err)
+			}
+			token := rec.Owner
+
+			var seen []string
+			for _, args := range [][]string{{"idem", "show", "user-7", key}, {"-json", "idem", "show", "user-7", key}} {
+				code, out, errOut := cliRun(t, "", append([]string{"-lock", url}, args...)...)
+				if code != 0 || !strings.Contains(out, "in_progress") {
+					t.Fatalf("%q: %d %q %q", args, code, out, errOut)
+				}
+				seen = append(seen, out, errOut)
+			}
+			g, err := guard.New(mustLocker(t, o, u))
+			if err != nil {
+				t.Fatal(err)
+			}
+			page, err := debugpage.New(g, debugpage.WithStore(store))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []string{"", "&format=json"} {
+				w := httptest.NewRecorder()
+				page.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/debug/warden?scope=user-7&key="+key+q, nil))
+				if !strings.Contains(w.Body.String(), "in_progress") {
+					t.Fatalf("debug page: %s", w.Body)
+				}
+				seen = append(seen, w.Body.String())
+			}
+			close(finish)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			seen = append(seen, logs.String())
+			for _, s := range seen {
+				if strings.Contains(s, token) || strings.Contains(s, token[len(token)/2:]) {
+					t.Fatalf("the owner token %s is shown: %s", token, s)
+				}
+			}
+			var js struct{ Instance string }
+			if _, out, _ := cliRun(t, "", "-lock", url, "-json", "idem", "show", "user-7", key); json.Unmarshal([]byte(out), &js) != nil || js.Instance != "" {
+				t.Fatalf("idem show -json: %s; want no instance (the token names none)", out)
+			}
+		})
+	}
+}
+
+// open parses url and gives an Opener that the test's end closes.
+func open(t *testing.T, url string) (*backendurl.URL, *backendurl.Opener) {
+	t.Helper()
+	u, err := backendurl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := backendurl.NewOpener()
+	t.Cleanup(o.Close)
+	return u, o
+}
+
+func mustLocker(t *testing.T, o *backendurl.Opener, u *backendurl.URL) driver.Locker {
+	t.Helper()
+	l, err := o.Locker(context.Background(), u, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestErrorLineIsEscaped: an error quoting a backend's bytes is printed as
+// one line with what a terminal would obey escaped.
+func TestErrorLineIsEscaped(t *testing.T) {
+	got := oneLine("first\n\tsecond \x1b[2J\u009b\u202e\xff end")
+	if want := `first;  second \x1b[2J\u009b\u202e` + "\ufffd end"; got != want {
+		t.Fatalf("oneLine = %q, want %q", got, want)
+	}
+}
