@@ -5,8 +5,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
