@@ -206,11 +206,19 @@ func testUnknownOutcome(t *testing.T, b *Backend) {
 	var failed, appliedUnknown int
 	for i := range attempts {
 		before := get(t, ctx, direct, r).Count
-		// A read first, so that the cut falls on the write's exchange
-		// rather than on dialling a connection.
+		// A read first, until the client has reconnected from the last cut,
+		// so that this cut falls on the write's exchange.
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		_, _ = through.Get(wctx, r)
-		relay.cutAfter(rng.IntN(3))
+		for {
+			if _, err := through.Get(wctx, r); err == nil {
+				break
+			}
+			if wctx.Err() != nil {
+				t.Fatalf("attempt %d: the client did not reconnect through the relay: %v", i, wctx.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		relay.cutAfter(rng.IntN(6))
 		err := through.Incr(wctx, c)
 		cancel()
 		relay.disarm()
