@@ -201,24 +201,34 @@ func testUnknownOutcome(t *testing.T, b *Backend) {
 	if err := direct.Set(ctx, c, "start"); err != nil {
 		t.Fatal(err)
 	}
+	// A read first, until the client has (re)connected, so that the cut
+	// falls on the write's exchange.
+	ready := func(ctx context.Context) {
+		for {
+			if _, err := through.Get(ctx, r); err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the client did not reconnect through the relay: %v", ctx.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// How many replies an increment takes, to cut at one of them.
+	ready(ctx)
+	c0 := relay.chunks.Load()
+	if err := through.Incr(ctx, c); err != nil {
+		t.Fatalf("increment through the relay: %v", err)
+	}
+	exchange := max(1, int(relay.chunks.Load()-c0))
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	const attempts = 30
 	var failed, appliedUnknown int
 	for i := range attempts {
 		before := get(t, ctx, direct, r).Count
-		// A read first, until the client has reconnected from the last cut,
-		// so that this cut falls on the write's exchange.
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		for {
-			if _, err := through.Get(wctx, r); err == nil {
-				break
-			}
-			if wctx.Err() != nil {
-				t.Fatalf("attempt %d: the client did not reconnect through the relay: %v", i, wctx.Err())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		relay.cutAfter(rng.IntN(6))
+		ready(wctx)
+		relay.cutAfter(rng.IntN(exchange))
 		err := through.Incr(wctx, c)
 		cancel()
 		relay.disarm()
@@ -238,8 +248,8 @@ func testUnknownOutcome(t *testing.T, b *Backend) {
 		}
 	}
 	cuts := relay.cuts.Load()
-	t.Logf("%d attempts, %d connections cut, %d failed (%d of them applied once, outcome unknown to the client)",
-		attempts, cuts, failed, appliedUnknown)
+	t.Logf("%d attempts (an increment: %d replies), %d connections cut, %d failed (%d of them applied once, outcome unknown to the client)",
+		attempts, exchange, cuts, failed, appliedUnknown)
 	if cuts == 0 {
 		t.Fatal("the relay cut no connection: the case tested nothing")
 	}

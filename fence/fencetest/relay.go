@@ -20,6 +20,7 @@ type relay struct {
 	armed   atomic.Bool
 	skip    atomic.Int64 // chunks to let through before cutting
 	cuts    atomic.Int64
+	chunks  atomic.Int64 // relayed from servers to clients
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
 	stopped bool
@@ -91,6 +92,7 @@ func (r *relay) pipe(client net.Conn) {
 	for {
 		n, err := server.Read(buf)
 		if n > 0 {
+			r.chunks.Add(1)
 			if r.armed.Load() && r.skip.Add(-1) < 0 && r.armed.CompareAndSwap(true, false) {
 				r.cuts.Add(1)
 				abort(client)
