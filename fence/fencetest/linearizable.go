@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,8 +183,12 @@ func testConcurrent(t *testing.T, b *Backend) {
 		len(history), accepted, refused, len(history)-accepted-refused, res)
 	switch res {
 	case porcupine.Illegal:
-		t.Errorf("the history is not linearizable as a fenced register")
-		_ = info
+		// Kept past the test, to be opened in a browser.
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("fencetest-%d.html", time.Now().UnixNano()))
+		if err := porcupine.VisualizePath(fencedRegister, info, path); err != nil {
+			path = "not written: " + err.Error()
+		}
+		t.Errorf("the history is not linearizable as a fenced register (visualized: %s)", path)
 	case porcupine.Unknown:
 		t.Errorf("the linearizability check timed out")
 	}
