@@ -34,8 +34,9 @@ func (c Claim) On(resource string) Claim { c.Resource = resource; return c }
 // String is "resource@token".
 func (c Claim) String() string { return c.Resource + "@" + strconv.FormatUint(c.Token, 10) }
 
-// MaxResource is the longest resource name, in bytes, every engine accepts.
-const MaxResource = 512
+// MaxResource is the longest resource name, in bytes, every engine accepts
+// (the SQL fence table's column holds 255).
+const MaxResource = 255
 
 // Validate reports a claim no engine can fence: an empty or over-long
 // resource, or a zero token, with an error wrapping guard.ErrInvalidOption.

@@ -64,8 +64,8 @@
 // # Invalid fencing token
 //
 // 400: under Fence, the Fencing-Token is not one positive decimal integer,
-// or the Fencing-Resource is missing, repeated, or longer than
-// fence.MaxResource bytes.
+// or the Fencing-Resource is missing, repeated, longer than
+// fence.MaxResource bytes, or not a name the fence's engine accepts.
 //
 // # Stale fencing token
 //

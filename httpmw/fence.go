@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard"
 )
 
 // The headers of a fenced request: the fencing token of the lock the client
@@ -90,6 +91,11 @@ func Fence(f fence.Fencer, opts ...FenceOption) func(http.Handler) http.Handler 
 				case err == nil:
 				case errors.Is(err, fence.ErrStaleToken):
 					WriteStaleFence(w, err)
+					return
+				case errors.Is(err, guard.ErrInvalidOption) || errors.Is(err, guard.ErrInvalidKey):
+					// A resource the engine cannot name (its own limits).
+					writeProblem(w, http.StatusBadRequest, "Invalid_fencing_token", "Invalid fencing token",
+						"The "+FencingResourceHeader+" names a resource the service cannot fence.", 0)
 					return
 				case r.Context().Err() != nil:
 					writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)

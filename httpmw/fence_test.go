@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -80,9 +81,19 @@ func TestFenceRequests(t *testing.T) {
 		}
 	}
 
-	f.err = errors.New("down")
+	f.err = fmt.Errorf("%w: resource too long for this engine", guard.ErrInvalidKey)
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("PUT", "/", nil)
+	req.Header.Set("Fencing-Token", "99")
+	req.Header.Set("Fencing-Resource", "r")
+	h.ServeHTTP(rec, req)
+	if rec.Code != 400 {
+		t.Errorf("a resource the engine refuses: %d, want 400", rec.Code)
+	}
+
+	f.err = errors.New("down")
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest("PUT", "/", nil)
 	req.Header.Set("Fencing-Token", "99")
 	req.Header.Set("Fencing-Resource", "r")
 	h.ServeHTTP(rec, req)
