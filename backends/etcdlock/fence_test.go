@@ -19,17 +19,17 @@ type fenceStore struct {
 	client *clientv3.Client
 }
 
-func dataKey(r, what string) string { return testPrefix + "fence/" + r + "/" + what }
+func fenceDataKey(r, what string) string { return testPrefix + "fence/" + r + "/" + what }
 
 func (s fenceStore) Set(ctx context.Context, c fence.Claim, value string) error {
-	_, err := s.f.Txn(ctx, c).Then(clientv3.OpPut(dataKey(c.Resource, "value"), value)).Commit()
+	_, err := s.f.Txn(ctx, c).Then(clientv3.OpPut(fenceDataKey(c.Resource, "value"), value)).Commit()
 	return err
 }
 
 // Incr reads the count and writes it plus one if it is unchanged: the
 // caller's own comparison, beside the fence's.
 func (s fenceStore) Incr(ctx context.Context, c fence.Claim) error {
-	k := dataKey(c.Resource, "count")
+	k := fenceDataKey(c.Resource, "count")
 	for {
 		resp, err := s.client.Get(ctx, k)
 		if err != nil {
@@ -50,7 +50,7 @@ func (s fenceStore) Incr(ctx context.Context, c fence.Claim) error {
 }
 
 func (s fenceStore) Get(ctx context.Context, r string) (fencetest.State, error) {
-	resp, err := s.client.Txn(ctx).Then(clientv3.OpGet(dataKey(r, "value")), clientv3.OpGet(dataKey(r, "count")),
+	resp, err := s.client.Txn(ctx).Then(clientv3.OpGet(fenceDataKey(r, "value")), clientv3.OpGet(fenceDataKey(r, "count")),
 		clientv3.OpGet(s.f.Key(r))).Commit()
 	if err != nil {
 		return fencetest.State{}, err
@@ -101,7 +101,7 @@ func TestFenceTxn(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := name("fence-txn")
-	k, other := dataKey(r, "k"), dataKey(r, "else")
+	k, other := fenceDataKey(r, "k"), fenceDataKey(r, "else")
 	absent := clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
 	tr, err := f.Txn(ctx, fence.Claim{Resource: r, Token: 5}).If(absent).Then(clientv3.OpPut(k, "1")).Else(clientv3.OpPut(other, "1")).Commit()
 	if err != nil || !tr.Succeeded {

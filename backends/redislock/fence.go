@@ -82,7 +82,7 @@ func (f *Fence) Key(resource string) string { return f.prefix + resource }
 // milliseconds, rounded up), under c.
 func (f *Fence) Set(ctx context.Context, c fence.Claim, key string, value any, ttl time.Duration) error {
 	_, err := f.run(ctx, c, f.write, []string{key}, "set", value, pxOf(max(ttl, 0)))
-	return applied(err)
+	return fenceApplied(err)
 }
 
 // Del deletes keys under c.
@@ -91,7 +91,7 @@ func (f *Fence) Del(ctx context.Context, c fence.Claim, keys ...string) error {
 		return fmt.Errorf("warden: redislock: %w: Del of no key", driver.ErrInvalidOption)
 	}
 	_, err := f.run(ctx, c, f.write, keys, "del")
-	return applied(err)
+	return fenceApplied(err)
 }
 
 // HSet sets the fields of the hash key under c; values are field, value,
@@ -101,7 +101,7 @@ func (f *Fence) HSet(ctx context.Context, c fence.Claim, key string, values ...a
 		return fmt.Errorf("warden: redislock: %w: HSet takes field, value pairs, got %d values", driver.ErrInvalidOption, len(values))
 	}
 	_, err := f.run(ctx, c, f.write, []string{key}, append([]any{"hset"}, values...)...)
-	return applied(err)
+	return fenceApplied(err)
 }
 
 // IncrBy adds n to the integer at key under c and returns the sum. A call
@@ -127,7 +127,7 @@ func (f *Fence) Eval(ctx context.Context, c fence.Claim, script string, keys []s
 // Advance checks and advances c's resource without writing: fence.Fencer.
 func (f *Fence) Advance(ctx context.Context, c fence.Claim) error {
 	_, err := f.run(ctx, c, f.write, nil, "advance")
-	return applied(err)
+	return fenceApplied(err)
 }
 
 // Highest returns the highest token resource accepted, 0 if none.
@@ -147,9 +147,9 @@ func (f *Fence) Highest(ctx context.Context, resource string) (uint64, error) {
 // resent; it was not applied again.
 var ErrReplyLost = errors.New("warden: redislock: the fenced write was applied once, its reply was lost")
 
-// applied is err, except that a write without a result that was applied
+// fenceApplied is err, except that a write without a result that was applied
 // once and resent has nothing more to report.
-func applied(err error) error {
+func fenceApplied(err error) error {
 	if errors.Is(err, ErrReplyLost) {
 		return nil
 	}

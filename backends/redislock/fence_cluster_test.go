@@ -33,7 +33,7 @@ func TestFenceConformanceCluster(t *testing.T) {
 			return newFenceStore(t, c)
 		},
 		NoCut:    "a Cluster client follows the slot map to the nodes themselves, past any relay; the cut runs on a single node",
-		Resource: inTag,
+		Resource: fenceTag,
 	})
 }
 

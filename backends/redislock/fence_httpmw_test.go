@@ -37,7 +37,7 @@ func fenceService(t testing.TB) (*httptest.Server, *Fence) {
 	mux.HandleFunc("POST /value", func(w http.ResponseWriter, r *http.Request) {
 		claim, _ := fence.FromContext(r.Context())
 		body, _ := io.ReadAll(r.Body)
-		answer(w, f.Set(r.Context(), claim, claim.Resource+":value", string(body), 0))
+		answerFenced(w, f.Set(r.Context(), claim, claim.Resource+":value", string(body), 0))
 	})
 	mux.HandleFunc("POST /count", func(w http.ResponseWriter, r *http.Request) {
 		claim, _ := fence.FromContext(r.Context())
@@ -45,14 +45,14 @@ func fenceService(t testing.TB) (*httptest.Server, *Fence) {
 		if errors.Is(err, ErrReplyLost) {
 			err = nil
 		}
-		answer(w, err)
+		answerFenced(w, err)
 	})
 	srv := httptest.NewServer(httpmw.Fence(gate)(mux))
 	t.Cleanup(srv.Close)
 	return srv, f
 }
 
-func answer(w http.ResponseWriter, err error) {
+func answerFenced(w http.ResponseWriter, err error) {
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
@@ -119,6 +119,6 @@ func TestFenceThroughHTTP(t *testing.T) {
 		New:      func(t testing.TB) fencetest.Store { return store(t, srv.URL) },
 		Through:  func(t testing.TB, relay string) fencetest.Store { return store(t, "http://"+relay) },
 		Upstream: strings.TrimPrefix(srv.URL, "http://"),
-		Resource: inTag,
+		Resource: fenceTag,
 	})
 }

@@ -72,8 +72,8 @@ func newFenceStore(t testing.TB, c goredis.Cmdable) fencetest.Store {
 	return fenceStore{f: f, client: c}
 }
 
-// inTag names the suite's resources with a hash tag, as a Cluster needs.
-func inTag(name string) string { return "{" + name + "}" }
+// fenceTag names the suite's resources with a hash tag, as a Cluster needs.
+func fenceTag(name string) string { return "{" + name + "}" }
 
 func TestFenceConformance(t *testing.T) {
 	addr := drivertest.Addr(t, addrEnv, addrDefault)
@@ -87,7 +87,7 @@ func TestFenceConformance(t *testing.T) {
 			return newFenceStore(t, c)
 		},
 		Upstream: addr,
-		Resource: inTag,
+		Resource: fenceTag,
 	})
 }
 
@@ -100,7 +100,7 @@ func TestFenceWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := inTag("fence-writes/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	r := fenceTag("fence-writes/" + strconv.FormatInt(time.Now().UnixNano(), 10))
 	h, k := r+":h", r+":k"
 	fresh, stale := fence.Claim{Resource: r, Token: 10}, fence.Claim{Resource: r, Token: 9}
 	if err := f.HSet(ctx, fresh, h, "a", "1", "b", "2"); err != nil {
@@ -140,7 +140,7 @@ func TestFenceResentApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := inTag("fence-resent/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	r := fenceTag("fence-resent/" + strconv.FormatInt(time.Now().UnixNano(), 10))
 	keys := []string{f.Key(r), r + ":count"}
 	args := []any{"7", "00112233aabbccdd", "incrby", 1}
 	if n, err := f.write.Run(ctx, c, keys, args...).Int64(); err != nil || n != 1 {
@@ -163,7 +163,7 @@ func TestFenceReplyLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := inTag("fence-lost/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	r := fenceTag("fence-lost/" + strconv.FormatInt(time.Now().UnixNano(), 10))
 	// A script that always finds its id: what a resent call sees.
 	f.write = goredis.NewScript("return redis.error_reply('WARDEN_APPLIED already')")
 	if _, err := f.IncrBy(ctx, fence.Claim{Resource: r, Token: 1}, r+":n", 1); !errors.Is(err, ErrReplyLost) {

@@ -84,7 +84,7 @@ func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.Mult
 			return nil, err
 		}
 		var op any
-		data, stat, err := zkCall(ctx, func() ([]byte, *zk.Stat, error) { return f.conn.Get(path) })
+		data, stat, err := fenceCall(ctx, func() ([]byte, *zk.Stat, error) { return f.conn.Get(path) })
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
 			if err := f.ensureRoot(ctx); err != nil {
@@ -103,7 +103,7 @@ func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.Mult
 			}
 			op = &zk.SetDataRequest{Path: path, Data: token, Version: stat.Version}
 		}
-		resps, _, err := zkCall(ctx, func() ([]zk.MultiResponse, *zk.Stat, error) {
+		resps, _, err := fenceCall(ctx, func() ([]zk.MultiResponse, *zk.Stat, error) {
 			r, err := f.conn.Multi(append([]any{op}, ops...)...)
 			return r, nil, err
 		})
@@ -129,7 +129,7 @@ func (f *Fence) Advance(ctx context.Context, c fence.Claim) error {
 // Highest returns the highest token resource accepted, 0 if none, and the
 // fence node's version (-1 when there is none).
 func (f *Fence) Highest(ctx context.Context, resource string) (uint64, int32, error) {
-	data, stat, err := zkCall(ctx, func() ([]byte, *zk.Stat, error) { return f.conn.Get(f.Path(resource)) })
+	data, stat, err := fenceCall(ctx, func() ([]byte, *zk.Stat, error) { return f.conn.Get(f.Path(resource)) })
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, -1, nil
 	}
@@ -145,7 +145,7 @@ func (f *Fence) ensureRoot(ctx context.Context) error {
 	for _, part := range strings.Split(f.root[1:], "/") {
 		p += "/" + part
 		node := p
-		_, _, err := zkCall(ctx, func() (string, *zk.Stat, error) {
+		_, _, err := fenceCall(ctx, func() (string, *zk.Stat, error) {
 			s, err := f.conn.Create(node, nil, zk.FlagPersistent, f.acl)
 			return s, nil, err
 		})
@@ -160,9 +160,9 @@ func (f *Fence) unavailable(ctx context.Context, c fence.Claim, err error) error
 	return driver.Unavailable(ctx, fmt.Errorf("warden: zklock: fence %q: %w", c.Resource, err))
 }
 
-// zkCall runs a ZooKeeper request, which takes no context, and returns when
+// fenceCall runs a ZooKeeper request, which takes no context, and returns when
 // it answers or ctx ends.
-func zkCall[T any](ctx context.Context, fn func() (T, *zk.Stat, error)) (T, *zk.Stat, error) {
+func fenceCall[T any](ctx context.Context, fn func() (T, *zk.Stat, error)) (T, *zk.Stat, error) {
 	type result struct {
 		v    T
 		stat *zk.Stat
