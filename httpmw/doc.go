@@ -57,6 +57,28 @@
 //
 // 503, with Retry-After: under Lock, the lock backend could not be reached.
 //
+// # Missing fencing token
+//
+// 428: under Fence, the request carries no Fencing-Token.
+//
+// # Invalid fencing token
+//
+// 400: under Fence, the Fencing-Token is not one positive decimal integer,
+// or the Fencing-Resource is missing, repeated, longer than
+// fence.MaxResource bytes, or not a name the fence's engine accepts.
+//
+// # Stale fencing token
+//
+// 409: under Fence, the resource has accepted a higher fencing token than
+// the request's (or the handler's own fenced write was refused,
+// WriteStaleFence): the lock the client made it under was lost. Retrying
+// cannot succeed; the client must take the lock again.
+//
+// # Fence unavailable
+//
+// 503, with Retry-After: under Fence, the engine keeping the highest tokens
+// could not be reached.
+//
 // # Internal
 //
 // 500: a stored response could not be read, or another unexpected failure.

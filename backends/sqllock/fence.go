@@ -8,13 +8,15 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
 )
 
 // ErrStaleToken is returned by Fence when a newer token has already written
 // the resource. The error also wraps driver.ErrLockLost: the caller's lock was
-// lost, and its transaction must be rolled back.
-var ErrStaleToken = errors.New("warden/sqllock: stale fencing token")
+// lost, and its transaction must be rolled back. It is fence.ErrStaleToken,
+// the sentinel of every engine's fenced writes.
+var ErrStaleToken = fence.ErrStaleToken
 
 // Fence guards the caller's own writes with a lease's fencing token. Call it
 // inside the transaction tx, before the writes to resource, with the token
@@ -64,7 +66,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 			return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, res.Error))
 		}
 		if res.RowsAffected == 0 {
-			return fmt.Errorf("%w: %w: resource %q was written with a token above %d", ErrStaleToken, driver.ErrLockLost, resource, token)
+			return fence.Stale(fence.Claim{Resource: resource, Token: token}, 0)
 		}
 		return nil
 	}
@@ -85,7 +87,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
 	if current != tok {
-		return fmt.Errorf("%w: %w: resource %q was written with token %d, above %d", ErrStaleToken, driver.ErrLockLost, resource, current, token)
+		return fence.Stale(fence.Claim{Resource: resource, Token: token}, uint64(current))
 	}
 	return nil
 }

@@ -4,12 +4,19 @@ package faults
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/redislock"
+	"github.com/warden-go/warden/fence"
 )
 
 // The fenced store: one counter, served over TCP by the test process to the
@@ -59,10 +66,15 @@ func (e *event) section() sectionID { return sectionID{e.Worker, e.Section} }
 
 // store is the fenced counter. It refuses a write whose token is lower than
 // the highest it has accepted, and one that carries that highest token from
-// another section: two holders with one token are as bad as an old one.
+// another section: two holders with one token are as bad as an old one. The
+// first is warden's own fenced write (redislock.Fence, on the shared Redis,
+// which no fault touches), so every fault row tests it too.
 type store struct {
 	ln          net.Listener
 	defaultHold time.Duration
+	redis       *goredis.Client
+	fence       *redislock.Fence
+	resource    string // this store's alone
 	// unfenced makes the store accept every write: only for the judges'
 	// own test, to show that they catch what a fence would have stopped.
 	unfenced bool
@@ -86,8 +98,19 @@ func startStore(defaultHold time.Duration) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
+	addr := os.Getenv("WARDEN_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:16379"
+	}
+	rc := goredis.NewClient(&goredis.Options{Addr: addr})
+	f, err := redislock.NewFence(rc)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	s := &store{ln: ln, defaultHold: defaultHold, changed: make(chan struct{}),
-		holdFor: map[int]time.Duration{}, conns: map[net.Conn]bool{}}
+		holdFor: map[int]time.Duration{}, conns: map[net.Conn]bool{},
+		redis: rc, fence: f, resource: fmt.Sprintf("{warden-faults/%d.%d}", os.Getpid(), time.Now().UnixNano())}
 	go s.serve()
 	return s, nil
 }
@@ -102,6 +125,7 @@ func (s *store) close() {
 	}
 	s.mu.Unlock()
 	s.ln.Close()
+	s.redis.Close()
 }
 
 func (s *store) serve() {
@@ -163,12 +187,11 @@ func (s *store) apply(req request) reply {
 	case "write":
 		from := ev.section()
 		switch {
-		case s.unfenced || !s.anyYet || req.Token > s.maxToken:
-		case req.Token == s.maxToken && from == s.maxFrom:
-		case req.Token == s.maxToken:
+		case s.unfenced:
+		case s.anyYet && req.Token == s.maxToken && from != s.maxFrom:
 			ev.Reason = fmt.Sprintf("token %d already written by worker %d section %d", req.Token, s.maxFrom.Worker, s.maxFrom.Section)
 		default:
-			ev.Reason = fmt.Sprintf("token %d below %d", req.Token, s.maxToken)
+			ev.Reason = s.fencedWrite(req)
 		}
 		if ev.Reason == "" {
 			ev.Accepted = true
@@ -181,6 +204,21 @@ func (s *store) apply(req request) reply {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	return r
+}
+
+// fencedWrite writes the counter through the fence, and returns why it was
+// refused, or "".
+func (s *store) fencedWrite(req request) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.fence.Set(ctx, fence.Claim{Resource: s.resource, Token: req.Token}, s.resource+":counter", req.Value, 0)
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, fence.ErrStaleToken):
+		return fmt.Sprintf("token %d below %d", req.Token, fence.Highest(err))
+	}
+	return fmt.Sprintf("the fence failed: %v", err)
 }
 
 // markNext makes the next section to start, whoever runs it, linger d

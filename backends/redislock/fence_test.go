@@ -1,0 +1,175 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/fence/fencetest"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// fenceStore is the suite's register on Fence: the value and count of
+// resource r at r+":value" and r+":count", in the slot of r's hash tag.
+type fenceStore struct {
+	f      *Fence
+	client goredis.Cmdable
+}
+
+func (s fenceStore) Set(ctx context.Context, c fence.Claim, value string) error {
+	return s.f.Set(ctx, c, c.Resource+":value", value, 0)
+}
+
+func (s fenceStore) Incr(ctx context.Context, c fence.Claim) error {
+	_, err := s.f.IncrBy(ctx, c, c.Resource+":count", 1)
+	if errors.Is(err, ErrReplyLost) {
+		return nil
+	}
+	return err
+}
+
+func (s fenceStore) Get(ctx context.Context, r string) (fencetest.State, error) {
+	// One transaction, so that the data and the fence are read at one point.
+	var vs *goredis.SliceCmd
+	var high *goredis.StringCmd
+	_, err := s.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		vs = p.MGet(ctx, r+":value", r+":count")
+		high = p.HGet(ctx, s.f.Key(r), "t")
+		return nil
+	})
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return fencetest.State{}, err
+	}
+	var st fencetest.State
+	if v, ok := vs.Val()[0].(string); ok {
+		st.Value = v
+	}
+	if v, ok := vs.Val()[1].(string); ok {
+		if st.Count, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return st, err
+		}
+	}
+	if h := high.Val(); h != "" {
+		if st.Highest, err = strconv.ParseUint(h, 10, 64); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+func newFenceStore(t testing.TB, c goredis.Cmdable) fencetest.Store {
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fenceStore{f: f, client: c}
+}
+
+// fenceTag names the suite's resources with a hash tag, as a Cluster needs.
+func fenceTag(name string) string { return "{" + name + "}" }
+
+func TestFenceConformance(t *testing.T) {
+	addr := drivertest.Addr(t, addrEnv, addrDefault)
+	fencetest.Run(t, fencetest.Backend{
+		New: func(t testing.TB) fencetest.Store { return newFenceStore(t, newClient(t)) },
+		Through: func(t testing.TB, relay string) fencetest.Store {
+			// go-redis's own retries (MaxRetries 3 by default) resend a call
+			// whose connection broke: the fence's write ids must absorb them.
+			c := goredis.NewClient(&goredis.Options{Addr: relay})
+			t.Cleanup(func() { c.Close() })
+			return newFenceStore(t, c)
+		},
+		Upstream: addr,
+		Resource: fenceTag,
+	})
+}
+
+// TestFenceWrites: HSet, Del and the caller's own script, fenced; a stale
+// one changes nothing.
+func TestFenceWrites(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-writes/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	h, k := r+":h", r+":k"
+	fresh, stale := fence.Claim{Resource: r, Token: 10}, fence.Claim{Resource: r, Token: 9}
+	if err := f.HSet(ctx, fresh, h, "a", "1", "b", "2"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.Eval(ctx, fresh, "redis.call('SET', KEYS[1], ARGV[1]) return #KEYS + #ARGV", []string{k}, "x")
+	if err != nil || got != int64(2) {
+		t.Fatalf("Eval: %v %v, want 2 (its own KEYS and ARGV only)", got, err)
+	}
+	if _, err := f.Eval(ctx, stale, "return redis.call('DEL', KEYS[1])", []string{k}); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("stale Eval: %v", err)
+	}
+	if err := f.Del(ctx, stale, h); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("stale Del: %v", err)
+	}
+	if n := c.Exists(ctx, h, k).Val(); n != 2 {
+		t.Fatalf("after stale deletes, %d of 2 keys exist", n)
+	}
+	if err := f.Del(ctx, fresh, h, k); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, h, k).Val(); n != 0 {
+		t.Fatalf("after Del, %d keys exist", n)
+	}
+	if err := f.HSet(ctx, fresh, h, "odd"); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("HSet with an odd count: %v", err)
+	}
+}
+
+// TestFenceResentApplied: the same call sent twice (as go-redis resends one
+// whose connection broke after the server ran it) is applied once.
+// Before the write ids, the count reached 2.
+func TestFenceResentApplied(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-resent/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	keys := []string{f.Key(r), r + ":count"}
+	args := []any{"7", "00112233aabbccdd", "incrby", 1}
+	if n, err := f.write.Run(ctx, c, keys, args...).Int64(); err != nil || n != 1 {
+		t.Fatalf("first send: %d %v", n, err)
+	}
+	if err := f.write.Run(ctx, c, keys, args...).Err(); err == nil || !strings.HasPrefix(err.Error(), "WARDEN_APPLIED ") {
+		t.Fatalf("resent: %v, want WARDEN_APPLIED", err)
+	}
+	if n, _ := c.Get(ctx, r+":count").Int(); n != 1 {
+		t.Fatalf("count %d after a resent increment, want 1", n)
+	}
+}
+
+// TestFenceReplyLost: IncrBy resent after a lost reply reports ErrReplyLost,
+// and Set reports success.
+func TestFenceReplyLost(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-lost/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	// A script that always finds its id: what a resent call sees.
+	f.write = goredis.NewScript("return redis.error_reply('WARDEN_APPLIED already')")
+	if _, err := f.IncrBy(ctx, fence.Claim{Resource: r, Token: 1}, r+":n", 1); !errors.Is(err, ErrReplyLost) {
+		t.Errorf("IncrBy: %v, want ErrReplyLost", err)
+	}
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 1}, r+":v", "x", 0); err != nil {
+		t.Errorf("Set: %v, want nil", err)
+	}
+}

@@ -1,0 +1,116 @@
+package sqllock
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// fenceSetting is the statement setting under which Fenced leaves its claim
+// for FencePlugin's callbacks.
+const fenceSetting = "warden:fence"
+
+// FencePlugin is the gorm plugin behind Fenced: register it once with
+// db.Use(sqllock.FencePlugin{}). Its callbacks run Fence, in the statement's
+// transaction, before the creates, updates and deletes of the statements
+// Fenced marks, and leave every other statement alone.
+type FencePlugin struct{}
+
+// Name implements gorm.Plugin.
+func (FencePlugin) Name() string { return fenceSetting }
+
+// Initialize implements gorm.Plugin: the fence runs once the statement's
+// transaction has begun (gorm's default transaction, or the caller's), and
+// before the model's Before hooks and the write.
+func (FencePlugin) Initialize(db *gorm.DB) error {
+	cb := db.Callback()
+	for _, err := range []error{
+		cb.Create().After("gorm:begin_transaction").Before("gorm:before_create").Register(fenceSetting, fenceStatement),
+		cb.Update().After("gorm:begin_transaction").Before("gorm:before_update").Register(fenceSetting, fenceStatement),
+		cb.Delete().After("gorm:begin_transaction").Before("gorm:before_delete").Register(fenceSetting, fenceStatement),
+	} {
+		if err != nil {
+			return fmt.Errorf("warden: sqllock: FencePlugin: %w", err)
+		}
+	}
+	return nil
+}
+
+// Fenced is a gorm scope that fences the statement's writes with c: the
+// statement's transaction runs Fence(tx, c.Resource, c.Token) before it
+// writes, and rolls back with an error wrapping fence.ErrStaleToken when the
+// resource accepted a higher token. It needs FencePlugin registered on the
+// *gorm.DB and a transaction: gorm's default one (unless
+// SkipDefaultTransaction) or the caller's db.Transaction.
+//
+//	err := db.WithContext(ctx).Scopes(sqllock.Fenced(claim)).
+//		Model(&Account{ID: 42}).Update("balance", 10).Error
+//
+// FencedByContext takes the claim from the statement's context instead.
+func Fenced(c fence.Claim) func(*gorm.DB) *gorm.DB {
+	return func(db *gorm.DB) *gorm.DB {
+		if err := c.Validate(); err != nil {
+			db.AddError(err)
+			return db
+		}
+		if _, ok := db.Config.Plugins[fenceSetting]; !ok {
+			db.AddError(fmt.Errorf("warden: sqllock: %w: Fenced needs db.Use(sqllock.FencePlugin{}), or the write would not be fenced", driver.ErrInvalidOption))
+			return db
+		}
+		db.Statement.Settings.Store(fenceSetting, c)
+		return db
+	}
+}
+
+// FencedByContext is Fenced with the claim of the statement's context
+// (fence.FromContext: the lock guard.Do's function was given, or a claim
+// httpmw.Fence received), set with db.WithContext. A context without one
+// fails the statement with guard.ErrInvalidOption rather than write
+// unfenced.
+func FencedByContext(db *gorm.DB) *gorm.DB {
+	c, ok := fence.FromContext(db.Statement.Context)
+	if !ok {
+		db.AddError(fmt.Errorf("warden: sqllock: %w: FencedByContext: the statement's context carries no lock nor claim", driver.ErrInvalidOption))
+		return db
+	}
+	return Fenced(c)(db)
+}
+
+func fenceStatement(db *gorm.DB) {
+	if db.Error != nil {
+		return
+	}
+	v, ok := db.Statement.Settings.Load(fenceSetting)
+	if !ok {
+		return
+	}
+	c := v.(fence.Claim)
+	if err := Fence(db, c.Resource, c.Token); err != nil {
+		db.AddError(err)
+	}
+}
+
+// Fencer keeps resources' highest tokens in the fence table alone, each
+// check a transaction of its own: the fence.Fencer of httpmw.Fence on SQL.
+type Fencer struct{ db *gorm.DB }
+
+// NewFencer returns a Fencer on db, whose fence table Locker.Migrate
+// created.
+func NewFencer(db *gorm.DB) (*Fencer, error) {
+	if db == nil {
+		return nil, fmt.Errorf("warden: sqllock: %w: nil *gorm.DB", driver.ErrInvalidOption)
+	}
+	return &Fencer{db: db}, nil
+}
+
+// Advance implements fence.Fencer.
+func (f *Fencer) Advance(ctx context.Context, c fence.Claim) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	return f.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return Fence(tx, c.Resource, c.Token) })
+}

@@ -1,0 +1,156 @@
+package httpmw
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard"
+)
+
+// The headers of a fenced request: the fencing token of the lock the client
+// holds, in decimal, and the resource it fences (no standard names them).
+const (
+	FencingTokenHeader    = "Fencing-Token"
+	FencingResourceHeader = "Fencing-Resource"
+)
+
+// FenceOption configures the Fence middleware.
+type FenceOption func(*fenceConfig)
+
+type fenceConfig struct {
+	resource   func(*http.Request) string
+	retryAfter time.Duration
+}
+
+// WithFenceResource names the resource of a request from the request itself
+// (its route, say) instead of its Fencing-Resource header, which is then
+// ignored: the service, not the client, decides what a token fences.
+func WithFenceResource(resource func(*http.Request) string) FenceOption {
+	return func(c *fenceConfig) { c.resource = resource }
+}
+
+// WithFenceRetryAfter sets the Retry-After sent when the fence cannot be
+// reached (default DefaultRetryAfter).
+func WithFenceRetryAfter(d time.Duration) FenceOption {
+	return func(c *fenceConfig) { c.retryAfter = d }
+}
+
+// Fence returns middleware for a service that accepts fenced writes from
+// other processes: each request carries the fencing token of the lock its
+// client holds (Fencing-Token) and the resource it writes
+// (Fencing-Resource), as FenceTransport stamps them. A request whose token
+// is below the highest f accepted for the resource gets 409 problem+json
+// (Stale fencing token) and never reaches next; otherwise f records its
+// token, and next runs with the claim in its context (fence.FromContext).
+//
+// f keeps the highest tokens: any engine's fence (redislock.Fence,
+// etcdlock.Fence, zklock.Fence, sqllock.Fencer). Its check is atomic with
+// nothing the handler writes afterwards, so a handler whose writes must
+// never land after a newer holder's makes them with the engine's fenced
+// writes, under the claim of its context, and answers their refusal with
+// WriteStaleFence. When f is the fence those writes use, the resource's
+// highest token moves at the check, before the handler's write lands; give
+// f a prefix of its own (redislock.WithFencePrefix, ...) to keep the data's
+// fence moving only with the data. A nil f checks nothing here and leaves
+// it all to those writes.
+func Fence(f fence.Fencer, opts ...FenceOption) func(http.Handler) http.Handler {
+	c := fenceConfig{retryAfter: DefaultRetryAfter}
+	for _, o := range opts {
+		o(&c)
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tokens := r.Header.Values(FencingTokenHeader)
+			if len(tokens) == 0 {
+				writeProblem(w, http.StatusPreconditionRequired, "Missing_fencing_token", "Fencing token missing",
+					"The request must carry the "+FencingTokenHeader+" of the lock it is made under.", 0)
+				return
+			}
+			var claim fence.Claim
+			var err error
+			if len(tokens) == 1 {
+				claim.Token, err = strconv.ParseUint(tokens[0], 10, 64)
+			}
+			if c.resource != nil {
+				claim.Resource = c.resource(r)
+			} else if rs := r.Header.Values(FencingResourceHeader); len(rs) == 1 {
+				claim.Resource = rs[0]
+			}
+			if len(tokens) != 1 || err != nil || claim.Validate() != nil {
+				writeProblem(w, http.StatusBadRequest, "Invalid_fencing_token", "Invalid fencing token",
+					"The request needs one "+FencingTokenHeader+", a positive decimal integer, and one "+FencingResourceHeader+" of 1 to "+
+						strconv.Itoa(fence.MaxResource)+" bytes.", 0)
+				return
+			}
+			if f != nil {
+				err := f.Advance(r.Context(), claim)
+				switch {
+				case err == nil:
+				case errors.Is(err, fence.ErrStaleToken):
+					WriteStaleFence(w, err)
+					return
+				case errors.Is(err, guard.ErrInvalidOption) || errors.Is(err, guard.ErrInvalidKey):
+					// A resource the engine cannot name (its own limits).
+					writeProblem(w, http.StatusBadRequest, "Invalid_fencing_token", "Invalid fencing token",
+						"The "+FencingResourceHeader+" names a resource the service cannot fence.", 0)
+					return
+				case r.Context().Err() != nil:
+					writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
+					return
+				default:
+					writeProblem(w, http.StatusServiceUnavailable, "Fence_unavailable", "Fence unavailable", "", c.retryAfter)
+					return
+				}
+			}
+			next.ServeHTTP(w, r.WithContext(fence.WithClaim(r.Context(), claim)))
+		})
+	}
+}
+
+// WriteStaleFence answers 409 problem+json of type Stale fencing token: what
+// Fence answers a stale claim, for a handler whose own fenced write was
+// refused (err wraps fence.ErrStaleToken).
+func WriteStaleFence(w http.ResponseWriter, err error) {
+	detail := "A write with a higher fencing token was accepted: the lock this request was made under was lost."
+	if h := fence.Highest(err); h != 0 {
+		detail += " The highest accepted is " + strconv.FormatUint(h, 10) + "."
+	}
+	writeProblem(w, http.StatusConflict, "Stale_fencing_token", "Stale fencing token", detail, 0)
+}
+
+// FenceTransport returns an http.RoundTripper that stamps each request with
+// the claim of its context (fence.FromContext: the lock guard.Do's function
+// was given, or fence.WithClaim's) in the Fencing-Token and
+// Fencing-Resource headers, and sends it through base
+// (http.DefaultTransport when nil). A request whose context carries no
+// claim, or that already has a Fencing-Token, goes as it is.
+//
+//	client := &http.Client{Transport: httpmw.FenceTransport(nil)}
+//	g.Do(ctx, "account/42", func(ctx context.Context, _ *guard.Lock) error {
+//		req, _ := http.NewRequestWithContext(ctx, "PUT", url, body)
+//		resp, err := client.Do(req) // carries the lock's token
+//		...
+//	})
+func FenceTransport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return fenceTransport{base: base}
+}
+
+type fenceTransport struct{ base http.RoundTripper }
+
+func (t fenceTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c, ok := fence.FromContext(r.Context())
+	if !ok || r.Header.Get(FencingTokenHeader) != "" {
+		return t.base.RoundTrip(r)
+	}
+	// A RoundTripper must not change the request it was given.
+	r = r.Clone(r.Context())
+	r.Header.Set(FencingTokenHeader, strconv.FormatUint(c.Token, 10))
+	r.Header.Set(FencingResourceHeader, c.Resource)
+	return t.base.RoundTrip(r)
+}

@@ -1,0 +1,163 @@
+package httpmw_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/httpmw"
+)
+
+// mapFencer is a fence.Fencer in a map, or failing with err.
+type mapFencer struct {
+	mu      sync.Mutex
+	highest map[string]uint64
+	err     error
+}
+
+func (m *mapFencer) Advance(_ context.Context, c fence.Claim) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	if h := m.highest[c.Resource]; c.Token < h {
+		return fence.Stale(c, h)
+	}
+	m.highest[c.Resource] = c.Token
+	return nil
+}
+
+func TestFenceRequests(t *testing.T) {
+	f := &mapFencer{highest: map[string]uint64{}}
+	var seen fence.Claim
+	h := httpmw.Fence(f)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen, _ = fence.FromContext(r.Context())
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	for _, c := range []struct {
+		name      string
+		headers   [][2]string
+		status    int
+		anchor    string
+		wantClaim fence.Claim
+	}{
+		{"accepted", [][2]string{{"Fencing-Token", "7"}, {"Fencing-Resource", "account/42"}}, 204, "", fence.Claim{Resource: "account/42", Token: 7}},
+		{"equal", [][2]string{{"Fencing-Token", "7"}, {"Fencing-Resource", "account/42"}}, 204, "", fence.Claim{Resource: "account/42", Token: 7}},
+		{"stale", [][2]string{{"Fencing-Token", "6"}, {"Fencing-Resource", "account/42"}}, 409, "Stale_fencing_token", fence.Claim{}},
+		{"other resource", [][2]string{{"Fencing-Token", "6"}, {"Fencing-Resource", "account/43"}}, 204, "", fence.Claim{Resource: "account/43", Token: 6}},
+		{"missing", nil, 428, "Missing_fencing_token", fence.Claim{}},
+		{"zero", [][2]string{{"Fencing-Token", "0"}, {"Fencing-Resource", "r"}}, 400, "Invalid_fencing_token", fence.Claim{}},
+		{"not a number", [][2]string{{"Fencing-Token", "-1"}, {"Fencing-Resource", "r"}}, 400, "Invalid_fencing_token", fence.Claim{}},
+		{"two tokens", [][2]string{{"Fencing-Token", "8"}, {"Fencing-Token", "9"}, {"Fencing-Resource", "r"}}, 400, "Invalid_fencing_token", fence.Claim{}},
+		{"no resource", [][2]string{{"Fencing-Token", "8"}}, 400, "Invalid_fencing_token", fence.Claim{}},
+	} {
+		seen = fence.Claim{}
+		req := httptest.NewRequest("PUT", "/accounts/42", nil)
+		for _, kv := range c.headers {
+			req.Header.Add(kv[0], kv[1])
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != c.status || seen != c.wantClaim {
+			t.Errorf("%s: status %d, handler saw %v; want %d, %v", c.name, rec.Code, seen, c.status, c.wantClaim)
+		}
+		if c.anchor != "" {
+			var p struct{ Type string }
+			json.Unmarshal(rec.Body.Bytes(), &p)
+			if !strings.HasSuffix(p.Type, "#hdr-"+c.anchor) || rec.Header().Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%s: problem %q (%s), want type #hdr-%s", c.name, p.Type, rec.Header().Get("Content-Type"), c.anchor)
+			}
+		}
+	}
+
+	f.err = fmt.Errorf("%w: resource too long for this engine", guard.ErrInvalidKey)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("PUT", "/", nil)
+	req.Header.Set("Fencing-Token", "99")
+	req.Header.Set("Fencing-Resource", "r")
+	h.ServeHTTP(rec, req)
+	if rec.Code != 400 {
+		t.Errorf("a resource the engine refuses: %d, want 400", rec.Code)
+	}
+
+	f.err = errors.New("down")
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest("PUT", "/", nil)
+	req.Header.Set("Fencing-Token", "99")
+	req.Header.Set("Fencing-Resource", "r")
+	h.ServeHTTP(rec, req)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("fence down: %d, Retry-After %q; want 503 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+// TestFenceResourceFromRoute: WithFenceResource overrides the header.
+func TestFenceResourceFromRoute(t *testing.T) {
+	f := &mapFencer{highest: map[string]uint64{"route": 10}}
+	h := httpmw.Fence(f, httpmw.WithFenceResource(func(*http.Request) string { return "route" }))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	req := httptest.NewRequest("PUT", "/", nil)
+	req.Header.Set("Fencing-Token", "9")
+	req.Header.Set("Fencing-Resource", "chosen-by-client")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusConflict {
+		t.Errorf("status %d, want 409: the route's resource has accepted 10", rec.Code)
+	}
+}
+
+// TestFenceTransport: a request made in guard.Do's function carries the
+// lock's token; one that already has a token, or has no lock, goes as it is.
+func TestFenceTransport(t *testing.T) {
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer srv.Close()
+	client := &http.Client{Transport: httpmw.FenceTransport(nil)}
+	send := func(ctx context.Context, token string) {
+		req, _ := http.NewRequestWithContext(ctx, "PUT", srv.URL, nil)
+		if token != "" {
+			req.Header.Set("Fencing-Token", token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if token != "" && req.Header.Get("Fencing-Resource") != "" {
+			t.Error("the transport changed the caller's request")
+		}
+	}
+	g, err := guard.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = g.Do(context.Background(), "account/42", func(ctx context.Context, l *guard.Lock) error {
+		send(ctx, "")
+		if got.Get("Fencing-Token") != strconv.FormatUint(l.Token(), 10) || got.Get("Fencing-Resource") != "account/42" {
+			t.Errorf("headers %v, want the lock's token %d on account/42", got, l.Token())
+		}
+		send(ctx, "5")
+		if got.Get("Fencing-Token") != "5" || got.Get("Fencing-Resource") != "" {
+			t.Errorf("a request with its own token: %v", got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(context.Background(), "")
+	if got.Get("Fencing-Token") != "" {
+		t.Errorf("a request without a lock was stamped: %v", got)
+	}
+}
