@@ -298,7 +298,8 @@ func (a *redisAdmin) waitLockOn(master, lockKey string) {
 }
 
 // leftovers lists the keys of the run's lock on any master other than the
-// fence counter, which never expires by design (redislock's doc).
+// fence counter, which outlives the lock by a day by design (redislock's
+// doc).
 func (a *redisAdmin) leftovers(slot int, tag, fenceKey string) error {
 	ms, err := a.masters(a.addrs[0])
 	if err != nil {
