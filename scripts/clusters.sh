@@ -125,13 +125,17 @@ resume_if_stopped() {
 # launch PIDFILE LOG CMD...: CMD in its own session, so that it outlives the
 # caller (a test that restarts a node must not take it down when it ends),
 # with no stdin and its output to LOG, so that a caller reading our stdout is
-# not kept waiting. fd 9 is the lock: a node holding it would block every
-# later run.
+# not kept waiting. Every other descriptor is closed: fd 9 is our lock, and
+# a caller's may be another (make test-clusters run under
+# `flock /tmp/warden-suites.lock`): a node holding either would block every
+# later run for as long as it lives.
 launch() {
 	local pidfile=$1 log=$2
 	shift 2
 	# shellcheck disable=SC2016 # expanded by the inner bash
-	setsid bash -c 'echo $$ >"$0" && exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+	setsid bash -c 'echo $$ >"$0" || exit
+		for fd in /proc/$$/fd/*; do fd=${fd##*/}; ((fd > 2)) && exec {fd}>&-; done
+		exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
 }
 
 # wait_for LOG PIDFILE COMM PROBE...: until PROBE succeeds; fails at the

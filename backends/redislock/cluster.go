@@ -77,8 +77,12 @@ func migrating(err error) bool {
 	return strings.HasPrefix(msg, "TRYAGAIN") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "MOVED ")
 }
 
-// reload asks the Cluster client to load the slot map again.
+// reload asks the Cluster client to load the slot map again; without one it
+// does nothing.
 func (s *scripter) reload() {
+	if s.cluster == nil {
+		return
+	}
 	now := time.Now().UnixNano()
 	last := s.reloaded.Load()
 	if now-last < int64(reloadEvery) || !s.reloaded.CompareAndSwap(last, now) {

@@ -13,7 +13,8 @@
 // passes it, under guard's prefix ("warden:" by default):
 //
 //	{<key>}:lock              the exclusive lock: owner id, PX ttl
-//	{<key>}:fence             fencing counter, never expires
+//	{<key>}:fence             fencing counter, expires a day after the
+//	                          key's last grant
 //	{<key>}:queue             fair waiters, oldest first (list)
 //	{<key>}:queue:deadlines   each fair waiter's deadline (zset)
 //	{<key>}:waiters           waiting non-fair contenders by deadline (zset)
@@ -27,8 +28,13 @@
 //	                          waiters, fair or not, named in their records
 //
 // '{', '}' and '%' in a key are percent-encoded so the hash tag stays whole.
-// The fence counter is the only key that never expires: its cost is one
-// small key per lock name ever used, the price of tokens that never go back.
+// The fence counter outlives the lock: it expires a day after the key's
+// last grant, so a free key costs one small key (about 100 bytes) for a day
+// after its last use, and lock names taken from request data (per user, per
+// order) are reclaimed by Redis itself, with no purge to run. Where even a
+// day of them is too many, the remedy is fewer names (a key per shard of
+// users rather than per user), not a shorter expiry: see below for what the
+// day buys.
 //
 // # What the fencing token guarantees
 //
@@ -45,4 +51,11 @@
 // that). On one server that keeps its clock, tokens grow whatever happens to
 // its data. A clock stepped backwards by more than the gap between two
 // grants is the one case where a token can repeat.
+//
+// The fence's expiry, a day after the key's last grant, leans on the same
+// clock: a token is never above the clock of its grant (a grant takes more
+// than a microsecond), so the first grant after the fence expired, drawn
+// from the clock alone, is past every token before it unless the server's
+// clock was stepped back by more than a day meanwhile; across a restart or
+// a failover, the assumption above holds as it did.
 package redislock

@@ -105,7 +105,8 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 			return nil, fmt.Errorf("%w: WithWaitReplicas with a %T", driver.ErrUnsupported, client)
 		}
 	}
-	return &Locker{client: client, sc: newScripter(client), cfg: c, s: newScripts(), notify: newNotifier(client),
+	sc := newScripter(client)
+	return &Locker{client: client, sc: sc, cfg: c, s: newScripts(), notify: newNotifier(client, sc.reload),
 		wake: "warden:wake:" + rand.Text()}, nil
 }
 

@@ -2,18 +2,37 @@ package redislock
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
-// notifier shares one Pub/Sub connection, and one subscription per lock key,
+// notifier shares one Pub/Sub connection, and one subscription per channel,
 // among all the Locker's waiters. A release message wakes one local waiter
-// (or, in fair mode, the waiter it names), never all of them: the others keep
-// sleeping, so a process does not stampede the server after every release.
+// (or the waiter it names), never all of them: the others keep sleeping, so
+// a process does not stampede the server after every release.
+//
+// A wake-up can be lost: while the subscription is not yet confirmed, while
+// the connection is down (a Cluster client subscribes through one node, the
+// master of the first channel's slot, and a dead node takes the
+// subscriptions of every key with it), or when the connection is dead
+// without saying so (a frozen node). So the notifier tells its waiters
+// whether their subscription is confirmed: one that is not makes them poll
+// (see Locker.sleep), its loss wakes them to start polling, and its
+// confirmation, again after a reconnection, wakes them, since messages may
+// have been missed meanwhile. A connection
+// that fails asks a Cluster client for its slot map again, so that
+// go-redis, which reconnects and resubscribes by itself, goes to the node
+// that serves now.
 type notifier struct {
 	client goredis.UniversalClient
+	// lost is called when the connection failed.
+	lost func()
 
 	closed chan struct{} // closed by close
 
@@ -21,18 +40,41 @@ type notifier struct {
 	ps       *goredis.PubSub // nil while nobody waits
 	subs     map[string]*subscription
 	isClosed bool
+	// ops are the Pub/Sub commands decided under mu, sent in that order by
+	// one goroutine at a time (writing), so that no waiter, and no message
+	// delivery, waits on a connection being dialed.
+	ops     []psOp
+	writing bool
 }
+
+// psOp is a SUBSCRIBE, an UNSUBSCRIBE or the closing of a connection.
+type psOp struct {
+	ps       *goredis.PubSub
+	kind     int
+	channels []string
+}
+
+const (
+	opSubscribe = iota
+	opUnsubscribe
+	opClose
+)
 
 // subscription is the process's interest in one channel.
 type subscription struct {
 	channel string
 	ps      *goredis.PubSub // the connection it was made on
 	refs    int
-	ready   chan struct{} // closed once the server confirmed it
-	isReady bool
-	// any holds at most one wake-up for whichever non-fair waiter takes it.
+	// ready is closed once the server confirmed the subscription, and
+	// gone once it is lost after that; each is replaced by an open one
+	// when the other is closed. A waiter sleeps on the one that would
+	// change what it should do.
+	ready, gone chan struct{}
+	isReady     bool
+	// any holds at most one wake-up for whichever waiter without a name
+	// (readers, writers, semaphores) takes it.
 	any chan struct{}
-	// named has one wake-up channel per fair waiter, by its id.
+	// named has one wake-up channel per mutex waiter, by its id.
 	named map[string]chan struct{}
 	// linger drops the subscription a while after its last waiter left.
 	linger *time.Timer
@@ -43,15 +85,24 @@ type subscription struct {
 // connection when it was the only one) for every wait.
 const lingerFor = 2 * time.Second
 
-func newNotifier(client goredis.UniversalClient) *notifier {
-	return &notifier{client: client, closed: make(chan struct{}), subs: make(map[string]*subscription)}
+// healthEvery is how long the connection may stay silent before it is sent
+// a PING, and how long the PING may go unanswered before the connection is
+// taken for dead and replaced: a frozen or cut-off node closes nothing.
+const healthEvery = time.Second
+
+// maxReconnectPause caps the pause between attempts to get a failed
+// connection back.
+const maxReconnectPause = 250 * time.Millisecond
+
+func newNotifier(client goredis.UniversalClient, lost func()) *notifier {
+	return &notifier{client: client, lost: lost, closed: make(chan struct{}), subs: make(map[string]*subscription)}
 }
 
 // close ends the Pub/Sub connection and every wait on it.
 func (n *notifier) close() error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.isClosed {
+		n.mu.Unlock()
 		return nil
 	}
 	n.isClosed = true
@@ -62,19 +113,21 @@ func (n *notifier) close() error {
 		}
 	}
 	clear(n.subs)
-	if n.ps == nil {
-		return nil
+	if n.ps != nil {
+		// Queued, not waited for: the connection may be being dialed to a
+		// node that does not answer, and the waits end with closed anyway.
+		n.send(psOp{ps: n.ps, kind: opClose})
+		n.ps = nil
 	}
-	err := n.ps.Close()
-	n.ps = nil
-	return err
+	n.mu.Unlock()
+	return nil
 }
 
-// joinIfActive registers a waiter on a subscription that is already live, at
-// no cost, or returns nil. Joining before the first attempt means that no
-// release after that attempt can go unnoticed. The channel returned is the
-// one the waiter sleeps on; others reports whether local waiters were
-// already there.
+// joinIfActive registers a waiter on a subscription that is already
+// confirmed, at no cost, or returns nil. Joining before the first attempt
+// means that no release after that attempt can go unnoticed. The channel
+// returned is the one the waiter sleeps on; others reports whether local
+// waiters were already there.
 func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-chan struct{}, others bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -87,9 +140,10 @@ func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-cha
 }
 
 // join registers a waiter, subscribing to channel if this process is not yet
-// subscribed, and returns once the server confirmed the subscription (or ctx
-// ends; a waiter whose confirmation is slow still has its PTTL fallback).
-func (n *notifier) join(ctx context.Context, channel, id string) (*subscription, <-chan struct{}, error) {
+// subscribed, and returns once the server confirmed the subscription, or
+// after within without a confirmation: the waiter then polls until there is
+// one (see watch).
+func (n *notifier) join(ctx context.Context, channel, id string, within time.Duration) (*subscription, <-chan struct{}, error) {
 	n.mu.Lock()
 	if n.isClosed {
 		n.mu.Unlock()
@@ -97,43 +151,65 @@ func (n *notifier) join(ctx context.Context, channel, id string) (*subscription,
 	}
 	s := n.subs[channel]
 	if s == nil {
+		if n.ps == nil {
+			// Without channels, Subscribe only makes the PubSub: the
+			// connection is dialed by the SUBSCRIBE, off this goroutine.
+			n.ps = n.client.Subscribe(context.WithoutCancel(ctx))
+			go n.receive(n.ps)
+		}
 		s = &subscription{
 			channel: channel,
+			ps:      n.ps,
 			ready:   make(chan struct{}),
+			gone:    make(chan struct{}),
 			any:     make(chan struct{}, 1),
 			named:   make(map[string]chan struct{}),
 		}
-		// A write on the Pub/Sub connection is short and bounded by the
-		// client's write timeout; holding mu across it keeps SUBSCRIBE and
-		// UNSUBSCRIBE of one channel in the order they were decided.
-		wctx := context.WithoutCancel(ctx)
-		if n.ps == nil {
-			n.ps = n.client.Subscribe(wctx, channel)
-			go n.receive(n.ps, n.ps.ChannelWithSubscriptions())
-		} else if err := n.ps.Subscribe(wctx, channel); err != nil {
-			// go-redis resubscribes after reconnecting, so a failed write
-			// is not final; the PTTL fallback covers the gap.
-			_ = err
-		}
-		s.ps = n.ps
 		n.subs[channel] = s
+		n.send(psOp{ps: n.ps, kind: opSubscribe, channels: []string{channel}})
 	}
 	wake := n.register(s, id)
+	ready := s.ready
 	n.mu.Unlock()
 
+	timer := time.NewTimer(within)
+	defer timer.Stop()
 	select {
-	case <-s.ready:
-		return s, wake, nil
+	case <-ready:
+	case <-timer.C:
 	case <-ctx.Done():
 		n.leave(s, id, false)
 		return nil, nil, ctx.Err()
 	case <-n.closed:
 		return nil, nil, errClosed
 	}
+	return s, wake, nil
+}
+
+// watch reports whether s is confirmed, and returns a channel closed when
+// that changes. A waiter whose subscription is not confirmed may miss the
+// message meant for it, so it polls until it is, and one whose
+// subscription is lost while it sleeps must start polling at once.
+func (n *notifier) watch(s *subscription) (changed <-chan struct{}, confirmed bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s.isReady {
+		return s.gone, true
+	}
+	return s.ready, false
+}
+
+// unready marks s lost; n.mu is held.
+func (s *subscription) unready() {
+	if s.isReady {
+		s.isReady = false
+		s.ready = make(chan struct{})
+		close(s.gone)
+	}
 }
 
 // register counts a waiter in and returns the channel it sleeps on: its own
-// for a fair waiter (id != ""), the shared one otherwise.
+// for a named waiter (id != ""), the shared one otherwise.
 func (n *notifier) register(s *subscription, id string) <-chan struct{} {
 	if s.refs == 0 && s.linger != nil {
 		s.linger.Stop()
@@ -188,16 +264,92 @@ func (n *notifier) drop(s *subscription) {
 		return // its connection is already gone
 	}
 	if len(n.subs) == 0 {
-		n.ps.Close()
+		n.send(psOp{ps: n.ps, kind: opClose})
 		n.ps = nil
 		return
 	}
-	_ = n.ps.Unsubscribe(context.Background(), s.channel)
+	n.send(psOp{ps: n.ps, kind: opUnsubscribe, channels: []string{s.channel}})
 }
 
-// receive dispatches the messages of one Pub/Sub connection until it closes.
-func (n *notifier) receive(ps *goredis.PubSub, ch <-chan any) {
-	for m := range ch {
+// send queues a Pub/Sub command; n.mu is held.
+func (n *notifier) send(op psOp) {
+	n.ops = append(n.ops, op)
+	if !n.writing {
+		n.writing = true
+		go n.write()
+	}
+}
+
+// write sends the queued commands in order. Their errors are not final:
+// go-redis records the channels before it writes, and subscribes to them
+// again on the connection it makes after a failure.
+func (n *notifier) write() {
+	for {
+		n.mu.Lock()
+		if len(n.ops) == 0 {
+			n.writing = false
+			n.mu.Unlock()
+			return
+		}
+		op := n.ops[0]
+		n.ops = n.ops[1:]
+		n.mu.Unlock()
+		ctx := context.Background()
+		switch op.kind {
+		case opSubscribe:
+			_ = op.ps.Subscribe(ctx, op.channels...)
+		case opUnsubscribe:
+			_ = op.ps.Unsubscribe(ctx, op.channels...)
+		case opClose:
+			_ = op.ps.Close()
+		}
+	}
+}
+
+// receive dispatches the messages of one Pub/Sub connection until it is
+// closed or replaced, and watches its health.
+func (n *notifier) receive(ps *goredis.PubSub) {
+	pause := driver.Backoff{Max: maxReconnectPause}
+	pinged := false
+	for {
+		// go-redis dials again inside ReceiveTimeout when the connection
+		// failed, before it tells: the deadline bounds that, so that a
+		// loss is told to the waiters even when the node it dials does
+		// not answer.
+		ctx, cancel := context.WithTimeout(context.Background(), healthEvery+maxReconnectPause)
+		m, err := ps.ReceiveTimeout(ctx, healthEvery)
+		cancel()
+		if err != nil {
+			if errors.Is(err, goredis.ErrClosed) || !n.current(ps) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if !pinged {
+					pinged = true
+					pctx, cancel := context.WithTimeout(context.Background(), healthEvery)
+					_ = ps.Ping(pctx)
+					cancel()
+					continue
+				}
+				// Silent through a whole period after a PING: the
+				// connection is dead without knowing it.
+				n.replace(ps)
+				return
+			}
+			// go-redis has dropped the connection and dials another at the
+			// next Receive; until it has subscribed again, messages are
+			// lost.
+			n.disconnected(ps)
+			select {
+			case <-n.closed:
+				return
+			case <-time.After(pause.Next()):
+			}
+			continue
+		}
+		pause.Reset()
+		pinged = false
 		switch m := m.(type) {
 		case *goredis.Subscription:
 			if m.Kind == "subscribe" {
@@ -209,17 +361,64 @@ func (n *notifier) receive(ps *goredis.PubSub, ch <-chan any) {
 	}
 }
 
+// current reports whether ps is still the notifier's connection.
+func (n *notifier) current(ps *goredis.PubSub) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ps == ps && !n.isClosed
+}
+
+// disconnected marks the subscriptions of ps as lost: their waiters poll
+// until the server confirms them again.
+func (n *notifier) disconnected(ps *goredis.PubSub) {
+	n.mu.Lock()
+	for _, s := range n.subs {
+		if s.ps == ps {
+			s.unready()
+		}
+	}
+	n.mu.Unlock()
+	n.lost()
+}
+
+// replace swaps a connection taken for dead for a new one, subscribed to
+// every channel of the old.
+func (n *notifier) replace(old *goredis.PubSub) {
+	n.mu.Lock()
+	if n.ps != old || n.isClosed {
+		n.mu.Unlock()
+		return
+	}
+	n.ps = n.client.Subscribe(context.Background())
+	channels := make([]string, 0, len(n.subs))
+	for _, s := range n.subs {
+		s.unready()
+		s.ps = n.ps
+		channels = append(channels, s.channel)
+	}
+	n.send(psOp{ps: old, kind: opClose})
+	if len(channels) > 0 {
+		n.send(psOp{ps: n.ps, kind: opSubscribe, channels: channels})
+	}
+	go n.receive(n.ps)
+	n.mu.Unlock()
+	n.lost()
+}
+
+// confirmed marks a subscription confirmed and wakes its waiters (through
+// ready), which may have missed a message while it was not.
 func (n *notifier) confirmed(ps *goredis.PubSub, channel string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s := n.subs[channel]; s != nil && s.ps == ps && !s.isReady {
 		s.isReady = true
+		s.gone = make(chan struct{})
 		close(s.ready)
 	}
 }
 
-// deliver wakes the fair waiter the message names, if it waits here, and one
-// non-fair waiter.
+// deliver wakes the waiter the message names, if it waits here, or one
+// waiter without a name.
 func (n *notifier) deliver(ps *goredis.PubSub, channel, next string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

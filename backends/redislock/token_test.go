@@ -122,3 +122,64 @@ func TestTokensGrowAcrossLostFences(t *testing.T) {
 		}
 	})
 }
+
+// TestFenceExpiresLongAfterItsLastGrant: the fence of a key, the one key a
+// lock leaves behind, expires a day after the key's last grant, of any
+// kind, so that lock names used once (per user, per order) do not stay in
+// Redis for ever; and a grant after it expired still draws a token greater
+// than every token before.
+func TestFenceExpiresLongAfterItsLastGrant(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: time.Second}
+	kinds := []struct {
+		name    string
+		acquire func(key string) (driver.Lease, error)
+	}{
+		{"mutex", func(key string) (driver.Lease, error) { return l.Acquire(ctx, key, opts) }},
+		{"fair mutex", func(key string) (driver.Lease, error) {
+			return l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second, Fair: true})
+		}},
+		{"read", func(key string) (driver.Lease, error) { return l.AcquireRead(ctx, key, opts) }},
+		{"write", func(key string) (driver.Lease, error) { return l.AcquireWrite(ctx, key, opts) }},
+		{"permit", func(key string) (driver.Lease, error) { return l.AcquireSemaphore(ctx, key, 2, opts) }},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			key := "fence-expiry-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			fence := namesOf(key).fence()
+			t.Cleanup(func() { c.Del(ctx, fence) })
+			var last uint64
+			for range 3 {
+				lease, err := k.acquire(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = lease.Token()
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				pttl, err := c.PTTL(ctx, fence).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if pttl < 23*time.Hour || pttl > 24*time.Hour {
+					t.Fatalf("the fence's PTTL after a grant: %v, want a day", pttl)
+				}
+			}
+			// The day has passed: the fence is gone.
+			if err := c.Del(ctx, fence).Err(); err != nil {
+				t.Fatal(err)
+			}
+			lease, err := k.acquire(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Release(ctx)
+			if lease.Token() <= last {
+				t.Fatalf("token %d after the fence expired, not greater than %d before", lease.Token(), last)
+			}
+		})
+	}
+}

@@ -60,9 +60,11 @@ const attemptBound = 250 * time.Millisecond
 
 // acquire contends for a lease. Without opts.Wait it makes one attempt. With
 // it, it sleeps between attempts until a release message wakes it, or until
-// the blocking lease would have expired (so a lost message costs at most
-// that), or, for waiters with a recorded place, until it is time to renew
-// it; an unreachable server is tried again, backing off, until ctx is done.
+// the blocking lease would have expired, or, for waiters with a recorded
+// place, until it is time to renew it, and never longer than lostWakeup (so
+// a lost message costs at most that), nor than pollEvery while its
+// subscription is not confirmed; an unreachable server is tried again,
+// backing off, until ctx is done.
 func (l *Locker) acquire(ctx context.Context, channel string, opts driver.AcquireOptions, ls *lease, w waiter) (_ driver.Lease, err error) {
 	var (
 		sub    *subscription
@@ -89,10 +91,11 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	}()
 	unreachable := driver.Backoff{Max: maxUnreachablePause}
 	var unknown driver.Backoff
+	poll := l.pollEvery(opts.TTL)
 	for {
 		if queued {
 			queued = false
-			if err := l.sleep(ctx, wake, opts.TTL, &woken); err != nil {
+			if err := l.sleep(ctx, sub, wake, lostWakeup(opts.TTL), poll, &woken); err != nil {
 				return nil, err
 			}
 		}
@@ -104,7 +107,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
 		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable):
-			if err := l.sleep(ctx, wake, unreachable.Next(), &woken); err != nil {
+			if err := l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
 				return nil, err
 			}
 			continue
@@ -115,7 +118,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		}
 		unreachable.Reset()
 		if sub == nil {
-			if sub, wake, err = l.notify.join(ctx, channel, w.id); err != nil {
+			if sub, wake, err = l.notify.join(ctx, channel, w.id, poll); err != nil {
 				return nil, err
 			}
 			// A release may have been published before the subscription
@@ -139,15 +142,39 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		if w.keepAlive > 0 {
 			d = min(d, w.keepAlive)
 		}
-		if err := l.sleep(ctx, wake, d, &woken); err != nil {
+		if err := l.sleep(ctx, sub, wake, min(d, lostWakeup(opts.TTL)), poll, &woken); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// sleep waits for a wake-up or d. It returns ctx's error when ctx ended
-// first, and errClosed when the Locker was closed.
-func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration, woken *bool) error {
+// lostWakeup bounds every sleep that a release message would end: a
+// message is lost when the subscription goes down with its node before the
+// notifier knows, or when it names a waiter that is gone (after a failover,
+// the records that lost writes left behind are named first), and the
+// waiter it was for must come back by itself, within a fraction of the TTL
+// rather than when the holder's lease would have run out.
+func lostWakeup(ttl time.Duration) time.Duration { return max(ttl/4, time.Millisecond) }
+
+// pollEvery is how often a waiter whose subscription is not confirmed (not
+// yet, or no longer) comes back on its own: well within the handoff window
+// of a fair waiter, so that a head that cannot be told keeps its turn.
+func (l *Locker) pollEvery(ttl time.Duration) time.Duration {
+	return max(min(lostWakeup(ttl), handoffWindow(l.cfg.waiterTimeout)/2), time.Millisecond)
+}
+
+// sleep waits for a wake-up or d, or, while sub is not confirmed, for poll
+// at most; a change of sub's state (confirmed, or lost) ends it too. It
+// returns ctx's error when ctx ended first, and errClosed when the Locker
+// was closed.
+func (l *Locker) sleep(ctx context.Context, sub *subscription, wake <-chan struct{}, d, poll time.Duration, woken *bool) error {
+	var changed <-chan struct{}
+	if sub != nil {
+		var confirmed bool
+		if changed, confirmed = l.notify.watch(sub); !confirmed {
+			d = min(d, poll)
+		}
+	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
@@ -157,6 +184,8 @@ func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, d time.Duratio
 		return errClosed
 	case <-wake:
 		*woken = true
+	case <-changed:
+		*woken = false
 	case <-timer.C:
 		*woken = false
 	}

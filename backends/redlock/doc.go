@@ -57,7 +57,12 @@
 // microseconds as its fence, so a token issued after nodes forgot their
 // counters is past every earlier one unless their clocks run behind by more
 // than the time they were away, less the node timeout. That is what lets
-// fenced storage refuse the stale holder of such an overlap.
+// fenced storage refuse the stale holder of such an overlap. The same
+// reasoning lets a node's fence expire a day after it was last written, so
+// that lock names used once do not stay on the nodes for ever: a fence is
+// never more than the node timeout ahead of its node's clock when written,
+// so the clock alone is past it a day later, unless the node's clock was
+// stepped back by nearly a day meanwhile.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

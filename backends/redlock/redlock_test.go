@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -459,5 +460,44 @@ func TestTokensIncreaseWhateverTheProposals(t *testing.T) {
 	}
 	if got := ahead.fenceBase.Load(); got > fresh.fenceBase.Load()+hour/2 {
 		t.Errorf("a base found too far ahead stayed there")
+	}
+}
+
+// TestFencesExpire: the fence a lock leaves on the nodes that recorded its
+// token expires a day later, so that lock names used once do not stay on
+// the nodes for ever (a token never rests on an expired fence: every fence
+// is close to its node's clock when written, and the clock a day later is
+// past it).
+func TestFencesExpire(t *testing.T) {
+	v := drivertest.Addr(t, addrsEnv, addrsDefault)
+	addrs := strings.Split(v, ",")
+	l := sharedLocker(t, WithNodeTimeout(250*time.Millisecond))
+	ctx := context.Background()
+	key := "fence-expiry-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, fence := keysOf(key)
+	recorded := 0
+	for _, c := range clients(t, addrs, nil) {
+		pttl, err := c.PTTL(ctx, fence).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Del(ctx, fence)
+		if pttl == -2*time.Nanosecond {
+			continue // a node that did not record this token
+		}
+		if pttl < 23*time.Hour || pttl > 24*time.Hour {
+			t.Fatalf("a fence's PTTL after a grant: %v, want a day", pttl)
+		}
+		recorded++
+	}
+	if recorded < len(addrs)/2+1 {
+		t.Fatalf("the token was recorded on %d of %d nodes, want a majority", recorded, len(addrs))
 	}
 }

@@ -20,6 +20,30 @@ type event struct {
 	name  string
 	at    time.Time
 	ready time.Time // zero: the cluster never stopped serving
+	// heldUntil, when set, is when a lock the cluster still held after
+	// ready, granted by a write the clients no longer know of (a failover
+	// to a replica that missed later grants), lapsed: until then the key
+	// is not free although no worker holds it.
+	heldUntil time.Time
+	// servedUntil, when set, is when the key stopped being served after
+	// the event: a key on a Redis master that stays up is served until
+	// the cluster declares the dead master failed and refuses every slot
+	// (cluster-require-full-coverage), seconds after the kill.
+	servedUntil time.Time
+}
+
+// excused is the time after e during which the key cannot be had: from
+// when it stopped being served until the cluster serves again, or a lock
+// it still held lapses.
+func (e event) excused() (from, to time.Time) {
+	from, to = e.at, e.ready
+	if e.servedUntil.After(from) {
+		from = e.servedUntil
+	}
+	if e.heldUntil.After(to) {
+		to = e.heldUntil
+	}
+	return from, to
 }
 
 func (e event) bound(ttl time.Duration) time.Duration {
@@ -34,7 +58,14 @@ type eventVerdict struct {
 	event
 	unavailable time.Duration // longest time without a grant after the event
 	bound       time.Duration
+	// freeWaiting is the longest time within the event's window that a
+	// waiting worker's key was free, not counting the excused time.
+	freeWaiting time.Duration
 }
+
+// freeBound is the judged bound on the time a waiting worker may see its key
+// free once the cluster serves again.
+const freeBound = time.Second
 
 // verdict is one row of the summary table, with what it failed.
 type verdict struct {
@@ -46,9 +77,15 @@ type verdict struct {
 	outOfOrder   int // grants whose token was not above that of a section that had already ended
 	doubleGrants int // sections that started while another was still running (informative)
 	longest      time.Duration
-	events       []eventVerdict
-	failures     []string
-	notes        []string
+	// freeWaiting is the longest time any waiting worker saw the key free
+	// (no worker holding it) once the cluster served again, and freeAt
+	// describes it; judged against freeBound when judgeFree.
+	freeWaiting time.Duration
+	freeAt      string
+	judgeFree   bool
+	events      []eventVerdict
+	failures    []string
+	notes       []string
 }
 
 // judge applies the rules to a scenario's history. stop is when the workers
@@ -150,6 +187,114 @@ func judge(scenario string, sections []section, accepted, refused, overlapCount 
 		}
 	}
 	return v
+}
+
+// judgeFreeWaiting adds to v the longest time a waiting worker saw its key
+// free: a stretch in which no worker held the lock (from a grant to the
+// return of the Do that got it), within a worker's wait (from its call to
+// its grant), less the time an event excuses (until the cluster served
+// again). With judged, a stretch longer than freeBound fails the scenario.
+func judgeFreeWaiting(v *verdict, sections []section, waits []wait, stop time.Time, judged bool) {
+	v.judgeFree = judged
+	type span struct{ from, to time.Time }
+	held := make([]span, 0, len(sections))
+	for _, s := range sections {
+		to := s.released
+		if to.IsZero() {
+			to = stop
+		}
+		held = append(held, span{s.granted, to})
+	}
+	slices.SortFunc(held, func(a, b span) int { return a.from.Compare(b.from) })
+	// The free stretches: the gaps between the merged holdings, and the
+	// time after the last one.
+	var free []span
+	var end time.Time
+	for i, h := range held {
+		if i > 0 && h.from.After(end) {
+			free = append(free, span{end, h.from})
+		}
+		if h.to.After(end) {
+			end = h.to
+		}
+	}
+	if len(held) > 0 && stop.After(end) {
+		free = append(free, span{end, stop})
+	}
+	var excused []span
+	for _, e := range v.events {
+		if from, to := e.excused(); to.After(from) {
+			excused = append(excused, span{from, to})
+		}
+	}
+	// counted cuts the excused time out of [from, to] and returns the
+	// longest piece left.
+	counted := func(from, to time.Time) (longest time.Duration, at time.Time) {
+		pieces := []span{{from, to}}
+		for _, x := range excused {
+			var next []span
+			for _, p := range pieces {
+				if !x.from.Before(p.to) || !x.to.After(p.from) {
+					next = append(next, p)
+					continue
+				}
+				if x.from.After(p.from) {
+					next = append(next, span{p.from, x.from})
+				}
+				if x.to.Before(p.to) {
+					next = append(next, span{x.to, p.to})
+				}
+			}
+			pieces = next
+		}
+		for _, p := range pieces {
+			if d := p.to.Sub(p.from); d > longest {
+				longest, at = d, p.from
+			}
+		}
+		return longest, at
+	}
+	for _, w := range waits {
+		to := w.to
+		if to.After(stop) {
+			to = stop
+		}
+		// The first free stretch that ends after the wait began.
+		i, _ := slices.BinarySearchFunc(free, w.from, func(f span, t time.Time) int {
+			if f.to.After(t) {
+				return 1
+			}
+			return -1
+		})
+		for ; i < len(free) && free[i].from.Before(to); i++ {
+			from, until := free[i].from, free[i].to
+			if w.from.After(from) {
+				from = w.from
+			}
+			if to.Before(until) {
+				until = to
+			}
+			d, at := counted(from, until)
+			if d <= 0 {
+				continue
+			}
+			for j := range v.events {
+				e := &v.events[j]
+				if !at.Before(e.at) && (j+1 == len(v.events) || at.Before(v.events[j+1].at)) {
+					e.freeWaiting = max(e.freeWaiting, d)
+				}
+			}
+			if d > v.freeWaiting {
+				v.freeWaiting = d
+				v.freeAt = fmt.Sprintf("worker %d waited from %s and saw the key free from %s for %v", w.worker,
+					w.from.Format("15:04:05.000"), at.Format("15:04:05.000"), d.Round(time.Millisecond))
+			}
+		}
+	}
+	if judged && v.freeWaiting > freeBound {
+		v.failures = append(v.failures, fmt.Sprintf("a waiting worker saw its key free for %v, more than %v, after the cluster served again: %s",
+			v.freeWaiting.Round(time.Millisecond), freeBound, v.freeAt))
+	}
 }
 
 // endHeap orders running sections by when they ended.
@@ -305,6 +450,88 @@ func TestJudgesCatchViolations(t *testing.T) {
 			}
 			if len(c.want) == 0 && len(v.failures) > 0 {
 				t.Errorf("unexpected failures: %s", got)
+			}
+		})
+	}
+}
+
+// TestJudgeFreeWaiting feeds judgeFreeWaiting histories with and without a
+// waiter left on a free key, so that a clean row means the rule was
+// checked.
+func TestJudgeFreeWaiting(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	held := func(from, to int) section { return section{granted: at(from), ended: at(to - 1), released: at(to)} }
+	cases := []struct {
+		name     string
+		sections []section
+		waits    []wait
+		events   []event
+		want     time.Duration
+		fails    bool
+	}{
+		{
+			name:     "handoffs within milliseconds",
+			sections: []section{held(0, 100), held(101, 200), held(203, 300)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(101)}, {worker: 2, from: at(20), to: at(203)}},
+			want:     3 * time.Millisecond,
+		},
+		{
+			name:     "a waiter left on a free key",
+			sections: []section{held(0, 100), held(1600, 1700)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(1600)}},
+			want:     1500 * time.Millisecond,
+			fails:    true,
+		},
+		{
+			name:     "free but nobody waiting",
+			sections: []section{held(0, 100), held(1600, 1700)},
+			waits:    []wait{{worker: 1, from: at(1500), to: at(1600)}},
+			want:     100 * time.Millisecond,
+		},
+		{
+			name:     "free while the cluster did not serve",
+			sections: []section{held(0, 100), held(3200, 3300)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(3200)}},
+			events:   []event{{name: "kill", at: at(150), ready: at(2500)}},
+			want:     700 * time.Millisecond,
+		},
+		{
+			name:     "free too long after the cluster served again",
+			sections: []section{held(0, 100), held(4000, 4100)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(4000)}},
+			events:   []event{{name: "kill", at: at(150), ready: at(2500)}},
+			want:     1500 * time.Millisecond,
+			fails:    true,
+		},
+		{
+			name:     "free while the cluster still served the key",
+			sections: []section{held(0, 100), held(2700, 2800)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(2700)}},
+			events:   []event{{name: "kill", at: at(150), ready: at(2500), servedUntil: at(1400)}},
+			want:     1300 * time.Millisecond,
+			fails:    true,
+		},
+		{
+			name:     "a lock the new master still held",
+			sections: []section{held(0, 100), held(4000, 4100)},
+			waits:    []wait{{worker: 1, from: at(10), to: at(4000)}},
+			events:   []event{{name: "kill", at: at(150), ready: at(2500), heldUntil: at(3500)}},
+			want:     500 * time.Millisecond,
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := verdict{}
+			for _, e := range append([]event{{name: "start", at: at(0)}}, c.events...) {
+				v.events = append(v.events, eventVerdict{event: e})
+			}
+			judgeFreeWaiting(&v, c.sections, c.waits, at(5000), true)
+			if v.freeWaiting != c.want {
+				t.Errorf("longest free while waiting %v, want %v (%s)", v.freeWaiting, c.want, v.freeAt)
+			}
+			if failed := len(v.failures) > 0; failed != c.fails {
+				t.Errorf("failures %q, want failing %v", v.failures, c.fails)
 			}
 		})
 	}

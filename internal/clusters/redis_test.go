@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -297,7 +298,8 @@ func (a *redisAdmin) waitLockOn(master, lockKey string) {
 }
 
 // leftovers lists the keys of the run's lock on any master other than the
-// fence counter, which never expires by design (redislock's doc).
+// fence counter, which outlives the lock by a day by design (redislock's
+// doc).
 func (a *redisAdmin) leftovers(slot int, tag, fenceKey string) error {
 	ms, err := a.masters(a.addrs[0])
 	if err != nil {
@@ -352,12 +354,16 @@ func (a *redisAdmin) describe(lockKey string) func() string {
 	}
 }
 
-// TestRedisClusterFailover kills the master that holds the contended lock,
-// with its replica made to lag first, so that the replica promoted in its
-// place has missed the latest grants (the lost-write case); then starts the
-// old master again, which rejoins as a replica. The clients are
-// ClusterClients with default options: warden must find the new master by
-// itself.
+// TestRedisClusterFailover runs the workload on three keys, one on each
+// master, with the four clients shared among them as one process's Locker
+// serves all its locks; then kills the master that serves one of the keys
+// and, of the three, hosts the most wake-up subscriptions, with its replica
+// made to lag first, so that the replica promoted in its place has missed
+// the latest grants (the lost-write case); then starts the old master again,
+// which rejoins as a replica. The clients are ClusterClients with default
+// options: warden must find the new master by itself, and its waiters,
+// also those of keys the dead master never served, must not sit on a free
+// lock for more than freeBound once the cluster serves again.
 func TestRedisClusterFailover(t *testing.T) { redisFailover(t, "redis-failover") }
 
 // TestRedisClusterFailoverFair is TestRedisClusterFailover with fair
@@ -368,21 +374,194 @@ func TestRedisClusterFailoverFair(t *testing.T) {
 	redisFailover(t, "redis-failover-fair", guard.Fair())
 }
 
+// processes are the four clients of a Redis scenario, each a ClusterClient
+// with default options and one Locker, shared by the scenario's keys as in
+// an application: one Locker's wake-up subscription serves the waiters of
+// all its keys. Each is closed once every scenario that uses it is done.
+type processes struct {
+	mu     sync.Mutex
+	cs     []contender
+	refs   []int
+	closed []bool
+}
+
+func (a *redisAdmin) processes() *processes {
+	a.t.Helper()
+	p := &processes{refs: make([]int, contenders), closed: make([]bool, contenders)}
+	a.t.Cleanup(func() {
+		for i := range p.cs {
+			p.close(i)
+		}
+	})
+	for i := range contenders {
+		c, err := a.contender(i)
+		if err != nil {
+			a.t.Fatalf("client %d: %v", i, err)
+		}
+		p.cs = append(p.cs, c)
+	}
+	return p
+}
+
+func (p *processes) close(i int) error {
+	p.mu.Lock()
+	done := p.closed[i]
+	p.closed[i] = true
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	return p.cs[i].close()
+}
+
+// contender hands out the i-th client for one more scenario.
+func (p *processes) contender(i int) (contender, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refs[i]++
+	return contender{locker: p.cs[i].locker, every: jobEvery, close: func() error {
+		p.mu.Lock()
+		p.refs[i]--
+		last := p.refs[i] == 0
+		p.mu.Unlock()
+		if !last {
+			return nil
+		}
+		return p.close(i)
+	}}, nil
+}
+
+// jobEvery is how often every client of a Redis scenario asks for each
+// key, all at the same moment: each round is four grants, three of them
+// handed over by a release that wakes a waiter, and no newcomer comes
+// before the next round, longer than freeBound later, so that a waiter that
+// does not hear of a release is seen sitting on the free lock; short enough
+// that the lock idle between rounds stays well within the bound on the
+// time without a grant (the TTL and a second).
+const jobEvery = freeBound * 3 / 2
+
+// redisKey is one key of a Redis scenario and what serves it.
+type redisKey struct {
+	s                      *scenario
+	tag, lockKey, fenceKey string
+	slot                   int
+	master                 clusterNode
+}
+
+// startRedisKeys starts one scenario per master, named name@<its port>,
+// each on a key its master serves, all on the same processes, with the
+// free-while-waiting row judged.
+func (a *redisAdmin) startRedisKeys(name string, ttl time.Duration, opts ...guard.LockOption) []*redisKey {
+	a.t.Helper()
+	procs := a.processes()
+	ms, err := a.masters(a.addrs[0])
+	if err != nil || len(ms) == 0 {
+		a.t.Fatalf("masters: %v, %v", ms, err)
+	}
+	var keys []*redisKey
+	for _, m := range ms {
+		_, port, _ := net.SplitHostPort(m.addr)
+		sn := name + "@" + port
+		key := ""
+		for i := 0; key == ""; i++ {
+			k := fmt.Sprintf("orders{eu}/close-%d", i)
+			if m.serves(keySlot("{" + escapeTag(prefixOf(sn)+k) + "}:lock")) {
+				key = k
+			}
+		}
+		s := startScenario(a.t, sn, key, ttl, procs.contender, opts...)
+		s.judgeFree = true
+		rk := &redisKey{s: s, master: m}
+		rk.tag, rk.lockKey, rk.fenceKey, rk.slot = a.lockKeys(s)
+		s.diagnose = a.describe(rk.lockKey)
+		a.waitLockOn(m.addr, rk.lockKey)
+		keys = append(keys, rk)
+	}
+	return keys
+}
+
+// wakeSubscriptions counts, on the node at addr, the Lockers' wake-up
+// channels with a subscriber there.
+func (a *redisAdmin) wakeSubscriptions(addr string) int {
+	ctx, cancel := ctx2s()
+	defer cancel()
+	chs, _ := a.c(addr).PubSubChannels(ctx, "warden:wake:*").Result()
+	return len(chs)
+}
+
+// watchClusterDown polls the masters of keys other than victim's from now
+// until the returned func is called, which returns, by master, when each
+// first said cluster_state:fail: until then it served its keys.
+func (a *redisAdmin) watchClusterDown(keys []*redisKey, victim *redisKey) func() map[string]time.Time {
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	down := map[string]time.Time{}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		if k == victim {
+			continue
+		}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				ctx, cancel := ctx2s()
+				info, err := a.c(k.master.addr).ClusterInfo(ctx).Result()
+				cancel()
+				if err == nil && strings.Contains(info, "cluster_state:fail") {
+					mu.Lock()
+					down[k.master.addr] = time.Now()
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	return func() map[string]time.Time {
+		close(stop)
+		wg.Wait()
+		return down
+	}
+}
+
+func (k *redisKey) finish(a *redisAdmin, ttl time.Duration) {
+	k.s.finish(func() error { return a.leftovers(k.slot, k.tag, k.fenceKey) }, ttl+10*time.Second)
+	a.dropFence(k.slot, k.fenceKey)
+}
+
 func redisFailover(t *testing.T, name string, opts ...guard.LockOption) {
 	const ttl = 2 * time.Second
 	a := newRedisAdmin(t)
 	faults := newFaultGuard(t)
 	a.waitHealthy(90 * time.Second)
 
-	s := startScenario(t, name, "orders{eu}/close", ttl, a.contender, opts...)
-	tag, lockKey, fenceKey, slot := a.lockKeys(s)
-	s.diagnose = a.describe(lockKey)
-	master, replica, err := a.owner(a.addrs[0], slot)
-	if err != nil || replica.id == "" {
-		t.Fatalf("slot %d: master %v, replica %v, err %v", slot, master, replica, err)
+	keys := a.startRedisKeys(name, ttl, opts...)
+	// The master to kill: the one where most Lockers' wake-up channels
+	// are subscribed, so that the fault takes waiters' subscriptions with
+	// it, also those of keys on the other masters.
+	victim, subs := keys[0], -1
+	for _, k := range keys {
+		if n := a.wakeSubscriptions(k.master.addr); n > subs {
+			victim, subs = k, n
+		}
 	}
-	a.waitLockOn(master.addr, lockKey)
-	t.Logf("lock key %s, slot %d, master %s, replica %s", lockKey, slot, master.addr, replica.addr)
+	s, master := victim.s, victim.master
+	_, replica, err := a.owner(a.addrs[0], victim.slot)
+	if err != nil || replica.id == "" {
+		t.Fatalf("slot %d: master %v, replica %v, err %v", victim.slot, master, replica, err)
+	}
+	t.Logf("lock key %s, slot %d, master %s, replica %s; %d of %d Lockers subscribed there", victim.lockKey,
+		victim.slot, master.addr, replica.addr, subs, contenders)
+	for _, k := range keys {
+		if k == victim {
+			k.s.note("its key is on the master killed, where %d of %d Lockers had their wake-up subscription", subs, contenders)
+		} else {
+			k.s.note("its key is on a master that stays up; %d of %d Lockers had their wake-up subscription on the one killed", subs, contenders)
+		}
+	}
 
 	// The lag: the replica frozen, and its link cut on the master's side,
 	// so that the grants from now on reach neither its socket nor its
@@ -401,9 +580,10 @@ func redisFailover(t *testing.T, name string, opts ...guard.LockOption) {
 	})
 	offset, _ := strconv.ParseInt(a.info(master.addr, "master_repl_offset"), 10, 64)
 	at := faults.kill(mnode)
+	down := a.watchClusterDown(keys, victim)
 	faults.cont(rnode)
 	ready := waitFor(t, 30*time.Second, replica.addr+" promoted", func() bool { return a.role(replica.addr) == "master" })
-	s.event(event{name: "SIGKILL master " + mnode.name + " (replica lagging)", at: at, ready: ready})
+	servedUntil := down()
 	// second_repl_offset is where the promoted replica's history forks
 	// from the old master's, one past the last byte it had.
 	if second, err := strconv.ParseInt(a.info(replica.addr, "second_repl_offset"), 10, 64); err == nil && second > 0 {
@@ -414,11 +594,12 @@ func redisFailover(t *testing.T, name string, opts ...guard.LockOption) {
 		}
 	}
 	// What the promoted replica holds of the lock: fair waiters it still
-	// queues may be acquisitions long over on the lost master.
+	// queues may be acquisitions long over on the lost master, and a lock
+	// it still holds is nobody's the workers know of.
 	ctx, cancel = ctx2s()
-	queue, _ := a.c(replica.addr).LRange(ctx, tag+":queue", 0, -1).Result()
-	deadlines, _ := a.c(replica.addr).ZRangeWithScores(ctx, tag+":queue:deadlines", 0, -1).Result()
-	pttl, _ := a.c(replica.addr).PTTL(ctx, lockKey).Result()
+	queue, _ := a.c(replica.addr).LRange(ctx, victim.tag+":queue", 0, -1).Result()
+	deadlines, _ := a.c(replica.addr).ZRangeWithScores(ctx, victim.tag+":queue:deadlines", 0, -1).Result()
+	pttl, _ := a.c(replica.addr).PTTL(ctx, victim.lockKey).Result()
 	cancel()
 	if len(queue) > 0 || pttl > 0 {
 		var left []string
@@ -429,16 +610,37 @@ func redisFailover(t *testing.T, name string, opts ...guard.LockOption) {
 		s.note("at promotion the new master had the lock for %v more and %d queued waiters, whose places lapse in %v",
 			pttl, len(queue), left)
 	}
-	s.settle(at, ttl+time.Second)
+	for _, k := range keys {
+		e := event{name: "SIGKILL master " + mnode.name + " (replica lagging)", at: at, ready: ready}
+		if k == victim && pttl > 0 {
+			e.heldUntil = ready.Add(pttl)
+		}
+		if k != victim {
+			e.servedUntil = servedUntil[k.master.addr]
+			if e.servedUntil.IsZero() {
+				e.servedUntil = ready
+			}
+			k.s.note("its master went on serving it for %v after the kill, until it declared the cluster down",
+				e.servedUntil.Sub(at).Round(time.Millisecond))
+		}
+		k.s.event(e)
+	}
+	for _, k := range keys {
+		k.s.settle(at, ttl+time.Second)
+	}
 
 	at = time.Now()
 	faults.start(mnode)
 	ready = a.waitHealthy(90 * time.Second)
-	s.event(event{name: "restart " + mnode.name + " (rejoins as replica)", at: at, ready: ready})
-	s.settle(at, time.Second)
-
-	s.finish(func() error { return a.leftovers(slot, tag, fenceKey) }, ttl+10*time.Second)
-	a.dropFence(slot, fenceKey)
+	for _, k := range keys {
+		k.s.event(event{name: "restart " + mnode.name + " (rejoins as replica)", at: at, ready: ready})
+	}
+	for _, k := range keys {
+		k.s.settle(at, time.Second)
+	}
+	for _, k := range keys {
+		k.finish(a, ttl)
+	}
 }
 
 // migrateSlot moves slot from src to dst while the workload runs, as
@@ -505,8 +707,9 @@ func (a *redisAdmin) migrateSlot(slot int, src, dst clusterNode) {
 	})
 }
 
-// TestRedisClusterSlotMigration moves the contended lock's slot from master
-// to master, and back, while the lock is taken and released on it.
+// TestRedisClusterSlotMigration moves the slot of one of the three keys
+// (one on each master, the clients shared among them) from master to
+// master, and back, while the lock is taken and released on it.
 func TestRedisClusterSlotMigration(t *testing.T) { redisMigration(t, "redis-migration") }
 
 // TestRedisClusterSlotMigrationFair is TestRedisClusterSlotMigration with
@@ -520,40 +723,33 @@ func redisMigration(t *testing.T, name string, opts ...guard.LockOption) {
 	a := newRedisAdmin(t)
 	a.waitHealthy(90 * time.Second)
 
-	s := startScenario(t, name, "orders{eu}/close", ttl, a.contender, opts...)
-	tag, lockKey, fenceKey, slot := a.lockKeys(s)
-	s.diagnose = a.describe(lockKey)
-	src, _, err := a.owner(a.addrs[0], slot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.waitLockOn(src.addr, lockKey)
+	keys := a.startRedisKeys(name, ttl, opts...)
+	moved := keys[0]
+	src := moved.master
 	// Away to another master, then back, so that the cluster ends as it
 	// began.
-	ms, err := a.masters(a.addrs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var away clusterNode
-	for _, m := range ms {
-		if m.id != src.id {
-			away = m
-			break
+	away := keys[1].master
+	for _, k := range keys {
+		if k == moved {
+			k.s.note("its key's slot %d moves %s→%s→%s", k.slot, src.addr, away.addr, src.addr)
+		} else {
+			k.s.note("its key stays on %s while slot %d moves", k.master.addr, moved.slot)
 		}
-	}
-	if away.id == "" {
-		t.Fatalf("no other master to move slot %d to: %v", slot, ms)
 	}
 	for _, dst := range []clusterNode{away, src} {
 		at := time.Now()
-		a.migrateSlot(slot, src, dst)
+		a.migrateSlot(moved.slot, src, dst)
 		ready := time.Now()
-		s.event(event{name: fmt.Sprintf("migrate slot %d %s→%s", slot, src.addr, dst.addr), at: at, ready: ready})
-		s.settle(ready, ttl+time.Second)
-		a.waitLockOn(dst.addr, lockKey)
+		for _, k := range keys {
+			k.s.event(event{name: fmt.Sprintf("migrate slot %d %s→%s", moved.slot, src.addr, dst.addr), at: at, ready: ready})
+		}
+		for _, k := range keys {
+			k.s.settle(ready, ttl+time.Second)
+		}
+		a.waitLockOn(dst.addr, moved.lockKey)
 		src = dst
 	}
-
-	s.finish(func() error { return a.leftovers(slot, tag, fenceKey) }, ttl+10*time.Second)
-	a.dropFence(slot, fenceKey)
+	for _, k := range keys {
+		k.finish(a, ttl)
+	}
 }

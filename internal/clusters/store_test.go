@@ -15,6 +15,9 @@ type section struct {
 	token   uint64
 	granted time.Time // when the section started, the lock just acquired
 	ended   time.Time // when it returned; zero while it runs
+	// released is when the Do that ran it returned, its lock given back
+	// (or the release given up): until then nobody else may take the lock.
+	released time.Time
 	// seen is the store's version this section last read or wrote. An
 	// accepted write finding another version means that another section
 	// wrote in between: the two sections overlapped and the fence let both
@@ -42,6 +45,15 @@ type fencedCounter struct {
 	// accepted write since the writer's read; overlaps describes the first.
 	overlapCount int
 	overlaps     []string
+	// waits are the workers' waits for the lock, one per Do: from the
+	// call to the grant, or to Do's return when it granted nothing.
+	waits []wait
+}
+
+// wait is one worker's wait for the lock.
+type wait struct {
+	worker   int
+	from, to time.Time
 }
 
 func (c *fencedCounter) begin(worker int, token uint64, now time.Time) *section {
@@ -56,6 +68,27 @@ func (c *fencedCounter) end(s *section, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s.ended = now
+}
+
+// released records that the Do that ran s returned.
+func (c *fencedCounter) released(s *section, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.released = now
+}
+
+// waited records that worker waited for the lock from from to to.
+func (c *fencedCounter) waited(worker int, from, to time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.waits = append(c.waits, wait{worker: worker, from: from, to: to})
+}
+
+// waitsSnapshot copies the waits.
+func (c *fencedCounter) waitsSnapshot() []wait {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]wait(nil), c.waits...)
 }
 
 func (c *fencedCounter) read(s *section) int64 {

@@ -39,11 +39,21 @@ const (
 // leftovers would otherwise be judged as this run's.
 var runID = strconv.FormatInt(time.Now().UnixNano(), 36)
 
+// prefixOf is the guard prefix of scenario name's keys.
+func prefixOf(name string) string { return "wc-" + runID + ":" + name + ":" }
+
 // contender is one client of the lock: its own connection, Locker and
 // Guard, as a separate process would have.
 type contender struct {
 	locker driver.Locker
 	close  func() error // closes the Locker, then the connection
+	// every, when set, makes the client ask for the lock once per period,
+	// at the period's ticks on the wall clock, so that every client asks
+	// at the same moment, as a job scheduled on every process does: all
+	// but one then wait, and each handoff rests on the release waking the
+	// next waiter, as no newcomer comes to take a lock left free. Without
+	// it, a client asks again as soon as its section is over.
+	every time.Duration
 }
 
 type worker struct {
@@ -52,6 +62,7 @@ type worker struct {
 	close   func() error
 	done    chan struct{}
 	stopped time.Time
+	every   time.Duration
 }
 
 // scenario is the workload of one test: contenders looping on one key,
@@ -69,6 +80,9 @@ type scenario struct {
 
 	workers []*worker
 	logs    *warnCounter
+	// judgeFree makes the longest time a waiting worker saw the key free
+	// a judged row (freeBound); otherwise it is only reported.
+	judgeFree bool
 	// diagnose describes the servers' state (who holds, who waits) when
 	// the lock does not come back in time, for the report of the stall.
 	diagnose func() string
@@ -87,7 +101,7 @@ func startScenario(t *testing.T, name, key string, ttl time.Duration, newContend
 	t.Helper()
 	s := &scenario{
 		t: t, name: name, key: key, ttl: ttl, opts: opts,
-		prefix:  "wc-" + runID + ":" + name + ":",
+		prefix:  prefixOf(name),
 		logs:    &warnCounter{counts: map[string]int{}, first: map[string]string{}},
 		errs:    map[string]int{},
 		samples: map[string]string{},
@@ -118,7 +132,7 @@ func startScenario(t *testing.T, name, key string, ttl time.Duration, newContend
 			c.close()
 			t.Fatalf("guard %d: %v", i, err)
 		}
-		s.workers = append(s.workers, &worker{id: i, g: g, close: c.close, done: make(chan struct{})})
+		s.workers = append(s.workers, &worker{id: i, g: g, close: c.close, done: make(chan struct{}), every: c.every})
 	}
 	s.start = time.Now()
 	s.event(event{name: "start", at: s.start})
@@ -137,8 +151,10 @@ func (s *scenario) loop(ctx context.Context, w *worker) {
 	defer close(w.done)
 	defer func() { w.stopped = time.Now() }()
 	for ctx.Err() == nil {
+		called := time.Now()
+		var sec *section
 		err := w.g.Do(ctx, s.key, func(lctx context.Context, l *guard.Lock) error {
-			sec := s.store.begin(w.id, l.Token(), time.Now())
+			sec = s.store.begin(w.id, l.Token(), time.Now())
 			if debug {
 				fmt.Printf("%s grant: worker %d token %d\n", sec.granted.Format("15:04:05.000"), w.id, sec.token)
 			}
@@ -156,7 +172,17 @@ func (s *scenario) loop(ctx context.Context, w *worker) {
 			}
 			return nil
 		}, s.opts...)
+		returned := time.Now()
+		if sec != nil {
+			s.store.released(sec, returned)
+			s.store.waited(w.id, called, sec.granted)
+		} else {
+			s.store.waited(w.id, called, returned)
+		}
 		if err == nil || ctx.Err() != nil {
+			if w.every > 0 {
+				pause(ctx, time.Until(time.Now().Truncate(w.every).Add(w.every)))
+			}
 			continue
 		}
 		s.countErr(err)
@@ -338,6 +364,7 @@ func (s *scenario) finish(leftovers func() error, within time.Duration) verdict 
 	notes := slices.Clone(s.notes)
 	s.mu.Unlock()
 	v := judge(s.name, sections, accepted, refused, overlapCount, overlaps, events, s.ttl, stop)
+	judgeFreeWaiting(&v, sections, s.store.waitsSnapshot(), stop, s.judgeFree)
 	v.notes = append(notes, v.notes...)
 	v.failures = append(v.failures, hung...)
 	if leftovers != nil {
@@ -351,8 +378,11 @@ func (s *scenario) finish(leftovers func() error, within time.Duration) verdict 
 	}
 	v.notes = append(v.notes, "errors from Do: "+s.errorSummary(), "guard warnings: "+s.logs.summary())
 	for _, e := range v.events {
-		s.t.Logf("%s: %-40s longest without a grant %7v (bound %v)", s.name, e.name,
-			e.unavailable.Round(time.Millisecond), e.bound.Round(time.Millisecond))
+		s.t.Logf("%s: %-40s longest without a grant %7v (bound %v), longest free while a worker waited %v", s.name, e.name,
+			e.unavailable.Round(time.Millisecond), e.bound.Round(time.Millisecond), e.freeWaiting.Round(time.Millisecond))
+	}
+	if v.freeAt != "" {
+		s.t.Logf("%s: longest free while waiting: %s", s.name, v.freeAt)
 	}
 	for _, n := range v.notes {
 		s.t.Logf("%s: %s", s.name, n)
