@@ -285,7 +285,8 @@ func storedScope(scope string) string {
 //     bounded wait, WithWait), 422 when the key was used with a different
 //     request;
 //   - a replay carries the stored status, allow-listed headers and body,
-//     plus Idempotent-Replayed: true;
+//     plus Idempotent-Replayed: true; a retry of a request whose response
+//     could not be stored gets 409 "Response not stored";
 //   - 503 when the store cannot be reached, unless WithFailOpen.
 //
 // Once the handler has been called, its key is never run again, whatever
