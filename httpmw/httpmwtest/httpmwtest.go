@@ -590,6 +590,15 @@ func (s *suite) testStreamed(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, strings.Repeat("x", 2000))
 	})
+	var swollen atomic.Int64
+	// Headers that swell the record past what a store keeps, whatever the
+	// body's limit says.
+	headers := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		swollen.Add(1)
+		w.Header().Set("Link", "<"+strings.Repeat("l", idempotency.MaxResponseLen)+">")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "small body")
+	})
 	for _, tc := range []struct {
 		name string
 		urls []string
@@ -598,6 +607,7 @@ func (s *suite) testStreamed(t *testing.T) {
 	}{
 		{"flushed", s.fleet(t, 2, h), &flushed, "part 1;part 2 of run 1"},
 		{"larger than the limit", s.fleet(t, 2, big, httpmw.WithMaxResponse(1024)), &large, strings.Repeat("x", 2000)},
+		{"headers past the store's limit", s.fleet(t, 2, headers), &swollen, "small body"},
 	} {
 		k := key(t)
 		if r := mustSend(t, http.MethodPost, tc.urls[0], k, "x"); r.replayed() || string(r.body) != tc.want {
