@@ -450,7 +450,13 @@ func (m *idempotent) shutdownOf(r *http.Request) context.Context {
 		return ctx
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	srv.RegisterOnShutdown(func() { cancel(ErrShutdown) })
+	srv.RegisterOnShutdown(func() {
+		cancel(ErrShutdown)
+		// A server that shut down serves no more requests: forget it.
+		m.mu.Lock()
+		delete(m.shutdowns, srv)
+		m.mu.Unlock()
+	})
 	m.shutdowns[srv] = ctx
 	return ctx
 }

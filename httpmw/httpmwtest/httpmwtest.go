@@ -294,6 +294,8 @@ func (s *suite) testScope(t *testing.T) {
 		runs.Add(1)
 		fmt.Fprintf(w, "secret of %s", r.Header.Get("X-User"))
 	})
+	// X-User stands in for the identity an authentication middleware
+	// would establish; a real service never scopes by a client's header.
 	urls := s.fleet(t, 2, h, httpmw.WithScope(func(r *http.Request) string { return r.Header.Get("X-User") }))
 	k := key(t)
 	for _, user := range []string{"alice", "bob"} {
