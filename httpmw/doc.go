@@ -4,6 +4,23 @@
 // are plain func(http.Handler) http.Handler, so they compose with net/http,
 // chi and gorilla/mux alike.
 //
+// # When a key runs again
+//
+// Under Idempotency, a key whose handler has been called is never run a
+// second time while its record is retained, whatever the client does: the
+// handler's context does not end when the client disconnects (only when
+// the claim on the key is lost or the server shuts down; WithRequestContext
+// restores net/http's behaviour), and whatever it answers is stored, even
+// for a client that is gone. A response that cannot be replayed (streamed,
+// hijacked, 101, too large) is recorded as executed, not replayable. The
+// key frees up for another run only when the handler panics, or when
+// WithStorePolicy chooses not to keep its outcome (DefaultStorePolicy keeps
+// everything); a request refused before the handler ran (a bad key, a body
+// too large, a concurrent duplicate, a store that cannot be reached) leaves
+// the key as it found it. This is the rule Stripe documents for its API
+// ("results are only saved if an API endpoint started executing") and the
+// one the IETF httpapi Idempotency-Key draft describes.
+//
 // Refusals are RFC 9457 problem details (application/problem+json) whose
 // type is this page, at the heading of the problem below.
 //
@@ -29,6 +46,15 @@
 //
 // 409, with Retry-After: a request with the same key is still being
 // processed.
+//
+// # Response not stored
+//
+// 409, with Idempotent-Replayed: true: the request with this key was
+// executed, but its response could not be stored for replay (it was
+// streamed with Flush, the connection was hijacked or switched protocols,
+// or the response was larger than WithMaxResponse or than the store keeps).
+// It is not run again; the detail names the status it had, and a Location
+// it set is repeated.
 //
 // # Key reused
 //

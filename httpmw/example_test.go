@@ -1,6 +1,7 @@
 package httpmw_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,26 +12,45 @@ import (
 	"github.com/warden-go/warden/idempotency"
 )
 
+type userKey struct{}
+
+// authenticate stands for an application's authentication middleware: it
+// verifies the bearer token against what the server knows and puts the
+// identity it established in the request's context. The idempotency scope
+// is read from there, never from something the client says of itself.
+func authenticate(tokens map[string]string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, ok := tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+		if !ok {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+	})
+}
+
 // A POST retried with the same Idempotency-Key creates one order; the retry
-// is answered with the stored response.
+// is answered with the stored response. Keys are scoped by the caller the
+// server authenticated, so one caller's key never reaches another's order.
 func ExampleIdempotency() {
 	idem, err := httpmw.Idempotency(idempotency.NewMemoryStore(),
-		// Keys are per principal: place the middleware after authentication.
-		httpmw.WithScope(func(r *http.Request) string { return r.Header.Get("X-User") }))
+		// Inside authentication, so the identity it verified is there.
+		httpmw.WithScope(func(r *http.Request) string { return r.Context().Value(userKey{}).(string) }))
 	if err != nil {
 		panic(err)
 	}
 	orders := 0
-	srv := httptest.NewServer(idem(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		orders++
 		w.Header().Set("Location", fmt.Sprintf("/orders/%d", orders))
 		w.WriteHeader(http.StatusCreated)
-	})))
+	})
+	srv := httptest.NewServer(authenticate(map[string]string{"token-of-alice": "alice"}, idem(createOrder)))
 	defer srv.Close()
 
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"book":1}`))
-		req.Header.Set("X-User", "alice")
+		req.Header.Set("Authorization", "Bearer token-of-alice")
 		req.Header.Set("Idempotency-Key", `"9f1c2e"`)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

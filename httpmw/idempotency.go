@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -28,7 +29,14 @@ const (
 	DefaultMaxBody     = 1 << 20
 	DefaultMaxResponse = 512 << 10
 	DefaultRetryAfter  = time.Second
+	// MaxBodyLimit is the largest WithMaxBody: the body is held in memory
+	// to fingerprint it and hand it on to the handler.
+	MaxBodyLimit = 1 << 30
 )
+
+// ErrShutdown is the cause of a handler's context when the server it runs
+// in shuts down (http.Server.Shutdown).
+var ErrShutdown = errors.New("httpmw: server shutting down")
 
 // ReplayedHeader marks a response replayed from the store.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -57,6 +65,7 @@ type IdempotencyOption func(*idemConfig)
 
 type idemConfig struct {
 	methods     map[string]bool
+	methodList  []string
 	header      string
 	require     bool
 	scope       func(*http.Request) string
@@ -66,6 +75,7 @@ type idemConfig struct {
 	replay      []string
 	store       func(status int) bool
 	failOpen    bool
+	requestCtx  bool
 	retryAfter  time.Duration
 	exec        []idempotency.Option
 	logger      *slog.Logger
@@ -73,21 +83,17 @@ type idemConfig struct {
 	meter       metric.MeterProvider
 }
 
-// WithMethods sets the methods guarded (default POST and PATCH); requests
-// with other methods pass through untouched.
+// WithMethods sets the methods guarded (default POST and PATCH), at least
+// one, each a valid method token; requests with other methods pass through
+// untouched.
 func WithMethods(methods ...string) IdempotencyOption {
-	return func(c *idemConfig) {
-		c.methods = make(map[string]bool, len(methods))
-		for _, m := range methods {
-			c.methods[strings.ToUpper(m)] = true
-		}
-	}
+	return func(c *idemConfig) { c.methodList = append([]string{}, methods...) }
 }
 
 // WithHeader sets the request header carrying the key (default
-// DefaultHeader).
+// DefaultHeader); name must be a valid header field name.
 func WithHeader(name string) IdempotencyOption {
-	return func(c *idemConfig) { c.header = http.CanonicalHeaderKey(name) }
+	return func(c *idemConfig) { c.header = name }
 }
 
 // WithRequireKey answers a guarded request without a key with 400, instead
@@ -99,8 +105,11 @@ func WithRequireKey() IdempotencyOption { return func(c *idemConfig) { c.require
 // another's stored response. It runs after authentication (place the
 // middleware inside it) and should return the authenticated user or tenant
 // ID. Default: one scope for all, which is only safe when keys cannot be
-// guessed or the service has a single principal. Scopes longer than
-// idempotency.MaxScopeLen are replaced by their SHA-256.
+// guessed or the service has a single principal. Never scope by something
+// the client says of itself (a header naming the user): that lets anyone
+// reach anyone's responses by naming them. Scopes longer than
+// idempotency.MaxScopeLen are stored as their SHA-256, in a form no scope
+// of that length can take (see storedScope).
 func WithScope(scope func(*http.Request) string) IdempotencyOption {
 	return func(c *idemConfig) { c.scope = scope }
 }
@@ -113,12 +122,13 @@ func WithFingerprint(f func(r *http.Request, body []byte) string) IdempotencyOpt
 }
 
 // WithMaxBody bounds the request body read for the fingerprint (default
-// DefaultMaxBody); a larger body gets 413.
+// DefaultMaxBody, at most MaxBodyLimit); a larger body gets 413.
 func WithMaxBody(n int64) IdempotencyOption { return func(c *idemConfig) { c.maxBody = n } }
 
 // WithMaxResponse bounds the response body that is stored (default
-// DefaultMaxResponse). A larger response is streamed to the client, not
-// stored, and the claim is released.
+// DefaultMaxResponse, at most idempotency.MaxResponseLen/2). A larger
+// response is streamed to the client and the key completed as executed, not
+// replayable: its retries get 409 "Response not stored", never a second run.
 func WithMaxResponse(n int) IdempotencyOption { return func(c *idemConfig) { c.maxResponse = n } }
 
 // WithReplayHeaders sets the response header fields stored and replayed
@@ -130,9 +140,12 @@ func WithReplayHeaders(names ...string) IdempotencyOption {
 	return func(c *idemConfig) { c.replay = names }
 }
 
-// WithStorePolicy decides from the handler's status whether its response is
-// stored and replayed (true) or the claim released so that a retry runs the
-// handler again (false). Default: store 2xx to 4xx except 429.
+// WithStorePolicy decides from the handler's status whether its outcome is
+// kept (true: replayed, or recorded as not replayable) or the key freed so
+// that a retry runs the handler again (false). The status is 0 for a
+// connection the handler hijacked without answering. Default
+// DefaultStorePolicy, which keeps every outcome; RetryableStorePolicy frees
+// the key after a 5xx or 429.
 func WithStorePolicy(store func(status int) bool) IdempotencyOption {
 	return func(c *idemConfig) { c.store = store }
 }
@@ -148,8 +161,18 @@ func WithMeterProvider(mp metric.MeterProvider) IdempotencyOption {
 // instead of answering 503.
 func WithFailOpen() IdempotencyOption { return func(c *idemConfig) { c.failOpen = true } }
 
+// WithRequestContext gives the handler the request's own context, which
+// ends when the client goes away, as net/http does without this middleware.
+// By default the handler's context does not end when its client leaves, only
+// when the claim on its key is lost or the server shuts down (ErrShutdown),
+// so that work a client stopped waiting for still finishes and is recorded.
+// Either way, what the handler answers is kept as the store policy says: a
+// handler that stops early should answer a status the policy does not keep
+// if a retry is to run it again.
+func WithRequestContext() IdempotencyOption { return func(c *idemConfig) { c.requestCtx = true } }
+
 // WithRetryAfter sets the Retry-After sent with 409 (in progress) and 503
-// (store unreachable); default DefaultRetryAfter.
+// (store unreachable); default DefaultRetryAfter, never negative.
 func WithRetryAfter(d time.Duration) IdempotencyOption {
 	return func(c *idemConfig) { c.retryAfter = d }
 }
@@ -161,9 +184,9 @@ func WithWait(d time.Duration) IdempotencyOption {
 	return func(c *idemConfig) { c.exec = append(c.exec, idempotency.WithWait(d)) }
 }
 
-// WithLease sets the in-progress lease (default idempotency.DefaultLease),
-// renewed while the handler runs: how long a crashed server's claim blocks
-// retries.
+// WithLease sets the in-progress lease (default idempotency.DefaultLease,
+// at least idempotency.MinDuration), renewed while the handler runs: how
+// long a crashed server's claim blocks retries.
 func WithLease(d time.Duration) IdempotencyOption {
 	return func(c *idemConfig) { c.exec = append(c.exec, idempotency.WithLease(d)) }
 }
@@ -186,10 +209,17 @@ func WithTracerProvider(tp trace.TracerProvider) IdempotencyOption {
 	return func(c *idemConfig) { c.tracer = tp }
 }
 
-// DefaultStorePolicy stores 2xx to 4xx responses except 429: a 5xx or a
-// 429 says the request did not take effect, so a retry should run it.
-func DefaultStorePolicy(status int) bool {
-	return status >= 200 && status < 500 && status != http.StatusTooManyRequests
+// DefaultStorePolicy keeps every outcome of a handler that ran, as Stripe
+// does: once the endpoint started executing, a retry gets what it answered,
+// 5xx included, since a handler may fail after doing part of its work.
+func DefaultStorePolicy(int) bool { return true }
+
+// RetryableStorePolicy keeps every outcome except a 5xx or a 429, whose
+// key is freed so that a retry runs the handler again: for handlers that
+// answer those only when they did nothing (a transaction rolled back, a
+// rate limit hit before any work).
+func RetryableStorePolicy(status int) bool {
+	return status < 500 && status != http.StatusTooManyRequests
 }
 
 // Fingerprint is the default request fingerprint: the SHA-256 of the method,
@@ -218,9 +248,32 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
-// errNotStored tells the executor to release the claim: the response is
-// not one to replay.
-var errNotStored = errors.New("httpmw: response not stored")
+// errNotStored tells the executor to release the claim: the store policy
+// does not keep the outcome.
+var errNotStored = errors.New("httpmw: outcome not kept by the store policy")
+
+// errNotReplayable tells the executor that the handler ran but its response
+// cannot be replayed; its bytes are the status and the headers that fit.
+var errNotReplayable = fmt.Errorf("httpmw: response streamed, hijacked or too large: %w", idempotency.ErrNotReplayable)
+
+// summaryHeaderLimit bounds the header lines kept with a response that is
+// not replayable, whatever the handler set.
+const summaryHeaderLimit = 16 << 10
+
+// hashedScope begins every stored scope that is a hash. A literal scope
+// that begins with it is hashed too, so no literal scope can be stored as a
+// long scope's hash: the stored forms of two different scopes differ unless
+// SHA-256 collides.
+const hashedScope = "\x00sha256:"
+
+// storedScope is the scope a request's keys are stored under.
+func storedScope(scope string) string {
+	if len(scope) <= idempotency.MaxScopeLen && !strings.HasPrefix(scope, hashedScope) {
+		return scope
+	}
+	sum := sha256.Sum256([]byte(scope))
+	return hashedScope + hex.EncodeToString(sum[:])
+}
 
 // Idempotency returns middleware that runs a request carrying an
 // Idempotency-Key at most once per (scope, key) and replays its response to
@@ -232,13 +285,21 @@ var errNotStored = errors.New("httpmw: response not stored")
 //     bounded wait, WithWait), 422 when the key was used with a different
 //     request;
 //   - a replay carries the stored status, allow-listed headers and body,
-//     plus Idempotent-Replayed: true;
+//     plus Idempotent-Replayed: true; a retry of a request whose response
+//     could not be stored gets 409 "Response not stored";
 //   - 503 when the store cannot be reached, unless WithFailOpen.
 //
-// A handler that panics has its claim released before the panic goes on up.
-// A response that is streamed (Flush, Hijack), larger than WithMaxResponse,
-// refused by the store policy, or whose client went away is not stored and
-// its claim is released. Errors are RFC 9457 application/problem+json.
+// Once the handler has been called, its key is never run again, whatever
+// the client does: a client that leaves does not end the handler's context
+// (see WithRequestContext), and what the handler answers is stored. A
+// response that cannot be replayed (streamed with Flush, a hijacked
+// connection, a 101 Switching Protocols, larger than WithMaxResponse or than
+// a store keeps) is recorded as executed, not replayable: its status and
+// the allow-listed headers that fit, no body; a retry gets 409 "Response not
+// stored". Only two things free the key for another run: a handler that
+// panics (its claim is released before the panic goes on up) and an outcome
+// WithStorePolicy chooses not to keep. Errors are RFC 9457
+// application/problem+json.
 func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.Handler) http.Handler, error) {
 	c := idemConfig{
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
@@ -254,17 +315,17 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 		tracer:      otel.GetTracerProvider(),
 		meter:       otel.GetMeterProvider(),
 	}
-	for _, o := range opts {
+	if store == nil {
+		return nil, fmt.Errorf("%w: httpmw: nil idempotency.Store", idempotency.ErrInvalid)
+	}
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: httpmw: nil IdempotencyOption (argument %d)", idempotency.ErrInvalid, i)
+		}
 		o(&c)
 	}
-	switch {
-	case c.maxBody <= 0 || c.maxResponse <= 0 || c.maxResponse > idempotency.MaxResponseLen/2 || c.retryAfter < 0:
-		return nil, fmt.Errorf("%w: body and response limits must be positive (the response's at most %d), Retry-After not negative",
-			idempotency.ErrInvalid, idempotency.MaxResponseLen/2)
-	case c.scope == nil || c.fingerprint == nil || c.store == nil || c.logger == nil || c.tracer == nil || c.meter == nil:
-		return nil, fmt.Errorf("%w: nil scope, fingerprint, store policy, logger, tracer or meter provider", idempotency.ErrInvalid)
-	case c.header == "":
-		return nil, fmt.Errorf("%w: empty header name", idempotency.ErrInvalid)
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	var replay []string
 	for _, name := range c.replay {
@@ -273,24 +334,89 @@ func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.
 		}
 	}
 	c.replay = replay
-	exec, err := idempotency.New(store, append([]idempotency.Option{
+	base := []idempotency.Option{
 		idempotency.WithLogger(c.logger), idempotency.WithTracerProvider(c.tracer), idempotency.WithMeterProvider(c.meter),
-	}, c.exec...)...)
+	}
+	if !c.requestCtx {
+		base = append(base, idempotency.WithDetachedRun())
+	}
+	exec, err := idempotency.New(store, append(base, c.exec...)...)
 	if err != nil {
 		return nil, err
 	}
 	requests, err := c.meter.Meter(instrumentation).Int64Counter("warden.idempotency.requests", metric.WithUnit("{request}"),
-		metric.WithDescription("Requests with an idempotency key, by outcome: executed, replayed, in_progress, key_reused, unavailable, fail_open, canceled, error."))
+		metric.WithDescription("Requests with an idempotency key, by outcome: executed, replayed, not_replayable, in_progress, key_reused, unavailable, fail_open, canceled, error."))
 	if err != nil {
 		return nil, err
 	}
 	outcomes := map[string][]metric.AddOption{}
-	for _, o := range []string{"executed", "replayed", "in_progress", "key_reused", "unavailable", "fail_open", "canceled", "error"} {
+	for _, o := range []string{"executed", "replayed", "not_replayable", "in_progress", "key_reused", "unavailable", "fail_open", "canceled", "error"} {
 		outcomes[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("warden.outcome", o)))}
 	}
 	return func(next http.Handler) http.Handler {
-		return &idempotent{cfg: &c, exec: exec, next: next, requests: requests, outcomes: outcomes}
+		return &idempotent{cfg: &c, exec: exec, next: next, requests: requests, outcomes: outcomes,
+			shutdowns: make(map[*http.Server]context.Context)}
 	}, nil
+}
+
+// validToken reports whether s is an RFC 9110 token, the syntax of header
+// field names and methods.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if c >= 0x7f || c <= ' ' || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validate refuses, naming the option, every setting that could not work
+// or would fail only once requests come.
+func (c *idemConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: httpmw: "+format, append([]any{idempotency.ErrInvalid}, args...)...)
+	}
+	switch {
+	case c.maxBody <= 0 || c.maxBody > MaxBodyLimit:
+		return bad("WithMaxBody %d is outside 1 to %d", c.maxBody, MaxBodyLimit)
+	case c.maxResponse <= 0 || c.maxResponse > idempotency.MaxResponseLen/2:
+		return bad("WithMaxResponse %d is outside 1 to %d", c.maxResponse, idempotency.MaxResponseLen/2)
+	case c.retryAfter < 0:
+		return bad("WithRetryAfter %v is negative", c.retryAfter)
+	case c.scope == nil:
+		return bad("nil WithScope")
+	case c.fingerprint == nil:
+		return bad("nil WithFingerprint")
+	case c.store == nil:
+		return bad("nil WithStorePolicy")
+	case c.logger == nil:
+		return bad("nil WithLogger")
+	case c.tracer == nil:
+		return bad("nil WithTracerProvider")
+	case c.meter == nil:
+		return bad("nil WithMeterProvider")
+	case !validToken(c.header):
+		return bad("WithHeader %q is not a valid header field name", c.header)
+	}
+	c.header = http.CanonicalHeaderKey(c.header)
+	if c.methodList != nil {
+		if len(c.methodList) == 0 {
+			return bad("WithMethods names no method")
+		}
+		c.methods = make(map[string]bool, len(c.methodList))
+		for _, m := range c.methodList {
+			// A method is a token (RFC 9110 section 9.1), as a field name is.
+			if !validToken(m) {
+				return bad("WithMethods %q is not a valid method", m)
+			}
+			c.methods[strings.ToUpper(m)] = true
+		}
+	}
+	return nil
 }
 
 // instrumentation names httpmw's meter.
@@ -303,6 +429,52 @@ type idempotent struct {
 
 	requests metric.Int64Counter
 	outcomes map[string][]metric.AddOption
+
+	mu sync.Mutex
+	// shutdowns holds, per server the middleware has served, a context
+	// cancelled when that server shuts down: one RegisterOnShutdown per
+	// server, not one per request.
+	shutdowns map[*http.Server]context.Context
+}
+
+// shutdownOf returns the context that ends when the server serving r shuts
+// down, or nil when r did not come through an http.Server.
+func (m *idempotent) shutdownOf(r *http.Request) context.Context {
+	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
+	if srv == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ctx, ok := m.shutdowns[srv]; ok {
+		return ctx
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	srv.RegisterOnShutdown(func() {
+		cancel(ErrShutdown)
+		// A server that shut down serves no more requests: forget it.
+		m.mu.Lock()
+		delete(m.shutdowns, srv)
+		m.mu.Unlock()
+	})
+	m.shutdowns[srv] = ctx
+	return ctx
+}
+
+// handlerContext is the context the handler runs with: run, the executor's
+// (which ends only when the claim is lost, unless WithRequestContext), ended
+// also when the server shuts down.
+func (m *idempotent) handlerContext(r *http.Request, run context.Context) (context.Context, func()) {
+	sd := m.shutdownOf(r)
+	if sd == nil || m.cfg.requestCtx {
+		return run, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(run)
+	stop := context.AfterFunc(sd, func() { cancel(context.Cause(sd)) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
 }
 
 // count records the outcome of one keyed request.
@@ -346,22 +518,26 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	scope := c.scope(r)
-	if len(scope) > idempotency.MaxScopeLen {
-		sum := sha256.Sum256([]byte(scope))
-		scope = "sha256:" + hex.EncodeToString(sum[:])
-	}
+	scope := storedScope(c.scope(r))
 
 	var rec *recorder
 	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) ([]byte, error) {
+		hctx, done := m.handlerContext(r, ctx)
+		defer done()
 		rec = &recorder{w: w, limit: c.maxResponse}
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, keyCtx{}, key)))
-		if rec.direct || r.Context().Err() != nil || !c.store(rec.statusCode()) {
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, key)))
+		status := rec.statusCode()
+		if !c.store(status) {
 			return nil, errNotStored
 		}
-		// A record that headers swelled past what a store keeps is
-		// refused by the executor, which releases the claim.
-		return encodeResponse(rec.statusCode(), w.Header(), c.replay, rec.body.Bytes()), nil
+		if !rec.direct {
+			// Headers can swell a record past what a store keeps; it is
+			// then recorded like a streamed one.
+			if b := encodeResponse(status, w.Header(), c.replay, rec.body.Bytes()); len(b) <= idempotency.MaxResultLen {
+				return b, nil
+			}
+		}
+		return encodeResponse(status, fitHeaders(w.Header(), c.replay, summaryHeaderLimit), c.replay, nil), errNotReplayable
 	}, idempotency.WithScope(scope))
 
 	if rec != nil {
@@ -376,6 +552,9 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		m.count(r, "replayed")
 		m.replay(w, res.Response, hash)
+	case errors.Is(err, idempotency.ErrNotReplayable):
+		m.count(r, "not_replayable")
+		m.notReplayable(w, res.Response)
 	case errors.Is(err, idempotency.ErrInProgress):
 		m.count(r, "in_progress")
 		writeProblem(w, http.StatusConflict, "In_progress", "Request in progress",
@@ -407,9 +586,26 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// notReplayable answers a retry of a request that was executed but whose
+// response could not be stored, telling the status it had when it is known.
+func (m *idempotent) notReplayable(w http.ResponseWriter, summary []byte) {
+	detail := "The request with this idempotency key was executed, but its response could not be stored (streamed, hijacked or too large); it is not run again."
+	if resp, err := decodeResponse(summary); err == nil && resp.status != 0 {
+		detail = fmt.Sprintf("The request with this idempotency key was executed with status %d, but its response could not be stored (streamed, hijacked or too large); it is not run again.", resp.status)
+		if loc := resp.header.Get("Location"); loc != "" {
+			w.Header().Set("Location", loc)
+		}
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	writeProblem(w, http.StatusConflict, "Response_not_stored", "Response not stored", detail, 0)
+}
+
 // replay writes a stored response.
 func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() string) {
 	resp, err := decodeResponse(stored)
+	if err == nil && resp.status < 200 {
+		err = errBadResponse // only ever recorded as not replayable
+	}
 	if err != nil {
 		m.cfg.logger.Error("httpmw: stored response unreadable", slog.String("key_hash", hash()), slog.Any("error", err))
 		writeProblem(w, http.StatusInternalServerError, "Internal", "Stored response unreadable", "", 0)

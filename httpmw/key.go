@@ -47,6 +47,20 @@ func ParseKey(value string) (string, error) {
 	return key, nil
 }
 
+// excerptLen bounds how much of a client's bad value an error repeats: the
+// error goes back to the client in a 400 and into logs, where an echo of
+// the whole value would let a client fill them with what it likes.
+const excerptLen = 16
+
+// excerpt quotes (escaping every non-printable byte) at most excerptLen
+// bytes of s, marking a cut with "...".
+func excerpt(s string) string {
+	if len(s) <= excerptLen {
+		return fmt.Sprintf("%+q", s)
+	}
+	return fmt.Sprintf("%+q...", s[:excerptLen])
+}
+
 // parseSFString parses v, which starts with a quote, as exactly one sf-string.
 func parseSFString(v string) (string, error) {
 	var b strings.Builder
@@ -60,7 +74,7 @@ func parseSFString(v string) (string, error) {
 			b.WriteByte(v[i])
 		case c == '"':
 			if i != len(v)-1 {
-				return "", fmt.Errorf("%w: unexpected %q after the closing quote", errBadKey, v[i+1:])
+				return "", fmt.Errorf("%w: unexpected %s after the closing quote", errBadKey, excerpt(v[i+1:]))
 			}
 			return b.String(), nil
 		case c < 0x20 || c > 0x7e:

@@ -12,14 +12,16 @@ import (
 // recorder buffers a handler's response so that it can be stored before it
 // is sent. Headers go straight to the real writer's map (nothing is sent
 // before WriteHeader there), so the handler sees the headers outer
-// middleware set. A flush, a hijack or a body past the limit turns it into a
-// pass-through: the response is then streamed, and not stored.
+// middleware set. A flush, a hijack, a 101 or a body past the limit turns it
+// into a pass-through: the response is then streamed, and recorded as not
+// replayable, with the status it had.
 type recorder struct {
 	w           http.ResponseWriter
 	limit       int
 	status      int
 	wroteHeader bool
 	direct      bool
+	hijacked    bool
 	body        bytes.Buffer
 }
 
@@ -28,6 +30,14 @@ func (r *recorder) Header() http.Header { return r.w.Header() }
 func (r *recorder) WriteHeader(code int) {
 	switch {
 	case r.direct:
+		if !r.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
+			r.status, r.wroteHeader = code, true
+		}
+		r.w.WriteHeader(code)
+	case code == http.StatusSwitchingProtocols:
+		// Final, unlike the other 1xx: what follows is another protocol on
+		// the connection, which cannot be replayed.
+		r.status, r.wroteHeader, r.direct = code, true, true
 		r.w.WriteHeader(code)
 	case code >= 100 && code < 200:
 		// Informational responses (103 Early Hints) go out at once and are
@@ -40,6 +50,9 @@ func (r *recorder) WriteHeader(code int) {
 
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.direct {
+		if !r.wroteHeader && !r.hijacked {
+			r.status, r.wroteHeader = http.StatusOK, true
+		}
 		return r.w.Write(p)
 	}
 	if !r.wroteHeader {
@@ -79,8 +92,11 @@ func (r *recorder) Flush() {
 // Hijack implements http.Hijacker: the connection leaves HTTP's hands, so
 // nothing can be stored.
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	r.direct = true
-	return http.NewResponseController(r.w).Hijack()
+	conn, rw, err := http.NewResponseController(r.w).Hijack()
+	if err == nil {
+		r.direct, r.hijacked = true, true
+	}
+	return conn, rw, err
 }
 
 // Unwrap lets http.ResponseController reach the real writer's other
@@ -96,9 +112,14 @@ func (r *recorder) send() {
 	r.w.Write(r.body.Bytes())
 }
 
+// statusCode is the status the handler answered: 0 for a connection it
+// hijacked without answering.
 func (r *recorder) statusCode() int {
-	if r.wroteHeader {
+	switch {
+	case r.wroteHeader:
 		return r.status
+	case r.hijacked:
+		return 0
 	}
 	return http.StatusOK
 }
@@ -135,6 +156,22 @@ func encodeResponse(status int, h http.Header, allowed []string, body []byte) []
 	return append(b, body...)
 }
 
+// fitHeaders returns the allowed lines of h, in order, as long as they fit
+// in limit bytes of record.
+func fitHeaders(h http.Header, allowed []string, limit int) http.Header {
+	fit := make(http.Header)
+	size := 0
+	for _, name := range allowed {
+		for _, v := range h[name] {
+			if size += 2*binary.MaxVarintLen64 + len(name) + len(v); size > limit {
+				return fit
+			}
+			fit[name] = append(fit[name], v)
+		}
+	}
+	return fit
+}
+
 func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
@@ -152,7 +189,8 @@ func decodeResponse(b []byte) (storedResponse, error) {
 	}
 	b = b[1:]
 	status, n := binary.Uvarint(b)
-	if n <= 0 || status < 200 || status > 999 {
+	// 0 (hijacked) and 101 are only ever recorded as not replayable.
+	if n <= 0 || (status != 0 && status != http.StatusSwitchingProtocols && status < 200) || status > 999 {
 		return storedResponse{}, errBadResponse
 	}
 	b = b[n:]

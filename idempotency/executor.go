@@ -39,13 +39,30 @@ const (
 	outcomeReleased   = "released"
 	outcomeLost       = "lost"
 	outcomeError      = "error"
+	// outcomeNotReplayable: fn ran and its result could not be kept; the
+	// key is done all the same, and its repeats get ErrNotReplayable.
+	outcomeNotReplayable = "not_replayable"
 )
+
+// MaxResultLen is the largest result of fn that is stored for replay: the
+// stores' MaxResponseLen less the two bytes the Executor puts before it. A
+// larger result is recorded as executed, not replayable.
+const MaxResultLen = MaxResponseLen - 2
 
 // Func is the work Do runs at most once per key. Its bytes are the result
 // stored for replay. ctx is cancelled when the caller's is, and with cause
 // ErrNotOwner when the claim is lost (the store could not be reached to
 // renew it in time, or another caller took over after it expired), since
-// from then on a retry may be running the same work.
+// from then on a retry may be running the same work (WithDetachedRun keeps
+// only the latter). The claim itself outlives the caller's cancellation: it
+// is renewed until fn returns.
+//
+// A Func whose work is done but whose result cannot be replayed (it was
+// streamed, or handed to someone else) returns an error wrapping
+// ErrNotReplayable, with bytes that sum the outcome up (at most
+// MaxResultLen of them; more are dropped): the key is then completed as
+// executed, not replayable, whatever the ErrorPolicy says, and repeats get
+// those bytes and an error wrapping ErrNotReplayable instead of a run.
 type Func func(ctx context.Context) ([]byte, error)
 
 // Result is what Do returns: fn's bytes, either fresh or replayed.
@@ -67,7 +84,8 @@ type Executor struct {
 }
 
 // New returns an Executor over store. It returns an error wrapping
-// ErrInvalid when store is nil or an option is out of range.
+// ErrInvalid, naming the input, when store or an option is nil or an
+// option is out of range.
 func New(store Store, opts ...Option) (*Executor, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalid)
@@ -80,10 +98,7 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		tracer:    otel.GetTracerProvider(),
 		meter:     otel.GetMeterProvider(),
 	}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.apply(opts); err != nil {
 		return nil, err
 	}
 	var err error
@@ -107,19 +122,28 @@ func New(store Store, opts ...Option) (*Executor, error) {
 //     the next call runs fn again) or is stored, as the ErrorPolicy says.
 //   - A panic in fn releases the claim and goes on up the stack unchanged.
 //   - A crashed owner's claim expires after its lease; then a retry runs fn.
+//   - A result larger than MaxResultLen, or one too large for the store
+//     (ErrTooLarge), or one fn says is not replayable (ErrNotReplayable),
+//     completes the key as executed, not replayable: later callers get an
+//     error wrapping ErrNotReplayable, never a second run.
+//
+// Once fn has been called, nothing but a panic or the ErrorPolicy frees
+// the key for another run: not the caller's cancellation (the claim is
+// renewed until fn returns, and the result stored on a context of its own),
+// nor a result too large to keep.
 //
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
 // error wrapping ErrNotOwner. Errors reaching the store wrap ErrUnavailable.
 // opts override the Executor's options for this call.
 func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opts ...Option) (Result, error) {
+	if err := CheckContext(ctx); err != nil {
+		return Result{}, err
+	}
 	cfg, tracer := &e.cfg, e.tracer
 	if len(opts) > 0 {
 		c := e.cfg
-		for _, o := range opts {
-			o(&c)
-		}
-		if err := c.validate(); err != nil {
+		if err := c.apply(opts); err != nil {
 			return Result{}, err
 		}
 		if c.tracer != e.cfg.tracer {
@@ -172,7 +196,10 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 			return Result{}, outcomeMismatch, fmt.Errorf("%w (key hash %s)", ErrFingerprintMismatch, hash)
 		case rec.State == StateCompleted:
 			res, err := decodeResult(rec.Response)
-			if err != nil && !errors.Is(err, ErrStoredFailure) {
+			switch {
+			case errors.Is(err, ErrNotReplayable):
+				return res, outcomeNotReplayable, fmt.Errorf("%w (key hash %s)", err, hash)
+			case err != nil && !errors.Is(err, ErrStoredFailure):
 				return Result{}, outcomeError, err
 			}
 			return res, outcomeReplayed, err
@@ -198,7 +225,11 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 // run executes fn under the claim c, sent to the store at sent, and ends
 // the claim as the outcome says.
 func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time, fn Func, hash string) (Result, string, error) {
-	runCtx, cancel := context.WithCancelCause(ctx)
+	base := ctx
+	if cfg.detached {
+		base = context.WithoutCancel(ctx)
+	}
+	runCtx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	stop := e.watch(runCtx, cancel, cfg, c, sent, hash)
 	returned := false
@@ -215,20 +246,37 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	stop()
 	res := Result{Response: out}
 
-	if fnErr != nil && cfg.onError(fnErr) == Release {
+	notReplayable := errors.Is(fnErr, ErrNotReplayable)
+	if fnErr != nil && !notReplayable && cfg.onError(fnErr) == Release {
 		e.abandon(ctx, cfg, c, hash)
 		return res, outcomeReleased, fnErr
 	}
-	payload := encodeResult(out, fnErr)
+	var payload []byte
+	if notReplayable {
+		payload = encodeNotReplayable(out)
+	} else {
+		payload = encodeResult(out, fnErr)
+	}
+	outcome := outcomeExecuted
 	if len(payload) > MaxResponseLen {
-		e.abandon(ctx, cfg, c, hash)
-		return res, outcomeReleased, errors.Join(fnErr, fmt.Errorf("%w: result of %d bytes, more than the %d a store keeps; claim released", ErrInvalid, len(payload), MaxResponseLen))
+		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large to replay; stored as executed, not replayable",
+			slog.String("key_hash", hash), slog.Int("bytes", len(payload)))
+		payload, outcome = encodeNotReplayable(nil), outcomeNotReplayable
+	}
+	if notReplayable {
+		outcome = outcomeNotReplayable
 	}
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer fcancel()
-	start := time.Now()
-	err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
-	cfg.metrics.record(ctx, opComplete, start, err)
+	err := e.complete(ctx, fctx, cfg, c, payload)
+	if errors.Is(err, ErrTooLarge) {
+		// The store keeps less than this record: the work is done all the
+		// same, so the key is completed with the marker alone.
+		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
+			slog.String("key_hash", hash), slog.Int("bytes", len(payload)))
+		outcome = outcomeNotReplayable
+		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil))
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
 			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost before completion; result not stored",
@@ -241,7 +289,15 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 			slog.String("key_hash", hash), slog.Any("error", err))
 		return res, outcomeError, errors.Join(fnErr, storeError(fctx, "complete", err))
 	}
-	return res, outcomeExecuted, fnErr
+	return res, outcome, fnErr
+}
+
+// complete stores payload as c's result, on fctx, a context of its own.
+func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte) error {
+	start := time.Now()
+	err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
+	cfg.metrics.record(ctx, opComplete, start, err)
+	return err
 }
 
 // watch renews c every third of the lease until the returned stop is
@@ -338,13 +394,24 @@ func KeyHash(scope, key string) string {
 // The stored result is versioned so that the encoding can change without
 // misreading records written by an earlier release:
 //
-//	version 1: 0x01, kind (0 success, 1 failure), for a failure the message
-//	length as a uvarint and the message, then fn's bytes.
+//	version 1: 0x01, kind (0 success, 1 failure, 2 executed but not
+//	replayable), for a failure the message length as a uvarint and the
+//	message, then fn's bytes (for kind 2, fn's summary of its outcome).
 const (
-	resultV1      = 1
-	resultSuccess = 0
-	resultFailure = 1
+	resultV1            = 1
+	resultSuccess       = 0
+	resultFailure       = 1
+	resultNotReplayable = 2
 )
+
+// encodeNotReplayable marks the key executed, not replayable, keeping
+// summary when it fits.
+func encodeNotReplayable(summary []byte) []byte {
+	if len(summary) > MaxResultLen {
+		summary = nil
+	}
+	return append([]byte{resultV1, resultNotReplayable}, summary...)
+}
 
 func encodeResult(out []byte, fnErr error) []byte {
 	if fnErr == nil {
@@ -372,6 +439,8 @@ func decodeResult(b []byte) (Result, error) {
 		}
 		msg := b[2+size : 2+size+int(n)]
 		return Result{Response: b[2+size+int(n):], Replayed: true}, fmt.Errorf("%w: %s", ErrStoredFailure, msg)
+	case resultNotReplayable:
+		return Result{Response: b[2:], Replayed: true}, ErrNotReplayable
 	}
 	return Result{}, fmt.Errorf("%w: stored result of unknown kind %d", ErrInvalid, b[1])
 }

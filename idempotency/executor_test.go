@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -343,21 +344,49 @@ func TestDoInvalid(t *testing.T) {
 	if _, err := idempotency.New(nil); !errors.Is(err, idempotency.ErrInvalid) {
 		t.Errorf("New(nil): %v", err)
 	}
-	if _, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithLease(0)); !errors.Is(err, idempotency.ErrInvalid) {
-		t.Errorf("zero lease: %v", err)
+	st := idempotency.NewMemoryStore()
+	// Each bad option is refused where it is given, with an error naming it.
+	for _, tc := range []struct {
+		name string
+		opt  idempotency.Option
+		want string
+	}{
+		{"zero lease", idempotency.WithLease(0), "WithLease"},
+		{"2ns lease", idempotency.WithLease(2), "WithLease"},
+		{"microsecond lease", idempotency.WithLease(999 * time.Microsecond), "WithLease"},
+		{"zero retention", idempotency.WithRetention(0), "WithRetention"},
+		{"nanosecond retention", idempotency.WithRetention(time.Nanosecond), "WithRetention"},
+		{"negative wait", idempotency.WithWait(-1), "WithWait"},
+		{"microsecond wait", idempotency.WithWait(time.Microsecond), "WithWait"},
+		{"nil policy", idempotency.WithErrorPolicy(nil), "WithErrorPolicy"},
+		{"nil logger", idempotency.WithLogger(nil), "WithLogger"},
+		{"nil tracer", idempotency.WithTracerProvider(nil), "WithTracerProvider"},
+		{"nil meter", idempotency.WithMeterProvider(nil), "WithMeterProvider"},
+		{"nil option", nil, "nil Option"},
+	} {
+		if _, err := idempotency.New(st, tc.opt); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New with %s: %v, want ErrInvalid naming %s", tc.name, err, tc.want)
+		}
+		e := newExecutor(t, st)
+		var runs atomic.Int64
+		if _, err := e.Do(context.Background(), "k-"+tc.name, "fp", counted(&runs, ""), tc.opt); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Do with %s: %v, want ErrInvalid naming %s", tc.name, err, tc.want)
+		}
+		if runs.Load() != 0 {
+			t.Errorf("Do with %s ran fn", tc.name)
+		}
 	}
-	e := newExecutor(t, idempotency.NewMemoryStore())
+	if _, err := idempotency.New(st, idempotency.WithLease(time.Millisecond), idempotency.WithWait(time.Millisecond)); err != nil {
+		t.Errorf("the minimum lease and wait: %v", err)
+	}
+	e := newExecutor(t, st)
 	ctx := context.Background()
 	var runs atomic.Int64
+	var nilCtx context.Context
 	for name, call := range map[string]func() error{
-		"empty key":     func() error { _, err := e.Do(ctx, "", "fp", counted(&runs, "")); return err },
-		"nil fn":        func() error { _, err := e.Do(ctx, "k", "fp", nil); return err },
-		"negative wait": func() error { _, err := e.Do(ctx, "k", "fp", counted(&runs, ""), idempotency.WithWait(-1)); return err },
-		"zero retention": func() error {
-			_, err := e.Do(ctx, "k", "fp", counted(&runs, ""), idempotency.WithRetention(0))
-			return err
-		},
-		"result over limits": func() error { _, err := e.Do(ctx, "big", "fp", bigResult); return err },
+		"empty key": func() error { _, err := e.Do(ctx, "", "fp", counted(&runs, "")); return err },
+		"nil fn":    func() error { _, err := e.Do(ctx, "k", "fp", nil); return err },
+		"nil ctx":   func() error { _, err := e.Do(nilCtx, "k", "fp", counted(&runs, "")); return err },
 	} {
 		if err := call(); !errors.Is(err, idempotency.ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
@@ -366,12 +395,68 @@ func TestDoInvalid(t *testing.T) {
 	if runs.Load() != 0 {
 		t.Errorf("fn ran %d times on invalid calls", runs.Load())
 	}
-	// The oversize result was not stored: the key is free again.
-	if res, err := e.Do(ctx, "big", "fp", counted(&runs, "small")); err != nil || res.Replayed {
-		t.Errorf("after an oversize result: (%+v, %v), want a fresh run", res, err)
+}
+
+// TestDoNotReplayable: a result that cannot be kept still completes the
+// key: its repeats get ErrNotReplayable and fn never runs again.
+func TestDoNotReplayable(t *testing.T) {
+	e := newExecutor(t, idempotency.NewMemoryStore(), idempotency.WithErrorPolicy(func(error) idempotency.Action { return idempotency.Release }))
+	ctx := context.Background()
+	var runs atomic.Int64
+	for _, tc := range []struct {
+		name    string
+		fn      idempotency.Func
+		summary string
+	}{
+		{"result over the limit", func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return make([]byte, idempotency.MaxResultLen+1), nil
+		}, ""},
+		{"result at the limit", func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return make([]byte, idempotency.MaxResultLen), nil
+		}, ""},
+		{"fn says so", func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return []byte("status 200, streamed"), fmt.Errorf("streamed: %w", idempotency.ErrNotReplayable)
+		}, "status 200, streamed"},
+	} {
+		runs.Store(0)
+		first, err := e.Do(ctx, tc.name, "fp", tc.fn)
+		if first.Replayed {
+			t.Errorf("%s: first call replayed", tc.name)
+		}
+		again, againErr := e.Do(ctx, tc.name, "fp", tc.fn)
+		if tc.name == "result at the limit" {
+			if err != nil || againErr != nil || !again.Replayed || len(again.Response) != idempotency.MaxResultLen {
+				t.Errorf("%s: (%v) then (%d bytes, replayed %v, %v), want the result replayed", tc.name, err, len(again.Response), again.Replayed, againErr)
+			}
+		} else if !errors.Is(againErr, idempotency.ErrNotReplayable) || !again.Replayed || string(again.Response) != tc.summary {
+			t.Errorf("%s: repeat got (%.40q, replayed %v, %v), want ErrNotReplayable with %q", tc.name, again.Response, again.Replayed, againErr, tc.summary)
+		}
+		if runs.Load() != 1 {
+			t.Errorf("%s: fn ran %d times, want 1", tc.name, runs.Load())
+		}
 	}
 }
 
-func bigResult(context.Context) ([]byte, error) {
-	return make([]byte, idempotency.MaxResponseLen), nil
+// TestDoCallerGoneStillStored: a caller that gives up while fn runs does
+// not free the key: fn's result is stored and replayed to the retry.
+func TestDoCallerGoneStillStored(t *testing.T) {
+	e := newExecutor(t, idempotency.NewMemoryStore())
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs atomic.Int64
+	res, err := e.Do(ctx, "k", "fp", func(fctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		cancel()
+		<-fctx.Done()
+		return []byte("done anyway"), nil
+	})
+	if err != nil || string(res.Response) != "done anyway" {
+		t.Fatalf("Do whose caller left: (%q, %v)", res.Response, err)
+	}
+	again, err := e.Do(context.Background(), "k", "fp", counted(&runs, "second"))
+	if err != nil || !again.Replayed || string(again.Response) != "done anyway" || runs.Load() != 1 {
+		t.Errorf("retry: (%q, replayed %v, %v), runs %d; want the first result replayed", again.Response, again.Replayed, err, runs.Load())
+	}
 }

@@ -80,7 +80,7 @@ func copyRecord(r *Record) *Record {
 
 // Claim implements Store.
 func (m *MemoryStore) Claim(ctx context.Context, c Claim) (*Record, error) {
-	if err := c.Check(); err != nil {
+	if err := errors.Join(CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -111,6 +111,9 @@ func (m *MemoryStore) Extend(ctx context.Context, scope, key, owner string, leas
 
 // Complete implements Store.
 func (m *MemoryStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	if err := CheckResponse(response); err != nil {
+		return err
+	}
 	return m.update(ctx, scope, key, owner, retention, func(r *memRecord) {
 		r.rec.State = StateCompleted
 		r.rec.Response = append([]byte(nil), response...)
@@ -120,7 +123,7 @@ func (m *MemoryStore) Complete(ctx context.Context, scope, key, owner string, re
 // update applies change to owner's live in-progress record and sets its
 // deadline to d from now.
 func (m *MemoryStore) update(ctx context.Context, scope, key, owner string, d time.Duration, change func(*memRecord)) error {
-	if err := errors.Join(CheckKey(scope, key), CheckOwner(owner), CheckDuration(d)); err != nil {
+	if err := errors.Join(CheckContext(ctx), CheckKey(scope, key), CheckOwner(owner), CheckDuration(d)); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -140,7 +143,7 @@ func (m *MemoryStore) update(ctx context.Context, scope, key, owner string, d ti
 
 // Abandon implements Store.
 func (m *MemoryStore) Abandon(ctx context.Context, scope, key, owner string) error {
-	if err := errors.Join(CheckKey(scope, key), CheckOwner(owner)); err != nil {
+	if err := errors.Join(CheckContext(ctx), CheckKey(scope, key), CheckOwner(owner)); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -158,7 +161,7 @@ func (m *MemoryStore) Abandon(ctx context.Context, scope, key, owner string) err
 
 // Get implements Store.
 func (m *MemoryStore) Get(ctx context.Context, scope, key string) (*Record, error) {
-	if err := CheckKey(scope, key); err != nil {
+	if err := errors.Join(CheckContext(ctx), CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -175,7 +178,7 @@ func (m *MemoryStore) Get(ctx context.Context, scope, key string) (*Record, erro
 
 // Delete implements Deleter.
 func (m *MemoryStore) Delete(ctx context.Context, scope, key string) error {
-	if err := CheckKey(scope, key); err != nil {
+	if err := errors.Join(CheckContext(ctx), CheckKey(scope, key)); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -17,6 +17,11 @@ const (
 	DefaultLease = 30 * time.Second
 	// DefaultRetention is how long a completed result is kept for replay.
 	DefaultRetention = 24 * time.Hour
+	// MinDuration is the shortest lease, retention or (non-zero) wait an
+	// Executor accepts. A shorter one is a unit slip (WithLease(2) is two
+	// nanoseconds), and a lease of microseconds would have the watchdog
+	// call Extend in a tight loop: renewals run every third of the lease.
+	MinDuration = time.Millisecond
 )
 
 // Option configures an Executor (in New) or a single call (in Do, where it
@@ -44,6 +49,7 @@ type config struct {
 	lease     time.Duration
 	retention time.Duration
 	wait      time.Duration
+	detached  bool
 	onError   ErrorPolicy
 	logger    *slog.Logger
 	tracer    trace.TracerProvider
@@ -54,18 +60,35 @@ type config struct {
 
 func (c *config) validate() error {
 	switch {
-	case c.lease <= 0:
-		return fmt.Errorf("%w: lease %v is not positive", ErrInvalid, c.lease)
-	case c.retention <= 0:
-		return fmt.Errorf("%w: retention %v is not positive", ErrInvalid, c.retention)
-	case c.wait < 0:
-		return fmt.Errorf("%w: wait %v is negative", ErrInvalid, c.wait)
+	case c.lease < MinDuration:
+		return fmt.Errorf("%w: WithLease %v is shorter than %v", ErrInvalid, c.lease, MinDuration)
+	case c.retention < MinDuration:
+		return fmt.Errorf("%w: WithRetention %v is shorter than %v", ErrInvalid, c.retention, MinDuration)
+	case c.wait != 0 && c.wait < MinDuration:
+		return fmt.Errorf("%w: WithWait %v is neither 0 nor at least %v", ErrInvalid, c.wait, MinDuration)
 	case len(c.scope) > MaxScopeLen:
-		return fmt.Errorf("%w: scope of %d bytes, more than %d", ErrInvalid, len(c.scope), MaxScopeLen)
-	case c.onError == nil || c.logger == nil || c.tracer == nil || c.meter == nil:
-		return fmt.Errorf("%w: nil error policy, logger, tracer provider or meter provider", ErrInvalid)
+		return fmt.Errorf("%w: WithScope of %d bytes, more than %d", ErrInvalid, len(c.scope), MaxScopeLen)
+	case c.onError == nil:
+		return fmt.Errorf("%w: nil WithErrorPolicy", ErrInvalid)
+	case c.logger == nil:
+		return fmt.Errorf("%w: nil WithLogger", ErrInvalid)
+	case c.tracer == nil:
+		return fmt.Errorf("%w: nil WithTracerProvider", ErrInvalid)
+	case c.meter == nil:
+		return fmt.Errorf("%w: nil WithMeterProvider", ErrInvalid)
 	}
 	return nil
+}
+
+// apply applies opts to c, refusing a nil one.
+func (c *config) apply(opts []Option) error {
+	for i, o := range opts {
+		if o == nil {
+			return fmt.Errorf("%w: nil Option (argument %d)", ErrInvalid, i)
+		}
+		o(c)
+	}
+	return c.validate()
 }
 
 // WithScope sets the scope keys live in: typically the principal (the
@@ -73,19 +96,28 @@ func (c *config) validate() error {
 // result, or the name of a consumer. Default "" (one shared scope).
 func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
 
-// WithLease sets the in-progress lease (default DefaultLease): how long a
-// crashed owner's claim blocks the key before a retry may run fn again.
+// WithLease sets the in-progress lease (default DefaultLease, at least
+// MinDuration): how long a crashed owner's claim blocks the key before a
+// retry may run fn again.
 func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
 
 // WithRetention sets how long a completed result is replayed (default
-// DefaultRetention). It is enforced by the store against the deadline it
+// DefaultRetention, at least MinDuration). It is enforced by the store against the deadline it
 // records, not left to an eviction TTL alone.
 func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
 
 // WithWait makes a duplicate that finds the key in progress wait up to d for
 // the owner to finish, then replay its result (or, when the owner released
-// the claim, run fn itself). Default 0: fail at once with ErrInProgress.
+// the claim, run fn itself). Default 0: fail at once with ErrInProgress;
+// any other d is at least MinDuration.
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithDetachedRun makes fn's context independent of the caller's: it ends
+// only when the claim is lost (cause ErrNotOwner), so that work whose caller
+// gave up (a client that timed out) runs to its end and its result is
+// stored, instead of being cut short halfway. Default: fn's context also
+// ends with the caller's. The claim is renewed until fn returns either way.
+func WithDetachedRun() Option { return func(c *config) { c.detached = true } }
 
 // WithErrorPolicy sets what an error from fn does to the claim. Default:
 // Release for every error, so a retry runs.

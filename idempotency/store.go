@@ -27,6 +27,15 @@ var (
 	ErrInvalid = errors.New("warden/idempotency: invalid argument")
 	// ErrUnavailable is guard.ErrUnavailable: the store could not be reached.
 	ErrUnavailable = guard.ErrUnavailable
+	// ErrTooLarge: Complete was given a response larger than the store
+	// keeps (more than MaxResponseLen). The store changed nothing: the claim
+	// is still the owner's, which may complete it with a smaller record.
+	ErrTooLarge = errors.New("warden/idempotency: record too large for the store")
+	// ErrNotReplayable: the key's work was executed but its result could
+	// not be kept (too large, streamed, handed over), so a repeat gets
+	// neither the result nor a second run. Func returns an error wrapping
+	// it to say so of its own result; Do returns one for such a key.
+	ErrNotReplayable = errors.New("warden/idempotency: executed, result not stored")
 )
 
 // Deleter is an optional capability of a store: an operator removing a
@@ -82,6 +91,29 @@ func CheckKey(scope, key string) error {
 	return nil
 }
 
+// CheckContext returns an error wrapping ErrInvalid when ctx is nil, as
+// guard does for the same input: a nil context is a caller's bug, and an
+// error says so where a panic would take the process down. Stores call it
+// first in every method.
+func CheckContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", ErrInvalid)
+	}
+	return nil
+}
+
+// CheckResponse returns an error wrapping ErrTooLarge when response is
+// longer than MaxResponseLen, the most every store keeps. Stores call it in
+// Complete before touching their backend, so that an oversized record is
+// refused the same way everywhere rather than by whatever limit the backend
+// hits first (a request size, a packet size, a dropped connection).
+func CheckResponse(response []byte) error {
+	if len(response) > MaxResponseLen {
+		return fmt.Errorf("%w: response of %d bytes, more than %d", ErrTooLarge, len(response), MaxResponseLen)
+	}
+	return nil
+}
+
 // CheckOwner returns an error wrapping ErrInvalid when owner is empty.
 func CheckOwner(owner string) error {
 	if owner == "" {
@@ -91,7 +123,8 @@ func CheckOwner(owner string) error {
 }
 
 // CheckDuration returns an error wrapping ErrInvalid when d, a lease or a
-// retention, is not positive.
+// retention, is not positive. (The Executor asks more of its own options:
+// at least MinDuration.)
 func CheckDuration(d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: non-positive duration %v", ErrInvalid, d)
@@ -140,7 +173,8 @@ type Claim struct {
 // etcd in their packages) and pass the suite in idempotency/storetest.
 type Store interface {
 	// Every method returns an error wrapping ErrInvalid for arguments
-	// outside the limits (see CheckKey, CheckOwner, CheckDuration, Claim.Check), and one
+	// outside the limits (see CheckContext, CheckKey, CheckOwner,
+	// CheckDuration, Claim.Check), never a panic, and one
 	// wrapping ErrUnavailable when the backend cannot be reached.
 	//
 	// Claim atomically writes an in-progress record for c.Owner when there
@@ -158,7 +192,11 @@ type Store interface {
 	// Complete stores response and marks the record completed, kept for
 	// retention from now (the store's now), only while owner still holds
 	// the in-progress claim (its lease not expired);
-	// otherwise it returns ErrNotOwner and changes nothing.
+	// otherwise it returns ErrNotOwner and changes nothing. A response
+	// longer than MaxResponseLen is refused with ErrTooLarge (CheckResponse)
+	// and changes nothing either. The response is opaque: a result that was
+	// executed but is not replayable is a completed record like any other,
+	// marked as such inside the bytes the Executor writes.
 	Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error
 	// Abandon removes owner's in-progress claim so that a retry can run. It
 	// returns ErrNotOwner when the claim is not owner's (already released,

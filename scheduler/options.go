@@ -29,18 +29,54 @@ type config struct {
 	jobDefaults    []JobOption
 	election       string
 	electionSet    bool
+	// err is the first option New must refuse: options cannot return one.
+	err error
+}
+
+// refuse records the first invalid option, which New then returns.
+func (c *config) refuse(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: scheduler: "+format, append([]any{guard.ErrInvalidOption}, args...)...)
+	}
+}
+
+// apply applies opts to c and returns the first refusal, naming a nil
+// option by its place.
+func (c *config) apply(opts []Option) error {
+	for i, o := range opts {
+		if o == nil {
+			return fmt.Errorf("%w: scheduler: nil Option (argument %d)", guard.ErrInvalidOption, i)
+		}
+		o(c)
+	}
+	return c.err
 }
 
 // WithSlotStore sets the idempotency store in which each slot is claimed, so
 // that a slot runs at most once across every Scheduler sharing the store,
 // whatever their clocks say. Without one, once per slot rests on the lock
 // and LockAtLeastFor alone (see the package documentation).
-func WithSlotStore(s idempotency.Store) Option { return func(c *config) { c.store = s } }
+// A nil store is refused: leave the option out to run without one.
+func WithSlotStore(s idempotency.Store) Option {
+	return func(c *config) {
+		if s == nil {
+			c.refuse("nil WithSlotStore")
+		}
+		c.store = s
+	}
+}
 
 // WithClock sets the clock slots and misfires are computed on (default
 // time.Now). It exists for tests that give one node a skewed clock; the
 // locks and the slot store never use it, since their time is the servers'.
-func WithClock(now func() time.Time) Option { return func(c *config) { c.clock = now } }
+func WithClock(now func() time.Time) Option {
+	return func(c *config) {
+		if now == nil {
+			c.refuse("nil WithClock")
+		}
+		c.clock = now
+	}
+}
 
 // WithAnchor sets the instant @every schedules are aligned to (default the
 // Unix epoch): the slots of "@every D" are anchor + k*D on every node.
@@ -52,30 +88,68 @@ func WithInstance(name string) Option { return func(c *config) { c.instance = na
 
 // WithLocation sets the time zone cron specs are read in (default
 // time.Local). A spec may also name its own with CRON_TZ=.
-func WithLocation(loc *time.Location) Option { return func(c *config) { c.location = loc } }
+func WithLocation(loc *time.Location) Option {
+	return func(c *config) {
+		if loc == nil {
+			c.refuse("nil WithLocation")
+		}
+		c.location = loc
+	}
+}
 
 // WithLogger sets the logger for run outcomes and robfig/cron's own errors
 // (default the Guard's).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.refuse("nil WithLogger")
+		}
+		c.logger = l
+	}
+}
 
 // WithTracerProvider sets where run spans go (default the Guard's).
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tracerProvider = tp }
+	return func(c *config) {
+		if tp == nil {
+			c.refuse("nil WithTracerProvider")
+		}
+		c.tracerProvider = tp
+	}
 }
 
 // WithMeterProvider sets where run metrics go (default the Guard's).
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.meterProvider = mp }
+	return func(c *config) {
+		if mp == nil {
+			c.refuse("nil WithMeterProvider")
+		}
+		c.meterProvider = mp
+	}
 }
 
 // WithRunObserver calls fn once for every run, whatever its outcome, after
 // the job returned (or was skipped). fn runs on the run's goroutine; keep it
 // short. It is the hook to record job runs in an application's database.
-func WithRunObserver(fn func(RunRecord)) Option { return func(c *config) { c.observer = fn } }
+func WithRunObserver(fn func(RunRecord)) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.refuse("nil WithRunObserver")
+		}
+		c.observer = fn
+	}
+}
 
 // WithJobDefaults sets options applied to every job before its own.
 func WithJobDefaults(opts ...JobOption) Option {
-	return func(c *config) { c.jobDefaults = append(c.jobDefaults, opts...) }
+	return func(c *config) {
+		for i, o := range opts {
+			if o == nil {
+				c.refuse("nil JobOption (argument %d of WithJobDefaults)", i)
+			}
+		}
+		c.jobDefaults = append(c.jobDefaults, opts...)
+	}
 }
 
 // JobOption configures one job.
@@ -154,14 +228,40 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // from overlapping.
 func CatchUp() JobOption { return func(c *jobConfig) { c.catchUp = true } }
 
+// minBound is the shortest non-zero bound a job accepts: anything shorter is
+// a unit slip (LockAtMostFor(5) is five nanoseconds).
+const minBound = time.Millisecond
+
+// apply applies opts to c, refusing a nil one by its place.
+func (c *jobConfig) apply(opts []JobOption) error {
+	for i, o := range opts {
+		if o == nil {
+			return fmt.Errorf("nil JobOption (argument %d, job defaults first)", i)
+		}
+		o(c)
+	}
+	return nil
+}
+
 // validate refuses bounds that are out of range or contradict each other,
 // and a lock TTL the Guard's backend cannot honour.
 func (c *jobConfig) validate(g *guard.Guard) error {
+	short := func(d time.Duration) bool { return d != 0 && d < minBound }
 	switch {
 	case c.atMost <= 0:
 		return fmt.Errorf("LockAtMostFor %v is not positive", c.atMost)
+	case c.atMost < minBound:
+		return fmt.Errorf("LockAtMostFor %v is shorter than %v", c.atMost, minBound)
 	case c.atLeast < 0:
 		return fmt.Errorf("LockAtLeastFor %v is negative", c.atLeast)
+	case short(c.atLeast):
+		return fmt.Errorf("LockAtLeastFor %v is neither 0 nor at least %v", c.atLeast, minBound)
+	case short(c.wait):
+		return fmt.Errorf("WaitForLock %v is neither 0 nor at least %v", c.wait, minBound)
+	case short(c.misfireAfter):
+		return fmt.Errorf("MisfireAfter %v is neither 0 nor at least %v", c.misfireAfter, minBound)
+	case c.retention > 0 && c.retention < minBound:
+		return fmt.Errorf("SlotRetention %v is shorter than %v", c.retention, minBound)
 	case c.atLeast > c.atMost:
 		return fmt.Errorf("LockAtLeastFor %v is longer than LockAtMostFor %v", c.atLeast, c.atMost)
 	case c.wait < 0:

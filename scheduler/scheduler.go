@@ -73,10 +73,8 @@ func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 		return nil, fmt.Errorf("%w: nil Guard", guard.ErrInvalidOption)
 	}
 	c := config{clock: time.Now, anchor: time.Unix(0, 0), location: time.Local}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
+	if err := c.apply(opts); err != nil {
+		return nil, err
 	}
 	if c.clock == nil || c.location == nil {
 		return nil, fmt.Errorf("%w: nil clock or location", guard.ErrInvalidOption)
@@ -177,10 +175,8 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 		return nil, fmt.Errorf("%w: name %q is too long to name its slots", ErrInvalidJob, name)
 	}
 	jc := jobConfig{atMost: time.Hour, retention: 24 * time.Hour}
-	for _, o := range append(s.defaults[:len(s.defaults):len(s.defaults)], opts...) {
-		if o != nil {
-			o(&jc)
-		}
+	if err := jc.apply(append(s.defaults[:len(s.defaults):len(s.defaults)], opts...)); err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
 	}
 	if !jc.atLeastSet {
 		jc.atLeast = s.defaultAtLeast(interval, jc.atMost)

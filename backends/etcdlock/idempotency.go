@@ -149,7 +149,7 @@ func (s *Store) recordKey(scope, key string) string {
 // transaction puts the record with it only if the key does not exist, or
 // else reads the record in the same revision.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
-	if err := c.Check(); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -205,7 +205,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 // exists with the same owner's own Complete or Abandon, and then renews a
 // lease that no longer holds the record (or is revoked, making Extend fail).
 func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
@@ -229,7 +229,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 // fenced by its mod revision, to a new lease of the retention, and the
 // claim's lease is revoked, so that its TTL no longer bounds the record.
 func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
@@ -248,7 +248,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 // lease has run out but whose key is not yet deleted: no one else can hold
 // it, and deleting it early only frees the key sooner.
 func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
@@ -275,7 +275,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 // Get implements idempotency.Store.
 // Delete implements idempotency.Deleter.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.DeleteResponse, error) {
@@ -291,7 +291,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 }
 
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

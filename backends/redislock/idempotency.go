@@ -43,7 +43,7 @@ type StoreOption func(*Store)
 func WithStorePrefix(prefix string) StoreOption { return func(s *Store) { s.prefix = prefix } }
 
 // NewStore returns a store that keeps its records on client, which the
-// caller keeps ownership of. A nil client is an error wrapping
+// caller keeps ownership of. A nil client or option is an error wrapping
 // driver.ErrInvalidOption.
 func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, error) {
 	if client == nil {
@@ -57,10 +57,11 @@ func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, erro
 		update: goredis.NewScript(idemUpdateSrc),
 		read:   goredis.NewScript(idemGetSrc),
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(s)
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil StoreOption (argument %d)", driver.ErrInvalidOption, i)
 		}
+		o(s)
 	}
 	return s, nil
 }
@@ -75,7 +76,7 @@ func (s *Store) recordKey(scope, key string) string {
 
 // Claim implements idempotency.Store.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
-	if err := c.Check(); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -90,7 +91,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
 	return s.change(ctx, scope, key, owner, "extend", ms(lease), "")
@@ -98,7 +99,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
 	return s.change(ctx, scope, key, owner, "complete", ms(retention), string(response))
@@ -106,7 +107,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	return s.change(ctx, scope, key, owner, "abandon", 0, "")
@@ -128,7 +129,7 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -147,7 +148,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 
 // Delete implements idempotency.Deleter.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	n, err := s.client.Del(ctx, s.recordKey(scope, key)).Result()

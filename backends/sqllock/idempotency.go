@@ -70,7 +70,10 @@ func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
 	}
 	s := &Store{db: db, raw: DefaultIdempotencyTable}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil StoreOption (argument %d)", driver.ErrInvalidOption, i)
+		}
 		o(s)
 	}
 	var err error
@@ -118,7 +121,7 @@ func storeErr(ctx context.Context, op string, err error) error {
 
 // Claim implements idempotency.Store.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
-	if err := c.Check(); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -205,7 +208,7 @@ func (s *Store) read(ctx context.Context, id string) (*idempotency.Record, strin
 
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
 	rec, _, live, err := s.read(ctx, recordID(scope, key))
@@ -244,7 +247,7 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 
 // Extend implements idempotency.Store. An expired lease is not revived.
 func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
 	id := recordID(scope, key)
@@ -265,7 +268,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
 	if response == nil {
@@ -277,7 +280,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 
 // Abandon implements idempotency.Store.
 func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	return s.write(ctx, "abandon", "DELETE FROM "+s.table+s.owned(), recordID(scope, key), []byte(owner))
@@ -285,7 +288,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 
 // Delete implements idempotency.Deleter.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	res := s.db.WithContext(ctx).Exec("DELETE FROM "+s.table+" WHERE id = ?", recordID(scope, key))
@@ -302,6 +305,9 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // Claim would otherwise reuse only if their key came again. Run it now and
 // then; it returns how many rows it deleted.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
+	if err := idempotency.CheckContext(ctx); err != nil {
+		return 0, err
+	}
 	res := s.db.WithContext(ctx).Exec("DELETE FROM " + s.table + " WHERE expires_at <= " + s.d.now)
 	if res.Error != nil {
 		return 0, storeErr(ctx, "purge", res.Error)

@@ -2,9 +2,14 @@ package sqllock_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
+	"gorm.io/gorm"
+
 	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/httpmw/httpmwtest"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/idempotency/storetest"
@@ -48,4 +53,14 @@ func TestIdempotencyMiddleware(t *testing.T) {
 	eachStore(t, func(t *testing.T, _ *sqllock.Store, newStore func(testing.TB) idempotency.Store) {
 		httpmwtest.Run(t, newStore)
 	})
+}
+
+// TestNewStoreNilOption: a nil option is refused with an error naming it,
+// not a panic. It needs no database: NewStore is refused before it looks.
+func TestNewStoreNilOption(t *testing.T) {
+	db := &gorm.DB{Config: &gorm.Config{}}
+	st, err := sqllock.NewStore(db, nil)
+	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "nil StoreOption") {
+		t.Errorf("NewStore(db, nil): (%v, %v), want ErrInvalidOption naming the nil StoreOption", st, err)
+	}
 }

@@ -226,7 +226,7 @@ func isBucket(name string) bool {
 // its incarnation child, or, when the record exists, the store reads it,
 // deletes it if it has expired and tries again, or returns it.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
-	if err := c.Check(); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
 	if n := len(c.Fingerprint) + len(c.Owner); n > maxHeader {
@@ -279,7 +279,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
 	_, path := s.place(scope, key)
@@ -297,7 +297,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 // is written in parts first, each in a transaction that checks the claim's
 // incarnation, so that parts never land under another owner's record.
 func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
 	_, path := s.place(scope, key)
@@ -338,7 +338,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 // Abandon implements idempotency.Store. An owner may abandon a claim whose
 // lease has run out but that no one has deleted yet: no one else holds it.
 func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
-	if err := errors.Join(idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	_, path := s.place(scope, key)
@@ -356,7 +356,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 // Delete implements idempotency.Deleter. A record rewritten between the
 // read and the delete is read again, a few times at most.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	_, path := s.place(scope, key)
@@ -379,7 +379,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // Get implements idempotency.Store. Like Claim, it deletes an expired record
 // it meets.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
-	if err := idempotency.CheckKey(scope, key); err != nil {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -402,6 +402,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 // that this store did not write are left alone. It stops at the first
 // failure to reach the ensemble, reporting the records deleted so far.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
+	if err := idempotency.CheckContext(ctx); err != nil {
+		return 0, err
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -455,6 +458,9 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 // timeout and by ctx, for health checks and for refusing to start on a wrong
 // address.
 func (s *Store) Ping(ctx context.Context) error {
+	if err := idempotency.CheckContext(ctx); err != nil {
+		return err
+	}
 	_, err := storeCall(ctx, s, "ping", func() (bool, error) {
 		ok, _, err := s.conn.Exists(s.root)
 		return ok, err

@@ -10,6 +10,13 @@
 // store. The suite serves each test from several servers, each with its own
 // client, as a fleet of instances behind a load balancer would be.
 //
+// The suite checks the rule of the package documentation: once a handler
+// has been called its key never runs again, whatever the client does (it
+// leaves before the answer; the answer is larger than the limit, streamed,
+// hijacked, a 101), and only a panic or an outcome the store policy does not
+// keep frees the key. It also checks long scopes against a literal scope
+// that spells their hash, and that bad options fail at construction.
+//
 // Every wait is a deadline on a condition, never a fixed sleep whose length
 // decides the outcome.
 package httpmwtest
@@ -18,13 +25,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,10 +64,14 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store) {
 	t.Run("ScopeIsolation", s.testScope)
 	t.Run("ReplayHeaders", s.testReplayHeaders)
 	t.Run("ExpiredLeaseLetsRetryRun", s.testLeaseExpiry)
-	t.Run("ServerErrorReleases", s.testServerError)
+	t.Run("StorePolicy", s.testServerError)
 	t.Run("PanicReleasesAndRepanics", s.testPanic)
-	t.Run("ClientCancelReleases", s.testClientCancel)
-	t.Run("StreamedNotStored", s.testStreamed)
+	t.Run("ClientGoneStillStored", s.testClientGone)
+	t.Run("StreamedNotReplayable", s.testStreamed)
+	t.Run("HijackedNotReplayable", s.testHijacked)
+	t.Run("SwitchingProtocolsNotReplayable", s.testSwitchingProtocols)
+	t.Run("LongScopeCollision", s.testLongScope)
+	t.Run("InvalidOptions", s.testInvalidOptions)
 	t.Run("WaitThenReplay", s.testWait)
 	t.Run("KeyValidation", s.testKeys)
 	t.Run("BodyTooLarge", s.testBodyTooLarge)
@@ -279,6 +294,8 @@ func (s *suite) testScope(t *testing.T) {
 		runs.Add(1)
 		fmt.Fprintf(w, "secret of %s", r.Header.Get("X-User"))
 	})
+	// X-User stands in for the identity an authentication middleware
+	// would establish; a real service never scopes by a client's header.
 	urls := s.fleet(t, 2, h, httpmw.WithScope(func(r *http.Request) string { return r.Header.Get("X-User") }))
 	k := key(t)
 	for _, user := range []string{"alice", "bob"} {
@@ -396,10 +413,25 @@ func statusSequence(runs *atomic.Int64, statuses ...int) http.HandlerFunc {
 	}
 }
 
+// testServerError: by default every answer of a handler that ran is kept,
+// a 500 included; RetryableStorePolicy frees the key after a 5xx or 429.
 func (s *suite) testServerError(t *testing.T) {
 	var runs atomic.Int64
-	url := serve(t, s.newStore(t), statusSequence(&runs, http.StatusInternalServerError, http.StatusTooManyRequests, http.StatusBadGateway))
+	url := serve(t, s.newStore(t), statusSequence(&runs, http.StatusInternalServerError))
 	k := key(t)
+	for i := range 3 {
+		r := mustSend(t, http.MethodPost, url, k, "body")
+		if r.status != http.StatusInternalServerError || r.replayed() != (i > 0) {
+			t.Errorf("default policy, request %d: %d replayed %v, want the 500 (replayed after the first)", i, r.status, r.replayed())
+		}
+	}
+	if runs.Load() != 1 {
+		t.Errorf("default policy: handler ran %d times, want 1", runs.Load())
+	}
+	runs.Store(0)
+	url = serve(t, s.newStore(t), statusSequence(&runs, http.StatusInternalServerError, http.StatusTooManyRequests, http.StatusBadGateway),
+		httpmw.WithStorePolicy(httpmw.RetryableStorePolicy))
+	k = key(t)
 	for i, want := range []int{500, 429, 502, 201, 201} {
 		r := mustSend(t, http.MethodPost, url, k, "body")
 		if r.status != want || r.replayed() != (i == 4) {
@@ -411,7 +443,7 @@ func (s *suite) testServerError(t *testing.T) {
 	}
 	// A 4xx other than 429 is the request's answer, and is kept.
 	var runs4 atomic.Int64
-	url = serve(t, s.newStore(t), statusSequence(&runs4, http.StatusBadRequest))
+	url = serve(t, s.newStore(t), statusSequence(&runs4, http.StatusBadRequest), httpmw.WithStorePolicy(httpmw.RetryableStorePolicy))
 	k = key(t)
 	mustSend(t, http.MethodPost, url, k, "body")
 	if r := mustSend(t, http.MethodPost, url, k, "body"); r.status != http.StatusBadRequest || !r.replayed() {
@@ -457,62 +489,289 @@ func (s *suite) testPanic(t *testing.T) {
 	}
 }
 
-// testClientCancel: a client that goes away leaves no claim behind.
-func (s *suite) testClientCancel(t *testing.T) {
-	var runs atomic.Int64
-	started := make(chan struct{}, 1)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if runs.Add(1) == 1 {
-			started <- struct{}{}
-			<-r.Context().Done()
-			w.WriteHeader(http.StatusOK) // a handler that answers anyway
-			return
-		}
-		io.WriteString(w, "second")
-	})
-	url := serve(t, s.newStore(t), h)
-	k := key(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		send(t, ctx, http.MethodPost, url, k, "x")
-	}()
-	<-started
-	cancel()
-	<-done
-	eventually(t, "the cancelled request's claim is released", func() bool {
-		r := mustSend(t, http.MethodPost, url, k, "x")
-		if r.status != http.StatusConflict && string(r.body) != "second" {
-			t.Fatalf("after a cancelled request: %d %q, want 409 or a fresh run", r.status, r.body)
-		}
-		return r.status == http.StatusOK
-	})
+// testClientGone: a client that gives up before the answer (its timeout
+// shorter than the handler) and retries with the same key gets the first
+// run's answer, never a second run. By default the handler's context goes
+// on after the client left; with WithRequestContext it ends, and what the
+// handler answers then is kept all the same.
+func (s *suite) testClientGone(t *testing.T) {
+	for _, requestCtx := range []bool{false, true} {
+		t.Run(fmt.Sprintf("RequestContext=%v", requestCtx), func(t *testing.T) {
+			var runs atomic.Int64
+			started := make(chan struct{}, 1)
+			clientGone := make(chan struct{})
+			ctxEnded := make(chan bool, 1)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := runs.Add(1)
+				if n == 1 {
+					started <- struct{}{}
+					<-clientGone
+					if requestCtx {
+						<-r.Context().Done()
+					}
+					ctxEnded <- r.Context().Err() != nil
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "order of run %d", n)
+			})
+			var opts []httpmw.IdempotencyOption
+			if requestCtx {
+				opts = append(opts, httpmw.WithRequestContext())
+			}
+			urls := s.fleet(t, 2, h, opts...)
+			k := key(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := send(t, ctx, http.MethodPost, urls[0], k, "x")
+				done <- err
+			}()
+			<-started
+			cancel()
+			if err := <-done; err == nil {
+				t.Fatal("the cancelled client got an answer")
+			}
+			close(clientGone)
+			if ended := <-ctxEnded; ended != requestCtx {
+				t.Errorf("handler's context ended when the client left: %v, want %v", ended, requestCtx)
+			}
+			for _, u := range urls {
+				var r response
+				eventually(t, "the first run's answer is stored", func() bool {
+					r = mustSend(t, http.MethodPost, u, k, "x")
+					return r.status != http.StatusConflict
+				})
+				if r.status != http.StatusCreated || !r.replayed() || string(r.body) != "order of run 1" {
+					t.Errorf("retry after the client left: %d %q replayed %v, want run 1's 201 replayed", r.status, r.body, r.replayed())
+				}
+			}
+			if runs.Load() != 1 {
+				t.Errorf("handler ran %d times, want 1", runs.Load())
+			}
+		})
+	}
 }
 
+// settled sends a retry until it is no longer answered "In progress": a
+// response that streamed reaches its client before its record is written.
+func settled(t testing.TB, url, k, body string) response {
+	t.Helper()
+	var r response
+	eventually(t, "the first request's record is written", func() bool {
+		r = mustSend(t, http.MethodPost, url, k, body)
+		return r.status != http.StatusConflict || !bytes.Contains(r.body, []byte("In_progress"))
+	})
+	return r
+}
+
+// expectNotStored checks r is the 409 "Response not stored" a retry of an
+// executed, not replayable request gets.
+func expectNotStored(t testing.TB, r response) {
+	t.Helper()
+	expectProblem(t, r, http.StatusConflict)
+	if !bytes.Contains(r.body, []byte("Response_not_stored")) {
+		t.Errorf("409 of type %q, want Response not stored", r.body)
+	}
+}
+
+// testStreamed: a response that is flushed, or larger than WithMaxResponse,
+// reaches its client whole; its key is completed as executed, not
+// replayable, and retries get 409 "Response not stored" on every server,
+// never a second run.
 func (s *suite) testStreamed(t *testing.T) {
-	var runs atomic.Int64
+	var flushed, large atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := runs.Add(1)
+		n := flushed.Add(1)
 		io.WriteString(w, "part 1;")
 		http.NewResponseController(w).Flush()
 		fmt.Fprintf(w, "part 2 of run %d", n)
 	})
-	url := serve(t, s.newStore(t), h)
-	big := serve(t, s.newStore(t), created(&runs), httpmw.WithMaxResponse(8))
-	k := key(t)
-	for i := range 2 {
-		r := mustSend(t, http.MethodPost, url, k, "x")
-		if want := fmt.Sprintf("part 1;part 2 of run %d", runs.Load()); r.replayed() || string(r.body) != want {
-			t.Errorf("streamed request %d: %q replayed %v, want a fresh %q", i, r.body, r.replayed(), want)
+	big := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		large.Add(1)
+		w.Header().Set("Location", "/orders/7")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", 2000))
+	})
+	var swollen atomic.Int64
+	// Headers that swell the record past what a store keeps, whatever the
+	// body's limit says.
+	headers := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		swollen.Add(1)
+		w.Header().Set("Link", "<"+strings.Repeat("l", idempotency.MaxResponseLen)+">")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "small body")
+	})
+	for _, tc := range []struct {
+		name string
+		urls []string
+		runs *atomic.Int64
+		want string
+	}{
+		{"flushed", s.fleet(t, 2, h), &flushed, "part 1;part 2 of run 1"},
+		{"larger than the limit", s.fleet(t, 2, big, httpmw.WithMaxResponse(1024)), &large, strings.Repeat("x", 2000)},
+		{"headers past the store's limit", s.fleet(t, 2, headers), &swollen, "small body"},
+	} {
+		k := key(t)
+		if r := mustSend(t, http.MethodPost, tc.urls[0], k, "x"); r.replayed() || string(r.body) != tc.want {
+			t.Errorf("%s: first request got %q replayed %v, want a fresh %q", tc.name, r.body, r.replayed(), tc.want)
+		}
+		for i := range 3 {
+			expectNotStored(t, settled(t, tc.urls[i%2], k, "x"))
+		}
+		if tc.runs.Load() != 1 {
+			t.Errorf("%s: handler ran %d times for four requests, want 1", tc.name, tc.runs.Load())
 		}
 	}
-	k = key(t)
-	before := runs.Load()
-	mustSend(t, http.MethodPost, big, k, "x")
-	mustSend(t, http.MethodPost, big, k, "x")
-	if runs.Load()-before != 2 {
-		t.Errorf("oversize response: handler ran %d times for two requests, want 2", runs.Load()-before)
+	// The status and headers that fit are kept: the retry of the large
+	// response learns its status and where the order is.
+	url := s.fleet(t, 1, big, httpmw.WithMaxResponse(1024))[0]
+	k := key(t)
+	mustSend(t, http.MethodPost, url, k, "x")
+	if r := settled(t, url, k, "x"); !bytes.Contains(r.body, []byte("status 201")) || r.header.Get("Location") != "/orders/7" {
+		t.Errorf("retry of a large response: %q, Location %q; want the 201 named and Location /orders/7", r.body, r.header.Get("Location"))
+	}
+}
+
+// testHijacked: a handler that takes the connection over runs once; its
+// retries get 409 "Response not stored".
+func (s *suite) testHijacked(t *testing.T) {
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("Hijack: %v", err)
+			return
+		}
+		defer conn.Close()
+		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
+		buf.Flush()
+	})
+	urls := s.fleet(t, 2, h)
+	k := key(t)
+	if r := mustSend(t, http.MethodPost, urls[0], k, "x"); string(r.body) != "hijacked" {
+		t.Errorf("hijacking handler's client got %d %q", r.status, r.body)
+	}
+	for i := range 2 {
+		expectNotStored(t, settled(t, urls[i], k, "x"))
+	}
+	if runs.Load() != 1 {
+		t.Errorf("handler ran %d times, want 1", runs.Load())
+	}
+}
+
+// testSwitchingProtocols: a 101 is a final answer, never recorded as a 200:
+// its retries get 409 "Response not stored".
+func (s *suite) testSwitchingProtocols(t *testing.T) {
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "warden-test")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+	})
+	url := serve(t, s.newStore(t), h)
+	k := key(t)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", `"`+k+`"`)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "warden-test")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("upgrade request: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Errorf("upgrade request: %d, want 101", resp.StatusCode)
+	}
+	for range 2 {
+		r := settled(t, url, k, "x")
+		if r.status == http.StatusOK {
+			t.Fatalf("retry of a 101 got %d %q replayed %v: the 101 was recorded as a 200", r.status, r.body, r.replayed())
+		}
+		expectNotStored(t, r)
+		if !bytes.Contains(r.body, []byte("status 101")) {
+			t.Errorf("409 detail %q does not name the 101", r.body)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Errorf("handler ran %d times, want 1", runs.Load())
+	}
+}
+
+// testLongScope: a scope too long to store is kept as its hash, which no
+// literal scope can spell: a caller whose scope is the string the old
+// scheme stored a long scope as gets its own run, not the other's response.
+func (s *suite) testLongScope(t *testing.T) {
+	long := strings.Repeat("tenant-", 50) // 350 bytes
+	sum := sha256.Sum256([]byte(long))
+	literal := "sha256:" + hex.EncodeToString(sum[:])
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "secret of scope %d bytes long", len(r.Header.Get("X-Test-Scope")))
+	})
+	// The scope comes from a header only because this is a test: a real
+	// service takes it from what its authentication established.
+	url := serve(t, s.newStore(t), h, httpmw.WithScope(func(r *http.Request) string { return r.Header.Get("X-Test-Scope") }))
+	k := key(t)
+	a := mustSend(t, http.MethodPost, url, k, "x", "X-Test-Scope", long)
+	b := mustSend(t, http.MethodPost, url, k, "x", "X-Test-Scope", literal)
+	if b.replayed() || bytes.Equal(a.body, b.body) {
+		t.Errorf("scope %q got %q replayed %v: the long scope's response", literal, b.body, b.replayed())
+	}
+	if again := mustSend(t, http.MethodPost, url, k, "x", "X-Test-Scope", long); !again.replayed() || !bytes.Equal(again.body, a.body) {
+		t.Errorf("the long scope's retry got %q replayed %v, want its own response replayed", again.body, again.replayed())
+	}
+}
+
+// testInvalidOptions: every option out of range is refused when the
+// middleware is built, with an error naming it, never at request time.
+func (s *suite) testInvalidOptions(t *testing.T) {
+	st := s.newStore(t)
+	for _, tc := range []struct {
+		name string
+		opt  httpmw.IdempotencyOption
+		want string
+	}{
+		{"2ns lease", httpmw.WithLease(2), "WithLease"},
+		{"microsecond lease", httpmw.WithLease(time.Microsecond), "WithLease"},
+		{"nanosecond wait", httpmw.WithWait(time.Nanosecond), "WithWait"},
+		{"zero retention", httpmw.WithRetention(0), "WithRetention"},
+		{"MaxInt64 body", httpmw.WithMaxBody(math.MaxInt64), "WithMaxBody"},
+		{"zero body", httpmw.WithMaxBody(0), "WithMaxBody"},
+		{"MaxInt response", httpmw.WithMaxResponse(math.MaxInt), "WithMaxResponse"},
+		{"header with a space", httpmw.WithHeader("Idempotency Key"), "WithHeader"},
+		{"empty header", httpmw.WithHeader(""), "WithHeader"},
+		{"no methods", httpmw.WithMethods(), "WithMethods"},
+		{"bad method", httpmw.WithMethods("PO ST"), "WithMethods"},
+		{"negative Retry-After", httpmw.WithRetryAfter(-time.Second), "WithRetryAfter"},
+		{"nil scope", httpmw.WithScope(nil), "WithScope"},
+		{"nil fingerprint", httpmw.WithFingerprint(nil), "WithFingerprint"},
+		{"nil store policy", httpmw.WithStorePolicy(nil), "WithStorePolicy"},
+		{"nil logger", httpmw.WithLogger(nil), "WithLogger"},
+		{"nil tracer", httpmw.WithTracerProvider(nil), "WithTracerProvider"},
+		{"nil meter", httpmw.WithMeterProvider(nil), "WithMeterProvider"},
+		{"nil option", nil, "nil IdempotencyOption"},
+	} {
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					t.Errorf("%s: Idempotency panicked: %v", tc.name, v)
+				}
+			}()
+			mw, err := httpmw.Idempotency(st, tc.opt)
+			if !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: (%v, %v), want ErrInvalid naming %s", tc.name, mw != nil, err, tc.want)
+			}
+		}()
+	}
+	if _, err := httpmw.Idempotency(nil); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "nil idempotency.Store") {
+		t.Errorf("nil store: %v, want ErrInvalid naming the store", err)
+	}
+	if _, err := httpmw.Idempotency(st, httpmw.WithLease(time.Millisecond), httpmw.WithMaxBody(httpmw.MaxBodyLimit),
+		httpmw.WithHeader("X-Request-Key"), httpmw.WithMethods("put")); err != nil {
+		t.Errorf("options at their limits: %v", err)
 	}
 }
 
@@ -577,6 +836,7 @@ func (s *suite) testKeys(t *testing.T) {
 		"parameter": {`"a";p=1`},
 		"list":      {`"a", "b"`},
 		"unclosed":  {`"a`},
+		"trailing":  {`"a"` + strings.Repeat("<script>", 1000)},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, url, nil)
 		for _, v := range values {
@@ -590,6 +850,10 @@ func (s *suite) testKeys(t *testing.T) {
 		resp.Body.Close()
 		t.Run(name, func(t *testing.T) {
 			expectProblem(t, response{status: resp.StatusCode, header: resp.Header, body: b}, http.StatusBadRequest)
+			// The detail repeats at most a short, escaped prefix of the value.
+			if len(b) > 512 || bytes.Count(b, []byte("script")) > 2 {
+				t.Errorf("400 of %d bytes echoes the value: %.200q", len(b), b)
+			}
 		})
 	}
 	expectProblem(t, mustSend(t, http.MethodPost, required, "", "x"), http.StatusBadRequest)

@@ -16,7 +16,11 @@
 // atomic claim, the live record a duplicate gets back whatever its
 // fingerprint, expiry of an abandoned lease on the store's clock, extension,
 // completion and abandonment fenced by the owner token, retention, scope
-// isolation, large responses and binary keys.
+// isolation, large responses and binary keys, a record too large for the
+// store (refused with ErrTooLarge, the claim left to its owner), nil
+// contexts refused with ErrInvalid rather than a panic, and, through an
+// idempotency.Executor over the store, a key executed but not replayable and
+// a caller that left before its result was stored.
 //
 // Every wait is a deadline on a condition, never a fixed sleep whose length
 // decides the outcome, so the suite holds on slow, shared machines.
@@ -77,6 +81,10 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("LargeResponse", s.testLargeResponse)
 	t.Run("BinaryKeys", s.testBinaryKeys)
 	t.Run("InvalidArguments", s.testInvalid)
+	t.Run("NilContext", s.testNilContext)
+	t.Run("RecordTooLarge", s.testTooLarge)
+	t.Run("ExecutedNotReplayable", s.testNotReplayable)
+	t.Run("CallerGoneStillStored", s.testCallerGone)
 	t.Run("Delete", s.testDelete)
 }
 
@@ -582,4 +590,134 @@ func (s *suite) testInvalid(t *testing.T) {
 	expectIs(t, "Get with a key too long", err, idempotency.ErrInvalid)
 	// The record is untouched by the refused calls.
 	expectRecord(t, mustGet(t, st, ctx, "", k), idempotency.Record{Key: k, State: idempotency.StateInProgress, Owner: c.Owner})
+}
+
+// testNilContext: a nil context is refused with ErrInvalid by every method,
+// never a panic.
+func (s *suite) testNilContext(t *testing.T) {
+	st := s.newStore(t)
+	var nilCtx context.Context
+	k := key(t)
+	o := owner("a")
+	calls := map[string]func() error{
+		"Claim": func() error {
+			_, err := st.Claim(nilCtx, idempotency.Claim{Key: k, Owner: o, Lease: long})
+			return err
+		},
+		"Extend":   func() error { return st.Extend(nilCtx, "", k, o, long) },
+		"Complete": func() error { return st.Complete(nilCtx, "", k, o, []byte("x"), long) },
+		"Abandon":  func() error { return st.Abandon(nilCtx, "", k, o) },
+		"Get": func() error {
+			_, err := st.Get(nilCtx, "", k)
+			return err
+		},
+	}
+	if del, ok := st.(idempotency.Deleter); ok {
+		calls["Delete"] = func() error { return del.Delete(nilCtx, "", k) }
+	}
+	for name, call := range calls {
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					t.Errorf("%s with a nil context panicked: %v", name, v)
+				}
+			}()
+			expectIs(t, name+" with a nil context", call(), idempotency.ErrInvalid)
+		}()
+	}
+	expectNotFound(t, st, s.ctx(t), "", k)
+}
+
+// testTooLarge: a response over MaxResponseLen is refused with ErrTooLarge
+// and changes nothing: the claim is still its owner's, who completes it with
+// a smaller record.
+func (s *suite) testTooLarge(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.newStore(t), s.newStore(t)
+	k := key(t)
+	c := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: owner("a"), Lease: long}
+	mustClaim(t, a, ctx, c)
+	expectIs(t, "Complete with a response over MaxResponseLen",
+		a.Complete(ctx, "", k, c.Owner, make([]byte, idempotency.MaxResponseLen+1), long), idempotency.ErrTooLarge)
+	want := idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner}
+	expectRecord(t, mustGet(t, b, ctx, "", k), want)
+	if err := a.Complete(ctx, "", k, c.Owner, []byte("marker"), long); err != nil {
+		t.Fatalf("Complete with a small record after ErrTooLarge: %v", err)
+	}
+	want.State, want.Response = idempotency.StateCompleted, []byte("marker")
+	expectRecord(t, mustGet(t, b, ctx, "", k), want)
+}
+
+// executor returns an Executor over a new client of the store.
+func (s *suite) executor(t testing.TB, opts ...idempotency.Option) *idempotency.Executor {
+	e, err := idempotency.New(s.newStore(t), opts...)
+	if err != nil {
+		t.Fatalf("idempotency.New: %v", err)
+	}
+	return e
+}
+
+// testNotReplayable: a key whose work was done but whose result cannot be
+// replayed (too large, or so said by the work itself) is completed all the
+// same: a repeat on another client gets ErrNotReplayable, and the work
+// never runs twice.
+func (s *suite) testNotReplayable(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.executor(t), s.executor(t)
+	for _, tc := range []struct {
+		name    string
+		out     []byte
+		err     error
+		summary string
+	}{
+		{"result over the limit", make([]byte, idempotency.MaxResultLen+1), nil, ""},
+		{"streamed", []byte("201 Location: /orders/7"), fmt.Errorf("streamed: %w", idempotency.ErrNotReplayable), "201 Location: /orders/7"},
+	} {
+		k := key(t)
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return tc.out, tc.err
+		}
+		if res, err := a.Do(ctx, k, "fp", fn); res.Replayed || (err != nil && !errors.Is(err, idempotency.ErrNotReplayable)) {
+			t.Fatalf("%s: first Do: (replayed %v, %v)", tc.name, res.Replayed, err)
+		}
+		for range 2 {
+			res, err := b.Do(ctx, k, "fp", fn)
+			if !errors.Is(err, idempotency.ErrNotReplayable) || string(res.Response) != tc.summary {
+				t.Errorf("%s: repeat got (%q, %v), want ErrNotReplayable with %q", tc.name, res.Response, err, tc.summary)
+			}
+		}
+		if runs.Load() != 1 {
+			t.Errorf("%s: the work ran %d times, want 1", tc.name, runs.Load())
+		}
+	}
+}
+
+// testCallerGone: the caller that claimed the key leaves while the work
+// runs; the work finishes, its result is stored, and the retry on another
+// client gets it replayed instead of running the work again.
+func (s *suite) testCallerGone(t *testing.T) {
+	a, b := s.executor(t, idempotency.WithLease(s.short)), s.executor(t)
+	k := key(t)
+	ctx, cancel := context.WithCancel(s.ctx(t))
+	var runs atomic.Int64
+	_, err := a.Do(ctx, k, "fp", func(fctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		cancel()
+		<-fctx.Done()
+		// Outlive the lease: only the renewals keep the claim.
+		time.Sleep(2 * s.short)
+		return []byte("order 1"), nil
+	})
+	if err != nil {
+		t.Fatalf("Do whose caller left: %v", err)
+	}
+	res, err := b.Do(s.ctx(t), k, "fp", func(context.Context) ([]byte, error) {
+		runs.Add(1)
+		return []byte("order 2"), nil
+	})
+	if err != nil || !res.Replayed || string(res.Response) != "order 1" || runs.Load() != 1 {
+		t.Errorf("retry: (%q, replayed %v, %v), work ran %d times; want order 1 replayed and one run", res.Response, res.Replayed, err, runs.Load())
+	}
 }
