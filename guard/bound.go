@@ -99,10 +99,23 @@ func bounded[T any](g *Guard, ctx context.Context, f func(context.Context) (T, e
 	cctx, cancel := g.withCallTimeout(ctx)
 	defer cancel()
 	v, err := call(cctx, g.direct, f, nil)
+	err = noAnswer(ctx, cctx, err)
 	if err != nil && ctx.Err() != nil {
 		err = cutShort(ctx, err)
 	}
 	return v, err
+}
+
+// noAnswer is err, the failure of a call made with cctx (derived from the
+// caller's ctx), or errNoAnswer when cctx's deadline cut the call short:
+// whatever the backend said then (its context's error, often), it did not
+// answer within the bound. A cancellation by the caller is no such thing.
+func noAnswer(ctx, cctx context.Context, err error) error {
+	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) &&
+		!errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrUnavailable) {
+		return errNoAnswer
+	}
+	return err
 }
 
 // cutShort is the error of a call that the caller's ctx ended: ctx's own
@@ -191,12 +204,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	pctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	lease, err := g.attempt(pctx, full, c, false)
-	if err != nil && errors.Is(pctx.Err(), context.DeadlineExceeded) &&
-		!errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrUnavailable) {
-		// The attempt was cut short by the bound: the backend did not
-		// answer within it.
-		err = errNoAnswer
-	}
+	err = noAnswer(ctx, pctx, err)
 	if c.wait == 0 {
 		// A single attempt's ErrNotAcquired is its answer, whatever bound
 		// it had.
