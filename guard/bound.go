@@ -107,12 +107,13 @@ func bounded[T any](g *Guard, ctx context.Context, f func(context.Context) (T, e
 }
 
 // noAnswer is err, the failure of a call made with cctx (derived from the
-// caller's ctx), or errNoAnswer when cctx's deadline cut the call short:
-// whatever the backend said then (its context's error, often), it did not
-// answer within the bound. A cancellation by the caller is no such thing.
+// caller's ctx), or errNoAnswer when the backend said only that cctx's
+// deadline had cut the call short: it did not answer within the bound. An
+// answer (the lock is held, an invalid option) stays what it is, and a
+// cancellation by the caller is no outage.
 func noAnswer(ctx, cctx context.Context, err error) error {
-	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) &&
-		!errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrUnavailable) {
+	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.Is(ctx.Err(), context.Canceled) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 		return errNoAnswer
 	}
 	return err
@@ -196,7 +197,13 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 			if err == nil || ctx.Err() != nil || wctx.Err() == nil {
 				return lease, err, boundNone
 			}
-			if err == errNoAnswer && !time.Now().Before(end) {
+			if !time.Now().Before(end) {
+				// No time is left for the last attempt (a late wake-up on
+				// a busy machine): only a call that never answered shows
+				// the backend out of reach; otherwise the wait ran out.
+				if err != errNoAnswer {
+					err = ErrNotAcquired
+				}
 				return nil, err, kind
 			}
 		}

@@ -368,3 +368,42 @@ func TestDoAllKeepsOneWaitBound(t *testing.T) {
 		}
 	})
 }
+
+// slowToStop is the memory backend behind a client that returns a while
+// after its context ends (within guard's grace), as a busy machine makes
+// any backend do.
+type slowToStop struct{ mem *memory.Locker }
+
+func (s slowToStop) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	l, err := s.mem.Acquire(ctx, key, o)
+	if err != nil && ctx.Err() != nil {
+		time.Sleep(15 * time.Millisecond)
+	}
+	return l, err
+}
+
+// A backend that answers is never reported unavailable: when a late return
+// of the waiting call leaves no time for the last attempt, the wait simply
+// ran out, and an attempt's answer past its deadline is still an answer.
+func TestLateAnswersAreNotOutages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		g := newGuard(t, slowToStop{mem})
+		bg := context.Background()
+		held, err := g.TryLock(bg, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Unlock(bg)
+		_, err = g.Lock(bg, "k", guard.WaitAtMost(20*time.Millisecond))
+		if !errors.Is(err, guard.ErrNotAcquired) || errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("WaitAtMost(20ms) on a held lock, the backend slow to stop: %v, want ErrNotAcquired", err)
+		}
+		ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+		defer cancel()
+		_, err = g.Lock(ctx, "k")
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("ctx 20ms on a held lock, the backend slow to stop: %v, want the deadline alone", err)
+		}
+	})
+}
