@@ -174,12 +174,12 @@ const (
 // waiting call, ended by its context, cannot say. It returns which bound
 // ended an acquisition that found the lock held. When that attempt finds
 // the lock held, the rest of the bound is waited out as well.
-func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, error, boundKind) {
+func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, error) {
 	ctxEnd, hasEnd := ctx.Deadline()
 	if c.wait < 0 && !hasEnd {
 		// Nothing bounds it but ctx's cancellation, if even that.
 		lease, err := g.attempt(ctx, full, c, true)
-		return lease, err, boundNone
+		return lease, boundNone, err
 	}
 	now := time.Now()
 	end, kind := now.Add(g.callTimeout), boundNone
@@ -195,7 +195,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 			lease, err := g.attempt(wctx, full, c, true)
 			cancel()
 			if err == nil || ctx.Err() != nil || wctx.Err() == nil {
-				return lease, err, boundNone
+				return lease, boundNone, err
 			}
 			if !time.Now().Before(end) {
 				// No time is left for the last attempt (a late wake-up on
@@ -204,7 +204,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 				if err != errNoAnswer {
 					err = ErrNotAcquired
 				}
-				return nil, err, kind
+				return nil, kind, err
 			}
 		}
 	}
@@ -215,17 +215,17 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	if c.wait == 0 {
 		// A single attempt's ErrNotAcquired is its answer, whatever bound
 		// it had.
-		return lease, err, boundNone
+		return lease, boundNone, err
 	}
 	if errors.Is(err, ErrNotAcquired) && time.Now().Before(end) {
 		// The backend answers and the lock is held: wait out what is
 		// left of the bound, so that a release in it is not missed.
 		lease, werr := g.attempt(pctx, full, c, true)
 		if werr == nil || ctx.Err() != nil || (errors.Is(werr, ErrUnavailable) && werr != errNoAnswer) {
-			return lease, werr, boundNone
+			return lease, boundNone, werr
 		}
 	}
-	return lease, err, kind
+	return lease, kind, err
 }
 
 // attempt calls the backend for c (one attempt, or a wait) through call.

@@ -353,9 +353,6 @@ func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error)
 	return fmt.Errorf("%w (%w)", err, lost)
 }
 
-// errWaitBound is the cause of a wait cut short by WaitAtMost.
-var errWaitBound = errors.New("warden: wait bound reached")
-
 func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, error) {
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
@@ -398,7 +395,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		g.tel.waiters.Add(ctx, 1, g.tel.onBackend...)
 	}
 	full := g.names.full(g.prefix, key)
-	lease, err, bound := g.acquireBounded(ctx, full, &c)
+	lease, bound, err := g.acquireBounded(ctx, full, &c)
 	if waits {
 		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
 	}

@@ -510,7 +510,7 @@ func TestLossDeadlinesToTheInstant(t *testing.T) {
 			}
 			expiry := sl.sess.Expiry()
 			<-l.Context().Done()
-			if got := expiry.Sub(time.Now()); got != margin {
+			if got := time.Until(expiry); got != margin {
 				t.Errorf("lost %v before the session's expiry, want the margin %v", got, margin)
 			}
 			l.Unlock(context.Background())
