@@ -183,3 +183,54 @@ func TestBoundsWithADefaultEtcdClient(t *testing.T) {
 		checkBounds(t, etcd(hungAddr(t, addr)), 4*time.Second, 3*time.Second)
 	})
 }
+
+// Finding 2 of issue 21, as a leader election leaves it: the Locker's
+// session was made while etcd answered, then etcd stops answering. The
+// contender's put, detached from the caller's ctx, ran to the 5s request
+// timeout; the TryLock with a 3s deadline must return at 3s all the same,
+// and the put left behind must leave no key once etcd answers again.
+func TestEtcdTryLockKeepsItsDeadlineWithALiveSession(t *testing.T) {
+	addr := drivertest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379")
+	p := drivertest.StartProxy(t, addr)
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr()}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	l, err := etcdlock.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	g := newGuard(t, l, guard.WithTTL(5*time.Second), guard.WithPrefix(fmt.Sprintf("bounds-%d:", time.Now().UnixNano())))
+	// The session is made, and a lock taken and given back, while etcd
+	// answers.
+	first, err := g.TryLock(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = g.TryLock(ctx, "k")
+	took := time.Since(start)
+	t.Logf("TryLock with a 3s deadline, etcd silent: %v, %v", took.Round(time.Millisecond), err)
+	if took > 3*time.Second+serverSlack {
+		t.Errorf("TryLock with a 3s deadline took %v", took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, guard.ErrUnavailable) {
+		t.Errorf("TryLock with a 3s deadline, etcd silent: %v, want the deadline or ErrUnavailable", err)
+	}
+	// etcd answers again: whatever the late put did is undone, and the
+	// lock is free for the next caller.
+	p.Reset()
+	got, err := g.Lock(context.Background(), "k", guard.WaitAtMost(20*time.Second))
+	if err != nil {
+		t.Fatalf("the lock after etcd answered again: %v", err)
+	}
+	got.Unlock(context.Background())
+}
