@@ -55,7 +55,8 @@
 //
 // # Lock unavailable
 //
-// 503, with Retry-After: under Lock, the lock backend could not be reached.
+// 503, with Retry-After: under Lock, the lock backend could not be reached
+// (or did not answer) within the wait.
 //
 // # Internal
 //
