@@ -386,7 +386,7 @@ func TestErrorSentinels(t *testing.T) {
 	if err := g.Do(ctx, "k", noop, guard.Permits(0)); !errors.Is(err, guard.ErrInvalidOption) {
 		t.Errorf("Permits(0): %v, want ErrInvalidOption", err)
 	}
-	for _, opt := range []guard.Option{guard.WithTTL(-time.Second), guard.WithReleaseTimeout(0), guard.WithPrefix("a\tb")} {
+	for _, opt := range []guard.Option{guard.WithTTL(-time.Second), guard.WithReleaseTimeout(0), guard.WithCallTimeout(0), guard.WithPrefix("a\tb")} {
 		if _, err := guard.New(memory.New(), opt); !errors.Is(err, guard.ErrInvalidOption) {
 			t.Errorf("New with a bad option: %v, want ErrInvalidOption", err)
 		}
