@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -24,19 +23,6 @@ import (
 // here: guard's grace, and room for a machine shared with other test runs.
 // The figures are logged; on a quiet machine they are the grace.
 const serverSlack = 300 * time.Millisecond
-
-// closedAddr is a loopback address where nothing listens: connections are
-// refused at once.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 // hungAddr is the address of a proxy to upstream that accepts connections
 // and never answers on them: a server that hangs.
@@ -137,7 +123,7 @@ func TestBoundsWithADefaultRedisClient(t *testing.T) {
 	}
 	t.Run("closed", func(t *testing.T) {
 		t.Parallel()
-		checkBounds(t, redis(closedAddr(t)), time.Second, time.Second)
+		checkBounds(t, redis(drivertest.ClosedAddr(t)), time.Second, time.Second)
 	})
 	t.Run("hanging", func(t *testing.T) {
 		t.Parallel()
@@ -176,7 +162,7 @@ func TestBoundsWithADefaultEtcdClient(t *testing.T) {
 	}
 	t.Run("closed", func(t *testing.T) {
 		t.Parallel()
-		checkBounds(t, etcd(closedAddr(t)), 4*time.Second, 3*time.Second)
+		checkBounds(t, etcd(drivertest.ClosedAddr(t)), 4*time.Second, 3*time.Second)
 	})
 	t.Run("hanging", func(t *testing.T) {
 		t.Parallel()

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -221,7 +220,7 @@ func TestBounds(t *testing.T) {
 				var addrs []string
 				for _, a := range backends[kind] {
 					if server == "closed" {
-						addrs = append(addrs, closedPort(t))
+						addrs = append(addrs, drivertest.ClosedAddr(t))
 					} else {
 						p := drivertest.StartProxy(t, a)
 						p.Blackhole()
@@ -232,16 +231,6 @@ func TestBounds(t *testing.T) {
 			})
 		}
 	}
-}
-
-// closedPort is a loopback address nobody listens on.
-func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func judgeBounds(t *testing.T, kind, server string, addrs []string) {
