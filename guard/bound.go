@@ -171,9 +171,10 @@ const (
 // last part of its time (probeShare) to one attempt that does not wait:
 // its answer tells a lock still held (ErrNotAcquired) from a backend that
 // cannot be reached (ErrUnavailable, or no answer in time), which the
-// waiting call, ended by its context, cannot say. It returns which bound
-// ended an acquisition that found the lock held. When that attempt finds
-// the lock held, the rest of the bound is waited out as well.
+// waiting call, ended by its context, cannot say; when it finds the lock
+// held, the rest of the bound is waited out as well. (A fair waiter thus
+// gives up its place in the queue for the last part of its wait.) It
+// returns which bound ended an acquisition that found the lock held.
 func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, error) {
 	ctxEnd, hasEnd := ctx.Deadline()
 	if c.wait < 0 && !hasEnd {
