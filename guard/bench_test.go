@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -101,4 +104,31 @@ func BenchmarkHeldLocks(b *testing.B) {
 	}
 	b.ReportMetric(perLock, "B/lock")
 	b.ReportMetric(goroutines, "goroutines")
+}
+
+// BenchmarkDoRedis measures an uncontended Do on the Redis backend, with
+// go-redis's default options, under a caller's deadline: the round trip
+// dominates, and guard's bound on the call must add next to nothing to it.
+func BenchmarkDoRedis(b *testing.B) {
+	addr := drivertest.Addr(b, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	b.Cleanup(func() { c.Close() })
+	l, err := redislock.New(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	g, err := guard.New(l, guard.WithPrefix(fmt.Sprintf("bench-%d:", time.Now().UnixNano())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	fn := func(context.Context, *guard.Lock) error { return nil }
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := g.Do(ctx, "job", fn, guard.WaitAtMost(time.Second)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -50,6 +50,10 @@ type Guard struct {
 	ttl            time.Duration
 	margin         time.Duration
 	releaseTimeout time.Duration
+	callTimeout    time.Duration
+	// direct: the backend returns once its ctx is done
+	// (driver.ContextBounded), so guard calls it without a watch.
+	direct         bool
 	backend        string
 	owner          string
 	logger         *slog.Logger
@@ -71,6 +75,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		prefix:         "warden:",
 		ttl:            30 * time.Second,
 		releaseTimeout: 5 * time.Second,
+		callTimeout:    5 * time.Second,
 		backend:        fmt.Sprintf("%T", locker),
 	}
 	for _, o := range opts {
@@ -85,9 +90,13 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		ttl:            c.ttl,
 		margin:         c.margin,
 		releaseTimeout: c.releaseTimeout,
+		callTimeout:    c.callTimeout,
 		backend:        c.backend,
 		owner:          c.owner,
 		logger:         c.logger,
+	}
+	if cb, ok := locker.(driver.ContextBounded); ok {
+		g.direct = cb.BoundedByContext()
 	}
 	if !c.ownerSet {
 		g.owner = defaultOwner()
@@ -103,6 +112,9 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	}
 	if c.releaseTimeout <= 0 {
 		return nil, fmt.Errorf("warden: guard: %w: release timeout %v is not positive", ErrInvalidOption, c.releaseTimeout)
+	}
+	if c.callTimeout <= 0 {
+		return nil, fmt.Errorf("warden: guard: %w: call timeout %v is not positive", ErrInvalidOption, c.callTimeout)
 	}
 	if c.prefix != "" {
 		if err := ValidateKey(c.prefix); err != nil {
@@ -149,6 +161,10 @@ func (g *Guard) TTL() time.Duration { return g.ttl }
 // take before the lease is left to expire.
 func (g *Guard) ReleaseTimeout() time.Duration { return g.releaseTimeout }
 
+// CallTimeout returns the bound of a call that neither its context's
+// deadline nor a wait bound limits sooner (WithCallTimeout).
+func (g *Guard) CallTimeout() time.Duration { return g.callTimeout }
+
 // Logger returns the Guard's logger, for packages built on a Guard (the
 // scheduler, the HTTP middleware) to log alike.
 func (g *Guard) Logger() *slog.Logger { return g.logger }
@@ -193,6 +209,18 @@ func (g *Guard) marginFor(ttl time.Duration) time.Duration {
 // Lock acquires key, waiting while it is held elsewhere until it is free,
 // ctx is done (ctx's error is returned), or the WaitAtMost bound runs out
 // (ErrNotAcquired). The caller must Unlock the returned Lock.
+//
+// Lock returns within its bound (ctx's deadline or the wait bound, whichever
+// comes first; for TryLock and NoWait, ctx's deadline or the call timeout)
+// and a few tens of milliseconds, whatever the backend's client does with
+// deadlines: a call that overruns is left to finish in the background, and
+// a lease it turns out to have been granted is released there, so that
+// nobody holds it. A backend that could not be reached within the bound is
+// reported as ErrUnavailable, never as ErrNotAcquired: the last part of a
+// bounded wait (a tenth, at most 250ms) goes to one attempt that does not
+// wait, whose answer tells a held lock from an outage. When ctx ends first,
+// the error is ctx's own, and it also matches ErrUnavailable when the
+// backend had failed or not answered by then.
 //
 // When ctx already carries a held lock on key from this Guard (it is, or
 // derives from, that Lock's Context), the same Lock is returned with one
@@ -267,10 +295,20 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 	sorted = slices.Compact(sorted)
 	locks := make([]*Lock, 0, len(sorted))
 	inner := ctx
+	// One wait bound for the whole set: each key waits for what is left of
+	// it, so that DoAll as a whole keeps the bound.
+	var until time.Time
+	if c := g.lockConfig(opts, false); c.wait > 0 {
+		until = time.Now().Add(c.wait)
+	}
 	for _, k := range sorted {
+		kopts := opts
+		if !until.IsZero() {
+			kopts = append(slices.Clip(opts), WaitAtMost(time.Until(until)))
+		}
 		// Each lock is taken with the previous one's context, so losing any
 		// of them cancels the context fn gets.
-		l, err := g.Lock(inner, k, opts...)
+		l, err := g.Lock(inner, k, kopts...)
 		if err != nil {
 			for i := len(locks) - 1; i >= 0; i-- {
 				locks[i].Unlock(ctx)
@@ -315,9 +353,6 @@ func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error)
 	return fmt.Errorf("%w (%w)", err, lost)
 }
 
-// errWaitBound is the cause of a wait cut short by WaitAtMost.
-var errWaitBound = errors.New("warden: wait bound reached")
-
 func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, error) {
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
@@ -352,12 +387,6 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if timed {
 		start = time.Now()
 	}
-	actx := ctx
-	if c.wait > 0 {
-		var cancel context.CancelFunc
-		actx, cancel = context.WithTimeoutCause(ctx, c.wait, errWaitBound)
-		defer cancel()
-	}
 	// A waiting acquisition counts as a waiter for all of its time, its one
 	// round trip included when the lock is free: only the backend knows
 	// whether it queued, and asking would cost a request.
@@ -365,7 +394,8 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if waits {
 		g.tel.waiters.Add(ctx, 1, g.tel.onBackend...)
 	}
-	lease, err := g.acquireLease(actx, g.names.full(g.prefix, key), &c)
+	full := g.names.full(g.prefix, key)
+	lease, bound, err := g.acquireBounded(ctx, full, &c)
 	if waits {
 		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
 	}
@@ -377,11 +407,20 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
 	}
 	if err != nil {
+		// The backend's error is looked at before the bounds: a wait that
+		// ran out while the backend could not be reached is an outage,
+		// not contention.
 		outcome := outcomeError
 		switch {
 		case ctx.Err() != nil:
-			outcome, err = outcomeCanceled, ctx.Err()
-		case actx.Err() != nil:
+			outcome, err = outcomeCanceled, cutShort(ctx, err)
+		case errors.Is(err, ErrUnavailable):
+			err = wrapLockErr(key, err)
+		case bound == boundContext && errors.Is(err, ErrNotAcquired):
+			// The last attempt, just before ctx's deadline, found the
+			// lock held.
+			outcome, err = outcomeCanceled, context.DeadlineExceeded
+		case bound == boundWait && errors.Is(err, ErrNotAcquired):
 			outcome, err = outcomeNotAcquired, &lockError{key: key, sentinel: ErrNotAcquired,
 				cause: fmt.Errorf("still held after waiting %v", c.wait)}
 		case errors.Is(err, ErrNotAcquired):
@@ -417,8 +456,9 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	return l, nil
 }
 
-func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig) (driver.Lease, error) {
-	o := driver.AcquireOptions{TTL: c.ttl, Wait: c.wait != 0, Fair: c.fair, Owner: g.owner}
+// acquireLease makes the backend call for c: one attempt, or a wait.
+func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig, wait bool) (driver.Lease, error) {
+	o := driver.AcquireOptions{TTL: c.ttl, Wait: wait, Fair: c.fair, Owner: g.owner}
 	switch c.mode {
 	case read, write:
 		rw, ok := g.locker.(driver.RWLocker)

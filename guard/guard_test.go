@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warden-go/warden/backends/memory"
@@ -153,76 +154,82 @@ func TestDoReturnsSectionError(t *testing.T) {
 }
 
 func TestWatchdogKeepsLeaseAlive(t *testing.T) {
-	f := newFaulty(t)
-	ttl := 150 * time.Millisecond
-	g := newGuard(t, f, guard.WithTTL(ttl))
-	err := g.Do(context.Background(), "long", func(ctx context.Context, l *guard.Lock) error {
-		// Hold for several TTLs: only refreshes keep others out.
-		waitFor(t, "five refreshes", 10*time.Second, func() bool { return f.refreshes.Load() >= 5 })
-		if _, err := g.TryLock(context.Background(), "long"); !errors.Is(err, guard.ErrNotAcquired) {
-			t.Errorf("TryLock after %d refreshes: %v, want ErrNotAcquired", f.refreshes.Load(), err)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		ttl := 150 * time.Millisecond
+		g := newGuard(t, f, guard.WithTTL(ttl))
+		err := g.Do(context.Background(), "long", func(ctx context.Context, l *guard.Lock) error {
+			// Hold for several TTLs: only refreshes keep others out.
+			waitFor(t, "five refreshes", 10*time.Second, func() bool { return f.refreshes.Load() >= 5 })
+			if _, err := g.TryLock(context.Background(), "long"); !errors.Is(err, guard.ErrNotAcquired) {
+				t.Errorf("TryLock after %d refreshes: %v, want ErrNotAcquired", f.refreshes.Load(), err)
+			}
+			return ctx.Err()
+		})
+		if err != nil {
+			t.Fatalf("Do: %v", err)
 		}
-		return ctx.Err()
 	})
-	if err != nil {
-		t.Fatalf("Do: %v", err)
-	}
 }
 
 func TestRefreshNotHeldCancelsSection(t *testing.T) {
-	f := newFaulty(t)
-	notHeld := error(guard.ErrNotHeld)
-	f.refreshErr.Store(&notHeld)
-	ttl := 600 * time.Millisecond
-	g := newGuard(t, f, guard.WithTTL(ttl))
-	start := time.Now()
-	var cancelledAfter time.Duration
-	err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
-		select {
-		case <-ctx.Done():
-			cancelledAfter = time.Since(start)
-		case <-time.After(10 * time.Second):
-			t.Fatal("section context not cancelled after the refresh failed")
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		notHeld := error(guard.ErrNotHeld)
+		f.refreshErr.Store(&notHeld)
+		ttl := 600 * time.Millisecond
+		g := newGuard(t, f, guard.WithTTL(ttl))
+		start := time.Now()
+		var cancelledAfter time.Duration
+		err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+			select {
+			case <-ctx.Done():
+				cancelledAfter = time.Since(start)
+			case <-time.After(10 * time.Second):
+				t.Fatal("section context not cancelled after the refresh failed")
+			}
+			if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
+				t.Errorf("cause %v, want ErrLockLost", cause)
+			}
+			if !errors.Is(l.Err(), guard.ErrLockLost) {
+				t.Errorf("l.Err() = %v, want ErrLockLost", l.Err())
+			}
+			return nil
+		})
+		if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
+			t.Errorf("Do after loss: %v, want ErrLockLost and ErrNotHeld", err)
 		}
-		if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
-			t.Errorf("cause %v, want ErrLockLost", cause)
+		// The first refresh is due at ttl/3; the loss must be acted on then, and
+		// certainly before the lease could have expired on the server.
+		t.Logf("cancelled %v after acquiring (refresh due at %v, ttl %v)", cancelledAfter, ttl/3, ttl)
+		if cancelledAfter >= ttl {
+			t.Errorf("cancelled after %v: not before the lease's ttl %v", cancelledAfter, ttl)
 		}
-		if !errors.Is(l.Err(), guard.ErrLockLost) {
-			t.Errorf("l.Err() = %v, want ErrLockLost", l.Err())
-		}
-		return nil
 	})
-	if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
-		t.Errorf("Do after loss: %v, want ErrLockLost and ErrNotHeld", err)
-	}
-	// The first refresh is due at ttl/3; the loss must be acted on then, and
-	// certainly before the lease could have expired on the server.
-	t.Logf("cancelled %v after acquiring (refresh due at %v, ttl %v)", cancelledAfter, ttl/3, ttl)
-	if cancelledAfter >= ttl {
-		t.Errorf("cancelled after %v: not before the lease's ttl %v", cancelledAfter, ttl)
-	}
 }
 
 func TestTransientRefreshFailuresLoseBeforeExpiry(t *testing.T) {
-	f := newFaulty(t)
-	down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
-	f.refreshErr.Store(&down)
-	ttl := 600 * time.Millisecond
-	g := newGuard(t, f, guard.WithTTL(ttl))
-	start := time.Now()
-	err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
-		<-ctx.Done()
-		if d := time.Since(start); d > ttl {
-			t.Errorf("section cancelled %v after acquiring: after the lease's ttl %v, when another owner may hold it", d, ttl)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
+		f.refreshErr.Store(&down)
+		ttl := 600 * time.Millisecond
+		g := newGuard(t, f, guard.WithTTL(ttl))
+		start := time.Now()
+		err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+			<-ctx.Done()
+			if d := time.Since(start); d > ttl {
+				t.Errorf("section cancelled %v after acquiring: after the lease's ttl %v, when another owner may hold it", d, ttl)
+			}
+			return ctx.Err()
+		})
+		if !errors.Is(err, guard.ErrLockLost) {
+			t.Fatalf("Do: %v, want ErrLockLost", err)
 		}
-		return ctx.Err()
+		if n := f.refreshes.Load(); n < 2 {
+			t.Errorf("%d refresh attempts, want retries before giving up", n)
+		}
 	})
-	if !errors.Is(err, guard.ErrLockLost) {
-		t.Fatalf("Do: %v, want ErrLockLost", err)
-	}
-	if n := f.refreshes.Load(); n < 2 {
-		t.Errorf("%d refresh attempts, want retries before giving up", n)
-	}
 }
 
 func TestReentrancy(t *testing.T) {
@@ -379,7 +386,7 @@ func TestErrorSentinels(t *testing.T) {
 	if err := g.Do(ctx, "k", noop, guard.Permits(0)); !errors.Is(err, guard.ErrInvalidOption) {
 		t.Errorf("Permits(0): %v, want ErrInvalidOption", err)
 	}
-	for _, opt := range []guard.Option{guard.WithTTL(-time.Second), guard.WithReleaseTimeout(0), guard.WithPrefix("a\tb")} {
+	for _, opt := range []guard.Option{guard.WithTTL(-time.Second), guard.WithReleaseTimeout(0), guard.WithCallTimeout(0), guard.WithPrefix("a\tb")} {
 		if _, err := guard.New(memory.New(), opt); !errors.Is(err, guard.ErrInvalidOption) {
 			t.Errorf("New with a bad option: %v, want ErrInvalidOption", err)
 		}

@@ -44,7 +44,8 @@ func (g *Guard) Inspect(ctx context.Context, key string) (Inspection, error) {
 	if !ok {
 		return Inspection{}, wrapLockErr(key, fmt.Errorf("%w: inspection on %s", ErrUnsupported, g.backend))
 	}
-	got, err := in.Inspect(ctx, g.names.full(g.prefix, key))
+	full := g.names.full(g.prefix, key)
+	got, err := bounded(g, ctx, func(ictx context.Context) (driver.Inspection, error) { return in.Inspect(ictx, full) })
 	if err != nil {
 		return Inspection{}, wrapLockErr(key, err)
 	}
@@ -70,7 +71,9 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 	if after != "" {
 		from = g.prefix + after
 	}
-	page, err := ls.List(ctx, g.prefix+prefix, from, limit)
+	page, err := bounded(g, ctx, func(lctx context.Context) ([]driver.Listed, error) {
+		return ls.List(lctx, g.prefix+prefix, from, limit)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("warden: list: %w", err)
 	}
@@ -126,7 +129,8 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	if tracer := g.tel.tracerFor(ctx); tracer != nil {
 		_, span = g.tel.startSpan(ctx, tracer, "warden.force_release", key)
 	}
-	removed, err := fr.ForceRelease(ctx, g.names.full(g.prefix, key), target)
+	full := g.names.full(g.prefix, key)
+	removed, err := bounded(g, ctx, func(fctx context.Context) ([]driver.Holding, error) { return fr.ForceRelease(fctx, full, target) })
 	if err != nil {
 		endSpan(span, outcomeError, err)
 		return nil, wrapLockErr(key, err)

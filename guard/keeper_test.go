@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warden-go/warden/backends/memory"
@@ -21,60 +22,64 @@ import (
 // delay the loss: the section's ctx is cancelled by the lease's conservative
 // expiry minus the margin, never after the expiry.
 func TestHungRefreshLosesOnTime(t *testing.T) {
-	for range 3 {
-		f := newFaulty(t)
-		f.refreshBlock.Store(true)
-		ttl, margin := 900*time.Millisecond, 250*time.Millisecond
-		g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
-		var expiry, cancelled time.Time
-		err := g.Do(context.Background(), "hung", func(ctx context.Context, l *guard.Lock) error {
-			expiry = l.Expiry()
-			select {
-			case <-ctx.Done():
-				cancelled = time.Now()
-			case <-time.After(10 * ttl):
-				t.Fatal("section context not cancelled while the renewal hung")
+	synctest.Test(t, func(t *testing.T) {
+		for range 3 {
+			f := newFaulty(t)
+			f.refreshBlock.Store(true)
+			ttl, margin := 900*time.Millisecond, 250*time.Millisecond
+			g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+			var expiry, cancelled time.Time
+			err := g.Do(context.Background(), "hung", func(ctx context.Context, l *guard.Lock) error {
+				expiry = l.Expiry()
+				select {
+				case <-ctx.Done():
+					cancelled = time.Now()
+				case <-time.After(10 * ttl):
+					t.Fatal("section context not cancelled while the renewal hung")
+				}
+				return nil
+			})
+			if !errors.Is(err, guard.ErrLockLost) {
+				t.Fatalf("Do: %v, want ErrLockLost", err)
 			}
-			return nil
-		})
-		if !errors.Is(err, guard.ErrLockLost) {
-			t.Fatalf("Do: %v, want ErrLockLost", err)
+			if !cancelled.Before(expiry) {
+				t.Errorf("cancelled %v after the lease's conservative expiry", cancelled.Sub(expiry))
+			}
+			if early := expiry.Sub(cancelled); early > margin+50*time.Millisecond+ttl/3 {
+				t.Errorf("cancelled %v before the expiry: far earlier than the margin %v", early, margin)
+			}
+			if !strings.Contains(err.Error(), `warden: lock "hung" lost: `) {
+				t.Errorf("error text %q does not name the lock once", err)
+			}
 		}
-		if !cancelled.Before(expiry) {
-			t.Errorf("cancelled %v after the lease's conservative expiry", cancelled.Sub(expiry))
-		}
-		if early := expiry.Sub(cancelled); early > margin+50*time.Millisecond+ttl/3 {
-			t.Errorf("cancelled %v before the expiry: far earlier than the margin %v", early, margin)
-		}
-		if !strings.Contains(err.Error(), `warden: lock "hung" lost: `) {
-			t.Errorf("error text %q does not name the lock once", err)
-		}
-	}
+	})
 }
 
 // A section whose lease was taken over, where nothing told guard before the
 // release (renewals answered yes, but the lease ran out on the server), must
 // make Do report the loss, every time.
 func TestTakeoverFoundAtReleaseIsALoss(t *testing.T) {
-	f := newFaulty(t)
-	f.fakeRenew.Store(true)
-	ttl := 60 * time.Millisecond
-	g := newGuard(t, f, guard.WithTTL(ttl))
-	other := newGuard(t, f.mem)
-	for i := range 20 {
-		key := "taken/" + strconv.Itoa(i)
-		err := g.Do(context.Background(), key, func(ctx context.Context, l *guard.Lock) error {
-			// The memory lease expires on its own; another owner takes it.
-			taken, err := other.Lock(context.Background(), key, guard.WaitAtMost(10*time.Second))
-			if err != nil {
-				return err
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		f.fakeRenew.Store(true)
+		ttl := 60 * time.Millisecond
+		g := newGuard(t, f, guard.WithTTL(ttl))
+		other := newGuard(t, f.mem)
+		for i := range 20 {
+			key := "taken/" + strconv.Itoa(i)
+			err := g.Do(context.Background(), key, func(ctx context.Context, l *guard.Lock) error {
+				// The memory lease expires on its own; another owner takes it.
+				taken, err := other.Lock(context.Background(), key, guard.WaitAtMost(10*time.Second))
+				if err != nil {
+					return err
+				}
+				return taken.Unlock(context.Background())
+			})
+			if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
+				t.Fatalf("round %d: Do = %v, want ErrLockLost and ErrNotHeld", i, err)
 			}
-			return taken.Unlock(context.Background())
-		})
-		if !errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrNotHeld) {
-			t.Fatalf("round %d: Do = %v, want ErrLockLost and ErrNotHeld", i, err)
 		}
-	}
+	})
 }
 
 // sessionLocker wraps the memory backend so that its leases are kept alive
@@ -144,63 +149,69 @@ func (s *sessionLocker) Acquire(ctx context.Context, key string, o driver.Acquir
 }
 
 func TestSessionLossCancelsAtOnce(t *testing.T) {
-	sl := newSessionLocker(time.Hour)
-	g := newGuard(t, sl, guard.WithTTL(3*time.Second))
-	ctx := context.Background()
-	a, err := g.Lock(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := g.Lock(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(sl.sess.done)
-	for _, l := range []*guard.Lock{a, b} {
-		select {
-		case <-l.Context().Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("a lock of a lost session was not cancelled")
+	synctest.Test(t, func(t *testing.T) {
+		sl := newSessionLocker(time.Hour)
+		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		ctx := context.Background()
+		a, err := g.Lock(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if err := l.Unlock(ctx); !errors.Is(err, guard.ErrLockLost) {
-			t.Errorf("Unlock after the session was lost: %v, want ErrLockLost", err)
+		b, err := g.Lock(ctx, "b")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if n := sl.refreshes.Load(); n != 0 {
-		t.Errorf("%d per-lock refreshes of session leases, want none", n)
-	}
+		close(sl.sess.done)
+		for _, l := range []*guard.Lock{a, b} {
+			select {
+			case <-l.Context().Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("a lock of a lost session was not cancelled")
+			}
+			if err := l.Unlock(ctx); !errors.Is(err, guard.ErrLockLost) {
+				t.Errorf("Unlock after the session was lost: %v, want ErrLockLost", err)
+			}
+		}
+		if n := sl.refreshes.Load(); n != 0 {
+			t.Errorf("%d per-lock refreshes of session leases, want none", n)
+		}
+	})
 }
 
 func TestSessionNotRenewedLosesOnTime(t *testing.T) {
-	ttl := 900 * time.Millisecond
-	sl := newSessionLocker(ttl)
-	g := newGuard(t, sl, guard.WithTTL(ttl))
-	ctx := context.Background()
-	// Renew the session for a while: the lock must stay.
-	l, err := g.Lock(ctx, "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 6 {
-		time.Sleep(ttl / 3)
-		sl.sess.renew(ttl)
-		if l.Err() != nil {
-			t.Fatalf("lock lost while its session was renewed: %v", l.Err())
+	synctest.Test(t, func(t *testing.T) {
+		ttl := 900 * time.Millisecond
+		sl := newSessionLocker(ttl)
+		g := newGuard(t, sl, guard.WithTTL(ttl))
+		ctx := context.Background()
+		// Renew the session for a while: the lock must stay.
+		l, err := g.Lock(ctx, "s")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	expiry := sl.sess.Expiry()
-	select {
-	case <-l.Context().Done():
-	case <-time.After(10 * ttl):
-		t.Fatal("lock kept after its session stopped being renewed")
-	}
-	if now := time.Now(); !now.Before(expiry) {
-		t.Errorf("cancelled %v after the session's expiry", now.Sub(expiry))
-	}
-	l.Unlock(ctx)
-	if n := sl.refreshes.Load(); n != 0 {
-		t.Errorf("%d per-lock refreshes of session leases, want none", n)
-	}
+		for range 6 {
+			time.Sleep(ttl / 3)
+			sl.sess.renew(ttl)
+			if l.Err() != nil {
+				t.Fatalf("lock lost while its session was renewed: %v", l.Err())
+			}
+		}
+		expiry := sl.sess.Expiry()
+		select {
+		case <-l.Context().Done():
+		case <-time.After(10 * ttl):
+			t.Fatal("lock kept after its session stopped being renewed")
+		}
+		if now := time.Now(); !now.Before(expiry) {
+			t.Errorf("cancelled %v after the session's expiry", now.Sub(expiry))
+		}
+		l.Unlock(ctx)
+		if n := sl.refreshes.Load(); n != 0 {
+			t.Errorf("%d per-lock refreshes of session leases, want none", n)
+		}
+		// The session ends, and with it the keeper's watch of it.
+		close(sl.sess.done)
+	})
 }
 
 // Holding many locks costs no goroutine per lock, whether they are renewed
@@ -262,37 +273,39 @@ func (b *batchCounter) RefreshBatch(ctx context.Context, leases []driver.Lease, 
 // Locks taken at different moments fall into step: after the first period,
 // renewing them all takes one batch per period.
 func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
-	ttl := 1500 * time.Millisecond
-	bc := &batchCounter{Locker: memory.New()}
-	g := newGuard(t, bc, guard.WithTTL(ttl))
-	ctx := context.Background()
-	var locks []*guard.Lock
-	// 300 locks spread over a whole renewal period.
-	for i := range 300 {
-		l, err := g.Lock(ctx, "batch/"+strconv.Itoa(i))
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		ttl := 1500 * time.Millisecond
+		bc := &batchCounter{Locker: memory.New()}
+		g := newGuard(t, bc, guard.WithTTL(ttl))
+		ctx := context.Background()
+		var locks []*guard.Lock
+		// 300 locks spread over a whole renewal period.
+		for i := range 300 {
+			l, err := g.Lock(ctx, "batch/"+strconv.Itoa(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks = append(locks, l)
+			time.Sleep(ttl / 3 / 300)
 		}
-		locks = append(locks, l)
-		time.Sleep(ttl / 3 / 300)
-	}
-	time.Sleep(ttl) // let them fall into step
-	b0, l0 := bc.batches.Load(), bc.leases.Load()
-	periods := 4
-	time.Sleep(time.Duration(periods) * ttl / 3)
-	batches, renewed := bc.batches.Load()-b0, bc.leases.Load()-l0
-	for _, l := range locks {
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatalf("unlock: %v", err)
+		time.Sleep(ttl) // let them fall into step
+		b0, l0 := bc.batches.Load(), bc.leases.Load()
+		periods := 4
+		time.Sleep(time.Duration(periods) * ttl / 3)
+		batches, renewed := bc.batches.Load()-b0, bc.leases.Load()-l0
+		for _, l := range locks {
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatalf("unlock: %v", err)
+			}
 		}
-	}
-	t.Logf("%d batches renewing %d leases over %d periods", batches, renewed, periods)
-	if max := int32(2 * (periods + 1)); batches > max {
-		t.Errorf("%d batches over %d renewal periods of 300 locks, want at most %d", batches, periods, max)
-	}
-	if renewed < int32(300*(periods-1)) {
-		t.Errorf("only %d lease renewals over %d periods of 300 locks", renewed, periods)
-	}
+		t.Logf("%d batches renewing %d leases over %d periods", batches, renewed, periods)
+		if max := int32(2 * (periods + 1)); batches > max {
+			t.Errorf("%d batches over %d renewal periods of 300 locks, want at most %d", batches, periods, max)
+		}
+		if renewed < int32(300*(periods-1)) {
+			t.Errorf("only %d lease renewals over %d periods of 300 locks", renewed, periods)
+		}
+	})
 }
 
 // limited declares etcd-like TTL limits.
@@ -330,73 +343,77 @@ func TestTTLCheckedAgainstTheBackendsLimits(t *testing.T) {
 // a large batch do: the keeper reads the lease's Expiry before declaring it
 // lost.
 func TestRenewedLeaseIsNotLostWhileItsAnswerIsLate(t *testing.T) {
-	f := newFaulty(t)
-	f.renewThenHang.Store(true)
-	const ttl = 2 * time.Second
-	g := newGuard(t, f, guard.WithTTL(ttl))
-	l, err := g.TryLock(context.Background(), "late-answer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	firstLoss := l.Expiry().Add(-ttl / 10)
-	waitFor(t, "a renewal to be sent", 10*time.Second, func() bool { return f.refreshes.Load() > 0 })
-	time.Sleep(time.Until(firstLoss.Add(100 * time.Millisecond)))
-	err = l.Err()
-	// The renewal moved the lease to about ttl after it was sent; past that
-	// (a machine too slow to look in time) the check says nothing.
-	if time.Now().After(firstLoss.Add(ttl / 3)) {
-		t.Skip("looked too late to tell")
-	}
-	if err != nil {
-		t.Fatalf("a lease the server renewed was declared lost at its old deadline: %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		f.renewThenHang.Store(true)
+		const ttl = 2 * time.Second
+		g := newGuard(t, f, guard.WithTTL(ttl))
+		l, err := g.TryLock(context.Background(), "late-answer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		firstLoss := l.Expiry().Add(-ttl / 10)
+		waitFor(t, "a renewal to be sent", 10*time.Second, func() bool { return f.refreshes.Load() > 0 })
+		time.Sleep(time.Until(firstLoss.Add(100 * time.Millisecond)))
+		err = l.Err()
+		// The renewal moved the lease to about ttl after it was sent; past that
+		// (a machine too slow to look in time) the check says nothing.
+		if time.Now().After(firstLoss.Add(ttl / 3)) {
+			t.Skip("looked too late to tell")
+		}
+		if err != nil {
+			t.Fatalf("a lease the server renewed was declared lost at its old deadline: %v", err)
+		}
+	})
 }
 
 // A section's context is made when the section first looks at it; one that
 // looks only after its lock was lost, released or its parent cancelled sees
 // it already cancelled, with the right cause.
 func TestLockContextMadeLateKeepsItsCause(t *testing.T) {
-	f := newFaulty(t)
-	g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
-	notHeld := driver.ErrNotHeld
-	f.refreshErr.Store(&notHeld)
-	l, err := g.TryLock(context.Background(), "late-look")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the lock to be lost", 10*time.Second, func() bool { return l.Err() != nil })
-	ctx := l.Context()
-	select {
-	case <-ctx.Done():
-	default:
-		t.Fatal("the context of a lost lock is not done")
-	}
-	if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
-		t.Errorf("cause %v, want ErrLockLost", cause)
-	}
-	l.Unlock(context.Background())
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
+		notHeld := driver.ErrNotHeld
+		f.refreshErr.Store(&notHeld)
+		l, err := g.TryLock(context.Background(), "late-look")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the lock to be lost", 10*time.Second, func() bool { return l.Err() != nil })
+		ctx := l.Context()
+		select {
+		case <-ctx.Done():
+		default:
+			t.Fatal("the context of a lost lock is not done")
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, guard.ErrLockLost) {
+			t.Errorf("cause %v, want ErrLockLost", cause)
+		}
+		l.Unlock(context.Background())
 
-	f.refreshErr.Store(nil)
-	parent, cancel := context.WithCancelCause(context.Background())
-	l2, err := g.TryLock(parent, "late-look-2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := errors.New("parent stopped")
-	cancel(stop)
-	if cause := context.Cause(l2.Context()); !errors.Is(cause, stop) {
-		t.Errorf("after the parent's cancellation: cause %v, want the parent's", cause)
-	}
-	l2.Unlock(context.Background())
+		f.refreshErr.Store(nil)
+		parent, cancel := context.WithCancelCause(context.Background())
+		l2, err := g.TryLock(parent, "late-look-2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := errors.New("parent stopped")
+		cancel(stop)
+		if cause := context.Cause(l2.Context()); !errors.Is(cause, stop) {
+			t.Errorf("after the parent's cancellation: cause %v, want the parent's", cause)
+		}
+		l2.Unlock(context.Background())
 
-	l3, err := g.TryLock(context.Background(), "late-look-3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l3.Unlock(context.Background())
-	if err := l3.Context().Err(); !errors.Is(err, context.Canceled) {
-		t.Errorf("after Unlock: %v, want context.Canceled", err)
-	}
+		l3, err := g.TryLock(context.Background(), "late-look-3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l3.Unlock(context.Background())
+		if err := l3.Context().Err(); !errors.Is(err, context.Canceled) {
+			t.Errorf("after Unlock: %v, want context.Canceled", err)
+		}
+	})
 }
 
 // TestFailedReleaseAfterExpiryIsALoss: a process paused past its lease (the
@@ -405,32 +422,99 @@ func TestLockContextMadeLateKeepsItsCause(t *testing.T) {
 // context's cause: another owner may have held the lock meanwhile. The same
 // failed release within the lease is only a failed release.
 func TestFailedReleaseAfterExpiryIsALoss(t *testing.T) {
-	ctx := context.Background()
-	unanswered := fmt.Errorf("%w: no answer", driver.ErrUnavailable)
-	for _, expired := range []bool{true, false} {
-		sl := newSessionLocker(time.Hour)
-		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
-		l, err := g.Lock(ctx, "paused")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = l.Context().Done() // the section looked at its context early
-		if expired {
-			// As a SIGSTOP past the session's expiry leaves it: the timer
-			// armed for an hour from now has not fired.
-			sl.sess.mu.Lock()
-			sl.sess.expiry = time.Now().Add(-time.Second)
-			sl.sess.mu.Unlock()
-		}
-		sl.releaseErr.Store(&unanswered)
-		err = l.Unlock(ctx)
-		cause := context.Cause(l.Context())
-		if expired {
-			if !errors.Is(err, guard.ErrLockLost) || !errors.Is(cause, guard.ErrLockLost) {
-				t.Fatalf("expired lease, failed release: Unlock %v, cause %v; want both to wrap ErrLockLost", err, cause)
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		unanswered := fmt.Errorf("%w: no answer", driver.ErrUnavailable)
+		for _, expired := range []bool{true, false} {
+			sl := newSessionLocker(time.Hour)
+			g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+			l, err := g.Lock(ctx, "paused")
+			if err != nil {
+				t.Fatal(err)
 			}
-		} else if errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrUnavailable) || errors.Is(cause, guard.ErrLockLost) {
-			t.Fatalf("live lease, failed release: Unlock %v, cause %v; want ErrUnavailable and no loss", err, cause)
+			_ = l.Context().Done() // the section looked at its context early
+			if expired {
+				// As a SIGSTOP past the session's expiry leaves it: the timer
+				// armed for an hour from now has not fired.
+				sl.sess.mu.Lock()
+				sl.sess.expiry = time.Now().Add(-time.Second)
+				sl.sess.mu.Unlock()
+			}
+			sl.releaseErr.Store(&unanswered)
+			err = l.Unlock(ctx)
+			cause := context.Cause(l.Context())
+			if expired {
+				if !errors.Is(err, guard.ErrLockLost) || !errors.Is(cause, guard.ErrLockLost) {
+					t.Fatalf("expired lease, failed release: Unlock %v, cause %v; want both to wrap ErrLockLost", err, cause)
+				}
+			} else if errors.Is(err, guard.ErrLockLost) || !errors.Is(err, guard.ErrUnavailable) || errors.Is(cause, guard.ErrLockLost) {
+				t.Fatalf("live lease, failed release: Unlock %v, cause %v; want ErrUnavailable and no loss", err, cause)
+			}
+			close(sl.sess.done) // ends the keeper's watch of the session
 		}
+	})
+}
+
+// The loss deadlines, to the instant, in fake time: a lease no renewal
+// confirms is lost exactly its margin before its conservative expiry,
+// whether its renewal hangs or fails; a refusal (ErrNotHeld) loses it at
+// the renewal that hears it; a session not renewed loses its locks its
+// margin before the session's expiry.
+func TestLossDeadlinesToTheInstant(t *testing.T) {
+	const ttl, margin = 900 * time.Millisecond, 250 * time.Millisecond
+	down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
+	notHeld := error(guard.ErrNotHeld)
+	for _, tc := range []struct {
+		name   string
+		fault  func(f *faulty)
+		lostAt time.Duration // after the grant
+	}{
+		{"hung renewal", func(f *faulty) { f.refreshBlock.Store(true) }, ttl - margin},
+		{"failing renewals", func(f *faulty) { f.refreshErr.Store(&down) }, ttl - margin},
+		{"refused renewal", func(f *faulty) { f.refreshErr.Store(&notHeld) }, ttl / 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFaulty(t)
+				tc.fault(f)
+				g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+				l, err := g.Lock(context.Background(), "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				granted := time.Now()
+				<-l.Context().Done()
+				if got := time.Since(granted); got != tc.lostAt {
+					t.Errorf("lost %v after the grant, want %v", got, tc.lostAt)
+				}
+				if !errors.Is(context.Cause(l.Context()), guard.ErrLockLost) {
+					t.Errorf("cause %v, want ErrLockLost", context.Cause(l.Context()))
+				}
+				if err := l.Unlock(context.Background()); !errors.Is(err, guard.ErrLockLost) {
+					t.Errorf("Unlock: %v, want ErrLockLost", err)
+				}
+			})
+		})
 	}
+	t.Run("session", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sl := newSessionLocker(ttl)
+			g := newGuard(t, sl, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+			l, err := g.Lock(context.Background(), "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 5 {
+				time.Sleep(ttl / 3)
+				sl.sess.renew(ttl)
+			}
+			expiry := sl.sess.Expiry()
+			<-l.Context().Done()
+			if got := time.Until(expiry); got != margin {
+				t.Errorf("lost %v before the session's expiry, want the margin %v", got, margin)
+			}
+			l.Unlock(context.Background())
+			close(sl.sess.done)
+		})
+	})
 }

@@ -129,7 +129,16 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	g := l.g
 	g.keeper.remove(l)
 	l.release.init(ctx, g.releaseTimeout)
-	err := l.lease.Release(&l.release)
+	var err error
+	if g.direct {
+		err = l.lease.Release(&l.release)
+	} else {
+		// Bounded by the release timeout whatever the client does: a
+		// release still running then goes on in the background.
+		_, err = call(&l.release, false, func(rctx context.Context) (struct{}, error) {
+			return struct{}{}, l.lease.Release(rctx)
+		}, nil)
+	}
 	l.release.stop()
 
 	switch {

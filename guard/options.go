@@ -17,6 +17,7 @@ type config struct {
 	ttl            time.Duration
 	margin         time.Duration // 0: a tenth of each lock's TTL
 	releaseTimeout time.Duration
+	callTimeout    time.Duration
 	backend        string
 	owner          string
 	ownerSet       bool
@@ -48,6 +49,14 @@ func WithSafetyMargin(d time.Duration) Option { return func(c *config) { c.margi
 // section (default 5s). The release runs on a context detached from the
 // caller's, so a cancelled request still unlocks.
 func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+
+// WithCallTimeout bounds a call to the backend that its context's deadline
+// does not bound sooner (default 5s): the one attempt of TryLock and of Lock
+// with NoWait, and Ping, Inspect, List, ForceRelease and Observe's polls. A
+// waiting Lock is bounded by its wait bound and its context instead, and a
+// release by the release timeout. guard keeps the bound itself, whatever
+// the client's own timeouts and retries: see Lock.
+func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTimeout = d } }
 
 // WithBackendName names the backend in spans, metrics and logs (default: the
 // Locker's Go type).
@@ -121,9 +130,12 @@ type lockConfig struct {
 func TTL(ttl time.Duration) LockOption { return func(c *lockConfig) { c.ttl = ttl } }
 
 // WaitAtMost bounds how long Lock and Do wait for a held lock; when the bound
-// runs out they return ErrNotAcquired. Without it they wait until the
-// context is done.
-func WaitAtMost(d time.Duration) LockOption { return func(c *lockConfig) { c.wait = d } }
+// runs out they return ErrNotAcquired (or ErrUnavailable when the backend
+// could not be reached). Without it they wait until the context is done. A
+// bound of 0 or less means no wait, as NoWait: a deadline computed with
+// time.Until that has already passed makes one attempt, never an endless
+// wait.
+func WaitAtMost(d time.Duration) LockOption { return func(c *lockConfig) { c.wait = max(d, 0) } }
 
 // NoWait makes Lock and Do give up at once, with ErrNotAcquired, when the
 // lock is held: the behaviour of TryLock.

@@ -19,7 +19,8 @@ func (g *Guard) Ping(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("warden: ping: %w: %s cannot be pinged", ErrUnsupported, g.backend)
 	}
-	if err := p.Ping(ctx); err != nil {
+	_, err := bounded(g, ctx, func(pctx context.Context) (struct{}, error) { return struct{}{}, p.Ping(pctx) })
+	if err != nil {
 		return fmt.Errorf("warden: ping %s: %w", g.backend, err)
 	}
 	return nil

@@ -81,7 +81,8 @@
 //
 // # Lock unavailable
 //
-// 503, with Retry-After: under Lock, the lock backend could not be reached.
+// 503, with Retry-After: under Lock, the lock backend could not be reached
+// (or did not answer) within the wait.
 //
 // # Missing fencing token
 //

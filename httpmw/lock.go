@@ -3,6 +3,7 @@ package httpmw
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -35,9 +36,9 @@ func WithLockedStatus() LockOption {
 }
 
 // WithLockRetryAfter sets the Retry-After sent with a refusal (default
-// DefaultRetryAfter).
+// DefaultRetryAfter); 0 sends none. Lock refuses a negative one.
 func WithLockRetryAfter(d time.Duration) LockOption {
-	return func(c *lockConfig) { c.retryAfter = max(d, 0) }
+	return func(c *lockConfig) { c.retryAfter = d }
 }
 
 // WithGuardOptions passes options to every acquisition (guard.TTL,
@@ -55,10 +56,45 @@ func WithGuardOptions(opts ...guard.LockOption) LockOption {
 // runs, the context is cancelled with cause guard.ErrLockLost, so the
 // handler stops before a second holder works beside it. The lock is released
 // when the handler returns or panics.
-func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) func(http.Handler) http.Handler {
+//
+// The wait is bounded by g whatever its backend's client does: a request
+// is answered within WithLockWait (or its own context's deadline) and a few
+// tens of milliseconds. A backend that cannot be reached meanwhile gets 503
+// "Lock unavailable" with Retry-After, never 409: an outage is not
+// contention.
+//
+// Every distinct key leaves state on the backend after its lock is
+// released, which the backends keep so that fencing tokens never go
+// backwards: a fence counter per key on Redis and RedLock, a row per key in
+// the SQL lock table. A key made from request data (a user id, an order
+// number) therefore lets clients create such state at will. Derive keys from
+// values the service has checked (an authenticated user, an order that
+// exists), and reclaim the state of idle keys as the backend's package
+// documentation describes.
+//
+// Lock refuses a nil g, a nil key function and a nil or out-of-range option
+// with an error wrapping guard.ErrInvalidOption, as Idempotency does, so
+// that a misconfigured service fails when it starts, not on its requests.
+func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) (func(http.Handler) http.Handler, error) {
 	c := lockConfig{wait: DefaultLockWait, status: http.StatusConflict, retryAfter: DefaultRetryAfter}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("warden: httpmw: lock: %w: option %d is nil", guard.ErrInvalidOption, i)
+		}
 		o(&c)
+	}
+	switch {
+	case g == nil:
+		return nil, fmt.Errorf("warden: httpmw: lock: %w: nil Guard", guard.ErrInvalidOption)
+	case key == nil:
+		return nil, fmt.Errorf("warden: httpmw: lock: %w: nil key function", guard.ErrInvalidOption)
+	case c.retryAfter < 0:
+		return nil, fmt.Errorf("warden: httpmw: lock: %w: Retry-After %v is negative", guard.ErrInvalidOption, c.retryAfter)
+	}
+	for i, o := range c.lockOpts {
+		if o == nil {
+			return nil, fmt.Errorf("warden: httpmw: lock: %w: guard option %d is nil", guard.ErrInvalidOption, i)
+		}
 	}
 	lockOpts := append(append([]guard.LockOption(nil), c.lockOpts...), guard.WaitAtMost(c.wait))
 	return func(next http.Handler) http.Handler {
@@ -71,12 +107,16 @@ func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) fu
 			l, err := g.Lock(r.Context(), k, lockOpts...)
 			switch {
 			case err == nil:
+			case r.Context().Err() != nil:
+				writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
+				return
+			case errors.Is(err, guard.ErrUnavailable):
+				writeProblem(w, http.StatusServiceUnavailable, "Lock_unavailable", "Lock unavailable",
+					"The lock service could not be reached; retry later.", c.retryAfter)
+				return
 			case errors.Is(err, guard.ErrNotAcquired):
 				writeProblem(w, c.status, "Locked", "Resource busy",
 					"Another request on the same resource is in progress; retry later.", c.retryAfter)
-				return
-			case r.Context().Err() != nil:
-				writeProblem(w, http.StatusServiceUnavailable, "Canceled", "Request canceled", "", 0)
 				return
 			case errors.Is(err, guard.ErrInvalidKey):
 				// The key is the service's own naming: it is logged, never
@@ -86,12 +126,13 @@ func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) fu
 					"The request names a resource that cannot be locked.", 0)
 				return
 			default:
-				writeProblem(w, http.StatusServiceUnavailable, "Lock_unavailable", "Lock service unavailable", "", c.retryAfter)
+				g.Logger().ErrorContext(r.Context(), "warden/httpmw: the request's lock could not be taken", "error", err)
+				writeProblem(w, http.StatusServiceUnavailable, "Lock_unavailable", "Lock unavailable", "", c.retryAfter)
 				return
 			}
 			// Released even when the client left or the handler panics.
 			defer l.Unlock(context.WithoutCancel(r.Context()))
 			next.ServeHTTP(w, r.WithContext(l.Context()))
 		})
-	}
+	}, nil
 }

@@ -3,6 +3,7 @@ package httpmw_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -38,9 +39,19 @@ func byUser(r *http.Request) string {
 	return "user/" + parts[2]
 }
 
+// lockMiddleware is httpmw.Lock, which must accept its configuration.
+func lockMiddleware(t *testing.T, g *guard.Guard, key func(*http.Request) string, opts ...httpmw.LockOption) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httpmw.Lock(g, key, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
 func lockServer(t *testing.T, g *guard.Guard, h http.Handler, opts ...httpmw.LockOption) string {
 	t.Helper()
-	srv := httptest.NewServer(httpmw.Lock(g, byUser, opts...)(h))
+	srv := httptest.NewServer(lockMiddleware(t, g, byUser, opts...)(h))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -176,7 +187,7 @@ func TestLockLostCancelsHandler(t *testing.T) {
 func TestLockReleasedOnPanic(t *testing.T) {
 	g := newGuard(t, memory.New())
 	var runs atomic.Int64
-	inner := httpmw.Lock(g, byUser, httpmw.WithLockWait(0))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	inner := lockMiddleware(t, g, byUser, httpmw.WithLockWait(0))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			panic("handler bug")
 		}
@@ -201,7 +212,7 @@ func TestLockReleasedOnPanic(t *testing.T) {
 // service's internal naming; the problem document must not show it.
 func TestInvalidLockKeyIsNotEchoed(t *testing.T) {
 	g := newGuard(t, memory.New())
-	srv := httptest.NewServer(httpmw.Lock(g, func(*http.Request) string { return "tenant-secret-42\x01" })(
+	srv := httptest.NewServer(lockMiddleware(t, g, func(*http.Request) string { return "tenant-secret-42\x01" })(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("the handler ran under an invalid key") })))
 	t.Cleanup(srv.Close)
 	resp, body, err := post(t, srv.URL)
@@ -210,5 +221,65 @@ func TestInvalidLockKeyIsNotEchoed(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusBadRequest || strings.Contains(body, "tenant-secret") || !strings.Contains(body, "Invalid lock key") {
 		t.Fatalf("%d %s: want 400 without the key", resp.StatusCode, body)
+	}
+}
+
+// TestLockRefusesBadConfiguration: a nil Guard, key function or option, and
+// a negative Retry-After, are refused when the middleware is built, not
+// found on the first request.
+func TestLockRefusesBadConfiguration(t *testing.T) {
+	g := newGuard(t, memory.New())
+	for name, build := range map[string]func() (func(http.Handler) http.Handler, error){
+		"nil guard":  func() (func(http.Handler) http.Handler, error) { return httpmw.Lock(nil, byUser) },
+		"nil key":    func() (func(http.Handler) http.Handler, error) { return httpmw.Lock(g, nil) },
+		"nil option": func() (func(http.Handler) http.Handler, error) { return httpmw.Lock(g, byUser, nil) },
+		"nil guard option": func() (func(http.Handler) http.Handler, error) {
+			return httpmw.Lock(g, byUser, httpmw.WithGuardOptions(nil))
+		},
+		"negative retry": func() (func(http.Handler) http.Handler, error) {
+			return httpmw.Lock(g, byUser, httpmw.WithLockRetryAfter(-time.Second))
+		},
+	} {
+		mw, err := build()
+		if !errors.Is(err, guard.ErrInvalidOption) || mw != nil {
+			t.Errorf("%s: %v, want an error wrapping ErrInvalidOption and no middleware", name, err)
+		}
+	}
+}
+
+// unreachable is a lock backend that cannot be reached: every attempt fails
+// with ErrUnavailable, and a waiting one retries until its context ends,
+// as the backends do.
+type unreachable struct{}
+
+func (unreachable) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	for o.Wait {
+		if err := driver.Sleep(ctx, 50*time.Millisecond, nil); err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("%w: connection refused", driver.ErrUnavailable)
+}
+
+// TestLockUnavailableIs503: a backend that cannot be reached is answered 503
+// "Lock unavailable" when the wait runs out, as the docs promise, not 409
+// "Resource busy", and within the wait.
+func TestLockUnavailableIs503(t *testing.T) {
+	g := newGuard(t, unreachable{})
+	wait := 500 * time.Millisecond
+	url := lockServer(t, g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("the handler ran without its lock")
+	}), httpmw.WithLockWait(wait))
+	start := time.Now()
+	resp, body, err := post(t, url+"/users/1/pay")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "Lock_unavailable") || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("backend unreachable: %d %q, want 503 Lock unavailable with Retry-After", resp.StatusCode, body)
+	}
+	if took > wait+patience/10 {
+		t.Errorf("answered after %v with a %v wait", took, wait)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warden-go/warden/backends/memory"
@@ -49,143 +50,149 @@ func start(t *testing.T, g *guard.Guard, name string, fn func(context.Context) e
 }
 
 func TestHeldLockSkipsAndRecords(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	held, err := g.Lock(context.Background(), "held")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := make(chan struct{}, 10)
-	j := start(t, g, "held", func(ctx context.Context) error { ran <- struct{}{}; return nil })
-	r := j.first(t, scheduler.Skipped)
-	if r.Reason != "lock held" || r.Instance != "solo" || r.Job != "held" || r.Slot.IsZero() {
-		t.Errorf("skip recorded as %+v", r)
-	}
-	select {
-	case <-ran:
-		t.Fatal("job ran while its lock was held elsewhere")
-	default:
-	}
-	held.Unlock(context.Background())
-	j.first(t, scheduler.Ran)
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		held, err := g.Lock(context.Background(), "held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := make(chan struct{}, 10)
+		j := start(t, g, "held", func(ctx context.Context) error { ran <- struct{}{}; return nil })
+		r := j.first(t, scheduler.Skipped)
+		if r.Reason != "lock held" || r.Instance != "solo" || r.Job != "held" || r.Slot.IsZero() {
+			t.Errorf("skip recorded as %+v", r)
+		}
+		select {
+		case <-ran:
+			t.Fatal("job ran while its lock was held elsewhere")
+		default:
+		}
+		held.Unlock(context.Background())
+		j.first(t, scheduler.Ran)
+	})
 }
 
 func TestPanicIsRecoveredAndReleasesTheLock(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	j := start(t, g, "panics", func(ctx context.Context) error { panic("boom") })
-	r := j.first(t, scheduler.Failed)
-	if !errors.Is(r.Err, scheduler.ErrPanicked) || !strings.Contains(r.Err.Error(), "boom") {
-		t.Errorf("panic recorded as %v", r.Err)
-	}
-	waitFor(t, "the lock to be free after the panic", 5*time.Second, func() bool {
-		l, err := g.TryLock(context.Background(), "panics")
-		if err != nil {
-			return false
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		j := start(t, g, "panics", func(ctx context.Context) error { panic("boom") })
+		r := j.first(t, scheduler.Failed)
+		if !errors.Is(r.Err, scheduler.ErrPanicked) || !strings.Contains(r.Err.Error(), "boom") {
+			t.Errorf("panic recorded as %v", r.Err)
 		}
-		l.Unlock(context.Background())
-		return true
+		waitFor(t, "the lock to be free after the panic", 5*time.Second, func() bool {
+			l, err := g.TryLock(context.Background(), "panics")
+			if err != nil {
+				return false
+			}
+			l.Unlock(context.Background())
+			return true
+		})
 	})
 }
 
 func TestLockAtMostForCancelsTheJob(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	cause := make(chan error, 10)
-	j := start(t, g, "capped", func(ctx context.Context) error {
-		<-ctx.Done()
-		cause <- context.Cause(ctx)
-		return ctx.Err()
-	}, scheduler.LockAtMostFor(200*time.Millisecond))
-	r := j.first(t, scheduler.Failed)
-	if err := <-cause; !errors.Is(err, scheduler.ErrLockAtMostFor) {
-		t.Errorf("cause %v, want ErrLockAtMostFor", err)
-	}
-	if d := r.Finished.Sub(r.Started); d < 200*time.Millisecond {
-		t.Errorf("run ended after %v, before its cap", d)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		cause := make(chan error, 10)
+		j := start(t, g, "capped", func(ctx context.Context) error {
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return ctx.Err()
+		}, scheduler.LockAtMostFor(200*time.Millisecond))
+		r := j.first(t, scheduler.Failed)
+		if err := <-cause; !errors.Is(err, scheduler.ErrLockAtMostFor) {
+			t.Errorf("cause %v, want ErrLockAtMostFor", err)
+		}
+		if d := r.Finished.Sub(r.Started); d < 200*time.Millisecond {
+			t.Errorf("run ended after %v, before its cap", d)
+		}
+	})
 }
 
 func TestLockAtLeastForKeepsTheLock(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	atLeast := 700 * time.Millisecond
-	j := start(t, g, "short", func(ctx context.Context) error { return nil }, scheduler.LockAtLeastFor(atLeast))
-	r := j.first(t, scheduler.Ran)
-	// The observer is told when the job returns, before the hold ends.
-	if _, err := g.TryLock(context.Background(), "short"); !errors.Is(err, guard.ErrNotAcquired) {
-		t.Errorf("TryLock right after a short run: %v, want ErrNotAcquired", err)
-	}
-	waitFor(t, "the lock to be released after LockAtLeastFor", 5*time.Second, func() bool {
-		l, err := g.TryLock(context.Background(), "short")
-		if err != nil {
-			return false
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		atLeast := 700 * time.Millisecond
+		j := start(t, g, "short", func(ctx context.Context) error { return nil }, scheduler.LockAtLeastFor(atLeast))
+		r := j.first(t, scheduler.Ran)
+		// The observer is told when the job returns, before the hold ends.
+		if _, err := g.TryLock(context.Background(), "short"); !errors.Is(err, guard.ErrNotAcquired) {
+			t.Errorf("TryLock right after a short run: %v, want ErrNotAcquired", err)
 		}
-		l.Unlock(context.Background())
-		if held := time.Since(r.Started); held < atLeast {
-			t.Errorf("lock free %v after the run started, before LockAtLeastFor %v", held, atLeast)
-		}
-		return true
+		waitFor(t, "the lock to be released after LockAtLeastFor", 5*time.Second, func() bool {
+			l, err := g.TryLock(context.Background(), "short")
+			if err != nil {
+				return false
+			}
+			l.Unlock(context.Background())
+			if held := time.Since(r.Started); held < atLeast {
+				t.Errorf("lock free %v after the run started, before LockAtLeastFor %v", held, atLeast)
+			}
+			return true
+		})
 	})
 }
 
 func TestMisfireAfterWaitingForTheLock(t *testing.T) {
-	t.Parallel()
-	locker := memory.New()
-	g := newGuard(t, locker)
-	held, err := g.Lock(context.Background(), "late")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := make(chan struct{}, 10)
-	j := start(t, g, "late", func(ctx context.Context) error { ran <- struct{}{}; return nil },
-		scheduler.WaitForLock(5*time.Second), scheduler.MisfireAfter(300*time.Millisecond))
-	waitFor(t, "a run waiting for the lock", 10*time.Second, func() bool { return locker.Waiters("warden:late") > 0 })
-	// The waiter started at or after its slot, so after this it is late by
-	// more than the bound whatever the machine's speed.
-	time.Sleep(500 * time.Millisecond)
-	held.Unlock(context.Background())
-	r := j.first(t, scheduler.Misfired)
-	if !strings.Contains(r.Reason, "after its slot") {
-		t.Errorf("misfire recorded as %+v", r)
-	}
-	if len(j.snapshot()) > 0 && j.snapshot()[0].Outcome != scheduler.Misfired {
-		t.Errorf("first run %s, want misfired", j.snapshot()[0].Outcome)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		locker := memory.New()
+		g := newGuard(t, locker)
+		held, err := g.Lock(context.Background(), "late")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := make(chan struct{}, 10)
+		j := start(t, g, "late", func(ctx context.Context) error { ran <- struct{}{}; return nil },
+			scheduler.WaitForLock(5*time.Second), scheduler.MisfireAfter(300*time.Millisecond))
+		waitFor(t, "a run waiting for the lock", 10*time.Second, func() bool { return locker.Waiters("warden:late") > 0 })
+		// The waiter started at or after its slot, so after this it is late by
+		// more than the bound whatever the machine's speed.
+		time.Sleep(500 * time.Millisecond)
+		held.Unlock(context.Background())
+		r := j.first(t, scheduler.Misfired)
+		if !strings.Contains(r.Reason, "after its slot") {
+			t.Errorf("misfire recorded as %+v", r)
+		}
+		if len(j.snapshot()) > 0 && j.snapshot()[0].Outcome != scheduler.Misfired {
+			t.Errorf("first run %s, want misfired", j.snapshot()[0].Outcome)
+		}
+	})
 }
 
 func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	var j journal
-	s := newScheduler(t, g, scheduler.WithRunObserver(j.observe))
-	started := make(chan struct{}, 1)
-	cause := make(chan error, 1)
-	if err := s.Add("@every 1s", "stopped", func(ctx context.Context) error {
-		started <- struct{}{}
-		<-ctx.Done()
-		cause <- context.Cause(ctx)
-		return ctx.Err()
-	}, scheduler.LockAtLeastFor(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	<-started
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// LockAtLeastFor is an hour: Stop cuts the hold short rather than
-	// waiting for it, and returns once the lock is released.
-	if err := s.Stop(ctx); err != nil {
-		t.Errorf("Stop: %v, want nil (the hold cut short, the lock released)", err)
-	}
-	if err := <-cause; !errors.Is(err, scheduler.ErrStopped) {
-		t.Errorf("cause %v, want ErrStopped", err)
-	}
-	l, err := g.TryLock(context.Background(), "stopped")
-	if err != nil {
-		t.Fatalf("lock not released by Stop: %v", err)
-	}
-	l.Unlock(context.Background())
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var j journal
+		s := newScheduler(t, g, scheduler.WithRunObserver(j.observe))
+		started := make(chan struct{}, 1)
+		cause := make(chan error, 1)
+		if err := s.Add("@every 1s", "stopped", func(ctx context.Context) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return ctx.Err()
+		}, scheduler.LockAtLeastFor(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		<-started
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// LockAtLeastFor is an hour: Stop cuts the hold short rather than
+		// waiting for it, and returns once the lock is released.
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v, want nil (the hold cut short, the lock released)", err)
+		}
+		if err := <-cause; !errors.Is(err, scheduler.ErrStopped) {
+			t.Errorf("cause %v, want ErrStopped", err)
+		}
+		l, err := g.TryLock(context.Background(), "stopped")
+		if err != nil {
+			t.Fatalf("lock not released by Stop: %v", err)
+		}
+		l.Unlock(context.Background())
+	})
 }
 
 // TestLockLossCancelsTheJob takes the job's lock away on the server, as an

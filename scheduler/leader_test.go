@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -21,153 +22,158 @@ import (
 // follower skips every slot as "not the leader" without touching the job's
 // lock, and takes over, with a greater term, when the leader stops.
 func TestLeaderModeOnlyTheLeaderRuns(t *testing.T) {
-	t.Parallel()
-	mem := memory.New()
-	name := uniqueName("leader")
-	var journals [2]*journal
-	var ss [2]*scheduler.Scheduler
-	for i := range ss {
-		journals[i] = new(journal)
-		g := newGuard(t, mem, guard.WithTTL(time.Second))
-		ss[i] = newScheduler(t, g, scheduler.WithInstance([]string{"a", "b"}[i]),
-			scheduler.WithLeaderElection("reports"), scheduler.WithRunObserver(journals[i].observe))
-		if err := ss[i].Add("@every 200ms", name, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		name := uniqueName("leader")
+		var journals [2]*journal
+		var ss [2]*scheduler.Scheduler
+		for i := range ss {
+			journals[i] = new(journal)
+			g := newGuard(t, mem, guard.WithTTL(time.Second))
+			ss[i] = newScheduler(t, g, scheduler.WithInstance([]string{"a", "b"}[i]),
+				scheduler.WithLeaderElection("reports"), scheduler.WithRunObserver(journals[i].observe))
+			if err := ss[i].Add("@every 200ms", name, func(context.Context) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	ss[0].Start()
-	leaderRan := func() bool {
+		ss[0].Start()
+		leaderRan := func() bool {
+			for _, r := range journals[0].snapshot() {
+				if r.Outcome == scheduler.Ran {
+					return true
+				}
+			}
+			return false
+		}
+		waitFor(t, "the first scheduler to lead and run", 10*time.Second, leaderRan)
+		ss[1].Start()
+		waitFor(t, "the follower to skip a slot", 10*time.Second, func() bool { return len(journals[1].snapshot()) > 0 })
+		var term uint64
+		for _, r := range journals[1].snapshot() {
+			if r.Outcome != scheduler.Skipped || r.Reason != "not the leader" || r.Token != 0 {
+				t.Fatalf("follower's run %+v, want skipped as not the leader without a lock", r)
+			}
+		}
 		for _, r := range journals[0].snapshot() {
 			if r.Outcome == scheduler.Ran {
-				return true
+				if r.Term == 0 {
+					t.Fatalf("leader's run %+v has no term", r)
+				}
+				term = r.Term
 			}
 		}
-		return false
-	}
-	waitFor(t, "the first scheduler to lead and run", 10*time.Second, leaderRan)
-	ss[1].Start()
-	waitFor(t, "the follower to skip a slot", 10*time.Second, func() bool { return len(journals[1].snapshot()) > 0 })
-	var term uint64
-	for _, r := range journals[1].snapshot() {
-		if r.Outcome != scheduler.Skipped || r.Reason != "not the leader" || r.Token != 0 {
-			t.Fatalf("follower's run %+v, want skipped as not the leader without a lock", r)
-		}
-	}
-	for _, r := range journals[0].snapshot() {
-		if r.Outcome == scheduler.Ran {
-			if r.Term == 0 {
-				t.Fatalf("leader's run %+v has no term", r)
-			}
-			term = r.Term
-		}
-	}
 
-	stop(t, ss[0])
-	var taken scheduler.RunRecord
-	waitFor(t, "the follower to take over", 10*time.Second, func() bool {
-		for _, r := range journals[1].snapshot() {
-			if r.Outcome == scheduler.Ran {
-				taken = r
-				return true
+		stop(t, ss[0])
+		var taken scheduler.RunRecord
+		waitFor(t, "the follower to take over", 10*time.Second, func() bool {
+			for _, r := range journals[1].snapshot() {
+				if r.Outcome == scheduler.Ran {
+					taken = r
+					return true
+				}
 			}
+			return false
+		})
+		if taken.Term <= term {
+			t.Fatalf("new leader's term %d after term %d", taken.Term, term)
 		}
-		return false
+		stop(t, ss[1])
 	})
-	if taken.Term <= term {
-		t.Fatalf("new leader's term %d after term %d", taken.Term, term)
-	}
-	stop(t, ss[1])
 }
 
 // TestLeaderLossEndsTheRunAsLost: a job running when its node's leadership
 // is lost has its context cancelled, and the run is recorded as lost.
 func TestLeaderLossEndsTheRunAsLost(t *testing.T) {
-	t.Parallel()
-	loser := &droppable{Locker: memory.New()}
-	g := newGuard(t, loser, guard.WithTTL(600*time.Millisecond))
-	j := new(journal)
-	s := newScheduler(t, g, scheduler.WithLeaderElection("e"), scheduler.WithRunObserver(j.observe))
-	started := make(chan struct{}, 1)
-	err := s.Add("@every 1s", uniqueName("long"), func(ctx context.Context) error {
-		select {
-		case started <- struct{}{}:
-		default:
+	synctest.Test(t, func(t *testing.T) {
+		loser := &droppable{Locker: memory.New()}
+		g := newGuard(t, loser, guard.WithTTL(600*time.Millisecond))
+		j := new(journal)
+		s := newScheduler(t, g, scheduler.WithLeaderElection("e"), scheduler.WithRunObserver(j.observe))
+		started := make(chan struct{}, 1)
+		err := s.Add("@every 1s", uniqueName("long"), func(ctx context.Context) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}, scheduler.LockAtMostFor(time.Minute))
+		if err != nil {
+			t.Fatal(err)
 		}
-		<-ctx.Done()
-		return context.Cause(ctx)
-	}, scheduler.LockAtMostFor(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	defer stop(t, s)
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the job never started")
-	}
-	loser.dropElection.Store(true)
-	r := j.first(t, scheduler.Lost)
-	if !errors.Is(r.Err, guard.ErrLockLost) || r.Term == 0 {
-		t.Fatalf("lost run %+v: want an error wrapping ErrLockLost and its term", r)
-	}
+		s.Start()
+		defer stop(t, s)
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the job never started")
+		}
+		loser.dropElection.Store(true)
+		r := j.first(t, scheduler.Lost)
+		if !errors.Is(r.Err, guard.ErrLockLost) || r.Term == 0 {
+			t.Fatalf("lost run %+v: want an error wrapping ErrLockLost and its term", r)
+		}
+	})
 }
 
 // TestElector: of two gocron Electors on one election, exactly one says it
 // leads; when its Scheduler stops (resigning), the other leads.
 func TestElector(t *testing.T) {
-	t.Parallel()
-	mem := memory.New()
-	var ss [2]*scheduler.Scheduler
-	var es [2]gocron.Elector
-	for i := range es {
-		ss[i] = newScheduler(t, newGuard(t, mem, guard.WithTTL(time.Second)))
-		e, err := ss[i].Elector("gocron-jobs")
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		var ss [2]*scheduler.Scheduler
+		var es [2]gocron.Elector
+		for i := range es {
+			ss[i] = newScheduler(t, newGuard(t, mem, guard.WithTTL(time.Second)))
+			e, err := ss[i].Elector("gocron-jobs")
+			if err != nil {
+				t.Fatal(err)
+			}
+			es[i] = e
 		}
-		es[i] = e
-	}
-	ctx := context.Background()
-	leader := -1
-	waitFor(t, "one elector to lead", 10*time.Second, func() bool {
-		a, b := es[0].IsLeader(ctx) == nil, es[1].IsLeader(ctx) == nil
-		if a && b {
-			t.Fatal("two electors lead at once")
+		ctx := context.Background()
+		leader := -1
+		waitFor(t, "one elector to lead", 10*time.Second, func() bool {
+			a, b := es[0].IsLeader(ctx) == nil, es[1].IsLeader(ctx) == nil
+			if a && b {
+				t.Fatal("two electors lead at once")
+			}
+			switch {
+			case a:
+				leader = 0
+			case b:
+				leader = 1
+			}
+			return leader >= 0
+		})
+		other := 1 - leader
+		if err := es[other].IsLeader(ctx); !errors.Is(err, scheduler.ErrNotLeader) {
+			t.Fatalf("follower's IsLeader: %v, want ErrNotLeader", err)
 		}
-		switch {
-		case a:
-			leader = 0
-		case b:
-			leader = 1
+		stop(t, ss[leader])
+		if err := es[leader].IsLeader(ctx); err == nil {
+			t.Fatal("a stopped scheduler's elector still leads")
 		}
-		return leader >= 0
+		waitFor(t, "the other elector to lead", 10*time.Second, func() bool { return es[other].IsLeader(ctx) == nil })
+		stop(t, ss[other])
+		if _, err := ss[other].Elector("late"); !errors.Is(err, scheduler.ErrStopped) {
+			t.Fatalf("Elector after Stop: %v, want ErrStopped", err)
+		}
 	})
-	other := 1 - leader
-	if err := es[other].IsLeader(ctx); !errors.Is(err, scheduler.ErrNotLeader) {
-		t.Fatalf("follower's IsLeader: %v, want ErrNotLeader", err)
-	}
-	stop(t, ss[leader])
-	if err := es[leader].IsLeader(ctx); err == nil {
-		t.Fatal("a stopped scheduler's elector still leads")
-	}
-	waitFor(t, "the other elector to lead", 10*time.Second, func() bool { return es[other].IsLeader(ctx) == nil })
-	stop(t, ss[other])
-	if _, err := ss[other].Elector("late"); !errors.Is(err, scheduler.ErrStopped) {
-		t.Fatalf("Elector after Stop: %v, want ErrStopped", err)
-	}
 }
 
 func TestLeaderElectionNameIsChecked(t *testing.T) {
-	g := newGuard(t, memory.New())
-	for _, bad := range []string{"", "bad\nname"} {
-		if _, err := scheduler.New(g, scheduler.WithLeaderElection(bad)); !errors.Is(err, guard.ErrInvalidOption) {
-			t.Errorf("WithLeaderElection(%q): %v, want ErrInvalidOption", bad, err)
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		for _, bad := range []string{"", "bad\nname"} {
+			if _, err := scheduler.New(g, scheduler.WithLeaderElection(bad)); !errors.Is(err, guard.ErrInvalidOption) {
+				t.Errorf("WithLeaderElection(%q): %v, want ErrInvalidOption", bad, err)
+			}
+			if _, err := newScheduler(t, g).Elector(bad); !errors.Is(err, guard.ErrInvalidOption) {
+				t.Errorf("Elector(%q): %v, want ErrInvalidOption", bad, err)
+			}
 		}
-		if _, err := newScheduler(t, g).Elector(bad); !errors.Is(err, guard.ErrInvalidOption) {
-			t.Errorf("Elector(%q): %v, want ErrInvalidOption", bad, err)
-		}
-	}
+	})
 }
 
 // droppable is the memory backend whose election leases can be made to

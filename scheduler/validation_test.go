@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warden-go/warden/backends/memory"
@@ -31,41 +32,43 @@ func newMemoryScheduler(t *testing.T, opts ...scheduler.Option) (*scheduler.Sche
 // Schedules and bounds are checked when a job is added, and refused with an
 // error naming the problem, never silently changed.
 func TestAddRefusesWhatItCannotHonour(t *testing.T) {
-	s, _ := newMemoryScheduler(t)
-	noop := func(context.Context) error { return nil }
-	for _, tc := range []struct {
-		spec string
-		opts []scheduler.JobOption
-		want string
-	}{
-		{"@every 0s", nil, "shorter than the minimum"},
-		{"@every -1s", nil, "shorter than the minimum"},
-		{"@every 1ms", nil, "shorter than the minimum"},
-		{"@every soon", nil, "invalid duration"},
-		{"* * *", nil, "spec"},
-		{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
-		{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
-		{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
-		{"@every 1s", []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)}, "CatchUp needs a slot store"},
-	} {
-		err := s.Add(tc.spec, "job", noop, tc.opts...)
-		if !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("Add(%q): %v, want ErrInvalidJob naming %q", tc.spec, err, tc.want)
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t)
+		noop := func(context.Context) error { return nil }
+		for _, tc := range []struct {
+			spec string
+			opts []scheduler.JobOption
+			want string
+		}{
+			{"@every 0s", nil, "shorter than the minimum"},
+			{"@every -1s", nil, "shorter than the minimum"},
+			{"@every 1ms", nil, "shorter than the minimum"},
+			{"@every soon", nil, "invalid duration"},
+			{"* * *", nil, "spec"},
+			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
+			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
+			{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
+			{"@every 1s", []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)}, "CatchUp needs a slot store"},
+		} {
+			err := s.Add(tc.spec, "job", noop, tc.opts...)
+			if !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Add(%q): %v, want ErrInvalidJob naming %q", tc.spec, err, tc.want)
+			}
 		}
-	}
-	if err := s.Add("@every 1s", "nil", nil); !errors.Is(err, scheduler.ErrInvalidJob) {
-		t.Errorf("Add with a nil func: %v, want ErrInvalidJob", err)
-	}
-	stored, _ := newMemoryScheduler(t, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
-	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp()); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "MisfireAfter") {
-		t.Errorf("CatchUp without MisfireAfter: %v, want ErrInvalidJob naming MisfireAfter", err)
-	}
-	if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "no time to catch a slot up") {
-		t.Errorf("CatchUp with a MisfireAfter shorter than two claim leases: %v, want ErrInvalidJob saying why", err)
-	}
-	if err := stored.Add("@every 1m", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second)); err != nil {
-		t.Errorf("CatchUp with a store and a long enough MisfireAfter: %v", err)
-	}
+		if err := s.Add("@every 1s", "nil", nil); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Add with a nil func: %v, want ErrInvalidJob", err)
+		}
+		stored, _ := newMemoryScheduler(t, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+		if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp()); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "MisfireAfter") {
+			t.Errorf("CatchUp without MisfireAfter: %v, want ErrInvalidJob naming MisfireAfter", err)
+		}
+		if err := stored.Add("@every 1s", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "no time to catch a slot up") {
+			t.Errorf("CatchUp with a MisfireAfter shorter than two claim leases: %v, want ErrInvalidJob saying why", err)
+		}
+		if err := stored.Add("@every 1m", "job", noop, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second)); err != nil {
+			t.Errorf("CatchUp with a store and a long enough MisfireAfter: %v", err)
+		}
+	})
 }
 
 // wholeSeconds is a backend that, like etcd, counts TTLs in whole seconds
@@ -77,134 +80,142 @@ func (wholeSeconds) Limits() driver.Limits {
 }
 
 func TestLockTTLCheckedAgainstTheBackend(t *testing.T) {
-	g, err := guard.New(wholeSeconds{memory.New()}, guard.WithTTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := scheduler.New(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = s.Add("@every 1s", "job", func(context.Context) error { return nil }, scheduler.LockTTL(1500*time.Millisecond))
-	if !errors.Is(err, scheduler.ErrInvalidJob) || !errors.Is(err, guard.ErrInvalidOption) {
-		t.Errorf("LockTTL(1.5s) on a backend of whole seconds: %v, want ErrInvalidJob and ErrInvalidOption", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		g, err := guard.New(wholeSeconds{memory.New()}, guard.WithTTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := scheduler.New(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Add("@every 1s", "job", func(context.Context) error { return nil }, scheduler.LockTTL(1500*time.Millisecond))
+		if !errors.Is(err, scheduler.ErrInvalidJob) || !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("LockTTL(1.5s) on a backend of whole seconds: %v, want ErrInvalidJob and ErrInvalidOption", err)
+		}
+	})
 }
 
 // "@every 1500ms" means 1.5 s between slots, not 1 s.
 func TestEveryHonoursSubSecondIntervals(t *testing.T) {
-	s, _ := newMemoryScheduler(t)
-	var mu sync.Mutex
-	var slots []time.Time
-	err := s.Add("@every 1500ms", "every-1500ms", func(ctx context.Context) error {
-		run, _ := scheduler.RunFrom(ctx)
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t)
+		var mu sync.Mutex
+		var slots []time.Time
+		err := s.Add("@every 1500ms", "every-1500ms", func(ctx context.Context) error {
+			run, _ := scheduler.RunFrom(ctx)
+			mu.Lock()
+			slots = append(slots, run.Slot)
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		defer s.Stop(context.Background())
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			mu.Lock()
+			n := len(slots)
+			mu.Unlock()
+			if n >= 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d runs in 20s", n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		mu.Lock()
-		slots = append(slots, run.Slot)
-		mu.Unlock()
-		return nil
+		defer mu.Unlock()
+		for i := 1; i < len(slots); i++ {
+			if d := slots[i].Sub(slots[i-1]); d != 1500*time.Millisecond {
+				t.Errorf("slots %v and %v are %v apart, want 1.5s", slots[i-1], slots[i], d)
+			}
+			if slots[i].UnixMilli()%1500 != 0 {
+				t.Errorf("slot %v is not aligned to 1.5s since the anchor", slots[i])
+			}
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	defer s.Stop(context.Background())
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		mu.Lock()
-		n := len(slots)
-		mu.Unlock()
-		if n >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d runs in 20s", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i := 1; i < len(slots); i++ {
-		if d := slots[i].Sub(slots[i-1]); d != 1500*time.Millisecond {
-			t.Errorf("slots %v and %v are %v apart, want 1.5s", slots[i-1], slots[i], d)
-		}
-		if slots[i].UnixMilli()%1500 != 0 {
-			t.Errorf("slot %v is not aligned to 1.5s since the anchor", slots[i])
-		}
-	}
 }
 
 // Stop returns promptly when a job sits in its LockAtLeastFor hold, and
 // releases that hold.
 func TestStopReleasesTheAtLeastHold(t *testing.T) {
-	s, g := newMemoryScheduler(t)
-	ran := make(chan struct{}, 1)
-	err := s.Add("@every 1s", "held", func(context.Context) error {
-		select {
-		case ran <- struct{}{}:
-		default:
+	synctest.Test(t, func(t *testing.T) {
+		s, g := newMemoryScheduler(t)
+		ran := make(chan struct{}, 1)
+		err := s.Add("@every 1s", "held", func(context.Context) error {
+			select {
+			case ran <- struct{}{}:
+			default:
+			}
+			return nil
+		}, scheduler.LockAtLeastFor(time.Hour), scheduler.LockAtMostFor(2*time.Hour))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	}, scheduler.LockAtLeastFor(time.Hour), scheduler.LockAtMostFor(2*time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the job did not run")
-	}
-	start := time.Now()
-	if err := s.Stop(context.Background()); err != nil {
-		t.Fatalf("Stop: %v", err)
-	}
-	if took := time.Since(start); took > 3*time.Second {
-		t.Errorf("Stop took %v with a job in its LockAtLeastFor hold", took)
-	}
-	l, err := g.TryLock(context.Background(), "held")
-	if err != nil {
-		t.Fatalf("the hold was not released by Stop: %v", err)
-	}
-	l.Unlock(context.Background())
+		s.Start()
+		select {
+		case <-ran:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the job did not run")
+		}
+		start := time.Now()
+		if err := s.Stop(context.Background()); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("Stop took %v with a job in its LockAtLeastFor hold", took)
+		}
+		l, err := g.TryLock(context.Background(), "held")
+		if err != nil {
+			t.Fatalf("the hold was not released by Stop: %v", err)
+		}
+		l.Unlock(context.Background())
+	})
 }
 
 // Entries lists every job with its schedule, its next slot while the
 // Scheduler runs, and its latest run.
 func TestEntries(t *testing.T) {
-	s, _ := newMemoryScheduler(t)
-	ran := make(chan struct{}, 16)
-	if err := s.Add("@every 200ms", "tick", func(context.Context) error {
-		ran <- struct{}{}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Add("0 3 * * *", "nightly", func(context.Context) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	before := s.Entries()
-	if len(before) != 2 || before[0].Name != "tick" || before[1].Spec != "0 3 * * *" ||
-		!before[0].Next.IsZero() || before[0].Last != nil {
-		t.Fatalf("before Start: %+v", before)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Stop(context.Background()) })
-	select {
-	case <-ran:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the job never ran")
-	}
-	waitFor(t, "the first run to be recorded", 30*time.Second, func() bool {
-		e := s.Entries()
-		return e[0].Last != nil && e[0].Last.Outcome == scheduler.Ran
-	})
-	now := time.Now()
-	for _, e := range s.Entries() {
-		if !e.Next.After(now.Add(-time.Second)) {
-			t.Errorf("%s: next slot %v, want one ahead of %v", e.Name, e.Next, now)
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t)
+		ran := make(chan struct{}, 16)
+		if err := s.Add("@every 200ms", "tick", func(context.Context) error {
+			ran <- struct{}{}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if e := s.Entries()[1]; e.Next.Hour() != 3 || e.Next.Minute() != 0 || e.Last != nil {
-		t.Errorf("nightly: %+v, want next at 03:00 and no run yet", e)
-	}
+		if err := s.Add("0 3 * * *", "nightly", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		before := s.Entries()
+		if len(before) != 2 || before[0].Name != "tick" || before[1].Spec != "0 3 * * *" ||
+			!before[0].Next.IsZero() || before[0].Last != nil {
+			t.Fatalf("before Start: %+v", before)
+		}
+		s.Start()
+		t.Cleanup(func() { s.Stop(context.Background()) })
+		select {
+		case <-ran:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the job never ran")
+		}
+		waitFor(t, "the first run to be recorded", 30*time.Second, func() bool {
+			e := s.Entries()
+			return e[0].Last != nil && e[0].Last.Outcome == scheduler.Ran
+		})
+		now := time.Now()
+		for _, e := range s.Entries() {
+			if !e.Next.After(now.Add(-time.Second)) {
+				t.Errorf("%s: next slot %v, want one ahead of %v", e.Name, e.Next, now)
+			}
+		}
+		if e := s.Entries()[1]; e.Next.Hour() != 3 || e.Next.Minute() != 0 || e.Last != nil {
+			t.Errorf("nightly: %+v, want next at 03:00 and no run yet", e)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -24,62 +25,64 @@ func stoppedScheduler(t *testing.T, g *guard.Guard, opts ...scheduler.Option) *s
 }
 
 func TestWrapSkipsWhileHeldAndReleasesAfterPanic(t *testing.T) {
-	t.Parallel()
-	g := newGuard(t, memory.New())
-	var records []scheduler.RunRecord
-	s := stoppedScheduler(t, g, scheduler.WithRunObserver(func(r scheduler.RunRecord) { records = append(records, r) }))
-	wrap, err := s.Wrap("wrapped", scheduler.LockAtLeastFor(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var runs atomic.Int32
-	job := wrap(cron.FuncJob(func() {
-		runs.Add(1)
-		panic("boom")
-	}))
-	held, err := g.Lock(context.Background(), "wrapped")
-	if err != nil {
-		t.Fatal(err)
-	}
-	job.Run()
-	if n := runs.Load(); n != 0 {
-		t.Fatalf("job ran %d times while its lock was held", n)
-	}
-	held.Unlock(context.Background())
-	job.Run() // panics inside; must not escape
-	if n := runs.Load(); n != 1 {
-		t.Fatalf("job ran %d times, want 1", n)
-	}
-	l, err := g.TryLock(context.Background(), "wrapped")
-	if err != nil {
-		t.Fatalf("lock not released after the panic: %v", err)
-	}
-	l.Unlock(context.Background())
-	if len(records) != 2 || records[0].Outcome != scheduler.Skipped || records[1].Outcome != scheduler.Failed ||
-		!errors.Is(records[1].Err, scheduler.ErrPanicked) {
-		t.Errorf("records %+v, want a skipped run, then a failed one with ErrPanicked", records)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var records []scheduler.RunRecord
+		s := stoppedScheduler(t, g, scheduler.WithRunObserver(func(r scheduler.RunRecord) { records = append(records, r) }))
+		wrap, err := s.Wrap("wrapped", scheduler.LockAtLeastFor(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int32
+		job := wrap(cron.FuncJob(func() {
+			runs.Add(1)
+			panic("boom")
+		}))
+		held, err := g.Lock(context.Background(), "wrapped")
+		if err != nil {
+			t.Fatal(err)
+		}
+		job.Run()
+		if n := runs.Load(); n != 0 {
+			t.Fatalf("job ran %d times while its lock was held", n)
+		}
+		held.Unlock(context.Background())
+		job.Run() // panics inside; must not escape
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("job ran %d times, want 1", n)
+		}
+		l, err := g.TryLock(context.Background(), "wrapped")
+		if err != nil {
+			t.Fatalf("lock not released after the panic: %v", err)
+		}
+		l.Unlock(context.Background())
+		if len(records) != 2 || records[0].Outcome != scheduler.Skipped || records[1].Outcome != scheduler.Failed ||
+			!errors.Is(records[1].Err, scheduler.ErrPanicked) {
+			t.Errorf("records %+v, want a skipped run, then a failed one with ErrPanicked", records)
+		}
+	})
 }
 
 func TestWrapAndLockerRefuseBadOptions(t *testing.T) {
-	t.Parallel()
-	s := stoppedScheduler(t, newGuard(t, memory.New()))
-	bad := []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}
-	if _, err := s.Wrap("job", bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
-		t.Errorf("Wrap: %v, want ErrInvalidJob", err)
-	}
-	if _, err := s.Wrap("bad\x00name"); !errors.Is(err, scheduler.ErrInvalidJob) {
-		t.Errorf("Wrap with a control character in the name: %v, want ErrInvalidJob", err)
-	}
-	if _, err := s.Locker(bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
-		t.Errorf("Locker: %v, want ErrInvalidJob", err)
-	}
-	if _, err := s.Wrap("twice"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Wrap("twice"); !errors.Is(err, scheduler.ErrDuplicateJob) {
-		t.Errorf("a second Wrap of one name: %v, want ErrDuplicateJob", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := stoppedScheduler(t, newGuard(t, memory.New()))
+		bad := []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}
+		if _, err := s.Wrap("job", bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Wrap: %v, want ErrInvalidJob", err)
+		}
+		if _, err := s.Wrap("bad\x00name"); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Wrap with a control character in the name: %v, want ErrInvalidJob", err)
+		}
+		if _, err := s.Locker(bad...); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Locker: %v, want ErrInvalidJob", err)
+		}
+		if _, err := s.Wrap("twice"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Wrap("twice"); !errors.Is(err, scheduler.ErrDuplicateJob) {
+			t.Errorf("a second Wrap of one name: %v, want ErrDuplicateJob", err)
+		}
+	})
 }
 
 // skewedNode is one of two processes sharing a lock backend, the second
@@ -99,74 +102,76 @@ func skewedNodes(t *testing.T, opts ...scheduler.Option) [2]*scheduler.Scheduler
 // across two processes whose clocks are 400ms apart: robfig/cron fires the
 // second one 400ms later in real time, after the first run has ended.
 func TestWrapDefaultsNeverRunATickTwice(t *testing.T) {
-	t.Parallel()
-	nodes := skewedNodes(t)
-	var runs atomic.Int32
-	var crons []*cron.Cron
-	for i, s := range nodes {
-		wrap, err := s.Wrap("report")
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		nodes := skewedNodes(t)
+		var runs atomic.Int32
+		var crons []*cron.Cron
+		for i, s := range nodes {
+			wrap, err := s.Wrap("report")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cron.New(cron.WithSeconds())
+			delay := time.Duration(i) * 400 * time.Millisecond
+			// The second node's cron fires when its own clock shows the
+			// second: 400ms after the first's in real time.
+			late := func(j cron.Job) cron.Job {
+				return cron.FuncJob(func() { time.Sleep(delay); j.Run() })
+			}
+			if _, err := c.AddJob("*/2 * * * * *", cron.NewChain(late, wrap).Then(cron.FuncJob(func() { runs.Add(1) }))); err != nil {
+				t.Fatal(err)
+			}
+			crons = append(crons, c)
 		}
-		c := cron.New(cron.WithSeconds())
-		delay := time.Duration(i) * 400 * time.Millisecond
-		// The second node's cron fires when its own clock shows the
-		// second: 400ms after the first's in real time.
-		late := func(j cron.Job) cron.Job {
-			return cron.FuncJob(func() { time.Sleep(delay); j.Run() })
+		for _, c := range crons {
+			c.Start()
 		}
-		if _, err := c.AddJob("*/2 * * * * *", cron.NewChain(late, wrap).Then(cron.FuncJob(func() { runs.Add(1) }))); err != nil {
-			t.Fatal(err)
+		start := time.Now()
+		time.Sleep(7 * time.Second) // the observation window: three or four ticks
+		for _, c := range crons {
+			<-c.Stop().Done()
 		}
-		crons = append(crons, c)
-	}
-	for _, c := range crons {
-		c.Start()
-	}
-	start := time.Now()
-	time.Sleep(7 * time.Second) // the observation window: three or four ticks
-	for _, c := range crons {
-		<-c.Stop().Done()
-	}
-	ticks := int32(time.Since(start)/(2*time.Second)) + 1
-	if n := runs.Load(); n > ticks || n < ticks-2 {
-		t.Errorf("%d runs in %d ticks across two nodes, want one per tick", n, ticks)
-	}
+		ticks := int32(time.Since(start)/(2*time.Second)) + 1
+		if n := runs.Load(); n > ticks || n < ticks-2 {
+			t.Errorf("%d runs in %d ticks across two nodes, want one per tick", n, ticks)
+		}
+	})
 }
 
 // The gocron Locker, with default options, keeps a short run's lock past the
 // moment a node 400ms behind asks for it.
 func TestLockerDefaultsNeverRunATickTwice(t *testing.T) {
-	t.Parallel()
-	nodes := skewedNodes(t)
-	var lockers [2]gocron.Locker
-	for i, s := range nodes {
-		l, err := s.Locker()
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		nodes := skewedNodes(t)
+		var lockers [2]gocron.Locker
+		for i, s := range nodes {
+			l, err := s.Locker()
+			if err != nil {
+				t.Fatal(err)
+			}
+			lockers[i] = l
 		}
-		lockers[i] = l
-	}
-	ctx := context.Background()
-	for range 3 {
-		// The previous round's hold ends after DefaultLockAtLeastFor.
-		var first gocron.Lock
-		waitFor(t, "the first node to take the lock", 10*time.Second, func() bool {
-			l, err := lockers[0].Lock(ctx, "gocron-report")
-			first = l
-			return err == nil
-		})
-		first.Unlock(ctx) // a short job
-		time.Sleep(400 * time.Millisecond)
-		second, err := lockers[1].Lock(ctx, "gocron-report")
-		if err == nil {
-			second.Unlock(ctx)
-			t.Fatal("the node 400ms behind ran the tick again")
+		ctx := context.Background()
+		for range 3 {
+			// The previous round's hold ends after DefaultLockAtLeastFor.
+			var first gocron.Lock
+			waitFor(t, "the first node to take the lock", 10*time.Second, func() bool {
+				l, err := lockers[0].Lock(ctx, "gocron-report")
+				first = l
+				return err == nil
+			})
+			first.Unlock(ctx) // a short job
+			time.Sleep(400 * time.Millisecond)
+			second, err := lockers[1].Lock(ctx, "gocron-report")
+			if err == nil {
+				second.Unlock(ctx)
+				t.Fatal("the node 400ms behind ran the tick again")
+			}
+			if !errors.Is(err, guard.ErrNotAcquired) {
+				t.Fatalf("the second node: %v, want ErrNotAcquired", err)
+			}
 		}
-		if !errors.Is(err, guard.ErrNotAcquired) {
-			t.Fatalf("the second node: %v, want ErrNotAcquired", err)
-		}
-	}
+	})
 }
 
 // TestGocronLocker: two gocron schedulers share one job through a Guard;

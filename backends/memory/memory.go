@@ -473,3 +473,7 @@ func (s *lease) Release(ctx context.Context) error {
 
 // Ping implements driver.Pinger: an in-process backend always answers.
 func (l *Locker) Ping(context.Context) error { return nil }
+
+// BoundedByContext reports true: every call returns once its ctx is done,
+// since nothing leaves the process (driver.ContextBounded).
+func (l *Locker) BoundedByContext() bool { return true }

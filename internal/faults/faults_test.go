@@ -62,9 +62,11 @@ func TestMain(m *testing.M) {
 	goredis.SetLogger(quietRedis{})
 	code := m.Run()
 	printTable(os.Stdout)
+	printBoundsTable(os.Stdout)
 	if p := os.Getenv("WARDEN_FAULTS_TABLE"); p != "" {
 		if f, err := os.Create(p); err == nil {
 			printTable(f)
+			printBoundsTable(f)
 			f.Close()
 		}
 	}

@@ -1,0 +1,243 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// grace is how long past a call's bound guard waits for the backend's own
+// answer before it answers for it: long enough for a backend that honours
+// its context to return, short enough that a caller's bound holds within
+// it. A client that ignores deadlines (go-redis without
+// ContextTimeoutEnabled, which also retries a timed-out read) or detaches
+// its requests from them (an etcd put run to its request timeout) is left
+// behind.
+const grace = 20 * time.Millisecond
+
+// errNoAnswer is the failure of a call the backend did not answer within
+// its bound: guard answers for it, and the call goes on in the background.
+var errNoAnswer = fmt.Errorf("%w: no answer within the bound", ErrUnavailable)
+
+// pending is a call running on a goroutine of its own, whose caller may
+// stop waiting for it.
+type pending[T any] struct {
+	mu        sync.Mutex
+	done      chan struct{} // closed with v and err set
+	abandoned bool
+	v         T
+	err       error
+}
+
+// call runs f with ctx, and returns its answer or, once ctx is done and a
+// grace period has passed without one, errNoAnswer. A backend that honours
+// its context (direct) and a ctx that never ends need no such watch: f is
+// then called on the caller's goroutine, which costs nothing. Otherwise f
+// runs on a goroutine of its own; when it is abandoned and later returns a
+// value without an error, undo (if not nil) is applied to it there, so that
+// a lease granted too late is given back, never left behind.
+func call[T any](ctx context.Context, direct bool, f func(context.Context) (T, error), undo func(T)) (T, error) {
+	if direct || ctx.Done() == nil {
+		return f(ctx)
+	}
+	p := &pending[T]{done: make(chan struct{})}
+	go func() {
+		v, err := f(ctx)
+		p.mu.Lock()
+		if !p.abandoned {
+			p.v, p.err = v, err
+			close(p.done)
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		if err == nil && undo != nil {
+			undo(v)
+		}
+	}()
+	select {
+	case <-p.done:
+		return p.v, p.err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return p.v, p.err
+	case <-t.C:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.v, p.err
+	default:
+	}
+	p.abandoned = true
+	var zero T
+	return zero, errNoAnswer
+}
+
+// withCallTimeout bounds ctx by the Guard's call timeout, unless ctx's own
+// deadline comes first.
+func (g *Guard) withCallTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= g.callTimeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, g.callTimeout)
+}
+
+// bounded runs f, a request to the backend that grants nothing (a ping, an
+// inspection), within ctx's deadline or the Guard's call timeout, whichever
+// comes first.
+func bounded[T any](g *Guard, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := g.withCallTimeout(ctx)
+	defer cancel()
+	v, err := call(cctx, g.direct, f, nil)
+	err = noAnswer(ctx, cctx, err)
+	if err != nil && ctx.Err() != nil {
+		err = cutShort(ctx, err)
+	}
+	return v, err
+}
+
+// noAnswer is err, the failure of a call made with cctx (derived from the
+// caller's ctx), or errNoAnswer when the backend said only that cctx's
+// deadline had cut the call short: it did not answer within the bound. An
+// answer (the lock is held, an invalid option) stays what it is, and a
+// cancellation by the caller is no outage.
+func noAnswer(ctx, cctx context.Context, err error) error {
+	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.Is(ctx.Err(), context.Canceled) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return errNoAnswer
+	}
+	return err
+}
+
+// cutShort is the error of a call that the caller's ctx ended: ctx's own
+// error, which also matches ErrUnavailable when the backend had failed, or
+// not answered, by then (err).
+func cutShort(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	if errors.Is(err, ErrUnavailable) && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	return cerr
+}
+
+// probeShare is the part of a bounded wait kept for a last, non-waiting
+// attempt: when the wait runs out, the backend has said nothing (a waiting
+// acquisition ends with its context's error whether the lock was held or the
+// backend could not be reached), and that attempt tells the two apart (and
+// takes the lock if it is free after all). A tenth of the wait, between
+// 10ms and 250ms, and never more than the wait.
+func probeShare(wait time.Duration) time.Duration {
+	return min(max(wait/10, 10*time.Millisecond), 250*time.Millisecond, wait)
+}
+
+// undoAcquire releases a lease granted to an acquisition whose caller had
+// stopped waiting for it, so that it never holds the key for anyone.
+func (g *Guard) undoAcquire(full string) func(driver.Lease) {
+	return func(lease driver.Lease) {
+		if lease == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), g.releaseTimeout)
+		defer cancel()
+		if err := lease.Release(ctx); err != nil {
+			g.logger.Warn("warden: a lease granted after its caller stopped waiting could not be released; it stays taken until it expires",
+				"key", full, "backend", g.backend, "error", err)
+		}
+	}
+}
+
+// boundKind says which bound ended an acquisition that found the lock held.
+type boundKind uint8
+
+const (
+	boundNone    boundKind = iota // none: a single attempt found it held
+	boundWait                     // the WaitAtMost bound
+	boundContext                  // ctx's deadline, which came first
+)
+
+// acquireBounded makes the acquisition c asks for, and returns within its
+// bound (ctx's deadline, the wait bound, or for a single attempt the call
+// timeout) and grace, whatever the backend does. A bounded wait gives the
+// last part of its time (probeShare) to one attempt that does not wait:
+// its answer tells a lock still held (ErrNotAcquired) from a backend that
+// cannot be reached (ErrUnavailable, or no answer in time), which the
+// waiting call, ended by its context, cannot say; when it finds the lock
+// held, the rest of the bound is waited out as well. (A fair waiter thus
+// gives up its place in the queue for the last part of its wait.) It
+// returns which bound ended an acquisition that found the lock held.
+func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, error) {
+	ctxEnd, hasEnd := ctx.Deadline()
+	if c.wait < 0 && !hasEnd {
+		// Nothing bounds it but ctx's cancellation, if even that.
+		lease, err := g.attempt(ctx, full, c, true)
+		return lease, boundNone, err
+	}
+	now := time.Now()
+	end, kind := now.Add(g.callTimeout), boundNone
+	if c.wait > 0 {
+		end, kind = now.Add(c.wait), boundWait
+	}
+	if hasEnd && (c.wait < 0 || !ctxEnd.After(end)) {
+		end, kind = ctxEnd, boundContext
+	}
+	if c.wait != 0 {
+		if probeAt := end.Add(-probeShare(end.Sub(now))); probeAt.After(now) {
+			wctx, cancel := context.WithDeadline(ctx, probeAt)
+			lease, err := g.attempt(wctx, full, c, true)
+			cancel()
+			if err == nil || ctx.Err() != nil || wctx.Err() == nil {
+				return lease, boundNone, err
+			}
+			if !time.Now().Before(end) {
+				// No time is left for the last attempt (a late wake-up on
+				// a busy machine): only a call that never answered shows
+				// the backend out of reach; otherwise the wait ran out.
+				if err != errNoAnswer {
+					err = ErrNotAcquired
+				}
+				return nil, kind, err
+			}
+		}
+	}
+	pctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	lease, err := g.attempt(pctx, full, c, false)
+	err = noAnswer(ctx, pctx, err)
+	if c.wait == 0 {
+		// A single attempt's ErrNotAcquired is its answer, whatever bound
+		// it had.
+		return lease, boundNone, err
+	}
+	if errors.Is(err, ErrNotAcquired) && time.Now().Before(end) {
+		// The backend answers and the lock is held: wait out what is
+		// left of the bound, so that a release in it is not missed.
+		lease, werr := g.attempt(pctx, full, c, true)
+		if werr == nil || ctx.Err() != nil || (errors.Is(werr, ErrUnavailable) && werr != errNoAnswer) {
+			return lease, boundNone, werr
+		}
+	}
+	return lease, kind, err
+}
+
+// attempt calls the backend for c (one attempt, or a wait) through call.
+// The watched path copies c, so that the uncontended path of a backend
+// that honours its context allocates nothing for it.
+func (g *Guard) attempt(ctx context.Context, full string, c *lockConfig, wait bool) (driver.Lease, error) {
+	if g.direct || ctx.Done() == nil {
+		return g.acquireLease(ctx, full, c, wait)
+	}
+	cc := *c
+	return call(ctx, false, func(actx context.Context) (driver.Lease, error) {
+		return g.acquireLease(actx, full, &cc, wait)
+	}, g.undoAcquire(full))
+}

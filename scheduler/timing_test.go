@@ -1,0 +1,243 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/scheduler"
+)
+
+// The scheduler's timing in synctest bubbles: robfig/cron's timer, the
+// lease keeper, the slot store and the lock all run on fake time, so each
+// test states what happens at each instant, and holds however loaded the
+// machine is.
+
+// outcomes is what a RunObserver saw, by slot.
+type outcomes struct {
+	mu   sync.Mutex
+	recs []scheduler.RunRecord
+}
+
+func (o *outcomes) observe(r scheduler.RunRecord) {
+	o.mu.Lock()
+	o.recs = append(o.recs, r)
+	o.mu.Unlock()
+}
+
+func (o *outcomes) all() []scheduler.RunRecord {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]scheduler.RunRecord(nil), o.recs...)
+}
+
+// summary is "slot+offset outcome" for each record, in order, the slot
+// given as seconds after base.
+func (o *outcomes) summary(base time.Time) []string {
+	var out []string
+	for _, r := range o.all() {
+		out = append(out, fmt.Sprintf("%v %s", r.Slot.Sub(base), r.Outcome))
+	}
+	return out
+}
+
+// bubbleScheduler is a started scheduler inside the bubble, stopped when
+// the bubble's test ends.
+func bubbleScheduler(t *testing.T, g *guard.Guard, instance string, o *outcomes, opts ...scheduler.Option) *scheduler.Scheduler {
+	t.Helper()
+	s := newScheduler(t, g, append([]scheduler.Option{scheduler.WithInstance(instance), scheduler.WithRunObserver(o.observe)}, opts...)...)
+	t.Cleanup(func() { stop(t, s) })
+	return s
+}
+
+// Three schedulers sharing a lock backend and a slot store run each slot of
+// "@every 1s" exactly once, at its slot to the instant, every slot a whole
+// second after the anchor.
+func TestSlotsOncePerSlotOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		var mu sync.Mutex
+		runs := map[time.Time]int{}
+		for i := range 3 {
+			s := bubbleScheduler(t, newGuard(t, locker), fmt.Sprint("node-", i), &o, scheduler.WithSlotStore(store))
+			err := s.Add("@every 1s", "tick", func(ctx context.Context) error {
+				run, _ := scheduler.RunFrom(ctx)
+				if now := time.Now(); !now.Equal(run.Slot) {
+					t.Errorf("slot %v ran at %v", run.Slot, now)
+				}
+				mu.Lock()
+				runs[run.Slot]++
+				mu.Unlock()
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+		}
+		start := time.Now()
+		time.Sleep(10*time.Second + time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(runs) != 10 {
+			t.Errorf("%d slots ran in 10s, want 10: %v", len(runs), runs)
+		}
+		for slot, n := range runs {
+			if n != 1 {
+				t.Errorf("slot %v ran %d times", slot, n)
+			}
+			if slot.Sub(start)%time.Second != 0 || slot.UnixNano()%int64(time.Second) != 0 {
+				t.Errorf("slot %v is not a whole second after the anchor", slot)
+			}
+		}
+	})
+}
+
+// A run that waits for its lock past MisfireAfter misfires, and says by
+// how much; the next slot runs.
+func TestMisfireWhenTheLockComesLate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var o outcomes
+		s := bubbleScheduler(t, g, "solo", &o)
+		var ran atomic.Int32
+		err := s.Add("@every 2s", "late", func(context.Context) error { ran.Add(1); return nil },
+			scheduler.WaitForLock(5*time.Second), scheduler.MisfireAfter(300*time.Millisecond),
+			scheduler.LockAtLeastFor(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Held from before the first slot until 500ms past it.
+		first := time.Now().Truncate(2 * time.Second).Add(2 * time.Second)
+		held, err := g.TryLock(context.Background(), "late")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		time.Sleep(time.Until(first) + 500*time.Millisecond)
+		held.Unlock(context.Background())
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		recs := o.all()
+		if len(recs) < 2 {
+			t.Fatalf("records %v, want a misfire then a run", o.summary(first))
+		}
+		if recs[0].Outcome != scheduler.Misfired || recs[0].Reason != "lock taken 500ms after its slot" {
+			t.Errorf("first slot: %s %q, want misfired, lock taken 500ms after its slot", recs[0].Outcome, recs[0].Reason)
+		}
+		if recs[1].Outcome != scheduler.Ran || !recs[1].Slot.Equal(first.Add(2*time.Second)) || ran.Load() != 1 {
+			t.Errorf("then %v, %d runs; want the next slot to run", o.summary(first), ran.Load())
+		}
+	})
+}
+
+// A run that overruns its interval keeps the lock: the slots that fall due
+// meanwhile are skipped ("lock held"), the next after it runs; and
+// LockAtMostFor cancels a run at its cap to the instant.
+func TestOverrunsSkipAndTheCapCancels(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var o outcomes
+		s := bubbleScheduler(t, g, "solo", &o)
+		var ended atomic.Int64
+		err := s.Add("@every 1s", "long", func(ctx context.Context) error {
+			run, _ := scheduler.RunFrom(ctx)
+			select {
+			case <-time.After(2500 * time.Millisecond):
+			case <-ctx.Done():
+				ended.Store(int64(time.Since(run.Slot)))
+				return context.Cause(ctx)
+			}
+			return nil
+		}, scheduler.LockAtMostFor(5*time.Second), scheduler.LockAtLeastFor(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := time.Now().Truncate(time.Second).Add(time.Second)
+		s.Start()
+		time.Sleep(time.Until(base) + 3500*time.Millisecond)
+		synctest.Wait()
+		want := []string{"1s skipped", "2s skipped", "0s ran", "3s ran"}
+		got := o.summary(base)
+		// The run of slot 3s has started but not ended: no record yet.
+		if fmt.Sprint(got) != fmt.Sprint(want[:3]) {
+			t.Errorf("records %v, want %v", got, want[:3])
+		}
+		for _, r := range o.all() {
+			if r.Outcome == scheduler.Skipped && r.Reason != "lock held" {
+				t.Errorf("skip of %v: %q, want lock held", r.Slot.Sub(base), r.Reason)
+			}
+		}
+		if d := time.Duration(ended.Load()); d != 0 {
+			t.Errorf("a 2.5s run under a 5s cap was cancelled after %v", d)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var o outcomes
+		s := bubbleScheduler(t, g, "solo", &o)
+		cancelled := make(chan time.Duration, 1)
+		err := s.Add("@every 10s", "capped", func(ctx context.Context) error {
+			run, _ := scheduler.RunFrom(ctx)
+			<-ctx.Done()
+			cancelled <- time.Since(run.Slot)
+			return context.Cause(ctx)
+		}, scheduler.LockAtMostFor(1500*time.Millisecond), scheduler.LockAtLeastFor(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		if d := <-cancelled; d != 1500*time.Millisecond {
+			t.Errorf("cancelled %v after its slot, want at its 1.5s cap", d)
+		}
+	})
+}
+
+// A slot whose runner died mid-run (its claim no longer renewed) is caught
+// up by another node once the claim has lapsed, within the slot's misfire
+// window.
+func TestCatchUpOnceTheDeadClaimLapses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		g := newGuard(t, locker, guard.WithTTL(2*time.Second))
+		var o outcomes
+		s := bubbleScheduler(t, g, "survivor", &o, scheduler.WithSlotStore(store))
+		ranAt := make(chan time.Time, 1)
+		err := s.Add("@every 1m", "report", func(ctx context.Context) error {
+			ranAt <- time.Now()
+			return nil
+		}, scheduler.CatchUp(), scheduler.MisfireAfter(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot := time.Now().Truncate(time.Minute).Add(time.Minute)
+		s.Start()
+		time.Sleep(time.Until(slot) - time.Millisecond)
+		// The dead runner claimed the slot just before its instant (its
+		// clock a little ahead) and then stopped: its claim's 2s lease is
+		// never renewed.
+		rec, err := store.Claim(context.Background(), idempotency.Claim{Scope: "warden.scheduler",
+			Key: "report@" + slot.UTC().Format(time.RFC3339Nano), Owner: "dead:0", Lease: 2 * time.Second})
+		if err != nil || rec != nil {
+			t.Fatalf("the dead runner's claim: %v %v", rec, err)
+		}
+		select {
+		case at := <-ranAt:
+			// Polled every half lease: the claim lapsed at 2s, seen at 2s.
+			if lag := at.Sub(slot); lag < 2*time.Second || lag > 3*time.Second {
+				t.Errorf("caught up %v after the slot, want once the 2s claim lapsed", lag)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the slot was not caught up within its misfire window: %v", o.summary(slot))
+		}
+	})
+}
