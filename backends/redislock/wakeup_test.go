@@ -3,11 +3,7 @@ package redislock
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,77 +12,6 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
-
-// lossyProxy stands between a Locker's Pub/Sub connection and the server.
-// Once told to lose, it drops whatever the server sends, on every
-// connection, as a node that died or froze without closing them would.
-type lossyProxy struct {
-	ln   net.Listener
-	lose atomic.Bool
-
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-// cut closes the connections it carries, and refuses more, as a node that
-// dies does.
-func (p *lossyProxy) cut() {
-	p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-func newLossyProxy(t *testing.T, target string) *lossyProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &lossyProxy{ln: ln}
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go io.Copy(s, c)
-			go func() {
-				buf := make([]byte, 4096)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && !p.lose.Load() {
-						c.Write(buf[:n])
-					}
-					if err != nil {
-						c.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return p
-}
 
 // subscribeVia is a client whose Pub/Sub connections go through another
 // client's address.
@@ -125,9 +50,14 @@ func TestLostWakeupFallsBack(t *testing.T) {
 	for _, c := range cases {
 		for _, fair := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/fair=%v", c.name, fair), func(t *testing.T) {
-				proxy := newLossyProxy(t, addr)
-				proxy.lose.Store(!c.confirmed)
-				psClient := goredis.NewClient(&goredis.Options{Addr: proxy.ln.Addr().String()})
+				// The waiter's Pub/Sub connection goes through a proxy that
+				// loses what the server sends, as a node that died or froze
+				// without closing its connections would.
+				proxy := drivertest.StartProxy(t, addr)
+				if !c.confirmed {
+					proxy.LoseReplies()
+				}
+				psClient := goredis.NewClient(&goredis.Options{Addr: proxy.Addr()})
 				t.Cleanup(func() { psClient.Close() })
 				holderClient := newClient(t)
 				holder := newLocker(t, holderClient)
@@ -165,9 +95,9 @@ func TestLostWakeupFallsBack(t *testing.T) {
 						subs, err := holderClient.PubSubNumSub(ctx, waiter.wake).Result()
 						return err == nil && subs[waiter.wake] == 1
 					})
-					proxy.lose.Store(true)
+					proxy.LoseReplies()
 					if c.cut {
-						proxy.cut()
+						proxy.Cut()
 					}
 				}
 				released := time.Now()

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,13 +68,13 @@ func TestOperatorEndpointsOffTheAPI(t *testing.T) {
 // through a proxy the test closes), /healthz answers 503 naming redis, and
 // nothing of the error: no address, no "connection refused".
 func TestHealthNamesTheBackend(t *testing.T) {
-	p := newProxy(t, drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"))
+	p := drivertest.StartProxy(t, drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"))
 	bin := buildService(t)
-	r := startReplica(t, bin, "health", "-db", "sqlite://"+filepath.Join(t.TempDir(), "orders.db"), "-lock", "redis://"+p.addr())
+	r := startReplica(t, bin, "health", "-db", "sqlite://"+filepath.Join(t.TempDir(), "orders.db"), "-lock", "redis://"+p.Addr())
 	if code, _ := status(t, "http://"+r.url+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz with redis up: %d", code)
 	}
-	p.close()
+	p.Cut()
 	var body string
 	waitUntil(t, "/healthz to fail", 30*time.Second, func() bool {
 		resp, err := http.Get("http://" + r.url + "/healthz")
@@ -87,7 +86,7 @@ func TestHealthNamesTheBackend(t *testing.T) {
 		body = string(b)
 		return resp.StatusCode == http.StatusServiceUnavailable
 	})
-	_, port, _ := net.SplitHostPort(p.addr())
+	_, port, _ := net.SplitHostPort(p.Addr())
 	if !strings.Contains(body, "redis") || strings.Contains(body, port) || strings.Contains(body, "refused") || strings.Contains(body, "dial") {
 		t.Fatalf("/healthz: %s; want redis named, and no error text", body)
 	}
@@ -124,54 +123,6 @@ func status(t *testing.T, url string) (int, http.Header) {
 	defer resp.Body.Close()
 	io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode, resp.Header
-}
-
-// proxy forwards TCP connections to a server until closed, then refuses
-// them and cuts those it carried: the server is gone, as far as a client
-// can tell.
-type proxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln}
-	t.Cleanup(p.close)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() { io.Copy(c, s); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
 }
 
 // TestBannerHidesPasswords: the start-up banner, the log and the one-line

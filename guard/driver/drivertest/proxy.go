@@ -18,6 +18,7 @@ type Proxy struct {
 	upstream string
 
 	holed atomic.Bool // bytes are dropped, connections kept: a silent partition
+	deaf  atomic.Bool // the server's bytes are dropped, the client's still relayed
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -66,11 +67,12 @@ func (p *Proxy) relayConn(c net.Conn) {
 	}
 	p.conns[c], p.conns[u] = true, true
 	p.mu.Unlock()
-	go p.relay(u, c)
-	p.relay(c, u)
+	go p.relay(u, c, false)
+	p.relay(c, u, true)
 }
 
-func (p *Proxy) relay(dst, src net.Conn) {
+// relay copies src to dst; fromServer says which way, for LoseReplies.
+func (p *Proxy) relay(dst, src net.Conn, fromServer bool) {
 	defer func() {
 		p.mu.Lock()
 		delete(p.conns, dst)
@@ -82,7 +84,7 @@ func (p *Proxy) relay(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.holed.Load() {
+		if n > 0 && !p.holed.Load() && !(fromServer && p.deaf.Load()) {
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
 			}
@@ -106,8 +108,15 @@ func abort(c net.Conn) {
 // the partition but by silence.
 func (p *Proxy) Blackhole() { p.holed.Store(true) }
 
-// Reset heals a Blackhole as a partition heals: every relayed connection is
-// torn down with a TCP reset, and new ones are relayed again.
+// LoseReplies drops every byte the server sends from now on, on every
+// connection, new ones too, while the client's bytes still reach it: a
+// server that went silent without closing its connections, as far as its
+// client can tell, though it still acts on what it is sent.
+func (p *Proxy) LoseReplies() { p.deaf.Store(true) }
+
+// Reset heals a Blackhole or LoseReplies as a partition heals: every
+// relayed connection is torn down with a TCP reset, and new ones are
+// relayed again.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	for c := range p.conns {
@@ -116,6 +125,7 @@ func (p *Proxy) Reset() {
 	clear(p.conns)
 	p.mu.Unlock()
 	p.holed.Store(false)
+	p.deaf.Store(false)
 }
 
 // Cut closes the listener and every relayed connection, for good.
