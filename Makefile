@@ -88,6 +88,8 @@ test-faults: services
 test-clusters:
 	scripts/clusters.sh up
 	eval "$$(scripts/clusters.sh env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -tags clusters -count=1 -timeout 20m -v $(TESTFLAGS) ./internal/clusters/
+	# Fenced writes on the Redis Cluster (fence and data keys in one slot).
+	eval "$$(scripts/clusters.sh env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -race -tags clusters -count=1 -timeout 10m -run 'Cluster' ./backends/redislock/
 
 # Its own module, so that warden's users never download the peers.
 bench-peers: services
