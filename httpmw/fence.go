@@ -54,8 +54,13 @@ func WithFenceRetryAfter(d time.Duration) FenceOption {
 // WriteStaleFence. When f is the fence those writes use, the resource's
 // highest token moves at the check, before the handler's write lands; give
 // f a prefix of its own (redislock.WithFencePrefix, ...) to keep the data's
-// fence moving only with the data. A nil f checks nothing here and leaves
-// it all to those writes.
+// fence moving only with the data. f then runs ahead of the data's fence:
+// once a request passes it, an older claim gets 409 even while the newer
+// request's write has not landed (or never does: a still newer one landed
+// first, or its handler failed), and the data's fence would still accept
+// the older one. The refusal is safe (a newer lock was granted), but it is
+// not one the data shows. A nil f checks nothing here and leaves it all to
+// those writes, which then alone decide every acceptance and refusal.
 func Fence(f fence.Fencer, opts ...FenceOption) func(http.Handler) http.Handler {
 	c := fenceConfig{retryAfter: DefaultRetryAfter}
 	for _, o := range opts {

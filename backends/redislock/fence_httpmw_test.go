@@ -7,8 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/fence/fencetest"
@@ -17,19 +19,12 @@ import (
 	"github.com/warden-go/warden/httpmw"
 )
 
-// fenceService is a service that accepts fenced writes over HTTP: Fence in
-// front, keeping the highest tokens in Redis, and handlers that write with
-// the claim of their request's context through Fence's writes. The
-// middleware's tokens are kept apart from the data's fence (their own
-// prefix), which the suite reads beside the data: the middleware's check
-// moves its token before the handler writes.
-func fenceService(t testing.TB) (*httptest.Server, *Fence) {
-	c := newClient(t)
-	f, err := NewFence(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate, err := NewFence(c, WithFencePrefix("warden:fence-http:"))
+// fenceService is a service that accepts fenced writes over HTTP:
+// httpmw.Fence in front, with gate as its Fencer (nil: none), and handlers
+// that write with the claim of their request's context through f's fenced
+// writes, whose fence the suite reads beside the data.
+func fenceService(t testing.TB, gate fence.Fencer) *httptest.Server {
+	f, err := NewFence(newClient(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +44,7 @@ func fenceService(t testing.TB) (*httptest.Server, *Fence) {
 	})
 	srv := httptest.NewServer(httpmw.Fence(gate)(mux))
 	t.Cleanup(srv.Close)
-	return srv, f
+	return srv
 }
 
 func answerFenced(w http.ResponseWriter, err error) {
@@ -106,19 +101,74 @@ func (s httpFenceStore) Get(ctx context.Context, r string) (fencetest.State, err
 }
 
 // TestFenceThroughHTTP: the suite through httpmw.Fence and FenceTransport,
-// on Redis.
+// on Redis. The middleware has no Fencer of its own: the handlers' fenced
+// writes are the register the suite checks. A gate in front (its own fence,
+// advanced at the check) refuses on tokens whose writes have not landed yet,
+// which no register shows; TestFenceGateThroughHTTP tests it.
 func TestFenceThroughHTTP(t *testing.T) {
 	drivertest.Addr(t, addrEnv, addrDefault)
-	srv, _ := fenceService(t)
-	store := func(t testing.TB, base string) fencetest.Store {
-		tr := &http.Transport{}
-		t.Cleanup(tr.CloseIdleConnections)
-		return httpFenceStore{base: base, client: &http.Client{Transport: httpmw.FenceTransport(tr)}, read: newFenceStore(t, newClient(t))}
-	}
+	srv := fenceService(t, nil)
 	fencetest.Run(t, fencetest.Backend{
-		New:      func(t testing.TB) fencetest.Store { return store(t, srv.URL) },
-		Through:  func(t testing.TB, relay string) fencetest.Store { return store(t, "http://"+relay) },
+		New:      func(t testing.TB) fencetest.Store { return newHTTPFenceStore(t, srv.URL) },
+		Through:  func(t testing.TB, relay string) fencetest.Store { return newHTTPFenceStore(t, "http://"+relay) },
 		Upstream: strings.TrimPrefix(srv.URL, "http://"),
 		Resource: fenceTag,
 	})
+}
+
+func newHTTPFenceStore(t testing.TB, base string) httpFenceStore {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return httpFenceStore{base: base, client: &http.Client{Transport: httpmw.FenceTransport(tr)}, read: newFenceStore(t, newClient(t))}
+}
+
+// TestFenceGateThroughHTTP: httpmw.Fence with a Redis fence of its own
+// prefix refuses a claim below the highest it let through before the
+// handler runs, and moves only its own fence; it refuses, too, a claim the
+// data's fence would still accept, once a higher one passed it.
+func TestFenceGateThroughHTTP(t *testing.T) {
+	drivertest.Addr(t, addrEnv, addrDefault)
+	ctx := context.Background()
+	gate, err := NewFence(newClient(t), WithFencePrefix("warden:fence-http:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := fenceService(t, gate)
+	s := newHTTPFenceStore(t, srv.URL)
+	r := fenceTag("fence-gate/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	claim := func(tok uint64) fence.Claim { return fence.Claim{Resource: r, Token: tok} }
+	want := func(what string, gateHigh, dataHigh uint64, value string) {
+		t.Helper()
+		g, err := gate.Highest(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Get(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g != gateHigh || st.Highest != dataHigh || st.Value != value {
+			t.Fatalf("%s: gate at %d, data at %d %q; want gate %d, data %d %q", what, g, st.Highest, st.Value, gateHigh, dataHigh, value)
+		}
+	}
+	if err := s.Set(ctx, claim(5), "a"); err != nil {
+		t.Fatal(err)
+	}
+	want("after a write at 5", 5, 5, "a")
+	if err := s.Set(ctx, claim(4), "b"); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("a write at 4 after 5: %v, want 409", err)
+	}
+	want("after a refused write at 4", 5, 5, "a")
+	// A request at 7 that passed the gate and has not written yet.
+	if err := gate.Advance(ctx, claim(7)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, claim(6), "c"); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("a write at 6 after the gate let 7 through: %v, want 409", err)
+	}
+	want("after the gate refused 6", 7, 5, "a")
+	if err := s.Set(ctx, claim(7), "d"); err != nil {
+		t.Fatal(err)
+	}
+	want("after a write at 7", 7, 7, "d")
 }
