@@ -1,7 +1,8 @@
 // Package backendurl opens warden's backends from URLs, the way a service
 // takes them from flags or the environment: memory, sqlite://PATH,
 // postgres://..., mysql://..., redis://host:port, redlock://h1,h2,h3,
-// etcd://host:port[,...] and zk://host:port[,...]. The example service and
+// etcd://host:port[,...], zk://host:port[,...] and consul://host:port (an
+// agent's HTTP address). The example service and
 // the warden CLI both use it; it links every backend and its client, so a
 // program that needs one backend imports that backend instead.
 package backendurl
@@ -17,13 +18,15 @@ import (
 
 // URL is a parsed backend URL.
 type URL struct {
-	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd or zk.
+	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd, zk or
+	// consul.
 	Scheme string
 	// Path is the database file (sqlite).
 	Path string
 	// DSN is the driver's data source name (postgres, mysql).
 	DSN string
-	// Hosts are the servers, host:port each (redis, redlock, etcd, zk).
+	// Hosts are the servers, host:port each (redis, redlock, etcd, zk,
+	// consul).
 	Hosts []string
 
 	raw string // as given
@@ -46,8 +49,8 @@ func MaskPassword(s string) string { return userinfoPassword.ReplaceAllString(s,
 
 // Parse reads a backend URL: memory, sqlite://PATH, postgres://...,
 // mysql://user:pass@tcp(host:port)/db, redis://host:port,
-// redlock://h1:p1,h2:p2,h3:p3, etcd://host:port[,...] or
-// zk://host:port[,...]. Its errors name what is wrong and mask passwords.
+// redlock://h1:p1,h2:p2,h3:p3, etcd://host:port[,...],
+// zk://host:port[,...] or consul://host:port. Its errors name what is wrong and mask passwords.
 func Parse(s string) (*URL, error) {
 	if s == "memory" {
 		return &URL{Scheme: "memory", raw: s}, nil
@@ -81,7 +84,7 @@ func Parse(s string) (*URL, error) {
 			}
 			u.DSN += sep + "parseTime=true"
 		}
-	case "redis", "redlock", "etcd", "zk":
+	case "redis", "redlock", "etcd", "zk", "consul":
 		for _, h := range strings.Split(rest, ",") {
 			if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
 				return nil, fmt.Errorf("%s: %q is not host:port", u, h)
@@ -90,6 +93,9 @@ func Parse(s string) (*URL, error) {
 		}
 		if scheme == "redis" && len(u.Hosts) != 1 {
 			return nil, fmt.Errorf("%s: redis:// takes one host:port (use redlock:// for several)", u)
+		}
+		if scheme == "consul" && len(u.Hosts) != 1 {
+			return nil, fmt.Errorf("%s: consul:// takes one host:port, an agent's HTTP address", u)
 		}
 		if scheme == "redlock" && (len(u.Hosts) < 3 || len(u.Hosts)%2 == 0) {
 			return nil, fmt.Errorf("%s: redlock:// needs an odd number of nodes, at least 3", u)
