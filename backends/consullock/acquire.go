@@ -20,13 +20,36 @@ var errSessionLost = fmt.Errorf("%w: consul session lost", driver.ErrUnavailable
 const waitTime = time.Minute
 
 // Acquire implements driver.Locker. opts.TTL is the TTL of the session the
-// lock's key is acquired by. A waiting acquisition starts over, with a
-// session that is alive, after every failure to reach Consul, until ctx is
-// done.
+// lock's key is acquired by.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
+		a.key = LockKey(key)
+		if opts.Wait && opts.Fair {
+			return a.queue(ctx)
+		}
+		return a.take(ctx, opts.Wait, "")
+	})
+}
+
+// attempt is one contender, with a session that is alive.
+type attempt struct {
+	l     *Locker
+	s     *session
+	key   string // the lock key, for Acquire
+	label string // the key's value: the holder's label, for Inspect
+}
+
+// retry runs one attempt, with a session that is alive, and when opts.Wait
+// is set starts over after every failure to reach Consul, with backoff,
+// until ctx is done.
+func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func(*attempt) (driver.Lease, error)) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
-		lease, err := l.attempt(ctx, key, opts)
+		s, err := l.session(ctx, opts.TTL)
+		var lease driver.Lease
+		if err == nil {
+			lease, err = try(&attempt{l: l, s: s, label: opts.Owner})
+		}
 		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
 			return lease, err
 		}
@@ -34,27 +57,6 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			return nil, err
 		}
 	}
-}
-
-// attempt is one contender on the lock named name, with a session that is
-// alive.
-type attempt struct {
-	l     *Locker
-	s     *session
-	key   string // the lock key
-	label string // the key's value: the holder's label, for Inspect
-}
-
-func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOptions) (driver.Lease, error) {
-	s, err := l.session(ctx, opts.TTL)
-	if err != nil {
-		return nil, err
-	}
-	a := &attempt{l: l, s: s, key: LockKey(name), label: opts.Owner}
-	if opts.Wait && opts.Fair {
-		return a.queue(ctx)
-	}
-	return a.take(ctx, opts.Wait, "")
 }
 
 // take acquires the lock key, waiting for it when wait is set; queued is
@@ -87,7 +89,7 @@ func (a *attempt) take(ctx context.Context, wait bool, queued string) (driver.Le
 // cancelled in flight could still be applied; when its outcome stays
 // unknown, the session is given up, so that a key it may have acquired goes
 // with it.
-func (a *attempt) lock(ctx context.Context, free uint64, queued string) (*lease, error) {
+func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -129,7 +131,13 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (*lease,
 			token = kv.ModifyIndex
 		}
 	}
-	le := &lease{s: a.s, key: a.key, token: token}
+	return a.granted(ctx, a.key, token)
+}
+
+// granted returns the lease of key, just acquired with token, unless ctx
+// ended meanwhile (the key is then released) or the session was lost.
+func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver.Lease, error) {
+	le := &lease{s: a.s, key: key, token: token}
 	if err := ctx.Err(); err != nil {
 		le.Release(context.WithoutCancel(ctx))
 		return nil, err
@@ -160,12 +168,25 @@ func (a *attempt) waitFree(ctx context.Context) (uint64, error) {
 	}
 }
 
-// get reads key, blocking until its index passes index when index is not
-// 0, for no longer than ctx or the session lasts.
+// get reads key; see read.
 func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPair, uint64, error) {
+	var kv *api.KVPair
+	idx, err := a.read(ctx, index, func(q *api.QueryOptions) (meta *api.QueryMeta, err error) {
+		kv, meta, err = a.l.client.KV().Get(key, q)
+		return meta, err
+	})
+	return kv, idx, err
+}
+
+// read makes one read, do, with the query options it is given: when index
+// is 0, a consistent read bounded by the request timeout; otherwise a
+// blocking query that returns once the index passes index, bounded only by
+// ctx and the session, which it outlives by nothing. It returns the read's
+// index.
+func (a *attempt) read(ctx context.Context, index uint64, do func(*api.QueryOptions) (*api.QueryMeta, error)) (uint64, error) {
 	wctx, cancel := a.s.whileAlive(ctx)
 	defer cancel()
-	var rctx context.Context = wctx
+	rctx := wctx
 	q := &api.QueryOptions{RequireConsistent: index == 0}
 	if index == 0 {
 		var c context.CancelFunc
@@ -174,14 +195,14 @@ func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPai
 	} else {
 		q.WaitIndex, q.WaitTime = index, waitTime
 	}
-	kv, meta, err := a.l.client.KV().Get(key, q.WithContext(rctx))
+	meta, err := do(q.WithContext(rctx))
 	if err != nil {
 		if ctx.Err() == nil && a.s.lost() {
-			return nil, 0, errSessionLost
+			return 0, errSessionLost
 		}
-		return nil, 0, a.l.fail(ctx, rctx, err)
+		return 0, a.l.fail(ctx, rctx, err)
 	}
-	return kv, max(meta.LastIndex, 1), nil
+	return max(meta.LastIndex, 1), nil
 }
 
 // queue is a fair acquisition: the contender acquires a queue key of its
@@ -193,25 +214,39 @@ func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPai
 func (a *attempt) queue(ctx context.Context) (driver.Lease, error) {
 	dir := queueDir(a.key)
 	own := dir + a.l.queueName(a.s)
-	rctx, cancel := a.l.detached(ctx)
-	ok, resp, _, err := a.l.client.KV().Txn(api.KVTxnOps{
-		{Verb: api.KVLock, Key: own, Value: []byte(a.label), Session: a.s.id},
-		{Verb: api.KVGetTree, Key: dir},
-	}, queryOpts(rctx))
-	err = a.l.fail(ctx, rctx, err)
-	cancel()
+	tree, err := a.enqueue(ctx, dir, own, 0)
 	if err != nil {
-		a.s.giveUp()
 		return nil, err
 	}
-	if !ok {
-		return nil, errSessionLost
-	}
-	le, err := a.waitTurn(ctx, own, resp.Results)
+	le, err := a.waitTurn(ctx, own, tree)
 	if err != nil {
 		return nil, a.abort(ctx, own, err)
 	}
 	return le, nil
+}
+
+// enqueue acquires own, a contender key under dir, by the session, with
+// flags, and reads dir in the same transaction. The transaction runs to
+// completion even when ctx is cancelled; when its outcome stays unknown, the
+// session is given up, so that the key goes with it.
+func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([]*api.KVPair, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rctx, cancel := a.l.detached(ctx)
+	defer cancel()
+	ok, resp, _, err := a.l.client.KV().Txn(api.KVTxnOps{
+		{Verb: api.KVLock, Key: own, Value: []byte(a.label), Flags: flags, Session: a.s.id},
+		{Verb: api.KVGetTree, Key: dir},
+	}, queryOpts(rctx))
+	if err != nil {
+		a.s.giveUp()
+		return nil, a.l.fail(ctx, rctx, err)
+	}
+	if !ok {
+		return nil, errSessionLost
+	}
+	return resp.Results, nil
 }
 
 // waitTurn waits until own is the oldest queue key, then takes the lock.
@@ -225,27 +260,12 @@ func (a *attempt) waitTurn(ctx context.Context, own string, tree []*api.KVPair) 
 		if pred == "" {
 			return a.take(ctx, true, own)
 		}
-		var index uint64
-		for {
-			kv, idx, err := a.get(ctx, pred, index)
-			if err != nil {
-				return nil, err
-			}
-			if kv == nil {
-				break
-			}
-			index = idx
-		}
 		// The predecessor may have been a waiter that gave up, with
-		// others still before it.
-		rctx, cancel := a.l.rctx(ctx)
-		pairs, _, err := a.l.client.KV().List(queueDir(a.key), queryOpts(rctx))
-		err = a.l.fail(ctx, rctx, err)
-		cancel()
-		if err != nil {
+		// others still before it: the queue is read again.
+		var err error
+		if tree, err = a.waitGone(ctx, queueDir(a.key), pred); err != nil {
 			return nil, err
 		}
-		tree = pairs
 	}
 }
 

@@ -68,7 +68,7 @@ func queued(t testing.TB, c *api.Client, key string) int {
 
 func TestConformance(t *testing.T) {
 	a := addr(t)
-	probe := newClient(t, a)
+	observer := lockerOn(t, newClient(t, a))
 	var (
 		mu      sync.Mutex
 		proxies = map[driver.Locker]*drivertest.Proxy{}
@@ -92,8 +92,14 @@ func TestConformance(t *testing.T) {
 			defer mu.Unlock()
 			proxies[l].Cut()
 		},
-		FIFO:    true,
-		Waiters: func(t testing.TB, key string) int { return queued(t, probe, key) },
+		FIFO: true,
+		Waiters: func(t testing.TB, key string) int {
+			in, err := observer.Inspect(context.Background(), key)
+			if err != nil {
+				t.Fatalf("Inspect(%q): %v", key, err)
+			}
+			return in.Waiters
+		},
 	})
 }
 
@@ -230,4 +236,21 @@ func TestPing(t *testing.T) {
 	cut := lockerOn(t, newClient(t, p.Addr()))
 	p.Blackhole()
 	drivertest.CheckPing(t, lockerOn(t, newClient(t, a)), cut)
+}
+
+// TestNameOf: every key a name's locks use leads back to that name, and no
+// other key does, whatever suffix the name itself ends with.
+func TestNameOf(t *testing.T) {
+	for _, n := range []string{"a", "a.lock", "a.rw", "a.sem", "a/b c", "é"} {
+		for _, k := range []string{LockKey(n), queueDir(LockKey(n)) + "s-1", RWDir(n) + "s-2", SemaphoreDir(n) + "s-3"} {
+			if got, ok := nameOf(k); !ok || got != n {
+				t.Errorf("nameOf(%q) = %q, %v; want %q", k, got, ok, n)
+			}
+		}
+	}
+	for _, k := range []string{"a", "a.rw", "a.rw/", "a.sem", "a%2fb.lock", RevokedPrefix + "s/a.lock/7", "a/b.lock"} {
+		if got, ok := nameOf(k); ok {
+			t.Errorf("nameOf(%q) = %q, want no name", k, got)
+		}
+	}
 }

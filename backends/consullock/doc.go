@@ -72,15 +72,32 @@
 // queue key in one transaction. A fair acquisition that does not wait takes
 // the lock if it is free, like any other.
 //
+// # Read/write locks and semaphores
+//
+// A read/write lock's contenders, and a semaphore's, each acquire a key of
+// their own by their session, under <escaped name>.rw/ (RWDir) or
+// <escaped name>.sem/ (SemaphoreDir), reading the directory in the same
+// transaction; the key's Flags say what it stands for (and a permit's
+// number of permits), its value is the label, and the contenders are
+// ordered by CreateIndex, as in Consul's semaphore recipe, but with no
+// shared lock key to rewrite: a writer holds when no key is older, a reader
+// when no writer's is, a permit when fewer than its permits are. A waiting
+// reader or writer blocks on the latest key that blocks it; semaphore
+// waiters block on the whole directory, since any release may admit any of
+// them. The token is the contender key's ModifyIndex. An acquisition that
+// does not wait and finds itself blocked deletes its key again: two
+// requests. These keys are compatible with nothing but this package's own.
+//
 // # Operators
 //
-// Inspect, List and ForceRelease read the lock keys. A holder's session
-// renews its session, not its keys, so a key deleted by ForceRelease would
-// go unnoticed while the session lives: ForceRelease therefore acquires, in
-// the same transaction as its delete, a marker under RevokedPrefix by
-// the holder's own session, and every session keeps one blocking query on
-// its markers. The lease, a driver.RevocableLease, reports the revocation to
-// guard, which cancels the section.
+// Inspect, List and ForceRelease read every key of a name: its lock key,
+// fair queue, and read/write and semaphore contenders, reported together.
+// A holder renews its session, not its keys, so a key deleted by
+// ForceRelease would go unnoticed while the session lives: ForceRelease
+// therefore acquires, in the same transaction as its delete, a marker under
+// RevokedPrefix by the holder's own session, and every session keeps one
+// blocking query on its markers. The lease, a driver.RevocableLease,
+// reports the revocation to guard, which cancels the section.
 //
 // # Failures
 //

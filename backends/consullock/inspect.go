@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -18,51 +19,114 @@ var (
 	_ driver.ForceReleaser = (*Locker)(nil)
 )
 
-// Inspect implements driver.Inspector with one consistent read of the lock
-// key and its queue. The holder is the lock key's session, labelled by the
-// key's value; Waiters counts the fair waiters queued under the key (a
-// waiter that did not ask for fairness waits on a blocking query and is not
-// counted). The holding is SessionBound, with TTL 0: it lives as long as
-// the session that keeps it.
+// Inspect implements driver.Inspector with one consistent read of every key
+// of the name: its lock key and fair queue, and its read/write lock's and
+// semaphore's contender keys. The holders are the lock key's session, and
+// the contenders their lock admits, as a contender would judge them
+// (readers older than every writer, the oldest writer when no key is
+// older, a semaphore's oldest permits); Waiters counts the fair waiters and
+// the other contenders (a waiter that did not ask for fairness waits on a
+// blocking query and is not counted). Each holding is SessionBound, with
+// TTL 0: it lives as long as the session that keeps it.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
-	lk := LockKey(key)
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	// The lock key is a prefix of its queue's keys (and of no other lock's
-	// key but those of names that start with this one's escape + ".lock").
-	pairs, _, err := l.client.KV().List(lk, queryOpts(rctx))
+	// Every key of the name starts with its escape and a '.'; so do the
+	// keys of names that continue it, which nameOf tells apart.
+	pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
 	if err != nil {
 		return driver.Inspection{}, l.fail(ctx, rctx, err)
 	}
-	var in driver.Inspection
+	var mine []*api.KVPair
 	for _, kv := range pairs {
-		switch {
-		case kv.Key == lk:
-			in.Holders = holding(kv)
-		case strings.HasPrefix(kv.Key, queueDir(lk)):
-			in.Waiters++
+		if name, ok := nameOf(kv.Key); ok && name == key {
+			mine = append(mine, kv)
 		}
 	}
-	return in, nil
+	holders, waiters := judge(key, mine)
+	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
 }
 
-// holding reports the holder of a lock key, if it has one. The key's value
-// is the label its holder acquired with (AcquireOptions.Owner), verbatim.
-func holding(kv *api.KVPair) []driver.Holding {
-	if kv == nil || kv.Session == "" {
+// judge splits the keys of the name key into its holders, oldest grant
+// first, and the number of its waiters.
+func judge(key string, kvs []*api.KVPair) ([]*api.KVPair, int) {
+	lk, rw, sem := LockKey(key), RWDir(key), SemaphoreDir(key)
+	var holders, rwTree, semTree []*api.KVPair
+	waiters := 0
+	for _, kv := range kvs {
+		switch {
+		case kv.Key == lk:
+			if kv.Session != "" {
+				holders = append(holders, kv)
+			}
+		case strings.HasPrefix(kv.Key, queueDir(lk)):
+			waiters++
+		case strings.HasPrefix(kv.Key, rw):
+			rwTree = append(rwTree, kv)
+		case strings.HasPrefix(kv.Key, sem):
+			semTree = append(semTree, kv)
+		}
+	}
+	for _, c := range []struct {
+		dir  string
+		tree []*api.KVPair
+	}{{rw, rwTree}, {sem, semTree}} {
+		for _, kv := range c.tree {
+			k, permits := contender(kv)
+			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == "" {
+				holders = append(holders, kv)
+			} else {
+				waiters++
+			}
+		}
+	}
+	slices.SortFunc(holders, func(a, b *api.KVPair) int { return cmp.Compare(a.ModifyIndex, b.ModifyIndex) })
+	return holders, waiters
+}
+
+// holdings reports holder keys. A key's value is the label its holder
+// acquired with (AcquireOptions.Owner), verbatim; its token is the key's
+// ModifyIndex.
+func holdings(kvs []*api.KVPair) []driver.Holding {
+	if len(kvs) == 0 {
 		return nil
 	}
-	return []driver.Holding{{Owner: string(kv.Value), Token: kv.ModifyIndex, SessionBound: true}}
+	hs := make([]driver.Holding, len(kvs))
+	for i, kv := range kvs {
+		hs[i] = driver.Holding{Owner: string(kv.Value), Token: kv.ModifyIndex, SessionBound: true}
+	}
+	return hs
+}
+
+// nameOf is the name whose key k is, if k is one of a name's keys: the
+// canonical escape of a name followed by ".lock" (the lock key, and its
+// queue under it), ".rw/" or ".sem/".
+func nameOf(k string) (string, bool) {
+	first, rest, nested := strings.Cut(k, "/")
+	escaped, ok := strings.CutSuffix(first, ".lock")
+	if !ok && nested && rest != "" {
+		if escaped, ok = strings.CutSuffix(first, ".rw"); !ok {
+			escaped, ok = strings.CutSuffix(first, ".sem")
+		}
+	}
+	if !ok {
+		return "", false
+	}
+	name, err := url.PathUnescape(escaped)
+	if err != nil || url.PathEscape(name) != escaped {
+		return "", false
+	}
+	return name, true
 }
 
 // List implements driver.Lister.
 //
-// Lock keys are stored under their path-escaped names followed by ".lock",
-// whose order is not the names' (an escape sorts apart from the byte it
-// stands for), so Consul cannot start a page at a name. Each call therefore
-// reads every key under the escaped prefix, in one consistent read, and
-// keeps the limit smallest held names after after: its cost grows with the
-// number of keys under prefix, not with limit.
+// Names are stored path-escaped, whose order is not the names' (an escape
+// sorts apart from the byte it stands for), so Consul cannot start a page
+// at a name. Each call therefore reads every key under the escaped prefix,
+// in one consistent read, and keeps the limit smallest held names after
+// after: its cost grows with the number of keys under prefix, not with
+// limit.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -73,80 +137,73 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if err != nil {
 		return nil, l.fail(ctx, rctx, err)
 	}
-	byKey := map[string]*driver.Listed{}
-	var out []driver.Listed
+	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
-		name, ok := lockName(kv.Key)
-		if !ok || name <= after || !strings.HasPrefix(name, prefix) {
-			continue
+		if name, ok := nameOf(kv.Key); ok && name > after && strings.HasPrefix(name, prefix) {
+			byName[name] = append(byName[name], kv)
 		}
-		if hs := holding(kv); hs != nil {
-			out = append(out, driver.Listed{Key: name, Inspection: driver.Inspection{Holders: hs}})
+	}
+	var out []driver.Listed
+	for name, kvs := range byName {
+		if holders, waiters := judge(name, kvs); len(holders) > 0 {
+			out = append(out, driver.Listed{Key: name, Inspection: driver.Inspection{Holders: holdings(holders), Waiters: waiters}})
 		}
 	}
 	slices.SortFunc(out, func(a, b driver.Listed) int { return strings.Compare(a.Key, b.Key) })
-	out = out[:min(limit, len(out))]
-	for i := range out {
-		byKey[LockKey(out[i].Key)] = &out[i]
-	}
-	for _, kv := range pairs {
-		lk, _, ok := strings.Cut(kv.Key, "/")
-		if ok && byKey[lk] != nil && strings.HasSuffix(lk, ".lock") {
-			byKey[lk].Waiters++
-		}
-	}
-	return out, nil
+	return out[:min(limit, len(out))], nil
 }
 
-// lockName is the lock name whose key is k, if k is one: the canonical
-// escape of a name followed by ".lock".
-func lockName(k string) (string, bool) {
-	escaped, ok := strings.CutSuffix(k, ".lock")
-	if !ok || strings.Contains(escaped, "/") {
-		return "", false
-	}
-	name, err := url.PathUnescape(escaped)
-	if err != nil || url.PathEscape(name) != escaped {
-		return "", false
-	}
-	return name, true
-}
-
-// ForceRelease implements driver.ForceReleaser. A holding's token is the
-// lock key's ModifyIndex, which changes with every acquisition: the
-// holding target names is deleted in one transaction that checks that index
-// (the label, the key's value, cannot change without the index),
+// ForceRelease implements driver.ForceReleaser, for the lock of that name
+// and its read/write lock's readers or writer and its semaphore's permits,
+// as Inspect reports them. A holding's token is its key's ModifyIndex,
+// which no other holding shares and which changes with every acquisition:
+// the holdings target names are deleted in one transaction that checks
+// each key's index (the label, the key's value, cannot change without it),
 // so a holding that left after the read, and any later one, is never
-// touched; when the transaction fails, the key is read again and judged
-// anew. The next holder acquires the key at a later Raft index, so its
-// token is greater than every token issued before.
+// touched; when the transaction fails, the keys are read again and judged
+// anew. The next holder acquires a key at a later Raft index, so its token
+// is greater than every token issued before.
 //
-// The same transaction acquires a marker under RevokedPrefix by the
-// holder's own session, which that session watches with one blocking query:
-// its lease, a driver.RevocableLease, reports the revocation (guard then
-// cancels the holder's section) as soon as the query returns. Destroying
-// the holder's session instead would also take every other lock that
-// session holds, so ForceRelease does not.
+// The same transaction acquires a marker under RevokedPrefix by each
+// removed holder's own session, which that session watches with one
+// blocking query: its lease, a driver.RevocableLease, reports the
+// revocation (guard then cancels the holder's section) as soon as the
+// query returns. Destroying the holder's session instead would also take
+// every other lock that session holds, so ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
-	lk := LockKey(key)
 	for {
 		rctx, cancel := l.rctx(ctx)
-		kv, _, err := l.client.KV().Get(lk, queryOpts(rctx))
+		pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
 		err = l.fail(ctx, rctx, err)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
-		hs := holding(kv)
-		if hs == nil {
+		var mine []*api.KVPair
+		for _, kv := range pairs {
+			if name, ok := nameOf(kv.Key); ok && name == key {
+				mine = append(mine, kv)
+			}
+		}
+		holders, _ := judge(key, mine)
+		if len(holders) == 0 {
 			return nil, nil
 		}
-		if !target.AnyHolder && !target.Matches(hs[0]) {
+		hs := holdings(holders)
+		var ops api.KVTxnOps
+		var removed []driver.Holding
+		for i, kv := range holders {
+			if !target.AnyHolder && !target.Matches(hs[i]) {
+				continue
+			}
+			ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
+			ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
+			removed = append(removed, hs[i])
+		}
+		if len(removed) == 0 {
 			return nil, driver.HolderChanged(hs)
 		}
 		rctx, cancel = l.rctx(ctx)
-		ops := append(release(lk, kv.ModifyIndex),
-			&api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, lk, kv.ModifyIndex), Session: kv.Session})
 		ok, _, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
 		err = l.fail(ctx, rctx, err)
 		cancel()
@@ -154,7 +211,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 			return nil, err
 		}
 		if ok {
-			return hs, nil
+			return removed, nil
 		}
 	}
 }
