@@ -104,8 +104,17 @@ func (s *session) revoke(r revocation) {
 // directory until the session ends, reporting each marker and then
 // deleting it. The first query, without an index, reads what is there
 // already.
+//
+// The directory's own key is acquired first, by the session, and stays
+// until the session ends: Consul answers a blocking query on a prefix with
+// no key under it with the whole KV store's index, and wakes it on writes
+// near it, so without that anchor the query would return at every write
+// to the store, from every session.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
+	rctx, cancel := s.l.rctx(s.ctx)
+	_, _, _ = s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
+	cancel()
 	var index uint64
 	for {
 		wctx, cancel := s.whileAlive(s.ctx)
