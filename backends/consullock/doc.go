@@ -20,7 +20,11 @@
 // the TTL. When no renewal has been answered by a tenth of the TTL before
 // that moment, or the server no longer knows the session, the session is
 // lost: its Done channel is closed, and every section it kept is
-// cancelled at once. The next acquisition creates a new session.
+// cancelled at once. A session that the server ends (an operator destroys
+// it, a server restores a snapshot without it) is found out within a round
+// trip, not at the next renewal: the session holds an anchor key, deleted
+// with it, under the directory its one blocking query watches (see
+// Operators), and a renewal is sent as soon as the anchor goes. The next acquisition creates a new session.
 //
 // The session is created with Behavior "delete", no health checks and a
 // LockDelay of 0, none of which are Consul's defaults:

@@ -2,6 +2,7 @@ package consullock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -115,4 +116,54 @@ func TestNoPerLockRequests(t *testing.T) {
 			t.Fatalf("lock %d lost: %v", i, err)
 		}
 	}
+}
+
+// TestSessionLossCancelsEverySection: when the session ends on the server
+// (here an operator destroys it), the session's marker query sees its
+// anchor go, the renewal sent at once finds the session gone, and every
+// section it kept is cancelled within a second, well before the next
+// renewal period, with ErrLockLost.
+func TestSessionLossCancelsEverySection(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(name("loss")+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var held []*guard.Lock
+	for _, k := range []string{"a", "b", "c"} {
+		lk, err := g.TryLock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lk)
+	}
+	l.mu.Lock()
+	s := l.sessions[MinTTL]
+	l.mu.Unlock()
+	if _, err := c.Session().Destroy(s.id, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i, lk := range held {
+		select {
+		case <-lk.Context().Done():
+		case <-time.After(time.Second):
+			t.Fatalf("section %d still running %v after its session was destroyed (renewals every %v)", i, time.Since(start), MinTTL/3)
+		}
+		if !errors.Is(lk.Err(), guard.ErrLockLost) {
+			t.Fatalf("section %d: %v, want ErrLockLost", i, lk.Err())
+		}
+	}
+	t.Logf("every section cancelled %v after the session was destroyed (renewals every %v)", time.Since(start).Round(time.Microsecond), MinTTL/3)
+	if !s.Expiry().Before(time.Now()) {
+		t.Errorf("a lost session's Expiry %v is not in the past", s.Expiry())
+	}
+	// A new session takes over for later acquisitions.
+	lk, err := g.TryLock(ctx, "a")
+	if err != nil {
+		t.Fatalf("TryLock after the loss: %v", err)
+	}
+	lk.Unlock(ctx)
 }

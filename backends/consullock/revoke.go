@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -106,14 +107,17 @@ func (s *session) revoke(r revocation) {
 // already.
 //
 // The directory's own key is acquired first, by the session, and stays
-// until the session ends: Consul answers a blocking query on a prefix with
+// until the session ends, when Consul deletes it: the query then returns,
+// and has the session renewed at once, which finds it gone, so that its
+// sections are cancelled within a round trip of its end rather than at
+// the next renewal. Without that anchor, too, Consul would answer a blocking query on a prefix with
 // no key under it with the whole KV store's index, and wakes it on writes
 // near it, so without that anchor the query would return at every write
 // to the store, from every session.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	rctx, cancel := s.l.rctx(s.ctx)
-	_, _, _ = s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
+	anchored, _, _ := s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
 	cancel()
 	var index uint64
 	for {
@@ -133,6 +137,19 @@ func (s *session) watchRevocations() {
 		// An index that goes back (a snapshot restored) starts over.
 		if index = meta.LastIndex; index < 1 {
 			index = 1
+		}
+		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
+			// The anchor went with the session (behaviour delete), or
+			// someone deleted it: the renewal tells which, now rather
+			// than at its next period.
+			select {
+			case s.renewNow <- struct{}{}:
+			default:
+			}
+			// Anchored again if the session lives on.
+			rctx, cancel := s.l.rctx(s.ctx)
+			anchored, _, _ = s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
+			cancel()
 		}
 		for _, p := range pairs {
 			rest := strings.TrimPrefix(p.Key, dir)

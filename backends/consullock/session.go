@@ -39,6 +39,10 @@ type session struct {
 	// marker can arrive before the acquisition that it names returns.
 	revoked map[revocation]bool
 
+	// renewNow asks for a renewal before the next period: the session
+	// may be gone.
+	renewNow chan struct{}
+
 	done   chan struct{} // closed when the session is lost, given up or closed
 	exited chan struct{} // closed when the renewal has stopped
 	wg     sync.WaitGroup
@@ -77,10 +81,11 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	}
 	s := &session{
 		l: l, id: out.ID, ttl: ttl, born: born,
-		leases:  make(map[string]*lease),
-		revoked: make(map[revocation]bool),
-		done:    make(chan struct{}),
-		exited:  make(chan struct{}),
+		leases:   make(map[string]*lease),
+		revoked:  make(map[revocation]bool),
+		renewNow: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		exited:   make(chan struct{}),
 	}
 	s.expiry.Store(int64(ttl))
 	s.ctx, s.stop = context.WithCancel(context.Background())
@@ -141,6 +146,7 @@ func (s *session) renew() (unanswered bool) {
 		case <-s.ctx.Done():
 			return false
 		case <-next.C:
+		case <-s.renewNow:
 		}
 		deadline := s.Expiry().Add(-s.margin())
 		if !time.Now().Before(deadline) {
