@@ -34,7 +34,7 @@ TIMEOUT=${WARDEN_SERVICES_TIMEOUT:-90}
 # whatever state directory each of them uses.
 LOCK_FILE=${TMPDIR:-/tmp}/warden-services.lock
 
-ENV_VARS=(WARDEN_REDIS_ADDR WARDEN_REDLOCK_ADDRS WARDEN_ETCD_ENDPOINTS WARDEN_ZK_SERVERS WARDEN_POSTGRES_DSN WARDEN_MYSQL_DSN)
+ENV_VARS=(WARDEN_REDIS_ADDR WARDEN_REDLOCK_ADDRS WARDEN_ETCD_ENDPOINTS WARDEN_ZK_SERVERS WARDEN_POSTGRES_DSN WARDEN_MYSQL_DSN WARDEN_CONSUL_ADDR)
 declare -A ENV_DEFAULTS=(
 	[WARDEN_REDIS_ADDR]="127.0.0.1:16379"
 	[WARDEN_REDLOCK_ADDRS]="127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382,127.0.0.1:16383,127.0.0.1:16384"
@@ -42,6 +42,7 @@ declare -A ENV_DEFAULTS=(
 	[WARDEN_ZK_SERVERS]="127.0.0.1:12181"
 	[WARDEN_POSTGRES_DSN]="postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"
 	[WARDEN_MYSQL_DSN]="warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true"
+	[WARDEN_CONSUL_ADDR]="127.0.0.1:18500"
 )
 envval() { printf '%s\n' "${!1:-${ENV_DEFAULTS[$1]}}"; }
 
@@ -119,6 +120,8 @@ load_config() {
 	check_word WARDEN_MYSQL_DSN "$MY_USERNAME"
 	check_word WARDEN_MYSQL_DSN "$MY_PASSWORD"
 	check_word WARDEN_MYSQL_DSN "$MY_DB"
+
+	CONSUL_PORT=$(local_port WARDEN_CONSUL_ADDR "$(envval WARDEN_CONSUL_ADDR)")
 }
 
 # ---------------------------------------------------------------------------
@@ -174,6 +177,44 @@ install_missing() {
 	[[ $rc -eq 0 ]] || die "apt-get failed (exit $rc) installing: $pkgs"
 	pkgs=$(missing_packages | xargs)
 	[[ -z $pkgs ]] || die "still missing after apt-get install: $pkgs"
+}
+
+# Consul is not packaged by Debian, so it is built from its Go module, once,
+# into a cache outside the repository that later runs (and clean clones)
+# reuse. The Consul server is licensed BUSL-1.1: it is built and run here
+# only as a local test server. It is never a dependency of warden's module
+# (go.mod requires only its MPL-2.0 api client), and neither its code nor
+# the binary is ever committed.
+CONSUL_VERSION=v1.20.1
+CACHE_DIR=${WARDEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warden}
+CONSUL_BIN=$CACHE_DIR/consul-$CONSUL_VERSION/consul
+
+# install_consul builds CONSUL_BIN unless it is there. The module zip lacks
+# the sub-modules (api, sdk, proto-public, ...) that its go.mod's replace
+# block points at, so the block is dropped and the published versions it
+# requires come from the module proxy.
+install_consul() {
+	[[ ! -x $CONSUL_BIN ]] || return 0
+	have go || die "go is needed to build consul $CONSUL_VERSION"
+	local start=$SECONDS tmp dir
+	say "building consul $CONSUL_VERSION into $CONSUL_BIN: once, about 700 s of CPU on 2 cores"
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/warden-consul-build.XXXXXX")
+	dir=$(cd "$tmp" && go mod download -json "github.com/hashicorp/consul@$CONSUL_VERSION" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+	[[ -n $dir && -f $dir/go.mod ]] || die "go mod download github.com/hashicorp/consul@$CONSUL_VERSION gave no source directory"
+	cp -R "$dir" "$tmp/src"
+	chmod -R u+w "$tmp/src"
+	awk '/^replace \(/ { skip = 1; next } skip && /^\)/ { skip = 0; next } skip || /^replace / { next } { print }' \
+		"$tmp/src/go.mod" >"$tmp/go.mod" && mv "$tmp/go.mod" "$tmp/src/go.mod"
+	mkdir -p "${CONSUL_BIN%/*}"
+	if ! (cd "$tmp/src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$CONSUL_BIN.part" .) >"$tmp/build.log" 2>&1; then
+		warn "building consul failed; last lines of $tmp/build.log:"
+		tail -n 30 "$tmp/build.log" >&2
+		return 1
+	fi
+	mv "$CONSUL_BIN.part" "$CONSUL_BIN"
+	rm -rf "$tmp"
+	say "built consul $CONSUL_VERSION in $((SECONDS - start))s"
 }
 
 # ---------------------------------------------------------------------------
@@ -264,6 +305,9 @@ zk_ok() {
 }
 
 pg_ok() { pg_isready -q -h 127.0.0.1 -p "$1" -t 3 >/dev/null 2>&1; }
+
+# An agent answers its leader's address once its server has been elected.
+consul_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/v1/status/leader" 2>/dev/null | grep -q '^"[^"]'; }
 
 # ping succeeds for a running server even when it denies access.
 mariadb_ok() { timeout 5 mariadb-admin --no-defaults --protocol=tcp -h 127.0.0.1 -P "$1" --connect-timeout=3 -u ping ping >/dev/null 2>&1; }
@@ -471,6 +515,26 @@ provision_mariadb() {
 		-e 'SELECT 1' >/dev/null
 }
 
+# A dev agent: one server, state in memory. Every port it would open is
+# moved next to the HTTP port (server RPC +1, Serf LAN +2) or disabled, so
+# that it collides with none of the other servers, the cluster suite
+# (17100-17199) or the fault suite (171xx, 173xx, 174xx).
+start_consul() {
+	local port=$CONSUL_PORT dir=$STATE_DIR/consul-$CONSUL_PORT
+	SVC="services: consul :$port"
+	if consul_ok "$port"; then
+		already_up "$dir/pid" consul "127.0.0.1:$port" || true
+		return 0
+	fi
+	install_consul
+	mkdir -p "$dir"
+	launch "$dir/pid" "$dir/consul.log" "$CONSUL_BIN" agent -dev -bind 127.0.0.1 -client 127.0.0.1 \
+		-node warden-dev -http-port "$port" -server-port $((port + 1)) -serf-lan-port $((port + 2)) \
+		-serf-wan-port -1 -dns-port -1 -grpc-port -1 -grpc-tls-port -1 -https-port -1
+	wait_for "$dir/consul.log" "$dir/pid" consul consul_ok "$port"
+	say "started (pid $(cat "$dir/pid"))"
+}
+
 # ---------------------------------------------------------------------------
 # Subcommands
 
@@ -526,6 +590,10 @@ cmd_up() {
 		start_mariadb &
 		jobs[mariadb]=$!
 	fi
+	if [[ -n $CONSUL_PORT ]]; then
+		start_consul &
+		jobs[consul]=$!
+	fi
 	local -a failed=()
 	for name in "${!jobs[@]}"; do
 		wait "${jobs[$name]}" || failed+=("$name")
@@ -577,6 +645,7 @@ cmd_down() {
 	for d in "$STATE_DIR"/etcd-*/; do stop "${d%/}" "${d}pid" etcd & done
 	for d in "$STATE_DIR"/zookeeper-*/; do stop "${d%/}" "${d}pid" java & done
 	for d in "$STATE_DIR"/mariadb-*/; do stop "${d%/}" "${d}pid" mariadbd & done
+	for d in "$STATE_DIR"/consul-*/; do stop "${d%/}" "${d}pid" consul & done
 	for d in "$STATE_DIR"/postgres-*/; do stop_postgres "${d%/}" & done
 	local rc=0 j
 	for j in $(jobs -p); do
@@ -610,6 +679,7 @@ cmd_status() {
 	[[ -z $ZK_PORT ]] || status_line zookeeper "$ZK_PORT" "$STATE_DIR/zookeeper-$ZK_PORT/pid" java zk_ok || rc=1
 	[[ -z $PG_PORT ]] || status_line postgres "$PG_PORT" "$STATE_DIR/postgres-$PG_PORT/data/postmaster.pid" postgres pg_ok || rc=1
 	[[ -z $MY_PORT ]] || status_line mariadb "$MY_PORT" "$STATE_DIR/mariadb-$MY_PORT/pid" mariadbd mariadb_ok || rc=1
+	[[ -z $CONSUL_PORT ]] || status_line consul "$CONSUL_PORT" "$STATE_DIR/consul-$CONSUL_PORT/pid" consul consul_ok || rc=1
 	return $rc
 }
 

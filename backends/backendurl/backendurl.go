@@ -2,7 +2,8 @@
 // takes them from flags or the environment: memory, sqlite://PATH,
 // postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
 // rediss://... (TLS), redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for
-// TLS), etcd://[user:pass@]host:port[,...] and zk://host:port[,...]. The
+// TLS), etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
+// consul://host:port (an agent's HTTP address). The
 // example service and the warden CLI both use it; it links every backend and
 // its client, so a program that needs one backend imports that backend
 // instead.
@@ -27,14 +28,15 @@ import (
 
 // URL is a parsed backend URL.
 type URL struct {
-	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd or zk
-	// (rediss and redlocks are redis and redlock over TLS).
+	// Scheme is memory, sqlite, postgres, mysql, redis, redlock, etcd, zk or
+	// consul (rediss and redlocks are redis and redlock over TLS).
 	Scheme string
 	// Path is the database file (sqlite).
 	Path string
 	// DSN is the driver's data source name (postgres, mysql).
 	DSN string
-	// Hosts are the servers, host:port each (redis, redlock, etcd, zk).
+	// Hosts are the servers, host:port each (redis, redlock, etcd, zk,
+	// consul).
 	Hosts []string
 
 	redis              []*goredis.Options // redis: one; redlock: one per master
@@ -115,7 +117,8 @@ func (e *redacted) Unwrap() error { return e.err }
 // Parse reads a backend URL: memory, sqlite://PATH, postgres://...,
 // mysql://user:pass@tcp(host:port)/db, redis://[user:pass@]host:port[/db],
 // rediss://..., redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db], redlocks://...,
-// etcd://[user:pass@]host:port[,...] or zk://host:port[,...]. Redis URLs take
+// etcd://[user:pass@]host:port[,...], zk://host:port[,...] or
+// consul://host:port. Redis URLs take
 // go-redis's query options (redis.ParseURL), applied to every RedLock
 // master. Its errors name what is wrong and never quote a secret.
 func Parse(s string) (*URL, error) {
@@ -149,7 +152,7 @@ func Parse(s string) (*URL, error) {
 		return u, nil
 	case "mysql":
 		return parseMySQL(u, rest)
-	case "postgres", "postgresql", "redis", "rediss", "redlock", "redlocks", "etcd", "zk":
+	case "postgres", "postgresql", "redis", "rediss", "redlock", "redlocks", "etcd", "zk", "consul":
 	default:
 		return nil, fmt.Errorf("%s://%s: unknown scheme %q", scheme, masked, scheme)
 	}
@@ -217,6 +220,10 @@ func Parse(s string) (*URL, error) {
 	case "zk":
 		if p.User != nil || p.Path != "" || p.RawQuery != "" {
 			return nil, fmt.Errorf("%s: zk:// takes hosts only", u)
+		}
+	case "consul":
+		if p.User != nil || p.Path != "" || p.RawQuery != "" || len(u.Hosts) != 1 {
+			return nil, fmt.Errorf("%s: consul:// takes one host:port, an agent's HTTP address", u)
 		}
 	}
 	return u, nil

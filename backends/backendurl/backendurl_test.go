@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
@@ -25,6 +26,7 @@ func TestParse(t *testing.T) {
 		{"redlock://a:1,b:2,c:3", "redlock", 3},
 		{"etcd://a:1,b:2", "etcd", 2},
 		{"zk://a:1", "zk", 1},
+		{"consul://127.0.0.1:8500", "consul", 1},
 	} {
 		u, err := Parse(tc.in)
 		if err != nil || u.Scheme != tc.scheme || len(u.Hosts) != tc.hosts {
@@ -38,6 +40,7 @@ func TestParse(t *testing.T) {
 		"redis://a:1,b:2":             "one host:port",
 		"redlock://a:1,b:2":           "odd number of nodes",
 		"etcd://nohost":               "is not host:port",
+		"consul://a:1,b:2":            "one host:port",
 		"ftp://x":                     "unknown scheme",
 		"postgres://u:secret@[::1/db": "postgres://xxxxx:",
 	} {
@@ -79,6 +82,33 @@ func TestOpen(t *testing.T) {
 	for _, ping := range o.Pings() {
 		if err := ping.Check(ctx); err != nil || ping.Backend == "" {
 			t.Fatalf("ping %q: %v", ping.Backend, err)
+		}
+	}
+}
+
+// TestOpenConsul: consul:// opens a Locker on the agent, which answers, and
+// has no idempotency store yet.
+func TestOpenConsul(t *testing.T) {
+	ctx := context.Background()
+	o := NewOpener()
+	defer o.Close()
+	u, err := Parse("consul://" + drivertest.Addr(t, "WARDEN_CONSUL_ADDR", "127.0.0.1:18500"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := o.Locker(ctx, u, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lim := driver.LimitsOf(l); lim.MinTTL != 10*time.Second {
+		t.Fatalf("consul Locker limits %+v, want Consul's 10 s minimum session TTL", lim)
+	}
+	if _, err := o.Store(ctx, u); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Store on consul: %v, want ErrNoStore", err)
+	}
+	for _, ping := range o.Pings() {
+		if err := ping.Check(ctx); err != nil {
+			t.Fatalf("ping: %v", err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/glebarez/sqlite"
 	"github.com/go-zookeeper/zk"
+	consulapi "github.com/hashicorp/consul/api"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -19,6 +20,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/backends/etcdlock"
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/backends/redislock"
@@ -261,6 +263,19 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		return l, nil
 	case "zk":
 		l, err := zklock.New(u.Hosts, zklock.WithSessionTimeout(ttl), zklock.WithLogger(quietZK{}))
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, func() { l.Close() })
+		return l, nil
+	case "consul":
+		cfg := consulapi.DefaultConfig()
+		cfg.Address = u.Hosts[0]
+		c, err := consulapi.NewClient(cfg)
+		if err != nil {
+			return nil, err
+		}
+		l, err := consullock.New(c)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@
 //	warden -lock zk://10.0.0.5:2181 idem show SCOPE KEY
 //	warden -lock zk://10.0.0.5:2181 idem delete SCOPE KEY    (asks first; -yes does not)
 //	warden -lock mysql://... ping
+//	warden -lock consul://127.0.0.1:8500 locks ls [PREFIX]
 //
 // Backend URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK. Keys are named as the services name them, under

@@ -1,0 +1,312 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// errSessionLost ends an attempt whose session was lost or given up before
+// it was granted: its keys vanished, or will, with the session.
+var errSessionLost = fmt.Errorf("%w: consul session lost", driver.ErrUnavailable)
+
+// waitTime bounds one blocking query; the waiter then asks again. It only
+// keeps idle HTTP requests from living for the server's default of 5 min.
+const waitTime = time.Minute
+
+// Acquire implements driver.Locker. opts.TTL is the TTL of the session the
+// lock's key is acquired by.
+func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
+		a.key = LockKey(key)
+		if opts.Wait && opts.Fair {
+			return a.queue(ctx)
+		}
+		return a.take(ctx, opts.Wait, "")
+	})
+}
+
+// attempt is one contender, with a session that is alive.
+type attempt struct {
+	l     *Locker
+	s     *session
+	key   string // the lock key, for Acquire
+	label string // the key's value: the holder's label, for Inspect
+}
+
+// retry runs one attempt, with a session that is alive, and when opts.Wait
+// is set starts over after every failure to reach Consul, with backoff,
+// until ctx is done.
+func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func(*attempt) (driver.Lease, error)) (driver.Lease, error) {
+	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for {
+		s, err := l.session(ctx, opts.TTL)
+		var lease driver.Lease
+		if err == nil {
+			lease, err = try(&attempt{l: l, s: s, label: opts.Owner})
+		}
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
+			return lease, err
+		}
+		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// take acquires the lock key, waiting for it when wait is set; queued is
+// the caller's queue key, deleted in the same transaction as the
+// acquisition ("" for none).
+func (a *attempt) take(ctx context.Context, wait bool, queued string) (driver.Lease, error) {
+	var free uint64 // 0: the key is believed absent
+	for {
+		le, err := a.lock(ctx, free, queued)
+		if le != nil || err != nil {
+			return le, err
+		}
+		if !wait {
+			return nil, driver.ErrNotAcquired
+		}
+		if free, err = a.waitFree(ctx); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// lock acquires the lock key in one transaction, if it does not exist
+// (free 0) or still has ModifyIndex free with no session (left behind by
+// another tool), and reads it back in the same transaction for its
+// ModifyIndex, the token. It returns no lease and no error when the lock is
+// held.
+//
+// The transaction runs to completion even when ctx is cancelled (the lock
+// is then released before lock returns ctx's error), because a request
+// cancelled in flight could still be applied; when its outcome stays
+// unknown, the session is given up, so that a key it may have acquired goes
+// with it.
+func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	check := &api.KVTxnOp{Verb: api.KVCheckNotExists, Key: a.key}
+	if free != 0 {
+		check = &api.KVTxnOp{Verb: api.KVCheckIndex, Key: a.key, Index: free}
+	}
+	ops := api.KVTxnOps{
+		check,
+		{Verb: api.KVLock, Key: a.key, Value: []byte(a.label), Session: a.s.id},
+	}
+	if queued != "" {
+		ops = append(ops, &api.KVTxnOp{Verb: api.KVDelete, Key: queued})
+	}
+	ops = append(ops, &api.KVTxnOp{Verb: api.KVGet, Key: a.key})
+	rctx, cancel := a.l.detached(ctx)
+	defer cancel()
+	ok, resp, _, err := a.l.client.KV().Txn(ops, queryOpts(rctx))
+	if err != nil {
+		a.s.giveUp()
+		return nil, a.l.fail(ctx, rctx, err)
+	}
+	if !ok {
+		// Consul reports every op that failed. The check failing means
+		// the lock is held (the lock verb then fails too); the lock verb
+		// failing alone means the session is gone.
+		what := "transaction refused"
+		for _, e := range resp.Errors {
+			if e.OpIndex == 0 {
+				return nil, nil
+			}
+			what = e.What
+		}
+		return nil, fmt.Errorf("%w: %s", errSessionLost, what)
+	}
+	var token uint64
+	for _, kv := range resp.Results {
+		if kv.Key == a.key {
+			token = kv.ModifyIndex
+		}
+	}
+	return a.granted(ctx, a.key, token)
+}
+
+// granted returns the lease of key, just acquired with token, unless ctx
+// ended meanwhile (the key is then released) or the session was lost.
+func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver.Lease, error) {
+	le := &lease{s: a.s, key: key, token: token}
+	if err := ctx.Err(); err != nil {
+		le.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if a.s.lost() {
+		return nil, errSessionLost
+	}
+	a.s.track(le)
+	return le, nil
+}
+
+// waitFree waits, with blocking queries on the lock key, until the key is
+// gone (it returns 0) or has no session (it returns its ModifyIndex).
+func (a *attempt) waitFree(ctx context.Context) (uint64, error) {
+	var index uint64
+	for {
+		kv, idx, err := a.get(ctx, a.key, index)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case kv == nil:
+			return 0, nil
+		case kv.Session == "":
+			return kv.ModifyIndex, nil
+		}
+		index = idx
+	}
+}
+
+// get reads key; see read.
+func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPair, uint64, error) {
+	var kv *api.KVPair
+	idx, err := a.read(ctx, index, func(q *api.QueryOptions) (meta *api.QueryMeta, err error) {
+		kv, meta, err = a.l.client.KV().Get(key, q)
+		return meta, err
+	})
+	return kv, idx, err
+}
+
+// read makes one read, do, with the query options it is given: when index
+// is 0, a consistent read bounded by the request timeout; otherwise a
+// blocking query that returns once the index passes index, bounded only by
+// ctx and the session, which it outlives by nothing. It returns the read's
+// index.
+func (a *attempt) read(ctx context.Context, index uint64, do func(*api.QueryOptions) (*api.QueryMeta, error)) (uint64, error) {
+	wctx, cancel := a.s.whileAlive(ctx)
+	defer cancel()
+	rctx := wctx
+	q := &api.QueryOptions{RequireConsistent: index == 0}
+	if index == 0 {
+		var c context.CancelFunc
+		rctx, c = a.l.rctx(wctx)
+		defer c()
+	} else {
+		q.WaitIndex, q.WaitTime = index, waitTime
+	}
+	meta, err := do(q.WithContext(rctx))
+	if err != nil {
+		if ctx.Err() == nil && a.s.lost() {
+			return 0, errSessionLost
+		}
+		return 0, a.l.fail(ctx, rctx, err)
+	}
+	return max(meta.LastIndex, 1), nil
+}
+
+// queue is a fair acquisition: the contender acquires a queue key of its
+// own, by its session, under the lock's queue directory, reading the
+// directory in the same transaction; it waits for the queue key just before
+// its own (by CreateIndex) to go, and, once first, for the lock key, which
+// it acquires while deleting its queue key in one transaction. A release
+// thus wakes one fair waiter, not all of them.
+func (a *attempt) queue(ctx context.Context) (driver.Lease, error) {
+	dir := queueDir(a.key)
+	own := dir + a.l.queueName(a.s)
+	tree, err := a.enqueue(ctx, dir, own, 0)
+	if err != nil {
+		return nil, err
+	}
+	le, err := a.waitTurn(ctx, own, tree)
+	if err != nil {
+		return nil, a.abort(ctx, own, err)
+	}
+	return le, nil
+}
+
+// enqueue acquires own, a contender key under dir, by the session, with
+// flags, and reads dir in the same transaction. The transaction runs to
+// completion even when ctx is cancelled; when its outcome stays unknown, the
+// session is given up, so that the key goes with it.
+func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([]*api.KVPair, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rctx, cancel := a.l.detached(ctx)
+	defer cancel()
+	ok, resp, _, err := a.l.client.KV().Txn(api.KVTxnOps{
+		{Verb: api.KVLock, Key: own, Value: []byte(a.label), Flags: flags, Session: a.s.id},
+		{Verb: api.KVGetTree, Key: dir},
+	}, queryOpts(rctx))
+	if err != nil {
+		a.s.giveUp()
+		return nil, a.l.fail(ctx, rctx, err)
+	}
+	if !ok {
+		return nil, errSessionLost
+	}
+	return resp.Results, nil
+}
+
+// waitTurn waits until own is the oldest queue key, then takes the lock.
+// tree is a read of the queue directory that includes own.
+func (a *attempt) waitTurn(ctx context.Context, own string, tree []*api.KVPair) (driver.Lease, error) {
+	for {
+		pred, ok := predecessor(own, tree)
+		if !ok {
+			return nil, errSessionLost
+		}
+		if pred == "" {
+			return a.take(ctx, true, own)
+		}
+		// The predecessor may have been a waiter that gave up, with
+		// others still before it: the queue is read again.
+		var err error
+		if tree, err = a.waitGone(ctx, queueDir(a.key), pred); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// predecessor returns the queue key created just before own in tree, ""
+// when own is the oldest, and false when own is not in tree (its session
+// ended).
+func predecessor(own string, tree []*api.KVPair) (string, bool) {
+	var mine *api.KVPair
+	for _, kv := range tree {
+		if kv.Key == own {
+			mine = kv
+		}
+	}
+	if mine == nil {
+		return "", false
+	}
+	var pred *api.KVPair
+	for _, kv := range tree {
+		if kv.CreateIndex < mine.CreateIndex && (pred == nil || kv.CreateIndex > pred.CreateIndex) {
+			pred = kv
+		}
+	}
+	if pred == nil {
+		return "", true
+	}
+	return pred.Key, true
+}
+
+// abort deletes own, the queue key of an attempt that failed or was
+// cancelled, and returns cause. The key is this attempt's alone. If the
+// delete cannot be confirmed, the key would stand before every later fair
+// waiter for as long as the session lives, so the session is given up
+// instead, and the key goes with it.
+func (a *attempt) abort(ctx context.Context, own string, cause error) error {
+	if a.s.lost() {
+		return cause
+	}
+	rctx, cancel := a.l.detached(ctx)
+	defer cancel()
+	if _, err := a.l.client.KV().Delete(own, writeOpts(rctx)); err != nil {
+		a.s.giveUp()
+	}
+	return cause
+}

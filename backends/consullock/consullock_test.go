@@ -1,0 +1,256 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+const addrEnv = "WARDEN_CONSUL_ADDR"
+
+// testPrefix keeps this package's own keys apart from other users of the
+// shared agent, as guard's prefix would.
+const testPrefix = "warden-test/consullock/"
+
+// addr returns the shared test agent's HTTP address, or skips (fails with
+// WARDEN_REQUIRE_SERVERS=1) when it is not running.
+func addr(t testing.TB) string {
+	t.Helper()
+	return drivertest.Addr(t, addrEnv, "127.0.0.1:18500")
+}
+
+// newClient returns a client of its own to address a.
+func newClient(t testing.TB, a string) *api.Client {
+	t.Helper()
+	// DefaultConfig gives every client a transport, and a connection
+	// pool, of its own, as a separate process would have.
+	cfg := api.DefaultConfig()
+	cfg.Address = a
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatalf("consul client: %v", err)
+	}
+	return c
+}
+
+func lockerOn(t testing.TB, c *api.Client, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// name returns a lock name no earlier run used, under testPrefix.
+func name(what string) string {
+	return fmt.Sprintf("%s%s/%d", testPrefix, what, time.Now().UnixNano())
+}
+
+// queued counts the fair waiters of lock key.
+func queued(t testing.TB, c *api.Client, key string) int {
+	t.Helper()
+	keys, _, err := c.KV().Keys(queueDir(LockKey(key)), "", nil)
+	if err != nil {
+		t.Fatalf("listing the queue of %q: %v", key, err)
+	}
+	return len(keys)
+}
+
+func TestConformance(t *testing.T) {
+	a := addr(t)
+	observer := lockerOn(t, newClient(t, a))
+	var (
+		mu      sync.Mutex
+		proxies = map[driver.Locker]*drivertest.Proxy{}
+	)
+	drivertest.Run(t, drivertest.Backend{
+		// Every Locker goes through a proxy of its own, so that Abandon can
+		// cut it off as a crash would: its session then expires on the
+		// server, which Close (it destroys the session at once) would not
+		// show.
+		NewLocker: func(t testing.TB) driver.Locker {
+			p := drivertest.StartProxy(t, a)
+			l := lockerOn(t, newClient(t, p.Addr()))
+			mu.Lock()
+			proxies[l] = p
+			mu.Unlock()
+			return l
+		},
+		TTL: MinTTL,
+		Abandon: func(t testing.TB, l driver.Locker) {
+			mu.Lock()
+			defer mu.Unlock()
+			proxies[l].Cut()
+		},
+		FIFO: true,
+		Waiters: func(t testing.TB, key string) int {
+			in, err := observer.Inspect(context.Background(), key)
+			if err != nil {
+				t.Fatalf("Inspect(%q): %v", key, err)
+			}
+			return in.Waiters
+		},
+	})
+}
+
+func TestLimits(t *testing.T) {
+	l, err := New(newClient(t, "127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lim := driver.LimitsOf(l)
+	for _, ttl := range []time.Duration{time.Second, MinTTL - time.Millisecond, MaxTTL + time.Second} {
+		if err := lim.CheckTTL(ttl); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("CheckTTL(%v): got %v, want ErrInvalidOption", ttl, err)
+		}
+	}
+	for _, ttl := range []time.Duration{MinTTL, 15500 * time.Millisecond, time.Hour, MaxTTL} {
+		if err := lim.CheckTTL(ttl); err != nil {
+			t.Errorf("CheckTTL(%v): %v", ttl, err)
+		}
+	}
+}
+
+func TestNewRejectsBadInput(t *testing.T) {
+	if _, err := New(nil); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("New(nil): got %v, want ErrInvalidOption", err)
+	}
+	c := newClient(t, "127.0.0.1:1")
+	for _, o := range []Option{nil, WithRequestTimeout(0), WithRequestTimeout(-time.Second)} {
+		if _, err := New(c, o); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("New with a bad option: got %v, want ErrInvalidOption", err)
+		}
+	}
+}
+
+// TestSessionSettings: the session has the TTL asked for, deletes its keys
+// when it ends, has no health checks and no lock-delay (the package
+// documentation says why); the client's own Create would have sent neither
+// of the last two.
+func TestSessionSettings(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx := context.Background()
+	le, err := l.Acquire(ctx, name("session"), driver.AcquireOptions{TTL: 12 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	s := le.(*lease).s
+	info, _, err := c.Session().Info(s.id, nil)
+	if err != nil || info == nil {
+		t.Fatalf("session info: %+v, %v", info, err)
+	}
+	if info.TTL != "12s" || info.Behavior != api.SessionBehaviorDelete || info.LockDelay != 0 ||
+		len(info.NodeChecks) != 0 || len(info.ServiceChecks) != 0 || len(info.Checks) != 0 {
+		t.Fatalf("session %+v: want TTL 12s, Behavior delete, LockDelay 0, no checks", info)
+	}
+}
+
+// TestTokenIsModifyIndex: the token is the lock key's ModifyIndex as the
+// server has it, and Refresh checks the holding with one read.
+func TestTokenIsModifyIndex(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx := context.Background()
+	k := name("token")
+	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, _, err := c.KV().Get(LockKey(k), nil)
+	if err != nil || kv == nil {
+		t.Fatalf("lock key: %+v, %v", kv, err)
+	}
+	if kv.ModifyIndex != le.Token() || string(kv.Value) != "me" || kv.Session != le.(*lease).s.id {
+		t.Fatalf("lock key %+v, want ModifyIndex %d, value me and the holder's session", kv, le.Token())
+	}
+	if err := le.Refresh(ctx, MinTTL+time.Second); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("Refresh with another TTL: got %v, want ErrInvalidOption", err)
+	}
+	if err := le.Refresh(ctx, MinTTL); err != nil {
+		t.Errorf("Refresh: %v", err)
+	}
+	if _, err := c.KV().Delete(LockKey(k), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Refresh(ctx, MinTTL); !errors.Is(err, driver.ErrNotHeld) {
+		t.Errorf("Refresh after the key was deleted: got %v, want ErrNotHeld", err)
+	}
+	if err := le.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+		t.Errorf("Release after the key was deleted: got %v, want ErrNotHeld", err)
+	}
+}
+
+// TestReleaseLeavesNothing: a released lock, and a fair waiter that gave
+// up, leave no key behind.
+func TestReleaseLeavesNothing(t *testing.T) {
+	c := newClient(t, addr(t))
+	l1, l2 := lockerOn(t, c), lockerOn(t, newClient(t, addr(t)))
+	ctx := context.Background()
+	k := name("leaves")
+	le, err := l1.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l2.Acquire(wctx, k, driver.AcquireOptions{TTL: MinTTL, Wait: true, Fair: true})
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for queued(t, c, k) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fair waiter never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys, _, err := c.KV().Keys(LockKey(k), "", nil)
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("keys left after release: %q, %v", keys, err)
+	}
+}
+
+func TestPing(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	cut := lockerOn(t, newClient(t, p.Addr()))
+	p.Blackhole()
+	drivertest.CheckPing(t, lockerOn(t, newClient(t, a)), cut)
+}
+
+// TestNameOf: every key a name's locks use leads back to that name, and no
+// other key does, whatever suffix the name itself ends with.
+func TestNameOf(t *testing.T) {
+	for _, n := range []string{"a", "a.lock", "a.rw", "a.sem", "a/b c", "é"} {
+		for _, k := range []string{LockKey(n), queueDir(LockKey(n)) + "s-1", RWDir(n) + "s-2", SemaphoreDir(n) + "s-3"} {
+			if got, ok := nameOf(k); !ok || got != n {
+				t.Errorf("nameOf(%q) = %q, %v; want %q", k, got, ok, n)
+			}
+		}
+	}
+	for _, k := range []string{"a", "a.rw", "a.rw/", "a.sem", "a%2fb.lock", RevokedPrefix + "s/a.lock/7", "a/b.lock"} {
+		if got, ok := nameOf(k); ok {
+			t.Errorf("nameOf(%q) = %q, want no name", k, got)
+		}
+	}
+}

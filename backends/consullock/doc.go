@@ -1,0 +1,122 @@
+// Package consullock is a warden lock backend on Consul
+// (github.com/hashicorp/consul/api): a driver.Locker for guard.New.
+//
+// # Sessions
+//
+// A Locker holds one Consul session per TTL in use (in practice one per
+// process, since guard uses one TTL). Every lock the Locker holds is a KV
+// key acquired by that session, so keeping any number of locks alive is one
+// renewal request per TTL/3: the leases are driver.SessionLeases, guard sends
+// nothing per lock for them, and no goroutine runs per held lock.
+//
+// Consul accepts session TTLs from 10 s (its session_ttl_min) to 24 h, so
+// the Locker declares them (as a driver.Limiter) and guard rejects any
+// other TTL when it is configured: a Guard on Consul needs guard.WithTTL of
+// 10 s or more. The server invalidates a session no sooner than its TTL
+// after the last renewal it received, but may wait up to twice the TTL: a
+// holder that crashes keeps its locks for between one and two TTLs. Each
+// renewal's send time therefore bounds the server's expiry from below, and
+// the session's Expiry is the send time of its last answered renewal plus
+// the TTL. When no renewal has been answered by a tenth of the TTL before
+// that moment, or the server no longer knows the session, the session is
+// lost: its Done channel is closed, and every section it kept is
+// cancelled at once. A session that the server ends (an operator destroys
+// it, a server restores a snapshot without it) is found out within a round
+// trip, not at the next renewal: the session holds an anchor key, deleted
+// with it, under the directory its one blocking query watches (see
+// Operators), and a renewal is sent as soon as the anchor goes. The next acquisition creates a new session.
+//
+// The session is created with Behavior "delete", no health checks and a
+// LockDelay of 0, none of which are Consul's defaults:
+//
+//   - Behavior "delete" deletes the keys a session holds when it ends,
+//     where the default, "release", would leave them, unlocked, behind: a
+//     lock key exists exactly while it is held, which is what an
+//     acquisition checks (check-not-exists), and a crashed process leaves
+//     nothing.
+//   - Consul ties a session to the serfHealth check of the agent's node
+//     unless told otherwise. That check follows the agent, not the process
+//     holding the locks: it protects nothing the TTL does not (a process
+//     that dies stops renewing), and it would end every session of an
+//     agent whose node gossip marks failed for a moment while the holders
+//     run on and renew, a loss of all their locks for nothing. Without
+//     checks only the TTL or an explicit destroy ends the session.
+//   - After a session is invalidated, Consul refuses for LockDelay (15 s by
+//     default) to let another session acquire the keys it held, so that a
+//     holder that has not yet noticed its loss stops first. Here the holder
+//     notices before the server can act (its Expiry is earlier than any
+//     server-side invalidation), and the fencing token protects storage from
+//     one that does not, so the delay would only add 15 s to every takeover
+//     after a crash.
+//
+// # Keys and tokens
+//
+// The lock named n is the key <path-escaped n>.lock (LockKey; guard's prefix
+// is part of n), so that a '/' in a name cannot nest one lock inside
+// another. Its value is the holder's label (AcquireOptions.Owner). An
+// acquisition is one transaction (/v1/txn): check that the key does not
+// exist, acquire it by the session (the lock verb), and read it back. The
+// fencing token is the key's ModifyIndex from that read: a Raft index,
+// monotonic across the datacenter and across leader changes, obtained in the
+// same round trip as the acquisition. Release deletes the key only if its
+// ModifyIndex is still the token (check-index, then delete, in one
+// transaction), so a stale or retried release
+// never deletes a newer holder's key.
+//
+// # Waiting
+//
+// A waiter never polls: it waits with blocking queries (?index=) on what
+// blocks it. Without AcquireOptions.Fair it waits on the lock key and tries
+// again once the key is gone, with every other such waiter. A fair waiter
+// instead acquires a queue key of its own under <lock key>/, by its
+// session, reading the queue in the same transaction; the queue keys are
+// ordered by CreateIndex, and each waiter blocks only on the key just
+// before its own, so a release wakes one fair waiter (no herd). The first
+// in the queue waits on the lock key, and acquires it while deleting its
+// queue key in one transaction. A fair acquisition that does not wait takes
+// the lock if it is free, like any other.
+//
+// # Read/write locks and semaphores
+//
+// A read/write lock's contenders, and a semaphore's, each acquire a key of
+// their own by their session, under <escaped name>.rw/ (RWDir) or
+// <escaped name>.sem/ (SemaphoreDir), reading the directory in the same
+// transaction; the key's Flags say what it stands for (and a permit's
+// number of permits), its value is the label, and the contenders are
+// ordered by CreateIndex, as in Consul's semaphore recipe, but with no
+// shared lock key to rewrite: a writer holds when no key is older, a reader
+// when no writer's is, a permit when fewer than its permits are. A waiting
+// reader or writer blocks on the latest key that blocks it; semaphore
+// waiters block on the whole directory, since any release may admit any of
+// them. The token is the contender key's ModifyIndex. An acquisition that
+// does not wait and finds itself blocked deletes its key again: two
+// requests. These keys are compatible with nothing but this package's own.
+//
+// # Operators
+//
+// Inspect, List and ForceRelease read every key of a name: its lock key,
+// fair queue, and read/write and semaphore contenders, reported together.
+// A holder renews its session, not its keys, so a key deleted by
+// ForceRelease would go unnoticed while the session lives: ForceRelease
+// therefore acquires, in the same transaction as its delete, a marker under
+// RevokedPrefix by the holder's own session, and every session keeps one
+// blocking query on its markers. The lease, a driver.RevocableLease,
+// reports the revocation to guard, which cancels the section.
+//
+// # Failures
+//
+// The client's HTTP transport has no timeout of its own, so every request
+// but the blocking queries is bounded by a request timeout
+// (WithRequestTimeout, default DefaultRequestTimeout); a request that gets
+// no answer in time fails with an error wrapping driver.ErrUnavailable,
+// unless the caller's context ended first. A waiting acquisition starts
+// over after such a failure, with backoff, until its context is done.
+//
+// A write that acquires a key runs to completion even when the caller's
+// context is cancelled (the lock is then released before Acquire returns the
+// context's error), and when such a write, the delete of an abandoned queue
+// key or a Release gets no answer, the session is given up: its renewal
+// stops, its Done channel closes and it is destroyed, best effort, with
+// every key it holds; otherwise it expires within twice its TTL. Later
+// acquisitions create a new session.
+package consullock

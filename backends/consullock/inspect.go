@@ -1,0 +1,217 @@
+package consullock
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+var (
+	_ driver.Inspector     = (*Locker)(nil)
+	_ driver.Lister        = (*Locker)(nil)
+	_ driver.ForceReleaser = (*Locker)(nil)
+)
+
+// Inspect implements driver.Inspector with one consistent read of every key
+// of the name: its lock key and fair queue, and its read/write lock's and
+// semaphore's contender keys. The holders are the lock key's session, and
+// the contenders their lock admits, as a contender would judge them
+// (readers older than every writer, the oldest writer when no key is
+// older, a semaphore's oldest permits); Waiters counts the fair waiters and
+// the other contenders (a waiter that did not ask for fairness waits on a
+// blocking query and is not counted). Each holding is SessionBound, with
+// TTL 0: it lives as long as the session that keeps it.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	// Every key of the name starts with its escape and a '.'; so do the
+	// keys of names that continue it, which nameOf tells apart.
+	pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
+	if err != nil {
+		return driver.Inspection{}, l.fail(ctx, rctx, err)
+	}
+	var mine []*api.KVPair
+	for _, kv := range pairs {
+		if name, ok := nameOf(kv.Key); ok && name == key {
+			mine = append(mine, kv)
+		}
+	}
+	holders, waiters := judge(key, mine)
+	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
+}
+
+// judge splits the keys of the name key into its holders, oldest grant
+// first, and the number of its waiters.
+func judge(key string, kvs []*api.KVPair) ([]*api.KVPair, int) {
+	lk, rw, sem := LockKey(key), RWDir(key), SemaphoreDir(key)
+	var holders, rwTree, semTree []*api.KVPair
+	waiters := 0
+	for _, kv := range kvs {
+		switch {
+		case kv.Key == lk:
+			if kv.Session != "" {
+				holders = append(holders, kv)
+			}
+		case strings.HasPrefix(kv.Key, queueDir(lk)):
+			waiters++
+		case strings.HasPrefix(kv.Key, rw):
+			rwTree = append(rwTree, kv)
+		case strings.HasPrefix(kv.Key, sem):
+			semTree = append(semTree, kv)
+		}
+	}
+	for _, c := range []struct {
+		dir  string
+		tree []*api.KVPair
+	}{{rw, rwTree}, {sem, semTree}} {
+		for _, kv := range c.tree {
+			k, permits := contender(kv)
+			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == "" {
+				holders = append(holders, kv)
+			} else {
+				waiters++
+			}
+		}
+	}
+	slices.SortFunc(holders, func(a, b *api.KVPair) int { return cmp.Compare(a.ModifyIndex, b.ModifyIndex) })
+	return holders, waiters
+}
+
+// holdings reports holder keys. A key's value is the label its holder
+// acquired with (AcquireOptions.Owner), verbatim; its token is the key's
+// ModifyIndex.
+func holdings(kvs []*api.KVPair) []driver.Holding {
+	if len(kvs) == 0 {
+		return nil
+	}
+	hs := make([]driver.Holding, len(kvs))
+	for i, kv := range kvs {
+		hs[i] = driver.Holding{Owner: string(kv.Value), Token: kv.ModifyIndex, SessionBound: true}
+	}
+	return hs
+}
+
+// nameOf is the name whose key k is, if k is one of a name's keys: the
+// canonical escape of a name followed by ".lock" (the lock key, and its
+// queue under it), ".rw/" or ".sem/".
+func nameOf(k string) (string, bool) {
+	first, rest, nested := strings.Cut(k, "/")
+	escaped, ok := strings.CutSuffix(first, ".lock")
+	if !ok && nested && rest != "" {
+		if escaped, ok = strings.CutSuffix(first, ".rw"); !ok {
+			escaped, ok = strings.CutSuffix(first, ".sem")
+		}
+	}
+	if !ok {
+		return "", false
+	}
+	name, err := url.PathUnescape(escaped)
+	if err != nil || url.PathEscape(name) != escaped {
+		return "", false
+	}
+	return name, true
+}
+
+// List implements driver.Lister.
+//
+// Names are stored path-escaped, whose order is not the names' (an escape
+// sorts apart from the byte it stands for), so Consul cannot start a page
+// at a name. Each call therefore reads every key under the escaped prefix,
+// in one consistent read, and keeps the limit smallest held names after
+// after: its cost grows with the number of keys under prefix, not with
+// limit.
+func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
+	}
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	pairs, _, err := l.client.KV().List(url.PathEscape(prefix), queryOpts(rctx))
+	if err != nil {
+		return nil, l.fail(ctx, rctx, err)
+	}
+	byName := map[string][]*api.KVPair{}
+	for _, kv := range pairs {
+		if name, ok := nameOf(kv.Key); ok && name > after && strings.HasPrefix(name, prefix) {
+			byName[name] = append(byName[name], kv)
+		}
+	}
+	var out []driver.Listed
+	for name, kvs := range byName {
+		if holders, waiters := judge(name, kvs); len(holders) > 0 {
+			out = append(out, driver.Listed{Key: name, Inspection: driver.Inspection{Holders: holdings(holders), Waiters: waiters}})
+		}
+	}
+	slices.SortFunc(out, func(a, b driver.Listed) int { return strings.Compare(a.Key, b.Key) })
+	return out[:min(limit, len(out))], nil
+}
+
+// ForceRelease implements driver.ForceReleaser, for the lock of that name
+// and its read/write lock's readers or writer and its semaphore's permits,
+// as Inspect reports them. A holding's token is its key's ModifyIndex,
+// which no other holding shares and which changes with every acquisition:
+// the holdings target names are deleted in one transaction that checks
+// each key's index (the label, the key's value, cannot change without it),
+// so a holding that left after the read, and any later one, is never
+// touched; when the transaction fails, the keys are read again and judged
+// anew. The next holder acquires a key at a later Raft index, so its token
+// is greater than every token issued before.
+//
+// The same transaction acquires a marker under RevokedPrefix by each
+// removed holder's own session, which that session watches with one
+// blocking query: its lease, a driver.RevocableLease, reports the
+// revocation (guard then cancels the holder's section) as soon as the
+// query returns. Destroying the holder's session instead would also take
+// every other lock that session holds, so ForceRelease does not.
+func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
+	for {
+		rctx, cancel := l.rctx(ctx)
+		pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		var mine []*api.KVPair
+		for _, kv := range pairs {
+			if name, ok := nameOf(kv.Key); ok && name == key {
+				mine = append(mine, kv)
+			}
+		}
+		holders, _ := judge(key, mine)
+		if len(holders) == 0 {
+			return nil, nil
+		}
+		hs := holdings(holders)
+		var ops api.KVTxnOps
+		var removed []driver.Holding
+		for i, kv := range holders {
+			if !target.AnyHolder && !target.Matches(hs[i]) {
+				continue
+			}
+			ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
+			ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
+			removed = append(removed, hs[i])
+		}
+		if len(removed) == 0 {
+			return nil, driver.HolderChanged(hs)
+		}
+		rctx, cancel = l.rctx(ctx)
+		ok, _, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return removed, nil
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// requestCounter counts the HTTP requests a client sends, the session
+// renewals apart.
+type requestCounter struct {
+	base           http.RoundTripper
+	renews, others atomic.Int64
+}
+
+func (rc *requestCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasPrefix(r.URL.Path, "/v1/session/renew/") {
+		rc.renews.Add(1)
+	} else {
+		rc.others.Add(1)
+	}
+	return rc.base.RoundTrip(r)
+}
+
+// TestNoPerLockRequests holds 2,000 locks through guard for a whole TTL,
+// while another client writes to the store, and counts what the client
+// sends meanwhile: a session renewal every TTL/3 and nothing else (guard
+// refreshes no session lease, and the session's blocking query on its
+// markers stays open whatever else is written), and no goroutine per held
+// lock.
+func TestNoPerLockRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 2,000 locks")
+	}
+	drivertest.Exclusive(t, drivertest.HeavyTests)
+	const locks = 2_000
+	cfg := api.DefaultConfig()
+	cfg.Address = addr(t)
+	rc := &requestCounter{base: cfg.Transport}
+	cfg.HttpClient = &http.Client{Transport: rc}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lockerOn(t, c)
+	g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(name("many")+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	goroutines := runtime.NumGoroutine()
+	held := make([]*guard.Lock, locks)
+	var wg sync.WaitGroup
+	errs := make(chan error, locks)
+	const workers = 32
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < locks; i += workers {
+				lk, err := g.TryLock(ctx, fmt.Sprint(i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				held[i] = lk
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, lk := range held {
+			lk.Unlock(context.Background())
+		}
+	})
+	if grew := runtime.NumGoroutine() - goroutines; grew > 50 {
+		t.Errorf("%d goroutines more while holding %d locks", grew, locks)
+	}
+	renews, others := rc.renews.Load(), rc.others.Load()
+	start := time.Now()
+	// Someone else writes to the store meanwhile, which must wake nothing
+	// of this Locker's.
+	other := newClient(t, addr(t))
+	busy := name("busy")
+	defer other.KV().DeleteTree(busy, nil)
+	for i := 0; time.Since(start) < MinTTL; i++ {
+		if _, err := other.KV().Put(&api.KVPair{Key: fmt.Sprintf("%s/%d", busy, i%10)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	dRenews, dOthers := rc.renews.Load()-renews, rc.others.Load()-others
+	t.Logf("holding %d locks for %v: %d renewals, %d other requests", locks, time.Since(start).Round(time.Millisecond), dRenews, dOthers)
+	if dOthers != 0 {
+		t.Errorf("%d requests other than renewals while holding %d locks, want none", dOthers, locks)
+	}
+	if periods := int64(time.Since(start)/(MinTTL/3)) + 1; dRenews < 2 || dRenews > periods+1 {
+		t.Errorf("%d renewals in %d renewal periods", dRenews, periods)
+	}
+	for i, lk := range held {
+		if err := lk.Err(); err != nil {
+			t.Fatalf("lock %d lost: %v", i, err)
+		}
+	}
+}
+
+// TestSessionLossCancelsEverySection: when the session ends on the server
+// (here an operator destroys it), the session's marker query sees its
+// anchor go, the renewal sent at once finds the session gone, and every
+// section it kept is cancelled within a second, well before the next
+// renewal period, with ErrLockLost.
+func TestSessionLossCancelsEverySection(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(name("loss")+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var held []*guard.Lock
+	for _, k := range []string{"a", "b", "c"} {
+		lk, err := g.TryLock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lk)
+	}
+	l.mu.Lock()
+	s := l.sessions[MinTTL]
+	l.mu.Unlock()
+	if _, err := c.Session().Destroy(s.id, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i, lk := range held {
+		select {
+		case <-lk.Context().Done():
+		case <-time.After(time.Second):
+			t.Fatalf("section %d still running %v after its session was destroyed (renewals every %v)", i, time.Since(start), MinTTL/3)
+		}
+		if !errors.Is(lk.Err(), guard.ErrLockLost) {
+			t.Fatalf("section %d: %v, want ErrLockLost", i, lk.Err())
+		}
+	}
+	t.Logf("every section cancelled %v after the session was destroyed (renewals every %v)", time.Since(start).Round(time.Microsecond), MinTTL/3)
+	if !s.Expiry().Before(time.Now()) {
+		t.Errorf("a lost session's Expiry %v is not in the past", s.Expiry())
+	}
+	// A new session takes over for later acquisitions.
+	lk, err := g.TryLock(ctx, "a")
+	if err != nil {
+		t.Fatalf("TryLock after the loss: %v", err)
+	}
+	lk.Unlock(ctx)
+}

@@ -1,0 +1,171 @@
+package consullock
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// RevokedPrefix is the Consul KV prefix under which ForceRelease tells a
+// holder's session that its lock was taken:
+// <RevokedPrefix><session id>/<lock key>/<token>. The marker is acquired
+// by the holder's own session, so it never outlives that session (Behavior
+// delete), and the session deletes it once it has seen it. A lock key has
+// no '/' before its ".lock" suffix, so none lies under this prefix; with
+// Consul's ACLs on, the users of a Locker need read and write access to it.
+const RevokedPrefix = "warden/revoked/"
+
+var _ driver.RevocableLease = (*lease)(nil)
+
+// revocation names one removed holding: its lock key and token.
+type revocation struct {
+	key   string
+	token uint64
+}
+
+// revokedDir is the directory of the markers of session id.
+func revokedDir(id string) string { return RevokedPrefix + id + "/" }
+
+// marker is the key of the marker of a forced release of the holding
+// (lockKey, token) of session id.
+func marker(id, lockKey string, token uint64) string {
+	return revokedDir(id) + lockKey + "/" + strconv.FormatUint(token, 10)
+}
+
+// track registers le, just granted, so that a marker naming it finds it;
+// one that arrived first is applied at once.
+func (s *session) track(le *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := revocation{le.key, le.token}
+	if s.revoked[r] {
+		delete(s.revoked, r)
+		le.revoked = true
+		return
+	}
+	s.leases[le.key] = le
+}
+
+// forget drops le: it was released. A revocation found later is not
+// reported.
+func (s *session) forget(le *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leases[le.key] == le {
+		delete(s.leases, le.key)
+	}
+	le.onRevoke = nil
+}
+
+// OnRevoke implements driver.RevocableLease. A forced release
+// (ForceRelease) leaves a marker that the session's one blocking query on
+// its markers receives; f is called on that query's goroutine, or at once
+// when the marker has already been seen.
+func (le *lease) OnRevoke(f func()) {
+	s := le.s
+	s.mu.Lock()
+	switch {
+	case le.revoked:
+	case s.leases[le.key] == le && !s.lost():
+		le.onRevoke = f
+		f = nil
+	default:
+		f = nil // released or its session lost: nothing to report
+	}
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// revoke reports the forced release r.
+func (s *session) revoke(r revocation) {
+	s.mu.Lock()
+	le := s.leases[r.key]
+	var f func()
+	if le != nil && le.token == r.token {
+		delete(s.leases, r.key)
+		le.revoked = true
+		f, le.onRevoke = le.onRevoke, nil
+	} else if le == nil || le.token < r.token {
+		s.revoked[r] = true // its acquisition has not returned yet
+	}
+	s.mu.Unlock()
+	if f != nil && !s.lost() {
+		f()
+	}
+}
+
+// watchRevocations keeps one blocking query on the session's marker
+// directory until the session ends, reporting each marker and then
+// deleting it. The first query, without an index, reads what is there
+// already.
+//
+// The directory's own key is acquired first, by the session, and stays
+// until the session ends, when Consul deletes it: the query then returns,
+// and has the session renewed at once, which finds it gone, so that its
+// sections are cancelled within a round trip of its end rather than at
+// the next renewal. Without that anchor, too, Consul would answer a blocking query on a prefix with
+// no key under it with the whole KV store's index, and wakes it on writes
+// near it, so without that anchor the query would return at every write
+// to the store, from every session.
+func (s *session) watchRevocations() {
+	dir := revokedDir(s.id)
+	rctx, cancel := s.l.rctx(s.ctx)
+	anchored, _, _ := s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
+	cancel()
+	var index uint64
+	for {
+		wctx, cancel := s.whileAlive(s.ctx)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(wctx)
+		pairs, meta, err := s.l.client.KV().List(dir, q)
+		cancel()
+		if s.lost() {
+			return
+		}
+		if err != nil {
+			if driver.Sleep(s.ctx, retryDelay, s.done) != nil {
+				return
+			}
+			continue
+		}
+		// An index that goes back (a snapshot restored) starts over.
+		if index = meta.LastIndex; index < 1 {
+			index = 1
+		}
+		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
+			// The anchor went with the session (behaviour delete), or
+			// someone deleted it: the renewal tells which, now rather
+			// than at its next period.
+			select {
+			case s.renewNow <- struct{}{}:
+			default:
+			}
+			// Anchored again if the session lives on.
+			rctx, cancel := s.l.rctx(s.ctx)
+			anchored, _, _ = s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
+			cancel()
+		}
+		for _, p := range pairs {
+			rest := strings.TrimPrefix(p.Key, dir)
+			i := strings.LastIndexByte(rest, '/')
+			if i < 0 {
+				continue
+			}
+			token, err := strconv.ParseUint(rest[i+1:], 10, 64)
+			if err != nil {
+				continue
+			}
+			s.revoke(revocation{rest[:i], token})
+			// Best effort: the marker goes with the session anyway.
+			rctx, rcancel := s.l.rctx(s.ctx)
+			_, _ = s.l.client.KV().Delete(p.Key, writeOpts(rctx))
+			rcancel()
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package consullock
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+var (
+	_ driver.RWLocker   = (*Locker)(nil)
+	_ driver.Semaphorer = (*Locker)(nil)
+)
+
+// kind is what a shared lock's contender key stands for.
+type kind uint64
+
+const (
+	// writer: blocked by every earlier key of its read/write lock.
+	writer kind = iota + 1
+	// reader: blocked only by earlier writers.
+	reader
+	// permit: a semaphore permit, held while fewer than permits keys are
+	// earlier.
+	permit
+)
+
+// contender reads what a contender key stands for from its Flags: its kind
+// in the low byte, and a permit's number of permits above it, so that
+// Inspect can judge a semaphore without being told.
+func contender(kv *api.KVPair) (kind, int) {
+	return kind(kv.Flags & 0xff), int(kv.Flags >> 8)
+}
+
+// RWDir and SemaphoreDir return the Consul KV directories under which the
+// contender keys of the read/write lock, and of the semaphore, named key
+// live: each contender acquires a key of its own there, by its session,
+// whose Flags say what it stands for and whose value is its label, and the
+// contenders are ordered by CreateIndex. They are apart from the lock key
+// (LockKey) and from each other: a read/write lock, a semaphore and a lock
+// of one name are three locks, which Inspect, List and ForceRelease report
+// together under that name.
+func RWDir(key string) string        { return url.PathEscape(key) + ".rw/" }
+func SemaphoreDir(key string) string { return url.PathEscape(key) + ".sem/" }
+
+// AcquireRead implements driver.RWLocker: it waits only for writers that
+// came before it, so readers share the lock, and a reader that comes after
+// a waiting writer waits for that writer (writers are not starved).
+func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, reader, 0) })
+}
+
+// AcquireWrite implements driver.RWLocker: it waits for every reader and
+// writer that came before it.
+func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, writer, 0) })
+}
+
+// AcquireSemaphore implements driver.Semaphorer: the permits contenders
+// with the lowest CreateIndex hold. Any release may admit any waiter, so
+// semaphore waiters all block on the semaphore's whole directory: a release
+// wakes every waiter of that semaphore.
+func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
+	if permits < 1 {
+		return nil, fmt.Errorf("%w: %d semaphore permits", driver.ErrInvalidOption, permits)
+	}
+	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
+		return a.contend(ctx, SemaphoreDir(key), opts.Wait, permit, permits)
+	})
+}
+
+// contend acquires a contender key of its own under dir, reading dir in the
+// same transaction, and waits until nothing earlier blocks it.
+func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, permits int) (driver.Lease, error) {
+	own := dir + a.l.queueName(a.s)
+	tree, err := a.enqueue(ctx, dir, own, uint64(k)|uint64(permits)<<8)
+	if err != nil {
+		return nil, err
+	}
+	// A permit blocks on the directory from the index of its last read of
+	// it; the first read after the transaction has none.
+	var dirIndex uint64
+	for {
+		mine, blocker, found := blocking(dir, own, tree, k, permits)
+		if !found {
+			return nil, a.abort(ctx, own, errSessionLost)
+		}
+		if blocker == "" {
+			return a.granted(ctx, own, mine)
+		}
+		if !wait {
+			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
+		}
+		if k == permit {
+			tree, dirIndex, err = a.list(ctx, dir, dirIndex)
+		} else {
+			tree, err = a.waitGone(ctx, dir, blocker)
+		}
+		if err != nil {
+			return nil, a.abort(ctx, own, err)
+		}
+	}
+}
+
+// blocking finds own in tree (a read of its directory dir) and returns its
+// ModifyIndex, and what it waits for: the latest earlier writer for a
+// reader, the latest earlier key for a writer, dir itself for a permit with
+// permits or more keys before it; "" when nothing blocks it. found is false
+// when own is not in tree (its session ended).
+func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index uint64, blocker string, found bool) {
+	var mine *api.KVPair
+	for _, kv := range tree {
+		if kv.Key == own {
+			mine = kv
+		}
+	}
+	if mine == nil {
+		return 0, "", false
+	}
+	var latest *api.KVPair
+	earlier := 0
+	for _, kv := range tree {
+		if other, _ := contender(kv); kv.CreateIndex >= mine.CreateIndex || (k == reader && other != writer) {
+			continue
+		}
+		earlier++
+		if latest == nil || kv.CreateIndex > latest.CreateIndex {
+			latest = kv
+		}
+	}
+	switch {
+	case k == permit && earlier >= permits:
+		return mine.ModifyIndex, dir, true
+	case k != permit && latest != nil:
+		return mine.ModifyIndex, latest.Key, true
+	}
+	return mine.ModifyIndex, "", true
+}
+
+// waitGone waits, with blocking queries, until key is gone, and returns a
+// new read of dir.
+func (a *attempt) waitGone(ctx context.Context, dir, key string) ([]*api.KVPair, error) {
+	var index uint64
+	for {
+		kv, idx, err := a.get(ctx, key, index)
+		if err != nil {
+			return nil, err
+		}
+		if kv == nil {
+			break
+		}
+		index = idx
+	}
+	pairs, _, err := a.list(ctx, dir, 0)
+	return pairs, err
+}
+
+// list reads the keys under dir; see read.
+func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
+	var pairs []*api.KVPair
+	idx, err := a.read(ctx, index, func(q *api.QueryOptions) (meta *api.QueryMeta, err error) {
+		pairs, meta, err = a.l.client.KV().List(dir, q)
+		return meta, err
+	})
+	return pairs, idx, err
+}
