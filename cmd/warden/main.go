@@ -395,13 +395,6 @@ func waiters(n int) string {
 	return fmt.Sprint(n)
 }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 // shown is how a key, owner or value from a backend is printed for people:
 // as it is, or "-" when empty, unless a terminal would obey or reorder some
 // of it (C0 and C1 controls, bidirectional marks and overrides, anything
