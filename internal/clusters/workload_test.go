@@ -64,8 +64,8 @@ type worker struct {
 	done    chan struct{}
 	stopped time.Time
 	every   time.Duration
-	// releaseFailed is set by the worker's Guard logger when a release
-	// failed, leaving the lease on the server until it runs out.
+	// releaseFailed is set by the worker's Guard logger when a release was
+	// refused, leaving the lease on the server until it runs out.
 	releaseFailed atomic.Bool
 }
 
@@ -186,7 +186,7 @@ func (s *scenario) loop(ctx context.Context, w *worker) {
 			// the judge must not take that time for a free key.
 			until := lock.Expiry()
 			s.store.leaseLeft(sec, until)
-			s.note("worker %d's release failed at %s; the lease it got at %s kept the key until %s",
+			s.note("worker %d's release was refused at %s; the lease it got at %s kept the key until %s",
 				w.id, returned.Format("15:04:05.000"), sec.granted.Format("15:04:05.000"), until.Format("15:04:05.000"))
 		}
 		if sec != nil {
@@ -442,15 +442,25 @@ func (h *warnCounter) Handle(_ context.Context, r slog.Record) error {
 }
 
 // workerLog is one worker's Guard logger: the scenario's warnCounter, which
-// also tells the worker that its release failed.
+// also tells the worker that its release was refused. Only a refusal by a
+// server that keeps the lease counts: a Redis master that answered
+// CLUSTERDOWN. A release that got no answer may have freed the key, and a
+// dead master's lease is gone with it (what the promoted replica still
+// held is the event's heldUntil): the judge must not excuse a waiter that
+// sat on a key free then.
 type workerLog struct {
 	*warnCounter
 	releaseFailed *atomic.Bool
 }
 
 func (h workerLog) Handle(ctx context.Context, r slog.Record) error {
-	if strings.HasPrefix(r.Message, "warden: release failed;") {
-		h.releaseFailed.Store(true)
+	if r.Message == "warden: release failed; the lock stays taken until its lease expires on the server" {
+		r.Attrs(func(a slog.Attr) bool {
+			if e := a.Value.String(); a.Key == "error" && strings.Contains(e, "CLUSTERDOWN") {
+				h.releaseFailed.Store(true)
+			}
+			return true
+		})
 	}
 	return h.warnCounter.Handle(ctx, r)
 }
