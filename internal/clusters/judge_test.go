@@ -191,9 +191,9 @@ func judge(scenario string, sections []section, accepted, refused, overlapCount 
 
 // judgeFreeWaiting adds to v the longest time a waiting worker saw its key
 // free: a stretch in which no worker held the lock (from a grant to the
-// return of the Do that got it), within a worker's wait (from its call to
-// its grant), less the time an event excuses (until the cluster served
-// again). With judged, a stretch longer than freeBound fails the scenario.
+// return of the Do that got it, or to the lease's expiry when its release
+// failed), within a worker's wait (from its call to its grant), less the
+// time an event excuses (until the cluster served again). With judged, a stretch longer than freeBound fails the scenario.
 func judgeFreeWaiting(v *verdict, sections []section, waits []wait, stop time.Time, judged bool) {
 	v.judgeFree = judged
 	type span struct{ from, to time.Time }
@@ -202,6 +202,11 @@ func judgeFreeWaiting(v *verdict, sections []section, waits []wait, stop time.Ti
 		to := s.released
 		if to.IsZero() {
 			to = stop
+		}
+		if s.leaseUntil.After(to) {
+			// Its release failed: the server kept the key until the
+			// lease ran out, and no waiter could have it before.
+			to = s.leaseUntil
 		}
 		held = append(held, span{s.granted, to})
 	}
@@ -511,6 +516,32 @@ func TestJudgeFreeWaiting(t *testing.T) {
 			events:   []event{{name: "kill", at: at(150), ready: at(2500), servedUntil: at(1400)}},
 			want:     1300 * time.Millisecond,
 			fails:    true,
+		},
+		{
+			// The CLUSTERDOWN case: a master that stays up refuses the
+			// release while the cluster is down, and the lease stays on
+			// it until its TTL runs out, past the time the cluster serves
+			// again; a waiter cannot have it before, and takes it then.
+			name: "a lease left by a failed release",
+			sections: []section{
+				{granted: at(0), ended: at(20), released: at(400), leaseUntil: at(2000)},
+				held(2001, 2100),
+			},
+			waits:  []wait{{worker: 1, from: at(10), to: at(2001)}},
+			events: []event{{name: "kill", at: at(-2000), ready: at(800), servedUntil: at(15)}},
+			want:   time.Millisecond,
+		},
+		{
+			// The same lease, but the waiter comes long after it lapsed.
+			name: "free too long after a failed release's lease lapsed",
+			sections: []section{
+				{granted: at(0), ended: at(20), released: at(400), leaseUntil: at(2000)},
+				held(3500, 3600),
+			},
+			waits:  []wait{{worker: 1, from: at(10), to: at(3500)}},
+			events: []event{{name: "kill", at: at(-2000), ready: at(800), servedUntil: at(15)}},
+			want:   1500 * time.Millisecond,
+			fails:  true,
 		},
 		{
 			name:     "a lock the new master still held",

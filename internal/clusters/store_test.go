@@ -18,6 +18,11 @@ type section struct {
 	// released is when the Do that ran it returned, its lock given back
 	// (or the release given up): until then nobody else may take the lock.
 	released time.Time
+	// leaseUntil, when set, is when the lease of a section whose release
+	// failed ran out on the server (its last confirmed expiry): until then
+	// the key stayed taken, though nobody held it, and no waiter could
+	// have it.
+	leaseUntil time.Time
 	// seen is the store's version this section last read or wrote. An
 	// accepted write finding another version means that another section
 	// wrote in between: the two sections overlapped and the fence let both
@@ -75,6 +80,14 @@ func (c *fencedCounter) released(s *section, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s.released = now
+}
+
+// leaseLeft records that the release of s failed, leaving its lease on the
+// server until until.
+func (c *fencedCounter) leaseLeft(s *section, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.leaseUntil = until
 }
 
 // waited records that worker waited for the lock from from to to.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ type worker struct {
 	done    chan struct{}
 	stopped time.Time
 	every   time.Duration
+	// releaseFailed is set by the worker's Guard logger when a release was
+	// refused, leaving the lease on the server until it runs out.
+	releaseFailed atomic.Bool
 }
 
 // scenario is the workload of one test: contenders looping on one key,
@@ -125,14 +129,16 @@ func startScenario(t *testing.T, name, key string, ttl time.Duration, newContend
 		if err != nil {
 			t.Fatalf("contender %d: %v", i, err)
 		}
+		w := &worker{id: i, close: c.close, done: make(chan struct{}), every: c.every}
 		g, err := guard.New(c.locker, guard.WithTTL(ttl), guard.WithPrefix(s.prefix),
 			guard.WithOwner(fmt.Sprintf("%s-worker-%d", name, i)),
-			guard.WithLogger(slog.New(s.logs)), guard.WithBackendName(name))
+			guard.WithLogger(slog.New(workerLog{s.logs, &w.releaseFailed})), guard.WithBackendName(name))
 		if err != nil {
 			c.close()
 			t.Fatalf("guard %d: %v", i, err)
 		}
-		s.workers = append(s.workers, &worker{id: i, g: g, close: c.close, done: make(chan struct{}), every: c.every})
+		w.g = g
+		s.workers = append(s.workers, w)
 	}
 	s.start = time.Now()
 	s.event(event{name: "start", at: s.start})
@@ -153,10 +159,12 @@ func (s *scenario) loop(ctx context.Context, w *worker) {
 	for ctx.Err() == nil {
 		called := time.Now()
 		var sec *section
+		var lock *guard.Lock
+		w.releaseFailed.Store(false)
 		err := w.g.Do(ctx, s.key, func(lctx context.Context, l *guard.Lock) error {
-			sec = s.store.begin(w.id, l.Token(), time.Now())
+			sec, lock = s.store.begin(w.id, l.Token(), time.Now()), l
 			if debug {
-				fmt.Printf("%s grant: worker %d token %d\n", sec.granted.Format("15:04:05.000"), w.id, sec.token)
+				fmt.Printf("%s grant: %s worker %d token %d\n", sec.granted.Format("15:04:05.000"), s.name, w.id, sec.token)
 			}
 			defer func() { s.store.end(sec, time.Now()) }()
 			v := s.store.read(sec)
@@ -173,6 +181,14 @@ func (s *scenario) loop(ctx context.Context, w *worker) {
 			return nil
 		}, s.opts...)
 		returned := time.Now()
+		if sec != nil && w.releaseFailed.Load() {
+			// The key stays taken on the server until the lease runs out:
+			// the judge must not take that time for a free key.
+			until := lock.Expiry()
+			s.store.leaseLeft(sec, until)
+			s.note("worker %d's release was refused at %s; the lease it got at %s kept the key until %s",
+				w.id, returned.Format("15:04:05.000"), sec.granted.Format("15:04:05.000"), until.Format("15:04:05.000"))
+		}
 		if sec != nil {
 			s.store.released(sec, returned)
 			s.store.waited(w.id, called, sec.granted)
@@ -424,6 +440,33 @@ func (h *warnCounter) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+// workerLog is one worker's Guard logger: the scenario's warnCounter, which
+// also tells the worker that its release was refused. Only a refusal by a
+// server that keeps the lease counts: a Redis master that answered
+// CLUSTERDOWN. A release that got no answer may have freed the key, and a
+// dead master's lease is gone with it (what the promoted replica still
+// held is the event's heldUntil): the judge must not excuse a waiter that
+// sat on a key free then.
+type workerLog struct {
+	*warnCounter
+	releaseFailed *atomic.Bool
+}
+
+func (h workerLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "warden: release failed; the lock stays taken until its lease expires on the server" {
+		r.Attrs(func(a slog.Attr) bool {
+			if e := a.Value.String(); a.Key == "error" && strings.Contains(e, "CLUSTERDOWN") {
+				h.releaseFailed.Store(true)
+			}
+			return true
+		})
+	}
+	return h.warnCounter.Handle(ctx, r)
+}
+
+func (h workerLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h workerLog) WithGroup(string) slog.Handler      { return h }
 
 // debug (WARDEN_CLUSTERS_DEBUG=1) prints every guard warning and every error
 // from Do as it happens, with its time, to follow a failure as it unfolds.
