@@ -1,6 +1,6 @@
 module github.com/warden-go/warden/benchmarks
 
-go 1.26.0
+go 1.26.7
 
 replace github.com/warden-go/warden => ../
 
