@@ -69,6 +69,10 @@ func ms(v float64) string {
 	switch {
 	case math.IsNaN(v):
 		return "—"
+	case v < 0:
+		// An added latency can come out below zero: the guarded p99
+		// under the unguarded one.
+		return "−" + ms(-v)
 	case v < 0.001:
 		return fmt.Sprintf("%.0f ns", v*1e6)
 	case v < 0.01:
