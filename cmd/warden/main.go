@@ -23,6 +23,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -367,10 +370,41 @@ func (c *cli) table(headers ...string) *tabwriter.Writer {
 	return tw
 }
 
+// printJSON writes v as indented JSON. encoding/json escapes C0 controls
+// but leaves C1 controls and bidirectional marks as they are, which a
+// terminal shown `warden -json` would obey or reorder; they are escaped too,
+// as \uXXXX, which any JSON reader decodes back to the same string.
 func (c *cli) printJSON(v any) error {
-	enc := json.NewEncoder(c.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = c.stdout.Write(append(escapeUnprintable(b), '\n'))
+	return err
+}
+
+// escapeUnprintable rewrites every rune of encoded JSON that strconv.IsPrint
+// rejects as a \u escape. Outside strings JSON holds only printable ASCII and
+// whitespace, so every such rune is inside a string, where the escape is
+// valid; a rune beyond the Basic Multilingual Plane becomes its surrogate
+// pair.
+func escapeUnprintable(js []byte) []byte {
+	if !bytes.ContainsFunc(js, func(r rune) bool { return r >= utf8.RuneSelf && !strconv.IsPrint(r) }) {
+		return js
+	}
+	out := make([]byte, 0, len(js)+16)
+	for len(js) > 0 {
+		r, size := utf8.DecodeRune(js)
+		if r < utf8.RuneSelf || strconv.IsPrint(r) {
+			out = append(out, js[:size]...)
+		} else if r1, r2 := utf16.EncodeRune(r); r1 != unicode.ReplacementChar {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		js = js[size:]
+	}
+	return out
 }
 
 // badKeyOr turns an invalid key into bad input.

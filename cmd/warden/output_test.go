@@ -31,6 +31,17 @@ func unsafeOutput(out string) string {
 	return ""
 }
 
+// decodedJSON is out, the CLI's JSON, decoded and printed again with Go's
+// %v: the strings as a reader of the JSON gets them.
+func decodedJSON(t *testing.T, out string) string {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("output is not JSON: %v: %q", err, out)
+	}
+	return fmt.Sprint(v)
+}
+
 // TestEscapesInOutput: a lock written to the backend by another client
 // (guard refuses such keys and owners; a raw client does not) whose key and
 // owner hold terminal escapes, a C1 CSI and a right-to-left override is
@@ -63,6 +74,13 @@ func TestEscapesInOutput(t *testing.T) {
 			if code != 0 || !strings.Contains(out, `\u202e`) || !strings.Contains(out, `svc\x1b]0;pwned\a\x1b[2J\u009b31m\u202eowned`) || unsafeOutput(out+errOut) != "" {
 				t.Fatalf("locks ls: %d %q %q; want the key and owner escaped", code, out, errOut)
 			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "-json", "locks", "ls", base)
+			if code != 0 || unsafeOutput(out+errOut) != "" || !strings.Contains(out, `\u009b31m\u202eowned`) {
+				t.Fatalf("-json locks ls: %d %q %q; want the C1 control and the override escaped", code, out, errOut)
+			}
+			if !strings.Contains(decodedJSON(t, out), evilOwner) {
+				t.Fatalf("-json locks ls: %q decodes without the owner %q", out, evilOwner)
+			}
 			code, out, errOut = cliRun(t, "", "-lock", url, "locks", "show", calm)
 			if code != 0 || !strings.Contains(out, `\x1b[2J`) || unsafeOutput(out+errOut) != "" {
 				t.Fatalf("locks show: %d %q %q; want the owner escaped", code, out, errOut)
@@ -80,6 +98,10 @@ func TestEscapesInOutput(t *testing.T) {
 			code, out, errOut = cliRun(t, "", "-lock", url, "idem", "show", "user-\x1b[31m", idemKey)
 			if code != 0 || !strings.Contains(out, `fp\x1b]0;x\a`) || unsafeOutput(out+errOut) != "" {
 				t.Fatalf("idem show: %d %q %q; want the record escaped", code, out, errOut)
+			}
+			code, out, errOut = cliRun(t, "", "-lock", url, "-json", "idem", "show", "user-\x1b[31m", idemKey)
+			if code != 0 || unsafeOutput(out+errOut) != "" || !strings.Contains(decodedJSON(t, out), idemKey) {
+				t.Fatalf("-json idem show: %d %q %q; want the record escaped and decoding to its key", code, out, errOut)
 			}
 			code, out, errOut = cliRun(t, "n\n", "-lock", url, "idem", "delete", "user-\x1b[31m", idemKey)
 			if code != 1 || !strings.Contains(out, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
@@ -195,5 +217,27 @@ func TestErrorLineIsEscaped(t *testing.T) {
 	got := oneLine("first\n\tsecond \x1b[2J\u009b\u202e\xff end")
 	if want := `first;  second \x1b[2J\u009b\u202e` + "\ufffd end"; got != want {
 		t.Fatalf("oneLine = %q, want %q", got, want)
+	}
+}
+
+// TestEscapeUnprintable: C1 controls, bidirectional marks and a format
+// character beyond the Basic Multilingual Plane come out of printJSON as
+// escapes that decode back to the same strings.
+func TestEscapeUnprintable(t *testing.T) {
+	in := map[string]string{"k\u009b\u202e": "v\u2066\U000e0001 ok é 日本 \U0001f600"}
+	var buf bytes.Buffer
+	if err := (&cli{stdout: &buf}).printJSON(in); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if u := unsafeOutput(out); u != "" || strings.Contains(out, "\U000e0001") {
+		t.Fatalf("printJSON left %s raw: %q", u, out)
+	}
+	if !strings.Contains(out, `\u009b\u202e`) || !strings.Contains(out, `\udb40\udc01`) || !strings.Contains(out, "é 日本 \U0001f600") {
+		t.Fatalf("printJSON: %q; want the controls escaped and printable text as it is", out)
+	}
+	var back map[string]string
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || len(back) != 1 || back["k\u009b\u202e"] != in["k\u009b\u202e"] {
+		t.Fatalf("printJSON's output decodes to %q (%v); want %q", back, err, in)
 	}
 }
