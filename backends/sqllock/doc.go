@@ -122,7 +122,7 @@
 //		version    bigint       NOT NULL, -- the fencing token
 //		lock_until bigint       NOT NULL, -- lease end, µs since the epoch, database clock
 //		locked_at  bigint       NOT NULL  -- when this owner took it, same unit
-//	);
+//	) WITH (fillfactor = 50); -- PostgreSQL: room in each page for HOT updates
 //	CREATE TABLE warden_fences (
 //		resource varchar(255) NOT NULL PRIMARY KEY,
 //		token    bigint       NOT NULL -- highest token that wrote the resource

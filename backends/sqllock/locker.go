@@ -47,6 +47,9 @@ type Locker struct {
 	minPause time.Duration
 	seq      atomic.Uint64
 	q        queries
+	// noJSONTable is set once MySQL refused JSON_TABLE (before MySQL 8.0
+	// and MariaDB 10.6): batch refreshes then list their leases.
+	noJSONTable atomic.Bool
 	// channel is the NOTIFY channel releases announce themselves on,
 	// empty when they do not (not PostgreSQL, or WithoutNotify).
 	channel string
