@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -105,7 +106,7 @@ func (ls *lease) Release(ctx context.Context) error {
 
 func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 	var n int64
-	err := ls.l.db.WithContext(ctx).Raw(ls.l.q.holds, ls.key, ls.owner, ls.version).Row().Scan(&n)
+	err := ls.l.pool.QueryRowContext(ctx, ls.l.q.holds, ls.key, ls.owner, ls.version).Scan(&n)
 	return n > 0, err
 }
 
@@ -114,9 +115,10 @@ func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
 	var err error
 	for range retries {
-		res := ls.l.db.WithContext(ctx).Exec(query, args...)
-		if err = res.Error; err == nil {
-			return res.RowsAffected > 0, nil
+		var res sql.Result
+		if res, err = ls.l.pool.ExecContext(ctx, query, args...); err == nil {
+			n, err := res.RowsAffected()
+			return n > 0, err
 		}
 		if !retryable(err) {
 			break
