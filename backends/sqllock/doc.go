@@ -74,7 +74,10 @@
 // release is announced in its turn). A worker looping on a hot key then takes
 // it back without waking every listening process in vain: each would run an
 // attempt bound to fail, and every notification wakes every listening session
-// of the database. A handoff to another process waits that millisecond more.
+// of the database. An attempt of its own under way when the millisecond ends
+// (on a loaded database one can take longer) is waited for, up to twenty
+// milliseconds in all. A handoff to another process waits that millisecond
+// more.
 // Close sends the announcements still pending.
 //
 // Notifications only shorten pauses; polling stays the rule. A lost

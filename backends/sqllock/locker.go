@@ -289,13 +289,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// A waiter's later attempts read the holder's time left as they
 		// go, where the database can; its first attempt is as short as
 		// an uncontended one.
-		mark := l.announcer.mark()
+		mark := l.announcer.begin(key)
 		got, left, err := l.try(ctx, key, opts.TTL, opts.Owner, waiting)
-		if err == nil {
-			// Whoever holds the lock now, this Locker or another, will
-			// announce its own release.
-			l.announcer.taken(key, mark)
-		}
+		// Whoever holds the lock now, this Locker or another, will
+		// announce its own release.
+		l.announcer.end(key, mark, err == nil)
 		if got != nil {
 			return got, nil
 		}
