@@ -3,6 +3,7 @@ package sqllock
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
@@ -64,6 +65,27 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 	default:
 		return dialect{}, fmt.Errorf("%w: gorm dialect %q (want postgres, mysql or sqlite)", driver.ErrUnsupported, name)
 	}
+}
+
+// bind rewrites the ? placeholders of q as the driver wants them:
+// PostgreSQL's drivers take $1, $2 and so on (gorm rewrites them itself,
+// but statements sent to its connection pool directly must). The
+// statements it is given hold no ? but placeholders.
+func (d dialect) bind(q string) string {
+	if d.name != "postgres" {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // quoteTable validates a table name (optionally schema-qualified) and quotes

@@ -74,7 +74,10 @@
 // release is announced in its turn). A worker looping on a hot key then takes
 // it back without waking every listening process in vain: each would run an
 // attempt bound to fail, and every notification wakes every listening session
-// of the database. A handoff to another process waits that millisecond more.
+// of the database. An attempt of its own under way when the millisecond ends
+// (on a loaded database one can take longer) is waited for, up to twenty
+// milliseconds in all. A handoff to another process waits that millisecond
+// more.
 // Close sends the announcements still pending.
 //
 // Notifications only shorten pauses; polling stays the rule. A lost
@@ -122,7 +125,7 @@
 //		version    bigint       NOT NULL, -- the fencing token
 //		lock_until bigint       NOT NULL, -- lease end, µs since the epoch, database clock
 //		locked_at  bigint       NOT NULL  -- when this owner took it, same unit
-//	);
+//	) WITH (fillfactor = 50); -- PostgreSQL: room in each page for HOT updates
 //	CREATE TABLE warden_fences (
 //		resource varchar(255) NOT NULL PRIMARY KEY,
 //		token    bigint       NOT NULL -- highest token that wrote the resource

@@ -22,7 +22,8 @@ import (
 const DefaultIdempotencyTable = "warden_idempotency"
 
 // Store is an idempotency.Store on a SQL table. Every call is one
-// conditional statement (plus a read where the answer is the record), with
+// conditional statement (plus, on MySQL and SQLite, a read where the
+// answer to a Claim is the record: on PostgreSQL the claim reads it), with
 // leases and retention counted on the database's clock. Create the table
 // with Migrate; its DDL (PostgreSQL; bytea is BLOB on SQLite and LONGBLOB on
 // MySQL):
@@ -153,9 +154,36 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			set("response", "NULL") + ", " + set("claim_id", "VALUES(claim_id)") + ", " +
 			set("expires_at", "VALUES(expires_at)")
 	}
+	if s.d.name == "postgres" {
+		// One statement claims the row or reads the live record that
+		// keeps it from being claimed: a replay costs one round trip.
+		query = "WITH a AS (" + query + " RETURNING 1)" +
+			" SELECT EXISTS (SELECT 1 FROM a), r.scope, r.idem_key, r.state, r.fingerprint, r.owner, r.response, r.expires_at > " + now +
+			" FROM (SELECT 1) AS one LEFT JOIN " + t + " AS r ON r.id = ? AND NOT EXISTS (SELECT 1 FROM a)"
+	}
 	// A conflicting row that expires between the claim and the read of the
 	// live record is claimed on the next round.
 	for range 10 {
+		if s.d.name == "postgres" {
+			rec, claimed, err := s.claimOrRead(ctx, query, id, c, claimID)
+			if err != nil {
+				return nil, storeErr(ctx, "claim", err)
+			}
+			if claimed || rec != nil {
+				return rec, nil
+			}
+			// The row was neither claimable nor seen live by the
+			// statement's snapshot, which is older than the row the
+			// claim found: read it as it is now.
+			rec, _, live, err := s.read(ctx, id)
+			if err != nil {
+				return nil, storeErr(ctx, "claim", err)
+			}
+			if live {
+				return rec, nil
+			}
+			continue
+		}
 		var res *gorm.DB
 		for range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
@@ -182,6 +210,28 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		}
 	}
 	return nil, storeErr(ctx, "claim", errors.New("record kept expiring under contention"))
+}
+
+// claimOrRead runs PostgreSQL's claim, which reports whether it claimed the
+// row, or else the record that kept it from doing so when the statement's
+// snapshot sees it live (nil when not).
+func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency.Claim, claimID string) (*idempotency.Record, bool, error) {
+	var (
+		claimed                     bool
+		scope, key, fp, owner, resp []byte
+		state                       sql.NullString
+		live                        sql.NullBool
+	)
+	err := s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
+		[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id).
+		Row().Scan(&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+	if err != nil || claimed || !live.Bool {
+		return nil, claimed, err
+	}
+	return &idempotency.Record{
+		Scope: string(scope), Key: string(key), State: idempotency.State(state.String),
+		Fingerprint: string(fp), Owner: string(owner), Response: resp,
+	}, false, nil
 }
 
 // read returns the row under id, the claim_id that last claimed it and

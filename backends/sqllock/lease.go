@@ -2,8 +2,11 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,7 +106,7 @@ func (ls *lease) Release(ctx context.Context) error {
 
 func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 	var n int64
-	err := ls.l.db.WithContext(ctx).Raw(ls.l.q.holds, ls.key, ls.owner, ls.version).Row().Scan(&n)
+	err := ls.l.pool.QueryRowContext(ctx, ls.l.q.holds, ls.key, ls.owner, ls.version).Scan(&n)
 	return n > 0, err
 }
 
@@ -112,9 +115,10 @@ func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
 	var err error
 	for range retries {
-		res := ls.l.db.WithContext(ctx).Exec(query, args...)
-		if err = res.Error; err == nil {
-			return res.RowsAffected > 0, nil
+		var res sql.Result
+		if res, err = ls.l.pool.ExecContext(ctx, query, args...); err == nil {
+			n, err := res.RowsAffected()
+			return n > 0, err
 		}
 		if !retryable(err) {
 			break
@@ -123,14 +127,16 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 	return false, err
 }
 
-// batchSize bounds the leases one statement refreshes: two parameters each,
-// well under the 32,766 SQLite allows and the 65,535 of PostgreSQL and
-// MySQL.
-const batchSize = 10_000
-
-// RefreshBatch implements driver.BatchRefresher: one UPDATE per batchSize
-// leases (with RETURNING on PostgreSQL and SQLite; followed by one SELECT
-// on MySQL, which has none) extends every row that is still its owner's.
+// RefreshBatch implements driver.BatchRefresher: one UPDATE per chunk of
+// leases extends every row that is still its owner's, the chunks sent at
+// once on connections of their own. PostgreSQL takes a chunk's names and
+// owners as two array parameters, and MySQL and MariaDB as one JSON
+// parameter read by JSON_TABLE, so a chunk holds up to 50,000 leases and
+// 100,000 cost two statements; the UPDATE's row count says whether every
+// lease was extended, and only when one was not does a SELECT find which.
+// SQLite, and MySQL before 8.0 or MariaDB before 10.6, which have no
+// JSON_TABLE, take a list of parameters, two a lease, as many as their
+// statements allow.
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
 	mine := make([]*lease, 0, len(leases))
@@ -143,91 +149,189 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 		}
 		mine, at = append(mine, ls), append(at, i)
 	}
-	for start := 0; start < len(mine); start += batchSize {
-		end := min(start+batchSize, len(mine))
-		held, sent, err := l.refreshChunk(ctx, mine[start:end], ttl)
-		for j, ls := range mine[start:end] {
-			i := at[start+j]
-			switch {
-			case err != nil:
-				errs[i] = driver.Unavailable(ctx, err)
-			case held[ls.owner]:
-				ls.renewed(sent, ttl)
-			default:
-				errs[i] = fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
-			}
-		}
+	parallel := 4
+	if l.d.name == "sqlite" {
+		parallel = 1 // one writer at a time
 	}
+	var (
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, parallel)
+	)
+	for start, end := 0, 0; start < len(mine); start = end {
+		end = start + l.chunk(mine[start:])
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			chunk := mine[start:end]
+			held, sent, err := l.refreshChunk(ctx, chunk, ttl)
+			for j, ls := range chunk {
+				i := at[start+j]
+				switch {
+				case err != nil:
+					errs[i] = driver.Unavailable(ctx, err)
+				case held == nil || held[ls.owner]:
+					ls.renewed(sent, ttl)
+				default:
+					errs[i] = fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+				}
+			}
+		})
+	}
+	wg.Wait()
 	return errs
 }
 
-// refreshChunk extends the rows of leases and returns the owners whose rows
-// were still theirs, and when the statement was sent.
-func (l *Locker) refreshChunk(ctx context.Context, leases []*lease, ttl time.Duration) (map[string]bool, time.Time, error) {
-	var update, check string
-	var args []any
-	missed := l.d.name == "postgres" // the statement answers with the owners not extended
-	if missed {
-		update, args = l.refreshArrays(leases, ttl)
-	} else {
-		update, check, args = l.refreshList(leases, ttl)
+const (
+	// maxChunk is the most leases one refreshing statement takes: 100,000
+	// leases go in two statements, run at once, so on two connections and
+	// two server processes, and no statement holds row locks on more rows
+	// than that.
+	maxChunk = 50_000
+	// maxChunkBytes bounds the names and owners one statement carries,
+	// well under MySQL's and MariaDB's default max_allowed_packet (16 or
+	// 64 MiB), which a long-keyed chunk could otherwise reach.
+	maxChunkBytes = 8 << 20
+	// maxListChunk is the most leases a statement with a parameter list
+	// takes: two parameters each, under the 32,766 SQLite allows (and the
+	// 65,535 of MySQL).
+	maxListChunk = 16_000
+)
+
+// chunk is how many of leases, from the first, the next refreshing
+// statement takes.
+func (l *Locker) chunk(leases []*lease) int {
+	if l.d.name == "sqlite" || (l.d.name == "mysql" && l.noJSONTable.Load()) {
+		return min(len(leases), maxListChunk)
 	}
-	rows := make(map[string]bool)
+	size := 0
+	for i, ls := range leases {
+		if i == maxChunk || (i > 0 && size+len(ls.key)+len(ls.owner) > maxChunkBytes) {
+			return i
+		}
+		size += len(ls.key) + len(ls.owner)
+	}
+	return len(leases)
+}
+
+// refreshChunk extends the rows of leases and returns the owners whose rows
+// were still theirs (nil when all were), and when the statement was sent.
+func (l *Locker) refreshChunk(ctx context.Context, leases []*lease, ttl time.Duration) (map[string]bool, time.Time, error) {
 	sent := time.Now()
 	db := l.db.WithContext(ctx)
-	var err error
+	var (
+		held map[string]bool
+		err  error
+	)
 	for range retries {
-		clear(rows)
-		if check != "" {
-			// No RETURNING: read back which rows are this owner's and
-			// unexpired, which after the UPDATE are those it extended.
-			if err = db.Exec(update, args...).Error; err == nil {
-				err = owners(db.Raw(check, args[1:]...), rows)
+		var r refreshing
+		switch {
+		case l.d.name == "postgres":
+			r = l.refreshArrays(leases, ttl)
+		case l.d.name == "mysql" && !l.noJSONTable.Load():
+			if r, err = l.refreshJSON(leases, ttl); err != nil {
+				return nil, sent, err
 			}
+		default:
+			r = l.refreshList(leases, ttl)
+		}
+		held = nil
+		if r.check == "" {
+			held = make(map[string]bool, len(leases))
+			err = owners(db.Raw(r.update, r.args...), held)
 		} else {
-			err = owners(db.Raw(update, args...), rows)
+			res := db.Exec(r.update, r.args...)
+			if err = res.Error; err == nil && res.RowsAffected < int64(len(leases)) {
+				// Some row was not extended (MySQL counts the rows
+				// changed, fewer still when one was extended to the
+				// very instant it had): read back which rows are this
+				// owner's and unexpired, which after the UPDATE are
+				// those it extended, since a row it did not extend can
+				// no longer become theirs.
+				held = make(map[string]bool, len(leases))
+				err = owners(db.Raw(r.check, r.checkArgs...), held)
+			}
+		}
+		if err != nil && l.d.name == "mysql" && !l.noJSONTable.Load() && noJSONTable(err) {
+			l.noJSONTable.Store(true)
+			return l.refreshChunk(ctx, leases, ttl)
 		}
 		if err == nil || !retryable(err) {
 			break
 		}
 	}
-	if err != nil || !missed {
-		return rows, sent, err
-	}
-	held := make(map[string]bool, len(leases))
-	for _, ls := range leases {
-		if !rows[ls.owner] {
-			held[ls.owner] = true
-		}
-	}
-	return held, sent, nil
+	return held, sent, err
+}
+
+// refreshing is one batch refresh: an UPDATE and the SELECT that finds the
+// leases it extended, empty when the UPDATE returns them itself.
+type refreshing struct {
+	update, check   string
+	args, checkArgs []any
 }
 
 // refreshArrays is PostgreSQL's batch refresh: the names and owners go as
 // two array parameters, so the statement stays small and PostgreSQL parses
 // and plans it in no time whatever the batch's size (the arrays are sent as
-// text literals, which any driver passes through), and it answers with the
-// owners it did not extend, none in the usual case, so that a large batch
-// costs the client next to nothing to read.
-func (l *Locker) refreshArrays(leases []*lease, ttl time.Duration) (string, []any) {
+// text literals, which any driver passes through). unnest pairs them up and
+// the primary key's index finds each row: the plan stays linear in the
+// batch when PostgreSQL reuses a generic plan for the prepared statement,
+// which "owner = ANY(array)" would not (a generic plan compares each row
+// with the whole array, seconds for 20,000 leases). The database's clock is
+// read once.
+func (l *Locker) refreshArrays(leases []*lease, ttl time.Duration) refreshing {
 	names := make([]string, len(leases))
 	owners := make([]string, len(leases))
 	for i, ls := range leases {
 		names[i], owners[i] = ls.key, ls.owner
 	}
-	// owner is unique to a lease, so (name, owner) names one holding.
-	q := "WITH v AS (SELECT * FROM unnest(?::text[], ?::text[]) AS v(name, owner))," +
-		" u AS (UPDATE " + l.table + " AS t SET lock_until = " + l.d.now + " + ? FROM v" +
-		" WHERE t.name = v.name AND t.owner = v.owner AND t.lock_until > " + l.d.now + " RETURNING t.owner)" +
-		" SELECT owner FROM v WHERE owner NOT IN (SELECT owner FROM u)"
-	return q, []any{arrayLiteral(names), arrayLiteral(owners), ttl.Microseconds()}
+	pairs := "unnest(?::text[], ?::text[]) AS v(name, owner)"
+	mine := "t.name = v.name AND t.owner = v.owner"
+	lists := []any{arrayLiteral(names), arrayLiteral(owners)}
+	return refreshing{
+		update: "WITH c AS MATERIALIZED (SELECT " + l.d.now + " AS now)" +
+			" UPDATE " + l.table + " AS t SET lock_until = c.now + ? FROM c, " + pairs +
+			" WHERE " + mine + " AND t.lock_until > c.now",
+		args:      append([]any{ttl.Microseconds()}, lists...),
+		check:     "SELECT t.owner FROM " + l.table + " AS t JOIN " + pairs + " ON " + mine + " WHERE t.lock_until > " + l.d.now,
+		checkArgs: lists,
+	}
 }
 
-// refreshList is the batch refresh of SQLite (with RETURNING) and MySQL
-// (with a SELECT after it): a list of (name, owner) rows.
-func (l *Locker) refreshList(leases []*lease, ttl time.Duration) (update, check string, args []any) {
+// refreshJSON is MySQL's and MariaDB's batch refresh: the (name, owner)
+// pairs go as one JSON parameter, which JSON_TABLE makes a table joined to
+// the lock table by its primary key.
+func (l *Locker) refreshJSON(leases []*lease, ttl time.Duration) (refreshing, error) {
+	pairs := make([][2]string, len(leases))
+	for i, ls := range leases {
+		pairs[i] = [2]string{ls.key, ls.owner}
+	}
+	doc, err := json.Marshal(pairs)
+	if err != nil {
+		return refreshing{}, err
+	}
+	join := l.table + " AS t JOIN JSON_TABLE(?, '$[*]' COLUMNS (name VARCHAR(255) PATH '$[0]', owner VARCHAR(255) PATH '$[1]')) AS j" +
+		" ON t.name = j.name AND t.owner = j.owner"
+	return refreshing{
+		update:    "UPDATE " + join + " SET t.lock_until = " + l.d.now + " + ? WHERE t.lock_until > " + l.d.now,
+		args:      []any{string(doc), ttl.Microseconds()},
+		check:     "SELECT t.owner FROM " + join + " WHERE t.lock_until > " + l.d.now,
+		checkArgs: []any{string(doc)},
+	}, nil
+}
+
+// noJSONTable reports whether err is MySQL's or MariaDB's refusal of
+// JSON_TABLE, which they have since 8.0.4 and 10.6: a syntax error, or an
+// unknown function.
+func noJSONTable(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "Error 1064") || strings.HasPrefix(msg, "Error 1305")
+}
+
+// refreshList is the batch refresh of SQLite (with RETURNING) and of MySQL
+// without JSON_TABLE (with a SELECT after it): a list of (name, owner) rows.
+func (l *Locker) refreshList(leases []*lease, ttl time.Duration) refreshing {
 	var in strings.Builder
-	args = make([]any, 0, 1+2*len(leases))
+	args := make([]any, 0, 1+2*len(leases))
 	args = append(args, ttl.Microseconds())
 	if l.d.name != "mysql" {
 		// SQLite reads a row-value list only as a VALUES table.
@@ -241,11 +345,11 @@ func (l *Locker) refreshList(leases []*lease, ttl time.Duration) (update, check 
 		args = append(args, ls.key, ls.owner)
 	}
 	where := " WHERE (name, owner) IN (" + in.String() + ") AND lock_until > " + l.d.now
-	update = "UPDATE " + l.table + " SET lock_until = " + l.d.now + " + ?" + where
+	update := "UPDATE " + l.table + " SET lock_until = " + l.d.now + " + ?" + where
 	if l.d.name == "mysql" {
-		return update, "SELECT owner FROM " + l.table + where, args
+		return refreshing{update: update, args: args, check: "SELECT owner FROM " + l.table + where, checkArgs: args[1:]}
 	}
-	return update + " RETURNING owner", "", args
+	return refreshing{update: update + " RETURNING owner", args: args}
 }
 
 // arrayLiteral writes ss as a PostgreSQL text[] literal, every element

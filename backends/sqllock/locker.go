@@ -47,6 +47,15 @@ type Locker struct {
 	minPause time.Duration
 	seq      atomic.Uint64
 	q        queries
+	// pool is the connections under db, which the statements of a lock's
+	// life (acquire, refresh, release) use directly, skipping gorm's
+	// statement building and callbacks, which cost as much client time as
+	// the database/sql round trip itself. Their text is written for the
+	// driver's placeholders (queries).
+	pool gorm.ConnPool
+	// noJSONTable is set once MySQL refused JSON_TABLE (before MySQL 8.0
+	// and MariaDB 10.6): batch refreshes then list their leases.
+	noJSONTable atomic.Bool
 	// channel is the NOTIFY channel releases announce themselves on,
 	// empty when they do not (not PostgreSQL, or WithoutNotify).
 	channel string
@@ -77,6 +86,11 @@ type queries struct {
 // New returns a Locker on db. It does not touch the database: call Migrate
 // (or create the tables from the DDL in the package documentation) first.
 // db's dialect must be postgres, mysql or sqlite.
+//
+// The statements that acquire, renew and release a lock go to db's
+// connection pool (its ConnPool) directly, not through gorm: gorm's logger,
+// callbacks and plugins see only the others (Migrate, batch renewals,
+// inspection, Purge). A db bound to a transaction makes them run in it.
 func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
@@ -128,6 +142,9 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 		}
 	}
 	l.q = buildQueries(d, table, l.channel != "")
+	if l.pool = db.Statement.ConnPool; l.pool == nil {
+		return nil, fmt.Errorf("%w: the *gorm.DB has no connection pool", driver.ErrInvalidOption)
+	}
 	return l, nil
 }
 
@@ -154,7 +171,17 @@ func defaultOwner() (string, error) {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])), nil
 }
 
+// buildQueries builds the statements in the driver's own placeholders (see
+// dialect.bind), since they bypass gorm.
 func buildQueries(d dialect, t string, notify bool) queries {
+	q := buildGormQueries(d, t, notify)
+	for _, s := range []*string{&q.acquire, &q.acquireOrLeft, &q.readBack, &q.refresh, &q.release, &q.quietRelease, &q.holds, &q.remaining} {
+		*s = d.bind(*s)
+	}
+	return q
+}
+
+func buildGormQueries(d dialect, t string, notify bool) queries {
 	now := d.now
 	q := queries{
 		refresh: "UPDATE " + t + " SET lock_until = " + now + " + ? WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
@@ -262,13 +289,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// A waiter's later attempts read the holder's time left as they
 		// go, where the database can; its first attempt is as short as
 		// an uncontended one.
-		mark := l.announcer.mark()
+		mark := l.announcer.begin(key)
 		got, left, err := l.try(ctx, key, opts.TTL, opts.Owner, waiting)
-		if err == nil {
-			// Whoever holds the lock now, this Locker or another, will
-			// announce its own release.
-			l.announcer.taken(key, mark)
-		}
+		// Whoever holds the lock now, this Locker or another, will
+		// announce its own release.
+		l.announcer.end(key, mark, err == nil)
 		if got != nil {
 			return got, nil
 		}
@@ -342,11 +367,11 @@ type attempt struct {
 }
 
 func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration, readLeft bool) (attempt, error) {
-	db := l.db.WithContext(ctx)
+	db := l.pool
 	var version, left sql.NullInt64
 	switch {
 	case readLeft && l.q.acquireOrLeft != "":
-		err := db.Raw(l.q.acquireOrLeft, key, owner, ttl.Microseconds(), key).Row().Scan(&version, &left)
+		err := db.QueryRowContext(ctx, l.q.acquireOrLeft, key, owner, ttl.Microseconds(), key).Scan(&version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The row was inserted after the statement's snapshot.
 			return attempt{left: unknown}, nil
@@ -359,20 +384,20 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		return attempt{left: micros(left.Int64)}, nil
 	case l.d.upsert:
-		err := db.Raw(l.q.acquire, key, owner, ttl.Microseconds()).Row().Scan(&version)
+		err := db.QueryRowContext(ctx, l.q.acquire, key, owner, ttl.Microseconds()).Scan(&version)
 		if errors.Is(err, sql.ErrNoRows) {
 			return attempt{left: unknown}, nil
 		}
 		return attempt{taken: err == nil, version: version.Int64}, err
 	}
-	if err := db.Exec(l.q.acquire, key, owner, ttl.Microseconds()).Error; err != nil {
+	if _, err := db.ExecContext(ctx, l.q.acquire, key, owner, ttl.Microseconds()); err != nil {
 		return attempt{}, err
 	}
 	// The owner id is unique to this attempt, so finding it in the row
 	// means this attempt took the lock. Reading in a separate statement is
 	// safe: the row can change owner again only after our lease expires.
 	var holder string
-	err := db.Raw(l.q.readBack, key).Row().Scan(&holder, &version, &left)
+	err := db.QueryRowContext(ctx, l.q.readBack, key).Scan(&holder, &version, &left)
 	if errors.Is(err, sql.ErrNoRows) {
 		return attempt{left: unknown}, nil
 	}
@@ -398,7 +423,7 @@ func (l *Locker) leaseOwner() string {
 // database's clock (zero or less when none).
 func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
 	var n int64
-	err := l.db.WithContext(ctx).Raw(l.q.remaining, key).Row().Scan(&n)
+	err := l.pool.QueryRowContext(ctx, l.q.remaining, key).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}

@@ -30,7 +30,39 @@ func (l *Locker) Migrate(ctx context.Context) error {
 	if err := binaryKeys(ctx, l.db, l.d, l.rawTable, "name"); err != nil {
 		return err
 	}
-	return binaryKeys(ctx, l.db, l.d, l.fenceTable, "resource")
+	if err := binaryKeys(ctx, l.db, l.d, l.fenceTable, "resource"); err != nil {
+		return err
+	}
+	return roomForUpdates(ctx, l.db, l.d, l.rawTable)
+}
+
+// lockFillfactor is the share of each page of the lock table PostgreSQL
+// fills with rows, leaving the rest for their updates.
+const lockFillfactor = 50
+
+// roomForUpdates has PostgreSQL leave half of each page of table free. Every
+// acquisition, renewal and release rewrites its lock's row, and PostgreSQL
+// writes the new version beside the old one, without touching the primary
+// key's index (a HOT update), only when the page has room for it; in pages
+// packed full, each of those statements also inserts an index entry, which
+// costs more than the rest of the update, bloats the index, and leaves more
+// for VACUUM. A renewal of 50,000 rows took 260-340ms with free room against
+// 600-950ms without on the machine this was measured on. The setting only
+// takes a lock that lets reads and writes go on, and governs the pages
+// written from then on: rows move into such pages as they are updated.
+func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) error {
+	if d.name != "postgres" {
+		return nil
+	}
+	quoted, err := quoteTable(db, table)
+	if err != nil {
+		return err
+	}
+	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
+	if err := db.WithContext(ctx).Exec(alter).Error; err != nil {
+		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
+	}
+	return nil
 }
 
 // lockRow is the lock table's schema, for AutoMigrate.
