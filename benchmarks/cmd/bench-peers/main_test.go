@@ -4,11 +4,15 @@ import (
 	"context"
 	"image/png"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/consul/api"
 )
 
 // TestQuickRun runs the whole program in -quick mode against the servers of
@@ -179,5 +183,76 @@ func TestCountedTakesTheWorseSetting(t *testing.T) {
 	}
 	if c := b.counted(raw, "contended", 8, 0); c.ratio != 1 || !strings.Contains(b.countedCell(raw, column{scenario: "contended", n: 8}), "✓") {
 		t.Errorf("raw floor: %+v, want 1.0 and the target 0.95 met", c)
+	}
+}
+
+// TestConsulTransport: every request of a Consul client counts once, and a
+// request sent while the transport is bound ends with the bound context,
+// which is how a waiter of api.Lock is let go at the end of a window.
+func TestConsulTransport(t *testing.T) {
+	hang := make(chan struct{})
+	defer close(hang)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has("index") {
+			select { // a blocking query with nothing to report
+			case <-hang:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Write([]byte(`"127.0.0.1:8300"`))
+	}))
+	defer srv.Close()
+	m := newMeter(countHTTP, nil, nil)
+	var src consulSources
+	c, tr, err := newConsulClient(strings.TrimPrefix(srv.URL, "http://"), m, src.next())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	if _, err := c.Status().Leader(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tr.bind(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.KV().Get("k", &api.QueryOptions{WaitIndex: 7, WaitTime: time.Hour})
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a bound blocking query outlived its context")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a bound blocking query was not cut when its context ended")
+	}
+	tr.unbind()
+	if _, err := c.Status().Leader(); err != nil {
+		t.Errorf("unbound request: %v", err)
+	}
+	if got := m.trips.Load(); got != 3 {
+		t.Errorf("counted %d requests, want 3", got)
+	}
+	if a, b := src.next(), src.next(); a.Equal(b) || !a.IsLoopback() || !b.IsLoopback() {
+		t.Errorf("source addresses %v and %v: want two loopback addresses", a, b)
+	}
+}
+
+// TestConsulRenewalWindow: on a server with a shortest TTL, the renewal
+// scenario runs at that TTL at least and counts whole TTLs.
+func TestConsulRenewalWindow(t *testing.T) {
+	b := &bench{s: settings{renewTTL: 3 * time.Second, periods: 2}}
+	consul := &subject{minTTL: 10 * time.Second}
+	if got := b.renewTTL(consul); got != 10*time.Second {
+		t.Errorf("TTL %v, want 10s", got)
+	}
+	if got := b.renewPeriods(consul); got != 3 {
+		t.Errorf("%d periods, want 3", got)
+	}
+	if got, p := b.renewTTL(&subject{}), b.renewPeriods(&subject{}); got != 3*time.Second || p != 2 {
+		t.Errorf("without a shortest TTL: %v and %d periods, want -ttl and -periods", got, p)
 	}
 }

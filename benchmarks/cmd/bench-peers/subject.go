@@ -27,6 +27,10 @@ type subject struct {
 	// maxLocks bounds the renewal scenario's sizes for this subject; 0:
 	// every size.
 	maxLocks int
+	// minTTL is the shortest lease TTL the subject's server accepts
+	// (Consul's sessions: 10s); the renewal scenario uses it when -ttl is
+	// shorter.
+	minTTL time.Duration
 	// redis lists the Redis servers whose commands the subject's figures
 	// count; none for the other backends.
 	redis []string
