@@ -322,6 +322,7 @@ type consulLockHolder struct {
 	mu      sync.Mutex
 	locks   []*api.Lock
 	held    []<-chan struct{} // closed when the monitor finds the lock lost
+	gone    atomic.Int64
 }
 
 func (h *consulLockHolder) hold(ctx context.Context, keys []string) error {
@@ -354,25 +355,23 @@ func (h *consulLockHolder) hold(ctx context.Context, keys []string) error {
 	})
 }
 
-func (h *consulLockHolder) lost() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, ch := range h.held {
-		select {
-		case <-ch:
-			n++
-		default:
-		}
-	}
-	return n
-}
+func (h *consulLockHolder) lost() int { return int(h.gone.Load()) }
 
+// release unlocks every lock, counting those whose monitor had found them
+// lost first: Unlock itself does not tell (it releases the key whoever
+// holds it, and the monitor then ends for every lock).
 func (h *consulLockHolder) release(ctx context.Context) error {
 	h.mu.Lock()
-	locks := h.locks
+	locks, held := h.locks, h.held
 	h.mu.Unlock()
-	return parallel(ctx, len(locks), 16, func(ctx context.Context, i int) error { return locks[i].Unlock() })
+	return parallel(ctx, len(locks), 16, func(ctx context.Context, i int) error {
+		select {
+		case <-held[i]:
+			h.gone.Add(1)
+		default:
+		}
+		return locks[i].Unlock()
+	})
 }
 
 func (h *consulLockHolder) close() {

@@ -52,7 +52,7 @@ type renewResult struct {
 	cmds    float64 // server commands (statements) per renewal period
 	heap    float64 // bytes of heap per held lock
 	stack   float64 // bytes of goroutine stacks per held lock
-	lost    int     // locks whose renewal failed
+	lost    int     // locks lost while held, or found expired by their release
 	foreign bool
 }
 
@@ -391,12 +391,12 @@ func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (ren
 		return renewResult{}, err
 	}
 	periods := float64(time.Since(t0)) / float64(period)
-	lost := h.lost()
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := h.release(rctx); err != nil {
 		return renewResult{}, fmt.Errorf("release: %w", err)
 	}
+	lost := h.lost()
 	wk := m.between(s0, s1)
 	return renewResult{
 		trips:   wk.trips / periods,

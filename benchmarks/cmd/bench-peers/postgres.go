@@ -270,6 +270,7 @@ func newRawPGHolder(ctx context.Context, dsn string, m *meter, ttl time.Duration
 func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 	h.keys = keys
 	h.owners = make([]string, len(keys))
+	h.r.track(len(keys))
 	ms := h.ttl.Milliseconds()
 	return parallel(ctx, len(keys), 8, func(ctx context.Context, i int) error {
 		owner := randomOwner()
@@ -282,7 +283,7 @@ func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 			return fmt.Errorf("%s: taken", keys[i])
 		}
 		key := keys[i]
-		h.r.start(h.ttl/3, func(ctx context.Context) error {
+		h.r.start(i, h.ttl/3, h.ttl, func(ctx context.Context) error {
 			tag, err := h.pool.Exec(ctx, pgRenew, key, owner, ms)
 			if err == nil && tag.RowsAffected() != 1 {
 				err = errNotHeld
@@ -293,15 +294,18 @@ func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 	})
 }
 
-func (h *rawPGHolder) lost() int { return int(h.r.failed.Load()) }
+func (h *rawPGHolder) lost() int { return h.r.lost() }
 
 func (h *rawPGHolder) release(ctx context.Context) error {
-	h.r.halt()
+	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.keys), 8, func(ctx context.Context, i int) error {
 		if h.owners[i] == "" {
 			return nil
 		}
-		_, err := h.pool.Exec(ctx, pgRelease, h.keys[i], h.owners[i])
+		tag, err := h.pool.Exec(ctx, pgRelease, h.keys[i], h.owners[i])
+		if err == nil && tag.RowsAffected() != 1 {
+			h.r.gone[i].Store(true)
+		}
 		return err
 	})
 }

@@ -297,7 +297,8 @@ func (b *bench) markdown() string {
 		w(". ")
 		w("warden's lease keeper renews every lease due within the next period in one request; the Redis and PostgreSQL peers offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. On etcd, warden and concurrency.Mutex alike keep every lock on one session lease (its keepalive is not counted), so the memory per lock is what differs there; etcd is measured up to %d locks. ", etcdMaxLocks)
 		w("On Consul, warden keeps every lock on one session, renewed by one request per period; api.Lock gives each lock a session of its own, renewed by a goroutine of its own every TTL/2, and a goroutine monitoring it with a blocking query, as its users get from LockOpts; Consul is measured up to %d locks. ", consulMaxLocks)
-		w("Heap and stack per lock are the growth of the process's live heap (after a GC) and of its goroutine stacks, divided by the number of locks.\n\n")
+		w("Heap and stack per lock are the growth of the process's live heap (after a GC) and of its goroutine stacks, divided by the number of locks. ")
+		w("A lock counts as lost when its holder finds it lost while held, or its release finds it no longer held (it ran out first), once either way. The per-lock renewal loops of the peers are written to lose nothing the peer itself does not: each lock is renewed until its own release (releasing 100,000 locks takes longer than their TTL), a renewal that fails (one that waited a period for a pool connection, say) is tried again at the next period, and a lock counts as lost only when the server says it is no longer held, or when no renewal was answered for a whole TTL. A loss is therefore the subject's own: a peer renewing each lock with a request of its own must send one per lock per period, and where it lost locks the round trips column shows how many it got through.\n\n")
 		for _, n := range b.s.sizes {
 			w("### %d held locks\n\n", n)
 			w("| pair | round trips/period ↓ | server commands (statements)/period ↓ | heap/lock ↓ | stacks/lock ↓ | locks lost |\n|---|---|---|---|---|---|\n")
@@ -310,6 +311,12 @@ func (b *bench) markdown() string {
 					cell(wm.heap, pm.heap, fmtBytes, false),
 					cell(wm.stack, pm.stack, fmtBytes, false),
 					wm.lost, pm.lost)
+			}
+			w("\n")
+			for _, sub := range b.subjectsFor("renewal") {
+				if m, reps := b.renewMedian(n, sub.id); m.lost > 0 {
+					w("- %s lost %d of %d locks over %d repetition(s), with %s round trips per period (median).\n", sub.label, m.lost, n*reps, reps, fmtCount(m.trips))
+				}
 			}
 			w("\n")
 		}
@@ -333,7 +340,7 @@ func (b *bench) markdown() string {
 			w("- **%s**: %s.\n", s.label, s.how)
 		}
 	}
-	w("\nwarden is built from this checkout (a `replace` in benchmarks/go.mod); each warden worker uses `guard.New(locker, guard.WithTTL(10s), guard.WithPrefix(\"bench:\"))` and `Guard.Do`. ")
+	w("\nwarden is built from this checkout (a `replace` in benchmarks/go.mod); each warden worker uses `guard.New(locker, guard.WithTTL(10s), guard.WithPrefix(\"bench:\"), guard.WithLogger(a logger that discards))` and `Guard.Do`: the benchmark counts lost locks itself. ")
 	w("Peers use a 10s TTL too, but for the Consul peers at their defaults, whose sessions have the client's default TTL of 15s. Each peer with a retry pause runs twice: at the settings its documentation shows, and tuned the way a user who wants the lock back at once would set it (a 1ms pause); their retry pauses, listed above, decide much of their handoff latency and command count.\n\n")
 
 	errs := b.errorNotes()
