@@ -175,16 +175,7 @@ func newWardenConsul(addr string, m *meter, src net.IP, opts ...guard.Option) (*
 	}
 	w.cl.add(tr.CloseIdleConnections)
 	locker, err := consullock.New(c)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 // consulSession is the session a tuned peer creates once per worker and

@@ -178,16 +178,7 @@ func newWardenPG(dsn string, m *meter, opts ...guard.Option) (*guardWorker, erro
 	}
 	w.cl.add(func() { closeGorm(db) })
 	locker, err := sqllock.New(db, sqllock.WithTable(wardenTable), sqllock.WithListener(pglisten.Listener{}))
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 // rawPGWorker is the single-statement lock on one pgx connection.

@@ -22,6 +22,7 @@ import (
 	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/redlock"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // workerTTL is the lease TTL of the cycle scenarios: long enough that no
@@ -208,6 +209,24 @@ func (w *guardWorker) cycle(ctx context.Context, key string, section func()) err
 
 func (w *guardWorker) close() { w.cl.close() }
 
+// guardOn finishes a warden worker whose clients w closes already: a Guard
+// with guardOptions over locker, which the worker closes first. When the
+// locker could not be made (err), the clients are closed.
+func (w *guardWorker) guardOn(locker driver.Locker, err error, opts ...guard.Option) (*guardWorker, error) {
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	if c, ok := locker.(interface{ Close() error }); ok {
+		w.cl.add(func() { c.Close() })
+	}
+	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
 // guardOptions are the Guard options every warden subject uses; more may
 // follow (a TTL for the renewal scenario). guard logs each lock it loses;
 // the benchmark counts them instead, and 100,000 lines written while the
@@ -221,16 +240,7 @@ func newWardenRedis(addr string, m *meter, opts ...guard.Option) (*guardWorker, 
 	c := newRedisClient(addr, m)
 	w.cl.add(func() { c.Close() })
 	locker, err := redislock.New(c)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 func newWardenRedlock(addrs []string, m *meter) (*guardWorker, error) {
@@ -242,15 +252,7 @@ func newWardenRedlock(addrs []string, m *meter) (*guardWorker, error) {
 		nodes[i] = c
 	}
 	locker, err := redlock.New(nodes)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	if w.g, err = guard.New(locker, guardOptions()...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err)
 }
 
 // guardHolder holds many locks of one Guard; its lease keeper renews them.
