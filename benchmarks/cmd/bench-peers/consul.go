@@ -230,7 +230,7 @@ func consulLockSubject(b *bench, tuned bool) *subject {
 		}
 	}
 	return variant(s, tuned,
-		"Client.LockOpts with its documented defaults (LockKey's): each Lock creates a session (TTL 15s, Consul's 15s lock-delay) renewed by a goroutine of its own, reads the key and blocks on it (?index=, LockWaitTime 15s) while another session holds it, acquires it (?acquire=), and starts a goroutine monitoring it (a blocking query); Unlock releases it (?release=) and destroys the session; renewal: a session per lock, with its own renewal goroutine (every TTL/2) and monitor, as LockOpts gives every Lock; each monitor keeps an HTTP connection open, and an agent at its default limits answers 429 to an address with more than 200 (measured: one client holding 200 api.Locks was turned away), so the held locks are spread over clients of 150, each dialing from its own loopback address",
+		"Client.LockOpts with its documented defaults (LockKey's): each Lock creates a session (TTL 15s, Consul's 15s lock-delay) renewed by a goroutine of its own, reads the key and blocks on it (?index=, LockWaitTime 15s) while another session holds it, acquires it (?acquire=), and starts a goroutine monitoring it (a blocking query); Unlock releases it (?release=) and destroys the session; renewal: a session per lock, with its own renewal goroutine (every TTL/2) and monitor, as LockOpts gives every Lock; each monitor keeps an HTTP connection open, and an agent at its default limits answers 429 to an address with more than 200 (measured: one client holding 200 api.Locks was turned away), so the held locks are spread over clients of 100, each dialing from its own loopback address",
 		"Client.LockOpts with LockWaitTime, MonitorRetryTime 1ms, the tightest Consul's millisecond waits allow, and the Session option: one session per worker (TTL 10s, lock-delay 1ms), created once and renewed by one goroutine, so that a cycle creates and destroys none; LockRetryTime is a constant of the client (5s), paid only under a lock-delay, which no cycle here meets")
 }
 
@@ -294,8 +294,10 @@ func (w *consulLockWorker) close() {
 // through one client, which dials from an address of its own: each held
 // api.Lock keeps a connection open for its monitor, and Consul turns an
 // address away beyond 200 (http_max_conns_per_client's default), room left
-// for the acquisitions in flight and the pool's idle connections.
-const consulLocksPerSource = 150
+// for the requests in flight: an Unlock's release, the session destruction
+// it sets off, the pool's idle connections. With 150 a client, releasing
+// 10,000 locks 16 at a time from consecutive clients met 429s.
+const consulLocksPerSource = 100
 
 // consulLockHolder holds many api.Locks the way LockOpts makes them: each
 // with a session of its own, renewed by its own goroutine, and a monitor.
@@ -327,7 +329,9 @@ func (h *consulLockHolder) hold(ctx context.Context, keys []string) error {
 	}
 	ttl := h.ttl.String()
 	return parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
-		l, err := h.clients[i/consulLocksPerSource].LockOpts(&api.LockOptions{Key: keys[i], SessionTTL: ttl})
+		// Consecutive locks on different clients, so that the 16 at a time
+		// taken or released spread over them.
+		l, err := h.clients[i%len(h.clients)].LockOpts(&api.LockOptions{Key: keys[i], SessionTTL: ttl})
 		if err != nil {
 			return err
 		}

@@ -224,7 +224,7 @@ func (b *bench) markdown() string {
 		w("- Note: %s\n", b.s.note)
 	}
 	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v, contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
-		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, b.s.renewTTL/3, b.s.periods, b.end.Sub(b.start).Round(time.Second))
+		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, (b.s.renewTTL / 3).Round(time.Millisecond), b.s.periods, b.end.Sub(b.start).Round(time.Second))
 	for _, g := range slices.Sorted(maps.Keys(b.skipped)) {
 		w("- Left out: %s (%s)\n", g, b.skipped[g])
 	}
@@ -288,11 +288,11 @@ func (b *bench) markdown() string {
 
 	if b.ran("renewal") && len(b.selected("renewal")) > 0 {
 		w("## 3. Keeping many locks alive\n\n")
-		w("One process holds that many locks with a TTL of %v and keeps them alive for %d renewal period(s) of %v, after one period and a half to settle", b.s.renewTTL, b.s.periods, b.s.renewTTL/3)
+		w("One process holds that many locks with a TTL of %v and keeps them alive for %d renewal period(s) of %v, after one period and a half to settle", b.s.renewTTL, b.s.periods, (b.s.renewTTL / 3).Round(time.Millisecond))
 		if slices.ContainsFunc(b.selected("renewal"), func(p pair) bool { return p.group == "consul" }) {
 			sub := b.subj["warden-consul"]
 			ttl := b.renewTTL(sub)
-			w(" (on Consul, whose sessions take TTLs from 10s, a TTL of %v, and %d periods of %v counted: a whole number of TTLs, over which api.Lock's renewals every TTL/2 come a whole number of times too)", ttl, b.renewPeriods(sub), ttl/3)
+			w(" (on Consul, whose sessions take TTLs from 10s, a TTL of %v, and %d periods of %v counted: a whole number of TTLs, over which api.Lock's renewals every TTL/2 come a whole number of times too)", ttl, b.renewPeriods(sub), (ttl / 3).Round(time.Millisecond))
 		}
 		w(". ")
 		w("warden's lease keeper renews every lease due within the next period in one request; the Redis and PostgreSQL peers offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. On etcd, warden and concurrency.Mutex alike keep every lock on one session lease (its keepalive is not counted), so the memory per lock is what differs there; etcd is measured up to %d locks. ", etcdMaxLocks)
