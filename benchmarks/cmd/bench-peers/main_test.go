@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -255,4 +257,55 @@ func TestConsulRenewalWindow(t *testing.T) {
 	if got, p := b.renewTTL(&subject{}), b.renewPeriods(&subject{}); got != 3*time.Second || p != 2 {
 		t.Errorf("without a shortest TTL: %v and %d periods, want -ttl and -periods", got, p)
 	}
+}
+
+// TestRenewersJudgeLosses: a per-lock renewal loop counts a lock lost when
+// the server says so or when nothing was answered for a TTL, not for a
+// failed attempt, and never for meeting the lock's own release.
+func TestRenewersJudgeLosses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, ttl = time.Second, 3 * time.Second
+		r := newRenewers()
+		r.track(4)
+		var calls [4]atomic.Int64
+		// 0: an attempt fails (it waited a period for a connection, say),
+		// the next is answered within the TTL: held.
+		r.start(0, period, ttl, func(context.Context) error {
+			if calls[0].Add(1) == 1 {
+				return context.DeadlineExceeded
+			}
+			return nil
+		})
+		// 1: never answered: lost once a TTL has passed.
+		r.start(1, period, ttl, func(context.Context) error { return context.DeadlineExceeded })
+		// 2: the server says it is gone: lost.
+		r.start(2, period, ttl, func(context.Context) error { return errNotHeld })
+		// 3: gone because it is being released: no loss.
+		r.start(3, period, ttl, func(context.Context) error {
+			if calls[3].Add(1) == 2 {
+				r.releasing(3)
+				return errNotHeld
+			}
+			return nil
+		})
+		time.Sleep(5 * period)
+		synctest.Wait()
+		r.released(3, true)
+		r.halt()
+		for i, want := range []int32{held, lost, lost, releasing} {
+			if got := r.state[i].Load(); got != want {
+				t.Errorf("lock %d: state %d, want %d", i, got, want)
+			}
+		}
+		if n := r.lost(); n != 2 {
+			t.Errorf("lost %d, want 2", n)
+		}
+		if r.releasing(1) != true || r.releasing(0) {
+			t.Error("releasing does not tell a lost lock from a held one")
+		}
+		r.released(0, false)
+		if n := r.lost(); n != 3 {
+			t.Errorf("a release that finds the lock gone: lost %d, want 3", n)
+		}
+	})
 }

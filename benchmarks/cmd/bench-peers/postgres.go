@@ -301,12 +301,12 @@ func (h *rawPGHolder) lost() int { return h.r.lost() }
 func (h *rawPGHolder) release(ctx context.Context) error {
 	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.keys), 8, func(ctx context.Context, i int) error {
-		if h.owners[i] == "" {
+		if h.owners[i] == "" || h.r.releasing(i) {
 			return nil
 		}
 		tag, err := h.pool.Exec(ctx, pgRelease, h.keys[i], h.owners[i])
-		if err == nil && tag.RowsAffected() != 1 {
-			h.r.gone[i].Store(true)
+		if err == nil {
+			h.r.released(i, tag.RowsAffected() == 1)
 		}
 		return err
 	})

@@ -358,15 +358,16 @@ func (h *bsmHolder) lost() int { return h.r.lost() }
 func (h *bsmHolder) release(ctx context.Context) error {
 	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.locks), 16, func(ctx context.Context, i int) error {
-		if l := h.locks[i]; l != nil {
-			err := l.Release(ctx)
-			if errors.Is(err, bsmlock.ErrLockNotHeld) {
-				h.r.gone[i].Store(true)
-				err = nil
-			}
-			return err
+		l := h.locks[i]
+		if l == nil || h.r.releasing(i) {
+			return nil
 		}
-		return nil
+		err := l.Release(ctx)
+		h.r.released(i, !errors.Is(err, bsmlock.ErrLockNotHeld))
+		if errors.Is(err, bsmlock.ErrLockNotHeld) {
+			err = nil
+		}
+		return err
 	})
 }
 
@@ -467,12 +468,13 @@ func (h *redsyncHolder) release(ctx context.Context) error {
 	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.held), 16, func(ctx context.Context, i int) error {
 		mu := h.held[i]
-		if mu == nil {
+		if mu == nil || h.r.releasing(i) {
 			return nil
 		}
 		ok, err := mu.UnlockContext(ctx)
-		if redsyncNotHeld(ok, err) {
-			h.r.gone[i].Store(true)
+		notHeld := redsyncNotHeld(ok, err)
+		h.r.released(i, !notHeld)
+		if notHeld {
 			err = nil
 		}
 		return err
@@ -539,8 +541,7 @@ type rawRedisHolder struct {
 	ttl    time.Duration
 	keys   []string
 	owners []string
-	gone   []bool
-	mu     sync.Mutex
+	st     renewers // the locks' states only: one loop renews them all
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -549,7 +550,7 @@ type rawRedisHolder struct {
 func (h *rawRedisHolder) hold(ctx context.Context, keys []string) error {
 	h.keys = keys
 	h.owners = make([]string, len(keys))
-	h.gone = make([]bool, len(keys))
+	h.st.track(len(keys))
 	err := parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
 		h.owners[i] = randomOwner()
 		ok, err := rawSet(ctx, h.c, keys[i], h.owners[i], h.ttl)
@@ -588,33 +589,21 @@ func (h *rawRedisHolder) renew() {
 		}
 		_, err := pipe.Exec(ctx)
 		cancel()
-		h.mu.Lock()
 		for i, c := range cmds {
 			// As renewers.start judges: a lock is lost when the server says
 			// it is not held, or when nothing was answered for a TTL.
 			n, err := c.Int()
 			if (err == nil && n != 1) || (err != nil && sent.Sub(last) >= h.ttl) {
-				h.gone[i] = true
+				h.st.lose(i)
 			}
 		}
-		h.mu.Unlock()
 		if err == nil {
 			last = sent
 		}
 	}
 }
 
-func (h *rawRedisHolder) lost() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, g := range h.gone {
-		if g {
-			n++
-		}
-	}
-	return n
-}
+func (h *rawRedisHolder) lost() int { return h.st.lost() }
 
 func (h *rawRedisHolder) halt() {
 	h.once.Do(func() {
@@ -628,11 +617,12 @@ func (h *rawRedisHolder) halt() {
 func (h *rawRedisHolder) release(ctx context.Context) error {
 	defer h.halt() // see renewers.halt
 	return parallel(ctx, len(h.keys), 16, func(ctx context.Context, i int) error {
+		if h.st.releasing(i) {
+			return nil
+		}
 		n, err := rawRelease.Run(ctx, h.c, []string{h.keys[i]}, h.owners[i]).Int()
-		if err == nil && n != 1 {
-			h.mu.Lock()
-			h.gone[i] = true
-			h.mu.Unlock()
+		if err == nil {
+			h.st.released(i, n == 1)
 		}
 		return err
 	})

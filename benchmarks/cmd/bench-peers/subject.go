@@ -134,21 +134,48 @@ func parallel(ctx context.Context, n, width int, f func(ctx context.Context, i i
 // per held lock, renewing it every period, as those libraries' users write
 // it.
 type renewers struct {
-	wg   sync.WaitGroup
-	stop chan struct{}
-	gone []atomic.Bool // by lock: lost while held, or found expired by its release
+	wg    sync.WaitGroup
+	stop  chan struct{}
+	state []atomic.Int32 // by lock: held, releasing or lost
 }
+
+// A lock's state in renewers.
+const (
+	held int32 = iota
+	releasing
+	lost
+)
 
 func newRenewers() *renewers { return &renewers{stop: make(chan struct{})} }
 
-// track makes room for n locks' marks, before the first start.
-func (r *renewers) track(n int) { r.gone = make([]atomic.Bool, n) }
+// track makes room for n locks' states, before the first start.
+func (r *renewers) track(n int) { r.state = make([]atomic.Int32, n) }
 
-// lost counts the locks marked lost.
+// lose marks lock i lost, unless it is being released: a renewal that
+// finds the lock gone then is no loss, its release tells.
+func (r *renewers) lose(i int) { r.state[i].CompareAndSwap(held, lost) }
+
+// releasing marks lock i as being released, before its release is sent,
+// and reports whether it had been lost already.
+func (r *renewers) releasing(i int) (wasLost bool) {
+	if r.state[i].CompareAndSwap(held, releasing) {
+		return false
+	}
+	return r.state[i].Load() == lost
+}
+
+// released records what lock i's release found: held or not.
+func (r *renewers) released(i int, wasHeld bool) {
+	if !wasHeld {
+		r.state[i].Store(lost)
+	}
+}
+
+// lost counts the locks lost while held or found expired by their release.
 func (r *renewers) lost() int {
 	n := 0
-	for i := range r.gone {
-		if r.gone[i].Load() {
+	for i := range r.state {
+		if r.state[i].Load() == lost {
 			n++
 		}
 	}
@@ -175,9 +202,12 @@ func (r *renewers) start(i int, period, ttl time.Duration, refresh func(ctx cont
 				return
 			case <-t.C:
 			}
+			if r.state[i].Load() != held {
+				return
+			}
 			sent := time.Now()
 			if sent.Sub(last) >= ttl {
-				r.gone[i].Store(true)
+				r.lose(i)
 				return
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), period)
@@ -187,7 +217,7 @@ func (r *renewers) start(i int, period, ttl time.Duration, refresh func(ctx cont
 			case err == nil:
 				last = sent
 			case errors.Is(err, errNotHeld):
-				r.gone[i].Store(true)
+				r.lose(i)
 				return
 			}
 		}
@@ -200,8 +230,8 @@ func (r *renewers) start(i int, period, ttl time.Duration, refresh func(ctx cont
 // them all before releasing any would leave the last of 100,000 locks,
 // released at the end of a queue of releases longer than their TTL, to run
 // out before their turn, which is no fault of the peer. A renewal that
-// comes after its lock's release fails, and is not counted: a lock's
-// release says whether it was still held.
+// meets its lock's release is not counted (see lose): the release says
+// whether the lock was still held.
 func (r *renewers) halt() {
 	select {
 	case <-r.stop:
