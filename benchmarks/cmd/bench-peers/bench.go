@@ -20,6 +20,7 @@ type servers struct {
 	etcd     []string
 	zk       []string
 	postgres string
+	consul   string
 }
 
 func serversFromEnv() servers {
@@ -44,6 +45,7 @@ func serversFromEnv() servers {
 		etcd:     list(get("WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379")),
 		zk:       list(get("WARDEN_ZK_SERVERS", "127.0.0.1:12181")),
 		postgres: get("WARDEN_POSTGRES_DSN", "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"),
+		consul:   get("WARDEN_CONSUL_ADDR", "127.0.0.1:18500"),
 	}
 }
 
@@ -85,6 +87,8 @@ var pairs = slices.Concat(
 	peerPairs(pair{group: "etcd", warden: "warden-etcd", peer: "etcd-mutex"}, false),
 	peerPairs(pair{group: "zk", warden: "warden-zk", peer: "zk-lock"}, false),
 	peerPairs(pair{group: "postgres", warden: "warden-pg", peer: "raw-pg", target: 0.9}, true),
+	peerPairs(pair{group: "consul", warden: "warden-consul", peer: "consul-lock"}, true),
+	peerPairs(pair{group: "consul", warden: "warden-consul", peer: "consul-semaphore"}, true),
 	peerPairs(pair{group: "memory", warden: "warden-memory", peer: "sync-mutex"}, false),
 )
 
@@ -98,11 +102,13 @@ type bench struct {
 	skipped map[string]string // group: why it was left out
 	subj    map[string]*subject
 	admin   *admin
-	tables  []tableState // PostgreSQL lock tables, as they were at each phase
-	machine machine
-	res     *results
-	start   time.Time
-	end     time.Time
+	// consulSrc gives each Consul client a source address of its own.
+	consulSrc consulSources
+	tables    []tableState // PostgreSQL lock tables, as they were at each phase
+	machine   machine
+	res       *results
+	start     time.Time
+	end       time.Time
 }
 
 func newBench(ctx context.Context, s settings, log io.Writer) (*bench, error) {
@@ -166,6 +172,8 @@ func (b *bench) prepare(ctx context.Context, group string) (string, error) {
 		return zkVersion(ctx, b.srv.zk)
 	case "postgres":
 		return preparePostgres(ctx, b.srv.postgres)
+	case "consul":
+		return consulVersion(ctx, b.srv.consul)
 	}
 	return "", nil
 }
@@ -382,6 +390,9 @@ func (b *bench) close() {
 	}
 	if slices.Contains(b.groups, "zk") {
 		cleanZK(b.srv.zk, b.id)
+	}
+	if slices.Contains(b.groups, "consul") {
+		cleanConsul(ctx, b.srv.consul, b.id)
 	}
 	b.admin.close()
 }

@@ -55,7 +55,7 @@ func (b *bench) idemStores() []idemStore {
 		}},
 		{group: "postgres", label: "sqllock.Store (PostgreSQL)", open: func(ctx context.Context, m *meter, _ string) (idempotency.Store, closers, error) {
 			var cl closers
-			db, err := openGorm(b.srv.postgres, m)
+			db, err := openGorm(b.srv.postgres, m, workerConns)
 			if err != nil {
 				return nil, cl, err
 			}

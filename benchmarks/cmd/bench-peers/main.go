@@ -8,7 +8,8 @@
 //
 // The servers are found through the variables scripts/services.sh env
 // prints (WARDEN_REDIS_ADDR, WARDEN_REDLOCK_ADDRS, WARDEN_ETCD_ENDPOINTS,
-// WARDEN_ZK_SERVERS, WARDEN_POSTGRES_DSN), with the same defaults. A group
+// WARDEN_ZK_SERVERS, WARDEN_POSTGRES_DSN, WARDEN_CONSUL_ADDR), with the same
+// defaults. A group
 // whose servers do not answer is left out of the report, or fails the run
 // with -strict. Run with -h for the flags; -quick is a smoke run of
 // seconds.
@@ -62,7 +63,7 @@ type settings struct {
 }
 
 var (
-	allGroups    = []string{"redis", "redlock", "etcd", "zk", "postgres", "memory"}
+	allGroups    = []string{"redis", "redlock", "etcd", "zk", "postgres", "consul", "memory"}
 	allScenarios = []string{"uncontended", "contended", "renewal", "idempotency"}
 )
 

@@ -4,11 +4,17 @@ import (
 	"context"
 	"image/png"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/hashicorp/consul/api"
 )
 
 // TestQuickRun runs the whole program in -quick mode against the servers of
@@ -180,4 +186,126 @@ func TestCountedTakesTheWorseSetting(t *testing.T) {
 	if c := b.counted(raw, "contended", 8, 0); c.ratio != 1 || !strings.Contains(b.countedCell(raw, column{scenario: "contended", n: 8}), "✓") {
 		t.Errorf("raw floor: %+v, want 1.0 and the target 0.95 met", c)
 	}
+}
+
+// TestConsulTransport: every request of a Consul client counts once, and a
+// request sent while the transport is bound ends with the bound context,
+// which is how a waiter of api.Lock is let go at the end of a window.
+func TestConsulTransport(t *testing.T) {
+	hang := make(chan struct{})
+	defer close(hang)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has("index") {
+			select { // a blocking query with nothing to report
+			case <-hang:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Write([]byte(`"127.0.0.1:8300"`))
+	}))
+	defer srv.Close()
+	m := newMeter(countHTTP, nil, nil)
+	var src consulSources
+	c, tr, err := newConsulClient(strings.TrimPrefix(srv.URL, "http://"), m, src.next())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	if _, err := c.Status().Leader(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tr.bind(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.KV().Get("k", &api.QueryOptions{WaitIndex: 7, WaitTime: time.Hour})
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a bound blocking query outlived its context")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a bound blocking query was not cut when its context ended")
+	}
+	tr.unbind()
+	if _, err := c.Status().Leader(); err != nil {
+		t.Errorf("unbound request: %v", err)
+	}
+	if got := m.trips.Load(); got != 3 {
+		t.Errorf("counted %d requests, want 3", got)
+	}
+	if a, b := src.next(), src.next(); a.Equal(b) || !a.IsLoopback() || !b.IsLoopback() {
+		t.Errorf("source addresses %v and %v: want two loopback addresses", a, b)
+	}
+}
+
+// TestConsulRenewalWindow: on a server with a shortest TTL, the renewal
+// scenario runs at that TTL at least and counts whole TTLs.
+func TestConsulRenewalWindow(t *testing.T) {
+	b := &bench{s: settings{renewTTL: 3 * time.Second, periods: 2}}
+	consul := &subject{minTTL: 10 * time.Second}
+	if got := b.renewTTL(consul); got != 10*time.Second {
+		t.Errorf("TTL %v, want 10s", got)
+	}
+	if got := b.renewPeriods(consul); got != 3 {
+		t.Errorf("%d periods, want 3", got)
+	}
+	if got, p := b.renewTTL(&subject{}), b.renewPeriods(&subject{}); got != 3*time.Second || p != 2 {
+		t.Errorf("without a shortest TTL: %v and %d periods, want -ttl and -periods", got, p)
+	}
+}
+
+// TestRenewersJudgeLosses: a per-lock renewal loop counts a lock lost when
+// the server says so or when nothing was answered for a TTL, not for a
+// failed attempt, and never for meeting the lock's own release.
+func TestRenewersJudgeLosses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, ttl = time.Second, 3 * time.Second
+		r := newRenewers()
+		r.track(4)
+		var calls [4]atomic.Int64
+		// 0: an attempt fails (it waited a period for a connection, say),
+		// the next is answered within the TTL: held.
+		r.start(0, period, ttl, func(context.Context) error {
+			if calls[0].Add(1) == 1 {
+				return context.DeadlineExceeded
+			}
+			return nil
+		})
+		// 1: never answered: lost once a TTL has passed.
+		r.start(1, period, ttl, func(context.Context) error { return context.DeadlineExceeded })
+		// 2: the server says it is gone: lost.
+		r.start(2, period, ttl, func(context.Context) error { return errNotHeld })
+		// 3: gone because it is being released: no loss.
+		r.start(3, period, ttl, func(context.Context) error {
+			if calls[3].Add(1) == 2 {
+				r.releasing(3)
+				return errNotHeld
+			}
+			return nil
+		})
+		time.Sleep(5 * period)
+		synctest.Wait()
+		r.released(3, true)
+		r.halt()
+		for i, want := range []int32{held, lost, lost, releasing} {
+			if got := r.state[i].Load(); got != want {
+				t.Errorf("lock %d: state %d, want %d", i, got, want)
+			}
+		}
+		if n := r.lost(); n != 2 {
+			t.Errorf("lost %d, want 2", n)
+		}
+		if r.releasing(1) != true || r.releasing(0) {
+			t.Error("releasing does not tell a lost lock from a held one")
+		}
+		r.released(0, false)
+		if n := r.lost(); n != 3 {
+			t.Errorf("a release that finds the lock gone: lost %d, want 3", n)
+		}
+	})
 }

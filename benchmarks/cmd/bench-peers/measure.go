@@ -52,7 +52,7 @@ type renewResult struct {
 	cmds    float64 // server commands (statements) per renewal period
 	heap    float64 // bytes of heap per held lock
 	stack   float64 // bytes of goroutine stacks per held lock
-	lost    int     // locks whose renewal failed
+	lost    int     // locks lost while held, or found expired by their release
 	foreign bool
 }
 
@@ -111,6 +111,8 @@ func (b *bench) meterFor(sub *subject) *meter {
 		kind = countRedis
 	case sub.group == "postgres":
 		kind = countSQL
+	case sub.group == "consul":
+		kind = countHTTP
 	}
 	return newMeter(kind, b.admin, sub.redis)
 }
@@ -348,7 +350,7 @@ func (b *bench) contended(ctx context.Context, sub *subject, n int, hold time.Du
 // costs per renewal period, and how much memory they take.
 func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (renewResult, error) {
 	m := b.meterFor(sub)
-	ttl := b.s.renewTTL
+	ttl := b.renewTTL(sub)
 	h, err := sub.holder(ctx, m, ttl)
 	if err != nil {
 		return renewResult{}, err
@@ -381,7 +383,7 @@ func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (ren
 		return renewResult{}, err
 	}
 	t0 := time.Now()
-	if err := settle(ctx, time.Duration(b.s.periods)*period); err != nil {
+	if err := settle(ctx, time.Duration(b.renewPeriods(sub))*period); err != nil {
 		return renewResult{}, err
 	}
 	s1, err := m.snapshot(ctx)
@@ -389,12 +391,12 @@ func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (ren
 		return renewResult{}, err
 	}
 	periods := float64(time.Since(t0)) / float64(period)
-	lost := h.lost()
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := h.release(rctx); err != nil {
 		return renewResult{}, fmt.Errorf("release: %w", err)
 	}
+	lost := h.lost()
 	wk := m.between(s0, s1)
 	return renewResult{
 		trips:   wk.trips / periods,
@@ -404,6 +406,22 @@ func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (ren
 		lost:    lost,
 		foreign: wk.foreign,
 	}, nil
+}
+
+// renewTTL is the renewal scenario's TTL for sub: -ttl, or the shortest its
+// server accepts when that is longer.
+func (b *bench) renewTTL(sub *subject) time.Duration { return max(b.s.renewTTL, sub.minTTL) }
+
+// renewPeriods is how many periods the renewal scenario counts for sub:
+// -periods, or on a server with a shortest TTL (Consul) whole TTLs of three
+// periods, over which both warden's renewals every TTL/3 and api.Lock's
+// every TTL/2 come a whole number of times, so that neither count depends
+// on where the window falls.
+func (b *bench) renewPeriods(sub *subject) int {
+	if sub.minTTL == 0 {
+		return b.s.periods
+	}
+	return (b.s.periods + 2) / 3 * 3
 }
 
 // growth is the growth per lock; a figure lost in the noise of the rest of

@@ -15,6 +15,7 @@ func allSubjects(b *bench) []*subject {
 	out = append(out, redisSubjects(b)...)
 	out = append(out, sessionSubjects(b)...)
 	out = append(out, postgresSubjects(b)...)
+	out = append(out, consulSubjects(b)...)
 	out = append(out, memorySubjects()...)
 	return out
 }

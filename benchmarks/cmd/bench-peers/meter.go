@@ -21,6 +21,7 @@ const (
 	countNothing counting = iota // etcd, ZooKeeper, in-process: no figures
 	countRedis                   // go-redis hooks, and the servers' INFO commandstats
 	countSQL                     // statements, through a pgx tracer
+	countHTTP                    // Consul: HTTP requests, through the client's transport
 )
 
 // meter counts the work of one measurement: the round trips and commands
@@ -86,7 +87,7 @@ type work struct {
 func (m *meter) between(a, b snapshot) work {
 	w := work{trips: math.NaN(), cmds: math.NaN()}
 	switch m.kind {
-	case countSQL:
+	case countSQL, countHTTP:
 		w.trips = float64(b.trips - a.trips)
 		w.cmds = w.trips
 	case countRedis:

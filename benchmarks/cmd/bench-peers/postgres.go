@@ -50,10 +50,10 @@ func postgresSubjects(b *bench) []*subject {
 			id: "warden-pg", label: "warden sqllock (PostgreSQL)", group: "postgres", warden: true,
 			how: "guard.Do over sqllock.New(gorm on pgx, WithListener(pglisten.Listener{})); a waiter polls with backoff up to 250ms and is woken by the release's NOTIFY (sent a millisecond after the release when the releaser had waiters lately, and dropped if it took the lock back); the lease keeper renews all held locks with one UPDATE per period",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
-				return perWorker(func(ctx context.Context) (worker, error) { return newWardenPG(dsn, m) }), nil
+				return perWorker(func(ctx context.Context) (worker, error) { return newWardenPG(dsn, m, workerConns) }), nil
 			},
 			holder: func(ctx context.Context, m *meter, ttl time.Duration) (holder, error) {
-				w, err := newWardenPG(dsn, m, guard.WithTTL(ttl))
+				w, err := newWardenPG(dsn, m, holderConns, guard.WithTTL(ttl))
 				if err != nil {
 					return nil, err
 				}
@@ -121,7 +121,7 @@ func preparePostgres(ctx context.Context, dsn string) (string, error) {
 	if _, err := conn.Exec(ctx, pgCreate); err != nil {
 		return "", err
 	}
-	db, err := openGorm(dsn, nil)
+	db, err := openGorm(dsn, nil, workerConns)
 	if err != nil {
 		return "", err
 	}
@@ -144,18 +144,29 @@ func hostOf(dsn string) string {
 	return "?"
 }
 
+// Connection pools of warden's PostgreSQL subjects. A worker's has room for
+// the listener's connection beside the statements': a pool of one would
+// make sqllock leave its waiters to poll. The renewal scenario's holder
+// takes its locks 16 at a time, and its pool has room for those, the
+// keeper's renewals and the listener, as gorm's default pool (unbounded)
+// would: with 4, the keeper's renewals would queue behind 16 acquisitions
+// or releases for one of 3 connections.
+const (
+	workerConns = 4
+	holderConns = 16 + 2
+)
+
 // openGorm opens gorm on pgx's database/sql driver with the counting
-// tracer, the way gorm.io/driver/postgres does by default.
-func openGorm(dsn string, m *meter) (*gorm.DB, error) {
+// tracer, the way gorm.io/driver/postgres does by default, with a pool of
+// conns connections.
+func openGorm(dsn string, m *meter, conns int) (*gorm.DB, error) {
 	cfg, err := pgConfig(dsn, m)
 	if err != nil {
 		return nil, err
 	}
 	sqlDB := stdlib.OpenDB(*cfg)
-	// Room for the listener's connection beside the statements': a pool of
-	// one would make sqllock leave its waiters to poll.
-	sqlDB.SetMaxOpenConns(4)
-	sqlDB.SetMaxIdleConns(4)
+	sqlDB.SetMaxOpenConns(conns)
+	sqlDB.SetMaxIdleConns(conns)
 	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		sqlDB.Close()
@@ -170,24 +181,15 @@ func closeGorm(db *gorm.DB) {
 	}
 }
 
-func newWardenPG(dsn string, m *meter, opts ...guard.Option) (*guardWorker, error) {
+func newWardenPG(dsn string, m *meter, conns int, opts ...guard.Option) (*guardWorker, error) {
 	w := &guardWorker{}
-	db, err := openGorm(dsn, m)
+	db, err := openGorm(dsn, m, conns)
 	if err != nil {
 		return nil, err
 	}
 	w.cl.add(func() { closeGorm(db) })
 	locker, err := sqllock.New(db, sqllock.WithTable(wardenTable), sqllock.WithListener(pglisten.Listener{}))
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 // rawPGWorker is the single-statement lock on one pgx connection.
@@ -270,6 +272,7 @@ func newRawPGHolder(ctx context.Context, dsn string, m *meter, ttl time.Duration
 func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 	h.keys = keys
 	h.owners = make([]string, len(keys))
+	h.r.track(len(keys))
 	ms := h.ttl.Milliseconds()
 	return parallel(ctx, len(keys), 8, func(ctx context.Context, i int) error {
 		owner := randomOwner()
@@ -282,7 +285,7 @@ func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 			return fmt.Errorf("%s: taken", keys[i])
 		}
 		key := keys[i]
-		h.r.start(h.ttl/3, func(ctx context.Context) error {
+		h.r.start(i, h.ttl/3, h.ttl, func(ctx context.Context) error {
 			tag, err := h.pool.Exec(ctx, pgRenew, key, owner, ms)
 			if err == nil && tag.RowsAffected() != 1 {
 				err = errNotHeld
@@ -293,15 +296,18 @@ func (h *rawPGHolder) hold(ctx context.Context, keys []string) error {
 	})
 }
 
-func (h *rawPGHolder) lost() int { return int(h.r.failed.Load()) }
+func (h *rawPGHolder) lost() int { return h.r.lost() }
 
 func (h *rawPGHolder) release(ctx context.Context) error {
-	h.r.halt()
+	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.keys), 8, func(ctx context.Context, i int) error {
-		if h.owners[i] == "" {
+		if h.owners[i] == "" || h.r.releasing(i) {
 			return nil
 		}
-		_, err := h.pool.Exec(ctx, pgRelease, h.keys[i], h.owners[i])
+		tag, err := h.pool.Exec(ctx, pgRelease, h.keys[i], h.owners[i])
+		if err == nil {
+			h.r.released(i, tag.RowsAffected() == 1)
+		}
 		return err
 	})
 }

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bsmlock "github.com/bsm/redislock"
@@ -20,6 +22,7 @@ import (
 	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/redlock"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // workerTTL is the lease TTL of the cycle scenarios: long enough that no
@@ -206,10 +209,30 @@ func (w *guardWorker) cycle(ctx context.Context, key string, section func()) err
 
 func (w *guardWorker) close() { w.cl.close() }
 
+// guardOn finishes a warden worker whose clients w closes already: a Guard
+// with guardOptions over locker, which the worker closes first. When the
+// locker could not be made (err), the clients are closed.
+func (w *guardWorker) guardOn(locker driver.Locker, err error, opts ...guard.Option) (*guardWorker, error) {
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	if c, ok := locker.(interface{ Close() error }); ok {
+		w.cl.add(func() { c.Close() })
+	}
+	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
 // guardOptions are the Guard options every warden subject uses; more may
-// follow (a TTL for the renewal scenario).
+// follow (a TTL for the renewal scenario). guard logs each lock it loses;
+// the benchmark counts them instead, and 100,000 lines written while the
+// keeper is behind would only put it further behind.
 func guardOptions(more ...guard.Option) []guard.Option {
-	return append([]guard.Option{guard.WithTTL(workerTTL), guard.WithPrefix("bench:")}, more...)
+	return append([]guard.Option{guard.WithTTL(workerTTL), guard.WithPrefix("bench:"), guard.WithLogger(slog.New(slog.DiscardHandler))}, more...)
 }
 
 func newWardenRedis(addr string, m *meter, opts ...guard.Option) (*guardWorker, error) {
@@ -217,16 +240,7 @@ func newWardenRedis(addr string, m *meter, opts ...guard.Option) (*guardWorker, 
 	c := newRedisClient(addr, m)
 	w.cl.add(func() { c.Close() })
 	locker, err := redislock.New(c)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 func newWardenRedlock(addrs []string, m *meter) (*guardWorker, error) {
@@ -238,15 +252,7 @@ func newWardenRedlock(addrs []string, m *meter) (*guardWorker, error) {
 		nodes[i] = c
 	}
 	locker, err := redlock.New(nodes)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	if w.g, err = guard.New(locker, guardOptions()...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err)
 }
 
 // guardHolder holds many locks of one Guard; its lease keeper renews them.
@@ -254,6 +260,7 @@ type guardHolder struct {
 	w     *guardWorker
 	ctx   context.Context
 	locks []*guard.Lock
+	gone  atomic.Int64
 }
 
 func newGuardHolder(ctx context.Context, w *guardWorker, warmKey string) (*guardHolder, error) {
@@ -277,20 +284,19 @@ func (h *guardHolder) hold(_ context.Context, keys []string) error {
 	})
 }
 
-func (h *guardHolder) lost() int {
-	n := 0
-	for _, l := range h.locks {
-		if l != nil && l.Err() != nil {
-			n++
-		}
-	}
-	return n
-}
+func (h *guardHolder) lost() int { return int(h.gone.Load()) }
 
+// release unlocks every lock; Unlock reports each lock lost while held, or
+// found no longer held by its release, with ErrLockLost, once.
 func (h *guardHolder) release(ctx context.Context) error {
 	return parallel(ctx, len(h.locks), 16, func(ctx context.Context, i int) error {
 		if l := h.locks[i]; l != nil {
-			return l.Unlock(ctx)
+			err := l.Unlock(ctx)
+			if errors.Is(err, guard.ErrLockLost) {
+				h.gone.Add(1)
+				err = nil
+			}
+			return err
 		}
 		return nil
 	})
@@ -329,26 +335,39 @@ type bsmHolder struct {
 
 func (h *bsmHolder) hold(ctx context.Context, keys []string) error {
 	h.locks = make([]*bsmlock.Lock, len(keys))
+	h.r.track(len(keys))
 	return parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
 		l, err := h.lc.Obtain(ctx, keys[i], h.ttl, nil)
 		if err != nil {
 			return err
 		}
 		h.locks[i] = l
-		h.r.start(h.ttl/3, func(ctx context.Context) error { return l.Refresh(ctx, h.ttl, nil) })
+		h.r.start(i, h.ttl/3, h.ttl, func(ctx context.Context) error {
+			err := l.Refresh(ctx, h.ttl, nil)
+			if errors.Is(err, bsmlock.ErrNotObtained) {
+				err = errNotHeld
+			}
+			return err
+		})
 		return nil
 	})
 }
 
-func (h *bsmHolder) lost() int { return int(h.r.failed.Load()) }
+func (h *bsmHolder) lost() int { return h.r.lost() }
 
 func (h *bsmHolder) release(ctx context.Context) error {
-	h.r.halt()
+	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.locks), 16, func(ctx context.Context, i int) error {
-		if l := h.locks[i]; l != nil {
-			return l.Release(ctx)
+		l := h.locks[i]
+		if l == nil || h.r.releasing(i) {
+			return nil
 		}
-		return nil
+		err := l.Release(ctx)
+		h.r.released(i, !errors.Is(err, bsmlock.ErrLockNotHeld))
+		if errors.Is(err, bsmlock.ErrLockNotHeld) {
+			err = nil
+		}
+		return err
 	})
 }
 
@@ -410,25 +429,24 @@ func (w *redsyncWorker) close() {
 }
 
 type redsyncHolder struct {
-	w     *redsyncWorker
-	ttl   time.Duration
-	r     *renewers
-	held  []*redsync.Mutex
-	heldM sync.Mutex
+	w    *redsyncWorker
+	ttl  time.Duration
+	r    *renewers
+	held []*redsync.Mutex
 }
 
 func (h *redsyncHolder) hold(ctx context.Context, keys []string) error {
+	h.held = make([]*redsync.Mutex, len(keys))
+	h.r.track(len(keys))
 	return parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
 		mu := h.w.mutex(keys[i], h.ttl)
 		if err := mu.LockContext(ctx); err != nil {
 			return err
 		}
-		h.heldM.Lock()
-		h.held = append(h.held, mu)
-		h.heldM.Unlock()
-		h.r.start(h.ttl/3, func(ctx context.Context) error {
+		h.held[i] = mu
+		h.r.start(i, h.ttl/3, h.ttl, func(ctx context.Context) error {
 			ok, err := mu.ExtendContext(ctx)
-			if err == nil && !ok {
+			if redsyncNotHeld(ok, err) {
 				err = errNotHeld
 			}
 			return err
@@ -437,12 +455,28 @@ func (h *redsyncHolder) hold(ctx context.Context, keys []string) error {
 	})
 }
 
-func (h *redsyncHolder) lost() int { return int(h.r.failed.Load()) }
+// redsyncNotHeld tells an extension or release that found the lock no
+// longer this owner's from one that failed on the way.
+func redsyncNotHeld(ok bool, err error) bool {
+	var taken *redsync.ErrTaken
+	return (err == nil && !ok) || errors.As(err, &taken) || errors.Is(err, redsync.ErrLockAlreadyExpired)
+}
+
+func (h *redsyncHolder) lost() int { return h.r.lost() }
 
 func (h *redsyncHolder) release(ctx context.Context) error {
-	h.r.halt()
+	defer h.r.halt() // see renewers.halt
 	return parallel(ctx, len(h.held), 16, func(ctx context.Context, i int) error {
-		_, err := h.held[i].UnlockContext(ctx)
+		mu := h.held[i]
+		if mu == nil || h.r.releasing(i) {
+			return nil
+		}
+		ok, err := mu.UnlockContext(ctx)
+		notHeld := redsyncNotHeld(ok, err)
+		h.r.released(i, !notHeld)
+		if notHeld {
+			err = nil
+		}
 		return err
 	})
 }
@@ -507,8 +541,7 @@ type rawRedisHolder struct {
 	ttl    time.Duration
 	keys   []string
 	owners []string
-	gone   []bool
-	mu     sync.Mutex
+	st     renewers // the locks' states only: one loop renews them all
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -517,7 +550,7 @@ type rawRedisHolder struct {
 func (h *rawRedisHolder) hold(ctx context.Context, keys []string) error {
 	h.keys = keys
 	h.owners = make([]string, len(keys))
-	h.gone = make([]bool, len(keys))
+	h.st.track(len(keys))
 	err := parallel(ctx, len(keys), 16, func(ctx context.Context, i int) error {
 		h.owners[i] = randomOwner()
 		ok, err := rawSet(ctx, h.c, keys[i], h.owners[i], h.ttl)
@@ -540,41 +573,37 @@ func (h *rawRedisHolder) renew() {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	ms := strconv.FormatInt(h.ttl.Milliseconds(), 10)
+	last := time.Now() // when the last answered pipeline was sent, at the latest
 	for {
 		select {
 		case <-h.stop:
 			return
 		case <-t.C:
 		}
+		sent := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), period)
 		pipe := h.c.Pipeline()
 		cmds := make([]*goredis.Cmd, len(h.keys))
 		for i, k := range h.keys {
 			cmds[i] = rawRefresh.EvalSha(ctx, pipe, []string{k}, h.owners[i], ms)
 		}
-		pipe.Exec(ctx)
+		_, err := pipe.Exec(ctx)
 		cancel()
-		h.mu.Lock()
 		for i, c := range cmds {
-			if n, err := c.Int(); err != nil || n != 1 {
-				h.gone[i] = true
+			// As renewers.start judges: a lock is lost when the server says
+			// it is not held, or when nothing was answered for a TTL.
+			n, err := c.Int()
+			if (err == nil && n != 1) || (err != nil && sent.Sub(last) >= h.ttl) {
+				h.st.lose(i)
 			}
 		}
-		h.mu.Unlock()
+		if err == nil {
+			last = sent
+		}
 	}
 }
 
-func (h *rawRedisHolder) lost() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, g := range h.gone {
-		if g {
-			n++
-		}
-	}
-	return n
-}
+func (h *rawRedisHolder) lost() int { return h.st.lost() }
 
 func (h *rawRedisHolder) halt() {
 	h.once.Do(func() {
@@ -586,9 +615,16 @@ func (h *rawRedisHolder) halt() {
 }
 
 func (h *rawRedisHolder) release(ctx context.Context) error {
-	h.halt()
+	defer h.halt() // see renewers.halt
 	return parallel(ctx, len(h.keys), 16, func(ctx context.Context, i int) error {
-		return rawRelease.Run(ctx, h.c, []string{h.keys[i]}, h.owners[i]).Err()
+		if h.st.releasing(i) {
+			return nil
+		}
+		n, err := rawRelease.Run(ctx, h.c, []string{h.keys[i]}, h.owners[i]).Int()
+		if err == nil {
+			h.st.released(i, n == 1)
+		}
+		return err
 	})
 }
 

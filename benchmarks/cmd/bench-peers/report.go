@@ -224,7 +224,7 @@ func (b *bench) markdown() string {
 		w("- Note: %s\n", b.s.note)
 	}
 	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v, contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
-		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, b.s.renewTTL/3, b.s.periods, b.end.Sub(b.start).Round(time.Second))
+		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, (b.s.renewTTL / 3).Round(time.Millisecond), b.s.periods, b.end.Sub(b.start).Round(time.Second))
 	for _, g := range slices.Sorted(maps.Keys(b.skipped)) {
 		w("- Left out: %s (%s)\n", g, b.skipped[g])
 	}
@@ -233,7 +233,7 @@ func (b *bench) markdown() string {
 	w("## How to read it\n\n")
 	w("Each cell is `warden / peer (warden ÷ peer)`. ↑ marks figures where more is better (a ratio above 1 favours warden), ↓ those where less is better (a ratio below 1 favours warden). ")
 	w("Every worker has clients of its own (its own go-redis client, etcd client, ZooKeeper session, database connections, and for warden its own Locker and Guard), as separate processes would; the in-process pair (memory, sync.Mutex) shares one lock table, as goroutines do. ")
-	w("Server commands are INFO commandstats deltas summed over the servers involved, so they include the commands Lua scripts run inside Redis (an EVALSHA whose script runs SET and INCR counts 3); round trips are counted by a go-redis hook (a pipeline is one). On PostgreSQL, statements are counted by a pgx tracer, and each is a round trip. etcd, ZooKeeper and in-process figures have no command counts (—). ")
+	w("Server commands are INFO commandstats deltas summed over the servers involved, so they include the commands Lua scripts run inside Redis (an EVALSHA whose script runs SET and INCR counts 3); round trips are counted by a go-redis hook (a pipeline is one). On PostgreSQL, statements are counted by a pgx tracer, and each is a round trip. On Consul, HTTP requests are counted by a counting http.RoundTripper in each client (api.Config.HttpClient), and each is a round trip, its \"server commands\" too (a /v1/txn counts once, whatever its operations; a blocking query counts once, when sent). etcd, ZooKeeper and in-process figures have no command counts (—). ")
 	w("† marks a figure taken while another client used the same server: the server ran more of the subject's own commands than it sent, so the command count is an upper bound. ")
 	w("Such a measurement is taken again, up to twice, before it is kept with the mark; this run took %d measurement(s) again.\n\n", b.res.retries)
 	w("![the ratios that count](%s)\n\n", b.s.pngName)
@@ -288,9 +288,17 @@ func (b *bench) markdown() string {
 
 	if b.ran("renewal") && len(b.selected("renewal")) > 0 {
 		w("## 3. Keeping many locks alive\n\n")
-		w("One process holds that many locks with a TTL of %v and keeps them alive for %d renewal period(s) of %v, after one period and a half to settle. ", b.s.renewTTL, b.s.periods, b.s.renewTTL/3)
+		w("One process holds that many locks with a TTL of %v and keeps them alive for %d renewal period(s) of %v, after one period and a half to settle", b.s.renewTTL, b.s.periods, (b.s.renewTTL / 3).Round(time.Millisecond))
+		if slices.ContainsFunc(b.selected("renewal"), func(p pair) bool { return p.group == "consul" }) {
+			sub := b.subj["warden-consul"]
+			ttl := b.renewTTL(sub)
+			w(" (on Consul, whose sessions take TTLs from 10s, a TTL of %v, and %d periods of %v counted: a whole number of TTLs, over which api.Lock's renewals every TTL/2 come a whole number of times too)", ttl, b.renewPeriods(sub), (ttl / 3).Round(time.Millisecond))
+		}
+		w(". ")
 		w("warden's lease keeper renews every lease due within the next period in one request; the Redis and PostgreSQL peers offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. On etcd, warden and concurrency.Mutex alike keep every lock on one session lease (its keepalive is not counted), so the memory per lock is what differs there; etcd is measured up to %d locks. ", etcdMaxLocks)
-		w("Heap and stack per lock are the growth of the process's live heap (after a GC) and of its goroutine stacks, divided by the number of locks.\n\n")
+		w("On Consul, warden keeps every lock on one session, renewed by one request per period; api.Lock gives each lock a session of its own, renewed by a goroutine of its own every TTL/2, and a goroutine monitoring it with a blocking query, as its users get from LockOpts; Consul is measured up to %d locks. ", consulMaxLocks)
+		w("Heap and stack per lock are the growth of the process's live heap (after a GC) and of its goroutine stacks, divided by the number of locks. ")
+		w("A lock counts as lost when its holder finds it lost while held, or its release finds it no longer held (it ran out first), once either way. The per-lock renewal loops of the peers are written to lose nothing the peer itself does not: each lock is renewed until its own release (releasing 100,000 locks takes longer than their TTL), a renewal that fails (one that waited a period for a pool connection, say) is tried again at the next period, and a lock counts as lost only when the server says it is no longer held, or when no renewal was answered for a whole TTL. A loss is therefore the subject's own: a peer renewing each lock with a request of its own must send one per lock per period, and where it lost locks the round trips column shows how many it got through.\n\n")
 		for _, n := range b.s.sizes {
 			w("### %d held locks\n\n", n)
 			w("| pair | round trips/period ↓ | server commands (statements)/period ↓ | heap/lock ↓ | stacks/lock ↓ | locks lost |\n|---|---|---|---|---|---|\n")
@@ -303,6 +311,12 @@ func (b *bench) markdown() string {
 					cell(wm.heap, pm.heap, fmtBytes, false),
 					cell(wm.stack, pm.stack, fmtBytes, false),
 					wm.lost, pm.lost)
+			}
+			w("\n")
+			for _, sub := range b.subjectsFor("renewal") {
+				if m, reps := b.renewMedian(n, sub.id); m.lost > 0 {
+					w("- %s lost %d of %d locks over %d repetition(s), with %s round trips per period (median).\n", sub.label, m.lost, n*reps, reps, fmtCount(m.trips))
+				}
 			}
 			w("\n")
 		}
@@ -326,8 +340,8 @@ func (b *bench) markdown() string {
 			w("- **%s**: %s.\n", s.label, s.how)
 		}
 	}
-	w("\nwarden is built from this checkout (a `replace` in benchmarks/go.mod); each warden worker uses `guard.New(locker, guard.WithTTL(10s), guard.WithPrefix(\"bench:\"))` and `Guard.Do`. ")
-	w("Peers use a 10s TTL too. Each peer with a retry pause runs twice: at the settings its documentation shows, and tuned the way a user who wants the lock back at once would set it (a 1ms pause); their retry pauses, listed above, decide much of their handoff latency and command count.\n\n")
+	w("\nwarden is built from this checkout (a `replace` in benchmarks/go.mod); each warden worker uses `guard.New(locker, guard.WithTTL(10s), guard.WithPrefix(\"bench:\"), guard.WithLogger(a logger that discards))` and `Guard.Do`: the benchmark counts lost locks itself. ")
+	w("Peers use a 10s TTL too, but for the Consul peers at their defaults, whose sessions have the client's default TTL of 15s. Each peer with a retry pause runs twice: at the settings its documentation shows, and tuned the way a user who wants the lock back at once would set it (a 1ms pause); their retry pauses, listed above, decide much of their handoff latency and command count.\n\n")
 
 	errs := b.errorNotes()
 	if len(b.res.failures) > 0 || len(errs) > 0 {

@@ -101,16 +101,7 @@ func newWardenEtcd(endpoints []string, opts ...guard.Option) (worker, error) {
 	}
 	w.cl.add(func() { c.Close() })
 	locker, err := etcdlock.New(c)
-	if err != nil {
-		w.close()
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions(opts...)...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err, opts...)
 }
 
 // etcdMutexWorker is go.etcd.io/etcd/client/v3/concurrency's Mutex.
@@ -201,15 +192,7 @@ func (quietZK) Printf(string, ...any) {}
 func newWardenZK(servers []string) (worker, error) {
 	w := &guardWorker{}
 	locker, err := zklock.New(servers, zklock.WithSessionTimeout(workerTTL), zklock.WithLogger(quietZK{}))
-	if err != nil {
-		return nil, err
-	}
-	w.cl.add(func() { locker.Close() })
-	if w.g, err = guard.New(locker, guardOptions()...); err != nil {
-		w.close()
-		return nil, err
-	}
-	return w, nil
+	return w.guardOn(locker, err)
 }
 
 // zkLockWorker is github.com/go-zookeeper/zk's Lock recipe.

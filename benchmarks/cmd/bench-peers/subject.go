@@ -27,6 +27,10 @@ type subject struct {
 	// maxLocks bounds the renewal scenario's sizes for this subject; 0:
 	// every size.
 	maxLocks int
+	// minTTL is the shortest lease TTL the subject's server accepts
+	// (Consul's sessions: 10s); the renewal scenario uses it when -ttl is
+	// shorter.
+	minTTL time.Duration
 	// redis lists the Redis servers whose commands the subject's figures
 	// count; none for the other backends.
 	redis []string
@@ -58,9 +62,12 @@ type worker interface {
 type holder interface {
 	// hold acquires every key and keeps renewing them until release.
 	hold(ctx context.Context, keys []string) error
-	// lost counts the locks whose renewal failed so far.
-	lost() int
+	// release releases every lock. A lock found no longer held then
+	// counts as lost, not as a failure: it ran out before its release.
 	release(ctx context.Context) error
+	// lost counts, after release, each lock lost while held or found
+	// expired by its release, once.
+	lost() int
 	close()
 }
 
@@ -127,38 +134,104 @@ func parallel(ctx context.Context, n, width int, f func(ctx context.Context, i i
 // per held lock, renewing it every period, as those libraries' users write
 // it.
 type renewers struct {
-	wg     sync.WaitGroup
-	stop   chan struct{}
-	failed atomic.Int64
+	wg    sync.WaitGroup
+	stop  chan struct{}
+	state []atomic.Int32 // by lock: held, releasing or lost
 }
+
+// A lock's state in renewers.
+const (
+	held int32 = iota
+	releasing
+	lost
+)
 
 func newRenewers() *renewers { return &renewers{stop: make(chan struct{})} }
 
-// start renews one lock every period with refresh until stopped; a failed
-// renewal counts the lock as lost and ends its loop.
-func (r *renewers) start(period time.Duration, refresh func(ctx context.Context) error) {
+// track makes room for n locks' states, before the first start.
+func (r *renewers) track(n int) { r.state = make([]atomic.Int32, n) }
+
+// lose marks lock i lost, unless it is being released: a renewal that
+// finds the lock gone then is no loss, its release tells.
+func (r *renewers) lose(i int) { r.state[i].CompareAndSwap(held, lost) }
+
+// releasing marks lock i as being released, before its release is sent,
+// and reports whether it had been lost already.
+func (r *renewers) releasing(i int) (wasLost bool) {
+	if r.state[i].CompareAndSwap(held, releasing) {
+		return false
+	}
+	return r.state[i].Load() == lost
+}
+
+// released records what lock i's release found: held or not.
+func (r *renewers) released(i int, wasHeld bool) {
+	if !wasHeld {
+		r.state[i].Store(lost)
+	}
+}
+
+// lost counts the locks lost while held or found expired by their release.
+func (r *renewers) lost() int {
+	n := 0
+	for i := range r.state {
+		if r.state[i].Load() == lost {
+			n++
+		}
+	}
+	return n
+}
+
+// start renews one lock of ttl every period with refresh until stopped.
+// The lock counts as lost, and its loop ends, when refresh says it is no
+// longer held (errNotHeld), or when no renewal has been answered for a
+// whole TTL since the last answered one was sent, by when the server has
+// let it go. Any other failure (a renewal that waited a period for a
+// connection, say) is tried again at the next period, as a user's loop
+// would while the lock may still be held: such a failure is no loss.
+func (r *renewers) start(i int, period, ttl time.Duration, refresh func(ctx context.Context) error) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		t := time.NewTicker(period)
 		defer t.Stop()
+		last := time.Now() // when the last answered renewal (or the acquisition) was sent, at the latest
 		for {
 			select {
 			case <-r.stop:
 				return
 			case <-t.C:
 			}
+			if r.state[i].Load() != held {
+				return
+			}
+			sent := time.Now()
+			if sent.Sub(last) >= ttl {
+				r.lose(i)
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), period)
 			err := refresh(ctx)
 			cancel()
-			if err != nil {
-				r.failed.Add(1)
+			switch {
+			case err == nil:
+				last = sent
+			case errors.Is(err, errNotHeld):
+				r.lose(i)
 				return
 			}
 		}
 	}()
 }
 
+// halt stops every renewal. A holder releases its locks first
+// (releasing): each lock's renewal goes on until the lock is released, as
+// a user's does who stops one lock's renewal as it releases it. Stopping
+// them all before releasing any would leave the last of 100,000 locks,
+// released at the end of a queue of releases longer than their TTL, to run
+// out before their turn, which is no fault of the peer. A renewal that
+// meets its lock's release is not counted (see lose): the release says
+// whether the lock was still held.
 func (r *renewers) halt() {
 	select {
 	case <-r.stop:
