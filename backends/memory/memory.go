@@ -96,6 +96,7 @@ type entry struct {
 	holders []holder
 	queue   []*waiter
 	timer   *time.Timer // wakes the queue when the earliest holder expires
+	timerAt time.Time   // when timer fires; zero when it is not set
 	gen     uint64      // bumped on idleness, so a stale timer does nothing
 	idleSeq uint64      // the idle slot naming it; 0 when it is in use
 }
@@ -305,6 +306,7 @@ func (l *Locker) idle(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil // its callback names the old generation
+		e.timerAt = time.Time{}
 	}
 	e.gen++
 	e.holders = e.holders[:0]
@@ -360,6 +362,13 @@ func (l *Locker) schedule(e *entry, now time.Time) {
 			first = h.expires
 		}
 	}
+	if !e.timerAt.IsZero() && !e.timerAt.After(first) {
+		// Set to fire no later: firing early only dispatches and sets it
+		// again, and under contention this spares a timer reset on every
+		// handoff.
+		return
+	}
+	e.timerAt = first
 	if e.timer == nil {
 		gen := e.gen
 		e.timer = time.AfterFunc(first.Sub(now), func() { l.expired(e, gen) })
@@ -372,6 +381,7 @@ func (l *Locker) expired(e *entry, gen uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e.gen == gen {
+		e.timerAt = time.Time{}
 		l.dispatch(e, time.Now())
 	}
 }
