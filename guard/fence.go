@@ -21,7 +21,7 @@ func FromContextKey(ctx context.Context, key string) *Lock {
 	if ctx == nil {
 		return nil
 	}
-	for l := heldBy(ctx); l != nil; l = l.outer {
+	for l := heldBy(ctx); l != nil; l = l.outer() {
 		if l.key == key {
 			return l
 		}

@@ -133,7 +133,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	}
 	g.tel = tel
 	g.tracerProvider, g.meterProvider = c.tracerProvider, c.meterProvider
-	g.keeper.g = g
+	g.keeper.g, g.keeper.base = g, time.Now()
 	return g, nil
 }
 
@@ -357,7 +357,8 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
-	if err := ValidateKey(key); err != nil {
+	full, err := g.names.full(g.prefix, key)
+	if err != nil {
 		return nil, wrapLockErr(key, err)
 	}
 	if err := c.validate(); err != nil {
@@ -394,7 +395,6 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if waits {
 		g.tel.waiters.Add(ctx, 1, g.tel.onBackend...)
 	}
-	full := g.names.full(g.prefix, key)
 	lease, bound, err := g.acquireBounded(ctx, full, &c)
 	if waits {
 		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
@@ -435,7 +435,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 
 	l := &Lock{
 		g: g, key: key, mode: c.mode, ttl: c.ttl,
-		lease: lease, outer: heldBy(ctx), holds: 1, index: -1,
+		lease: lease, holds: 1, index: -1,
 	}
 	l.ctx.parent, l.ctx.lock = ctx, l
 	if c.detach {
@@ -484,7 +484,7 @@ func (g *Guard) acquireLease(ctx context.Context, full string, c *lockConfig, wa
 // any other change of mode on a held key is refused, because waiting for it
 // would deadlock on the caller's own hold.
 func (g *Guard) reenter(ctx context.Context, key string, c *lockConfig) (*Lock, error) {
-	for h := heldBy(ctx); h != nil; h = h.outer {
+	for h := heldBy(ctx); h != nil; h = h.outer() {
 		if h.g != g || h.key != key {
 			continue
 		}

@@ -37,10 +37,14 @@ func (g *Guard) Held() []HeldLock {
 	k := &g.keeper
 	k.mu.Lock()
 	out := make([]HeldLock, 0, len(k.locks))
-	for _, l := range k.locks {
+	heldLock := func(l *Lock) {
 		out = append(out, HeldLock{Key: l.key, Mode: l.mode.String(), Token: l.lease.Token(),
 			Acquired: time.Unix(0, l.granted), Renewed: l.expiry.Add(-l.ttl), Expiry: l.expiry})
 	}
+	for _, l := range k.locks {
+		heldLock(l)
+	}
+	k.youngLocked(heldLock)
 	for _, sw := range k.sessions {
 		exp := sw.sess.Expiry()
 		for l := range sw.locks {

@@ -37,14 +37,14 @@ func (g *Guard) Inspect(ctx context.Context, key string) (Inspection, error) {
 	if ctx == nil {
 		return Inspection{}, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
-	if err := ValidateKey(key); err != nil {
+	full, err := g.names.full(g.prefix, key)
+	if err != nil {
 		return Inspection{}, wrapLockErr(key, err)
 	}
 	in, ok := g.locker.(driver.Inspector)
 	if !ok {
 		return Inspection{}, wrapLockErr(key, fmt.Errorf("%w: inspection on %s", ErrUnsupported, g.backend))
 	}
-	full := g.names.full(g.prefix, key)
 	got, err := bounded(g, ctx, func(ictx context.Context) (driver.Inspection, error) { return in.Inspect(ictx, full) })
 	if err != nil {
 		return Inspection{}, wrapLockErr(key, err)
@@ -115,7 +115,8 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
-	if err := ValidateKey(key); err != nil {
+	full, err := g.names.full(g.prefix, key)
+	if err != nil {
 		return nil, wrapLockErr(key, err)
 	}
 	if !target.AnyHolder && target.Token == 0 {
@@ -129,7 +130,6 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	if tracer := g.tel.tracerFor(ctx); tracer != nil {
 		_, span = g.tel.startSpan(ctx, tracer, "warden.force_release", key)
 	}
-	full := g.names.full(g.prefix, key)
 	removed, err := bounded(g, ctx, func(fctx context.Context) ([]driver.Holding, error) { return fr.ForceRelease(fctx, full, target) })
 	if err != nil {
 		endSpan(span, outcomeError, err)

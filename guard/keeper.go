@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -25,6 +26,16 @@ import (
 // renewed with it, in one request where the backend batches, so the leases
 // fall into step and the requests per period stay constant as locks grow.
 //
+// A lease enters that heap only when the timer first fires after its grant,
+// at the latest when its first renewal falls due. Until then it sits on a
+// stack of young leases, pushed without the keeper's mutex, and an Unlock
+// takes it off by marking it: most sections end long before a third of
+// their TTL, and then cost the keeper neither its mutex nor a heap
+// operation. The timer is armed no later than the renewal of any young
+// lease, and the renewal comes before the loss deadline, so no loss is
+// declared later for it. The stack is emptied whenever it grows past
+// maxYoung, which bounds the unlocked leases it keeps.
+//
 // Leases kept alive by a backend session (etcd, ZooKeeper) are never renewed
 // here: the keeper watches each session once, with one timer and one
 // goroutine per session, and loses all of its leases together.
@@ -35,7 +46,28 @@ type keeper struct {
 	timer    *time.Timer
 	armed    time.Time // when the timer fires; zero when idle
 	sessions map[driver.Session]*sessionWatch
+	// failing holds the error of the last renewal of each lock in the heap
+	// whose renewals fail, so that a held Lock carries no room for it.
+	failing map[*Lock]error
+
+	// young is the top of the stack of young locks, linked by Lock.next.
+	young atomic.Pointer[Lock]
+	// armedAt mirrors armed for the lock-free check of add: nanoseconds
+	// from base (monotonic), 0 when idle.
+	armedAt atomic.Int64
+	base    time.Time
 }
+
+// Lock.state: where the keeper keeps a lock that is not session-bound.
+const (
+	lockOut   int32 = iota // in no structure of the keeper (the heap's own index tells)
+	lockYoung              // on the young stack
+	lockKept               // moved from the young stack into the heap
+)
+
+// maxYoung bounds the young stack: the acquisition that finds it this deep
+// moves its locks into the heap, and drops the unlocked ones.
+const maxYoung = 64
 
 // retryDivisor spaces the retries of a failed renewal: a tenth of the TTL,
 // so several fit before the loss deadline.
@@ -47,7 +79,8 @@ const maxRenewals = 32
 
 func (k *keeper) add(l *Lock) {
 	// The backend read the clock for the grant already; Held shows it.
-	l.granted = l.lease.Expiry().Add(-l.ttl).UnixNano()
+	exp := l.lease.Expiry()
+	l.granted = exp.UnixNano() - int64(l.ttl)
 	if sl, ok := l.lease.(driver.SessionLease); ok {
 		k.addToSession(l, sl.Session())
 		if rl, ok := sl.(driver.RevocableLease); ok {
@@ -56,13 +89,70 @@ func (k *keeper) add(l *Lock) {
 		}
 		return
 	}
+	// Nobody else sees l before it is pushed: no mutex for its fields. Its
+	// renewal time is set when it enters the heap (drainLocked); the clock
+	// arithmetic here is on integers, since time.Time's costs more than the
+	// rest of add.
+	l.expiry = exp
+	due := k.nanos(exp) + int64(firstDue(l.ttl))
+	l.state.Store(lockYoung)
+	for {
+		top := k.young.Load()
+		l.next, l.depth = top, 1
+		if top != nil {
+			l.depth = top.depth + 1
+		}
+		if k.young.CompareAndSwap(top, l) {
+			break
+		}
+	}
+	// Pushed before armedAt is read: a timer that fires meanwhile clears
+	// armedAt before it empties the stack, so either it takes l, or this
+	// reads 0 and arms the timer again.
+	if a := k.armedAt.Load(); a != 0 && a <= due && l.depth < maxYoung {
+		return
+	}
 	k.mu.Lock()
-	l.expiry = l.lease.Expiry()
-	l.due = l.expiry.Add(-l.ttl + l.ttl/3)
-	l.schedule(k.g.marginFor(l.ttl))
-	heap.Push(&k.locks, l)
-	k.armLocked()
+	if l.depth >= maxYoung {
+		k.drainLocked()
+	}
+	k.armAtLocked(exp.Add(firstDue(l.ttl)))
 	k.mu.Unlock()
+}
+
+// nanos is t as nanoseconds from the keeper's base, on the monotonic clock
+// when t carries a reading of it; never 0, which armedAt keeps for idle.
+func (k *keeper) nanos(t time.Time) int64 {
+	return max(int64(t.Sub(k.base)), 1)
+}
+
+// drainLocked moves the young locks still held into the heap and lets go
+// of the others. Called with the keeper's mutex held.
+func (k *keeper) drainLocked() {
+	l := k.young.Swap(nil)
+	if l == nil {
+		return
+	}
+	for l != nil {
+		next := l.next
+		l.next = nil
+		if l.state.CompareAndSwap(lockYoung, lockKept) {
+			l.dueOff = firstDue(l.ttl)
+			l.schedule(k.g.marginFor(l.ttl))
+			heap.Push(&k.locks, l)
+		}
+		l = next
+	}
+}
+
+// youngLocked calls f for each lock on the young stack still held. Called
+// with the keeper's mutex held, which keeps the stack's links still.
+func (k *keeper) youngLocked(f func(*Lock)) {
+	for l := k.young.Load(); l != nil; l = l.next {
+		if l.state.Load() == lockYoung {
+			f(l)
+		}
+	}
 }
 
 // overdue reports whether l's lease may have expired unrenewed: now is past
@@ -78,6 +168,10 @@ func (k *keeper) overdue(l *Lock, now time.Time) bool {
 }
 
 func (k *keeper) remove(l *Lock) {
+	if l.state.CompareAndSwap(lockYoung, lockOut) {
+		// Still young: the stack lets go of it when it is next emptied.
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if sw := l.sess; sw != nil {
@@ -85,18 +179,29 @@ func (k *keeper) remove(l *Lock) {
 		return
 	}
 	if l.index >= 0 {
-		heap.Remove(&k.locks, l.index)
+		heap.Remove(&k.locks, int(l.index))
 	}
+	delete(k.failing, l)
 }
 
 // schedule sets when the keeper must next look at l: its renewal, or the
 // loss deadline when that comes first or a renewal is already in flight.
 func (l *Lock) schedule(margin time.Duration) {
-	l.at = l.expiry.Add(-margin)
-	if !l.refreshing && l.due.Before(l.at) {
-		l.at = l.due
+	l.atOff = -margin
+	if !l.refreshing && l.dueOff < l.atOff {
+		l.atOff = l.dueOff
 	}
 }
+
+// at is when the keeper must next look at l (schedule).
+func (l *Lock) at() time.Time { return l.expiry.Add(l.atOff) }
+
+// due is when l's next renewal is due.
+func (l *Lock) due() time.Time { return l.expiry.Add(l.dueOff) }
+
+// firstDue is when a lease's first renewal falls due, less its expiry: a
+// third of its TTL after the grant.
+func firstDue(ttl time.Duration) time.Duration { return -ttl + ttl/3 }
 
 // armLocked makes the timer fire for the earliest lock. A timer armed for
 // later is moved earlier; one armed earlier is left, since firing early only
@@ -105,11 +210,16 @@ func (k *keeper) armLocked() {
 	if len(k.locks) == 0 {
 		return
 	}
-	at := k.locks[0].at
+	k.armAtLocked(k.locks[0].at())
+}
+
+// armAtLocked makes the timer fire at at, or earlier.
+func (k *keeper) armAtLocked(at time.Time) {
 	if !k.armed.IsZero() && !k.armed.After(at) {
 		return
 	}
 	k.armed = at
+	k.armedAt.Store(k.nanos(at))
 	if k.timer == nil {
 		k.timer = time.AfterFunc(time.Until(at), k.fire)
 	} else {
@@ -123,14 +233,17 @@ func (k *keeper) fire() {
 	var lost, renew, later []*Lock
 	k.mu.Lock()
 	k.armed = time.Time{}
-	for len(k.locks) > 0 && !k.locks[0].at.After(now) {
+	// Cleared before the stack is taken: see add.
+	k.armedAt.Store(0)
+	k.drainLocked()
+	for len(k.locks) > 0 && !k.locks[0].at().After(now) {
 		l := heap.Pop(&k.locks).(*Lock)
 		// A renewal may have moved the lease's expiry without its result
 		// being taken yet (a large batch is still being applied): the
 		// lease's own Expiry is the truth.
 		if e := l.lease.Expiry(); e.After(l.expiry) {
 			l.expiry = e
-			l.due = e.Add(-l.ttl + l.ttl/3)
+			l.dueOff = firstDue(l.ttl)
 		}
 		if !now.Before(l.expiry.Add(-k.g.marginFor(l.ttl))) {
 			lost = append(lost, l)
@@ -149,9 +262,9 @@ func (k *keeper) fire() {
 		// Bring forward every renewal due within the coming period, so that
 		// it goes in the same request and falls into step with the others.
 		window := now.Add(renew[0].ttl / 3)
-		for len(k.locks) > 0 && !k.locks[0].at.After(window) {
+		for len(k.locks) > 0 && !k.locks[0].at().After(window) {
 			l := heap.Pop(&k.locks).(*Lock)
-			if l.refreshing || l.due.After(now.Add(l.ttl/3)) {
+			if l.refreshing || l.due().After(now.Add(l.ttl/3)) {
 				later = append(later, l)
 				continue
 			}
@@ -172,7 +285,8 @@ func (k *keeper) fire() {
 	}
 	causes := make([]error, len(lost))
 	for i, l := range lost {
-		causes[i] = l.expiredCause(k.g.marginFor(l.ttl))
+		causes[i] = l.expiredCause(k.g.marginFor(l.ttl), k.failing[l])
+		delete(k.failing, l)
 	}
 	k.armLocked()
 	k.mu.Unlock()
@@ -187,9 +301,9 @@ func (k *keeper) fire() {
 
 // expiredCause says why a lease was declared lost on its deadline. Called
 // with the keeper's mutex held.
-func (l *Lock) expiredCause(margin time.Duration) error {
-	if l.lastErr != nil {
-		return fmt.Errorf("not renewed within %v of its expiry: %w", margin, l.lastErr)
+func (l *Lock) expiredCause(margin time.Duration, lastErr error) error {
+	if lastErr != nil {
+		return fmt.Errorf("not renewed within %v of its expiry: %w", margin, lastErr)
 	}
 	if l.refreshing {
 		return fmt.Errorf("not renewed within %v of its expiry: the renewal sent has not been answered", margin)
@@ -310,22 +424,26 @@ func (k *keeper) renewedLocked(l *Lock, err error) bool {
 		return false
 	}
 	if errors.Is(err, ErrNotHeld) {
-		heap.Remove(&k.locks, l.index)
+		heap.Remove(&k.locks, int(l.index))
+		delete(k.failing, l)
 		return true
 	}
 	margin := g.marginFor(l.ttl)
 	if err == nil {
-		l.lastErr = nil
+		delete(k.failing, l)
 		l.expiry = l.lease.Expiry()
-		l.due = l.expiry.Add(-l.ttl + l.ttl/3)
+		l.dueOff = firstDue(l.ttl)
 	} else {
-		l.lastErr = err
-		l.due = time.Now().Add(l.ttl / retryDivisor)
+		if k.failing == nil {
+			k.failing = map[*Lock]error{}
+		}
+		k.failing[l] = err
+		l.dueOff = time.Now().Add(l.ttl / retryDivisor).Sub(l.expiry)
 		g.logger.Warn("warden: renewal failed; retrying until the lease's loss deadline",
 			"key", l.key, "backend", g.backend, "deadline", l.expiry.Add(-margin), "error", err)
 	}
 	l.schedule(margin)
-	heap.Fix(&k.locks, l.index)
+	heap.Fix(&k.locks, int(l.index))
 	return false
 }
 
@@ -428,15 +546,15 @@ func (sw *sessionWatch) loseAll(cause error) {
 type lockHeap []*Lock
 
 func (h lockHeap) Len() int           { return len(h) }
-func (h lockHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h lockHeap) Less(i, j int) bool { return h[i].at().Before(h[j].at()) }
 func (h lockHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].index = int32(i)
+	h[j].index = int32(j)
 }
 func (h *lockHeap) Push(x any) {
 	l := x.(*Lock)
-	l.index = len(*h)
+	l.index = int32(len(*h))
 	*h = append(*h, l)
 }
 func (h *lockHeap) Pop() any {

@@ -518,3 +518,59 @@ func TestLossDeadlinesToTheInstant(t *testing.T) {
 		})
 	})
 }
+
+// Locks taken amid many short sections, which end before their renewal is
+// due and overflow the keeper's stack of young locks again and again, are
+// still renewed while held, listed by Held, and none is lost; the short
+// sections leave nothing behind.
+func TestYoungLocksRenewedAmidChurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		ttl := 900 * time.Millisecond
+		g := newGuard(t, memory.New(), guard.WithTTL(ttl))
+		var held []*guard.Lock
+		for i := range 300 {
+			l, err := g.TryLock(ctx, fmt.Sprintf("held/%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%3 == 0 {
+				held = append(held, l)
+			} else if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for range 5 {
+				if err := g.Do(ctx, "short", func(context.Context, *guard.Lock) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if i%50 == 0 {
+				time.Sleep(ttl / 7)
+			}
+		}
+		if got := g.Held(); len(got) != len(held) {
+			t.Fatalf("Held lists %d locks before any renewal, want the %d held", len(got), len(held))
+		}
+		time.Sleep(5 * ttl)
+		synctest.Wait()
+		for _, l := range held {
+			if err := l.Err(); err != nil {
+				t.Fatalf("lock %s: %v after five TTLs held", l.Key(), err)
+			}
+			if left := time.Until(l.Expiry()); left < ttl/2 {
+				t.Fatalf("lock %s expires in %v: not renewed", l.Key(), left)
+			}
+		}
+		if got := g.Held(); len(got) != len(held) {
+			t.Fatalf("Held lists %d locks, want the %d held", len(got), len(held))
+		}
+		for _, l := range held {
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := g.Held(); len(got) != 0 {
+			t.Fatalf("Held lists %d locks after every unlock", len(got))
+		}
+	})
+}

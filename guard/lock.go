@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -25,7 +26,6 @@ type Lock struct {
 	key   string // as the caller named it, without the Guard's prefix
 	ttl   time.Duration
 	lease driver.Lease
-	outer *Lock // the innermost lock already held by the context this one was taken with
 
 	ctx     lockContext
 	section *section // when traced
@@ -34,21 +34,29 @@ type Lock struct {
 	lostErr error // set once, when the lease is lost
 
 	// Lease keeper state, guarded by the keeper's mutex.
+	// Times are kept as offsets from expiry, which a held Lock's size
+	// (one allocation per acquisition, and the heap per held lock) favours.
 	expiry  time.Time     // conservative expiry: the lock is lost a margin before it
-	due     time.Time     // next renewal
-	at      time.Time     // when the keeper next looks: min(due, loss deadline)
-	index   int           // position in the keeper's heap; -1 when not in it
+	dueOff  time.Duration // next renewal, less expiry
+	atOff   time.Duration // when the keeper next looks (min(due, loss deadline)), less expiry
 	granted int64         // unix nanos of the grant: the first expiry less the TTL
-	lastErr error         // of the last renewal, while it failed
 	sess    *sessionWatch // the session keeping the lease alive, if any
+	next    *Lock         // below it on the keeper's young stack
 
 	release releaseContext
 
-	// Small fields last, packed into one word.
-	holds      int32 // guarded by mu
-	refreshing bool  // a renewal is in flight; guarded by the keeper's mutex
+	// Small fields last, packed.
+	index      int32        // position in the keeper's heap; -1 when not in it
+	depth      int32        // its depth on the keeper's young stack, from 1 at the bottom
+	state      atomic.Int32 // lockOut, lockYoung or lockKept
+	holds      int32        // guarded by mu
+	refreshing bool         // a renewal is in flight; guarded by the keeper's mutex
 	mode       mode
 }
+
+// outer is the innermost lock already held by the context l was taken
+// with: its context's parent carries it (its values are that context's).
+func (l *Lock) outer() *Lock { return heldBy(l.ctx.parent) }
 
 // section is what a traced Lock adds: the span of its critical section.
 // Kept apart because a Lock is allocated on every acquisition, and its size
@@ -265,7 +273,7 @@ type lockContext struct {
 	parent context.Context
 	lock   *Lock
 
-	mu     sync.Mutex
+	// Guarded by the lock's mutex.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 }
@@ -273,11 +281,12 @@ type lockContext struct {
 // get returns the cancellable context, making it (already cancelled, if the
 // lock has ended) on first use.
 func (c *lockContext) get() context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	l := c.lock
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if c.ctx == nil {
 		c.ctx, c.cancel = context.WithCancelCause(c.parent)
-		if cause := c.lock.ended(); cause != nil {
+		if cause := l.endedLocked(); cause != nil {
 			c.cancel(cause)
 		}
 	}
@@ -287,8 +296,8 @@ func (c *lockContext) get() context.Context {
 // end cancels the context with cause, if it has been made; otherwise get
 // finds the cause in the lock's state when it makes it.
 func (c *lockContext) end(cause error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock.mu.Lock()
+	defer c.lock.mu.Unlock()
 	if c.ctx != nil {
 		c.cancel(cause)
 	}
@@ -298,18 +307,17 @@ func (c *lockContext) end(cause error) {
 // cause: the loss, if one was declared meanwhile, stays the cause rather
 // than the unlock. A context made later finds the same cause in get.
 func (c *lockContext) finish() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	l := c.lock
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if c.ctx != nil {
-		c.cancel(c.lock.ended())
+		c.cancel(l.endedLocked())
 	}
 }
 
-// ended is why the lock's context must be cancelled, or nil while it is
-// held: the loss, else the unlock.
-func (l *Lock) ended() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// endedLocked is why the lock's context must be cancelled, or nil while it
+// is held: the loss, else the unlock. Called with l.mu held.
+func (l *Lock) endedLocked() error {
 	if l.lostErr != nil {
 		return l.lostErr
 	}
@@ -344,12 +352,19 @@ func heldBy(ctx context.Context) *Lock {
 // It carries the values of the caller's context but not its cancellation.
 // Its deadline and timer are only made if a backend asks for them, which the
 // in-process backend never does, so releasing there costs no clock read and
-// no timer.
+// no timer; they live apart from it, so that a held Lock does not carry
+// their room.
 type releaseContext struct {
-	values   context.Context
-	timeout  time.Duration
-	mu       sync.Mutex
-	stopped  bool // no timer may start any more
+	values context.Context
+	mu     sync.Mutex
+	// timeout is the Guard's release timeout (positive) until the release
+	// is over; then 0, and no timer may start any more.
+	timeout time.Duration
+	bound   *releaseBound // made on first use
+}
+
+// releaseBound is the deadline of a release, made when a backend asks.
+type releaseBound struct {
 	deadline time.Time
 	done     chan struct{}
 	timer    *time.Timer
@@ -359,40 +374,40 @@ func (c *releaseContext) init(ctx context.Context, timeout time.Duration) {
 	c.values, c.timeout = ctx, timeout
 }
 
-func (c *releaseContext) start() {
+func (c *releaseContext) start() *releaseBound {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done != nil {
-		return
+	if c.bound != nil {
+		return c.bound
 	}
-	c.done = make(chan struct{})
-	if c.stopped {
+	b := &releaseBound{done: make(chan struct{})}
+	c.bound = b
+	if c.timeout == 0 {
 		// Asked for after the release: report it over.
-		close(c.done)
-		return
+		close(b.done)
+		return b
 	}
-	c.deadline = time.Now().Add(c.timeout)
-	c.timer = time.AfterFunc(c.timeout, func() { close(c.done) })
+	b.deadline = time.Now().Add(c.timeout)
+	b.timer = time.AfterFunc(c.timeout, func() { close(b.done) })
+	return b
 }
 
 // stop frees the timer once the release is over.
 func (c *releaseContext) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stopped = true
-	if c.timer != nil {
-		c.timer.Stop()
+	c.timeout = 0
+	if c.bound != nil && c.bound.timer != nil {
+		c.bound.timer.Stop()
 	}
 }
 
 func (c *releaseContext) Deadline() (time.Time, bool) {
-	c.start()
-	return c.deadline, true
+	return c.start().deadline, true
 }
 
 func (c *releaseContext) Done() <-chan struct{} {
-	c.start()
-	return c.done
+	return c.start().done
 }
 
 func (c *releaseContext) Err() error {

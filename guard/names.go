@@ -1,37 +1,38 @@
 package guard
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
-// names keeps the prefixed form of recently used keys. Keys repeat (job
-// names, account ids under contention), and building prefix+key anew was one
-// allocation of every acquisition. The table is bounded: once full, further
-// keys are built each time rather than kept.
+// names keeps the prefixed form of recently used keys, which have passed
+// ValidateKey. Keys repeat (job names, account ids under contention), and
+// building prefix+key anew was one allocation of every acquisition, and
+// validating it a pass over its bytes. Reads take no lock and write no
+// shared memory, so goroutines contending for one key do not contend here
+// too. The table is bounded: once full, further keys are validated and built
+// each time rather than kept.
 type names struct {
-	mu sync.RWMutex
-	m  map[string]string
+	m sync.Map // key -> prefix+key
+	n atomic.Int32
 }
 
 // maxNames bounds the table: about 100 KiB for keys of typical length.
 const maxNames = 1024
 
-func (n *names) full(prefix, key string) string {
-	if prefix == "" {
-		return key
+// full returns prefix+key, or the reason key is no valid key.
+func (n *names) full(prefix, key string) (string, error) {
+	if full, ok := n.m.Load(key); ok {
+		return full.(string), nil
 	}
-	n.mu.RLock()
-	full, ok := n.m[key]
-	n.mu.RUnlock()
-	if ok {
-		return full
+	if err := ValidateKey(key); err != nil {
+		return "", err
 	}
-	full = prefix + key
-	n.mu.Lock()
-	if n.m == nil {
-		n.m = make(map[string]string)
+	full := prefix + key
+	if n.n.Load() < maxNames {
+		if _, loaded := n.m.LoadOrStore(key, full); !loaded {
+			n.n.Add(1)
+		}
 	}
-	if len(n.m) < maxNames {
-		n.m[key] = full
-	}
-	n.mu.Unlock()
-	return full
+	return full, nil
 }

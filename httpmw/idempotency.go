@@ -488,7 +488,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	values := r.Header.Values(c.header)
+	values := r.Header[c.header] // canonical since validate
 	switch {
 	case len(values) == 0 && c.require:
 		writeProblem(w, http.StatusBadRequest, "Missing_key", "Idempotency key missing",

@@ -135,10 +135,26 @@ const responseV1 = 1
 var errBadResponse = errors.New("stored response is malformed")
 
 // encodeResponse encodes status, the allowed lines of h and body.
+// Each allowed name is looked up once: a response has a few header fields
+// and the allow list a dozen, and the lookups cost more than the encoding.
 func encodeResponse(status int, h http.Header, allowed []string, body []byte) []byte {
+	type field struct {
+		name   string
+		values []string
+	}
+	var room [16]field
+	fields := room[:0]
 	size, lines := 1+2*binary.MaxVarintLen64+len(body), 0
 	for _, name := range allowed {
-		for _, v := range h[name] {
+		if len(h) == len(fields) {
+			break // every field of h is found
+		}
+		values := h[name]
+		if len(values) == 0 {
+			continue
+		}
+		fields = append(fields, field{name, values})
+		for _, v := range values {
 			size += 2*binary.MaxVarintLen64 + len(name) + len(v)
 			lines++
 		}
@@ -147,9 +163,9 @@ func encodeResponse(status int, h http.Header, allowed []string, body []byte) []
 	b = append(b, responseV1)
 	b = binary.AppendUvarint(b, uint64(status))
 	b = binary.AppendUvarint(b, uint64(lines))
-	for _, name := range allowed {
-		for _, v := range h[name] {
-			b = appendString(b, name)
+	for _, f := range fields {
+		for _, v := range f.values {
+			b = appendString(b, f.name)
 			b = appendString(b, v)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -164,8 +166,12 @@ func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opt
 	if fn == nil {
 		return Result{}, fmt.Errorf("%w: nil func", ErrInvalid)
 	}
-	hash := KeyHash(cfg.scope, key)
-	ctx, span := tracer.Start(ctx, "warden.idempotency.Do", trace.WithAttributes(attribute.String("warden.idempotency.key_hash", hash)))
+	hash := &keyHash{scope: cfg.scope, key: key}
+	if !traced(ctx, tracer) {
+		res, _, err := e.do(ctx, cfg, key, fingerprint, fn, hash)
+		return res, err
+	}
+	ctx, span := tracer.Start(ctx, "warden.idempotency.Do", trace.WithAttributes(attribute.String("warden.idempotency.key_hash", hash.String())))
 	defer span.End()
 	res, outcome, err := e.do(ctx, cfg, key, fingerprint, fn, hash)
 	span.SetAttributes(attribute.String("warden.idempotency.outcome", outcome))
@@ -176,7 +182,43 @@ func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opt
 	return res, err
 }
 
-func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string, fn Func, hash string) (Result, string, error) {
+// traced reports whether a span started with tracer under ctx could be
+// recorded: false only for otel's global tracer while no program has set a
+// global TracerProvider and ctx carries no recording span, where starting
+// one costs allocations and records nothing.
+func traced(ctx context.Context, tracer trace.Tracer) bool {
+	if reflect.TypeOf(tracer) != unsetGlobalTracer {
+		return true
+	}
+	if trace.SpanFromContext(ctx).IsRecording() {
+		return true
+	}
+	return reflect.TypeOf(otel.GetTracerProvider()) != unsetGlobalTracerProvider
+}
+
+// The types of otel's global TracerProvider and its tracers before any
+// program sets one: stand-ins that record nothing until then, and delegate
+// afterwards.
+var (
+	unsetGlobalTracerProvider = reflect.TypeOf(otel.GetTracerProvider())
+	unsetGlobalTracer         = reflect.TypeOf(otel.GetTracerProvider().Tracer(instrumentation))
+)
+
+// keyHash is KeyHash(scope, key), computed the first time a log, an error
+// or a span needs it: most calls never do.
+type keyHash struct {
+	scope, key string
+	s          string
+}
+
+func (h *keyHash) String() string {
+	if h.s == "" {
+		h.s = KeyHash(h.scope, h.key)
+	}
+	return h.s
+}
+
+func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string, fn Func, hash *keyHash) (Result, string, error) {
 	c := Claim{Scope: cfg.scope, Key: key, Fingerprint: fingerprint, Owner: rand.Text(), Lease: cfg.lease}
 	var deadline time.Time
 	if cfg.wait > 0 {
@@ -224,7 +266,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 
 // run executes fn under the claim c, sent to the store at sent, and ends
 // the claim as the outcome says.
-func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time, fn Func, hash string) (Result, string, error) {
+func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time, fn Func, hash *keyHash) (Result, string, error) {
 	base := ctx
 	if cfg.detached {
 		base = context.WithoutCancel(ctx)
@@ -260,7 +302,7 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	outcome := outcomeExecuted
 	if len(payload) > MaxResponseLen {
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large to replay; stored as executed, not replayable",
-			slog.String("key_hash", hash), slog.Int("bytes", len(payload)))
+			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		payload, outcome = encodeNotReplayable(nil), outcomeNotReplayable
 	}
 	if notReplayable {
@@ -273,20 +315,20 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 		// The store keeps less than this record: the work is done all the
 		// same, so the key is completed with the marker alone.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
-			slog.String("key_hash", hash), slog.Int("bytes", len(payload)))
+			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		outcome = outcomeNotReplayable
 		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil))
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
 			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost before completion; result not stored",
-				slog.String("key_hash", hash))
+				slog.String("key_hash", hash.String()))
 			return res, outcomeLost, errors.Join(fnErr, fmt.Errorf("idempotency: result not stored: %w", err))
 		}
 		// The claim stays until its lease runs out: a retry then runs fn
 		// again, which is the price of a store that failed at this moment.
 		cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: storing the result failed",
-			slog.String("key_hash", hash), slog.Any("error", err))
+			slog.String("key_hash", hash.String()), slog.Any("error", err))
 		return res, outcomeError, errors.Join(fnErr, storeError(fctx, "complete", err))
 	}
 	return res, outcome, fnErr
@@ -302,58 +344,114 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 
 // watch renews c every third of the lease until the returned stop is
 // called, and cancels fn's context with cause ErrNotOwner once the claim is
-// lost or can no longer be known to be held.
-func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cfg *config, c Claim, sent time.Time, hash string) (stop func()) {
-	done, exited := make(chan struct{}), make(chan struct{})
-	// Renewals outlive the caller's cancellation: fn may still be finishing
-	// work that must not be run twice.
-	base := context.WithoutCancel(ctx)
-	go func() {
-		defer close(exited)
-		interval := cfg.lease / 3
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		// held is a bound on the claim's life measured locally from before
-		// the request that set it, so it never outlasts the store's.
-		held := sent.Add(cfg.lease)
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			sent := time.Now()
-			ectx, ecancel := context.WithTimeout(base, interval)
-			err := e.store.Extend(ectx, c.Scope, c.Key, c.Owner, cfg.lease)
-			ecancel()
-			cfg.metrics.record(ctx, opExtend, sent, err)
-			switch {
-			case err == nil:
-				held = sent.Add(cfg.lease)
-				continue
-			case errors.Is(err, ErrNotOwner):
-			case time.Now().Before(held):
-				cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: renewing the claim failed; retrying",
-					slog.String("key_hash", hash), slog.Any("error", err))
-				continue
-			}
-			cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: claim lost while running",
-				slog.String("key_hash", hash), slog.Any("error", err))
-			cancel(fmt.Errorf("%w: claim lost while running (%v)", ErrNotOwner, err))
-			return
-		}
-	}()
-	return func() {
-		select {
-		case <-done:
-		default:
-			close(done)
-		}
-		<-exited
+// lost or can no longer be known to be held. It runs on a timer: a request
+// whose handler returns within a third of the lease, as most do, costs no
+// goroutine and no ticker, and stopping it waits for nothing but a renewal
+// already in flight.
+func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cfg *config, c Claim, sent time.Time, hash *keyHash) (stop func()) {
+	w := &watchdog{e: e, ctx: ctx, cancel: cancel, cfg: cfg, c: c, hash: hash,
+		interval: cfg.lease / 3, held: sent.Add(cfg.lease)}
+	w.next = time.Now().Add(w.interval)
+	w.mu.Lock()
+	w.timer = time.AfterFunc(w.interval, w.renew)
+	w.mu.Unlock()
+	return w.stop
+}
+
+// watchdog is the state of one watch.
+type watchdog struct {
+	e        *Executor
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	cfg      *config
+	c        Claim
+	hash     *keyHash
+	interval time.Duration
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	renewal chan struct{} // closed when the renewal in flight ends; nil when none is
+	next    time.Time     // the tick the next renewal serves
+	// held is a bound on the claim's life measured locally from before the
+	// request that set it, so it never outlasts the store's.
+	held time.Time
+}
+
+// stop ends the watch; once it returns, no renewal is in flight or to come.
+func (w *watchdog) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.timer.Stop()
+	running := w.renewal
+	w.mu.Unlock()
+	if running != nil {
+		<-running
 	}
 }
 
-func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash string) {
+// renew runs on the timer: one renewal, then the timer set for the next,
+// one interval after the previous was due, as a ticker would.
+func (w *watchdog) renew() {
+	w.mu.Lock()
+	if w.stopped || w.renewal != nil {
+		w.mu.Unlock()
+		return
+	}
+	running := make(chan struct{})
+	w.renewal = running
+	held := w.held
+	w.next = w.next.Add(w.interval) // the tick after the one this serves
+	w.mu.Unlock()
+
+	cfg := w.cfg
+	sent := time.Now()
+	// Renewals outlive the caller's cancellation: fn may still be finishing
+	// work that must not be run twice.
+	ectx, ecancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.interval)
+	err := w.e.store.Extend(ectx, w.c.Scope, w.c.Key, w.c.Owner, cfg.lease)
+	ecancel()
+	cfg.metrics.record(w.ctx, opExtend, sent, err)
+	lost := false
+	switch {
+	case err == nil:
+		held = sent.Add(cfg.lease)
+	case errors.Is(err, ErrNotOwner):
+		lost = true
+	case time.Now().Before(held):
+		cfg.logger.LogAttrs(w.ctx, slog.LevelWarn, "idempotency: renewing the claim failed; retrying",
+			slog.String("key_hash", w.hash.String()), slog.Any("error", err))
+	default:
+		lost = true
+	}
+	if lost {
+		cfg.logger.LogAttrs(w.ctx, slog.LevelWarn, "idempotency: claim lost while running",
+			slog.String("key_hash", w.hash.String()), slog.Any("error", err))
+		w.cancel(fmt.Errorf("%w: claim lost while running (%v)", ErrNotOwner, err))
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.held = held
+	w.renewal = nil
+	close(running)
+	if w.stopped || lost {
+		return
+	}
+	// As a ticker does: a renewal that ran past the next tick is followed
+	// at once by one more, and the ticks it ran past are dropped.
+	now := time.Now()
+	if w.next.After(now) {
+		w.timer.Reset(w.next.Sub(now))
+		return
+	}
+	for !w.next.Add(w.interval).After(now) {
+		w.next = w.next.Add(w.interval)
+	}
+	w.timer.Reset(0)
+}
+
+func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	start := time.Now()
@@ -362,7 +460,7 @@ func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash strin
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: releasing the claim failed",
-			slog.String("key_hash", hash), slog.Any("error", err))
+			slog.String("key_hash", hash.String()), slog.Any("error", err))
 	}
 }
 

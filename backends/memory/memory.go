@@ -25,8 +25,23 @@ import (
 type Locker struct {
 	mu      sync.Mutex
 	entries map[entryKey]*entry
-	free    []*entry // idle entries kept for reuse, so a hot key costs no allocation
+	free    []*entry // entries let go of, kept for reuse, so a new key costs no allocation
 	token   uint64
+	// idleRing lists the latest entries to fall idle, which stay in entries
+	// until maxIdle later ones push them out: a key taken and released in
+	// a loop costs no map deletion and insertion per cycle.
+	idleRing [maxIdle]idleEntry
+	idleAt   int    // next slot of idle to fill, oldest first
+	idleSeq  uint64 // numbers each fall into idleness
+}
+
+// maxIdle bounds the idle entries kept in the map.
+const maxIdle = 64
+
+// idleEntry is one fall of e into idleness; stale once e is used again.
+type idleEntry struct {
+	e   *entry
+	seq uint64
 }
 
 // New returns an empty Locker.
@@ -81,7 +96,9 @@ type entry struct {
 	holders []holder
 	queue   []*waiter
 	timer   *time.Timer // wakes the queue when the earliest holder expires
-	gen     uint64      // bumped on reuse, so a stale timer does nothing
+	timerAt time.Time   // when timer fires; zero when it is not set
+	gen     uint64      // bumped on idleness, so a stale timer does nothing
+	idleSeq uint64      // the idle slot naming it; 0 when it is in use
 }
 
 // Acquire implements driver.Locker.
@@ -266,6 +283,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 // entry returns the entry for k, reusing an idle one.
 func (l *Locker) entry(k entryKey) *entry {
 	if e := l.entries[k]; e != nil {
+		e.idleSeq = 0
 		return e
 	}
 	var e *entry
@@ -279,20 +297,30 @@ func (l *Locker) entry(k entryKey) *entry {
 	return e
 }
 
-// idle forgets e when nothing holds or waits on it.
+// idle marks e idle when nothing holds or waits on it, and forgets the
+// entry that fell idle maxIdle times ago if it is idle still.
 func (l *Locker) idle(e *entry) {
-	if len(e.holders) > 0 || len(e.queue) > 0 {
+	if len(e.holders) > 0 || len(e.queue) > 0 || e.idleSeq != 0 {
 		return
 	}
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil // its callback names the old generation
+		e.timerAt = time.Time{}
 	}
-	delete(l.entries, e.key)
 	e.gen++
 	e.holders = e.holders[:0]
-	if len(l.free) < 64 {
-		l.free = append(l.free, e)
+	l.idleSeq++
+	e.idleSeq = l.idleSeq
+	old := l.idleRing[l.idleAt]
+	l.idleRing[l.idleAt] = idleEntry{e: e, seq: e.idleSeq}
+	l.idleAt = (l.idleAt + 1) % maxIdle
+	if old.e != nil && old.e.idleSeq == old.seq {
+		delete(l.entries, old.e.key)
+		old.e.idleSeq = 0
+		if len(l.free) < maxIdle {
+			l.free = append(l.free, old.e)
+		}
 	}
 }
 
@@ -334,6 +362,13 @@ func (l *Locker) schedule(e *entry, now time.Time) {
 			first = h.expires
 		}
 	}
+	if !e.timerAt.IsZero() && !e.timerAt.After(first) {
+		// Set to fire no later: firing early only dispatches and sets it
+		// again, and under contention this spares a timer reset on every
+		// handoff.
+		return
+	}
+	e.timerAt = first
 	if e.timer == nil {
 		gen := e.gen
 		e.timer = time.AfterFunc(first.Sub(now), func() { l.expired(e, gen) })
@@ -346,6 +381,7 @@ func (l *Locker) expired(e *entry, gen uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e.gen == gen {
+		e.timerAt = time.Time{}
 		l.dispatch(e, time.Now())
 	}
 }
