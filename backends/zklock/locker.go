@@ -40,9 +40,19 @@
 // the connection comes back: its owner must stop and Release it.
 //
 // A lease's node can also be deleted while its session lives, by an
-// operator (ForceRelease). The request that grants a lease sets a data watch
-// on its node, so the Locker hears of the deletion and the lease, a
-// driver.RevocableLease, tells guard, which cancels the section.
+// operator (ForceRelease). The Locker watches each held lease's node, so it
+// hears of the deletion and the lease, a driver.RevocableLease, tells guard,
+// which cancels the section. The watch costs the grant no round trip: a
+// contender alone in the queue sets it after its grant, without waiting; one
+// granted by a listing is covered by the child watch that listing set on the
+// queue, until the queue changes (see contend).
+//
+// # Requests per acquisition
+//
+// An uncontended acquisition is one request, the create, which also tells
+// the node's czxid and whether it is alone in its queue (see create); its
+// release is one delete. A queued contender lists the queue after its
+// create and after each wake, and watches the node it queues behind.
 //
 // # Releases that get no answer
 //
@@ -79,6 +89,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,6 +238,10 @@ type Locker struct {
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy
 	leases map[string]*lease // live leases by node, for their revocation
+	// queued are the tracked lock leases whose revocation is still heard
+	// through the child watch of the listing that granted them, by parent
+	// node (see contend).
+	queued map[string][]*lease
 	closed bool
 	bg     sync.WaitGroup // background cleanups and the monitor
 
@@ -271,7 +286,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
-		leases: map[string]*lease{}, quit: make(chan struct{})}
+		leases: map[string]*lease{}, queued: map[string][]*lease{}, quit: make(chan struct{})}
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithHostProvider(l.hosts),
@@ -382,7 +397,7 @@ func (c *sniffConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadl
 
 func (c *sniffConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	if isTimeout(err) {
+	if err != nil && isTimeout(err) {
 		c.timedOut()
 	}
 	return n, err
@@ -390,7 +405,7 @@ func (c *sniffConn) Write(p []byte) (int, error) {
 
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if isTimeout(err) {
+	if err != nil && isTimeout(err) {
 		c.timedOut()
 	}
 	if len(c.head) < 12 && n > 0 {
@@ -417,7 +432,7 @@ func (l *Locker) sessionTimeout() time.Duration {
 
 // onEvent runs on the client library's goroutine and must not block. It
 // sees every watch event of the session, so the watches on held leases'
-// nodes need no goroutine of their own (the client library closes each
+// nodes and queues need no goroutine of their own (the client library closes each
 // watch's channel after its one event, so unread channels cost nothing).
 func (l *Locker) onEvent(ev zk.Event) {
 	switch ev.Type {
@@ -434,6 +449,20 @@ func (l *Locker) onEvent(ev zk.Event) {
 		}
 	case zk.EventNodeDeleted:
 		l.revoke(ev.Path)
+	case zk.EventNodeChildrenChanged:
+		// The queue of held leases changed: a contender came or went, and
+		// it may be one of them. Each now needs a data watch on its own
+		// node, which a later contender's coming does not fire.
+		l.mu.Lock()
+		les := l.queued[ev.Path]
+		delete(l.queued, ev.Path)
+		for _, le := range les {
+			le.watched = true
+		}
+		l.mu.Unlock()
+		for _, le := range les {
+			l.background(func() { l.watch(le) })
+		}
 	case zk.EventNodeDataChanged:
 		// A change of the node's data (an operator's, or a same-session
 		// waiter's watch seeing a permit's mark) used the watch up.
@@ -487,10 +516,16 @@ func (l *Locker) watch(le *lease) {
 }
 
 // track makes le's node known to the event callback; grant calls it before
-// the request that sets the watch, so that no event can come first.
-func (l *Locker) track(le *lease) {
+// the request that sets the watch, so that no event can come first. watched
+// says that request sets a data watch on le's node; otherwise it is a
+// listing that sets a child watch on its parent.
+func (l *Locker) track(le *lease, watched bool) {
 	l.mu.Lock()
 	l.leases[le.node] = le
+	le.watched = watched
+	if !watched {
+		l.queued[le.parent] = append(l.queued[le.parent], le)
+	}
 	l.mu.Unlock()
 }
 
@@ -504,6 +539,20 @@ func (l *Locker) untrack(le *lease) {
 func (l *Locker) untrackLocked(le *lease) {
 	if l.leases[le.node] == le {
 		delete(l.leases, le.node)
+	}
+	if !le.watched {
+		q := l.queued[le.parent]
+		if i := slices.Index(q, le); i >= 0 {
+			q[i] = q[len(q)-1]
+			q[len(q)-1] = nil
+			q = q[:len(q)-1]
+		}
+		if len(q) == 0 {
+			delete(l.queued, le.parent)
+		} else {
+			l.queued[le.parent] = q
+		}
+		le.watched = true
 	}
 	le.revoke = nil
 }
