@@ -415,58 +415,69 @@ func inProgress(kvs []*mvccpb.KeyValue, key, owner, op string) (claim, error) {
 }
 
 // lease returns the shared lease of ttl seconds (see Expiry), granting a
-// new one when the last is older than leaseReuse. The grant is the store's,
-// not the caller's, so it runs on its own bound whatever happens to ctx; the
-// callers that need it meanwhile wait for it.
+// new one when the last is older than leaseReuse. The callers that need it
+// while it is granted wait for it, and use it only if it was sent after they
+// came or is still younger than leaseReuse once answered (a slow grant must
+// not shorten the records of callers that came after it was sent);
+// otherwise, or when it failed (its caller's ctx ended, say), they try
+// again, granting one themselves.
 func (s *Store) lease(ctx context.Context, ttl int64) (clientv3.LeaseID, error) {
-	s.mu.Lock()
-	sl := s.leases[ttl]
-	if sl != nil {
-		select {
-		case <-sl.ready:
-			if sl.err != nil || time.Since(sl.sent) >= leaseReuse {
-				sl = nil
-			}
-		default:
-		}
-	}
-	if sl == nil {
-		sl = &sharedLease{ready: make(chan struct{}), sent: time.Now()}
-		for t, old := range s.leases {
+	came := time.Now()
+	for {
+		s.mu.Lock()
+		sl := s.leases[ttl]
+		if sl != nil {
 			select {
-			case <-old.ready:
-				if time.Since(old.sent) >= leaseReuse {
-					delete(s.leases, t)
+			case <-sl.ready:
+				if sl.err != nil || time.Since(sl.sent) >= leaseReuse {
+					sl = nil
 				}
 			default:
 			}
 		}
-		s.leases[ttl] = sl
-		s.mu.Unlock()
-		rctx, cancel := s.timeout.detached(ctx)
-		g, err := s.client.Grant(rctx, min(ttl+int64(leaseSlack/time.Second), maxLeaseTTL))
-		if err == nil {
-			sl.id = g.ID
-		} else {
-			sl.err = s.timeout.err(context.WithoutCancel(ctx), rctx, err)
+		if sl == nil {
+			// This caller's own grant: its records are counted from its
+			// send time, however long the answer takes.
+			sl = s.grant(ctx, ttl)
+			return sl.id, sl.err
 		}
-		cancel()
-		close(sl.ready)
+		s.mu.Unlock()
+		select {
+		case <-sl.ready:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if sl.err == nil && (!sl.sent.Before(came) || time.Since(sl.sent) < leaseReuse) {
+			return sl.id, nil
+		}
+	}
+}
+
+// grant grants a shared lease of ttl seconds and returns it, answered. s.mu
+// is held, and released once the grant is in flight.
+func (s *Store) grant(ctx context.Context, ttl int64) *sharedLease {
+	sl := &sharedLease{ready: make(chan struct{}), sent: time.Now()}
+	for t, old := range s.leases {
+		select {
+		case <-old.ready:
+			if time.Since(old.sent) >= leaseReuse {
+				delete(s.leases, t)
+			}
+		default:
+		}
+	}
+	s.leases[ttl] = sl
+	s.mu.Unlock()
+	g, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return s.client.Grant(rctx, min(ttl+int64(leaseSlack/time.Second), maxLeaseTTL))
+	})
+	if err == nil {
+		sl.id = g.ID
 	} else {
-		s.mu.Unlock()
+		sl.err = err
 	}
-	select {
-	case <-sl.ready:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	if sl.err != nil {
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		return 0, sl.err
-	}
-	return sl.id, nil
+	close(sl.ready)
+	return sl
 }
 
 // remember records the store's own claim c of k.
