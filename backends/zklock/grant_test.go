@@ -10,8 +10,8 @@ import (
 )
 
 // TestGrantWithoutRead: a lock's grant reads nothing of its node. Alone in
-// the queue, the contender holds after its create, one request; queued, after
-// its create and one listing per wake. Either way its token is its node's
+// the queue, the contender holds after its create, and its watch follows;
+// queued, after its create and one listing per wake. Either way its token is its node's
 // czxid, on the Locker's session, and tokens grow from holder to holder.
 func TestGrantWithoutRead(t *testing.T) {
 	srv := servers(t)
@@ -43,8 +43,9 @@ func TestGrantWithoutRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := l.requests.Load() - before; n != 1 {
-		t.Errorf("uncontended Acquire sent %d requests, want 1 (the create)", n)
+	eventually(t, "the lease's watch is set", func() bool { return l.watching.Load() == 0 })
+	if n := l.requests.Load() - before; n != 2 {
+		t.Errorf("uncontended Acquire sent %d requests, want 2 (the create, then the watch after the grant)", n)
 	}
 	check(alone, l)
 	if alone.Token() <= first.Token() {

@@ -49,8 +49,10 @@
 //
 // # Requests per acquisition
 //
-// An uncontended acquisition is one request, the create, which also tells
-// the node's czxid and whether it is alone in its queue (see create); its
+// An uncontended acquisition waits for one request, the create, which also
+// tells the node's czxid and whether it is alone in its queue (see create);
+// the data watch on its node follows, a request the acquisition does not
+// wait for and that a lease released before it goes out never sends; its
 // release is one delete. A queued contender lists the queue after its
 // create and after each wake, and watches the node it queues behind.
 //
@@ -234,6 +236,7 @@ type Locker struct {
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
 	heartbeats atomic.Int64
+	watching   atomic.Int64 // data watches on leases' nodes being set (see watchLater)
 
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy
@@ -461,7 +464,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 		}
 		l.mu.Unlock()
 		for _, le := range les {
-			l.background(func() { l.watch(le) })
+			l.watchLater(le)
 		}
 	case zk.EventNodeDataChanged:
 		// A change of the node's data (an operator's, or a same-session
@@ -470,7 +473,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 		le := l.leases[ev.Path]
 		l.mu.Unlock()
 		if le != nil {
-			l.background(func() { l.watch(le) })
+			l.watchLater(le)
 		}
 	}
 }
@@ -491,6 +494,17 @@ func (l *Locker) revoke(node string) {
 	l.mu.Unlock()
 	if f != nil {
 		f()
+	}
+}
+
+// watchLater sets a data watch on le's node in the background.
+func (l *Locker) watchLater(le *lease) {
+	l.watching.Add(1)
+	if !l.background(func() {
+		defer l.watching.Add(-1)
+		l.watch(le)
+	}) {
+		l.watching.Add(-1)
 	}
 }
 

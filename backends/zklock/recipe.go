@@ -419,7 +419,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			l.track(le, true)
 			lease, err := l.granted(le, c.czxid, c.sid, c.sent)
 			if err == nil {
-				l.background(func() { l.watch(le) })
+				l.watchLater(le)
 			}
 			return lease, err
 		}
@@ -552,7 +552,7 @@ func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, er
 	}
 	lease, err := l.granted(le, stat.Czxid, stat.EphemeralOwner, sent)
 	if err == nil {
-		l.background(func() { l.watch(le) })
+		l.watchLater(le)
 	}
 	return lease, err
 }
