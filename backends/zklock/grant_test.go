@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -145,5 +147,38 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 	defer l.mu.Unlock()
 	if len(l.leases) != 0 || len(l.queued) != 0 {
 		t.Fatalf("leases still tracked after their revocation: %v, %v", l.leases, l.queued)
+	}
+}
+
+// TestGrantWithoutWritePermission: with an ACL that lets the Locker create
+// and delete nodes but not write their data, the create's write of the
+// parent's data is refused; the Locker then creates contender nodes alone
+// and reads the token at the grant.
+func TestGrantWithoutWritePermission(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := dial(t, srv, WithACL(zk.WorldACL(zk.PermRead|zk.PermCreate|zk.PermDelete)...))
+	k := testKey(t)
+	var last uint64
+	for i := range 3 {
+		held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		_, stat, err := l.conn.Get(held.(*lease).node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.Token() != uint64(stat.Czxid) || held.Token() <= last {
+			t.Fatalf("acquisition %d: token %d, want the node's czxid %d, above %d", i, held.Token(), stat.Czxid, last)
+		}
+		last = held.Token()
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !l.plainCreate.Load() {
+		t.Error("the Locker still creates with a write of the parent it may not write")
 	}
 }

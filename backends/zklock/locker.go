@@ -237,6 +237,9 @@ type Locker struct {
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
 	heartbeats atomic.Int64
 	watching   atomic.Int64 // data watches on leases' nodes being set (see watchLater)
+	// plainCreate: the ACL refused the create's write of the parent's
+	// data, so contender nodes are created alone (see create).
+	plainCreate atomic.Bool
 
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy

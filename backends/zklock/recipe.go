@@ -204,21 +204,20 @@ func (l *Locker) create(parent, guid string, k kind, data []byte) (c created, ma
 	for range 5 {
 		l.requests.Add(1)
 		sid, sent := l.conn.SessionID(), time.Now()
-		var res []zk.MultiResponse
-		res, err = l.conn.Multi(
-			&zk.CreateRequest{Path: prefix, Data: data, Acl: l.acl, Flags: zk.FlagEphemeralSequential},
-			&zk.SetDataRequest{Path: parent, Version: -1})
-		if err == nil && len(res) != 2 {
-			err = fmt.Errorf("multi answered %d results for 2 operations", len(res))
+		if l.plainCreate.Load() {
+			c.node, err = l.conn.Create(prefix, data, zk.FlagEphemeralSequential, l.acl)
+		} else {
+			c, err = l.createMulti(parent, prefix, data, sid, sent)
 		}
 		switch {
 		case err == nil:
 			l.ack(sent, sid)
-			c.node = res[0].String
-			if st := res[1].Stat; st != nil && sid != 0 && l.conn.SessionID() == sid {
-				c.czxid, c.sid, c.sent, c.only = st.Mzxid, sid, sent, st.NumChildren == 1
-			}
 			return c, maybe, nil
+		case errors.Is(err, zk.ErrNoAuth) && !l.plainCreate.Load():
+			// The ACL lets the Locker create nodes under parent but not
+			// write parent's data: a multi fails as a whole, so nothing was
+			// made; create alone from now on, and read the stat at grant.
+			l.plainCreate.Store(true)
 		case errors.Is(err, zk.ErrNoNode):
 			if err := l.makeParent(parent); err != nil {
 				return created{}, maybe, err
@@ -239,6 +238,26 @@ func (l *Locker) create(parent, guid string, k kind, data []byte) (c created, ma
 		}
 	}
 	return created{}, maybe, unavailable("create", err)
+}
+
+// createMulti creates the contender node prefix under parent in a
+// multi-operation with an empty write of parent's data (see create), sent
+// at sent in session sid.
+func (l *Locker) createMulti(parent, prefix string, data []byte, sid int64, sent time.Time) (created, error) {
+	res, err := l.conn.Multi(
+		&zk.CreateRequest{Path: prefix, Data: data, Acl: l.acl, Flags: zk.FlagEphemeralSequential},
+		&zk.SetDataRequest{Path: parent, Version: -1})
+	if err != nil {
+		return created{}, err
+	}
+	if len(res) != 2 {
+		return created{}, fmt.Errorf("multi answered %d results for 2 operations", len(res))
+	}
+	c := created{node: res[0].String}
+	if st := res[1].Stat; st != nil && sid != 0 && l.conn.SessionID() == sid {
+		c.czxid, c.sid, c.sent, c.only = st.Mzxid, sid, sent, st.NumChildren == 1
+	}
+	return c, nil
 }
 
 // makeParent creates parent as a container node (the server deletes it once
