@@ -25,9 +25,10 @@ type lease struct {
 	token  uint64
 	ep     *epoch // guarded by Locker.mu until the grant returns the lease
 	// guarded by Locker.mu
-	revoke  func() // OnRevoke's f, until it is called or forgotten
-	revoked bool   // the node was deleted by someone else while the lease was live
-	watched bool   // a data watch, not the queue's child watch, covers the node
+	revoke  func()      // OnRevoke's f, until it is called or forgotten
+	revoked bool        // the node was deleted by someone else while the lease was live
+	watched bool        // a data watch, not the queue's child watch, covers the node
+	later   *time.Timer // the pending watchAfter, if any
 }
 
 var _ driver.RevocableLease = (*lease)(nil)

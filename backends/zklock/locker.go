@@ -43,17 +43,18 @@
 // operator (ForceRelease). The Locker watches each held lease's node, so it
 // hears of the deletion and the lease, a driver.RevocableLease, tells guard,
 // which cancels the section. The watch costs the grant no round trip: a
-// contender alone in the queue sets it after its grant, without waiting; one
-// granted by a listing is covered by the child watch that listing set on the
-// queue, until the queue changes (see contend).
+// contender alone in the queue sets it a few milliseconds after its grant
+// (watchDelay), without waiting; one granted by a listing is covered by the
+// child watch that listing set on the queue, until the queue changes (see
+// contend).
 //
 // # Requests per acquisition
 //
 // An uncontended acquisition waits for one request, the create, which also
 // tells the node's czxid and whether it is alone in its queue (see create);
 // the data watch on its node follows, a request the acquisition does not
-// wait for and that a lease released before it goes out never sends; its
-// release is one delete. A queued contender lists the queue after its
+// wait for, sent watchDelay after the grant, so that a lease released
+// sooner never sends it; its release is one delete. A queued contender lists the queue after its
 // create and after each wake, and watches the node it queues behind.
 //
 // # Releases that get no answer
@@ -500,6 +501,12 @@ func (l *Locker) revoke(node string) {
 	}
 }
 
+// watchDelay is how long a lease granted without a watch on its node
+// waits before it sets one (see watchAfter): most sections are shorter, and
+// their release then costs the ensemble no read; a deletion meanwhile is
+// found by the watch's read, only later.
+const watchDelay = 5 * time.Millisecond
+
 // watchLater sets a data watch on le's node in the background.
 func (l *Locker) watchLater(le *lease) {
 	l.watching.Add(1)
@@ -509,6 +516,21 @@ func (l *Locker) watchLater(le *lease) {
 	}) {
 		l.watching.Add(-1)
 	}
+}
+
+// watchAfter sets a data watch on le's node, a lease just granted, after
+// watchDelay, unless it is no longer tracked by then (see untrackLocked).
+func (l *Locker) watchAfter(le *lease) {
+	l.watching.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le.later = time.AfterFunc(watchDelay, func() {
+		l.mu.Lock()
+		le.later = nil
+		l.mu.Unlock()
+		l.watchLater(le)
+		l.watching.Add(-1)
+	})
 }
 
 // watch sets a data watch on a lease's node, for a lease whose grant could
@@ -571,6 +593,10 @@ func (l *Locker) untrackLocked(le *lease) {
 		}
 		le.watched = true
 	}
+	if le.later != nil && le.later.Stop() {
+		l.watching.Add(-1)
+	}
+	le.later = nil
 	le.revoke = nil
 }
 

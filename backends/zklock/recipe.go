@@ -419,9 +419,10 @@ type existence struct {
 // one that made the node, when the listing that finds it a holder was read
 // in that same session (a node listed in its own session is that session's).
 // A node its create found alone in the queue holds at once, without a
-// listing; its revocation watch, a data watch on its node, is set after the
-// grant without waiting, and a deletion that comes first is found by that
-// read. Otherwise the revocation is heard through the child watch every
+// listing; its revocation watch, a data watch on its node, is set
+// watchDelay after the grant if the lease is still held then (a shorter
+// section sends nothing more), and a deletion that comes first is found by
+// that read. Otherwise the revocation is heard through the child watch every
 // listing of a lock sets on the queue: when the queue changes while the
 // lease is held, the Locker sets a data watch on the lease's node, which
 // fires when someone else deletes it (see onEvent). The lease is tracked
@@ -438,7 +439,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			l.track(le, true)
 			lease, err := l.granted(le, c.czxid, c.sid, c.sent)
 			if err == nil {
-				l.watchLater(le)
+				l.watchAfter(le)
 			}
 			return lease, err
 		}
