@@ -224,3 +224,44 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCycle times one uncontended Acquire and Release, and, in the
+// same run, concurrency.Mutex's Lock and Unlock on a session of its own (the
+// same two transactions), so that the two compare as a ratio and as
+// allocations per cycle.
+func BenchmarkCycle(b *testing.B) {
+	eps := endpoints(b)
+	ctx := context.Background()
+	b.Run("warden", func(b *testing.B) {
+		l, _ := newLocker(b, eps)
+		c := &wardenContender{l: l, key: name("bench/cycle")}
+		cycles(b, ctx, c)
+	})
+	b.Run("concurrency.Mutex", func(b *testing.B) {
+		s, err := concurrency.NewSession(newClient(b, eps), concurrency.WithTTL(int(MinTTL/time.Second)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		cycles(b, ctx, &mutexContender{concurrency.NewMutex(s, name("bench-cycle"))})
+	})
+}
+
+func cycles(b *testing.B, ctx context.Context, c contender) {
+	// The first lock starts the session.
+	if err := c.lock(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.unlock(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

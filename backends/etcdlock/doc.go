@@ -50,7 +50,8 @@
 // Semaphore waiters are the exception: any release may admit any of them, so
 // they watch the whole lock and count again on every deletion.
 //
-// Release deletes the key only if it still has the lease's create revision, so
+// Release deletes the key, whose name (the session's lease id and a sequence
+// number of the Locker) is unique to its acquisition and never put again, so
 // a stale or retried unlock never deletes another holder's key.
 //
 // A holder's session renews its lease, not its keys, so a key deleted by an

@@ -363,7 +363,7 @@ func (sw *swallower) dialOption() grpc.DialOption {
 func TestReleaseWithoutAnswer(t *testing.T) {
 	const timeout = 500 * time.Millisecond
 	eps := endpoints(t)
-	sw := &swallower{methods: []string{"/etcdserverpb.KV/Txn", "/etcdserverpb.Lease/LeaseRevoke"}}
+	sw := &swallower{methods: []string{"/etcdserverpb.KV/DeleteRange", "/etcdserverpb.Lease/LeaseRevoke"}}
 	c := newClient(t, eps, sw.dialOption())
 	l := lockerOn(t, c, WithRequestTimeout(timeout))
 	probe := newClient(t, eps)

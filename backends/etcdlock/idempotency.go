@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -27,36 +27,44 @@ const DefaultStorePrefix = "warden"
 // # Expiry
 //
 // etcd has no clock a transaction can read, so every record is a key attached
-// to an etcd lease of its own, and the lease's TTL, counted by the etcd
-// leader, is the record's life: an in-progress record is put with a lease of
-// the claim's Lease, a completed one with a new lease of the retention. TTLs
-// are whole seconds, so durations are rounded up to the next second, and the
-// server raises any TTL below its minimum (2 s with the default 1 s election
-// timeout; see MinTTL) to that minimum: a record lives at least as long as
-// asked, sometimes a little longer, never shorter.
+// to an etcd lease, and the lease's TTL, counted by the etcd leader, is the
+// record's life. Leases are shared: the store grants one lease per duration
+// at a time, with a TTL one second longer than the duration, and attaches to
+// it every record written with that duration within half a second of the
+// grant's send time, so that a claim or a completion costs one transaction
+// and no grant of its own (two grants a second per duration at most), and
+// every record still lives at least as long as asked, at most a second
+// longer.
+// TTLs are whole seconds, so durations are rounded up to the next second,
+// and the server raises any TTL below its minimum (2 s with the default 1 s
+// election timeout; see MinTTL) to that minimum. A shared lease is never
+// kept alive nor revoked: Extend and Complete move the record to another
+// lease instead, so no owner's write lengthens anyone else's claim, and a
+// claim whose process crashed is deleted when its lease runs out.
 //
 // The leader revokes expired leases on a timer (every 500 ms), so a record
 // whose lease ran out stays readable, and blocks Claim, until the revocation
 // is applied: typically under a second after the TTL. That lag only delays
-// the next owner; it never lets an expired owner go on. Extend and Complete
-// first renew the claim's lease with a keepalive, which the leader refuses,
-// by its own clock, once the TTL has passed (it waits for the pending
-// revocation and answers that the lease is gone), and only then write; an
-// expired claim is therefore never revived, whether or not its key has been
-// deleted yet. etcd revokes the leases that expire in one tick in parallel, so
-// of two claims expiring in the same tick the later one's key may disappear a
-// few milliseconds before the earlier one's. A leader change extends every
-// lease by up to an election timeout, never shortens one.
+// the next owner. A claim expires when the leader deletes it: Extend,
+// Complete and Abandon are transactions that compare the key's mod revision
+// with the claim's, so none of them applies once the revocation has deleted
+// the record, and no one else can have claimed the key before then. The
+// leader revokes a lease's records in one transaction, and the leases of
+// one duration are granted at least half a second apart, one revocation tick
+// of the leader, so claims of one duration expire in the order they were
+// taken but for leases that expire in the same tick, which the leader
+// revokes in no fixed order. A leader change extends every lease by up to an
+// election timeout, never shortens one.
 //
 // # Fencing
 //
-// Each claim has its own lease, and every change of a record after Claim is
-// a transaction that compares the key's mod revision with the one read when
-// the owner's token was checked, so a stale owner's write can never land on a
-// newer owner's record. The window that remains is between the keepalive that
-// proves the claim alive and the transaction that follows it: if the
-// transaction were delayed by more than the whole renewed TTL (at least two
-// seconds), and applied before the leader revoked the lease, it would land.
+// Every change of a record after Claim is a transaction that compares the
+// key's mod revision with the one of the owner's claim, so a stale owner's
+// write can never land on a newer owner's record, nor on a completed one.
+// The store remembers the revision of each claim it made until the claim is
+// completed or abandoned (or its lease has surely run out), so that the
+// owner's Complete is that one transaction; an owner whose claim another
+// Store made reads the record first.
 //
 // # Layout and size
 //
@@ -78,7 +86,47 @@ type Store struct {
 	client  *clientv3.Client
 	dir     string
 	timeout bound
+
+	mu sync.Mutex
+	// leases are the shared leases by TTL in seconds (see Expiry).
+	leases map[int64]*sharedLease
+	// claims are the claims this store made and has not seen end, by etcd
+	// key, so that their owner's Complete, Extend and Abandon need no read.
+	claims map[string]claim
+	// sweepAt is the size of claims at which the expired ones are dropped.
+	sweepAt int
 }
+
+// sharedLease is a lease of one TTL that records written within leaseReuse
+// of its grant's send time attach to.
+type sharedLease struct {
+	ready chan struct{} // closed once the grant has answered
+	id    clientv3.LeaseID
+	err   error
+	sent  time.Time
+}
+
+// A shared lease's TTL is leaseSlack longer than its records' durations,
+// and records attach to it for leaseReuse after its grant was sent: the
+// half second left over covers the time between the choice of the lease and
+// the transaction that attaches a record to it.
+const (
+	leaseSlack = time.Second
+	leaseReuse = leaseSlack / 2
+)
+
+// claim is what the store knows of an in-progress record it wrote.
+type claim struct {
+	owner string
+	rev   int64 // the record's mod revision
+	st    stored
+	// until is when the claim's lease has surely run out, by the local
+	// clock; the entry may be dropped then.
+	until time.Time
+}
+
+// minSweep is the smallest claims size at which expired entries are swept.
+const minSweep = 1024
 
 var _ idempotency.Store = (*Store)(nil)
 
@@ -132,7 +180,8 @@ func NewStore(client *clientv3.Client, opts ...StoreOption) (*Store, error) {
 			return nil, err
 		}
 	}
-	return &Store{client: client, dir: c.prefix + "/idem/", timeout: c.timeout}, nil
+	return &Store{client: client, dir: c.prefix + "/idem/", timeout: c.timeout,
+		leases: map[int64]*sharedLease{}, claims: map[string]claim{}, sweepAt: minSweep}, nil
 }
 
 // recordKey is unambiguous because the scope's length comes first, and
@@ -145,9 +194,9 @@ func (s *Store) recordKey(scope, key string) string {
 	return s.dir + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// Claim implements idempotency.Store. The lease is granted first, then one
-// transaction puts the record with it only if the key does not exist, or
-// else reads the record in the same revision.
+// Claim implements idempotency.Store: one transaction puts the record on
+// the shared lease of c.Lease only if the key does not exist, or else reads
+// the record in the same revision.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
 	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
@@ -156,130 +205,111 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		return nil, err
 	}
 	ttl := ttlSeconds(c.Lease)
-	g, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.LeaseGrantResponse, error) {
-		return s.client.Grant(rctx, ttl)
-	})
+	id, err := s.lease(ctx, ttl)
 	if err != nil {
 		return nil, err
 	}
 	k := s.recordKey(c.Scope, c.Key)
-	v := encodeRecord(stored{state: idempotency.StateInProgress, ttl: ttl, fingerprint: c.Fingerprint, owner: c.Owner})
+	st := stored{state: idempotency.StateInProgress, ttl: ttl, fingerprint: c.Fingerprint, owner: c.Owner}
+	v := encodeRecord(st)
+	sent := time.Now()
 	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
 		return s.client.Txn(rctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-			Then(clientv3.OpPut(k, v, clientv3.WithLease(g.ID))).
+			Then(clientv3.OpPut(k, v, clientv3.WithLease(id))).
 			Else(clientv3.OpGet(k)).
 			Commit()
 	})
 	if err != nil {
-		// The put may have landed; revoking takes the claim with it, which
-		// is what a caller told the claim failed expects.
-		s.revoke(ctx, g.ID)
+		// The put may have landed: take back this claim, and no other
+		// (the owner is unique to it), which is what a caller told the
+		// claim failed expects. If that fails too, the lease ends it.
+		s.withdraw(ctx, k, v)
 		return nil, err
 	}
 	if resp.Succeeded {
+		s.remember(k, claim{owner: c.Owner, rev: resp.Header.Revision, st: st,
+			until: sent.Add(time.Duration(ttl)*time.Second + leaseSlack)})
 		return nil, nil
 	}
-	s.revoke(ctx, g.ID)
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
 		// A transaction sees one revision: the key existed for the compare,
 		// so the read in the same transaction found it.
 		return nil, fmt.Errorf("%w: etcd: record %q vanished inside a transaction", idempotency.ErrUnavailable, c.Key)
 	}
-	st, err := decodeRecord(kvs[0].Value)
+	rec, err := decodeRecord(kvs[0].Value)
 	if err != nil {
 		return nil, err
 	}
-	return st.record(c.Scope, c.Key), nil
+	return rec.record(c.Scope, c.Key), nil
 }
 
-// Extend implements idempotency.Store. The keepalive is what refuses an
-// expired lease; when the record's lease was granted for another duration
-// than lease, the record then moves to a new lease of lease, since an etcd
-// lease's TTL cannot change.
-//
-// A keepalive is not part of a transaction, so it runs after the owner check
-// and can race with a change of the record: a different owner's claim always
-// has a lease of its own, which this keepalive cannot touch, so the race only
-// exists with the same owner's own Complete or Abandon, and then renews a
-// lease that no longer holds the record (or is revoked, making Extend fail).
+// Extend implements idempotency.Store: the record moves, in a transaction
+// fenced by the claim's mod revision, to the shared lease of lease, so that
+// it lives lease from now; a claim already deleted by its lease's expiry is
+// not revived.
 func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
-	kv, st, err := s.owned(ctx, k, key, owner, "extend")
+	ttl := ttlSeconds(lease)
+	sent := time.Now()
+	cur, err := s.rewrite(ctx, k, key, owner, "extend", func(id clientv3.LeaseID, cur claim) clientv3.Op {
+		cur.st.ttl = ttl
+		return clientv3.OpPut(k, encodeRecord(cur.st), clientv3.WithLease(id))
+	}, ttl)
 	if err != nil {
 		return err
 	}
-	if err := s.keepAlive(ctx, kv, key, "extend"); err != nil {
-		return err
-	}
-	ttl := ttlSeconds(lease)
-	if st.ttl == ttl {
-		return nil
-	}
-	st.ttl = ttl
-	return s.move(ctx, k, kv, key, st, "extend")
+	cur.st.ttl = ttl
+	s.remember(k, claim{owner: owner, rev: cur.rev, st: cur.st, until: sent.Add(time.Duration(ttl)*time.Second + leaseSlack)})
+	return nil
 }
 
-// Complete implements idempotency.Store. The keepalive proves the claim still
-// alive on the leader's clock; the record then moves, in a transaction
-// fenced by its mod revision, to a new lease of the retention, and the
-// claim's lease is revoked, so that its TTL no longer bounds the record.
+// Complete implements idempotency.Store: the record moves, in a transaction
+// fenced by the claim's mod revision, to the shared lease of the retention,
+// so that the claim's TTL no longer bounds it. For a claim this store made,
+// that transaction is the only request.
 func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
-	kv, st, err := s.owned(ctx, k, key, owner, "complete")
-	if err != nil {
-		return err
-	}
-	if err := s.keepAlive(ctx, kv, key, "complete"); err != nil {
-		return err
-	}
-	st.state, st.ttl, st.response = idempotency.StateCompleted, ttlSeconds(retention), response
-	return s.move(ctx, k, kv, key, st, "complete")
+	ttl := ttlSeconds(retention)
+	_, err := s.rewrite(ctx, k, key, owner, "complete", func(id clientv3.LeaseID, cur claim) clientv3.Op {
+		st := cur.st
+		st.state, st.ttl, st.response = idempotency.StateCompleted, ttl, response
+		return clientv3.OpPut(k, encodeRecord(st), clientv3.WithLease(id))
+	}, ttl)
+	s.forget(k)
+	return err
 }
 
-// Abandon implements idempotency.Store. An owner may abandon a claim whose
-// lease has run out but whose key is not yet deleted: no one else can hold
-// it, and deleting it early only frees the key sooner.
+// Abandon implements idempotency.Store: a delete fenced by the claim's mod
+// revision.
 func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
-	kv, _, err := s.owned(ctx, k, key, owner, "abandon")
-	if err != nil {
-		return err
-	}
-	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
-		return s.client.Txn(rctx).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(k)).
-			Commit()
-	})
-	if err != nil {
-		return err
-	}
-	if !resp.Succeeded {
-		return notOwner("abandon", key)
-	}
-	s.revoke(ctx, clientv3.LeaseID(kv.Lease))
-	return nil
+	_, err := s.rewrite(ctx, k, key, owner, "abandon", func(clientv3.LeaseID, claim) clientv3.Op {
+		return clientv3.OpDelete(k)
+	}, 0)
+	s.forget(k)
+	return err
 }
 
-// Get implements idempotency.Store.
 // Delete implements idempotency.Deleter.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
+	k := s.recordKey(scope, key)
+	s.forget(k)
 	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.DeleteResponse, error) {
-		return s.client.Delete(rctx, s.recordKey(scope, key))
+		return s.client.Delete(rctx, k)
 	})
 	if err != nil {
 		return err
@@ -290,6 +320,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
+// Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
@@ -313,84 +344,183 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	return st.record(scope, key), nil
 }
 
-// owned reads the record under k and returns it when owner holds it in
-// progress, or ErrNotOwner.
-func (s *Store) owned(ctx context.Context, k, key, owner, op string) (*mvccpb.KeyValue, stored, error) {
+// rewrite applies op, built for the claim's current version and, when ttl
+// is positive, the shared lease of ttl, in a transaction fenced by that
+// version's mod revision, when owner holds the record under k in progress.
+// The version is the one this store remembers of its own claim, or else
+// read first; a transaction that finds the record changed reads it in the
+// same revision, so a change by another Store of the same owner's claim
+// (its Extend) costs one more transaction, and anything else is
+// ErrNotOwner. It returns the version op wrote.
+func (s *Store) rewrite(ctx context.Context, k, key, owner, opName string, op func(clientv3.LeaseID, claim) clientv3.Op, ttl int64) (claim, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, stored{}, err
+		return claim{}, err
 	}
-	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
-		return s.client.Get(rctx, k)
-	})
-	if err != nil {
-		return nil, stored{}, err
+	var id clientv3.LeaseID
+	if ttl > 0 {
+		var err error
+		if id, err = s.lease(ctx, ttl); err != nil {
+			return claim{}, err
+		}
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, stored{}, notOwner(op, key)
+	cur, ok := s.remembered(k, owner)
+	if !ok {
+		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
+			return s.client.Get(rctx, k)
+		})
+		if err != nil {
+			return claim{}, err
+		}
+		if cur, err = inProgress(resp.Kvs, key, owner, opName); err != nil {
+			return claim{}, err
+		}
 	}
-	kv := resp.Kvs[0]
+	for range 3 {
+		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+			return s.client.Txn(rctx).
+				If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
+				Then(op(id, cur)).
+				Else(clientv3.OpGet(k)).
+				Commit()
+		})
+		if err != nil {
+			return claim{}, err
+		}
+		if resp.Succeeded {
+			cur.rev = resp.Header.Revision
+			return cur, nil
+		}
+		if cur, err = inProgress(resp.Responses[0].GetResponseRange().Kvs, key, owner, opName); err != nil {
+			return claim{}, err
+		}
+	}
+	return claim{}, fmt.Errorf("%w: etcd: the record of %q keeps changing", idempotency.ErrUnavailable, key)
+}
+
+// inProgress returns the version of kvs, a read of one record, when owner
+// holds it in progress, or ErrNotOwner.
+func inProgress(kvs []*mvccpb.KeyValue, key, owner, op string) (claim, error) {
+	if len(kvs) == 0 {
+		return claim{}, notOwner(op, key)
+	}
+	kv := kvs[0]
 	st, err := decodeRecord(kv.Value)
 	if err != nil {
-		return nil, stored{}, err
+		return claim{}, err
 	}
 	if st.state != idempotency.StateInProgress || st.owner != owner || kv.Lease == 0 {
-		return nil, stored{}, notOwner(op, key)
+		return claim{}, notOwner(op, key)
 	}
-	return kv, st, nil
+	return claim{owner: owner, rev: kv.ModRevision, st: st}, nil
 }
 
-// keepAlive renews the lease kv is attached to. The leader answers that the
-// lease is gone once its TTL has passed on its clock, even before the
-// revocation has deleted the key.
-func (s *Store) keepAlive(ctx context.Context, kv *mvccpb.KeyValue, key, op string) error {
-	rctx, cancel := s.timeout.ctx(ctx)
-	defer cancel()
-	_, err := s.client.KeepAliveOnce(rctx, clientv3.LeaseID(kv.Lease))
-	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: %s of %q: lease expired", idempotency.ErrNotOwner, op, key)
-	case err != nil:
-		return s.timeout.err(ctx, rctx, err)
+// lease returns the shared lease of ttl seconds (see Expiry), granting a
+// new one when the last is older than leaseReuse. The callers that need it
+// while it is granted wait for it, and use it only if it was sent after they
+// came or is still younger than leaseReuse once answered (a slow grant must
+// not shorten the records of callers that came after it was sent);
+// otherwise, or when it failed (its caller's ctx ended, say), they try
+// again, granting one themselves.
+func (s *Store) lease(ctx context.Context, ttl int64) (clientv3.LeaseID, error) {
+	came := time.Now()
+	for {
+		s.mu.Lock()
+		sl := s.leases[ttl]
+		if sl != nil {
+			select {
+			case <-sl.ready:
+				if sl.err != nil || time.Since(sl.sent) >= leaseReuse {
+					sl = nil
+				}
+			default:
+			}
+		}
+		if sl == nil {
+			// This caller's own grant: its records are counted from its
+			// send time, however long the answer takes.
+			sl = s.grant(ctx, ttl)
+			return sl.id, sl.err
+		}
+		s.mu.Unlock()
+		select {
+		case <-sl.ready:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if sl.err == nil && (!sl.sent.Before(came) || time.Since(sl.sent) < leaseReuse) {
+			return sl.id, nil
+		}
 	}
-	return nil
 }
 
-// move rewrites the record kv as st on a new lease of st.ttl, if kv is still
-// the record's current version, then revokes the old lease. The revocation
-// can come after the transaction because the put already detached the key
-// from the old lease; if it fails, the old lease expires holding nothing.
-func (s *Store) move(ctx context.Context, k string, kv *mvccpb.KeyValue, key string, st stored, op string) error {
+// grant grants a shared lease of ttl seconds and returns it, answered. s.mu
+// is held, and released once the grant is in flight.
+func (s *Store) grant(ctx context.Context, ttl int64) *sharedLease {
+	sl := &sharedLease{ready: make(chan struct{}), sent: time.Now()}
+	for t, old := range s.leases {
+		select {
+		case <-old.ready:
+			if time.Since(old.sent) >= leaseReuse {
+				delete(s.leases, t)
+			}
+		default:
+		}
+	}
+	s.leases[ttl] = sl
+	s.mu.Unlock()
 	g, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.LeaseGrantResponse, error) {
-		return s.client.Grant(rctx, st.ttl)
+		return s.client.Grant(rctx, min(ttl+int64(leaseSlack/time.Second), maxLeaseTTL))
 	})
-	if err != nil {
-		return err
+	if err == nil {
+		sl.id = g.ID
+	} else {
+		sl.err = err
 	}
-	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
-		return s.client.Txn(rctx).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
-			Then(clientv3.OpPut(k, encodeRecord(st), clientv3.WithLease(g.ID))).
-			Commit()
-	})
-	if err != nil {
-		// Unknown outcome: the new lease is left to expire rather than
-		// revoked, since it may now hold the record.
-		return err
-	}
-	if !resp.Succeeded {
-		s.revoke(ctx, g.ID)
-		return notOwner(op, key)
-	}
-	s.revoke(ctx, clientv3.LeaseID(kv.Lease))
-	return nil
+	close(sl.ready)
+	return sl
 }
 
-// revoke releases a lease best-effort, even when ctx is done. Failure is not
-// reported: the lease expires on its own.
-func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) {
+// remember records the store's own claim c of k.
+func (s *Store) remember(k string, c claim) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claims[k] = c
+	if len(s.claims) < s.sweepAt {
+		return
+	}
+	now := time.Now()
+	for k, c := range s.claims {
+		if now.After(c.until) {
+			delete(s.claims, k)
+		}
+	}
+	s.sweepAt = max(minSweep, 2*len(s.claims))
+}
+
+// remembered returns the store's own claim of k when owner made it.
+func (s *Store) remembered(k, owner string) (claim, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.claims[k]
+	return c, ok && c.owner == owner
+}
+
+// forget drops what the store remembers of a claim of k.
+func (s *Store) forget(k string) {
+	s.mu.Lock()
+	delete(s.claims, k)
+	s.mu.Unlock()
+}
+
+// withdraw deletes the record under k if it is still v, best effort, even
+// when ctx is done: a claim whose put may have landed.
+func (s *Store) withdraw(ctx context.Context, k, v string) {
 	rctx, cancel := s.timeout.detached(ctx)
 	defer cancel()
-	_, _ = s.client.Revoke(rctx, id)
+	_, _ = s.client.Txn(rctx).
+		If(clientv3.Compare(clientv3.Value(k), "=", v)).
+		Then(clientv3.OpDelete(k)).
+		Commit()
 }
 
 // call makes one request to etcd, bounded by b, and reports its failure as

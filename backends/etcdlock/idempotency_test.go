@@ -93,3 +93,87 @@ func TestIdempotencyMalformedRecord(t *testing.T) {
 		t.Errorf("Claim: (%v, %v), want ErrUnavailable", rec, err)
 	}
 }
+
+// TestStoreRoundTrips counts what the store sends etcd (unary requests and
+// stream messages alike): a first request is a claim and a completion, one
+// transaction each, once the shared leases of their durations are granted;
+// a replay is one transaction; the owner's Complete of a claim another
+// Store made, or after another Store's Extend, reads the record first or
+// retries once. None of it revokes or keeps alive a lease.
+func TestStoreRoundTrips(t *testing.T) {
+	eps := endpoints(t)
+	var rc requestCounter
+	s, err := NewStore(newClient(t, eps, rc.dialOptions()...), WithStorePrefix(testPrefix+"store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newStore(t, eps)
+	ctx := context.Background()
+	const lease, retention = 10 * time.Second, time.Minute
+	sent := func(what string, want int64, f func() error) {
+		t.Helper()
+		before := rc.sent.Load()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if n := rc.sent.Load() - before; n != want {
+			t.Errorf("%s: %d requests, want %d", what, n, want)
+		}
+	}
+	claim := func(key string) idempotency.Claim {
+		return idempotency.Claim{Key: key, Fingerprint: "fp", Owner: "owner-" + key, Lease: lease}
+	}
+	// The first claim and completion grant the shared leases.
+	warm := claim(name("warm"))
+	sent("claim with a grant", 2, func() error { _, err := s.Claim(ctx, warm); return err })
+	sent("complete with a grant", 2, func() error { return s.Complete(ctx, "", warm.Key, warm.Owner, []byte("r"), retention) })
+
+	c := claim(name("first"))
+	sent("claim", 1, func() error {
+		rec, err := s.Claim(ctx, c)
+		if rec != nil {
+			t.Errorf("claim of a new key found %+v", rec)
+		}
+		return err
+	})
+	sent("complete", 1, func() error { return s.Complete(ctx, "", c.Key, c.Owner, []byte("done"), retention) })
+	sent("replay", 1, func() error {
+		rec, err := s.Claim(ctx, idempotency.Claim{Key: c.Key, Fingerprint: "fp", Owner: "late", Lease: lease})
+		if rec == nil || rec.State != idempotency.StateCompleted || string(rec.Response) != "done" {
+			t.Errorf("replay found %+v", rec)
+		}
+		return err
+	})
+
+	// Another Store's claim: its owner's Complete here reads it first.
+	c = claim(name("elsewhere"))
+	if _, err := other.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	sent("complete of another store's claim", 2, func() error { return s.Complete(ctx, "", c.Key, c.Owner, []byte("x"), retention) })
+
+	// Extended by another Store meanwhile: the fenced transaction fails,
+	// reads the new version in the same request, and is tried again.
+	c = claim(name("extended"))
+	if _, err := s.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Extend(ctx, "", c.Key, c.Owner, lease); err != nil {
+		t.Fatal(err)
+	}
+	sent("complete after another store's extend", 2, func() error { return s.Complete(ctx, "", c.Key, c.Owner, []byte("y"), retention) })
+	rec, err := other.Get(ctx, "", c.Key)
+	if err != nil || rec.State != idempotency.StateCompleted || string(rec.Response) != "y" {
+		t.Fatalf("after Complete: %+v, %v", rec, err)
+	}
+
+	// A stale owner's Complete changes nothing.
+	if err := s.Complete(ctx, "", c.Key, c.Owner, []byte("again"), retention); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("second Complete: %v, want ErrNotOwner", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.claims) != 0 {
+		t.Errorf("%d claims remembered after every claim ended", len(s.claims))
+	}
+}

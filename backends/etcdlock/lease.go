@@ -80,9 +80,12 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 	return nil
 }
 
-// Release deletes the key if it is still this lease's (same create
-// revision), so a retried or stale release never deletes a newer holder's
-// key.
+// Release deletes the key. Its name is unique to this acquisition (the
+// session's etcd lease id and a sequence number of the Locker), and no one
+// puts it again, so a retried or stale release never deletes another
+// holder's key: a plain delete, which etcd serves faster than a
+// compare-and-delete transaction, is enough, and what it deleted tells
+// whether the key was still there.
 //
 // A delete that gets no answer (a leader election, a partition) is sent
 // again, each attempt bounded by a second at most, until ctx ends or the
@@ -113,15 +116,12 @@ func (le *lease) Release(ctx context.Context) error {
 	ctx, cancel := le.s.timeout.ctx(ctx)
 	defer cancel()
 	var (
-		resp    *clientv3.TxnResponse
+		resp    *clientv3.DeleteResponse
 		unknown bool
 	)
 	err := le.s.l.members.repeat(ctx, func(actx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Txn(actx).
-			If(clientv3.Compare(clientv3.CreateRevision(le.own), "=", le.rev)).
-			Then(clientv3.OpDelete(le.own)).
-			Commit()
+		resp, err = c.Delete(actx, le.own)
 		unknown = unknown || err != nil
 		return err
 	})
@@ -129,7 +129,7 @@ func (le *lease) Release(ctx context.Context) error {
 	case err != nil:
 		le.s.giveUp()
 		return le.s.timeout.err(caller, ctx, err)
-	case resp.Succeeded:
+	case resp.Deleted > 0:
 		return nil
 	case unknown && !le.s.lost():
 		return nil // an earlier attempt deleted it

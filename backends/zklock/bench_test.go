@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -107,4 +109,46 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 			b.ReportMetric(float64(sum()-before)/float64(b.N), "requests/handoff")
 		})
 	}
+}
+
+// BenchmarkCycle times one uncontended Acquire and Release, and, in the same
+// run, go-zookeeper's zk.Lock on a session of its own (its Lock and Unlock:
+// a create, a listing and a delete), so that the two can be compared as a
+// ratio. requests/op counts the Locker's requests.
+func BenchmarkCycle(b *testing.B) {
+	srv := servers(b)
+	ctx := context.Background()
+	b.Run("zklock", func(b *testing.B) {
+		l := dial(b, srv)
+		key := testKey(b)
+		b.ReportAllocs()
+		before := l.requests.Load()
+		for b.Loop() {
+			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(l.requests.Load()-before)/float64(b.N), "requests/op")
+	})
+	b.Run("zk.Lock", func(b *testing.B) {
+		conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		lock := zk.NewLock(conn, testRoot+"/"+escape(testKey(b)), zk.WorldACL(zk.PermAll))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := lock.Lock(); err != nil {
+				b.Fatal(err)
+			}
+			if err := lock.Unlock(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

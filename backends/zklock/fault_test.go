@@ -299,9 +299,9 @@ func TestKeysBecomeValidNodeNames(t *testing.T) {
 }
 
 // TestNoPerLockRequests holds 10,000 locks through guard for two session
-// timeouts: the session's heartbeats, one every sixth of the timeout
-// whatever the number of locks, are all that is sent, and no goroutine is
-// added per lock.
+// timeouts: once the data watches set after the grants are in place, the
+// session's heartbeats, one every sixth of the timeout whatever the number
+// of locks, are all that is sent, and no goroutine is added per lock.
 func TestNoPerLockRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 10,000 locks")
@@ -322,6 +322,7 @@ func TestNoPerLockRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	eventually(t, "the held locks' watches are set", func() bool { return l.watching.Load() == 0 })
 	requests, beats := l.requests.Load(), l.heartbeats.Load()
 	window := 2 * testSession
 	time.Sleep(window) // a window to count in, not a condition to wait for

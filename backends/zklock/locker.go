@@ -40,9 +40,22 @@
 // the connection comes back: its owner must stop and Release it.
 //
 // A lease's node can also be deleted while its session lives, by an
-// operator (ForceRelease). The request that grants a lease sets a data watch
-// on its node, so the Locker hears of the deletion and the lease, a
-// driver.RevocableLease, tells guard, which cancels the section.
+// operator (ForceRelease). The Locker watches each held lease's node, so it
+// hears of the deletion and the lease, a driver.RevocableLease, tells guard,
+// which cancels the section. The watch costs the grant no round trip: a
+// contender alone in the queue sets it a few milliseconds after its grant
+// (watchDelay), without waiting; one granted by a listing is covered by the
+// child watch that listing set on the queue, until the queue changes (see
+// contend).
+//
+// # Requests per acquisition
+//
+// An uncontended acquisition waits for one request, the create, which also
+// tells the node's czxid and whether it is alone in its queue (see create);
+// the data watch on its node follows, a request the acquisition does not
+// wait for, sent watchDelay after the grant, so that a lease released
+// sooner never sends it; its release is one delete. A queued contender lists the queue after its
+// create and after each wake, and watches the node it queues behind.
 //
 // # Releases that get no answer
 //
@@ -79,6 +92,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,10 +237,18 @@ type Locker struct {
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
 	heartbeats atomic.Int64
+	watching   atomic.Int64 // data watches on leases' nodes being set (see watchLater)
+	// plainCreate: the ACL refused the create's write of the parent's
+	// data, so contender nodes are created alone (see create).
+	plainCreate atomic.Bool
 
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy
 	leases map[string]*lease // live leases by node, for their revocation
+	// queued are the tracked lock leases whose revocation is still heard
+	// through the child watch of the listing that granted them, by parent
+	// node (see contend).
+	queued map[string][]*lease
 	closed bool
 	bg     sync.WaitGroup // background cleanups and the monitor
 
@@ -271,7 +293,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
-		leases: map[string]*lease{}, quit: make(chan struct{})}
+		leases: map[string]*lease{}, queued: map[string][]*lease{}, quit: make(chan struct{})}
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithHostProvider(l.hosts),
@@ -382,7 +404,7 @@ func (c *sniffConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadl
 
 func (c *sniffConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	if isTimeout(err) {
+	if err != nil && isTimeout(err) {
 		c.timedOut()
 	}
 	return n, err
@@ -390,7 +412,7 @@ func (c *sniffConn) Write(p []byte) (int, error) {
 
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if isTimeout(err) {
+	if err != nil && isTimeout(err) {
 		c.timedOut()
 	}
 	if len(c.head) < 12 && n > 0 {
@@ -417,7 +439,7 @@ func (l *Locker) sessionTimeout() time.Duration {
 
 // onEvent runs on the client library's goroutine and must not block. It
 // sees every watch event of the session, so the watches on held leases'
-// nodes need no goroutine of their own (the client library closes each
+// nodes and queues need no goroutine of their own (the client library closes each
 // watch's channel after its one event, so unread channels cost nothing).
 func (l *Locker) onEvent(ev zk.Event) {
 	switch ev.Type {
@@ -434,6 +456,20 @@ func (l *Locker) onEvent(ev zk.Event) {
 		}
 	case zk.EventNodeDeleted:
 		l.revoke(ev.Path)
+	case zk.EventNodeChildrenChanged:
+		// The queue of held leases changed: a contender came or went, and
+		// it may be one of them. Each now needs a data watch on its own
+		// node, which a later contender's coming does not fire.
+		l.mu.Lock()
+		les := l.queued[ev.Path]
+		delete(l.queued, ev.Path)
+		for _, le := range les {
+			le.watched = true
+		}
+		l.mu.Unlock()
+		for _, le := range les {
+			l.watchLater(le)
+		}
 	case zk.EventNodeDataChanged:
 		// A change of the node's data (an operator's, or a same-session
 		// waiter's watch seeing a permit's mark) used the watch up.
@@ -441,7 +477,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 		le := l.leases[ev.Path]
 		l.mu.Unlock()
 		if le != nil {
-			l.background(func() { l.watch(le) })
+			l.watchLater(le)
 		}
 	}
 }
@@ -463,6 +499,38 @@ func (l *Locker) revoke(node string) {
 	if f != nil {
 		f()
 	}
+}
+
+// watchDelay is how long a lease granted without a watch on its node
+// waits before it sets one (see watchAfter): most sections are shorter, and
+// their release then costs the ensemble no read; a deletion meanwhile is
+// found by the watch's read, only later.
+const watchDelay = 5 * time.Millisecond
+
+// watchLater sets a data watch on le's node in the background.
+func (l *Locker) watchLater(le *lease) {
+	l.watching.Add(1)
+	if !l.background(func() {
+		defer l.watching.Add(-1)
+		l.watch(le)
+	}) {
+		l.watching.Add(-1)
+	}
+}
+
+// watchAfter sets a data watch on le's node, a lease just granted, after
+// watchDelay, unless it is no longer tracked by then (see untrackLocked).
+func (l *Locker) watchAfter(le *lease) {
+	l.watching.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le.later = time.AfterFunc(watchDelay, func() {
+		l.mu.Lock()
+		le.later = nil
+		l.mu.Unlock()
+		l.watchLater(le)
+		l.watching.Add(-1)
+	})
 }
 
 // watch sets a data watch on a lease's node, for a lease whose grant could
@@ -487,10 +555,16 @@ func (l *Locker) watch(le *lease) {
 }
 
 // track makes le's node known to the event callback; grant calls it before
-// the request that sets the watch, so that no event can come first.
-func (l *Locker) track(le *lease) {
+// the request that sets the watch, so that no event can come first. watched
+// says that request sets a data watch on le's node; otherwise it is a
+// listing that sets a child watch on its parent.
+func (l *Locker) track(le *lease, watched bool) {
 	l.mu.Lock()
 	l.leases[le.node] = le
+	le.watched = watched
+	if !watched {
+		l.queued[le.parent] = append(l.queued[le.parent], le)
+	}
 	l.mu.Unlock()
 }
 
@@ -505,6 +579,24 @@ func (l *Locker) untrackLocked(le *lease) {
 	if l.leases[le.node] == le {
 		delete(l.leases, le.node)
 	}
+	if !le.watched {
+		q := l.queued[le.parent]
+		if i := slices.Index(q, le); i >= 0 {
+			q[i] = q[len(q)-1]
+			q[len(q)-1] = nil
+			q = q[:len(q)-1]
+		}
+		if len(q) == 0 {
+			delete(l.queued, le.parent)
+		} else {
+			l.queued[le.parent] = q
+		}
+		le.watched = true
+	}
+	if le.later != nil && le.later.Stop() {
+		l.watching.Add(-1)
+	}
+	le.later = nil
 	le.revoke = nil
 }
 

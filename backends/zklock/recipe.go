@@ -80,10 +80,10 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		if closed {
 			return nil, errClosed
 		}
-		node, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
+		c, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
 		var lease driver.Lease
 		if err == nil {
-			lease, err = l.contend(ctx, parent, node, k, permits, opts.Wait)
+			lease, err = l.contend(ctx, parent, c, k, permits, opts.Wait)
 		}
 		switch {
 		case errors.Is(err, errRequeue):
@@ -112,6 +112,7 @@ func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape
 // names "." and ".." are reserved).
 func escape(key string) string {
 	var b strings.Builder
+	b.Grow(len(key) + 8)
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		safe := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
@@ -119,7 +120,10 @@ func escape(key string) string {
 		if safe {
 			b.WriteByte(c)
 		} else {
-			fmt.Fprintf(&b, "%%%02X", c)
+			const hexDigits = "0123456789ABCDEF"
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
 		}
 	}
 	return b.String()
@@ -127,24 +131,24 @@ func escape(key string) string {
 
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
-func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (string, error) {
+func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (created, error) {
 	timeout := time.NewTimer(l.requestTimeout)
 	defer timeout.Stop()
 	if err := l.linked(ctx, "create", timeout.C); err != nil {
-		return "", err
+		return created{}, err
 	}
 	var g [16]byte
 	rand.Read(g[:])
 	guid := hex.EncodeToString(g[:])
 	type result struct {
-		node  string
+		c     created
 		maybe bool
 		err   error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		node, maybe, err := l.create(parent, guid, k, data)
-		ch <- result{node, maybe, err}
+		c, maybe, err := l.create(parent, guid, k, data)
+		ch <- result{c, maybe, err}
 	}()
 	var cut error
 	select {
@@ -152,7 +156,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 		if r.err != nil && r.maybe {
 			l.background(func() { l.retry(func() bool { return l.sweep(parent, guid) }) })
 		}
-		return r.node, r.err
+		return r.c, r.err
 	case <-timeout.C:
 		cut = unavailable("create", fmt.Errorf("no answer within %v", l.requestTimeout))
 	case <-ctx.Done():
@@ -162,49 +166,98 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 		l.background(func() {
 			switch r := <-ch; {
 			case r.err == nil:
-				l.retry(func() bool { return l.remove(r.node) })
+				l.retry(func() bool { return l.remove(r.c.node) })
 			case r.maybe:
 				l.retry(func() bool { return l.sweep(parent, guid) })
 			}
 		})
-		return "", cut
+		return created{}, cut
 	}
+}
+
+// created is what the create of a contender node tells: its path, and,
+// unless the answer was lost or the session changed meanwhile, its czxid
+// (the fencing token), the session that owns it, the send time of the
+// create, and whether the node was its parent's only child then. Without
+// them the grant reads the node's stat.
+type created struct {
+	node  string
+	czxid int64
+	sid   int64
+	sent  time.Time
+	only  bool
 }
 
 // create is the protected create: after a connection loss, whether the node
 // was made is unknown, so it looks for its GUID among parent's children
 // before trying again. maybe reports that a node may exist even though an
 // error is returned.
-func (l *Locker) create(parent, guid string, k kind, data []byte) (node string, maybe bool, err error) {
+//
+// The create is one multi-operation with an empty write of parent's data:
+// ZooKeeper gives a multi one zxid, so the parent's mzxid in the write's
+// answer is the new node's czxid, and the grant needs no read of the node;
+// and the parent's number of children in that answer, counted right after
+// the create, says whether the new node is alone in the queue, and so holds
+// the lock without a listing.
+func (l *Locker) create(parent, guid string, k kind, data []byte) (c created, maybe bool, err error) {
 	prefix := parent + "/" + guidPrefix + guid + "-" + string(k) + "-"
 	for range 5 {
 		l.requests.Add(1)
 		sid, sent := l.conn.SessionID(), time.Now()
-		node, err = l.conn.Create(prefix, data, zk.FlagEphemeralSequential, l.acl)
+		if l.plainCreate.Load() {
+			c.node, err = l.conn.Create(prefix, data, zk.FlagEphemeralSequential, l.acl)
+		} else {
+			c, err = l.createMulti(parent, prefix, data, sid, sent)
+		}
 		switch {
 		case err == nil:
 			l.ack(sent, sid)
-			return node, maybe, nil
+			return c, maybe, nil
+		case errors.Is(err, zk.ErrNoAuth) && !l.plainCreate.Load():
+			// The ACL lets the Locker create nodes under parent but not
+			// write parent's data: a multi fails as a whole, so nothing was
+			// made; create alone from now on, and read the stat at grant.
+			l.plainCreate.Store(true)
 		case errors.Is(err, zk.ErrNoNode):
 			if err := l.makeParent(parent); err != nil {
-				return "", maybe, err
+				return created{}, maybe, err
 			}
 		case errors.Is(err, zk.ErrConnectionClosed):
 			maybe = true
 			name, err := l.find(parent, guid)
 			if err != nil {
-				return "", maybe, err
+				return created{}, maybe, err
 			}
 			if name != "" {
-				return parent + "/" + name, maybe, nil
+				return created{node: parent + "/" + name}, maybe, nil
 			}
 		case errors.Is(err, zk.ErrSessionExpired):
 			// Whatever was made went with the session: just try again.
 		default:
-			return "", maybe, unavailable("create", err)
+			return created{}, maybe, unavailable("create", err)
 		}
 	}
-	return "", maybe, unavailable("create", err)
+	return created{}, maybe, unavailable("create", err)
+}
+
+// createMulti creates the contender node prefix under parent in a
+// multi-operation with an empty write of parent's data (see create), sent
+// at sent in session sid.
+func (l *Locker) createMulti(parent, prefix string, data []byte, sid int64, sent time.Time) (created, error) {
+	res, err := l.conn.Multi(
+		&zk.CreateRequest{Path: prefix, Data: data, Acl: l.acl, Flags: zk.FlagEphemeralSequential},
+		&zk.SetDataRequest{Path: parent, Version: -1})
+	if err != nil {
+		return created{}, err
+	}
+	if len(res) != 2 {
+		return created{}, fmt.Errorf("multi answered %d results for 2 operations", len(res))
+	}
+	c := created{node: res[0].String}
+	if st := res[1].Stat; st != nil && sid != 0 && l.conn.SessionID() == sid {
+		c.czxid, c.sid, c.sent, c.only = st.Mzxid, sid, sent, st.NumChildren == 1
+	}
+	return c, nil
 }
 
 // makeParent creates parent as a container node (the server deletes it once
@@ -344,13 +397,12 @@ func decide(q []contender, pos, permits int) (holds bool, target string, all boo
 	}
 }
 
-// listing is a read of a lock's queue, and, for a lock, of the contender's
-// own node, asked at the same time (see contend).
+// listing is a read of a lock's queue, and the session it was read in (0
+// when the session changed while it was in flight).
 type listing struct {
-	names  []string
-	ch     <-chan zk.Event
-	own    *zk.Stat
-	ownErr error
+	names []string
+	ch    <-chan zk.Event
+	sid   int64
 }
 
 type existence struct {
@@ -359,53 +411,56 @@ type existence struct {
 	ch   <-chan zk.Event
 }
 
-// contend waits, if wait, until node is a holder of parent's lock, and turns
-// it into a lease; a contender that gives up deletes its node.
+// contend waits, if wait, until c's node is a holder of parent's lock, and
+// turns it into a lease; a contender that gives up deletes its node.
 //
-// A lock's grant needs its own node's stat (the token, the owning session)
-// and a data watch on it (the revocation): every listing of the queue asks
-// for them at the same time, on the same connection, so that the grant
-// costs no round trip of its own and a waiter woken at its turn is granted
-// one round trip after the wake rather than two. The lease is tracked
-// before that read, so that its revocation cannot come first, and only
+// A lock's grant costs no request of its own: the token is the node's
+// czxid, which the create reported (see create); the owning session is the
+// one that made the node, when the listing that finds it a holder was read
+// in that same session (a node listed in its own session is that session's).
+// A node its create found alone in the queue holds at once, without a
+// listing; its revocation watch, a data watch on its node, is set
+// watchDelay after the grant if the lease is still held then (a shorter
+// section sends nothing more), and a deletion that comes first is found by
+// that read. Otherwise the revocation is heard through the child watch every
+// listing of a lock sets on the queue: when the queue changes while the
+// lease is held, the Locker sets a data watch on the lease's node, which
+// fires when someone else deletes it (see onEvent). The lease is tracked
+// before the listing, so that the watch's event cannot come first, and only
 // while the listing is in flight or the lease is granted. A permit's grant
-// writes its node instead (see grant).
-func (l *Locker) contend(ctx context.Context, parent, node string, k kind, permits int, wait bool) (driver.Lease, error) {
+// writes its node instead (see grantPermit).
+func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, permits int, wait bool) (driver.Lease, error) {
+	node := c.node
 	name := node[len(parent)+1:]
 	var le *lease
 	if k != kindPermit {
-		le = &lease{l: l, node: node}
+		le = &lease{l: l, node: node, parent: parent}
+		if c.only && c.czxid != 0 && c.sid != 0 {
+			l.track(le, true)
+			lease, err := l.granted(le, c.czxid, c.sid, c.sent)
+			if err == nil {
+				l.watchAfter(le)
+			}
+			return lease, err
+		}
 	}
 	watchAll := false
 	for {
 		if le != nil {
-			l.track(le)
+			l.track(le, false)
 		}
 		sent := time.Now()
 		r, err := call(ctx, l, "list", func() (listing, error) {
-			var (
-				own    *zk.Stat
-				ownErr error
-				read   chan struct{}
-			)
-			if le != nil {
-				read = make(chan struct{})
-				l.requests.Add(1) // call counts the listing
-				go func() {
-					defer close(read)
-					_, own, _, ownErr = l.conn.GetW(node)
-				}()
-			}
 			var lst listing
 			var err error
-			if watchAll {
+			sid := l.conn.SessionID()
+			if le != nil || watchAll {
 				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
 			} else {
 				lst.names, _, err = l.conn.Children(parent)
 			}
-			if read != nil {
-				<-read
-				lst.own, lst.ownErr = own, ownErr
+			if l.conn.SessionID() == sid {
+				lst.sid = sid
 			}
 			return lst, err
 		})
@@ -428,10 +483,10 @@ func (l *Locker) contend(ctx context.Context, parent, node string, k kind, permi
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
 			return nil, l.leave(node, err)
 		case holds && le != nil:
-			if r.ownErr != nil && !errors.Is(r.ownErr, zk.ErrNoNode) {
-				r.ownErr = unavailable("stat", r.ownErr)
+			if c.czxid != 0 && c.sid != 0 && r.sid == c.sid {
+				return l.granted(le, c.czxid, c.sid, sent)
 			}
-			return l.granted(le, r.own, r.ownErr, sent)
+			return l.grantRead(ctx, le)
 		case holds:
 			return l.grantPermit(ctx, node)
 		case !wait:
@@ -463,19 +518,34 @@ func (l *Locker) contend(ctx context.Context, parent, node string, k kind, permi
 	}
 }
 
-// granted makes the tracked lease le, found a holder by a request sent at
-// sent, from that request's stat of its node, or gives it up on err.
-func (l *Locker) granted(le *lease, stat *zk.Stat, err error, sent time.Time) (driver.Lease, error) {
+// grantRead grants the tracked lease le from a read of its node's stat, for
+// a contender whose create did not tell its czxid and session (its answer
+// was lost, or the session changed since).
+func (l *Locker) grantRead(ctx context.Context, le *lease) (driver.Lease, error) {
+	sent := time.Now()
+	e, err := call(ctx, l, "stat", func() (existence, error) {
+		ok, stat, err := l.conn.Exists(le.node)
+		return existence{ok: ok, stat: stat}, err
+	})
 	switch {
-	case errors.Is(err, zk.ErrNoNode):
-		l.untrack(le)
-		return nil, errRequeue
-	case err != nil:
+	case err == nil && !e.ok:
+		err = zk.ErrNoNode
+	case err != nil && !errors.Is(err, zk.ErrNoNode):
 		l.untrack(le)
 		return nil, l.leave(le.node, err)
 	}
-	le.token = uint64(stat.Czxid)
-	if err := l.grantEpoch(le, stat.EphemeralOwner, sent); err != nil {
+	if err != nil {
+		l.untrack(le)
+		return nil, errRequeue
+	}
+	return l.granted(le, e.stat.Czxid, e.stat.EphemeralOwner, sent)
+}
+
+// granted makes the tracked lease le, found a holder by a request sent at
+// sent, with token czxid on a node owned by session owner.
+func (l *Locker) granted(le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
+	le.token = uint64(czxid)
+	if err := l.grantEpoch(le, owner, sent); err != nil {
 		l.untrack(le)
 		return nil, l.leave(le.node, err)
 	}
@@ -489,12 +559,20 @@ func (l *Locker) granted(le *lease, stat *zk.Stat, err error, sent time.Time) (d
 // waiting.
 func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, error) {
 	le := &lease{l: l, node: node}
-	l.track(le)
+	l.track(le, true)
 	sent := time.Now()
 	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) { return l.conn.Set(node, nil, -1) })
-	lease, err := l.granted(le, stat, err, sent)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		l.untrack(le)
+		return nil, errRequeue
+	case err != nil:
+		l.untrack(le)
+		return nil, l.leave(le.node, err)
+	}
+	lease, err := l.granted(le, stat.Czxid, stat.EphemeralOwner, sent)
 	if err == nil {
-		l.background(func() { l.watch(le) })
+		l.watchLater(le)
 	}
 	return lease, err
 }

@@ -1,0 +1,184 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// TestGrantWithoutRead: a lock's grant reads nothing of its node. Alone in
+// the queue, the contender holds after its create, and its watch follows;
+// queued, after its create and one listing per wake. Either way its token is its node's
+// czxid, on the Locker's session, and tokens grow from holder to holder.
+func TestGrantWithoutRead(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, other := dial(t, srv), dial(t, srv)
+	k := testKey(t)
+	opts := driver.AcquireOptions{TTL: testSession}
+	check := func(held driver.Lease, by *Locker) {
+		t.Helper()
+		_, stat, err := by.conn.Get(held.(*lease).node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.Token() != uint64(stat.Czxid) || stat.EphemeralOwner != by.conn.SessionID() || held.(*lease).ep.session != stat.EphemeralOwner {
+			t.Fatalf("token %d, session %d; want the node's czxid %d and owner %d", held.Token(), held.(*lease).ep.session, stat.Czxid, stat.EphemeralOwner)
+		}
+	}
+	// The first acquisition may create the parent and the root.
+	first, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := l.requests.Load()
+	alone, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the lease's watch is set", func() bool { return l.watching.Load() == 0 })
+	if n := l.requests.Load() - before; n != 2 {
+		t.Errorf("uncontended Acquire sent %d requests, want 2 (the create, then the watch after the grant)", n)
+	}
+	check(alone, l)
+	if alone.Token() <= first.Token() {
+		t.Errorf("token %d after %d", alone.Token(), first.Token())
+	}
+
+	got := make(chan driver.Lease, 1)
+	go func() {
+		lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	eventually(t, "the second contender queues", func() bool { return waiters(t, l, k) == 1 })
+	if err := alone.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	queued := <-got
+	if queued == nil {
+		t.FailNow()
+	}
+	check(queued, other)
+	if queued.Token() <= alone.Token() {
+		t.Errorf("token %d after %d", queued.Token(), alone.Token())
+	}
+	if err := queued.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRevocationOfQueuedGrant: a lock granted by a listing hears of its
+// node's deletion through the queue's child watch, whether the deletion is
+// the first change of the queue or comes after another contender queued
+// (which makes the Locker watch the node itself).
+func TestRevocationOfQueuedGrant(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, holder, admin := dial(t, srv), dial(t, srv), dial(t, srv)
+	for _, joinFirst := range []bool{false, true} {
+		k := testKey(t)
+		blocker, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan driver.Lease, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lease
+		}()
+		eventually(t, "the contender queues", func() bool { return waiters(t, admin, k) == 1 })
+		if err := blocker.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		held := <-got
+		if held == nil {
+			t.FailNow()
+		}
+		called := make(chan struct{})
+		held.(driver.RevocableLease).OnRevoke(func() { close(called) })
+		if joinFirst {
+			waiter, cancelWaiter := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, err := holder.Acquire(waiter, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("waiter: %v, want context.Canceled", err)
+				}
+			}()
+			eventually(t, "another contender queues", func() bool { return waiters(t, admin, k) == 1 })
+			eventually(t, "the holder watches its node", func() bool {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return len(l.queued) == 0
+			})
+			cancelWaiter()
+			<-done
+		}
+		if err := admin.conn.Delete(held.(*lease).node, -1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-called:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("joinFirst %v: OnRevoke's function not called within 10s of the deletion", joinFirst)
+		}
+		if err := held.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("Release of a revoked lease: %v, want ErrNotHeld", err)
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.leases) != 0 || len(l.queued) != 0 {
+		t.Fatalf("leases still tracked after their revocation: %v, %v", l.leases, l.queued)
+	}
+}
+
+// TestGrantWithoutWritePermission: with an ACL that lets the Locker create
+// and delete nodes but not write their data, the create's write of the
+// parent's data is refused; the Locker then creates contender nodes alone
+// and reads the token at the grant.
+func TestGrantWithoutWritePermission(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := dial(t, srv, WithACL(zk.WorldACL(zk.PermRead|zk.PermCreate|zk.PermDelete)...))
+	k := testKey(t)
+	var last uint64
+	for i := range 3 {
+		held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		_, stat, err := l.conn.Get(held.(*lease).node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.Token() != uint64(stat.Czxid) || held.Token() <= last {
+			t.Fatalf("acquisition %d: token %d, want the node's czxid %d, above %d", i, held.Token(), stat.Czxid, last)
+		}
+		last = held.Token()
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !l.plainCreate.Load() {
+		t.Error("the Locker still creates with a write of the parent it may not write")
+	}
+}
