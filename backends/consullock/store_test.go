@@ -329,3 +329,43 @@ func TestStoreClose(t *testing.T) {
 		t.Errorf("Claim on a closed store: %v, want ErrUnavailable", err)
 	}
 }
+
+// TestStoreClaimUnanswered: a claim whose request is applied but whose
+// answer is lost fails for its caller, and the Store deletes it as soon as
+// Consul answers again, so that the key does not stay blocked by a claim
+// no one knows it holds.
+func TestStoreClaimUnanswered(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	s := storeOn(t, newClient(t, p.Addr()), WithStoreRequestTimeout(500*time.Millisecond))
+	other := storeOn(t, newClient(t, a))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The session first, so that only the claim's answer is lost.
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: fmt.Sprint("warm-", time.Now().UnixNano()), Owner: "w", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	k := fmt.Sprint("unanswered-", time.Now().UnixNano())
+	p.LoseReplies()
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "lost", Lease: time.Hour}); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Fatalf("Claim with its answer lost: (%v, %v), want ErrUnavailable", rec, err)
+	}
+	rec, err := other.Get(ctx, "", k)
+	if err != nil || rec.Owner != "lost" {
+		t.Fatalf("Get after the lost answer: (%+v, %v), want the claim applied", rec, err)
+	}
+	p.Reset()
+	for {
+		rec, err := other.Claim(ctx, idempotency.Claim{Key: k, Owner: "next", Lease: time.Hour})
+		if err != nil {
+			t.Fatalf("Claim by another store: %v", err)
+		}
+		if rec == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Complete(ctx, "", k, "lost", []byte("x"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete of the unanswered claim: %v, want ErrNotOwner", err)
+	}
+}
