@@ -143,7 +143,12 @@ func WithStorePrefix(prefix string) StoreOption {
 		if p == "" {
 			return fmt.Errorf("%w: empty consul store prefix", driver.ErrInvalidOption)
 		}
-		c.prefix = p + "/"
+		p += "/"
+		if strings.HasPrefix(RevokedPrefix, p) || strings.HasPrefix(p, RevokedPrefix) {
+			// Purge would take the sessions' markers for records.
+			return fmt.Errorf("%w: consul store prefix %q overlaps the sessions' %q", driver.ErrInvalidOption, prefix, RevokedPrefix)
+		}
+		c.prefix = p
 		return nil
 	}
 }
@@ -495,10 +500,14 @@ func (s *Store) Purge(ctx context.Context) (int, error) {
 	for _, k := range keys {
 		rest := k[len(s.dir):]
 		if i := strings.IndexByte(rest, '/'); i >= 0 {
-			// A chunk: kept while its record is, since a Complete in
-			// flight writes its chunks before the record names them.
-			if record := s.dir + rest[:i]; !records[record] {
+			// A chunk, <record>/<index>/<number>, is kept while its
+			// record is, since a Complete in flight writes its chunks
+			// before the record names them. Other keys are not the
+			// Store's.
+			record := s.dir + rest[:i]
+			if !records[record] && isChunk(rest[i+1:]) {
 				s.dropChunks(ctx, record+"/")
+				records[record] = true // once
 			}
 			continue
 		}
@@ -528,6 +537,15 @@ func (s *Store) Ping(ctx context.Context) error {
 		return err
 	}
 	return s.sessions.Ping(ctx)
+}
+
+// isChunk reports whether rest, what follows a record key and '/', names a
+// chunk: <decimal index>/<decimal number>.
+func isChunk(rest string) bool {
+	index, number, ok := strings.Cut(rest, "/")
+	_, err1 := strconv.ParseUint(index, 10, 64)
+	_, err2 := strconv.ParseUint(number, 10, 64)
+	return ok && err1 == nil && err2 == nil
 }
 
 // errStoreClosed is what a call on a closed Store returns.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -58,6 +59,8 @@ func TestStoreOptions(t *testing.T) {
 		want string
 	}{
 		{WithStorePrefix("/"), "prefix"},
+		{WithStorePrefix("warden"), "overlaps"},
+		{WithStorePrefix(RevokedPrefix + "x"), "overlaps"},
 		{WithStoreRequestTimeout(0), "request timeout"},
 		{WithStoreRequestTimeout(-time.Second), "request timeout"},
 		{WithStoreSessionTTL(MinTTL - time.Millisecond), "session TTL"},
@@ -273,8 +276,11 @@ func TestStorePurge(t *testing.T) {
 	}
 	claim("claimed")
 	orphan := s.dir + "orphan/1/0000"
-	if _, err := c.KV().Put(&api.KVPair{Key: orphan, Value: []byte("x")}, nil); err != nil {
-		t.Fatal(err)
+	foreign := s.dir + "other/tool/key" // not the Store's: kept
+	for _, k := range []string{orphan, foreign} {
+		if _, err := c.KV().Put(&api.KVPair{Key: k, Value: []byte("x")}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for {
 		_, err := s.Get(ctx, "", "expired")
@@ -294,9 +300,11 @@ func TestStorePurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{s.recordKey("", "claimed"), s.recordKey("", "kept")}
-	if len(keys) != 2 || !(keys[0] == want[0] && keys[1] == want[1] || keys[0] == want[1] && keys[1] == want[0]) {
-		t.Errorf("keys after Purge: %q, want the claimed and the kept records", keys)
+	want := []string{s.recordKey("", "claimed"), s.recordKey("", "kept"), foreign}
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("keys after Purge: %q, want the claimed and the kept records and the foreign key", keys)
 	}
 	var nilCtx context.Context
 	if _, err := s.Purge(nilCtx); !errors.Is(err, idempotency.ErrInvalid) {
