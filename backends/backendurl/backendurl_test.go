@@ -3,12 +3,15 @@ package backendurl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 func TestParse(t *testing.T) {
@@ -86,8 +89,8 @@ func TestOpen(t *testing.T) {
 	}
 }
 
-// TestOpenConsul: consul:// opens a Locker on the agent, which answers, and
-// has no idempotency store yet.
+// TestOpenConsul: consul:// opens a Locker and an idempotency store on the
+// agent, which answer, and share one client.
 func TestOpenConsul(t *testing.T) {
 	ctx := context.Background()
 	o := NewOpener()
@@ -103,8 +106,28 @@ func TestOpenConsul(t *testing.T) {
 	if lim := driver.LimitsOf(l); lim.MinTTL != 10*time.Second {
 		t.Fatalf("consul Locker limits %+v, want Consul's 10 s minimum session TTL", lim)
 	}
-	if _, err := o.Store(ctx, u); !errors.Is(err, ErrNoStore) {
-		t.Fatalf("Store on consul: %v, want ErrNoStore", err)
+	s, err := o.Store(ctx, u)
+	if err != nil {
+		t.Fatalf("Store on consul: %v", err)
+	}
+	if _, ok := s.(*consullock.Store); !ok {
+		t.Fatalf("Store on consul is a %T", s)
+	}
+	if len(o.consul) != 1 {
+		t.Errorf("%d consul clients for one agent", len(o.consul))
+	}
+	k := fmt.Sprint("backendurl-", time.Now().UnixNano())
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim on the consul store: (%v, %v)", rec, err)
+	}
+	if err := s.Complete(ctx, "", k, "o", []byte("done"), time.Minute); err != nil {
+		t.Fatalf("Complete on the consul store: %v", err)
+	}
+	if err := s.(idempotency.Deleter).Delete(ctx, "", k); err != nil {
+		t.Fatalf("Delete on the consul store: %v", err)
+	}
+	if len(o.Pings()) != 2 {
+		t.Errorf("%d pings, want the Locker's and the Store's", len(o.Pings()))
 	}
 	for _, ping := range o.Pings() {
 		if err := ping.Check(ctx); err != nil {

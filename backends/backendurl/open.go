@@ -40,6 +40,7 @@ type Opener struct {
 	redis   map[string]goredis.UniversalClient
 	etcd    map[string]*clientv3.Client
 	zk      map[string]*zk.Conn
+	consul  map[string]*consulapi.Client
 	closers []func()
 	pings   []Ping
 }
@@ -61,10 +62,11 @@ func (b *Opener) Pings() []Ping { return b.pings }
 // NewOpener returns an Opener that has opened nothing yet.
 func NewOpener() *Opener {
 	return &Opener{
-		sql:   map[string]*gorm.DB{},
-		redis: map[string]goredis.UniversalClient{},
-		etcd:  map[string]*clientv3.Client{},
-		zk:    map[string]*zk.Conn{},
+		sql:    map[string]*gorm.DB{},
+		redis:  map[string]goredis.UniversalClient{},
+		etcd:   map[string]*clientv3.Client{},
+		zk:     map[string]*zk.Conn{},
+		consul: map[string]*consulapi.Client{},
 	}
 }
 
@@ -189,6 +191,22 @@ func (b *Opener) openZK(hosts []string) (*zk.Conn, error) {
 	return c, nil
 }
 
+// openConsul returns a client of the Consul agent at host, one per agent:
+// a Locker and a Store on it share the client's connections.
+func (b *Opener) openConsul(host string) (*consulapi.Client, error) {
+	if c, ok := b.consul[host]; ok {
+		return c, nil
+	}
+	cfg := consulapi.DefaultConfig()
+	cfg.Address = host
+	c, err := consulapi.NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.consul[host] = c
+	return c, nil
+}
+
 // Locker opens the lock backend u names, and checks that it answers (a
 // client that connects in the background would otherwise fail only at the
 // first lock). ttl is the lock TTL the program will use; ZooKeeper's
@@ -269,9 +287,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		b.closers = append(b.closers, func() { l.Close() })
 		return l, nil
 	case "consul":
-		cfg := consulapi.DefaultConfig()
-		cfg.Address = u.Hosts[0]
-		c, err := consulapi.NewClient(cfg)
+		c, err := b.openConsul(u.Hosts[0])
 		if err != nil {
 			return nil, err
 		}
@@ -338,6 +354,26 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 			return nil, err
 		}
 		b.pings = append(b.pings, Ping{"zk", s.Ping})
+		return s, nil
+	case "consul":
+		c, err := b.openConsul(u.Hosts[0])
+		if err != nil {
+			return nil, err
+		}
+		s, err := consullock.NewStore(c)
+		if err != nil {
+			return nil, err
+		}
+		// The Store's session holds its claims: closing it deletes them
+		// at once rather than when the session's TTL runs out.
+		b.closers = append(b.closers, func() { s.Close() })
+		// The client makes no request until asked.
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.Ping(pctx); err != nil {
+			return nil, err
+		}
+		b.pings = append(b.pings, Ping{"consul", s.Ping})
 		return s, nil
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)

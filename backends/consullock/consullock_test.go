@@ -38,6 +38,9 @@ func newClient(t testing.TB, a string) *api.Client {
 	if err != nil {
 		t.Fatalf("consul client: %v", err)
 	}
+	// The agent refuses more than 200 connections from one address
+	// (limits.http_max_conns_per_client): the idle ones go with the test.
+	t.Cleanup(cfg.Transport.CloseIdleConnections)
 	return c
 }
 

@@ -103,6 +103,16 @@
 // blocking query on its markers. The lease, a driver.RevocableLease,
 // reports the revocation to guard, which cancels the section.
 //
+// # Idempotency store
+//
+// NewStore returns an idempotency.Store on Consul KV, for
+// idempotency.Executor, httpmw.Idempotency and the scheduler's slots: each
+// claim is a key acquired by the Store's own session, every transition a
+// transaction that checks the record's ModifyIndex. Consul has no key TTL
+// and no clock a transaction can read, so a claim's lease is counted by the
+// Store that made it, with the session as the backstop for a process that
+// dies, and a completed record's retention by the hosts' clocks; see Store.
+//
 // # Failures
 //
 // The client's HTTP transport has no timeout of its own, so every request

@@ -14,11 +14,11 @@ import (
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
-// TestOnConsul is TestOnEveryBackend's lock half on Consul, whose sessions
-// take TTLs of 10 s at least (Consul has no idempotency store yet): a held
-// lock is listed and shown, and released on a "yes", which cancels the
-// holder's context at once (its session lives on: the revocation tells
-// it).
+// TestOnConsul is TestOnEveryBackend on Consul, whose sessions take TTLs of
+// 10 s at least: a held lock is listed and shown, and released on a "yes",
+// which cancels the holder's context at once (its session lives on: the
+// revocation tells it); an idempotency record claimed on the Consul store
+// is shown, without its owner's token, and deleted.
 func TestOnConsul(t *testing.T) {
 	url := "consul://" + drivertest.Addr(t, "WARDEN_CONSUL_ADDR", "127.0.0.1:18500")
 	ctx := context.Background()
@@ -70,4 +70,6 @@ func TestOnConsul(t *testing.T) {
 	if code, out, errOut := cliRun(t, "", "-lock", url, "ping"); code != 0 || !strings.Contains(out, "answered") {
 		t.Fatalf("ping: %d %q %q", code, out, errOut)
 	}
+
+	idemHalf(t, o, u, url, key)
 }

@@ -136,31 +136,43 @@ func TestOnEveryBackend(t *testing.T) {
 				t.Fatalf("ping: %d %q %q", code, out, errOut)
 			}
 
-			store, err := o.Store(ctx, u)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
-				Owner: "api-3:topsecretownertoken", Lease: time.Minute}); err != nil {
-				t.Fatal(err)
-			}
-			code, out, errOut = cliRun(t, "", "-lock", url, "idem", "show", "user-9", key)
-			if code != 0 || !strings.Contains(out, "in_progress") || !strings.Contains(out, "api-3") || strings.Contains(out, "topsecret") {
-				t.Fatalf("idem show: %d %q %q; want the in-progress record by api-3, without its token", code, out, errOut)
-			}
-			if code, _, errOut := cliRun(t, "", "-lock", url, "idem", "show", "user-9", key+"-none"); code != 1 || !strings.Contains(errOut, "no record") {
-				t.Fatalf("idem show of nothing: %d %q", code, errOut)
-			}
-			if code, _, errOut := cliRun(t, "no\n", "-lock", url, "idem", "delete", "user-9", key); code != 1 || !strings.Contains(errOut, "not deleted") {
-				t.Fatalf("idem delete answered no: %d %q", code, errOut)
-			}
-			if code, out, errOut := cliRun(t, "", "-lock", url, "-yes", "idem", "delete", "user-9", key); code != 0 || !strings.Contains(out, "deleted") {
-				t.Fatalf("idem delete -yes: %d %q %q", code, out, errOut)
-			}
-			if _, err := store.Get(ctx, "user-9", key); !errors.Is(err, idempotency.ErrNotFound) {
-				t.Fatalf("the record after idem delete: %v, want ErrNotFound", err)
-			}
+			idemHalf(t, o, u, url, key)
 		})
+	}
+}
+
+// idemHalf is the idempotency half of TestOnEveryBackend: a record claimed
+// on the backend's store is shown without its owner's token, kept on a
+// "no", and deleted with -yes; its owner then finds its claim gone.
+func idemHalf(t *testing.T, o *backendurl.Opener, u *backendurl.URL, url, key string) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := o.Store(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
+		Owner: "api-3:topsecretownertoken", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "idem", "show", "user-9", key)
+	if code != 0 || !strings.Contains(out, "in_progress") || !strings.Contains(out, "api-3") || strings.Contains(out, "topsecret") {
+		t.Fatalf("idem show: %d %q %q; want the in-progress record by api-3, without its token", code, out, errOut)
+	}
+	if code, _, errOut := cliRun(t, "", "-lock", url, "idem", "show", "user-9", key+"-none"); code != 1 || !strings.Contains(errOut, "no record") {
+		t.Fatalf("idem show of nothing: %d %q", code, errOut)
+	}
+	if code, _, errOut := cliRun(t, "no\n", "-lock", url, "idem", "delete", "user-9", key); code != 1 || !strings.Contains(errOut, "not deleted") {
+		t.Fatalf("idem delete answered no: %d %q", code, errOut)
+	}
+	if code, out, errOut := cliRun(t, "", "-lock", url, "-yes", "idem", "delete", "user-9", key); code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("idem delete -yes: %d %q %q", code, out, errOut)
+	}
+	if _, err := store.Get(ctx, "user-9", key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("the record after idem delete: %v, want ErrNotFound", err)
+	}
+	if err := store.Extend(ctx, "user-9", key, "api-3:topsecretownertoken", time.Minute); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("the owner's Extend after idem delete: %v, want ErrNotOwner", err)
 	}
 }
 

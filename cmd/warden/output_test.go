@@ -16,6 +16,7 @@ import (
 	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -42,13 +43,22 @@ func decodedJSON(t *testing.T, out string) string {
 	return fmt.Sprint(v)
 }
 
+// outputURLs are the backends of the output tests: every backend of
+// backendURLs, and Consul, whose 10 s minimum TTL the tests' locks (30 s,
+// guard's default) respect.
+func outputURLs(t *testing.T) map[string]string {
+	urls := backendURLs(t)
+	urls["consul"] = "consul://" + drivertest.Addr(t, "WARDEN_CONSUL_ADDR", "127.0.0.1:18500")
+	return urls
+}
+
 // TestEscapesInOutput: a lock written to the backend by another client
 // (guard refuses such keys and owners; a raw client does not) whose key and
 // owner hold terminal escapes, a C1 CSI and a right-to-left override is
 // listed and shown escaped, as is an idempotency record under such a key.
 func TestEscapesInOutput(t *testing.T) {
 	const evilOwner = "svc\x1b]0;pwned\x07\x1b[2J\u009b31m\u202eowned"
-	for name, url := range backendURLs(t) {
+	for name, url := range outputURLs(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			u, o := open(t, url)
@@ -116,7 +126,7 @@ func TestEscapesInOutput(t *testing.T) {
 // through the Executor's log, and its owner token, with which anyone could
 // complete the claim with a forged response, appears in none of them.
 func TestExecutorTokenNeverShown(t *testing.T) {
-	for name, url := range backendURLs(t) {
+	for name, url := range outputURLs(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			u, o := open(t, url)

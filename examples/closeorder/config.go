@@ -48,7 +48,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:8081", "listen address of the operator endpoints (debug page, metrics, job runs); keep it off public networks; empty: none")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "bound on reading one request, headers and body")
 	fs.StringVar(&c.db, "db", "sqlite://closeorder.db", "orders database: sqlite://PATH | postgres://... | mysql://user:pass@tcp(host:port)/db")
-	fs.StringVar(&c.lock, "lock", "", "lock backend: memory | sqlite://PATH | postgres://... | mysql://... | redis://[user:pass@]host:port[/db] | rediss://... (TLS) | redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db] | redlocks://... | etcd://[user:pass@]host:port[,...] | zk://host:port[,...] (default: same as -db)")
+	fs.StringVar(&c.lock, "lock", "", "lock backend: memory | sqlite://PATH | postgres://... | mysql://... | redis://[user:pass@]host:port[/db] | rediss://... (TLS) | redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db] | redlocks://... | etcd://[user:pass@]host:port[,...] | zk://host:port[,...] | consul://host:port (default: same as -db)")
 	fs.StringVar(&c.idempotency, "idempotency", "", "idempotency store, same URL forms (default: the -lock backend where it has a store, else -db)")
 	fs.StringVar(&c.schedule, "schedule", "@every 1m", "cron spec of the close job (5 fields, 6 with seconds, or descriptors such as @every 1s)")
 	fs.DurationVar(&c.unpaidAfter, "unpaid-after", 30*time.Minute, "close orders unpaid for longer than this")

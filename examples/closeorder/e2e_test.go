@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +20,9 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	consulapi "github.com/hashicorp/consul/api"
 
+	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/backends/zklock"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
@@ -57,6 +61,61 @@ func TestClusterOnZooKeeper(t *testing.T) {
 	if added == 0 {
 		t.Error("no idempotency record of an order appeared on ZooKeeper")
 	}
+}
+
+// TestClusterOnConsul runs the cluster on Consul alone besides the orders
+// database: its locks, and its idempotency store for the scheduler's slots
+// and the order endpoints. Consul's sessions take TTLs of 10 s at least, so
+// the lock TTL is 10 s: the killed replica's lock, and its slot's claim,
+// come back when its session expires (10 to 20 s after the kill).
+func TestClusterOnConsul(t *testing.T) {
+	addr := drivertest.Addr(t, "WARDEN_CONSUL_ADDR", "127.0.0.1:18500")
+	before := consulRecords(t, addr)
+	runCluster(t, "sqlite://"+filepath.Join(t.TempDir(), "e2e.db"), "consul://"+addr, "-ttl", "10s")
+	// The orders' idempotency records, and the job's slots, are on Consul,
+	// not in the orders database.
+	orders, slots := 0, 0
+	for key := range consulRecords(t, addr) {
+		switch {
+		case before[key]:
+		case strings.Contains(key, "e2e-") && strings.Contains(key, "-order-"):
+			orders++
+		case strings.HasPrefix(key, closeJob+"@"):
+			slots++
+		}
+	}
+	t.Logf("%d order records and %d slots written to Consul", orders, slots)
+	if orders == 0 || slots == 0 {
+		t.Errorf("%d order records and %d slots appeared on Consul; want some of each", orders, slots)
+	}
+}
+
+// consulRecords returns the keys (without their scopes) of the idempotency
+// records under consullock's default store prefix.
+func consulRecords(t *testing.T, addr string) map[string]bool {
+	t.Helper()
+	cfg := consulapi.DefaultConfig()
+	cfg.Address = addr
+	c, err := consulapi.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, _, err := c.KV().Keys(consullock.DefaultStorePrefix, "/", nil)
+	if err != nil {
+		t.Fatalf("listing %s: %v", consullock.DefaultStorePrefix, err)
+	}
+	keys := map[string]bool{}
+	for _, name := range names {
+		// <prefix><base64url of uvarint(len(scope)), scope, key>
+		b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(name, consullock.DefaultStorePrefix))
+		if err != nil {
+			continue // a chunk directory
+		}
+		if n, w := binary.Uvarint(b); w > 0 && uint64(len(b)-w) >= n {
+			keys[string(b[w+int(n):])] = true
+		}
+	}
+	return keys
 }
 
 // zkOrderRecords returns the names of the records under zklock's default
@@ -226,13 +285,16 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 	}
 }
 
-func runCluster(t *testing.T, db, lock string) {
+// runCluster runs the cluster with the orders database db and the lock
+// backend lock; extra flags come last, so they override the defaults.
+func runCluster(t *testing.T, db, lock string, extra ...string) {
 	if testing.Short() {
 		t.Skip("end-to-end test")
 	}
 	bin := buildService(t)
 	args := []string{"-db", db, "-lock", lock, "-schedule", "@every 1s",
 		"-unpaid-after", "300ms", "-work-delay", "200ms", "-ttl", "2s"}
+	args = append(args, extra...)
 	var replicas []*replica
 	for i := range 3 {
 		replicas = append(replicas, startReplica(t, bin, fmt.Sprintf("replica-%d", i+1), args...))

@@ -1,0 +1,911 @@
+package consullock
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// DefaultStorePrefix is the Consul KV prefix of the idempotency records
+// unless WithStorePrefix says otherwise.
+const DefaultStorePrefix = "warden/idem/"
+
+// Store is an idempotency.Store on Consul KV. It is safe for concurrent use;
+// Close it when done.
+//
+// # Claims and their leases
+//
+// Consul KV has no TTL on keys and exposes no clock a transaction could
+// compare a deadline with, so a claim's lease is kept by the Store that made
+// it, on its process's monotonic clock, with a Consul session as the
+// backstop. Each Store has one session (the same kind as a Locker's: a TTL,
+// Behavior "delete", no health checks, no lock-delay), renewed every third
+// of its TTL, and a claim is a key acquired by that session in one
+// transaction that checks the key does not exist. The Store then counts the
+// claim's lease from the moment it sent the claim, and when the lease runs
+// out without an Extend it deletes the key itself (a transaction that checks
+// the claim's ModifyIndex, so a record that changed since is never
+// touched). A process that crashes or is cut off stops renewing the session:
+// Consul deletes every claim the session holds between one and two session
+// TTLs after the last renewal (see WithStoreSessionTTL), so a crashed
+// owner's claims become claimable again then, however long their leases.
+//
+// Extend and Complete must therefore come through the Store that made the
+// claim (in practice, the process that drew the owner token, as
+// idempotency.Executor and httpmw do): only it knows the lease's deadline.
+// Either refuses with idempotency.ErrNotOwner once that deadline has passed,
+// before any request, so an expired claim is never revived, and otherwise
+// checks the claim's ModifyIndex on the server in the same transaction as
+// its write: a claim deleted by an operator, by its expiry, or by the
+// session's end, or claimed anew since, is never written to. A stale
+// claimant can thus never overwrite a completed record: completing is a
+// compare-and-set on the ModifyIndex of its own claim, which the completed
+// record no longer has. Abandon, which only frees a key sooner, is accepted
+// from any Store given the owner token.
+//
+// # Retention
+//
+// A completed record is released from the session, so that it outlives the
+// process that wrote it, and keeps its deadline: the completing process's
+// wall clock (Unix time) at Complete plus the retention. Whoever reads the
+// record compares the deadline with its own wall clock, so the retention is
+// measured by the application hosts' clocks, the one place this store
+// depends on them: hosts whose clocks disagree by d see the record expire up
+// to d early or late. Nothing else depends on it: an expired record is taken
+// over only by a compare-and-set on the ModifyIndex that was read, so two
+// claimants never both take it.
+//
+// Consul never deletes a completed record by itself. An expired one is
+// reclaimed by the next Claim of its key, which overwrites it in place, and
+// Purge deletes the expired records no one claimed again: run it
+// periodically where keys are not reused (most idempotency keys are not).
+//
+// # Round trips
+//
+// A Claim of a free key is one transaction (check-not-exists, lock by the
+// session, read back the ModifyIndex), and a Complete another: a first
+// request costs 2 requests. A Claim of a taken key (a replay) costs 2: a
+// Consul transaction that fails a check is rolled back and returns no
+// reads, so the record is read with a second request. Extend is one
+// read-only transaction. The first Claim of a Store also creates its
+// session (one request), and the session's renewal costs one request per
+// third of its TTL for all claims together.
+//
+// # Layout and size
+//
+// The record of (scope, key) is the key <prefix><base64url of the scope's
+// length as a uvarint, the scope and the key>, so no two pairs share a key
+// and any bytes are allowed. Its value is a small binary encoding of the
+// state, the fingerprint, the owner, the retention deadline and the
+// response. Consul refuses values and transactions over 512 KiB by default
+// (kv_max_value_size, txn_max_req_len), so a response longer than
+// inlineResponse (256 KiB) is written first in chunks under <record key>/,
+// each a KV put of its own, and the transaction that completes the record
+// then names them: a response of idempotency.MaxResponseLen (1 MiB) costs 3
+// more requests to write and one more to read. Chunks left behind by a
+// Complete that failed are deleted by the next Claim, Abandon or Delete of
+// the key, and by Purge.
+//
+// # Failures
+//
+// Every request is bounded by the request timeout (WithStoreRequestTimeout):
+// one that gets no answer in time fails with an error wrapping
+// idempotency.ErrUnavailable, while the caller's own cancellation is
+// reported as ctx's error. A Claim whose outcome is unknown (no answer)
+// is deleted again by the Store as soon as Consul answers, since its caller
+// was told that it failed.
+type Store struct {
+	client  *api.Client
+	dir     string
+	timeout time.Duration
+	ttl     time.Duration
+	// sessions keeps the Store's session; it holds no locks.
+	sessions *Locker
+
+	mu     sync.Mutex
+	claims map[string]*claim // by record key: the claims this Store made
+	closed bool
+	wg     sync.WaitGroup // expiries running
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.Deleter = (*Store)(nil)
+)
+
+// StoreOption configures a Store.
+type StoreOption func(*storeConfig) error
+
+type storeConfig struct {
+	prefix  string
+	timeout time.Duration
+	ttl     time.Duration
+}
+
+// WithStorePrefix puts the records under prefix (a trailing '/' is implied),
+// so that stores meant to share records use the same prefix and other
+// applications' keys stay apart. Default DefaultStorePrefix.
+func WithStorePrefix(prefix string) StoreOption {
+	return func(c *storeConfig) error {
+		p := strings.TrimSuffix(prefix, "/")
+		if p == "" {
+			return fmt.Errorf("%w: empty consul store prefix", driver.ErrInvalidOption)
+		}
+		p += "/"
+		if strings.HasPrefix(RevokedPrefix, p) || strings.HasPrefix(p, RevokedPrefix) {
+			// Purge would take the sessions' markers for records.
+			return fmt.Errorf("%w: consul store prefix %q overlaps the sessions' %q", driver.ErrInvalidOption, prefix, RevokedPrefix)
+		}
+		c.prefix = p
+		return nil
+	}
+}
+
+// WithStoreRequestTimeout bounds each request the Store makes to Consul; d
+// must be positive. Default DefaultRequestTimeout.
+func WithStoreRequestTimeout(d time.Duration) StoreOption {
+	return func(c *storeConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: consul store request timeout %v is not positive", driver.ErrInvalidOption, d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithStoreSessionTTL sets the TTL of the Store's session, between MinTTL
+// and MaxTTL (default MinTTL). It bounds how long the claims of a process
+// that crashed, or was cut off from Consul, block their keys: between one
+// and two TTLs after the session's last renewal. A longer TTL costs fewer
+// renewals and lets a claim survive a longer outage of Consul.
+func WithStoreSessionTTL(d time.Duration) StoreOption {
+	return func(c *storeConfig) error {
+		if d < MinTTL || d > MaxTTL {
+			return fmt.Errorf("%w: consul store session TTL %v outside [%v, %v]", driver.ErrInvalidOption, d, MinTTL, MaxTTL)
+		}
+		c.ttl = d
+		return nil
+	}
+}
+
+// NewStore returns a store that keeps its records in the Consul datacenter
+// client talks to. The client stays the caller's. No request is made until
+// the first call; the first Claim creates the Store's session, which Close
+// destroys.
+func NewStore(client *api.Client, opts ...StoreOption) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil consul client", driver.ErrInvalidOption)
+	}
+	c := storeConfig{prefix: DefaultStorePrefix, timeout: DefaultRequestTimeout, ttl: MinTTL}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalidOption)
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	l, err := New(client, WithRequestTimeout(c.timeout))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{
+		client: client, dir: c.prefix, timeout: c.timeout, ttl: c.ttl,
+		sessions: l,
+		claims:   make(map[string]*claim),
+	}, nil
+}
+
+// Close stops the Store's expiries and destroys its session, which deletes
+// every claim it still holds (completed records stay). Later calls fail
+// with an error wrapping idempotency.ErrUnavailable.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for k, c := range s.claims {
+		c.timer.Stop()
+		delete(s.claims, k)
+	}
+	s.mu.Unlock()
+	err := s.sessions.Close()
+	s.wg.Wait()
+	return err
+}
+
+// claim is a claim this Store made, still in progress as far as it knows.
+type claim struct {
+	key, owner, fingerprint string
+	s                       *session
+	// index is the record's ModifyIndex as claimed; 0 while unknown (the
+	// claim request got no answer).
+	index uint64
+	// Guarded by Store.mu: the lease's end on this process's monotonic
+	// clock, and whether it has passed (the claim is being deleted).
+	deadline time.Time
+	expired  bool
+	timer    *time.Timer
+}
+
+// recordKey is unambiguous because the scope's length comes first, and
+// base64url keeps NULs, '/' and '.' out of the key, so that a record is
+// never mistaken for a lock's key and its chunks, under <record key>/,
+// belong to it alone.
+func (s *Store) recordKey(scope, key string) string {
+	b := binary.AppendUvarint(make([]byte, 0, 2+len(scope)+len(key)), uint64(len(scope)))
+	b = append(b, scope...)
+	b = append(b, key...)
+	return s.dir + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// Claim implements idempotency.Store.
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
+		return nil, err
+	}
+	k := s.recordKey(c.Scope, c.Key)
+	value := encodeRecord(stored{state: idempotency.StateInProgress, fingerprint: c.Fingerprint, owner: c.Owner})
+	var free uint64 // 0: the key is believed absent
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sess, err := s.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		check := &api.KVTxnOp{Verb: api.KVCheckNotExists, Key: k}
+		if free != 0 {
+			check = &api.KVTxnOp{Verb: api.KVCheckIndex, Key: k, Index: free}
+		}
+		sent := time.Now()
+		ok, resp, err := s.txn(ctx, true, api.KVTxnOps{
+			check,
+			{Verb: api.KVLock, Key: k, Value: value, Session: sess.id},
+			{Verb: api.KVDeleteTree, Key: k + "/"},
+			{Verb: api.KVGet, Key: k},
+		})
+		if err != nil {
+			// The claim may have landed: it is taken back as soon as
+			// Consul answers, since the caller is told it failed.
+			s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess}, time.Time{})
+			return nil, err
+		}
+		if ok {
+			var index uint64
+			for _, kv := range resp.Results {
+				if kv.Key == k {
+					index = kv.ModifyIndex
+				}
+			}
+			s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess, index: index}, sent.Add(c.Lease))
+			return nil, nil
+		}
+		if !checkFailed(resp) {
+			// The check passed and the lock verb failed: the session
+			// ended in between, which the Locker finds out within a
+			// round trip.
+			if err := driver.Sleep(ctx, retryDelay, nil); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		kv, st, err := s.read(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case kv == nil:
+			free = 0 // deleted in between
+		case st.expired(kv, time.Now()):
+			free = kv.ModifyIndex
+		default:
+			rec, err := s.record(ctx, k, kv, c.Scope, c.Key, st)
+			if err != nil || rec != nil {
+				return rec, err
+			}
+			free = 0 // the record changed while its chunks were read
+		}
+	}
+}
+
+// Extend implements idempotency.Store: one read-only transaction checks
+// that the claim is still the record, then the lease runs for lease from
+// when it was sent.
+func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
+		return err
+	}
+	k := s.recordKey(scope, key)
+	c, err := s.live(k, owner, "extend")
+	if err != nil {
+		return err
+	}
+	sent := time.Now()
+	ok, _, err := s.txn(ctx, false, api.KVTxnOps{{Verb: api.KVCheckIndex, Key: k, Index: c.index}})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ok {
+		s.forget(c)
+		return notOwner("extend", key)
+	}
+	if s.claims[k] != c || c.expired || !time.Now().Before(c.deadline) || c.s.lost() {
+		return fmt.Errorf("%w: extend of %q: lease expired", idempotency.ErrNotOwner, key)
+	}
+	c.deadline = sent.Add(lease)
+	c.timer.Reset(time.Until(c.deadline))
+	return nil
+}
+
+// Complete implements idempotency.Store: one transaction checks that the
+// claim is still the record and releases it from the session with the
+// completed value.
+func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
+		return err
+	}
+	k := s.recordKey(scope, key)
+	c, err := s.live(k, owner, "complete")
+	if err != nil {
+		return err
+	}
+	st := stored{state: idempotency.StateCompleted, fingerprint: c.fingerprint, owner: owner, expires: unixAfter(time.Now(), retention)}
+	var chunkDir string
+	if len(response) > inlineResponse {
+		chunkDir = k + "/" + strconv.FormatUint(c.index, 10) + "/"
+		if err := s.putChunks(ctx, chunkDir, response); err != nil {
+			s.dropChunks(ctx, chunkDir)
+			return err
+		}
+		st.chunks = uint64((len(response) + chunkSize - 1) / chunkSize)
+		st.chunkIndex = c.index
+	} else {
+		st.response = response
+	}
+	ok, _, err := s.txn(ctx, true, api.KVTxnOps{
+		{Verb: api.KVCheckIndex, Key: k, Index: c.index},
+		{Verb: api.KVUnlock, Key: k, Value: encodeRecord(st), Session: c.s.id},
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.forget(c)
+	s.mu.Unlock()
+	if !ok {
+		if chunkDir != "" {
+			s.dropChunks(ctx, chunkDir)
+		}
+		return notOwner("complete", key)
+	}
+	return nil
+}
+
+// Abandon implements idempotency.Store. An owner may abandon from any Store:
+// deleting its claim only frees the key sooner.
+func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
+		return err
+	}
+	k := s.recordKey(scope, key)
+	var index uint64
+	s.mu.Lock()
+	if c := s.claims[k]; c != nil && c.owner == owner && !c.expired && c.index != 0 {
+		index = c.index
+	}
+	s.mu.Unlock()
+	if index == 0 {
+		kv, st, err := s.read(ctx, k)
+		if err != nil {
+			return err
+		}
+		if kv == nil || st.state != idempotency.StateInProgress || st.owner != owner {
+			return notOwner("abandon", key)
+		}
+		index = kv.ModifyIndex
+	}
+	ok, _, err := s.txn(ctx, false, deleteRecord(k, index))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if c := s.claims[k]; c != nil && c.owner == owner {
+		s.forget(c)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return notOwner("abandon", key)
+	}
+	return nil
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
+		return nil, err
+	}
+	k := s.recordKey(scope, key)
+	kv, st, err := s.read(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if kv != nil && !st.expired(kv, time.Now()) {
+		rec, err := s.record(ctx, k, kv, scope, key, st)
+		if err != nil || rec != nil {
+			return rec, err
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+}
+
+// Delete implements idempotency.Deleter, in one transaction: reading the
+// record fails it when there is none.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
+		return err
+	}
+	k := s.recordKey(scope, key)
+	ok, _, err := s.txn(ctx, false, api.KVTxnOps{
+		{Verb: api.KVGet, Key: k},
+		{Verb: api.KVDelete, Key: k},
+		{Verb: api.KVDeleteTree, Key: k + "/"},
+	})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	}
+	return nil
+}
+
+// Purge deletes the completed records whose retention has run out on this
+// host's clock, and the chunks no record names, and returns how many
+// records it deleted. Consul deletes nothing by itself: without Purge, a
+// key never claimed again keeps its record. Purge lists the prefix's keys
+// in one request and reads each record with one more, so run it
+// periodically, from one process, at a pace the number of records allows.
+func (s *Store) Purge(ctx context.Context) (int, error) {
+	if err := idempotency.CheckContext(ctx); err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	keys, _, err := s.client.KV().Keys(s.dir, "", queryOpts(rctx))
+	err = s.sessions.fail(ctx, rctx, err)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	records := make(map[string]bool)
+	for _, k := range keys {
+		if !strings.Contains(k[len(s.dir):], "/") {
+			records[k] = true
+		}
+	}
+	purged := 0
+	for _, k := range keys {
+		rest := k[len(s.dir):]
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			// A chunk, <record>/<index>/<number>, is kept while its
+			// record is, since a Complete in flight writes its chunks
+			// before the record names them. Other keys are not the
+			// Store's.
+			record := s.dir + rest[:i]
+			if !records[record] && isChunk(rest[i+1:]) {
+				s.dropChunks(ctx, record+"/")
+				records[record] = true // once
+			}
+			continue
+		}
+		kv, st, err := s.read(ctx, k)
+		if err != nil {
+			return purged, err
+		}
+		if kv == nil || !st.expired(kv, time.Now()) {
+			continue
+		}
+		ok, _, err := s.txn(ctx, false, deleteRecord(k, kv.ModifyIndex))
+		if err != nil {
+			return purged, err
+		}
+		if ok {
+			purged++
+		}
+	}
+	return purged, nil
+}
+
+// Ping asks the agent for the datacenter's leader, as Locker.Ping does:
+// the store needs one to answer. It is bounded by ctx and the request
+// timeout.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := idempotency.CheckContext(ctx); err != nil {
+		return err
+	}
+	return s.sessions.Ping(ctx)
+}
+
+// isChunk reports whether rest, what follows a record key and '/', names a
+// chunk: <decimal index>/<decimal number>.
+func isChunk(rest string) bool {
+	index, number, ok := strings.Cut(rest, "/")
+	_, err1 := strconv.ParseUint(index, 10, 64)
+	_, err2 := strconv.ParseUint(number, 10, 64)
+	return ok && err1 == nil && err2 == nil
+}
+
+// errStoreClosed is what a call on a closed Store returns.
+var errStoreClosed = fmt.Errorf("%w: consul store closed", idempotency.ErrUnavailable)
+
+// session returns the Store's live session, creating one when there is none
+// or the last one ended.
+func (s *Store) session(ctx context.Context) (*session, error) {
+	sess, err := s.sessions.session(ctx, s.ttl)
+	if errors.Is(err, errClosed) {
+		return nil, errStoreClosed
+	}
+	return sess, err
+}
+
+// track registers c, just claimed, with its lease ending at end; a zero end
+// (the claim's outcome unknown) has it deleted at once.
+func (s *Store) track(c *claim, end time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return // the session is destroyed, and the claim with it
+	}
+	if old := s.claims[c.key]; old != nil {
+		old.timer.Stop()
+	}
+	s.claims[c.key] = c
+	c.deadline = end
+	c.timer = time.AfterFunc(time.Until(end), func() { s.expire(c) })
+}
+
+// live returns the claim of k if it is owner's and its lease has not run
+// out, or ErrNotOwner.
+func (s *Store) live(k, owner, op string) (*claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.claims[k]
+	switch {
+	case c == nil || c.owner != owner:
+		return nil, fmt.Errorf("%w: %s: no claim of this owner made by this store", idempotency.ErrNotOwner, op)
+	case c.expired || c.index == 0 || !time.Now().Before(c.deadline):
+		return nil, fmt.Errorf("%w: %s: lease expired", idempotency.ErrNotOwner, op)
+	case c.s.lost():
+		return nil, fmt.Errorf("%w: %s: consul session lost, and the claim with it", idempotency.ErrNotOwner, op)
+	}
+	return c, nil
+}
+
+// forget drops c; s.mu is held.
+func (s *Store) forget(c *claim) {
+	if s.claims[c.key] == c {
+		c.timer.Stop()
+		delete(s.claims, c.key)
+	}
+}
+
+// expire runs when c's lease may have run out: unless an Extend moved the
+// deadline, the claim is marked expired and its record deleted, if it is
+// still c's.
+func (s *Store) expire(c *claim) {
+	s.mu.Lock()
+	if s.claims[c.key] != c || c.expired {
+		s.mu.Unlock()
+		return
+	}
+	if wait := time.Until(c.deadline); wait > 0 {
+		c.timer.Reset(wait)
+		s.mu.Unlock()
+		return
+	}
+	c.expired = true
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	s.reclaim(c)
+	s.mu.Lock()
+	s.forget(c)
+	s.mu.Unlock()
+}
+
+// reclaim deletes c's record if it is still c's claim, trying again while
+// Consul cannot be reached, until the session ends (Consul then deletes the
+// claim itself) or the Store is closed.
+func (s *Store) reclaim(c *claim) {
+	pause := driver.Backoff{Min: retryDelay, Max: time.Second}
+	ctx := c.s.ctx // cancelled when the session ends or is closed
+	for !c.s.lost() {
+		index := c.index
+		err := func() error {
+			if index == 0 {
+				kv, st, err := s.read(ctx, c.key)
+				if err != nil || kv == nil || kv.Session != c.s.id || st.state != idempotency.StateInProgress || st.owner != c.owner {
+					return err
+				}
+				index = kv.ModifyIndex
+			}
+			_, _, err := s.txn(ctx, false, deleteRecord(c.key, index))
+			return err
+		}()
+		if err == nil || driver.Sleep(ctx, pause.Next(), c.s.done) != nil {
+			return
+		}
+	}
+}
+
+// checkFailed reports whether the transaction resp was refused by its first
+// op, the check of the record's state.
+func checkFailed(resp *api.KVTxnResponse) bool {
+	for _, e := range resp.Errors {
+		if e.OpIndex == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteRecord is the transaction that deletes record k, with its chunks,
+// if its ModifyIndex is still index. Not delete-cas, which Consul reports
+// as a success when the key is gone.
+func deleteRecord(k string, index uint64) api.KVTxnOps {
+	return api.KVTxnOps{
+		{Verb: api.KVCheckIndex, Key: k, Index: index},
+		{Verb: api.KVDelete, Key: k},
+		{Verb: api.KVDeleteTree, Key: k + "/"},
+	}
+}
+
+// read reads record k with a consistent read; a nil pair means none.
+func (s *Store) read(ctx context.Context, k string) (*api.KVPair, stored, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, stored{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	kv, _, err := s.client.KV().Get(k, queryOpts(rctx))
+	if err != nil {
+		return nil, stored{}, s.unavailable(ctx, rctx, err)
+	}
+	if kv == nil {
+		return nil, stored{}, nil
+	}
+	st, err := decodeRecord(kv.Value)
+	if err != nil {
+		return nil, stored{}, err
+	}
+	return kv, st, nil
+}
+
+// record returns st, read from kv, as a record, reading its chunks if it has
+// any; nil when they are gone because the record changed meanwhile.
+func (s *Store) record(ctx context.Context, k string, kv *api.KVPair, scope, key string, st stored) (*idempotency.Record, error) {
+	if st.chunks > 0 {
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		pairs, _, err := s.client.KV().List(k+"/"+strconv.FormatUint(st.chunkIndex, 10)+"/", queryOpts(rctx))
+		if err != nil {
+			return nil, s.unavailable(ctx, rctx, err)
+		}
+		if uint64(len(pairs)) != st.chunks {
+			now, _, err := s.read(ctx, k)
+			if err != nil || now == nil || now.ModifyIndex != kv.ModifyIndex {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %d of its %d chunks", errMalformed, len(pairs), st.chunks)
+		}
+		// Chunk names are fixed-width, so Consul lists them in order.
+		for _, p := range pairs {
+			st.response = append(st.response, p.Value...)
+		}
+	}
+	return &idempotency.Record{
+		Scope: scope, Key: key,
+		State:       st.state,
+		Fingerprint: st.fingerprint,
+		Owner:       st.owner,
+		Response:    st.response,
+	}, nil
+}
+
+// Consul's default limit on a value and on a transaction's body is 512 KiB,
+// and a transaction carries values in base64: a response up to
+// inlineResponse goes inside the record, a longer one in chunks of
+// chunkSize, each its own put of the raw bytes.
+const (
+	inlineResponse = 256 << 10
+	chunkSize      = 448 << 10
+)
+
+// putChunks writes response in chunks under dir, one put each.
+func (s *Store) putChunks(ctx context.Context, dir string, response []byte) error {
+	for i := 0; i*chunkSize < len(response); i++ {
+		part := response[i*chunkSize : min((i+1)*chunkSize, len(response))]
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		_, err := s.client.KV().Put(&api.KVPair{Key: fmt.Sprintf("%s%04d", dir, i), Value: part}, writeOpts(rctx))
+		err = s.unavailable(ctx, rctx, err)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropChunks deletes the chunks under dir, best effort, even when ctx is
+// done: the next claim of the key, or Purge, deletes them otherwise.
+func (s *Store) dropChunks(ctx context.Context, dir string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	_, _ = s.client.KV().DeleteTree(dir, writeOpts(rctx))
+}
+
+// txn runs ops in one transaction and reports whether Consul applied it. A
+// write (detached) runs to completion even when ctx is cancelled, since a
+// request cancelled in flight may be applied all the same; ctx's error is
+// then returned after it.
+func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool, *api.KVTxnResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return false, nil, err
+	}
+	base := ctx
+	if detached {
+		base = context.WithoutCancel(ctx)
+	}
+	rctx, cancel := context.WithTimeout(base, s.timeout)
+	defer cancel()
+	ok, resp, _, err := s.client.KV().Txn(ops, queryOpts(rctx))
+	if err != nil {
+		return false, nil, s.unavailable(ctx, rctx, err)
+	}
+	return ok, resp, nil
+}
+
+// unavailable reports the failure of a request made on rctx for a caller
+// whose context is ctx, as the Locker does.
+func (s *Store) unavailable(ctx, rctx context.Context, err error) error {
+	return s.sessions.fail(ctx, rctx, err)
+}
+
+func notOwner(op, key string) error {
+	return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
+}
+
+// unixAfter is the Unix time in nanoseconds d after now, saturated rather
+// than overflowing.
+func unixAfter(now time.Time, d time.Duration) int64 {
+	n := now.UnixNano()
+	if n > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return n + int64(d)
+}
+
+// stored is a record's value.
+type stored struct {
+	state       idempotency.State
+	fingerprint string
+	owner       string
+	// Set once completed: the retention's end, Unix nanoseconds on the
+	// completing host's clock, and the response, inline or in chunks
+	// chunks under <record key>/<chunkIndex>/.
+	expires    int64
+	chunks     uint64
+	chunkIndex uint64
+	response   []byte
+}
+
+// expired reports whether the record kv, holding st, is free to claim: a
+// completed record past its retention on this host's clock, or a claim no
+// session holds (which this package never leaves; another tool might).
+func (st stored) expired(kv *api.KVPair, now time.Time) bool {
+	if st.state == idempotency.StateInProgress {
+		return kv.Session == ""
+	}
+	return now.UnixNano() >= st.expires
+}
+
+// storeFormat versions the value encoding, so that a later layout can be
+// told from this one.
+const storeFormat = 1
+
+const (
+	stateInProgress byte = 1
+	stateCompleted  byte = 2
+)
+
+// encodeRecord lays st out as: format, state, uvarint-prefixed fingerprint
+// and owner, then for a completed record uvarints of the deadline, the
+// number of chunks and their directory, and the inline response to the end.
+func encodeRecord(st stored) []byte {
+	b := make([]byte, 0, 2+5*binary.MaxVarintLen64+len(st.fingerprint)+len(st.owner)+len(st.response))
+	b = append(b, storeFormat, stateInProgress)
+	b = binary.AppendUvarint(b, uint64(len(st.fingerprint)))
+	b = append(b, st.fingerprint...)
+	b = binary.AppendUvarint(b, uint64(len(st.owner)))
+	b = append(b, st.owner...)
+	if st.state == idempotency.StateCompleted {
+		b[1] = stateCompleted
+		b = binary.AppendUvarint(b, uint64(st.expires))
+		b = binary.AppendUvarint(b, st.chunks)
+		b = binary.AppendUvarint(b, st.chunkIndex)
+		b = append(b, st.response...)
+	}
+	return b
+}
+
+var errMalformed = fmt.Errorf("%w: consul: malformed idempotency record", idempotency.ErrUnavailable)
+
+// decodeRecord reverses encodeRecord. A value it cannot read was not written
+// by this store (or by a newer format): it is reported as the store being
+// unusable rather than as a free key, which would let a second owner in.
+func decodeRecord(v []byte) (stored, error) {
+	if len(v) < 2 || v[0] != storeFormat {
+		return stored{}, errMalformed
+	}
+	var st stored
+	switch v[1] {
+	case stateInProgress:
+		st.state = idempotency.StateInProgress
+	case stateCompleted:
+		st.state = idempotency.StateCompleted
+	default:
+		return stored{}, errMalformed
+	}
+	rest := v[2:]
+	uvarint := func() (uint64, bool) {
+		u, n := binary.Uvarint(rest)
+		if n <= 0 {
+			return 0, false
+		}
+		rest = rest[n:]
+		return u, true
+	}
+	field := func() (string, bool) {
+		l, ok := uvarint()
+		if !ok || l > uint64(len(rest)) {
+			return "", false
+		}
+		f := string(rest[:l])
+		rest = rest[l:]
+		return f, true
+	}
+	var ok bool
+	if st.fingerprint, ok = field(); !ok {
+		return stored{}, errMalformed
+	}
+	if st.owner, ok = field(); !ok {
+		return stored{}, errMalformed
+	}
+	if st.state == idempotency.StateInProgress {
+		return st, nil
+	}
+	expires, ok1 := uvarint()
+	chunks, ok2 := uvarint()
+	chunkIndex, ok3 := uvarint()
+	if !ok1 || !ok2 || !ok3 || expires > math.MaxInt64 {
+		return stored{}, errMalformed
+	}
+	st.expires, st.chunks, st.chunkIndex = int64(expires), chunks, chunkIndex
+	if len(rest) > 0 {
+		st.response = append([]byte(nil), rest...)
+	}
+	return st, nil
+}

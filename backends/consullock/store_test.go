@@ -1,0 +1,379 @@
+package consullock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/httpmw/httpmwtest"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/idempotency/storetest"
+)
+
+const storePrefix = testPrefix + "store/"
+
+// storeOn returns a Store on c, closed when the test ends.
+func storeOn(t testing.TB, c *api.Client, opts ...StoreOption) *Store {
+	t.Helper()
+	s, err := NewStore(c, append([]StoreOption{WithStorePrefix(storePrefix)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestStoreConformance runs the store suite with its default 400 ms lease
+// and retention: leases are counted by the Store that claims, retention on
+// the hosts' clocks, neither in Consul's whole-second session TTLs.
+func TestStoreConformance(t *testing.T) {
+	a := addr(t)
+	storetest.Run(t, func(t testing.TB) idempotency.Store { return storeOn(t, newClient(t, a)) })
+}
+
+// TestIdempotencyMiddleware runs httpmw's behaviour tests, over real HTTP,
+// on the Consul store.
+func TestIdempotencyMiddleware(t *testing.T) {
+	a := addr(t)
+	httpmwtest.Run(t, func(t testing.TB) idempotency.Store { return storeOn(t, newClient(t, a)) })
+}
+
+func TestStoreOptions(t *testing.T) {
+	if _, err := NewStore(nil); !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "nil consul client") {
+		t.Errorf("nil client: %v, want ErrInvalidOption naming the client", err)
+	}
+	c := newClient(t, "127.0.0.1:1")
+	for _, tc := range []struct {
+		o    StoreOption
+		want string
+	}{
+		{WithStorePrefix("/"), "prefix"},
+		{WithStorePrefix("warden"), "overlaps"},
+		{WithStorePrefix(RevokedPrefix + "x"), "overlaps"},
+		{WithStoreRequestTimeout(0), "request timeout"},
+		{WithStoreRequestTimeout(-time.Second), "request timeout"},
+		{WithStoreSessionTTL(MinTTL - time.Millisecond), "session TTL"},
+		{WithStoreSessionTTL(MaxTTL + time.Second), "session TTL"},
+		{nil, "nil option"},
+	} {
+		if _, err := NewStore(c, tc.o); !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bad option: %v, want ErrInvalidOption naming %q", err, tc.want)
+		}
+	}
+	s, err := NewStore(c, WithStorePrefix("app/"), WithStoreSessionTTL(MaxTTL), WithStoreRequestTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if k := s.recordKey("a/b", "\x00c"); !strings.HasPrefix(k, "app/") || strings.ContainsAny(k[len("app/"):], "/.\x00") {
+		t.Errorf("record key %q", k)
+	}
+	if _, ok := nameOf(s.recordKey("x", "y.lock")); ok {
+		t.Error("a record key reads as a lock's key")
+	}
+}
+
+// TestStoreMalformedRecord: a value the store did not write is an error,
+// never a free key.
+func TestStoreMalformedRecord(t *testing.T) {
+	c := newClient(t, addr(t))
+	s := storeOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k := fmt.Sprint("malformed-", time.Now().UnixNano())
+	if _, err := c.KV().Put(&api.KVPair{Key: s.recordKey("", k), Value: []byte("not a record")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.KV().Delete(s.recordKey("", k), nil) })
+	if _, err := s.Get(ctx, "", k); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Errorf("Get: %v, want ErrUnavailable", err)
+	}
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "o", Lease: time.Minute}); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Errorf("Claim: (%v, %v), want ErrUnavailable", rec, err)
+	}
+}
+
+// TestStoreOwnerCrash: the claims of a process cut off from Consul (as a
+// crash would leave them: nothing deletes them but the session's expiry) go
+// with its session, within twice the session TTL, however long their
+// leases; a claimant on another Store then takes the key and completes it,
+// and the cut-off owner, even with Consul in reach again, can neither
+// complete nor extend its stale claim: the completed record stays.
+func TestStoreOwnerCrash(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	crashed, other := storeOn(t, newClient(t, p.Addr())), storeOn(t, newClient(t, a))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := fmt.Sprint("crash-", time.Now().UnixNano())
+	stale := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "stale", Lease: time.Hour}
+	if rec, err := crashed.Claim(ctx, stale); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	p.Blackhole()
+	cutAt := time.Now()
+	fresh := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "fresh", Lease: time.Hour}
+	for {
+		rec, err := other.Claim(ctx, fresh)
+		if err != nil {
+			t.Fatalf("Claim by another store: %v", err)
+		}
+		if rec == nil {
+			break
+		}
+		if rec.Owner != stale.Owner {
+			t.Fatalf("record owned by %q while waiting", rec.Owner)
+		}
+		if time.Since(cutAt) > 2*MinTTL+10*time.Second {
+			t.Fatalf("the crashed owner's claim still blocks the key %v after it was cut off", time.Since(cutAt))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("claimable again %v after the owner was cut off (session TTL %v)", time.Since(cutAt).Round(time.Millisecond), MinTTL)
+	if err := other.Complete(ctx, "", k, fresh.Owner, []byte("fresh"), time.Hour); err != nil {
+		t.Fatalf("Complete by the new owner: %v", err)
+	}
+	p.Reset()
+	if err := crashed.Complete(ctx, "", k, stale.Owner, []byte("stale"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("stale Complete: %v, want ErrNotOwner", err)
+	}
+	if err := crashed.Extend(ctx, "", k, stale.Owner, time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("stale Extend: %v, want ErrNotOwner", err)
+	}
+	rec, err := crashed.Get(ctx, "", k)
+	if err != nil || rec.State != idempotency.StateCompleted || rec.Owner != fresh.Owner || string(rec.Response) != "fresh" {
+		t.Fatalf("Get after the stale writes: (%+v, %v), want fresh's completed record", rec, err)
+	}
+}
+
+// TestStoreLateComplete: a Complete sent after the claim's lease ran out is
+// refused even while no one else has claimed the key, and changes nothing.
+func TestStoreLateComplete(t *testing.T) {
+	s := storeOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := fmt.Sprint("late-", time.Now().UnixNano())
+	const lease = 200 * time.Millisecond
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "o", Lease: lease}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	// The store counts the lease from the claim's send time, before
+	// Claim returned: it has run out after this.
+	time.Sleep(lease)
+	if err := s.Complete(ctx, "", k, "o", []byte("late"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Fatalf("Complete after the lease: %v, want ErrNotOwner", err)
+	}
+	if rec, err := s.Get(ctx, "", k); err == nil && rec.State != idempotency.StateInProgress {
+		t.Fatalf("record after a refused Complete: %+v", rec)
+	}
+}
+
+// countingClient returns a client on a whose requests to the records under
+// storePrefix are counted; the session's own requests (creation, renewal,
+// its watch) are not.
+func countingClient(t testing.TB, a string) (*api.Client, *atomic.Int64) {
+	cfg := api.DefaultConfig()
+	cfg.Address = a
+	n := new(atomic.Int64)
+	base := cfg.Transport
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if p := r.URL.Path; p == "/v1/txn" || strings.HasPrefix(p, "/v1/kv/"+storePrefix) {
+			n.Add(1)
+		}
+		return base.RoundTrip(r)
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	return c, n
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestStoreRoundTrips counts the requests of an idempotency.Executor over
+// the store: 2 for a first execution (claim, complete), 2 for a replay (a
+// failed transaction returns no reads), 0 per Extend it does not need, and
+// 3 more for a response too large to keep inline.
+func TestStoreRoundTrips(t *testing.T) {
+	c, n := countingClient(t, addr(t))
+	s := storeOn(t, c)
+	e, err := idempotency.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	work := func(out []byte) func(context.Context) ([]byte, error) {
+		return func(context.Context) ([]byte, error) { return out, nil }
+	}
+	// The session is created by the first claim: not counted.
+	if _, err := e.Do(ctx, fmt.Sprint("warm-", time.Now().UnixNano()), "fp", work(nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		out           []byte
+		first, replay int64
+	}{
+		{"small response", []byte("201 Created"), 2, 2},
+		{"1 MiB response", bytes.Repeat([]byte{7}, idempotency.MaxResultLen), 2 + 3, 2 + 1},
+	} {
+		k := fmt.Sprint("trips-", time.Now().UnixNano())
+		before := n.Load()
+		if res, err := e.Do(ctx, k, "fp", work(tc.out)); err != nil || res.Replayed {
+			t.Fatalf("%s: first Do: (%v, %v)", tc.name, res.Replayed, err)
+		}
+		first := n.Load() - before
+		before = n.Load()
+		res, err := e.Do(ctx, k, "fp", work(nil))
+		if err != nil || !res.Replayed || !bytes.Equal(res.Response, tc.out) {
+			t.Fatalf("%s: replay: (%v, %d bytes, %v)", tc.name, res.Replayed, len(res.Response), err)
+		}
+		replay := n.Load() - before
+		t.Logf("%s: %d requests for the first execution, %d for a replay", tc.name, first, replay)
+		if first != tc.first || replay != tc.replay {
+			t.Errorf("%s: %d requests first, %d per replay; want %d and %d", tc.name, first, replay, tc.first, tc.replay)
+		}
+	}
+}
+
+// TestStorePurge: Purge deletes completed records past their retention and
+// the chunks no record names, and nothing else.
+func TestStorePurge(t *testing.T) {
+	c := newClient(t, addr(t))
+	prefix := fmt.Sprintf("%spurge-%d/", storePrefix, time.Now().UnixNano())
+	s := storeOn(t, c, WithStorePrefix(prefix))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	claim := func(k string) {
+		t.Helper()
+		if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "o-" + k, Lease: time.Minute}); rec != nil || err != nil {
+			t.Fatalf("Claim(%q): (%v, %v)", k, rec, err)
+		}
+	}
+	claim("expired")
+	if err := s.Complete(ctx, "", "expired", "o-expired", bytes.Repeat([]byte{1}, inlineResponse+1), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	claim("kept")
+	if err := s.Complete(ctx, "", "kept", "o-kept", []byte("kept"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	claim("claimed")
+	orphan := s.dir + "orphan/1/0000"
+	foreign := s.dir + "other/tool/key" // not the Store's: kept
+	for _, k := range []string{orphan, foreign} {
+		if _, err := c.KV().Put(&api.KVPair{Key: k, Value: []byte("x")}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		_, err := s.Get(ctx, "", "expired")
+		if errors.Is(err, idempotency.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("waiting for the retention to run out: %v", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	purged, err := s.Purge(ctx)
+	if err != nil || purged != 1 {
+		t.Fatalf("Purge: (%d, %v), want 1 record purged", purged, err)
+	}
+	keys, _, err := c.KV().Keys(prefix, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{s.recordKey("", "claimed"), s.recordKey("", "kept"), foreign}
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("keys after Purge: %q, want the claimed and the kept records and the foreign key", keys)
+	}
+	var nilCtx context.Context
+	if _, err := s.Purge(nilCtx); !errors.Is(err, idempotency.ErrInvalid) {
+		t.Errorf("Purge(nil): %v, want ErrInvalid", err)
+	}
+}
+
+// TestStoreClose: Close destroys the session, which deletes the claims it
+// held at once, and later calls fail.
+func TestStoreClose(t *testing.T) {
+	a := addr(t)
+	s, err := NewStore(newClient(t, a), WithStorePrefix(storePrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := storeOn(t, newClient(t, a))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := fmt.Sprint("close-", time.Now().UnixNano())
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "o", Lease: time.Hour}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if rec, err := other.Claim(ctx, idempotency.Claim{Key: k, Owner: "p", Lease: time.Hour}); rec != nil || err != nil {
+		t.Errorf("Claim after the owner's store closed: (%v, %v), want the key free", rec, err)
+	}
+	if _, err := s.Claim(ctx, idempotency.Claim{Key: k + "x", Owner: "o", Lease: time.Hour}); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Errorf("Claim on a closed store: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestStoreClaimUnanswered: a claim whose request is applied but whose
+// answer is lost fails for its caller, and the Store deletes it as soon as
+// Consul answers again, so that the key does not stay blocked by a claim
+// no one knows it holds.
+func TestStoreClaimUnanswered(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	s := storeOn(t, newClient(t, p.Addr()), WithStoreRequestTimeout(500*time.Millisecond))
+	other := storeOn(t, newClient(t, a))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The session first, so that only the claim's answer is lost.
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: fmt.Sprint("warm-", time.Now().UnixNano()), Owner: "w", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	k := fmt.Sprint("unanswered-", time.Now().UnixNano())
+	p.LoseReplies()
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: k, Owner: "lost", Lease: time.Hour}); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Fatalf("Claim with its answer lost: (%v, %v), want ErrUnavailable", rec, err)
+	}
+	rec, err := other.Get(ctx, "", k)
+	if err != nil || rec.Owner != "lost" {
+		t.Fatalf("Get after the lost answer: (%+v, %v), want the claim applied", rec, err)
+	}
+	p.Reset()
+	for {
+		rec, err := other.Claim(ctx, idempotency.Claim{Key: k, Owner: "next", Lease: time.Hour})
+		if err != nil {
+			t.Fatalf("Claim by another store: %v", err)
+		}
+		if rec == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Complete(ctx, "", k, "lost", []byte("x"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete of the unanswered claim: %v, want ErrNotOwner", err)
+	}
+}
