@@ -32,12 +32,12 @@ func labelOf(owner string) string {
 }
 
 // Inspect implements driver.Inspector for plain and fair locks (the keys
-// Acquire takes). Its token is the fence's current value, which is the
-// holder's: the fence moves only when the lock is granted. Waiters counts
+// Acquire takes). Its token is the holder's, read from the lock's state
+// with its owner and deadline. Waiters counts
 // the fair queue and the live recorded waiters of plain locks.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	n := namesOf(key)
-	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.waiters()}).Slice()
+	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.queue(), n.waiters()}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}
@@ -129,12 +129,9 @@ func globEscape(s string) string {
 
 // ForceRelease implements driver.ForceReleaser for plain and fair locks, in
 // one script that checks the holder and removes it. The token Inspect
-// reports, and the one target names, is the fence's value, which only a
-// grant moves: while it is unchanged and the lock is held, the holder is
-// the one that was seen. (Read/write locks and semaphores of the same name
-// draw from that fence too, so a grant of one of them in between makes the
-// release refuse, naming the same holder with the fence's new value.) The
-// old holder finds its lease gone at its next renewal, a third of its TTL
+// reports, and the one target names, is the holder's own, which each grant
+// replaces: while it is unchanged and the lock is held, the holder is the
+// one that was seen. The old holder finds its lease gone at its next renewal, a third of its TTL
 // later at most, and its section's context is cancelled then.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	n := namesOf(key)
@@ -145,7 +142,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	if target.Owner != "" {
 		withLabel = "1"
 	}
-	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.deadlines(), n.waiters()},
+	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()},
 		n.channel(), anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)

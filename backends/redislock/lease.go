@@ -32,6 +32,10 @@ type lease struct {
 	// it while guard reads it, without a lock.
 	expiry atomic.Int64
 	kind   kind
+	// day is when the key of a plain or fair lock's state expires, as its
+	// grant or latest refresh set it (see state.lua): a release writes it
+	// back with the free state, unread.
+	day atomic.Uint32
 }
 
 // epoch anchors lease expiries on the monotonic clock.
@@ -75,7 +79,7 @@ func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
 	case kindPermit:
 		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
 	default:
-		return sc.refresh, []string{n.lock()}, []any{ls.owner, px}
+		return sc.refreshLock, []string{n.lock()}, []any{ls.owner, px, ls.token}
 	}
 }
 
@@ -86,6 +90,9 @@ func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, err
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+	}
+	if ls.kind == kindMutex {
+		ls.day.Store(uint32(n))
 	}
 	ls.renewed(sent, px)
 	return nil
@@ -105,7 +112,7 @@ func (ls *lease) Release(ctx context.Context) error {
 }
 
 // releaseOn runs the owner-checked release script: one round trip that
-// deletes the lease and publishes on the key's channel.
+// frees the lease and, when someone waits, tells one waiter.
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
 	n := namesOf(ls.key)
@@ -117,7 +124,8 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	case kindPermit:
 		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	default:
-		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}, ls.owner, n.channel()).Int64()
+		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()},
+			ls.owner, ls.token, ls.day.Load(), n.channel()).Int64()
 	}
 }
 

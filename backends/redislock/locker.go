@@ -137,7 +137,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	release := []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}
 	var w waiter
 	if opts.Fair {
-		keys := []string{n.lock(), n.fence(), n.queue(), n.deadlines()}
+		keys := []string{n.lock(), n.queue(), n.deadlines()}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
 		// The place carries the waiter timeout, from which any contender
@@ -167,7 +167,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				l.s.release.Run(ctx, l.sc, release, owner, "0", "0", channel)
 				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, place, channel)
 			},
 		}
@@ -178,7 +178,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// where the message goes, the Locker's own channel, which only
 		// this process listens to: on the lock's channel, every process
 		// with a waiter would receive every release's message.
-		keys := []string{n.lock(), n.fence(), n.waiters()}
+		keys := []string{n.lock(), n.waiters()}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		record := l.wake + "\n" + owner
 		recorded, unanswered := false, false
@@ -202,7 +202,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				l.s.release.Run(ctx, l.sc, release, owner, "0", "0", channel)
 				if recorded {
 					l.s.unwaitMutex.Run(ctx, l.sc, release, record, channel)
 				}
@@ -230,14 +230,15 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 	return max(min(maxHandoff, waiterTimeout/5), time.Millisecond)
 }
 
-// run runs a script that answers an array of integers.
+// run runs a script that answers an array of integers: {1, token} or
+// {1, token, day} for a grant, {0, ms} otherwise.
 func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
 	r, err := s.Run(ctx, sc, keys, args...).Int64Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
-	if len(r) != 2 {
-		return nil, fmt.Errorf("%w: a script answered %d values, want 2", driver.ErrUnavailable, len(r))
+	if len(r) != 2 && len(r) != 3 {
+		return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 3", driver.ErrUnavailable, len(r))
 	}
 	return r, nil
 }

@@ -1,0 +1,95 @@
+package redislock
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// serverCalls sums the calls of every command in INFO commandstats, the
+// commands scripts run included, less the INFO calls themselves.
+func serverCalls(t *testing.T, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for f := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				calls[strings.TrimPrefix(name, "cmdstat_")] = n
+			}
+		}
+	}
+	return calls
+}
+
+// commandsPer runs op n times on a server of the test's own and returns the
+// server commands one run cost, by command.
+func commandsPer(t *testing.T, c *goredis.Client, n int, op func()) (total float64, by map[string]float64) {
+	t.Helper()
+	op() // the scripts are loaded, the keys made
+	before := serverCalls(t, c)
+	for range n {
+		op()
+	}
+	after := serverCalls(t, c)
+	by = map[string]float64{}
+	for name, v := range after {
+		if d := v - before[name]; d > 0 && name != "info" {
+			by[name] = float64(d) / float64(n)
+			total += by[name]
+		}
+	}
+	return total, by
+}
+
+// TestUncontendedCycleCommands: an uncontended acquisition and release of
+// a plain lock cost 5 server commands (the two scripts and, inside them,
+// the grant's TIME and each one's SET), however many times the key is
+// used; a refresh costs 3. The commands are counted by the server itself.
+func TestUncontendedCycleCommands(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	total, by := commandsPer(t, c, 100, func() {
+		lease, err := l.Acquire(ctx, "cycle", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("server commands per cycle: %v %v", total, by)
+	if total != 5 {
+		t.Errorf("server commands per uncontended cycle: %v (%v), want 5", total, by)
+	}
+	lease, err := l.Acquire(ctx, "refreshed", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, by = commandsPer(t, c, 100, func() {
+		if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if total != 3 {
+		t.Errorf("server commands per refresh: %v (%v), want 3", total, by)
+	}
+}
