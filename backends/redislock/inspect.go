@@ -36,8 +36,8 @@ func labelOf(owner string) string {
 // with its owner and deadline. Waiters counts
 // the fair queue and the live recorded waiters of plain locks.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
-	n := namesOf(key)
-	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.queue(), n.waiters()}).Slice()
+	n := mutexNamesOf(key)
+	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock, n.queue, n.waiters}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}
@@ -134,7 +134,7 @@ func globEscape(s string) string {
 // one that was seen. The old holder finds its lease gone at its next renewal, a third of its TTL
 // later at most, and its section's context is cancelled then.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
-	n := namesOf(key)
+	n := mutexNamesOf(key)
 	anyHolder, withLabel := "0", "0"
 	if target.AnyHolder {
 		anyHolder = "1"
@@ -142,8 +142,8 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	if target.Owner != "" {
 		withLabel = "1"
 	}
-	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()},
-		n.channel(), anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
+	r, err := l.s.forceRelease.Run(ctx, l.sc, n.releaseKeys(),
+		n.channel, anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

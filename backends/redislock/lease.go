@@ -70,16 +70,17 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 
 func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
 	sc := ls.l.s
+	if ls.kind == kindMutex {
+		return sc.refreshLock, []string{lockKeyOf(ls.key)}, []any{ls.owner, px, ls.token}
+	}
 	n := namesOf(ls.key)
 	switch ls.kind {
 	case kindRead:
 		return sc.zrefresh, []string{n.readers()}, []any{ls.owner, px}
 	case kindWrite:
 		return sc.refresh, []string{n.writer()}, []any{ls.owner, px}
-	case kindPermit:
-		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
 	default:
-		return sc.refreshLock, []string{n.lock()}, []any{ls.owner, px, ls.token}
+		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
 	}
 }
 
@@ -115,17 +116,18 @@ func (ls *lease) Release(ctx context.Context) error {
 // frees the lease and, when someone waits, tells one waiter.
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
+	if ls.kind == kindMutex {
+		n := mutexNamesOf(ls.key)
+		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel).Int64()
+	}
 	n := namesOf(ls.key)
 	switch ls.kind {
 	case kindRead:
 		return s.zrelease.Run(ctx, sc, []string{n.readers()}, ls.owner, n.channel(), "0").Int64()
 	case kindWrite:
 		return s.writeRelease.Run(ctx, sc, []string{n.writer()}, ls.owner, n.channel()).Int64()
-	case kindPermit:
-		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	default:
-		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()},
-			ls.owner, ls.token, ls.day.Load(), n.channel()).Int64()
+		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	}
 }
 

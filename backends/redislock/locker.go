@@ -129,15 +129,14 @@ var (
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters
 // in the order they arrived.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
-	n := namesOf(key)
+	n := mutexNamesOf(key)
 	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
-	channel := n.channel()
-	release := []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}
+	channel := n.channel
 	var w waiter
 	if opts.Fair {
-		keys := []string{n.lock(), n.queue(), n.deadlines()}
+		keys := []string{n.lock, n.queue, n.deadlines}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
 		// The place carries the waiter timeout, from which any contender
@@ -167,8 +166,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, "0", "0", channel)
-				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, place, channel)
+				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel)
+				l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel)
 			},
 		}
 	} else {
@@ -178,7 +177,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// where the message goes, the Locker's own channel, which only
 		// this process listens to: on the lock's channel, every process
 		// with a waiter would receive every release's message.
-		keys := []string{n.lock(), n.waiters()}
+		keys := []string{n.lock, n.waiters}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		record := l.wake + "\n" + owner
 		recorded, unanswered := false, false
@@ -202,9 +201,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, "0", "0", channel)
+				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel)
 				if recorded {
-					l.s.unwaitMutex.Run(ctx, l.sc, release, record, channel)
+					l.s.unwaitMutex.Run(ctx, l.sc, n.releaseKeys(), record, channel)
 				}
 			},
 		}

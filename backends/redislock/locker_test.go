@@ -168,6 +168,13 @@ func TestKeysShareOneHashTag(t *testing.T) {
 	if namesOf("a{b}").lock() == namesOf("a%7Bb%7D").lock() {
 		t.Error("two keys encode to one")
 	}
+	for _, key := range []string{"a{b}c%7B/:é", "", "plain", "{", "}{"} {
+		n, m := namesOf(key), mutexNamesOf(key)
+		want := mutexNames{n.lock(), n.queue(), n.deadlines(), n.waiters(), n.channel()}
+		if m != want || lockKeyOf(key) != n.lock() {
+			t.Errorf("mutexNamesOf(%q) = %q, lockKeyOf %q; want %q", key, m, lockKeyOf(key), want)
+		}
+	}
 }
 
 // TestWaitReplicasUnmet: the test server has no replica, so WAIT 1 times out

@@ -216,7 +216,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	case *goredis.Client:
 		conn = c.Conn()
 	case *goredis.ClusterClient:
-		node, err := c.MasterForKey(ctx, namesOf(ls.key).lock())
+		node, err := c.MasterForKey(ctx, lockKeyOf(ls.key))
 		if err != nil {
 			return nil, driver.Unavailable(ctx, err)
 		}
