@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // serverCalls sums the calls of every command in INFO commandstats, the
@@ -91,5 +92,39 @@ func TestUncontendedCycleCommands(t *testing.T) {
 	})
 	if total != 3 {
 		t.Errorf("server commands per refresh: %v (%v), want 3", total, by)
+	}
+}
+
+// TestIdempotencyStoreCommands: a first request (claim, complete) costs 8
+// server commands and a replay (get) 2, counted by the server itself.
+func TestIdempotencyStoreCommands(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	ctx := context.Background()
+	i := 0
+	total, by := commandsPer(t, c, 50, func() {
+		i++
+		key, owner := "req-"+strconv.Itoa(i), "owner-"+strconv.Itoa(i)
+		rec, err := s.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Fingerprint: "f", Owner: owner, Lease: time.Minute})
+		if err != nil || rec != nil {
+			t.Fatalf("claim: %v, %v", rec, err)
+		}
+		if err := s.Complete(ctx, "s", key, owner, []byte("done"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if total != 8 {
+		t.Errorf("server commands per first request: %v (%v), want 8", total, by)
+	}
+	total, by = commandsPer(t, c, 50, func() {
+		rec, err := s.Get(ctx, "s", "req-1")
+		if err != nil || string(rec.Response) != "done" {
+			t.Fatalf("get: %+v, %v", rec, err)
+		}
+	})
+	if total != 2 {
+		t.Errorf("server commands per replay: %v (%v), want 2", total, by)
 	}
 }
