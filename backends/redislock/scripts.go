@@ -4,6 +4,8 @@ import (
 	_ "embed"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/internal/redisstate"
 )
 
 // The scripts are sent by digest (EVALSHA) and only in full when the server
@@ -43,10 +45,10 @@ var (
 	// write lock or a permit.
 	//go:embed token.lua
 	tokenSrc string
-	// stateSrc defines how the scripts of plain and fair locks read and
+	// lockStateSrc defines how the scripts of plain and fair locks read and
 	// write a lock's state.
 	//go:embed state.lua
-	stateSrc string
+	lockStateSrc string
 	// nextWaiterSrc defines next_waiter and wake for the scripts that free
 	// a lock or tell a waiter its turn has come.
 	//go:embed next_waiter.lua
@@ -66,6 +68,7 @@ type scripts struct {
 }
 
 func newScripts() *scripts {
+	stateSrc := redisstate.Lua + lockStateSrc
 	return &scripts{
 		acquire:      goredis.NewScript(stateSrc + acquireSrc),
 		fairAcquire:  goredis.NewScript(stateSrc + nextWaiterSrc + fairAcquireSrc),
