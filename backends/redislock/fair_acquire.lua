@@ -26,7 +26,7 @@
 -- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
 -- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
 -- ARGV[8] '1' when an earlier attempt of the contender got no answer
--- Returns {1, token, day} or {0, ms until the holder's lease or the head's
+-- Returns {1, token, day, waiting flag} or {0, ms until the holder's lease or the head's
 -- window ends (negative when unknown)}.
 local us, now = clock()
 local old = redis.call('get', KEYS[1])
@@ -40,7 +40,7 @@ if ARGV[8] == '1' and d and d > now and owner == ARGV[1] then
   keep(KEYS[1], old_day, day)
   redis.call('lrem', KEYS[2], 0, ARGV[7])
   redis.call('zrem', KEYS[3], ARGV[7])
-  return {1, tonumber(token), tonumber(day)}
+  return {1, tonumber(token), tonumber(day), tonumber(waiting)}
 end
 local timeout, window, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
 local gone = redis.call('zrangebyscore', KEYS[3], '-inf', now)
@@ -83,12 +83,12 @@ if pttl == -2 then
       redis.call('zrem', KEYS[3], me)
       -- Those behind it are woken by its release.
       if redis.call('llen', KEYS[2]) > 0 then
-        flag = '1'
+        flag = '2'
       end
     end
     put(KEYS[1], state(deadline, fmt(t), day, flag, ARGV[1]))
     keep(KEYS[1], old_day, day)
-    return {1, t, tonumber(day)}
+    return {1, t, tonumber(day), tonumber(flag)}
   end
 end
 if ARGV[3] ~= '0' then
@@ -104,11 +104,11 @@ if ARGV[3] ~= '0' then
   end
   -- The lock's state says someone waits, so that its release, by whoever
   -- holds it then, fair or not, wakes the queue.
-  if d and waiting ~= '1' then
-    put(KEYS[1], state(d, token, old_day, '1', owner))
+  if d and waiting ~= '2' then
+    put(KEYS[1], state(d, token, old_day, '2', owner))
   elseif not old then
     local free_day = day_of(now)
-    redis.call('set', KEYS[1], state(0, '0', free_day, '1', ''))
+    redis.call('set', KEYS[1], state(0, '0', free_day, '2', ''))
     keep(KEYS[1], nil, free_day)
   end
 end

@@ -23,5 +23,5 @@ if ARGV[2] ~= '1' then
   end
 end
 put(KEYS[1], state(0, fmt(next_grant(us, token)), day, waiting, ''))
-wake(ARGV[1], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
+wake(ARGV[1], next_waiter(KEYS[2], KEYS[3], KEYS[4], false))
 return {owner, tonumber(token), pttl, 1}

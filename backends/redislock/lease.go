@@ -32,6 +32,10 @@ type lease struct {
 	// it while guard reads it, without a lock.
 	expiry atomic.Int64
 	kind   kind
+	// waiting is the waiting flag of a plain or fair lock's state when it
+	// was granted (see state.lua): its release writes it back, unread, so
+	// that under contention the flag costs no command of its own.
+	waiting byte
 	// day is when the key of a plain or fair lock's state expires, as its
 	// grant or latest refresh set it (see state.lua): a release writes it
 	// back with the free state, unread.
@@ -118,7 +122,7 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	s := ls.l.s
 	if ls.kind == kindMutex {
 		n := mutexNamesOf(ls.key)
-		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel).Int64()
+		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)
 	switch ls.kind {
@@ -129,6 +133,17 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	default:
 		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	}
+}
+
+// waitingFlag is a waiting flag as a script reads it.
+func waitingFlag(b byte) string {
+	switch b {
+	case 1:
+		return "1"
+	case 2:
+		return "2"
+	}
+	return "0"
 }
 
 // RefreshBatch implements driver.BatchRefresher: one pipelined round trip

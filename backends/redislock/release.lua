@@ -5,23 +5,25 @@
 -- else the non-fair waiter recorded longest ago.
 -- KEYS[1] lock  KEYS[2] queue  KEYS[3] deadlines  KEYS[4] waiters (zset)
 -- ARGV[1] owner  ARGV[2] its token  ARGV[3] its day  ARGV[4] channel
--- (the token and day may be '0' when unknown: the state then gives them)
+-- ARGV[5] the waiting flag its grant found, which the free state keeps
+-- while someone waits (token, day and flag may be '0' when unknown: the
+-- state then gives them)
 -- Returns 1 when released, 0 when the lock was not owner's.
-local old = swap(KEYS[1], state(0, ARGV[2], ARGV[3], '0', ''))
+local old = swap(KEYS[1], state(0, ARGV[2], ARGV[3], ARGV[5], ''))
 local d, token, day, waiting, owner = parse(old)
-if not d or owner ~= ARGV[1] or owner == '' then
+if not d or owner ~= ARGV[1] then
   restore(KEYS[1], old)
   return 0
 end
 local flag = '0'
 local next = ''
-if waiting == '1' then
-  next = next_waiter(KEYS[2], KEYS[3], KEYS[4])
+if waiting ~= '0' then
+  next = next_waiter(KEYS[2], KEYS[3], KEYS[4], waiting == '1')
   if next ~= '' then
-    flag = '1'
+    flag = waiting
   end
 end
-if token ~= ARGV[2] or day ~= ARGV[3] or flag == '1' then
+if token ~= ARGV[2] or day ~= ARGV[3] or flag ~= ARGV[5] then
   put(KEYS[1], state(0, token, day, flag, ''))
 end
 if next ~= '' then

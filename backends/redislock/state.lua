@@ -4,8 +4,9 @@
 -- deadline: when the lease ends, in ms on the server's clock (0 once
 -- released); token: the fencing token of the latest grant; day: the day
 -- (since the epoch) at whose end the key expires, at least a day after the
--- deadline; waiting: '1' once a waiter announced itself, which is what makes
--- a release look for one; owner: the holder's id ('' once released).
+-- deadline; waiting: '1' once a non-fair waiter announced itself, '2' once a
+-- fair one did, which is what makes a release look for one (in the fair
+-- queue only for '2'); owner: the holder's id ('' once released).
 -- A lease whose deadline passed is free: its key stays, with its token.
 --
 -- A grant, a refresh and a release each write the key's new state and read
@@ -23,7 +24,7 @@ local function parse(v)
   if not v then
     return nil
   end
-  local d, token, day, waiting, owner = string.match(v, '^(%d+):(%d+):(%d+):([01]):(.*)$')
+  local d, token, day, waiting, owner = string.match(v, '^(%d+):(%d+):(%d+):([012]):(.*)$')
   if not d then
     return nil
   end
@@ -42,6 +43,15 @@ local function next_grant(us, token)
     return tonumber(token) + 1
   end
   return us
+end
+
+-- announce is the waiting flag once a waiter of the kind given ('1' or '2')
+-- announced itself.
+local function announce(waiting, kind)
+  if waiting == '2' then
+    return '2'
+  end
+  return kind
 end
 
 -- is_free tells a lock that can be granted from its state: a key that is

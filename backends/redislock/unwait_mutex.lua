@@ -6,7 +6,7 @@ if redis.call('zrem', KEYS[4], ARGV[1]) == 1 then
   local v = redis.call('get', KEYS[1])
   local _, now = clock()
   if is_free(v, parse(v), now) then
-    local next = next_waiter(KEYS[2], KEYS[3], KEYS[4])
+    local next = next_waiter(KEYS[2], KEYS[3], KEYS[4], false)
     if next ~= '' then
       wake(ARGV[2], next)
     end

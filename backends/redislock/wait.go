@@ -104,8 +104,9 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		switch {
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
-			if len(r) == 3 {
+			if len(r) == 4 {
 				ls.day.Store(uint32(r[2]))
+				ls.waiting = byte(r[3])
 			}
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
