@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,5 +127,32 @@ func TestIdempotencyStoreCommands(t *testing.T) {
 	})
 	if total != 2 {
 		t.Errorf("server commands per replay: %v (%v), want 2", total, by)
+	}
+}
+
+// TestEarlierFormatLockIsHeld: a lock an earlier warden took (its owner id,
+// with PX) is found held, plain or fair, and left exactly as it was, its
+// expiry included, so that its holder's own release and refresh still work.
+func TestEarlierFormatLockIsHeld(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		key := "earlier-format-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		lock := namesOf(key).lock()
+		if err := c.Set(ctx, lock, "earlier-owner", 5*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second, Fair: fair})
+		if !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("fair=%v: acquiring a lock held in the earlier format: %v, want ErrNotAcquired", fair, err)
+		}
+		if v, err := c.Get(ctx, lock).Result(); err != nil || v != "earlier-owner" {
+			t.Fatalf("fair=%v: the earlier lock after the attempt: %q, %v", fair, v, err)
+		}
+		if pttl := c.PTTL(ctx, lock).Val(); pttl <= 3*time.Second || pttl > 5*time.Second {
+			t.Fatalf("fair=%v: the earlier lock's PTTL after the attempt: %v, want its own", fair, pttl)
+		}
+		c.Del(ctx, lock)
 	}
 }
