@@ -43,7 +43,7 @@ if is_free(old, d, now) or lost then
   end
   -- Other waiters may still wait: the flag stays until a release finds
   -- none.
-  if not swapped or t ~= us or waiting == '1' then
+  if not swapped or t ~= us or (waiting and waiting ~= '0') then
     put(KEYS[1], state(deadline, fmt(t), day, waiting or '0', ARGV[1]))
   end
   keep(KEYS[1], old_day, day)

@@ -156,3 +156,72 @@ func TestEarlierFormatLockIsHeld(t *testing.T) {
 		c.Del(ctx, lock)
 	}
 }
+
+// TestWaitingFlagKept: the flag by which a waiter announced itself in the
+// lock's state survives the holder's refresh and a grant to another
+// contender, fair waiter ('2') or not ('1'), so that the release that
+// follows looks for the waiters.
+func TestWaitingFlagKept(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	flagOf := func(key string) string {
+		t.Helper()
+		v, err := c.Get(ctx, namesOf(key).lock()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Split(v, ":")
+		if len(f) < 5 {
+			t.Fatalf("state %q", v)
+		}
+		return f[3]
+	}
+	for _, flag := range []string{"1", "2"} {
+		key := "waiting-flag-" + flag + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		n := namesOf(key)
+		t.Cleanup(func() { c.Del(ctx, n.lock(), n.queue(), n.deadlines(), n.waiters()) })
+		holder, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A waiter's failed attempt announces it.
+		if flag == "2" {
+			place := "60000:" + l.wake + "\nfair-waiter"
+			_, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.queue(), n.deadlines()},
+				"fair-waiter", 10000, "1", 60000, 250, n.channel(), place, "0")
+		} else {
+			_, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
+				"waiter", 10000, "1", 60000, l.wake+"\nwaiter", "0")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the waiter's attempt: %q, want %q", got, flag)
+		}
+		if err := holder.Refresh(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the holder's refresh: %q, want %q", got, flag)
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the release, the waiter still waiting: %q, want %q", got, flag)
+		}
+		next, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			if flag == "2" && errors.Is(err, driver.ErrNotAcquired) {
+				continue // the fair queue's head has its turn
+			}
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after a grant to a contender that did not wait: %q, want %q", got, flag)
+		}
+		next.Release(ctx)
+	}
+}

@@ -11,7 +11,7 @@ if not d or owner ~= ARGV[1] or d <= now then
   restore(KEYS[1], old)
   return 0
 end
-if token ~= ARGV[3] or waiting == '1' then
+if token ~= ARGV[3] or waiting ~= '0' then
   put(KEYS[1], state(deadline, token, day, waiting, owner))
 end
 keep(KEYS[1], old_day, day)
