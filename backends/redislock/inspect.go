@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -97,19 +98,58 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	}
 	slices.Sort(keys)
 	var out []driver.Listed
-	for _, k := range keys {
-		if len(out) == limit {
-			break
-		}
-		in, err := l.Inspect(ctx, k)
+	for len(keys) > 0 && len(out) < limit {
+		// A released lock keeps its key, free, for a day or two (see
+		// state.lua): one pipelined GET per page of names leaves those
+		// out before each held one is inspected on its own.
+		page := keys[:min(len(keys), 1000)]
+		keys = keys[len(page):]
+		held, err := l.notReleased(ctx, page)
 		if err != nil {
-			return nil, err
+			return nil, driver.Unavailable(ctx, err)
 		}
-		if len(in.Holders) > 0 { // it may have been released since the scan
-			out = append(out, driver.Listed{Key: k, Inspection: in})
+		for _, k := range held {
+			if len(out) == limit {
+				break
+			}
+			in, err := l.Inspect(ctx, k)
+			if err != nil {
+				return nil, err
+			}
+			if len(in.Holders) > 0 { // it may have been released since the scan
+				out = append(out, driver.Listed{Key: k, Inspection: in})
+			}
 		}
 	}
 	return out, nil
+}
+
+// notReleased keeps the keys whose lock's state is not a released one (no
+// owner), in order: those may be held.
+func (l *Locker) notReleased(ctx context.Context, keys []string) ([]string, error) {
+	pipe := l.client.Pipeline()
+	gets := make([]*goredis.StringCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, lockKeyOf(k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		return nil, err
+	}
+	var out []string
+	for i, g := range gets {
+		v, err := g.Result()
+		if errors.Is(err, goredis.Nil) || released(v) {
+			continue
+		}
+		out = append(out, keys[i])
+	}
+	return out, nil
+}
+
+// released tells the state of a released plain or fair lock, which ends
+// with its empty owner: '<deadline>:<token>:<day>:<waiting>:'.
+func released(state string) bool {
+	return strings.Count(state, ":") == 4 && strings.HasSuffix(state, ":")
 }
 
 // globEscape keeps the characters SCAN's pattern gives a meaning to literal.
