@@ -60,7 +60,8 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // List implements driver.Lister. Redis keeps no index of lock names, so
 // each page SCANs every master for the prefix's lock keys and sorts them:
 // a page costs a pass over the keyspace, which suits an operator's tool,
-// not a hot path.
+// not a hot path. The keys of locks released in the last day or two are
+// found too, and left out with one pipelined GET per 1000 names.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
