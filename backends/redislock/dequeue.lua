@@ -4,7 +4,9 @@
 -- ARGV[1] the waiter's place (see fair_acquire.lua)  ARGV[2] channel
 redis.call('lrem', KEYS[1], 0, ARGV[1])
 redis.call('zrem', KEYS[2], ARGV[1])
-if redis.call('exists', KEYS[3]) == 0 then
+local v = redis.call('get', KEYS[3])
+local _, now = clock()
+if is_free(v, parse(v), now) then
   local head = redis.call('lindex', KEYS[1], 0)
   if head then
     wake(ARGV[2], head)

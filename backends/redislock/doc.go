@@ -6,15 +6,20 @@
 // Every operation is one round trip to the server that holds the key: a Lua
 // script (sent by digest, in full only when the server answers NOSCRIPT) that
 // checks and changes the lock atomically, with expiries counted by Redis
-// (PX, and the server's TIME for leases kept in sorted sets), never by the
+// (the server's TIME, and PX for a writer's key), never by the
 // application's clock. Renewals of many held locks go in one pipeline
 // (driver.BatchRefresher). All the keys of one lock share the hash tag
 // {<key>}, so they live in one Cluster slot; <key> is the key as guard
 // passes it, under guard's prefix ("warden:" by default):
 //
-//	{<key>}:lock              the exclusive lock: owner id, PX ttl
-//	{<key>}:fence             fencing counter, expires a day after the
-//	                          key's last grant
+//	{<key>}:lock              the state of the exclusive lock, which is
+//	                          also its fence: lease deadline (server
+//	                          clock), fencing token, waiter flag, owner
+//	                          id; expires one to two days after the
+//	                          key's last grant or refresh
+//	{<key>}:fence             fencing counter of the read/write locks
+//	                          and semaphores, expires a day after their
+//	                          last grant
 //	{<key>}:queue             fair waiters, oldest first (list)
 //	{<key>}:queue:deadlines   each fair waiter's deadline (zset)
 //	{<key>}:waiters           waiting non-fair contenders by deadline (zset)
@@ -28,19 +33,27 @@
 //	                          waiters, fair or not, named in their records
 //
 // '{', '}' and '%' in a key are percent-encoded so the hash tag stays whole.
-// The fence counter outlives the lock: it expires a day after the key's
-// last grant, so a free key costs one small key (about 100 bytes) for a day
+//
+// An exclusive lock is one key, read and written by every grant, refresh and
+// release in a single SET ... KEEPTTL GET: an uncontended acquisition and
+// release cost 5 server commands (the two scripts' EVALSHA, the grant's
+// TIME and each one's SET), one more than a plain SET NX PX lock released
+// by an owner-checked script (4), which draws no fencing token. A released
+// lock keeps its key, free, with its last token: the key outlives the lock
+// as its fence, and expires at the end of the day after the key's last
+// grant or refresh (the expiry moves once a day for a key in constant use),
+// so a free key costs one small key (about 100 bytes) for a day or two
 // after its last use, and lock names taken from request data (per user, per
-// order) are reclaimed by Redis itself, with no purge to run. Where even a
-// day of them is too many, the remedy is fewer names (a key per shard of
+// order) are reclaimed by Redis itself, with no purge to run. Where even
+// that many are too many, the remedy is fewer names (a key per shard of
 // users rather than per user), not a shorter expiry: see below for what the
 // day buys.
 //
 // # What the fencing token guarantees
 //
-// Each grant sets the fence to the greater of its last value plus one and
-// the server's clock (TIME) in microseconds, and that is the token. The
-// fence is replicated asynchronously like every Redis write, so a failover
+// Each grant's token is the greater of the last token plus one and the
+// server's clock (TIME) in microseconds. The lock's state, which holds the
+// token, is replicated asynchronously like every Redis write, so a failover
 // to a replica that missed the latest grants, or a restart without
 // persistence, loses it (and the lock with it: two holders may then
 // overlap, which is what the token is for). The next grant starts again
@@ -52,10 +65,20 @@
 // its data. A clock stepped backwards by more than the gap between two
 // grants is the one case where a token can repeat.
 //
-// The fence's expiry, a day after the key's last grant, leans on the same
-// clock: a token is never above the clock of its grant (a grant takes more
+// The state's expiry, a day at least after the key's last grant, leans on
+// the same clock: a token is never above the clock of its grant (a grant takes more
 // than a microsecond), so the first grant after the fence expired, drawn
 // from the clock alone, is past every token before it unless the server's
 // clock was stepped back by more than a day meanwhile; across a restart or
 // a failover, the assumption above holds as it did.
+//
+// # Redis versions
+//
+// Redis 6.2 or newer: the state is swapped with SET ... KEEPTTL GET. On an
+// older server every plain or fair lock operation fails with an error that
+// says so. While processes of an earlier warden, which kept the lock as its
+// owner id with PX and the fence beside it, share lock names with this one
+// (a rolling upgrade), the two exclude each other: this version finds their
+// lock held, and they find any name this version used in the last day or
+// two held, whether it is or not, so they wait until they are upgraded.
 package redislock

@@ -21,38 +21,48 @@
 -- that has not confirmed its place lately is then told to confirm it within
 -- the window: the live ones do at once (any attempt renews a place), so the
 -- dead are dropped together rather than one window each.
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue (list)  KEYS[4] deadlines (zset)
+-- KEYS[1] lock  KEYS[2] queue (list)  KEYS[3] deadlines (zset)
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired,
 -- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
 -- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
 -- ARGV[8] '1' when an earlier attempt of the contender got no answer
--- Returns {1, token} or {0, ms until the holder's lease or the head's window
--- ends (negative when unknown)}.
+-- Returns {1, token, day, waiting flag} or {0, ms until the holder's lease or the head's
+-- window ends (negative when unknown)}.
+local us, now = clock()
+local old = redis.call('get', KEYS[1])
+local d, token, old_day, waiting, owner = parse(old)
+local deadline = now + tonumber(ARGV[2])
+local day = day_of(deadline)
 -- An attempt whose answer never came may have taken the lock: it is the
 -- contender's then, with the token that attempt drew.
-if ARGV[8] == '1' and redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  redis.call('lrem', KEYS[3], 0, ARGV[7])
-  redis.call('zrem', KEYS[4], ARGV[7])
-  return {1, tonumber(redis.call('get', KEYS[2]))}
+if ARGV[8] == '1' and d and d > now and owner == ARGV[1] then
+  put(KEYS[1], state(deadline, token, day, waiting, owner))
+  keep(KEYS[1], old_day, day)
+  redis.call('lrem', KEYS[2], 0, ARGV[7])
+  redis.call('zrem', KEYS[3], ARGV[7])
+  return {1, tonumber(token), tonumber(day), tonumber(waiting)}
 end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local timeout, window, me = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
-local gone = redis.call('zrangebyscore', KEYS[4], '-inf', now)
+local gone = redis.call('zrangebyscore', KEYS[3], '-inf', now)
 for _, id in ipairs(gone) do
-  redis.call('lrem', KEYS[3], 0, id)
+  redis.call('lrem', KEYS[2], 0, id)
 end
 if #gone > 0 then
-  redis.call('zremrangebyscore', KEYS[4], '-inf', now)
+  redis.call('zremrangebyscore', KEYS[3], '-inf', now)
 end
-local pttl = redis.call('pttl', KEYS[1])
-local head = redis.call('lindex', KEYS[3], 0)
+local pttl = -2
+if d and d > now then
+  pttl = d - now
+elseif old and not d then
+  -- Another format: an earlier warden's lock, with its own expiry.
+  pttl = redis.call('pttl', KEYS[1])
+end
+local head = redis.call('lindex', KEYS[2], 0)
 local due
 local shaken = #gone > 0
 if pttl == -2 then
   while head and head ~= me do
-    due = tonumber(redis.call('zscore', KEYS[4], head))
+    due = tonumber(redis.call('zscore', KEYS[3], head))
     -- A place without a deadline is nobody's: it would block the queue for
     -- as long as live waiters keep the list from expiring. A deadline within
     -- the window is a head told to confirm, or one about to lapse anyway.
@@ -60,30 +70,46 @@ if pttl == -2 then
     if due and not (period and due > now + window and due - period < now - math.floor(period / 3) - window) then
       break
     end
-    redis.call('lpop', KEYS[3])
-    redis.call('zrem', KEYS[4], head)
+    redis.call('lpop', KEYS[2])
+    redis.call('zrem', KEYS[3], head)
     shaken = true
-    head = redis.call('lindex', KEYS[3], 0)
+    head = redis.call('lindex', KEYS[2], 0)
   end
   if (not head) or head == me then
-    redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    local t = next_grant(us, token)
+    local flag = waiting or '0'
     if head then
-      redis.call('lpop', KEYS[3])
-      redis.call('zrem', KEYS[4], me)
+      redis.call('lpop', KEYS[2])
+      redis.call('zrem', KEYS[3], me)
+      -- Those behind it are woken by its release.
+      if redis.call('llen', KEYS[2]) > 0 then
+        flag = '2'
+      end
     end
-    return {1, next_token(KEYS[2])}
+    put(KEYS[1], state(deadline, fmt(t), day, flag, ARGV[1]))
+    keep(KEYS[1], old_day, day)
+    return {1, t, tonumber(day), tonumber(flag)}
   end
 end
 if ARGV[3] ~= '0' then
-  if redis.call('zadd', KEYS[4], now + timeout, me) == 1 then
-    redis.call('rpush', KEYS[3], me)
+  if redis.call('zadd', KEYS[3], now + timeout, me) == 1 then
+    redis.call('rpush', KEYS[2], me)
     shaken = shaken or ARGV[3] == '2'
   end
   -- The queue disappears with its last waiter.
-  for i = 3, 4 do
+  for i = 2, 3 do
     if redis.call('pttl', KEYS[i]) < timeout then
       redis.call('pexpire', KEYS[i], timeout)
     end
+  end
+  -- The lock's state says someone waits, so that its release, by whoever
+  -- holds it then, fair or not, wakes the queue.
+  if d and waiting ~= '2' then
+    put(KEYS[1], state(d, token, old_day, '2', owner))
+  elseif not old then
+    local free_day = day_of(now)
+    redis.call('set', KEYS[1], state(0, '0', free_day, '2', ''))
+    keep(KEYS[1], nil, free_day)
   end
 end
 if not due then
@@ -91,10 +117,10 @@ if not due then
 end
 local short = now + window
 if shaken then
-  local stale = redis.call('zrangebyscore', KEYS[4], '(' .. short, now + timeout - 2 * window)
+  local stale = redis.call('zrangebyscore', KEYS[3], '(' .. short, now + timeout - 2 * window)
   for _, id in ipairs(stale) do
     if id ~= head then
-      redis.call('zadd', KEYS[4], short, id)
+      redis.call('zadd', KEYS[3], short, id)
       wake(ARGV[6], id)
     end
   end
@@ -103,6 +129,6 @@ if shaken then
 end
 if due > short then
   due = short
-  redis.call('zadd', KEYS[4], due, head)
+  redis.call('zadd', KEYS[3], due, head)
 end
 return {0, due - now}

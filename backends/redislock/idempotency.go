@@ -23,10 +23,12 @@ var (
 	idemGetSrc string
 )
 
-// Store is an idempotency.Store on Redis: one hash per record,
-// each call one script. Leases and retention are deadlines on the server's
-// clock (TIME), checked by the scripts; the key's PEXPIRE only reclaims the
-// memory. It is safe for concurrent use.
+// Store is an idempotency.Store on Redis: one hash per record, each call
+// one script. A record lives as long as its key: the claim's lease, then the
+// completed record's retention, is the key's expiry (PEXPIRE), counted by
+// Redis on its own clock as a lock's PX is, so that a first request costs 8
+// server commands (claim: EVALSHA, HMGET, HSET, PEXPIRE; complete the same)
+// and a replay 2 (EVALSHA, HMGET). It is safe for concurrent use.
 type Store struct {
 	client              goredis.UniversalClient
 	sc                  *scripter // client, for scripts

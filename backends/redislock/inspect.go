@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -32,12 +33,12 @@ func labelOf(owner string) string {
 }
 
 // Inspect implements driver.Inspector for plain and fair locks (the keys
-// Acquire takes). Its token is the fence's current value, which is the
-// holder's: the fence moves only when the lock is granted. Waiters counts
+// Acquire takes). Its token is the holder's, read from the lock's state
+// with its owner and deadline. Waiters counts
 // the fair queue and the live recorded waiters of plain locks.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
-	n := namesOf(key)
-	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.waiters()}).Slice()
+	n := mutexNamesOf(key)
+	r, err := l.s.inspect.Run(ctx, l.sc, []string{n.lock, n.queue, n.waiters}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}
@@ -59,7 +60,8 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // List implements driver.Lister. Redis keeps no index of lock names, so
 // each page SCANs every master for the prefix's lock keys and sorts them:
 // a page costs a pass over the keyspace, which suits an operator's tool,
-// not a hot path.
+// not a hot path. The keys of locks released in the last day or two are
+// found too, and left out with one pipelined GET per 1000 names.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -97,19 +99,58 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	}
 	slices.Sort(keys)
 	var out []driver.Listed
-	for _, k := range keys {
-		if len(out) == limit {
-			break
-		}
-		in, err := l.Inspect(ctx, k)
+	for len(keys) > 0 && len(out) < limit {
+		// A released lock keeps its key, free, for a day or two (see
+		// state.lua): one pipelined GET per page of names leaves those
+		// out before each held one is inspected on its own.
+		page := keys[:min(len(keys), 1000)]
+		keys = keys[len(page):]
+		held, err := l.notReleased(ctx, page)
 		if err != nil {
-			return nil, err
+			return nil, driver.Unavailable(ctx, err)
 		}
-		if len(in.Holders) > 0 { // it may have been released since the scan
-			out = append(out, driver.Listed{Key: k, Inspection: in})
+		for _, k := range held {
+			if len(out) == limit {
+				break
+			}
+			in, err := l.Inspect(ctx, k)
+			if err != nil {
+				return nil, err
+			}
+			if len(in.Holders) > 0 { // it may have been released since the scan
+				out = append(out, driver.Listed{Key: k, Inspection: in})
+			}
 		}
 	}
 	return out, nil
+}
+
+// notReleased keeps the keys whose lock's state is not a released one (no
+// owner), in order: those may be held.
+func (l *Locker) notReleased(ctx context.Context, keys []string) ([]string, error) {
+	pipe := l.client.Pipeline()
+	gets := make([]*goredis.StringCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, lockKeyOf(k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		return nil, err
+	}
+	var out []string
+	for i, g := range gets {
+		v, err := g.Result()
+		if errors.Is(err, goredis.Nil) || released(v) {
+			continue
+		}
+		out = append(out, keys[i])
+	}
+	return out, nil
+}
+
+// released tells the state of a released plain or fair lock, which ends
+// with its empty owner: '<deadline>:<token>:<day>:<waiting>:'.
+func released(state string) bool {
+	return strings.Count(state, ":") == 4 && strings.HasSuffix(state, ":")
 }
 
 // globEscape keeps the characters SCAN's pattern gives a meaning to literal.
@@ -129,15 +170,12 @@ func globEscape(s string) string {
 
 // ForceRelease implements driver.ForceReleaser for plain and fair locks, in
 // one script that checks the holder and removes it. The token Inspect
-// reports, and the one target names, is the fence's value, which only a
-// grant moves: while it is unchanged and the lock is held, the holder is
-// the one that was seen. (Read/write locks and semaphores of the same name
-// draw from that fence too, so a grant of one of them in between makes the
-// release refuse, naming the same holder with the fence's new value.) The
-// old holder finds its lease gone at its next renewal, a third of its TTL
+// reports, and the one target names, is the holder's own, which each grant
+// replaces: while it is unchanged and the lock is held, the holder is the
+// one that was seen. The old holder finds its lease gone at its next renewal, a third of its TTL
 // later at most, and its section's context is cancelled then.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
-	n := namesOf(key)
+	n := mutexNamesOf(key)
 	anyHolder, withLabel := "0", "0"
 	if target.AnyHolder {
 		anyHolder = "1"
@@ -145,8 +183,8 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	if target.Owner != "" {
 		withLabel = "1"
 	}
-	r, err := l.s.forceRelease.Run(ctx, l.sc, []string{n.lock(), n.fence(), n.queue(), n.deadlines(), n.waiters()},
-		n.channel(), anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
+	r, err := l.s.forceRelease.Run(ctx, l.sc, n.releaseKeys(),
+		n.channel, anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

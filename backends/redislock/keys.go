@@ -1,6 +1,10 @@
 package redislock
 
-import "github.com/warden-go/warden/backends/internal/redistag"
+import (
+	"strings"
+
+	"github.com/warden-go/warden/backends/internal/redistag"
+)
 
 // names builds the Redis keys and the channel of one lock key when a call
 // needs them; a lease keeps only the key, since storing the nine derived
@@ -21,3 +25,30 @@ func (n names) writer() string       { return n.tag + ":writer" }
 func (n names) writeWaiters() string { return n.tag + ":writers-waiting" }
 func (n names) permits() string      { return n.tag + ":permits" }
 func (n names) channel() string      { return n.tag + ":released" }
+
+// lockKeyOf is namesOf(key).lock() in one allocation, for refreshes.
+func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock" }
+
+// mutexNames are the keys and the channel that the scripts of a plain or
+// fair lock name, cut from one string: building them costs one allocation,
+// where a names method each costs one, on the path of every acquisition
+// and release.
+type mutexNames struct{ lock, queue, deadlines, waiters, channel string }
+
+func mutexNamesOf(key string) mutexNames {
+	e := redistag.Escape(key)
+	s := "{" + e + "}:lock{" + e + "}:queue{" + e + "}:queue:deadlines{" + e + "}:waiters{" + e + "}:released"
+	var m mutexNames
+	for i, p := range []*string{&m.lock, &m.queue, &m.deadlines, &m.waiters, &m.channel} {
+		end := len(s)
+		if i < 4 {
+			end = strings.Index(s[1:], "{") + 1
+		}
+		*p, s = s[:end], s[end:]
+	}
+	return m
+}
+
+// releaseKeys are the keys of release.lua, unwait_mutex.lua and
+// force_release.lua.
+func (m mutexNames) releaseKeys() []string { return []string{m.lock, m.queue, m.deadlines, m.waiters} }

@@ -32,6 +32,14 @@ type lease struct {
 	// it while guard reads it, without a lock.
 	expiry atomic.Int64
 	kind   kind
+	// waiting is the waiting flag of a plain or fair lock's state when it
+	// was granted (see state.lua): its release writes it back, unread, so
+	// that under contention the flag costs no command of its own.
+	waiting byte
+	// day is when the key of a plain or fair lock's state expires, as its
+	// grant or latest refresh set it (see state.lua): a release writes it
+	// back with the free state, unread.
+	day atomic.Uint32
 }
 
 // epoch anchors lease expiries on the monotonic clock.
@@ -66,16 +74,17 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 
 func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
 	sc := ls.l.s
+	if ls.kind == kindMutex {
+		return sc.refreshLock, []string{lockKeyOf(ls.key)}, []any{ls.owner, px, ls.token}
+	}
 	n := namesOf(ls.key)
 	switch ls.kind {
 	case kindRead:
 		return sc.zrefresh, []string{n.readers()}, []any{ls.owner, px}
 	case kindWrite:
 		return sc.refresh, []string{n.writer()}, []any{ls.owner, px}
-	case kindPermit:
-		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
 	default:
-		return sc.refresh, []string{n.lock()}, []any{ls.owner, px}
+		return sc.zrefresh, []string{n.permits()}, []any{ls.owner, px}
 	}
 }
 
@@ -86,6 +95,9 @@ func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, err
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+	}
+	if ls.kind == kindMutex {
+		ls.day.Store(uint32(n))
 	}
 	ls.renewed(sent, px)
 	return nil
@@ -105,20 +117,33 @@ func (ls *lease) Release(ctx context.Context) error {
 }
 
 // releaseOn runs the owner-checked release script: one round trip that
-// deletes the lease and publishes on the key's channel.
+// frees the lease and, when someone waits, tells one waiter.
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
+	if ls.kind == kindMutex {
+		n := mutexNamesOf(ls.key)
+		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
+	}
 	n := namesOf(ls.key)
 	switch ls.kind {
 	case kindRead:
 		return s.zrelease.Run(ctx, sc, []string{n.readers()}, ls.owner, n.channel(), "0").Int64()
 	case kindWrite:
 		return s.writeRelease.Run(ctx, sc, []string{n.writer()}, ls.owner, n.channel()).Int64()
-	case kindPermit:
-		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	default:
-		return s.release.Run(ctx, sc, []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}, ls.owner, n.channel()).Int64()
+		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
 	}
+}
+
+// waitingFlag is a waiting flag as a script reads it.
+func waitingFlag(b byte) string {
+	switch b {
+	case 1:
+		return "1"
+	case 2:
+		return "2"
+	}
+	return "0"
 }
 
 // RefreshBatch implements driver.BatchRefresher: one pipelined round trip

@@ -129,15 +129,14 @@ var (
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters
 // in the order they arrived.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
-	n := namesOf(key)
+	n := mutexNamesOf(key)
 	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
-	channel := n.channel()
-	release := []string{n.lock(), n.queue(), n.deadlines(), n.waiters()}
+	channel := n.channel
 	var w waiter
 	if opts.Fair {
-		keys := []string{n.lock(), n.fence(), n.queue(), n.deadlines()}
+		keys := []string{n.lock, n.queue, n.deadlines}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
 		// The place carries the waiter timeout, from which any contender
@@ -167,8 +166,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, channel)
-				l.s.dequeue.Run(ctx, l.sc, []string{n.queue(), n.deadlines(), n.lock()}, place, channel)
+				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0")
+				l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel)
 			},
 		}
 	} else {
@@ -178,17 +177,27 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// where the message goes, the Locker's own channel, which only
 		// this process listens to: on the lock's channel, every process
 		// with a waiter would receive every release's message.
-		keys := []string{n.lock(), n.fence(), n.waiters()}
+		keys := []string{n.lock, n.waiters}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		record := l.wake + "\n" + owner
 		recorded, unanswered := false, false
+		// renewed is when the record was last renewed: an attempt within
+		// half a keep-alive of it leaves it as it is, a command less on
+		// every attempt a release's wake-up brings. The sleeps between
+		// attempts are bounded by the keep-alive, so a record is renewed
+		// within one and a half of them, half the waiter timeout.
+		var renewed time.Time
+		keepAlive := l.cfg.waiterTimeout / 3
 		w = waiter{
 			id:        record,
-			keepAlive: l.cfg.waiterTimeout / 3,
+			keepAlive: keepAlive,
 			bounded:   true,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
 				mode := "0"
+				sent := time.Now()
 				switch {
+				case recorded && sent.Sub(renewed) < keepAlive/2:
+					mode = "3"
 				case recorded:
 					mode = "2"
 				case queued:
@@ -197,14 +206,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record, flag(unanswered))
 				if err == nil && r[0] == 0 && queued {
 					recorded = true
+					if mode != "3" {
+						renewed = sent
+					}
 				}
 				unanswered = unanswered || err != nil
 				return r, err
 			},
 			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, release, owner, channel)
+				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0")
 				if recorded {
-					l.s.unwaitMutex.Run(ctx, l.sc, release, record, channel)
+					l.s.unwaitMutex.Run(ctx, l.sc, n.releaseKeys(), record, channel)
 				}
 			},
 		}
@@ -230,14 +242,15 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 	return max(min(maxHandoff, waiterTimeout/5), time.Millisecond)
 }
 
-// run runs a script that answers an array of integers.
+// run runs a script that answers an array of integers: {1, token} or
+// {1, token, day, waiting flag} for a grant, {0, ms} otherwise.
 func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
 	r, err := s.Run(ctx, sc, keys, args...).Int64Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
-	if len(r) != 2 {
-		return nil, fmt.Errorf("%w: a script answered %d values, want 2", driver.ErrUnavailable, len(r))
+	if len(r) != 2 && len(r) != 4 {
+		return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(r))
 	}
 	return r, nil
 }

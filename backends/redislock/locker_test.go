@@ -168,6 +168,13 @@ func TestKeysShareOneHashTag(t *testing.T) {
 	if namesOf("a{b}").lock() == namesOf("a%7Bb%7D").lock() {
 		t.Error("two keys encode to one")
 	}
+	for _, key := range []string{"a{b}c%7B/:é", "", "plain", "{", "}{"} {
+		n, m := namesOf(key), mutexNamesOf(key)
+		want := mutexNames{n.lock(), n.queue(), n.deadlines(), n.waiters(), n.channel()}
+		if m != want || lockKeyOf(key) != n.lock() {
+			t.Errorf("mutexNamesOf(%q) = %q, lockKeyOf %q; want %q", key, m, lockKeyOf(key), want)
+		}
+	}
 }
 
 // TestWaitReplicasUnmet: the test server has no replica, so WAIT 1 times out
@@ -285,10 +292,12 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			n := namesOf("unanswered-" + strconv.FormatInt(time.Now().UnixNano(), 36))
 			const owner, token = "lost-attempt-owner", 4242
-			if err := c.Set(ctx, n.lock(), owner, time.Second).Err(); err != nil {
+			now, err := c.Time(ctx).Result()
+			if err != nil {
 				t.Fatal(err)
 			}
-			if err := c.Set(ctx, n.fence(), token, 0).Err(); err != nil {
+			held := fmt.Sprintf("%d:%d:%d:0:%s", now.Add(time.Second).UnixMilli(), token, now.UnixMilli()/86400000+2, owner)
+			if err := c.Set(ctx, n.lock(), held, 24*time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}
 			attempt := func(unanswered bool) []int64 {
@@ -297,10 +306,10 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 				var r []int64
 				var err error
 				if fair {
-					r, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.fence(), n.queue(), n.deadlines()},
+					r, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.queue(), n.deadlines()},
 						owner, 30000, "1", 60000, 250, n.channel(), place, flag(unanswered))
 				} else {
-					r, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.fence(), n.waiters()},
+					r, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
 						owner, 30000, "1", 60000, l.wake+"\n"+owner, flag(unanswered))
 				}
 				if err != nil {
@@ -314,15 +323,16 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 			if r := attempt(true); r[0] != 1 || r[1] != token {
 				t.Fatalf("an attempt told of a lost answer: %v, want {1, %d}", r, token)
 			}
-			if pttl, err := c.PTTL(ctx, n.lock()).Result(); err != nil || pttl < 20*time.Second {
-				t.Fatalf("the lock's PTTL after it was found: %v, %v; want it renewed to 30s", pttl, err)
+			in, err := l.Inspect(ctx, strings.TrimSuffix(strings.TrimPrefix(n.tag, "{"), "}"))
+			if err != nil || len(in.Holders) != 1 || in.Holders[0].TTL < 20*time.Second {
+				t.Fatalf("the lock after it was found: %+v, %v; want it renewed to 30s", in, err)
 			}
 			for _, k := range []string{n.waiters(), n.queue(), n.deadlines()} {
 				if ex, err := c.Exists(ctx, k).Result(); err != nil || ex != 0 {
 					t.Fatalf("%s left behind: %d, %v", k, ex, err)
 				}
 			}
-			c.Del(ctx, n.lock(), n.fence())
+			c.Del(ctx, n.lock())
 		})
 	}
 }

@@ -1,11 +1,12 @@
 -- next_waiter names whom a free lock's message should wake: the head of
 -- the fair queue if it is still alive (dead heads are dropped), else the
 -- live non-fair waiter whose record is oldest, else nobody (''), which
--- wakes every waiter that listens without a name.
-local function next_waiter(queue, deadlines, waiters)
+-- wakes every waiter that listens without a name. nonfair_only says no fair
+-- waiter announced itself, so that the queue need not be looked at.
+local function next_waiter(queue, deadlines, waiters, nonfair_only)
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  while true do
+  while not nonfair_only do
     local head = redis.call('lindex', queue, 0)
     if not head then
       break

@@ -1,17 +1,32 @@
 -- Owner-checked release: a lease that expired and was taken over must not
--- delete the new owner's lock. The release message names one waiter, so
--- that only it retries: the next live fair waiter, else the non-fair waiter
--- recorded longest ago.
+-- free the new owner's lock. The lock's state stays, free, with its token
+-- (see state.lua). When a waiter announced itself, the release message
+-- names one waiter, so that only it retries: the next live fair waiter,
+-- else the non-fair waiter recorded longest ago.
 -- KEYS[1] lock  KEYS[2] queue  KEYS[3] deadlines  KEYS[4] waiters (zset)
--- ARGV[1] owner  ARGV[2] channel
+-- ARGV[1] owner  ARGV[2] its token  ARGV[3] its day  ARGV[4] channel
+-- ARGV[5] the waiting flag its grant found, which the free state keeps
+-- while someone waits (token, day and flag may be '0' when unknown: the
+-- state then gives them)
 -- Returns 1 when released, 0 when the lock was not owner's.
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
+local old = swap(KEYS[1], state(0, ARGV[2], ARGV[3], ARGV[5], ''))
+local d, token, day, waiting, owner = parse(old)
+if not d or owner ~= ARGV[1] then
+  restore(KEYS[1], old)
   return 0
 end
-redis.call('del', KEYS[1])
--- A waiting contender records itself (a fair place, or a record among the
--- waiters) before it sleeps: with neither, nobody waits to be told.
-if redis.call('exists', KEYS[2], KEYS[4]) > 0 then
-  wake(ARGV[2], next_waiter(KEYS[2], KEYS[3], KEYS[4]))
+local flag = '0'
+local next = ''
+if waiting ~= '0' then
+  next = next_waiter(KEYS[2], KEYS[3], KEYS[4], waiting == '1')
+  if next ~= '' then
+    flag = waiting
+  end
+end
+if token ~= ARGV[2] or day ~= ARGV[3] or flag ~= ARGV[5] then
+  put(KEYS[1], state(0, token, day, flag, ''))
+end
+if next ~= '' then
+  wake(ARGV[4], next)
 end
 return 1

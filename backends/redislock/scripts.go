@@ -4,6 +4,8 @@ import (
 	_ "embed"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/internal/redisstate"
 )
 
 // The scripts are sent by digest (EVALSHA) and only in full when the server
@@ -17,6 +19,8 @@ var (
 	releaseSrc string
 	//go:embed refresh.lua
 	refreshSrc string
+	//go:embed refresh_lock.lua
+	refreshLockSrc string
 	//go:embed dequeue.lua
 	dequeueSrc string
 	//go:embed read_acquire.lua
@@ -37,9 +41,14 @@ var (
 	inspectSrc string
 	//go:embed force_release.lua
 	forceReleaseSrc string
-	// tokenSrc defines next_token for the scripts that grant a lock.
+	// tokenSrc defines next_token for the scripts that grant a read or
+	// write lock or a permit.
 	//go:embed token.lua
 	tokenSrc string
+	// lockStateSrc defines how the scripts of plain and fair locks read and
+	// write a lock's state.
+	//go:embed state.lua
+	lockStateSrc string
 	// nextWaiterSrc defines next_waiter and wake for the scripts that free
 	// a lock or tell a waiter its turn has come.
 	//go:embed next_waiter.lua
@@ -52,18 +61,21 @@ var (
 // package variables, so that the package keeps no mutable state.
 type scripts struct {
 	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
+	refreshLock                                     *goredis.Script
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
 	semAcquire, zrelease, zrefresh                  *goredis.Script
 	inspect, forceRelease, unwaitMutex              *goredis.Script
 }
 
 func newScripts() *scripts {
+	stateSrc := redisstate.Lua + lockStateSrc
 	return &scripts{
-		acquire:      goredis.NewScript(tokenSrc + acquireSrc),
-		fairAcquire:  goredis.NewScript(tokenSrc + nextWaiterSrc + fairAcquireSrc),
-		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
+		acquire:      goredis.NewScript(stateSrc + acquireSrc),
+		fairAcquire:  goredis.NewScript(stateSrc + nextWaiterSrc + fairAcquireSrc),
+		release:      goredis.NewScript(stateSrc + nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
-		dequeue:      goredis.NewScript(nextWaiterSrc + dequeueSrc),
+		refreshLock:  goredis.NewScript(stateSrc + refreshLockSrc),
+		dequeue:      goredis.NewScript(stateSrc + nextWaiterSrc + dequeueSrc),
 		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
 		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),
 		writeRelease: goredis.NewScript(writeReleaseSrc),
@@ -71,8 +83,8 @@ func newScripts() *scripts {
 		semAcquire:   goredis.NewScript(tokenSrc + semAcquireSrc),
 		zrelease:     goredis.NewScript(zreleaseSrc),
 		zrefresh:     goredis.NewScript(zrefreshSrc),
-		inspect:      goredis.NewScript(inspectSrc),
-		forceRelease: goredis.NewScript(tokenSrc + nextWaiterSrc + forceReleaseSrc),
-		unwaitMutex:  goredis.NewScript(nextWaiterSrc + unwaitMutexSrc),
+		inspect:      goredis.NewScript(stateSrc + inspectSrc),
+		forceRelease: goredis.NewScript(stateSrc + nextWaiterSrc + forceReleaseSrc),
+		unwaitMutex:  goredis.NewScript(stateSrc + nextWaiterSrc + unwaitMutexSrc),
 	}
 }

@@ -104,6 +104,10 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		switch {
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
+			if len(r) == 4 {
+				ls.day.Store(uint32(r[2]))
+				ls.waiting = byte(r[3])
+			}
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
 		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable):
@@ -213,7 +217,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	case *goredis.Client:
 		conn = c.Conn()
 	case *goredis.ClusterClient:
-		node, err := c.MasterForKey(ctx, namesOf(ls.key).fence())
+		node, err := c.MasterForKey(ctx, lockKeyOf(ls.key))
 		if err != nil {
 			return nil, driver.Unavailable(ctx, err)
 		}

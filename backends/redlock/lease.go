@@ -16,6 +16,9 @@ type lease struct {
 	l          *Locker
 	key, owner string
 	token      uint64
+	// day is when the vote's key expires, as the granting nodes set it
+	// (see state.lua): a release writes it back, unread.
+	day int64
 	// votes are the nodes that may hold the owner's vote: those that
 	// granted it or did not answer. The others refused it, holding another
 	// owner's, so it cannot be there; refreshes and the release skip them.
@@ -44,10 +47,10 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 // before the new expiry.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
-	lock, _ := keysOf(ls.key)
+	lock := lockKeyOf(ls.key)
 	start := time.Now()
 	rs := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.refresh.Run(ctx, n, []string{lock}, ls.owner, ttl.Milliseconds()).Int64()
+		return l.refresh.Run(ctx, n, []string{lock}, ls.owner, ttl.Milliseconds(), ls.token).Int64()
 	}, ls.votes...)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)
@@ -71,7 +74,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // votes: every attempt has an owner id of its own.
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
-	rs := l.withdraw(ctx, ls.key, ls.owner, ls.votes, l.quorum)
+	rs := l.withdraw(ctx, ls.key, ls.owner, ls.token, ls.day, ls.votes, l.quorum)
 	held, failed := count(rs)
 	if held < l.quorum && failed > 0 && held+failed >= l.quorum {
 		// Whether a majority still holds the owner's votes is unknown; they

@@ -11,11 +11,15 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisstate"
 	"github.com/warden-go/warden/backends/internal/redistag"
 	"github.com/warden-go/warden/guard/driver"
 )
 
 var (
+	// voteSrc defines how the scripts read and write a node's vote.
+	//go:embed state.lua
+	voteSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed fence.lua
@@ -93,16 +97,17 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
 	}
+	stateSrc := redisstate.Lua + voteSrc
 	l := &Locker{
 		nodes:       nodes,
 		quorum:      len(nodes)/2 + 1,
 		nodeTimeout: 200 * time.Millisecond,
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
-		acquire:     goredis.NewScript(acquireSrc),
-		fence:       goredis.NewScript(fenceSrc),
-		release:     goredis.NewScript(releaseSrc),
-		refresh:     goredis.NewScript(refreshSrc),
+		acquire:     goredis.NewScript(stateSrc + acquireSrc),
+		fence:       goredis.NewScript(stateSrc + fenceSrc),
+		release:     goredis.NewScript(stateSrc + releaseSrc),
+		refresh:     goredis.NewScript(stateSrc + refreshSrc),
 	}
 	for i, n := range nodes {
 		if n == nil {
@@ -177,9 +182,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 	owner := rand.Text()
 	start := time.Now()
 	proposal := l.propose(start)
-	lock, fence := keysOf(ls.key)
+	lock := lockKeyOf(ls.key)
 	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.acquire.Run(ctx, n, []string{lock, fence}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()).Int64Slice()
+		return l.acquire.Run(ctx, n, []string{lock}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()).Int64Slice()
 	})
 	var (
 		granted  []int
@@ -187,6 +192,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 		recorded int   // granting nodes that recorded the proposal
 		tooHigh  bool  // a node found the proposal too far ahead of its clock
 		maxFence int64
+		day      int64 // the key's expiry day, as a granting node set it
 		failed   int
 		hint     time.Duration
 	)
@@ -200,6 +206,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 			mine = append(mine, i)
 			f, ok := v.val.([]int64)[1], v.val.([]int64)[2] == 1
 			maxFence = max(maxFence, f)
+			if r := v.val.([]int64); len(r) > 3 {
+				day = max(day, r[3])
+			}
 			if ok {
 				recorded++
 			} else if f < proposal {
@@ -213,7 +222,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 	}
 	l.learn(start, maxFence, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.withdraw(ctx, ls.key, owner, mine, 0)
+		l.withdraw(ctx, ls.key, owner, "0", "0", mine, 0)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -230,7 +239,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 		// with this one and reads a fence at least this high.
 		token = maxFence + 1
 		written := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-			return l.fence.Run(ctx, n, []string{lock, fence}, owner, token).Int64()
+			return l.fence.Run(ctx, n, []string{lock}, owner, token).Int64()
 		}, granted...)
 		ok, unwritten := count(written)
 		if ok < l.quorum {
@@ -243,6 +252,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 	}
 	ls.owner = owner
 	ls.token = uint64(token)
+	ls.day = day
 	ls.votes = mine
 	ls.setExpiry(expiry)
 	return 0, nil
@@ -305,17 +315,18 @@ func (l *Locker) shortfall(failed int, cause error) error {
 
 // withdraw removes owner's votes for key from the nodes which (their
 // indexes into l.nodes), whatever ctx's state: a node may have granted a vote
-// whose answer was lost. With enough above 0 it returns as soon as that many
+// whose answer was lost. token and day are what the votes recorded, as a
+// rule ("0" when unknown): a node where they differ costs one more command. With enough above 0 it returns as soon as that many
 // nodes removed a vote, and the others finish in the background; otherwise
 // it waits for every answer, or the node timeout.
-func (l *Locker) withdraw(ctx context.Context, key, owner string, which []int, enough int) []result {
+func (l *Locker) withdraw(ctx context.Context, key, owner string, token, day any, which []int, enough int) []result {
 	if len(which) == 0 {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	lock, _ := keysOf(key)
+	lock := lockKeyOf(key)
 	return l.gather(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.release.Run(ctx, n, []string{lock}, owner).Int64()
+		return l.release.Run(ctx, n, []string{lock}, owner, token, day).Int64()
 	}, enough, which...)
 }
 
@@ -392,12 +403,9 @@ func firstErr(rs []result) error {
 	return errors.New("no error")
 }
 
-// keysOf names the lock and fence keys of key on every node; they share a
-// hash tag, as a script's keys must on a Cluster node.
-func keysOf(key string) (lock, fence string) {
-	tag := "{" + redistag.Escape(key) + "}:"
-	return tag + "lock", tag + "fence"
-}
+// lockKeyOf names the key of key's vote, and fence, on every node, in a
+// hash tag of its own.
+func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock" }
 
 // Ping implements driver.Pinger: nil when a majority of the nodes answer
 // PING within the node timeout, which is what a lock needs.

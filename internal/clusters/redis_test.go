@@ -269,7 +269,8 @@ func keySlot(key string) int {
 func (a *redisAdmin) lockKeys(s *scenario) (tag, lockKey, fenceKey string, slot int) {
 	a.t.Helper()
 	tag = "{" + escapeTag(s.prefix+s.key) + "}"
-	lockKey, fenceKey = tag+":lock", tag+":fence"
+	// The lock's state is also its fence, the one key a lock leaves.
+	lockKey, fenceKey = tag+":lock", tag+":lock"
 	slot = keySlot(lockKey)
 	for _, k := range []string{lockKey, fenceKey} {
 		ctx, cancel := ctx2s()
@@ -298,8 +299,8 @@ func (a *redisAdmin) waitLockOn(master, lockKey string) {
 }
 
 // leftovers lists the keys of the run's lock on any master other than the
-// fence counter, which outlives the lock by a day by design (redislock's
-// doc).
+// fence (the lock's state), which outlives the lock by a day or two by
+// design (redislock's doc).
 func (a *redisAdmin) leftovers(slot int, tag, fenceKey string) error {
 	ms, err := a.masters(a.addrs[0])
 	if err != nil {

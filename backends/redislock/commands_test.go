@@ -1,0 +1,227 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// serverCalls sums the calls of every command in INFO commandstats, the
+// commands scripts run included, less the INFO calls themselves.
+func serverCalls(t *testing.T, c *goredis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for f := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				calls[strings.TrimPrefix(name, "cmdstat_")] = n
+			}
+		}
+	}
+	return calls
+}
+
+// commandsPer runs op n times on a server of the test's own and returns the
+// server commands one run cost, by command.
+func commandsPer(t *testing.T, c *goredis.Client, n int, op func()) (total float64, by map[string]float64) {
+	t.Helper()
+	op() // the scripts are loaded, the keys made
+	before := serverCalls(t, c)
+	for range n {
+		op()
+	}
+	after := serverCalls(t, c)
+	by = map[string]float64{}
+	for name, v := range after {
+		if d := v - before[name]; d > 0 && name != "info" {
+			by[name] = float64(d) / float64(n)
+			total += by[name]
+		}
+	}
+	return total, by
+}
+
+// TestUncontendedCycleCommands: an uncontended acquisition and release of
+// a plain lock cost 5 server commands (the two scripts and, inside them,
+// the grant's TIME and each one's SET), however many times the key is
+// used; a refresh costs 3. The commands are counted by the server itself.
+func TestUncontendedCycleCommands(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	total, by := commandsPer(t, c, 100, func() {
+		lease, err := l.Acquire(ctx, "cycle", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("server commands per cycle: %v %v", total, by)
+	if total != 5 {
+		t.Errorf("server commands per uncontended cycle: %v (%v), want 5", total, by)
+	}
+	lease, err := l.Acquire(ctx, "refreshed", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, by = commandsPer(t, c, 100, func() {
+		if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if total != 3 {
+		t.Errorf("server commands per refresh: %v (%v), want 3", total, by)
+	}
+}
+
+// TestIdempotencyStoreCommands: a first request (claim, complete) costs 8
+// server commands and a replay (get) 2, counted by the server itself.
+func TestIdempotencyStoreCommands(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	ctx := context.Background()
+	i := 0
+	total, by := commandsPer(t, c, 50, func() {
+		i++
+		key, owner := "req-"+strconv.Itoa(i), "owner-"+strconv.Itoa(i)
+		rec, err := s.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Fingerprint: "f", Owner: owner, Lease: time.Minute})
+		if err != nil || rec != nil {
+			t.Fatalf("claim: %v, %v", rec, err)
+		}
+		if err := s.Complete(ctx, "s", key, owner, []byte("done"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if total != 8 {
+		t.Errorf("server commands per first request: %v (%v), want 8", total, by)
+	}
+	total, by = commandsPer(t, c, 50, func() {
+		rec, err := s.Get(ctx, "s", "req-1")
+		if err != nil || string(rec.Response) != "done" {
+			t.Fatalf("get: %+v, %v", rec, err)
+		}
+	})
+	if total != 2 {
+		t.Errorf("server commands per replay: %v (%v), want 2", total, by)
+	}
+}
+
+// TestEarlierFormatLockIsHeld: a lock an earlier warden took (its owner id,
+// with PX) is found held, plain or fair, and left exactly as it was, its
+// expiry included, so that its holder's own release and refresh still work.
+func TestEarlierFormatLockIsHeld(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		key := "earlier-format-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		lock := namesOf(key).lock()
+		if err := c.Set(ctx, lock, "earlier-owner", 5*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second, Fair: fair})
+		if !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("fair=%v: acquiring a lock held in the earlier format: %v, want ErrNotAcquired", fair, err)
+		}
+		if v, err := c.Get(ctx, lock).Result(); err != nil || v != "earlier-owner" {
+			t.Fatalf("fair=%v: the earlier lock after the attempt: %q, %v", fair, v, err)
+		}
+		if pttl := c.PTTL(ctx, lock).Val(); pttl <= 3*time.Second || pttl > 5*time.Second {
+			t.Fatalf("fair=%v: the earlier lock's PTTL after the attempt: %v, want its own", fair, pttl)
+		}
+		c.Del(ctx, lock)
+	}
+}
+
+// TestWaitingFlagKept: the flag by which a waiter announced itself in the
+// lock's state survives the holder's refresh and a grant to another
+// contender, fair waiter ('2') or not ('1'), so that the release that
+// follows looks for the waiters.
+func TestWaitingFlagKept(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	flagOf := func(key string) string {
+		t.Helper()
+		v, err := c.Get(ctx, namesOf(key).lock()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Split(v, ":")
+		if len(f) < 5 {
+			t.Fatalf("state %q", v)
+		}
+		return f[3]
+	}
+	for _, flag := range []string{"1", "2"} {
+		key := "waiting-flag-" + flag + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		n := namesOf(key)
+		t.Cleanup(func() { c.Del(ctx, n.lock(), n.queue(), n.deadlines(), n.waiters()) })
+		holder, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A waiter's failed attempt announces it.
+		if flag == "2" {
+			place := "60000:" + l.wake + "\nfair-waiter"
+			_, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.queue(), n.deadlines()},
+				"fair-waiter", 10000, "1", 60000, 250, n.channel(), place, "0")
+		} else {
+			_, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
+				"waiter", 10000, "1", 60000, l.wake+"\nwaiter", "0")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the waiter's attempt: %q, want %q", got, flag)
+		}
+		if err := holder.Refresh(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the holder's refresh: %q, want %q", got, flag)
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after the release, the waiter still waiting: %q, want %q", got, flag)
+		}
+		next, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			if flag == "2" && errors.Is(err, driver.ErrNotAcquired) {
+				continue // the fair queue's head has its turn
+			}
+			t.Fatal(err)
+		}
+		if got := flagOf(key); got != flag {
+			t.Fatalf("flag after a grant to a contender that did not wait: %q, want %q", got, flag)
+		}
+		next.Release(ctx)
+	}
+}
