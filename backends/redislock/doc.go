@@ -80,5 +80,7 @@
 // owner id with PX and the fence beside it, share lock names with this one
 // (a rolling upgrade), the two exclude each other: this version finds their
 // lock held, and they find any name this version used in the last day or
-// two held, whether it is or not, so they wait until they are upgraded.
+// two held, whether it is or not, so they wait until they are upgraded. A
+// rollback meets the same wait: stop this version's processes, then delete
+// the names' {key}:lock keys (see the README).
 package redislock
