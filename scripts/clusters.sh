@@ -385,6 +385,13 @@ start_consul() {
 		consul_common "$name" "$dir" "$http" "$serf"
 		if [[ $i != client ]]; then
 			CONSUL_ARGS+=(-server -bootstrap-expect 3 -server-port "${CONSUL_SERVER_PORTS[i]}")
+		else
+			# The agent gives up an RPC to a server that does not answer
+			# after 2 s, not Consul's default 60 s, and then sends the
+			# next one to another server: a frozen server keeps its
+			# connections open, and until Serf declares it failed the
+			# agent would keep sending it requests that never return.
+			CONSUL_ARGS+=(-hcl 'limits { rpc_client_timeout = "2s" }')
 		fi
 		launch "$dir/pid" "$dir/consul.log" "$CONSUL_BIN" "${CONSUL_ARGS[@]}"
 		say "launched"

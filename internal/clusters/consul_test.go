@@ -24,12 +24,23 @@ const consulTTL = consullock.MinTTL
 type consulAdmin struct {
 	t       *testing.T
 	servers []string // HTTP addresses
+	clients map[string]*api.Client
 	agent   *api.Client
 }
 
+// newConsulAdmin makes one client per agent, each reusing its connections:
+// Consul answers 429 to an address with more than 200 connections open
+// (http_max_conns_per_client), which a client per request soon reaches.
 func newConsulAdmin(t *testing.T) *consulAdmin {
 	t.Helper()
-	a := &consulAdmin{t: t, servers: addrs("WARDEN_CLUSTER_CONSUL")}
+	a := &consulAdmin{t: t, servers: addrs("WARDEN_CLUSTER_CONSUL"), clients: map[string]*api.Client{}}
+	for _, s := range a.servers {
+		c, err := consulClient(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.clients[s] = c
+	}
 	c, err := consulClient(setting("WARDEN_CLUSTER_CONSUL_CLIENT"))
 	if err != nil {
 		t.Fatal(err)
@@ -49,10 +60,7 @@ func consulClient(addr string) (*api.Client, error) {
 // leaderOf is the server RPC address that the server at addr names as its
 // leader, "" for none.
 func (a *consulAdmin) leaderOf(addr string) string {
-	c, err := consulClient(addr)
-	if err != nil {
-		return ""
-	}
+	c := a.clients[addr]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var leader string

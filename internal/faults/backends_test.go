@@ -314,7 +314,11 @@ func leftovers(ctx context.Context, b backendSpec, prefix string) ([]string, err
 		// The lock key and its fair queue's keys, all under LockKey;
 		// they are acquired by a session, with behaviour delete, so a
 		// key left here is a session left alive.
-		c, err := consulClient(b.Addrs[0])
+		// Connections not kept: this runs often, against the shared
+		// agent, which refuses an address more than 200 open ones.
+		cfg := api.DefaultNonPooledConfig()
+		cfg.Address = b.Addrs[0]
+		c, err := api.NewClient(cfg)
 		if err != nil {
 			return nil, err
 		}
