@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Three-node topologies on loopback for warden's cluster fault tests
 # (internal/clusters, build tag clusters): a 3-member etcd cluster, a
-# 3-server ZooKeeper ensemble and a Redis Cluster of 3 masters with a
-# replica each.
+# 3-server ZooKeeper ensemble, a Redis Cluster of 3 masters with a replica
+# each, and a Consul datacenter of 3 servers with a client agent that the
+# tests' clients talk to, as applications talk to their node's agent.
 #
 #   scripts/clusters.sh up           install what is missing, start every node, form the clusters
 #   scripts/clusters.sh down         stop every node `up` started
@@ -11,14 +12,18 @@
 #   scripts/clusters.sh clean        down, then delete the state directory
 #   scripts/clusters.sh start NODE.. start the named nodes (e.g. etcd-17121) again after a kill
 #
+# Consul is not packaged by Debian: the binary is the one scripts/services.sh
+# builds once into its cache directory (WARDEN_CACHE_DIR), built by it here
+# if it is not there yet.
+#
 # Unlike scripts/services.sh, every node here is ours: the tests kill, stop
 # and restart them, so a port already taken by another process is an error,
 # never a server to share. The ports are fixed, in 17100-17199 (Redis cluster
-# buses at +10000), below the ephemeral range and away from the shared test
+# buses at +10000; Consul at 17170-17179 and 17189), below the ephemeral range and away from the shared test
 # servers (16379-16384, 12379, 12181, 15432, 13306) and from internal/faults'
 # own (17181, 17379-17385, 17432, 17479-17480). Everything a node writes
 # lives under WARDEN_CLUSTERS_DIR (default /tmp/warden-clusters), one
-# directory per node named <kind>-<client port>.
+# directory per node named <kind>-<client port> (Consul: its HTTP port).
 set -Eeuo pipefail
 
 SVC=clusters
@@ -44,6 +49,13 @@ ZK_CLIENT_PORTS=(17141 17142 17143)
 ZK_QUORUM_PORTS=(17151 17152 17153)
 ZK_ELECTION_PORTS=(17161 17162 17163)
 REDIS_PORTS=(17101 17102 17103 17104 17105 17106)
+# Consul servers: HTTP, server RPC (Raft) and Serf LAN ports; the client
+# agent: HTTP and Serf LAN. No DNS, gRPC, HTTPS or WAN ports are opened.
+CONSUL_HTTP_PORTS=(17171 17172 17173)
+CONSUL_SERVER_PORTS=(17174 17175 17176)
+CONSUL_SERF_PORTS=(17177 17178 17179)
+CONSUL_CLIENT_HTTP_PORT=17170
+CONSUL_CLIENT_SERF_PORT=17189
 # The tests' failover timing depends on it: a dead master is declared failed
 # after this, and its replica promoted within about two more seconds.
 REDIS_NODE_TIMEOUT=2000
@@ -95,6 +107,24 @@ install_missing() {
 	[[ $rc -eq 0 ]] || die "apt-get failed (exit $rc) installing: $pkgs"
 	pkgs=$(missing_packages | xargs)
 	[[ -z $pkgs ]] || die "still missing after apt-get install: $pkgs"
+}
+
+# The Consul binary that scripts/services.sh builds once into its cache
+# directory: its version and that directory are read from it, so that the
+# two scripts never disagree, and nothing here builds Consul a second time.
+SERVICES_SH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/services.sh
+consul_bin() {
+	local version cache
+	version=$(sed -n 's/^CONSUL_VERSION=//p' "$SERVICES_SH")
+	[[ -n $version ]] || die "no CONSUL_VERSION= line in $SERVICES_SH"
+	cache=${WARDEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warden}
+	printf '%s\n' "$cache/consul-$version/consul"
+}
+
+need_consul() {
+	CONSUL_BIN=$(consul_bin)
+	[[ -x $CONSUL_BIN ]] ||
+		die "no consul at $CONSUL_BIN: scripts/services.sh up (make services) builds it, once (about 700 s of CPU on 2 cores)"
 }
 
 # ---------------------------------------------------------------------------
@@ -193,6 +223,12 @@ zk_4lw() {
 # A server serves once it is the leader or a follower of one.
 zk_mode() { zk_4lw "$1" srvr | sed -n 's/^Mode: //p'; }
 zk_ok() { [[ $(zk_mode "$1") == @(leader|follower) ]]; }
+
+# An agent serves once it knows the leader: a server has then joined the
+# Raft configuration or won an election, a client agent has joined a
+# server. The answer is the leader's server RPC address.
+consul_leader() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/v1/status/leader" 2>/dev/null | tr -d '"'; }
+consul_ok() { [[ -n $(consul_leader "$1") ]]; }
 
 # ---------------------------------------------------------------------------
 # Nodes. Each start_* starts one node unless it already runs, and waits until
@@ -308,6 +344,63 @@ start_redis() {
 	say "answering (pid $(cat "$dir/pid"))"
 }
 
+# consul_common NAME DIR HTTP_PORT SERF_PORT: the flags of every agent of
+# the datacenter. Every agent joins every server's Serf LAN port, and keeps
+# its state (node id, Raft log and snapshots for a server) in its data
+# directory, so that one killed comes back as itself. Raft runs at
+# raft_multiplier 1, 1 s before a follower that hears nothing from its
+# leader stands for election, like the etcd members' election timeout
+# here: Consul's default of 5 is sized for slow machines, not for tests
+# that time elections. Autopilot must not remove a server that the tests
+# killed from the Raft configuration before they start it again.
+consul_common() {
+	local name=$1 dir=$2 http=$3 serf=$4 p
+	CONSUL_ARGS=(agent -node "$name" -data-dir "$dir/data" -bind 127.0.0.1 -client 127.0.0.1
+		-http-port "$http" -serf-lan-port "$serf" -serf-wan-port -1 -dns-port -1
+		-grpc-port -1 -grpc-tls-port -1 -https-port -1 -log-level info
+		-hcl 'performance { raft_multiplier = 1 }' -hcl 'autopilot { cleanup_dead_servers = false }')
+	for p in "${CONSUL_SERF_PORTS[@]}"; do
+		[[ $p == "$serf" ]] || CONSUL_ARGS+=(-retry-join "127.0.0.1:$p")
+	done
+}
+
+# start_consul INDEX WAIT: server INDEX (0-2), or the client agent for
+# INDEX client. WAIT=no for the first start of the datacenter, where no
+# server knows a leader before three of them run (bootstrap-expect 3).
+start_consul() {
+	local i=$1 wait=$2 http serf name dir
+	local -a ports
+	if [[ $i == client ]]; then
+		http=$CONSUL_CLIENT_HTTP_PORT serf=$CONSUL_CLIENT_SERF_PORT
+		ports=("$http" "$serf")
+	else
+		http=${CONSUL_HTTP_PORTS[i]} serf=${CONSUL_SERF_PORTS[i]}
+		ports=("$http" "${CONSUL_SERVER_PORTS[i]}" "$serf")
+	fi
+	name=consul-$http dir=$STATE_DIR/consul-$http
+	SVC="clusters: $name"
+	mkdir -p "$dir"
+	if claim "$dir" consul "${ports[@]}"; then
+		need_consul
+		consul_common "$name" "$dir" "$http" "$serf"
+		if [[ $i != client ]]; then
+			CONSUL_ARGS+=(-server -bootstrap-expect 3 -server-port "${CONSUL_SERVER_PORTS[i]}")
+		else
+			# The agent gives up an RPC to a server that does not answer
+			# after 2 s, not Consul's default 60 s, and then sends the
+			# next one to another server: a frozen server keeps its
+			# connections open, and until Serf declares it failed the
+			# agent would keep sending it requests that never return.
+			CONSUL_ARGS+=(-hcl 'limits { rpc_client_timeout = "2s" }')
+		fi
+		launch "$dir/pid" "$dir/consul.log" "$CONSUL_BIN" "${CONSUL_ARGS[@]}"
+		say "launched"
+	fi
+	[[ $wait == yes ]] || return 0
+	wait_for "$dir/consul.log" "$dir/pid" consul consul_ok "$http"
+	say "serving, leader $(consul_leader "$http") (pid $(cat "$dir/pid"))"
+}
+
 rcli() {
 	local port=$1
 	shift
@@ -419,6 +512,11 @@ cmd_up() {
 		start_redis "$p" &
 		JOBS[redis-$p]=$!
 	done
+	need_consul
+	for i in 0 1 2 client; do
+		start_consul "$i" no &
+		JOBS[consul-$i]=$!
+	done
 	wait_all
 	for i in 0 1 2; do
 		start_etcd "$i" yes &
@@ -426,11 +524,15 @@ cmd_up() {
 		start_zookeeper "$i" yes &
 		JOBS[zookeeper-${ZK_CLIENT_PORTS[i]}]=$!
 	done
+	for i in 0 1 2 client; do
+		start_consul "$i" yes &
+		JOBS[consul-$i]=$!
+	done
 	form_redis_cluster &
 	JOBS[redis cluster]=$!
 	wait_all
 	SVC=clusters
-	say "etcd, ZooKeeper and Redis clusters ready in $((SECONDS - start))s"
+	say "etcd, ZooKeeper, Redis and Consul clusters ready in $((SECONDS - start))s"
 }
 
 # cmd_start NODE...: what a test calls to bring back a node it killed.
@@ -451,6 +553,11 @@ cmd_start() {
 			;;
 		redis-*)
 			for p in "${REDIS_PORTS[@]}"; do [[ $node == "redis-$p" ]] && start_redis "$p" && continue 2; done
+			;;
+		consul-*)
+			for i in 0 1 2; do [[ $node == "consul-${CONSUL_HTTP_PORTS[i]}" ]] && start_consul "$i" yes &&
+				continue 2; done
+			[[ $node == "consul-$CONSUL_CLIENT_HTTP_PORT" ]] && start_consul client yes && continue
 			;;
 		esac
 		die "start: no node named $node (or it failed to start)"
@@ -491,6 +598,7 @@ cmd_down() {
 	for d in "$STATE_DIR"/redis-*/; do stop "${d%/}" redis-server & done
 	for d in "$STATE_DIR"/etcd-*/; do stop "${d%/}" etcd & done
 	for d in "$STATE_DIR"/zookeeper-*/; do stop "${d%/}" java & done
+	for d in "$STATE_DIR"/consul-*/; do stop "${d%/}" consul & done
 	local rc=0 j
 	for j in $(jobs -p); do
 		wait "$j" || rc=1
@@ -525,6 +633,11 @@ cmd_status() {
 		role=$(rcli "$p" role 2>/dev/null | head -n 1) || true
 		status_line "redis-$p" "$STATE_DIR/redis-$p" redis-server "redis_ping $p" "${role:--}" || rc=1
 	done
+	for p in "${CONSUL_HTTP_PORTS[@]}" "$CONSUL_CLIENT_HTTP_PORT"; do
+		role=server
+		[[ $p != "$CONSUL_CLIENT_HTTP_PORT" ]] || role=client
+		status_line "consul-$p" "$STATE_DIR/consul-$p" consul "consul_ok $p" "$role" || rc=1
+	done
 	if redis_cluster_ok; then echo "redis cluster    ok"; else
 		echo "redis cluster    NOT ok"
 		rc=1
@@ -536,6 +649,8 @@ cmd_env() {
 	printf "export WARDEN_CLUSTER_ETCD='%s'\n" "$(joined , "${ETCD_CLIENT_PORTS[@]}")"
 	printf "export WARDEN_CLUSTER_ZK='%s'\n" "$(joined , "${ZK_CLIENT_PORTS[@]}")"
 	printf "export WARDEN_CLUSTER_REDIS='%s'\n" "$(joined , "${REDIS_PORTS[@]}")"
+	printf "export WARDEN_CLUSTER_CONSUL='%s'\n" "$(joined , "${CONSUL_HTTP_PORTS[@]}")"
+	printf "export WARDEN_CLUSTER_CONSUL_CLIENT='127.0.0.1:%s'\n" "$CONSUL_CLIENT_HTTP_PORT"
 	printf "export WARDEN_CLUSTERS_DIR='%s'\n" "$STATE_DIR"
 }
 

@@ -1,7 +1,8 @@
 // Package clusters tests warden against real three-node topologies while
-// their nodes fail: a 3-member etcd cluster, a 3-server ZooKeeper ensemble
-// and a Redis Cluster of three masters with a replica each, all started on
-// loopback by scripts/clusters.sh.
+// their nodes fail: a 3-member etcd cluster, a 3-server ZooKeeper ensemble,
+// a Redis Cluster of three masters with a replica each, and a Consul
+// datacenter of three servers with a client agent, all started on loopback
+// by scripts/clusters.sh.
 //
 // In every scenario four clients, each with its own connection, Locker and
 // Guard as separate processes would have, loop on guard.Guard.Do over one
@@ -26,7 +27,14 @@
 // master hosting most of the clients' wake-up subscriptions. Their table
 // has one more judged column: the longest time a waiting worker saw its
 // key free (no worker holding it), not counting the time the cluster did
-// not serve that key (bound 1 s). Other scenarios show it in parentheses.
+// not serve that key (bound 1 s). Consul's scenarios judge it too; the
+// others show it in parentheses.
+//
+// The Consul clients talk to the client agent, as applications talk to
+// their node's agent, and the faults hit the servers: the leader killed
+// (three times) and frozen past the TTL. No holder is cut off from the
+// datacenter, so no session has to run out: the lock must come back within
+// a second of a new leader being elected.
 //
 // Everything is in test files behind the build tag clusters, so that go test
 // ./... passes over it:

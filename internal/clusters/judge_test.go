@@ -46,6 +46,9 @@ func (e event) excused() (from, to time.Time) {
 	return from, to
 }
 
+// bound is the longest the lock may go without a grant after e: ttl (0 when
+// no lease has to run out), or the time until the cluster served again if
+// longer, plus a second.
 func (e event) bound(ttl time.Duration) time.Duration {
 	b := ttl
 	if !e.ready.IsZero() {

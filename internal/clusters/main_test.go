@@ -62,7 +62,8 @@ func table(rows []verdict) string {
 			v.overlaps, v.outOfOrder, v.doubleGrants, v.longest.Round(time.Millisecond), free, verdict)
 	}
 	fmt.Fprintf(&b, "\nfree while waiting: the longest time a waiting worker saw its key free once the cluster served again (bound %v; in parentheses where not judged)\n", freeBound)
-	b.WriteString("\nper fault: longest time without a grant / bound (max(ttl, time until the cluster served again) + 1s); longest free while waiting\n")
+	b.WriteString("\nper fault: longest time without a grant / bound (max(ttl, time until the cluster served again) + 1s;\n" +
+		"on Consul the time until the cluster served again + 1s); longest free while waiting\n")
 	for _, v := range rows {
 		for _, e := range v.events {
 			mark := ""

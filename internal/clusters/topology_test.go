@@ -24,7 +24,10 @@ var topologyDefaults = map[string]string{
 	"WARDEN_CLUSTER_ETCD":  "127.0.0.1:17121,127.0.0.1:17122,127.0.0.1:17123",
 	"WARDEN_CLUSTER_ZK":    "127.0.0.1:17141,127.0.0.1:17142,127.0.0.1:17143",
 	"WARDEN_CLUSTER_REDIS": "127.0.0.1:17101,127.0.0.1:17102,127.0.0.1:17103,127.0.0.1:17104,127.0.0.1:17105,127.0.0.1:17106",
-	"WARDEN_CLUSTERS_DIR":  "/tmp/warden-clusters",
+	// The servers, then the client agent the workload talks to.
+	"WARDEN_CLUSTER_CONSUL":        "127.0.0.1:17171,127.0.0.1:17172,127.0.0.1:17173",
+	"WARDEN_CLUSTER_CONSUL_CLIENT": "127.0.0.1:17170",
+	"WARDEN_CLUSTERS_DIR":          "/tmp/warden-clusters",
 }
 
 func setting(name string) string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/glebarez/sqlite"
 	"github.com/go-zookeeper/zk"
+	"github.com/hashicorp/consul/api"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -21,6 +22,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/backends/etcdlock"
 	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/redlock"
@@ -37,7 +39,7 @@ const lockKey = "counter"
 // backendSpec says how a process reaches one backend: what a worker needs to
 // build its Locker, and the test to look for leftovers.
 type backendSpec struct {
-	Kind   string   `json:"kind"` // redis, redlock, etcd, zk, sqlite, postgres, mariadb
+	Kind   string   `json:"kind"` // redis, redlock, etcd, zk, sqlite, postgres, mariadb, consul
 	Addrs  []string `json:"addrs,omitempty"`
 	DSN    string   `json:"dsn,omitempty"`
 	Fair   bool     `json:"fair,omitempty"`   // redis: guard.Fair() on every Do
@@ -165,8 +167,29 @@ func openLocker(b backendSpec, ttl time.Duration) (driver.Locker, []guard.LockOp
 			return nil, nil, nil, err
 		}
 		return l, nil, func() { l.Close(); pool.Close() }, nil
+	case "consul":
+		c, err := consulClient(b.Addrs[0])
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		// A request timeout under the TTL, as etcd's above: a renewal
+		// that hangs on a cut connection is tried again well before the
+		// session's expiry.
+		l, err := consullock.New(c, consullock.WithRequestTimeout(time.Second))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return l, nil, func() { l.Close() }, nil
 	}
 	return nil, nil, nil, fmt.Errorf("unknown backend %q", b.Kind)
+}
+
+// consulClient is a Consul API client of addr with the library's default
+// options (api.DefaultConfig, whose pooled transport has no timeouts).
+func consulClient(addr string) (*api.Client, error) {
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	return api.NewClient(cfg)
 }
 
 func openGorm(b backendSpec) (*gorm.DB, error) {
@@ -285,6 +308,27 @@ func leftovers(ctx context.Context, b backendSpec, prefix string) ([]string, err
 		for _, r := range rows {
 			out = append(out, fmt.Sprintf("row %q owner %s version %d held for %v more", r.Name, r.Owner, r.Version,
 				time.Duration(r.LockUntil-now)*time.Microsecond))
+		}
+		return out, nil
+	case "consul":
+		// The lock key and its fair queue's keys, all under LockKey;
+		// they are acquired by a session, with behaviour delete, so a
+		// key left here is a session left alive.
+		// Connections not kept: this runs often, against the shared
+		// agent, which refuses an address more than 200 open ones.
+		cfg := api.DefaultNonPooledConfig()
+		cfg.Address = b.Addrs[0]
+		c, err := api.NewClient(cfg)
+		if err != nil {
+			return nil, err
+		}
+		pairs, _, err := c.KV().List(consullock.LockKey(full), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, p := range pairs {
+			out = append(out, fmt.Sprintf("%s (session %s, modify index %d)", p.Key, p.Session, p.ModifyIndex))
 		}
 		return out, nil
 	}

@@ -20,6 +20,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/backends/etcdlock"
 	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/backends/redlock"
@@ -184,6 +185,19 @@ func defaultLocker(kind string, addrs []string) (driver.Locker, func(), error) {
 			return nil, nil, err
 		}
 		return l, func() { l.Close(); pool.Close() }, nil
+	case "consul":
+		// api.DefaultConfig's transport has no timeouts; consullock's
+		// default request timeout is 5 s, longer than every bound here,
+		// so the bounds come from the calls' own contexts.
+		c, err := consulClient(addrs[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := consullock.New(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		return l, func() { l.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("unknown backend %q", kind)
 }
@@ -205,6 +219,7 @@ func boundsBackends(t *testing.T) map[string][]string {
 		"zk":       sharedAddrs(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181"),
 		"postgres": {hostOf(envOr("WARDEN_POSTGRES_DSN", "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"))},
 		"mariadb":  {hostOf(envOr("WARDEN_MYSQL_DSN", "warden:warden@tcp(127.0.0.1:13306)/warden?parseTime=true"))},
+		"consul":   sharedAddrs(t, "WARDEN_CONSUL_ADDR", "127.0.0.1:18500"),
 	}
 }
 
@@ -213,7 +228,7 @@ func boundsBackends(t *testing.T) map[string][]string {
 // accepts and drops every byte), and judges each row.
 func TestBounds(t *testing.T) {
 	backends := boundsBackends(t)
-	for _, kind := range []string{"redis", "redlock", "etcd", "zk", "postgres", "mariadb"} {
+	for _, kind := range []string{"redis", "redlock", "etcd", "zk", "postgres", "mariadb", "consul"} {
 		for _, server := range []string{"closed", "hanging"} {
 			t.Run(kind+"/"+server, func(t *testing.T) {
 				t.Parallel()

@@ -17,8 +17,17 @@
 // of five masters down. Faults that touch no server run on the shared
 // servers of scripts/services.sh (WARDEN_* variables), under keys, nodes and
 // tables of their own; the servers a fault stops are the suite's own, on
-// ports 17181, 17379-17385, 17432 and 17479-17480, with their data in
-// temporary directories. The shared servers are never stopped.
+// ports 17181, 17379-17385, 17432, 17479-17480 and 17500-17502 (a Consul
+// server of one, from the binary scripts/services.sh builds once into its
+// cache), with their data in temporary directories. The shared servers are
+// never stopped.
+//
+// Consul rows lease for 10 s, the shortest session TTL Consul accepts, and
+// are judged by twice that: a Consul leader invalidates a session that is
+// no longer renewed twice its TTL after the last renewal, so that is when
+// the lock of a killed, stopped or cut-off holder comes back. A restart of
+// a Consul server keeps its data; a restart of a dev agent, which keeps
+// nothing, is a row of its own (see injectWipe).
 //
 // Everything is in test files behind the build tag faults, so that go test
 // ./... passes over it:

@@ -25,8 +25,8 @@ import (
 
 // Ports of the servers this suite starts, stops and restarts itself: 17xxx,
 // below the ephemeral range, and away from the shared servers of
-// scripts/services.sh (16379-16384, 12379, 12181, 15432, 13306), which are
-// never stopped.
+// scripts/services.sh (16379-16384, 12379, 12181, 15432, 13306, 18500-18502),
+// which are never stopped. Consul's is portConsul.
 const (
 	portRedis       = 17379 // no persistence
 	portRedisAOF    = 17380 // appendonly, appendfsync always
