@@ -188,15 +188,15 @@ func (a *attempt) waitFree(ctx context.Context, index uint64) (uint64, error) {
 		case kv.Session == "":
 			return kv.ModifyIndex, nil
 		}
-		index = next(index, idx)
+		index = nextIndex(index, idx)
 	}
 }
 
-// next is the index of the blocking query that follows a read at index
+// nextIndex is the index of the blocking query that follows a read at index
 // that returned idx. An index that went backwards (Consul resets it, after
 // a snapshot restore for instance) starts over with a consistent read
 // rather than a query that would return at once, again and again.
-func next(index, idx uint64) uint64 {
+func nextIndex(index, idx uint64) uint64 {
 	if idx < index {
 		return 0
 	}

@@ -155,7 +155,7 @@ func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*
 		if kv == nil {
 			break
 		}
-		index = next(index, idx)
+		index = nextIndex(index, idx)
 	}
 	pairs, _, err := a.list(ctx, dir, 0)
 	return pairs, err
