@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -24,10 +25,21 @@ const waitTime = time.Minute
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		a.key = LockKey(key)
-		if opts.Wait && opts.Fair {
+		switch {
+		case opts.Wait && opts.Fair:
+			return a.queue(ctx)
+		case opts.Wait:
+			// One attempt first, which is all a free lock costs; a held
+			// lock is then waited for in the queue, where a release wakes
+			// one waiter, not all of them, each to send a transaction of
+			// which all but one fail. Later arrivals still barge in with
+			// their first attempt: this is not fair.
+			if le, err := a.lock(ctx, 0, ""); le != nil || err != nil {
+				return le, err
+			}
 			return a.queue(ctx)
 		}
-		return a.take(ctx, opts.Wait, "")
+		return a.take(ctx, false, "", nil)
 	})
 }
 
@@ -61,9 +73,21 @@ func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func
 
 // take acquires the lock key, waiting for it when wait is set; queued is
 // the caller's queue key, deleted in the same transaction as the
-// acquisition ("" for none).
-func (a *attempt) take(ctx context.Context, wait bool, queued string) (driver.Lease, error) {
+// acquisition ("" for none). seen is the lock key as last read, nil when
+// absent or not read: a key held by a session is waited for before any
+// attempt (the first in the queue finds its predecessor, which left the
+// queue by acquiring the lock, most likely still holding it).
+func (a *attempt) take(ctx context.Context, wait bool, queued string, seen *api.KVPair) (driver.Lease, error) {
 	var free uint64 // 0: the key is believed absent
+	if seen != nil {
+		free = seen.ModifyIndex
+		if seen.Session != "" {
+			var err error
+			if free, err = a.waitFree(ctx, seen.ModifyIndex); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for {
 		le, err := a.lock(ctx, free, queued)
 		if le != nil || err != nil {
@@ -72,7 +96,7 @@ func (a *attempt) take(ctx context.Context, wait bool, queued string) (driver.Le
 		if !wait {
 			return nil, driver.ErrNotAcquired
 		}
-		if free, err = a.waitFree(ctx); err != nil {
+		if free, err = a.waitFree(ctx, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -149,10 +173,10 @@ func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver
 	return le, nil
 }
 
-// waitFree waits, with blocking queries on the lock key, until the key is
-// gone (it returns 0) or has no session (it returns its ModifyIndex).
-func (a *attempt) waitFree(ctx context.Context) (uint64, error) {
-	var index uint64
+// waitFree waits, with blocking queries on the lock key from index (0: a
+// consistent read first), until the key is gone (it returns 0) or has no
+// session (it returns its ModifyIndex).
+func (a *attempt) waitFree(ctx context.Context, index uint64) (uint64, error) {
 	for {
 		kv, idx, err := a.get(ctx, a.key, index)
 		if err != nil {
@@ -164,8 +188,19 @@ func (a *attempt) waitFree(ctx context.Context) (uint64, error) {
 		case kv.Session == "":
 			return kv.ModifyIndex, nil
 		}
-		index = idx
+		index = nextIndex(index, idx)
 	}
+}
+
+// nextIndex is the index of the blocking query that follows a read at index
+// that returned idx. An index that went backwards (Consul resets it, after
+// a snapshot restore for instance) starts over with a consistent read
+// rather than a query that would return at once, again and again.
+func nextIndex(index, idx uint64) uint64 {
+	if idx < index {
+		return 0
+	}
+	return idx
 }
 
 // get reads key; see read.
@@ -205,16 +240,17 @@ func (a *attempt) read(ctx context.Context, index uint64, do func(*api.QueryOpti
 	return max(meta.LastIndex, 1), nil
 }
 
-// queue is a fair acquisition: the contender acquires a queue key of its
-// own, by its session, under the lock's queue directory, reading the
-// directory in the same transaction; it waits for the queue key just before
+// queue is a waiting acquisition: the contender acquires a queue key of
+// its own, by its session, under the lock's queue directory, reading the
+// lock key and the directory in the same transaction; it waits for the queue key just before
 // its own (by CreateIndex) to go, and, once first, for the lock key, which
 // it acquires while deleting its queue key in one transaction. A release
-// thus wakes one fair waiter, not all of them.
+// thus wakes one waiter, not all of them.
 func (a *attempt) queue(ctx context.Context) (driver.Lease, error) {
-	dir := queueDir(a.key)
-	own := dir + a.l.queueName(a.s)
-	tree, err := a.enqueue(ctx, dir, own, 0)
+	// The lock key is a prefix of its queue's: one read of it is a read of
+	// both, and tells the first in the queue whether the lock is held.
+	own := queueDir(a.key) + a.l.queueName(a.s)
+	tree, err := a.enqueue(ctx, a.key, own, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +262,7 @@ func (a *attempt) queue(ctx context.Context) (driver.Lease, error) {
 }
 
 // enqueue acquires own, a contender key under dir, by the session, with
-// flags, and reads dir in the same transaction. The transaction runs to
+// flags, and reads every key with the prefix dir in the same transaction. The transaction runs to
 // completion even when ctx is cancelled; when its outcome stays unknown, the
 // session is given up, so that the key goes with it.
 func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([]*api.KVPair, error) {
@@ -250,29 +286,43 @@ func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([
 }
 
 // waitTurn waits until own is the oldest queue key, then takes the lock.
-// tree is a read of the queue directory that includes own.
+// tree is a read of the keys with the lock key as prefix, which includes
+// own.
 func (a *attempt) waitTurn(ctx context.Context, own string, tree []*api.KVPair) (driver.Lease, error) {
 	for {
-		pred, ok := predecessor(own, tree)
+		// The prefix also covers the keys of names that continue this
+		// one ("a.lock" and "a.lockb.lock"): only the lock key and its
+		// queue count.
+		var lock *api.KVPair
+		queue := tree[:0:0]
+		for _, kv := range tree {
+			switch {
+			case kv.Key == a.key:
+				lock = kv
+			case strings.HasPrefix(kv.Key, queueDir(a.key)):
+				queue = append(queue, kv)
+			}
+		}
+		pred, ok := predecessor(own, queue)
 		if !ok {
 			return nil, errSessionLost
 		}
-		if pred == "" {
-			return a.take(ctx, true, own)
+		if pred == nil {
+			return a.take(ctx, true, own, lock)
 		}
 		// The predecessor may have been a waiter that gave up, with
 		// others still before it: the queue is read again.
 		var err error
-		if tree, err = a.waitGone(ctx, queueDir(a.key), pred); err != nil {
+		if tree, err = a.waitGone(ctx, a.key, pred); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// predecessor returns the queue key created just before own in tree, ""
+// predecessor returns the queue key created just before own in tree, nil
 // when own is the oldest, and false when own is not in tree (its session
 // ended).
-func predecessor(own string, tree []*api.KVPair) (string, bool) {
+func predecessor(own string, tree []*api.KVPair) (*api.KVPair, bool) {
 	var mine *api.KVPair
 	for _, kv := range tree {
 		if kv.Key == own {
@@ -280,7 +330,7 @@ func predecessor(own string, tree []*api.KVPair) (string, bool) {
 		}
 	}
 	if mine == nil {
-		return "", false
+		return nil, false
 	}
 	var pred *api.KVPair
 	for _, kv := range tree {
@@ -288,10 +338,7 @@ func predecessor(own string, tree []*api.KVPair) (string, bool) {
 			pred = kv
 		}
 	}
-	if pred == nil {
-		return "", true
-	}
-	return pred.Key, true
+	return pred, true
 }
 
 // abort deletes own, the queue key of an attempt that failed or was

@@ -66,15 +66,17 @@
 // # Waiting
 //
 // A waiter never polls: it waits with blocking queries (?index=) on what
-// blocks it. Without AcquireOptions.Fair it waits on the lock key and tries
-// again once the key is gone, with every other such waiter. A fair waiter
-// instead acquires a queue key of its own under <lock key>/, by its
-// session, reading the queue in the same transaction; the queue keys are
-// ordered by CreateIndex, and each waiter blocks only on the key just
-// before its own, so a release wakes one fair waiter (no herd). The first
-// in the queue waits on the lock key, and acquires it while deleting its
-// queue key in one transaction. A fair acquisition that does not wait takes
-// the lock if it is free, like any other.
+// blocks it. A waiter acquires a queue key of its own under <lock key>/,
+// by its session, reading the lock key and the queue in the same
+// transaction; the queue keys are ordered by CreateIndex, and each waiter
+// blocks only on the key just before its own, from that key's ModifyIndex,
+// so a release wakes one waiter (no herd, and no transaction that fails
+// for every waiter but one). The first in the queue waits on the lock key,
+// and acquires it while deleting its queue key in one transaction. Without
+// AcquireOptions.Fair a waiter first tries the lock once, before it queues,
+// so it may barge in ahead of the queue: a free lock costs one request,
+// waited for or not. A fair acquisition that does not wait takes the lock
+// if it is free, like any other.
 //
 // # Read/write locks and semaphores
 //

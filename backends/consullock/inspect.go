@@ -24,9 +24,9 @@ var (
 // semaphore's contender keys. The holders are the lock key's session, and
 // the contenders their lock admits, as a contender would judge them
 // (readers older than every writer, the oldest writer when no key is
-// older, a semaphore's oldest permits); Waiters counts the fair waiters and
-// the other contenders (a waiter that did not ask for fairness waits on a
-// blocking query and is not counted). Each holding is SessionBound, with
+// older, a semaphore's oldest permits); Waiters counts the queued waiters
+// and the other contenders (a waiter is counted once it has queued, after
+// its first attempt). Each holding is SessionBound, with
 // TTL 0: it lives as long as the session that keeps it.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	rctx, cancel := l.rctx(ctx)
@@ -73,7 +73,7 @@ func judge(key string, kvs []*api.KVPair) ([]*api.KVPair, int) {
 	}{{rw, rwTree}, {sem, semTree}} {
 		for _, kv := range c.tree {
 			k, permits := contender(kv)
-			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == "" {
+			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == nil {
 				holders = append(holders, kv)
 			} else {
 				waiters++

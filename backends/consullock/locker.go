@@ -194,7 +194,7 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 
 // LockKey returns the Consul KV key of the lock named key (key as the
 // backend sees it, with guard's prefix): the key exists, acquired by its
-// holder's session, exactly while the lock is held. Fair waiters queue
+// holder's session, exactly while the lock is held. Waiters queue
 // under LockKey(key)+"/". Path-escaping the name keeps lock "a" from
 // containing the keys of lock "a/b"; the ".lock" suffix keeps locks apart
 // from other keys under the same prefix.
@@ -202,10 +202,10 @@ func LockKey(key string) string {
 	return url.PathEscape(key) + ".lock"
 }
 
-// queueDir is the directory of the lock's fair waiters.
+// queueDir is the directory of the lock's waiters.
 func queueDir(lockKey string) string { return lockKey + "/" }
 
-// queueName is the last path element of a fair waiter's queue key: its
+// queueName is the last path element of a waiter's queue key: its
 // session and a sequence number.
 func (l *Locker) queueName(s *session) string {
 	return s.id + "-" + strconv.FormatUint(l.seq.Add(1), 16)

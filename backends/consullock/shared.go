@@ -88,7 +88,7 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 		if !found {
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
-		if blocker == "" {
+		if blocker == nil {
 			return a.granted(ctx, own, mine)
 		}
 		if !wait {
@@ -107,10 +107,10 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 
 // blocking finds own in tree (a read of its directory dir) and returns its
 // ModifyIndex, and what it waits for: the latest earlier writer for a
-// reader, the latest earlier key for a writer, dir itself for a permit with
-// permits or more keys before it; "" when nothing blocks it. found is false
-// when own is not in tree (its session ended).
-func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index uint64, blocker string, found bool) {
+// reader, the latest earlier key for a writer, a pair with dir's name for
+// a permit with permits or more keys before it; nil when nothing blocks
+// it. found is false when own is not in tree (its session ended).
+func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index uint64, blocker *api.KVPair, found bool) {
 	var mine *api.KVPair
 	for _, kv := range tree {
 		if kv.Key == own {
@@ -118,7 +118,7 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index u
 		}
 	}
 	if mine == nil {
-		return 0, "", false
+		return 0, nil, false
 	}
 	var latest *api.KVPair
 	earlier := 0
@@ -133,17 +133,20 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index u
 	}
 	switch {
 	case k == permit && earlier >= permits:
-		return mine.ModifyIndex, dir, true
+		return mine.ModifyIndex, &api.KVPair{Key: dir}, true
 	case k != permit && latest != nil:
-		return mine.ModifyIndex, latest.Key, true
+		return mine.ModifyIndex, latest, true
 	}
-	return mine.ModifyIndex, "", true
+	return mine.ModifyIndex, nil, true
 }
 
-// waitGone waits, with blocking queries, until key is gone, and returns a
-// new read of dir.
-func (a *attempt) waitGone(ctx context.Context, dir, key string) ([]*api.KVPair, error) {
-	var index uint64
+// waitGone waits, with blocking queries, until the key of kv, as read in
+// dir, is gone, and returns a new read of every key with the prefix dir. The first query blocks at
+// kv's ModifyIndex, which is the index a read of the key returns while it
+// stands unchanged, so no read precedes it; a key already gone answers it
+// at once, since its deletion came later.
+func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*api.KVPair, error) {
+	key, index := kv.Key, kv.ModifyIndex
 	for {
 		kv, idx, err := a.get(ctx, key, index)
 		if err != nil {
@@ -152,7 +155,7 @@ func (a *attempt) waitGone(ctx context.Context, dir, key string) ([]*api.KVPair,
 		if kv == nil {
 			break
 		}
-		index = idx
+		index = nextIndex(index, idx)
 	}
 	pairs, _, err := a.list(ctx, dir, 0)
 	return pairs, err
