@@ -32,7 +32,7 @@ func consulSubjects(b *bench) []*subject {
 	return []*subject{
 		{
 			id: "warden-consul", label: "warden consullock", group: "consul", warden: true,
-			how: "guard.Do over consullock.New(an api.Client per worker, each dialing from a loopback address of its own, as every Consul client here does, so that no address nears the agent's limit of 200 connections); one session (TTL 10s, no health checks, lock-delay 0) per Locker, renewed by one request every TTL/3 for all its locks; acquisition and release are one /v1/txn each, the token the key's ModifyIndex read in the acquiring transaction; a waiter blocks on the lock key (?index=)",
+			how: "guard.Do over consullock.New(an api.Client per worker, each dialing from a loopback address of its own, as every Consul client here does, so that no address nears the agent's limit of 200 connections); one session (TTL 10s, no health checks, lock-delay 0) per Locker, renewed by one request every TTL/3 for all its locks; acquisition and release are one /v1/txn each, the token the key's ModifyIndex read in the acquiring transaction; a contender that finds the lock held joins a queue of contender keys and blocks (?index=) on its predecessor only, so a release wakes one waiter",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenConsul(addr, m, b.consulSrc.next()) }), nil
 			},
