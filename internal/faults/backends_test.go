@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -224,9 +225,26 @@ func migrate(ctx context.Context, b backendSpec) error {
 	return l.Migrate(ctx)
 }
 
+// redisStateFree reports whether key holds a free Redis or RedLock lock
+// state ("<deadline ms>:<token>:..."): a deadline of 0 (released) or one
+// the server's clock has passed (expired).
+func redisStateFree(ctx context.Context, c *goredis.Client, key string) bool {
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return false
+	}
+	head, _, ok := strings.Cut(v, ":")
+	deadline, err := strconv.ParseInt(head, 10, 64)
+	if !ok || err != nil {
+		return false
+	}
+	now, err := c.Time(ctx).Result()
+	return err == nil && deadline <= now.UnixMilli()
+}
+
 // leftovers lists what the workload left on the backend once every worker
-// has exited: anything but the state the backend keeps by design (Redis and
-// RedLock fence counters, SQL rows whose lease has ended, empty ZooKeeper
+// has exited: anything but the state the backend keeps by design (a Redis
+// or RedLock lock's state key once free, which stays as its fence, SQL rows whose lease has ended, empty ZooKeeper
 // container nodes).
 func leftovers(ctx context.Context, b backendSpec, prefix string) ([]string, error) {
 	full := prefix + lockKey
@@ -242,7 +260,7 @@ func leftovers(ctx context.Context, b backendSpec, prefix string) ([]string, err
 				return nil, fmt.Errorf("%s: %w", a, err)
 			}
 			for _, k := range keys {
-				if k == tag+":fence" {
+				if k == tag+":lock" && redisStateFree(ctx, c, k) {
 					continue
 				}
 				ttl, _ := c.PTTL(ctx, k).Result()
