@@ -89,14 +89,18 @@ func newSlotSchedule(s cron.Schedule, anchor time.Time, clock func() time.Time) 
 	return ss
 }
 
-// next returns the slot that fires next, or zero when none is pending.
+// next returns the slot that fires next, or zero when the spec never fires
+// again. Between a firing, which takes its slot, and robfig/cron's asking
+// Next for the following one, nothing is pending: the slot after now on the
+// scheduler's clock is the one cron is about to be given.
 func (s *slotSchedule) next() time.Time {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.pending) == 0 {
-		return time.Time{}
+	if len(s.pending) > 0 {
+		defer s.mu.Unlock()
+		return s.pending[0]
 	}
-	return s.pending[0]
+	s.mu.Unlock()
+	return s.after(s.clock())
 }
 
 // Next implements cron.Schedule.

@@ -55,3 +55,19 @@ func TestSpecSlotIsTheSpecTime(t *testing.T) {
 		t.Errorf("after(%v) = %v, want %v", v, got, want)
 	}
 }
+
+// TestNextWhileFiring: between a firing and cron's asking for the following
+// slot nothing is pending, and next still names the coming slot rather than
+// zero, which Entries documents as "not running".
+func TestNextWhileFiring(t *testing.T) {
+	anchor := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := anchor.Add(1500 * time.Millisecond)
+	s := newSlotSchedule(cron.Every(time.Second), anchor, func() time.Time { return now })
+	s.Next(now)
+	if _, ok := s.fired(); !ok {
+		t.Fatal("no slot recorded")
+	}
+	if got, want := s.next(), anchor.Add(2*time.Second); !got.Equal(want) {
+		t.Fatalf("next() with nothing pending = %v, want the slot after the clock, %v", got, want)
+	}
+}
