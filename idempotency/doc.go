@@ -1,10 +1,12 @@
 // Package idempotency makes a piece of work run at most once per key across
 // processes, and answers its repeats with the stored result.
 //
-// A Store (the in-process MemoryStore here; Redis, SQL and etcd stores beside
-// the lock backends) holds one record per (scope, key): claimed in progress
-// by an owner token with a lease, or completed with the result kept for a
-// retention. Every transition is one compare-and-set on the store's clock,
+// A Store (the in-process MemoryStore here; Redis, SQL, etcd, ZooKeeper and
+// Consul stores beside the lock backends) holds one record per (scope, key):
+// claimed in progress by an owner token with a lease, or completed with the
+// result kept for a retention. Every transition is one compare-and-set on
+// the store's clock (Consul, which exposes none, keeps a claim's lease on the
+// claiming process's clock with a session behind it: see consullock.Store),
 // and completion is fenced by the owner token, so an owner whose lease ran
 // out can never overwrite the record of the one that took over.
 //
