@@ -313,8 +313,10 @@ func (l *Lock) expiredCause(margin time.Duration, lastErr error) error {
 
 // renew renews locks: in one call per TTL when the backend batches, else
 // concurrently, so one slow lease does not hold up the others. Each call's
-// deadline is the loss deadline of the earliest lease in it, so a renewal
-// never outlives the point where its answer could still help.
+// deadline is the latest loss deadline of the leases in it, the last point
+// where its answer can still help one of them: a lease whose own deadline
+// comes first is declared lost by the keeper's timer on that deadline, not
+// by the call, so a slow batch costs only the leases it was too slow for.
 func (k *keeper) renew(locks []*Lock) {
 	if br, ok := k.g.locker.(driver.BatchRefresher); ok {
 		byTTL := map[time.Duration][]*Lock{}
@@ -326,7 +328,7 @@ func (k *keeper) renew(locks []*Lock) {
 			deadline := group[0].lossDeadline()
 			for i, l := range group {
 				leases[i] = l.lease
-				if d := l.lossDeadline(); d.Before(deadline) {
+				if d := l.lossDeadline(); d.After(deadline) {
 					deadline = d
 				}
 			}

@@ -574,3 +574,65 @@ func TestYoungLocksRenewedAmidChurn(t *testing.T) {
 		}
 	})
 }
+
+// slowBatch is the memory backend with a batch refresh that takes delay,
+// or until its ctx ends, whichever comes first.
+type slowBatch struct {
+	*memory.Locker
+	delay time.Duration
+}
+
+func (b *slowBatch) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
+	errs := make([]error, len(leases))
+	select {
+	case <-ctx.Done():
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+		return errs
+	case <-time.After(b.delay):
+	}
+	for i, l := range leases {
+		errs[i] = l.Refresh(context.Background(), ttl)
+	}
+	return errs
+}
+
+// A batch renewal slower than the earliest lease in it has left must still
+// renew the others: its answer is awaited until the latest loss deadline
+// of the batch, and each lease whose own deadline passes first is lost on
+// that deadline. Cut off at the earliest deadline, a slow batch failed
+// every lease in it, and each retry, with less time left, failed again.
+func TestSlowBatchRenewsTheLeasesItHasTimeFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ttl, margin := 3*time.Second, 250*time.Millisecond
+		// Renewals fall due a third of the TTL after each grant (1 s), and
+		// the one due within the coming third goes in the same batch: a
+		// granted at 0 (lost at 2.75 s unless renewed), b at 0.9 s (lost at
+		// 3.65 s). The batch sent at 1 s answers at 3.2 s.
+		sb := &slowBatch{Locker: memory.New(), delay: 2200 * time.Millisecond}
+		g := newGuard(t, sb, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+		ctx := context.Background()
+		a, err := g.Lock(ctx, "slow/a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(900 * time.Millisecond)
+		b, err := g.Lock(ctx, "slow/b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1900 * time.Millisecond) // 2.8 s: past a's deadline, before the answer
+		if a.Err() == nil {
+			t.Error("a is not lost on its deadline while the batch renewing it is unanswered")
+		}
+		time.Sleep(time.Second) // 3.8 s: past the answer and b's first deadline
+		if err := b.Err(); err != nil {
+			t.Errorf("b lost although the batch renewed it before its deadline: %v", err)
+		}
+		_ = a.Unlock(ctx)
+		if err := b.Unlock(ctx); err != nil {
+			t.Errorf("unlock b: %v", err)
+		}
+	})
+}
