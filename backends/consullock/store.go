@@ -2,7 +2,6 @@ package consullock
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/warden-go/warden/backends/internal/idemrecord"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -238,15 +238,11 @@ type claim struct {
 	timer    *time.Timer
 }
 
-// recordKey is unambiguous because the scope's length comes first, and
-// base64url keeps NULs, '/' and '.' out of the key, so that a record is
-// never mistaken for a lock's key and its chunks, under <record key>/,
-// belong to it alone.
+// recordKey is idemrecord.Key under the Store's prefix: no '/' or '.'
+// follows the prefix, so that a record is never mistaken for a lock's key
+// and its chunks, under <record key>/, belong to it alone.
 func (s *Store) recordKey(scope, key string) string {
-	b := binary.AppendUvarint(make([]byte, 0, 2+len(scope)+len(key)), uint64(len(scope)))
-	b = append(b, scope...)
-	b = append(b, key...)
-	return s.dir + base64.RawURLEncoding.EncodeToString(b)
+	return idemrecord.Key(s.dir, scope, key)
 }
 
 // Claim implements idempotency.Store.
@@ -826,23 +822,15 @@ func (st stored) expired(kv *api.KVPair, now time.Time) bool {
 // told from this one.
 const storeFormat = 1
 
-const (
-	stateInProgress byte = 1
-	stateCompleted  byte = 2
-)
-
 // encodeRecord lays st out as: format, state, uvarint-prefixed fingerprint
 // and owner, then for a completed record uvarints of the deadline, the
 // number of chunks and their directory, and the inline response to the end.
 func encodeRecord(st stored) []byte {
 	b := make([]byte, 0, 2+5*binary.MaxVarintLen64+len(st.fingerprint)+len(st.owner)+len(st.response))
-	b = append(b, storeFormat, stateInProgress)
-	b = binary.AppendUvarint(b, uint64(len(st.fingerprint)))
-	b = append(b, st.fingerprint...)
-	b = binary.AppendUvarint(b, uint64(len(st.owner)))
-	b = append(b, st.owner...)
+	b = idemrecord.AppendHeader(b, storeFormat, st.state)
+	b = idemrecord.AppendString(b, st.fingerprint)
+	b = idemrecord.AppendString(b, st.owner)
 	if st.state == idempotency.StateCompleted {
-		b[1] = stateCompleted
 		b = binary.AppendUvarint(b, uint64(st.expires))
 		b = binary.AppendUvarint(b, st.chunks)
 		b = binary.AppendUvarint(b, st.chunkIndex)
@@ -857,55 +845,22 @@ var errMalformed = fmt.Errorf("%w: consul: malformed idempotency record", idempo
 // by this store (or by a newer format): it is reported as the store being
 // unusable rather than as a free key, which would let a second owner in.
 func decodeRecord(v []byte) (stored, error) {
-	if len(v) < 2 || v[0] != storeFormat {
-		return stored{}, errMalformed
-	}
-	var st stored
-	switch v[1] {
-	case stateInProgress:
-		st.state = idempotency.StateInProgress
-	case stateCompleted:
-		st.state = idempotency.StateCompleted
-	default:
-		return stored{}, errMalformed
-	}
-	rest := v[2:]
-	uvarint := func() (uint64, bool) {
-		u, n := binary.Uvarint(rest)
-		if n <= 0 {
-			return 0, false
+	r := idemrecord.NewReader(v, storeFormat)
+	st := stored{state: r.State()}
+	st.fingerprint = r.Field()
+	st.owner = r.Field()
+	if st.state == idempotency.StateCompleted {
+		expires := r.Uvarint()
+		st.chunks = r.Uvarint()
+		st.chunkIndex = r.Uvarint()
+		st.response = r.Rest()
+		if expires > math.MaxInt64 {
+			return stored{}, errMalformed
 		}
-		rest = rest[n:]
-		return u, true
+		st.expires = int64(expires)
 	}
-	field := func() (string, bool) {
-		l, ok := uvarint()
-		if !ok || l > uint64(len(rest)) {
-			return "", false
-		}
-		f := string(rest[:l])
-		rest = rest[l:]
-		return f, true
-	}
-	var ok bool
-	if st.fingerprint, ok = field(); !ok {
+	if !r.OK() {
 		return stored{}, errMalformed
-	}
-	if st.owner, ok = field(); !ok {
-		return stored{}, errMalformed
-	}
-	if st.state == idempotency.StateInProgress {
-		return st, nil
-	}
-	expires, ok1 := uvarint()
-	chunks, ok2 := uvarint()
-	chunkIndex, ok3 := uvarint()
-	if !ok1 || !ok2 || !ok3 || expires > math.MaxInt64 {
-		return stored{}, errMalformed
-	}
-	st.expires, st.chunks, st.chunkIndex = int64(expires), chunks, chunkIndex
-	if len(rest) > 0 {
-		st.response = append([]byte(nil), rest...)
 	}
 	return st, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -375,5 +376,38 @@ func TestStoreClaimUnanswered(t *testing.T) {
 	}
 	if err := s.Complete(ctx, "", k, "lost", []byte("x"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Complete of the unanswered claim: %v, want ErrNotOwner", err)
+	}
+}
+
+// TestStoreRecordFormat: records as the store wrote them before its codec
+// moved to backends/internal/idemrecord decode to what they held, and are
+// encoded byte for byte the same, so that stores of both versions share
+// records.
+func TestStoreRecordFormat(t *testing.T) {
+	for _, tc := range []struct {
+		v  string
+		st stored
+	}{
+		{"\x01\x01\x02fp\aowner-1", stored{state: idempotency.StateInProgress, fingerprint: "fp", owner: "owner-1"}},
+		{"\x01\x02\tsha256:ab\x01o\x95\x9a\xbd\x99\xd6\xdf\xc7\xf4\x18\x00\x00201 Created\x00\xff",
+			stored{state: idempotency.StateCompleted, fingerprint: "sha256:ab", owner: "o", expires: 1795000000123456789, response: []byte("201 Created\x00\xff")}},
+		{"\x01\x02\x00\x02o2\x80\x80\xce\xde\xd5\xdf\xc7\xf4\x18\x03\x86\xa4<",
+			stored{state: idempotency.StateCompleted, owner: "o2", expires: 1795000000000000000, chunks: 3, chunkIndex: 987654}},
+	} {
+		st, err := decodeRecord([]byte(tc.v))
+		if err != nil || !reflect.DeepEqual(st, tc.st) {
+			t.Errorf("decode %q: (%+v, %v), want %+v", tc.v, st, err, tc.st)
+		}
+		if v := encodeRecord(tc.st); string(v) != tc.v {
+			t.Errorf("encode %+v: %q, want %q", tc.st, v, tc.v)
+		}
+	}
+	s := &Store{dir: "app/"}
+	if k := s.recordKey("scope/x", "key\x00y"); k != "app/B3Njb3BlL3hrZXkAeQ" {
+		t.Errorf("record key %q, want the one the store used before", k)
+	}
+	// A deadline beyond int64 was never written: a malformed record.
+	if _, err := decodeRecord([]byte("\x01\x02\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x00\x00")); !errors.Is(err, errMalformed) {
+		t.Errorf("deadline past int64: %v, want errMalformed", err)
 	}
 }
