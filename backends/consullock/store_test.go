@@ -207,49 +207,92 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestStoreRoundTrips counts the requests of an idempotency.Executor over
-// the store: 2 for a first execution (claim, complete), 2 for a replay (a
-// failed transaction returns no reads), 0 per Extend it does not need, and
-// 3 more for a response too large to keep inline.
+// the store: 2 for a first execution (claim, complete) and 1 for a replay
+// through the same Store, chunks included (3 more puts to write a response
+// too large to keep inline); a replay through a Store that never saw the key
+// costs 2 (the failed claim, then the read) and the next one there 1. A
+// Claim that finds the key in progress elsewhere, as a waiting duplicate
+// polls, costs 2 the first time and 1 after.
 func TestStoreRoundTrips(t *testing.T) {
-	c, n := countingClient(t, addr(t))
-	s := storeOn(t, c)
-	e, err := idempotency.New(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := addr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	type counted struct {
+		s *Store
+		e *idempotency.Executor
+		n *atomic.Int64
+	}
 	work := func(out []byte) func(context.Context) ([]byte, error) {
 		return func(context.Context) ([]byte, error) { return out, nil }
 	}
-	// The session is created by the first claim: not counted.
-	if _, err := e.Do(ctx, fmt.Sprint("warm-", time.Now().UnixNano()), "fp", work(nil)); err != nil {
-		t.Fatal(err)
+	stores := make([]counted, 2)
+	for i := range stores {
+		c, n := countingClient(t, a)
+		s := storeOn(t, c)
+		e, err := idempotency.New(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The session is created by the first claim: not counted.
+		if _, err := e.Do(ctx, fmt.Sprint("warm-", time.Now().UnixNano()), "fp", work(nil)); err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = counted{s, e, n}
+	}
+	one, other := stores[0], stores[1]
+	cost := func(on counted, f func()) int64 {
+		before := on.n.Load()
+		f()
+		return on.n.Load() - before
 	}
 	for _, tc := range []struct {
-		name          string
-		out           []byte
-		first, replay int64
+		name  string
+		out   []byte
+		first int64
 	}{
-		{"small response", []byte("201 Created"), 2, 2},
-		{"1 MiB response", bytes.Repeat([]byte{7}, idempotency.MaxResultLen), 2 + 3, 2 + 1},
+		{"small response", []byte("201 Created"), 2},
+		{"1 MiB response", bytes.Repeat([]byte{7}, idempotency.MaxResultLen), 2 + 3},
 	} {
 		k := fmt.Sprint("trips-", time.Now().UnixNano())
-		before := n.Load()
-		if res, err := e.Do(ctx, k, "fp", work(tc.out)); err != nil || res.Replayed {
-			t.Fatalf("%s: first Do: (%v, %v)", tc.name, res.Replayed, err)
+		first := cost(one, func() {
+			if res, err := one.e.Do(ctx, k, "fp", work(tc.out)); err != nil || res.Replayed {
+				t.Fatalf("%s: first Do: (%v, %v)", tc.name, res.Replayed, err)
+			}
+		})
+		replay := func(on counted) int64 {
+			return cost(on, func() {
+				res, err := on.e.Do(ctx, k, "fp", work(nil))
+				if err != nil || !res.Replayed || !bytes.Equal(res.Response, tc.out) {
+					t.Fatalf("%s: replay: (%v, %d bytes, %v)", tc.name, res.Replayed, len(res.Response), err)
+				}
+			})
 		}
-		first := n.Load() - before
-		before = n.Load()
-		res, err := e.Do(ctx, k, "fp", work(nil))
-		if err != nil || !res.Replayed || !bytes.Equal(res.Response, tc.out) {
-			t.Fatalf("%s: replay: (%v, %d bytes, %v)", tc.name, res.Replayed, len(res.Response), err)
+		same, elsewhere, again := replay(one), replay(other), replay(other)
+		t.Logf("%s: %d requests for the first execution, %d for a replay; through another store %d, then %d",
+			tc.name, first, same, elsewhere, again)
+		if first != tc.first || same != 1 {
+			t.Errorf("%s: %d requests first, %d per replay; want %d and 1", tc.name, first, same, tc.first)
 		}
-		replay := n.Load() - before
-		t.Logf("%s: %d requests for the first execution, %d for a replay", tc.name, first, replay)
-		if first != tc.first || replay != tc.replay {
-			t.Errorf("%s: %d requests first, %d per replay; want %d and %d", tc.name, first, replay, tc.first, tc.replay)
+		if elsewhere != 2 || again != 1 {
+			t.Errorf("%s: replays through another store cost %d, then %d; want 2, then 1", tc.name, elsewhere, again)
 		}
+	}
+
+	k := fmt.Sprint("polled-", time.Now().UnixNano())
+	if rec, err := one.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "running", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	var polls []int64
+	for range 3 {
+		polls = append(polls, cost(other, func() {
+			rec, err := other.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "waiting", Lease: time.Minute})
+			if err != nil || rec == nil || rec.State != idempotency.StateInProgress || rec.Owner != "running" {
+				t.Fatalf("Claim of a key in progress: (%+v, %v)", rec, err)
+			}
+		}))
+	}
+	if !slices.Equal(polls, []int64{2, 1, 1}) {
+		t.Errorf("polls of a key in progress cost %v requests, want [2 1 1]", polls)
 	}
 }
 
