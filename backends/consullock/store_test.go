@@ -212,7 +212,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // too large to keep inline); a replay through a Store that never saw the key
 // costs 2 (the failed claim, then the read) and the next one there 1. A
 // Claim that finds the key in progress elsewhere, as a waiting duplicate
-// polls, costs 2 the first time and 1 after.
+// polls, costs 2 the first time and 1 after. A Claim of a key whose record
+// this Store deleted costs 1; of one deleted elsewhere, 2 (read, claim).
 func TestStoreRoundTrips(t *testing.T) {
 	a := addr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -293,6 +294,28 @@ func TestStoreRoundTrips(t *testing.T) {
 	}
 	if !slices.Equal(polls, []int64{2, 1, 1}) {
 		t.Errorf("polls of a key in progress cost %v requests, want [2 1 1]", polls)
+	}
+
+	// A key whose record this Store deleted is claimed first again; one
+	// deleted elsewhere is read first, found gone, then claimed.
+	claimCost := func(on counted, k string) int64 {
+		return cost(on, func() {
+			if rec, err := on.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "o-" + k, Lease: time.Minute}); rec != nil || err != nil {
+				t.Fatalf("Claim of a deleted key: (%+v, %v)", rec, err)
+			}
+		})
+	}
+	if err := one.s.Abandon(ctx, "", k, "running"); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimCost(one, k); n != 1 {
+		t.Errorf("a claim after this store's Abandon costs %d requests, want 1", n)
+	}
+	if err := other.s.Delete(ctx, "", k); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimCost(one, k); n != 2 {
+		t.Errorf("a claim of a key deleted by another store costs %d requests, want 2", n)
 	}
 }
 
