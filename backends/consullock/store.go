@@ -2,18 +2,20 @@ package consullock
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/warden-go/warden/backends/internal/idemrecord"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -74,14 +76,27 @@ const DefaultStorePrefix = "warden/idem/"
 //
 // # Round trips
 //
-// A Claim of a free key is one transaction (check-not-exists, lock by the
-// session, read back the ModifyIndex), and a Complete another: a first
-// request costs 2 requests. A Claim of a taken key (a replay) costs 2: a
-// Consul transaction that fails a check is rolled back and returns no
-// reads, so the record is read with a second request. Extend is one
-// read-only transaction. The first Claim of a Store also creates its
-// session (one request), and the session's renewal costs one request per
-// third of its TTL for all claims together.
+// A first request costs 2 requests: the Claim, one transaction
+// (check that the record does not exist, lock it by the session, read back
+// its ModifyIndex), and the Complete, another. A Claim that finds the record
+// taken (a replay, or the poll of a duplicate waiting for a claim in
+// progress) costs 1 when this Store expects the record: one consistent
+// read-only transaction returns it whole, chunks included.
+//
+// Consul cannot answer both in one request. A transaction that fails a
+// check is rolled back and returns no reads, and every conditional write
+// (lock, cas, the checks) fails the whole transaction when its condition
+// does not hold, so the claim transaction cannot also read a taken record
+// back; and a read before every claim would cost each first request a
+// third. So a Store reads first only the keys it expects to be taken: the
+// last 4,096 or so it claimed or found taken, by hash, which is where the
+// replays of its own answers and the polls of a waiting Executor land. Any
+// other key it claims first, and a replay that lands there costs 2 (the
+// failed claim, then the read); an expected record that is gone costs one
+// request more than a claim. A failed claim is also a Raft write, which the
+// read is not. Extend is one read-only transaction. The first Claim of a
+// Store also creates its session (one request), and the session's renewal
+// costs one request per third of its TTL for all claims together.
 //
 // # Layout and size
 //
@@ -94,7 +109,7 @@ const DefaultStorePrefix = "warden/idem/"
 // inlineResponse (256 KiB) is written first in chunks under <record key>/,
 // each a KV put of its own, and the transaction that completes the record
 // then names them: a response of idempotency.MaxResponseLen (1 MiB) costs 3
-// more requests to write and one more to read. Chunks left behind by a
+// more requests to write and none more to read. Chunks left behind by a
 // Complete that failed are deleted by the next Claim, Abandon or Delete of
 // the key, and by Purge.
 //
@@ -113,6 +128,13 @@ type Store struct {
 	ttl     time.Duration
 	// sessions keeps the Store's session; it holds no locks.
 	sessions *Locker
+
+	// seen[h%expectSlots] is h, the hash of a record key under seed, when
+	// this Store claimed that record or found it taken, last of the keys
+	// whose hashes share the slot: Claim reads such a key first (see Round
+	// trips). A stale or lost entry costs a request, never a wrong answer.
+	seed maphash.Seed
+	seen [expectSlots]atomic.Uint64
 
 	mu     sync.Mutex
 	claims map[string]*claim // by record key: the claims this Store made
@@ -204,6 +226,7 @@ func NewStore(client *api.Client, opts ...StoreOption) (*Store, error) {
 	return &Store{
 		client: client, dir: c.prefix, timeout: c.timeout, ttl: c.ttl,
 		sessions: l,
+		seed:     maphash.MakeSeed(),
 		claims:   make(map[string]*claim),
 	}, nil
 }
@@ -238,18 +261,45 @@ type claim struct {
 	timer    *time.Timer
 }
 
-// recordKey is unambiguous because the scope's length comes first, and
-// base64url keeps NULs, '/' and '.' out of the key, so that a record is
-// never mistaken for a lock's key and its chunks, under <record key>/,
-// belong to it alone.
+// recordKey is idemrecord.Key under the Store's prefix: no '/' or '.'
+// follows the prefix, so that a record is never mistaken for a lock's key
+// and its chunks, under <record key>/, belong to it alone.
 func (s *Store) recordKey(scope, key string) string {
-	b := binary.AppendUvarint(make([]byte, 0, 2+len(scope)+len(key)), uint64(len(scope)))
-	b = append(b, scope...)
-	b = append(b, key...)
-	return s.dir + base64.RawURLEncoding.EncodeToString(b)
+	return idemrecord.Key(s.dir, scope, key)
 }
 
-// Claim implements idempotency.Store.
+// expectSlots is the number of record keys a Store remembers having seen
+// taken (32 KiB of hashes): replays and polls of an in-progress key come
+// soon after the claim, and a key that fell out costs one request more.
+const expectSlots = 1 << 12
+
+func (s *Store) expectSlot(k string) (*atomic.Uint64, uint64) {
+	h := maphash.String(s.seed, k) | 1 // never 0, an empty slot
+	return &s.seen[h%expectSlots], h
+}
+
+// expect notes that record k exists: this Store claimed it or found it
+// taken.
+func (s *Store) expect(k string) {
+	p, h := s.expectSlot(k)
+	p.Store(h)
+}
+
+// expected reports whether this Store expects record k to exist.
+func (s *Store) expected(k string) bool {
+	p, h := s.expectSlot(k)
+	return p.Load() == h
+}
+
+// unexpect forgets k once this Store has deleted its record.
+func (s *Store) unexpect(k string) {
+	p, h := s.expectSlot(k)
+	p.CompareAndSwap(h, 0)
+}
+
+// Claim implements idempotency.Store. It starts with the claim transaction,
+// or with a read of the record when this Store expects one (see Round
+// trips); either way it claims only a key it has seen free or expired.
 func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
 	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
@@ -257,13 +307,43 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 	k := s.recordKey(c.Scope, c.Key)
 	value := encodeRecord(stored{state: idempotency.StateInProgress, fingerprint: c.Fingerprint, owner: c.Owner})
 	var free uint64 // 0: the key is believed absent
+	readFirst := s.expected(k)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		sess, err := s.session(ctx)
+		if !readFirst {
+			claimed, err := s.claim(ctx, k, free, value, c)
+			if err != nil || claimed {
+				return nil, err
+			}
+		}
+		readFirst = false
+		kv, st, err := s.load(ctx, k)
 		if err != nil {
 			return nil, err
+		}
+		switch {
+		case kv == nil:
+			free = 0 // deleted in between
+		case st.expired(kv, time.Now()):
+			free = kv.ModifyIndex
+		default:
+			s.expect(k)
+			return st.record(c.Scope, c.Key), nil
+		}
+	}
+}
+
+// claim sends the claim transaction of c, under k, with value: it checks
+// that the record is absent (free 0) or still at ModifyIndex free, locks it
+// by the Store's session, deletes any chunks left under it, and reads back
+// its ModifyIndex. It reports false, and no error, when the check failed.
+func (s *Store) claim(ctx context.Context, k string, free uint64, value []byte, c idempotency.Claim) (bool, error) {
+	for {
+		sess, err := s.session(ctx)
+		if err != nil {
+			return false, err
 		}
 		check := &api.KVTxnOp{Verb: api.KVCheckNotExists, Key: k}
 		if free != 0 {
@@ -280,7 +360,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			// The claim may have landed: it is taken back as soon as
 			// Consul answers, since the caller is told it failed.
 			s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess}, time.Time{})
-			return nil, err
+			return false, err
 		}
 		if ok {
 			var index uint64
@@ -290,32 +370,16 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 				}
 			}
 			s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess, index: index}, sent.Add(c.Lease))
-			return nil, nil
+			s.expect(k)
+			return true, nil
 		}
-		if !checkFailed(resp) {
-			// The check passed and the lock verb failed: the session
-			// ended in between, which the Locker finds out within a
-			// round trip.
-			if err := driver.Sleep(ctx, retryDelay, nil); err != nil {
-				return nil, err
-			}
-			continue
+		if checkFailed(resp) {
+			return false, nil
 		}
-		kv, st, err := s.read(ctx, k)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case kv == nil:
-			free = 0 // deleted in between
-		case st.expired(kv, time.Now()):
-			free = kv.ModifyIndex
-		default:
-			rec, err := s.record(ctx, k, kv, c.Scope, c.Key, st)
-			if err != nil || rec != nil {
-				return rec, err
-			}
-			free = 0 // the record changed while its chunks were read
+		// The check passed and the lock verb failed: the session ended in
+		// between, which the Locker finds out within a round trip.
+		if err := driver.Sleep(ctx, retryDelay, nil); err != nil {
+			return false, err
 		}
 	}
 }
@@ -430,26 +494,23 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if !ok {
 		return notOwner("abandon", key)
 	}
+	s.unexpect(k)
 	return nil
 }
 
-// Get implements idempotency.Store.
+// Get implements idempotency.Store, in one request, chunks included.
 func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
-	k := s.recordKey(scope, key)
-	kv, st, err := s.read(ctx, k)
+	kv, st, err := s.load(ctx, s.recordKey(scope, key))
 	if err != nil {
 		return nil, err
 	}
-	if kv != nil && !st.expired(kv, time.Now()) {
-		rec, err := s.record(ctx, k, kv, scope, key, st)
-		if err != nil || rec != nil {
-			return rec, err
-		}
+	if kv == nil || st.expired(kv, time.Now()) {
+		return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 	}
-	return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	return st.record(scope, key), nil
 }
 
 // Delete implements idempotency.Deleter, in one transaction: reading the
@@ -470,6 +531,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 	}
+	s.unexpect(k)
 	return nil
 }
 
@@ -523,6 +585,7 @@ func (s *Store) Purge(ctx context.Context) (int, error) {
 			return purged, err
 		}
 		if ok {
+			s.unexpect(k)
 			purged++
 		}
 	}
@@ -642,7 +705,10 @@ func (s *Store) reclaim(c *claim) {
 				}
 				index = kv.ModifyIndex
 			}
-			_, _, err := s.txn(ctx, false, deleteRecord(c.key, index))
+			ok, _, err := s.txn(ctx, false, deleteRecord(c.key, index))
+			if ok {
+				s.unexpect(c.key)
+			}
 			return err
 		}()
 		if err == nil || driver.Sleep(ctx, pause.Next(), c.s.done) != nil {
@@ -694,35 +760,48 @@ func (s *Store) read(ctx context.Context, k string) (*api.KVPair, stored, error)
 	return kv, st, nil
 }
 
-// record returns st, read from kv, as a record, reading its chunks if it has
-// any; nil when they are gone because the record changed meanwhile.
-func (s *Store) record(ctx context.Context, k string, kv *api.KVPair, scope, key string, st stored) (*idempotency.Record, error) {
-	if st.chunks > 0 {
-		rctx, cancel := context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-		pairs, _, err := s.client.KV().List(k+"/"+strconv.FormatUint(st.chunkIndex, 10)+"/", queryOpts(rctx))
-		if err != nil {
-			return nil, s.unavailable(ctx, rctx, err)
+// load reads record k and the chunks under it in one consistent read-only
+// transaction (get-or-empty, Consul 1.14 or later, does not fail it when
+// there is no record), so that a completed record comes back whole,
+// however long its response; a nil pair means none.
+func (s *Store) load(ctx context.Context, k string) (*api.KVPair, stored, error) {
+	ok, resp, err := s.txn(ctx, false, api.KVTxnOps{
+		{Verb: api.KVGetOrEmpty, Key: k},
+		{Verb: api.KVGetTree, Key: k + "/"},
+	})
+	if err != nil {
+		return nil, stored{}, err
+	}
+	if !ok || len(resp.Results) == 0 || resp.Results[0].Key != k {
+		// An ACL that denies the read, or a server older than 1.14.
+		var why []string
+		for _, e := range resp.Errors {
+			why = append(why, e.What)
 		}
-		if uint64(len(pairs)) != st.chunks {
-			now, _, err := s.read(ctx, k)
-			if err != nil || now == nil || now.ModifyIndex != kv.ModifyIndex {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %d of its %d chunks", errMalformed, len(pairs), st.chunks)
-		}
-		// Chunk names are fixed-width, so Consul lists them in order.
-		for _, p := range pairs {
+		return nil, stored{}, fmt.Errorf("%w: consul: read of record %q refused: %s", idempotency.ErrUnavailable, k, strings.Join(why, "; "))
+	}
+	kv := resp.Results[0]
+	if kv.ModifyIndex == 0 {
+		return nil, stored{}, nil // get-or-empty's empty answer
+	}
+	st, err := decodeRecord(kv.Value)
+	if err != nil || st.chunks == 0 {
+		return kv, st, err
+	}
+	// Chunk names are fixed-width, so Consul lists them in order; a chunk
+	// directory other than the record's is a failed Complete's leftover.
+	dir := k + "/" + strconv.FormatUint(st.chunkIndex, 10) + "/"
+	var n uint64
+	for _, p := range resp.Results[1:] {
+		if strings.HasPrefix(p.Key, dir) {
 			st.response = append(st.response, p.Value...)
+			n++
 		}
 	}
-	return &idempotency.Record{
-		Scope: scope, Key: key,
-		State:       st.state,
-		Fingerprint: st.fingerprint,
-		Owner:       st.owner,
-		Response:    st.response,
-	}, nil
+	if n != st.chunks {
+		return nil, stored{}, fmt.Errorf("%w: %d of its %d chunks", errMalformed, n, st.chunks)
+	}
+	return kv, st, nil
 }
 
 // Consul's default limit on a value and on a transaction's body is 512 KiB,
@@ -812,6 +891,17 @@ type stored struct {
 	response   []byte
 }
 
+// record returns st as the record of (scope, key).
+func (st stored) record(scope, key string) *idempotency.Record {
+	return &idempotency.Record{
+		Scope: scope, Key: key,
+		State:       st.state,
+		Fingerprint: st.fingerprint,
+		Owner:       st.owner,
+		Response:    st.response,
+	}
+}
+
 // expired reports whether the record kv, holding st, is free to claim: a
 // completed record past its retention on this host's clock, or a claim no
 // session holds (which this package never leaves; another tool might).
@@ -826,23 +916,15 @@ func (st stored) expired(kv *api.KVPair, now time.Time) bool {
 // told from this one.
 const storeFormat = 1
 
-const (
-	stateInProgress byte = 1
-	stateCompleted  byte = 2
-)
-
 // encodeRecord lays st out as: format, state, uvarint-prefixed fingerprint
 // and owner, then for a completed record uvarints of the deadline, the
 // number of chunks and their directory, and the inline response to the end.
 func encodeRecord(st stored) []byte {
 	b := make([]byte, 0, 2+5*binary.MaxVarintLen64+len(st.fingerprint)+len(st.owner)+len(st.response))
-	b = append(b, storeFormat, stateInProgress)
-	b = binary.AppendUvarint(b, uint64(len(st.fingerprint)))
-	b = append(b, st.fingerprint...)
-	b = binary.AppendUvarint(b, uint64(len(st.owner)))
-	b = append(b, st.owner...)
+	b = idemrecord.AppendHeader(b, storeFormat, st.state)
+	b = idemrecord.AppendString(b, st.fingerprint)
+	b = idemrecord.AppendString(b, st.owner)
 	if st.state == idempotency.StateCompleted {
-		b[1] = stateCompleted
 		b = binary.AppendUvarint(b, uint64(st.expires))
 		b = binary.AppendUvarint(b, st.chunks)
 		b = binary.AppendUvarint(b, st.chunkIndex)
@@ -857,55 +939,22 @@ var errMalformed = fmt.Errorf("%w: consul: malformed idempotency record", idempo
 // by this store (or by a newer format): it is reported as the store being
 // unusable rather than as a free key, which would let a second owner in.
 func decodeRecord(v []byte) (stored, error) {
-	if len(v) < 2 || v[0] != storeFormat {
-		return stored{}, errMalformed
-	}
-	var st stored
-	switch v[1] {
-	case stateInProgress:
-		st.state = idempotency.StateInProgress
-	case stateCompleted:
-		st.state = idempotency.StateCompleted
-	default:
-		return stored{}, errMalformed
-	}
-	rest := v[2:]
-	uvarint := func() (uint64, bool) {
-		u, n := binary.Uvarint(rest)
-		if n <= 0 {
-			return 0, false
+	r := idemrecord.NewReader(v, storeFormat)
+	st := stored{state: r.State()}
+	st.fingerprint = r.Field()
+	st.owner = r.Field()
+	if st.state == idempotency.StateCompleted {
+		expires := r.Uvarint()
+		st.chunks = r.Uvarint()
+		st.chunkIndex = r.Uvarint()
+		st.response = r.Rest()
+		if expires > math.MaxInt64 {
+			return stored{}, errMalformed
 		}
-		rest = rest[n:]
-		return u, true
+		st.expires = int64(expires)
 	}
-	field := func() (string, bool) {
-		l, ok := uvarint()
-		if !ok || l > uint64(len(rest)) {
-			return "", false
-		}
-		f := string(rest[:l])
-		rest = rest[l:]
-		return f, true
-	}
-	var ok bool
-	if st.fingerprint, ok = field(); !ok {
+	if !r.OK() {
 		return stored{}, errMalformed
-	}
-	if st.owner, ok = field(); !ok {
-		return stored{}, errMalformed
-	}
-	if st.state == idempotency.StateInProgress {
-		return st, nil
-	}
-	expires, ok1 := uvarint()
-	chunks, ok2 := uvarint()
-	chunkIndex, ok3 := uvarint()
-	if !ok1 || !ok2 || !ok3 || expires > math.MaxInt64 {
-		return stored{}, errMalformed
-	}
-	st.expires, st.chunks, st.chunkIndex = int64(expires), chunks, chunkIndex
-	if len(rest) > 0 {
-		st.response = append([]byte(nil), rest...)
 	}
 	return st, nil
 }

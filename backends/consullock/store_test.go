@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -206,49 +207,115 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestStoreRoundTrips counts the requests of an idempotency.Executor over
-// the store: 2 for a first execution (claim, complete), 2 for a replay (a
-// failed transaction returns no reads), 0 per Extend it does not need, and
-// 3 more for a response too large to keep inline.
+// the store: 2 for a first execution (claim, complete) and 1 for a replay
+// through the same Store, chunks included (3 more puts to write a response
+// too large to keep inline); a replay through a Store that never saw the key
+// costs 2 (the failed claim, then the read) and the next one there 1. A
+// Claim that finds the key in progress elsewhere, as a waiting duplicate
+// polls, costs 2 the first time and 1 after. A Claim of a key whose record
+// this Store deleted costs 1; of one deleted elsewhere, 2 (read, claim).
 func TestStoreRoundTrips(t *testing.T) {
-	c, n := countingClient(t, addr(t))
-	s := storeOn(t, c)
-	e, err := idempotency.New(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := addr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	type counted struct {
+		s *Store
+		e *idempotency.Executor
+		n *atomic.Int64
+	}
 	work := func(out []byte) func(context.Context) ([]byte, error) {
 		return func(context.Context) ([]byte, error) { return out, nil }
 	}
-	// The session is created by the first claim: not counted.
-	if _, err := e.Do(ctx, fmt.Sprint("warm-", time.Now().UnixNano()), "fp", work(nil)); err != nil {
-		t.Fatal(err)
+	stores := make([]counted, 2)
+	for i := range stores {
+		c, n := countingClient(t, a)
+		s := storeOn(t, c)
+		e, err := idempotency.New(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The session is created by the first claim: not counted.
+		if _, err := e.Do(ctx, fmt.Sprint("warm-", time.Now().UnixNano()), "fp", work(nil)); err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = counted{s, e, n}
+	}
+	one, other := stores[0], stores[1]
+	cost := func(on counted, f func()) int64 {
+		before := on.n.Load()
+		f()
+		return on.n.Load() - before
 	}
 	for _, tc := range []struct {
-		name          string
-		out           []byte
-		first, replay int64
+		name  string
+		out   []byte
+		first int64
 	}{
-		{"small response", []byte("201 Created"), 2, 2},
-		{"1 MiB response", bytes.Repeat([]byte{7}, idempotency.MaxResultLen), 2 + 3, 2 + 1},
+		{"small response", []byte("201 Created"), 2},
+		{"1 MiB response", bytes.Repeat([]byte{7}, idempotency.MaxResultLen), 2 + 3},
 	} {
 		k := fmt.Sprint("trips-", time.Now().UnixNano())
-		before := n.Load()
-		if res, err := e.Do(ctx, k, "fp", work(tc.out)); err != nil || res.Replayed {
-			t.Fatalf("%s: first Do: (%v, %v)", tc.name, res.Replayed, err)
+		first := cost(one, func() {
+			if res, err := one.e.Do(ctx, k, "fp", work(tc.out)); err != nil || res.Replayed {
+				t.Fatalf("%s: first Do: (%v, %v)", tc.name, res.Replayed, err)
+			}
+		})
+		replay := func(on counted) int64 {
+			return cost(on, func() {
+				res, err := on.e.Do(ctx, k, "fp", work(nil))
+				if err != nil || !res.Replayed || !bytes.Equal(res.Response, tc.out) {
+					t.Fatalf("%s: replay: (%v, %d bytes, %v)", tc.name, res.Replayed, len(res.Response), err)
+				}
+			})
 		}
-		first := n.Load() - before
-		before = n.Load()
-		res, err := e.Do(ctx, k, "fp", work(nil))
-		if err != nil || !res.Replayed || !bytes.Equal(res.Response, tc.out) {
-			t.Fatalf("%s: replay: (%v, %d bytes, %v)", tc.name, res.Replayed, len(res.Response), err)
+		same, elsewhere, again := replay(one), replay(other), replay(other)
+		t.Logf("%s: %d requests for the first execution, %d for a replay; through another store %d, then %d",
+			tc.name, first, same, elsewhere, again)
+		if first != tc.first || same != 1 {
+			t.Errorf("%s: %d requests first, %d per replay; want %d and 1", tc.name, first, same, tc.first)
 		}
-		replay := n.Load() - before
-		t.Logf("%s: %d requests for the first execution, %d for a replay", tc.name, first, replay)
-		if first != tc.first || replay != tc.replay {
-			t.Errorf("%s: %d requests first, %d per replay; want %d and %d", tc.name, first, replay, tc.first, tc.replay)
+		if elsewhere != 2 || again != 1 {
+			t.Errorf("%s: replays through another store cost %d, then %d; want 2, then 1", tc.name, elsewhere, again)
 		}
+	}
+
+	k := fmt.Sprint("polled-", time.Now().UnixNano())
+	if rec, err := one.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "running", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	var polls []int64
+	for range 3 {
+		polls = append(polls, cost(other, func() {
+			rec, err := other.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "waiting", Lease: time.Minute})
+			if err != nil || rec == nil || rec.State != idempotency.StateInProgress || rec.Owner != "running" {
+				t.Fatalf("Claim of a key in progress: (%+v, %v)", rec, err)
+			}
+		}))
+	}
+	if !slices.Equal(polls, []int64{2, 1, 1}) {
+		t.Errorf("polls of a key in progress cost %v requests, want [2 1 1]", polls)
+	}
+
+	// A key whose record this Store deleted is claimed first again; one
+	// deleted elsewhere is read first, found gone, then claimed.
+	claimCost := func(on counted, k string) int64 {
+		return cost(on, func() {
+			if rec, err := on.s.Claim(ctx, idempotency.Claim{Key: k, Fingerprint: "fp", Owner: "o-" + k, Lease: time.Minute}); rec != nil || err != nil {
+				t.Fatalf("Claim of a deleted key: (%+v, %v)", rec, err)
+			}
+		})
+	}
+	if err := one.s.Abandon(ctx, "", k, "running"); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimCost(one, k); n != 1 {
+		t.Errorf("a claim after this store's Abandon costs %d requests, want 1", n)
+	}
+	if err := other.s.Delete(ctx, "", k); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimCost(one, k); n != 2 {
+		t.Errorf("a claim of a key deleted by another store costs %d requests, want 2", n)
 	}
 }
 
@@ -375,5 +442,38 @@ func TestStoreClaimUnanswered(t *testing.T) {
 	}
 	if err := s.Complete(ctx, "", k, "lost", []byte("x"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Complete of the unanswered claim: %v, want ErrNotOwner", err)
+	}
+}
+
+// TestStoreRecordFormat: records as the store wrote them before its codec
+// moved to backends/internal/idemrecord decode to what they held, and are
+// encoded byte for byte the same, so that stores of both versions share
+// records.
+func TestStoreRecordFormat(t *testing.T) {
+	for _, tc := range []struct {
+		v  string
+		st stored
+	}{
+		{"\x01\x01\x02fp\aowner-1", stored{state: idempotency.StateInProgress, fingerprint: "fp", owner: "owner-1"}},
+		{"\x01\x02\tsha256:ab\x01o\x95\x9a\xbd\x99\xd6\xdf\xc7\xf4\x18\x00\x00201 Created\x00\xff",
+			stored{state: idempotency.StateCompleted, fingerprint: "sha256:ab", owner: "o", expires: 1795000000123456789, response: []byte("201 Created\x00\xff")}},
+		{"\x01\x02\x00\x02o2\x80\x80\xce\xde\xd5\xdf\xc7\xf4\x18\x03\x86\xa4<",
+			stored{state: idempotency.StateCompleted, owner: "o2", expires: 1795000000000000000, chunks: 3, chunkIndex: 987654}},
+	} {
+		st, err := decodeRecord([]byte(tc.v))
+		if err != nil || !reflect.DeepEqual(st, tc.st) {
+			t.Errorf("decode %q: (%+v, %v), want %+v", tc.v, st, err, tc.st)
+		}
+		if v := encodeRecord(tc.st); string(v) != tc.v {
+			t.Errorf("encode %+v: %q, want %q", tc.st, v, tc.v)
+		}
+	}
+	s := &Store{dir: "app/"}
+	if k := s.recordKey("scope/x", "key\x00y"); k != "app/B3Njb3BlL3hrZXkAeQ" {
+		t.Errorf("record key %q, want the one the store used before", k)
+	}
+	// A deadline beyond int64 was never written: a malformed record.
+	if _, err := decodeRecord([]byte("\x01\x02\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x00\x00")); !errors.Is(err, errMalformed) {
+		t.Errorf("deadline past int64: %v, want errMalformed", err)
 	}
 }

@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/warden-go/warden/backends/internal/idemrecord"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -184,14 +184,10 @@ func NewStore(client *clientv3.Client, opts ...StoreOption) (*Store, error) {
 		leases: map[int64]*sharedLease{}, claims: map[string]claim{}, sweepAt: minSweep}, nil
 }
 
-// recordKey is unambiguous because the scope's length comes first, and
-// base64url keeps NULs and '/' out of the key so that tools listing the
-// prefix see one flat directory.
+// recordKey is idemrecord.Key under the store's directory, so that tools
+// listing the prefix see one flat directory.
 func (s *Store) recordKey(scope, key string) string {
-	b := binary.AppendUvarint(make([]byte, 0, 2+len(scope)+len(key)), uint64(len(scope)))
-	b = append(b, scope...)
-	b = append(b, key...)
-	return s.dir + base64.RawURLEncoding.EncodeToString(b)
+	return idemrecord.Key(s.dir, scope, key)
 }
 
 // Claim implements idempotency.Store: one transaction puts the record on
@@ -565,27 +561,16 @@ type stored struct {
 // told from this one.
 const recordFormat = 1
 
-const (
-	stateInProgress byte = 1
-	stateCompleted  byte = 2
-)
-
 // encodeRecord lays st out as: format, state, uvarint ttl, uvarint-prefixed
 // fingerprint and owner, then the response to the end, so that a 1 MiB
 // response costs a few bytes of framing rather than base64's third.
 func encodeRecord(st stored) string {
 	b := make([]byte, 0, 2+3*binary.MaxVarintLen64+len(st.fingerprint)+len(st.owner)+len(st.response))
-	b = append(b, recordFormat, stateInProgress)
-	if st.state == idempotency.StateCompleted {
-		b[1] = stateCompleted
-	}
+	b = idemrecord.AppendHeader(b, recordFormat, st.state)
 	b = binary.AppendUvarint(b, uint64(st.ttl))
-	b = binary.AppendUvarint(b, uint64(len(st.fingerprint)))
-	b = append(b, st.fingerprint...)
-	b = binary.AppendUvarint(b, uint64(len(st.owner)))
-	b = append(b, st.owner...)
-	b = append(b, st.response...)
-	return string(b)
+	b = idemrecord.AppendString(b, st.fingerprint)
+	b = idemrecord.AppendString(b, st.owner)
+	return string(append(b, st.response...))
 }
 
 var errMalformed = fmt.Errorf("%w: etcd: malformed idempotency record", idempotency.ErrUnavailable)
@@ -594,42 +579,14 @@ var errMalformed = fmt.Errorf("%w: etcd: malformed idempotency record", idempote
 // by this store (or by a newer format): it is reported as the store being
 // unusable rather than as a free key, which would let a second owner in.
 func decodeRecord(v []byte) (stored, error) {
-	if len(v) < 2 || v[0] != recordFormat {
+	r := idemrecord.NewReader(v, recordFormat)
+	st := stored{state: r.State()}
+	st.ttl = int64(r.Uvarint())
+	st.fingerprint = r.Field()
+	st.owner = r.Field()
+	st.response = r.Rest()
+	if !r.OK() {
 		return stored{}, errMalformed
-	}
-	var st stored
-	switch v[1] {
-	case stateInProgress:
-		st.state = idempotency.StateInProgress
-	case stateCompleted:
-		st.state = idempotency.StateCompleted
-	default:
-		return stored{}, errMalformed
-	}
-	rest := v[2:]
-	ttl, n := binary.Uvarint(rest)
-	if n <= 0 {
-		return stored{}, errMalformed
-	}
-	st.ttl, rest = int64(ttl), rest[n:]
-	field := func() (string, bool) {
-		l, n := binary.Uvarint(rest)
-		if n <= 0 || l > uint64(len(rest)-n) {
-			return "", false
-		}
-		f := string(rest[n : n+int(l)])
-		rest = rest[n+int(l):]
-		return f, true
-	}
-	var ok bool
-	if st.fingerprint, ok = field(); !ok {
-		return stored{}, errMalformed
-	}
-	if st.owner, ok = field(); !ok {
-		return stored{}, errMalformed
-	}
-	if len(rest) > 0 {
-		st.response = append([]byte(nil), rest...)
 	}
 	return st, nil
 }

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,38 @@ func TestStoreRoundTrips(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.claims) != 0 {
 		t.Errorf("%d claims remembered after every claim ended", len(s.claims))
+	}
+}
+
+// TestStoreRecordFormat: records as the store wrote them before its codec
+// moved to backends/internal/idemrecord decode to what they held, and are
+// encoded byte for byte the same, so that stores of both versions share
+// records.
+func TestStoreRecordFormat(t *testing.T) {
+	for _, tc := range []struct {
+		v  string
+		st stored
+	}{
+		{"\x01\x01\x03\x02fp\aowner-1", stored{state: idempotency.StateInProgress, ttl: 3, fingerprint: "fp", owner: "owner-1"}},
+		{"\x01\x02\x81\xa3\x05\tsha256:ab\x01o201 Created\x00\xff",
+			stored{state: idempotency.StateCompleted, ttl: 86401, fingerprint: "sha256:ab", owner: "o", response: []byte("201 Created\x00\xff")}},
+		{"\x01\x02\x80\xb4\xc4\xc3!\x00\x02o2", stored{state: idempotency.StateCompleted, ttl: maxLeaseTTL, owner: "o2"}},
+	} {
+		st, err := decodeRecord([]byte(tc.v))
+		if err != nil || !reflect.DeepEqual(st, tc.st) {
+			t.Errorf("decode %q: (%+v, %v), want %+v", tc.v, st, err, tc.st)
+		}
+		if v := encodeRecord(tc.st); v != tc.v {
+			t.Errorf("encode %+v: %q, want %q", tc.st, v, tc.v)
+		}
+	}
+	s := &Store{dir: "app/idem/"}
+	if k := s.recordKey("scope/x", "key\x00y"); k != "app/idem/B3Njb3BlL3hrZXkAeQ" {
+		t.Errorf("record key %q, want the one the store used before", k)
+	}
+	for _, v := range []string{"", "\x02\x01\x03\x02fp\x00", "\x01\x03\x03\x02fp\x00", "\x01\x01\x03\x05fp\x00"} {
+		if _, err := decodeRecord([]byte(v)); !errors.Is(err, errMalformed) {
+			t.Errorf("decode %q: %v, want errMalformed", v, err)
+		}
 	}
 }

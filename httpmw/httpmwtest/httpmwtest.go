@@ -363,17 +363,31 @@ func (s *suite) testLeaseExpiry(t *testing.T) {
 	staleStarted := make(chan struct{})
 	hanging := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(staleStarted)
-		<-r.Context().Done()
+		select {
+		case <-r.Context().Done():
+		case <-release: // the test ended first
+		}
 		staleCause <- context.Cause(r.Context())
 		<-release // a handler that keeps going after being told to stop
 		io.WriteString(w, "stale")
 	})
 	staleURL := serve(t, cutOff{s.newStore(t)}, hanging, httpmw.WithLease(lease))
 	freshURL := serve(t, s.newStore(t), created(&runs), httpmw.WithLease(lease))
+	// Registered after serve, so it runs before the servers' Close, which
+	// waits for the hanging handler: a test that fails halfway ends.
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
 	k := key(t)
 
 	staleResp := sendAsync(t, http.MethodPost, staleURL, k, "pay")
-	<-staleStarted
+	select {
+	case <-staleStarted:
+	case r := <-staleResp:
+		t.Fatalf("first request answered %d %q without running its handler; the test needs it claimed and running", r.status, r.body)
+	case <-time.After(patience):
+		t.Fatalf("the first request's handler did not start within %v", patience)
+	}
 	var fresh response
 	eventually(t, "the stale claim expires and a retry runs", func() bool {
 		fresh = mustSend(t, http.MethodPost, freshURL, k, "pay")
@@ -390,7 +404,7 @@ func (s *suite) testLeaseExpiry(t *testing.T) {
 	case <-time.After(patience):
 		t.Fatal("the stale handler's context was not cancelled")
 	}
-	close(release)
+	free()
 	if r := <-staleResp; string(r.body) != "stale" {
 		t.Errorf("stale client got %d %q, want its handler's own response", r.status, r.body)
 	}
