@@ -533,19 +533,32 @@ func (s *suite) testClientGone(t *testing.T) {
 				opts = append(opts, httpmw.WithRequestContext())
 			}
 			urls := s.fleet(t, 2, h, opts...)
+			// Registered after the fleet, so it runs before the servers'
+			// Close, which waits for the held handler: a test that fails
+			// halfway ends.
+			var once sync.Once
+			leave := func() { once.Do(func() { close(clientGone) }) }
+			t.Cleanup(leave)
 			k := key(t)
 			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			done := make(chan error, 1)
 			go func() {
 				_, err := send(t, ctx, http.MethodPost, urls[0], k, "x")
 				done <- err
 			}()
-			<-started
+			select {
+			case <-started:
+			case err := <-done:
+				t.Fatalf("first request ended (error %v) without running its handler; the test needs it claimed and running", err)
+			case <-time.After(patience):
+				t.Fatalf("the first request's handler did not start within %v", patience)
+			}
 			cancel()
 			if err := <-done; err == nil {
 				t.Fatal("the cancelled client got an answer")
 			}
-			close(clientGone)
+			leave()
 			if ended := <-ctxEnded; ended != requestCtx {
 				t.Errorf("handler's context ended when the client left: %v, want %v", ended, requestCtx)
 			}
@@ -814,15 +827,26 @@ func (s *suite) testWait(t *testing.T) {
 	other := serve(t, s.newStore(t), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Error("the second server ran the handler")
 	}), httpmw.WithWait(patience))
+	// Registered after the servers, so it runs before their Close, which
+	// waits for the held handler: a test that fails halfway ends.
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
 	k := key(t)
 	first := sendAsync(t, http.MethodPost, srv.URL, k, "x")
-	<-started
+	select {
+	case <-started:
+	case r := <-first:
+		t.Fatalf("first request answered %d %q without running its handler; the test needs it claimed and running", r.status, r.body)
+	case <-time.After(patience):
+		t.Fatalf("the first request's handler did not start within %v", patience)
+	}
 	var waiters []<-chan response
 	for range 2 {
 		waiters = append(waiters, sendAsync(t, http.MethodPost, srv.URL, k, "x"), sendAsync(t, http.MethodPost, other, k, "x"))
 	}
 	eventually(t, "the waiters reach the first server", func() bool { return arrived.Load() == 3 })
-	close(release)
+	free()
 	f := <-first
 	for _, w := range waiters {
 		if r := <-w; !r.replayed() || !bytes.Equal(r.body, f.body) {
