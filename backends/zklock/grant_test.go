@@ -12,8 +12,8 @@ import (
 )
 
 // TestGrantWithoutRead: a lock's grant reads nothing of its node. Alone in
-// the queue, the contender holds after its create, and its watch follows;
-// queued, after its create and one listing per wake. Either way its token is its node's
+// the queue, the contender holds after its create; queued, after its create
+// and one listing per wake; its watch follows either way. Either way its token is its node's
 // czxid, on the Locker's session, and tokens grow from holder to holder.
 func TestGrantWithoutRead(t *testing.T) {
 	srv := servers(t)
@@ -80,15 +80,14 @@ func TestGrantWithoutRead(t *testing.T) {
 }
 
 // TestRevocationOfQueuedGrant: a lock granted by a listing hears of its
-// node's deletion through the queue's child watch, whether the deletion is
-// the first change of the queue or comes after another contender queued
-// (which makes the Locker watch the node itself).
+// node's deletion, whether the deletion comes before its data watch is set
+// (the watch's read finds the node gone) or after (the watch fires).
 func TestRevocationOfQueuedGrant(t *testing.T) {
 	srv := servers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, holder, admin := dial(t, srv), dial(t, srv), dial(t, srv)
-	for _, joinFirst := range []bool{false, true} {
+	for _, watchFirst := range []bool{false, true} {
 		k := testKey(t)
 		blocker, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
 		if err != nil {
@@ -112,24 +111,8 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 		}
 		called := make(chan struct{})
 		held.(driver.RevocableLease).OnRevoke(func() { close(called) })
-		if joinFirst {
-			waiter, cancelWaiter := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_, err := holder.Acquire(waiter, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("waiter: %v, want context.Canceled", err)
-				}
-			}()
-			eventually(t, "another contender queues", func() bool { return waiters(t, admin, k) == 1 })
-			eventually(t, "the holder watches its node", func() bool {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return len(l.queued) == 0
-			})
-			cancelWaiter()
-			<-done
+		if watchFirst {
+			eventually(t, "the holder watches its node", func() bool { return l.watching.Load() == 0 })
 		}
 		if err := admin.conn.Delete(held.(*lease).node, -1); err != nil {
 			t.Fatal(err)
@@ -137,7 +120,7 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 		select {
 		case <-called:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("joinFirst %v: OnRevoke's function not called within 10s of the deletion", joinFirst)
+			t.Fatalf("watchFirst %v: OnRevoke's function not called within 10s of the deletion", watchFirst)
 		}
 		if err := held.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
 			t.Fatalf("Release of a revoked lease: %v, want ErrNotHeld", err)
@@ -145,8 +128,8 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.leases) != 0 || len(l.queued) != 0 {
-		t.Fatalf("leases still tracked after their revocation: %v, %v", l.leases, l.queued)
+	if len(l.leases) != 0 {
+		t.Fatalf("leases still tracked after their revocation: %v", l.leases)
 	}
 }
 
