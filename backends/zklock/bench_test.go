@@ -90,23 +90,42 @@ func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 }
 
 // BenchmarkHandoff measures how long a lock takes to pass from one holder to
-// the next among 8 contenders on separate sessions.
+// the next among 8 contenders on separate sessions, each releasing as soon
+// as it holds, for warden and, in the same run, go-zookeeper's Lock.
 func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
-	key := testKey(b)
-	cs := make([]cycler, 8)
-	for i := range cs {
-		cs[i] = wardenContender(dial(b, srv), key)
+	run := func(b *testing.B, cs []cycler) {
+		b.ResetTimer()
+		lat := contend(b, cs, b.N+1)
+		b.StopTimer()
+		if len(lat) == 0 {
+			return
+		}
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	}
-	b.ResetTimer()
-	lat := contend(b, cs, b.N+1)
-	b.StopTimer()
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.Run("zklock", func(b *testing.B) {
+		key := testKey(b)
+		cs := make([]cycler, 8)
+		for i := range cs {
+			cs[i] = wardenContender(dial(b, srv), key)
+		}
+		run(b, cs)
+	})
+	b.Run("zk.Lock", func(b *testing.B) {
+		key := testKey(b)
+		cs := make([]cycler, 8)
+		for i := range cs {
+			conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(conn.Close)
+			cs[i] = zkLockContender(conn, key)
+		}
+		run(b, cs)
+	})
 }
 
 // BenchmarkRequestsPerHandoff counts the requests all contenders send per
