@@ -51,12 +51,13 @@ const (
 // sent to the member that failed its probe are cut short (errAvoided), and
 // streams (the session's keepalive, watches) move to the new member at once.
 //
-// The requests in flight are kept in one list, oldest first, and one timer,
-// the watchdog, probes their members and cuts them short at their bounds:
-// a request costs no timer or context of its own beyond the one its
-// cancellation needs, and the watchdog, armed for the earliest of those
-// moments, fires only when one comes (or a quarter second after the last
-// request that was answered sooner, to find nothing to do).
+// The requests in flight are kept in one list, oldest first, watched by
+// one timer (the watchdog) armed for the earliest moment one of them is due
+// to be probed or cut short at its bound: a request costs one cancellable
+// context and no timer of its own, where a timer and a context per bound,
+// per attempt and per probe cost an uncontended cycle five timers and eight
+// contexts. Requests answered in time leave the watchdog to fire for
+// nothing, at most every probeAfter while requests keep coming.
 //
 // A client whose KV or Watcher was replaced (namespace.NewKV, a mock) is
 // used as it is, since requests on connections of the Locker's own would
