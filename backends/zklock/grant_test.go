@@ -11,10 +11,13 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
-// TestGrantWithoutRead: a lock's grant reads nothing of its node. Alone in
-// the queue, the contender holds after its create; queued, after its create
-// and one listing per wake; its watch follows either way. Either way its token is its node's
-// czxid, on the Locker's session, and tokens grow from holder to holder.
+// TestGrantWithoutRead: a lock's grant costs no request of its own. Alone in
+// the queue, the contender holds after its create, and its watch follows;
+// queued behind one holder, after its create, a listing, the watch on the
+// holder's node and, once that node is gone, the read of its own node that
+// sets its watch: go-zookeeper's Lock sends a listing in its place. Either
+// way its token is its node's czxid, on the Locker's session, and tokens
+// grow from holder to holder.
 func TestGrantWithoutRead(t *testing.T) {
 	srv := servers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -55,6 +58,7 @@ func TestGrantWithoutRead(t *testing.T) {
 	}
 
 	got := make(chan driver.Lease, 1)
+	before = other.requests.Load()
 	go func() {
 		lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
 		if err != nil {
@@ -62,13 +66,17 @@ func TestGrantWithoutRead(t *testing.T) {
 		}
 		got <- lease
 	}()
-	eventually(t, "the second contender queues", func() bool { return waiters(t, l, k) == 1 })
+	eventually(t, "the second contender watches the holder", func() bool { return other.requests.Load()-before == 3 })
 	if err := alone.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	queued := <-got
 	if queued == nil {
 		t.FailNow()
+	}
+	time.Sleep(10 * watchDelay)
+	if n := other.requests.Load() - before; n != 4 || other.watching.Load() != 0 {
+		t.Errorf("queued Acquire sent %d requests, want 4 (create, list, watch, read of its node), and %d watches are pending", n, other.watching.Load())
 	}
 	check(queued, other)
 	if queued.Token() <= alone.Token() {
@@ -163,5 +171,55 @@ func TestGrantWithoutWritePermission(t *testing.T) {
 	}
 	if !l.plainCreate.Load() {
 		t.Error("the Locker still creates with a write of the parent it may not write")
+	}
+}
+
+// TestWaiterDeletedWhileQueued: a waiter whose node an operator deleted
+// while it queued behind the only holder is not granted the lock on that
+// node when the holder leaves: it finds its node gone and queues again.
+func TestWaiterDeletedWhileQueued(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, holder, admin := dial(t, srv), dial(t, srv), dial(t, srv)
+	k := testKey(t)
+	blocker, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := l.requests.Load()
+	got := make(chan driver.Lease, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	eventually(t, "the waiter watches the holder", func() bool { return l.requests.Load()-before == 3 })
+	var deleted string
+	for _, c := range children(t, admin, k) {
+		if node := admin.lockPath(k) + "/" + c; node != blocker.(*lease).node {
+			deleted = node
+		}
+	}
+	if err := admin.conn.Delete(deleted, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := <-got
+	if held == nil {
+		t.FailNow()
+	}
+	defer held.Release(ctx)
+	node := held.(*lease).node
+	ok, stat, err := admin.conn.Exists(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node == deleted || !ok || held.Token() != uint64(stat.Czxid) {
+		t.Fatalf("granted on %s (exists %v, token %d), after %s was deleted", node, ok, held.Token(), deleted)
 	}
 }

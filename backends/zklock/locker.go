@@ -57,9 +57,11 @@
 // the data watch on its node follows, a request the acquisition does not
 // wait for, sent watchDelay after the grant, so that a lease released
 // sooner never sends it; its release is one delete. A queued contender
-// lists the queue after its create and after each wake, without a watch,
-// and watches the node it queues behind: five requests for an acquisition
-// that waits once, the count of go-zookeeper's Lock.
+// lists the queue after its create, without a watch, and watches the node
+// it queues behind; woken, it lists the queue again, or, when that node was
+// the only one ahead of it, reads its own node, which sets its watch: five
+// requests for an acquisition that waits once, the count of go-zookeeper's
+// Lock.
 //
 // # Releases that get no answer
 //

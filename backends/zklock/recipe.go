@@ -422,7 +422,9 @@ type existence struct {
 // listing. Either way, its revocation watch, a data watch on its node, is
 // set watchDelay after the grant if the lease is still held then (a shorter
 // section sends nothing more), and a deletion that comes first is found by
-// that read. The listings set no watch: a child watch on the queue would
+// that read. A waiter woken by the deletion of the only node ahead of it
+// reads its own node instead of listing the queue again, which sets the
+// watch at once. The listings set no watch: a child watch on the queue would
 // fire on every contender's arrival and departure, a notification to each
 // waiter's session for every change, and a data watch to set after all
 // once it fired while the lease was held. A permit's grant writes its node
@@ -454,7 +456,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			}
 			return lst, err
 		})
-		holds, target, all := false, "", false
+		holds, target, all, sole := false, "", false, false
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			q := queue(r.names)
 			pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
@@ -462,6 +464,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 				return nil, errRequeue
 			}
 			holds, target, all = decide(q, pos, permits)
+			sole = le != nil && blockers(q, pos) == 1
 		}
 		switch {
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
@@ -495,17 +498,42 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			r.ch = e.ch
 		}
 		select {
-		case <-r.ch:
+		case ev := <-r.ch:
+			// The only node ahead is gone, and none can come before: c's
+			// node holds if it is still there, which the read that sets
+			// its revocation watch tells instead of another listing.
+			if sole && ev.Type == zk.EventNodeDeleted {
+				return l.grantRead(ctx, le)
+			}
 		case <-ctx.Done():
 			return nil, l.leave(node, ctx.Err())
 		}
 	}
 }
 
+// blockers counts the contenders of a lock's queue q that keep the one at
+// pos from holding: every one before a writer, the writers before a reader.
+// Contenders only join the queue behind the others (their sequence numbers
+// grow), so once they are gone, it holds.
+func blockers(q []contender, pos int) int {
+	if q[pos].kind != kindRead {
+		return pos
+	}
+	n := 0
+	for _, c := range q[:pos] {
+		if c.kind != kindRead {
+			n++
+		}
+	}
+	return n
+}
+
 // grantRead grants the lease le from a read of its node's stat, for a
 // contender whose create did not tell its czxid and session (its answer was
-// lost, or the session changed since). The read sets the lease's
-// revocation watch.
+// lost, or the session changed since), or that was woken by the deletion of
+// the only node ahead of it: the read tells that its node is still there
+// (an operator may have deleted it meanwhile, or the session expired), and
+// sets the lease's revocation watch at once.
 func (l *Locker) grantRead(ctx context.Context, le *lease) (driver.Lease, error) {
 	l.track(le)
 	sent := time.Now()
