@@ -57,15 +57,8 @@ func TestGrantWithoutRead(t *testing.T) {
 		t.Errorf("token %d after %d", alone.Token(), first.Token())
 	}
 
-	got := make(chan driver.Lease, 1)
 	before = other.requests.Load()
-	go func() {
-		lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-		if err != nil {
-			t.Error(err)
-		}
-		got <- lease
-	}()
+	got := acquireLater(ctx, t, other, k)
 	eventually(t, "the second contender watches the holder", func() bool { return other.requests.Load()-before == 3 })
 	if err := alone.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -101,14 +94,7 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan driver.Lease, 1)
-		go func() {
-			lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-			if err != nil {
-				t.Error(err)
-			}
-			got <- lease
-		}()
+		got := acquireLater(ctx, t, l, k)
 		eventually(t, "the contender queues", func() bool { return waiters(t, admin, k) == 1 })
 		if err := blocker.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -188,14 +174,7 @@ func TestWaiterDeletedWhileQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := l.requests.Load()
-	got := make(chan driver.Lease, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-		if err != nil {
-			t.Error(err)
-		}
-		got <- lease
-	}()
+	got := acquireLater(ctx, t, l, k)
 	eventually(t, "the waiter watches the holder", func() bool { return l.requests.Load()-before == 3 })
 	var deleted string
 	for _, c := range children(t, admin, k) {
