@@ -121,17 +121,15 @@ func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 // unknown (no answer within the request timeout), the session is given up,
 // so that its lease, and any such key, expires.
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	rctx, cancel := a.l.timeout.detached(ctx)
-	defer cancel()
-	mctx, c, answered := a.l.members.use(rctx)
-	resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
-	answered(err)
+	var resp *clientv3.TxnResponse
+	err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
+		var err error
+		resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
+		return err
+	})
 	if err != nil {
 		a.s.giveUp()
-		if errors.Is(context.Cause(mctx), errAvoided) {
-			return nil, fmt.Errorf("%w: %w", driver.ErrUnavailable, errAvoided)
-		}
-		return nil, a.l.timeout.err(ctx, rctx, err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -189,10 +187,8 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) 
 // contender whose session expired would find nothing before it and believe
 // it holds the lock.
 func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
-	rctx, cancel := a.l.timeout.ctx(ctx)
-	defer cancel()
 	var resp *clientv3.TxnResponse
-	err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+	err := a.l.members.repeat(ctx, a.l.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		var err error
 		resp, err = c.Txn(actx).
 			If(clientv3.Compare(clientv3.CreateRevision(a.own), "=", a.rev)).
@@ -201,7 +197,7 @@ func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return err
 	})
 	if err != nil {
-		return nil, a.l.timeout.err(ctx, rctx, err)
+		return nil, err
 	}
 	if !resp.Succeeded {
 		return nil, errSessionLost
@@ -240,10 +236,8 @@ func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int6
 // so when the revision moved in between, the key is looked up once more.
 func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) error {
 	gone := func(ctx context.Context) (bool, error) {
-		rctx, cancel := a.l.timeout.ctx(ctx)
-		defer cancel()
 		var count int64
-		err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+		err := a.l.members.repeat(ctx, a.l.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 			g, err := c.Get(actx, key, clientv3.WithCountOnly())
 			if err == nil {
 				count = g.Count
@@ -251,7 +245,7 @@ func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) er
 			return err
 		})
 		if err != nil {
-			return false, a.l.timeout.err(ctx, rctx, err)
+			return false, err
 		}
 		return count == 0, nil
 	}
@@ -357,9 +351,7 @@ func (a *attempt) abort(ctx context.Context, cause error) error {
 	if a.s.lost() {
 		return cause // the lease's revocation, or its expiry, takes the key
 	}
-	rctx, cancel := a.l.timeout.detached(ctx)
-	defer cancel()
-	err := a.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+	err := a.l.members.repeat(ctx, a.l.timeout, true, func(actx context.Context, c *clientv3.Client) error {
 		_, err := c.Delete(actx, a.own)
 		return err
 	})

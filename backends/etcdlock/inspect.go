@@ -41,14 +41,15 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 
 // contenders reads key's contender keys, oldest first.
 func (l *Locker) contenders(ctx context.Context, key string) ([]*mvccpb.KeyValue, error) {
-	rctx, cancel := l.timeout.ctx(ctx)
-	defer cancel()
-	mctx, c, answered := l.members.use(rctx)
-	resp, err := c.Get(mctx, KeyDir(key), clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	answered(err)
+	var resp *clientv3.GetResponse
+	err := l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+		var err error
+		resp, err = c.Get(rctx, KeyDir(key), clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		return err
+	})
 	if err != nil {
-		return nil, l.timeout.err(ctx, rctx, err)
+		return nil, err
 	}
 	return resp.Kvs, nil
 }
@@ -132,13 +133,14 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		if rev > 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
-		rctx, cancel := l.timeout.ctx(ctx)
-		mctx, c, answered := l.members.use(rctx)
-		resp, err := c.Get(mctx, from, opts...)
-		answered(err)
-		cancel()
+		var resp *clientv3.GetResponse
+		err := l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+			var err error
+			resp, err = c.Get(rctx, from, opts...)
+			return err
+		})
 		if err != nil {
-			return nil, l.timeout.err(ctx, rctx, err)
+			return nil, err
 		}
 		rev = resp.Header.Revision
 		for _, kv := range resp.Kvs {
@@ -238,14 +240,12 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 		if len(removed) == 0 {
 			return nil, driver.HolderChanged(hs)
 		}
-		rctx, cancel := l.timeout.ctx(ctx)
-		mctx, c, answered := l.members.use(rctx)
-		resp, err := c.Txn(mctx).If(cmps...).Then(ops...).Commit()
-		answered(err)
-		// Judged before cancel, which would make every failure look like
-		// the request's own timeout.
-		err = l.timeout.err(ctx, rctx, err)
-		cancel()
+		var resp *clientv3.TxnResponse
+		err = l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+			var err error
+			resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -49,13 +49,14 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err := le.checkRefresh(ttl); err != nil {
 		return err
 	}
-	rctx, cancel := le.s.timeout.ctx(ctx)
-	defer cancel()
-	mctx, c, answered := le.s.l.members.use(rctx)
-	resp, err := c.Get(mctx, le.own, clientv3.WithKeysOnly())
-	answered(err)
+	var resp *clientv3.GetResponse
+	err := le.s.l.members.do(ctx, le.s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+		var err error
+		resp, err = c.Get(rctx, le.own, clientv3.WithKeysOnly())
+		return err
+	})
 	if err != nil {
-		return le.s.timeout.err(ctx, rctx, err)
+		return err
 	}
 	return le.verify(resp)
 }
@@ -112,14 +113,11 @@ func (le *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
 	}
 	// The attempts together get one request timeout, within the caller's.
-	caller := ctx
-	ctx, cancel := le.s.timeout.ctx(ctx)
-	defer cancel()
 	var (
 		resp    *clientv3.DeleteResponse
 		unknown bool
 	)
-	err := le.s.l.members.repeat(ctx, func(actx context.Context, c *clientv3.Client) error {
+	err := le.s.l.members.repeat(ctx, le.s.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		var err error
 		resp, err = c.Delete(actx, le.own)
 		unknown = unknown || err != nil
@@ -128,7 +126,7 @@ func (le *lease) Release(ctx context.Context) error {
 	switch {
 	case err != nil:
 		le.s.giveUp()
-		return le.s.timeout.err(caller, ctx, err)
+		return err
 	case resp.Deleted > 0:
 		return nil
 	case unknown && !le.s.lost():

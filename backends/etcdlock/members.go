@@ -51,6 +51,14 @@ const (
 // sent to the member that failed its probe are cut short (errAvoided), and
 // streams (the session's keepalive, watches) move to the new member at once.
 //
+// The requests in flight are kept in one list, oldest first, watched by
+// one timer (the watchdog) armed for the earliest moment one of them is due
+// to be probed or cut short at its bound: a request costs one cancellable
+// context and no timer of its own, where a timer and a context per bound,
+// per attempt and per probe cost an uncontended cycle five timers and eight
+// contexts. Requests answered in time leave the watchdog to fire for
+// nothing, at most every probeAfter while requests keep coming.
+//
 // A client whose KV or Watcher was replaced (namespace.NewKV, a mock) is
 // used as it is, since requests on connections of the Locker's own would
 // bypass the replacement: all requests then go through the client, balanced
@@ -68,6 +76,24 @@ type members struct {
 	probes  sync.WaitGroup
 	// unhook stops closing the connections with the client's.
 	unhook func() bool
+	// oldest and newest end the list of the requests in flight.
+	oldest, newest *request
+	// watchdog probes the members of requests unanswered for probeAfter
+	// and cuts requests short at their bounds; armedAt is when it fires
+	// next, zero when it is not armed.
+	watchdog *time.Timer
+	armedAt  time.Time
+}
+
+// request is one request in flight, in members' list.
+type request struct {
+	m      *member
+	cancel context.CancelCauseFunc
+	// probeAt is when its member is probed, unless answered by then or
+	// probed already; cutAt is its bound.
+	probeAt, cutAt time.Time
+	probed         bool
+	prev, next     *request
 }
 
 // member is one endpoint's connection, or the client itself when the
@@ -77,15 +103,14 @@ type member struct {
 	conn    *grpc.ClientConn // owned only when ep != ""
 	client  *clientv3.Client // its requests go through this one
 	probing atomic.Bool
-	// avoided is cancelled when the Locker moves away from the member,
-	// and replaced; guarded by members.mu.
-	avoided context.Context
-	moved   context.CancelCauseFunc
 }
 
 // errAvoided ends a request cut short because its member was found not
 // answering: it would get no answer in time either.
 var errAvoided = errors.New("etcd: the member stopped answering")
+
+// errNoAnswer ends a request cut short at its bound.
+var errNoAnswer = errors.New("etcd: no answer in time")
 
 func newMembers(client *clientv3.Client) *members {
 	// The types a client has unless its user replaced them.
@@ -110,19 +135,16 @@ func newMembers(client *clientv3.Client) *members {
 // random, so that the processes sharing a cluster spread their load over its
 // members as the client's balancing would.
 func (ms *members) pick() *member {
-	m, _ := ms.pickWhile()
-	return m
-}
-
-// pickWhile is pick, with a context cancelled when the Locker moves away
-// from the member.
-func (ms *members) pickWhile() (*member, context.Context) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
+	return ms.pickLocked()
+}
+
+func (ms *members) pickLocked() *member {
 	if ms.pinned == nil {
 		ms.pinned = ms.member(rand.IntN(max(len(ms.client.Endpoints()), 1)))
 	}
-	return ms.pinned, ms.pinned.avoided
+	return ms.pinned
 }
 
 // member returns the member of the i-th of the client's endpoints (wrapped
@@ -130,7 +152,7 @@ func (ms *members) pickWhile() (*member, context.Context) {
 // not steer or the endpoint cannot be dialed. ms.mu is held.
 func (ms *members) member(i int) *member {
 	eps := ms.client.Endpoints()
-	itself := &member{client: ms.client, conn: ms.client.ActiveConnection(), avoided: context.Background()}
+	itself := &member{client: ms.client, conn: ms.client.ActiveConnection()}
 	if !ms.steer || len(eps) == 0 || ms.closed {
 		return itself
 	}
@@ -147,32 +169,129 @@ func (ms *members) member(i int) *member {
 	c.Watcher = clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), ms.client)
 	c.Lease = clientv3.NewLeaseFromLeaseClient(pb.NewLeaseClient(conn), ms.client, 0)
 	m := &member{ep: ep, conn: conn, client: c}
-	m.avoided, m.moved = context.WithCancelCause(context.Background())
 	ms.byEP[ep] = m
 	return m
 }
 
-// use returns the client to send one request with, the context to send it
-// on (ctx, cut short with cause errAvoided if the Locker moves away from
-// the member meanwhile), and the function to call with the request's error
-// once it is answered or has failed. The member it went to is probed when
-// the request goes unanswered for probeAfter, or fails as a member that
-// cannot be reached does: a killed member's connection refuses every
+// send sends one request, f, to the pinned member, on a context that is
+// ctx's, cut short with cause errNoAnswer at cutAt, and with cause
+// errAvoided if the Locker moves away from the member meanwhile. It returns
+// f's error and, if the request was cut short, why. The member is probed
+// when the request goes unanswered for probeAfter, or fails as a member
+// that cannot be reached does: a killed member's connection refuses every
 // request at once, and would otherwise keep the Locker's requests failing
 // until it is back.
-func (ms *members) use(ctx context.Context) (context.Context, *clientv3.Client, func(error)) {
-	m, avoided := ms.pickWhile()
+func (ms *members) send(ctx context.Context, cutAt time.Time, f func(context.Context, *clientv3.Client) error) (cut, err error) {
 	rctx, cancel := context.WithCancelCause(ctx)
-	unhook := context.AfterFunc(avoided, func() { cancel(errAvoided) })
-	t := time.AfterFunc(probeAfter, func() { ms.probe(m) })
-	return rctx, m.client, func(err error) {
-		t.Stop()
-		unhook()
-		cancel(nil)
-		if unreachable(err) {
-			ms.probe(m)
+	r := &request{cancel: cancel, cutAt: cutAt}
+	now := time.Now()
+	r.probeAt = now.Add(probeAfter)
+	ms.mu.Lock()
+	r.m = ms.pickLocked()
+	r.prev = ms.newest
+	if ms.newest != nil {
+		ms.newest.next = r
+	} else {
+		ms.oldest = r
+	}
+	ms.newest = r
+	if due := earlier(r.probeAt, r.cutAt); ms.armedAt.IsZero() || due.Before(ms.armedAt) {
+		ms.arm(now, due)
+	}
+	ms.mu.Unlock()
+
+	err = f(rctx, r.m.client)
+
+	ms.mu.Lock()
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		ms.oldest = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		ms.newest = r.prev
+	}
+	ms.mu.Unlock()
+	if err != nil {
+		if c := context.Cause(rctx); c == errAvoided || c == errNoAnswer {
+			cut = c
 		}
 	}
+	cancel(nil)
+	if unreachable(err) {
+		ms.probe(r.m)
+	}
+	return cut, err
+}
+
+// arm has the watchdog fire at due. ms.mu is held.
+func (ms *members) arm(now, due time.Time) {
+	ms.armedAt = due
+	if ms.watchdog == nil {
+		ms.watchdog = time.AfterFunc(due.Sub(now), ms.watch)
+	} else {
+		ms.watchdog.Reset(due.Sub(now))
+	}
+}
+
+// watch is the watchdog: it probes the members of the requests unanswered
+// for probeAfter, once per request, cuts short the requests past their
+// bounds, and arms itself for the next such moment, if any request is in
+// flight.
+func (ms *members) watch() {
+	var (
+		probe []*member
+		cut   []*request
+		next  time.Time
+	)
+	ms.mu.Lock()
+	now := time.Now()
+	for r := ms.oldest; r != nil; r = r.next {
+		if !r.probed && !now.Before(r.probeAt) {
+			r.probed = true
+			probe = append(probe, r.m)
+		}
+		if !now.Before(r.cutAt) {
+			cut = append(cut, r)
+			continue
+		}
+		due := r.cutAt
+		if !r.probed {
+			due = earlier(due, r.probeAt)
+		}
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	ms.armedAt = time.Time{}
+	if !next.IsZero() {
+		ms.arm(now, next)
+	}
+	ms.mu.Unlock()
+	for _, r := range cut {
+		r.cancel(errNoAnswer)
+	}
+	for _, m := range probe {
+		ms.probe(m)
+	}
+}
+
+// earlier is the earlier of a and b.
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// do sends one request, f, bounded by b and ctx (by b alone if detached:
+// a write that must not be abandoned half way because the caller gave up
+// keeps ctx's values only), and reports its failure as b.report does.
+func (ms *members) do(ctx context.Context, b bound, detached bool, f func(context.Context, *clientv3.Client) error) error {
+	cut, err := ms.send(b.parent(ctx, detached), time.Now().Add(time.Duration(b)), f)
+	return b.report(ctx, cut, err)
 }
 
 // attemptTimeout bounds each attempt of a request that repeat may send
@@ -182,25 +301,27 @@ func (ms *members) use(ctx context.Context) (context.Context, *clientv3.Client, 
 // attempt lands then.
 const attemptTimeout = time.Second
 
-// repeat sends an idempotent request, f, until it is answered or ctx ends
-// (ctx carries the request's whole bound): in attempts of attemptTimeout at
-// most, again after an attempt that timed out or could not reach a member,
-// each time on the member pinned then. It returns the last attempt's error.
-// Any other error (one the server answered, a closed client) ends it.
-func (ms *members) repeat(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
+// repeat sends an idempotent request, f, until it is answered, ctx ends
+// (unless detached, as in do) or b has passed: in attempts of
+// attemptTimeout at most, again after an attempt that timed out or could
+// not reach a member, each time on the member pinned then. It reports the
+// last attempt's error as b.report does. Any other error (one the server
+// answered, a closed client) ends it.
+func (ms *members) repeat(ctx context.Context, b bound, detached bool, f func(context.Context, *clientv3.Client) error) error {
+	parent := b.parent(ctx, detached)
+	end := time.Now().Add(time.Duration(b))
 	pause := driver.Backoff{Min: 20 * time.Millisecond, Max: 250 * time.Millisecond}
 	for {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		rctx, c, answered := ms.use(actx)
-		err := f(rctx, c)
-		answered(err)
-		timedOut := actx.Err() != nil || errors.Is(context.Cause(rctx), errAvoided)
-		cancel()
-		if err == nil || ctx.Err() != nil || !(timedOut || unreachable(err)) {
-			return err
+		cut, err := ms.send(parent, earlier(end, time.Now().Add(attemptTimeout)), f)
+		if err == nil || parent.Err() != nil || !(cut != nil || unreachable(err)) {
+			return b.report(ctx, cut, err)
 		}
-		if driver.Sleep(ctx, pause.Next(), nil) != nil {
-			return err
+		left := time.Until(end)
+		if left <= 0 || driver.Sleep(parent, min(pause.Next(), left), nil) != nil || !time.Now().Before(end) {
+			if parent.Err() == nil {
+				cut = errNoAnswer
+			}
+			return b.report(ctx, cut, err)
 		}
 	}
 }
@@ -266,8 +387,11 @@ func (ms *members) avoid(m *member) {
 		return
 	}
 	// Whatever was sent to m waits for nothing.
-	m.moved(errAvoided)
-	m.avoided, m.moved = context.WithCancelCause(context.Background())
+	for r := ms.oldest; r != nil; r = r.next {
+		if r.m == m {
+			r.cancel(errAvoided)
+		}
+	}
 	if ms.pinned != m {
 		return
 	}

@@ -70,3 +70,34 @@ func (b bound) err(ctx, rctx context.Context, err error) error {
 	}
 	return driver.Unavailable(ctx, fmt.Errorf("etcd: %w", err))
 }
+
+// parent is what a request made for a caller whose context is ctx derives
+// from: ctx, or, when detached, ctx's values without its cancellation.
+func (b bound) parent(ctx context.Context, detached bool) context.Context {
+	if detached && ctx.Done() != nil {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
+}
+
+// report is err for a request that members sent: cut says why it was cut
+// short, if it was (errNoAnswer at the bound, errAvoided when its member
+// stopped answering). A request cut short because its member stopped
+// answering wraps errAvoided as well as driver.ErrUnavailable.
+func (b bound) report(ctx context.Context, cut, err error) error {
+	if err == nil {
+		return nil
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	if ctx.Err() == nil {
+		switch cut {
+		case errNoAnswer:
+			return fmt.Errorf("%w: etcd: no answer within %v", driver.ErrUnavailable, time.Duration(b))
+		case errAvoided:
+			return fmt.Errorf("%w: %w", driver.ErrUnavailable, errAvoided)
+		}
+	}
+	return driver.Unavailable(ctx, fmt.Errorf("etcd: %w", err))
+}

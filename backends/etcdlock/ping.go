@@ -12,10 +12,10 @@ var _ driver.Pinger = (*Locker)(nil)
 
 // Ping implements driver.Pinger.
 func (l *Locker) Ping(ctx context.Context) error {
-	_, c, answered := l.members.use(ctx)
-	err := ping(ctx, c, l.timeout)
-	answered(err)
-	return err
+	return l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+		_, err := c.Get(rctx, pingKey, clientv3.WithCountOnly())
+		return err
+	})
 }
 
 // Ping reports whether the store's etcd cluster answers, as Locker.Ping

@@ -123,11 +123,12 @@ func (s *session) watchRevocationsOnce(dir string) {
 			}
 			var keys []string
 			if wr.Created {
-				rctx, rcancel := s.timeout.ctx(ctx)
-				mctx, c, answered := s.l.members.use(rctx)
-				resp, err := c.Get(mctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-				answered(err)
-				rcancel()
+				var resp *clientv3.GetResponse
+				err := s.l.members.do(ctx, s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+					var err error
+					resp, err = c.Get(rctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+					return err
+				})
 				if err != nil {
 					return
 				}
@@ -142,11 +143,10 @@ func (s *session) watchRevocationsOnce(dir string) {
 				s.revoked(strings.TrimPrefix(k, dir))
 				// Best effort: the marker goes with the session's lease
 				// anyway.
-				rctx, rcancel := s.timeout.ctx(ctx)
-				mctx, c, answered := s.l.members.use(rctx)
-				_, err := c.Delete(mctx, k)
-				answered(err)
-				rcancel()
+				s.l.members.do(ctx, s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+					_, err := c.Delete(rctx, k)
+					return err
+				})
 			}
 		}
 	}

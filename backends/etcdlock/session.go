@@ -61,22 +61,20 @@ const retryDelay = 100 * time.Millisecond
 // newSession grants a lease of ttl and starts keeping it alive.
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
 	timeout := l.timeout
-	rctx, cancel := timeout.ctx(ctx)
-	defer cancel()
 	var (
 		sent time.Time
 		resp *clientv3.LeaseGrantResponse
 	)
 	// A grant whose attempt timed out but that lands after all leaves a
 	// lease without keys, which expires on its own.
-	err := l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+	err := l.members.repeat(ctx, timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		sent = time.Now()
 		var err error
 		resp, err = c.Grant(actx, int64((ttl+time.Second-1)/time.Second))
 		return err
 	})
 	if err != nil {
-		return nil, timeout.err(ctx, rctx, err)
+		return nil, err
 	}
 	kctx, stop := context.WithCancel(context.Background())
 	s := &session{
@@ -165,16 +163,14 @@ func (s *session) revokeUntilGone() error {
 // revokeLease revokes the lease, so that its keys disappear at once instead
 // of at its expiry.
 func (s *session) revokeLease() error {
-	rctx, cancel := s.timeout.ctx(context.Background())
-	defer cancel()
-	err := s.l.members.repeat(rctx, func(actx context.Context, c *clientv3.Client) error {
+	err := s.l.members.repeat(context.Background(), s.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		_, err := c.Revoke(actx, s.id)
 		return err
 	})
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return s.timeout.err(context.Background(), rctx, err)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil
 	}
-	return nil
+	return err
 }
 
 type keepAliveResult struct {

@@ -2,7 +2,9 @@ package zklock
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,10 +16,36 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
-// contend runs one contender per locker, each acquiring and releasing key in
-// a loop, until handoffs acquisitions have happened. It returns the handoff
+// cycler takes a lock and returns what releases it.
+type cycler func(ctx context.Context) (release func(ctx context.Context) error, err error)
+
+// wardenContender acquires key on l, waiting.
+func wardenContender(l *Locker, key string) cycler {
+	return func(ctx context.Context) (func(context.Context) error, error) {
+		lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
+		if err != nil {
+			return nil, err
+		}
+		return lease.Release, nil
+	}
+}
+
+// zkLockContender is go-zookeeper's Lock recipe on conn, on the same
+// parent node as warden's lock on key.
+func zkLockContender(conn *zk.Conn, key string) cycler {
+	lock := zk.NewLock(conn, testRoot+"/"+escape(key)+"~zk.Lock", zk.WorldACL(zk.PermAll))
+	return func(context.Context) (func(context.Context) error, error) {
+		if err := lock.Lock(); err != nil {
+			return nil, err
+		}
+		return func(context.Context) error { return lock.Unlock() }, nil
+	}
+}
+
+// contend runs the contenders, each acquiring and releasing its lock in a
+// loop, until handoffs acquisitions have happened. It returns the handoff
 // latencies: from a holder's release to the next holder's grant.
-func contend(b *testing.B, lockers []*Locker, key string, handoffs int) []time.Duration {
+func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -30,12 +58,10 @@ func contend(b *testing.B, lockers []*Locker, key string, handoffs int) []time.D
 		errOnce   sync.Once
 		firstErr  error
 	)
-	for _, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for _, c := range cs {
+		wg.Go(func() {
 			for count.Load() < int64(handoffs) {
-				lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
+				release, err := c(ctx)
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					cancel()
@@ -48,13 +74,13 @@ func contend(b *testing.B, lockers []*Locker, key string, handoffs int) []time.D
 				}
 				count.Add(1)
 				released.Store(time.Now().UnixNano())
-				if err := lease.Release(ctx); err != nil {
+				if err := release(ctx); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					cancel()
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if firstErr != nil {
@@ -64,38 +90,62 @@ func contend(b *testing.B, lockers []*Locker, key string, handoffs int) []time.D
 }
 
 // BenchmarkHandoff measures how long a lock takes to pass from one holder to
-// the next among 8 contenders on separate sessions.
+// the next among 8 contenders on separate sessions, each releasing as soon
+// as it holds, for warden and, in the same run, go-zookeeper's Lock.
 func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
-	lockers := make([]*Locker, 8)
-	for i := range lockers {
-		lockers[i] = dial(b, srv)
+	run := func(b *testing.B, cs []cycler) {
+		b.ResetTimer()
+		lat := contend(b, cs, b.N+1)
+		b.StopTimer()
+		if len(lat) == 0 {
+			return
+		}
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	}
-	key := testKey(b)
-	b.ResetTimer()
-	lat := contend(b, lockers, key, b.N+1)
-	b.StopTimer()
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.Run("zklock", func(b *testing.B) {
+		key := testKey(b)
+		cs := make([]cycler, 8)
+		for i := range cs {
+			cs[i] = wardenContender(dial(b, srv), key)
+		}
+		run(b, cs)
+	})
+	b.Run("zk.Lock", func(b *testing.B) {
+		key := testKey(b)
+		cs := make([]cycler, 8)
+		for i := range cs {
+			conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(conn.Close)
+			cs[i] = zkLockContender(conn, key)
+		}
+		run(b, cs)
+	})
 }
 
 // BenchmarkRequestsPerHandoff counts the requests all contenders send per
-// handoff with 4, 16 and 64 waiters queued: a figure that stays flat as the
-// queue grows shows a release wakes one waiter, not the herd. Heartbeats are
-// not counted.
+// handoff with 4, 16 and 64 waiters queued, each contender releasing as soon
+// as it holds and queuing again: a figure that stays flat as the queue
+// grows shows a release wakes one waiter, not the herd. Heartbeats are not
+// counted. go-zookeeper's Lock, in the same run, is counted by the frames
+// its connections write (pings and the connect handshake left out), and so
+// are the watch notifications each side's connections receive.
 func BenchmarkRequestsPerHandoff(b *testing.B) {
 	srv := servers(b)
 	for _, n := range []int{4, 16, 64} {
-		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("waiters=%d/zklock", n), func(b *testing.B) {
+			key := testKey(b)
 			lockers := make([]*Locker, n+1) // one holder and n waiters
+			cs := make([]cycler, n+1)
 			for i := range lockers {
 				lockers[i] = dial(b, srv)
+				cs[i] = wardenContender(lockers[i], key)
 			}
-			key := testKey(b)
 			sum := func() (s int64) {
 				for _, l := range lockers {
 					s += l.requests.Load()
@@ -104,17 +154,78 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 			}
 			before := sum()
 			b.ResetTimer()
-			contend(b, lockers, key, b.N)
+			contend(b, cs, b.N)
 			b.StopTimer()
 			b.ReportMetric(float64(sum()-before)/float64(b.N), "requests/handoff")
 		})
+		b.Run(fmt.Sprintf("waiters=%d/zk.Lock", n), func(b *testing.B) {
+			key := testKey(b)
+			var fc frameCounter
+			cs := make([]cycler, n+1)
+			for i := range cs {
+				conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}), zk.WithDialer(fc.dial))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(conn.Close)
+				cs[i] = zkLockContender(conn, key)
+			}
+			before := fc.requests.Load()
+			b.ResetTimer()
+			contend(b, cs, b.N)
+			b.StopTimer()
+			b.ReportMetric(float64(fc.requests.Load()-before)/float64(b.N), "requests/handoff")
+		})
 	}
+}
+
+// frameCounter counts the requests that go-zookeeper connections dialed
+// through it write: every frame but the connect handshake and pings.
+type frameCounter struct{ requests atomic.Int64 }
+
+func (fc *frameCounter) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &countedConn{Conn: c, fc: fc}, nil
+}
+
+// countedConn parses the frames written to it: a 4-byte length, then, after
+// the handshake, a 4-byte xid and a 4-byte opcode.
+type countedConn struct {
+	net.Conn
+	fc        *frameCounter
+	buf       []byte
+	handshake bool
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	c.buf = append(c.buf, p...)
+	for len(c.buf) >= 4 {
+		n := int(binary.BigEndian.Uint32(c.buf))
+		if len(c.buf) < 4+n {
+			break
+		}
+		frame := c.buf[4 : 4+n]
+		c.buf = c.buf[4+n:]
+		if !c.handshake {
+			c.handshake = true
+			continue
+		}
+		const opPing = 11
+		if len(frame) >= 8 && int32(binary.BigEndian.Uint32(frame[4:8])) != opPing {
+			c.fc.requests.Add(1)
+		}
+	}
+	return c.Conn.Write(p)
 }
 
 // BenchmarkCycle times one uncontended Acquire and Release, and, in the same
 // run, go-zookeeper's zk.Lock on a session of its own (its Lock and Unlock:
 // a create, a listing and a delete), so that the two can be compared as a
-// ratio. requests/op counts the Locker's requests.
+// ratio. requests/op counts the Locker's requests, and zk.Lock's by the
+// frames its connection writes.
 func BenchmarkCycle(b *testing.B) {
 	srv := servers(b)
 	ctx := context.Background()
@@ -135,13 +246,15 @@ func BenchmarkCycle(b *testing.B) {
 		b.ReportMetric(float64(l.requests.Load()-before)/float64(b.N), "requests/op")
 	})
 	b.Run("zk.Lock", func(b *testing.B) {
-		conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}))
+		var fc frameCounter
+		conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}), zk.WithDialer(fc.dial))
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer conn.Close()
 		lock := zk.NewLock(conn, testRoot+"/"+escape(testKey(b)), zk.WorldACL(zk.PermAll))
 		b.ReportAllocs()
+		before := fc.requests.Load()
 		for b.Loop() {
 			if err := lock.Lock(); err != nil {
 				b.Fatal(err)
@@ -150,5 +263,6 @@ func BenchmarkCycle(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		b.ReportMetric(float64(fc.requests.Load()-before)/float64(b.N), "requests/op")
 	})
 }

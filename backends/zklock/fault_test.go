@@ -197,7 +197,9 @@ func TestServerStopFiresDone(t *testing.T) {
 	holder := dial(t, []string{s.addr})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	lease, err := holder.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession})
+	// Waiting: a JVM just started on a loaded machine may turn the first
+	// connection away, which a non-waiting Acquire would report.
+	lease, err := holder.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,13 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
-// TestGrantWithoutRead: a lock's grant reads nothing of its node. Alone in
+// TestGrantWithoutRead: a lock's grant costs no request of its own. Alone in
 // the queue, the contender holds after its create, and its watch follows;
-// queued, after its create and one listing per wake. Either way its token is its node's
-// czxid, on the Locker's session, and tokens grow from holder to holder.
+// queued behind one holder, after its create, a listing, the watch on the
+// holder's node and, once that node is gone, the read of its own node that
+// sets its watch: go-zookeeper's Lock sends a listing in its place. Either
+// way its token is its node's czxid, on the Locker's session, and tokens
+// grow from holder to holder.
 func TestGrantWithoutRead(t *testing.T) {
 	srv := servers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -54,21 +57,19 @@ func TestGrantWithoutRead(t *testing.T) {
 		t.Errorf("token %d after %d", alone.Token(), first.Token())
 	}
 
-	got := make(chan driver.Lease, 1)
-	go func() {
-		lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-		if err != nil {
-			t.Error(err)
-		}
-		got <- lease
-	}()
-	eventually(t, "the second contender queues", func() bool { return waiters(t, l, k) == 1 })
+	before = other.requests.Load()
+	got := acquireLater(ctx, t, other, k)
+	eventually(t, "the second contender watches the holder", func() bool { return other.requests.Load()-before == 3 })
 	if err := alone.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	queued := <-got
 	if queued == nil {
 		t.FailNow()
+	}
+	time.Sleep(10 * watchDelay)
+	if n := other.requests.Load() - before; n != 4 || other.watching.Load() != 0 {
+		t.Errorf("queued Acquire sent %d requests, want 4 (create, list, watch, read of its node), and %d watches are pending", n, other.watching.Load())
 	}
 	check(queued, other)
 	if queued.Token() <= alone.Token() {
@@ -80,28 +81,20 @@ func TestGrantWithoutRead(t *testing.T) {
 }
 
 // TestRevocationOfQueuedGrant: a lock granted by a listing hears of its
-// node's deletion through the queue's child watch, whether the deletion is
-// the first change of the queue or comes after another contender queued
-// (which makes the Locker watch the node itself).
+// node's deletion, whether the deletion comes before its data watch is set
+// (the watch's read finds the node gone) or after (the watch fires).
 func TestRevocationOfQueuedGrant(t *testing.T) {
 	srv := servers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, holder, admin := dial(t, srv), dial(t, srv), dial(t, srv)
-	for _, joinFirst := range []bool{false, true} {
+	for _, watchFirst := range []bool{false, true} {
 		k := testKey(t)
 		blocker, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan driver.Lease, 1)
-		go func() {
-			lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-			if err != nil {
-				t.Error(err)
-			}
-			got <- lease
-		}()
+		got := acquireLater(ctx, t, l, k)
 		eventually(t, "the contender queues", func() bool { return waiters(t, admin, k) == 1 })
 		if err := blocker.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -112,24 +105,8 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 		}
 		called := make(chan struct{})
 		held.(driver.RevocableLease).OnRevoke(func() { close(called) })
-		if joinFirst {
-			waiter, cancelWaiter := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_, err := holder.Acquire(waiter, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("waiter: %v, want context.Canceled", err)
-				}
-			}()
-			eventually(t, "another contender queues", func() bool { return waiters(t, admin, k) == 1 })
-			eventually(t, "the holder watches its node", func() bool {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return len(l.queued) == 0
-			})
-			cancelWaiter()
-			<-done
+		if watchFirst {
+			eventually(t, "the holder watches its node", func() bool { return l.watching.Load() == 0 })
 		}
 		if err := admin.conn.Delete(held.(*lease).node, -1); err != nil {
 			t.Fatal(err)
@@ -137,7 +114,7 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 		select {
 		case <-called:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("joinFirst %v: OnRevoke's function not called within 10s of the deletion", joinFirst)
+			t.Fatalf("watchFirst %v: OnRevoke's function not called within 10s of the deletion", watchFirst)
 		}
 		if err := held.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
 			t.Fatalf("Release of a revoked lease: %v, want ErrNotHeld", err)
@@ -145,8 +122,8 @@ func TestRevocationOfQueuedGrant(t *testing.T) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.leases) != 0 || len(l.queued) != 0 {
-		t.Fatalf("leases still tracked after their revocation: %v, %v", l.leases, l.queued)
+	if len(l.leases) != 0 {
+		t.Fatalf("leases still tracked after their revocation: %v", l.leases)
 	}
 }
 
@@ -180,5 +157,48 @@ func TestGrantWithoutWritePermission(t *testing.T) {
 	}
 	if !l.plainCreate.Load() {
 		t.Error("the Locker still creates with a write of the parent it may not write")
+	}
+}
+
+// TestWaiterDeletedWhileQueued: a waiter whose node an operator deleted
+// while it queued behind the only holder is not granted the lock on that
+// node when the holder leaves: it finds its node gone and queues again.
+func TestWaiterDeletedWhileQueued(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, holder, admin := dial(t, srv), dial(t, srv), dial(t, srv)
+	k := testKey(t)
+	blocker, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := l.requests.Load()
+	got := acquireLater(ctx, t, l, k)
+	eventually(t, "the waiter watches the holder", func() bool { return l.requests.Load()-before == 3 })
+	var deleted string
+	for _, c := range children(t, admin, k) {
+		if node := admin.lockPath(k) + "/" + c; node != blocker.(*lease).node {
+			deleted = node
+		}
+	}
+	if err := admin.conn.Delete(deleted, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := <-got
+	if held == nil {
+		t.FailNow()
+	}
+	defer held.Release(ctx)
+	node := held.(*lease).node
+	ok, stat, err := admin.conn.Exists(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node == deleted || !ok || held.Token() != uint64(stat.Czxid) {
+		t.Fatalf("granted on %s (exists %v, token %d), after %s was deleted", node, ok, held.Token(), deleted)
 	}
 }

@@ -1,6 +1,7 @@
 package zklock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -187,4 +188,18 @@ func (s *zkServer) Kill() {
 // sessionDone is the Done channel of the session that keeps lease.
 func sessionDone(lease driver.Lease) <-chan struct{} {
 	return lease.(driver.SessionLease).Session().Done()
+}
+
+// acquireLater starts a waiting Acquire of key on l and returns where its
+// lease will come, nil if it failed (the test is marked failed then).
+func acquireLater(ctx context.Context, t testing.TB, l *Locker, key string) <-chan driver.Lease {
+	got := make(chan driver.Lease, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession, Wait: true})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	return got
 }

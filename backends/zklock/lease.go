@@ -13,21 +13,18 @@ import (
 
 // lease is a contender node that holds its lock. It is a
 // driver.SessionLease: the session keeps the node, and guard watches the
-// session (its epoch), not the lease. It is also a driver.RevocableLease: the
-// child watch set on its queue by the listing that grants it, then a data
-// watch on its node set once the queue changes (a permit's grant sets the
-// data watch at once), tell the Locker's event callback when someone else
-// deletes the node.
+// session (its epoch), not the lease. It is also a driver.RevocableLease: a
+// data watch on its node, set watchDelay after a lock's grant (at once
+// after a permit's, or a grant that had to read the node), tells the
+// Locker's event callback when someone else deletes the node.
 type lease struct {
-	l      *Locker
-	node   string
-	parent string // the queue's node; "" for a permit
-	token  uint64
-	ep     *epoch // guarded by Locker.mu until the grant returns the lease
+	l     *Locker
+	node  string
+	token uint64
+	ep    *epoch // guarded by Locker.mu until the grant returns the lease
 	// guarded by Locker.mu
 	revoke  func()      // OnRevoke's f, until it is called or forgotten
 	revoked bool        // the node was deleted by someone else while the lease was live
-	watched bool        // a data watch, not the queue's child watch, covers the node
 	later   *time.Timer // the pending watchAfter, if any
 }
 

@@ -43,9 +43,11 @@
 // operator (ForceRelease). The Locker watches each held lease's node, so it
 // hears of the deletion and the lease, a driver.RevocableLease, tells guard,
 // which cancels the section. The watch costs the grant no round trip: a
-// contender alone in the queue sets it a few milliseconds after its grant
-// (watchDelay), without waiting; one granted by a listing is covered by the
-// child watch that listing set on the queue, until the queue changes (see
+// holder sets it a few milliseconds after its grant (watchDelay), without
+// waiting, and a section released sooner never sets it. A deletion before
+// then is found by the watch's read, so a forced release is heard up to
+// watchDelay later than a watch set at the grant would hear it: the price
+// of a grant that sends nothing more, alone in the queue or not (see
 // contend).
 //
 // # Requests per acquisition
@@ -54,8 +56,12 @@
 // tells the node's czxid and whether it is alone in its queue (see create);
 // the data watch on its node follows, a request the acquisition does not
 // wait for, sent watchDelay after the grant, so that a lease released
-// sooner never sends it; its release is one delete. A queued contender lists the queue after its
-// create and after each wake, and watches the node it queues behind.
+// sooner never sends it; its release is one delete. A queued contender
+// lists the queue after its create, without a watch, and watches the node
+// it queues behind; woken, it lists the queue again, or, when that node was
+// the only one ahead of it, reads its own node, which sets its watch: five
+// requests for an acquisition that waits once, the count of go-zookeeper's
+// Lock.
 //
 // # Releases that get no answer
 //
@@ -92,7 +98,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,10 +250,6 @@ type Locker struct {
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy
 	leases map[string]*lease // live leases by node, for their revocation
-	// queued are the tracked lock leases whose revocation is still heard
-	// through the child watch of the listing that granted them, by parent
-	// node (see contend).
-	queued map[string][]*lease
 	closed bool
 	bg     sync.WaitGroup // background cleanups and the monitor
 
@@ -293,7 +294,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
-		leases: map[string]*lease{}, queued: map[string][]*lease{}, quit: make(chan struct{})}
+		leases: map[string]*lease{}, quit: make(chan struct{})}
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithHostProvider(l.hosts),
@@ -456,20 +457,6 @@ func (l *Locker) onEvent(ev zk.Event) {
 		}
 	case zk.EventNodeDeleted:
 		l.revoke(ev.Path)
-	case zk.EventNodeChildrenChanged:
-		// The queue of held leases changed: a contender came or went, and
-		// it may be one of them. Each now needs a data watch on its own
-		// node, which a later contender's coming does not fire.
-		l.mu.Lock()
-		les := l.queued[ev.Path]
-		delete(l.queued, ev.Path)
-		for _, le := range les {
-			le.watched = true
-		}
-		l.mu.Unlock()
-		for _, le := range les {
-			l.watchLater(le)
-		}
 	case zk.EventNodeDataChanged:
 		// A change of the node's data (an operator's, or a same-session
 		// waiter's watch seeing a permit's mark) used the watch up.
@@ -555,16 +542,10 @@ func (l *Locker) watch(le *lease) {
 }
 
 // track makes le's node known to the event callback; grant calls it before
-// the request that sets the watch, so that no event can come first. watched
-// says that request sets a data watch on le's node; otherwise it is a
-// listing that sets a child watch on its parent.
-func (l *Locker) track(le *lease, watched bool) {
+// the request that sets the watch, so that no event can come first.
+func (l *Locker) track(le *lease) {
 	l.mu.Lock()
 	l.leases[le.node] = le
-	le.watched = watched
-	if !watched {
-		l.queued[le.parent] = append(l.queued[le.parent], le)
-	}
 	l.mu.Unlock()
 }
 
@@ -578,20 +559,6 @@ func (l *Locker) untrack(le *lease) {
 func (l *Locker) untrackLocked(le *lease) {
 	if l.leases[le.node] == le {
 		delete(l.leases, le.node)
-	}
-	if !le.watched {
-		q := l.queued[le.parent]
-		if i := slices.Index(q, le); i >= 0 {
-			q[i] = q[len(q)-1]
-			q[len(q)-1] = nil
-			q = q[:len(q)-1]
-		}
-		if len(q) == 0 {
-			delete(l.queued, le.parent)
-		} else {
-			l.queued[le.parent] = q
-		}
-		le.watched = true
 	}
 	if le.later != nil && le.later.Stop() {
 		l.watching.Add(-1)

@@ -419,42 +419,34 @@ type existence struct {
 // one that made the node, when the listing that finds it a holder was read
 // in that same session (a node listed in its own session is that session's).
 // A node its create found alone in the queue holds at once, without a
-// listing; its revocation watch, a data watch on its node, is set
-// watchDelay after the grant if the lease is still held then (a shorter
+// listing. Either way, its revocation watch, a data watch on its node, is
+// set watchDelay after the grant if the lease is still held then (a shorter
 // section sends nothing more), and a deletion that comes first is found by
-// that read. Otherwise the revocation is heard through the child watch every
-// listing of a lock sets on the queue: when the queue changes while the
-// lease is held, the Locker sets a data watch on the lease's node, which
-// fires when someone else deletes it (see onEvent). The lease is tracked
-// before the listing, so that the watch's event cannot come first, and only
-// while the listing is in flight or the lease is granted. A permit's grant
-// writes its node instead (see grantPermit).
+// that read. A waiter woken by the deletion of the only node ahead of it
+// reads its own node instead of listing the queue again, which sets the
+// watch at once. The listings set no watch: a child watch on the queue would
+// fire on every contender's arrival and departure, a notification to each
+// waiter's session for every change, and a data watch to set after all
+// once it fired while the lease was held. A permit's grant writes its node
+// instead (see grantPermit).
 func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, permits int, wait bool) (driver.Lease, error) {
 	node := c.node
 	name := node[len(parent)+1:]
 	var le *lease
 	if k != kindPermit {
-		le = &lease{l: l, node: node, parent: parent}
+		le = &lease{l: l, node: node}
 		if c.only && c.czxid != 0 && c.sid != 0 {
-			l.track(le, true)
-			lease, err := l.granted(le, c.czxid, c.sid, c.sent)
-			if err == nil {
-				l.watchAfter(le)
-			}
-			return lease, err
+			return l.granted(le, c.czxid, c.sid, c.sent)
 		}
 	}
 	watchAll := false
 	for {
-		if le != nil {
-			l.track(le, false)
-		}
 		sent := time.Now()
 		r, err := call(ctx, l, "list", func() (listing, error) {
 			var lst listing
 			var err error
 			sid := l.conn.SessionID()
-			if le != nil || watchAll {
+			if watchAll {
 				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
 			} else {
 				lst.names, _, err = l.conn.Children(parent)
@@ -464,20 +456,15 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			}
 			return lst, err
 		})
-		holds, target, all := false, "", false
+		holds, target, all, sole := false, "", false, false
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			q := queue(r.names)
 			pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
 			if pos < 0 {
-				if le != nil {
-					l.untrack(le)
-				}
 				return nil, errRequeue
 			}
 			holds, target, all = decide(q, pos, permits)
-		}
-		if le != nil && !(holds && err == nil) {
-			l.untrack(le)
+			sole = le != nil && blockers(q, pos) == 1
 		}
 		switch {
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
@@ -511,39 +498,75 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			r.ch = e.ch
 		}
 		select {
-		case <-r.ch:
+		case ev := <-r.ch:
+			// The only node ahead is gone, and none can come before: c's
+			// node holds if it is still there, which the read that sets
+			// its revocation watch tells instead of another listing.
+			if sole && ev.Type == zk.EventNodeDeleted {
+				return l.grantRead(ctx, le)
+			}
 		case <-ctx.Done():
 			return nil, l.leave(node, ctx.Err())
 		}
 	}
 }
 
-// grantRead grants the tracked lease le from a read of its node's stat, for
-// a contender whose create did not tell its czxid and session (its answer
-// was lost, or the session changed since).
+// blockers counts the contenders of a lock's queue q that keep the one at
+// pos from holding: every one before a writer, the writers before a reader.
+// Contenders only join the queue behind the others (their sequence numbers
+// grow), so once they are gone, it holds.
+func blockers(q []contender, pos int) int {
+	if q[pos].kind != kindRead {
+		return pos
+	}
+	n := 0
+	for _, c := range q[:pos] {
+		if c.kind != kindRead {
+			n++
+		}
+	}
+	return n
+}
+
+// grantRead grants the lease le from a read of its node's stat, for a
+// contender whose create did not tell its czxid and session (its answer was
+// lost, or the session changed since), or that was woken by the deletion of
+// the only node ahead of it: the read tells that its node is still there
+// (an operator may have deleted it meanwhile, or the session expired), and
+// sets the lease's revocation watch at once.
 func (l *Locker) grantRead(ctx context.Context, le *lease) (driver.Lease, error) {
+	l.track(le)
 	sent := time.Now()
 	e, err := call(ctx, l, "stat", func() (existence, error) {
-		ok, stat, err := l.conn.Exists(le.node)
-		return existence{ok: ok, stat: stat}, err
+		_, stat, _, err := l.conn.GetW(le.node)
+		return existence{stat: stat}, err
 	})
 	switch {
-	case err == nil && !e.ok:
-		err = zk.ErrNoNode
-	case err != nil && !errors.Is(err, zk.ErrNoNode):
+	case errors.Is(err, zk.ErrNoNode):
+		l.untrack(le)
+		return nil, errRequeue
+	case err != nil:
 		l.untrack(le)
 		return nil, l.leave(le.node, err)
 	}
-	if err != nil {
-		l.untrack(le)
-		return nil, errRequeue
-	}
-	return l.granted(le, e.stat.Czxid, e.stat.EphemeralOwner, sent)
+	return l.grantedTracked(le, e.stat.Czxid, e.stat.EphemeralOwner, sent)
 }
 
-// granted makes the tracked lease le, found a holder by a request sent at
-// sent, with token czxid on a node owned by session owner.
+// granted makes le, found a holder by a request sent at sent, a lease with
+// token czxid on a node owned by session owner, and has its revocation
+// watch set watchDelay later.
 func (l *Locker) granted(le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
+	l.track(le)
+	lease, err := l.grantedTracked(le, czxid, owner, sent)
+	if err == nil {
+		l.watchAfter(le)
+	}
+	return lease, err
+}
+
+// grantedTracked is granted for a lease already tracked, whose watch is
+// set otherwise.
+func (l *Locker) grantedTracked(le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
 	le.token = uint64(czxid)
 	if err := l.grantEpoch(le, owner, sent); err != nil {
 		l.untrack(le)
@@ -559,7 +582,7 @@ func (l *Locker) granted(le *lease, czxid, owner int64, sent time.Time) (driver.
 // waiting.
 func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, error) {
 	le := &lease{l: l, node: node}
-	l.track(le, true)
+	l.track(le)
 	sent := time.Now()
 	stat, err := call(ctx, l, "stat", func() (*zk.Stat, error) { return l.conn.Set(node, nil, -1) })
 	switch {
@@ -570,7 +593,7 @@ func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, er
 		l.untrack(le)
 		return nil, l.leave(le.node, err)
 	}
-	lease, err := l.granted(le, stat.Czxid, stat.EphemeralOwner, sent)
+	lease, err := l.grantedTracked(le, stat.Czxid, stat.EphemeralOwner, sent)
 	if err == nil {
 		l.watchLater(le)
 	}

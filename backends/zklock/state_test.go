@@ -22,7 +22,9 @@ func TestNoStatePerKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	k := testKey(t)
-	o := driver.AcquireOptions{TTL: testSession}
+	// Waiting: a JVM just started on a loaded machine may turn the first
+	// connection away, which a non-waiting Acquire would report.
+	o := driver.AcquireOptions{TTL: testSession, Wait: true}
 	take := []func() (driver.Lease, error){
 		func() (driver.Lease, error) { return l.Acquire(ctx, k, o) },
 		func() (driver.Lease, error) { return l.AcquireRead(ctx, k, o) },
