@@ -93,7 +93,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	case l.channel == "":
 		held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version)
 	case l.notes.hot():
-		err = l.pool.QueryRowContext(ctx, l.q.quietRelease, ls.key, ls.owner, ls.version).Scan(&waited)
+		err = l.queryRow(ctx, l.q.quietRelease, []any{ls.key, ls.owner, ls.version}, &waited)
 		held = err == nil
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil // not this owner's to release

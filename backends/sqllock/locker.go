@@ -436,7 +436,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 	case pause > 0 && l.q.acquireOrWait != "":
 		var taken sql.NullBool
 		p := pause.Microseconds()
-		err := db.QueryRowContext(ctx, l.q.acquireOrWait, key, owner, ttl.Microseconds(), p, p, owner, key).Scan(&taken, &version, &left)
+		err := l.queryRow(ctx, l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), p, p, owner, key}, &taken, &version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The mark lasted, and the row was inserted after the
 			// statement's snapshot.
@@ -450,7 +450,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		return attempt{left: micros(left.Int64)}, nil
 	case readLeft && l.q.acquireOrLeft != "":
-		err := db.QueryRowContext(ctx, l.q.acquireOrLeft, key, owner, ttl.Microseconds(), key).Scan(&version, &left)
+		err := l.queryRow(ctx, l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}, &version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The row was inserted after the statement's snapshot.
 			return attempt{left: unknown}, nil
@@ -463,7 +463,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		return attempt{left: micros(left.Int64)}, nil
 	case l.d.upsert:
-		err := db.QueryRowContext(ctx, l.q.acquire, key, owner, ttl.Microseconds()).Scan(&version)
+		err := l.queryRow(ctx, l.q.acquire, []any{key, owner, ttl.Microseconds()}, &version)
 		if errors.Is(err, sql.ErrNoRows) {
 			return attempt{left: unknown}, nil
 		}
@@ -502,7 +502,7 @@ func (l *Locker) leaseOwner() string {
 // database's clock (zero or less when none).
 func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
 	var n sql.NullInt64
-	err := l.pool.QueryRowContext(ctx, l.q.remaining, key).Scan(&n)
+	err := l.queryRow(ctx, l.q.remaining, []any{key}, &n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
