@@ -371,7 +371,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}
 			left = unknown
 		}
-		if w == nil {
+		if pause == 0 {
+			// Not set before the attempt, which did not mark.
 			pause = backoff.Next()
 		}
 		if err == nil {
