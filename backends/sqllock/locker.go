@@ -268,10 +268,11 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 // sees it and notifies, one that committed before leaves the lease expired
 // for this attempt to take. The mark is left as it is by a grant, and only
 // ends with time, so that a holder that takes the lock back keeps the
-// waiters' mark for its own release. It answers (taken, version, time
-// left); with no row written (the mark lasted), the time left is read from
-// the statement's snapshot, as in acquireOrLeft, or no row comes back when
-// the snapshot holds none.
+// waiters' mark for its own release. It answers as acquireOrLeft does: the
+// new version when taken (the row's owner is this attempt's), and the
+// holder's time left; with no row written (the mark lasted), that is read
+// from the statement's snapshot, or no row comes back when the snapshot
+// holds none.
 func acquireOrWait(t, insert, now string) string {
 	expired := "t.lock_until <= excluded.locked_at"
 	when := func(taken, kept string) string {
@@ -284,9 +285,9 @@ func acquireOrWait(t, insert, now string) string {
 		" locked_at = " + when("excluded.locked_at", "t.locked_at") + "," +
 		" waiting_until = " + when("t.waiting_until", "excluded.locked_at + 2 * ?::bigint") +
 		" WHERE " + expired + " OR t.waiting_until < excluded.locked_at + ?::bigint" +
-		" RETURNING owner = ? AS taken, version, lock_until - " + now + " AS left_us)" +
-		" SELECT taken, version, left_us FROM a" +
-		" UNION ALL SELECT false, NULL, lock_until - " + now + " FROM " + t +
+		" RETURNING CASE WHEN owner = ? THEN version END, lock_until - " + now + ")" +
+		" SELECT * FROM a" +
+		" UNION ALL SELECT NULL, lock_until - " + now + " FROM " + t +
 		" WHERE name = ? AND NOT EXISTS (SELECT 1 FROM a)"
 }
 
@@ -434,26 +435,16 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 	db := l.pool
 	var version, left sql.NullInt64
 	switch {
-	case pause > 0 && l.q.acquireOrWait != "":
-		var taken sql.NullBool
-		p := pause.Microseconds()
-		err := l.queryRow(ctx, l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), p, p, owner, key}, &taken, &version, &left)
-		if errors.Is(err, sql.ErrNoRows) {
-			// The mark lasted, and the row was inserted after the
-			// statement's snapshot.
-			return attempt{left: unknown}, nil
-		}
-		if err != nil {
-			return attempt{}, err
-		}
-		if taken.Bool {
-			return attempt{taken: true, version: version.Int64}, nil
-		}
-		return attempt{left: micros(left.Int64)}, nil
 	case readLeft && l.q.acquireOrLeft != "":
-		err := l.queryRow(ctx, l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}, &version, &left)
+		query, args := l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}
+		if pause > 0 {
+			p := pause.Microseconds()
+			query, args = l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), p, p, owner, key}
+		}
+		err := l.queryRow(ctx, query, args, &version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
-			// The row was inserted after the statement's snapshot.
+			// The row was inserted after the statement's snapshot (and
+			// an earlier mark lasted).
 			return attempt{left: unknown}, nil
 		}
 		if err != nil {

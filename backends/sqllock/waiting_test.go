@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/backends/sqllock/pglisten"
 	"github.com/warden-go/warden/guard/driver"
@@ -119,18 +121,7 @@ func TestMigrateAddsWaitingColumn(t *testing.T) {
 			if db.name == "mariadb" {
 				key = "varbinary(255)"
 			}
-			earlier := "CREATE TABLE " + table + " (name " + key + ` NOT NULL PRIMARY KEY,
-				owner varchar(255) NOT NULL,
-				version bigint NOT NULL,
-				lock_until bigint NOT NULL,
-				locked_at bigint NOT NULL)`
-			if err := g.Exec(earlier).Error; err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
-			if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
-				t.Fatal(err)
-			}
+			earlierTable(t, g, table, key, "")
 			l := newLocker(t, g, sqllock.WithTable(table))
 			if err := l.Migrate(ctx); err != nil {
 				t.Fatalf("Migrate over the earlier table: %v", err)
@@ -159,5 +150,25 @@ func TestMigrateAddsWaitingColumn(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// earlierTable creates table as earlier versions did, with a name column of
+// keyType and the table options given, holding an expired lock of key "k"
+// at token 41, whose token must survive a migration; it is dropped when t
+// ends.
+func earlierTable(t *testing.T, g *gorm.DB, table, keyType, options string) {
+	t.Helper()
+	earlier := "CREATE TABLE " + table + " (name " + keyType + ` NOT NULL PRIMARY KEY,
+		owner varchar(255) NOT NULL,
+		version bigint NOT NULL,
+		lock_until bigint NOT NULL,
+		locked_at bigint NOT NULL)` + options
+	if err := g.Exec(earlier).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
+	if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
+		t.Fatal(err)
 	}
 }
