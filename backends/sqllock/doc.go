@@ -53,11 +53,21 @@
 // database errors until its context is done. It is not fair: Fair is
 // refused with driver.ErrUnsupported.
 //
-// On PostgreSQL a release also announces itself, so that a waiter learns of it
-// at once rather than at its next poll. The releasing statement calls
-// pg_notify on a channel named after the lock table, with the lock name
-// as payload; being part of the release's transaction, the notification is
-// delivered only if the release committed. With a Listener
+// On PostgreSQL a release that someone waits for also announces itself, so
+// that the waiter learns of it at once rather than at its next poll. A
+// waiter that listens (below) marks the lock's row as waited for, until
+// twice its next pause from then, in each attempt after its first (which
+// is as short as an uncontended one), by the statement that finds the lock
+// held, under the row lock that orders it with the release: a release that
+// commits later sees the mark, and one that committed before left the lock
+// free for that statement to take. The releasing statement calls pg_notify
+// on a channel named after the lock table, with the lock name as payload,
+// only while the mark lasts: a NOTIFY, even one nobody listens to,
+// serialises the commits of every notifying transaction on the server, so
+// releases nobody waits for send none. The mark outlives the last waiter
+// by up to twice its longest pause (WithMaxBackoff), and its releases
+// notify meanwhile. Being part of the release's transaction, the
+// notification is delivered only if the release committed. With a Listener
 // (WithListener(pglisten.Listener{})), while any of its Acquire calls waits,
 // a Locker keeps one connection out of the pool LISTENing on that
 // channel (size the pool for it; a pool limited to one connection is left
@@ -68,10 +78,11 @@
 // Locker.Close.
 //
 // While its listener runs (it had waiters in the last few seconds) a Locker
-// announces its releases a millisecond late instead, by a statement of their
-// own, and not at all when an attempt of its own finds the lock taken again
-// before then (by itself, asking again at once, or by another process, whose
-// release is announced in its turn). A worker looping on a hot key then takes
+// announces its releases that were waited for a millisecond late instead,
+// by a statement of their own, and not at all when an attempt of its own
+// finds the lock taken again before then (by itself, asking again at once,
+// or by another process, whose release is announced in its turn: the mark
+// stays on the row through grants). A worker looping on a hot key then takes
 // it back without waking every listening process in vain: each would run an
 // attempt bound to fail, and every notification wakes every listening session
 // of the database. An attempt of its own under way when the millisecond ends
@@ -124,7 +135,8 @@
 //		owner      varchar(255) NOT NULL,
 //		version    bigint       NOT NULL, -- the fencing token
 //		lock_until bigint       NOT NULL, -- lease end, µs since the epoch, database clock
-//		locked_at  bigint       NOT NULL  -- when this owner took it, same unit
+//		locked_at  bigint       NOT NULL, -- when this owner took it, same unit
+//		waiting_until bigint    NOT NULL DEFAULT 0 -- until when a waiter listens for its release, same unit
 //	) WITH (fillfactor = 50); -- PostgreSQL: room in each page for HOT updates
 //	CREATE TABLE warden_fences (
 //		resource varchar(255) NOT NULL PRIMARY KEY,
@@ -145,6 +157,19 @@
 //
 // Keys are at most 255 bytes; longer ones are refused with
 // driver.ErrInvalidKey.
+//
+// Lock tables made by earlier versions have no waiting_until column, which
+// only PostgreSQL's statements use: Migrate adds it, or run
+//
+//	ALTER TABLE warden_locks ADD COLUMN waiting_until bigint NOT NULL DEFAULT 0;
+//
+// before this version starts on PostgreSQL, whose statements fail without
+// it. With a constant default, the column is added without rewriting the
+// table (PostgreSQL 11, MySQL 8.0.12, MariaDB 10.3 and later). Processes of
+// the earlier version keep working on the migrated table beside this
+// version's, but during such a rolling upgrade they do not mark the locks
+// they wait for, so a release by this version reaches them at their next
+// poll (at most WithMaxBackoff, 250ms by default, later), not at once.
 //
 // # SQLite
 //

@@ -39,3 +39,11 @@ func SetAnnounceDelay(l *Locker, d time.Duration) { l.announceDelay = d }
 
 // LeaseKey is the lock name of a lease l granted.
 func LeaseKey(l driver.Lease) string { return l.(*lease).key }
+
+// WaitedFor reports whether key's row is marked as waited for by a waiter
+// that listens (PostgreSQL).
+func WaitedFor(l *Locker, key string) bool {
+	var marked bool
+	err := l.db.Raw("SELECT waiting_until > "+l.d.now+" FROM "+l.table+" WHERE name = ?", key).Scan(&marked).Error
+	return err == nil && marked
+}

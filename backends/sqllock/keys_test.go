@@ -51,21 +51,7 @@ func TestMigrateBinaryKeys(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	table := fmt.Sprintf("warden_test_oldkeys_%d", time.Now().UnixNano())
-	old := "CREATE TABLE " + table + ` (
-		name varchar(255) NOT NULL PRIMARY KEY,
-		owner varchar(255) NOT NULL,
-		version bigint NOT NULL,
-		lock_until bigint NOT NULL,
-		locked_at bigint NOT NULL
-	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`
-	if err := g.Exec(old).Error; err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
-	// A lock taken under the old table, whose token must survive.
-	if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
-		t.Fatal(err)
-	}
+	earlierTable(t, g, table, "varchar(255)", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
 	l := newLocker(t, g, sqllock.WithTable(table))
 	if err := l.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate over the old table: %v", err)

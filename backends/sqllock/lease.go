@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -76,29 +77,37 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // Release implements driver.Lease. It moves the row's expiry to now and keeps
-// the row, so the version goes on growing. On PostgreSQL the release is
-// announced on the table's channel, waking a waiter at once: by the same
-// statement, or, when this Locker had waiters lately, by a statement a
-// moment later, unless an attempt of this Locker finds the lock taken again
-// first (see announcer).
+// the row, so the version goes on growing. On PostgreSQL, when a waiter that
+// listens marked the row as waited for, the release is announced on the
+// table's channel, waking a waiter at once: by the same statement, or, when
+// this Locker had waiters lately, by a statement a moment later, unless an
+// attempt of this Locker finds the lock taken again first (see announcer).
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
-	args := []any{ls.key, ls.owner, ls.version}
-	query, deferred := l.q.release, l.channel != "" && l.notes.hot()
+	var (
+		held   bool
+		waited sql.NullBool
+		err    error
+	)
 	switch {
-	case deferred:
-		query = l.q.quietRelease
-	case l.channel != "":
-		args = append(args, l.channel)
+	case l.channel == "":
+		held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version)
+	case l.notes.hot():
+		err = l.queryRow(ctx, l.q.quietRelease, []any{ls.key, ls.owner, ls.version}, &waited)
+		held = err == nil
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil // not this owner's to release
+		}
+	default:
+		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, ls.owner, ls.version, l.channel)
 	}
-	held, err := ls.exec(ctx, query, args...)
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
-	if deferred {
+	if waited.Bool {
 		l.announcer.after(l, ls.key)
 	}
 	return nil

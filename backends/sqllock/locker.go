@@ -75,12 +75,21 @@ type queries struct {
 	// it answers with the new version when taken, or else with the
 	// holder's time left.
 	acquireOrLeft string
+	// acquireOrWait is acquireOrLeft for a waiter that listens: when the
+	// lock is held it also marks the row as waited for (waiting_until),
+	// so that its release notifies.
+	acquireOrWait string
 	readBack      string // MySQL: the row's owner, version and time left
 	refresh       string
-	release       string // on PostgreSQL, also notifies the channel (one more argument)
-	quietRelease  string // on PostgreSQL, the release without the notification
-	holds         string
-	remaining     string
+	release       string
+	// notifyRelease is PostgreSQL's release that also notifies the
+	// channel (one more argument) when the row was marked as waited for.
+	notifyRelease string
+	// quietRelease is PostgreSQL's release that only reports whether the
+	// row was marked as waited for, for a notification sent later.
+	quietRelease string
+	holds        string
+	remaining    string
 }
 
 // New returns a Locker on db. It does not touch the database: call Migrate
@@ -175,7 +184,7 @@ func defaultOwner() (string, error) {
 // dialect.bind), since they bypass gorm.
 func buildQueries(d dialect, t string, notify bool) queries {
 	q := buildGormQueries(d, t, notify)
-	for _, s := range []*string{&q.acquire, &q.acquireOrLeft, &q.readBack, &q.refresh, &q.release, &q.quietRelease, &q.holds, &q.remaining} {
+	for _, s := range []*string{&q.acquire, &q.acquireOrLeft, &q.acquireOrWait, &q.readBack, &q.refresh, &q.release, &q.notifyRelease, &q.quietRelease, &q.holds, &q.remaining} {
 		*s = d.bind(*s)
 	}
 	return q
@@ -192,13 +201,20 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 		remaining: "SELECT lock_until - " + now + " FROM " + t + " WHERE name = ?",
 		readBack:  "SELECT owner, version, lock_until - " + now + " FROM " + t + " WHERE name = ?",
 	}
-	q.quietRelease = q.release
 	if notify {
-		// The notification is part of the releasing statement, hence of
-		// its transaction: PostgreSQL delivers it only if the release
-		// commits, and only when the row was this owner's to release.
-		// The SELECT reports one row per released row, as the UPDATE would.
-		q.release = "WITH r AS (" + q.release + " RETURNING name) SELECT pg_notify(?, r.name) FROM r"
+		// A waiter that listens marks the row as waited for until a
+		// moment past its next attempt (waiting_until), and a release
+		// notifies only while the mark lasts: a NOTIFY, even one nobody
+		// listens to, serialises the commits of every notifying
+		// transaction of the server. The notification is part of the
+		// releasing statement, hence of its transaction: PostgreSQL
+		// delivers it only if the release commits, and only when the
+		// row was this owner's to release. The SELECT reports one row
+		// per released row, as the UPDATE would; CASE calls pg_notify
+		// only when the row was waited for.
+		waited := q.release + " RETURNING name, waiting_until > lock_until AS waited"
+		q.notifyRelease = "WITH r AS (" + waited + ") SELECT CASE WHEN r.waited THEN pg_notify(?, r.name) END FROM r"
+		q.quietRelease = q.release + " RETURNING waiting_until > lock_until"
 	}
 	// A new row's version is the database's now in microseconds, and a
 	// takeover's the greater of that and the last version plus one, so that
@@ -222,6 +238,7 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 			q.acquireOrLeft = "WITH a AS (" + q.acquire + ") SELECT version, NULL::bigint FROM a" +
 				" UNION ALL SELECT NULL, lock_until - " + now + " FROM " + t +
 				" WHERE name = ? AND NOT EXISTS (SELECT 1 FROM a)"
+			q.acquireOrWait = acquireOrWait(t, insert, now)
 		}
 		return q
 	}
@@ -240,6 +257,38 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 		" locked_at = IF(" + expired + ", VALUES(locked_at), locked_at)," +
 		" lock_until = IF(" + expired + ", VALUES(lock_until), lock_until)"
 	return q
+}
+
+// acquireOrWait is PostgreSQL's attempt of a waiter that listens. It takes
+// the lock when the lease has expired, as acquire does; when not, it marks
+// the row as waited for until twice the waiter's next pause (the fourth
+// argument, in microseconds) from now, unless an earlier mark already
+// lasts that pause. Both happen under the row lock that ON CONFLICT takes,
+// against the row's latest version: a release that commits after the mark
+// sees it and notifies, one that committed before leaves the lease expired
+// for this attempt to take. The mark is left as it is by a grant, and only
+// ends with time, so that a holder that takes the lock back keeps the
+// waiters' mark for its own release. It answers as acquireOrLeft does: the
+// new version when taken (the row's owner is this attempt's), and the
+// holder's time left; with no row written (the mark lasted), that is read
+// from the statement's snapshot, or no row comes back when the snapshot
+// holds none.
+func acquireOrWait(t, insert, now string) string {
+	expired := "t.lock_until <= excluded.locked_at"
+	when := func(taken, kept string) string {
+		return "CASE WHEN " + expired + " THEN " + taken + " ELSE " + kept + " END"
+	}
+	return "WITH a AS (" + insert + " ON CONFLICT (name) DO UPDATE SET" +
+		" owner = " + when("excluded.owner", "t.owner") + "," +
+		" version = " + when("GREATEST(t.version + 1, excluded.version)", "t.version") + "," +
+		" lock_until = " + when("excluded.lock_until", "t.lock_until") + "," +
+		" locked_at = " + when("excluded.locked_at", "t.locked_at") + "," +
+		" waiting_until = " + when("t.waiting_until", "excluded.locked_at + 2 * ?::bigint") +
+		" WHERE " + expired + " OR t.waiting_until < excluded.locked_at + ?::bigint" +
+		" RETURNING CASE WHEN owner = ? THEN version END, lock_until - " + now + ")" +
+		" SELECT * FROM a" +
+		" UNION ALL SELECT NULL, lock_until - " + now + " FROM " + t +
+		" WHERE name = ? AND NOT EXISTS (SELECT 1 FROM a)"
 }
 
 // Close sends the release notifications still deferred (see the package
@@ -287,10 +336,16 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	backoff := driver.Backoff{Min: l.minPause, Max: l.maxBackoff}
 	for {
 		// A waiter's later attempts read the holder's time left as they
-		// go, where the database can; its first attempt is as short as
-		// an uncontended one.
+		// go, where the database can, and a waiter that listens marks
+		// the row as waited for until past its next pause, so that the
+		// release notifies; its first attempt is as short as an
+		// uncontended one.
+		var pause time.Duration
+		if w != nil {
+			pause = backoff.Next()
+		}
 		mark := l.announcer.begin(key)
-		got, left, err := l.try(ctx, key, opts.TTL, opts.Owner, waiting)
+		got, left, err := l.try(ctx, key, opts.TTL, opts.Owner, waiting, pause)
 		// Whoever holds the lock now, this Locker or another, will
 		// announce its own release.
 		l.announcer.end(key, mark, err == nil)
@@ -309,11 +364,18 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		if !waiting {
 			// Joined before the row is read again, so that a release
 			// committed after that read is announced to this waiter:
-			// the attempt read it before the waiter could hear.
+			// the attempt read it before the waiter could hear. One
+			// that listens tries again at once, marking the row.
 			w, waiting = l.notes.join(key), true
+			if w != nil && err == nil {
+				continue
+			}
 			left = unknown
 		}
-		pause := backoff.Next()
+		if pause == 0 {
+			// Not set before the attempt, which did not mark.
+			pause = backoff.Next()
+		}
 		if err == nil {
 			if left == unknown {
 				left, err = l.remaining(ctx, key)
@@ -336,8 +398,11 @@ const unknown time.Duration = math.MinInt64
 
 // try makes one lease-mode attempt. It returns a nil lease and no error when
 // the lock is held by someone else, and then how long the holder's lease had
-// left (zero or less when none) when the attempt read it, or unknown.
-func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string, readLeft bool) (*lease, time.Duration, error) {
+// left (zero or less when none) when the attempt read it, or unknown. A
+// waiter's attempt reads that where it can (readLeft); with pause, one of a
+// waiter that listens also marks the row as waited for at least that long
+// (PostgreSQL).
+func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string, readLeft bool, pause time.Duration) (*lease, time.Duration, error) {
 	owner := labelled(l.leaseOwner(), label)
 	sent := time.Now()
 	var (
@@ -345,7 +410,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		err error
 	)
 	for range retries {
-		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft)
+		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft, pause)
 		if err == nil || !retryable(err) {
 			break
 		}
@@ -366,14 +431,20 @@ type attempt struct {
 	left    time.Duration // when not taken: the holder's time left, or unknown
 }
 
-func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration, readLeft bool) (attempt, error) {
+func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration, readLeft bool, pause time.Duration) (attempt, error) {
 	db := l.pool
 	var version, left sql.NullInt64
 	switch {
 	case readLeft && l.q.acquireOrLeft != "":
-		err := db.QueryRowContext(ctx, l.q.acquireOrLeft, key, owner, ttl.Microseconds(), key).Scan(&version, &left)
+		query, args := l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}
+		if pause > 0 {
+			p := pause.Microseconds()
+			query, args = l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), p, p, owner, key}
+		}
+		err := l.queryRow(ctx, query, args, &version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
-			// The row was inserted after the statement's snapshot.
+			// The row was inserted after the statement's snapshot (and
+			// an earlier mark lasted).
 			return attempt{left: unknown}, nil
 		}
 		if err != nil {
@@ -384,7 +455,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		return attempt{left: micros(left.Int64)}, nil
 	case l.d.upsert:
-		err := db.QueryRowContext(ctx, l.q.acquire, key, owner, ttl.Microseconds()).Scan(&version)
+		err := l.queryRow(ctx, l.q.acquire, []any{key, owner, ttl.Microseconds()}, &version)
 		if errors.Is(err, sql.ErrNoRows) {
 			return attempt{left: unknown}, nil
 		}
@@ -422,13 +493,13 @@ func (l *Locker) leaseOwner() string {
 // remaining is how long the current holder's lease has left by the
 // database's clock (zero or less when none).
 func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, error) {
-	var n int64
-	err := l.pool.QueryRowContext(ctx, l.q.remaining, key).Scan(&n)
+	var n sql.NullInt64
+	err := l.queryRow(ctx, l.q.remaining, []any{key}, &n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, driver.Unavailable(ctx, err)
 	}
-	return micros(n), nil
+	return micros(n.Int64), nil
 }

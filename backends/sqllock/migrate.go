@@ -72,6 +72,11 @@ type lockRow struct {
 	Version   int64     `gorm:"column:version;not null"`
 	LockUntil int64     `gorm:"column:lock_until;not null"`
 	LockedAt  int64     `gorm:"column:locked_at;not null"`
+	// WaitingUntil is until when a waiter that listens for releases is
+	// known to wait, on the same clock as LockUntil. Only PostgreSQL's
+	// statements read and write it; the column is on every database so
+	// that the schema is one.
+	WaitingUntil int64 `gorm:"column:waiting_until;not null;default:0"`
 }
 
 // fenceRow is the fence table's schema, for AutoMigrate.

@@ -61,7 +61,8 @@ type result struct {
 }
 
 // waitFor starts a waiting Acquire of key on l and returns where its result
-// will arrive, once l has registered the Acquire as waiting.
+// will arrive, once l has registered the Acquire as waiting and the Acquire
+// has marked the lock as waited for, so that its release notifies.
 func waitFor(t testing.TB, ctx context.Context, l *sqllock.Locker, key string) <-chan result {
 	t.Helper()
 	out := make(chan result, 1)
@@ -69,7 +70,7 @@ func waitFor(t testing.TB, ctx context.Context, l *sqllock.Locker, key string) <
 		lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
 		out <- result{lease, err}
 	}()
-	eventually(t, "the Acquire to wait", func() bool { return sqllock.Waiters(l, key) > 0 })
+	eventually(t, "the Acquire to wait", func() bool { return sqllock.Waiters(l, key) > 0 && sqllock.WaitedFor(l, key) })
 	return out
 }
 
@@ -174,6 +175,7 @@ func TestNotifyChain(t *testing.T) {
 		}()
 		eventually(t, "the Acquire to wait", func() bool { return sqllock.Waiters(waiter, k) == i+1 })
 	}
+	eventually(t, "the lock marked as waited for", func() bool { return sqllock.WaitedFor(waiter, k) })
 	_, _, before := sqllock.ListenStats(waiter)
 	for i := range n {
 		lease = handedOver(t, lease, out)

@@ -48,7 +48,7 @@ func postgresSubjects(b *bench) []*subject {
 	return []*subject{
 		{
 			id: "warden-pg", label: "warden sqllock (PostgreSQL)", group: "postgres", warden: true,
-			how: "guard.Do over sqllock.New(gorm on pgx, WithListener(pglisten.Listener{})); a waiter polls with backoff up to 250ms and is woken by the release's NOTIFY (sent a millisecond after the release when the releaser had waiters lately, and dropped if it took the lock back); the lease keeper renews all held locks with one UPDATE per period",
+			how: "guard.Do over sqllock.New(gorm on pgx, WithListener(pglisten.Listener{})); a waiter polls with backoff up to 250ms and marks the row as waited for, and a release so marked wakes it by a NOTIFY (sent a millisecond after the release when the releaser had waiters lately, and dropped if it took the lock back; a release nobody waits for sends none); the lease keeper renews all held locks with one UPDATE per period",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenPG(dsn, m, workerConns) }), nil
 			},

@@ -1,0 +1,91 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// queryRow runs query, which answers one row or none, and scans the row
+// into dest, each a sql.Scanner; sql.ErrNoRows when there is none.
+//
+// On PostgreSQL it hands the statement to the driver's connection itself
+// (driver.QueryerContext), taken from the pool for it, rather than through
+// database/sql's rows: those start a goroutine and a cancellable context
+// per query under a context that can be cancelled, as a lock's is, which
+// cost the acquiring statement as much client time as the driver's own
+// work. The pool, the driver, its prepared statement cache and ctx's
+// cancellation are the same. A pool that is not a *sql.DB (a transaction),
+// a driver that cannot, or a connection found broken before the statement
+// was sent, takes the usual path, which also retries that on another
+// connection.
+func (l *Locker) queryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	if db, ok := l.pool.(*sql.DB); ok && l.d.name == "postgres" {
+		err := queryDriver(ctx, db, query, args, dest)
+		if !errors.Is(err, errNoQueryer) && !errors.Is(err, sqldriver.ErrBadConn) {
+			return err
+		}
+	}
+	return l.pool.QueryRowContext(ctx, query, args...).Scan(dest...)
+}
+
+var errNoQueryer = errors.New("the driver's connection cannot run a query with arguments")
+
+func queryDriver(ctx context.Context, db *sql.DB, query string, args, dest []any) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	named := make([]sqldriver.NamedValue, len(args))
+	for i, a := range args {
+		named[i] = sqldriver.NamedValue{Ordinal: i + 1, Value: a}
+	}
+	return conn.Raw(func(dc any) error {
+		q, ok := dc.(sqldriver.QueryerContext)
+		if !ok {
+			return errNoQueryer
+		}
+		rows, err := q.QueryContext(ctx, query, named)
+		if errors.Is(err, sqldriver.ErrSkip) {
+			return errNoQueryer
+		}
+		if err != nil {
+			return err
+		}
+		values := make([]sqldriver.Value, len(rows.Columns()))
+		if err := rows.Next(values); err != nil {
+			rows.Close()
+			if errors.Is(err, io.EOF) {
+				return sql.ErrNoRows
+			}
+			return err
+		}
+		if err := scanValues(values, dest); err != nil {
+			rows.Close()
+			return err
+		}
+		// Closing reads the statement's answer to its end, and reports
+		// an error met after the row.
+		return rows.Close()
+	})
+}
+
+func scanValues(values []sqldriver.Value, dest []any) error {
+	if len(values) != len(dest) {
+		return fmt.Errorf("warden/sqllock: %d columns, want %d", len(values), len(dest))
+	}
+	for i, v := range values {
+		s, ok := dest[i].(sql.Scanner)
+		if !ok {
+			return fmt.Errorf("warden/sqllock: scanning into %T", dest[i])
+		}
+		if err := s.Scan(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

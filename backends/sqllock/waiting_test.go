@@ -1,0 +1,174 @@
+package sqllock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/backends/sqllock/pglisten"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// heard counts the notifications on a channel by payload.
+type heard struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (h *heard) note(payload string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.n[payload]++
+}
+
+func (h *heard) count(payload string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[payload]
+}
+
+// listen LISTENs on channel from a connection of its own until t ends, and
+// returns once the LISTEN took effect.
+func listen(t *testing.T, channel string) *heard {
+	t.Helper()
+	db := postgresDB()
+	pool, err := openDB(t, db, db.dsn(t)).DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &heard{n: map[string]int{}}
+	listening := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pglisten.Listener{}.Listen(ctx, conn, channel, func() { close(listening) }, h.note)
+	}()
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the LISTEN did not take effect")
+	}
+	return h
+}
+
+// TestReleaseNotifiesOnlyWhenWaited: on PostgreSQL, a release notifies
+// the table's channel only when a waiter that listens marked the lock as
+// waited for: uncontended cycles send no NOTIFY, whose commit PostgreSQL
+// serialises with every other notifying one; a release that a waiter
+// awaits wakes it at once.
+func TestReleaseNotifiesOnlyWhenWaited(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	h := listen(t, sqllock.Channel(holder))
+	admin := openDB(t, db, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	alone := uniqueKey(t) + "/alone"
+	for range 20 {
+		lease, err := holder.Acquire(ctx, alone, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Notifications arrive in commit order: once this one is heard, any
+	// the cycles sent have been too.
+	const sentinel = "sentinel"
+	if err := admin.Exec("SELECT pg_notify(?, ?)", sqllock.Channel(holder), sentinel).Error; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the sentinel notification", func() bool { return h.count(sentinel) > 0 })
+	if n := h.count(alone); n != 0 {
+		t.Errorf("20 uncontended cycles sent %d notifications, want none", n)
+	}
+
+	waiter := slowWaiter(t, openDB(t, db, dsn))
+	warmUp(t, waiter, holder)
+	lease, out := awaited(t, holder, waiter)
+	got := handedOver(t, lease, out)
+	// This connection may hear it after the waiter's listener did.
+	eventually(t, "the notification of a release a waiter awaited", func() bool { return h.count(sqllock.LeaseKey(lease)) > 0 })
+	got.Release(ctx)
+}
+
+// TestMigrateAddsWaitingColumn: a lock table of an earlier version, without
+// the waiting_until column, gets it from Migrate with its rows and their
+// tokens kept, and statements of the earlier version, which do not name
+// the column, keep working on the migrated table beside this version's.
+func TestMigrateAddsWaitingColumn(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			g := openDB(t, db, db.dsn(t))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			table := fmt.Sprintf("warden_test_nowait_%d", time.Now().UnixNano())
+			key := "varchar(255)"
+			if db.name == "mariadb" {
+				key = "varbinary(255)"
+			}
+			earlierTable(t, g, table, key, "")
+			l := newLocker(t, g, sqllock.WithTable(table))
+			if err := l.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate over the earlier table: %v", err)
+			}
+			if !g.Migrator().HasColumn(table, "waiting_until") {
+				t.Fatal("no waiting_until column after Migrate")
+			}
+			if err := l.Migrate(ctx); err != nil {
+				t.Fatalf("second Migrate: %v", err)
+			}
+			// The earlier version's acquire inserts rows without naming
+			// the column.
+			if err := g.Exec("INSERT INTO " + table + " (name, owner, version, lock_until, locked_at) VALUES ('e', 'earlier', 7, 0, 0)").Error; err != nil {
+				t.Fatalf("an earlier version's insert on the migrated table: %v", err)
+			}
+			for _, k := range []string{"k", "e", "new"} {
+				lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+				if err != nil {
+					t.Fatalf("Acquire(%s): %v", k, err)
+				}
+				if k == "k" && lease.Token() <= 41 {
+					t.Errorf("token of k after the migration: %d, not above the earlier row's 41", lease.Token())
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Errorf("Release(%s): %v", k, err)
+				}
+			}
+		})
+	}
+}
+
+// earlierTable creates table as earlier versions did, with a name column of
+// keyType and the table options given, holding an expired lock of key "k"
+// at token 41, whose token must survive a migration; it is dropped when t
+// ends.
+func earlierTable(t *testing.T, g *gorm.DB, table, keyType, options string) {
+	t.Helper()
+	earlier := "CREATE TABLE " + table + " (name " + keyType + ` NOT NULL PRIMARY KEY,
+		owner varchar(255) NOT NULL,
+		version bigint NOT NULL,
+		lock_until bigint NOT NULL,
+		locked_at bigint NOT NULL)` + options
+	if err := g.Exec(earlier).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
+	if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
+		t.Fatal(err)
+	}
+}
