@@ -104,10 +104,10 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		nodeTimeout: 200 * time.Millisecond,
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
-		acquire:     goredis.NewScript(stateSrc + acquireSrc),
+		acquire:     goredis.NewScript(acquireSrc),
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
-		release:     goredis.NewScript(stateSrc + releaseSrc),
-		refresh:     goredis.NewScript(stateSrc + refreshSrc),
+		release:     goredis.NewScript(releaseSrc),
+		refresh:     goredis.NewScript(refreshSrc),
 	}
 	for i, n := range nodes {
 		if n == nil {
