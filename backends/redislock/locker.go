@@ -188,13 +188,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// within one and a half of them, half the waiter timeout.
 		var renewed time.Time
 		keepAlive := l.cfg.waiterTimeout / 3
+		// The arguments of every attempt, converted once: only the mode
+		// and the unanswered flag change, and those are constants, which
+		// cost no allocation as values of an interface.
+		args := []any{owner, px, "0", waitMs, record, "0"}
 		w = waiter{
 			id:        record,
 			keepAlive: keepAlive,
 			bounded:   true,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
-				mode := "0"
 				sent := time.Now()
+				var mode any = "0"
 				switch {
 				case recorded && sent.Sub(renewed) < keepAlive/2:
 					mode = "3"
@@ -203,7 +207,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				case queued:
 					mode = "1"
 				}
-				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record, flag(unanswered))
+				args[2], args[5] = mode, flagArg(unanswered)
+				r, err := run(ctx, sc, l.s.acquire, keys, args...)
 				if err == nil && r[0] == 0 && queued {
 					recorded = true
 					if mode != "3" {
@@ -262,6 +267,14 @@ func pxOf(ttl time.Duration) int64 {
 }
 
 func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// flagArg is flag as a script argument.
+func flagArg(b bool) any {
 	if b {
 		return "1"
 	}
