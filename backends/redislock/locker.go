@@ -248,16 +248,32 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 }
 
 // run runs a script that answers an array of integers: {1, token} or
-// {1, token, day, waiting flag} for a grant, {0, ms} otherwise.
+// {1, token, day, waiting flag} for a grant, {0, ms} otherwise; a plain
+// lock's grant that found nobody waiting answers its token alone, taken as
+// {1, token}.
 func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
-	r, err := s.Run(ctx, sc, keys, args...).Int64Slice()
+	v, err := s.Run(ctx, sc, keys, args...).Result()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
-	if len(r) != 2 && len(r) != 4 {
-		return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(r))
+	switch v := v.(type) {
+	case int64:
+		return []int64{1, v}, nil
+	case []any:
+		if len(v) != 2 && len(v) != 4 {
+			return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(v))
+		}
+		r := make([]int64, len(v))
+		for i, x := range v {
+			n, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, x)
+			}
+			r[i] = n
+		}
+		return r, nil
 	}
-	return r, nil
+	return nil, fmt.Errorf("%w: a script answered %T, want integers", driver.ErrUnavailable, v)
 }
 
 // pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that
