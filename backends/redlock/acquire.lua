@@ -19,6 +19,10 @@
 -- meanwhile.
 -- KEYS[1] lock (see state.lua)  ARGV[1] owner  ARGV[2] ttl (ms)
 -- ARGV[3] proposed token  ARGV[4] bound on its lead over the clock (µs)
+-- ARGV[5] '1' when the owner's last attempt found the lock held: the state
+-- is then read before it is written, so that a vote refused again writes
+-- nothing (the first attempt, likely to find the lock free, writes its
+-- vote at once and reads the old state with it)
 -- Returns {1, fence before, 1 if the proposal was recorded else 0, day} or
 -- {0, holder's pttl}.
 --
@@ -37,9 +41,15 @@ local written = us
 if acceptable then
   written = proposed
 end
-local old = redis.pcall('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, written, day, ARGV[1]), 'KEEPTTL', 'GET')
-if type(old) == 'table' and old.err then
-  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+local read_first = ARGV[5] == '1'
+local old
+if read_first then
+  old = redis.call('get', KEYS[1])
+else
+  old = redis.pcall('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, written, day, ARGV[1]), 'KEEPTTL', 'GET')
+  if type(old) == 'table' and old.err then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
 end
 local d, stored, old_day, owner
 if old then
@@ -49,7 +59,9 @@ end
 if old and not (d and (d <= now or owner == ARGV[1])) then
   -- Another owner's vote, or a value of another format (an earlier
   -- warden's vote, with PX): it stays as it was.
-  redis.call('set', KEYS[1], old, 'KEEPTTL')
+  if not read_first then
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
+  end
   if d then
     return {0, d - now}
   end
@@ -63,9 +75,13 @@ if stored then
   end
 end
 local recorded = acceptable and proposed > fence
-if not recorded and written ~= fence then
-  -- The counter never moves back.
-  redis.call('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, fence, day, ARGV[1]), 'KEEPTTL')
+local kept = fence
+if recorded then
+  kept = written
+end
+-- The counter never moves back.
+if read_first or kept ~= written then
+  redis.call('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, kept, day, ARGV[1]), 'KEEPTTL')
 end
 -- The key expires at the end of day, moved once a day for a key in
 -- constant use.
