@@ -43,7 +43,12 @@ end
 local d, token, old_day, waiting, owner
 if old then
   d, token, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
-  d = tonumber(d)
+  -- A released lock's deadline is 0: no conversion.
+  if d == '0' then
+    d = 0
+  else
+    d = tonumber(d)
+  end
 end
 -- An attempt whose answer never came may have taken the lock: it is the
 -- contender's then, with the token that attempt drew, which nobody can have
