@@ -19,7 +19,9 @@
 -- This script runs on every acquisition, so it spends little: it uses none
 -- of state.lua's helpers (a helper is a closure made on every run), and it
 -- turns numbers into strings once, in one string.format, since Lua's
--- number formatting costs more than the rest of a grant.
+-- number formatting costs more than the rest of a grant. Numbers past 2^31
+-- are written with %.0f, exact up to 2^53: %d is a C long, which a 32-bit
+-- build of Redis would cut short.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local us = t[1] * 1000000 + t[2]
@@ -33,7 +35,7 @@ local recorded = mode == '2' or mode == '3'
 local swapped = not recorded
 local old
 if swapped then
-  old = redis.pcall('set', KEYS[1], string.format('%d:%d:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')
+  old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
   end
@@ -73,7 +75,7 @@ if not old or (d and d <= now) or lost then
   -- none.
   waiting = waiting or '0'
   if not swapped or tk ~= us or waiting ~= '0' then
-    redis.call('set', KEYS[1], string.format('%d:%d:%d:%s:%s', deadline, tk, day, waiting, ARGV[1]), 'KEEPTTL')
+    redis.call('set', KEYS[1], string.format('%.0f:%.0f:%d:%s:%s', deadline, tk, day, waiting, ARGV[1]), 'KEEPTTL')
   end
   -- The key expires at the end of day, moved once a day for a key in
   -- constant use.
@@ -110,7 +112,7 @@ if not d then
   return {0, redis.call('pttl', KEYS[1])}
 end
 if flag ~= waiting then
-  redis.call('set', KEYS[1], string.format('%d:%s:%s:%s:%s', d, token, old_day, flag, owner), 'KEEPTTL')
+  redis.call('set', KEYS[1], string.format('%.0f:%s:%s:%s:%s', d, token, old_day, flag, owner), 'KEEPTTL')
 elseif swapped then
   redis.call('set', KEYS[1], old, 'KEEPTTL')
 end

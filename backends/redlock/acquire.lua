@@ -29,7 +29,9 @@
 -- This script runs on every acquisition, so it spends little: it uses none
 -- of state.lua's helpers (a helper is a closure made on every run), and it
 -- turns numbers into strings once, in one string.format, since Lua's
--- number formatting costs more than the rest of a vote.
+-- number formatting costs more than the rest of a vote. Numbers past 2^31
+-- are written with %.0f, exact up to 2^53: %d is a C long, which a 32-bit
+-- build of Redis would cut short.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local us = t[1] * 1000000 + t[2]
@@ -46,7 +48,7 @@ local old
 if read_first then
   old = redis.call('get', KEYS[1])
 else
-  old = redis.pcall('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, written, day, ARGV[1]), 'KEEPTTL', 'GET')
+  old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:%s', deadline, written, day, ARGV[1]), 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
   end
@@ -81,7 +83,7 @@ if recorded then
 end
 -- The counter never moves back.
 if read_first or kept ~= written then
-  redis.call('set', KEYS[1], string.format('%d:%d:%d:%s', deadline, kept, day, ARGV[1]), 'KEEPTTL')
+  redis.call('set', KEYS[1], string.format('%.0f:%.0f:%d:%s', deadline, kept, day, ARGV[1]), 'KEEPTTL')
 end
 -- The key expires at the end of day, moved once a day for a key in
 -- constant use.
