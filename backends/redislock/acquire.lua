@@ -1,8 +1,8 @@
 -- Take the lock if it is free, in one step, and draw its fencing token
--- (see state.lua). A waiting contender that fails records itself among the
--- lock's waiters, with a deadline it renews by trying again, and marks the
--- lock's state, so that its release wakes one of them, in whichever
--- process, instead of all.
+-- (see state.lua, whose format this script reads and writes). A waiting
+-- contender that fails records itself among the lock's waiters, with a
+-- deadline it renews by trying again, and marks the lock's state, so that
+-- its release wakes one of them, in whichever process, instead of all.
 -- KEYS[1] lock  KEYS[2] waiters (zset)
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '0' for a contender that does
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
@@ -10,10 +10,23 @@
 -- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
 -- channel, a newline, the owner (see wake in next_waiter.lua)  ARGV[6] '1'
 -- when an earlier attempt of the contender got no answer
--- Returns {1, token, day, waiting flag} or {0, holder's pttl}.
-local us, now = clock()
-local deadline = now + tonumber(ARGV[2])
-local day = day_of(deadline)
+-- Returns the token alone for a grant that found nobody waiting, the common
+-- case, else {1, token, day, waiting flag}; {0, holder's pttl} when not
+-- acquired. (A table costs the server more to answer than the rest of a
+-- grant's bookkeeping; the client works the day out from its own clock,
+-- which the release only uses to spare a write: see lease.go.)
+--
+-- This script runs on every acquisition, so it spends little: it uses none
+-- of state.lua's helpers (a helper is a closure made on every run), and it
+-- turns numbers into strings once, in one string.format, since Lua's
+-- number formatting costs more than the rest of a grant. Numbers past 2^31
+-- are written with %.0f, exact up to 2^53: %d is a C long, which a 32-bit
+-- build of Redis would cut short.
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local us = t[1] * 1000000 + t[2]
+local deadline = now + ARGV[2]
+local day = math.floor(deadline / 86400000) + 2
 local mode = ARGV[3]
 local recorded = mode == '2' or mode == '3'
 -- A contender that comes back after waiting is likely to find the lock
@@ -22,54 +35,85 @@ local recorded = mode == '2' or mode == '3'
 local swapped = not recorded
 local old
 if swapped then
-  old = swap(KEYS[1], state(deadline, fmt(us), day, '0', ARGV[1]))
+  old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')
+  if type(old) == 'table' and old.err then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
 else
   old = redis.call('get', KEYS[1])
 end
-local d, token, old_day, waiting, owner = parse(old)
+local d, token, old_day, waiting, owner
+if old then
+  d, token, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
+  -- A released lock's deadline is 0: no conversion.
+  if d == '0' then
+    d = 0
+  else
+    d = tonumber(d)
+  end
+end
 -- An attempt whose answer never came may have taken the lock: it is the
 -- contender's then, with the token that attempt drew, which nobody can have
 -- moved since.
 local lost = ARGV[6] == '1' and d ~= nil and d > now and owner == ARGV[1]
-if is_free(old, d, now) or lost then
-  local t = us
+if not old or (d and d <= now) or lost then
+  local tk = us
   if lost then
-    t = tonumber(token)
-  else
-    t = next_grant(us, token)
+    tk = tonumber(token)
+  elseif token then
+    -- Past the last token, and not below the clock, which is what keeps
+    -- tokens growing when the state is lost.
+    local last = tonumber(token)
+    if last >= us then
+      tk = last + 1
+    end
   end
   if recorded or ARGV[6] == '1' then
     redis.call('zrem', KEYS[2], ARGV[5])
   end
   -- Other waiters may still wait: the flag stays until a release finds
   -- none.
-  if not swapped or t ~= us or (waiting and waiting ~= '0') then
-    put(KEYS[1], state(deadline, fmt(t), day, waiting or '0', ARGV[1]))
+  waiting = waiting or '0'
+  if not swapped or tk ~= us or waiting ~= '0' then
+    redis.call('set', KEYS[1], string.format('%.0f:%.0f:%d:%s:%s', deadline, tk, day, waiting, ARGV[1]), 'KEEPTTL')
   end
-  keep(KEYS[1], old_day, day)
-  return {1, t, tonumber(day), tonumber(waiting or '0')}
+  -- The key expires at the end of day, moved once a day for a key in
+  -- constant use.
+  if not old_day or tonumber(old_day) < day then
+    redis.call('pexpireat', KEYS[1], day * 86400000)
+  end
+  if waiting == '0' then
+    return tk
+  end
+  return {1, tk, day, (waiting == '1' and 1) or 2}
 end
 local flag = waiting
 if mode ~= '0' then
   if mode ~= '3' then
     local timeout = tonumber(ARGV[4])
     redis.call('zadd', KEYS[2], now + timeout, ARGV[5])
+    -- The records outlive no waiter that renews its own; an expiry moved
+    -- to twice the timeout lasts through the records of the timeout that
+    -- follows, so that most records cost no PEXPIRE.
     if redis.call('pttl', KEYS[2]) < timeout then
-      redis.call('pexpire', KEYS[2], timeout)
+      redis.call('pexpire', KEYS[2], 2 * timeout)
     end
   end
-  flag = announce(waiting, '1')
+  -- Announced: '1' for a non-fair waiter, unless a fair one did ('2').
+  if waiting ~= '2' then
+    flag = '1'
+  end
 end
 if not d then
   -- Another format: an earlier warden's lock, with its own expiry.
   if swapped then
-    put(KEYS[1], old)
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
   end
   return {0, redis.call('pttl', KEYS[1])}
 end
 if flag ~= waiting then
-  put(KEYS[1], state(d, token, old_day, flag, owner))
+  redis.call('set', KEYS[1], string.format('%.0f:%s:%s:%s:%s', d, token, old_day, flag, owner), 'KEEPTTL')
 elseif swapped then
-  put(KEYS[1], old)
+  redis.call('set', KEYS[1], old, 'KEEPTTL')
 end
 return {0, d - now}

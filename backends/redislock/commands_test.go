@@ -225,3 +225,36 @@ func TestWaitingFlagKept(t *testing.T) {
 		next.Release(ctx)
 	}
 }
+
+// TestWaiterRecordsExpiry: the waiters' records of a lock expire with their
+// sorted set, which outlasts every record in it by up to a timeout more, so
+// that the records that follow within a timeout cost no PEXPIRE.
+func TestWaiterRecordsExpiry(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	holder, err := l.Acquire(ctx, "held", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	n := namesOf("held")
+	const timeout = 60_000
+	before := serverCalls(t, c)
+	for i := range 3 {
+		owner := "waiter-" + strconv.Itoa(i)
+		r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()}, owner, 10000, "1", timeout, l.wake+"\n"+owner, "0")
+		if err != nil || r[0] != 0 {
+			t.Fatalf("a waiter's attempt on a held lock: %v, %v", r, err)
+		}
+		pttl := c.PTTL(ctx, n.waiters()).Val()
+		if pttl <= timeout*time.Millisecond || pttl > 2*timeout*time.Millisecond {
+			t.Fatalf("the records' PTTL %v after record %d, want more than the timeout (%dms), twice at most", pttl, i, timeout)
+		}
+	}
+	if got := serverCalls(t, c)["pexpire"] - before["pexpire"]; got != 1 {
+		t.Errorf("%d PEXPIREs for 3 records within a timeout, want 1", got)
+	}
+}

@@ -42,6 +42,16 @@ type lease struct {
 	day atomic.Uint32
 }
 
+// dayOf is the day a grant sent at sent with a PX of px sets, by this
+// process's clock: a plain lock's grant that found nobody waiting does not
+// say (see acquire.lua). It only spares the release a write: a release
+// whose day is not the state's writes the state's day back in the same
+// script, so a clock off by enough to cross midnight costs a command, and
+// nothing else.
+func dayOf(sent time.Time, px int64) uint32 {
+	return uint32((sent.UnixMilli()+px)/86_400_000 + 2)
+}
+
 // epoch anchors lease expiries on the monotonic clock.
 var epoch = time.Now()
 

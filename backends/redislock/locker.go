@@ -188,13 +188,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// within one and a half of them, half the waiter timeout.
 		var renewed time.Time
 		keepAlive := l.cfg.waiterTimeout / 3
+		// The arguments of every attempt, converted once: only the mode
+		// and the unanswered flag change, and those are constants, which
+		// cost no allocation as values of an interface.
+		args := []any{owner, px, "0", waitMs, record, "0"}
 		w = waiter{
 			id:        record,
 			keepAlive: keepAlive,
 			bounded:   true,
 			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
-				mode := "0"
 				sent := time.Now()
+				var mode any = "0"
 				switch {
 				case recorded && sent.Sub(renewed) < keepAlive/2:
 					mode = "3"
@@ -203,7 +207,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				case queued:
 					mode = "1"
 				}
-				r, err := run(ctx, sc, l.s.acquire, keys, owner, px, mode, waitMs, record, flag(unanswered))
+				args[2], args[5] = mode, flagArg(unanswered)
+				r, err := run(ctx, sc, l.s.acquire, keys, args...)
 				if err == nil && r[0] == 0 && queued {
 					recorded = true
 					if mode != "3" {
@@ -243,16 +248,32 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 }
 
 // run runs a script that answers an array of integers: {1, token} or
-// {1, token, day, waiting flag} for a grant, {0, ms} otherwise.
+// {1, token, day, waiting flag} for a grant, {0, ms} otherwise; a plain
+// lock's grant that found nobody waiting answers its token alone, taken as
+// {1, token}.
 func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
-	r, err := s.Run(ctx, sc, keys, args...).Int64Slice()
+	v, err := s.Run(ctx, sc, keys, args...).Result()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}
-	if len(r) != 2 && len(r) != 4 {
-		return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(r))
+	switch v := v.(type) {
+	case int64:
+		return []int64{1, v}, nil
+	case []any:
+		if len(v) != 2 && len(v) != 4 {
+			return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(v))
+		}
+		r := make([]int64, len(v))
+		for i, x := range v {
+			n, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, x)
+			}
+			r[i] = n
+		}
+		return r, nil
 	}
-	return r, nil
+	return nil, fmt.Errorf("%w: a script answered %T, want integers", driver.ErrUnavailable, v)
 }
 
 // pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that
@@ -262,6 +283,14 @@ func pxOf(ttl time.Duration) int64 {
 }
 
 func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// flagArg is flag as a script argument.
+func flagArg(b bool) any {
 	if b {
 		return "1"
 	}

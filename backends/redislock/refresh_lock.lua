@@ -1,18 +1,33 @@
--- Owner-checked extension of a plain or fair lock (see state.lua): only a
--- lease still the owner's and not yet expired is extended.
+-- Owner-checked extension of a plain or fair lock (see state.lua, whose
+-- format this script reads and writes, with none of its helpers: see
+-- acquire.lua): only a lease still the owner's and not yet expired is
+-- extended.
 -- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] its token
 -- Returns the key's day when extended, 0 when the lock was not owner's.
-local us, now = clock()
-local deadline = now + tonumber(ARGV[2])
-local day = day_of(deadline)
-local old = swap(KEYS[1], state(deadline, ARGV[3], day, '0', ARGV[1]))
-local d, token, old_day, waiting, owner = parse(old)
-if not d or owner ~= ARGV[1] or d <= now then
-  restore(KEYS[1], old)
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local deadline = now + ARGV[2]
+local day = math.floor(deadline / 86400000) + 2
+local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:0:%s', deadline, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+if type(old) == 'table' and old.err then
+  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+end
+local d, token, old_day, waiting, owner
+if old then
+  d, token, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
+end
+if owner ~= ARGV[1] or tonumber(d) <= now then
+  if old then
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
+  else
+    redis.call('del', KEYS[1])
+  end
   return 0
 end
 if token ~= ARGV[3] or waiting ~= '0' then
-  put(KEYS[1], state(deadline, token, day, waiting, owner))
+  redis.call('set', KEYS[1], string.format('%.0f:%s:%d:%s:%s', deadline, token, day, waiting, owner), 'KEEPTTL')
 end
-keep(KEYS[1], old_day, day)
-return tonumber(day)
+if tonumber(old_day) < day then
+  redis.call('pexpireat', KEYS[1], day * 86400000)
+end
+return day

@@ -70,11 +70,11 @@ type scripts struct {
 func newScripts() *scripts {
 	stateSrc := redisstate.Lua + lockStateSrc
 	return &scripts{
-		acquire:      goredis.NewScript(stateSrc + acquireSrc),
+		acquire:      goredis.NewScript(acquireSrc),
 		fairAcquire:  goredis.NewScript(stateSrc + nextWaiterSrc + fairAcquireSrc),
-		release:      goredis.NewScript(stateSrc + nextWaiterSrc + releaseSrc),
+		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
-		refreshLock:  goredis.NewScript(stateSrc + refreshLockSrc),
+		refreshLock:  goredis.NewScript(refreshLockSrc),
 		dequeue:      goredis.NewScript(stateSrc + nextWaiterSrc + dequeueSrc),
 		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
 		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),

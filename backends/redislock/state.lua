@@ -15,7 +15,12 @@
 -- another format, such as an earlier warden's lock: its owner, with PX).
 -- KEEPTTL keeps the key's expiry, which moves only when a grant or a refresh
 -- needs a later day (keep): once a day for a key in constant use. The
--- helpers (clock, swap, keep...) are backends/internal/redisstate's.
+-- helpers (clock, put, keep...) are backends/internal/redisstate's. The
+-- scripts on every acquisition's path (acquire.lua, release.lua,
+-- refresh_lock.lua) read and write the format themselves, with none of
+-- these helpers: a helper is a closure made on every run of a script, and
+-- the server spends on a script's Lua what it does not spend on others'
+-- commands.
 
 -- parse reads a state: its deadline (a number), then its token, day,
 -- waiting flag and owner (strings); nothing for a missing key or a value of
@@ -43,15 +48,6 @@ local function next_grant(us, token)
     return tonumber(token) + 1
   end
   return us
-end
-
--- announce is the waiting flag once a waiter of the kind given ('1' or '2')
--- announced itself.
-local function announce(waiting, kind)
-  if waiting == '2' then
-    return '2'
-  end
-  return kind
 end
 
 -- is_free tells a lock that can be granted from its state: a key that is

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +187,56 @@ func TestFenceExpiresLongAfterItsLastGrant(t *testing.T) {
 				t.Fatalf("token %d after the fence expired, not greater than %d before", lease.Token(), last)
 			}
 		})
+	}
+}
+
+// TestReleaseKeepsTheDayOfTheGrant: a plain lock's grant that found nobody
+// waiting does not say which day it set the key to expire at, and the lease
+// works it out from this process's clock. A lease whose guess is wrong (a
+// clock far off, midnight in between) still releases, and the free state
+// keeps the day, and the expiry, that the grant set.
+func TestReleaseKeepsTheDayOfTheGrant(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	key := "release-day-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	lockKey := namesOf(key).lock()
+	t.Cleanup(func() { c.Del(ctx, lockKey) })
+	stateDay := func() string {
+		t.Helper()
+		v, err := c.Get(ctx, lockKey).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.SplitN(v, ":", 5)
+		if len(f) != 5 {
+			t.Fatalf("state %q, want deadline:token:day:waiting:owner", v)
+		}
+		return f[2]
+	}
+	for _, off := range []uint32{0, 1, ^uint32(0)} {
+		g, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted := stateDay()
+		ls := g.(*lease)
+		if off == 0 && strconv.FormatUint(uint64(ls.day.Load()), 10) != granted {
+			t.Fatalf("the lease's day %d, the state's %s", ls.day.Load(), granted)
+		}
+		ls.day.Add(off)
+		if err := g.Release(ctx); err != nil {
+			t.Fatalf("release with the day off by %d: %v", int32(off), err)
+		}
+		if day := stateDay(); day != granted {
+			t.Fatalf("the free state's day %s after a release whose day was off by %d, want %s", day, int32(off), granted)
+		}
+		v, err := c.Get(ctx, lockKey).Result()
+		if err != nil || !strings.HasPrefix(v, "0:") || !strings.HasSuffix(v, ":") {
+			t.Fatalf("state %q after the release (%v), want a free one", v, err)
+		}
+		if pttl := c.PTTL(ctx, lockKey).Val(); pttl < 23*time.Hour {
+			t.Fatalf("the state's PTTL %v after the release, want a day at least", pttl)
+		}
 	}
 }

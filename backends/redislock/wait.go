@@ -104,9 +104,12 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		switch {
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
-			if len(r) == 4 {
+			switch {
+			case len(r) == 4:
 				ls.day.Store(uint32(r[2]))
 				ls.waiting = byte(r[3])
+			case ls.kind == kindMutex:
+				ls.day.Store(dayOf(sent, pxOf(opts.TTL)))
 			}
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil

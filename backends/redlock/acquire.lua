@@ -19,39 +19,78 @@
 -- meanwhile.
 -- KEYS[1] lock (see state.lua)  ARGV[1] owner  ARGV[2] ttl (ms)
 -- ARGV[3] proposed token  ARGV[4] bound on its lead over the clock (µs)
+-- ARGV[5] '1' when the owner's last attempt found the lock held: the state
+-- is then read before it is written, so that a vote refused again writes
+-- nothing (the first attempt, likely to find the lock free, writes its
+-- vote at once and reads the old state with it)
 -- Returns {1, fence before, 1 if the proposal was recorded else 0, day} or
 -- {0, holder's pttl}.
-local us, now = clock()
-local deadline = now + tonumber(ARGV[2])
-local day = day_of(deadline)
+--
+-- This script runs on every acquisition, so it spends little: it uses none
+-- of state.lua's helpers (a helper is a closure made on every run), and it
+-- turns numbers into strings once, in one string.format, since Lua's
+-- number formatting costs more than the rest of a vote. Numbers past 2^31
+-- are written with %.0f, exact up to 2^53: %d is a C long, which a 32-bit
+-- build of Redis would cut short.
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local us = t[1] * 1000000 + t[2]
+local deadline = now + ARGV[2]
+local day = math.floor(deadline / 86400000) + 2
 local proposed = tonumber(ARGV[3])
-local acceptable = proposed > us and proposed <= us + tonumber(ARGV[4])
+local acceptable = proposed > us and proposed <= us + ARGV[4]
 local written = us
 if acceptable then
   written = proposed
 end
-local old = swap(KEYS[1], state(deadline, fmt(written), day, ARGV[1]))
-local d, stored, old_day, owner = parse(old)
+local read_first = ARGV[5] == '1'
+local old
+if read_first then
+  old = redis.call('get', KEYS[1])
+else
+  old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:%s', deadline, written, day, ARGV[1]), 'KEEPTTL', 'GET')
+  if type(old) == 'table' and old.err then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
+end
+local d, stored, old_day, owner
+if old then
+  d, stored, old_day, owner = string.match(old, '^(%d+):(%d+):(%d+):(.*)$')
+  d = tonumber(d)
+end
 if old and not (d and (d <= now or owner == ARGV[1])) then
   -- Another owner's vote, or a value of another format (an earlier
   -- warden's vote, with PX): it stays as it was.
-  put(KEYS[1], old)
+  if not read_first then
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
+  end
   if d then
     return {0, d - now}
   end
   return {0, redis.call('pttl', KEYS[1])}
 end
 local fence = us
-if stored and tonumber(stored) > us then
-  fence = tonumber(stored)
+if stored then
+  local last = tonumber(stored)
+  if last > us then
+    fence = last
+  end
 end
 local recorded = acceptable and proposed > fence
-if not recorded and written ~= fence then
-  -- The counter never moves back.
-  put(KEYS[1], state(deadline, fmt(fence), day, ARGV[1]))
-end
-keep(KEYS[1], old_day, day)
+local kept = fence
 if recorded then
-  return {1, fence, 1, tonumber(day)}
+  kept = written
 end
-return {1, fence, 0, tonumber(day)}
+-- The counter never moves back.
+if read_first or kept ~= written then
+  redis.call('set', KEYS[1], string.format('%.0f:%.0f:%d:%s', deadline, kept, day, ARGV[1]), 'KEEPTTL')
+end
+-- The key expires at the end of day, moved once a day for a key in
+-- constant use.
+if not old_day or tonumber(old_day) < day then
+  redis.call('pexpireat', KEYS[1], day * 86400000)
+end
+if recorded then
+  return {1, fence, 1, day}
+end
+return {1, fence, 0, day}

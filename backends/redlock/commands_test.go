@@ -17,6 +17,16 @@ import (
 func calls(t *testing.T, servers []*server) int64 {
 	t.Helper()
 	var total int64
+	for _, n := range callsByName(t, servers) {
+		total += n
+	}
+	return total
+}
+
+// callsByName is calls by command name.
+func callsByName(t *testing.T, servers []*server) map[string]int64 {
+	t.Helper()
+	by := map[string]int64{}
 	for _, s := range servers {
 		c := goredis.NewClient(&goredis.Options{Addr: s.addr})
 		info, err := c.Info(context.Background(), "commandstats").Result()
@@ -32,12 +42,12 @@ func calls(t *testing.T, servers []*server) int64 {
 			for f := range strings.SplitSeq(stats, ",") {
 				if v, ok := strings.CutPrefix(f, "calls="); ok {
 					n, _ := strconv.ParseInt(v, 10, 64)
-					total += n
+					by[strings.TrimPrefix(name, "cmdstat_")] += n
 				}
 			}
 		}
 	}
-	return total
+	return by
 }
 
 // TestUncontendedCycleCommands: once a Locker has heard the nodes' fences,
@@ -70,5 +80,48 @@ func TestUncontendedCycleCommands(t *testing.T) {
 	t.Logf("server commands per cycle and node: %v", per)
 	if per > 5.5 {
 		t.Errorf("server commands per uncontended cycle and node: %v, want 5", per)
+	}
+}
+
+// TestRefusedRetriesWriteNothing: a waiting Acquire whose attempt found the
+// lock held reads each node's state before writing its vote in the next
+// attempts, so that votes refused again cost no write (3 commands a node:
+// EVALSHA, TIME, GET), where a first attempt writes its vote at once and
+// writes the holder's back when refused.
+func TestRefusedRetriesWriteNothing(t *testing.T) {
+	servers := startServers(t, 3)
+	holder := privateLocker(t, servers, nil)
+	waiter := privateLocker(t, servers, nil, WithMaxBackoff(5*time.Millisecond))
+	ctx := context.Background()
+	lease, err := holder.Acquire(ctx, "held", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	before := callsByName(t, servers)
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := waiter.Acquire(wctx, "held", driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}); err == nil {
+		t.Fatal("acquired a held lock")
+	}
+	after := callsByName(t, servers)
+	nodes := int64(len(servers))
+	attempts := (after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]) / nodes
+	sets := (after["set"] - before["set"]) / nodes
+	gets := (after["get"] - before["get"]) / nodes
+	t.Logf("per node: %d attempts, %d SETs, %d GETs", attempts, sets, gets)
+	if attempts < 5 {
+		t.Fatalf("%d attempts in 300ms with pauses of 5ms at most, want more", attempts)
+	}
+	// The first attempt writes its vote and the holder's state back, and
+	// so does an attempt after one that a node did not answer in time (a
+	// loaded machine), which could not tell the lock was held; the attempt
+	// that ctx cut short may withdraw from nodes that did not answer it.
+	// Writing on every attempt would be 2 SETs each.
+	if sets >= attempts/2 {
+		t.Errorf("%d SETs a node over %d refused attempts, want 2 (the first attempt's), far fewer than one an attempt", sets, attempts)
+	}
+	if gets < attempts/2 {
+		t.Errorf("%d GETs a node over %d refused attempts, want one for each but the first", gets, attempts)
 	}
 }

@@ -75,7 +75,9 @@
 // nodes, against 40 when the vote was a SET NX PX key beside a fence counter
 // the vote read and wrote). The key expires at the end of the day after its
 // last vote or refresh, so a fence still expires a day at least after it was
-// last written. Nodes need Redis 6.2 or newer.
+// last written. Nodes need Redis 6.2 or newer. An attempt after one that
+// found the lock held reads each node's state before voting, so that a vote
+// refused again writes nothing: 3 commands a node (EVALSHA, TIME, GET).
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

@@ -104,10 +104,10 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		nodeTimeout: 200 * time.Millisecond,
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
-		acquire:     goredis.NewScript(stateSrc + acquireSrc),
+		acquire:     goredis.NewScript(acquireSrc),
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
-		release:     goredis.NewScript(stateSrc + releaseSrc),
-		refresh:     goredis.NewScript(stateSrc + refreshSrc),
+		release:     goredis.NewScript(releaseSrc),
+		refresh:     goredis.NewScript(refreshSrc),
 	}
 	for i, n := range nodes {
 		if n == nil {
@@ -152,14 +152,18 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	}
 	ls := &lease{l: l, key: key}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
+	// held says the last attempt found the lock held: the next one reads
+	// each node's state before writing its vote (see acquire.lua).
+	held := false
 	for {
-		hint, err := l.try(ctx, ls, opts.TTL)
+		hint, err := l.try(ctx, ls, opts.TTL, held)
 		if err == nil {
 			return ls, nil
 		}
 		if !opts.Wait || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
+		held = errors.Is(err, driver.ErrNotAcquired)
 		d := backoff.Next()
 		if hint > 0 && hint < d {
 			d = hint
@@ -174,7 +178,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 // every node that may hold one (including those whose answer it did not
 // get) and returns how long the holder's votes still last, as a hint for the
 // next attempt.
-func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Duration, error) {
+func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held bool) (time.Duration, error) {
 	// An owner id of its own for every attempt: a withdrawal of an earlier
 	// attempt that is still under way on a slow node can then never remove
 	// a vote this attempt counts. The calls of this attempt that may outlive
@@ -183,8 +187,12 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration) (time.Du
 	start := time.Now()
 	proposal := l.propose(start)
 	lock := lockKeyOf(ls.key)
+	readFirst := "0"
+	if held {
+		readFirst = "1"
+	}
 	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.acquire.Run(ctx, n, []string{lock}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()).Int64Slice()
+		return l.acquire.Run(ctx, n, []string{lock}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds(), readFirst).Int64Slice()
 	})
 	var (
 		granted  []int

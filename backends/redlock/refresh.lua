@@ -1,17 +1,32 @@
--- Owner-checked extension of this node's vote, while it has not lapsed.
--- KEYS[1] lock (see state.lua)  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] the
--- lease's token, the node's fence as a rule
-local us, now = clock()
-local deadline = now + tonumber(ARGV[2])
-local day = day_of(deadline)
-local old = swap(KEYS[1], state(deadline, ARGV[3], day, ARGV[1]))
-local d, fence, old_day, owner = parse(old)
-if not d or owner ~= ARGV[1] or d <= now then
-  restore(KEYS[1], old)
+-- Owner-checked extension of this node's vote, while it has not lapsed
+-- (see state.lua, whose format this script reads and writes, with none of
+-- its helpers: see acquire.lua).
+-- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] the lease's token,
+-- the node's fence as a rule
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local deadline = now + ARGV[2]
+local day = math.floor(deadline / 86400000) + 2
+local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:%s', deadline, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+if type(old) == 'table' and old.err then
+  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+end
+local d, fence, old_day, owner
+if old then
+  d, fence, old_day, owner = string.match(old, '^(%d+):(%d+):(%d+):(.*)$')
+end
+if owner ~= ARGV[1] or tonumber(d) <= now then
+  if old then
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
+  else
+    redis.call('del', KEYS[1])
+  end
   return 0
 end
 if fence ~= ARGV[3] then
-  put(KEYS[1], state(deadline, fence, day, owner))
+  redis.call('set', KEYS[1], string.format('%.0f:%s:%d:%s', deadline, fence, day, owner), 'KEEPTTL')
 end
-keep(KEYS[1], old_day, day)
+if tonumber(old_day) < day then
+  redis.call('pexpireat', KEYS[1], day * 86400000)
+end
 return 1

@@ -22,31 +22,12 @@ local function day_of(deadline)
   return fmt(math.floor(deadline / day_ms) + 2)
 end
 
--- swap writes v, keeping the key's expiry, and returns the old value (false
--- when there was none).
-local function swap(key, v)
-  local old = redis.pcall('set', key, v, 'KEEPTTL', 'GET')
-  if type(old) == 'table' and old.err then
-    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
-  end
-  return old
-end
-
 local function put(key, v)
   redis.call('set', key, v, 'KEEPTTL')
 end
 
--- restore writes back what swap replaced.
-local function restore(key, old)
-  if old then
-    put(key, old)
-  else
-    redis.call('del', key)
-  end
-end
-
 -- keep makes the key expire at the end of day, when it was set to expire
--- earlier (or not at all: a key swap created). It moves once a day for a
+-- earlier (or not at all: a key a SET just created). It moves once a day for a
 -- key in constant use.
 local function keep(key, old_day, day)
   if not old_day or tonumber(old_day) < tonumber(day) then
