@@ -66,7 +66,15 @@
 // # Waiting
 //
 // A waiter never polls: it waits with blocking queries (?index=) on what
-// blocks it. A waiter acquires a queue key of its own under <lock key>/,
+// blocks it, each waiting up to a second on the server and answered by any
+// server (stale), since a query forwarded to the leader sleeps through that
+// leader's freeze; an answer only wakes the waiter, which acts on a
+// consistent read or transaction. A query that gets no answer within its
+// wait, Consul's jitter and a grace (a server that stopped answering), that
+// fails, or that comes from a server out of touch with its leader, is
+// followed at once by a consistent read, so a waiter never sleeps on a
+// lock freed meanwhile for more than about a second after Consul serves
+// again. An idle waiter thus sends one request a second. A waiter acquires a queue key of its own under <lock key>/,
 // by its session, reading the lock key and the queue in the same
 // transaction; the queue keys are ordered by CreateIndex, and each waiter
 // blocks only on the key just before its own, from that key's ModifyIndex,
@@ -119,16 +127,35 @@
 //
 // The client's HTTP transport has no timeout of its own, so every request
 // but the blocking queries is bounded by a request timeout
-// (WithRequestTimeout, default DefaultRequestTimeout); a request that gets
+// (WithRequestTimeout, default DefaultRequestTimeout), and every blocking
+// query by its wait time, Consul's jitter of up to a sixteenth of it, and
+// a grace; a request that gets
 // no answer in time fails with an error wrapping driver.ErrUnavailable,
 // unless the caller's context ended first. A waiting acquisition starts
 // over after such a failure, with backoff, until its context is done.
 //
+// A release that gets no answer (a leader killed or frozen with it in
+// flight) may or may not have been applied, and a key it missed would be
+// kept by the session's renewal for as long as the session lives: it is
+// sent again, checked on the key's ModifyIndex as before (so no send can
+// delete a newer holder's key, and a key found gone or changed counts as
+// released by an earlier send), at once when a send fails and every half
+// second while none is answered (Consul holds a request that reaches it
+// during a leader election, and may forward it to the new leader a second
+// or more after that leader serves: a fresh one is forwarded at once),
+// until Consul answers; Release waits for that no longer than its context,
+// and the resend goes on in the background until Close. The session, with its
+// other locks, lives on meanwhile, unless no send is answered by the
+// session's loss deadline as of the first failure: at that moment the
+// session would have been lost anyway had Consul answered nothing since,
+// so it is given up then (see below), and the lock comes back no later
+// than had its holder crashed.
+//
 // A write that acquires a key runs to completion even when the caller's
 // context is cancelled (the lock is then released before Acquire returns the
-// context's error), and when such a write, the delete of an abandoned queue
-// key or a Release gets no answer, the session is given up: its renewal
-// stops, its Done channel closes and it is destroyed, best effort, with
-// every key it holds; otherwise it expires within twice its TTL. Later
-// acquisitions create a new session.
+// context's error), and when such a write or the delete of an abandoned
+// queue key gets no answer, the session is given up: its renewal stops,
+// its Done channel closes and it is destroyed, best effort, with every key
+// it holds; otherwise it expires within twice its TTL. Later acquisitions
+// create a new session.
 package consullock

@@ -31,13 +31,17 @@ type session struct {
 	destroy    atomic.Bool
 	destroyErr error // read after exited
 
-	// mu guards leases and revoked, and the revocation state of each lease.
+	// mu guards leases, revoked and closing, and the revocation state of
+	// each lease.
 	mu sync.Mutex
 	// leases are the session's granted leases by lock key.
 	leases map[string]*lease
 	// revoked are forced releases seen for holdings not (yet) in leases: a
 	// marker can arrive before the acquisition that it names returns.
 	revoked map[revocation]bool
+	// closing is set by close, which then waits for wg: nothing joins wg
+	// after it.
+	closing bool
 
 	// renewNow asks for a renewal before the next period: the session
 	// may be gone.
@@ -178,9 +182,11 @@ func (s *session) renew() (unanswered bool) {
 
 // destroyUntilGone destroys the session, again while Consul cannot be
 // reached, until it is gone or the Locker is closed: the server would
-// otherwise keep its keys, and its locks, until its TTL runs out.
+// otherwise keep its keys, and its locks, until its TTL runs out. The
+// attempts are as close as a release's resends (resendPause), so that the
+// locks come back soon after a new leader serves.
 func (s *session) destroyUntilGone() error {
-	pause := driver.Backoff{Min: retryDelay, Max: time.Second}
+	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
 	for {
 		rctx, cancel := s.l.rctx(context.Background())
 		_, err := s.l.client.Session().Destroy(s.id, writeOpts(rctx))
@@ -217,12 +223,27 @@ func (s *session) close(destroy bool) error {
 		s.destroy.Store(true)
 	}
 	s.stop()
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
 	<-s.exited
 	s.wg.Wait()
 	if !destroy {
 		return nil
 	}
 	return s.destroyErr
+}
+
+// spawn runs f on a goroutine of the session's, which close waits for,
+// unless the session is closing; it reports whether it did.
+func (s *session) spawn(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Go(f)
+	return true
 }
 
 // exitedYet reports whether nothing of the session runs any more.
