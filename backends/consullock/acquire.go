@@ -222,12 +222,11 @@ func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPai
 // read makes one read, do, with the query options it is given, and returns
 // what it read and its index. With index 0 it is a consistent read.
 // Otherwise it is first a blocking query that returns once the index passes
-// index, or after waitTime, answered by any server (stale: see
-// blockingQuery), bounded by queryBound and by ctx and the session, which
-// it outlives by nothing; when that query fails, gets no answer in time (a
-// frozen server keeps the connection open and answers nothing) or comes
-// from a server out of touch with its leader, a consistent read re-checks
-// at once, rather than the waiter sleeping on what may be a free key.
+// index, or after waitTime (see blockingQuery), bounded by queryBound and by
+// ctx and the session, which it outlives by nothing; when that query fails
+// or gets no answer in time (a frozen leader keeps the connection open and
+// answers nothing), a consistent read re-checks at once, rather than the
+// waiter sleeping on what may be a free key.
 //
 // The consistent read is sent until answered, as a release is
 // (untilAnswered), until ctx ends or the session does: a waiter keeps its
@@ -276,24 +275,24 @@ func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.Que
 }
 
 // blockingQuery makes do a blocking query from index and returns what it
-// read and its index, or false when it failed, got no answer within queryBound(waitTime), came
-// from a server that has not heard from a leader for maxLag, or from one
-// behind what the waiter read already.
+// read and its index, or false when it failed or got no answer within
+// queryBound(waitTime).
 //
-// The query is stale, answered by whichever server the agent asks, not
-// forwarded to the leader: a release committed by a new leader then wakes
-// it on any server that follows that leader, while a query forwarded to a
-// frozen leader would sleep until the bound. What it reads only wakes the
-// waiter; what the waiter acts on is read again in a consistent
-// transaction (its acquisition) or a consistent read, and a server out of
-// touch, whose answers could hold a free key taken forever, is caught by
-// its last contact with the leader.
+// The query is not stale: the agent forwards it to the leader, which wakes
+// it as soon as it commits a change. A stale query, answered by whichever
+// server the agent asks, would outlive a frozen leader when that server is
+// a follower, but measured worse in the cluster scenarios: a follower
+// applies a release after the leader has answered it, so a waiter woken
+// there loses the race to the releaser coming back for the lock (waiters
+// went 12 s without a grant while the releaser took the lock again and
+// again), and the lock came back later after a freeze. The bound, not
+// staleness, rescues a waiter whose query went to a frozen leader.
 func blockingQuery[T any](ctx context.Context, index uint64, do func(*api.QueryOptions) (T, *api.QueryMeta, error)) (T, uint64, bool) {
 	rctx, cancel := context.WithTimeout(ctx, queryBound(waitTime))
 	defer cancel()
-	q := &api.QueryOptions{AllowStale: true, WaitIndex: index, WaitTime: waitTime}
+	q := &api.QueryOptions{WaitIndex: index, WaitTime: waitTime}
 	v, meta, err := do(q.WithContext(rctx))
-	if err != nil || !meta.KnownLeader || meta.LastContact > maxLag || meta.LastIndex < index {
+	if err != nil {
 		return v, 0, false
 	}
 	return v, max(meta.LastIndex, 1), true
@@ -306,11 +305,6 @@ func blockingQuery[T any](ctx context.Context, index uint64, do func(*api.QueryO
 func queryBound(wait time.Duration) time.Duration { return wait + wait/16 + queryGrace }
 
 const queryGrace = 250 * time.Millisecond
-
-// maxLag is the longest a stale answer's server may have gone without
-// hearing from its leader (Consul's followers hear from it several times a
-// second) for the answer to count.
-const maxLag = time.Second
 
 // queue is a waiting acquisition: the contender acquires a queue key of
 // its own, by its session, under the lock's queue directory, reading the

@@ -66,15 +66,12 @@
 // # Waiting
 //
 // A waiter never polls: it waits with blocking queries (?index=) on what
-// blocks it, each waiting up to a second on the server and answered by any
-// server (stale), since a query forwarded to the leader sleeps through that
-// leader's freeze; an answer only wakes the waiter, which acts on a
-// consistent read or transaction. A query that gets no answer within its
-// wait, Consul's jitter and a grace (a server that stopped answering), that
-// fails, or that comes from a server out of touch with its leader, is
-// followed at once by a consistent read, so a waiter never sleeps on a
-// lock freed meanwhile for more than about a second after Consul serves
-// again. An idle waiter thus sends one request a second. A waiter acquires a queue key of its own under <lock key>/,
+// blocks it, each waiting up to a second on the leader. A query that gets
+// no answer within its wait, Consul's jitter and a grace (it went to a
+// leader that froze), or that fails, is followed at once by a consistent
+// read, sent again until answered, so a waiter never sleeps on a lock freed
+// meanwhile for more than about a second after Consul serves again. An
+// idle waiter thus sends one request a second. A waiter acquires a queue key of its own under <lock key>/,
 // by its session, reading the lock key and the queue in the same
 // transaction; the queue keys are ordered by CreateIndex, and each waiter
 // blocks only on the key just before its own, from that key's ModifyIndex,

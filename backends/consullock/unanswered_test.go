@@ -495,8 +495,8 @@ func TestBlockingQueryBound(t *testing.T) {
 		}
 		sc.mu.Lock()
 		defer sc.mu.Unlock()
-		if len(sc.reads) != 2 || !strings.Contains(sc.reads[0], "stale") || !strings.Contains(sc.reads[1], "consistent") {
-			t.Errorf("reads %q, want a stale blocking query and then a consistent read", sc.reads)
+		if len(sc.reads) != 2 || !strings.Contains(sc.reads[0], "index=5") || !strings.Contains(sc.reads[1], "consistent") {
+			t.Errorf("reads %q, want a blocking query from index 5 and then a consistent read", sc.reads)
 		}
 	})
 }
