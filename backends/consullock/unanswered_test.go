@@ -88,6 +88,21 @@ func isRelease(r *http.Request, body, key string) bool {
 		strings.Contains(body, `"Verb":"check-index"`) && strings.Contains(body, `"Key":"`+key+`"`)
 }
 
+// lockTwo acquires locks a and b with l: one to release, one that its
+// session must keep.
+func lockTwo(t *testing.T, l *Locker, a, b string) (driver.Lease, driver.Lease) {
+	t.Helper()
+	var les []driver.Lease
+	for _, k := range []string{a, b} {
+		le, err := l.Acquire(context.Background(), k, driver.AcquireOptions{TTL: MinTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		les = append(les, le)
+	}
+	return les[0], les[1]
+}
+
 // TestReleaseOutcomeUnknown: a release whose answer is lost (a leader
 // killed with it in flight) is sent again, owner-checked on the key's
 // ModifyIndex, until Consul answers, and the session, and every other lock
@@ -142,15 +157,7 @@ func TestReleaseOutcomeUnknown(t *testing.T) {
 			if tc.between != nil {
 				ft.afterDrop = func() { newer = tc.between(t, k) }
 			}
-			l := faultyLocker(t, ft)
-			le, err := l.Acquire(ctx, k, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			kept, err := l.Acquire(ctx, other, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
+			le, kept := lockTwo(t, faultyLocker(t, ft), k, other)
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			if err := le.Release(rctx); err != nil {
@@ -198,15 +205,7 @@ func TestReleaseResentInBackground(t *testing.T) {
 		}
 		return pass
 	}})
-	opts := driver.AcquireOptions{TTL: MinTTL}
-	le, err := l.Acquire(ctx, k, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, err := l.Acquire(ctx, other, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	le, kept := lockTwo(t, l, k, other)
 	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
