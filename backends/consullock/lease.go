@@ -94,8 +94,9 @@ func (le *lease) Release(ctx context.Context) error {
 	ok, _, _, err := l.client.KV().Txn(release(le.key, le.token), queryOpts(rctx))
 	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
 		err = fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, bound)
+	} else {
+		err = l.fail(ctx, rctx, err)
 	}
-	err = l.fail(ctx, rctx, err)
 	cancel()
 	switch {
 	case err == nil && !ok:

@@ -124,24 +124,27 @@ func (s *session) lost() bool {
 func (s *session) margin() time.Duration { return s.ttl / 10 }
 
 // run renews the session until it is lost or stopped, then closes done and
-// only then destroys the session when asked to (or when a renewal went
-// unanswered: the server may still have it), so that whoever watches done
+// only then destroys the session when asked to (or when the server may
+// still have it: see renew), so that whoever watches done
 // learns of the loss before the server can grant the locks to anyone else.
 func (s *session) run() {
 	defer close(s.exited)
-	unanswered := s.renew()
+	mayLive := s.renew()
 	s.expiry.Store(0)
 	close(s.done)
-	if unanswered || s.destroy.Load() {
+	if mayLive || s.destroy.Load() {
 		s.destroyErr = s.destroyUntilGone()
 	}
 }
 
 // renew renews the session every third of its TTL, one request at a time,
 // until the session is stopped, the server no longer knows it, or no
-// renewal has been answered by a margin before its Expiry; it reports the
-// last case.
-func (s *session) renew() (unanswered bool) {
+// renewal has been answered by a margin before its Expiry; it reports
+// whether the server may still have the session: in the last two cases.
+// A server that says it does not know the session may be one restarted
+// and still restoring its state, which it will have once restored: the
+// session, and the keys it holds, would then stay until its TTL ran out.
+func (s *session) renew() (mayLive bool) {
 	interval := s.ttl / 3
 	next := time.NewTimer(interval)
 	defer next.Stop()
@@ -169,7 +172,7 @@ func (s *session) renew() (unanswered bool) {
 			next.Reset(retryDelay)
 			continue
 		case entry == nil:
-			return false // the server no longer has it: expired or destroyed
+			return true // expired or destroyed, or not restored yet
 		}
 		ttl := s.ttl
 		if d, err := time.ParseDuration(entry.TTL); err == nil && d > 0 && d < ttl {
