@@ -210,7 +210,8 @@ func untilAnswered(ctx context.Context, timeout time.Duration, send func(context
 }
 
 // resendAfter is how long a send that is safe to repeat (an owner-checked
-// release, a read) may go unanswered before another follows it; see untilAnswered.
+// release, a read) may go unanswered before another follows it; see
+// untilAnswered.
 const resendAfter = 500 * time.Millisecond
 
 // resendPause caps the pause before sending again after a send failed.

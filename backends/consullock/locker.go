@@ -69,7 +69,8 @@ type Option func(*Locker) error
 // no answer in time fails with an error wrapping driver.ErrUnavailable; a
 // waiting acquisition then tries again until its context is done. Blocking
 // queries, which wait on purpose, are bounded by their wait time instead
-// (see the package documentation). d must be positive. Default DefaultRequestTimeout.
+// (see the package documentation). d must be positive. Default
+// DefaultRequestTimeout.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(l *Locker) error {
 		if d <= 0 {
