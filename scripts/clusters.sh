@@ -387,11 +387,17 @@ start_consul() {
 			CONSUL_ARGS+=(-server -bootstrap-expect 3 -server-port "${CONSUL_SERVER_PORTS[i]}")
 		else
 			# The agent gives up an RPC to a server that does not answer
-			# after 2 s, not Consul's default 60 s, and then sends the
+			# after 1 s, not Consul's default 60 s, and then sends the
 			# next one to another server: a frozen server keeps its
 			# connections open, and until Serf declares it failed the
 			# agent would keep sending it requests that never return.
-			CONSUL_ARGS+=(-hcl 'limits { rpc_client_timeout = "2s" }')
+			# The agent moves a server to the back of its list at every
+			# failed RPC, "no leader" answers during the election
+			# included, so a frozen leader can come back to the front
+			# after the election: each time, the requests sent meanwhile
+			# wait this long. With 2 s the lock came back 0.04 to 1.86 s
+			# after the election (7 freezes), with 1 s 0.03 to 0.19 s (5).
+			CONSUL_ARGS+=(-hcl 'limits { rpc_client_timeout = "1s" }')
 		fi
 		launch "$dir/pid" "$dir/consul.log" "$CONSUL_BIN" "${CONSUL_ARGS[@]}"
 		say "launched"

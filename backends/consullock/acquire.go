@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -16,9 +17,13 @@ import (
 // it was granted: its keys vanished, or will, with the session.
 var errSessionLost = fmt.Errorf("%w: consul session lost", driver.ErrUnavailable)
 
-// waitTime bounds one blocking query; the waiter then asks again. It only
-// keeps idle HTTP requests from living for the server's default of 5 min.
-const waitTime = time.Minute
+// waitTime is how long a waiter's blocking query may wait on the server;
+// the waiter then asks again. It is also about how long a waiter whose
+// query went to a server that stopped answering (a frozen leader) sleeps
+// before it re-checks (queryBound): short enough for a waiter to take a
+// lock freed meanwhile within a second or so of a new leader serving, at
+// the cost of one request a second from a waiter whose lock stays held.
+const waitTime = time.Second
 
 // Acquire implements driver.Locker. opts.TTL is the TTL of the session the
 // lock's key is acquired by.
@@ -163,7 +168,11 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver.Lease, error) {
 	le := &lease{s: a.s, key: key, token: token}
 	if err := ctx.Err(); err != nil {
-		le.Release(context.WithoutCancel(ctx))
+		// Bounded: a release that gets no answer goes on in the
+		// background.
+		rctx, cancel := a.l.detached(ctx)
+		le.Release(rctx)
+		cancel()
 		return nil, err
 	}
 	if a.s.lost() {
@@ -205,40 +214,97 @@ func nextIndex(index, idx uint64) uint64 {
 
 // get reads key; see read.
 func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPair, uint64, error) {
-	var kv *api.KVPair
-	idx, err := a.read(ctx, index, func(q *api.QueryOptions) (meta *api.QueryMeta, err error) {
-		kv, meta, err = a.l.client.KV().Get(key, q)
-		return meta, err
+	return read(ctx, a, index, func(q *api.QueryOptions) (*api.KVPair, *api.QueryMeta, error) {
+		return a.l.client.KV().Get(key, q)
 	})
-	return kv, idx, err
 }
 
-// read makes one read, do, with the query options it is given: when index
-// is 0, a consistent read bounded by the request timeout; otherwise a
-// blocking query that returns once the index passes index, bounded only by
-// ctx and the session, which it outlives by nothing. It returns the read's
-// index.
-func (a *attempt) read(ctx context.Context, index uint64, do func(*api.QueryOptions) (*api.QueryMeta, error)) (uint64, error) {
+// read makes one read, do, with the query options it is given, and returns
+// what it read and its index. With index 0 it is a consistent read.
+// Otherwise it is first a blocking query that returns once the index passes
+// index, or after waitTime (see blockingQuery), bounded by queryBound and by
+// ctx and the session, which it outlives by nothing; when that query fails
+// or gets no answer in time (a frozen leader keeps the connection open and
+// answers nothing), a consistent read re-checks at once, rather than the
+// waiter sleeping on what may be a free key.
+//
+// The consistent read is sent until answered, as a release is
+// (untilAnswered), until ctx ends or the session does: a waiter keeps its
+// place (its key, which its session keeps) through a leader election,
+// rather than giving it up, which would take a write that an election may
+// leave unanswered too.
+func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.QueryOptions) (T, *api.QueryMeta, error)) (T, uint64, error) {
 	wctx, cancel := a.s.whileAlive(ctx)
 	defer cancel()
-	rctx := wctx
-	q := &api.QueryOptions{RequireConsistent: index == 0}
-	if index == 0 {
-		var c context.CancelFunc
-		rctx, c = a.l.rctx(wctx)
-		defer c()
-	} else {
-		q.WaitIndex, q.WaitTime = index, waitTime
-	}
-	meta, err := do(q.WithContext(rctx))
-	if err != nil {
-		if ctx.Err() == nil && a.s.lost() {
-			return 0, errSessionLost
+	if index != 0 {
+		v, idx, ok := blockingQuery(wctx, index, do)
+		switch {
+		case ok:
+			return v, idx, nil
+		case ctx.Err() != nil:
+			return v, 0, ctx.Err()
+		case a.s.lost():
+			return v, 0, errSessionLost
 		}
-		return 0, a.l.fail(ctx, rctx, err)
 	}
-	return max(meta.LastIndex, 1), nil
+	var (
+		mu  sync.Mutex
+		got bool
+		v   T
+		idx uint64
+	)
+	err := untilAnswered(wctx, a.l.timeout, func(rctx context.Context) error {
+		r, meta, err := do((&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !got {
+			got, v, idx = true, r, max(meta.LastIndex, 1)
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return v, idx, nil
+	case ctx.Err() == nil && a.s.lost():
+		return v, 0, errSessionLost
+	}
+	return v, 0, a.l.fail(ctx, wctx, err)
 }
+
+// blockingQuery makes do a blocking query from index and returns what it
+// read and its index, or false when it failed or got no answer within
+// queryBound(waitTime).
+//
+// The query is not stale: the agent forwards it to the leader, which wakes
+// it as soon as it commits a change. A stale query, answered by whichever
+// server the agent asks, would outlive a frozen leader when that server is
+// a follower, but measured worse in the cluster scenarios: a follower
+// applies a release after the leader has answered it, so a waiter woken
+// there loses the race to the releaser coming back for the lock (waiters
+// went 12 s without a grant while the releaser took the lock again and
+// again), and the lock came back later after a freeze. The bound, not
+// staleness, rescues a waiter whose query went to a frozen leader.
+func blockingQuery[T any](ctx context.Context, index uint64, do func(*api.QueryOptions) (T, *api.QueryMeta, error)) (T, uint64, bool) {
+	rctx, cancel := context.WithTimeout(ctx, queryBound(waitTime))
+	defer cancel()
+	q := &api.QueryOptions{WaitIndex: index, WaitTime: waitTime}
+	v, meta, err := do(q.WithContext(rctx))
+	if err != nil {
+		return v, 0, false
+	}
+	return v, max(meta.LastIndex, 1), true
+}
+
+// queryBound is the client's bound on a blocking query of wait: the server
+// answers it within wait plus its jitter of up to wait/16, and queryGrace
+// covers the round trip and a busy machine. A query unanswered by then went
+// to a server that stopped answering.
+func queryBound(wait time.Duration) time.Duration { return wait + wait/16 + queryGrace }
+
+const queryGrace = 250 * time.Millisecond
 
 // queue is a waiting acquisition: the contender acquires a queue key of
 // its own, by its session, under the lock's queue directory, reading the

@@ -10,21 +10,21 @@
 // nothing per lock for them, and no goroutine runs per held lock.
 //
 // Consul accepts session TTLs from 10 s (its session_ttl_min) to 24 h, so
-// the Locker declares them (as a driver.Limiter) and guard rejects any
-// other TTL when it is configured: a Guard on Consul needs guard.WithTTL of
-// 10 s or more. The server invalidates a session no sooner than its TTL
-// after the last renewal it received, but may wait up to twice the TTL: a
-// holder that crashes keeps its locks for between one and two TTLs. Each
-// renewal's send time therefore bounds the server's expiry from below, and
-// the session's Expiry is the send time of its last answered renewal plus
-// the TTL. When no renewal has been answered by a tenth of the TTL before
-// that moment, or the server no longer knows the session, the session is
-// lost: its Done channel is closed, and every section it kept is
-// cancelled at once. A session that the server ends (an operator destroys
-// it, a server restores a snapshot without it) is found out within a round
-// trip, not at the next renewal: the session holds an anchor key, deleted
-// with it, under the directory its one blocking query watches (see
-// Operators), and a renewal is sent as soon as the anchor goes. The next acquisition creates a new session.
+// the Locker declares them (as a driver.Limiter) and guard rejects any other
+// TTL when it is configured: a Guard on Consul needs guard.WithTTL of 10 s
+// or more. The server invalidates a session no sooner than its TTL after the
+// last renewal it received, but may wait up to twice the TTL: a holder that
+// crashes keeps its locks for between one and two TTLs. Each renewal's send
+// time therefore bounds the server's expiry from below, and the session's
+// Expiry is the send time of its last answered renewal plus the TTL. When no
+// renewal has been answered by a tenth of the TTL before that moment, or the
+// server no longer knows the session, the session is lost: its Done channel
+// is closed, and every section it kept is cancelled at once. A session that
+// the server ends (an operator destroys it, a server restores a snapshot
+// without it) is found out within a round trip, not at the next renewal: the
+// session holds an anchor key, deleted with it, under the directory its one
+// blocking query watches (see Operators), and a renewal is sent as soon as
+// the anchor goes. The next acquisition creates a new session.
 //
 // The session is created with Behavior "delete", no health checks and a
 // LockDelay of 0, none of which are Consul's defaults:
@@ -66,17 +66,22 @@
 // # Waiting
 //
 // A waiter never polls: it waits with blocking queries (?index=) on what
-// blocks it. A waiter acquires a queue key of its own under <lock key>/,
-// by its session, reading the lock key and the queue in the same
-// transaction; the queue keys are ordered by CreateIndex, and each waiter
-// blocks only on the key just before its own, from that key's ModifyIndex,
-// so a release wakes one waiter (no herd, and no transaction that fails
-// for every waiter but one). The first in the queue waits on the lock key,
-// and acquires it while deleting its queue key in one transaction. Without
-// AcquireOptions.Fair a waiter first tries the lock once, before it queues,
-// so it may barge in ahead of the queue: a free lock costs one request,
-// waited for or not. A fair acquisition that does not wait takes the lock
-// if it is free, like any other.
+// blocks it, each waiting up to a second on the leader. A query that gets no
+// answer within its wait, Consul's jitter and a grace (it went to a leader
+// that froze), or that fails, is followed at once by a consistent read, sent
+// again until answered, so a waiter never sleeps on a lock freed meanwhile
+// for more than about a second after Consul serves again. An idle waiter
+// thus sends one request a second. A waiter acquires a queue key of its own
+// under <lock key>/, by its session, reading the lock key and the queue in
+// the same transaction; the queue keys are ordered by CreateIndex, and each
+// waiter blocks only on the key just before its own, from that key's
+// ModifyIndex, so a release wakes one waiter (no herd, and no transaction
+// that fails for every waiter but one). The first in the queue waits on the
+// lock key, and acquires it while deleting its queue key in one transaction.
+// Without AcquireOptions.Fair a waiter first tries the lock once, before it
+// queues, so it may barge in ahead of the queue: a free lock costs one
+// request, waited for or not. A fair acquisition that does not wait takes
+// the lock if it is free, like any other.
 //
 // # Read/write locks and semaphores
 //
@@ -119,16 +124,36 @@
 //
 // The client's HTTP transport has no timeout of its own, so every request
 // but the blocking queries is bounded by a request timeout
-// (WithRequestTimeout, default DefaultRequestTimeout); a request that gets
-// no answer in time fails with an error wrapping driver.ErrUnavailable,
-// unless the caller's context ended first. A waiting acquisition starts
-// over after such a failure, with backoff, until its context is done.
+// (WithRequestTimeout, default DefaultRequestTimeout), and every blocking
+// query by its wait time, Consul's jitter of up to a sixteenth of it, and a
+// grace; a request that gets no answer in time fails with an error
+// wrapping driver.ErrUnavailable, unless the caller's context ended first.
+// A waiting acquisition keeps its place through reads that fail (see
+// Waiting), and starts over after any other such failure, with backoff,
+// until its context is done.
+//
+// A release that gets no answer (a leader killed or frozen with it in
+// flight) may or may not have been applied, and a key it missed would be
+// kept by the session's renewal for as long as the session lives: it is
+// sent again, checked on the key's ModifyIndex as before (so no send can
+// delete a newer holder's key, and a key found gone or changed counts as
+// released by an earlier send), at once when a send fails and every half
+// second while none is answered (Consul holds a request that reaches it
+// during a leader election, and may forward it to the new leader a second
+// or more after that leader serves: a fresh one is forwarded at once),
+// until Consul answers; Release waits for that no longer than its context,
+// and the resend goes on in the background until Close. The session, with
+// its other locks, lives on meanwhile, unless no send is answered by the
+// session's loss deadline as of the first failure: at that moment the
+// session would have been lost anyway had Consul answered nothing since,
+// so it is given up then (see below), and the lock comes back no later
+// than had its holder crashed.
 //
 // A write that acquires a key runs to completion even when the caller's
 // context is cancelled (the lock is then released before Acquire returns the
-// context's error), and when such a write, the delete of an abandoned queue
-// key or a Release gets no answer, the session is given up: its renewal
-// stops, its Done channel closes and it is destroyed, best effort, with
-// every key it holds; otherwise it expires within twice its TTL. Later
-// acquisitions create a new session.
+// context's error), and when such a write or the delete of an abandoned
+// queue key gets no answer, the session is given up: its renewal stops,
+// its Done channel closes and it is destroyed, best effort, with every key
+// it holds; otherwise it expires within twice its TTL. Later acquisitions
+// create a new session.
 package consullock

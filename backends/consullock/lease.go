@@ -2,7 +2,9 @@ package consullock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -71,28 +73,149 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
-// Release then returns ErrNotHeld at once. When the delete gets no answer,
-// the key may still be there and the session's renewal would keep it, and
-// the lock, forever: the session is given up instead (destroyed, with
-// every key it holds; its other locks are lost with it).
+// Release then returns ErrNotHeld at once. A delete that gets no answer (a
+// leader killed or frozen with it in flight) may or may not have been
+// applied, and the session's renewal would keep a key it missed, and the
+// lock, forever: it is sent again (see resendRelease) while the session
+// keeps every other lock, and Release waits for that no longer than ctx,
+// returning an error wrapping driver.ErrUnavailable when ctx ends first;
+// the resend then goes on in the background.
 func (le *lease) Release(ctx context.Context) error {
-	le.s.forget(le)
-	if le.s.lost() {
+	s := le.s
+	s.forget(le)
+	if s.lost() {
 		return fmt.Errorf("%w: consul session lost before release", driver.ErrNotHeld)
 	}
-	l := le.s.l
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
+	l := s.l
+	// Not answered within resendAfter, the release is sent again, in
+	// the background (see untilAnswered).
+	bound := min(l.timeout, resendAfter)
+	rctx, cancel := context.WithTimeout(ctx, bound)
 	ok, _, _, err := l.client.KV().Txn(release(le.key, le.token), queryOpts(rctx))
-	if err != nil {
-		le.s.giveUp()
-		return l.fail(ctx, rctx, err)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, bound)
+	} else {
+		err = l.fail(ctx, rctx, err)
 	}
-	if !ok {
+	cancel()
+	switch {
+	case err == nil && !ok:
 		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+	case err == nil:
+		return nil
 	}
-	return nil
+	// The loss deadline as of the failure: had Consul answered nothing
+	// since, the session would be lost then anyway, with every lock it
+	// keeps, so giving it up then costs its other locks nothing the same
+	// outage would not have, and the lock comes back no later than had
+	// its holder crashed.
+	deadline := s.Expiry().Add(-s.margin())
+	done := make(chan error, 1)
+	if !s.spawn(func() { done <- s.resendRelease(le.key, le.token, deadline) }) {
+		return fmt.Errorf("%w: consul session lost before release", driver.ErrNotHeld)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: consul: release unanswered (%w); resent in the background until %s, when the session is given up",
+			driver.ErrUnavailable, err, deadline.Format(time.RFC3339Nano))
+	}
 }
+
+// resendRelease sends the release of the holding (key, token) again,
+// after a send whose outcome is unknown, until Consul answers: the check on
+// the ModifyIndex keeps any send from deleting a newer holder's key, and a
+// key found gone or changed counts as released by an earlier send. When
+// no send is answered by deadline (the session's loss deadline as of the
+// first failure), the session is given up, and the key goes with it; when
+// the session ends first, the key goes with it too. It returns nil once
+// the key is known released, an error wrapping driver.ErrUnavailable
+// otherwise.
+func (s *session) resendRelease(key string, token uint64, deadline time.Time) error {
+	l := s.l
+	ctx, cancel := s.whileAlive(context.Background())
+	defer cancel()
+	ctx, cancel2 := context.WithDeadline(ctx, deadline)
+	defer cancel2()
+	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
+		_, _, _, err := l.client.KV().Txn(release(key, token), queryOpts(rctx))
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case s.lost():
+		return fmt.Errorf("%w: consul: release unanswered until its session ended, which takes the key: %w", driver.ErrUnavailable, err)
+	}
+	s.giveUp()
+	return fmt.Errorf("%w: consul: release unanswered until the session's loss deadline; session given up: %w", driver.ErrUnavailable, err)
+}
+
+// untilAnswered sends, again when a send fails and also every resendAfter
+// while none has been answered, leaving the earlier ones outstanding, until
+// one is answered: it returns nil then. Each send is bounded by timeout,
+// and all of them by ctx; it returns the last failure once ctx ends. It
+// returns when no send runs any more.
+//
+// Sends go out while earlier ones are still outstanding because Consul
+// holds a request that reaches a server during a leader election, and
+// checks again for a leader only at growing intervals (437 ms, then
+// doubling, with its default rpc_hold_timeout of 7 s): one held through an
+// election may be forwarded a second or more after the new leader serves,
+// where a fresh one is forwarded at once. send must therefore be safe to
+// apply more than once, and late.
+func untilAnswered(ctx context.Context, timeout time.Duration, send func(context.Context) error) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	answers := make(chan error)
+	outstanding := 0
+	err = errors.New("no answer")
+	next := time.NewTimer(0)
+	defer next.Stop()
+	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
+	for {
+		select {
+		case <-next.C:
+			outstanding++
+			wg.Go(func() {
+				rctx, cancel := context.WithTimeout(ctx, timeout)
+				err := send(rctx)
+				cancel()
+				select {
+				case answers <- err:
+				case <-ctx.Done():
+				}
+			})
+			next.Reset(resendAfter)
+		case e := <-answers:
+			outstanding--
+			if e == nil {
+				return nil
+			}
+			err = e
+			if outstanding == 0 {
+				// Refused at once (no agent, no leader): again after
+				// a short pause.
+				next.Reset(pause.Next())
+			}
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// resendAfter is how long a send that is safe to repeat (an owner-checked
+// release, a read) may go unanswered before another follows it; see
+// untilAnswered.
+const resendAfter = 500 * time.Millisecond
+
+// resendPause caps the pause before sending again after a send failed.
+const resendPause = 200 * time.Millisecond
 
 // release is the transaction that deletes lockKey if its ModifyIndex is
 // still token. Not delete-cas: Consul reports a delete-cas of a key that is

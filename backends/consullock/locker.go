@@ -68,8 +68,9 @@ type Option func(*Locker) error
 // session's creation or renewal, a transaction, a read). A request that gets
 // no answer in time fails with an error wrapping driver.ErrUnavailable; a
 // waiting acquisition then tries again until its context is done. Blocking
-// queries, which wait on purpose, are bounded by the caller's context
-// instead. d must be positive. Default DefaultRequestTimeout.
+// queries, which wait on purpose, are bounded by their wait time instead
+// (see the package documentation). d must be positive. Default
+// DefaultRequestTimeout.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(l *Locker) error {
 		if d <= 0 {

@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,6 +102,10 @@ func (s *session) revoke(r revocation) {
 	}
 }
 
+// revocationWait is how long the session's query on its markers waits on
+// the server before it is sent again.
+const revocationWait = 5 * time.Minute
+
 // watchRevocations keeps one blocking query on the session's marker
 // directory until the session ends, reporting each marker and then
 // deleting it. The first query, without an index, reads what is there
@@ -121,9 +126,17 @@ func (s *session) watchRevocations() {
 	cancel()
 	var index uint64
 	for {
+		// Bounded like every request, so that a query sent to a server
+		// that stopped answering is sent again.
+		bound := s.l.timeout
+		if index != 0 {
+			bound = queryBound(revocationWait)
+		}
 		wctx, cancel := s.whileAlive(s.ctx)
-		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(wctx)
+		rctx, cancel2 := context.WithTimeout(wctx, bound)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: revocationWait}).WithContext(rctx)
 		pairs, meta, err := s.l.client.KV().List(dir, q)
+		cancel2()
 		cancel()
 		if s.lost() {
 			return

@@ -31,13 +31,17 @@ type session struct {
 	destroy    atomic.Bool
 	destroyErr error // read after exited
 
-	// mu guards leases and revoked, and the revocation state of each lease.
+	// mu guards leases, revoked and closing, and the revocation state of
+	// each lease.
 	mu sync.Mutex
 	// leases are the session's granted leases by lock key.
 	leases map[string]*lease
 	// revoked are forced releases seen for holdings not (yet) in leases: a
 	// marker can arrive before the acquisition that it names returns.
 	revoked map[revocation]bool
+	// closing is set by close, which then waits for wg: nothing joins wg
+	// after it.
+	closing bool
 
 	// renewNow asks for a renewal before the next period: the session
 	// may be gone.
@@ -120,24 +124,27 @@ func (s *session) lost() bool {
 func (s *session) margin() time.Duration { return s.ttl / 10 }
 
 // run renews the session until it is lost or stopped, then closes done and
-// only then destroys the session when asked to (or when a renewal went
-// unanswered: the server may still have it), so that whoever watches done
+// only then destroys the session when asked to (or when the server may
+// still have it: see renew), so that whoever watches done
 // learns of the loss before the server can grant the locks to anyone else.
 func (s *session) run() {
 	defer close(s.exited)
-	unanswered := s.renew()
+	mayLive := s.renew()
 	s.expiry.Store(0)
 	close(s.done)
-	if unanswered || s.destroy.Load() {
+	if mayLive || s.destroy.Load() {
 		s.destroyErr = s.destroyUntilGone()
 	}
 }
 
 // renew renews the session every third of its TTL, one request at a time,
 // until the session is stopped, the server no longer knows it, or no
-// renewal has been answered by a margin before its Expiry; it reports the
-// last case.
-func (s *session) renew() (unanswered bool) {
+// renewal has been answered by a margin before its Expiry; it reports
+// whether the server may still have the session: in the last two cases.
+// A server that says it does not know the session may be one restarted
+// and still restoring its state, which it will have once restored: the
+// session, and the keys it holds, would then stay until its TTL ran out.
+func (s *session) renew() (mayLive bool) {
 	interval := s.ttl / 3
 	next := time.NewTimer(interval)
 	defer next.Stop()
@@ -165,7 +172,7 @@ func (s *session) renew() (unanswered bool) {
 			next.Reset(retryDelay)
 			continue
 		case entry == nil:
-			return false // the server no longer has it: expired or destroyed
+			return true // expired or destroyed, or not restored yet
 		}
 		ttl := s.ttl
 		if d, err := time.ParseDuration(entry.TTL); err == nil && d > 0 && d < ttl {
@@ -178,9 +185,11 @@ func (s *session) renew() (unanswered bool) {
 
 // destroyUntilGone destroys the session, again while Consul cannot be
 // reached, until it is gone or the Locker is closed: the server would
-// otherwise keep its keys, and its locks, until its TTL runs out.
+// otherwise keep its keys, and its locks, until its TTL runs out. The
+// attempts are as close as a release's resends (resendPause), so that the
+// locks come back soon after a new leader serves.
 func (s *session) destroyUntilGone() error {
-	pause := driver.Backoff{Min: retryDelay, Max: time.Second}
+	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
 	for {
 		rctx, cancel := s.l.rctx(context.Background())
 		_, err := s.l.client.Session().Destroy(s.id, writeOpts(rctx))
@@ -217,12 +226,27 @@ func (s *session) close(destroy bool) error {
 		s.destroy.Store(true)
 	}
 	s.stop()
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
 	<-s.exited
 	s.wg.Wait()
 	if !destroy {
 		return nil
 	}
 	return s.destroyErr
+}
+
+// spawn runs f on a goroutine of the session's, which close waits for,
+// unless the session is closing; it reports whether it did.
+func (s *session) spawn(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Go(f)
+	return true
 }
 
 // exitedYet reports whether nothing of the session runs any more.

@@ -163,10 +163,7 @@ func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*
 
 // list reads the keys under dir; see read.
 func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
-	var pairs []*api.KVPair
-	idx, err := a.read(ctx, index, func(q *api.QueryOptions) (meta *api.QueryMeta, err error) {
-		pairs, meta, err = a.l.client.KV().List(dir, q)
-		return meta, err
+	return read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
+		return a.l.client.KV().List(dir, q)
 	})
-	return pairs, idx, err
 }

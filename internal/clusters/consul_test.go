@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,16 +133,6 @@ func (a *consulAdmin) keys(prefix string) ([]string, error) {
 // forwards to whichever server answers, is not.
 func startConsul(t *testing.T, name string) (*consulAdmin, *scenario) {
 	t.Helper()
-	// Known to miss its bound: a release in flight to the killed or frozen
-	// leader abandons its session, and the lock comes back only when the
-	// session's destroy reaches the new leader; a waiter's blocking query
-	// routed through a frozen leader sleeps on a free key. Over three runs
-	// these scenarios passed once (0 overlaps and 0 tokens out of order in
-	// all three), so they run only when asked for until consullock bounds
-	// both.
-	if os.Getenv("WARDEN_CLUSTERS_CONSUL") != "1" {
-		t.Skip("Consul leader scenarios miss the election+1s bound (release abandons its session, blocking queries unbounded); WARDEN_CLUSTERS_CONSUL=1 runs them")
-	}
 	requireUp(t, "WARDEN_CLUSTER_CONSUL")
 	requireUp(t, "WARDEN_CLUSTER_CONSUL_CLIENT")
 	a := newConsulAdmin(t)
