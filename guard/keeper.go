@@ -317,6 +317,12 @@ func (l *Lock) expiredCause(margin time.Duration, lastErr error) error {
 // where its answer can still help one of them: a lease whose own deadline
 // comes first is declared lost by the keeper's timer on that deadline, not
 // by the call, so a slow batch costs only the leases it was too slow for.
+// The price is paid by a batch that never answers (a connection dropped
+// without a word while the server stays reachable on others): it is not
+// sent again on another before the last of its leases is lost, where a
+// batch cut at its earliest deadline would have given the later ones a
+// retry. A slow batch is the likelier of the two (a loaded database
+// renewing tens of thousands of rows), and retries could not save it.
 func (k *keeper) renew(locks []*Lock) {
 	if br, ok := k.g.locker.(driver.BatchRefresher); ok {
 		byTTL := map[time.Duration][]*Lock{}
