@@ -101,6 +101,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	default:
 		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, ls.owner, ls.version, l.channel)
 	}
+	if l.channel != "" && undefinedColumn(err) {
+		// A table of an earlier version, not migrated: the plain release
+		// names no waiting_until, and no waiter of this version can have
+		// marked the row (its marking attempt fails the same way), so it
+		// loses no notification that one would have sent. The failed
+		// statement changed nothing; in a transaction it aborted it,
+		// and then the fallback fails too.
+		missing := err
+		waited = sql.NullBool{}
+		if held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version); err != nil {
+			return l.noWaitingColumn(missing)
+		}
+	}
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}

@@ -415,6 +415,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 			break
 		}
 	}
+	if undefinedColumn(err) {
+		return nil, unknown, l.noWaitingColumn(err)
+	}
 	if err != nil {
 		return nil, unknown, driver.Unavailable(ctx, err)
 	}
