@@ -181,7 +181,8 @@ func earlierTable(t *testing.T, g *gorm.DB, table, keyType, options string) {
 // to the statement without the column, whether its listener is idle or
 // runs; a waiting Acquire, whose marking attempt needs the column, fails at
 // once with an ErrInvalidOption that names the column and the fix, rather
-// than retrying until its context ends.
+// than retrying until its context ends. A Locker WithoutNotify works on it
+// throughout.
 func TestEarlierTableUnmigrated(t *testing.T) {
 	db := postgresDB()
 	g := openDB(t, db, db.dsn(t))
@@ -228,5 +229,21 @@ func TestEarlierTableUnmigrated(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*bound {
 		t.Errorf("took %v", took)
+	}
+
+	// A Locker WithoutNotify names no waiting_until: its waiting Acquire
+	// polls until its context ends, and its release works.
+	quiet := newLocker(t, g, sqllock.WithTable(table), sqllock.WithoutNotify())
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := quiet.Acquire(short, free, driver.AcquireOptions{TTL: time.Minute, Wait: true}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("waiting Acquire WithoutNotify: %v, want its context's deadline", err)
+	}
+	other, err := quiet.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire WithoutNotify: %v", err)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Errorf("Release WithoutNotify: %v", err)
 	}
 }
