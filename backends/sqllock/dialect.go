@@ -139,3 +139,22 @@ func retryable(err error) bool {
 	}
 	return false
 }
+
+// undefinedColumn reports whether err is PostgreSQL's undefined_column
+// (SQLSTATE 42703). The state is read through the SQLState method that
+// pgx's *pgconn.PgError and lib/pq's *pq.Error share, so that the package
+// links neither driver.
+func undefinedColumn(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "42703"
+}
+
+// noWaitingColumn explains err, a PostgreSQL statement's undefined_column,
+// by the lock table's missing waiting_until column, as a table made by an
+// earlier version lacks: no retry would find it, so it is an
+// ErrInvalidOption (the table, WithTable's or the default, does not fit
+// this version), not an ErrUnavailable.
+func (l *Locker) noWaitingColumn(err error) error {
+	return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
+		driver.ErrInvalidOption, l.table, err)
+}

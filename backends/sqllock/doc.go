@@ -163,9 +163,13 @@
 //
 //	ALTER TABLE warden_locks ADD COLUMN waiting_until bigint NOT NULL DEFAULT 0;
 //
-// before this version starts on PostgreSQL, whose statements fail without
-// it. With a constant default, the column is added without rewriting the
-// table (PostgreSQL 11, MySQL 8.0.12, MariaDB 10.3 and later). Processes of
+// before this version starts on PostgreSQL. Without it a release there
+// falls back to the statement without the column (sending no
+// notification), but the attempt of a waiter that listens fails with an
+// error wrapping driver.ErrInvalidOption that names the column and the
+// fix. With a constant default, the column is added without rewriting the
+// table (PostgreSQL 11, MySQL 8.0.12, MariaDB 10.3 and later; earlier
+// versions add it by rebuilding the table). Processes of
 // the earlier version keep working on the migrated table beside this
 // version's, but during such a rolling upgrade they do not mark the locks
 // they wait for, so a release by this version reaches them at their next

@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"context"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -47,3 +48,12 @@ func WaitedFor(l *Locker, key string) bool {
 	err := l.db.Raw("SELECT waiting_until > "+l.d.now+" FROM "+l.table+" WHERE name = ?", key).Scan(&marked).Error
 	return err == nil && marked
 }
+
+// QueryRow runs l's row-returning statement path (queryRow).
+func QueryRow(ctx context.Context, l *Locker, query string, args []any, dest ...any) error {
+	return l.queryRow(ctx, query, args, dest...)
+}
+
+// Hot reports whether l's listener runs, as it does while l has waiters and
+// for a while after.
+func Hot(l *Locker) bool { return l.notes.hot() }

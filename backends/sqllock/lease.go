@@ -101,6 +101,19 @@ func (ls *lease) Release(ctx context.Context) error {
 	default:
 		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, ls.owner, ls.version, l.channel)
 	}
+	if l.channel != "" && undefinedColumn(err) {
+		// A table of an earlier version, not migrated: the plain release
+		// names no waiting_until, and no waiter of this version can have
+		// marked the row (its marking attempt fails the same way), so it
+		// loses no notification that one would have sent. The failed
+		// statement changed nothing; in a transaction it aborted it,
+		// and then the fallback fails too.
+		missing := err
+		waited = sql.NullBool{}
+		if held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version); err != nil {
+			return l.noWaitingColumn(missing)
+		}
+	}
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
@@ -143,9 +156,12 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 // parameter read by JSON_TABLE, so a chunk holds up to 50,000 leases and
 // 100,000 cost two statements; the UPDATE's row count says whether every
 // lease was extended, and only when one was not does a SELECT find which.
-// SQLite, and MySQL before 8.0 or MariaDB before 10.6, which have no
+// SQLite, and MySQL before 8.0.4 or MariaDB before 10.6, which have no
 // JSON_TABLE, take a list of parameters, two a lease, as many as their
-// statements allow.
+// statements allow: the package keeps working on those servers (MySQL
+// 5.7, MariaDB 10.2), where only Migrate's ADD COLUMN of waiting_until
+// rebuilds the table instead of being instant (see the package
+// documentation).
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
 	mine := make([]*lease, 0, len(leases))

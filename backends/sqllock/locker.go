@@ -53,7 +53,7 @@ type Locker struct {
 	// the database/sql round trip itself. Their text is written for the
 	// driver's placeholders (queries).
 	pool gorm.ConnPool
-	// noJSONTable is set once MySQL refused JSON_TABLE (before MySQL 8.0
+	// noJSONTable is set once MySQL refused JSON_TABLE (before MySQL 8.0.4
 	// and MariaDB 10.6): batch refreshes then list their leases.
 	noJSONTable atomic.Bool
 	// channel is the NOTIFY channel releases announce themselves on,
@@ -414,6 +414,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		if err == nil || !retryable(err) {
 			break
 		}
+	}
+	if undefinedColumn(err) {
+		return nil, unknown, l.noWaitingColumn(err)
 	}
 	if err != nil {
 		return nil, unknown, driver.Unavailable(ctx, err)

@@ -74,14 +74,20 @@ func WithMaxBackoff(d time.Duration) Option {
 	}
 }
 
-// WithoutNotify turns off PostgreSQL's LISTEN/NOTIFY handoff: releases send
-// no notification and waiting Acquire calls only poll, with backoff up to
-// WithMaxBackoff, and take no pooled connection for a listener. PostgreSQL
-// serialises the commits of all notifying transactions on the server (a
-// global lock on its notification queue), which can matter where releases
-// are very frequent and waits are rare. Lockers with and without it can share a table: a waiter
-// that hears nothing still polls. It has no effect on MySQL and SQLite,
-// which always poll.
+// WithoutNotify turns off PostgreSQL's LISTEN/NOTIFY handoff: this Locker's
+// releases send no notification, even of a lock a waiter marked, and its
+// waiting Acquire calls only poll, with backoff up to WithMaxBackoff,
+// neither marking the rows they wait for nor taking a pooled connection for
+// a listener. Releases that no waiter marked notify in no case, so what it
+// still saves is the notification of a contended lock's release:
+// PostgreSQL serialises the commits of all notifying transactions on the
+// server (a global lock on its notification queue), which can matter where
+// contended locks change hands very often and waiters can afford their
+// poll's delay. Its statements do not use the waiting_until column, so it
+// also runs on a lock table of an earlier version that Migrate has not yet
+// seen. Lockers with and without it can share a table: a waiter that hears
+// nothing still polls. It has no effect on MySQL and SQLite, which always
+// poll.
 func WithoutNotify() Option {
 	return func(c *config) error {
 		c.notify = false

@@ -18,21 +18,27 @@ import (
 // per query under a context that can be cancelled, as a lock's is, which
 // cost the acquiring statement as much client time as the driver's own
 // work. The pool, the driver, its prepared statement cache and ctx's
-// cancellation are the same. A pool that is not a *sql.DB (a transaction),
-// a driver that cannot, or a connection found broken before the statement
-// was sent, takes the usual path, which also retries that on another
-// connection.
+// cancellation are the same. A pool that is not a *sql.DB (a transaction)
+// takes the usual path, and so does a statement the driver's connection
+// did not send: one that is no driver.QueryerContext, or whose QueryContext
+// itself returned driver.ErrSkip or driver.ErrBadConn (a connection found
+// broken before sending), which database/sql then retries on another
+// connection. An error met once the statement was sent, ErrBadConn from
+// reading its rows included, is returned as it is: the statement may have
+// run, and running it again would find its own work (an acquire its own
+// lock, a release the lock already released).
 func (l *Locker) queryRow(ctx context.Context, query string, args []any, dest ...any) error {
 	if db, ok := l.pool.(*sql.DB); ok && l.d.name == "postgres" {
 		err := queryDriver(ctx, db, query, args, dest)
-		if !errors.Is(err, errNoQueryer) && !errors.Is(err, sqldriver.ErrBadConn) {
+		if !errors.Is(err, errNotSent) {
 			return err
 		}
 	}
 	return l.pool.QueryRowContext(ctx, query, args...).Scan(dest...)
 }
 
-var errNoQueryer = errors.New("the driver's connection cannot run a query with arguments")
+// errNotSent marks a statement that queryDriver did not send.
+var errNotSent = errors.New("the statement was not sent on the driver's connection")
 
 func queryDriver(ctx context.Context, db *sql.DB, query string, args, dest []any) error {
 	conn, err := db.Conn(ctx)
@@ -47,11 +53,13 @@ func queryDriver(ctx context.Context, db *sql.DB, query string, args, dest []any
 	return conn.Raw(func(dc any) error {
 		q, ok := dc.(sqldriver.QueryerContext)
 		if !ok {
-			return errNoQueryer
+			return errNotSent
 		}
 		rows, err := q.QueryContext(ctx, query, named)
-		if errors.Is(err, sqldriver.ErrSkip) {
-			return errNoQueryer
+		if errors.Is(err, sqldriver.ErrSkip) || errors.Is(err, sqldriver.ErrBadConn) {
+			// Still ErrBadConn, so that database/sql discards the
+			// connection.
+			return fmt.Errorf("%w: %w", errNotSent, err)
 		}
 		if err != nil {
 			return err

@@ -2,7 +2,9 @@ package sqllock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,5 +172,78 @@ func earlierTable(t *testing.T, g *gorm.DB, table, keyType, options string) {
 	t.Cleanup(func() { g.Exec("DROP TABLE IF EXISTS " + table) })
 	if err := g.Exec("INSERT INTO " + table + " VALUES ('k', 'earlier', 41, 0, 0)").Error; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEarlierTableUnmigrated: on PostgreSQL, a Locker on a table of an
+// earlier version that Migrate has not seen acquires a free key (its first
+// attempt names no waiting_until) and releases it, the release falling back
+// to the statement without the column, whether its listener is idle or
+// runs; a waiting Acquire, whose marking attempt needs the column, fails at
+// once with an ErrInvalidOption that names the column and the fix, rather
+// than retrying until its context ends. A Locker WithoutNotify works on it
+// throughout.
+func TestEarlierTableUnmigrated(t *testing.T) {
+	db := postgresDB()
+	g := openDB(t, db, db.dsn(t))
+	table := fmt.Sprintf("warden_test_unmigrated_%d", time.Now().UnixNano())
+	earlierTable(t, g, table, "varchar(255)", "")
+	l := newLocker(t, g, sqllock.WithTable(table))
+	const bound = 5 * time.Second // well within the calls' minute
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+
+	free := uniqueKey(t)
+	lease, err := l.Acquire(ctx, free, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire of a free key: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with the listener idle: %v", err)
+	}
+	again, err := l.Acquire(ctx, free, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire after the release: %v (not released)", err)
+	}
+
+	waitStart := time.Now()
+	_, err = l.Acquire(ctx, free, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	if took := time.Since(waitStart); took > bound {
+		t.Errorf("waiting Acquire failed after %v, want within %v", took, bound)
+	}
+	if !errors.Is(err, driver.ErrInvalidOption) || errors.Is(err, driver.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "waiting_until") || !strings.Contains(err.Error(), "Migrate") {
+		t.Errorf("waiting Acquire: %v, want an ErrInvalidOption, not ErrUnavailable, naming waiting_until and Migrate", err)
+	}
+	// The waiter started the listener, so this release takes the path of
+	// a Locker with waiters lately.
+	if !sqllock.Hot(l) {
+		t.Error("the listener does not run after the waiting Acquire")
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Errorf("Release with the listener running: %v", err)
+	}
+	if _, err := l.Acquire(ctx, free, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Errorf("Acquire after the second release: %v (not released)", err)
+	}
+	if took := time.Since(start); took > 3*bound {
+		t.Errorf("took %v", took)
+	}
+
+	// A Locker WithoutNotify names no waiting_until: its waiting Acquire
+	// polls until its context ends, and its release works.
+	quiet := newLocker(t, g, sqllock.WithTable(table), sqllock.WithoutNotify())
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := quiet.Acquire(short, free, driver.AcquireOptions{TTL: time.Minute, Wait: true}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("waiting Acquire WithoutNotify: %v, want its context's deadline", err)
+	}
+	other, err := quiet.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire WithoutNotify: %v", err)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Errorf("Release WithoutNotify: %v", err)
 	}
 }
