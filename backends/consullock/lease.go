@@ -80,6 +80,16 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // keeps every other lock, and Release waits for that no longer than ctx,
 // returning an error wrapping driver.ErrUnavailable when ctx ends first;
 // the resend then goes on in the background.
+//
+// A resend that finds the key gone or changed counts it as released by an
+// earlier send, and Release returns nil, though a forced release
+// (ForceRelease) may have taken the key instead, before the first send or
+// while its outcome was unknown: Release cannot tell the two apart, and
+// returns nil where ErrNotHeld would be true. The revocation watch
+// (OnRevoke) covers only part of that: it reports a forced release that
+// it has seen before Release begins, and Release stops it (the section is
+// over), so a forced release it had not yet seen, as when Consul is
+// electing a leader, goes unreported.
 func (le *lease) Release(ctx context.Context) error {
 	s := le.s
 	s.forget(le)
