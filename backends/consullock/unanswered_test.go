@@ -339,8 +339,8 @@ func TestWaiterRechecksHangingQuery(t *testing.T) {
 // timed in a bubble: a send that fails is followed by another within
 // resendPause, one that goes unanswered by another every resendAfter (the
 // earlier ones left outstanding, each bounded by the request timeout and
-// the deadline), and nothing is sent after the deadline or once the
-// context ends.
+// the deadline, no more than maxOutstanding at once), and nothing is sent
+// after the deadline or once the context ends.
 func TestUntilAnswered(t *testing.T) {
 	const timeout = time.Second
 	t.Run("refused", func(t *testing.T) {
