@@ -169,9 +169,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	case err != nil:
 		msg := "warden: release failed; the lock stays taken until its lease expires on the server"
 		if _, ok := l.lease.(driver.SessionLease); ok {
-			// Such backends give the session up when a release cannot be
-			// confirmed, so that the lock goes with it.
-			msg = "warden: release failed; the lock stays taken until the backend's session that kept it expires"
+			// Such backends keep the key no longer than the session, which
+			// they may go on releasing, or give up, in the background.
+			msg = "warden: release failed; the lock stays taken until the backend confirms the release or its session ends"
 		}
 		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))

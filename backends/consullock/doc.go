@@ -65,19 +65,26 @@
 //
 // # Waiting
 //
-// A waiter never polls: it waits with blocking queries (?index=) on what
-// blocks it, each waiting up to a second on the leader. A query that gets no
-// answer within its wait, Consul's jitter and a grace (it went to a leader
-// that froze), or that fails, is followed at once by a consistent read, sent
-// again until answered, so a waiter never sleeps on a lock freed meanwhile
-// for more than about a second after Consul serves again. An idle waiter
-// thus sends one request a second. A waiter acquires a queue key of its own
-// under <lock key>/, by its session, reading the lock key and the queue in
-// the same transaction; the queue keys are ordered by CreateIndex, and each
-// waiter blocks only on the key just before its own, from that key's
-// ModifyIndex, so a release wakes one waiter (no herd, and no transaction
-// that fails for every waiter but one). The first in the queue waits on the
-// lock key, and acquires it while deleting its queue key in one transaction.
+// A waiter waits with blocking queries (?index=) on what blocks it, sent
+// to the leader, each waiting up to a second there and bounded by that
+// second, Consul's jitter of up to a sixteenth of it, and a grace: on a
+// lock that stays held, a waiter thus sends one blocking query a second,
+// answered when the second ends, or at once when the key changes. The wait
+// is that short because the bound must outlast it, and a query that went
+// to a leader that then froze gets no answer until the bound ends: a
+// waiter should not sleep that long on a lock freed meanwhile. A query
+// that gets no answer within the bound, or that fails, is followed at once
+// by a consistent read, sent again until answered (as a release is, see
+// Failures), so a waiter takes a lock freed meanwhile within about a
+// second of Consul serving again.
+//
+// A waiter acquires a queue key of its own under <lock key>/, by its
+// session, reading the lock key and the queue in the same transaction; the
+// queue keys are ordered by CreateIndex, and each waiter blocks only on
+// the key just before its own, from that key's ModifyIndex, so a release
+// wakes one waiter (no herd, and no transaction that fails for every
+// waiter but one). The first in the queue waits on the lock key, and
+// acquires it while deleting its queue key in one transaction.
 // Without AcquireOptions.Fair a waiter first tries the lock once, before it
 // queues, so it may barge in ahead of the queue: a free lock costs one
 // request, waited for or not. A fair acquisition that does not wait takes
@@ -126,8 +133,10 @@
 // but the blocking queries is bounded by a request timeout
 // (WithRequestTimeout, default DefaultRequestTimeout), and every blocking
 // query by its wait time, Consul's jitter of up to a sixteenth of it, and a
-// grace; a request that gets no answer in time fails with an error
-// wrapping driver.ErrUnavailable, unless the caller's context ended first.
+// grace. A request that gets no answer in time fails with an error
+// wrapping driver.ErrUnavailable, unless the caller's context ended first,
+// except a waiter's blocking query, which is followed by a consistent
+// read, sent again until answered (see Waiting).
 // A waiting acquisition keeps its place through reads that fail (see
 // Waiting), and starts over after any other such failure, with backoff,
 // until its context is done.
@@ -140,8 +149,10 @@
 // released by an earlier send), at once when a send fails and every half
 // second while none is answered (Consul holds a request that reaches it
 // during a leader election, and may forward it to the new leader a second
-// or more after that leader serves: a fresh one is forwarded at once),
-// until Consul answers; Release waits for that no longer than its context,
+// or more after that leader serves: a fresh one is forwarded at once), but
+// no more than three outstanding at once (each holds a connection, and the
+// agent refuses a client address more than 200 by default, its session
+// renewals included), until Consul answers; Release waits for that no longer than its context,
 // and the resend goes on in the background until Close. The session, with
 // its other locks, lives on meanwhile, unless no send is answered by the
 // session's loss deadline as of the first failure: at that moment the

@@ -80,6 +80,16 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // keeps every other lock, and Release waits for that no longer than ctx,
 // returning an error wrapping driver.ErrUnavailable when ctx ends first;
 // the resend then goes on in the background.
+//
+// A resend that finds the key gone or changed counts it as released by an
+// earlier send, and Release returns nil, though a forced release
+// (ForceRelease) may have taken the key instead, before the first send or
+// while its outcome was unknown: Release cannot tell the two apart, and
+// returns nil where ErrNotHeld would be true. The revocation watch
+// (OnRevoke) covers only part of that: it reports a forced release that
+// it has seen before Release begins, and Release stops it (the section is
+// over), so a forced release it had not yet seen, as when Consul is
+// electing a leader, goes unreported.
 func (le *lease) Release(ctx context.Context) error {
 	s := le.s
 	s.forget(le)
@@ -154,9 +164,11 @@ func (s *session) resendRelease(key string, token uint64, deadline time.Time) er
 
 // untilAnswered sends, again when a send fails and also every resendAfter
 // while none has been answered, leaving the earlier ones outstanding, until
-// one is answered: it returns nil then. Each send is bounded by timeout,
-// and all of them by ctx; it returns the last failure once ctx ends. It
-// returns when no send runs any more.
+// one is answered: it returns nil then. At most maxOutstanding sends are
+// outstanding at once: a send that falls due while that many are goes out
+// as soon as one of them returns. Each send is bounded by timeout, and all
+// of them by ctx; it returns the last failure once ctx ends. It returns
+// when no send runs any more.
 //
 // Sends go out while earlier ones are still outstanding because Consul
 // holds a request that reaches a server during a leader election, and
@@ -174,31 +186,43 @@ func untilAnswered(ctx context.Context, timeout time.Duration, send func(context
 	}()
 	answers := make(chan error)
 	outstanding := 0
+	due := false // a send fell due while maxOutstanding were outstanding
 	err = errors.New("no answer")
 	next := time.NewTimer(0)
 	defer next.Stop()
+	sendNow := func() {
+		outstanding++
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			err := send(rctx)
+			cancel()
+			select {
+			case answers <- err:
+			case <-ctx.Done():
+			}
+		})
+		next.Reset(resendAfter)
+	}
 	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
 	for {
 		select {
 		case <-next.C:
-			outstanding++
-			wg.Go(func() {
-				rctx, cancel := context.WithTimeout(ctx, timeout)
-				err := send(rctx)
-				cancel()
-				select {
-				case answers <- err:
-				case <-ctx.Done():
-				}
-			})
-			next.Reset(resendAfter)
+			if outstanding >= maxOutstanding {
+				due = true
+				continue
+			}
+			sendNow()
 		case e := <-answers:
 			outstanding--
 			if e == nil {
 				return nil
 			}
 			err = e
-			if outstanding == 0 {
+			switch {
+			case due:
+				due = false
+				sendNow()
+			case outstanding == 0:
 				// Refused at once (no agent, no leader): again after
 				// a short pause.
 				next.Reset(pause.Next())
@@ -208,6 +232,20 @@ func untilAnswered(ctx context.Context, timeout time.Duration, send func(context
 		}
 	}
 }
+
+// maxOutstanding caps the sends of one untilAnswered outstanding at once.
+// Each holds an HTTP connection to the agent, which by default refuses a
+// client address more than 200 (limits.http_max_conns_per_client), session
+// renewals included: uncapped, a send every resendAfter bounded by the
+// 5 s request timeout keeps about 10 per release or waiter through an
+// election, so 20 of them would cut the process off and lose every lock.
+// With 3, some 60 can be in doubt at once. Three sends resendAfter apart
+// suffice to ride out an election: Consul re-checks a held request for a
+// leader 437 ms, 1.3 s, 3.1 s and 6.6 s after it arrives, so three sends
+// 0.5 s apart interleave those re-checks to within about a second of one
+// another until the first send's timeout lets a fresh one go, and a leader
+// that serves again is found within about a second, as with no cap.
+const maxOutstanding = 3
 
 // resendAfter is how long a send that is safe to repeat (an owner-checked
 // release, a read) may go unanswered before another follows it; see

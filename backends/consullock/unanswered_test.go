@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,8 +339,8 @@ func TestWaiterRechecksHangingQuery(t *testing.T) {
 // timed in a bubble: a send that fails is followed by another within
 // resendPause, one that goes unanswered by another every resendAfter (the
 // earlier ones left outstanding, each bounded by the request timeout and
-// the deadline), and nothing is sent after the deadline or once the
-// context ends.
+// the deadline, no more than maxOutstanding at once), and nothing is sent
+// after the deadline or once the context ends.
 func TestUntilAnswered(t *testing.T) {
 	const timeout = time.Second
 	t.Run("refused", func(t *testing.T) {
@@ -417,6 +418,51 @@ func TestUntilAnswered(t *testing.T) {
 			}
 			if n, want := sends.Load(), int32(deadline.Sub(start)/resendAfter)+1; n != want {
 				t.Errorf("%d sends in %v, want one every %v: %d", n, deadline.Sub(start), resendAfter, want)
+			}
+		})
+	})
+	t.Run("capped", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// The first send fails after 2 s, every other is never
+			// answered: no more than maxOutstanding are outstanding at
+			// any moment, and the send due meanwhile goes out as soon as
+			// one returns, the first at 2 s, the second when its timeout
+			// ends at 5.5 s.
+			start := time.Now()
+			deadline := start.Add(5750 * time.Millisecond)
+			var mu sync.Mutex
+			var sends []time.Duration
+			outstanding, most := 0, 0
+			err := untilAnsweredBy(t.Context(), deadline, 5*time.Second, func(rctx context.Context) error {
+				mu.Lock()
+				sends = append(sends, time.Since(start))
+				n := len(sends)
+				outstanding++
+				most = max(most, outstanding)
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					outstanding--
+					mu.Unlock()
+				}()
+				if n == 1 {
+					time.Sleep(2 * time.Second)
+					return errors.New("no leader")
+				}
+				<-rctx.Done()
+				return rctx.Err()
+			})
+			if err == nil {
+				t.Fatal("nil after sends that all failed or hung")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if most != maxOutstanding {
+				t.Errorf("at most %d sends outstanding at once, want %d", most, maxOutstanding)
+			}
+			want := []time.Duration{0, resendAfter, 2 * resendAfter, 2 * time.Second, resendAfter + 5*time.Second}
+			if !slices.Equal(sends, want) {
+				t.Errorf("sends at %v, want %v", sends, want)
 			}
 		})
 	})
