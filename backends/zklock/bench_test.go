@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -27,6 +30,22 @@ func wardenContender(l *Locker, key string) cycler {
 			return nil, err
 		}
 		return lease.Release, nil
+	}
+}
+
+// guardContender locks key through a Guard on l, as an application
+// would.
+func guardContender(b testing.TB, l *Locker, key string) cycler {
+	g, err := guard.New(l, guard.WithTTL(testSession), guard.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func(ctx context.Context) (func(context.Context) error, error) {
+		lock, err := g.Lock(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return lock.Unlock, nil
 	}
 }
 
@@ -95,9 +114,12 @@ func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
 	run := func(b *testing.B, cs []cycler) {
+		b.ReportAllocs()
+		started := goroutinesStarted()
 		b.ResetTimer()
 		lat := contend(b, cs, b.N+1)
 		b.StopTimer()
+		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
 		if len(lat) == 0 {
 			return
 		}
@@ -110,6 +132,14 @@ func BenchmarkHandoff(b *testing.B) {
 		cs := make([]cycler, 8)
 		for i := range cs {
 			cs[i] = wardenContender(dial(b, srv), key)
+		}
+		run(b, cs)
+	})
+	b.Run("guard", func(b *testing.B) {
+		key := testKey(b)
+		cs := make([]cycler, 8)
+		for i := range cs {
+			cs[i] = guardContender(b, dial(b, srv), key)
 		}
 		run(b, cs)
 	})
@@ -152,11 +182,12 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 				}
 				return s
 			}
-			before := sum()
+			before, started := sum(), goroutinesStarted()
 			b.ResetTimer()
 			contend(b, cs, b.N)
 			b.StopTimer()
 			b.ReportMetric(float64(sum()-before)/float64(b.N), "requests/handoff")
+			b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/handoff")
 		})
 		b.Run(fmt.Sprintf("waiters=%d/zk.Lock", n), func(b *testing.B) {
 			key := testKey(b)
@@ -170,13 +201,21 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 				b.Cleanup(conn.Close)
 				cs[i] = zkLockContender(conn, key)
 			}
-			before := fc.requests.Load()
+			before, started := fc.requests.Load(), goroutinesStarted()
 			b.ResetTimer()
 			contend(b, cs, b.N)
 			b.StopTimer()
 			b.ReportMetric(float64(fc.requests.Load()-before)/float64(b.N), "requests/handoff")
+			b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/handoff")
 		})
 	}
+}
+
+// goroutinesStarted is the number of goroutines the process has started.
+func goroutinesStarted() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // frameCounter counts the requests that go-zookeeper connections dialed
@@ -233,7 +272,7 @@ func BenchmarkCycle(b *testing.B) {
 		l := dial(b, srv)
 		key := testKey(b)
 		b.ReportAllocs()
-		before := l.requests.Load()
+		before, started := l.requests.Load(), goroutinesStarted()
 		for b.Loop() {
 			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: testSession})
 			if err != nil {
@@ -244,6 +283,7 @@ func BenchmarkCycle(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(l.requests.Load()-before)/float64(b.N), "requests/op")
+		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
 	})
 	b.Run("zk.Lock", func(b *testing.B) {
 		var fc frameCounter
@@ -254,7 +294,7 @@ func BenchmarkCycle(b *testing.B) {
 		defer conn.Close()
 		lock := zk.NewLock(conn, testRoot+"/"+escape(testKey(b)), zk.WorldACL(zk.PermAll))
 		b.ReportAllocs()
-		before := fc.requests.Load()
+		before, started := fc.requests.Load(), goroutinesStarted()
 		for b.Loop() {
 			if err := lock.Lock(); err != nil {
 				b.Fatal(err)
@@ -264,5 +304,6 @@ func BenchmarkCycle(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(fc.requests.Load()-before)/float64(b.N), "requests/op")
+		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
 	})
 }

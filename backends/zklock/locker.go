@@ -253,6 +253,8 @@ type Locker struct {
 	closed bool
 	bg     sync.WaitGroup // background cleanups and the monitor
 
+	runners runners // make the requests of calls (see send)
+
 	quit chan struct{}
 }
 
@@ -316,7 +318,17 @@ var (
 	_ driver.RWLocker   = (*Locker)(nil)
 	_ driver.Semaphorer = (*Locker)(nil)
 	_ driver.Limiter    = (*Locker)(nil)
+
+	_ driver.ContextBounded = (*Locker)(nil)
 )
+
+// BoundedByContext implements driver.ContextBounded: every call of the
+// Locker and of its leases returns once its ctx is done, since each
+// request is made on a runner that the caller stops waiting for (see
+// send), and a contender that gives up leaves its node's delete to the
+// background. guard then calls it on the caller's goroutine, without one
+// of its own for each acquisition and release.
+func (l *Locker) BoundedByContext() bool { return true }
 
 // Limits implements driver.Limiter: the TTL given to guard sizes only its
 // safety margin here (the session keeps the leases), so it may be at most
@@ -338,6 +350,7 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	close(l.quit)
 	l.conn.Close()
+	l.runners.close()
 	l.bg.Wait()
 	return nil
 }
@@ -749,41 +762,45 @@ func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time
 	}
 }
 
-// call runs one ZooKeeper request, returning early with ctx's error when ctx
-// ends first (the client library takes no context). A request the server
-// answered, even with a "no node", is recorded as a sign of life.
+// call runs one ZooKeeper request on a runner, returning early with ctx's
+// error when ctx ends first (the client library takes no context), or with
+// driver.ErrUnavailable when the request timeout passes. A request the
+// server answered, even with a "no node", is recorded as a sign of life.
 func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)) (T, error) {
-	var zero T
-	timeout := time.NewTimer(l.requestTimeout)
-	defer timeout.Stop()
-	if err := l.linked(ctx, op, timeout.C); err != nil {
+	a := &answer[T]{l: l, fn: fn}
+	if err := l.send(ctx, op, a); err != nil {
+		var zero T
 		return zero, err
 	}
-	l.requests.Add(1)
-	sid, sent := l.conn.SessionID(), time.Now()
-	type result struct {
-		v   T
-		err error
+	if a.err != nil && !serverAnswered(a.err) {
+		return a.v, unavailable(op, a.err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		v, err := fn()
-		if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNodeExists) {
-			l.ack(sent, sid)
-		}
-		ch <- result{v, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil && !errors.Is(r.err, zk.ErrNoNode) && !errors.Is(r.err, zk.ErrNodeExists) {
-			return r.v, unavailable(op, r.err)
-		}
-		return r.v, r.err
-	case <-timeout.C:
-		return zero, unavailable(op, fmt.Errorf("no answer within %v", l.requestTimeout))
-	case <-ctx.Done():
-		return zero, ctx.Err()
+	return a.v, a.err
+}
+
+// answer is the request of a call, and its result.
+type answer[T any] struct {
+	l   *Locker
+	fn  func() (T, error)
+	v   T
+	err error
+}
+
+func (a *answer[T]) run() {
+	a.l.requests.Add(1)
+	sid, sent := a.l.conn.SessionID(), time.Now()
+	a.v, a.err = a.fn()
+	if a.err == nil || serverAnswered(a.err) {
+		a.l.ack(sent, sid)
 	}
+}
+
+func (a *answer[T]) abandoned() {}
+
+// serverAnswered reports whether err is an answer of the server's that a
+// call returns as it is.
+func serverAnswered(err error) bool {
+	return errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNodeExists)
 }
 
 // unavailable wraps a client or server failure as driver.ErrUnavailable,

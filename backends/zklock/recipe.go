@@ -132,46 +132,42 @@ func escape(key string) string {
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
 func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (created, error) {
-	timeout := time.NewTimer(l.requestTimeout)
-	defer timeout.Stop()
-	if err := l.linked(ctx, "create", timeout.C); err != nil {
-		return created{}, err
-	}
 	var g [16]byte
 	rand.Read(g[:])
-	guid := hex.EncodeToString(g[:])
-	type result struct {
-		c     created
-		maybe bool
-		err   error
+	cr := &creation{l: l, parent: parent, guid: hex.EncodeToString(g[:]), kind: k, data: data}
+	if err := l.send(ctx, "create", cr); err != nil {
+		return created{}, err
 	}
-	ch := make(chan result, 1)
-	go func() {
-		c, maybe, err := l.create(parent, guid, k, data)
-		ch <- result{c, maybe, err}
-	}()
-	var cut error
-	select {
-	case r := <-ch:
-		if r.err != nil && r.maybe {
-			l.background(func() { l.retry(func() bool { return l.sweep(parent, guid) }) })
-		}
-		return r.c, r.err
-	case <-timeout.C:
-		cut = unavailable("create", fmt.Errorf("no answer within %v", l.requestTimeout))
-	case <-ctx.Done():
-		cut = ctx.Err()
+	if cr.err != nil && cr.maybe {
+		l.background(func() { l.retry(func() bool { return l.sweep(parent, cr.guid) }) })
 	}
-	{
-		l.background(func() {
-			switch r := <-ch; {
-			case r.err == nil:
-				l.retry(func() bool { return l.remove(r.c.node) })
-			case r.maybe:
-				l.retry(func() bool { return l.sweep(parent, guid) })
-			}
-		})
-		return created{}, cut
+	return cr.c, cr.err
+}
+
+// creation is the request of enqueue, and its result.
+type creation struct {
+	l      *Locker
+	parent string
+	guid   string
+	kind   kind
+	data   []byte
+
+	c     created
+	maybe bool
+	err   error
+}
+
+func (cr *creation) run() {
+	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.guid, cr.kind, cr.data)
+}
+
+func (cr *creation) abandoned() {
+	l := cr.l
+	switch {
+	case cr.err == nil:
+		l.background(func() { l.retry(func() bool { return l.remove(cr.c.node) }) })
+	case cr.maybe:
+		l.background(func() { l.retry(func() bool { return l.sweep(cr.parent, cr.guid) }) })
 	}
 }
 
@@ -318,10 +314,11 @@ func (l *Locker) remove(node string) bool {
 }
 
 // leave withdraws a contender that will not hold: its node must go, or the
-// next contender would queue behind it forever. It waits for the delete up to
-// a session timeout (far longer than a healthy server needs), then goes on
-// trying in the background, and returns cause.
-func (l *Locker) leave(node string, cause error) error {
+// next contender would queue behind it forever. It waits for the delete
+// while ctx lasts, up to a session timeout (far longer than a healthy server
+// needs), and leaves it to the background after, and returns cause. A
+// contender that gives up because ctx ended thus returns at once.
+func (l *Locker) leave(ctx context.Context, node string, cause error) error {
 	done := make(chan struct{})
 	if !l.background(func() {
 		defer close(done)
@@ -329,9 +326,12 @@ func (l *Locker) leave(node string, cause error) error {
 	}) {
 		return cause
 	}
+	timeout := time.NewTimer(l.sessionTimeout())
+	defer timeout.Stop()
 	select {
 	case <-done:
-	case <-time.After(l.sessionTimeout()):
+	case <-ctx.Done():
+	case <-timeout.C:
 	}
 	return cause
 }
@@ -436,7 +436,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 	if k != kindPermit {
 		le = &lease{l: l, node: node}
 		if c.only && c.czxid != 0 && c.sid != 0 {
-			return l.granted(le, c.czxid, c.sid, c.sent)
+			return l.granted(ctx, le, c.czxid, c.sid, c.sent)
 		}
 	}
 	watchAll := false
@@ -468,16 +468,16 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		}
 		switch {
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
-			return nil, l.leave(node, err)
+			return nil, l.leave(ctx, node, err)
 		case holds && le != nil:
 			if c.czxid != 0 && c.sid != 0 && r.sid == c.sid {
-				return l.granted(le, c.czxid, c.sid, sent)
+				return l.granted(ctx, le, c.czxid, c.sid, sent)
 			}
 			return l.grantRead(ctx, le)
 		case holds:
 			return l.grantPermit(ctx, node)
 		case !wait:
-			return nil, l.leave(node, driver.ErrNotAcquired)
+			return nil, l.leave(ctx, node, driver.ErrNotAcquired)
 		case all && !watchAll:
 			watchAll = true
 			continue
@@ -488,7 +488,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 				return existence{ok, stat, ch}, err
 			})
 			if err != nil {
-				return nil, l.leave(node, err)
+				return nil, l.leave(ctx, node, err)
 			}
 			// A semaphore contender that took its permit marks its node
 			// (see grant); the one behind it may then be first in line.
@@ -506,7 +506,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 				return l.grantRead(ctx, le)
 			}
 		case <-ctx.Done():
-			return nil, l.leave(node, ctx.Err())
+			return nil, l.leave(ctx, node, ctx.Err())
 		}
 	}
 }
@@ -547,17 +547,17 @@ func (l *Locker) grantRead(ctx context.Context, le *lease) (driver.Lease, error)
 		return nil, errRequeue
 	case err != nil:
 		l.untrack(le)
-		return nil, l.leave(le.node, err)
+		return nil, l.leave(ctx, le.node, err)
 	}
-	return l.grantedTracked(le, e.stat.Czxid, e.stat.EphemeralOwner, sent)
+	return l.grantedTracked(ctx, le, e.stat.Czxid, e.stat.EphemeralOwner, sent)
 }
 
 // granted makes le, found a holder by a request sent at sent, a lease with
 // token czxid on a node owned by session owner, and has its revocation
 // watch set watchDelay later.
-func (l *Locker) granted(le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
+func (l *Locker) granted(ctx context.Context, le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
 	l.track(le)
-	lease, err := l.grantedTracked(le, czxid, owner, sent)
+	lease, err := l.grantedTracked(ctx, le, czxid, owner, sent)
 	if err == nil {
 		l.watchAfter(le)
 	}
@@ -566,11 +566,11 @@ func (l *Locker) granted(le *lease, czxid, owner int64, sent time.Time) (driver.
 
 // grantedTracked is granted for a lease already tracked, whose watch is
 // set otherwise.
-func (l *Locker) grantedTracked(le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
+func (l *Locker) grantedTracked(ctx context.Context, le *lease, czxid, owner int64, sent time.Time) (driver.Lease, error) {
 	le.token = uint64(czxid)
 	if err := l.grantEpoch(le, owner, sent); err != nil {
 		l.untrack(le)
-		return nil, l.leave(le.node, err)
+		return nil, l.leave(ctx, le.node, err)
 	}
 	return le, nil
 }
@@ -591,9 +591,9 @@ func (l *Locker) grantPermit(ctx context.Context, node string) (driver.Lease, er
 		return nil, errRequeue
 	case err != nil:
 		l.untrack(le)
-		return nil, l.leave(le.node, err)
+		return nil, l.leave(ctx, le.node, err)
 	}
-	lease, err := l.grantedTracked(le, stat.Czxid, stat.EphemeralOwner, sent)
+	lease, err := l.grantedTracked(ctx, le, stat.Czxid, stat.EphemeralOwner, sent)
 	if err == nil {
 		l.watchLater(le)
 	}
