@@ -66,7 +66,8 @@ func zkLockContender(conn *zk.Conn, key string) cycler {
 // latencies: from a holder's release to the next holder's grant.
 func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// Cancellable, without a deadline, as a worker's in bench-peers.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
 		count     atomic.Int64
@@ -110,7 +111,9 @@ func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 
 // BenchmarkHandoff measures how long a lock takes to pass from one holder to
 // the next among 8 contenders on separate sessions, each releasing as soon
-// as it holds, for warden and, in the same run, go-zookeeper's Lock.
+// as it holds, for the Locker, for a Guard on it (as bench-peers measures
+// warden) and, in the same run, for go-zookeeper's Lock. goroutines/op
+// counts the goroutines the process starts per handoff.
 func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
 	run := func(b *testing.B, cs []cycler) {

@@ -3,7 +3,9 @@ package zklock
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -201,4 +203,126 @@ func TestWaiterDeletedWhileQueued(t *testing.T) {
 	if node == deleted || !ok || held.Token() != uint64(stat.Czxid) {
 		t.Fatalf("granted on %s (exists %v, token %d), after %s was deleted", node, ok, held.Token(), deleted)
 	}
+}
+
+// TestDelayedWatchesShareATimer grants leases on one Locker one after the
+// other, the second released at once: each lease still held gets its
+// watch, once, from the Locker's one timer (which fires for the first, and
+// is armed again for the last unless a slow machine made both due by then),
+// and hears the deletion of its node; the released one is passed over, and
+// once no lease waits the timer has nothing left to do.
+func TestDelayedWatchesShareATimer(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, admin := dial(t, srv), dial(t, srv)
+	opts := driver.AcquireOptions{TTL: testSession}
+	keys := []string{testKey(t), testKey(t), testKey(t)}
+	for _, k := range keys {
+		// The first acquisition of a key creates its parent.
+		lease, err := l.Acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "no watch is pending", func() bool { return l.watching.Load() == 0 })
+
+	before := l.requests.Load()
+	var held []driver.Lease
+	for i, k := range keys {
+		lease, err := l.Acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			held = append(held, lease)
+		}
+	}
+	eventually(t, "the held leases' watches are set", func() bool { return l.watching.Load() == 0 })
+	// 3 creates, 1 delete and a watch for each held lease; the released one
+	// may have had its watch too, on a machine slow enough to release it
+	// after watchDelay.
+	if n := l.requests.Load() - before; n != 6 && n != 7 {
+		t.Errorf("%d requests, want 6 or 7: 3 creates, a delete, a watch for each of the 2 leases held (and one for the released lease at most)", n)
+	}
+	for _, h := range held {
+		called := make(chan struct{})
+		h.(driver.RevocableLease).OnRevoke(func() { close(called) })
+		if err := admin.conn.Delete(h.(*lease).node, -1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-called:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the deletion of a held lease's node was not heard within 10s")
+		}
+		if err := h.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("Release of a revoked lease: %v, want ErrNotHeld", err)
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.unwatchedLive != 0 || len(l.unwatched) != 0 {
+		t.Errorf("after every lease is gone, %d leases wait for a watch, %d are listed", l.unwatchedLive, len(l.unwatched))
+	}
+}
+
+// TestWatchTimer drives the Locker's one timer for delayed watches with
+// leases that are not tracked (so that setting their watch sends nothing):
+// each lease's watch is set off watchDelay after its grant, in grant order,
+// the timer being armed again for the next lease still waiting; a lease
+// forgotten first is passed over; and with none left waiting, the timer is
+// stopped.
+func TestWatchTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &Locker{leases: map[string]*lease{}, quit: make(chan struct{})}
+		a, b, c := &lease{l: l, node: "a"}, &lease{l: l, node: "b"}, &lease{l: l, node: "c"}
+		waiting := func() []string {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			var names []string
+			for _, le := range []*lease{a, b, c} {
+				if !le.watchAt.IsZero() {
+					names = append(names, le.node)
+				}
+			}
+			return names
+		}
+		l.watchAfter(a)
+		time.Sleep(time.Millisecond)
+		l.watchAfter(b)
+		time.Sleep(time.Millisecond)
+		l.watchAfter(c)
+		l.untrack(b)
+		time.Sleep(watchDelay - 2*time.Millisecond)
+		synctest.Wait()
+		if w := waiting(); !slices.Equal(w, []string{"c"}) {
+			t.Errorf("at a's due time, %v wait for their watch, want [c]", w)
+		}
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if w := waiting(); len(w) != 0 {
+			t.Errorf("at c's due time, %v still wait for their watch", w)
+		}
+		if n := l.watching.Load(); n != 0 {
+			t.Errorf("%d watches counted as being set, want 0", n)
+		}
+
+		l.watchAfter(a)
+		l.untrack(a)
+		l.mu.Lock()
+		live, listed, armed := l.unwatchedLive, len(l.unwatched), l.watchTimer.Stop()
+		l.mu.Unlock()
+		if live != 0 || listed != 0 || armed {
+			t.Errorf("with the only waiting lease forgotten: %d waiting, %d listed, timer armed %v; want 0, 0, false", live, listed, armed)
+		}
+		l.bg.Wait()
+	})
 }

@@ -23,9 +23,9 @@ type lease struct {
 	token uint64
 	ep    *epoch // guarded by Locker.mu until the grant returns the lease
 	// guarded by Locker.mu
-	revoke  func()      // OnRevoke's f, until it is called or forgotten
-	revoked bool        // the node was deleted by someone else while the lease was live
-	later   *time.Timer // the pending watchAfter, if any
+	revoke  func()    // OnRevoke's f, until it is called or forgotten
+	revoked bool      // the node was deleted by someone else while the lease was live
+	watchAt time.Time // when its delayed watch is due (see watchAfter); zero when none waits
 }
 
 var _ driver.RevocableLease = (*lease)(nil)

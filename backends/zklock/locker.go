@@ -71,6 +71,17 @@
 // the node with it. Either way no lock stays taken longer than the session
 // timeout after its release.
 //
+// # Calls and their bounds
+//
+// The client library's calls take no context. Each request is made on a
+// goroutine the Locker keeps for the purpose (see send), while its caller
+// waits for the answer, its ctx or the request timeout, whichever comes
+// first; a contender that gives up leaves the delete of its node to the
+// background once its ctx has ended. So every call of the Locker and of its
+// leases returns once its ctx is done, which the Locker declares
+// (driver.ContextBounded), and guard calls it on the caller's goroutine
+// instead of starting one of its own for each acquisition and release.
+//
 // # Reconnecting
 //
 // The Locker, not the client library, chooses which server each connection
@@ -250,8 +261,15 @@ type Locker struct {
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy
 	leases map[string]*lease // live leases by node, for their revocation
-	closed bool
-	bg     sync.WaitGroup // background cleanups and the monitor
+	// Leases granted without a watch on their node, in grant order, each to
+	// set one watchDelay after its grant (see watchAfter); those forgotten
+	// meanwhile stay until the timer passes them, and unwatchedLive counts
+	// the others. watchTimer fires when the first of them is due.
+	unwatched     []*lease
+	unwatchedLive int
+	watchTimer    *time.Timer
+	closed        bool
+	bg            sync.WaitGroup // background cleanups and the monitor
 
 	runners runners // make the requests of calls (see send)
 
@@ -520,17 +538,55 @@ func (l *Locker) watchLater(le *lease) {
 
 // watchAfter sets a data watch on le's node, a lease just granted, after
 // watchDelay, unless it is no longer tracked by then (see untrackLocked).
+// The Locker's leases share one timer for it, armed only while one of them
+// waits: a grant costs no timer of its own.
 func (l *Locker) watchAfter(le *lease) {
 	l.watching.Add(1)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	le.later = time.AfterFunc(watchDelay, func() {
-		l.mu.Lock()
-		le.later = nil
-		l.mu.Unlock()
+	le.watchAt = time.Now().Add(watchDelay)
+	l.unwatched = append(l.unwatched, le)
+	l.unwatchedLive++
+	switch {
+	case l.unwatchedLive > 1:
+		// Armed already, for an earlier lease.
+	case l.watchTimer == nil:
+		l.watchTimer = time.AfterFunc(watchDelay, l.watchDue)
+	default:
+		l.watchTimer.Reset(watchDelay)
+	}
+}
+
+// watchDue runs on the watch timer: it sets the watches that are due, and
+// arms the timer for the next one.
+func (l *Locker) watchDue() {
+	l.mu.Lock()
+	now := time.Now()
+	var due []*lease
+	passed := 0
+	for _, le := range l.unwatched {
+		if !le.watchAt.IsZero() {
+			if le.watchAt.After(now) {
+				break
+			}
+			le.watchAt = time.Time{}
+			l.unwatchedLive--
+			due = append(due, le)
+		}
+		passed++
+	}
+	n := copy(l.unwatched, l.unwatched[passed:])
+	clear(l.unwatched[n:])
+	l.unwatched = l.unwatched[:n]
+	if l.unwatchedLive > 0 {
+		// The first one left is one still waiting.
+		l.watchTimer.Reset(l.unwatched[0].watchAt.Sub(now))
+	}
+	l.mu.Unlock()
+	for _, le := range due {
 		l.watchLater(le)
 		l.watching.Add(-1)
-	})
+	}
 }
 
 // watch sets a data watch on a lease's node, for a lease whose grant could
@@ -573,10 +629,15 @@ func (l *Locker) untrackLocked(le *lease) {
 	if l.leases[le.node] == le {
 		delete(l.leases, le.node)
 	}
-	if le.later != nil && le.later.Stop() {
+	if !le.watchAt.IsZero() {
+		le.watchAt = time.Time{}
 		l.watching.Add(-1)
+		if l.unwatchedLive--; l.unwatchedLive == 0 {
+			l.watchTimer.Stop()
+			clear(l.unwatched)
+			l.unwatched = l.unwatched[:0]
+		}
 	}
-	le.later = nil
 	le.revoke = nil
 }
 
