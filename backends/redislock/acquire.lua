@@ -8,8 +8,9 @@
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
 -- before, whose record is to be renewed, '3' for one recorded lately
 -- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
--- channel, a newline, the owner (see wake in next_waiter.lua)  ARGV[6] '1'
--- when an earlier attempt of the contender got no answer
+-- channel, a newline, its TTL (ms), a newline, the owner (see wake in
+-- next_waiter.lua, and release.lua, which hands the lock to a record)
+-- ARGV[6] '1' when an earlier attempt of the contender got no answer
 -- Returns the token alone for a grant that found nobody waiting, the common
 -- case, else {1, token, day, waiting flag}; {0, holder's pttl} when not
 -- acquired. (A table costs the server more to answer than the rest of a
@@ -52,13 +53,14 @@ if old then
     d = tonumber(d)
   end
 end
--- An attempt whose answer never came may have taken the lock: it is the
--- contender's then, with the token that attempt drew, which nobody can have
--- moved since.
-local lost = ARGV[6] == '1' and d ~= nil and d > now and owner == ARGV[1]
-if not old or (d and d <= now) or lost then
+-- A release may have handed the lock to the waiting contender, whose
+-- message got lost or is yet to come, or an attempt whose answer never came
+-- may have taken it: it is the contender's then, with the token drawn for
+-- it, which nobody can have moved since, and this attempt extends it.
+local mine = d ~= nil and d > now and owner == ARGV[1]
+if not old or (d and d <= now) or mine then
   local tk = us
-  if lost then
+  if mine then
     tk = tonumber(token)
   elseif token then
     -- Past the last token, and not below the clock, which is what keeps

@@ -202,3 +202,66 @@ func BenchmarkHeldLocks(b *testing.B) {
 	b.ReportMetric(perLock, "B/lock")
 	b.ReportMetric(tripsPerPeriod, "trips/period")
 }
+
+// BenchmarkHandoff: 8 contenders, each with its own Locker and client as
+// separate processes would have, take turns on one key, holding it for 0
+// or 1ms, as bench-peers's contended scenario does. cmds/op is the server
+// commands per acquisition, read from the server's INFO commandstats (so
+// exact only on a server nobody else uses: point WARDEN_REDIS_ADDR at one),
+// failed attempts and the releases' work included.
+func BenchmarkHandoff(b *testing.B) {
+	for _, hold := range []time.Duration{0, time.Millisecond} {
+		b.Run(fmt.Sprintf("hold=%v", hold), func(b *testing.B) {
+			admin := newClient(b)
+			lockers := make([]driver.Locker, 8)
+			for i := range lockers {
+				lockers[i] = newLocker(b, newClient(b))
+			}
+			ctx := context.Background()
+			key := benchKey(b)
+			opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+			if lease, err := lockers[0].Acquire(ctx, key, opts); err == nil { // warm the script cache
+				lease.Release(ctx)
+			}
+			before := serverCalls(b, admin)
+			var (
+				left atomic.Int64
+				wg   sync.WaitGroup
+			)
+			left.Store(int64(b.N))
+			b.ResetTimer()
+			for _, l := range lockers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for left.Add(-1) >= 0 {
+						lease, err := l.Acquire(ctx, key, opts)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if hold > 0 {
+							time.Sleep(hold)
+						}
+						if err := lease.Release(ctx); err != nil {
+							b.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			after := serverCalls(b, admin)
+			var total int64
+			by := map[string]float64{}
+			for name, v := range after {
+				if d := v - before[name]; d > 0 && name != "info" {
+					total += d
+					by[name] = float64(d) / float64(b.N)
+				}
+			}
+			b.Logf("server commands per acquisition by command: %v", by)
+			b.ReportMetric(float64(total)/float64(b.N), "cmds/op")
+		})
+	}
+}

@@ -16,7 +16,7 @@ import (
 
 // serverCalls sums the calls of every command in INFO commandstats, the
 // commands scripts run included, less the INFO calls themselves.
-func serverCalls(t *testing.T, c *goredis.Client) map[string]int64 {
+func serverCalls(t testing.TB, c *goredis.Client) map[string]int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {

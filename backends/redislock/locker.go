@@ -172,14 +172,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		}
 	} else {
 		// A waiting contender is recorded among the lock's waiters, so that
-		// a release names one of them: one attempt per release across all
-		// processes, instead of one per waiting process. The record says
-		// where the message goes, the Locker's own channel, which only
-		// this process listens to: on the lock's channel, every process
-		// with a waiter would receive every release's message.
+		// a release hands the lock to one of them, with no attempt at all,
+		// instead of leaving it to whichever process comes first. The
+		// record says where the message goes, the Locker's own channel,
+		// which only this process listens to (on the lock's channel, every
+		// process with a waiter would receive every release's message),
+		// and the TTL the release grants.
 		keys := []string{n.lock, n.waiters}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
-		record := l.wake + "\n" + owner
+		record := l.wake + "\n" + strconv.FormatInt(px, 10) + "\n" + owner
 		recorded, unanswered := false, false
 		// renewed is when the record was last renewed: an attempt within
 		// half a keep-alive of it leaves it as it is, a command less on
