@@ -6,7 +6,8 @@
 -- KEYS[1] lock  KEYS[2] waiters (zset)
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '0' for a contender that does
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
--- before, whose record is to be renewed, '3' for one recorded lately
+-- before, whose record is to be renewed, '3' for one recorded lately, '4'
+-- as '1' for one that just handed the lock to a waiter
 -- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
 -- channel, a newline, its TTL (ms), a newline, the owner (see wake in
 -- next_waiter.lua, and release.lua, which hands the lock to a record)
@@ -30,10 +31,11 @@ local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
 local mode = ARGV[3]
 local recorded = mode == '2' or mode == '3'
--- A contender that comes back after waiting is likely to find the lock
--- taken again: it reads the state before writing, where the others, likely
--- to find the lock free, write theirs at once and read the old one with it.
-local swapped = not recorded
+-- A contender that comes back after waiting, or right after its release
+-- handed the lock to a waiter, is likely to find the lock taken: it reads
+-- the state before writing, where the others, likely to find the lock
+-- free, write theirs at once and read the old one with it.
+local swapped = mode == '0' or mode == '1'
 local old
 if swapped then
   old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')

@@ -123,6 +123,9 @@ func (ls *lease) Release(ctx context.Context) error {
 	if n == 0 {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
+	if n == 2 {
+		ls.l.handedOff.Store(&ls.key)
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -27,6 +28,11 @@ type Locker struct {
 	// mutex waiters, fair or not, goes there, so only this process hears
 	// it.
 	wake string
+	// handedOff is the key of the Locker's latest release that handed the
+	// lock to a waiter: a waiting acquisition of that key, which comes
+	// right after it in a loop, will find the lock held, so it reads the
+	// state before writing its own (see acquire.lua), a command less.
+	handedOff atomic.Pointer[string]
 }
 
 type config struct {
@@ -193,6 +199,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// and the unanswered flag change, and those are constants, which
 		// cost no allocation as values of an interface.
 		args := []any{owner, px, "0", waitMs, record, "0"}
+		likelyHeld := false
+		if k := l.handedOff.Load(); k != nil && *k == key && opts.Wait {
+			likelyHeld = l.handedOff.CompareAndSwap(k, nil)
+		}
 		w = waiter{
 			id:        record,
 			keepAlive: keepAlive,
@@ -205,6 +215,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 					mode = "3"
 				case recorded:
 					mode = "2"
+				case queued && likelyHeld:
+					mode, likelyHeld = "4", false
 				case queued:
 					mode = "1"
 				}

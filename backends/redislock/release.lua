@@ -15,7 +15,8 @@
 -- ARGV[5] the waiting flag its grant found, which the free state keeps
 -- while someone waits (token, day and flag may be '0' when unknown: the
 -- state then gives them)
--- Returns 1 when released, 0 when the lock was not owner's.
+-- Returns 1 when released, 2 when released and handed to a waiter, 0 when
+-- the lock was not owner's.
 local old = redis.pcall('set', KEYS[1], '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[5] .. ':', 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
@@ -59,7 +60,7 @@ if score then
       redis.call('pexpireat', KEYS[1], new_day * 86400000)
     end
     redis.call('publish', channel, string.format('=%.0f:%d:%s\n', tk, new_day, flag) .. next)
-    return 1
+    return 2
   end
   -- Its waiter takes it out when it gets the lock.
   redis.call('zadd', KEYS[4], score, next)
