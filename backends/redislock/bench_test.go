@@ -265,3 +265,25 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGuardCycle: one uncontended guard.Do over the Locker, as
+// bench-peers's one-worker scenario runs it (10s TTL, waiting), for the
+// client's allocations and CPU per cycle (-benchmem, -cpuprofile).
+func BenchmarkGuardCycle(b *testing.B) {
+	g, err := guard.New(newLocker(b, newClient(b)), guard.WithTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	key := benchKey(b)
+	section := func(context.Context, *guard.Lock) error { return nil }
+	if err := g.Do(ctx, key, section); err != nil { // scripts cached on the server
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := g.Do(ctx, key, section); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

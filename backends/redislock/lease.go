@@ -134,8 +134,17 @@ func (ls *lease) Release(ctx context.Context) error {
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
 	if ls.kind == kindMutex {
+		// The keys and the arguments in one allocation: as a slice each
+		// and the variadic arguments, they cost two.
 		n := mutexNamesOf(ls.key)
-		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
+		c := &struct {
+			keys [4]string
+			args [5]any
+		}{
+			keys: [4]string{n.lock, n.queue, n.deadlines, n.waiters},
+			args: [5]any{ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)},
+		}
+		return s.release.Run(ctx, sc, c.keys[:], c.args[:]...).Int64()
 	}
 	n := namesOf(ls.key)
 	switch ls.kind {

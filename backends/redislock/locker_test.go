@@ -302,10 +302,10 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 			if err := c.Set(ctx, n.lock(), held, 24*time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}
-			attempt := func(unanswered bool) []int64 {
+			attempt := func(unanswered bool) reply {
 				t.Helper()
 				place := "60000:" + l.wake + "\n" + owner
-				var r []int64
+				var r reply
 				var err error
 				if fair {
 					r, err = run(ctx, l.sc, l.s.fairAcquire, []string{n.lock(), n.queue(), n.deadlines()},

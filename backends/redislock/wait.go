@@ -27,14 +27,32 @@ type waiter struct {
 	// bounded: a waiting attempt may be cut short after attemptBound,
 	// since the next one finds the lock if the unanswered one took it.
 	bounded bool
+	contender
+}
+
+// contender makes the attempts of one acquisition.
+type contender interface {
 	// attempt runs the acquisition script once; queued asks it to record
 	// the contender as waiting when it fails. It answers {1, token} or
 	// {0, ms until the blocking lease lapses (negative when unknown)}.
-	attempt func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error)
+	attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
 	// cleanup removes whatever an interrupted wait may have left on the
 	// server (a queued place, a lock granted after ctx ended).
-	cleanup func(ctx context.Context)
+	cleanup(ctx context.Context)
 }
+
+// funcs is a contender made of two functions, for the acquisitions off the
+// plain lock's path.
+type funcs struct {
+	try   func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
+	clean func(ctx context.Context)
+}
+
+func (f *funcs) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
+	return f.try(ctx, sc, queued)
+}
+
+func (f *funcs) cleanup(ctx context.Context) { f.clean(ctx) }
 
 // maxUnreachablePause caps the pause of a waiting acquisition between
 // attempts on a server that does not answer. The lock comes back only when a
@@ -112,7 +130,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
 			switch {
-			case len(r) == 4:
+			case r[2] != 0:
 				ls.day.Store(uint32(r[2]))
 				ls.waiting = byte(r[3])
 			case ls.kind == kindMutex:
@@ -245,7 +263,7 @@ func (l *Locker) sleep(ctx context.Context, sub *subscription, wake <-chan strin
 // attempt makes one acquisition attempt. With WithWaitReplicas it runs on a
 // connection of its own, because WAIT counts the replicas that acknowledged
 // the writes of the connection it is sent on.
-func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) ([]int64, error) {
+func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) (reply, error) {
 	if l.cfg.replicas == 0 {
 		if !w.bounded || !queued {
 			return w.attempt(ctx, l.sc, queued)
@@ -265,7 +283,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	case *goredis.ClusterClient:
 		node, err := c.MasterForKey(ctx, lockKeyOf(ls.key))
 		if err != nil {
-			return nil, driver.Unavailable(ctx, err)
+			return reply{}, driver.Unavailable(ctx, err)
 		}
 		conn = node.Conn()
 	}
@@ -285,7 +303,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	ls.releaseOn(rctx, conn)
-	return nil, driver.Unavailable(ctx, err)
+	return reply{}, driver.Unavailable(ctx, err)
 }
 
 // replicasOf says how many replicas the master behind conn has, when it
