@@ -258,3 +258,37 @@ func TestWaiterRecordsExpiry(t *testing.T) {
 		t.Errorf("%d PEXPIREs for 3 records within a timeout, want 1", got)
 	}
 }
+
+// TestScriptCacheFlushed: after the server lost its script cache (a
+// restart, SCRIPT FLUSH), a plain lock's acquisition and release, whose
+// commands the Locker builds itself, send each script's body once, and
+// work.
+func TestScriptCacheFlushed(t *testing.T) {
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	l := newLocker(t, c)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	cycle := func() {
+		t.Helper()
+		lease, err := l.Acquire(ctx, "flushed", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := serverCalls(t, c)
+	cycle()
+	cycle()
+	after := serverCalls(t, c)
+	if n := after["eval"] - before["eval"]; n != 2 {
+		t.Errorf("%d scripts sent in full after the flush, want 2 (the acquisition's and the release's, once)", n)
+	}
+}

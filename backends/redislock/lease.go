@@ -134,17 +134,13 @@ func (ls *lease) Release(ctx context.Context) error {
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
 	if ls.kind == kindMutex {
-		// The keys and the arguments in one allocation: as a slice each
-		// and the variadic arguments, they cost two.
 		n := mutexNamesOf(ls.key)
-		c := &struct {
-			keys [4]string
-			args [5]any
-		}{
-			keys: [4]string{n.lock, n.queue, n.deadlines, n.waiters},
-			args: [5]any{ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)},
+		if sc == goredis.Scripter(ls.l.sc) {
+			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
+				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
+			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()
 		}
-		return s.release.Run(ctx, sc, c.keys[:], c.args[:]...).Int64()
+		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)
 	switch ls.kind {

@@ -181,9 +181,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		}
 	} else {
 		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3}
-		c.keys = [2]string{n.lock, n.waiters}
 		record := recordOf(l.wake, px, owner)
-		c.args = [6]any{owner, px, "0", l.waitArg, record, "0"}
+		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, n.lock, n.waiters, owner, px, "0", l.waitArg, record, "0"}
 		if k := l.handedOff.Load(); k != nil && *k == key && opts.Wait {
 			c.likelyHeld = l.handedOff.CompareAndSwap(k, nil)
 		}
@@ -209,12 +208,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 type plainContender struct {
 	l *Locker
 	n mutexNames
-	// keys and args are those of every attempt, converted once: only the
-	// mode and the unanswered flag change, and those are constants, which
-	// cost no allocation as values of an interface. args[0] is the owner,
-	// args[4] the record.
-	keys      [2]string
-	args      [6]any
+	// cmd is the command of every attempt (see scripter.evalsha),
+	// converted once: only the mode (cmd[7]) and the unanswered flag
+	// (cmd[10]) change, and those are constants, which cost no allocation
+	// as values of an interface. The arguments start at cmd[5], the owner;
+	// cmd[9] is the record.
+	cmd       [11]any
 	keepAlive time.Duration
 	// renewed is when the record was last renewed: an attempt within half
 	// a keep-alive of it leaves it as it is, a command less on every
@@ -244,8 +243,16 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	case queued:
 		mode = "1"
 	}
-	c.args[2], c.args[5] = mode, flagArg(c.unanswered)
-	r, err := run(ctx, sc, c.l.s.acquire, c.keys[:], c.args[:]...)
+	c.cmd[7], c.cmd[10] = mode, flagArg(c.unanswered)
+	var r reply
+	var err error
+	if sc == goredis.Scripter(c.l.sc) {
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.cmd[:]))
+	} else {
+		// A connection of its own (WithWaitReplicas): rare enough for
+		// Script.Run's conversions.
+		r, err = run(ctx, sc, c.l.s.acquire, []string{c.n.lock, c.n.waiters}, c.cmd[5:]...)
+	}
 	if err == nil && r[0] == 0 && queued {
 		c.recorded = true
 		if mode != "3" {
@@ -258,9 +265,9 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 
 func (c *plainContender) cleanup(ctx context.Context) {
 	s, keys := c.l.s, c.n.releaseKeys()
-	s.release.Run(ctx, c.l.sc, keys, c.args[0], "0", "0", c.n.channel, "0")
+	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
 	if c.recorded {
-		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.args[4], c.n.channel)
+		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.cmd[9], c.n.channel)
 	}
 }
 
@@ -303,8 +310,13 @@ type reply [4]int64
 // lock's grant that found nobody waiting answers its token alone, taken as
 // {1, token}.
 func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) (reply, error) {
+	return answer(ctx, s.Run(ctx, sc, keys, args...))
+}
+
+// answer reads the reply of an acquisition script (see run).
+func answer(ctx context.Context, cmd *goredis.Cmd) (reply, error) {
 	var r reply
-	v, err := s.Run(ctx, sc, keys, args...).Result()
+	v, err := cmd.Result()
 	if err != nil {
 		return r, driver.Unavailable(ctx, err)
 	}
