@@ -63,9 +63,7 @@ func commandsPer(t *testing.T, c *goredis.Client, n int, op func()) (total float
 // the grant's TIME and each one's SET), however many times the key is
 // used; a refresh costs 3. The commands are counted by the server itself.
 func TestUncontendedCycleCommands(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
@@ -99,9 +97,7 @@ func TestUncontendedCycleCommands(t *testing.T) {
 // TestIdempotencyStoreCommands: a first request (claim, complete) costs 8
 // server commands and a replay (get) 2, counted by the server itself.
 func TestIdempotencyStoreCommands(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	s := newStore(t, c)
 	ctx := context.Background()
 	i := 0
@@ -230,9 +226,7 @@ func TestWaitingFlagKept(t *testing.T) {
 // sorted set, which outlasts every record in it by up to a timeout more, so
 // that the records that follow within a timeout cost no PEXPIRE.
 func TestWaiterRecordsExpiry(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	holder, err := l.Acquire(ctx, "held", driver.AcquireOptions{TTL: 10 * time.Second})
@@ -264,9 +258,7 @@ func TestWaiterRecordsExpiry(t *testing.T) {
 // commands the Locker builds itself, send each script's body once, and
 // work.
 func TestScriptCacheFlushed(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}

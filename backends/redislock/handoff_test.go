@@ -18,9 +18,7 @@ import (
 // not from the message: its expiry is before the server's deadline, and a
 // quarter second before what the message's arrival would give.
 func TestHandoff(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	admin := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { admin.Close() })
+	admin, addr := privateClient(t)
 	holder := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
 	waiter := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
 	ctx := context.Background()
@@ -107,9 +105,7 @@ func TestHandoff(t *testing.T) {
 // handed the lock, which it then holds for its TTL, as a holder that died
 // would; a record whose waiter timeout passed is not handed anything.
 func TestHandoffToDeadWaiter(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	const key, deadTTL = "dead-waiter", 400 * time.Millisecond
@@ -165,9 +161,7 @@ func TestHandoffToDeadWaiter(t *testing.T) {
 // TTL, is not handed the lock (its waiter would not know it holds it): it
 // is woken as before, with the lock left free, and keeps its place.
 func TestHandoffEarlierRecord(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	const key = "earlier-record"
@@ -199,5 +193,47 @@ func TestHandoffEarlierRecord(t *testing.T) {
 	}
 	if _, err := c.ZScore(ctx, n.waiters, rec).Result(); err != nil {
 		t.Fatalf("the earlier waiter's record after the release: %v", err)
+	}
+}
+
+// TestHandedOver: a grant from a message is taken only with a refused
+// attempt to count the lease from, recent enough, and without
+// WithWaitReplicas; the lease then expires the TTL after that attempt was
+// sent (less the allowance), whenever the message came.
+func TestHandedOver(t *testing.T) {
+	const ttl = 10 * time.Second
+	now := time.Now()
+	cases := []struct {
+		name     string
+		msg      string
+		refused  time.Time
+		replicas int
+		want     bool
+	}{
+		{"a grant", "1234:20500:1", now.Add(-time.Second), 0, true},
+		{"a wake-up", "", now.Add(-time.Second), 0, false},
+		{"no refused attempt", "1234:20500:1", time.Time{}, 0, false},
+		{"a refused attempt too old", "1234:20500:1", now.Add(-ttl/2 - time.Second), 0, false},
+		{"WithWaitReplicas", "1234:20500:1", now.Add(-time.Second), 1, false},
+		{"a bad token", "x:20500:1", now.Add(-time.Second), 0, false},
+		{"a bad flag", "1234:20500:3", now.Add(-time.Second), 0, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l := &Locker{cfg: config{replicas: c.replicas}}
+			ls := &lease{l: l, kind: kindMutex}
+			if got := l.handedOver(ls, c.msg, c.refused, ttl); got != c.want {
+				t.Fatalf("handedOver: %v, want %v", got, c.want)
+			}
+			if !c.want {
+				return
+			}
+			if ls.token != 1234 || ls.day.Load() != 20500 || ls.waiting != 1 {
+				t.Errorf("lease: token %d, day %d, waiting %d; want 1234, 20500, 1", ls.token, ls.day.Load(), ls.waiting)
+			}
+			if want := c.refused.Add(ttl - expiryAllowance); !ls.Expiry().Equal(want) {
+				t.Errorf("expiry %v after the refused attempt, want %v", ls.Expiry().Sub(c.refused), want.Sub(c.refused))
+			}
+		})
 	}
 }

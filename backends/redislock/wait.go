@@ -195,11 +195,13 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 // answered the attempt sent at refused with a refusal, so it counts the
 // lease from there: a waiter woken a moment after its last attempt loses
 // that moment, one that slept long loses more, but never counts a lease
-// the server does not keep. Without such an attempt, or under
-// WithWaitReplicas, which must see the grant acknowledged, it returns
-// false, and the next attempt, finding the lock its own, extends it.
+// the server does not keep. Without such an attempt, or with one so old
+// (the server was out of reach since) that the lease would be mostly
+// spent, or under WithWaitReplicas, which must see the grant acknowledged,
+// it returns false, and the next attempt, finding the lock its own,
+// extends it.
 func (l *Locker) handedOver(ls *lease, msg string, refused time.Time, ttl time.Duration) bool {
-	if msg == "" || refused.IsZero() || l.cfg.replicas > 0 {
+	if msg == "" || refused.IsZero() || time.Since(refused) > ttl/2 || l.cfg.replicas > 0 {
 		return false
 	}
 	token, rest, _ := strings.Cut(msg, ":")
