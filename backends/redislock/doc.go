@@ -68,11 +68,16 @@
 // instead, which finds the lock its own and extends it (and waits for the
 // replicas). The message can be lost: the waiter comes back within a
 // quarter of its TTL, as it does for a lost wake-up, and finds the lock its
-// own the same way. A waiter that dies while recorded can be handed the
-// lock until its record lapses, a waiter timeout after its last renewal,
-// and then holds it for its TTL at most, as a holder that died would: each
-// waiter's death costs the lock at most one TTL, within a waiter timeout of
-// it. A waiter that gives up releases what it may have been handed.
+// own the same way, or, if it sent no such attempt within half its TTL (the
+// server was out of reach), it confirms with an attempt. A waiter that dies
+// while recorded can be handed the lock until its record lapses, a waiter
+// timeout after its last renewal, and then holds it for its TTL at most, as
+// a holder that died would: each waiter's death costs the lock at most one
+// TTL, within a waiter timeout of it. So can a record that a failover to a
+// replica brought back after the grant that let its waiter in was lost: it
+// costs at most one TTL too, within a waiter timeout of the failover. A
+// waiter that gives up takes its record out, so that no release hands it
+// the lock afterwards, then releases what one handed it before.
 //
 // Fair waiters are not handed the lock: a release wakes the head of the
 // queue, which claims it, as before. Records of an earlier version, which

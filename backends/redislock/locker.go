@@ -263,12 +263,15 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	return r, err
 }
 
+// cleanup takes the record out before releasing: a release may hand the
+// lock to the record until it is gone, and the release that follows frees
+// what one handed over before.
 func (c *plainContender) cleanup(ctx context.Context) {
 	s, keys := c.l.s, c.n.releaseKeys()
-	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
-	if c.recorded {
+	if c.recorded || c.unanswered {
 		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.cmd[9], c.n.channel)
 	}
+	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
 }
 
 // recordOf is a plain waiter's record: its Locker's channel, its TTL and
