@@ -205,13 +205,17 @@ func BenchmarkHeldLocks(b *testing.B) {
 
 // BenchmarkHandoff: 8 contenders, each with its own Locker and client as
 // separate processes would have, take turns on one key, holding it for 0
-// or 1ms, as bench-peers's contended scenario does. cmds/op is the server
+// or 1ms, fair or not, as bench-peers's contended scenario does. cmds/op is the server
 // commands per acquisition, read from the server's INFO commandstats (so
 // exact only on a server nobody else uses: point WARDEN_REDIS_ADDR at one),
 // failed attempts and the releases' work included.
 func BenchmarkHandoff(b *testing.B) {
-	for _, hold := range []time.Duration{0, time.Millisecond} {
-		b.Run(fmt.Sprintf("hold=%v", hold), func(b *testing.B) {
+	for _, c := range []struct {
+		hold time.Duration
+		fair bool
+	}{{0, false}, {time.Millisecond, false}, {0, true}, {time.Millisecond, true}} {
+		hold := c.hold
+		b.Run(fmt.Sprintf("hold=%v/fair=%v", hold, c.fair), func(b *testing.B) {
 			admin := newClient(b)
 			lockers := make([]driver.Locker, 8)
 			for i := range lockers {
@@ -219,7 +223,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			ctx := context.Background()
 			key := benchKey(b)
-			opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+			opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: c.fair}
 			if lease, err := lockers[0].Acquire(ctx, key, opts); err == nil { // warm the script cache
 				lease.Release(ctx)
 			}
