@@ -132,7 +132,9 @@ func TestRefusedRetriesWriteNothing(t *testing.T) {
 // body once a node, and work.
 func TestScriptCacheFlushed(t *testing.T) {
 	servers := startServers(t, 3)
-	l := privateLocker(t, servers, nil)
+	// Room for the round trip NOSCRIPT costs, and the body's compilation,
+	// on a loaded machine.
+	l := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
 	ctx := context.Background()
 	opts := driver.AcquireOptions{TTL: 5 * time.Second}
 	cycle := func() {
