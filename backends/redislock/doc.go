@@ -64,12 +64,12 @@
 // the server's clock started it, but from the send time of its own last
 // attempt that the server answered with a refusal: the grant came after
 // that attempt, so the server keeps the lease at least that long. A waiter
-// that sent no such attempt, or one under WithWaitReplicas, makes an attempt
+// that sent no such attempt, or none within half its TTL (the server was
+// out of reach since), or one under WithWaitReplicas, makes an attempt
 // instead, which finds the lock its own and extends it (and waits for the
 // replicas). The message can be lost: the waiter comes back within a
 // quarter of its TTL, as it does for a lost wake-up, and finds the lock its
-// own the same way, or, if it sent no such attempt within half its TTL (the
-// server was out of reach), it confirms with an attempt. A waiter that dies
+// own the same way. A waiter that dies
 // while recorded can be handed the lock until its record lapses, a waiter
 // timeout after its last renewal, and then holds it for its TTL at most, as
 // a holder that died would: each waiter's death costs the lock at most one
