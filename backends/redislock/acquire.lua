@@ -6,10 +6,12 @@
 -- KEYS[1] lock  KEYS[2] waiters (zset)
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '0' for a contender that does
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
--- before, whose record is to be renewed, '3' for one recorded lately
+-- before, whose record is to be renewed, '3' for one recorded lately, '4'
+-- as '1' for one that just handed the lock to a waiter
 -- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
--- channel, a newline, the owner (see wake in next_waiter.lua)  ARGV[6] '1'
--- when an earlier attempt of the contender got no answer
+-- channel, a newline, its TTL (ms), a newline, the owner (see wake in
+-- next_waiter.lua, and release.lua, which hands the lock to a record)
+-- ARGV[6] '1' when an earlier attempt of the contender got no answer
 -- Returns the token alone for a grant that found nobody waiting, the common
 -- case, else {1, token, day, waiting flag}; {0, holder's pttl} when not
 -- acquired. (A table costs the server more to answer than the rest of a
@@ -29,10 +31,11 @@ local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
 local mode = ARGV[3]
 local recorded = mode == '2' or mode == '3'
--- A contender that comes back after waiting is likely to find the lock
--- taken again: it reads the state before writing, where the others, likely
--- to find the lock free, write theirs at once and read the old one with it.
-local swapped = not recorded
+-- A contender that comes back after waiting, or right after its release
+-- handed the lock to a waiter, is likely to find the lock taken: it reads
+-- the state before writing, where the others, likely to find the lock
+-- free, write theirs at once and read the old one with it.
+local swapped = mode == '0' or mode == '1'
 local old
 if swapped then
   old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')
@@ -52,13 +55,14 @@ if old then
     d = tonumber(d)
   end
 end
--- An attempt whose answer never came may have taken the lock: it is the
--- contender's then, with the token that attempt drew, which nobody can have
--- moved since.
-local lost = ARGV[6] == '1' and d ~= nil and d > now and owner == ARGV[1]
-if not old or (d and d <= now) or lost then
+-- A release may have handed the lock to the waiting contender, whose
+-- message got lost or is yet to come, or an attempt whose answer never came
+-- may have taken it: it is the contender's then, with the token drawn for
+-- it, which nobody can have moved since, and this attempt extends it.
+local mine = d ~= nil and d > now and owner == ARGV[1]
+if not old or (d and d <= now) or mine then
   local tk = us
-  if lost then
+  if mine then
     tk = tonumber(token)
   elseif token then
     -- Past the last token, and not below the clock, which is what keeps

@@ -202,3 +202,92 @@ func BenchmarkHeldLocks(b *testing.B) {
 	b.ReportMetric(perLock, "B/lock")
 	b.ReportMetric(tripsPerPeriod, "trips/period")
 }
+
+// BenchmarkHandoff: 8 contenders, each with its own Locker and client as
+// separate processes would have, take turns on one key, holding it for 0
+// or 1ms, fair or not, as bench-peers's contended scenario does. cmds/op is the server
+// commands per acquisition, read from the server's INFO commandstats (so
+// exact only on a server nobody else uses: point WARDEN_REDIS_ADDR at one),
+// failed attempts and the releases' work included.
+func BenchmarkHandoff(b *testing.B) {
+	for _, c := range []struct {
+		hold time.Duration
+		fair bool
+	}{{0, false}, {time.Millisecond, false}, {0, true}, {time.Millisecond, true}} {
+		hold := c.hold
+		b.Run(fmt.Sprintf("hold=%v/fair=%v", hold, c.fair), func(b *testing.B) {
+			admin := newClient(b)
+			lockers := make([]driver.Locker, 8)
+			for i := range lockers {
+				lockers[i] = newLocker(b, newClient(b))
+			}
+			ctx := context.Background()
+			key := benchKey(b)
+			opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Fair: c.fair}
+			if lease, err := lockers[0].Acquire(ctx, key, opts); err == nil { // warm the script cache
+				lease.Release(ctx)
+			}
+			before := serverCalls(b, admin)
+			var (
+				left atomic.Int64
+				wg   sync.WaitGroup
+			)
+			left.Store(int64(b.N))
+			b.ResetTimer()
+			for _, l := range lockers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for left.Add(-1) >= 0 {
+						lease, err := l.Acquire(ctx, key, opts)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if hold > 0 {
+							time.Sleep(hold)
+						}
+						if err := lease.Release(ctx); err != nil {
+							b.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			after := serverCalls(b, admin)
+			var total int64
+			by := map[string]float64{}
+			for name, v := range after {
+				if d := v - before[name]; d > 0 && name != "info" {
+					total += d
+					by[name] = float64(d) / float64(b.N)
+				}
+			}
+			b.Logf("server commands per acquisition by command: %v", by)
+			b.ReportMetric(float64(total)/float64(b.N), "cmds/op")
+		})
+	}
+}
+
+// BenchmarkGuardCycle: one uncontended guard.Do over the Locker, as
+// bench-peers's one-worker scenario runs it (10s TTL, waiting), for the
+// client's allocations and CPU per cycle (-benchmem, -cpuprofile).
+func BenchmarkGuardCycle(b *testing.B) {
+	g, err := guard.New(newLocker(b, newClient(b)), guard.WithTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	key := benchKey(b)
+	section := func(context.Context, *guard.Lock) error { return nil }
+	if err := g.Do(ctx, key, section); err != nil { // scripts cached on the server
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := g.Do(ctx, key, section); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

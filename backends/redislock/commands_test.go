@@ -16,7 +16,7 @@ import (
 
 // serverCalls sums the calls of every command in INFO commandstats, the
 // commands scripts run included, less the INFO calls themselves.
-func serverCalls(t *testing.T, c *goredis.Client) map[string]int64 {
+func serverCalls(t testing.TB, c *goredis.Client) map[string]int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
@@ -63,9 +63,7 @@ func commandsPer(t *testing.T, c *goredis.Client, n int, op func()) (total float
 // the grant's TIME and each one's SET), however many times the key is
 // used; a refresh costs 3. The commands are counted by the server itself.
 func TestUncontendedCycleCommands(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
@@ -99,9 +97,7 @@ func TestUncontendedCycleCommands(t *testing.T) {
 // TestIdempotencyStoreCommands: a first request (claim, complete) costs 8
 // server commands and a replay (get) 2, counted by the server itself.
 func TestIdempotencyStoreCommands(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	s := newStore(t, c)
 	ctx := context.Background()
 	i := 0
@@ -230,9 +226,7 @@ func TestWaitingFlagKept(t *testing.T) {
 // sorted set, which outlasts every record in it by up to a timeout more, so
 // that the records that follow within a timeout cost no PEXPIRE.
 func TestWaiterRecordsExpiry(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
+	c, _ := privateClient(t)
 	l := newLocker(t, c)
 	ctx := context.Background()
 	holder, err := l.Acquire(ctx, "held", driver.AcquireOptions{TTL: 10 * time.Second})
@@ -256,5 +250,37 @@ func TestWaiterRecordsExpiry(t *testing.T) {
 	}
 	if got := serverCalls(t, c)["pexpire"] - before["pexpire"]; got != 1 {
 		t.Errorf("%d PEXPIREs for 3 records within a timeout, want 1", got)
+	}
+}
+
+// TestScriptCacheFlushed: after the server lost its script cache (a
+// restart, SCRIPT FLUSH), a plain lock's acquisition and release, whose
+// commands the Locker builds itself, send each script's body once, and
+// work.
+func TestScriptCacheFlushed(t *testing.T) {
+	c, _ := privateClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	cycle := func() {
+		t.Helper()
+		lease, err := l.Acquire(ctx, "flushed", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := serverCalls(t, c)
+	cycle()
+	cycle()
+	after := serverCalls(t, c)
+	if n := after["eval"] - before["eval"]; n != 2 {
+		t.Errorf("%d scripts sent in full after the flush, want 2 (the acquisition's and the release's, once)", n)
 	}
 }

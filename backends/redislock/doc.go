@@ -49,6 +49,42 @@
 // users rather than per user), not a shorter expiry: see below for what the
 // day buys.
 //
+// # Handing the lock to a waiter
+//
+// A waiting contender of a plain lock records itself among the lock's
+// waiters, with its TTL, and sleeps; a release that finds a live record
+// grants the lock to that waiter in the same script (a token past the
+// releaser's, a deadline of the server's clock plus the waiter's TTL) and
+// tells it through its Locker's channel, so the lock reaches the waiter in
+// the release's one round trip, with no attempt of its own, and the
+// releaser, coming straight back, finds it held and waits its turn rather
+// than taking it again ahead of the waiter it woke.
+//
+// The waiter does not count its lease from the message, which comes after
+// the server's clock started it, but from the send time of its own last
+// attempt that the server answered with a refusal: the grant came after
+// that attempt, so the server keeps the lease at least that long. A waiter
+// that sent no such attempt, or none within half its TTL (the server was
+// out of reach since), or one under WithWaitReplicas, makes an attempt
+// instead, which finds the lock its own and extends it (and waits for the
+// replicas). The message can be lost: the waiter comes back within a
+// quarter of its TTL, as it does for a lost wake-up, and finds the lock its
+// own the same way. A waiter that dies
+// while recorded can be handed the lock until its record lapses, a waiter
+// timeout after its last renewal, and then holds it for its TTL at most, as
+// a holder that died would: each waiter's death costs the lock at most one
+// TTL, within a waiter timeout of it. So can a record that a failover to a
+// replica brought back after the grant that let its waiter in was lost: it
+// costs at most one TTL too, within a waiter timeout of the failover. A
+// waiter that gives up takes its record out, so that no release hands it
+// the lock afterwards, then releases what one handed it before.
+//
+// Fair waiters are not handed the lock: a release wakes the head of the
+// queue, which claims it, as before. Records of an earlier version, which
+// say no TTL, are woken as before and keep their place, so that processes
+// of both versions exclude each other during a rolling upgrade; a waiter of
+// this version is woken by an earlier version's release as before.
+//
 // # What the fencing token guarantees
 //
 // Each grant's token is the greater of the last token plus one and the

@@ -123,6 +123,9 @@ func (ls *lease) Release(ctx context.Context) error {
 	if n == 0 {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
+	if n == 2 {
+		ls.l.handedOff.Store(&ls.key)
+	}
 	return nil
 }
 
@@ -132,6 +135,11 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	s := ls.l.s
 	if ls.kind == kindMutex {
 		n := mutexNamesOf(ls.key)
+		if sc == goredis.Scripter(ls.l.sc) {
+			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
+				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
+			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()
+		}
 		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)

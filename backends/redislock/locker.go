@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -27,6 +29,14 @@ type Locker struct {
 	// mutex waiters, fair or not, goes there, so only this process hears
 	// it.
 	wake string
+	// waitArg is the waiter timeout in milliseconds as a script argument,
+	// converted once.
+	waitArg any
+	// handedOff is the key of the Locker's latest release that handed the
+	// lock to a waiter: a waiting acquisition of that key, which comes
+	// right after it in a loop, will find the lock held, so it reads the
+	// state before writing its own (see acquire.lua), a command less.
+	handedOff atomic.Pointer[string]
 }
 
 type config struct {
@@ -107,7 +117,7 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	}
 	sc := newScripter(client)
 	return &Locker{client: client, sc: sc, cfg: c, s: newScripts(), notify: newNotifier(client, sc.reload),
-		wake: "warden:wake:" + rand.Text()}, nil
+		wake: "warden:wake:" + rand.Text(), waitArg: c.waiterTimeout.Milliseconds()}, nil
 }
 
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
@@ -153,7 +163,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			id:        place,
 			keepAlive: l.cfg.waiterTimeout / 3,
 			bounded:   true,
-			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
+			contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
 				mode := flag(queued)
 				if queued && placed {
 					mode = "2"
@@ -164,72 +174,119 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				}
 				unanswered = unanswered || err != nil
 				return r, err
-			},
-			cleanup: func(ctx context.Context) {
+			}, clean: func(ctx context.Context) {
 				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0")
 				l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel)
-			},
+			}},
 		}
 	} else {
-		// A waiting contender is recorded among the lock's waiters, so that
-		// a release names one of them: one attempt per release across all
-		// processes, instead of one per waiting process. The record says
-		// where the message goes, the Locker's own channel, which only
-		// this process listens to: on the lock's channel, every process
-		// with a waiter would receive every release's message.
-		keys := []string{n.lock, n.waiters}
-		waitMs := l.cfg.waiterTimeout.Milliseconds()
-		record := l.wake + "\n" + owner
-		recorded, unanswered := false, false
-		// renewed is when the record was last renewed: an attempt within
-		// half a keep-alive of it leaves it as it is, a command less on
-		// every attempt a release's wake-up brings. The sleeps between
-		// attempts are bounded by the keep-alive, so a record is renewed
-		// within one and a half of them, half the waiter timeout.
-		var renewed time.Time
-		keepAlive := l.cfg.waiterTimeout / 3
-		// The arguments of every attempt, converted once: only the mode
-		// and the unanswered flag change, and those are constants, which
-		// cost no allocation as values of an interface.
-		args := []any{owner, px, "0", waitMs, record, "0"}
-		w = waiter{
-			id:        record,
-			keepAlive: keepAlive,
-			bounded:   true,
-			attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
-				sent := time.Now()
-				var mode any = "0"
-				switch {
-				case recorded && sent.Sub(renewed) < keepAlive/2:
-					mode = "3"
-				case recorded:
-					mode = "2"
-				case queued:
-					mode = "1"
-				}
-				args[2], args[5] = mode, flagArg(unanswered)
-				r, err := run(ctx, sc, l.s.acquire, keys, args...)
-				if err == nil && r[0] == 0 && queued {
-					recorded = true
-					if mode != "3" {
-						renewed = sent
-					}
-				}
-				unanswered = unanswered || err != nil
-				return r, err
-			},
-			cleanup: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0")
-				if recorded {
-					l.s.unwaitMutex.Run(ctx, l.sc, n.releaseKeys(), record, channel)
-				}
-			},
+		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3}
+		record := recordOf(l.wake, px, owner)
+		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, n.lock, n.waiters, owner, px, "0", l.waitArg, record, "0"}
+		if k := l.handedOff.Load(); k != nil && *k == key && opts.Wait {
+			c.likelyHeld = l.handedOff.CompareAndSwap(k, nil)
 		}
+		w = waiter{id: record, keepAlive: c.keepAlive, bounded: true, contender: c}
 	}
 	// Either waiter is named in the messages for it, which go to the
 	// Locker's channel; the lock's channel is where records of an earlier
 	// version are told.
 	return l.acquire(ctx, l.wake, opts, ls, w)
+}
+
+// plainContender makes the attempts of an acquisition of a plain lock. A
+// waiting one is recorded among the lock's waiters, so that a release
+// hands the lock to one of them, with no attempt at all, instead of
+// leaving it to whichever process comes first. The record says where the
+// message goes, the Locker's own channel, which only this process listens
+// to (on the lock's channel, every process with a waiter would receive
+// every release's message), and the TTL the release grants.
+//
+// What the attempts send and learn lives in this one struct, made once
+// per acquisition: closures over it would cost an allocation each, and one
+// more for each variable they change, on the path of every acquisition.
+type plainContender struct {
+	l *Locker
+	n mutexNames
+	// cmd is the command of every attempt (see scripter.evalsha),
+	// converted once: only the mode (cmd[7]) and the unanswered flag
+	// (cmd[10]) change, and those are constants, which cost no allocation
+	// as values of an interface. The arguments start at cmd[5], the owner;
+	// cmd[9] is the record.
+	cmd       [11]any
+	keepAlive time.Duration
+	// renewed is when the record was last renewed: an attempt within half
+	// a keep-alive of it leaves it as it is, a command less on every
+	// attempt a release's wake-up brings. The sleeps between attempts are
+	// bounded by the keep-alive, so a record is renewed within one and a
+	// half of them, half the waiter timeout.
+	renewed time.Time
+	// recorded says an attempt recorded the contender; unanswered that one
+	// got no answer, so may have taken the lock unbeknownst (acquire.lua
+	// then looks for it).
+	recorded, unanswered bool
+	// likelyHeld: this Locker's latest release of the key handed it to a
+	// waiter (see Locker.handedOff), so the first attempt reads first.
+	likelyHeld bool
+}
+
+func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
+	sent := time.Now()
+	var mode any = "0"
+	switch {
+	case c.recorded && sent.Sub(c.renewed) < c.keepAlive/2:
+		mode = "3"
+	case c.recorded:
+		mode = "2"
+	case queued && c.likelyHeld:
+		mode, c.likelyHeld = "4", false
+	case queued:
+		mode = "1"
+	}
+	c.cmd[7], c.cmd[10] = mode, flagArg(c.unanswered)
+	var r reply
+	var err error
+	if sc == goredis.Scripter(c.l.sc) {
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.cmd[:]))
+	} else {
+		// A connection of its own (WithWaitReplicas): rare enough for
+		// Script.Run's conversions.
+		r, err = run(ctx, sc, c.l.s.acquire, []string{c.n.lock, c.n.waiters}, c.cmd[5:]...)
+	}
+	if err == nil && r[0] == 0 && queued {
+		c.recorded = true
+		if mode != "3" {
+			c.renewed = sent
+		}
+	}
+	c.unanswered = c.unanswered || err != nil
+	return r, err
+}
+
+// cleanup takes the record out before releasing: a release may hand the
+// lock to the record until it is gone, and the release that follows frees
+// what one handed over before.
+func (c *plainContender) cleanup(ctx context.Context) {
+	s, keys := c.l.s, c.n.releaseKeys()
+	if c.recorded || c.unanswered {
+		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.cmd[9], c.n.channel)
+	}
+	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
+}
+
+// recordOf is a plain waiter's record: its Locker's channel, its TTL and
+// its owner, one per line (see acquire.lua), in one allocation.
+func recordOf(wake string, px int64, owner string) string {
+	var num [20]byte
+	ttl := strconv.AppendInt(num[:0], px, 10)
+	var b strings.Builder
+	b.Grow(len(wake) + len(ttl) + len(owner) + 2)
+	b.WriteString(wake)
+	b.WriteByte('\n')
+	b.Write(ttl)
+	b.WriteByte('\n')
+	b.WriteString(owner)
+	return b.String()
 }
 
 // maxHandoff is how long the head of a fair queue has to claim a free lock
@@ -247,33 +304,43 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 	return max(min(maxHandoff, waiterTimeout/5), time.Millisecond)
 }
 
-// run runs a script that answers an array of integers: {1, token} or
-// {1, token, day, waiting flag} for a grant, {0, ms} otherwise; a plain
+// reply is the answer of an acquisition script: {1, token} or {1, token,
+// day, waiting flag} for a grant, {0, ms} otherwise, the rest 0 (a day is
+// never 0). It is an array, not a slice, so that it costs no allocation.
+type reply [4]int64
+
+// run runs a script that answers an array of integers (see reply); a plain
 // lock's grant that found nobody waiting answers its token alone, taken as
 // {1, token}.
-func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) ([]int64, error) {
-	v, err := s.Run(ctx, sc, keys, args...).Result()
+func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) (reply, error) {
+	return answer(ctx, s.Run(ctx, sc, keys, args...))
+}
+
+// answer reads the reply of an acquisition script (see run).
+func answer(ctx context.Context, cmd *goredis.Cmd) (reply, error) {
+	var r reply
+	v, err := cmd.Result()
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return r, driver.Unavailable(ctx, err)
 	}
 	switch v := v.(type) {
 	case int64:
-		return []int64{1, v}, nil
+		r[0], r[1] = 1, v
+		return r, nil
 	case []any:
 		if len(v) != 2 && len(v) != 4 {
-			return nil, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(v))
+			return r, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(v))
 		}
-		r := make([]int64, len(v))
 		for i, x := range v {
 			n, ok := x.(int64)
 			if !ok {
-				return nil, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, x)
+				return r, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, x)
 			}
 			r[i] = n
 		}
 		return r, nil
 	}
-	return nil, fmt.Errorf("%w: a script answered %T, want integers", driver.ErrUnavailable, v)
+	return r, fmt.Errorf("%w: a script answered %T, want integers", driver.ErrUnavailable, v)
 }
 
 // pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that

@@ -2,8 +2,12 @@
 -- the fair queue if it is still alive (dead heads are dropped), else the
 -- live non-fair waiter whose record is oldest, else nobody (''), which
 -- wakes every waiter that listens without a name. nonfair_only says no fair
--- waiter announced itself, so that the queue need not be looked at.
-local function next_waiter(queue, deadlines, waiters, nonfair_only)
+-- waiter announced itself, so that the queue need not be looked at. With
+-- pop, a non-fair record named is taken out of the waiters, for a release
+-- to hand the lock to, and its score comes second, to put it back with
+-- (nil for the queue's head or nobody); the server's clock, in ms and us,
+-- comes third and fourth.
+local function next_waiter(queue, deadlines, waiters, nonfair_only, pop)
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while not nonfair_only do
@@ -13,19 +17,19 @@ local function next_waiter(queue, deadlines, waiters, nonfair_only)
     end
     local deadline = redis.call('zscore', deadlines, head)
     if deadline and tonumber(deadline) > now then
-      return head
+      return head, nil, now, t[1] * 1000000 + t[2]
     end
     redis.call('lpop', queue)
     redis.call('zrem', deadlines, head)
   end
   -- Records sort by deadline, so any dead ones come first: pruning only
   -- when the first is dead saves a command on most releases.
-  local oldest = redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
+  local oldest = (pop and redis.call('zpopmin', waiters)) or redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
   if oldest[1] and tonumber(oldest[2]) <= now then
     redis.call('zremrangebyscore', waiters, '-inf', now)
-    oldest = redis.call('zrange', waiters, 0, 0)
+    oldest = (pop and redis.call('zpopmin', waiters)) or redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
   end
-  return oldest[1] or ''
+  return oldest[1] or '', pop and oldest[2], now, t[1] * 1000000 + t[2]
 end
 
 -- wake tells next, as next_waiter named it, that the lock is free. The

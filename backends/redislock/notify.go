@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,9 +74,11 @@ type subscription struct {
 	isReady     bool
 	// any holds at most one wake-up for whichever waiter without a name
 	// (readers, writers, semaphores) takes it.
-	any chan struct{}
-	// named has one wake-up channel per mutex waiter, by its id.
-	named map[string]chan struct{}
+	any chan string
+	// named has one wake-up channel per mutex waiter, by its id. What it
+	// carries is "" for a wake-up, or the grant of a lock a release handed
+	// to the waiter (see release.lua).
+	named map[string]chan string
 	// linger drops the subscription a while after its last waiter left.
 	linger *time.Timer
 }
@@ -128,7 +131,7 @@ func (n *notifier) close() error {
 // means that no release after that attempt can go unnoticed. The channel
 // returned is the one the waiter sleeps on; others reports whether local
 // waiters were already there.
-func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-chan struct{}, others bool) {
+func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-chan string, others bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s = n.subs[channel]
@@ -143,7 +146,7 @@ func (n *notifier) joinIfActive(channel, id string) (s *subscription, wake <-cha
 // subscribed, and returns once the server confirmed the subscription, or
 // after within without a confirmation: the waiter then polls until there is
 // one (see watch).
-func (n *notifier) join(ctx context.Context, channel, id string, within time.Duration) (*subscription, <-chan struct{}, error) {
+func (n *notifier) join(ctx context.Context, channel, id string, within time.Duration) (*subscription, <-chan string, error) {
 	n.mu.Lock()
 	if n.isClosed {
 		n.mu.Unlock()
@@ -162,8 +165,8 @@ func (n *notifier) join(ctx context.Context, channel, id string, within time.Dur
 			ps:      n.ps,
 			ready:   make(chan struct{}),
 			gone:    make(chan struct{}),
-			any:     make(chan struct{}, 1),
-			named:   make(map[string]chan struct{}),
+			any:     make(chan string, 1),
+			named:   make(map[string]chan string),
 		}
 		n.subs[channel] = s
 		n.send(psOp{ps: n.ps, kind: opSubscribe, channels: []string{channel}})
@@ -210,7 +213,7 @@ func (s *subscription) unready() {
 
 // register counts a waiter in and returns the channel it sleeps on: its own
 // for a named waiter (id != ""), the shared one otherwise.
-func (n *notifier) register(s *subscription, id string) <-chan struct{} {
+func (n *notifier) register(s *subscription, id string) <-chan string {
 	if s.refs == 0 && s.linger != nil {
 		s.linger.Stop()
 		s.linger = nil
@@ -224,7 +227,7 @@ func (n *notifier) register(s *subscription, id string) <-chan struct{} {
 	if id == "" {
 		return s.any
 	}
-	c := make(chan struct{}, 1)
+	c := make(chan string, 1)
 	s.named[id] = c
 	return c
 }
@@ -240,7 +243,7 @@ func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	}
 	if passOn {
 		select {
-		case s.any <- struct{}{}:
+		case s.any <- "":
 		default:
 		}
 	}
@@ -418,7 +421,8 @@ func (n *notifier) confirmed(ps *goredis.PubSub, channel string) {
 }
 
 // deliver wakes the waiter the message names, if it waits here, or one
-// waiter without a name.
+// waiter without a name. A message that hands a lock to a waiter is
+// '=<grant>\n<waiter>' (see release.lua): the waiter is given the grant.
 func (n *notifier) deliver(ps *goredis.PubSub, channel, next string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -430,16 +434,27 @@ func (n *notifier) deliver(ps *goredis.PubSub, channel, next string) {
 	// process where it waits: the others go on sleeping, which is what
 	// keeps a release from costing an attempt per process.
 	if next != "" {
+		var grant string
+		if strings.HasPrefix(next, "=") {
+			grant, next, _ = strings.Cut(next[1:], "\n")
+		}
 		if c := s.named[next]; c != nil {
+			if grant != "" {
+				// A grant replaces a wake-up the waiter has not taken.
+				select {
+				case <-c:
+				default:
+				}
+			}
 			select {
-			case c <- struct{}{}:
+			case c <- grant:
 			default:
 			}
 		}
 		return
 	}
 	select {
-	case s.any <- struct{}{}:
+	case s.any <- "":
 	default:
 	}
 }

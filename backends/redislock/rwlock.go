@@ -24,12 +24,11 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.Acquir
 	ls := &lease{l: l, key: key, owner: owner, kind: kindRead}
 	return l.acquire(ctx, channel, opts, ls, waiter{
 		shared: true,
-		attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
+		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, _ bool) (reply, error) {
 			return run(ctx, sc, l.s.readAcquire, keys, owner, px)
-		},
-		cleanup: func(ctx context.Context) {
+		}, clean: func(ctx context.Context) {
 			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "0")
-		},
+		}},
 	})
 }
 
@@ -49,13 +48,12 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 	ls := &lease{l: l, key: key, owner: owner, kind: kindWrite}
 	return l.acquire(ctx, channel, opts, ls, waiter{
 		keepAlive: l.cfg.waiterTimeout / 3,
-		attempt: func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error) {
+		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
 			return run(ctx, sc, l.s.writeAcquire, keys, owner, px, flag(queued), waitMs)
-		},
-		cleanup: func(ctx context.Context) {
+		}, clean: func(ctx context.Context) {
 			l.s.writeRelease.Run(ctx, l.sc, keys[1:2], owner, channel)
 			l.s.unwait.Run(ctx, l.sc, keys[2:3], owner, channel)
-		},
+		}},
 	})
 }
 
@@ -78,12 +76,11 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 	keys := []string{n.permits(), n.fence()}
 	ls := &lease{l: l, key: key, owner: owner, kind: kindPermit}
 	return l.acquire(ctx, channel, opts, ls, waiter{
-		attempt: func(ctx context.Context, sc goredis.Scripter, _ bool) ([]int64, error) {
+		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, _ bool) (reply, error) {
 			return run(ctx, sc, l.s.semAcquire, keys, owner, px, permits)
-		},
-		cleanup: func(ctx context.Context) {
+		}, clean: func(ctx context.Context) {
 			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "1")
-		},
+		}},
 	})
 }
 

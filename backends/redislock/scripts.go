@@ -65,11 +65,14 @@ type scripts struct {
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
 	semAcquire, zrelease, zrefresh                  *goredis.Script
 	inspect, forceRelease, unwaitMutex              *goredis.Script
+	// The digests and bodies of the scripts on every plain lock's path, as
+	// interface values for scripter.evalsha, converted once.
+	acquireSha, acquireSrc, releaseSha, releaseSrc any
 }
 
 func newScripts() *scripts {
 	stateSrc := redisstate.Lua + lockStateSrc
-	return &scripts{
+	s := &scripts{
 		acquire:      goredis.NewScript(acquireSrc),
 		fairAcquire:  goredis.NewScript(stateSrc + nextWaiterSrc + fairAcquireSrc),
 		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
@@ -87,4 +90,7 @@ func newScripts() *scripts {
 		forceRelease: goredis.NewScript(stateSrc + nextWaiterSrc + forceReleaseSrc),
 		unwaitMutex:  goredis.NewScript(stateSrc + nextWaiterSrc + unwaitMutexSrc),
 	}
+	s.acquireSha, s.acquireSrc = s.acquire.Hash(), acquireSrc
+	s.releaseSha, s.releaseSrc = s.release.Hash(), nextWaiterSrc+releaseSrc
+	return s
 }

@@ -58,6 +58,16 @@ func privateServer(t *testing.T, port int, extra ...string) (addr string, kill f
 	return addr, kill
 }
 
+// privateClient is a client of a redis-server of the test's own, whose
+// INFO commandstats nobody else moves, and the server's address.
+func privateClient(t *testing.T) (*goredis.Client, string) {
+	t.Helper()
+	addr, _ := privateServer(t, 0)
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c, addr
+}
+
 // grant takes and releases key on addr, returning the token.
 func grant(t *testing.T, addr, key string) uint64 {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,14 +27,32 @@ type waiter struct {
 	// bounded: a waiting attempt may be cut short after attemptBound,
 	// since the next one finds the lock if the unanswered one took it.
 	bounded bool
+	contender
+}
+
+// contender makes the attempts of one acquisition.
+type contender interface {
 	// attempt runs the acquisition script once; queued asks it to record
 	// the contender as waiting when it fails. It answers {1, token} or
 	// {0, ms until the blocking lease lapses (negative when unknown)}.
-	attempt func(ctx context.Context, sc goredis.Scripter, queued bool) ([]int64, error)
+	attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
 	// cleanup removes whatever an interrupted wait may have left on the
 	// server (a queued place, a lock granted after ctx ended).
-	cleanup func(ctx context.Context)
+	cleanup(ctx context.Context)
 }
+
+// funcs is a contender made of two functions, for the acquisitions off the
+// plain lock's path.
+type funcs struct {
+	try   func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
+	clean func(ctx context.Context)
+}
+
+func (f *funcs) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
+	return f.try(ctx, sc, queued)
+}
+
+func (f *funcs) cleanup(ctx context.Context) { f.clean(ctx) }
 
 // maxUnreachablePause caps the pause of a waiting acquisition between
 // attempts on a server that does not answer. The lock comes back only when a
@@ -68,8 +87,14 @@ const attemptBound = 250 * time.Millisecond
 func (l *Locker) acquire(ctx context.Context, channel string, opts driver.AcquireOptions, ls *lease, w waiter) (_ driver.Lease, err error) {
 	var (
 		sub    *subscription
-		wake   <-chan struct{}
+		wake   <-chan string
 		queued bool
+		// refused is when the latest attempt answered with a refusal was
+		// sent: a grant handed over later (see handedOver) was made after
+		// the server ran that attempt, so its lease runs at least until
+		// refused plus the TTL.
+		refused time.Time
+		msg     string
 	)
 	if opts.Wait {
 		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
@@ -95,7 +120,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	for {
 		if queued {
 			queued = false
-			if err := l.sleep(ctx, sub, wake, lostWakeup(opts.TTL), poll, &woken); err != nil {
+			if _, err := l.sleep(ctx, sub, wake, lostWakeup(opts.TTL), poll, &woken); err != nil {
 				return nil, err
 			}
 		}
@@ -105,7 +130,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
 			switch {
-			case len(r) == 4:
+			case r[2] != 0:
 				ls.day.Store(uint32(r[2]))
 				ls.waiting = byte(r[3])
 			case ls.kind == kindMutex:
@@ -114,8 +139,11 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
 		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable):
-			if err := l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
+			if msg, err = l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
 				return nil, err
+			}
+			if l.handedOver(ls, msg, refused, opts.TTL) {
+				return ls, nil
 			}
 			continue
 		case err != nil:
@@ -124,6 +152,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			return nil, driver.ErrNotAcquired
 		}
 		unreachable.Reset()
+		refused = sent
 		if sub == nil {
 			if sub, wake, err = l.notify.join(ctx, channel, w.id, poll); err != nil {
 				return nil, err
@@ -149,10 +178,44 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		if w.keepAlive > 0 {
 			d = min(d, w.keepAlive)
 		}
-		if err := l.sleep(ctx, sub, wake, min(d, lostWakeup(opts.TTL)), poll, &woken); err != nil {
+		if msg, err = l.sleep(ctx, sub, wake, min(d, lostWakeup(opts.TTL)), poll, &woken); err != nil {
 			return nil, err
 		}
+		if l.handedOver(ls, msg, refused, opts.TTL) {
+			return ls, nil
+		}
 	}
+}
+
+// handedOver takes the lock when msg is the grant of a release that handed
+// it to the waiter (see release.lua): '<token>:<day>:<waiting flag>'. The
+// lease's deadline on the server is the grant's clock plus the TTL; the
+// waiter cannot tell when the grant was made (not when the message came:
+// the server's clock started earlier), only that it came after the server
+// answered the attempt sent at refused with a refusal, so it counts the
+// lease from there: a waiter woken a moment after its last attempt loses
+// that moment, one that slept long loses more, but never counts a lease
+// the server does not keep. Without such an attempt, or with one so old
+// (the server was out of reach since) that the lease would be mostly
+// spent, or under WithWaitReplicas, which must see the grant acknowledged,
+// it returns false, and the next attempt, finding the lock its own,
+// extends it.
+func (l *Locker) handedOver(ls *lease, msg string, refused time.Time, ttl time.Duration) bool {
+	if msg == "" || refused.IsZero() || time.Since(refused) > ttl/2 || l.cfg.replicas > 0 {
+		return false
+	}
+	token, rest, _ := strings.Cut(msg, ":")
+	day, flag, _ := strings.Cut(rest, ":")
+	t, err1 := strconv.ParseUint(token, 10, 64)
+	d, err2 := strconv.ParseUint(day, 10, 32)
+	if err1 != nil || err2 != nil || len(flag) != 1 || flag[0] < '0' || flag[0] > '2' {
+		return false
+	}
+	ls.token = t
+	ls.day.Store(uint32(d))
+	ls.waiting = flag[0] - '0'
+	ls.renewed(refused, pxOf(ttl))
+	return true
 }
 
 // lostWakeup bounds every sleep that a release message would end: a
@@ -172,9 +235,9 @@ func (l *Locker) pollEvery(ttl time.Duration) time.Duration {
 
 // sleep waits for a wake-up or d, or, while sub is not confirmed, for poll
 // at most; a change of sub's state (confirmed, or lost) ends it too. It
-// returns ctx's error when ctx ended first, and errClosed when the Locker
-// was closed.
-func (l *Locker) sleep(ctx context.Context, sub *subscription, wake <-chan struct{}, d, poll time.Duration, woken *bool) error {
+// returns the wake-up's message (a grant, or ""), ctx's error when ctx
+// ended first, and errClosed when the Locker was closed.
+func (l *Locker) sleep(ctx context.Context, sub *subscription, wake <-chan string, d, poll time.Duration, woken *bool) (msg string, err error) {
 	var changed <-chan struct{}
 	if sub != nil {
 		var confirmed bool
@@ -186,23 +249,23 @@ func (l *Locker) sleep(ctx context.Context, sub *subscription, wake <-chan struc
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return "", ctx.Err()
 	case <-l.notify.closed:
-		return errClosed
-	case <-wake:
+		return "", errClosed
+	case msg = <-wake:
 		*woken = true
 	case <-changed:
 		*woken = false
 	case <-timer.C:
 		*woken = false
 	}
-	return nil
+	return msg, nil
 }
 
 // attempt makes one acquisition attempt. With WithWaitReplicas it runs on a
 // connection of its own, because WAIT counts the replicas that acknowledged
 // the writes of the connection it is sent on.
-func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) ([]int64, error) {
+func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) (reply, error) {
 	if l.cfg.replicas == 0 {
 		if !w.bounded || !queued {
 			return w.attempt(ctx, l.sc, queued)
@@ -222,7 +285,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	case *goredis.ClusterClient:
 		node, err := c.MasterForKey(ctx, lockKeyOf(ls.key))
 		if err != nil {
-			return nil, driver.Unavailable(ctx, err)
+			return reply{}, driver.Unavailable(ctx, err)
 		}
 		conn = node.Conn()
 	}
@@ -242,7 +305,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	ls.releaseOn(rctx, conn)
-	return nil, driver.Unavailable(ctx, err)
+	return reply{}, driver.Unavailable(ctx, err)
 }
 
 // replicasOf says how many replicas the master behind conn has, when it

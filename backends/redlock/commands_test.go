@@ -125,3 +125,44 @@ func TestRefusedRetriesWriteNothing(t *testing.T) {
 		t.Errorf("%d GETs a node over %d refused attempts, want one for each but the first", gets, attempts)
 	}
 }
+
+// TestScriptCacheFlushed: after the nodes lost their script caches (a
+// restart, SCRIPT FLUSH), a round's acquisition, refresh and release, whose
+// commands the Locker builds itself for all the nodes, send each script's
+// body once a node, and work.
+func TestScriptCacheFlushed(t *testing.T) {
+	servers := startServers(t, 3)
+	// Room for the round trip NOSCRIPT costs, and the body's compilation,
+	// on a loaded machine.
+	l := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	cycle := func() {
+		t.Helper()
+		lease, err := l.Acquire(ctx, "flushed", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Refresh(ctx, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	for _, s := range servers {
+		c := goredis.NewClient(&goredis.Options{Addr: s.addr})
+		err := c.ScriptFlush(ctx).Err()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := callsByName(t, servers)["eval"]
+	cycle()
+	cycle()
+	if n := callsByName(t, servers)["eval"] - before; n != 3*3 {
+		t.Errorf("%d scripts sent in full after the flush, want 9 (the acquisition's, the refresh's and the release's, once a node)", n)
+	}
+}

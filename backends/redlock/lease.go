@@ -49,8 +49,9 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
 	lock := lockKeyOf(ls.key)
 	start := time.Now()
+	cmd := []any{"evalsha", l.refreshSha, 1, lock, ls.owner, ttl.Milliseconds(), ls.token}
 	rs := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.refresh.Run(ctx, n, []string{lock}, ls.owner, ttl.Milliseconds(), ls.token).Int64()
+		return evalsha(ctx, n, refreshSrc, cmd).Int64()
 	}, ls.votes...)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,9 @@ type Locker struct {
 	maxBackoff  time.Duration
 
 	acquire, fence, release, refresh *goredis.Script
+	// The digests of the scripts every round sends, as interface values
+	// for evalsha, converted once.
+	acquireSha, releaseSha, refreshSha any
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -109,6 +113,7 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
 	}
+	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
@@ -191,8 +196,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	if held {
 		readFirst = "1"
 	}
+	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds(), readFirst}
 	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.acquire.Run(ctx, n, []string{lock}, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds(), readFirst).Int64Slice()
+		return evalsha(ctx, n, acquireSrc, cmd).Int64Slice()
 	})
 	var (
 		granted  []int
@@ -332,10 +338,32 @@ func (l *Locker) withdraw(ctx context.Context, key, owner string, token, day any
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	lock := lockKeyOf(key)
+	cmd := []any{"evalsha", l.releaseSha, 1, lockKeyOf(key), owner, token, day}
 	return l.gather(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return l.release.Run(ctx, n, []string{lock}, owner, token, day).Int64()
+		return evalsha(ctx, n, releaseSrc, cmd).Int64()
 	}, enough, which...)
+}
+
+// evalsha runs a script on node by its digest, as go-redis's Script.Run
+// does, but on a command built once for all the nodes of a round:
+// "evalsha", the digest, 1, the key, the arguments. Script.Run converts the
+// key and the arguments to interface values and makes the command's slice
+// for every node, a dozen allocations a node. The calls to the nodes share
+// cmd, in parallel, so they only read it: on NOSCRIPT (a restarted node,
+// SCRIPT FLUSH) the body goes in a copy.
+func evalsha(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
+	c := goredis.NewCmd(ctx, cmd...)
+	c.SetFirstKeyPos(3)
+	_ = node.Process(ctx, c)
+	// HasErrorPrefix allocates even for no error.
+	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		full := slices.Clone(cmd)
+		full[0], full[1] = "eval", src
+		c = goredis.NewCmd(ctx, full...)
+		c.SetFirstKeyPos(3)
+		_ = node.Process(ctx, c)
+	}
+	return c
 }
 
 type result struct {
