@@ -80,7 +80,7 @@
 // the lock afterwards, then releases what one handed it before.
 //
 // Fair waiters are not handed the lock: a release wakes the head of the
-// queue, which claims it, as before. Records of an earlier version, which
+// queue, which claims it. Records of an earlier version, which
 // say no TTL, are woken as before and keep their place, so that processes
 // of both versions exclude each other during a rolling upgrade; a waiter of
 // this version is woken by an earlier version's release as before.
