@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -75,14 +76,14 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 	}
 	d := KeyDir(name)
 	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits), label: opts.Owner}
-	a.own = d + l.contenderName(s)
+	dir := d
 	if k == shared {
-		a.own = d + "r/" + a.own[len(d):]
+		dir = d + "r/"
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}
-	a.le = &lease{s: s, own: a.own}
-	s.track(a.le)
+	a.le = s.track(dir)
+	a.own = a.le.own
 	var granted driver.Lease
 	if !opts.Wait && k != counting {
 		granted, err = a.try(ctx)
@@ -175,7 +176,7 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) 
 		err = a.waitCount(ctx)
 	} else if len(before.Kvs) > 0 {
 		// The predecessor existed when own was put, at revision a.rev.
-		err = a.waitPredecessor(ctx, string(before.Kvs[0].Key), a.rev)
+		err = a.waitPredecessor(ctx, before.Kvs[0], a.rev)
 	}
 	if err != nil {
 		return nil, a.abort(ctx, err)
@@ -207,9 +208,9 @@ func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
 
 // waitPredecessor waits until no key in the blocking range precedes own,
 // watching one key at a time: the latest before own.
-func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int64) error {
-	for pred != "" {
-		if err := a.waitDeleted(ctx, pred, knownAt); err != nil {
+func (a *attempt) waitPredecessor(ctx context.Context, pred *mvccpb.KeyValue, knownAt int64) error {
+	for pred != nil {
+		if err := a.waitDeleted(ctx, string(pred.Key), pred.CreateRevision, knownAt); err != nil {
 			return err
 		}
 		// The predecessor may have been a waiter that gave up, with others
@@ -218,36 +219,38 @@ func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int6
 		if err != nil {
 			return err
 		}
-		pred, knownAt = "", resp.Header.Revision
+		pred, knownAt = nil, resp.Header.Revision
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			pred = string(kvs[0].Key)
+			pred = kvs[0]
 		}
 	}
 	return nil
 }
 
-// waitDeleted returns once key, which existed at revision knownAt, is
-// deleted.
+// waitDeleted returns once key, which existed at revision knownAt with
+// create revision created, is deleted.
 //
 // The watch starts at the server's current revision, which keeps it among the
 // server's synced watchers, notified as soon as the deletion is applied; a
 // watch from an older revision would be served by the catch-up loop, every
 // 100 ms. A deletion between knownAt and the watch's start would be missed,
-// so when the revision moved in between, the key is looked up once more.
-func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) error {
+// so when the revision moved in between, the key is looked up once more; it
+// is gone if it was put again since (a session puts its keys again, see
+// session.track), since the new one stands after own.
+func (a *attempt) waitDeleted(ctx context.Context, key string, created, knownAt int64) error {
 	gone := func(ctx context.Context) (bool, error) {
-		var count int64
+		var kvs []*mvccpb.KeyValue
 		err := a.l.members.repeat(ctx, a.l.timeout, false, func(actx context.Context, c *clientv3.Client) error {
-			g, err := c.Get(actx, key, clientv3.WithCountOnly())
+			g, err := c.Get(actx, key, clientv3.WithKeysOnly())
 			if err == nil {
-				count = g.Count
+				kvs = g.Kvs
 			}
 			return err
 		})
 		if err != nil {
 			return false, err
 		}
-		return count == 0, nil
+		return len(kvs) == 0 || kvs[0].CreateRevision != created, nil
 	}
 	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
 		if !wr.Created {
@@ -341,8 +344,9 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 }
 
 // abort removes own, which has been put, and returns cause. The key is
-// unique to this attempt, so deleting it unconditionally, and again after an
-// attempt without answer, cannot touch anyone else's. If the delete cannot
+// this attempt's, and no later contender puts it again (only a release
+// frees a key for that), so deleting it unconditionally, and again after
+// an attempt without answer, cannot touch anyone else's. If the delete cannot
 // be confirmed, the key would block every later contender for as long as
 // the session lives, so the session is given up instead: its lease expires,
 // or is revoked, and takes the key with it. A session already lost is

@@ -29,7 +29,7 @@ type Locker struct {
 	// members pins the member every request goes to.
 	members *members
 	timeout bound
-	// seq tells apart the keys of several acquisitions of one name under one
+	// seq tells apart the keys of several contenders for one name under one
 	// session, so that each contender, even in one process, has its own key.
 	seq atomic.Uint64
 
