@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -120,19 +121,75 @@ func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 // applied after a delete meant to undo it, and leave a key behind that
 // blocks everyone for as long as the session lives. When the outcome stays
 // unknown (no answer within the request timeout), the session is given up,
-// so that its lease, and any such key, expires.
+// so that its lease, and any such key, expires. Should ctx end first, put
+// returns ctx's error at once and leaves the transaction to finish in the
+// background, where a key it put is removed (see unbound).
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	var resp *clientv3.TxnResponse
-	err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
-		var err error
-		resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
-		return err
+	return unbound(ctx, func() (*clientv3.TxnResponse, error) {
+		var resp *clientv3.TxnResponse
+		err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
+			var err error
+			resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
+			return err
+		})
+		if err != nil {
+			a.s.giveUp()
+			return nil, err
+		}
+		return resp, nil
+	}, func(resp *clientv3.TxnResponse) {
+		if resp.Succeeded {
+			a.remove(ctx)
+		}
 	})
-	if err != nil {
-		a.s.giveUp()
-		return nil, err
+}
+
+// unbound runs f, a request that must not be cut short when ctx ends (it
+// keeps ctx's values only), and returns its answer; but once ctx is done,
+// it returns ctx's error at once and leaves f to finish on a goroutine of
+// its own, where left is given f's answer if f succeeds. That is what keeps
+// every call of the Locker within its ctx (driver.ContextBounded). A ctx
+// that cannot end needs no goroutine: f then runs on the caller's.
+func unbound[T any](ctx context.Context, f func() (T, error), left func(T)) (T, error) {
+	if ctx.Done() == nil {
+		return f()
 	}
-	return resp, nil
+	var (
+		mu        sync.Mutex
+		abandoned bool
+		v         T
+		err       error
+	)
+	done := make(chan struct{})
+	go func() {
+		fv, ferr := f()
+		mu.Lock()
+		if !abandoned {
+			v, err = fv, ferr
+			close(done)
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if ferr == nil && left != nil {
+			left(fv)
+		}
+	}()
+	select {
+	case <-done:
+		return v, err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case <-done:
+		return v, err
+	default:
+	}
+	abandoned = true
+	var zero T
+	return zero, ctx.Err()
 }
 
 // blockersOp reads what blocks own among the keys created before revision
@@ -343,17 +400,27 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 	}
 }
 
-// abort removes own, which has been put, and returns cause. The key is
-// this attempt's, and no later contender puts it again (only a release
-// frees a key for that), so deleting it unconditionally, and again after
-// an attempt without answer, cannot touch anyone else's. If the delete cannot
-// be confirmed, the key would block every later contender for as long as
-// the session lives, so the session is given up instead: its lease expires,
-// or is revoked, and takes the key with it. A session already lost is
-// past that point, and no delete is sent.
+// abort removes own, which has been put, and returns cause; once ctx is
+// done, the removal goes on in the background (see unbound).
 func (a *attempt) abort(ctx context.Context, cause error) error {
+	unbound(ctx, func() (struct{}, error) {
+		a.remove(ctx)
+		return struct{}{}, nil
+	}, nil)
+	return cause
+}
+
+// remove deletes own. The key is this attempt's, and no later contender
+// puts it again (only a release frees a key for that), so deleting it
+// unconditionally, and again after an attempt without answer, cannot touch
+// anyone else's. If the delete cannot be confirmed, the key would block
+// every later contender for as long as the session lives, so the session
+// is given up instead: its lease expires, or is revoked, and takes the key
+// with it. A session already lost is past that point, and no delete is
+// sent.
+func (a *attempt) remove(ctx context.Context) {
 	if a.s.lost() {
-		return cause // the lease's revocation, or its expiry, takes the key
+		return // the lease's revocation, or its expiry, takes the key
 	}
 	err := a.l.members.repeat(ctx, a.l.timeout, true, func(actx context.Context, c *clientv3.Client) error {
 		_, err := c.Delete(actx, a.own)
@@ -362,7 +429,6 @@ func (a *attempt) abort(ctx context.Context, cause error) error {
 	if err != nil {
 		a.s.giveUp()
 	}
-	return cause
 }
 
 // lease returns the lease of a granted attempt, unless its session was lost

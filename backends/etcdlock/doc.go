@@ -99,9 +99,10 @@
 // or the lock would stay blocked for as long as the keepalive runs (after a
 // leader election that swallowed a release, for instance). So the
 // transaction that puts a contender's key runs to completion even when the
-// caller's context is cancelled (the key is then deleted before Acquire
-// returns the context's error), because a put cancelled in flight could land
-// after the delete meant to undo it; and whenever such a put, the delete of
+// caller's context is cancelled (Acquire returns the context's error at
+// once, and the key is deleted in the background once the put is
+// answered), because a put cancelled in flight could land after the delete
+// meant to undo it; and whenever such a put, the delete of
 // an abandoned attempt or a Release gets no answer, the session is given up:
 // its keepalive stops, its Done channel closes, its lease is revoked best
 // effort and otherwise expires with every key on it within its TTL. The other
