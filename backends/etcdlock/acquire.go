@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -75,14 +77,14 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 	}
 	d := KeyDir(name)
 	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits), label: opts.Owner}
-	a.own = d + l.contenderName(s)
+	dir := d
 	if k == shared {
-		a.own = d + "r/" + a.own[len(d):]
+		dir = d + "r/"
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}
-	a.le = &lease{s: s, own: a.own}
-	s.track(a.le)
+	a.le = s.track(dir)
+	a.own = a.le.own
 	var granted driver.Lease
 	if !opts.Wait && k != counting {
 		granted, err = a.try(ctx)
@@ -119,19 +121,75 @@ func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 // applied after a delete meant to undo it, and leave a key behind that
 // blocks everyone for as long as the session lives. When the outcome stays
 // unknown (no answer within the request timeout), the session is given up,
-// so that its lease, and any such key, expires.
+// so that its lease, and any such key, expires. Should ctx end first, put
+// returns ctx's error at once and leaves the transaction to finish in the
+// background, where a key it put is removed (see unbound).
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	var resp *clientv3.TxnResponse
-	err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
-		var err error
-		resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
-		return err
+	return unbound(ctx, func() (*clientv3.TxnResponse, error) {
+		var resp *clientv3.TxnResponse
+		err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
+			var err error
+			resp, err = c.Txn(rctx).If(cmps...).Then(ops...).Commit()
+			return err
+		})
+		if err != nil {
+			a.s.giveUp()
+			return nil, err
+		}
+		return resp, nil
+	}, func(resp *clientv3.TxnResponse) {
+		if resp.Succeeded {
+			a.remove(ctx)
+		}
 	})
-	if err != nil {
-		a.s.giveUp()
-		return nil, err
+}
+
+// unbound runs f, a request that must not be cut short when ctx ends (it
+// keeps ctx's values only), and returns its answer; but once ctx is done,
+// it returns ctx's error at once and leaves f to finish on a goroutine of
+// its own, where left is given f's answer if f succeeds. That is what keeps
+// every call of the Locker within its ctx (driver.ContextBounded). A ctx
+// that cannot end needs no goroutine: f then runs on the caller's.
+func unbound[T any](ctx context.Context, f func() (T, error), left func(T)) (T, error) {
+	if ctx.Done() == nil {
+		return f()
 	}
-	return resp, nil
+	var (
+		mu        sync.Mutex
+		abandoned bool
+		v         T
+		err       error
+	)
+	done := make(chan struct{})
+	go func() {
+		fv, ferr := f()
+		mu.Lock()
+		if !abandoned {
+			v, err = fv, ferr
+			close(done)
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if ferr == nil && left != nil {
+			left(fv)
+		}
+	}()
+	select {
+	case <-done:
+		return v, err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case <-done:
+		return v, err
+	default:
+	}
+	abandoned = true
+	var zero T
+	return zero, ctx.Err()
 }
 
 // blockersOp reads what blocks own among the keys created before revision
@@ -175,7 +233,7 @@ func (a *attempt) enqueue(ctx context.Context, wait bool) (driver.Lease, error) 
 		err = a.waitCount(ctx)
 	} else if len(before.Kvs) > 0 {
 		// The predecessor existed when own was put, at revision a.rev.
-		err = a.waitPredecessor(ctx, string(before.Kvs[0].Key), a.rev)
+		err = a.waitPredecessor(ctx, before.Kvs[0], a.rev)
 	}
 	if err != nil {
 		return nil, a.abort(ctx, err)
@@ -207,9 +265,9 @@ func (a *attempt) recheck(ctx context.Context) (*clientv3.TxnResponse, error) {
 
 // waitPredecessor waits until no key in the blocking range precedes own,
 // watching one key at a time: the latest before own.
-func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int64) error {
-	for pred != "" {
-		if err := a.waitDeleted(ctx, pred, knownAt); err != nil {
+func (a *attempt) waitPredecessor(ctx context.Context, pred *mvccpb.KeyValue, knownAt int64) error {
+	for pred != nil {
+		if err := a.waitDeleted(ctx, string(pred.Key), pred.CreateRevision, knownAt); err != nil {
 			return err
 		}
 		// The predecessor may have been a waiter that gave up, with others
@@ -218,36 +276,38 @@ func (a *attempt) waitPredecessor(ctx context.Context, pred string, knownAt int6
 		if err != nil {
 			return err
 		}
-		pred, knownAt = "", resp.Header.Revision
+		pred, knownAt = nil, resp.Header.Revision
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			pred = string(kvs[0].Key)
+			pred = kvs[0]
 		}
 	}
 	return nil
 }
 
-// waitDeleted returns once key, which existed at revision knownAt, is
-// deleted.
+// waitDeleted returns once key, which existed at revision knownAt with
+// create revision created, is deleted.
 //
 // The watch starts at the server's current revision, which keeps it among the
 // server's synced watchers, notified as soon as the deletion is applied; a
 // watch from an older revision would be served by the catch-up loop, every
 // 100 ms. A deletion between knownAt and the watch's start would be missed,
-// so when the revision moved in between, the key is looked up once more.
-func (a *attempt) waitDeleted(ctx context.Context, key string, knownAt int64) error {
+// so when the revision moved in between, the key is looked up once more; it
+// is gone if it was put again since (a session puts its keys again, see
+// session.track), since the new one stands after own.
+func (a *attempt) waitDeleted(ctx context.Context, key string, created, knownAt int64) error {
 	gone := func(ctx context.Context) (bool, error) {
-		var count int64
+		var kvs []*mvccpb.KeyValue
 		err := a.l.members.repeat(ctx, a.l.timeout, false, func(actx context.Context, c *clientv3.Client) error {
-			g, err := c.Get(actx, key, clientv3.WithCountOnly())
+			g, err := c.Get(actx, key, clientv3.WithKeysOnly())
 			if err == nil {
-				count = g.Count
+				kvs = g.Kvs
 			}
 			return err
 		})
 		if err != nil {
 			return false, err
 		}
-		return count == 0, nil
+		return len(kvs) == 0 || kvs[0].CreateRevision != created, nil
 	}
 	return a.watchDeletes(ctx, key, func(wr clientv3.WatchResponse) (bool, error) {
 		if !wr.Created {
@@ -340,16 +400,27 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 	}
 }
 
-// abort removes own, which has been put, and returns cause. The key is
-// unique to this attempt, so deleting it unconditionally, and again after an
-// attempt without answer, cannot touch anyone else's. If the delete cannot
-// be confirmed, the key would block every later contender for as long as
-// the session lives, so the session is given up instead: its lease expires,
-// or is revoked, and takes the key with it. A session already lost is
-// past that point, and no delete is sent.
+// abort removes own, which has been put, and returns cause; once ctx is
+// done, the removal goes on in the background (see unbound).
 func (a *attempt) abort(ctx context.Context, cause error) error {
+	unbound(ctx, func() (struct{}, error) {
+		a.remove(ctx)
+		return struct{}{}, nil
+	}, nil)
+	return cause
+}
+
+// remove deletes own. The key is this attempt's, and no later contender
+// puts it again (only a release frees a key for that), so deleting it
+// unconditionally, and again after an attempt without answer, cannot touch
+// anyone else's. If the delete cannot be confirmed, the key would block
+// every later contender for as long as the session lives, so the session
+// is given up instead: its lease expires, or is revoked, and takes the key
+// with it. A session already lost is past that point, and no delete is
+// sent.
+func (a *attempt) remove(ctx context.Context) {
 	if a.s.lost() {
-		return cause // the lease's revocation, or its expiry, takes the key
+		return // the lease's revocation, or its expiry, takes the key
 	}
 	err := a.l.members.repeat(ctx, a.l.timeout, true, func(actx context.Context, c *clientv3.Client) error {
 		_, err := c.Delete(actx, a.own)
@@ -358,7 +429,6 @@ func (a *attempt) abort(ctx context.Context, cause error) error {
 	if err != nil {
 		a.s.giveUp()
 	}
-	return cause
 }
 
 // lease returns the lease of a granted attempt, unless its session was lost

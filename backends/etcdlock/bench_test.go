@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -35,6 +36,19 @@ func (c *wardenContender) lock(ctx context.Context) (err error) {
 }
 
 func (c *wardenContender) unlock(ctx context.Context) error { return c.lease.Release(ctx) }
+
+// guardContender runs guard.Do with an empty section: lock and unlock in
+// one call.
+type guardContender struct {
+	g   *guard.Guard
+	key string
+}
+
+func (c *guardContender) lock(ctx context.Context) error {
+	return c.g.Do(ctx, c.key, func(context.Context, *guard.Lock) error { return nil })
+}
+
+func (c *guardContender) unlock(context.Context) error { return nil }
 
 type mutexContender struct{ m *concurrency.Mutex }
 
@@ -225,10 +239,11 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 	}
 }
 
-// BenchmarkCycle times one uncontended Acquire and Release, and, in the
-// same run, concurrency.Mutex's Lock and Unlock on a session of its own (the
-// same two transactions), so that the two compare as a ratio and as
-// allocations per cycle.
+// BenchmarkCycle times one uncontended Acquire and Release, the same
+// through guard.Do (as bench-peers and users run it), and, in the same run,
+// concurrency.Mutex's Lock and Unlock on a session of its own (the same two
+// transactions), so that they compare as ratios and as allocations per
+// cycle.
 func BenchmarkCycle(b *testing.B) {
 	eps := endpoints(b)
 	ctx := context.Background()
@@ -236,6 +251,14 @@ func BenchmarkCycle(b *testing.B) {
 		l, _ := newLocker(b, eps)
 		c := &wardenContender{l: l, key: name("bench/cycle")}
 		cycles(b, ctx, c)
+	})
+	b.Run("guard.Do", func(b *testing.B) {
+		l, _ := newLocker(b, eps)
+		g, err := guard.New(l, guard.WithTTL(MinTTL), guard.WithPrefix(name("bench-guard")+"/"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cycles(b, ctx, &guardContender{g: g, key: "cycle"})
 	})
 	b.Run("concurrency.Mutex", func(b *testing.B) {
 		s, err := concurrency.NewSession(newClient(b, eps), concurrency.WithTTL(int(MinTTL/time.Second)))

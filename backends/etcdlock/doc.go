@@ -50,9 +50,18 @@
 // Semaphore waiters are the exception: any release may admit any of them, so
 // they watch the whole lock and count again on every deletion.
 //
-// Release deletes the key, whose name (the session's lease id and a sequence
-// number of the Locker) is unique to its acquisition and never put again, so
-// a stale or retried unlock never deletes another holder's key.
+// Release deletes the key. Its name (the session's lease id and a sequence
+// number of the Locker) is the session's alone, and in use by one
+// contender at a time, so a stale or retried unlock never deletes another
+// session's key. A session takes the same lock again with the same key,
+// put again with a new create revision, once its previous holder's delete
+// was answered and deleted it, so that no earlier delete of it can still
+// land: etcd keeps every deleted key in its index until the cluster is
+// compacted, and the read that comes with each acquisition visits them all,
+// so a new key per acquisition would slow every acquisition of a lock down
+// with the number taken since the last compaction (etcd compacts nothing
+// by default). A key whose delete went unanswered, or that a forced release
+// took, is not put again.
 //
 // A holder's session renews its lease, not its keys, so a key deleted by an
 // operator (Locker.ForceRelease) would go unnoticed while the session lives.
@@ -90,9 +99,10 @@
 // or the lock would stay blocked for as long as the keepalive runs (after a
 // leader election that swallowed a release, for instance). So the
 // transaction that puts a contender's key runs to completion even when the
-// caller's context is cancelled (the key is then deleted before Acquire
-// returns the context's error), because a put cancelled in flight could land
-// after the delete meant to undo it; and whenever such a put, the delete of
+// caller's context is cancelled (Acquire returns the context's error at
+// once, and the key is deleted in the background once the put is
+// answered), because a put cancelled in flight could land after the delete
+// meant to undo it; and whenever such a put, the delete of
 // an abandoned attempt or a Release gets no answer, the session is given up:
 // its keepalive stops, its Done channel closes, its lease is revoked best
 // effort and otherwise expires with every key on it within its TTL. The other

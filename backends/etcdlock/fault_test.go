@@ -191,7 +191,8 @@ func TestCutConnection(t *testing.T) {
 
 // TestCancelledWaitersLeaveNoKey cancels waiters at every stage (before the
 // request, during it, while queued) and lists the keys afterwards: only the
-// holder's may remain.
+// holder's may remain, once the removals the waiters left to the
+// background are done.
 func TestCancelledWaitersLeaveNoKey(t *testing.T) {
 	eps := endpoints(t)
 	holder, c := newLocker(t, eps)
@@ -230,9 +231,12 @@ func TestCancelledWaitersLeaveNoKey(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if keys := keysUnder(t, c, key); len(keys) != 1 || keys[0] != held.(*lease).own {
-		t.Errorf("keys left after the waiters gave up: %q, want only the holder's %q", keys, held.(*lease).own)
-	}
+	// A waiter that gave up during its put has its key removed once the put
+	// is answered, after Acquire returned.
+	waitFor(t, "only the holder's key is left", func() bool {
+		keys := keysUnder(t, c, key)
+		return len(keys) == 1 && keys[0] == held.(*lease).own
+	})
 	if err := held.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -446,6 +450,49 @@ func TestCleanupWithoutAnswer(t *testing.T) {
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAcquireWithinContext: an acquisition whose put gets no answer returns
+// when its ctx ends, not when the put's request timeout does
+// (driver.ContextBounded), and the put, still unanswered at its own bound,
+// gives up the session in the background.
+func TestAcquireWithinContext(t *testing.T) {
+	const timeout = 3 * time.Second
+	eps := endpoints(t)
+	sw := &swallower{methods: []string{"/etcdserverpb.KV/Txn"}}
+	l := lockerOn(t, newClient(t, eps, sw.dialOption()), WithRequestTimeout(timeout))
+	if !l.BoundedByContext() {
+		t.Fatal("not ContextBounded")
+	}
+	k := name("within-context")
+	// The session first, so that only the put is left to hang.
+	first, err := l.Acquire(context.Background(), k, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sess := first.(driver.SessionLease).Session()
+	sw.on.Store(true)
+	for _, wait := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		start := time.Now()
+		_, err := l.Acquire(ctx, k, opts(MinTTL, wait))
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("wait %v: got %v, want context.DeadlineExceeded", wait, err)
+		}
+		if took > timeout/2 {
+			t.Errorf("wait %v: returned %v after its ctx's 100ms, past half the request timeout %v", wait, took, timeout)
+		}
+	}
+	select {
+	case <-sess.Done():
+	case <-time.After(2 * timeout):
+		t.Error("the session was not given up after the unanswered put")
 	}
 }
 

@@ -81,12 +81,13 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 	return nil
 }
 
-// Release deletes the key. Its name is unique to this acquisition (the
-// session's etcd lease id and a sequence number of the Locker), and no one
-// puts it again, so a retried or stale release never deletes another
-// holder's key: a plain delete, which etcd serves faster than a
-// compare-and-delete transaction, is enough, and what it deleted tells
-// whether the key was still there.
+// Release deletes the key. Its name is this acquisition's (the session's
+// etcd lease id and a sequence number of the Locker), and is put again, by
+// a later acquisition of the session, only once this delete was answered
+// and deleted it (see session.release), so a retried or stale release never
+// deletes another holder's key: a plain delete, which etcd serves faster
+// than a compare-and-delete transaction, is enough, and what it deleted
+// tells whether the key was still there.
 //
 // A delete that gets no answer (a leader election, a partition) is sent
 // again, each attempt bounded by a second at most, until ctx ends or the
@@ -128,6 +129,9 @@ func (le *lease) Release(ctx context.Context) error {
 		le.s.giveUp()
 		return err
 	case resp.Deleted > 0:
+		if !unknown {
+			le.s.release(le)
+		}
 		return nil
 	case unknown && !le.s.lost():
 		return nil // an earlier attempt deleted it

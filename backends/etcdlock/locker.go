@@ -29,7 +29,7 @@ type Locker struct {
 	// members pins the member every request goes to.
 	members *members
 	timeout bound
-	// seq tells apart the keys of several acquisitions of one name under one
+	// seq tells apart the keys of several contenders for one name under one
 	// session, so that each contender, even in one process, has its own key.
 	seq atomic.Uint64
 
@@ -48,10 +48,11 @@ type Locker struct {
 }
 
 var (
-	_ driver.Locker     = (*Locker)(nil)
-	_ driver.RWLocker   = (*Locker)(nil)
-	_ driver.Semaphorer = (*Locker)(nil)
-	_ driver.Limiter    = (*Locker)(nil)
+	_ driver.Locker         = (*Locker)(nil)
+	_ driver.RWLocker       = (*Locker)(nil)
+	_ driver.Semaphorer     = (*Locker)(nil)
+	_ driver.Limiter        = (*Locker)(nil)
+	_ driver.ContextBounded = (*Locker)(nil)
 )
 
 // New returns a Locker that keeps its locks in the etcd cluster client talks
@@ -93,6 +94,13 @@ func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 func (l *Locker) Limits() driver.Limits {
 	return driver.Limits{MinTTL: MinTTL, TTLStep: time.Second}
 }
+
+// BoundedByContext implements driver.ContextBounded: every call of the
+// Locker and of its leases returns once its ctx is done, so guard calls
+// them on the caller's goroutine instead of one of its own. The writes that
+// must not be abandoned half way (the put of a contender's key, and its
+// removal when the acquisition gives up) go on in the background then.
+func (l *Locker) BoundedByContext() bool { return true }
 
 // Acquire implements driver.Locker. opts.TTL is the TTL of the session the
 // key is attached to.

@@ -27,12 +27,58 @@ func revokedDir(id clientv3.LeaseID) string {
 	return RevokedPrefix + strconv.FormatInt(int64(id), 16) + "/"
 }
 
-// track registers le, whose key is about to be put, so that a marker naming
-// its key finds it.
-func (s *session) track(le *lease) {
+// maxIdle bounds the keys a session keeps to put again (see track): a
+// process that locks ever new names (one per request, say) would otherwise
+// keep a key per name it ever released.
+const maxIdle = 256
+
+// track returns the lease of a new contender under dir (a lock's KeyDir,
+// or its readers' subdirectory), registered so that a marker naming its key
+// finds it. Its key is the session's key of an earlier contender there that
+// was released cleanly (see release), or a new one.
+//
+// etcd keeps a deleted key in its index until the cluster is compacted
+// (which etcd does not do by default), and every read of a range visits each
+// key the range held since: with a key of its own per acquisition, the read
+// that comes with every acquisition would slow down with every acquisition
+// of that lock since the last compaction. A session that takes a lock again
+// and again thus puts one key again and again.
+func (s *session) track(dir string) *lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.leases[le.own] = le
+	own, ok := s.idle[dir]
+	if ok {
+		delete(s.idle, dir)
+	} else {
+		own = dir + s.l.contenderName(s)
+	}
+	le := &lease{s: s, own: own}
+	s.leases[own] = le
+	return le
+}
+
+// release marks le's key as free to be put again by a later contender of
+// the session. Release calls it only once its one delete of the key was
+// answered and deleted it: no other delete of the key is then in flight
+// (an acquisition that gave up, or a release that needed a second attempt,
+// leaves its key unused ever after), so none can land on the next holder's;
+// and no forced release took the key, whose marker would be taken for the
+// next holder's. Put again, the key gets a new create revision, the next
+// holder's token.
+func (s *session) release(le *lease) {
+	dir := le.own[:strings.LastIndexByte(le.own, '/')+1]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.idle[dir]; ok {
+		return
+	}
+	if len(s.idle) >= maxIdle {
+		for d := range s.idle {
+			delete(s.idle, d)
+			break
+		}
+	}
+	s.idle[dir] = le.own
 }
 
 // forget drops le: it was released, or never granted. A revocation found

@@ -43,6 +43,9 @@ type session struct {
 	// release's marker names the key, and may arrive before the
 	// acquisition returns.
 	leases map[string]*lease
+	// idle are the keys the session may put again, by directory (see
+	// track).
+	idle map[string]string
 
 	// done is closed when the lease is lost, revoked or given up.
 	done   chan struct{}
@@ -86,6 +89,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 		kctx:    kctx,
 		stop:    stop,
 		leases:  make(map[string]*lease),
+		idle:    make(map[string]string),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
 	}
