@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -164,15 +165,27 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 // documentation).
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
-	mine := make([]*lease, 0, len(leases))
-	at := make([]int, 0, len(leases))
+	type entry struct {
+		ls *lease
+		at int // in leases
+	}
+	entries := make([]entry, 0, len(leases))
 	for i, g := range leases {
 		ls, ok := g.(*lease)
 		if !ok || ls.l != l {
 			errs[i] = fmt.Errorf("%w: the lease was not granted by this Locker", driver.ErrInvalidOption)
 			continue
 		}
-		mine, at = append(mine, ls), append(at, i)
+		entries = append(entries, entry{ls, i})
+	}
+	// In key order, a statement looks its rows up in the order of the
+	// primary key's index, each lookup reading the pages the last one
+	// read: a third less of the server's time per row on PostgreSQL.
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.ls.key, b.ls.key) })
+	mine := make([]*lease, len(entries))
+	at := make([]int, len(entries))
+	for j, e := range entries {
+		mine[j], at[j] = e.ls, e.at
 	}
 	parallel := 4
 	if l.d.name == "sqlite" {
@@ -298,18 +311,22 @@ type refreshing struct {
 // two array parameters, so the statement stays small and PostgreSQL parses
 // and plans it in no time whatever the batch's size (the arrays are sent as
 // text literals, which any driver passes through). unnest pairs them up and
-// the primary key's index finds each row: the plan stays linear in the
-// batch when PostgreSQL reuses a generic plan for the prepared statement,
-// which "owner = ANY(array)" would not (a generic plan compares each row
-// with the whole array, seconds for 20,000 leases). The database's clock is
-// read once.
+// the primary key's index finds each row, so the work is linear in the
+// batch, not in the table, which keeps a row for every key ever locked
+// ("owner = ANY(array)" would compare each row with the whole array,
+// seconds for 20,000 leases). The arrays are read through scalar
+// subqueries so that the planner cannot see their length: seeing it, as it
+// does in the custom plans it makes for the first five runs of a prepared
+// statement on each connection, it hashed the batch and scanned the whole
+// table (330,000 rows for 5,000 leases: 1.7s on a loaded server, past the
+// time the keeper gives a renewal). The database's clock is read once.
 func (l *Locker) refreshArrays(leases []*lease, ttl time.Duration) refreshing {
 	names := make([]string, len(leases))
 	owners := make([]string, len(leases))
 	for i, ls := range leases {
 		names[i], owners[i] = ls.key, ls.owner
 	}
-	pairs := "unnest(?::text[], ?::text[]) AS v(name, owner)"
+	pairs := "unnest((SELECT ?::text[]), (SELECT ?::text[])) AS v(name, owner)"
 	mine := "t.name = v.name AND t.owner = v.owner"
 	lists := []any{arrayLiteral(names), arrayLiteral(owners)}
 	return refreshing{
