@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +212,63 @@ func TestRefreshBatch(t *testing.T) {
 				}
 			}
 			foreign.Release(ctx)
+		})
+	}
+}
+
+// TestRefreshBatchSomeReleased: leases given out of key order, some of them
+// released, are told apart by one statement on PostgreSQL (it answers with
+// the leases it did not extend), and by their place in the batch on every
+// database.
+func TestRefreshBatchSomeReleased(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			g := migrated(t, db, dsn)
+			l := newLocker(t, g)
+			ctx := context.Background()
+			key := uniqueKey(t)
+			// Keys in reverse order, so that the batch is sorted anew.
+			var leases []driver.Lease
+			for i := 5; i >= 0; i-- {
+				lease, err := l.Acquire(ctx, fmt.Sprintf("%s/%d", key, i), driver.AcquireOptions{TTL: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				leases = append(leases, lease)
+			}
+			released := map[int]bool{0: true, 3: true}
+			for i := range released {
+				if err := leases[i].Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var statements atomic.Int64
+			count := func(*gorm.DB) { statements.Add(1) }
+			for _, err := range []error{
+				g.Callback().Raw().After("gorm:raw").Register("count", count),
+				g.Callback().Row().After("gorm:row").Register("count", count),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := l.RefreshBatch(ctx, leases, time.Minute)
+			for i, err := range errs {
+				if released[i] != errors.Is(err, driver.ErrNotHeld) {
+					t.Errorf("lease %d (released %v): %v", i, released[i], err)
+				}
+			}
+			if n := statements.Load(); db.name == "postgres" && n != 1 {
+				t.Errorf("%d statements, want 1", n)
+			}
+			for i, lease := range leases {
+				if !released[i] {
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("lease %d after the batch: %v", i, err)
+					}
+				}
+			}
 		})
 	}
 }
