@@ -273,6 +273,44 @@ func TestRefreshBatchSomeReleased(t *testing.T) {
 	}
 }
 
+// TestRefreshPlan: PostgreSQL looks a batch renewal's rows up by the
+// primary key even in a custom plan, which sees how many leases the batch
+// holds (as the first five runs of the statement on each connection do),
+// rather than scanning the whole table.
+func TestRefreshPlan(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("warden_plan_%d", time.Now().UnixNano())
+	g := migrated(t, db, dsn, sqllock.WithTable(table))
+	t.Cleanup(func() { g.Exec("DROP TABLE " + table) })
+	if err := g.Exec("INSERT INTO " + table + " (name, owner, version, lock_until, locked_at)" +
+		" SELECT 'plan/' || i, 'owner/' || i, 1, 0, 0 FROM generate_series(1, 100000) AS i").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Exec("ANALYZE " + table).Error; err != nil {
+		t.Fatal(err)
+	}
+	keys, owners := make([]string, 5000), make([]string, 5000)
+	for i := range keys {
+		keys[i], owners[i] = fmt.Sprintf("plan/%d", 10*i+1), fmt.Sprintf("owner/%d", 10*i+1)
+	}
+	query, args := sqllock.RefreshStatement(newLocker(t, g, sqllock.WithTable(table)), keys, owners, time.Minute)
+	var plan []string
+	err := g.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SET LOCAL plan_cache_mode = force_custom_plan").Error; err != nil {
+			return err
+		}
+		return tx.Raw("EXPLAIN "+query, args...).Scan(&plan).Error
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if strings.Contains(text, "Seq Scan on "+table) || !strings.Contains(text, "Index Scan using "+table+"_pkey") {
+		t.Errorf("plan of a renewal of 5,000 leases in 100,000 rows:\n%s", text)
+	}
+}
+
 // Many locks with a 3s ttl, renewed through one Guard while other processes
 // load the machine: none is lost. The keeper renews them all in one batch
 // per period, which the Locker sends in statements of up to 50,000 leases
