@@ -145,6 +145,11 @@ func retryable(err error) bool {
 // pgx's *pgconn.PgError and lib/pq's *pq.Error share, so that the package
 // links neither driver.
 func undefinedColumn(err error) bool {
+	if err == nil {
+		// Before the variable errors.As needs, which escapes: a lock
+		// cycle asks twice, with no error.
+		return false
+	}
 	var coded interface{ SQLState() string }
 	return errors.As(err, &coded) && coded.SQLState() == "42703"
 }

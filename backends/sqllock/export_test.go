@@ -57,3 +57,14 @@ func QueryRow(ctx context.Context, l *Locker, query string, args []any, dest ...
 // Hot reports whether l's listener runs, as it does while l has waiters and
 // for a while after.
 func Hot(l *Locker) bool { return l.notes.hot() }
+
+// RefreshStatement is the statement, with its arguments, that a PostgreSQL
+// batch renewal of the leases of keys, held by owners, sends.
+func RefreshStatement(l *Locker, keys, owners []string, ttl time.Duration) (string, []any) {
+	leases := make([]*lease, len(keys))
+	for i := range keys {
+		leases[i] = &lease{l: l, key: keys[i], owner: owners[i]}
+	}
+	r := l.refreshArrays(leases, ttl)
+	return r.update, r.args
+}

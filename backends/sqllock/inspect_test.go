@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -30,5 +31,22 @@ func TestLabelled(t *testing.T) {
 	}
 	if got := labelOf("host:1:abcd/1"); got != "" {
 		t.Errorf("a row written without a label reads as labelled %q", got)
+	}
+}
+
+// TestLeaseOwner: a lease's owner value is its Locker's id, a counter and
+// the label, as labelled writes them, whether or not the id leaves room for
+// the label, and the counter makes each one new.
+func TestLeaseOwner(t *testing.T) {
+	label := strings.Repeat("é", 64)
+	for _, id := range []string{"host:1:abcd", strings.Repeat("h", 200)} {
+		l := &Locker{owner: id}
+		for _, lb := range []string{"", "replica-7", label} {
+			seq := l.seq.Load() + 1
+			want := labelled(id+"/"+strconv.FormatUint(seq, 10), lb)
+			if got := l.leaseOwner(lb); got != want {
+				t.Errorf("leaseOwner(%q) of %q = %q, want %q", lb, id, got, want)
+			}
+		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -403,7 +405,7 @@ const unknown time.Duration = math.MinInt64
 // waiter that listens also marks the row as waited for at least that long
 // (PostgreSQL).
 func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string, readLeft bool, pause time.Duration) (*lease, time.Duration, error) {
-	owner := labelled(l.leaseOwner(), label)
+	owner := l.leaseOwner(label)
 	sent := time.Now()
 	var (
 		a   attempt
@@ -486,11 +488,26 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 
 func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
 
-// leaseOwner is the owner id of one acquisition: the Locker's id and a
-// counter, so that a new lease never mistakes an older lease of the same
-// Locker (expired, released) for itself.
-func (l *Locker) leaseOwner() string {
-	return fmt.Sprintf("%s/%d", l.owner, l.seq.Add(1))
+// leaseOwner is the owner value of one acquisition labelled label: the
+// Locker's id and a counter, so that a new lease never mistakes an older
+// lease of the same Locker (expired, released) for itself, then the label
+// (see labelled). It is written into one allocation, as every acquisition
+// pays for it.
+func (l *Locker) leaseOwner(label string) string {
+	var num [20]byte
+	seq := strconv.AppendUint(num[:0], l.seq.Add(1), 10)
+	n := len(l.owner) + 1 + len(seq)
+	if n+len(labelSep)+len(label) > ownerWidth {
+		return labelled(l.owner+"/"+string(seq), label)
+	}
+	var b strings.Builder
+	b.Grow(n + len(labelSep) + len(label))
+	b.WriteString(l.owner)
+	b.WriteByte('/')
+	b.Write(seq)
+	b.WriteString(labelSep)
+	b.WriteString(label)
+	return b.String()
 }
 
 // remaining is how long the current holder's lease has left by the

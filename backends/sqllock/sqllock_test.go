@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,6 +213,101 @@ func TestRefreshBatch(t *testing.T) {
 			}
 			foreign.Release(ctx)
 		})
+	}
+}
+
+// TestRefreshBatchSomeReleased: leases given out of key order, some of them
+// released, are told apart by one statement on PostgreSQL (it answers with
+// the leases it did not extend), and by their place in the batch on every
+// database.
+func TestRefreshBatchSomeReleased(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			g := migrated(t, db, dsn)
+			l := newLocker(t, g)
+			ctx := context.Background()
+			key := uniqueKey(t)
+			// Keys in reverse order, so that the batch is sorted anew.
+			var leases []driver.Lease
+			for i := 5; i >= 0; i-- {
+				lease, err := l.Acquire(ctx, fmt.Sprintf("%s/%d", key, i), driver.AcquireOptions{TTL: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				leases = append(leases, lease)
+			}
+			released := map[int]bool{0: true, 3: true}
+			for i := range released {
+				if err := leases[i].Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var statements atomic.Int64
+			count := func(*gorm.DB) { statements.Add(1) }
+			for _, err := range []error{
+				g.Callback().Raw().After("gorm:raw").Register("count", count),
+				g.Callback().Row().After("gorm:row").Register("count", count),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := l.RefreshBatch(ctx, leases, time.Minute)
+			for i, err := range errs {
+				if released[i] != errors.Is(err, driver.ErrNotHeld) {
+					t.Errorf("lease %d (released %v): %v", i, released[i], err)
+				}
+			}
+			if n := statements.Load(); db.name == "postgres" && n != 1 {
+				t.Errorf("%d statements, want 1", n)
+			}
+			for i, lease := range leases {
+				if !released[i] {
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("lease %d after the batch: %v", i, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestRefreshPlan: PostgreSQL looks a batch renewal's rows up by the
+// primary key even in a custom plan, which sees how many leases the batch
+// holds (as the first five runs of the statement on each connection do),
+// rather than scanning the whole table.
+func TestRefreshPlan(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("warden_plan_%d", time.Now().UnixNano())
+	g := migrated(t, db, dsn, sqllock.WithTable(table))
+	t.Cleanup(func() { g.Exec("DROP TABLE " + table) })
+	if err := g.Exec("INSERT INTO " + table + " (name, owner, version, lock_until, locked_at)" +
+		" SELECT 'plan/' || i, 'owner/' || i, 1, 0, 0 FROM generate_series(1, 100000) AS i").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Exec("ANALYZE " + table).Error; err != nil {
+		t.Fatal(err)
+	}
+	keys, owners := make([]string, 5000), make([]string, 5000)
+	for i := range keys {
+		keys[i], owners[i] = fmt.Sprintf("plan/%d", 10*i+1), fmt.Sprintf("owner/%d", 10*i+1)
+	}
+	query, args := sqllock.RefreshStatement(newLocker(t, g, sqllock.WithTable(table)), keys, owners, time.Minute)
+	var plan []string
+	err := g.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SET LOCAL plan_cache_mode = force_custom_plan").Error; err != nil {
+			return err
+		}
+		return tx.Raw("EXPLAIN "+query, args...).Scan(&plan).Error
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if strings.Contains(text, "Seq Scan on "+table) || !strings.Contains(text, "Index Scan using "+table+"_pkey") {
+		t.Errorf("plan of a renewal of 5,000 leases in 100,000 rows:\n%s", text)
 	}
 }
 
