@@ -213,7 +213,7 @@ claim() {
 redis_ping() { [[ $(timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
 
 # /health is true once the member has a leader and can serve a read.
-etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'; }
+etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep '"health":"true"' >/dev/null; }
 
 zk_4lw() {
 	# shellcheck disable=SC2016 # expanded by the inner bash
@@ -435,9 +435,9 @@ redis_cluster_ok() {
 		[[ $(redis_info_field "$p" cluster_state) == ok ]] || return 1
 		[[ $(redis_info_field "$p" cluster_known_nodes) == 6 ]] || return 1
 		[[ $(redis_info_field "$p" cluster_slots_ok) == 16384 ]] || return 1
-		if rcli "$p" cluster nodes 2>/dev/null | grep -qE ' [^ ]*fail|-[<>]-'; then return 1; fi
-		if rcli "$p" role 2>/dev/null | head -n 1 | grep -qx slave; then
-			rcli "$p" info replication 2>/dev/null | tr -d '\r' | grep -qx 'master_link_status:up' || return 1
+		if rcli "$p" cluster nodes 2>/dev/null | grep -E ' [^ ]*fail|-[<>]-' >/dev/null; then return 1; fi
+		if rcli "$p" role 2>/dev/null | sed -n 1p | grep -x slave >/dev/null; then
+			rcli "$p" info replication 2>/dev/null | tr -d '\r' | grep -x 'master_link_status:up' >/dev/null || return 1
 		fi
 	done
 }
@@ -464,7 +464,7 @@ form_redis_cluster() {
 		}
 	elif ((formed != ${#REDIS_PORTS[@]})); then
 		die "the Redis nodes disagree about their cluster ($fresh fresh, $formed formed of ${#REDIS_PORTS[@]}): run $0 clean, then up"
-	elif rcli "${REDIS_PORTS[0]}" cluster nodes 2>/dev/null | grep -q -- '-[<>]-'; then
+	elif rcli "${REDIS_PORTS[0]}" cluster nodes 2>/dev/null | grep -- '-[<>]-' >/dev/null; then
 		# A test that died half way through a slot migration leaves the
 		# slot open (MIGRATING/IMPORTING); redis-cli settles it.
 		say "closing slots left open by an interrupted migration"
@@ -648,7 +648,7 @@ cmd_status() {
 		status_line "zookeeper-$p" "$STATE_DIR/zookeeper-$p" java "zk_ok $p" "${role:--}" || rc=1
 	done
 	for p in "${REDIS_PORTS[@]}"; do
-		role=$(rcli "$p" role 2>/dev/null | head -n 1) || true
+		role=$(rcli "$p" role 2>/dev/null | sed -n 1p) || true
 		status_line "redis-$p" "$STATE_DIR/redis-$p" redis-server "redis_ping $p" "${role:--}" || rc=1
 	done
 	for p in "${CONSUL_HTTP_PORTS[@]}" "$CONSUL_CLIENT_HTTP_PORT"; do
