@@ -108,7 +108,7 @@ lint: staticcheck
 
 # Installed (again) unless the pinned version is already there.
 staticcheck:
-	@if ! "$(STATICCHECK)" -version 2>/dev/null | grep -qF "($(patsubst v%,%,$(STATICCHECK_VERSION)))"; then \
+	@if ! "$(STATICCHECK)" -version 2>/dev/null | grep -F "($(patsubst v%,%,$(STATICCHECK_VERSION)))" >/dev/null; then \
 		echo "installing staticcheck $(STATICCHECK_VERSION) into $(GOTOOLBIN)"; \
 		GOBIN="$(GOTOOLBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
 	fi

@@ -213,7 +213,7 @@ claim() {
 redis_ping() { [[ $(timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
 
 # /health is true once the member has a leader and can serve a read.
-etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'; }
+etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep '"health":"true"' >/dev/null; }
 
 zk_4lw() {
 	# shellcheck disable=SC2016 # expanded by the inner bash
@@ -353,12 +353,24 @@ start_redis() {
 # here: Consul's default of 5 is sized for slow machines, not for tests
 # that time elections. Autopilot must not remove a server that the tests
 # killed from the Raft configuration before they start it again.
+#
+# Gossip probes every 200 ms (Consul's LAN default: 1 s) and declares a
+# member failed after 3 suspicion periods, not 4, so that Serf declares a
+# killed or frozen server failed, and the client agent stops sending it
+# requests, within a second of the fault, before the servers have elected
+# a leader (2.4 to 4.7 s here). At the defaults Serf took about 5 s, after
+# the election: the client agent kept sending requests to a frozen leader,
+# each answered only by its RPC timeout, and the lock came back up to
+# 1.8 s after the election (2 of 12 freezes past the bound, at load 12 to
+# 19; with the faster gossip, 0 of 8, at most 0.76 s). Raft's own heartbeats, not Serf, decide elections, so the faster
+# gossip moves no election.
 consul_common() {
 	local name=$1 dir=$2 http=$3 serf=$4 p
 	CONSUL_ARGS=(agent -node "$name" -data-dir "$dir/data" -bind 127.0.0.1 -client 127.0.0.1
 		-http-port "$http" -serf-lan-port "$serf" -serf-wan-port -1 -dns-port -1
 		-grpc-port -1 -grpc-tls-port -1 -https-port -1 -log-level info
-		-hcl 'performance { raft_multiplier = 1 }' -hcl 'autopilot { cleanup_dead_servers = false }')
+		-hcl 'performance { raft_multiplier = 1 }' -hcl 'autopilot { cleanup_dead_servers = false }'
+		-hcl 'gossip_lan { probe_interval = "200ms" probe_timeout = "100ms" suspicion_mult = 3 }')
 	for p in "${CONSUL_SERF_PORTS[@]}"; do
 		[[ $p == "$serf" ]] || CONSUL_ARGS+=(-retry-join "127.0.0.1:$p")
 	done
@@ -390,13 +402,13 @@ start_consul() {
 			# after 1 s, not Consul's default 60 s, and then sends the
 			# next one to another server: a frozen server keeps its
 			# connections open, and until Serf declares it failed the
-			# agent would keep sending it requests that never return.
-			# The agent moves a server to the back of its list at every
+			# agent keeps sending it requests that never return. The
+			# agent moves a server to the back of its list at every
 			# failed RPC, "no leader" answers during the election
-			# included, so a frozen leader can come back to the front
-			# after the election: each time, the requests sent meanwhile
-			# wait this long. With 2 s the lock came back 0.04 to 1.86 s
-			# after the election (7 freezes), with 1 s 0.03 to 0.19 s (5).
+			# included, so a frozen leader can come back to the front.
+			# Not shorter: with 500 ms, a newly elected leader on a
+			# loaded machine (load 14) answered too slowly for it, and
+			# every request failed for 3 s after the election.
 			CONSUL_ARGS+=(-hcl 'limits { rpc_client_timeout = "1s" }')
 		fi
 		launch "$dir/pid" "$dir/consul.log" "$CONSUL_BIN" "${CONSUL_ARGS[@]}"
@@ -423,9 +435,9 @@ redis_cluster_ok() {
 		[[ $(redis_info_field "$p" cluster_state) == ok ]] || return 1
 		[[ $(redis_info_field "$p" cluster_known_nodes) == 6 ]] || return 1
 		[[ $(redis_info_field "$p" cluster_slots_ok) == 16384 ]] || return 1
-		if rcli "$p" cluster nodes 2>/dev/null | grep -qE ' [^ ]*fail|-[<>]-'; then return 1; fi
-		if rcli "$p" role 2>/dev/null | head -n 1 | grep -qx slave; then
-			rcli "$p" info replication 2>/dev/null | tr -d '\r' | grep -qx 'master_link_status:up' || return 1
+		if rcli "$p" cluster nodes 2>/dev/null | grep -E ' [^ ]*fail|-[<>]-' >/dev/null; then return 1; fi
+		if rcli "$p" role 2>/dev/null | sed -n 1p | grep -x slave >/dev/null; then
+			rcli "$p" info replication 2>/dev/null | tr -d '\r' | grep -x 'master_link_status:up' >/dev/null || return 1
 		fi
 	done
 }
@@ -452,7 +464,7 @@ form_redis_cluster() {
 		}
 	elif ((formed != ${#REDIS_PORTS[@]})); then
 		die "the Redis nodes disagree about their cluster ($fresh fresh, $formed formed of ${#REDIS_PORTS[@]}): run $0 clean, then up"
-	elif rcli "${REDIS_PORTS[0]}" cluster nodes 2>/dev/null | grep -q -- '-[<>]-'; then
+	elif rcli "${REDIS_PORTS[0]}" cluster nodes 2>/dev/null | grep -- '-[<>]-' >/dev/null; then
 		# A test that died half way through a slot migration leaves the
 		# slot open (MIGRATING/IMPORTING); redis-cli settles it.
 		say "closing slots left open by an interrupted migration"
@@ -636,7 +648,7 @@ cmd_status() {
 		status_line "zookeeper-$p" "$STATE_DIR/zookeeper-$p" java "zk_ok $p" "${role:--}" || rc=1
 	done
 	for p in "${REDIS_PORTS[@]}"; do
-		role=$(rcli "$p" role 2>/dev/null | head -n 1) || true
+		role=$(rcli "$p" role 2>/dev/null | sed -n 1p) || true
 		status_line "redis-$p" "$STATE_DIR/redis-$p" redis-server "redis_ping $p" "${role:--}" || rc=1
 	done
 	for p in "${CONSUL_HTTP_PORTS[@]}" "$CONSUL_CLIENT_HTTP_PORT"; do

@@ -293,7 +293,7 @@ already_up() {
 
 redis_ping() { [[ $(timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null) == PONG ]]; }
 
-etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'; }
+etcd_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep '"health":"true"' >/dev/null; }
 
 # A ZooKeeper that does not whitelist srvr still says so, which is enough to
 # know it is one.
@@ -307,7 +307,7 @@ zk_ok() {
 pg_ok() { pg_isready -q -h 127.0.0.1 -p "$1" -t 3 >/dev/null 2>&1; }
 
 # An agent answers its leader's address once its server has been elected.
-consul_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/v1/status/leader" 2>/dev/null | grep -q '^"[^"]'; }
+consul_ok() { timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/v1/status/leader" 2>/dev/null | grep '^"[^"]' >/dev/null; }
 
 # ping succeeds for a running server even when it denies access.
 mariadb_ok() { timeout 5 mariadb-admin --no-defaults --protocol=tcp -h 127.0.0.1 -P "$1" --connect-timeout=3 -u ping ping >/dev/null 2>&1; }

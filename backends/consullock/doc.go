@@ -160,6 +160,18 @@
 // so it is given up then (see below), and the lock comes back no later
 // than had its holder crashed.
 //
+// Applications talk to their node's agent, which forwards each request to
+// a server it picks. A server that freezes (a long pause, a stalled VM)
+// keeps its connections open, and the agent goes on picking it until Serf
+// declares it failed or a request to it times out
+// (limits.rpc_client_timeout, 60 s by default). The bounds above free a
+// waiter or a release from such a request, but the next may go to the same
+// server, so after a leader election the lock comes back only once the
+// agent stops picking the frozen one: in a datacenter that wants its locks
+// back soon after an election, gossip declares a server failed before an
+// election ends (gossip_lan's probe_interval and suspicion_mult), or the
+// RPC timeout is short. The README's fault table says what each measured.
+//
 // A write that acquires a key runs to completion even when the caller's
 // context is cancelled (the lock is then released before Acquire returns the
 // context's error), and when such a write or the delete of an abandoned
