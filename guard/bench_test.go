@@ -257,3 +257,55 @@ func BenchmarkHeldLocksRedis(b *testing.B) {
 	b.ReportMetric(least, "min-B/lock")
 	b.ReportMetric(most, "max-B/lock")
 }
+
+// BenchmarkHeldSessionLocks is BenchmarkHeldLocks for leases kept alive by
+// one backend session (as etcd's and ZooKeeper's are): the heap each held
+// lock costs through guard, its session's bookkeeping included, over that
+// of the same leases acquired without guard (guard-B/lock).
+func BenchmarkHeldSessionLocks(b *testing.B) {
+	const n = 10_000
+	ctx := context.Background()
+	var perLock, backend float64
+	for b.Loop() {
+		sl := newSessionLocker(time.Hour)
+		leases := make([]driver.Lease, n)
+		before := drivertest.HeapAlloc()
+		for i := range leases {
+			var err error
+			if leases[i], err = sl.Acquire(ctx, fmt.Sprintf("warden:held/%d", i), driver.AcquireOptions{TTL: 30 * time.Second}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		backend = float64(drivertest.HeapAlloc()-before) / n
+		for _, lease := range leases {
+			if err := lease.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+
+		g, err := guard.New(newSessionLocker(time.Hour), guard.WithTTL(30*time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("held/%d", i)
+		}
+		locks := make([]*guard.Lock, n)
+		before = drivertest.HeapAlloc()
+		for i, k := range keys {
+			if locks[i], err = g.TryLock(ctx, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		perLock = float64(drivertest.HeapAlloc()-before) / n
+		for _, l := range locks {
+			if err := l.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(perLock, "B/lock")
+	b.ReportMetric(backend, "backend-B/lock")
+	b.ReportMetric(perLock-backend, "guard-B/lock")
+}

@@ -47,7 +47,7 @@ func (g *Guard) Held() []HeldLock {
 	k.youngLocked(heldLock)
 	for _, sw := range k.sessions {
 		exp := sw.sess.Expiry()
-		for l := range sw.locks {
+		for _, l := range sw.locks {
 			out = append(out, HeldLock{Key: l.key, Mode: l.mode.String(), Token: l.lease.Token(),
 				Acquired: k.time(l.granted), Expiry: exp, SessionBound: true})
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -459,9 +460,11 @@ func (k *keeper) renewedLocked(l *Lock, err error) bool {
 
 // sessionWatch watches one backend session for the locks it keeps alive.
 type sessionWatch struct {
-	k      *keeper
-	sess   driver.Session
-	locks  map[*Lock]struct{}
+	k    *keeper
+	sess driver.Session
+	// locks are the session's locks, each at its Lock.index: a slice, not
+	// a set, costs a held lock one word and its acquisition no hashing.
+	locks  []*Lock
 	margin time.Duration // the largest margin of its locks so far
 	timer  *time.Timer
 	armed  bool
@@ -475,11 +478,12 @@ func (k *keeper) addToSession(l *Lock, s driver.Session) {
 	}
 	sw := k.sessions[s]
 	if sw == nil {
-		sw = &sessionWatch{k: k, sess: s, locks: map[*Lock]struct{}{}}
+		sw = &sessionWatch{k: k, sess: s}
 		k.sessions[s] = sw
 		go sw.watch()
 	}
-	sw.locks[l] = struct{}{}
+	l.index = int32(len(sw.locks))
+	sw.locks = append(sw.locks, l)
 	sw.margin = max(sw.margin, k.g.marginFor(l.ttl))
 	l.sess = sw
 	if !sw.armed {
@@ -501,8 +505,12 @@ func (sw *sessionWatch) arm() {
 
 // remove takes l off the session. Called with the keeper's mutex held.
 func (sw *sessionWatch) remove(l *Lock) {
-	delete(sw.locks, l)
-	l.sess = nil
+	last := len(sw.locks) - 1
+	sw.locks[l.index] = sw.locks[last]
+	sw.locks[l.index].index = l.index
+	sw.locks[last] = nil
+	sw.locks = sw.locks[:last]
+	l.index, l.sess = -1, nil
 	if len(sw.locks) == 0 && sw.timer != nil {
 		sw.timer.Stop()
 		sw.armed = false
@@ -542,10 +550,7 @@ func (sw *sessionWatch) watch() {
 func (sw *sessionWatch) loseAll(cause error) {
 	k := sw.k
 	k.mu.Lock()
-	locks := make([]*Lock, 0, len(sw.locks))
-	for l := range sw.locks {
-		locks = append(locks, l)
-	}
+	locks := slices.Clone(sw.locks)
 	k.mu.Unlock()
 	for _, l := range locks {
 		l.lose(cause)

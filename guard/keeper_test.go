@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,6 +175,60 @@ func TestSessionLossCancelsAtOnce(t *testing.T) {
 		}
 		if n := sl.refreshes.Load(); n != 0 {
 			t.Errorf("%d per-lock refreshes of session leases, want none", n)
+		}
+	})
+}
+
+// The keeper keeps a session's locks in a slice, each at its index: locks
+// unlocked in any order leave the others watched, listed by Held, and lost
+// with the session, and only them.
+func TestSessionLocksUnlockedInAnyOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sl := newSessionLocker(time.Hour)
+		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		ctx := context.Background()
+		locks := map[string]*guard.Lock{}
+		for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+			l, err := g.Lock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks[k] = l
+		}
+		// The first, a middle one, the last, and a middle one again.
+		for _, k := range []string{"a", "d", "f", "c"} {
+			if err := locks[k].Unlock(ctx); err != nil {
+				t.Fatalf("Unlock %s: %v", k, err)
+			}
+		}
+		var held []string
+		for _, h := range g.Held() {
+			if !h.SessionBound {
+				t.Errorf("%s not listed as session-bound", h.Key)
+			}
+			held = append(held, h.Key)
+		}
+		if !slices.Equal(held, []string{"b", "e"}) {
+			t.Fatalf("Held lists %v, want [b e]", held)
+		}
+		close(sl.sess.done)
+		for _, k := range []string{"b", "e"} {
+			select {
+			case <-locks[k].Context().Done():
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s, held when its session was lost, was not cancelled", k)
+			}
+			if err := locks[k].Unlock(ctx); !errors.Is(err, guard.ErrLockLost) {
+				t.Errorf("Unlock %s after the session was lost: %v, want ErrLockLost", k, err)
+			}
+		}
+		for _, k := range []string{"a", "c", "d", "f"} {
+			if err := locks[k].Err(); !errors.Is(err, guard.ErrNotHeld) || errors.Is(err, guard.ErrLockLost) {
+				t.Errorf("%s, unlocked before the session was lost: Err %v, want ErrNotHeld and no loss", k, err)
+			}
+		}
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("Held lists %v after every lock was unlocked", held)
 		}
 	})
 }

@@ -55,7 +55,7 @@ type Lock struct {
 	relBound  *releaseBound
 
 	// Small fields last, packed.
-	index      int32        // position in the keeper's heap; -1 when not in it
+	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
 	state      atomic.Int32 // lockOut, lockYoung or lockKept
 	holds      int32        // guarded by mu
 	depth      uint8        // its depth on the keeper's young stack, from 1 at the bottom, at most maxYoung
