@@ -52,7 +52,7 @@ type Lock struct {
 	// values of Unlock's ctx, and its bound, made when a backend asks.
 	// Guarded by mu.
 	relValues context.Context
-	relBound  *releaseBound
+	relBound  *releaseBound // stopped by finish
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
@@ -161,7 +161,6 @@ func (l *Lock) Unlock(ctx context.Context) error {
 			return struct{}{}, l.lease.Release(rctx)
 		}, nil)
 	}
-	rctx.stop()
 
 	switch {
 	case lost != nil:
@@ -312,12 +311,19 @@ func (l *Lock) end(cause error) {
 	}
 }
 
-// finish cancels the lock's context, if it has been made, with the lock's
-// own end cause: the loss, if one was declared meanwhile, stays the cause
-// rather than the unlock. A context made later finds the same cause in get.
+// finish ends the release, whose bound's timer, if a backend asked for
+// one, is stopped, and no other may start; and it cancels the lock's
+// context, if it has been made, with the lock's own end cause: the loss,
+// if one was declared meanwhile, stays the cause rather than the unlock. A
+// context made later finds the same cause in get. (One hold of the mutex
+// for both: an Unlock takes it twice in all.)
 func (l *Lock) finish() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.releasing = false
+	if l.relBound != nil && l.relBound.timer != nil {
+		l.relBound.timer.Stop()
+	}
 	if l.ctx != nil {
 		l.cancel(l.endedLocked())
 	}
@@ -389,18 +395,6 @@ func (c *releaseContext) start() *releaseBound {
 	b.deadline = time.Now().Add(timeout)
 	b.timer = time.AfterFunc(timeout, func() { close(b.done) })
 	return b
-}
-
-// stop frees the timer once the release is over; no timer may start after
-// it.
-func (c *releaseContext) stop() {
-	l := (*Lock)(c)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.releasing = false
-	if l.relBound != nil && l.relBound.timer != nil {
-		l.relBound.timer.Stop()
-	}
 }
 
 func (c *releaseContext) Deadline() (time.Time, bool) {
