@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -330,20 +331,27 @@ func (l *Lock) expiredCause(margin time.Duration, lastErr error) error {
 // renewing tens of thousands of rows), and retries could not save it.
 func (k *keeper) renew(locks []*Lock) {
 	if br, ok := k.g.locker.(driver.BatchRefresher); ok {
-		byTTL := map[time.Duration][]*Lock{}
-		for _, l := range locks {
-			byTTL[l.ttl] = append(byTTL[l.ttl], l)
-		}
-		for ttl, group := range byTTL {
+		// One call per TTL, on runs of locks sorted in place: grouping
+		// them in a map would copy every lock of a large renewal, which is
+		// heap held while the batch is in flight.
+		slices.SortFunc(locks, func(a, b *Lock) int { return cmp.Compare(a.ttl, b.ttl) })
+		for len(locks) > 0 {
+			n := 1
+			for n < len(locks) && locks[n].ttl == locks[0].ttl {
+				n++
+			}
+			group, ttl := locks[:n], locks[0].ttl
+			locks = locks[n:]
 			leases := make([]driver.Lease, len(group))
-			deadline := group[0].lossDeadline()
+			// Under one hold of the mutex, not one per lease.
+			k.mu.Lock()
+			deadline := group[0].lossAt()
 			for i, l := range group {
 				leases[i] = l.lease
-				if d := l.lossDeadline(); d.After(deadline) {
-					deadline = d
-				}
+				deadline = max(deadline, l.lossAt())
 			}
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			k.mu.Unlock()
+			ctx, cancel := context.WithDeadline(context.Background(), k.time(deadline))
 			errs := br.RefreshBatch(ctx, leases, ttl)
 			cancel()
 			k.g.tel.renewalRequests.Add(context.Background(), 1, k.g.tel.byResult[batchOK(errs)]...)

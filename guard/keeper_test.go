@@ -363,6 +363,43 @@ func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
 	})
 }
 
+// A renewal of locks of different TTLs sends one batch per TTL, and renews
+// each lease for its own.
+func TestBatchRenewalPerTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		bc := &batchCounter{Locker: memory.New()}
+		g := newGuard(t, bc, guard.WithTTL(3*time.Second))
+		ctx := context.Background()
+		start := time.Now()
+		ttls := map[*guard.Lock]time.Duration{}
+		for i := range 3 {
+			for _, ttl := range []time.Duration{1500 * time.Millisecond, 3 * time.Second, 2400 * time.Millisecond} {
+				l, err := g.Lock(ctx, fmt.Sprintf("%v/%d", ttl, i), guard.TTL(ttl))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ttls[l] = ttl
+			}
+		}
+		// The shortest TTL's renewal falls due a third of it after the
+		// grant and brings forward the others, due within its period.
+		time.Sleep(600 * time.Millisecond)
+		synctest.Wait()
+		if n, m := bc.batches.Load(), bc.leases.Load(); n != 3 || m != 9 {
+			t.Errorf("%d batches renewing %d leases, want 3 (one per TTL) renewing 9", n, m)
+		}
+		renewed := start.Add(500 * time.Millisecond)
+		for l, ttl := range ttls {
+			if got, want := l.Expiry(), renewed.Add(ttl); !got.Equal(want) {
+				t.Errorf("%s: expiry %v after the start, want %v", l.Key(), got.Sub(start), want.Sub(start))
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 // limited declares etcd-like TTL limits.
 type limited struct{ *memory.Locker }
 
