@@ -49,10 +49,11 @@ type Lock struct {
 	next    *Lock         // below it on the keeper's young stack
 
 	// The release's context (releaseContext, a view of the Lock): the
-	// values of Unlock's ctx, and its bound, made when a backend asks.
-	// Guarded by mu.
+	// values of Unlock's ctx, set under mu before the release starts and
+	// never again, and its bound, made when a backend asks (guarded by mu,
+	// stopped by finish).
 	relValues context.Context
-	relBound  *releaseBound // stopped by finish
+	relBound  *releaseBound
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
