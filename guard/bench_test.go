@@ -2,8 +2,11 @@ package guard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -77,11 +80,18 @@ func acquireRelease(b *testing.B, l *memory.Locker) {
 // share as their difference (guard-B/lock), and the goroutines added by
 // holding them all.
 func BenchmarkHeldLocks(b *testing.B) {
+	heldHeap(b, func() driver.Locker { return memory.New() })
+}
+
+// heldHeap holds 10,000 locks through one Guard on a backend from
+// newLocker, and the same number of leases of another without guard, and
+// reports the heap per lock of each and guard's share (BenchmarkHeldLocks).
+func heldHeap(b *testing.B, newLocker func() driver.Locker) {
 	const n = 10_000
 	ctx := context.Background()
 	var perLock, backend, goroutines float64
 	for b.Loop() {
-		l := memory.New()
+		l := newLocker()
 		leases := make([]driver.Lease, n)
 		before := drivertest.HeapAlloc()
 		for i := range leases {
@@ -97,7 +107,7 @@ func BenchmarkHeldLocks(b *testing.B) {
 			}
 		}
 
-		g, err := guard.New(memory.New(), guard.WithTTL(30*time.Second))
+		g, err := guard.New(newLocker(), guard.WithTTL(30*time.Second))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -166,4 +176,98 @@ func BenchmarkMutexFloor(b *testing.B) {
 		fn()
 		mu.Unlock()
 	}
+}
+
+// BenchmarkHeldLocksRedis holds WARDEN_BENCH_HELD (default 10,000) locks
+// of one Guard on the Redis backend with a 3s TTL, as bench-peers'
+// renewal scenario does, and reports the heap each takes: the growth of the
+// live heap (after a GC) from before the first lock to 1.5 renewal periods
+// after the last (settled-B/lock, the figure bench-peers reports), and the
+// least and most of it sampled every tenth of the period after that
+// (min-B/lock, max-B/lock: at rest, and with a renewal batch in flight).
+func BenchmarkHeldLocksRedis(b *testing.B) {
+	addr := drivertest.Addr(b, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	n := 10_000
+	if s := os.Getenv("WARDEN_BENCH_HELD"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n <= 0 {
+			b.Fatalf("WARDEN_BENCH_HELD=%q: want a positive count", s)
+		}
+	}
+	const ttl = 3 * time.Second
+	ctx := context.Background()
+	var settled, least, most float64
+	for b.Loop() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		l, err := redislock.New(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		g, err := guard.New(l, guard.WithTTL(ttl), guard.WithPrefix(fmt.Sprintf("bench-held-%d:", time.Now().UnixNano())))
+		if err != nil {
+			b.Fatal(err)
+		}
+		// One cycle first, so that connections and scripts are ready.
+		if err := g.Do(ctx, "warm", func(context.Context, *guard.Lock) error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("held/%d", i)
+		}
+		locks := make([]*guard.Lock, n)
+		before := drivertest.HeapAlloc()
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for w := range 16 {
+			wg.Go(func() {
+				for i := w; i < n; i += 16 {
+					var err error
+					if locks[i], err = g.Lock(ctx, keys[i]); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+		period := ttl / 3
+		time.Sleep(period + period/2)
+		settled = float64(drivertest.HeapAlloc()-before) / float64(n)
+		least, most = settled, settled
+		for range 10 {
+			time.Sleep(period / 10)
+			per := float64(drivertest.HeapAlloc()-before) / float64(n)
+			least, most = min(least, per), max(most, per)
+		}
+		lost := 0
+		var lostErr error
+		for _, l := range locks {
+			if err := l.Unlock(ctx); errors.Is(err, guard.ErrLockLost) {
+				lost++
+				lostErr = err
+			} else if err != nil {
+				b.Fatal(err)
+			}
+		}
+		if lost > 0 {
+			b.Fatalf("%d of %d locks lost, the last for %v", lost, n, lostErr)
+		}
+		l.Close()
+		c.Close()
+	}
+	b.ReportMetric(settled, "settled-B/lock")
+	b.ReportMetric(least, "min-B/lock")
+	b.ReportMetric(most, "max-B/lock")
+}
+
+// BenchmarkHeldSessionLocks is BenchmarkHeldLocks for leases kept alive by
+// one backend session (as etcd's and ZooKeeper's are): the session's
+// bookkeeping is in guard's share.
+func BenchmarkHeldSessionLocks(b *testing.B) {
+	heldHeap(b, func() driver.Locker { return newSessionLocker(time.Hour) })
 }

@@ -76,7 +76,7 @@ func wrapLockErr(key string, err error) error {
 	return &lockError{key: key, cause: err}
 }
 
-func lostError(key string, cause error) error {
+func lostError(key string, cause error) *lockError {
 	return &lockError{key: key, sentinel: ErrLockLost, cause: cause}
 }
 

@@ -437,19 +437,19 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		g: g, key: key, mode: c.mode, ttl: c.ttl,
 		lease: lease, holds: 1, index: -1,
 	}
-	l.ctx.parent, l.ctx.lock = ctx, l
+	l.parent = ctx
 	if c.detach {
-		l.ctx.parent = context.WithoutCancel(ctx)
+		l.parent = context.WithoutCancel(ctx)
 	}
 	g.tel.acquired(ctx, outcomeAcquired, took)
 	if span != nil {
 		endSpan(span, outcomeAcquired, nil,
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
-		if sctx, s := g.tel.startSpan(l.ctx.parent, tracer, "warden.section", key); s != nil {
+		if sctx, s := g.tel.startSpan(l.parent, tracer, "warden.section", key); s != nil {
 			s.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
 			l.section = &section{span: s, since: start.Add(took)}
-			l.ctx.parent = sctx
+			l.parent = sctx
 		}
 	}
 	g.keeper.add(l)

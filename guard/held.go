@@ -39,7 +39,7 @@ func (g *Guard) Held() []HeldLock {
 	out := make([]HeldLock, 0, len(k.locks))
 	heldLock := func(l *Lock) {
 		out = append(out, HeldLock{Key: l.key, Mode: l.mode.String(), Token: l.lease.Token(),
-			Acquired: time.Unix(0, l.granted), Renewed: l.expiry.Add(-l.ttl), Expiry: l.expiry})
+			Acquired: k.time(l.granted), Renewed: k.time(l.expiry - int64(l.ttl)), Expiry: k.time(l.expiry)})
 	}
 	for _, l := range k.locks {
 		heldLock(l)
@@ -47,9 +47,9 @@ func (g *Guard) Held() []HeldLock {
 	k.youngLocked(heldLock)
 	for _, sw := range k.sessions {
 		exp := sw.sess.Expiry()
-		for l := range sw.locks {
+		for _, l := range sw.locks {
 			out = append(out, HeldLock{Key: l.key, Mode: l.mode.String(), Token: l.lease.Token(),
-				Acquired: time.Unix(0, l.granted), Expiry: exp, SessionBound: true})
+				Acquired: k.time(l.granted), Expiry: exp, SessionBound: true})
 		}
 	}
 	k.mu.Unlock()

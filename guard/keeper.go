@@ -1,10 +1,12 @@
 package guard
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +46,6 @@ type keeper struct {
 	mu       sync.Mutex
 	locks    lockHeap
 	timer    *time.Timer
-	armed    time.Time // when the timer fires; zero when idle
 	sessions map[driver.Session]*sessionWatch
 	// failing holds the error of the last renewal of each lock in the heap
 	// whose renewals fail, so that a held Lock carries no room for it.
@@ -52,10 +53,11 @@ type keeper struct {
 
 	// young is the top of the stack of young locks, linked by Lock.next.
 	young atomic.Pointer[Lock]
-	// armedAt mirrors armed for the lock-free check of add: nanoseconds
-	// from base (monotonic), 0 when idle.
+	// armedAt is when the timer fires (nanos), 0 when idle. Written with
+	// the mutex held; add reads it without.
 	armedAt atomic.Int64
-	base    time.Time
+	// base is the origin of the keeper's times (nanos).
+	base time.Time
 }
 
 // Lock.state: where the keeper keeps a lock that is not session-bound.
@@ -79,8 +81,8 @@ const maxRenewals = 32
 
 func (k *keeper) add(l *Lock) {
 	// The backend read the clock for the grant already; Held shows it.
-	exp := l.lease.Expiry()
-	l.granted = exp.UnixNano() - int64(l.ttl)
+	exp := k.nanos(l.lease.Expiry())
+	l.granted = exp - int64(l.ttl)
 	if sl, ok := l.lease.(driver.SessionLease); ok {
 		k.addToSession(l, sl.Session())
 		if rl, ok := sl.(driver.RevocableLease); ok {
@@ -89,19 +91,19 @@ func (k *keeper) add(l *Lock) {
 		}
 		return
 	}
-	// Nobody else sees l before it is pushed: no mutex for its fields. Its
-	// renewal time is set when it enters the heap (drainLocked); the clock
-	// arithmetic here is on integers, since time.Time's costs more than the
-	// rest of add.
-	l.expiry = exp
-	due := k.nanos(exp) + int64(firstDue(l.ttl))
+	// Nobody else sees l before it is pushed: no mutex for its fields,
+	// and none read after it (the keeper may renew it at once).
+	due := exp + firstDue(l.ttl)
+	l.expiry, l.due = exp, due
 	l.state.Store(lockYoung)
+	var depth uint8
 	for {
 		top := k.young.Load()
-		l.next, l.depth = top, 1
+		depth = 1
 		if top != nil {
-			l.depth = top.depth + 1
+			depth = min(top.depth, maxYoung-1) + 1
 		}
+		l.next, l.depth = top, depth
 		if k.young.CompareAndSwap(top, l) {
 			break
 		}
@@ -109,22 +111,30 @@ func (k *keeper) add(l *Lock) {
 	// Pushed before armedAt is read: a timer that fires meanwhile clears
 	// armedAt before it empties the stack, so either it takes l, or this
 	// reads 0 and arms the timer again.
-	if a := k.armedAt.Load(); a != 0 && a <= due && l.depth < maxYoung {
+	if a := k.armedAt.Load(); a != 0 && a <= due && depth < maxYoung {
 		return
 	}
 	k.mu.Lock()
-	if l.depth >= maxYoung {
+	if depth >= maxYoung {
 		k.drainLocked()
 	}
-	k.armAtLocked(exp.Add(firstDue(l.ttl)))
+	k.armAtLocked(due)
 	k.mu.Unlock()
 }
 
 // nanos is t as nanoseconds from the keeper's base, on the monotonic clock
 // when t carries a reading of it; never 0, which armedAt keeps for idle.
+// The keeper's times are kept so: integer arithmetic costs less than
+// time.Time's, and a held Lock carries 8 bytes for each, not 24.
 func (k *keeper) nanos(t time.Time) int64 {
 	return max(int64(t.Sub(k.base)), 1)
 }
+
+// time is the instant n (nanos) stands for.
+func (k *keeper) time(n int64) time.Time { return k.base.Add(time.Duration(n)) }
+
+// now is the current time in nanos.
+func (k *keeper) now() int64 { return k.nanos(time.Now()) }
 
 // drainLocked moves the young locks still held into the heap and lets go
 // of the others. Called with the keeper's mutex held.
@@ -137,8 +147,6 @@ func (k *keeper) drainLocked() {
 		next := l.next
 		l.next = nil
 		if l.state.CompareAndSwap(lockYoung, lockKept) {
-			l.dueOff = firstDue(l.ttl)
-			l.schedule(k.g.marginFor(l.ttl))
 			heap.Push(&k.locks, l)
 		}
 		l = next
@@ -158,13 +166,13 @@ func (k *keeper) youngLocked(f func(*Lock)) {
 // overdue reports whether l's lease may have expired unrenewed: now is past
 // its conservative expiry (or its session's) less the margin.
 func (k *keeper) overdue(l *Lock, now time.Time) bool {
-	deadline := l.lease.Expiry()
+	deadline := k.nanos(l.lease.Expiry())
 	k.mu.Lock()
-	if l.sess == nil && l.expiry.After(deadline) {
+	if l.sess == nil && l.expiry > deadline {
 		deadline = l.expiry
 	}
 	k.mu.Unlock()
-	return !now.Before(deadline.Add(-k.g.marginFor(l.ttl)))
+	return k.nanos(now) >= deadline-int64(k.g.marginFor(l.ttl))
 }
 
 func (k *keeper) remove(l *Lock) {
@@ -184,24 +192,25 @@ func (k *keeper) remove(l *Lock) {
 	delete(k.failing, l)
 }
 
-// schedule sets when the keeper must next look at l: its renewal, or the
+// at is when the keeper must next look at l (nanos): its renewal, or the
 // loss deadline when that comes first or a renewal is already in flight.
-func (l *Lock) schedule(margin time.Duration) {
-	l.atOff = -margin
-	if !l.refreshing && l.dueOff < l.atOff {
-		l.atOff = l.dueOff
+// It orders the heap: whoever changes what it reads on a lock in the heap
+// fixes the lock's place.
+func (l *Lock) at() int64 {
+	at := l.lossAt()
+	if !l.refreshing && l.due < at {
+		at = l.due
 	}
+	return at
 }
 
-// at is when the keeper must next look at l (schedule).
-func (l *Lock) at() time.Time { return l.expiry.Add(l.atOff) }
-
-// due is when l's next renewal is due.
-func (l *Lock) due() time.Time { return l.expiry.Add(l.dueOff) }
+// lossAt is when l is declared lost unless renewed (nanos): its expiry
+// less the margin.
+func (l *Lock) lossAt() int64 { return l.expiry - int64(l.g.marginFor(l.ttl)) }
 
 // firstDue is when a lease's first renewal falls due, less its expiry: a
 // third of its TTL after the grant.
-func firstDue(ttl time.Duration) time.Duration { return -ttl + ttl/3 }
+func firstDue(ttl time.Duration) int64 { return int64(-ttl + ttl/3) }
 
 // armLocked makes the timer fire for the earliest lock. A timer armed for
 // later is moved earlier; one armed earlier is left, since firing early only
@@ -213,39 +222,38 @@ func (k *keeper) armLocked() {
 	k.armAtLocked(k.locks[0].at())
 }
 
-// armAtLocked makes the timer fire at at, or earlier.
-func (k *keeper) armAtLocked(at time.Time) {
-	if !k.armed.IsZero() && !k.armed.After(at) {
+// armAtLocked makes the timer fire at at (nanos), or earlier.
+func (k *keeper) armAtLocked(at int64) {
+	if a := k.armedAt.Load(); a != 0 && a <= at {
 		return
 	}
-	k.armed = at
-	k.armedAt.Store(k.nanos(at))
+	k.armedAt.Store(max(at, 1))
+	d := time.Duration(at - k.now())
 	if k.timer == nil {
-		k.timer = time.AfterFunc(time.Until(at), k.fire)
+		k.timer = time.AfterFunc(d, k.fire)
 	} else {
-		k.timer.Reset(time.Until(at))
+		k.timer.Reset(d)
 	}
 }
 
 func (k *keeper) fire() {
-	now := time.Now()
+	now := k.now()
 	_, batches := k.g.locker.(driver.BatchRefresher)
 	var lost, renew, later []*Lock
 	k.mu.Lock()
-	k.armed = time.Time{}
 	// Cleared before the stack is taken: see add.
 	k.armedAt.Store(0)
 	k.drainLocked()
-	for len(k.locks) > 0 && !k.locks[0].at().After(now) {
+	for len(k.locks) > 0 && k.locks[0].at() <= now {
 		l := heap.Pop(&k.locks).(*Lock)
 		// A renewal may have moved the lease's expiry without its result
 		// being taken yet (a large batch is still being applied): the
 		// lease's own Expiry is the truth.
-		if e := l.lease.Expiry(); e.After(l.expiry) {
+		if e := k.nanos(l.lease.Expiry()); e > l.expiry {
 			l.expiry = e
-			l.dueOff = firstDue(l.ttl)
+			l.due = e + firstDue(l.ttl)
 		}
-		if !now.Before(l.expiry.Add(-k.g.marginFor(l.ttl))) {
+		if now >= l.lossAt() {
 			lost = append(lost, l)
 			continue
 		}
@@ -253,7 +261,6 @@ func (k *keeper) fire() {
 			// Its renewal is in flight and has already succeeded; its
 			// result will schedule it.
 			later = append(later, l)
-			l.schedule(k.g.marginFor(l.ttl))
 			continue
 		}
 		renew = append(renew, l)
@@ -261,10 +268,10 @@ func (k *keeper) fire() {
 	if batches && len(renew) > 0 {
 		// Bring forward every renewal due within the coming period, so that
 		// it goes in the same request and falls into step with the others.
-		window := now.Add(renew[0].ttl / 3)
-		for len(k.locks) > 0 && !k.locks[0].at().After(window) {
+		window := now + int64(renew[0].ttl/3)
+		for len(k.locks) > 0 && k.locks[0].at() <= window {
 			l := heap.Pop(&k.locks).(*Lock)
-			if l.refreshing || l.due().After(now.Add(l.ttl/3)) {
+			if l.refreshing || l.due > now+int64(l.ttl/3) {
 				later = append(later, l)
 				continue
 			}
@@ -273,7 +280,6 @@ func (k *keeper) fire() {
 	}
 	for _, l := range renew {
 		l.refreshing = true
-		l.schedule(k.g.marginFor(l.ttl))
 		heap.Push(&k.locks, l)
 	}
 	for _, l := range later {
@@ -325,20 +331,27 @@ func (l *Lock) expiredCause(margin time.Duration, lastErr error) error {
 // renewing tens of thousands of rows), and retries could not save it.
 func (k *keeper) renew(locks []*Lock) {
 	if br, ok := k.g.locker.(driver.BatchRefresher); ok {
-		byTTL := map[time.Duration][]*Lock{}
-		for _, l := range locks {
-			byTTL[l.ttl] = append(byTTL[l.ttl], l)
-		}
-		for ttl, group := range byTTL {
+		// One call per TTL, on runs of locks sorted in place: grouping
+		// them in a map would copy every lock of a large renewal, which is
+		// heap held while the batch is in flight.
+		slices.SortFunc(locks, func(a, b *Lock) int { return cmp.Compare(a.ttl, b.ttl) })
+		for len(locks) > 0 {
+			n := 1
+			for n < len(locks) && locks[n].ttl == locks[0].ttl {
+				n++
+			}
+			group, ttl := locks[:n], locks[0].ttl
+			locks = locks[n:]
 			leases := make([]driver.Lease, len(group))
-			deadline := group[0].lossDeadline()
+			// Under one hold of the mutex, not one per lease.
+			k.mu.Lock()
+			deadline := group[0].lossAt()
 			for i, l := range group {
 				leases[i] = l.lease
-				if d := l.lossDeadline(); d.After(deadline) {
-					deadline = d
-				}
+				deadline = max(deadline, l.lossAt())
 			}
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			k.mu.Unlock()
+			ctx, cancel := context.WithDeadline(context.Background(), k.time(deadline))
 			errs := br.RefreshBatch(ctx, leases, ttl)
 			cancel()
 			k.g.tel.renewalRequests.Add(context.Background(), 1, k.g.tel.byResult[batchOK(errs)]...)
@@ -381,7 +394,7 @@ func (l *Lock) lossDeadline() time.Time {
 	k := &l.g.keeper
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return l.expiry.Add(-k.g.marginFor(l.ttl))
+	return k.time(l.lossAt())
 }
 
 // renewed takes the result of l's renewal.
@@ -436,30 +449,30 @@ func (k *keeper) renewedLocked(l *Lock, err error) bool {
 		delete(k.failing, l)
 		return true
 	}
-	margin := g.marginFor(l.ttl)
 	if err == nil {
 		delete(k.failing, l)
-		l.expiry = l.lease.Expiry()
-		l.dueOff = firstDue(l.ttl)
+		l.expiry = k.nanos(l.lease.Expiry())
+		l.due = l.expiry + firstDue(l.ttl)
 	} else {
 		if k.failing == nil {
 			k.failing = map[*Lock]error{}
 		}
 		k.failing[l] = err
-		l.dueOff = time.Now().Add(l.ttl / retryDivisor).Sub(l.expiry)
+		l.due = k.now() + int64(l.ttl/retryDivisor)
 		g.logger.Warn("warden: renewal failed; retrying until the lease's loss deadline",
-			"key", l.key, "backend", g.backend, "deadline", l.expiry.Add(-margin), "error", err)
+			"key", l.key, "backend", g.backend, "deadline", k.time(l.lossAt()), "error", err)
 	}
-	l.schedule(margin)
 	heap.Fix(&k.locks, int(l.index))
 	return false
 }
 
 // sessionWatch watches one backend session for the locks it keeps alive.
 type sessionWatch struct {
-	k      *keeper
-	sess   driver.Session
-	locks  map[*Lock]struct{}
+	k    *keeper
+	sess driver.Session
+	// locks are the session's locks, each at its Lock.index: a slice, not
+	// a set, costs a held lock one word and its acquisition no hashing.
+	locks  []*Lock
 	margin time.Duration // the largest margin of its locks so far
 	timer  *time.Timer
 	armed  bool
@@ -473,11 +486,12 @@ func (k *keeper) addToSession(l *Lock, s driver.Session) {
 	}
 	sw := k.sessions[s]
 	if sw == nil {
-		sw = &sessionWatch{k: k, sess: s, locks: map[*Lock]struct{}{}}
+		sw = &sessionWatch{k: k, sess: s}
 		k.sessions[s] = sw
 		go sw.watch()
 	}
-	sw.locks[l] = struct{}{}
+	l.index = int32(len(sw.locks))
+	sw.locks = append(sw.locks, l)
 	sw.margin = max(sw.margin, k.g.marginFor(l.ttl))
 	l.sess = sw
 	if !sw.armed {
@@ -499,8 +513,12 @@ func (sw *sessionWatch) arm() {
 
 // remove takes l off the session. Called with the keeper's mutex held.
 func (sw *sessionWatch) remove(l *Lock) {
-	delete(sw.locks, l)
-	l.sess = nil
+	last := len(sw.locks) - 1
+	sw.locks[l.index] = sw.locks[last]
+	sw.locks[l.index].index = l.index
+	sw.locks[last] = nil
+	sw.locks = sw.locks[:last]
+	l.index, l.sess = -1, nil
 	if len(sw.locks) == 0 && sw.timer != nil {
 		sw.timer.Stop()
 		sw.armed = false
@@ -540,10 +558,7 @@ func (sw *sessionWatch) watch() {
 func (sw *sessionWatch) loseAll(cause error) {
 	k := sw.k
 	k.mu.Lock()
-	locks := make([]*Lock, 0, len(sw.locks))
-	for l := range sw.locks {
-		locks = append(locks, l)
-	}
+	locks := slices.Clone(sw.locks)
 	k.mu.Unlock()
 	for _, l := range locks {
 		l.lose(cause)
@@ -554,7 +569,7 @@ func (sw *sessionWatch) loseAll(cause error) {
 type lockHeap []*Lock
 
 func (h lockHeap) Len() int           { return len(h) }
-func (h lockHeap) Less(i, j int) bool { return h[i].at().Before(h[j].at()) }
+func (h lockHeap) Less(i, j int) bool { return h[i].at() < h[j].at() }
 func (h lockHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index = int32(i)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -178,6 +179,60 @@ func TestSessionLossCancelsAtOnce(t *testing.T) {
 	})
 }
 
+// The keeper keeps a session's locks in a slice, each at its index: locks
+// unlocked in any order leave the others watched, listed by Held, and lost
+// with the session, and only them.
+func TestSessionLocksUnlockedInAnyOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sl := newSessionLocker(time.Hour)
+		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		ctx := context.Background()
+		locks := map[string]*guard.Lock{}
+		for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+			l, err := g.Lock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks[k] = l
+		}
+		// The first, a middle one, the last, and a middle one again.
+		for _, k := range []string{"a", "d", "f", "c"} {
+			if err := locks[k].Unlock(ctx); err != nil {
+				t.Fatalf("Unlock %s: %v", k, err)
+			}
+		}
+		var held []string
+		for _, h := range g.Held() {
+			if !h.SessionBound {
+				t.Errorf("%s not listed as session-bound", h.Key)
+			}
+			held = append(held, h.Key)
+		}
+		if !slices.Equal(held, []string{"b", "e"}) {
+			t.Fatalf("Held lists %v, want [b e]", held)
+		}
+		close(sl.sess.done)
+		for _, k := range []string{"b", "e"} {
+			select {
+			case <-locks[k].Context().Done():
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s, held when its session was lost, was not cancelled", k)
+			}
+			if err := locks[k].Unlock(ctx); !errors.Is(err, guard.ErrLockLost) {
+				t.Errorf("Unlock %s after the session was lost: %v, want ErrLockLost", k, err)
+			}
+		}
+		for _, k := range []string{"a", "c", "d", "f"} {
+			if err := locks[k].Err(); !errors.Is(err, guard.ErrNotHeld) || errors.Is(err, guard.ErrLockLost) {
+				t.Errorf("%s, unlocked before the session was lost: Err %v, want ErrNotHeld and no loss", k, err)
+			}
+		}
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("Held lists %v after every lock was unlocked", held)
+		}
+	})
+}
+
 func TestSessionNotRenewedLosesOnTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ttl := 900 * time.Millisecond
@@ -304,6 +359,43 @@ func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
 		}
 		if renewed < int32(300*(periods-1)) {
 			t.Errorf("only %d lease renewals over %d periods of 300 locks", renewed, periods)
+		}
+	})
+}
+
+// A renewal of locks of different TTLs sends one batch per TTL, and renews
+// each lease for its own.
+func TestBatchRenewalPerTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		bc := &batchCounter{Locker: memory.New()}
+		g := newGuard(t, bc, guard.WithTTL(3*time.Second))
+		ctx := context.Background()
+		start := time.Now()
+		ttls := map[*guard.Lock]time.Duration{}
+		for i := range 3 {
+			for _, ttl := range []time.Duration{1500 * time.Millisecond, 3 * time.Second, 2400 * time.Millisecond} {
+				l, err := g.Lock(ctx, fmt.Sprintf("%v/%d", ttl, i), guard.TTL(ttl))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ttls[l] = ttl
+			}
+		}
+		// The shortest TTL's renewal falls due a third of it after the
+		// grant and brings forward the others, due within its period.
+		time.Sleep(600 * time.Millisecond)
+		synctest.Wait()
+		if n, m := bc.batches.Load(), bc.leases.Load(); n != 3 || m != 9 {
+			t.Errorf("%d batches renewing %d leases, want 3 (one per TTL) renewing 9", n, m)
+		}
+		renewed := start.Add(500 * time.Millisecond)
+		for l, ttl := range ttls {
+			if got, want := l.Expiry(), renewed.Add(ttl); !got.Equal(want) {
+				t.Errorf("%s: expiry %v after the start, want %v", l.Key(), got.Sub(start), want.Sub(start))
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
 		}
 	})
 }

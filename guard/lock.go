@@ -27,36 +27,47 @@ type Lock struct {
 	ttl   time.Duration
 	lease driver.Lease
 
-	ctx     lockContext
-	section *section // when traced
+	// The lock's context (lockContext, a view of the Lock): the context
+	// it was taken with, and the cancellable one made from it on first
+	// use. ctx and cancel are guarded by mu.
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 
 	mu      sync.Mutex
-	lostErr error // set once, when the lease is lost
+	lostErr *lockError // set once, when the lease is lost
+	section *section   // when traced
 
-	// Lease keeper state, guarded by the keeper's mutex.
-	// Times are kept as offsets from expiry, which a held Lock's size
-	// (one allocation per acquisition, and the heap per held lock) favours.
-	expiry  time.Time     // conservative expiry: the lock is lost a margin before it
-	dueOff  time.Duration // next renewal, less expiry
-	atOff   time.Duration // when the keeper next looks (min(due, loss deadline)), less expiry
-	granted int64         // unix nanos of the grant: the first expiry less the TTL
+	// Lease keeper state, guarded by the keeper's mutex. Times are
+	// nanoseconds from the keeper's base (keeper.nanos), which a held
+	// Lock's size (one allocation per acquisition, and the heap per held
+	// lock) favours over time.Time's 24 bytes.
+	expiry  int64         // conservative expiry: the lock is lost a margin before it
+	due     int64         // next renewal
+	granted int64         // the grant: the first expiry less the TTL
 	sess    *sessionWatch // the session keeping the lease alive, if any
 	next    *Lock         // below it on the keeper's young stack
 
-	release releaseContext
+	// The release's context (releaseContext, a view of the Lock): the
+	// values of Unlock's ctx, set under mu before the release starts and
+	// never again, and its bound, made when a backend asks (guarded by mu,
+	// stopped by finish).
+	relValues context.Context
+	relBound  *releaseBound
 
 	// Small fields last, packed.
-	index      int32        // position in the keeper's heap; -1 when not in it
-	depth      int32        // its depth on the keeper's young stack, from 1 at the bottom
+	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
 	state      atomic.Int32 // lockOut, lockYoung or lockKept
 	holds      int32        // guarded by mu
+	depth      uint8        // its depth on the keeper's young stack, from 1 at the bottom, at most maxYoung
 	refreshing bool         // a renewal is in flight; guarded by the keeper's mutex
+	releasing  bool         // the release is under way and may start relBound's timer; guarded by mu
 	mode       mode
 }
 
 // outer is the innermost lock already held by the context l was taken
 // with: its context's parent carries it (its values are that context's).
-func (l *Lock) outer() *Lock { return heldBy(l.ctx.parent) }
+func (l *Lock) outer() *Lock { return heldBy(l.parent) }
 
 // section is what a traced Lock adds: the span of its critical section.
 // Kept apart because a Lock is allocated on every acquisition, and its size
@@ -85,14 +96,14 @@ func (l *Lock) Expiry() time.Time {
 	if l.sess != nil {
 		return l.sess.sess.Expiry()
 	}
-	return l.expiry
+	return k.time(l.expiry)
 }
 
 // Context returns a context derived from the one the lock was taken with,
 // carrying the lock (nested acquisitions of the same key with it are
 // reentrant) and cancelled when the lock is lost, with cause ErrLockLost
 // (context.Cause), or when it is unlocked.
-func (l *Lock) Context() context.Context { return &l.ctx }
+func (l *Lock) Context() context.Context { return (*lockContext)(l) }
 
 // Err returns nil while the lock is held, an error wrapping ErrLockLost once
 // the lock has been lost, and an error wrapping ErrNotHeld after Unlock.
@@ -131,23 +142,26 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		l.mu.Unlock()
 		return nil
 	}
-	lost := l.lostErr
+	var lost error
+	if l.lostErr != nil {
+		lost = l.lostErr
+	}
+	l.relValues, l.releasing = ctx, true
 	l.mu.Unlock()
 
 	g := l.g
 	g.keeper.remove(l)
-	l.release.init(ctx, g.releaseTimeout)
+	rctx := (*releaseContext)(l)
 	var err error
 	if g.direct {
-		err = l.lease.Release(&l.release)
+		err = l.lease.Release(rctx)
 	} else {
 		// Bounded by the release timeout whatever the client does: a
 		// release still running then goes on in the background.
-		_, err = call(&l.release, false, func(rctx context.Context) (struct{}, error) {
+		_, err = call(rctx, false, func(rctx context.Context) (struct{}, error) {
 			return struct{}{}, l.lease.Release(rctx)
 		}, nil)
 	}
-	l.release.stop()
 
 	switch {
 	case lost != nil:
@@ -176,10 +190,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))
 	}
-	l.ctx.finish()
+	l.finish()
 	g.tel.held.Add(ctx, -1, g.tel.onBackend...)
 	if g.tel.holdDuration.Enabled(ctx) {
-		g.tel.holdDuration.Record(ctx, time.Since(time.Unix(0, l.granted)).Seconds(), g.tel.onRecord...)
+		g.tel.holdDuration.Record(ctx, time.Since(g.keeper.time(l.granted)).Seconds(), g.tel.onRecord...)
 	}
 	if s := l.section; s != nil {
 		outcome := "released"
@@ -245,7 +259,7 @@ func (l *Lock) markLost(cause error, afterUnlock bool) {
 	if !afterUnlock {
 		g.keeper.remove(l)
 	}
-	l.ctx.end(err)
+	l.end(err)
 }
 
 // lossKind names the cause of a loss for the warden.lock.lost metric.
@@ -262,56 +276,57 @@ func (l *Lock) lossKind(cause error, afterUnlock bool) string {
 	return causeExpired
 }
 
-// lockContext is the Lock's context: a context.WithCancelCause of the
-// caller's context, cancelled when the lock is lost or released, that also
-// carries the Lock for reentrancy. The cancellable context is made the first
-// time the section asks for it (Done, Err, a value), not when the lock is
-// taken: a section that never looks, as most short ones do, costs neither
-// its allocation nor its cancellation, which measured as a third of what
-// guard adds to an uncontended Do on the memory backend.
-type lockContext struct {
-	parent context.Context
-	lock   *Lock
-
-	// Guarded by the lock's mutex.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-}
+// lockContext is the Lock's context, a view of the Lock: a
+// context.WithCancelCause of the caller's context (parent), cancelled when
+// the lock is lost or released, that also carries the Lock for reentrancy.
+// The cancellable context is made the first time the section asks for it
+// (Done, Err, a value), not when the lock is taken: a section that never
+// looks, as most short ones do, costs neither its allocation nor its
+// cancellation, which measured as a third of what guard adds to an
+// uncontended Do on the memory backend. Being the Lock itself, it costs a
+// held Lock no pointer back to it.
+type lockContext Lock
 
 // get returns the cancellable context, making it (already cancelled, if the
 // lock has ended) on first use.
 func (c *lockContext) get() context.Context {
-	l := c.lock
+	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c.ctx == nil {
-		c.ctx, c.cancel = context.WithCancelCause(c.parent)
+	if l.ctx == nil {
+		l.ctx, l.cancel = context.WithCancelCause(l.parent)
 		if cause := l.endedLocked(); cause != nil {
-			c.cancel(cause)
+			l.cancel(cause)
 		}
 	}
-	return c.ctx
+	return l.ctx
 }
 
-// end cancels the context with cause, if it has been made; otherwise get
-// finds the cause in the lock's state when it makes it.
-func (c *lockContext) end(cause error) {
-	c.lock.mu.Lock()
-	defer c.lock.mu.Unlock()
-	if c.ctx != nil {
-		c.cancel(cause)
+// end cancels the lock's context with cause, if it has been made;
+// otherwise get finds the cause in the lock's state when it makes it.
+func (l *Lock) end(cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx != nil {
+		l.cancel(cause)
 	}
 }
 
-// finish cancels the context, if it has been made, with the lock's own end
-// cause: the loss, if one was declared meanwhile, stays the cause rather
-// than the unlock. A context made later finds the same cause in get.
-func (c *lockContext) finish() {
-	l := c.lock
+// finish ends the release, whose bound's timer, if a backend asked for
+// one, is stopped, and no other may start; and it cancels the lock's
+// context, if it has been made, with the lock's own end cause: the loss,
+// if one was declared meanwhile, stays the cause rather than the unlock. A
+// context made later finds the same cause in get. (One hold of the mutex
+// for both: an Unlock takes it twice in all.)
+func (l *Lock) finish() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c.ctx != nil {
-		c.cancel(l.endedLocked())
+	l.releasing = false
+	if l.relBound != nil && l.relBound.timer != nil {
+		l.relBound.timer.Stop()
+	}
+	if l.ctx != nil {
+		l.cancel(l.endedLocked())
 	}
 }
 
@@ -336,7 +351,7 @@ type holdKey struct{}
 
 func (c *lockContext) Value(key any) any {
 	if _, ok := key.(holdKey); ok {
-		return c.lock
+		return (*Lock)(c)
 	}
 	// Through the cancellable context, which is how context.Cause finds it.
 	return c.get().Value(key)
@@ -348,20 +363,13 @@ func heldBy(ctx context.Context) *Lock {
 	return l
 }
 
-// releaseContext is the detached, bounded context a lease is released with.
-// It carries the values of the caller's context but not its cancellation.
-// Its deadline and timer are only made if a backend asks for them, which the
-// in-process backend never does, so releasing there costs no clock read and
-// no timer; they live apart from it, so that a held Lock does not carry
-// their room.
-type releaseContext struct {
-	values context.Context
-	mu     sync.Mutex
-	// timeout is the Guard's release timeout (positive) until the release
-	// is over; then 0, and no timer may start any more.
-	timeout time.Duration
-	bound   *releaseBound // made on first use
-}
+// releaseContext is the detached, bounded context a lease is released
+// with, a view of the Lock. It carries the values of the caller's context
+// (relValues) but not its cancellation. Its deadline and timer (relBound)
+// are only made if a backend asks for them, which the in-process backend
+// never does, so releasing there costs no clock read and no timer; they
+// live apart from the Lock, so that a held Lock does not carry their room.
+type releaseContext Lock
 
 // releaseBound is the deadline of a release, made when a backend asks.
 type releaseBound struct {
@@ -370,36 +378,24 @@ type releaseBound struct {
 	timer    *time.Timer
 }
 
-func (c *releaseContext) init(ctx context.Context, timeout time.Duration) {
-	c.values, c.timeout = ctx, timeout
-}
-
 func (c *releaseContext) start() *releaseBound {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.bound != nil {
-		return c.bound
+	l := (*Lock)(c)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.relBound != nil {
+		return l.relBound
 	}
 	b := &releaseBound{done: make(chan struct{})}
-	c.bound = b
-	if c.timeout == 0 {
+	l.relBound = b
+	if !l.releasing {
 		// Asked for after the release: report it over.
 		close(b.done)
 		return b
 	}
-	b.deadline = time.Now().Add(c.timeout)
-	b.timer = time.AfterFunc(c.timeout, func() { close(b.done) })
+	timeout := l.g.releaseTimeout
+	b.deadline = time.Now().Add(timeout)
+	b.timer = time.AfterFunc(timeout, func() { close(b.done) })
 	return b
-}
-
-// stop frees the timer once the release is over.
-func (c *releaseContext) stop() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.timeout = 0
-	if c.bound != nil && c.bound.timer != nil {
-		c.bound.timer.Stop()
-	}
 }
 
 func (c *releaseContext) Deadline() (time.Time, bool) {
@@ -419,4 +415,4 @@ func (c *releaseContext) Err() error {
 	}
 }
 
-func (c *releaseContext) Value(key any) any { return c.values.Value(key) }
+func (c *releaseContext) Value(key any) any { return c.relValues.Value(key) }
