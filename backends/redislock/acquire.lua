@@ -13,8 +13,9 @@
 -- next_waiter.lua, and release.lua, which hands the lock to a record)
 -- ARGV[6] '1' when an earlier attempt of the contender got no answer
 -- Returns the token alone for a grant that found nobody waiting, the common
--- case, else {1, token, day, waiting flag}; {0, holder's pttl} when not
--- acquired. (A table costs the server more to answer than the rest of a
+-- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token}
+-- when not acquired ({0, pttl} for another format's lock, which has no
+-- token). (A table costs the server more to answer than the rest of a
 -- grant's bookkeeping; the client works the day out from its own clock,
 -- which the release only uses to spare a write: see lease.go.)
 --
@@ -120,4 +121,6 @@ if flag ~= waiting then
 elseif swapped then
   redis.call('set', KEYS[1], old, 'KEEPTTL')
 end
-return {0, d - now}
+-- The holder's token tells a waiter whether a grant it hears of later was
+-- made after this attempt ran (see handedOver in wait.go).
+return {0, d - now, tonumber(token)}

@@ -62,8 +62,13 @@
 //
 // The waiter does not count its lease from the message, which comes after
 // the server's clock started it, but from the send time of its own last
-// attempt that the server answered with a refusal: the grant came after
-// that attempt, so the server keeps the lease at least that long. A waiter
+// attempt that the server answered with a refusal, when the grant came
+// after that attempt ran: the server then keeps the lease at least that
+// long. The grant's token tells: the refusal answers the holder's token, and
+// a later grant's is past it (messages and attempts travel on different
+// connections, so a grant made before the refusal, since taken away by an
+// expiry or a forced release, can arrive after it: its token is not past
+// the one the refusal found, and the waiter tries again instead). A waiter
 // that sent no such attempt, or none within half its TTL (the server was
 // out of reach since), or one under WithWaitReplicas, makes an attempt
 // instead, which finds the lock its own and extends it (and waits for the

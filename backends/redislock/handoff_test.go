@@ -197,9 +197,11 @@ func TestHandoffEarlierRecord(t *testing.T) {
 }
 
 // TestHandedOver: a grant from a message is taken only with a refused
-// attempt to count the lease from, recent enough, and without
-// WithWaitReplicas; the lease then expires the TTL after that attempt was
-// sent (less the allowance), whenever the message came.
+// attempt to count the lease from, recent enough, that found a token below
+// the grant's (a grant with a token not past it was made before that
+// attempt ran, and arrived late), and without WithWaitReplicas; the lease
+// then expires the TTL after that attempt was sent (less the allowance),
+// whenever the message came.
 func TestHandedOver(t *testing.T) {
 	const ttl = 10 * time.Second
 	now := time.Now()
@@ -207,22 +209,26 @@ func TestHandedOver(t *testing.T) {
 		name     string
 		msg      string
 		refused  time.Time
+		found    uint64 // the token the refused attempt found
 		replicas int
 		want     bool
 	}{
-		{"a grant", "1234:20500:1", now.Add(-time.Second), 0, true},
-		{"a wake-up", "", now.Add(-time.Second), 0, false},
-		{"no refused attempt", "1234:20500:1", time.Time{}, 0, false},
-		{"a refused attempt too old", "1234:20500:1", now.Add(-ttl/2 - time.Second), 0, false},
-		{"WithWaitReplicas", "1234:20500:1", now.Add(-time.Second), 1, false},
-		{"a bad token", "x:20500:1", now.Add(-time.Second), 0, false},
-		{"a bad flag", "1234:20500:3", now.Add(-time.Second), 0, false},
+		{"a grant", "1234:20500:1", now.Add(-time.Second), 1233, 0, true},
+		{"a wake-up", "", now.Add(-time.Second), 1233, 0, false},
+		{"no refused attempt", "1234:20500:1", time.Time{}, 1233, 0, false},
+		{"a refused attempt too old", "1234:20500:1", now.Add(-ttl/2 - time.Second), 1233, 0, false},
+		{"a refused attempt that found no token", "1234:20500:1", now.Add(-time.Second), 0, 0, false},
+		{"a grant made before the refused attempt", "1234:20500:1", now.Add(-time.Second), 1234, 0, false},
+		{"a grant older than the holder the refusal found", "1234:20500:1", now.Add(-time.Second), 1300, 0, false},
+		{"WithWaitReplicas", "1234:20500:1", now.Add(-time.Second), 1233, 1, false},
+		{"a bad token", "x:20500:1", now.Add(-time.Second), 1233, 0, false},
+		{"a bad flag", "1234:20500:3", now.Add(-time.Second), 1233, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			l := &Locker{cfg: config{replicas: c.replicas}}
 			ls := &lease{l: l, kind: kindMutex}
-			if got := l.handedOver(ls, c.msg, c.refused, ttl); got != c.want {
+			if got := l.handedOver(ls, c.msg, c.refused, c.found, ttl); got != c.want {
 				t.Fatalf("handedOver: %v, want %v", got, c.want)
 			}
 			if !c.want {

@@ -305,8 +305,9 @@ func handoffWindow(waiterTimeout time.Duration) time.Duration {
 }
 
 // reply is the answer of an acquisition script: {1, token} or {1, token,
-// day, waiting flag} for a grant, {0, ms} otherwise, the rest 0 (a day is
-// never 0). It is an array, not a slice, so that it costs no allocation.
+// day, waiting flag} for a grant, {0, ms} or, from a plain lock's attempt,
+// {0, ms, the holder's token} otherwise, the rest 0 (a day is never 0, nor
+// a token). It is an array, not a slice, so that it costs no allocation.
 type reply [4]int64
 
 // run runs a script that answers an array of integers (see reply); a plain
@@ -328,8 +329,8 @@ func answer(ctx context.Context, cmd *goredis.Cmd) (reply, error) {
 		r[0], r[1] = 1, v
 		return r, nil
 	case []any:
-		if len(v) != 2 && len(v) != 4 {
-			return r, fmt.Errorf("%w: a script answered %d values, want 2 or 4", driver.ErrUnavailable, len(v))
+		if len(v) < 2 || len(v) > 4 {
+			return r, fmt.Errorf("%w: a script answered %d values, want 2 to 4", driver.ErrUnavailable, len(v))
 		}
 		for i, x := range v {
 			n, ok := x.(int64)

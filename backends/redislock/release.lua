@@ -3,8 +3,8 @@
 -- (see state.lua, whose format this script reads and writes, with none of
 -- its helpers: see acquire.lua). When a waiter announced itself, the
 -- release message names one waiter, so that only it retries: the next live
--- fair waiter, else the non-fair waiter recorded longest ago. A non-fair
--- waiter whose record says its TTL is not told to retry but handed the
+-- fair waiter, else the non-fair waiter whose record was renewed longest
+-- ago. A non-fair waiter whose record says its TTL is not told to retry but handed the
 -- lock: the release grants it in the waiter's name, and the message tells
 -- it its token (see wait.go for the deadline the waiter counts), so that
 -- the lock reaches it in this one round trip, and the releaser, coming

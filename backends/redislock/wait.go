@@ -90,11 +90,13 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		wake   <-chan string
 		queued bool
 		// refused is when the latest attempt answered with a refusal was
-		// sent: a grant handed over later (see handedOver) was made after
-		// the server ran that attempt, so its lease runs at least until
-		// refused plus the TTL.
-		refused time.Time
-		msg     string
+		// sent, and refusedToken the holder's token it found (0 when it
+		// found none): a grant with a greater token (see handedOver) was
+		// made after the server ran that attempt, so its lease runs at
+		// least until refused plus the TTL.
+		refused      time.Time
+		refusedToken uint64
+		msg          string
 	)
 	if opts.Wait {
 		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
@@ -142,7 +144,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			if msg, err = l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
 				return nil, err
 			}
-			if l.handedOver(ls, msg, refused, opts.TTL) {
+			if l.handedOver(ls, msg, refused, refusedToken, opts.TTL) {
 				return ls, nil
 			}
 			continue
@@ -152,7 +154,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			return nil, driver.ErrNotAcquired
 		}
 		unreachable.Reset()
-		refused = sent
+		refused, refusedToken = sent, uint64(r[2])
 		if sub == nil {
 			if sub, wake, err = l.notify.join(ctx, channel, w.id, poll); err != nil {
 				return nil, err
@@ -181,7 +183,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		if msg, err = l.sleep(ctx, sub, wake, min(d, lostWakeup(opts.TTL)), poll, &woken); err != nil {
 			return nil, err
 		}
-		if l.handedOver(ls, msg, refused, opts.TTL) {
+		if l.handedOver(ls, msg, refused, refusedToken, opts.TTL) {
 			return ls, nil
 		}
 	}
@@ -195,20 +197,32 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 // answered the attempt sent at refused with a refusal, so it counts the
 // lease from there: a waiter woken a moment after its last attempt loses
 // that moment, one that slept long loses more, but never counts a lease
-// the server does not keep. Without such an attempt, or with one so old
-// (the server was out of reach since) that the lease would be mostly
-// spent, or under WithWaitReplicas, which must see the grant acknowledged,
-// it returns false, and the next attempt, finding the lock its own,
-// extends it.
-func (l *Locker) handedOver(ls *lease, msg string, refused time.Time, ttl time.Duration) bool {
-	if msg == "" || refused.IsZero() || time.Since(refused) > ttl/2 || l.cfg.replicas > 0 {
+// the server does not keep.
+//
+// That the grant came after the refusal, the token says, not the message's
+// arrival: messages come on the subscription's connection, which keeps no
+// order with the attempts' connection, so a grant made before the refusal
+// (the lock has since moved on: its lease ran out, or it was forced away,
+// and another contender took it) can arrive after it. Tokens only grow on
+// a key, and a grant's is past the token before it, so a grant made after
+// the refused attempt ran has a token greater than the one that attempt
+// found, and one made before it has not.
+//
+// Without such an attempt, or with one that found no token (another
+// format's lock), or one so old (the server was out of reach since) that
+// the lease would be mostly spent, or with a grant not past its token, or
+// under WithWaitReplicas, which must see the grant acknowledged, it returns
+// false, and the next attempt decides: it finds the lock its own, and
+// extends it, only if it still is.
+func (l *Locker) handedOver(ls *lease, msg string, refused time.Time, refusedToken uint64, ttl time.Duration) bool {
+	if msg == "" || refused.IsZero() || refusedToken == 0 || time.Since(refused) > ttl/2 || l.cfg.replicas > 0 {
 		return false
 	}
 	token, rest, _ := strings.Cut(msg, ":")
 	day, flag, _ := strings.Cut(rest, ":")
 	t, err1 := strconv.ParseUint(token, 10, 64)
 	d, err2 := strconv.ParseUint(day, 10, 32)
-	if err1 != nil || err2 != nil || len(flag) != 1 || flag[0] < '0' || flag[0] > '2' {
+	if err1 != nil || err2 != nil || len(flag) != 1 || flag[0] < '0' || flag[0] > '2' || t <= refusedToken {
 		return false
 	}
 	ls.token = t
