@@ -222,6 +222,11 @@ func TestSessionLocksUnlockedInAnyOrder(t *testing.T) {
 				t.Errorf("Unlock %s after the session was lost: %v, want ErrLockLost", k, err)
 			}
 		}
+		for k, l := range locks {
+			if e := l.Expiry(); !e.IsZero() {
+				t.Errorf("%s, off its session: Expiry %v, want none (the zero time)", k, e)
+			}
+		}
 		for _, k := range []string{"a", "c", "d", "f"} {
 			if err := locks[k].Err(); !errors.Is(err, guard.ErrNotHeld) || errors.Is(err, guard.ErrLockLost) {
 				t.Errorf("%s, unlocked before the session was lost: Err %v, want ErrNotHeld and no loss", k, err)

@@ -96,6 +96,11 @@ func (l *Lock) Expiry() time.Time {
 	if l.sess != nil {
 		return l.sess.sess.Expiry()
 	}
+	if l.expiry == 0 {
+		// A session's lock, off its session (unlocked or lost), has no
+		// expiry of its own.
+		return time.Time{}
+	}
 	return k.time(l.expiry)
 }
 
