@@ -161,7 +161,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, key: key}
+	ls := &lease{l: l, lock: lockKeyOf(key)}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
 	// held says the last attempt found the lock held: the next one reads
 	// each node's state before writing its vote (see acquire.lua).
@@ -197,7 +197,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	owner := rand.Text()
 	start := time.Now()
 	proposal := l.propose(start)
-	lock := lockKeyOf(ls.key)
+	lock := ls.lock
 	readFirst := "0"
 	if held {
 		readFirst = "1"
@@ -212,10 +212,10 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
 	}, nil, nil)
 	var (
-		granted  []int
-		mine     []int // nodes that may hold the owner's vote: granted, or no answer
-		recorded int   // granting nodes that recorded the proposal
-		tooHigh  bool  // a node found the proposal too far ahead of its clock
+		granted  = make([]int, 0, len(l.nodes))
+		mine     = make([]int, 0, len(l.nodes)) // nodes that may hold the owner's vote: granted, or no answer
+		recorded int                            // granting nodes that recorded the proposal
+		tooHigh  bool                           // a node found the proposal too far ahead of its clock
 		maxFence int64
 		day      int64 // the key's expiry day, as a granting node set it
 		failed   int
@@ -247,7 +247,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	}
 	l.learn(start, maxFence, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.withdraw(ctx, ls.key, owner, "0", "0", mine, nil)
+		l.withdraw(ctx, lock, owner, "0", "0", mine, nil)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -346,19 +346,19 @@ func (l *Locker) shortfall(failed int, cause error) error {
 	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
-// withdraw removes owner's votes for key from the nodes which (their
-// indexes into l.nodes), whatever ctx's state: a node may have granted a vote
-// whose answer was lost. token and day are what the votes recorded, as a
-// rule ("0" when unknown): a node where they differ costs one more command.
-// With judge it returns as soon as the answers settle a majority (see
+// withdraw removes owner's votes from lock (lockKeyOf) on the nodes which
+// (their indexes into l.nodes), whatever ctx's state: a node may have
+// granted a vote whose answer was lost. token and day are what the votes
+// recorded, as a rule ("0" when unknown): a node where they differ costs one
+// more command. With judge it returns as soon as the answers settle a majority (see
 // gather), and the others finish in the background; otherwise it waits for
 // every answer, or the node timeout.
-func (l *Locker) withdraw(ctx context.Context, key, owner string, token, day any, which []int, judge func(result) verdict) []result {
+func (l *Locker) withdraw(ctx context.Context, lock, owner string, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	cmd := []any{"evalsha", l.releaseSha, 1, lockKeyOf(key), owner, token, day}
+	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
 	return l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
 	}, judge, which)
@@ -475,10 +475,19 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 	}
 	for j := range out {
 		if out[j].late {
-			out[j].err = fmt.Errorf("node %d: no answer within %v", which[j], l.nodeTimeout)
+			out[j].err = noAnswer(which[j])
 		}
 	}
 	return out
+}
+
+// noAnswer is the error of a node, by its index, that did not answer within
+// the node timeout: an integer, so that returning it allocates nothing for
+// the nodes a round does not wait for.
+type noAnswer int
+
+func (n noAnswer) Error() string {
+	return fmt.Sprintf("node %d: no answer within the node timeout", int(n))
 }
 
 // flight is what a round's calls share while they run.
