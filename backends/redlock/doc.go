@@ -18,8 +18,14 @@
 // there. Every attempt has an owner id of its own, so a withdrawal still
 // under way on a slow node never removes a later attempt's vote. Refresh
 // (owner-checked PEXPIRE) also needs a majority within the validity; Release
-// is owner-checked, and returns once a majority has withdrawn the votes (the
-// others follow in the background, within the node timeout). A lease's
+// is owner-checked. Both return once a majority has answered for them (or
+// against them, when no majority is left to have), and the other nodes
+// follow in the background, within the node timeout. Acquire waits for every
+// node, or the timeout, though a majority's grants settle the lease: a lease
+// handed out before a slow node's vote lands could be released before it
+// lands, and its withdrawal would then have to wait for it (the next
+// acquisition finding that node still held) or miss it (the vote left there
+// for the TTL). A lease's
 // Expiry is the start of the round that granted or last extended it plus
 // ttl - drift, so guard cancels the section before the votes can have lapsed
 // on any node.
