@@ -481,13 +481,13 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 	return out
 }
 
-// noAnswer is the error of a node, by its index, that did not answer within
-// the node timeout: an integer, so that returning it allocates nothing for
-// the nodes a round does not wait for.
+// noAnswer is the error of a node, by its index, whose answer its round did
+// not get: not within the node timeout, or not before the others settled
+// the round. An integer, so that it allocates nothing.
 type noAnswer int
 
 func (n noAnswer) Error() string {
-	return fmt.Sprintf("node %d: no answer within the node timeout", int(n))
+	return fmt.Sprintf("node %d: no answer within the node timeout or before a majority settled the round", int(n))
 }
 
 // flight is what a round's calls share while they run.
