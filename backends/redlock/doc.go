@@ -81,9 +81,15 @@
 // nodes, against 40 when the vote was a SET NX PX key beside a fence counter
 // the vote read and wrote). The key expires at the end of the day after its
 // last vote or refresh, so a fence still expires a day at least after it was
-// last written. Nodes need Redis 6.2 or newer. An attempt after one that
-// found the lock held reads each node's state before voting, so that a vote
-// refused again writes nothing: 3 commands a node (EVALSHA, TIME, GET).
+// last written. Nodes need Redis 6.2 or newer. After an attempt that found
+// the lock held, a waiter probes: it reads each node's state and writes
+// nothing (3 commands a node: EVALSHA, TIME, GET), and votes again only
+// once a majority would grant its vote, reading each node's state before
+// writing there. A waiter voting on every attempt would write its vote on
+// the nodes that are free while the lock is held on a majority, or while a
+// holder's fresh attempt is on its way, then withdraw it: among 8
+// contenders holding the lock 1ms, such split votes came at 0.37 to 0.54
+// per acquisition, and at 0.01 to 0.03 with the probe.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

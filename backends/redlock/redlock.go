@@ -163,10 +163,30 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	}
 	ls := &lease{l: l, lock: lockKeyOf(key)}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
-	// held says the last attempt found the lock held: the next one reads
-	// each node's state before writing its vote (see acquire.lua).
+	// held says the last attempt found the lock held: the next ones probe
+	// first, and the attempt reads each node's state before writing its
+	// vote (see acquire.lua).
 	held := false
 	for {
+		if held {
+			// A waiter probes, writing nothing, and votes only once a
+			// majority would grant the vote: its votes then never split
+			// the nodes with a holder's own fresh attempt.
+			hint, free := l.probe(ctx, ls.lock, opts.TTL)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			if !free {
+				d := backoff.Next()
+				if hint > 0 && hint < d {
+					d = hint
+				}
+				if err := driver.Sleep(ctx, d, nil); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
 		hint, err := l.try(ctx, ls, opts.TTL, held)
 		if err == nil {
 			return ls, nil
@@ -287,6 +307,43 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 func answered(r result) verdict {
 	if r.err == nil {
 		return pro
+	}
+	return unsettled
+}
+
+// probe asks the nodes whether they would grant a vote for lock, writing
+// nothing: free when a majority would, and otherwise how long the holder's
+// votes still last. A node that fails counts against a majority.
+func (l *Locker) probe(ctx context.Context, lock string, ttl time.Duration) (hint time.Duration, free bool) {
+	cmd := []any{"evalsha", l.acquireSha, 1, lock, "-", ttl.Milliseconds(), 0, l.nodeTimeout.Microseconds(), "2"}
+	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
+	}, probed, nil)
+	n := 0
+	for _, r := range rs {
+		if r.err != nil {
+			continue
+		}
+		v := r.val.([]int64)
+		if v[0] == 2 {
+			n++
+		} else if p := time.Duration(v[1]) * time.Millisecond; v[0] == 0 && p > 0 && (hint == 0 || p < hint) {
+			hint = p
+		}
+	}
+	return hint, n >= l.quorum
+}
+
+// probed judges a probe's answer: pro when the node would grant the vote,
+// con when another owner holds it.
+func probed(r result) verdict {
+	switch {
+	case r.err != nil:
+		return unsettled
+	case r.val.([]int64)[0] == 2:
+		return pro
+	case r.val.([]int64)[0] == 0:
+		return con
 	}
 	return unsettled
 }
