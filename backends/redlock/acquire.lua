@@ -22,9 +22,10 @@
 -- ARGV[5] '1' when the owner's last attempt found the lock held: the state
 -- is then read before it is written, so that a vote refused again writes
 -- nothing (the first attempt, likely to find the lock free, writes its
--- vote at once and reads the old state with it)
--- Returns {1, fence before, 1 if the proposal was recorded else 0, day} or
--- {0, holder's pttl}.
+-- vote at once and reads the old state with it); '2' to read only, a probe
+-- that answers whether the vote would be granted and writes nothing
+-- Returns {1, fence before, 1 if the proposal was recorded else 0, day},
+-- {0, holder's pttl}, or for a probe that finds the lock free {2, 0}.
 --
 -- This script runs on every acquisition, so it spends little: it uses none
 -- of state.lua's helpers (a helper is a closure made on every run), and it
@@ -43,7 +44,7 @@ local written = us
 if acceptable then
   written = proposed
 end
-local read_first = ARGV[5] == '1'
+local read_first = ARGV[5] ~= '0'
 local old
 if read_first then
   old = redis.call('get', KEYS[1])
@@ -68,6 +69,9 @@ if old and not (d and (d <= now or owner == ARGV[1])) then
     return {0, d - now}
   end
   return {0, redis.call('pttl', KEYS[1])}
+end
+if ARGV[5] == '2' then
+  return {2, 0}
 end
 local fence = us
 if stored then

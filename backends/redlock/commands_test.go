@@ -166,3 +166,53 @@ func TestScriptCacheFlushed(t *testing.T) {
 		t.Errorf("%d scripts sent in full after the flush, want 9 (the acquisition's, the refresh's and the release's, once a node)", n)
 	}
 }
+
+// TestWaitersProbe: a waiter whose attempt found the lock held probes the
+// nodes, writing nothing, until a majority would grant its vote. A lock held
+// on a majority but free on the other nodes (a holder's vote lost or
+// lapsed there) then costs a waiter no write on those nodes, where voting
+// on every attempt would write its vote there and withdraw it again.
+func TestWaitersProbe(t *testing.T) {
+	servers := startServers(t, 3)
+	holder := privateLocker(t, servers, nil)
+	waiter := privateLocker(t, servers, nil, WithMaxBackoff(5*time.Millisecond))
+	ctx := context.Background()
+	lease, err := holder.Acquire(ctx, "probed", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	// The holder's vote on the last node withdrawn behind its back: the
+	// lock stays held on the other two, a majority.
+	lock, free := lockKeyOf("probed"), holder.nodes[2]
+	v, err := free.Get(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(v, ":")
+	fence, rest, _ := strings.Cut(rest, ":")
+	day, _, _ := strings.Cut(rest, ":")
+	if err := free.Set(ctx, lock, "0:"+fence+":"+day+":", goredis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := callsByName(t, servers[2:])
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := waiter.Acquire(wctx, "probed", driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}); err == nil {
+		t.Fatal("acquired a lock held on a majority")
+	}
+	time.Sleep(100 * time.Millisecond) // calls left in the background
+	after := callsByName(t, servers[2:])
+	scripts := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]
+	sets := after["set"] - before["set"]
+	t.Logf("on the free node: %d scripts, %d SETs", scripts, sets)
+	if scripts < 10 {
+		t.Fatalf("%d scripts on the free node in 300ms with pauses of 5ms at most, want more", scripts)
+	}
+	// The first attempt writes its vote there and withdraws it (3 SETs: the
+	// withdrawal of a failed attempt knows neither the fence nor the day,
+	// and corrects them); the probes after it write nothing.
+	if sets > 3 {
+		t.Errorf("%d SETs on the node where the lock is free, over %d scripts: the waiter voted there after its first attempt, want 3", sets, scripts)
+	}
+}

@@ -18,8 +18,14 @@
 // there. Every attempt has an owner id of its own, so a withdrawal still
 // under way on a slow node never removes a later attempt's vote. Refresh
 // (owner-checked PEXPIRE) also needs a majority within the validity; Release
-// is owner-checked, and returns once a majority has withdrawn the votes (the
-// others follow in the background, within the node timeout). A lease's
+// is owner-checked. Both return once a majority has answered for them (or
+// against them, when no majority is left to have), and the other nodes
+// follow in the background, within the node timeout. Acquire waits for every
+// node, or the timeout, though a majority's grants settle the lease: a lease
+// handed out before a slow node's vote lands could be released before it
+// lands, and its withdrawal would then have to wait for it (the next
+// acquisition finding that node still held) or miss it (the vote left there
+// for the TTL). A lease's
 // Expiry is the start of the round that granted or last extended it plus
 // ttl - drift, so guard cancels the section before the votes can have lapsed
 // on any node.
@@ -75,9 +81,15 @@
 // nodes, against 40 when the vote was a SET NX PX key beside a fence counter
 // the vote read and wrote). The key expires at the end of the day after its
 // last vote or refresh, so a fence still expires a day at least after it was
-// last written. Nodes need Redis 6.2 or newer. An attempt after one that
-// found the lock held reads each node's state before voting, so that a vote
-// refused again writes nothing: 3 commands a node (EVALSHA, TIME, GET).
+// last written. Nodes need Redis 6.2 or newer. After an attempt that found
+// the lock held, a waiter probes: it reads each node's state and writes
+// nothing (3 commands a node: EVALSHA, TIME, GET), and votes again only
+// once a majority would grant its vote, reading each node's state before
+// writing there. A waiter voting on every attempt would write its vote on
+// the nodes that are free while the lock is held on a majority, or while a
+// holder's fresh attempt is on its way, then withdraw it: among 8
+// contenders holding the lock 1ms, such split votes came at 0.37 to 0.54
+// per acquisition, and at 0.01 to 0.03 with the probe.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);

@@ -6,16 +6,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/warden-go/warden/guard/driver"
 )
 
 // lease is one holding of a RedLock: the owner's votes on a majority.
 type lease struct {
-	l          *Locker
-	key, owner string
-	token      uint64
+	l *Locker
+	// lock is the key of the votes on the nodes (lockKeyOf).
+	lock, owner string
+	token       uint64
 	// day is when the vote's key expires, as the granting nodes set it
 	// (see state.lua): a release writes it back, unread.
 	day int64
@@ -47,12 +46,11 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 // before the new expiry.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
-	lock := lockKeyOf(ls.key)
 	start := time.Now()
-	cmd := []any{"evalsha", l.refreshSha, 1, lock, ls.owner, ttl.Milliseconds(), ls.token}
-	rs := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return evalsha(ctx, n, refreshSrc, cmd).Int64()
-	}, ls.votes...)
+	cmd := []any{"evalsha", l.refreshSha, 1, ls.lock, ls.owner, ttl.Milliseconds(), ls.token}
+	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return evalsha(ctx, l.nodes[i], refreshSrc, cmd).Int64()
+	}, ones, ls.votes)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)
 	if held >= l.quorum && time.Now().Before(expiry) {
@@ -75,7 +73,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // votes: every attempt has an owner id of its own.
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
-	rs := l.withdraw(ctx, ls.key, ls.owner, ls.token, ls.day, ls.votes, l.quorum)
+	rs := l.withdraw(ctx, ls.lock, ls.owner, ls.token, ls.day, ls.votes, ones)
 	held, failed := count(rs)
 	if held < l.quorum && failed > 0 && held+failed >= l.quorum {
 		// Whether a majority still holds the owner's votes is unknown; they

@@ -45,6 +45,8 @@ type Locker struct {
 	// The digests of the scripts every round sends, as interface values
 	// for evalsha, converted once.
 	acquireSha, releaseSha, refreshSha any
+	// all indexes every node, for rounds on all of them.
+	all []int
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -114,6 +116,10 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		refresh:     goredis.NewScript(refreshSrc),
 	}
 	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
+	l.all = make([]int, len(nodes))
+	for i := range l.all {
+		l.all[i] = i
+	}
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
@@ -155,12 +161,32 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, key: key}
+	ls := &lease{l: l, lock: lockKeyOf(key)}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
-	// held says the last attempt found the lock held: the next one reads
-	// each node's state before writing its vote (see acquire.lua).
+	// held says the last attempt found the lock held: the next ones probe
+	// first, and the attempt reads each node's state before writing its
+	// vote (see acquire.lua).
 	held := false
 	for {
+		if held {
+			// A waiter probes, writing nothing, and votes only once a
+			// majority would grant the vote: its votes then never split
+			// the nodes with a holder's own fresh attempt.
+			hint, free := l.probe(ctx, ls.lock, opts.TTL)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			if !free {
+				d := backoff.Next()
+				if hint > 0 && hint < d {
+					d = hint
+				}
+				if err := driver.Sleep(ctx, d, nil); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
 		hint, err := l.try(ctx, ls, opts.TTL, held)
 		if err == nil {
 			return ls, nil
@@ -191,20 +217,25 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	owner := rand.Text()
 	start := time.Now()
 	proposal := l.propose(start)
-	lock := lockKeyOf(ls.key)
+	lock := ls.lock
 	readFirst := "0"
 	if held {
 		readFirst = "1"
 	}
 	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds(), readFirst}
-	votes := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return evalsha(ctx, n, acquireSrc, cmd).Int64Slice()
-	})
+	// Every answer is awaited, though a majority that granted the vote and
+	// recorded the proposal settles the lease: a lease handed out before a
+	// slow node's vote lands would be released before it too, and the
+	// withdrawal would then have to wait for the vote, so that the next
+	// acquisition would find that node still held and be refused there.
+	votes := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
+	}, nil, nil)
 	var (
-		granted  []int
-		mine     []int // nodes that may hold the owner's vote: granted, or no answer
-		recorded int   // granting nodes that recorded the proposal
-		tooHigh  bool  // a node found the proposal too far ahead of its clock
+		granted  = make([]int, 0, len(l.nodes))
+		mine     = make([]int, 0, len(l.nodes)) // nodes that may hold the owner's vote: granted, or no answer
+		recorded int                            // granting nodes that recorded the proposal
+		tooHigh  bool                           // a node found the proposal too far ahead of its clock
 		maxFence int64
 		day      int64 // the key's expiry day, as a granting node set it
 		failed   int
@@ -236,7 +267,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	}
 	l.learn(start, maxFence, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.withdraw(ctx, ls.key, owner, "0", "0", mine, 0)
+		l.withdraw(ctx, lock, owner, "0", "0", mine, nil)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -252,9 +283,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		// before the lease is handed out: any later majority shares a node
 		// with this one and reads a fence at least this high.
 		token = maxFence + 1
-		written := l.each(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-			return l.fence.Run(ctx, n, []string{lock}, owner, token).Int64()
-		}, granted...)
+		written := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+			return l.fence.Run(ctx, l.nodes[i], []string{lock}, owner, token).Int64()
+		}, ones, granted)
 		ok, unwritten := count(written)
 		if ok < l.quorum {
 			return fail(l.shortfall(failed+unwritten, firstErr(written)))
@@ -270,6 +301,51 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	ls.votes = mine
 	ls.setExpiry(expiry)
 	return 0, nil
+}
+
+// answered judges a Ping: pro when the node answered.
+func answered(r result) verdict {
+	if r.err == nil {
+		return pro
+	}
+	return unsettled
+}
+
+// probe asks the nodes whether they would grant a vote for lock, writing
+// nothing: free when a majority would, and otherwise how long the holder's
+// votes still last. A node that fails counts against a majority.
+func (l *Locker) probe(ctx context.Context, lock string, ttl time.Duration) (hint time.Duration, free bool) {
+	cmd := []any{"evalsha", l.acquireSha, 1, lock, "-", ttl.Milliseconds(), 0, l.nodeTimeout.Microseconds(), "2"}
+	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
+	}, probed, nil)
+	n := 0
+	for _, r := range rs {
+		if r.err != nil {
+			continue
+		}
+		v := r.val.([]int64)
+		if v[0] == 2 {
+			n++
+		} else if p := time.Duration(v[1]) * time.Millisecond; v[0] == 0 && p > 0 && (hint == 0 || p < hint) {
+			hint = p
+		}
+	}
+	return hint, n >= l.quorum
+}
+
+// probed judges a probe's answer: pro when the node would grant the vote,
+// con when another owner holds it.
+func probed(r result) verdict {
+	switch {
+	case r.err != nil:
+		return unsettled
+	case r.val.([]int64)[0] == 2:
+		return pro
+	case r.val.([]int64)[0] == 0:
+		return con
+	}
+	return unsettled
 }
 
 // propose is the token to propose in a round sent at sent: the highest
@@ -327,21 +403,22 @@ func (l *Locker) shortfall(failed int, cause error) error {
 	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
-// withdraw removes owner's votes for key from the nodes which (their
-// indexes into l.nodes), whatever ctx's state: a node may have granted a vote
-// whose answer was lost. token and day are what the votes recorded, as a
-// rule ("0" when unknown): a node where they differ costs one more command. With enough above 0 it returns as soon as that many
-// nodes removed a vote, and the others finish in the background; otherwise
-// it waits for every answer, or the node timeout.
-func (l *Locker) withdraw(ctx context.Context, key, owner string, token, day any, which []int, enough int) []result {
+// withdraw removes owner's votes from lock (lockKeyOf) on the nodes which
+// (their indexes into l.nodes), whatever ctx's state: a node may have
+// granted a vote whose answer was lost. token and day are what the votes
+// recorded, as a rule ("0" when unknown): a node where they differ costs one
+// more command. With judge it returns as soon as the answers settle a majority (see
+// gather), and the others finish in the background; otherwise it waits for
+// every answer, or the node timeout.
+func (l *Locker) withdraw(ctx context.Context, lock, owner string, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	cmd := []any{"evalsha", l.releaseSha, 1, lockKeyOf(key), owner, token, day}
-	return l.gather(ctx, func(ctx context.Context, n goredis.UniversalClient) (any, error) {
-		return evalsha(ctx, n, releaseSrc, cmd).Int64()
-	}, enough, which...)
+	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
+	return l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
+	}, judge, which)
 }
 
 // evalsha runs a script on node by its digest, as go-redis's Script.Run
@@ -369,65 +446,119 @@ func evalsha(ctx context.Context, node goredis.UniversalClient, src string, cmd 
 type result struct {
 	val any
 	err error
+	// late: the node had not answered when its round returned.
+	late bool
 }
 
-// each calls f on the nodes (all of them when which is empty) in parallel,
-// each bounded by the node timeout. A node that does not answer in time
-// counts as failed even if its client ignores the context's deadline: its
-// call finishes in the background.
-func (l *Locker) each(ctx context.Context, f func(context.Context, goredis.UniversalClient) (any, error), which ...int) []result {
-	return l.gather(ctx, f, 0, which...)
-}
+// verdict is what one node's answer says of its round's majority (see
+// gather).
+type verdict int8
 
-// gather is each, returning early once enough nodes (when above 0) answered
-// 1; the nodes that have not answered by then count as failed, and their
-// calls finish in the background.
-func (l *Locker) gather(ctx context.Context, f func(context.Context, goredis.UniversalClient) (any, error), enough int, which ...int) []result {
-	if len(which) == 0 {
-		which = make([]int, len(l.nodes))
-		for i := range which {
-			which[i] = i
-		}
+const (
+	unsettled verdict = iota // an error, or an answer that settles nothing alone
+	pro                      // counts toward the majority
+	con                      // rules its node out of the majority
+)
+
+// ones judges the answers of owner-checked scripts: 1 for the owner's vote,
+// 0 for none.
+func ones(r result) verdict {
+	switch {
+	case r.err != nil:
+		return unsettled
+	case r.val.(int64) == 1:
+		return pro
 	}
-	out := make([]result, len(which))
+	return con
+}
+
+// gather calls f on the nodes which (their indexes into l.nodes; all of
+// them when nil) in parallel, under one context bounded by the node timeout
+// for the whole round. A node that does not answer in time counts as
+// failed, even if its client ignores the context's deadline: its call
+// finishes in the background. Without judge it waits for every answer; with
+// judge it returns once the answers settle the round: a majority of the
+// nodes judged pro, or more than len(which) less a majority judged con, so
+// that no majority can be had. The nodes that have not answered by then
+// count as failed, and their calls finish in the background.
+func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int) []result {
+	if which == nil {
+		which = l.all
+	}
 	type answer struct {
-		i int
+		j int
 		result
 	}
+	// One context and one timer for the round, not one a node: the calls
+	// start together and share their deadline. The last of the calls and
+	// this gatherer to finish releases it: released earlier, it would end
+	// the wait below before the answers already sent were read.
+	rctx, cancel := context.WithTimeout(ctx, l.nodeTimeout)
+	fl := &flight{cancel: cancel}
+	fl.left.Store(int32(len(which)) + 1)
+	defer fl.finished()
 	answers := make(chan answer, len(which))
 	for j, i := range which {
 		go func() {
-			nctx, cancel := context.WithTimeout(ctx, l.nodeTimeout)
-			defer cancel()
-			v, err := f(nctx, l.nodes[i])
-			answers <- answer{j, result{v, err}}
+			v, err := f(rctx, i)
+			answers <- answer{j, result{val: v, err: err}}
+			fl.finished()
 		}()
 	}
-	timeout := time.NewTimer(l.nodeTimeout)
-	defer timeout.Stop()
-	got := make([]bool, len(which))
-	ones := 0
+	out := make([]result, len(which))
+	for j := range out {
+		out[j].late = true
+	}
+	var yes, no int
 	for range which {
 		select {
 		case a := <-answers:
-			out[a.i], got[a.i] = a.result, true
-			if v, ok := a.val.(int64); ok && a.err == nil && v == 1 {
-				ones++
-			}
-			if enough == 0 || ones < enough {
+			out[a.j] = a.result
+			if judge == nil {
 				continue
 			}
-		case <-timeout.C:
-		case <-ctx.Done():
+			switch judge(a.result) {
+			case pro:
+				yes++
+			case con:
+				no++
+			}
+			if yes < l.quorum && no <= len(which)-l.quorum {
+				continue
+			}
+		case <-rctx.Done():
 		}
 		break
 	}
 	for j := range out {
-		if !got[j] {
-			out[j].err = fmt.Errorf("node %d: no answer within %v", which[j], l.nodeTimeout)
+		if out[j].late {
+			out[j].err = noAnswer(which[j])
 		}
 	}
 	return out
+}
+
+// noAnswer is the error of a node, by its index, whose answer its round did
+// not get: not within the node timeout, or not before the others settled
+// the round. An integer, so that it allocates nothing.
+type noAnswer int
+
+func (n noAnswer) Error() string {
+	return fmt.Sprintf("node %d: no answer within the node timeout or before a majority settled the round", int(n))
+}
+
+// flight is what a round's calls share while they run.
+type flight struct {
+	left   atomic.Int32
+	cancel context.CancelFunc
+}
+
+// finished counts one call, or the gatherer, out; the last releases the
+// round's context.
+func (fl *flight) finished() {
+	if fl.left.Add(-1) == 0 {
+		fl.cancel()
+	}
 }
 
 func firstErr(rs []result) error {
@@ -446,9 +577,9 @@ func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock"
 // Ping implements driver.Pinger: nil when a majority of the nodes answer
 // PING within the node timeout, which is what a lock needs.
 func (l *Locker) Ping(ctx context.Context) error {
-	rs := l.each(ctx, func(ctx context.Context, c goredis.UniversalClient) (any, error) {
-		return nil, c.Ping(ctx).Err()
-	})
+	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return nil, l.nodes[i].Ping(ctx).Err()
+	}, answered, nil)
 	up := 0
 	for _, r := range rs {
 		if r.err == nil {

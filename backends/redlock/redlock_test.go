@@ -95,6 +95,10 @@ func TestMinorityDown(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Release returned once a majority withdrew the votes; the other
+	// withdrawals may still be on their way, and the two nodes killed next
+	// may be two of that majority.
+	awaitWithdrawn(t, l, "k")
 	servers[0].kill(t)
 	servers[3].kill(t)
 	lease, err := l.Acquire(ctx, "k", opts)
@@ -316,6 +320,29 @@ func countedLocker(t *testing.T, c *counter) *Locker {
 }
 
 // settle lets the withdrawals a Release left in the background finish.
+// awaitWithdrawn waits until no node holds a vote for key, as after a
+// release whose background withdrawals have all landed.
+func awaitWithdrawn(t *testing.T, l *Locker, key string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for i, n := range l.nodes {
+		for {
+			v, err := n.Get(ctx, lockKeyOf(key)).Result()
+			if err != nil && !errors.Is(err, goredis.Nil) {
+				t.Fatalf("node %d: %v", i, err)
+			}
+			if strings.HasPrefix(v, "0:") || errors.Is(err, goredis.Nil) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d still holds a vote 5s after the release: %q", i, v)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 func settle() { time.Sleep(100 * time.Millisecond) }
 
 // TestOneRoundPerStep: once a Locker has heard the nodes' fences, an
