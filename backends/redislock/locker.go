@@ -142,7 +142,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	n := mutexNamesOf(key)
 	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
-	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
+	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex, fair: opts.Fair}
 	channel := n.channel
 	var w waiter
 	if opts.Fair {
