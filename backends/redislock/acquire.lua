@@ -14,9 +14,9 @@
 -- ARGV[6] '1' when an earlier attempt of the contender got no answer
 -- Returns the token alone (a string of digits, which costs the server no
 -- number formatting) for a grant that found nobody waiting, the common
--- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token}
--- when not acquired ({0, pttl} for another format's lock, which has no
--- token). (A table costs the server more to answer than the rest of a
+-- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token
+-- (digits too)} when not acquired ({0, pttl} for another format's lock,
+-- which has no token). (A table costs the server more to answer than the rest of a
 -- grant's bookkeeping; the client works the day out from its own clock,
 -- which the release only uses to spare a write: see lease.go.)
 --
@@ -137,4 +137,4 @@ elseif swapped then
 end
 -- The holder's token tells a waiter whether a grant it hears of later was
 -- made after this attempt ran (see handedOver in wait.go).
-return {0, d - now, tonumber(token)}
+return {0, d - now, token}
