@@ -37,6 +37,9 @@ type Locker struct {
 	// right after it in a loop, will find the lock held, so it reads the
 	// state before writing its own (see acquire.lua), a command less.
 	handedOff atomic.Pointer[string]
+	// bound cuts short the waiting attempts that have no answer (see
+	// attemptBound).
+	bound watchdog
 }
 
 type config struct {
