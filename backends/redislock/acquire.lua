@@ -12,24 +12,38 @@
 -- channel, a newline, its TTL (ms), a newline, the owner (see wake in
 -- next_waiter.lua, and release.lua, which hands the lock to a record)
 -- ARGV[6] '1' when an earlier attempt of the contender got no answer
--- Returns the token alone for a grant that found nobody waiting, the common
--- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token}
--- when not acquired ({0, pttl} for another format's lock, which has no
--- token). (A table costs the server more to answer than the rest of a
+-- Returns the token alone (a string of digits, which costs the server no
+-- number formatting) for a grant that found nobody waiting, the common
+-- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token
+-- (digits too)} when not acquired ({0, pttl} for another format's lock,
+-- which has no token). (A table costs the server more to answer than the rest of a
 -- grant's bookkeeping; the client works the day out from its own clock,
 -- which the release only uses to spare a write: see lease.go.)
 --
 -- This script runs on every acquisition, so it spends little: it uses none
 -- of state.lua's helpers (a helper is a closure made on every run), and it
--- turns numbers into strings once, in one string.format, since Lua's
--- number formatting costs more than the rest of a grant. Numbers past 2^31
--- are written with %.0f, exact up to 2^53: %d is a C long, which a 32-bit
--- build of Redis would cut short.
+-- keeps the clock's microseconds, the token and the deadline as the
+-- strings they come as or go out as wherever it can: with the C library
+-- Redis links, a tonumber costs about 2k instructions, a %.0f of a
+-- 16-digit number about 6k, against a few hundred for a concatenation or a
+-- comparison of strings. %d takes a C long, which a 32-bit build of Redis
+-- would cut short past 2^31, so the deadline (13 digits) is written as two
+-- %d parts and the token as digits.
+--
+-- Tokens and clocks compared as strings are decimal digits without leading
+-- zeros: the longer is the greater, and of equal lengths the one that
+-- sorts after (Lua compares strings with strcoll, which orders digits as
+-- numbers in every locale).
 local t = redis.call('time')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local us = t[1] * 1000000 + t[2]
+local sec, usec = t[1], t[2]
+-- The clock in microseconds, as digits (TIME answers the microseconds
+-- without leading zeros), and in milliseconds, as a number.
+local us = sec .. string.sub('00000', #usec) .. usec
+local now = tonumber(string.sub(us, 1, -4))
 local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
+local dhi = math.floor(deadline / 1000000)
+local dlo = deadline - dhi * 1000000
 local mode = ARGV[3]
 local recorded = mode == '2' or mode == '3'
 -- A contender that comes back after waiting, or right after its release
@@ -39,7 +53,7 @@ local recorded = mode == '2' or mode == '3'
 local swapped = mode == '0' or mode == '1'
 local old
 if swapped then
-  old = redis.pcall('set', KEYS[1], string.format('%.0f:%.0f:%d:0:%s', deadline, us, day, ARGV[1]), 'KEEPTTL', 'GET')
+  old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:0:%s', dhi, dlo, us, day, ARGV[1]), 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
   end
@@ -47,31 +61,31 @@ else
   old = redis.call('get', KEYS[1])
 end
 local d, token, old_day, waiting, owner
+local free = not old
 if old then
   d, token, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
   -- A released lock's deadline is 0: no conversion.
   if d == '0' then
-    d = 0
-  else
+    d, free = 0, true
+  elseif d then
     d = tonumber(d)
+    free = d <= now
   end
 end
 -- A release may have handed the lock to the waiting contender, whose
 -- message got lost or is yet to come, or an attempt whose answer never came
 -- may have taken it: it is the contender's then, with the token drawn for
 -- it, which nobody can have moved since, and this attempt extends it.
-local mine = d ~= nil and d > now and owner == ARGV[1]
-if not old or (d and d <= now) or mine then
+local mine = d ~= nil and not free and owner == ARGV[1]
+if free or mine then
   local tk = us
   if mine then
-    tk = tonumber(token)
-  elseif token then
+    tk = token
+  elseif token and (#token > #us or (#token == #us and token >= us)) then
     -- Past the last token, and not below the clock, which is what keeps
-    -- tokens growing when the state is lost.
-    local last = tonumber(token)
-    if last >= us then
-      tk = last + 1
-    end
+    -- tokens growing when the state is lost. The clock is behind the last
+    -- token only when it was stepped back, or within a microsecond.
+    tk = string.format('%.0f', tonumber(token) + 1)
   end
   if recorded or ARGV[6] == '1' then
     redis.call('zrem', KEYS[2], ARGV[5])
@@ -80,7 +94,7 @@ if not old or (d and d <= now) or mine then
   -- none.
   waiting = waiting or '0'
   if not swapped or tk ~= us or waiting ~= '0' then
-    redis.call('set', KEYS[1], string.format('%.0f:%.0f:%d:%s:%s', deadline, tk, day, waiting, ARGV[1]), 'KEEPTTL')
+    redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s:%s', dhi, dlo, tk, day, waiting, ARGV[1]), 'KEEPTTL')
   end
   -- The key expires at the end of day, moved once a day for a key in
   -- constant use.
@@ -123,4 +137,4 @@ elseif swapped then
 end
 -- The holder's token tells a waiter whether a grant it hears of later was
 -- made after this attempt ran (see handedOver in wait.go).
-return {0, d - now, tonumber(token)}
+return {0, d - now, token}

@@ -243,3 +243,57 @@ func TestHandedOver(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseWakesFairWaiter: a plain lock granted with nobody waiting is
+// released with the lock's and the waiters' keys alone (see
+// release_head.lua); a fair waiter that queued on the same key meanwhile
+// must still be woken by that release, not left to come back by itself (a
+// quarter of the TTL here, its waiter timeout being far longer).
+func TestReleaseWakesFairWaiter(t *testing.T) {
+	admin, addr := privateClient(t)
+	holder := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
+	waiter := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}), WithWaiterTimeout(time.Minute))
+	ctx := context.Background()
+	const key, ttl = "plain-then-fair", 10 * time.Second
+	held, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: ttl, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease driver.Lease
+		err   error
+		at    time.Time
+	}
+	granted := make(chan result, 1)
+	go func() {
+		le, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: ttl, Wait: true, Fair: true})
+		granted <- result{le, err, time.Now()}
+	}()
+	eventually(t, "the fair waiter queued", func() bool {
+		n, _ := admin.LLen(ctx, namesOf(key).queue()).Result()
+		return n == 1
+	})
+	eventually(t, "the waiter's Locker subscribed", func() bool {
+		subs, err := admin.PubSubNumSub(ctx, waiter.wake).Result()
+		return err == nil && subs[waiter.wake] == 1
+	})
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-granted:
+		if r.err != nil {
+			t.Fatalf("the fair waiter: %v", r.err)
+		}
+		if d := r.at.Sub(released); d > time.Second {
+			t.Errorf("the fair waiter got the lock %v after the release: not woken by it", d)
+		}
+		if r.lease.Token() <= held.Token() {
+			t.Errorf("the fair waiter's token %d, not past the holder's %d", r.lease.Token(), held.Token())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fair waiter never got the lock")
+	}
+}

@@ -36,6 +36,8 @@ type lease struct {
 	// was granted (see state.lua): its release writes it back, unread, so
 	// that under contention the flag costs no command of its own.
 	waiting byte
+	// fair: a fair lock's, whose release may have fair waiters to wake.
+	fair bool
 	// day is when the key of a plain or fair lock's state expires, as its
 	// grant or latest refresh set it (see state.lua): a release writes it
 	// back with the free state, unread.
@@ -136,6 +138,15 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	if ls.kind == kindMutex {
 		n := mutexNamesOf(ls.key)
 		if sc == goredis.Scripter(ls.l.sc) {
+			if ls.waiting == 0 && !ls.fair {
+				// Nobody waited at the grant, so no fair waiter is
+				// likely to: the queue's keys are left out (see
+				// release_head.lua), and sent only if one did.
+				cmd := []any{"evalsha", s.releaseSha, 2, n.lock, n.waiters, ls.owner, ls.token, ls.day.Load()}
+				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
+					return r, err
+				}
+			}
 			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
 				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
 			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()

@@ -37,6 +37,9 @@ type Locker struct {
 	// right after it in a loop, will find the lock held, so it reads the
 	// state before writing its own (see acquire.lua), a command less.
 	handedOff atomic.Pointer[string]
+	// bound cuts short the waiting attempts that have no answer (see
+	// attemptBound).
+	bound watchdog
 }
 
 type config struct {
@@ -142,7 +145,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	n := mutexNamesOf(key)
 	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
-	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex}
+	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex, fair: opts.Fair}
 	channel := n.channel
 	var w waiter
 	if opts.Fair {
@@ -317,7 +320,9 @@ func run(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []str
 	return answer(ctx, s.Run(ctx, sc, keys, args...))
 }
 
-// answer reads the reply of an acquisition script (see run).
+// answer reads the reply of an acquisition script (see run). A plain
+// lock's grant answers its token as a string of digits, which spares the
+// server formatting a number (see acquire.lua).
 func answer(ctx context.Context, cmd *goredis.Cmd) (reply, error) {
 	var r reply
 	v, err := cmd.Result()
@@ -325,23 +330,38 @@ func answer(ctx context.Context, cmd *goredis.Cmd) (reply, error) {
 		return r, driver.Unavailable(ctx, err)
 	}
 	switch v := v.(type) {
-	case int64:
-		r[0], r[1] = 1, v
-		return r, nil
+	case int64, string:
+		r[0] = 1
+		r[1], err = integer(v)
+		return r, err
 	case []any:
 		if len(v) < 2 || len(v) > 4 {
 			return r, fmt.Errorf("%w: a script answered %d values, want 2 to 4", driver.ErrUnavailable, len(v))
 		}
 		for i, x := range v {
-			n, ok := x.(int64)
-			if !ok {
-				return r, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, x)
+			if r[i], err = integer(x); err != nil {
+				return r, err
 			}
-			r[i] = n
 		}
 		return r, nil
 	}
 	return r, fmt.Errorf("%w: a script answered %T, want integers", driver.ErrUnavailable, v)
+}
+
+// integer reads one value of a script's answer: an integer, or the digits
+// of one.
+func integer(v any) (int64, error) {
+	switch v := v.(type) {
+	case int64:
+		return v, nil
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: a script answered %q, want an integer", driver.ErrUnavailable, v)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("%w: a script answered %T in an array of integers", driver.ErrUnavailable, v)
 }
 
 // pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that

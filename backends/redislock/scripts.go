@@ -15,6 +15,10 @@ var (
 	acquireSrc string
 	//go:embed fair_acquire.lua
 	fairAcquireSrc string
+	// releaseHeadSrc is the start of the release, which the rest
+	// (releaseSrc) and its helpers follow.
+	//go:embed release_head.lua
+	releaseHeadSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed refresh.lua
@@ -75,7 +79,7 @@ func newScripts() *scripts {
 	s := &scripts{
 		acquire:      goredis.NewScript(acquireSrc),
 		fairAcquire:  goredis.NewScript(stateSrc + nextWaiterSrc + fairAcquireSrc),
-		release:      goredis.NewScript(nextWaiterSrc + releaseSrc),
+		release:      goredis.NewScript(releaseHeadSrc + nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
 		refreshLock:  goredis.NewScript(refreshLockSrc),
 		dequeue:      goredis.NewScript(stateSrc + nextWaiterSrc + dequeueSrc),
@@ -91,6 +95,6 @@ func newScripts() *scripts {
 		unwaitMutex:  goredis.NewScript(stateSrc + nextWaiterSrc + unwaitMutexSrc),
 	}
 	s.acquireSha, s.acquireSrc = s.acquire.Hash(), acquireSrc
-	s.releaseSha, s.releaseSrc = s.release.Hash(), nextWaiterSrc+releaseSrc
+	s.releaseSha, s.releaseSrc = s.release.Hash(), releaseHeadSrc+nextWaiterSrc+releaseSrc
 	return s
 }

@@ -66,7 +66,7 @@ const maxUnreachablePause = 250 * time.Millisecond
 const cleanupTimeout = 2 * time.Second
 
 // attemptBound cuts short a waiting attempt (of a bounded waiter) that has
-// no answer yet. After a Cluster failover, the client goes on dialing the
+// no answer yet (by a boundTick more at most: see watchdog). After a Cluster failover, the client goes on dialing the
 // dead master's address for the slot, five times a tenth of a second apart
 // with go-redis's defaults, and again on each of its retries, before it
 // uses the new slot map: an attempt started just before the promotion would
@@ -284,10 +284,10 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 		if !w.bounded || !queued {
 			return w.attempt(ctx, l.sc, queued)
 		}
-		actx, cancel := context.WithTimeout(ctx, attemptBound)
-		defer cancel()
+		actx, end := l.bound.begin(ctx)
+		defer end()
 		r, err := w.attempt(actx, l.sc, queued)
-		if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		if err != nil && ctx.Err() == nil && context.Cause(actx) == errNoAnswer {
 			err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)
 		}
 		return r, err

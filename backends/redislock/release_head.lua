@@ -1,0 +1,45 @@
+-- Owner-checked release: a lease that expired and was taken over must not
+-- free the new owner's lock. The lock's state stays, free, with its token
+-- (see state.lua, whose format this script reads and writes, with none of
+-- its helpers: see acquire.lua). When a waiter announced itself, the
+-- release message names one waiter, so that only it retries: the next live
+-- fair waiter, else the non-fair waiter whose record was renewed longest
+-- ago. A non-fair waiter whose record says its TTL is not told to retry but handed the
+-- lock: the release grants it in the waiter's name, and the message tells
+-- it its token (see wait.go for the deadline the waiter counts), so that
+-- the lock reaches it in this one round trip, and the releaser, coming
+-- straight back for it, finds it held instead of taking it again while the
+-- waiter it woke is on its way.
+-- KEYS[1] lock  KEYS[2] queue  KEYS[3] deadlines  KEYS[4] waiters (zset);
+-- or KEYS[1] lock  KEYS[2] waiters, from a plain lock's holder whose grant
+-- found nobody waiting: each key or argument costs the server about as
+-- much as a command to hand to the script, and the queue's are needed only
+-- once a fair waiter announced itself on the lock.
+-- ARGV[1] owner  ARGV[2] its token  ARGV[3] its day  ARGV[4] channel
+-- ARGV[5] the waiting flag its grant found, which the free state keeps
+-- while someone waits (token, day and flag may be '0' when unknown: the
+-- state then gives them); with two keys, the first three alone: the flag
+-- is '0', and the channel is the lock's.
+-- Returns 1 when released, 2 when released and handed to a waiter, 0 when
+-- the lock was not owner's, -1 (having changed nothing) when a fair waiter
+-- announced itself and the script was not given the queue's keys.
+--
+-- This part runs on every release; the rest of the script, and its helpers
+-- (closures made when their definition runs), only when the state is not
+-- the one it expects: held by the owner with its token and day and nobody
+-- waiting. That takes comparisons of strings, where a pattern match costs
+-- the server more than the rest of such a release.
+local given = ARGV[5] or '0'
+local free = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. given .. ':'
+local old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
+if type(old) == 'table' and old.err then
+  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+end
+if given == '0' and old then
+  -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
+  local mine = string.sub(free, 2) .. ARGV[1]
+  local at = #old - #mine
+  if at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
+    return 1
+  end
+end
