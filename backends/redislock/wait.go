@@ -66,8 +66,9 @@ const maxUnreachablePause = 250 * time.Millisecond
 const cleanupTimeout = 2 * time.Second
 
 // attemptBound cuts short a waiting attempt (of a bounded waiter) that has
-// no answer yet (by a boundTick more at most: see watchdog). After a Cluster failover, the client goes on dialing the
-// dead master's address for the slot, five times a tenth of a second apart
+// no answer yet, a boundTick later at most (see watchdog). After a Cluster
+// failover, the client goes on dialing the dead master's address for the
+// slot, five times a tenth of a second apart
 // with go-redis's defaults, and again on each of its retries, before it
 // uses the new slot map: an attempt started just before the promotion would
 // hold the first grant back by a second or more. Cut short, the attempt
