@@ -25,8 +25,9 @@ func TestBoundedByContext(t *testing.T) {
 			if !want {
 				return
 			}
-			tx := newLocker(t, openDB(t, db, dsn).Begin())
-			if got := tx.BoundedByContext(); got {
+			tx := openDB(t, db, dsn).Begin()
+			t.Cleanup(func() { tx.Rollback() })
+			if got := newLocker(t, tx).BoundedByContext(); got {
 				t.Error("BoundedByContext() = true in a transaction, whose statements guard cannot see the driver of")
 			}
 
