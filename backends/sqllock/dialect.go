@@ -35,11 +35,17 @@ func dialectOf(db *gorm.DB) (dialect, error) {
 		// clock_timestamp(), not now(): now() is frozen at the start of
 		// the transaction, which would make a lease taken inside a long
 		// transaction end early or a takeover see a stale instant.
-		// extract(epoch ...) is numeric since PostgreSQL 14, so the product
-		// is exact to the microsecond.
+		// date_part is the epoch in seconds as a double: its rounding
+		// and the product's stay under half a microsecond together
+		// while the instant is under 2^32 seconds (until 2106-02-07), so
+		// the cast, which rounds to the nearest, gives the exact
+		// microsecond, the same value as extract(epoch ...), which is
+		// numeric since PostgreSQL 14 and cost the server a twentieth of
+		// the instructions of an uncontended lock cycle (three clock
+		// reads in the acquisition, two in the release).
 		return dialect{
 			name:     name,
-			now:      "(extract(epoch from clock_timestamp())*1000000)::bigint",
+			now:      "(date_part('epoch', clock_timestamp())*1000000)::bigint",
 			upsert:   true,
 			greatest: "GREATEST",
 		}, nil

@@ -55,6 +55,12 @@
 // lost (the renewal took longer than 1.7 s), and with a 10 s TTL none were
 // (make bench-peers -pairs postgres -scenarios renewal -ttl 10s).
 //
+// On pgx's database/sql driver (gorm.io/driver/postgres), every call
+// returns once its context is done, which the Locker declares
+// (driver.ContextBounded): guard then calls it on the caller's goroutine,
+// not on one of its own per acquisition and release. On other drivers, or
+// a *gorm.DB bound to a transaction, guard bounds the calls itself.
+//
 // # Waiting
 //
 // A waiting Acquire polls with jittered exponential backoff (WithMaxBackoff),

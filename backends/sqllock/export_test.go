@@ -68,3 +68,7 @@ func RefreshStatement(l *Locker, keys, owners []string, ttl time.Duration) (stri
 	r := l.refreshArrays(leases, ttl)
 	return r.update, r.args
 }
+
+// Now is the expression l's statements read the database's clock with, in
+// integer microseconds since the Unix epoch.
+func Now(l *Locker) string { return l.d.now }

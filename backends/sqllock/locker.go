@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -67,6 +68,9 @@ type Locker struct {
 	// announcer defers the notification of releases while notes is hot.
 	announcer     announcer
 	announceDelay time.Duration
+	// bounded: every statement of the Locker returns once its ctx is
+	// done (BoundedByContext).
+	bounded bool
 }
 
 // queries are the lease-mode statements, built once per Locker because the
@@ -156,13 +160,45 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if l.pool = db.Statement.ConnPool; l.pool == nil {
 		return nil, fmt.Errorf("%w: the *gorm.DB has no connection pool", driver.ErrInvalidOption)
 	}
+	l.bounded = boundedPool(l.pool)
 	return l, nil
 }
 
 var (
 	_ driver.Locker         = (*Locker)(nil)
 	_ driver.BatchRefresher = (*Locker)(nil)
+	_ driver.ContextBounded = (*Locker)(nil)
 )
+
+// BoundedByContext implements driver.ContextBounded. It is true on a
+// connection pool (a *sql.DB) of pgx's database/sql driver, whose every
+// statement returns once its ctx is done: pgx then sets a past deadline on
+// the connection, which ends any read or write at once (its default
+// context handler; one configured to send a cancel request first ends by
+// that handler's own delays), and database/sql gives up waiting for a
+// connection, or dialling one, with the ctx too. guard then calls the
+// Locker on the caller's goroutine instead of starting one of its own for
+// every acquisition and release, which cost a lock cycle as much client
+// time as either statement. Nothing is lost by not watching: a statement
+// pgx abandons at its ctx's end is the same one that guard's goroutine
+// would have seen abandoned. Other drivers, a transaction, or gorm's
+// prepared-statement pool are watched by guard as before.
+func (l *Locker) BoundedByContext() bool { return l.bounded }
+
+// boundedPool reports whether pool is a *sql.DB of pgx v5's database/sql
+// driver. The driver is recognised by its package path, so that the
+// package links no driver.
+func boundedPool(pool gorm.ConnPool) bool {
+	db, ok := pool.(*sql.DB)
+	if !ok {
+		return false
+	}
+	t := reflect.TypeOf(db.Driver())
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath() == "github.com/jackc/pgx/v5/stdlib"
+}
 
 // defaultOwner is host:pid:random. The random part tells apart two
 // processes on one host whose pids were reused (containers often all run as
@@ -211,11 +247,11 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 		// transaction of the server. The notification is part of the
 		// releasing statement, hence of its transaction: PostgreSQL
 		// delivers it only if the release commits, and only when the
-		// row was this owner's to release. The SELECT reports one row
-		// per released row, as the UPDATE would; CASE calls pg_notify
-		// only when the row was waited for.
-		waited := q.release + " RETURNING name, waiting_until > lock_until AS waited"
-		q.notifyRelease = "WITH r AS (" + waited + ") SELECT CASE WHEN r.waited THEN pg_notify(?, r.name) END FROM r"
+		// row was this owner's to release. RETURNING is evaluated for
+		// the released row only, and CASE calls pg_notify only when it
+		// was waited for. (Without a CTE around the UPDATE: that cost
+		// the server 5% more instructions per uncontended lock cycle.)
+		q.notifyRelease = q.release + " RETURNING CASE WHEN waiting_until > lock_until THEN pg_notify(?, name) END"
 		q.quietRelease = q.release + " RETURNING waiting_until > lock_until"
 	}
 	// A new row's version is the database's now in microseconds, and a
@@ -223,6 +259,13 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 	// tokens keep growing when Purge has deleted a free key's row and a later
 	// acquisition inserts it again.
 	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
+	if d.name == "postgres" {
+		// The clock read once, in a subquery that PostgreSQL keeps as one
+		// (it does not pull up a volatile target): the three reads of
+		// VALUES cost the server 5% more instructions per acquisition.
+		insert = "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at)" +
+			" SELECT ?, ?, c.now, c.now + ?, c.now FROM (SELECT " + now + " AS now) c"
+	}
 	if d.upsert {
 		// One statement: the row is inserted if absent, or taken over if
 		// its lease has expired. Both databases lock the conflicting row
