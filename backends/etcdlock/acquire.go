@@ -83,8 +83,7 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}
-	a.le = s.track(dir)
-	a.own = a.le.own
+	a.le, a.own = s.track(name, dir, k == shared)
 	var granted driver.Lease
 	if !opts.Wait && k != counting {
 		granted, err = a.try(ctx)

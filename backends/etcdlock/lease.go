@@ -15,15 +15,39 @@ import (
 // key of the session, alive, so guard sends nothing for it and no goroutine
 // runs for it. It is also a driver.RevocableLease, told of a forced release
 // by the session's one watch.
+//
+// A held lock costs the heap a lease and nothing else of the backend: its
+// etcd key is not kept but built again from the lock's name (which guard
+// keeps anyway) when it is needed, and the session finds its leases on a
+// list threaded through them rather than in a map by key.
 type lease struct {
-	s   *session
-	own string // the contender's etcd key
-	rev int64  // own's create revision
+	s    *session
+	name string // the lock's, as Acquire was given it
+	seq  uint64 // the sequence number in the key's contender name
+	rev  int64  // the key's create revision
 
-	// Guarded by s.mu: whether a forced release's marker was seen, and
-	// what to call when it is.
-	revoked  bool
-	onRevoke func()
+	// Guarded by s.mu: the session's list of the leases it tracks (see
+	// track), whether a forced release's marker was seen, and what to
+	// call when it is.
+	prev, next *lease
+	onRevoke   func()
+	revoked    bool
+
+	reader bool // the key is a reader's, under the lock's r/ directory
+}
+
+// key returns the lease's etcd key: <KeyDir(name)>[r/]<session's lease id in
+// hex>-<seq in hex>.
+func (le *lease) key() string {
+	return contenderKey(le.dir(), le.s.id, le.seq)
+}
+
+// dir is the directory of the lease's key.
+func (le *lease) dir() string {
+	if le.reader {
+		return KeyDir(le.name) + "r/"
+	}
+	return KeyDir(le.name)
 }
 
 var _ driver.SessionLease = (*lease)(nil)
@@ -52,7 +76,7 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	var resp *clientv3.GetResponse
 	err := le.s.l.members.do(ctx, le.s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Get(rctx, le.own, clientv3.WithKeysOnly())
+		resp, err = c.Get(rctx, le.key(), clientv3.WithKeysOnly())
 		return err
 	})
 	if err != nil {
@@ -113,6 +137,7 @@ func (le *lease) Release(ctx context.Context) error {
 	if le.s.lost() {
 		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
 	}
+	own := le.key()
 	// The attempts together get one request timeout, within the caller's.
 	var (
 		resp    *clientv3.DeleteResponse
@@ -120,7 +145,7 @@ func (le *lease) Release(ctx context.Context) error {
 	)
 	err := le.s.l.members.repeat(ctx, le.s.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Delete(actx, le.own)
+		resp, err = c.Delete(actx, own)
 		unknown = unknown || err != nil
 		return err
 	})
@@ -130,7 +155,7 @@ func (le *lease) Release(ctx context.Context) error {
 		return err
 	case resp.Deleted > 0:
 		if !unknown {
-			le.s.release(le)
+			le.s.release(le, own)
 		}
 		return nil
 	case unknown && !le.s.lost():

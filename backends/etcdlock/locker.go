@@ -200,9 +200,14 @@ func KeyDir(key string) string {
 	return url.PathEscape(key) + ".lock/"
 }
 
-// contenderName is the last path element of a contender's key: the session's
-// lease id and a sequence number, in hex digits and '-' only, so that writer
-// keys sort before the readers' "r/" subdirectory.
-func (l *Locker) contenderName(s *session) string {
-	return strconv.FormatInt(int64(s.id), 16) + "-" + strconv.FormatUint(l.seq.Add(1), 16)
+// contenderKey is a contender's key under dir. Its last path element is the
+// session's lease id and a sequence number of the Locker, in hex digits and
+// '-' only, so that writer keys sort before the readers' "r/"
+// subdirectory.
+func contenderKey(dir string, id clientv3.LeaseID, seq uint64) string {
+	var buf [2*16 + 2]byte
+	name := strconv.AppendInt(buf[:0], int64(id), 16)
+	name = append(name, '-')
+	name = strconv.AppendUint(name, seq, 16)
+	return dir + string(name) // one allocation: the conversion is only read
 }
