@@ -79,7 +79,7 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits), label: opts.Owner}
 	dir := d
 	if k == shared {
-		dir = d + "r/"
+		dir = d + readerDir
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}

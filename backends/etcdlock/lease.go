@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -37,17 +38,16 @@ type lease struct {
 }
 
 // key returns the lease's etcd key: <KeyDir(name)>[r/]<session's lease id in
-// hex>-<seq in hex>.
+// hex>-<seq in hex>, built with as few allocations as the escape allows
+// (one when the name needs no escaping).
 func (le *lease) key() string {
-	return contenderKey(le.dir(), le.s.id, le.seq)
-}
-
-// dir is the directory of the lease's key.
-func (le *lease) dir() string {
+	var buf [len(lockDir+readerDir) + contenderNameLen]byte
+	tail := append(buf[:0], lockDir...)
 	if le.reader {
-		return KeyDir(le.name) + "r/"
+		tail = append(tail, readerDir...)
 	}
-	return KeyDir(le.name)
+	tail = appendContenderName(tail, le.s.id, le.seq)
+	return url.PathEscape(le.name) + string(tail)
 }
 
 var _ driver.SessionLease = (*lease)(nil)

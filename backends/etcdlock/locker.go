@@ -197,17 +197,31 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 // keeps every lock's directory apart from the idempotency store's records
 // under "<store prefix>/idem/".
 func KeyDir(key string) string {
-	return url.PathEscape(key) + ".lock/"
+	return url.PathEscape(key) + lockDir
 }
 
-// contenderKey is a contender's key under dir. Its last path element is the
-// session's lease id and a sequence number of the Locker, in hex digits and
-// '-' only, so that writer keys sort before the readers' "r/"
-// subdirectory.
+// lockDir ends a lock's directory (KeyDir), and readerDir the name of its
+// readers' subdirectory in it.
+const (
+	lockDir   = ".lock/"
+	readerDir = "r/"
+)
+
+// contenderKey is a contender's key under dir: see appendContenderName.
 func contenderKey(dir string, id clientv3.LeaseID, seq uint64) string {
-	var buf [2*16 + 2]byte
-	name := strconv.AppendInt(buf[:0], int64(id), 16)
-	name = append(name, '-')
-	name = strconv.AppendUint(name, seq, 16)
-	return dir + string(name) // one allocation: the conversion is only read
+	var buf [contenderNameLen]byte
+	return dir + string(appendContenderName(buf[:0], id, seq)) // one allocation: the conversion is only read
+}
+
+// contenderNameLen is the longest contender name.
+const contenderNameLen = 2*16 + 2
+
+// appendContenderName appends the last path element of a contender's key:
+// the session's lease id and a sequence number of the Locker, in hex digits
+// and '-' only, so that writer keys sort before the readers' subdirectory
+// (readerDir).
+func appendContenderName(b []byte, id clientv3.LeaseID, seq uint64) []byte {
+	b = strconv.AppendInt(b, int64(id), 16)
+	b = append(b, '-')
+	return strconv.AppendUint(b, seq, 16)
 }
