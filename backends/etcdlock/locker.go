@@ -32,6 +32,9 @@ type Locker struct {
 	// seq tells apart the keys of several contenders for one name under one
 	// session, so that each contender, even in one process, has its own key.
 	seq atomic.Uint64
+	// runners finish the writes whose callers' contexts ended (see
+	// unbound).
+	runners runners
 
 	mu       sync.Mutex
 	sessions map[time.Duration]*session
@@ -129,6 +132,7 @@ func (l *Locker) Close() error {
 		s.close(false)
 	}
 	l.members.close()
+	l.runners.close()
 	return errors.Join(errs...)
 }
 
