@@ -17,36 +17,44 @@ import (
 // runs for it. It is also a driver.RevocableLease, told of a forced release
 // by the session's one watch.
 //
-// A held lock costs the heap a lease and nothing else of the backend: its
-// etcd key is not kept but built again from the lock's name (which guard
-// keeps anyway) when it is needed, and the session finds its leases on a
-// list threaded through them rather than in a map by key.
+// A held lock costs the heap a lease of 64 bytes and nothing else of the
+// backend: its etcd key is not kept but built again, when needed, from the
+// lock's name (the string Acquire was given, which guard keeps in any case
+// while its table of names has room), and the session finds its leases on
+// a list threaded through them rather than in a map by key.
 type lease struct {
 	s    *session
 	name string // the lock's, as Acquire was given it
-	seq  uint64 // the sequence number in the key's contender name
-	rev  int64  // the key's create revision
+	// seq is the sequence number in the key's contender name, with
+	// readerSeq set for a reader's key, under the lock's r/ directory.
+	seq uint64
+	rev int64 // the key's create revision
 
 	// Guarded by s.mu: the session's list of the leases it tracks (see
-	// track), whether a forced release's marker was seen, and what to
-	// call when it is.
+	// track), and what to call when a forced release's marker is seen.
+	// A lease whose marker was seen is off the list, with next pointing
+	// at itself.
 	prev, next *lease
 	onRevoke   func()
-	revoked    bool
-
-	reader bool // the key is a reader's, under the lock's r/ directory
 }
 
+// readerSeq marks a reader's key in lease.seq; sequence numbers, counted
+// from 1, never reach it.
+const readerSeq = 1 << 63
+
+// number is the sequence number in the lease's contender name.
+func (le *lease) number() uint64 { return le.seq &^ readerSeq }
+
 // key returns the lease's etcd key: <KeyDir(name)>[r/]<session's lease id in
-// hex>-<seq in hex>, built with as few allocations as the escape allows
-// (one when the name needs no escaping).
+// hex>-<sequence number in hex>, built with as few allocations as the
+// escape allows (one when the name needs no escaping).
 func (le *lease) key() string {
 	var buf [len(lockDir+readerDir) + contenderNameLen]byte
 	tail := append(buf[:0], lockDir...)
-	if le.reader {
+	if le.seq&readerSeq != 0 {
 		tail = append(tail, readerDir...)
 	}
-	tail = appendContenderName(tail, le.s.id, le.seq)
+	tail = appendContenderName(tail, le.s.id, le.number())
 	return url.PathEscape(le.name) + string(tail)
 }
 

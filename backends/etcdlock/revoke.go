@@ -53,7 +53,10 @@ func (s *session) track(name, dir string, reader bool) (*lease, string) {
 	} else {
 		seq = s.l.seq.Add(1)
 	}
-	le := &lease{s: s, name: name, seq: seq, reader: reader}
+	le := &lease{s: s, name: name, seq: seq}
+	if reader {
+		le.seq |= readerSeq
+	}
 	s.link(le)
 	return le, contenderKey(dir, s.id, seq)
 }
@@ -107,7 +110,7 @@ func (s *session) release(le *lease, own string) {
 			break
 		}
 	}
-	s.idle[dir] = le.seq
+	s.idle[dir] = le.number()
 }
 
 // forget drops le: it was released, or never granted. A revocation found
@@ -132,7 +135,7 @@ func (le *lease) OnRevoke(f func()) {
 	s := le.s
 	s.mu.Lock()
 	switch {
-	case le.revoked:
+	case le.next == le: // revoked
 	case s.isTracked(le) && !s.lost():
 		le.onRevoke = f
 		f = nil
@@ -157,9 +160,9 @@ func (s *session) revoked(own string) {
 	s.mu.Lock()
 	var f func()
 	for le := s.tracked; le != nil; le = le.next {
-		if le.seq == seq && le.key() == own {
+		if le.number() == seq && le.key() == own {
 			s.unlink(le)
-			le.revoked = true
+			le.next = le // revoked
 			f, le.onRevoke = le.onRevoke, nil
 			break
 		}

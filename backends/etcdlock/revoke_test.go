@@ -3,7 +3,16 @@ package etcdlock
 import (
 	"context"
 	"testing"
+	"unsafe"
 )
+
+// TestLeaseSize: a held lock's lease is all the heap it costs the backend
+// (BenchmarkHeldLocks), and fits the allocator's 64-byte class.
+func TestLeaseSize(t *testing.T) {
+	if size := unsafe.Sizeof(lease{}); size > 64 {
+		t.Errorf("a lease takes %d bytes, more than 64", size)
+	}
+}
 
 // TestRevokedFindsItsLease: a marker reaches the one lease whose key it
 // names among the session's tracked leases, whatever their place on the
