@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -79,12 +78,11 @@ func (l *Locker) attempt(ctx context.Context, name string, opts driver.AcquireOp
 	a := &attempt{l: l, s: s, from: d, end: clientv3.GetPrefixRangeEnd(d), kind: k, permits: int64(permits), label: opts.Owner}
 	dir := d
 	if k == shared {
-		dir = d + "r/"
+		dir = d + readerDir
 		// Writer keys are hex digits and '-', all before "r".
 		a.end = d + "r"
 	}
-	a.le = s.track(dir)
-	a.own = a.le.own
+	a.le, a.own = s.track(name, dir, k == shared)
 	var granted driver.Lease
 	if !opts.Wait && k != counting {
 		granted, err = a.try(ctx)
@@ -125,7 +123,7 @@ func (a *attempt) try(ctx context.Context) (driver.Lease, error) {
 // returns ctx's error at once and leaves the transaction to finish in the
 // background, where a key it put is removed (see unbound).
 func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return unbound(ctx, func() (*clientv3.TxnResponse, error) {
+	return unbound(ctx, &a.l.runners, func() (*clientv3.TxnResponse, error) {
 		var resp *clientv3.TxnResponse
 		err := a.l.members.do(ctx, a.l.timeout, true, func(rctx context.Context, c *clientv3.Client) error {
 			var err error
@@ -142,54 +140,6 @@ func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.
 			a.remove(ctx)
 		}
 	})
-}
-
-// unbound runs f, a request that must not be cut short when ctx ends (it
-// keeps ctx's values only), and returns its answer; but once ctx is done,
-// it returns ctx's error at once and leaves f to finish on a goroutine of
-// its own, where left is given f's answer if f succeeds. That is what keeps
-// every call of the Locker within its ctx (driver.ContextBounded). A ctx
-// that cannot end needs no goroutine: f then runs on the caller's.
-func unbound[T any](ctx context.Context, f func() (T, error), left func(T)) (T, error) {
-	if ctx.Done() == nil {
-		return f()
-	}
-	var (
-		mu        sync.Mutex
-		abandoned bool
-		v         T
-		err       error
-	)
-	done := make(chan struct{})
-	go func() {
-		fv, ferr := f()
-		mu.Lock()
-		if !abandoned {
-			v, err = fv, ferr
-			close(done)
-			mu.Unlock()
-			return
-		}
-		mu.Unlock()
-		if ferr == nil && left != nil {
-			left(fv)
-		}
-	}()
-	select {
-	case <-done:
-		return v, err
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case <-done:
-		return v, err
-	default:
-	}
-	abandoned = true
-	var zero T
-	return zero, ctx.Err()
 }
 
 // blockersOp reads what blocks own among the keys created before revision
@@ -403,7 +353,7 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 // abort removes own, which has been put, and returns cause; once ctx is
 // done, the removal goes on in the background (see unbound).
 func (a *attempt) abort(ctx context.Context, cause error) error {
-	unbound(ctx, func() (struct{}, error) {
+	unbound(ctx, &a.l.runners, func() (struct{}, error) {
 		a.remove(ctx)
 		return struct{}{}, nil
 	}, nil)

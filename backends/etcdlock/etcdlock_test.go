@@ -145,7 +145,7 @@ func TestRefreshChecksOwnership(t *testing.T) {
 		t.Errorf("Refresh: %v", err)
 	}
 	// Someone deletes the key behind the holder's back.
-	if _, err := c.Delete(ctx, held.(*lease).own); err != nil {
+	if _, err := c.Delete(ctx, held.(*lease).key()); err != nil {
 		t.Fatal(err)
 	}
 	if err := held.Refresh(ctx, 3*time.Second); !errors.Is(err, driver.ErrNotHeld) {

@@ -235,7 +235,7 @@ func TestCancelledWaitersLeaveNoKey(t *testing.T) {
 	// is answered, after Acquire returned.
 	waitFor(t, "only the holder's key is left", func() bool {
 		keys := keysUnder(t, c, key)
-		return len(keys) == 1 && keys[0] == held.(*lease).own
+		return len(keys) == 1 && keys[0] == held.(*lease).key()
 	})
 	if err := held.Release(context.Background()); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,15 +16,46 @@ import (
 // key of the session, alive, so guard sends nothing for it and no goroutine
 // runs for it. It is also a driver.RevocableLease, told of a forced release
 // by the session's one watch.
+//
+// A held lock costs the heap a lease of 64 bytes and nothing else of the
+// backend: its etcd key is not kept but built again, when needed, from the
+// lock's name (the string Acquire was given, which guard keeps in any case
+// while its table of names has room), and the session finds its leases on
+// a list threaded through them rather than in a map by key.
 type lease struct {
-	s   *session
-	own string // the contender's etcd key
-	rev int64  // own's create revision
+	s    *session
+	name string // the lock's, as Acquire was given it
+	// seq is the sequence number in the key's contender name, with
+	// readerSeq set for a reader's key, under the lock's r/ directory.
+	seq uint64
+	rev int64 // the key's create revision
 
-	// Guarded by s.mu: whether a forced release's marker was seen, and
-	// what to call when it is.
-	revoked  bool
-	onRevoke func()
+	// Guarded by s.mu: the session's list of the leases it tracks (see
+	// track), and what to call when a forced release's marker is seen.
+	// A lease whose marker was seen is off the list, with next pointing
+	// at itself.
+	prev, next *lease
+	onRevoke   func()
+}
+
+// readerSeq marks a reader's key in lease.seq; sequence numbers, counted
+// from 1, never reach it.
+const readerSeq = 1 << 63
+
+// number is the sequence number in the lease's contender name.
+func (le *lease) number() uint64 { return le.seq &^ readerSeq }
+
+// key returns the lease's etcd key: <KeyDir(name)>[r/]<session's lease id in
+// hex>-<sequence number in hex>, built with as few allocations as the
+// escape allows (one when the name needs no escaping).
+func (le *lease) key() string {
+	var buf [len(lockDir+readerDir) + contenderNameLen]byte
+	tail := append(buf[:0], lockDir...)
+	if le.seq&readerSeq != 0 {
+		tail = append(tail, readerDir...)
+	}
+	tail = appendContenderName(tail, le.s.id, le.number())
+	return url.PathEscape(le.name) + string(tail)
 }
 
 var _ driver.SessionLease = (*lease)(nil)
@@ -52,7 +84,7 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	var resp *clientv3.GetResponse
 	err := le.s.l.members.do(ctx, le.s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Get(rctx, le.own, clientv3.WithKeysOnly())
+		resp, err = c.Get(rctx, le.key(), clientv3.WithKeysOnly())
 		return err
 	})
 	if err != nil {
@@ -113,6 +145,7 @@ func (le *lease) Release(ctx context.Context) error {
 	if le.s.lost() {
 		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
 	}
+	own := le.key()
 	// The attempts together get one request timeout, within the caller's.
 	var (
 		resp    *clientv3.DeleteResponse
@@ -120,7 +153,7 @@ func (le *lease) Release(ctx context.Context) error {
 	)
 	err := le.s.l.members.repeat(ctx, le.s.timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Delete(actx, le.own)
+		resp, err = c.Delete(actx, own)
 		unknown = unknown || err != nil
 		return err
 	})
@@ -130,7 +163,7 @@ func (le *lease) Release(ctx context.Context) error {
 		return err
 	case resp.Deleted > 0:
 		if !unknown {
-			le.s.release(le)
+			le.s.release(le, own)
 		}
 		return nil
 	case unknown && !le.s.lost():

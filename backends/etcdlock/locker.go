@@ -32,6 +32,9 @@ type Locker struct {
 	// seq tells apart the keys of several contenders for one name under one
 	// session, so that each contender, even in one process, has its own key.
 	seq atomic.Uint64
+	// runners finish the writes whose callers' contexts ended (see
+	// unbound).
+	runners runners
 
 	mu       sync.Mutex
 	sessions map[time.Duration]*session
@@ -129,6 +132,7 @@ func (l *Locker) Close() error {
 		s.close(false)
 	}
 	l.members.close()
+	l.runners.close()
 	return errors.Join(errs...)
 }
 
@@ -197,12 +201,31 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 // keeps every lock's directory apart from the idempotency store's records
 // under "<store prefix>/idem/".
 func KeyDir(key string) string {
-	return url.PathEscape(key) + ".lock/"
+	return url.PathEscape(key) + lockDir
 }
 
-// contenderName is the last path element of a contender's key: the session's
-// lease id and a sequence number, in hex digits and '-' only, so that writer
-// keys sort before the readers' "r/" subdirectory.
-func (l *Locker) contenderName(s *session) string {
-	return strconv.FormatInt(int64(s.id), 16) + "-" + strconv.FormatUint(l.seq.Add(1), 16)
+// lockDir ends a lock's directory (KeyDir), and readerDir the name of its
+// readers' subdirectory in it.
+const (
+	lockDir   = ".lock/"
+	readerDir = "r/"
+)
+
+// contenderKey is a contender's key under dir: see appendContenderName.
+func contenderKey(dir string, id clientv3.LeaseID, seq uint64) string {
+	var buf [contenderNameLen]byte
+	return dir + string(appendContenderName(buf[:0], id, seq)) // one allocation: the conversion is only read
+}
+
+// contenderNameLen is the longest contender name.
+const contenderNameLen = 2*16 + 2
+
+// appendContenderName appends the last path element of a contender's key:
+// the session's lease id and a sequence number of the Locker, in hex digits
+// and '-' only, so that writer keys sort before the readers' subdirectory
+// (readerDir).
+func appendContenderName(b []byte, id clientv3.LeaseID, seq uint64) []byte {
+	b = strconv.AppendInt(b, int64(id), 16)
+	b = append(b, '-')
+	return strconv.AppendUint(b, seq, 16)
 }

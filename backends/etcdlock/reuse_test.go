@@ -27,7 +27,7 @@ func TestKeyPutAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := first.(*lease).own
+	own := first.(*lease).key()
 	token := first.Token()
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func TestKeyPutAgain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := le.(*lease).own; got != own {
+		if got := le.(*lease).key(); got != own {
 			t.Errorf("acquisition %d put %q, want the released %q again", i+2, got, own)
 		}
 		if le.Token() <= token {
@@ -73,8 +73,8 @@ func TestKeyPutAgain(t *testing.T) {
 	if second == nil {
 		t.FailNow()
 	}
-	if second.(*lease).own == own || second.Token() <= token {
-		t.Errorf("second contender: key %q token %d, after %q with token %d", second.(*lease).own, second.Token(), own, token)
+	if second.(*lease).key() == own || second.Token() <= token {
+		t.Errorf("second contender: key %q token %d, after %q with token %d", second.(*lease).key(), second.Token(), own, token)
 	}
 	if err := second.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func TestKeyPutAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := held.(*lease).own; got != own {
+	if got := held.(*lease).key(); got != own {
 		t.Errorf("after the second contender: put %q, want %q again", got, own)
 	}
 	if _, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
@@ -97,7 +97,7 @@ func TestKeyPutAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next.(*lease).own == own {
+	if next.(*lease).key() == own {
 		t.Errorf("the key %q a forced release took was put again", own)
 	}
 	if err := next.Release(ctx); err != nil {
@@ -139,7 +139,7 @@ func TestKeyRetiredAfterUnknownRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		own := held.(*lease).own
+		own := held.(*lease).key()
 		u.armed.Store(true)
 		if err := held.Release(ctx); err != nil {
 			t.Fatalf("sent %v: release whose first delete got no answer: %v", send, err)
@@ -151,7 +151,7 @@ func TestKeyRetiredAfterUnknownRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if next.(*lease).own == own {
+		if next.(*lease).key() == own {
 			t.Errorf("sent %v: the key %q of a release whose first delete got no answer was put again", send, own)
 		}
 		if err := next.Release(ctx); err != nil {

@@ -32,10 +32,11 @@ func revokedDir(id clientv3.LeaseID) string {
 // keep a key per name it ever released.
 const maxIdle = 256
 
-// track returns the lease of a new contender under dir (a lock's KeyDir,
-// or its readers' subdirectory), registered so that a marker naming its key
-// finds it. Its key is the session's key of an earlier contender there that
-// was released cleanly (see release), or a new one.
+// track returns the lease of a new contender for the lock name, and its
+// key, under dir (the lock's KeyDir, or its readers' subdirectory when
+// reader is set), registered so that a marker naming its key finds it. Its
+// key is the session's key of an earlier contender there that was released
+// cleanly (see release), or a new one.
 //
 // etcd keeps a deleted key in its index until the cluster is compacted
 // (which etcd does not do by default), and every read of a range visits each
@@ -43,30 +44,61 @@ const maxIdle = 256
 // that comes with every acquisition would slow down with every acquisition
 // of that lock since the last compaction. A session that takes a lock again
 // and again thus puts one key again and again.
-func (s *session) track(dir string) *lease {
+func (s *session) track(name, dir string, reader bool) (*lease, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	own, ok := s.idle[dir]
+	seq, ok := s.idle[dir]
 	if ok {
 		delete(s.idle, dir)
 	} else {
-		own = dir + s.l.contenderName(s)
+		seq = s.l.seq.Add(1)
 	}
-	le := &lease{s: s, own: own}
-	s.leases[own] = le
-	return le
+	le := &lease{s: s, name: name, seq: seq}
+	if reader {
+		le.seq |= readerSeq
+	}
+	s.link(le)
+	return le, contenderKey(dir, s.id, seq)
 }
 
-// release marks le's key as free to be put again by a later contender of
-// the session. Release calls it only once its one delete of the key was
-// answered and deleted it: no other delete of the key is then in flight
-// (an acquisition that gave up, or a release that needed a second attempt,
-// leaves its key unused ever after), so none can land on the next holder's;
-// and no forced release took the key, whose marker would be taken for the
-// next holder's. Put again, the key gets a new create revision, the next
-// holder's token.
-func (s *session) release(le *lease) {
-	dir := le.own[:strings.LastIndexByte(le.own, '/')+1]
+// link puts le first on the session's list; s.mu is held.
+func (s *session) link(le *lease) {
+	le.next = s.tracked
+	if s.tracked != nil {
+		s.tracked.prev = le
+	}
+	s.tracked = le
+}
+
+// unlink takes le off the session's list, if it is on it; s.mu is held.
+func (s *session) unlink(le *lease) {
+	if !s.isTracked(le) {
+		return
+	}
+	if le.prev != nil {
+		le.prev.next = le.next
+	} else {
+		s.tracked = le.next
+	}
+	if le.next != nil {
+		le.next.prev = le.prev
+	}
+	le.prev, le.next = nil, nil
+}
+
+// isTracked reports whether le is on the session's list; s.mu is held.
+func (s *session) isTracked(le *lease) bool { return le.prev != nil || s.tracked == le }
+
+// release marks own, le's key, as free to be put again by a later
+// contender of the session. Release calls it only once its one delete of
+// the key was answered and deleted it: no other delete of the key is then
+// in flight (an acquisition that gave up, or a release that needed a
+// second attempt, leaves its key unused ever after), so none can land on
+// the next holder's; and no forced release took the key, whose marker
+// would be taken for the next holder's. Put again, the key gets a new
+// create revision, the next holder's token.
+func (s *session) release(le *lease, own string) {
+	dir := own[:strings.LastIndexByte(own, '/')+1]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.idle[dir]; ok {
@@ -78,7 +110,7 @@ func (s *session) release(le *lease) {
 			break
 		}
 	}
-	s.idle[dir] = le.own
+	s.idle[dir] = le.number()
 }
 
 // forget drops le: it was released, or never granted. A revocation found
@@ -86,9 +118,7 @@ func (s *session) release(le *lease) {
 func (s *session) forget(le *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.leases[le.own] == le {
-		delete(s.leases, le.own)
-	}
+	s.unlink(le)
 	le.onRevoke = nil
 }
 
@@ -105,8 +135,8 @@ func (le *lease) OnRevoke(f func()) {
 	s := le.s
 	s.mu.Lock()
 	switch {
-	case le.revoked:
-	case s.leases[le.own] == le && !s.lost():
+	case le.next == le: // revoked
+	case s.isTracked(le) && !s.lost():
 		le.onRevoke = f
 		f = nil
 	default:
@@ -118,15 +148,24 @@ func (le *lease) OnRevoke(f func()) {
 	}
 }
 
-// revoked reports the forced release of the contender key own.
+// revoked reports the forced release of the contender key own. Markers
+// are rare (an operator's ForceRelease), so the session's leases are
+// searched for own's sequence number, and only a lease with that number has
+// its key built to compare.
 func (s *session) revoked(own string) {
+	seq, err := strconv.ParseUint(own[strings.LastIndexByte(own, '-')+1:], 16, 64)
+	if err != nil {
+		return // no key of this Locker's
+	}
 	s.mu.Lock()
-	le := s.leases[own]
 	var f func()
-	if le != nil {
-		delete(s.leases, own)
-		le.revoked = true
-		f, le.onRevoke = le.onRevoke, nil
+	for le := s.tracked; le != nil; le = le.next {
+		if le.number() == seq && le.key() == own {
+			s.unlink(le)
+			le.next = le // revoked
+			f, le.onRevoke = le.onRevoke, nil
+			break
+		}
 	}
 	s.mu.Unlock()
 	if f != nil && !s.lost() {

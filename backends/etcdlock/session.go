@@ -36,16 +36,17 @@ type session struct {
 	// revokeErr is the exit's revocation error; read after exited.
 	revokeErr error
 
-	// mu guards leases, and the revocation state of each lease in it.
+	// mu guards tracked, and the list and revocation state of each lease
+	// on it.
 	mu sync.Mutex
-	// leases are the session's contenders by etcd key, from before their
-	// key is put until they are released, abandoned or revoked: a forced
-	// release's marker names the key, and may arrive before the
-	// acquisition returns.
-	leases map[string]*lease
-	// idle are the keys the session may put again, by directory (see
-	// track).
-	idle map[string]string
+	// tracked is the first of the session's contenders, on a list through
+	// their leases, from before their key is put until they are released,
+	// abandoned or revoked: a forced release's marker names the key, and
+	// may arrive before the acquisition returns.
+	tracked *lease
+	// idle are the sequence numbers of the keys the session may put again,
+	// by directory (see track).
+	idle map[string]uint64
 
 	// done is closed when the lease is lost, revoked or given up.
 	done   chan struct{}
@@ -88,8 +89,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 		born:    sent,
 		kctx:    kctx,
 		stop:    stop,
-		leases:  make(map[string]*lease),
-		idle:    make(map[string]string),
+		idle:    make(map[string]uint64),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
 	}
