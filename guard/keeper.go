@@ -540,8 +540,9 @@ func (sw *sessionWatch) check() {
 		k.mu.Unlock()
 		return
 	}
+	margin := sw.margin // addToSession raises it under the mutex
 	k.mu.Unlock()
-	sw.loseAll(fmt.Errorf("the backend session was not renewed within %v of its expiry", sw.margin))
+	sw.loseAll(fmt.Errorf("the backend session was not renewed within %v of its expiry", margin))
 }
 
 // watch loses every lock of the session the moment the backend reports the
