@@ -163,7 +163,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	} else {
 		// Bounded by the release timeout whatever the client does: a
 		// release still running then goes on in the background.
-		_, err = call(rctx, false, func(rctx context.Context) (struct{}, error) {
+		_, err = call(rctx, &g.callers, false, func(rctx context.Context) (struct{}, error) {
 			return struct{}{}, l.lease.Release(rctx)
 		}, nil)
 	}

@@ -54,7 +54,7 @@ func TestReleaseContextEndsWithTheRelease(t *testing.T) {
 			deadline, _ = ctx.Deadline()
 			child, stopChild = context.WithCancel(ctx) // left running, as background work would be
 		}}
-		g := newGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
 		l, err := g.TryLock(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)
@@ -95,7 +95,7 @@ func TestReleaseContextHidesTheCallersCause(t *testing.T) {
 			<-ctx.Done()
 			errAtEnd, cause = ctx.Err(), context.Cause(ctx)
 		}}
-		g := newGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
 		l, err := g.TryLock(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)
