@@ -64,7 +64,7 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 // (default 16): every call to a backend that does not declare
 // driver.ContextBounded whose context can end, and every release to one.
 // Keeping them spares each such call a goroutine's start and stack growth,
-// which cost more client CPU than the rest of an uncontended cycle on
+// which cost two fifths of the client's CPU in an uncontended cycle on
 // Redis. 0 starts a goroutine per call and keeps none, as a Guard made in a
 // testing/synctest bubble needs: goroutines left idle outlive the bubble's
 // test, which then panics.
