@@ -65,9 +65,10 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 // driver.ContextBounded whose context can end, and every release to one.
 // Keeping them spares each such call a goroutine's start and stack growth,
 // which cost two fifths of the client's CPU in an uncontended cycle on
-// Redis. 0 starts a goroutine per call and keeps none, as a Guard made in a
-// testing/synctest bubble needs: goroutines left idle outlive the bubble's
-// test, which then panics.
+// Redis. 0 starts a goroutine per call and keeps none, as a Guard used in
+// a testing/synctest bubble needs: a goroutine left idle outlives the
+// bubble's test, which then panics, and one kept from outside a bubble
+// cannot serve a call made in it.
 func WithIdleCallers(n int) Option { return func(c *config) { c.idleCallers = n } }
 
 // WithBackendName names the backend in spans, metrics and logs (default: the
