@@ -49,12 +49,17 @@ type caller struct {
 	cs    *callers
 	calls chan func() // the next call; unbuffered: it is taken by this goroutine only when idle
 	idle  *time.Timer // ends the goroutine once it waited maxIdleFor idle
-	// answered is sent on when a call's answer is ready for its waiter,
-	// which is the only one to receive from it; abandoned says that the
-	// waiter stopped waiting, and no answer must be sent.
-	answered  chan struct{}
+}
+
+// pending is a call running on a caller, whose waiter may stop waiting for
+// it. It is the call's own, not the caller's: a caller goes idle as soon as
+// its call returns, maybe before its waiter took the answer.
+type pending[T any] struct {
 	mu        sync.Mutex
+	done      chan struct{} // closed with v and err set
 	abandoned bool
+	v         T
+	err       error
 }
 
 // get returns an idle caller, or starts one.
@@ -68,7 +73,7 @@ func (cs *callers) get() *caller {
 		return c
 	}
 	cs.mu.Unlock()
-	c := &caller{cs: cs, calls: make(chan func()), answered: make(chan struct{}, 1)}
+	c := &caller{cs: cs, calls: make(chan func())}
 	go c.run()
 	return c
 }
@@ -87,9 +92,6 @@ func (c *caller) run() {
 			// Taken by a caller just as it timed out: its call comes.
 			(<-c.calls)()
 		}
-		c.mu.Lock()
-		c.abandoned = false
-		c.mu.Unlock()
 		if !c.cs.put(c) {
 			return
 		}
@@ -142,46 +144,43 @@ func call[T any](ctx context.Context, cs *callers, direct bool, f func(context.C
 	if direct || ctx.Done() == nil {
 		return f(ctx)
 	}
-	var a struct {
-		v   T
-		err error
-	}
-	c := cs.get()
-	c.calls <- func() {
+	p := &pending[T]{done: make(chan struct{})}
+	cs.get().calls <- func() {
 		v, err := f(ctx)
-		c.mu.Lock()
-		if !c.abandoned {
-			a.v, a.err = v, err
-			c.answered <- struct{}{}
-			c.mu.Unlock()
+		p.mu.Lock()
+		if !p.abandoned {
+			p.v, p.err = v, err
+			close(p.done)
+			p.mu.Unlock()
 			return
 		}
-		c.mu.Unlock()
+		p.mu.Unlock()
 		if err == nil && undo != nil {
 			undo(v)
 		}
 	}
 	select {
-	case <-c.answered:
-		return a.v, a.err
+	case <-p.done:
+		return p.v, p.err
 	case <-ctx.Done():
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-c.answered:
-		return a.v, a.err
+	case <-p.done:
+		return p.v, p.err
 	case <-t.C:
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	select {
-	case <-c.answered:
-		return a.v, a.err
+	case <-p.done:
+		return p.v, p.err
 	default:
 	}
-	c.abandoned = true
-	return a.v, errNoAnswer
+	p.abandoned = true
+	var zero T
+	return zero, errNoAnswer
 }
 
 // withCallTimeout bounds ctx by the Guard's call timeout, unless ctx's own

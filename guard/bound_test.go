@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -458,5 +459,40 @@ func TestAbandonedCallerServesLaterCalls(t *testing.T) {
 	}
 	if n := h.released.Load(); n != 21 {
 		t.Errorf("%d releases, want 21", n)
+	}
+}
+
+// Many sections at once through the kept call goroutines, more than stay
+// idle: each call gets its own answer (a lease, never another call's or
+// none), and the sections on one key never overlap.
+func TestCallGoroutinesShared(t *testing.T) {
+	g := newGuard(t, remote{memory.New()}, guard.WithIdleCallers(4))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	var inside, overlaps atomic.Int32
+	for w := range 32 {
+		wg.Go(func() {
+			for i := range 100 {
+				key := fmt.Sprintf("k%d", (w+i)%3)
+				err := g.Do(ctx, key, func(context.Context, *guard.Lock) error {
+					if key == "k0" {
+						if inside.Add(1) != 1 {
+							overlaps.Add(1)
+						}
+						inside.Add(-1)
+					}
+					return nil
+				}, guard.WaitAtMost(30*time.Second))
+				if err != nil {
+					t.Errorf("Do %s: %v", key, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := overlaps.Load(); n != 0 {
+		t.Errorf("%d sections on k0 overlapped", n)
 	}
 }
