@@ -27,11 +27,11 @@ var errNoAnswer = fmt.Errorf("%w: no answer within the bound", ErrUnavailable)
 // maxIdleFor is how long a call goroutine waits idle for its next call.
 //
 // A call guard must be able to stop waiting for runs on a goroutine other
-// than its caller's. Starting one per call costs more than the call's own
-// client work on a fast backend: the goroutine's creation, and the growth
-// of its stack through the client's calls, on every lock and unlock
-// (callgrind, go-redis: about 50,000 of 125,000 client instructions per
-// uncontended Do). So the goroutines are kept: each runs calls one after
+// than its caller's. Starting one per call is a large share of a fast
+// backend's client cost: the goroutine's creation, and the growth of its
+// stack through the client's calls, on every lock and unlock (callgrind,
+// go-redis: about 50,000 of 125,000 client instructions per uncontended
+// Do). So the goroutines are kept: each runs calls one after
 // the other, and waits, idle, for the next one up to maxIdleFor; at most
 // callers.maxIdle wait so (WithIdleCallers).
 const maxIdleFor = time.Second
