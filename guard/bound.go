@@ -47,7 +47,7 @@ type callers struct {
 // caller is a goroutine that runs one call at a time.
 type caller struct {
 	cs    *callers
-	calls chan func() // the next call; unbuffered: it is taken by this goroutine only when idle
+	calls chan func() // the next call, given only to an idle caller: room for one, so that giving it never waits for the goroutine to run
 	idle  *time.Timer // ends the goroutine once it waited maxIdleFor idle
 }
 
@@ -73,7 +73,7 @@ func (cs *callers) get() *caller {
 		return c
 	}
 	cs.mu.Unlock()
-	c := &caller{cs: cs, calls: make(chan func())}
+	c := &caller{cs: cs, calls: make(chan func(), 1)}
 	go c.run()
 	return c
 }
