@@ -439,8 +439,10 @@ func TestCallGoroutinesKept(t *testing.T) {
 // calls after it with their own answers.
 func TestAbandonedCallerServesLaterCalls(t *testing.T) {
 	h := newHanging()
-	g := newGuard(t, h, guard.WithCallTimeout(50*time.Millisecond), guard.WithIdleCallers(1))
-	if _, err := g.TryLock(context.Background(), "k"); !errors.Is(err, guard.ErrUnavailable) {
+	g := newGuard(t, h, guard.WithIdleCallers(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := g.TryLock(ctx, "k"); !errors.Is(err, guard.ErrUnavailable) {
 		t.Fatalf("TryLock on a hanging backend: %v, want ErrUnavailable", err)
 	}
 	close(h.answer)
