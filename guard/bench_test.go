@@ -6,15 +6,20 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/backends/redislock"
+	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -138,8 +143,13 @@ func heldHeap(b *testing.B, newLocker func() driver.Locker) {
 }
 
 // BenchmarkDoRedis measures an uncontended Do on the Redis backend, with
-// go-redis's default options, under a caller's deadline: the round trip
-// dominates, and guard's bound on the call must add next to nothing to it.
+// go-redis's default options: under a caller's deadline with a wait bound
+// (deadline), as httpmw.Lock runs it, and under a context that never ends
+// (background), as bench-peers's one-worker scenario runs it. The round trip
+// dominates, and guard's bound on the call must add next to nothing to it:
+// goroutines/op counts the goroutines started per cycle, which a client
+// that ignores deadlines (redislock does not declare ContextBounded) makes
+// guard's bound cost.
 func BenchmarkDoRedis(b *testing.B) {
 	addr := drivertest.Addr(b, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -149,19 +159,73 @@ func BenchmarkDoRedis(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { l.Close() })
-	g, err := guard.New(l, guard.WithPrefix(fmt.Sprintf("bench-%d:", time.Now().UnixNano())))
+	benchDoServer(b, l)
+}
+
+// BenchmarkDoPostgres is BenchmarkDoRedis on PostgreSQL through sqllock
+// (gorm over pgx), another backend that does not declare ContextBounded.
+func BenchmarkDoPostgres(b *testing.B) {
+	dsn := os.Getenv("WARDEN_POSTGRES_DSN")
+	if dsn == "" {
+		dsn = "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"
+	}
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		drivertest.Unreachable(b, "WARDEN_POSTGRES_DSN", dsn, err)
+		return
+	}
+	if sdb, err := db.DB(); err == nil {
+		b.Cleanup(func() { sdb.Close() })
+	}
+	l, err := sqllock.New(db)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	fn := func(context.Context, *guard.Lock) error { return nil }
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := g.Do(ctx, "job", fn, guard.WaitAtMost(time.Second)); err != nil {
-			b.Fatal(err)
-		}
+	if err := l.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
 	}
+	benchDoServer(b, l)
+}
+
+func benchDoServer(b *testing.B, l driver.Locker) {
+	g, err := guard.New(l, guard.WithPrefix(fmt.Sprintf("bench-%d:", time.Now().UnixNano())), guard.WithTTL(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	fn := func(context.Context, *guard.Lock) error { return nil }
+	for _, bc := range []struct {
+		name string
+		opts []guard.LockOption
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"deadline", []guard.LockOption{guard.WaitAtMost(time.Second)}, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Hour)
+		}},
+		{"background", nil, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx, cancel := bc.ctx()
+			defer cancel()
+			if err := g.Do(ctx, "job", fn, bc.opts...); err != nil { // scripts cached, statements prepared
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			started := goroutinesStarted()
+			for b.Loop() {
+				if err := g.Do(ctx, "job", fn, bc.opts...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
+		})
+	}
+}
+
+// goroutinesStarted is how many goroutines the process has started so far.
+func goroutinesStarted() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // BenchmarkMutexFloor is the floor of any in-process lock: a sync.Mutex

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -120,7 +121,7 @@ func within(t *testing.T, what string, bound time.Duration, f func() error) erro
 func TestBoundsHoldAgainstAHangingBackend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHanging()
-		g := newGuard(t, h, guard.WithCallTimeout(2*time.Second))
+		g := newBubbleGuard(t, h, guard.WithCallTimeout(2*time.Second))
 		bg := context.Background()
 		deadline := func() context.Context {
 			ctx, cancel := context.WithTimeout(bg, time.Second)
@@ -202,7 +203,7 @@ func TestUnlockBoundedByTheReleaseTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHanging()
 		close(h.answer)
-		g := newGuard(t, &hangOnRelease{h}, guard.WithReleaseTimeout(time.Second))
+		g := newBubbleGuard(t, &hangOnRelease{h}, guard.WithReleaseTimeout(time.Second))
 		l, err := g.TryLock(context.Background(), "k")
 		if err != nil {
 			t.Fatal(err)
@@ -236,7 +237,7 @@ func (x *hangOnRelease) Acquire(ctx context.Context, key string, o driver.Acquir
 // runs out meanwhile is ErrUnavailable, never ErrNotAcquired.
 func TestOutageIsNotContention(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGuard(t, outOfReach{})
+		g := newBubbleGuard(t, outOfReach{})
 		bg := context.Background()
 		err := within(t, "Lock WaitAtMost(1s)", time.Second, func() error {
 			_, err := g.Lock(bg, "k", guard.WaitAtMost(time.Second))
@@ -273,7 +274,7 @@ func TestHeldLockWaitsToItsBound(t *testing.T) {
 				if !direct {
 					l = remote{mem}
 				}
-				g := newGuard(t, l)
+				g := newBubbleGuard(t, l)
 				bg := context.Background()
 				held, err := g.TryLock(bg, "k")
 				if err != nil {
@@ -315,7 +316,7 @@ func TestHeldLockWaitsToItsBound(t *testing.T) {
 // a deadline d already past makes one attempt.
 func TestNonPositiveWaitDoesNotWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGuard(t, memory.New())
+		g := newBubbleGuard(t, memory.New())
 		bg := context.Background()
 		held, err := g.TryLock(bg, "k")
 		if err != nil {
@@ -347,7 +348,7 @@ func TestNonPositiveWaitDoesNotWait(t *testing.T) {
 // DoAll keeps one wait bound for all its keys, not one per key.
 func TestDoAllKeepsOneWaitBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGuard(t, memory.New())
+		g := newBubbleGuard(t, memory.New())
 		bg := context.Background()
 		a, err := g.TryLock(bg, "a")
 		if err != nil {
@@ -388,7 +389,7 @@ func (s slowToStop) Acquire(ctx context.Context, key string, o driver.AcquireOpt
 func TestLateAnswersAreNotOutages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := memory.New()
-		g := newGuard(t, slowToStop{mem})
+		g := newBubbleGuard(t, slowToStop{mem})
 		bg := context.Background()
 		held, err := g.TryLock(bg, "k")
 		if err != nil {
@@ -406,4 +407,94 @@ func TestLateAnswersAreNotOutages(t *testing.T) {
 			t.Errorf("ctx 20ms on a held lock, the backend slow to stop: %v, want the deadline alone", err)
 		}
 	})
+}
+
+// Calls to a backend that guard must be able to stop waiting for run on
+// goroutines the Guard keeps, not on one started per call.
+func TestCallGoroutinesKept(t *testing.T) {
+	const cycles = 100
+	g := newGuard(t, remote{memory.New()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	before := goroutinesStarted()
+	for range cycles {
+		l, err := g.Lock(ctx, "k", guard.WaitAtMost(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each cycle makes two such calls (the acquisition under a deadline,
+	// and the release); other goroutines of the process may start
+	// meanwhile, but not one per call.
+	if started := goroutinesStarted() - before; started >= cycles/2 {
+		t.Errorf("%d goroutines started by %d lock cycles", started, cycles)
+	}
+}
+
+// A call goroutine whose caller stopped waiting answers nobody when its
+// call returns at last, gives back what it was granted, and serves the
+// calls after it with their own answers.
+func TestAbandonedCallerServesLaterCalls(t *testing.T) {
+	h := newHanging()
+	g := newGuard(t, h, guard.WithIdleCallers(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := g.TryLock(ctx, "k"); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("TryLock on a hanging backend: %v, want ErrUnavailable", err)
+	}
+	close(h.answer)
+	waitFor(t, "the late grant given back", 10*time.Second, func() bool { return h.released.Load() == 1 })
+	for i := range 20 {
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatalf("TryLock %d after the abandoned call: %v", i, err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatalf("Unlock %d: %v", i, err)
+		}
+	}
+	if n := h.granted.Load(); n != 21 {
+		t.Errorf("%d grants, want 21 (the late one and 20 after)", n)
+	}
+	if n := h.released.Load(); n != 21 {
+		t.Errorf("%d releases, want 21", n)
+	}
+}
+
+// Many sections at once through the kept call goroutines, more than stay
+// idle: each call gets its own answer (a lease, never another call's or
+// none), and the sections on one key never overlap.
+func TestCallGoroutinesShared(t *testing.T) {
+	g := newGuard(t, remote{memory.New()}, guard.WithIdleCallers(4))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	var inside, overlaps atomic.Int32
+	for w := range 32 {
+		wg.Go(func() {
+			for i := range 100 {
+				key := fmt.Sprintf("k%d", (w+i)%3)
+				err := g.Do(ctx, key, func(context.Context, *guard.Lock) error {
+					if key == "k0" {
+						if inside.Add(1) != 1 {
+							overlaps.Add(1)
+						}
+						inside.Add(-1)
+					}
+					return nil
+				}, guard.WaitAtMost(30*time.Second))
+				if err != nil {
+					t.Errorf("Do %s: %v", key, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := overlaps.Load(); n != 0 {
+		t.Errorf("%d sections on k0 overlapped", n)
+	}
 }

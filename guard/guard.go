@@ -62,6 +62,7 @@ type Guard struct {
 	tel            *telemetry
 	keeper         keeper
 	names          names
+	callers        callers
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses
@@ -76,6 +77,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		ttl:            30 * time.Second,
 		releaseTimeout: 5 * time.Second,
 		callTimeout:    5 * time.Second,
+		idleCallers:    16,
 		backend:        fmt.Sprintf("%T", locker),
 	}
 	for _, o := range opts {
@@ -116,6 +118,10 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	if c.callTimeout <= 0 {
 		return nil, fmt.Errorf("warden: guard: %w: call timeout %v is not positive", ErrInvalidOption, c.callTimeout)
 	}
+	if c.idleCallers < 0 {
+		return nil, fmt.Errorf("warden: guard: %w: %d idle callers", ErrInvalidOption, c.idleCallers)
+	}
+	g.callers.maxIdle = c.idleCallers
 	if c.prefix != "" {
 		if err := ValidateKey(c.prefix); err != nil {
 			return nil, fmt.Errorf("warden: guard: %w: prefix: %w", ErrInvalidOption, err)

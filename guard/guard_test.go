@@ -92,6 +92,13 @@ func newGuard(t testing.TB, l driver.Locker, opts ...guard.Option) *guard.Guard 
 	return g
 }
 
+// newBubbleGuard is newGuard for a testing/synctest bubble: the Guard
+// keeps no idle goroutine that would outlive the bubble's test.
+func newBubbleGuard(t testing.TB, l driver.Locker, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	return newGuard(t, l, append(opts, guard.WithIdleCallers(0))...)
+}
+
 func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
@@ -157,7 +164,7 @@ func TestWatchdogKeepsLeaseAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFaulty(t)
 		ttl := 150 * time.Millisecond
-		g := newGuard(t, f, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
 		err := g.Do(context.Background(), "long", func(ctx context.Context, l *guard.Lock) error {
 			// Hold for several TTLs: only refreshes keep others out.
 			waitFor(t, "five refreshes", 10*time.Second, func() bool { return f.refreshes.Load() >= 5 })
@@ -178,7 +185,7 @@ func TestRefreshNotHeldCancelsSection(t *testing.T) {
 		notHeld := error(guard.ErrNotHeld)
 		f.refreshErr.Store(&notHeld)
 		ttl := 600 * time.Millisecond
-		g := newGuard(t, f, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
 		start := time.Now()
 		var cancelledAfter time.Duration
 		err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
@@ -214,7 +221,7 @@ func TestTransientRefreshFailuresLoseBeforeExpiry(t *testing.T) {
 		down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
 		f.refreshErr.Store(&down)
 		ttl := 600 * time.Millisecond
-		g := newGuard(t, f, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
 		start := time.Now()
 		err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
 			<-ctx.Done()

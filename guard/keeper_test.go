@@ -28,7 +28,7 @@ func TestHungRefreshLosesOnTime(t *testing.T) {
 			f := newFaulty(t)
 			f.refreshBlock.Store(true)
 			ttl, margin := 900*time.Millisecond, 250*time.Millisecond
-			g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+			g := newBubbleGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
 			var expiry, cancelled time.Time
 			err := g.Do(context.Background(), "hung", func(ctx context.Context, l *guard.Lock) error {
 				expiry = l.Expiry()
@@ -64,8 +64,8 @@ func TestTakeoverFoundAtReleaseIsALoss(t *testing.T) {
 		f := newFaulty(t)
 		f.fakeRenew.Store(true)
 		ttl := 60 * time.Millisecond
-		g := newGuard(t, f, guard.WithTTL(ttl))
-		other := newGuard(t, f.mem)
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
+		other := newBubbleGuard(t, f.mem)
 		for i := range 20 {
 			key := "taken/" + strconv.Itoa(i)
 			err := g.Do(context.Background(), key, func(ctx context.Context, l *guard.Lock) error {
@@ -152,7 +152,7 @@ func (s *sessionLocker) Acquire(ctx context.Context, key string, o driver.Acquir
 func TestSessionLossCancelsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sl := newSessionLocker(time.Hour)
-		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		g := newBubbleGuard(t, sl, guard.WithTTL(3*time.Second))
 		ctx := context.Background()
 		a, err := g.Lock(ctx, "a")
 		if err != nil {
@@ -185,7 +185,7 @@ func TestSessionLossCancelsAtOnce(t *testing.T) {
 func TestSessionLocksUnlockedInAnyOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sl := newSessionLocker(time.Hour)
-		g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+		g := newBubbleGuard(t, sl, guard.WithTTL(3*time.Second))
 		ctx := context.Background()
 		locks := map[string]*guard.Lock{}
 		for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
@@ -242,7 +242,7 @@ func TestSessionNotRenewedLosesOnTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ttl := 900 * time.Millisecond
 		sl := newSessionLocker(ttl)
-		g := newGuard(t, sl, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, sl, guard.WithTTL(ttl))
 		ctx := context.Background()
 		// Renew the session for a while: the lock must stay.
 		l, err := g.Lock(ctx, "s")
@@ -336,7 +336,7 @@ func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ttl := 1500 * time.Millisecond
 		bc := &batchCounter{Locker: memory.New()}
-		g := newGuard(t, bc, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, bc, guard.WithTTL(ttl))
 		ctx := context.Background()
 		var locks []*guard.Lock
 		// 300 locks spread over a whole renewal period.
@@ -373,7 +373,7 @@ func TestRenewalsBatchIntoOneRequestPerPeriod(t *testing.T) {
 func TestBatchRenewalPerTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		bc := &batchCounter{Locker: memory.New()}
-		g := newGuard(t, bc, guard.WithTTL(3*time.Second))
+		g := newBubbleGuard(t, bc, guard.WithTTL(3*time.Second))
 		ctx := context.Background()
 		start := time.Now()
 		ttls := map[*guard.Lock]time.Duration{}
@@ -444,7 +444,7 @@ func TestRenewedLeaseIsNotLostWhileItsAnswerIsLate(t *testing.T) {
 		f := newFaulty(t)
 		f.renewThenHang.Store(true)
 		const ttl = 2 * time.Second
-		g := newGuard(t, f, guard.WithTTL(ttl))
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
 		l, err := g.TryLock(context.Background(), "late-answer")
 		if err != nil {
 			t.Fatal(err)
@@ -470,7 +470,7 @@ func TestRenewedLeaseIsNotLostWhileItsAnswerIsLate(t *testing.T) {
 func TestLockContextMadeLateKeepsItsCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFaulty(t)
-		g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
+		g := newBubbleGuard(t, f, guard.WithTTL(300*time.Millisecond))
 		notHeld := driver.ErrNotHeld
 		f.refreshErr.Store(&notHeld)
 		l, err := g.TryLock(context.Background(), "late-look")
@@ -524,7 +524,7 @@ func TestFailedReleaseAfterExpiryIsALoss(t *testing.T) {
 		unanswered := fmt.Errorf("%w: no answer", driver.ErrUnavailable)
 		for _, expired := range []bool{true, false} {
 			sl := newSessionLocker(time.Hour)
-			g := newGuard(t, sl, guard.WithTTL(3*time.Second))
+			g := newBubbleGuard(t, sl, guard.WithTTL(3*time.Second))
 			l, err := g.Lock(ctx, "paused")
 			if err != nil {
 				t.Fatal(err)
@@ -574,7 +574,7 @@ func TestLossDeadlinesToTheInstant(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFaulty(t)
 				tc.fault(f)
-				g := newGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+				g := newBubbleGuard(t, f, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
 				l, err := g.Lock(context.Background(), "k")
 				if err != nil {
 					t.Fatal(err)
@@ -596,7 +596,7 @@ func TestLossDeadlinesToTheInstant(t *testing.T) {
 	t.Run("session", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			sl := newSessionLocker(ttl)
-			g := newGuard(t, sl, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+			g := newBubbleGuard(t, sl, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
 			l, err := g.Lock(context.Background(), "k")
 			if err != nil {
 				t.Fatal(err)
@@ -624,7 +624,7 @@ func TestYoungLocksRenewedAmidChurn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		ttl := 900 * time.Millisecond
-		g := newGuard(t, memory.New(), guard.WithTTL(ttl))
+		g := newBubbleGuard(t, memory.New(), guard.WithTTL(ttl))
 		var held []*guard.Lock
 		for i := range 300 {
 			l, err := g.TryLock(ctx, fmt.Sprintf("held/%d", i))
@@ -708,7 +708,7 @@ func TestSlowBatchRenewsTheLeasesItHasTimeFor(t *testing.T) {
 		// granted at 0 (lost at 2.75 s unless renewed), b at 0.9 s (lost at
 		// 3.65 s). The batch sent at 1 s answers at 3.2 s.
 		sb := &slowBatch{Locker: memory.New(), delay: 2200 * time.Millisecond}
-		g := newGuard(t, sb, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
+		g := newBubbleGuard(t, sb, guard.WithTTL(ttl), guard.WithSafetyMargin(margin))
 		ctx := context.Background()
 		a, err := g.Lock(ctx, "slow/a")
 		if err != nil {

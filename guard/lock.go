@@ -48,12 +48,12 @@ type Lock struct {
 	sess    *sessionWatch // the session keeping the lease alive, if any
 	next    *Lock         // below it on the keeper's young stack
 
-	// The release's context (releaseContext, a view of the Lock): the
-	// values of Unlock's ctx, set under mu before the release starts and
-	// never again, and its bound, made when a backend asks (guarded by mu,
-	// stopped by finish).
-	relValues context.Context
-	relBound  *releaseBound
+	// The release's context (releaseContext, a view of the Lock), guarded
+	// by mu: Unlock's ctx, set before the release starts, until a backend
+	// asks for the release's bound; then the bounded context made from it,
+	// and the cancel that finish calls.
+	rel       context.Context
+	relCancel context.CancelFunc
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
@@ -61,7 +61,7 @@ type Lock struct {
 	holds      int32        // guarded by mu
 	depth      uint8        // its depth on the keeper's young stack, from 1 at the bottom, at most maxYoung
 	refreshing bool         // a renewal is in flight; guarded by the keeper's mutex
-	releasing  bool         // the release is under way and may start relBound's timer; guarded by mu
+	releasing  bool         // the release is under way and its bound may start; guarded by mu
 	mode       mode
 }
 
@@ -151,7 +151,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if l.lostErr != nil {
 		lost = l.lostErr
 	}
-	l.relValues, l.releasing = ctx, true
+	l.rel, l.releasing = ctx, true
 	l.mu.Unlock()
 
 	g := l.g
@@ -163,7 +163,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	} else {
 		// Bounded by the release timeout whatever the client does: a
 		// release still running then goes on in the background.
-		_, err = call(rctx, false, func(rctx context.Context) (struct{}, error) {
+		_, err = call(rctx, &g.callers, false, func(rctx context.Context) (struct{}, error) {
 			return struct{}{}, l.lease.Release(rctx)
 		}, nil)
 	}
@@ -317,8 +317,9 @@ func (l *Lock) end(cause error) {
 	}
 }
 
-// finish ends the release, whose bound's timer, if a backend asked for
-// one, is stopped, and no other may start; and it cancels the lock's
+// finish ends the release: its context, if a backend asked for it, is
+// done from now on (a backend's work left running on it stops, and its
+// timer is freed), and no other may start; and it cancels the lock's
 // context, if it has been made, with the lock's own end cause: the loss,
 // if one was declared meanwhile, stays the cause rather than the unlock. A
 // context made later finds the same cause in get. (One hold of the mutex
@@ -327,8 +328,8 @@ func (l *Lock) finish() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.releasing = false
-	if l.relBound != nil && l.relBound.timer != nil {
-		l.relBound.timer.Stop()
+	if l.relCancel != nil {
+		l.relCancel()
 	}
 	if l.ctx != nil {
 		l.cancel(l.endedLocked())
@@ -370,54 +371,49 @@ func heldBy(ctx context.Context) *Lock {
 
 // releaseContext is the detached, bounded context a lease is released
 // with, a view of the Lock. It carries the values of the caller's context
-// (relValues) but not its cancellation. Its deadline and timer (relBound)
-// are only made if a backend asks for them, which the in-process backend
-// never does, so releasing there costs no clock read and no timer; they
-// live apart from the Lock, so that a held Lock does not carry their room.
+// but not its cancellation (nor, through context.Cause, its cause). Its
+// deadline and timer are only made when a backend asks for them (Done,
+// Deadline, Err), which the in-process backend never does, so releasing
+// there costs no clock read and no timer. They are made as a
+// context.WithTimeout of the caller's context without its cancellation,
+// whose Value hands out: so a backend's context.WithCancel, WithTimeout or
+// AfterFunc of the release context hooks into it directly, rather than
+// start a goroutine to watch a Done channel the context package does not
+// know. It is done at its deadline, or when the release ends (finish),
+// whichever comes first.
 type releaseContext Lock
 
-// releaseBound is the deadline of a release, made when a backend asks.
-type releaseBound struct {
-	deadline time.Time
-	done     chan struct{}
-	timer    *time.Timer
-}
-
-func (c *releaseContext) start() *releaseBound {
+// bound returns the release's bounded context, making it on first use:
+// already done if the release is over.
+func (c *releaseContext) bound() context.Context {
 	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.relBound != nil {
-		return l.relBound
+	if l.relCancel == nil {
+		timeout := l.g.releaseTimeout
+		if !l.releasing {
+			// Asked for after the release: report it over.
+			timeout = 0
+		}
+		l.rel, l.relCancel = context.WithTimeout(context.WithoutCancel(l.rel), timeout)
 	}
-	b := &releaseBound{done: make(chan struct{})}
-	l.relBound = b
-	if !l.releasing {
-		// Asked for after the release: report it over.
-		close(b.done)
-		return b
+	return l.rel
+}
+
+func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().Deadline() }
+func (c *releaseContext) Done() <-chan struct{}       { return c.bound().Done() }
+func (c *releaseContext) Err() error                  { return c.bound().Err() }
+func (c *releaseContext) String() string              { return "warden release context" }
+
+// Value reads the caller's values without making the bound, unless it has
+// been made; either way, never the caller's cancellation.
+func (c *releaseContext) Value(key any) any {
+	l := (*Lock)(c)
+	l.mu.Lock()
+	ctx, bounded := l.rel, l.relCancel != nil
+	l.mu.Unlock()
+	if !bounded {
+		ctx = context.WithoutCancel(ctx)
 	}
-	timeout := l.g.releaseTimeout
-	b.deadline = time.Now().Add(timeout)
-	b.timer = time.AfterFunc(timeout, func() { close(b.done) })
-	return b
+	return ctx.Value(key)
 }
-
-func (c *releaseContext) Deadline() (time.Time, bool) {
-	return c.start().deadline, true
-}
-
-func (c *releaseContext) Done() <-chan struct{} {
-	return c.start().done
-}
-
-func (c *releaseContext) Err() error {
-	select {
-	case <-c.Done():
-		return context.DeadlineExceeded
-	default:
-		return nil
-	}
-}
-
-func (c *releaseContext) Value(key any) any { return c.relValues.Value(key) }

@@ -153,11 +153,12 @@ type Pinger interface {
 // (Acquire and the other capabilities, and its leases' Refresh and Release)
 // returns promptly once its ctx is done, whatever happens on the network:
 // an in-process backend, typically. guard calls such a backend on the
-// caller's goroutine. Any other it calls on a goroutine of its own whenever
-// the caller's ctx can end, so that the caller gets its answer within its
-// bound even from a client that ignores deadlines or retries past them,
-// while the call that overran finishes in the background (and a lease it
-// turns out to have granted is released).
+// caller's goroutine. Any other it calls on another goroutine (one of
+// those the Guard keeps for such calls) whenever the caller's ctx can end,
+// so that the caller gets its answer within its bound even from a client
+// that ignores deadlines or retries past them, while the call that overran
+// finishes in the background (and a lease it turns out to have granted is
+// released).
 type ContextBounded interface {
 	Locker
 	// BoundedByContext reports whether every call of this Locker returns

@@ -1,0 +1,150 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// onRelease is the memory backend, declared bounded by its context, whose
+// leases call release with their release context before they release: a
+// test's view of what a backend does with that context.
+type onRelease struct {
+	mem     *memory.Locker
+	release func(ctx context.Context)
+}
+
+func (o *onRelease) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	l, err := o.mem.Acquire(ctx, key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &onReleaseLease{Lease: l, o: o}, nil
+}
+
+func (o *onRelease) BoundedByContext() bool { return true }
+
+type onReleaseLease struct {
+	driver.Lease
+	o *onRelease
+}
+
+func (l *onReleaseLease) Release(ctx context.Context) error {
+	l.o.release(ctx)
+	return l.Lease.Release(ctx)
+}
+
+// The release context a backend kept, or derived a context from, is done
+// once the release is over: work a backend left running on it stops, at
+// the latest, at its deadline. (Its timer used to be stopped with the
+// release, and its Done then never closed.)
+func TestReleaseContextEndsWithTheRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var kept, child context.Context
+		var stopChild context.CancelFunc
+		var deadline time.Time
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			kept = ctx
+			deadline, _ = ctx.Deadline()
+			child, stopChild = context.WithCancel(ctx) // left running, as background work would be
+		}}
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if want := start.Add(time.Second); !deadline.Equal(want) {
+			t.Errorf("release context's deadline %v, want the release timeout from the release, %v", deadline, want)
+		}
+		time.Sleep(2 * time.Second)
+		for name, ctx := range map[string]context.Context{"release context": kept, "its child": child} {
+			select {
+			case <-ctx.Done():
+				if ctx.Err() == nil {
+					t.Errorf("%s is done with no error", name)
+				}
+			default:
+				t.Errorf("%s not done past the release and its deadline (err %v)", name, ctx.Err())
+			}
+		}
+		stopChild()
+	})
+}
+
+// The release context carries the caller's values but neither its
+// cancellation nor its cause: a release made with a cancelled context (a
+// request that ended) runs, and when it runs out of time, context.Cause
+// says its own deadline passed, not why the caller's context ended.
+func TestReleaseContextHidesTheCallersCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		var errAtStart, errAtEnd, cause error
+		var value any
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			errAtStart, value = ctx.Err(), ctx.Value(key{})
+			<-ctx.Done()
+			errAtEnd, cause = ctx.Err(), context.Cause(ctx)
+		}}
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+		cancel(errors.New("the request ended"))
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if errAtStart != nil {
+			t.Errorf("release context of a cancelled caller's: Err %v at the start, want nil", errAtStart)
+		}
+		if value != "v" {
+			t.Errorf("release context's value %v, want the caller's %q", value, "v")
+		}
+		if !errors.Is(errAtEnd, context.DeadlineExceeded) || !errors.Is(cause, context.DeadlineExceeded) {
+			t.Errorf("release context past its deadline: Err %v, Cause %v; want both DeadlineExceeded", errAtEnd, cause)
+		}
+	})
+}
+
+// A backend's context.WithTimeout or AfterFunc of the release context
+// hooks into it: no goroutine is started to watch it per release.
+func TestReleaseContextNeedsNoWatcher(t *testing.T) {
+	const releases = 100
+	var started uint64
+	b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+		before := goroutinesStarted()
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		stop := context.AfterFunc(ctx, func() {})
+		started += goroutinesStarted() - before
+		if cctx.Err() != nil {
+			t.Errorf("a release's derived context is done during the release: %v", cctx.Err())
+		}
+		stop()
+		cancel()
+	}}
+	g := newGuard(t, b)
+	for range releases {
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Other tests' goroutines may start meanwhile, but not one per release.
+	if started >= releases/2 {
+		t.Errorf("%d goroutines started by %d releases' derived contexts", started, releases)
+	}
+}
