@@ -132,7 +132,7 @@ func (l *Locker) Close() error {
 		s.close(false)
 	}
 	l.members.close()
-	l.runners.close()
+	l.runners.Close()
 	return errors.Join(errs...)
 }
 

@@ -19,12 +19,11 @@ func TestUnboundRunners(t *testing.T) {
 	if v != 7 || err != nil {
 		t.Fatalf("answered write: %d, %v; want 7, nil", v, err)
 	}
-	if len(p.idle) != 1 {
-		t.Fatalf("%d idle runners after one write, want 1", len(p.idle))
+	if n := p.Idle(); n != 1 {
+		t.Fatalf("%d idle runners after one write, want 1", n)
 	}
-	first := p.idle[0]
-	if _, err := unbound(ctx, &p, func() (int, error) { return 0, nil }, nil); err != nil || len(p.idle) != 1 || p.idle[0] != first {
-		t.Fatalf("second write: %v, %d idle runners, reused %v; want nil, 1, true", err, len(p.idle), len(p.idle) == 1 && p.idle[0] == first)
+	if _, err := unbound(ctx, &p, func() (int, error) { return 0, nil }, nil); err != nil || p.Idle() != 1 {
+		t.Fatalf("second write: %v, %d idle runners; want nil, 1", err, p.Idle())
 	}
 
 	release := make(chan struct{})
@@ -48,14 +47,11 @@ func TestUnboundRunners(t *testing.T) {
 		t.Fatal("left not called for an abandoned write")
 	}
 
-	p.close()
+	p.Close()
 	if _, err := unbound(ctx, &p, func() (int, error) { return 0, nil }, nil); err != nil {
 		t.Fatal(err)
 	}
-	p.mu.Lock()
-	idle := len(p.idle)
-	p.mu.Unlock()
-	if idle != 0 {
+	if idle := p.Idle(); idle != 0 {
 		t.Errorf("%d idle runners in a closed pool", idle)
 	}
 }

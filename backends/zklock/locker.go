@@ -368,7 +368,7 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	close(l.quit)
 	l.conn.Close()
-	l.runners.close()
+	l.runners.Close()
 	l.bg.Wait()
 	return nil
 }
@@ -847,7 +847,7 @@ type answer[T any] struct {
 	err error
 }
 
-func (a *answer[T]) run() {
+func (a *answer[T]) Run() {
 	a.l.requests.Add(1)
 	sid, sent := a.l.conn.SessionID(), time.Now()
 	a.v, a.err = a.fn()
@@ -856,7 +856,7 @@ func (a *answer[T]) run() {
 	}
 }
 
-func (a *answer[T]) abandoned() {}
+func (a *answer[T]) Abandoned() {}
 
 // serverAnswered reports whether err is an answer of the server's that a
 // call returns as it is.

@@ -157,11 +157,11 @@ type creation struct {
 	err   error
 }
 
-func (cr *creation) run() {
+func (cr *creation) Run() {
 	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.guid, cr.kind, cr.data)
 }
 
-func (cr *creation) abandoned() {
+func (cr *creation) Abandoned() {
 	l := cr.l
 	switch {
 	case cr.err == nil:

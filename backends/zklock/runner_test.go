@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/warden-go/warden/backends/internal/runner"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -19,12 +20,12 @@ type blocked struct {
 	left    atomic.Int32
 }
 
-func (b *blocked) run() {
+func (b *blocked) Run() {
 	<-b.release
 	b.ran.Store(true)
 }
 
-func (b *blocked) abandoned() { b.left.Add(1) }
+func (b *blocked) Abandoned() { b.left.Add(1) }
 
 // connectedLocker is a Locker with no session, only what send needs: a
 // connection reported up, and the request timeout.
@@ -33,12 +34,6 @@ func connectedLocker(timeout time.Duration) *Locker {
 	l.hosts = newHosts(l.quit, time.Minute)
 	l.hosts.Connected()
 	return l
-}
-
-func (p *runners) idleCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle)
 }
 
 // TestSendBounds: a request that does not answer leaves its caller at its
@@ -58,7 +53,7 @@ func TestSendBounds(t *testing.T) {
 		if err := l.send(t.Context(), "quick", quick); err != nil || !quick.ran.Load() {
 			t.Fatalf("answered request: err %v, ran %v", err, quick.ran.Load())
 		}
-		if n := l.runners.idleCount(); n != 1 {
+		if n := l.runners.Idle(); n != 1 {
 			t.Fatalf("%d idle runners after one request, want 1", n)
 		}
 
@@ -93,7 +88,7 @@ func TestSendBounds(t *testing.T) {
 		if n := slow.left.Load(); n != 1 {
 			t.Errorf("request past the timeout abandoned %d times, want 1", n)
 		}
-		if n := l.runners.idleCount(); n != 1 {
+		if n := l.runners.Idle(); n != 1 {
 			t.Fatalf("%d idle runners after three requests in turn, want 1", n)
 		}
 
@@ -110,16 +105,16 @@ func TestSendBounds(t *testing.T) {
 			t.Errorf("answered request abandoned %d times", n)
 		}
 
-		l.runners.close()
+		l.runners.Close()
 	})
 }
 
 // TestRunnersKept: after a burst of concurrent requests, at most
-// maxIdleRunners runners stay, and the others end.
+// runner.MaxIdle runners stay, and the others end.
 func TestRunnersKept(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := connectedLocker(time.Second)
-		const burst = 3 * maxIdleRunners
+		const burst = 3 * runner.MaxIdle
 		release := make(chan struct{})
 		errs := make(chan error, burst)
 		for range burst {
@@ -133,9 +128,9 @@ func TestRunnersKept(t *testing.T) {
 			}
 		}
 		synctest.Wait()
-		if n := l.runners.idleCount(); n != maxIdleRunners {
-			t.Errorf("%d idle runners after a burst of %d, want %d", n, burst, maxIdleRunners)
+		if n := l.runners.Idle(); n != runner.MaxIdle {
+			t.Errorf("%d idle runners after a burst of %d, want %d", n, burst, runner.MaxIdle)
 		}
-		l.runners.close()
+		l.runners.Close()
 	})
 }
