@@ -47,6 +47,11 @@ const (
 	stormServers  = 4
 	stormParallel = 10
 	clientTimeout = 100 * time.Millisecond
+	// maxClientTimeout caps the client's timeout, which doubles after each
+	// attempt it gave up on, as a retrying client backs off: on a machine
+	// so loaded that no answer comes within 100 ms, a client that never
+	// waited longer would give up on every attempt, forever.
+	maxClientTimeout = 16 * clientTimeout
 	// handlerTime is how long the handler takes to answer after it has
 	// committed the order: three client timeouts.
 	handlerTime = 300 * time.Millisecond
@@ -253,7 +258,7 @@ type stormFigures struct {
 }
 
 // TestRetryStormsOneOrderPerKey: 50 retry storms, each a client whose
-// timeout (100 ms) is shorter than the handler (300 ms) retrying one key
+// first timeout (100 ms) is shorter than the handler (300 ms) retrying one key
 // round four server processes, each with its own client of the store, on
 // Redis and on PostgreSQL: every key gets exactly one order, and every
 // client ends with that order's answer.
@@ -294,7 +299,7 @@ func TestRetryStormsOneOrderPerKey(t *testing.T) {
 			}
 			clients := make([]*http.Client, stormServers)
 			for i := range clients {
-				clients[i] = &http.Client{Timeout: clientTimeout, Transport: &http.Transport{}}
+				clients[i] = &http.Client{Transport: &http.Transport{}}
 			}
 			var f stormFigures
 			answers := make([]string, storms)
@@ -338,26 +343,31 @@ func TestRetryStormsOneOrderPerKey(t *testing.T) {
 // gets the order's answer, and returns that answer's body.
 func storm(t *testing.T, clients []*http.Client, urls []string, key string, first int, f *stormFigures) string {
 	deadline := time.Now().Add(stormPatience)
+	timeout := clientTimeout
 	for attempt := first; time.Now().Before(deadline); attempt++ {
 		i := attempt % len(urls)
 		f.attempts.Add(1)
-		req, _ := http.NewRequest(http.MethodPost, urls[i]+"/orders", strings.NewReader(`{"item":"book"}`))
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, urls[i]+"/orders", strings.NewReader(`{"item":"book"}`))
 		req.Header.Set("Idempotency-Key", `"`+key+`"`)
 		resp, err := clients[i].Do(req)
 		if err != nil {
-			var ne net.Error
-			if !errors.As(err, &ne) || !ne.Timeout() {
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("key %s: %v", key, err)
 				return ""
 			}
 			f.timeouts.Add(1)
+			timeout = min(2*timeout, maxClientTimeout)
 			continue
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		cancel()
 		switch {
 		case err != nil:
 			f.timeouts.Add(1)
+			timeout = min(2*timeout, maxClientTimeout)
 		case resp.StatusCode == http.StatusConflict && strings.Contains(string(body), "In_progress"):
 			f.inProgress.Add(1)
 			// A client backing off before its next try, as Retry-After

@@ -231,6 +231,9 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
+			if !errors.Is(err, ErrInvalid) {
+				go e.giveBack(ctx, cfg, c, hash)
+			}
 			return Result{}, outcomeError, storeError(ctx, "claim", err)
 		case rec == nil:
 			return e.run(ctx, cfg, c, sent, fn, hash)
@@ -461,6 +464,33 @@ func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyH
 		// The claim then blocks the key until its lease runs out.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: releasing the claim failed",
 			slog.String("key_hash", hash.String()), slog.Any("error", err))
+	}
+}
+
+// giveBack abandons c, whose Claim failed, in case the store made it all
+// the same: the caller's ctx may have ended, or its answer been lost, after
+// the request went, which a client that hangs up mid-claim does every
+// time. Left alone, such a claim would hold the key in progress until its
+// lease ran out (30 s by default), and every retry with the key would get
+// ErrInProgress meanwhile. The claim may also land after the failed call
+// has returned (a request still on its way, a statement still running), so
+// Abandon is tried again a few times over some seconds, until one succeeds.
+// Abandon is owner-checked and the owner is this call's own, so giving it
+// back can free nobody else's claim; a claim that was never made costs a
+// few ErrNotOwner answers, on the failure path only.
+func (e *Executor) giveBack(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
+	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second, 5 * time.Second} {
+		time.Sleep(pause)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		start := time.Now()
+		err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner)
+		cancel()
+		cfg.metrics.record(ctx, opAbandon, start, err)
+		if err == nil {
+			cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: gave back a claim whose answer was lost",
+				slog.String("key_hash", hash.String()))
+			return
+		}
 	}
 }
 
