@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -357,39 +358,54 @@ type refreshing struct {
 // chunk whose rows the first had already extended (seen as the whole
 // chunk lost while 100,000 locks were being released).
 func (l *Locker) refreshArrays(leases batch, ttl time.Duration) refreshing {
-	names, prefix, owners := l.arrays(leases)
+	stem, names, prefix, owners := l.arrays(leases)
 	n := leases.len()
 	return refreshing{
 		update: "WITH c AS MATERIALIZED (SELECT " + l.d.now + " AS now)," +
 			" u AS (UPDATE " + l.table + " AS t SET lock_until = c.now + ? FROM c," +
 			" unnest((SELECT ?::text[]), (SELECT ?::text[])) WITH ORDINALITY AS v(name, owner, i)" +
-			" WHERE t.name = v.name AND t.owner = ?::text || v.owner AND t.lock_until > c.now RETURNING v.i)," +
+			" WHERE t.name = ?::text || v.name AND t.owner = ?::text || v.owner AND t.lock_until > c.now RETURNING v.i)," +
 			" n AS (SELECT count(*) AS n FROM u)" +
 			" SELECT g FROM n, generate_series(1, ?::bigint) AS g WHERE n.n < ?" +
 			" EXCEPT ALL SELECT i FROM u, n WHERE n.n < ?",
-		args:      []any{ttl.Microseconds(), names, owners, prefix, n, n, n},
+		args:      []any{ttl.Microseconds(), names, owners, stem, prefix, n, n, n},
 		positions: true,
 	}
 }
 
 // arrays writes the names and owner values of leases as two PostgreSQL
 // text[] literals, every element quoted, backslashes and quotes escaped,
-// each literal in one allocation of its size. The owner values go without
-// their common prefix, the Locker's id and "/", which is most of each value
-// and goes once: pgx keeps a statement's encoded parameters on its
-// connection until the connection's next statement, so the literals are
-// heap held between renewals, besides in flight. A chunk with a lease
-// whose value does not begin so (its id hashed, see labelled) sends whole
-// values and an empty prefix.
-func (l *Locker) arrays(leases batch) (names, prefix, owners string) {
+// each literal in one allocation of its size. Each goes without the prefix
+// its elements share, which goes once (stem for the names, prefix for the
+// owner values): pgx keeps the arguments of a statement on its connection,
+// as given and as encoded, for some statements after it, so the literals
+// are heap held between renewals as well as in flight, and the shared part
+// is most of each element (the Locker's id, and the Guard's and the
+// application's prefixes of the keys). The owner values' prefix is the
+// Locker's id and "/", or empty in a chunk with a lease whose value does
+// not begin so (its id hashed, see labelled). The names' is the longest
+// all share, cut back to whole characters.
+func (l *Locker) arrays(leases batch) (stem, names, prefix, owners string) {
 	prefix = l.owner + "/"
-	nsize, osize := 2, 2
+	stem = leases.at(0).key
 	for j := range leases.len() {
 		ls := leases.at(j)
 		if l.hashesOwner(ls.seq, ls.label) {
 			prefix = ""
 		}
-		nsize += len(ls.key) + 3
+		i := 0
+		for i < len(stem) && i < len(ls.key) && stem[i] == ls.key[i] {
+			i++
+		}
+		stem = stem[:i]
+	}
+	for !utf8.ValidString(stem) {
+		stem = stem[:len(stem)-1]
+	}
+	nsize, osize := 2, 2
+	for j := range leases.len() {
+		ls := leases.at(j)
+		nsize += len(ls.key) - len(stem) + 3
 		osize += digits(ls.seq) + len(labelSep) + len(ls.label) + 3
 	}
 	if prefix == "" {
@@ -408,7 +424,7 @@ func (l *Locker) arrays(leases batch) (names, prefix, owners string) {
 			ob.WriteByte(',')
 		}
 		nb.WriteByte('"')
-		writeEscaped(&nb, ls.key)
+		writeEscaped(&nb, ls.key[len(stem):])
 		nb.WriteByte('"')
 		ob.WriteByte('"')
 		if prefix == "" {
@@ -422,7 +438,7 @@ func (l *Locker) arrays(leases batch) (names, prefix, owners string) {
 	}
 	nb.WriteByte('}')
 	ob.WriteByte('}')
-	return nb.String(), prefix, ob.String()
+	return stem, nb.String(), prefix, ob.String()
 }
 
 // writeEscaped writes s as the inside of a quoted element of a PostgreSQL
@@ -443,7 +459,12 @@ func writeEscaped(b *strings.Builder, s string) {
 
 // refreshJSON is MySQL's and MariaDB's batch refresh: the (name, owner)
 // pairs go as one JSON parameter, which JSON_TABLE makes a table joined to
-// the lock table by its primary key.
+// the lock table by its primary key. Unlike PostgreSQL's, the UPDATE cannot
+// itself say which leases it missed: MySQL has no RETURNING, and MariaDB
+// 10.11 refuses UPDATE ... RETURNING (its RETURNING is on INSERT, REPLACE
+// and DELETE; an INSERT ... ON DUPLICATE KEY UPDATE over the pairs would
+// write a row for a key whose row is gone). So a short count costs the
+// SELECT (check).
 func (l *Locker) refreshJSON(leases batch, ttl time.Duration) (refreshing, error) {
 	pairs := make([][2]string, leases.len())
 	for j := range pairs {

@@ -277,10 +277,12 @@ func TestRefreshBatchSomeReleased(t *testing.T) {
 // leases whose owner values it names, whether the value begins with the
 // Locker's id (sent once per statement on PostgreSQL) or is hashed, since
 // the id leaves no room for the label (the whole value sent), both in one
-// batch, with quotes and backslashes in the id and labels.
+// batch, with quotes and backslashes in the id, labels and keys, and keys
+// whose bytes in common end inside a character (é and è).
 func TestRefreshBatchOwners(t *testing.T) {
 	id := strings.Repeat("i", 190) + `"q\`
 	labels := []string{"", `a"b\c`, strings.Repeat("x", 63) + `"`} // the last one hashed
+	names := []string{"é", "è", `è"\`}
 	for _, db := range databases() {
 		t.Run(db.name, func(t *testing.T) {
 			g := migrated(t, db, db.dsn(t))
@@ -289,7 +291,7 @@ func TestRefreshBatchOwners(t *testing.T) {
 			key := uniqueKey(t)
 			var leases []driver.Lease
 			for i, label := range labels {
-				lease, err := l.Acquire(ctx, fmt.Sprintf("%s/%d", key, i), driver.AcquireOptions{TTL: time.Minute, Owner: label})
+				lease, err := l.Acquire(ctx, key+"/"+names[i], driver.AcquireOptions{TTL: time.Minute, Owner: label})
 				if err != nil {
 					t.Fatal(err)
 				}
