@@ -59,13 +59,14 @@ func QueryRow(ctx context.Context, l *Locker, query string, args []any, dest ...
 func Hot(l *Locker) bool { return l.notes.hot() }
 
 // RefreshStatement is the statement, with its arguments, that a PostgreSQL
-// batch renewal of the leases of keys, held by owners, sends.
-func RefreshStatement(l *Locker, keys, owners []string, ttl time.Duration) (string, []any) {
-	leases := make([]*lease, len(keys))
+// batch renewal of leases of l on keys, in that order, sends.
+func RefreshStatement(l *Locker, keys []string, ttl time.Duration) (string, []any) {
+	b := batch{leases: make([]driver.Lease, len(keys)), order: make([]int32, len(keys))}
 	for i := range keys {
-		leases[i] = &lease{l: l, key: keys[i], owner: owners[i]}
+		b.leases[i] = &lease{l: l, key: keys[i], seq: uint64(i + 1)}
+		b.order[i] = int32(i)
 	}
-	r := l.refreshArrays(leases, ttl)
+	r := l.refreshArrays(b, ttl)
 	return r.update, r.args
 }
 

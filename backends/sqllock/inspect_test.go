@@ -42,10 +42,10 @@ func TestLeaseOwner(t *testing.T) {
 	for _, id := range []string{"host:1:abcd", strings.Repeat("h", 200)} {
 		l := &Locker{owner: id}
 		for _, lb := range []string{"", "replica-7", label} {
-			seq := l.seq.Load() + 1
+			seq := l.seq.Add(1)
 			want := labelled(id+"/"+strconv.FormatUint(seq, 10), lb)
-			if got := l.leaseOwner(lb); got != want {
-				t.Errorf("leaseOwner(%q) of %q = %q, want %q", lb, id, got, want)
+			if got := l.ownerOf(seq, lb); got != want {
+				t.Errorf("ownerOf(%d, %q) of %q = %q, want %q", seq, lb, id, got, want)
 			}
 		}
 	}

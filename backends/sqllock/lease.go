@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -19,9 +21,15 @@ import (
 
 // lease is one holding: the lock row as this owner wrote it.
 type lease struct {
-	l       *Locker
-	key     string
-	owner   string // unique to this lease: the Locker's id and a counter
+	l   *Locker
+	key string
+	// seq and label make the row's owner value (Locker.ownerOf), kept
+	// instead of the value itself: that would be one more allocation per
+	// held lock, the size of the Locker's id, for statements that a held
+	// lock sends once (the release) or never (renewals send the id once
+	// per batch).
+	seq     uint64
+	label   string
 	version int64
 	// expiry is Expiry in nanoseconds after epoch, so that a refresh can
 	// move it while guard reads it.
@@ -35,8 +43,8 @@ var epoch = time.Now()
 // microseconds, rounded down.
 const expiryAllowance = time.Millisecond
 
-func newLease(l *Locker, key, owner string, version int64, ttl time.Duration, sent time.Time) *lease {
-	ls := &lease{l: l, key: key, owner: owner, version: version}
+func newLease(l *Locker, key string, seq uint64, label string, version int64, ttl time.Duration, sent time.Time) *lease {
+	ls := &lease{l: l, key: key, seq: seq, label: label, version: version}
 	ls.renewed(sent, ttl)
 	return ls
 }
@@ -48,6 +56,9 @@ func newLease(l *Locker, key, owner string, version int64, ttl time.Duration, se
 func (ls *lease) renewed(sent time.Time, ttl time.Duration) {
 	ls.expiry.Store(int64(sent.Sub(epoch) + ttl - expiryAllowance))
 }
+
+// owner is the lease's value of the owner column.
+func (ls *lease) owner() string { return ls.l.ownerOf(ls.seq, ls.label) }
 
 // Token implements driver.Lease: the row's version, which only grows since
 // the row is never deleted.
@@ -61,7 +72,7 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
 	sent := time.Now()
-	held, err := ls.exec(ctx, l.q.refresh, ttl.Microseconds(), ls.key, ls.owner, ls.version)
+	held, err := ls.exec(ctx, l.q.refresh, ttl.Microseconds(), ls.key, ls.owner(), ls.version)
 	if err == nil && !held && l.d.name == "mysql" {
 		// MySQL counts changed rows, not matched ones: a refresh that
 		// wrote the very same lock_until reports zero. Ask again.
@@ -89,18 +100,19 @@ func (ls *lease) Release(ctx context.Context) error {
 		held   bool
 		waited sql.NullBool
 		err    error
+		owner  = ls.owner()
 	)
 	switch {
 	case l.channel == "":
-		held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version)
+		held, err = ls.exec(ctx, l.q.release, ls.key, owner, ls.version)
 	case l.notes.hot():
-		err = l.queryRow(ctx, l.q.quietRelease, []any{ls.key, ls.owner, ls.version}, &waited)
+		err = l.queryRow(ctx, l.q.quietRelease, []any{ls.key, owner, ls.version}, &waited)
 		held = err == nil
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil // not this owner's to release
 		}
 	default:
-		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, ls.owner, ls.version, l.channel)
+		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, owner, ls.version, l.channel)
 	}
 	if l.channel != "" && undefinedColumn(err) {
 		// A table of an earlier version, not migrated: the plain release
@@ -111,7 +123,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		// and then the fallback fails too.
 		missing := err
 		waited = sql.NullBool{}
-		if held, err = ls.exec(ctx, l.q.release, ls.key, ls.owner, ls.version); err != nil {
+		if held, err = ls.exec(ctx, l.q.release, ls.key, owner, ls.version); err != nil {
 			return l.noWaitingColumn(missing)
 		}
 	}
@@ -129,7 +141,7 @@ func (ls *lease) Release(ctx context.Context) error {
 
 func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 	var n int64
-	err := ls.l.pool.QueryRowContext(ctx, ls.l.q.holds, ls.key, ls.owner, ls.version).Scan(&n)
+	err := ls.l.pool.QueryRowContext(ctx, ls.l.q.holds, ls.key, ls.owner(), ls.version).Scan(&n)
 	return n > 0, err
 }
 
@@ -166,28 +178,25 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 // documentation).
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
-	type entry struct {
-		ls *lease
-		at int // in leases
-	}
-	entries := make([]entry, 0, len(leases))
+	// The positions of this Locker's leases, in key order: a statement
+	// then looks its rows up in the order of the primary key's index,
+	// each lookup reading the pages the last one read, a third less of
+	// the server's time per row on PostgreSQL. They are the batch's only
+	// copy of its leases, four bytes each, as it is heap held while the
+	// batch is in flight (a batch of 2^31 leases, past int32, would be
+	// 32 GiB of interface values to begin with).
+	order := make([]int32, 0, len(leases))
 	for i, g := range leases {
-		ls, ok := g.(*lease)
-		if !ok || ls.l != l {
+		if ls, ok := g.(*lease); !ok || ls.l != l {
 			errs[i] = fmt.Errorf("%w: the lease was not granted by this Locker", driver.ErrInvalidOption)
 			continue
 		}
-		entries = append(entries, entry{ls, i})
+		order = append(order, int32(i))
 	}
-	// In key order, a statement looks its rows up in the order of the
-	// primary key's index, each lookup reading the pages the last one
-	// read: a third less of the server's time per row on PostgreSQL.
-	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.ls.key, b.ls.key) })
-	mine := make([]*lease, len(entries))
-	at := make([]int, len(entries))
-	for j, e := range entries {
-		mine[j], at[j] = e.ls, e.at
-	}
+	all := batch{leases: leases, order: order}
+	slices.SortFunc(order, func(a, b int32) int {
+		return strings.Compare(leases[a].(*lease).key, leases[b].(*lease).key)
+	})
 	parallel := 4
 	if l.d.name == "sqlite" {
 		parallel = 1 // one writer at a time
@@ -196,20 +205,19 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 		wg    sync.WaitGroup
 		slots = make(chan struct{}, parallel)
 	)
-	for start, end := 0, 0; start < len(mine); start = end {
-		end = start + l.chunk(mine[start:])
+	for start, end := 0, 0; start < len(order); start = end {
+		end = start + l.chunk(all.slice(start, len(order)))
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			chunk := mine[start:end]
+			chunk := all.slice(start, end)
 			missed, sent, err := l.refreshChunk(ctx, chunk, ttl)
-			for j, ls := range chunk {
-				i := at[start+j]
+			for j, i := range chunk.order {
 				switch {
 				case err != nil:
 					errs[i] = driver.Unavailable(ctx, err)
 				case missed == nil || !missed[j]:
-					ls.renewed(sent, ttl)
+					chunk.at(j).renewed(sent, ttl)
 				default:
 					errs[i] = fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
 				}
@@ -219,6 +227,17 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 	wg.Wait()
 	return errs
 }
+
+// batch is a run of a RefreshBatch's leases in key order: its j-th lease is
+// leases[order[j]], one of the Locker's own.
+type batch struct {
+	leases []driver.Lease
+	order  []int32
+}
+
+func (b batch) len() int             { return len(b.order) }
+func (b batch) at(j int) *lease      { return b.leases[b.order[j]].(*lease) }
+func (b batch) slice(i, j int) batch { return batch{b.leases, b.order[i:j]} }
 
 const (
 	// maxChunk is the most leases one refreshing statement takes: 100,000
@@ -236,26 +255,30 @@ const (
 	maxListChunk = 16_000
 )
 
-// chunk is how many of leases, from the first, the next refreshing
+// chunk is how many of b's leases, from the first, the next refreshing
 // statement takes.
-func (l *Locker) chunk(leases []*lease) int {
+func (l *Locker) chunk(b batch) int {
 	if l.d.name == "sqlite" || (l.d.name == "mysql" && l.noJSONTable.Load()) {
-		return min(len(leases), maxListChunk)
+		return min(b.len(), maxListChunk)
 	}
 	size := 0
-	for i, ls := range leases {
-		if i == maxChunk || (i > 0 && size+len(ls.key)+len(ls.owner) > maxChunkBytes) {
-			return i
+	for j := range b.len() {
+		// The owner value is at most the Locker's id, a separator, 20
+		// digits, labelSep and the label (shorter when hashed).
+		ls := b.at(j)
+		n := len(ls.key) + len(l.owner) + 22 + len(ls.label)
+		if j == maxChunk || (j > 0 && size+n > maxChunkBytes) {
+			return j
 		}
-		size += len(ls.key) + len(ls.owner)
+		size += n
 	}
-	return len(leases)
+	return b.len()
 }
 
 // refreshChunk extends the rows of leases and reports which of leases it
 // did not extend, by position (nil when it extended all), and when the
 // statement was sent.
-func (l *Locker) refreshChunk(ctx context.Context, leases []*lease, ttl time.Duration) ([]bool, time.Time, error) {
+func (l *Locker) refreshChunk(ctx context.Context, leases batch, ttl time.Duration) ([]bool, time.Time, error) {
 	sent := time.Now()
 	db := l.db.WithContext(ctx)
 	var (
@@ -277,12 +300,12 @@ func (l *Locker) refreshChunk(ctx context.Context, leases []*lease, ttl time.Dur
 		missed = nil
 		switch {
 		case r.positions:
-			missed, err = missedAt(db.Raw(r.update, r.args...), len(leases))
+			missed, err = missedAt(db.Raw(r.update, r.args...), leases.len())
 		case r.check == "":
 			missed, err = missedOwners(db.Raw(r.update, r.args...), leases)
 		default:
 			res := db.Exec(r.update, r.args...)
-			if err = res.Error; err == nil && res.RowsAffected < int64(len(leases)) {
+			if err = res.Error; err == nil && res.RowsAffected < int64(leases.len()) {
 				// Some row was not extended (MySQL counts the rows
 				// changed, fewer still when one was extended to the
 				// very instant it had): read back which rows are this
@@ -334,33 +357,119 @@ type refreshing struct {
 // trips, and a second statement cut off by the keeper's deadline failed a
 // chunk whose rows the first had already extended (seen as the whole
 // chunk lost while 100,000 locks were being released).
-func (l *Locker) refreshArrays(leases []*lease, ttl time.Duration) refreshing {
-	names := make([]string, len(leases))
-	owners := make([]string, len(leases))
-	for i, ls := range leases {
-		names[i], owners[i] = ls.key, ls.owner
-	}
-	n := len(leases)
+func (l *Locker) refreshArrays(leases batch, ttl time.Duration) refreshing {
+	stem, names, prefix, owners := l.arrays(leases)
+	n := leases.len()
 	return refreshing{
 		update: "WITH c AS MATERIALIZED (SELECT " + l.d.now + " AS now)," +
 			" u AS (UPDATE " + l.table + " AS t SET lock_until = c.now + ? FROM c," +
 			" unnest((SELECT ?::text[]), (SELECT ?::text[])) WITH ORDINALITY AS v(name, owner, i)" +
-			" WHERE t.name = v.name AND t.owner = v.owner AND t.lock_until > c.now RETURNING v.i)," +
+			" WHERE t.name = ?::text || v.name AND t.owner = ?::text || v.owner AND t.lock_until > c.now RETURNING v.i)," +
 			" n AS (SELECT count(*) AS n FROM u)" +
 			" SELECT g FROM n, generate_series(1, ?::bigint) AS g WHERE n.n < ?" +
 			" EXCEPT ALL SELECT i FROM u, n WHERE n.n < ?",
-		args:      []any{ttl.Microseconds(), arrayLiteral(names), arrayLiteral(owners), n, n, n},
+		args:      []any{ttl.Microseconds(), names, owners, stem, prefix, n, n, n},
 		positions: true,
+	}
+}
+
+// arrays writes the names and owner values of leases as two PostgreSQL
+// text[] literals, every element quoted, backslashes and quotes escaped,
+// each literal in one allocation of its size. Each goes without the prefix
+// its elements share, which goes once (stem for the names, prefix for the
+// owner values): pgx keeps the arguments of a statement on its connection,
+// as given and as encoded, for some statements after it, so the literals
+// are heap held between renewals as well as in flight, and the shared part
+// is most of each element (the Locker's id, and the Guard's and the
+// application's prefixes of the keys). The owner values' prefix is the
+// Locker's id and "/", or empty in a chunk with a lease whose value does
+// not begin so (its id hashed, see labelled). The names' is the longest
+// all share, cut back to whole characters.
+func (l *Locker) arrays(leases batch) (stem, names, prefix, owners string) {
+	prefix = l.owner + "/"
+	stem = leases.at(0).key
+	for j := range leases.len() {
+		ls := leases.at(j)
+		if l.hashesOwner(ls.seq, ls.label) {
+			prefix = ""
+		}
+		i := 0
+		for i < len(stem) && i < len(ls.key) && stem[i] == ls.key[i] {
+			i++
+		}
+		stem = stem[:i]
+	}
+	for !utf8.ValidString(stem) {
+		stem = stem[:len(stem)-1]
+	}
+	nsize, osize := 2, 2
+	for j := range leases.len() {
+		ls := leases.at(j)
+		nsize += len(ls.key) - len(stem) + 3
+		osize += digits(ls.seq) + len(labelSep) + len(ls.label) + 3
+	}
+	if prefix == "" {
+		osize += leases.len() * len(l.owner)
+	}
+	var nb, ob strings.Builder
+	nb.Grow(nsize)
+	ob.Grow(osize)
+	nb.WriteByte('{')
+	ob.WriteByte('{')
+	var num [20]byte
+	for j := range leases.len() {
+		ls := leases.at(j)
+		if j > 0 {
+			nb.WriteByte(',')
+			ob.WriteByte(',')
+		}
+		nb.WriteByte('"')
+		writeEscaped(&nb, ls.key[len(stem):])
+		nb.WriteByte('"')
+		ob.WriteByte('"')
+		if prefix == "" {
+			writeEscaped(&ob, ls.owner())
+		} else {
+			ob.Write(strconv.AppendUint(num[:0], ls.seq, 10))
+			ob.WriteString(labelSep)
+			writeEscaped(&ob, ls.label)
+		}
+		ob.WriteByte('"')
+	}
+	nb.WriteByte('}')
+	ob.WriteByte('}')
+	return stem, nb.String(), prefix, ob.String()
+}
+
+// writeEscaped writes s as the inside of a quoted element of a PostgreSQL
+// array literal: backslashes and quotes escaped.
+func writeEscaped(b *strings.Builder, s string) {
+	for {
+		i := strings.IndexAny(s, `"\`)
+		if i < 0 {
+			b.WriteString(s)
+			return
+		}
+		b.WriteString(s[:i])
+		b.WriteByte('\\')
+		b.WriteByte(s[i])
+		s = s[i+1:]
 	}
 }
 
 // refreshJSON is MySQL's and MariaDB's batch refresh: the (name, owner)
 // pairs go as one JSON parameter, which JSON_TABLE makes a table joined to
-// the lock table by its primary key.
-func (l *Locker) refreshJSON(leases []*lease, ttl time.Duration) (refreshing, error) {
-	pairs := make([][2]string, len(leases))
-	for i, ls := range leases {
-		pairs[i] = [2]string{ls.key, ls.owner}
+// the lock table by its primary key. Unlike PostgreSQL's, the UPDATE cannot
+// itself say which leases it missed: MySQL has no RETURNING, and MariaDB
+// 10.11 refuses UPDATE ... RETURNING (its RETURNING is on INSERT, REPLACE
+// and DELETE; an INSERT ... ON DUPLICATE KEY UPDATE over the pairs would
+// write a row for a key whose row is gone). So a short count costs the
+// SELECT (check).
+func (l *Locker) refreshJSON(leases batch, ttl time.Duration) (refreshing, error) {
+	pairs := make([][2]string, leases.len())
+	for j := range pairs {
+		ls := leases.at(j)
+		pairs[j] = [2]string{ls.key, ls.owner()}
 	}
 	doc, err := json.Marshal(pairs)
 	if err != nil {
@@ -386,20 +495,21 @@ func noJSONTable(err error) bool {
 
 // refreshList is the batch refresh of SQLite (with RETURNING) and of MySQL
 // without JSON_TABLE (with a SELECT after it): a list of (name, owner) rows.
-func (l *Locker) refreshList(leases []*lease, ttl time.Duration) refreshing {
+func (l *Locker) refreshList(leases batch, ttl time.Duration) refreshing {
 	var in strings.Builder
-	args := make([]any, 0, 1+2*len(leases))
+	args := make([]any, 0, 1+2*leases.len())
 	args = append(args, ttl.Microseconds())
 	if l.d.name != "mysql" {
 		// SQLite reads a row-value list only as a VALUES table.
 		in.WriteString("VALUES ")
 	}
-	for i, ls := range leases {
-		if i > 0 {
+	for j := range leases.len() {
+		if j > 0 {
 			in.WriteString(", ")
 		}
 		in.WriteString("(?, ?)")
-		args = append(args, ls.key, ls.owner)
+		ls := leases.at(j)
+		args = append(args, ls.key, ls.owner())
 	}
 	where := " WHERE (name, owner) IN (" + in.String() + ") AND lock_until > " + l.d.now
 	update := "UPDATE " + l.table + " SET lock_until = " + l.d.now + " + ?" + where
@@ -409,37 +519,15 @@ func (l *Locker) refreshList(leases []*lease, ttl time.Duration) refreshing {
 	return refreshing{update: update + " RETURNING owner", args: args}
 }
 
-// arrayLiteral writes ss as a PostgreSQL text[] literal, every element
-// quoted, backslashes and quotes escaped.
-func arrayLiteral(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for _, r := range s {
-			if r == '"' || r == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteRune(r)
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
-}
-
 // missedOwners reads the owner column of q's rows, the owners of the
 // leases extended, and reports which of leases it does not name.
-func missedOwners(q *gorm.DB, leases []*lease) ([]bool, error) {
+func missedOwners(q *gorm.DB, leases batch) ([]bool, error) {
 	rows, err := q.Rows()
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	held := make(map[string]bool, len(leases))
+	held := make(map[string]bool, leases.len())
 	for rows.Next() {
 		var owner string
 		if err := rows.Scan(&owner); err != nil {
@@ -450,12 +538,12 @@ func missedOwners(q *gorm.DB, leases []*lease) ([]bool, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if len(held) == len(leases) {
+	if len(held) == leases.len() {
 		return nil, nil
 	}
-	missed := make([]bool, len(leases))
-	for j, ls := range leases {
-		missed[j] = !held[ls.owner]
+	missed := make([]bool, leases.len())
+	for j := range missed {
+		missed[j] = !held[leases.at(j).owner()]
 	}
 	return missed, nil
 }

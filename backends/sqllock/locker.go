@@ -448,7 +448,8 @@ const unknown time.Duration = math.MinInt64
 // waiter that listens also marks the row as waited for at least that long
 // (PostgreSQL).
 func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label string, readLeft bool, pause time.Duration) (*lease, time.Duration, error) {
-	owner := l.leaseOwner(label)
+	seq := l.seq.Add(1)
+	owner := l.ownerOf(seq, label)
 	sent := time.Now()
 	var (
 		a   attempt
@@ -469,7 +470,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 	if !a.taken {
 		return nil, a.left, nil
 	}
-	return newLease(l, key, owner, a.version, ttl, sent), 0, nil
+	return newLease(l, key, seq, label, a.version, ttl, sent), 0, nil
 }
 
 // attempt is what one acquiring statement found.
@@ -531,26 +532,42 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 
 func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
 
-// leaseOwner is the owner value of one acquisition labelled label: the
-// Locker's id and a counter, so that a new lease never mistakes an older
-// lease of the same Locker (expired, released) for itself, then the label
-// (see labelled). It is written into one allocation, as every acquisition
-// pays for it.
-func (l *Locker) leaseOwner(label string) string {
+// ownerOf is the owner value of the acquisition numbered seq and labelled
+// label: the Locker's id and the number, so that a new lease never mistakes
+// an older lease of the same Locker (expired, released) for itself, then the
+// label (see labelled). It is written into one allocation, as every
+// acquisition and release pays for it.
+func (l *Locker) ownerOf(seq uint64, label string) string {
 	var num [20]byte
-	seq := strconv.AppendUint(num[:0], l.seq.Add(1), 10)
-	n := len(l.owner) + 1 + len(seq)
-	if n+len(labelSep)+len(label) > ownerWidth {
-		return labelled(l.owner+"/"+string(seq), label)
+	digits := strconv.AppendUint(num[:0], seq, 10)
+	n := len(l.owner) + 1 + len(digits)
+	if l.hashesOwner(seq, label) {
+		return labelled(l.owner+"/"+string(digits), label)
 	}
 	var b strings.Builder
 	b.Grow(n + len(labelSep) + len(label))
 	b.WriteString(l.owner)
 	b.WriteByte('/')
-	b.Write(seq)
+	b.Write(digits)
 	b.WriteString(labelSep)
 	b.WriteString(label)
 	return b.String()
+}
+
+// hashesOwner reports whether the owner value of the acquisition numbered
+// seq and labelled label is too long for the column unless its id is hashed
+// (see labelled).
+func (l *Locker) hashesOwner(seq uint64, label string) bool {
+	return len(l.owner)+1+digits(seq)+len(labelSep)+len(label) > ownerWidth
+}
+
+// digits is the length of n in decimal.
+func digits(n uint64) int {
+	d := 1
+	for ; n >= 10; n /= 10 {
+		d++
+	}
+	return d
 }
 
 // remaining is how long the current holder's lease has left by the
