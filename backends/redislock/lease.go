@@ -142,8 +142,11 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 			if ls.waiting == 0 && !ls.fair {
 				// Nobody waited at the grant, so no fair waiter is
 				// likely to: the queue's keys are left out (see
-				// release_head.lua), and sent only if one did.
-				cmd := []any{"evalsha", s.releaseSha, 2, n.lock, n.waiters, ls.owner, ls.token, ls.day.Load()}
+				// release_head.lua), and sent only if one did. The
+				// strings and the token go in as pointers, which
+				// cost no allocation as interface values (see
+				// plainContender.cmd).
+				cmd := []any{"evalsha", s.releaseSha, 2, &n.lock, &n.waiters, &ls.owner, &ls.token, ls.day.Load()}
 				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err
 				}
@@ -280,14 +283,18 @@ func chunkAt(locks []int, j int) []int {
 // refreshLocksCmd is the call of refresh_locks.lua that extends the plain
 // or fair locks mine[at...] by px milliseconds.
 func (l *Locker) refreshLocksCmd(ctx context.Context, mine []*lease, at []int, px int64) *goredis.Cmd {
+	// The keys, owners and tokens go in as pointers, which cost no
+	// allocation as interface values (see plainContender.cmd).
+	keys := make([]string, len(at))
 	args := make([]any, 0, 4+3*len(at))
 	args = append(args, "evalsha", l.s.refreshLocks.Hash(), len(at))
-	for _, i := range at {
-		args = append(args, lockKeyOf(mine[i].key))
+	for j, i := range at {
+		keys[j] = lockKeyOf(mine[i].key)
+		args = append(args, &keys[j])
 	}
 	args = append(args, px)
 	for _, i := range at {
-		args = append(args, mine[i].owner, mine[i].token)
+		args = append(args, &mine[i].owner, &mine[i].token)
 	}
 	c := goredis.NewCmd(ctx, args...)
 	c.SetFirstKeyPos(3)
