@@ -137,7 +137,6 @@ func (ls *lease) Release(ctx context.Context) error {
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
 	if ls.kind == kindMutex {
-		n := mutexNamesOf(ls.key)
 		if sc == goredis.Scripter(ls.l.sc) {
 			if ls.waiting == 0 && !ls.fair {
 				// Nobody waited at the grant, so no fair waiter is
@@ -146,15 +145,18 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 				// strings and the token go in as pointers, which
 				// cost no allocation as interface values (see
 				// plainContender.cmd).
-				cmd := []any{"evalsha", s.releaseSha, 2, &n.lock, &n.waiters, &ls.owner, &ls.token, ls.day.Load()}
+				p := plainNamesOf(ls.key)
+				cmd := []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load()}
 				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err
 				}
 			}
+			n := mutexNamesOf(ls.key)
 			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
 				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
 			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()
 		}
+		n := mutexNamesOf(ls.key)
 		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)
