@@ -34,9 +34,11 @@ type flight struct {
 	cancel context.CancelCauseFunc
 }
 
-// begin returns the context of an attempt starting now, and the function
-// that ends it.
-func (w *watchdog) begin(ctx context.Context) (context.Context, func()) {
+// begin returns the context of an attempt starting now, and its flight,
+// which end takes back. It is a method, not a function begin returns,
+// since a closure over the flight would cost an allocation more on the
+// path of every waiting acquisition.
+func (w *watchdog) begin(ctx context.Context) (context.Context, *flight) {
 	actx, cancel := context.WithCancelCause(ctx)
 	f := &flight{start: time.Now(), cancel: cancel}
 	w.mu.Lock()
@@ -49,12 +51,15 @@ func (w *watchdog) begin(ctx context.Context) (context.Context, func()) {
 		go w.run()
 	}
 	w.mu.Unlock()
-	return actx, func() {
-		w.mu.Lock()
-		delete(w.flights, f)
-		w.mu.Unlock()
-		cancel(nil)
-	}
+	return actx, f
+}
+
+// end ends the attempt of f.
+func (w *watchdog) end(f *flight) {
+	w.mu.Lock()
+	delete(w.flights, f)
+	w.mu.Unlock()
+	f.cancel(nil)
 }
 
 // run cuts short the attempts past their bound, every boundTick, until none

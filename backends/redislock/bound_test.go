@@ -15,10 +15,10 @@ import (
 func TestWatchdog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var w watchdog
-		slow, endSlow := w.begin(context.Background())
-		defer endSlow()
-		quick, endQuick := w.begin(context.Background())
-		endQuick()
+		slow, slowFlight := w.begin(context.Background())
+		defer w.end(slowFlight)
+		quick, quickFlight := w.begin(context.Background())
+		w.end(quickFlight)
 		time.Sleep(attemptBound - time.Millisecond)
 		synctest.Wait()
 		if err := slow.Err(); err != nil {
@@ -33,8 +33,8 @@ func TestWatchdog(t *testing.T) {
 			t.Fatal("an attempt that had ended was cut short")
 		}
 		// A later attempt starts the watchdog again.
-		later, endLater := w.begin(context.Background())
-		defer endLater()
+		later, laterFlight := w.begin(context.Background())
+		defer w.end(laterFlight)
 		time.Sleep(attemptBound + boundTick)
 		synctest.Wait()
 		if cause := context.Cause(later); !errors.Is(cause, errNoAnswer) {

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -282,5 +283,83 @@ func TestScriptCacheFlushed(t *testing.T) {
 	after := serverCalls(t, c)
 	if n := after["eval"] - before["eval"]; n != 2 {
 		t.Errorf("%d scripts sent in full after the flush, want 2 (the acquisition's and the release's, once)", n)
+	}
+}
+
+// TestRefreshBatchChunks: on a single server, a batch extends plain locks
+// with one script call per chunk of refreshChunk leases, not one per
+// lease; a lease lost meanwhile, in any chunk, is told apart from the
+// rest; after SCRIPT FLUSH each chunk is sent in full once.
+func TestRefreshBatchChunks(t *testing.T) {
+	c, _ := privateClient(t)
+	l := newLocker(t, c)
+	ctx := context.Background()
+	const n = refreshChunk + 10
+	short := driver.AcquireOptions{TTL: 5 * time.Second}
+	leases := make([]driver.Lease, n)
+	for i := range leases {
+		var err error
+		if leases[i], err = l.Acquire(ctx, fmt.Sprintf("chunk/%d", i), short); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One lost lease in each chunk: released, and taken over.
+	lost := map[int]bool{3: true, refreshChunk + 4: true}
+	for i := range lost {
+		if err := leases[i].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Acquire(ctx, fmt.Sprintf("chunk/%d", i), short); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.RefreshBatch(ctx, leases, time.Minute) // the script cached on the server
+	for _, flush := range []bool{false, true} {
+		if flush {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := serverCalls(t, c)
+		start := time.Now()
+		errs := l.RefreshBatch(ctx, leases, time.Minute)
+		after := serverCalls(t, c)
+		for i, err := range errs {
+			switch {
+			case lost[i] && !errors.Is(err, driver.ErrNotHeld):
+				t.Errorf("flush %v: lost lease %d: got %v, want ErrNotHeld", flush, i, err)
+			case !lost[i] && err != nil:
+				t.Errorf("flush %v: lease %d: %v", flush, i, err)
+			case !lost[i] && leases[i].Expiry().Before(start.Add(50*time.Second)):
+				t.Errorf("flush %v: lease %d expires at %v, want about a minute after %v", flush, i, leases[i].Expiry(), start)
+			}
+		}
+		wantEval := int64(0)
+		if flush {
+			wantEval = 2
+		}
+		if got := after["evalsha"] - before["evalsha"]; got != 2 {
+			t.Errorf("flush %v: %d EVALSHAs for %d leases, want 2 (one per chunk)", flush, got, n)
+		}
+		if got := after["eval"] - before["eval"]; got != wantEval {
+			t.Errorf("flush %v: %d EVALs, want %d", flush, got, wantEval)
+		}
+	}
+	// The extension is the server's: the states' deadlines are a minute
+	// past the server's clock, not 5s.
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, refreshChunk + 9} {
+		state, err := c.Get(ctx, lockKeyOf(fmt.Sprintf("chunk/%d", i))).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline, _, _ := strings.Cut(state, ":")
+		ms, err := strconv.ParseInt(deadline, 10, 64)
+		if err != nil || ms < now.Add(50*time.Second).UnixMilli() {
+			t.Errorf("lock %d: state %q, want a deadline about a minute after the server's %v", i, state, now)
+		}
 	}
 }

@@ -52,3 +52,16 @@ func mutexNamesOf(key string) mutexNames {
 // releaseKeys are the keys of release.lua, unwait_mutex.lua and
 // force_release.lua.
 func (m mutexNames) releaseKeys() []string { return []string{m.lock, m.queue, m.deadlines, m.waiters} }
+
+// plainNames are the two keys of mutexNames that a plain lock's release
+// sends when nobody waited at its grant (see lease.releaseOn), cut from one
+// string of two names rather than five. It is returned by pointer, since
+// the release passes the addresses of its fields to go-redis.
+type plainNames struct{ lock, waiters string }
+
+func plainNamesOf(key string) *plainNames {
+	e := redistag.Escape(key)
+	s := "{" + e + "}:lock{" + e + "}:waiters"
+	i := len(e) + len("{}:lock")
+	return &plainNames{s[:i], s[i:]}
+}

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -136,21 +137,26 @@ func (ls *lease) Release(ctx context.Context) error {
 func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, error) {
 	s := ls.l.s
 	if ls.kind == kindMutex {
-		n := mutexNamesOf(ls.key)
 		if sc == goredis.Scripter(ls.l.sc) {
 			if ls.waiting == 0 && !ls.fair {
 				// Nobody waited at the grant, so no fair waiter is
 				// likely to: the queue's keys are left out (see
-				// release_head.lua), and sent only if one did.
-				cmd := []any{"evalsha", s.releaseSha, 2, n.lock, n.waiters, ls.owner, ls.token, ls.day.Load()}
+				// release_head.lua), and sent only if one did. The
+				// strings and the token go in as pointers, which
+				// cost no allocation as interface values (see
+				// plainContender.cmd).
+				p := plainNamesOf(ls.key)
+				cmd := []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load()}
 				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err
 				}
 			}
+			n := mutexNamesOf(ls.key)
 			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
 				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
 			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()
 		}
+		n := mutexNamesOf(ls.key)
 		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)
@@ -175,14 +181,29 @@ func waitingFlag(b byte) string {
 	return "0"
 }
 
+// refreshChunk is how many plain or fair locks one call of
+// refresh_locks.lua extends: enough that a batch's commands cost the
+// client little per lease, few enough that one call holds the server's
+// thread for a few milliseconds at most.
+const refreshChunk = 512
+
 // RefreshBatch implements driver.BatchRefresher: one pipelined round trip
-// (one per node on a Cluster) refreshes every lease. A lease from another
-// Locker gets an error wrapping driver.ErrInvalidOption.
+// (one per node on a Cluster) refreshes every lease. On a single server or
+// a Sentinel's primary, plain and fair locks go in chunks, one script call
+// each (see refresh_locks.lua): a command per lease would be kept, with
+// its arguments and its answer, until the whole batch is answered, which
+// at 100,000 held locks was more heap than the locks themselves. On a
+// Cluster, where one script names the keys of one slot only, and for the
+// other kinds of leases, each lease is a command of its own. A lease from
+// another Locker gets an error wrapping driver.ErrInvalidOption.
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
 	mine := make([]*lease, len(leases))
 	cmds := make([]*goredis.Cmd, len(leases))
 	px := pxOf(ttl)
+	_, chunked := l.client.(*goredis.Client)
+	// locks are the positions of the leases refreshed in chunks.
+	var locks []int
 	pipe := l.client.Pipeline()
 	for i, g := range leases {
 		ls, ok := g.(*lease)
@@ -191,13 +212,23 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 			continue
 		}
 		mine[i] = ls
+		if chunked && ls.kind == kindMutex {
+			locks = append(locks, i)
+			continue
+		}
 		s, keys, args := ls.refreshCall(px)
 		cmds[i] = s.EvalSha(ctx, pipe, keys, args...)
+	}
+	chunks := make([]*goredis.Cmd, 0, (len(locks)+refreshChunk-1)/refreshChunk)
+	for at := range slices.Chunk(locks, refreshChunk) {
+		c := l.refreshLocksCmd(ctx, mine, at, px)
+		_ = pipe.Process(ctx, c)
+		chunks = append(chunks, c)
 	}
 	sent := time.Now()
 	// Each command's own error is read below.
 	_, _ = pipe.Exec(ctx)
-	var again []int
+	var again, againChunks []int
 	for i, c := range cmds {
 		if c == nil {
 			continue
@@ -209,7 +240,14 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 		n, err := c.Int64()
 		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
 	}
-	if len(again) == 0 {
+	for j, c := range chunks {
+		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			againChunks = append(againChunks, j)
+			continue
+		}
+		refreshedChunk(ctx, c, chunkAt(locks, j), mine, errs, sent, px)
+	}
+	if len(again) == 0 && len(againChunks) == 0 {
 		return errs
 	}
 	// The server lost its script cache (restart, SCRIPT FLUSH): send those
@@ -219,11 +257,77 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 		s, keys, args := mine[i].refreshCall(px)
 		cmds[i] = s.Eval(ctx, pipe, keys, args...)
 	}
+	for _, j := range againChunks {
+		args := chunks[j].Args()
+		args[0], args[1] = "eval", refreshLocksSrc
+		c := goredis.NewCmd(ctx, args...)
+		c.SetFirstKeyPos(3)
+		_ = pipe.Process(ctx, c)
+		chunks[j] = c
+	}
 	sent = time.Now()
 	_, _ = pipe.Exec(ctx)
 	for _, i := range again {
 		n, err := cmds[i].Int64()
 		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
 	}
+	for _, j := range againChunks {
+		refreshedChunk(ctx, chunks[j], chunkAt(locks, j), mine, errs, sent, px)
+	}
 	return errs
+}
+
+// chunkAt is the j-th chunk of locks, as RefreshBatch cut them.
+func chunkAt(locks []int, j int) []int {
+	return locks[j*refreshChunk : min((j+1)*refreshChunk, len(locks))]
+}
+
+// refreshLocksCmd is the call of refresh_locks.lua that extends the plain
+// or fair locks mine[at...] by px milliseconds.
+func (l *Locker) refreshLocksCmd(ctx context.Context, mine []*lease, at []int, px int64) *goredis.Cmd {
+	// The keys, owners and tokens go in as pointers, which cost no
+	// allocation as interface values (see plainContender.cmd).
+	keys := make([]string, len(at))
+	args := make([]any, 0, 4+3*len(at))
+	args = append(args, "evalsha", l.s.refreshLocks.Hash(), len(at))
+	for j, i := range at {
+		keys[j] = lockKeyOf(mine[i].key)
+		args = append(args, &keys[j])
+	}
+	args = append(args, px)
+	for _, i := range at {
+		args = append(args, &mine[i].owner, &mine[i].token)
+	}
+	c := goredis.NewCmd(ctx, args...)
+	c.SetFirstKeyPos(3)
+	return c
+}
+
+// refreshedChunk takes the answer of a call of refresh_locks.lua, sent at
+// sent, for the leases mine[at...]: {day, one flag per lease}.
+func refreshedChunk(ctx context.Context, c *goredis.Cmd, at []int, mine []*lease, errs []error, sent time.Time, px int64) {
+	v, err := c.Slice()
+	var (
+		day   int64
+		flags string
+	)
+	if err == nil {
+		ok := len(v) == 2
+		if ok {
+			day, ok = v[0].(int64)
+		}
+		if ok {
+			flags, ok = v[1].(string)
+		}
+		if !ok || len(flags) != len(at) || day <= 0 {
+			err = fmt.Errorf("%w: a batch refresh of %d locks answered %d values", driver.ErrUnavailable, len(at), len(v))
+		}
+	}
+	for j, i := range at {
+		var n int64
+		if err == nil && flags[j] == '1' {
+			n = day
+		}
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+	}
 }

@@ -183,13 +183,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}},
 		}
 	} else {
-		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3}
-		record := recordOf(l.wake, px, owner)
-		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, n.lock, n.waiters, owner, px, "0", l.waitArg, record, "0"}
+		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3, px: px, record: recordOf(l.wake, px, owner)}
+		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, &c.n.lock, &c.n.waiters, &ls.owner, &c.px, "0", l.waitArg, &c.record, "0"}
 		if k := l.handedOff.Load(); k != nil && *k == key && opts.Wait {
 			c.likelyHeld = l.handedOff.CompareAndSwap(k, nil)
 		}
-		w = waiter{id: record, keepAlive: c.keepAlive, bounded: true, contender: c}
+		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, contender: c}
 	}
 	// Either waiter is named in the messages for it, which go to the
 	// Locker's channel; the lock's channel is where records of an earlier
@@ -214,9 +213,16 @@ type plainContender struct {
 	// cmd is the command of every attempt (see scripter.evalsha),
 	// converted once: only the mode (cmd[7]) and the unanswered flag
 	// (cmd[10]) change, and those are constants, which cost no allocation
-	// as values of an interface. The arguments start at cmd[5], the owner;
-	// cmd[9] is the record.
-	cmd       [11]any
+	// as values of an interface. The strings and numbers go in as
+	// pointers to the fields that hold them (go-redis writes a *string or
+	// an *int64 as the value), since a string or an int64 made an
+	// interface value is copied to the heap, an allocation each. The
+	// arguments start at cmd[5], the owner.
+	cmd [11]any
+	// px and record (the waiter's record, see recordOf) are what cmd[6]
+	// and cmd[9] point to.
+	px        int64
+	record    string
 	keepAlive time.Duration
 	// renewed is when the record was last renewed: an attempt within half
 	// a keep-alive of it leaves it as it is, a command less on every
@@ -272,7 +278,7 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 func (c *plainContender) cleanup(ctx context.Context) {
 	s, keys := c.l.s, c.n.releaseKeys()
 	if c.recorded || c.unanswered {
-		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.cmd[9], c.n.channel)
+		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.record, c.n.channel)
 	}
 	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
 }

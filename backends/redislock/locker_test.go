@@ -171,6 +171,9 @@ func TestKeysShareOneHashTag(t *testing.T) {
 	for _, key := range []string{"a{b}c%7B/:é", "", "plain", "{", "}{"} {
 		n, m := namesOf(key), mutexNamesOf(key)
 		want := mutexNames{n.lock(), n.queue(), n.deadlines(), n.waiters(), n.channel()}
+		if p := plainNamesOf(key); p.lock != n.lock() || p.waiters != n.waiters() {
+			t.Errorf("plainNamesOf(%q) = %q, want %q and %q", key, *p, n.lock(), n.waiters())
+		}
 		if m != want || lockKeyOf(key) != n.lock() {
 			t.Errorf("mutexNamesOf(%q) = %q, lockKeyOf %q; want %q", key, m, lockKeyOf(key), want)
 		}

@@ -25,6 +25,8 @@ var (
 	refreshSrc string
 	//go:embed refresh_lock.lua
 	refreshLockSrc string
+	//go:embed refresh_locks.lua
+	refreshLocksSrc string
 	//go:embed dequeue.lua
 	dequeueSrc string
 	//go:embed read_acquire.lua
@@ -65,7 +67,7 @@ var (
 // package variables, so that the package keeps no mutable state.
 type scripts struct {
 	acquire, fairAcquire, release, refresh, dequeue *goredis.Script
-	refreshLock                                     *goredis.Script
+	refreshLock, refreshLocks                       *goredis.Script
 	readAcquire, writeAcquire, writeRelease, unwait *goredis.Script
 	semAcquire, zrelease, zrefresh                  *goredis.Script
 	inspect, forceRelease, unwaitMutex              *goredis.Script
@@ -82,6 +84,7 @@ func newScripts() *scripts {
 		release:      goredis.NewScript(releaseHeadSrc + nextWaiterSrc + releaseSrc),
 		refresh:      goredis.NewScript(refreshSrc),
 		refreshLock:  goredis.NewScript(refreshLockSrc),
+		refreshLocks: goredis.NewScript(refreshLocksSrc),
 		dequeue:      goredis.NewScript(stateSrc + nextWaiterSrc + dequeueSrc),
 		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
 		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),

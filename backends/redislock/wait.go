@@ -285,8 +285,8 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 		if !w.bounded || !queued {
 			return w.attempt(ctx, l.sc, queued)
 		}
-		actx, end := l.bound.begin(ctx)
-		defer end()
+		actx, f := l.bound.begin(ctx)
+		defer l.bound.end(f)
 		r, err := w.attempt(actx, l.sc, queued)
 		if err != nil && ctx.Err() == nil && context.Cause(actx) == errNoAnswer {
 			err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)

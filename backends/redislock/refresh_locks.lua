@@ -1,0 +1,43 @@
+-- Owner-checked extension of many plain or fair locks in one script, each
+-- as refresh_lock.lua extends one: a batch sends one command per chunk of
+-- leases instead of one per lease, so the client builds, keeps until the
+-- answer and parses one command per chunk, and the server reads its clock
+-- once per chunk.
+-- KEYS the locks  ARGV[1] ttl (ms)  ARGV[2i], ARGV[2i+1] the owner and the
+-- token of KEYS[i]
+-- Returns {day, flags}: the day every extended key now has, and one
+-- character per key, '1' when it was extended, '0' when the lock was not
+-- its owner's or had expired.
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local deadline = now + ARGV[1]
+local day = math.floor(deadline / 86400000) + 2
+local flags = {}
+for i, key in ipairs(KEYS) do
+  local mine, token = ARGV[2 * i], ARGV[2 * i + 1]
+  local old = redis.pcall('set', key, string.format('%.0f:%s:%d:0:%s', deadline, token, day, mine), 'KEEPTTL', 'GET')
+  if type(old) == 'table' and old.err then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
+  local d, held, old_day, waiting, owner
+  if old then
+    d, held, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
+  end
+  if owner ~= mine or tonumber(d) <= now then
+    if old then
+      redis.call('set', key, old, 'KEEPTTL')
+    else
+      redis.call('del', key)
+    end
+    flags[i] = '0'
+  else
+    if held ~= token or waiting ~= '0' then
+      redis.call('set', key, string.format('%.0f:%s:%d:%s:%s', deadline, held, day, waiting, owner), 'KEEPTTL')
+    end
+    if tonumber(old_day) < day then
+      redis.call('pexpireat', key, day * 86400000)
+    end
+    flags[i] = '1'
+  end
+end
+return {day, table.concat(flags)}
