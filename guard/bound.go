@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -81,6 +82,10 @@ func (cs *callers) get() *caller {
 // run runs the calls given to c, and ends when c was idle maxIdleFor or
 // found no room among the idle.
 func (c *caller) run() {
+	// Started by one call, it runs later ones too: the profiler labels it
+	// inherited (pprof.Do) are that first call's, and would be charged
+	// with the others' work.
+	pprof.SetGoroutineLabels(context.Background())
 	for {
 		select {
 		case f := <-c.calls:

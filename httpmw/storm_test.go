@@ -363,11 +363,15 @@ func storm(t *testing.T, clients []*http.Client, urls []string, key string, firs
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		timedOut := ctx.Err() != nil
 		cancel()
 		switch {
-		case err != nil:
+		case err != nil && timedOut:
 			f.timeouts.Add(1)
 			timeout = min(2*timeout, maxClientTimeout)
+		case err != nil:
+			t.Errorf("key %s: reading the answer: %v", key, err)
+			return ""
 		case resp.StatusCode == http.StatusConflict && strings.Contains(string(body), "In_progress"):
 			f.inProgress.Add(1)
 			// A client backing off before its next try, as Retry-After

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -26,6 +27,11 @@ const instrumentation = "github.com/warden-go/warden/idempotency"
 // the moment fn returned does not leave the claim hanging until its lease
 // runs out.
 const finishTimeout = 10 * time.Second
+
+// giveBackTimeout bounds each request of a give-back (see giveBack), so
+// that one lasts seconds, not minutes, against a store that does not
+// answer.
+const giveBackTimeout = time.Second
 
 // ErrStoredFailure is wrapped by the error a replay returns when the first
 // call's failure was stored under the Keep policy. The message of the
@@ -83,7 +89,15 @@ type Executor struct {
 	store  Store
 	cfg    config
 	tracer trace.Tracer
+	// givingBack counts the give-backs running (see giveBack).
+	givingBack atomic.Int32
 }
+
+// maxGivingBack bounds the give-backs an Executor runs at once: in an
+// outage every failed Claim would start one, each sending a few requests
+// to a store that answers none, and a claim made with no give-back left
+// to spare waits out its lease as it did before give-backs.
+const maxGivingBack = 64
 
 // New returns an Executor over store. It returns an error wrapping
 // ErrInvalid, naming the input, when store or an option is nil or an
@@ -227,12 +241,19 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	backoff := 5 * time.Millisecond
 	for {
 		sent := time.Now()
+		live := ctx.Err() == nil
 		rec, err := e.store.Claim(ctx, c)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
-			if !errors.Is(err, ErrInvalid) {
-				go e.giveBack(ctx, cfg, c, hash)
+			// A ctx already done sent nothing, and an invalid claim was
+			// refused before it was made.
+			if live && !errors.Is(err, ErrInvalid) {
+				if e.givingBack.Add(1) <= maxGivingBack {
+					go e.giveBack(ctx, cfg, c, hash)
+				} else {
+					e.givingBack.Add(-1)
+				}
 			}
 			return Result{}, outcomeError, storeError(ctx, "claim", err)
 		case rec == nil:
@@ -477,11 +498,13 @@ func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyH
 // Abandon is tried again a few times over some seconds, until one succeeds.
 // Abandon is owner-checked and the owner is this call's own, so giving it
 // back can free nobody else's claim; a claim that was never made costs a
-// few ErrNotOwner answers, on the failure path only.
+// few ErrNotOwner answers, on the failure path only, and at most
+// maxGivingBack run at once.
 func (e *Executor) giveBack(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
-	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second, 5 * time.Second} {
+	defer e.givingBack.Add(-1)
+	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second} {
 		time.Sleep(pause)
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 		start := time.Now()
 		err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner)
 		cancel()

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -38,7 +39,7 @@ func (s *lostClaims) Claim(ctx context.Context, c idempotency.Claim) (*idempoten
 // lost, at once or landing later) is abandoned, so that a retry runs fn
 // within seconds instead of waiting out the claim's lease as in progress.
 func TestLostClaimGivenBack(t *testing.T) {
-	for _, delay := range []time.Duration{0, 300 * time.Millisecond, 3 * time.Second} {
+	for _, delay := range []time.Duration{0, 300 * time.Millisecond, 1500 * time.Millisecond} {
 		t.Run(delay.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := idempotency.NewMemoryStore()
@@ -82,4 +83,56 @@ func TestLostClaimGivenBack(t *testing.T) {
 			})
 		})
 	}
+}
+
+// outageStore is a store in an outage: Claim fails at once, and Abandon gets
+// no answer until its ctx ends. It counts the Abandon calls, and the most
+// that waited at once.
+type outageStore struct {
+	idempotency.Store
+	abandons, waiting, most atomic.Int64
+}
+
+func (s *outageStore) Claim(context.Context, idempotency.Claim) (*idempotency.Record, error) {
+	return nil, idempotency.ErrUnavailable
+}
+
+func (s *outageStore) Abandon(ctx context.Context, scope, key, owner string) error {
+	s.abandons.Add(1)
+	n := s.waiting.Add(1)
+	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
+	}
+	<-ctx.Done()
+	s.waiting.Add(-1)
+	return ctx.Err()
+}
+
+// TestGiveBacksBounded: in an outage, the give-backs of failed claims are
+// bounded in number at once and in time, so that failing requests do not
+// pile up goroutines and requests against a store that answers none.
+func TestGiveBacksBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &outageStore{Store: idempotency.NewMemoryStore()}
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const calls = 1000
+		for i := range calls {
+			if _, err := e.Do(context.Background(), fmt.Sprint("k", i), "", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idempotency.ErrUnavailable) {
+				t.Fatalf("Do in an outage: %v, want ErrUnavailable", err)
+			}
+		}
+		start := time.Now()
+		synctest.Wait()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := st.waiting.Load(); n != 0 {
+			t.Errorf("%d give-back requests still waiting a minute later", n)
+		}
+		if most, total := st.most.Load(), st.abandons.Load(); most > 64 || total > 64*4 {
+			t.Errorf("give-backs: %d requests at once, %d in all for %d failed claims; want at most 64 and 256", most, total, calls)
+		}
+		t.Logf("%d failed claims: %d give-back requests, at most %d at once, over %v", calls, st.abandons.Load(), st.most.Load(), time.Since(start))
+	})
 }

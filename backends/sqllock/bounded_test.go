@@ -44,7 +44,7 @@ func TestBoundedByContext(t *testing.T) {
 				t.Fatalf("locking the row: %d rows, %v", n, err)
 			}
 
-			const bound, slack = 200 * time.Millisecond, 800 * time.Millisecond
+			const bound, slack = 200 * time.Millisecond, 250 * time.Millisecond
 			calls := []struct {
 				name string
 				call func(context.Context) error

@@ -59,7 +59,13 @@
 // returns once its context is done, which the Locker declares
 // (driver.ContextBounded): guard then calls it on the caller's goroutine,
 // not on one of its own per acquisition and release. On other drivers, or
-// a *gorm.DB bound to a transaction, guard bounds the calls itself.
+// a *gorm.DB bound to a transaction, guard bounds the calls itself. This
+// holds for pgx's default handling of a done context (a past deadline on
+// the connection, which ends a read or write at once); a pool configured
+// with a context watcher of its own (pgconn's BuildContextWatcherHandler,
+// one that sends a cancel request and waits before cutting the
+// connection, say) returns only after that handler's delays, which guard's
+// bound then includes.
 //
 // # Waiting
 //

@@ -13,6 +13,8 @@
 package runner
 
 import (
+	"context"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 )
@@ -122,6 +124,10 @@ func (r *Runner[L]) Abandon() bool {
 }
 
 func (r *Runner[L]) loop() {
+	// Started for one caller, it serves later ones too: the profiler
+	// labels it inherited (pprof.Do) are the first caller's, and would be
+	// charged with the others' work.
+	pprof.SetGoroutineLabels(context.Background())
 	for j := range r.work {
 		j.Run()
 		if r.state.CompareAndSwap(running, answered) {
