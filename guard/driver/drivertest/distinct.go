@@ -27,7 +27,7 @@ func testDistinctKeys(t *testing.T, b *Backend) {
 	leases := make([]driver.Lease, len(lookalikes))
 	for i, s := range lookalikes {
 		keys[i], owners[i] = base+s, fmt.Sprintf("holder of %q", s)
-		o := b.opts(false)
+		o := b.held(false)
 		o.Owner = owners[i]
 		// Taken while its lookalikes are held: a store that folds them
 		// together answers ErrNotAcquired here.

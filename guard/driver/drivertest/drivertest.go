@@ -112,6 +112,14 @@ func (b *Backend) opts(wait bool) driver.AcquireOptions {
 	return driver.AcquireOptions{TTL: b.ttl(), Wait: wait}
 }
 
+// held is opts for a test whose locks must stay held while it looks at
+// them, and whose subject is not expiry: with the suite's short TTL, a
+// test descheduled for half a second on a loaded machine would otherwise
+// see its own lock lapse and report the lapse as the backend's fault.
+func (b *Backend) held(wait bool) driver.AcquireOptions {
+	return driver.AcquireOptions{TTL: 20 * b.ttl(), Wait: wait}
+}
+
 func (b *Backend) ctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), b.patience())
 	t.Cleanup(cancel)
@@ -165,7 +173,7 @@ func testTryWhenHeld(t *testing.T, b *Backend) {
 	ctx := b.ctx(t)
 	l1, l2 := b.NewLocker(t), b.NewLocker(t)
 	k := key(t)
-	lease := mustAcquire(t, l1, ctx, k, b.opts(false))
+	lease := mustAcquire(t, l1, ctx, k, b.held(false))
 	expectNotAcquired(t, l2, ctx, k, b.opts(false))
 	expectNotAcquired(t, l1, ctx, k, b.opts(false)) // reentrancy is guard's business, not the backend's
 	release(t, lease)
@@ -218,7 +226,7 @@ func testMutualExclusion(t *testing.T, b *Backend) {
 			go func() {
 				defer wg.Done()
 				for range rounds {
-					o := b.opts(true)
+					o := b.held(true)
 					o.Fair = b.FIFO // a FIFO backend's fair path must exclude as well
 					lease, err := l.Acquire(ctx, k, o)
 					if err != nil {

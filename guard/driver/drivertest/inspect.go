@@ -69,7 +69,7 @@ func testList(t *testing.T, b *Backend) {
 	}
 	ctx := b.ctx(t)
 	prefix := key(t) + "/"
-	o := b.opts(false)
+	o := b.held(false)
 	o.Owner = "lister"
 	var leases []driver.Lease
 	for _, k := range []string{"c", "a", "b", "d"} {
