@@ -584,3 +584,39 @@ func TestFrozenMemberAvoided(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSlowOnlyMemberKeepsSession: a single member that answers, but past the
+// probe's patience, as one under load does, is waited for within each
+// request's bound. Cutting its requests short, as is right for a member that
+// froze while others answer, would leave nowhere to send them again, and a
+// put cut short gives up its session with every lock on it.
+func TestSlowOnlyMemberKeepsSession(t *testing.T) {
+	slow := drivertest.StartProxy(t, endpoints(t)[0])
+	l := lockerOn(t, newClient(t, []string{slow.Addr()}))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ttl := 3 * MinTTL
+	held, err := l.Acquire(ctx, name("slow-only-held"), opts(ttl, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	// Past probeAfter and probeTimeout together, within the request bound.
+	delay := probeAfter + probeTimeout + 500*time.Millisecond
+	slow.Slow(delay)
+	start := time.Now()
+	next, err := l.Acquire(ctx, name("slow-only-next"), opts(ttl, false))
+	if err != nil {
+		t.Fatalf("acquisition through a member answering %v late: %v", delay, err)
+	}
+	if took := time.Since(start); took < delay {
+		t.Fatalf("the acquisition took %v, less than the member's delay %v: the delay was not in place", took, delay)
+	}
+	defer next.Release(context.Background())
+	select {
+	case <-held.(driver.SessionLease).Session().Done():
+		t.Fatal("the session of a held lock ended while its only member answered late")
+	default:
+	}
+	slow.Slow(0)
+}

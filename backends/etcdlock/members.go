@@ -383,7 +383,12 @@ func (ms *members) probe(m *member) {
 func (ms *members) avoid(m *member) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	if ms.closed {
+	if ms.closed || len(ms.client.Endpoints()) < 2 {
+		// With one member, its requests have nowhere else to go, and
+		// cutting them short would only fail them early: a put cut short
+		// gives up its session, and every lock on it. A member that is
+		// slow, as one under load is, answers them within their bounds;
+		// one that is gone fails them at their bounds.
 		return
 	}
 	// Whatever was sent to m waits for nothing.

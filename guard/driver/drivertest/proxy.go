@@ -17,8 +17,9 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 
-	holed atomic.Bool // bytes are dropped, connections kept: a silent partition
-	deaf  atomic.Bool // the server's bytes are dropped, the client's still relayed
+	holed atomic.Bool  // bytes are dropped, connections kept: a silent partition
+	deaf  atomic.Bool  // the server's bytes are dropped, the client's still relayed
+	slow  atomic.Int64 // the server's bytes are held back this long (ns)
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -81,11 +82,39 @@ func (p *Proxy) relay(dst, src net.Conn, fromServer bool) {
 		dst.Close()
 		src.Close()
 	}()
+	write := func(b []byte) error {
+		_, err := dst.Write(b)
+		return err
+	}
+	if fromServer {
+		// The server's bytes go out in order, each chunk no earlier than
+		// its arrival plus the delay Slow asked for then.
+		type chunk struct {
+			due time.Time
+			b   []byte
+		}
+		q := make(chan chunk, 1024)
+		defer close(q)
+		go func() {
+			var failed bool
+			for c := range q {
+				time.Sleep(time.Until(c.due))
+				if !failed {
+					_, err := dst.Write(c.b)
+					failed = err != nil
+				}
+			}
+		}()
+		write = func(b []byte) error {
+			q <- chunk{time.Now().Add(time.Duration(p.slow.Load())), append([]byte(nil), b...)}
+			return nil
+		}
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !p.holed.Load() && !(fromServer && p.deaf.Load()) {
-			if _, err := dst.Write(buf[:n]); err != nil {
+			if err := write(buf[:n]); err != nil {
 				return
 			}
 		}
@@ -114,6 +143,11 @@ func (p *Proxy) Blackhole() { p.holed.Store(true) }
 // client can tell, though it still acts on what it is sent.
 func (p *Proxy) LoseReplies() { p.deaf.Store(true) }
 
+// Slow holds back every byte the server sends from now on by d, on every
+// connection: a server that answers, late, as one under load does. Bytes
+// still held back when a connection closes are dropped.
+func (p *Proxy) Slow(d time.Duration) { p.slow.Store(int64(d)) }
+
 // Reset heals a Blackhole or LoseReplies as a partition heals: every
 // relayed connection is torn down with a TCP reset, and new ones are
 // relayed again.
@@ -126,6 +160,7 @@ func (p *Proxy) Reset() {
 	p.mu.Unlock()
 	p.holed.Store(false)
 	p.deaf.Store(false)
+	p.slow.Store(0)
 }
 
 // Cut closes the listener and every relayed connection, for good.
