@@ -249,7 +249,10 @@ type plainContender struct {
 	// first attempt sends to rewait.lua in rewait, instead.
 	likelyHeld bool
 	clock      int64
-	rewait     [9]any
+	// score is clock plus the waiter timeout, what rewait.lua records the
+	// contender with.
+	score  int64
+	rewait [10]any
 }
 
 func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
@@ -271,9 +274,12 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	if mode == "4" && c.clock != 0 && sc == goredis.Scripter(c.l.sc) {
 		s := c.l.s
 		// Mode 4 comes once per acquisition: clock is not read again.
-		c.rewait = [9]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, c.l.waitArg}
+		c.score = c.clock + c.l.cfg.waiterTimeout.Milliseconds()
+		c.rewait = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
 		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.rewait[:]))
-		if err == nil && r[0] == -1 {
+		if err == nil && r[0] == 0 {
+			r[1] -= c.clock // the deadline, made the pttl
+		} else if err == nil && r[0] == -1 {
 			// Not held by another as the release left it: a full
 			// attempt decides.
 			r, err = answer(ctx, c.l.sc.evalsha(ctx, s.acquireSrc, c.cmd[:]))

@@ -11,21 +11,38 @@ if handing then
   -- with that token, day and flag; a fair waiter announced itself; an
   -- earlier version's record) is put back as it was, with the record, and
   -- the release goes on as release_head.lua's SET GET would have had it.
-  local next, score, now, us = next_waiter(nil, nil, waiters, true, true)
+  --
+  -- As acquire.lua, it keeps the clock, the token and the day as digits
+  -- wherever it can, comparing them as strings (a conversion of a number
+  -- costs the server more than the rest of a command): so it takes the
+  -- record itself, as next_waiter would, comparing the oldest record's
+  -- deadline with the clock as digits too.
+  local t = redis.call('time')
+  local usec = t[2]
+  local us = t[1] .. string.sub('00000', #usec) .. usec
+  local ms = string.sub(us, 1, -4)
+  -- Records sort by deadline, so any dead ones come first.
+  local oldest = redis.call('zpopmin', waiters)
+  local s = oldest[2]
+  if s and (#s < #ms or (#s == #ms and s <= ms)) then
+    redis.call('zremrangebyscore', waiters, '-inf', ms)
+    oldest = redis.call('zpopmin', waiters)
+  end
+  local next, score = oldest[1] or '', oldest[2]
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
-  local state, tk, new_day
+  local state, tk, new_day, now
   if px then
-    tk = tonumber(ARGV[2])
-    if tk >= us then
-      tk = tk + 1
+    now = tonumber(ms)
+    local deadline = now + px
+    new_day = string.format('%d', math.floor(deadline / 86400000) + 2)
+    tk = ARGV[2]
+    if #tk > #us or (#tk == #us and tk >= us) then
+      tk = string.format('%.0f', tonumber(tk) + 1)
     else
       tk = us
     end
-    local deadline = now + px
-    new_day = math.floor(deadline / 86400000) + 2
-    tk = string.format('%.0f', tk)
     local dhi = math.floor(deadline / 1000000)
-    state = string.format('%d%06d:%s:%d:1:%s', dhi, deadline - dhi * 1000000, tk, new_day, who)
+    state = string.format('%d%06d:%s:%s:1:%s', dhi, deadline - dhi * 1000000, tk, new_day, who)
   elseif not score then
     -- Nobody waits any more: the flag goes.
     state = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':0:'
@@ -39,7 +56,8 @@ if handing then
       if not px then
         return 1
       end
-      if tonumber(ARGV[3]) < new_day then
+      local day = ARGV[3]
+      if #day < #new_day or (#day == #new_day and day < new_day) then
         redis.call('pexpireat', KEYS[1], new_day * 86400000)
       end
       redis.call('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)

@@ -9,11 +9,14 @@
 -- leave the contender waiting for a release that has come and gone.
 -- KEYS[1] lock  KEYS[2] waiters (zset)
 -- ARGV[1] owner  ARGV[2] its record (see acquire.lua)  ARGV[3] the
--- server's clock (ms) at that release  ARGV[4] waiter timeout (ms)
--- Returns {0, pttl, holder's token} as acquire.lua's refusal, having
--- recorded the contender; {-1, 0}, having changed nothing, when the state
--- is not held by another owner until past that clock with the waiting flag
--- set: acquire.lua decides then.
+-- server's clock (ms) at that release  ARGV[4] that plus the waiter
+-- timeout, the record's score  ARGV[5] waiter timeout (ms)
+-- Returns {0, the holder's deadline (ms, server clock), its token}, having
+-- recorded the contender (the client takes the clock it sent from the
+-- deadline for acquire.lua's refusal, whose second value is the pttl);
+-- {-1, 0}, having changed nothing, when the state is not held by another
+-- owner until past that clock with the waiting flag set: acquire.lua
+-- decides then.
 --
 -- The clock given is behind the server's by the time since that release:
 -- a lease that ran out meanwhile is taken for held, which refuses a free
@@ -21,21 +24,21 @@
 -- that little left, tries again when it would have run out; and the record
 -- lapses that much early. The client sends the clock only for an attempt
 -- right after the release (see plainContender.attempt).
+--
+-- The deadline and the clock are compared as digits, and the score comes
+-- made, so that no number is converted but the timeout (see acquire.lua).
 local old = redis.call('get', KEYS[1])
 if old then
   local d, token, waiting, owner = string.match(old, '^(%d+):(%d+):%d+:([012]):(.*)$')
-  if d and waiting ~= '0' and owner ~= ARGV[1] then
-    local now = tonumber(ARGV[3])
-    d = tonumber(d)
-    if d > now then
-      local timeout = tonumber(ARGV[4])
-      redis.call('zadd', KEYS[2], now + timeout, ARGV[2])
-      -- As acquire.lua keeps the records' expiry.
-      if redis.call('pttl', KEYS[2]) < timeout then
-        redis.call('pexpire', KEYS[2], 2 * timeout)
-      end
-      return {0, d - now, token}
+  local now = ARGV[3]
+  if d and waiting ~= '0' and owner ~= ARGV[1] and (#d > #now or (#d == #now and d > now)) then
+    redis.call('zadd', KEYS[2], ARGV[4], ARGV[2])
+    -- As acquire.lua keeps the records' expiry.
+    local timeout = tonumber(ARGV[5])
+    if redis.call('pttl', KEYS[2]) < timeout then
+      redis.call('pexpire', KEYS[2], 2 * timeout)
     end
+    return {0, d, token}
   end
 end
 return {-1, 0}
