@@ -59,7 +59,11 @@ func delta(before, after map[string]int64) map[string]int64 {
 // follows hands it the lock, with a token past the one before.
 func TestReleaserComesBack(t *testing.T) {
 	admin, addr := privateClient(t)
-	newL := func() *Locker { return newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr})) }
+	// A long waiter timeout makes the window of the release's clock (a
+	// sixteenth of it) long enough for any load.
+	newL := func() *Locker {
+		return newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}), WithWaiterTimeout(time.Minute))
+	}
 	a, b, c := newL(), newL(), newL()
 	ctx := context.Background()
 	const key = "comes-back"
@@ -268,6 +272,70 @@ func TestHandingReleaseOfLostLease(t *testing.T) {
 	}
 	if le.Token() <= taken.Token() {
 		t.Errorf("token %d after %d", le.Token(), taken.Token())
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaserComesBackToLapsedLease: when the lease the release handed
+// out has run out by the time the releaser comes back (though past the
+// release's clock), the releaser's first attempt takes the lock for held,
+// as rewait.lua says: it is refused and recorded, told the lease had the
+// little left it had at the release, and comes back then to take the
+// lock, well before a lost wake-up's quarter TTL.
+func TestReleaserComesBackToLapsedLease(t *testing.T) {
+	admin, addr := privateClient(t)
+	// A long waiter timeout makes the window of the release's clock (a
+	// sixteenth of it) long enough for any load.
+	a := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}), WithWaiterTimeout(time.Minute))
+	b := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
+	ctx := context.Background()
+	const key, short = "comes-back-lapsed", 50 * time.Millisecond
+	first, err := a.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Owner: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := make(chan driver.Lease, 1)
+	go func() {
+		le, err := b.Acquire(ctx, key, driver.AcquireOptions{TTL: short, Wait: true, Owner: "b"})
+		if err != nil {
+			t.Errorf("b: %v", err)
+		}
+		gotB <- le
+	}()
+	eventually(t, "b recorded", func() bool {
+		n, _ := admin.ZCard(ctx, mutexNamesOf(key).waiters).Result()
+		return n == 1
+	})
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := <-gotB
+	if lapsed == nil {
+		t.FailNow()
+	}
+	// b's lease runs out; a comes back within the window of the release's
+	// clock.
+	time.Sleep(3 * short)
+	if h := a.handedOff.Load(); h == nil || time.Since(h.at) > a.cfg.waiterTimeout/32 {
+		t.Fatalf("the release's handoff %+v, or too long ago for this test", h)
+	}
+	before := serverCalls(t, admin)
+	start := time.Now()
+	le, err := a.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Owner: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if n := delta(before, serverCalls(t, admin))["zadd"]; n != 1 {
+		t.Errorf("%d records written, want 1: the first attempt took the lapsed lease for held and recorded a", n)
+	}
+	if took > time.Second {
+		t.Errorf("the lapsed lease took %v to take", took)
+	}
+	if le.Token() <= lapsed.Token() {
+		t.Errorf("token %d after %d", le.Token(), lapsed.Token())
 	}
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
