@@ -282,10 +282,10 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 		} else if err == nil && r[0] == -1 {
 			// Not held by another as the release left it: a full
 			// attempt decides.
-			r, err = answer(ctx, c.l.sc.evalsha(ctx, s.acquireSrc, c.cmd[:]))
+			r, err = answer(ctx, c.l.sc.evalsha(ctx, s.acquireSrc, c.args(mode)))
 		}
 	} else if sc == goredis.Scripter(c.l.sc) {
-		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.cmd[:]))
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.args(mode)))
 	} else {
 		// A connection of its own (WithWaitReplicas): rare enough for
 		// Script.Run's conversions.
@@ -299,6 +299,21 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	}
 	c.unanswered = c.unanswered || err != nil
 	return r, err
+}
+
+// args is cmd as an attempt in mode sends it. Each argument costs the
+// server about as much as a command to hand to the script, so the
+// trailing ones acquire.lua reads only in some modes are left out: the
+// unanswered flag when it is '0', and for a contender that does not wait
+// (mode '0'), its waiter timeout and record too.
+func (c *plainContender) args(mode any) []any {
+	switch {
+	case c.unanswered:
+		return c.cmd[:]
+	case mode == "0":
+		return c.cmd[:8]
+	}
+	return c.cmd[:10]
 }
 
 // cleanup takes the record out before releasing: a release may hand the
