@@ -302,8 +302,9 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 }
 
 // args is cmd as an attempt in mode sends it. Each argument costs the
-// server about as much as a command to hand to the script, so the
-// trailing ones acquire.lua reads only in some modes are left out: the
+// server work to read and hand to the script (about 500 instructions for
+// the one-character flag, counted by callgrind), so the trailing ones
+// acquire.lua reads only in some modes are left out: the
 // unanswered flag when it is '0', and for a contender that does not wait
 // (mode '0'), its waiter timeout and record too.
 func (c *plainContender) args(mode any) []any {
