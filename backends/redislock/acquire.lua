@@ -12,6 +12,8 @@
 -- channel, a newline, its TTL (ms), a newline, the owner (see wake in
 -- next_waiter.lua, and release.lua, which hands the lock to a record)
 -- ARGV[6] '1' when an earlier attempt of the contender got no answer
+-- (the trailing arguments this script does not read may be left out: the
+-- sixth when it would be '0', and the fourth and fifth too in mode '0')
 -- Returns the token alone (a string of digits, which costs the server no
 -- number formatting) for a grant that found nobody waiting, the common
 -- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token

@@ -60,6 +60,19 @@
 // releaser, coming straight back, finds it held and waits its turn rather
 // than taking it again ahead of the waiter it woke.
 //
+// Under contention that is 9 server commands an acquisition: the release,
+// which looks for a waiter first when its own grant found some, and writes
+// the grant over its state in one SET GET, checked after (the script, TIME,
+// ZPOPMIN, SET, PUBLISH); and the releaser's refused attempt (the script,
+// the state's GET, the record's ZADD, PTTL). That attempt reads no TIME:
+// the release answers the server's clock of its grant, and an attempt sent
+// right after it (within a sixteenth of the waiter timeout) that finds the
+// lock held by another until past that clock takes it for the server's. A
+// lease that ran out since is then taken for held, which refuses a free
+// lock, never grants a held one: the contender, told the lease had that
+// little left, comes back when it would have run out; and its record lapses
+// that much early.
+//
 // The waiter does not count its lease from the message, which comes after
 // the server's clock started it, but from the send time of its own last
 // attempt that the server answered with a refusal, when the grant came

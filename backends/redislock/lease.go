@@ -43,6 +43,8 @@ type lease struct {
 	// grant or latest refresh set it (see state.lua): a release writes it
 	// back with the free state, unread.
 	day atomic.Uint32
+	// handoff is set by a release that handed the lock to a waiter.
+	handoff handoff
 }
 
 // dayOf is the day a grant sent at sent with a PX of px sets, by this
@@ -126,10 +128,25 @@ func (ls *lease) Release(ctx context.Context) error {
 	if n == 0 {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
-	if n == 2 {
-		ls.l.handedOff.Store(&ls.key)
+	if n >= 2 {
+		ls.handoff = handoff{key: ls.key, at: time.Now()}
+		if n > 2 {
+			ls.handoff.clock = n
+		}
+		ls.l.handedOff.Store(&ls.handoff)
 	}
 	return nil
+}
+
+// handoff is what a release that handed the lock to a waiter leaves for
+// the releaser's next acquisition of the key (see Locker.handedOff).
+type handoff struct {
+	key string
+	// clock is the server's clock (ms) when it granted the lock to the
+	// waiter, 0 when the release did not say; at is when the release was
+	// answered.
+	clock int64
+	at    time.Time
 }
 
 // releaseOn runs the owner-checked release script: one round trip that
@@ -138,15 +155,18 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 	s := ls.l.s
 	if ls.kind == kindMutex {
 		if sc == goredis.Scripter(ls.l.sc) {
-			if ls.waiting == 0 && !ls.fair {
-				// Nobody waited at the grant, so no fair waiter is
-				// likely to: the queue's keys are left out (see
-				// release_head.lua), and sent only if one did. The
-				// strings and the token go in as pointers, which
+			if ls.waiting < 2 && !ls.fair {
+				// No fair waiter announced itself at the grant, so
+				// none is likely to: the queue's keys are left out
+				// (see release_head.lua), and sent only if one did.
+				// The strings and the token go in as pointers, which
 				// cost no allocation as interface values (see
 				// plainContender.cmd).
 				p := plainNamesOf(ls.key)
-				cmd := []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load()}
+				cmd := []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load(), "1"}
+				if ls.waiting == 0 {
+					cmd = cmd[:8]
+				}
 				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err
 				}

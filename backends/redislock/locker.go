@@ -32,11 +32,13 @@ type Locker struct {
 	// waitArg is the waiter timeout in milliseconds as a script argument,
 	// converted once.
 	waitArg any
-	// handedOff is the key of the Locker's latest release that handed the
-	// lock to a waiter: a waiting acquisition of that key, which comes
-	// right after it in a loop, will find the lock held, so it reads the
-	// state before writing its own (see acquire.lua), a command less.
-	handedOff atomic.Pointer[string]
+	// handedOff is the Locker's latest release that handed the lock to a
+	// waiter: a waiting acquisition of that key, which comes right after
+	// it in a loop, will find the lock held, so it reads the state before
+	// writing its own (see acquire.lua), a command less, and, right after
+	// the release, takes the release's clock for the server's (see
+	// rewait.lua), one more.
+	handedOff atomic.Pointer[handoff]
 	// bound cuts short the waiting attempts that have no answer (see
 	// attemptBound).
 	bound watchdog
@@ -185,8 +187,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	} else {
 		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3, px: px, record: recordOf(l.wake, px, owner)}
 		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, &c.n.lock, &c.n.waiters, &ls.owner, &c.px, "0", l.waitArg, &c.record, "0"}
-		if k := l.handedOff.Load(); k != nil && *k == key && opts.Wait {
-			c.likelyHeld = l.handedOff.CompareAndSwap(k, nil)
+		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) {
+			c.likelyHeld = true
+			// The record rewait.lua writes lapses early by the time
+			// since the release (see there): a small part of the
+			// waiter timeout, well within what a record has left
+			// when its waiter renews it.
+			if time.Since(h.at) < l.cfg.waiterTimeout/16 {
+				c.clock = h.clock
+			}
 		}
 		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, contender: c}
 	}
@@ -235,8 +244,15 @@ type plainContender struct {
 	// then looks for it).
 	recorded, unanswered bool
 	// likelyHeld: this Locker's latest release of the key handed it to a
-	// waiter (see Locker.handedOff), so the first attempt reads first.
+	// waiter (see Locker.handedOff), so the first attempt reads first;
+	// clock, when not 0, is the server's clock at that release, which the
+	// first attempt sends to rewait.lua in rewait, instead.
 	likelyHeld bool
+	clock      int64
+	// score is clock plus the waiter timeout, what rewait.lua records the
+	// contender with.
+	score  int64
+	rewait [10]any
 }
 
 func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
@@ -255,8 +271,21 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	c.cmd[7], c.cmd[10] = mode, flagArg(c.unanswered)
 	var r reply
 	var err error
-	if sc == goredis.Scripter(c.l.sc) {
-		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.cmd[:]))
+	if mode == "4" && c.clock != 0 && sc == goredis.Scripter(c.l.sc) {
+		s := c.l.s
+		// Mode 4 comes once per acquisition: clock is not read again.
+		c.score = c.clock + c.l.cfg.waiterTimeout.Milliseconds()
+		c.rewait = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.rewait[:]))
+		if err == nil && r[0] == 0 {
+			r[1] -= c.clock // the deadline, made the pttl
+		} else if err == nil && r[0] == -1 {
+			// Not held by another as the release left it: a full
+			// attempt decides.
+			r, err = answer(ctx, c.l.sc.evalsha(ctx, s.acquireSrc, c.args(mode)))
+		}
+	} else if sc == goredis.Scripter(c.l.sc) {
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, c.l.s.acquireSrc, c.args(mode)))
 	} else {
 		// A connection of its own (WithWaitReplicas): rare enough for
 		// Script.Run's conversions.
@@ -270,6 +299,22 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	}
 	c.unanswered = c.unanswered || err != nil
 	return r, err
+}
+
+// args is cmd as an attempt in mode sends it. Each argument costs the
+// server work to read and hand to the script (about 500 instructions for
+// the one-character flag, counted by callgrind), so the trailing ones
+// acquire.lua reads only in some modes are left out: the
+// unanswered flag when it is '0', and for a contender that does not wait
+// (mode '0'), its waiter timeout and record too.
+func (c *plainContender) args(mode any) []any {
+	switch {
+	case c.unanswered:
+		return c.cmd[:]
+	case mode == "0":
+		return c.cmd[:8]
+	}
+	return c.cmd[:10]
 }
 
 // cleanup takes the record out before releasing: a release may hand the

@@ -1,7 +1,76 @@
 -- The rest of the release (see release_head.lua, which runs first and
 -- leaves old, the state it replaced, and given, the waiting flag its
--- grant found).
+-- grant found, or handing, having written nothing).
 local waiters = KEYS[4] or KEYS[2]
+if handing then
+  -- The oldest live waiter's record is taken first, and the grant in its
+  -- name written over the owner's state in one SET GET, which is checked
+  -- after: freeing the lock first and granting it next would cost a write
+  -- more. The grant's token is past the owner's, which the check finds in
+  -- the state, and not below the clock. Any other state (not the owner's
+  -- with that token, day and flag; a fair waiter announced itself; an
+  -- earlier version's record) is put back as it was, with the record, and
+  -- the release goes on as release_head.lua's SET GET would have had it.
+  --
+  -- As acquire.lua, it keeps the clock, the token and the day as digits
+  -- wherever it can, comparing them as strings (a conversion of a number
+  -- costs the server more than the rest of a command): so it takes the
+  -- record itself, as next_waiter would, comparing the oldest record's
+  -- deadline with the clock as digits too.
+  local t = redis.call('time')
+  local usec = t[2]
+  local us = t[1] .. string.sub('00000', #usec) .. usec
+  local ms = string.sub(us, 1, -4)
+  -- Records sort by deadline, so any dead ones come first.
+  local oldest = redis.call('zpopmin', waiters)
+  local s = oldest[2]
+  if s and (#s < #ms or (#s == #ms and s <= ms)) then
+    redis.call('zremrangebyscore', waiters, '-inf', ms)
+    oldest = redis.call('zpopmin', waiters)
+  end
+  local next, score = oldest[1] or '', oldest[2]
+  local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
+  local state, tk, new_day, now
+  if px then
+    now = tonumber(ms)
+    local deadline = now + px
+    new_day = string.format('%d', math.floor(deadline / 86400000) + 2)
+    tk = ARGV[2]
+    if #tk > #us or (#tk == #us and tk >= us) then
+      tk = string.format('%.0f', tonumber(tk) + 1)
+    else
+      tk = us
+    end
+    local dhi = math.floor(deadline / 1000000)
+    state = string.format('%d%06d:%s:%s:1:%s', dhi, deadline - dhi * 1000000, tk, new_day, who)
+  elseif not score then
+    -- Nobody waits any more: the flag goes.
+    state = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':0:'
+  end
+  if state then
+    old = redis.call('set', KEYS[1], state, 'KEEPTTL', 'GET')
+    -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
+    local mine = ':' .. ARGV[2] .. ':' .. ARGV[3] .. ':1:' .. ARGV[1]
+    local at = old and #old - #mine
+    if at and at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
+      if not px then
+        return 1
+      end
+      local day = ARGV[3]
+      if #day < #new_day or (#day == #new_day and day < new_day) then
+        redis.call('pexpireat', KEYS[1], new_day * 86400000)
+      end
+      redis.call('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
+      return now
+    end
+    redis.call('set', KEYS[1], free, 'KEEPTTL')
+  else
+    old = redis.call('set', KEYS[1], free, 'KEEPTTL', 'GET')
+  end
+  if score then
+    redis.call('zadd', waiters, score, next)
+  end
+end
 local token, day, waiting, owner
 if old then
   token, day, waiting, owner = string.match(old, '^%d+:(%d+):(%d+):([012]):(.*)$')
@@ -50,7 +119,7 @@ if score then
       redis.call('pexpireat', KEYS[1], new_day * 86400000)
     end
     redis.call('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
-    return 2
+    return now
   end
   -- Its waiter takes it out when it gets the lock.
   redis.call('zadd', waiters, score, next)
@@ -60,6 +129,6 @@ if token ~= ARGV[2] or day ~= ARGV[3] or flag ~= given then
 end
 if next ~= '' then
   -- '{<key>}:lock' gives '{<key>}:released'.
-  wake(ARGV[4] or (string.sub(KEYS[1], 1, -5) .. 'released'), next)
+  wake((KEYS[4] and ARGV[4]) or (string.sub(KEYS[1], 1, -5) .. 'released'), next)
 end
 return 1

@@ -18,22 +18,31 @@
 -- ARGV[1] owner  ARGV[2] its token  ARGV[3] its day  ARGV[4] channel
 -- ARGV[5] the waiting flag its grant found, which the free state keeps
 -- while someone waits (token, day and flag may be '0' when unknown: the
--- state then gives them); with two keys, the first three alone: the flag
--- is '0', and the channel is the lock's.
--- Returns 1 when released, 2 when released and handed to a waiter, 0 when
--- the lock was not owner's, -1 (having changed nothing) when a fair waiter
--- announced itself and the script was not given the queue's keys.
+-- state then gives them); with two keys, the first three, and the flag as
+-- ARGV[4] when it is '1' ('0' without it); the channel is the lock's.
+-- Returns 1 when released, 2 or more when released and handed to a waiter
+-- (the server's clock in ms when the grant was made as the lock's first
+-- write, see below), 0 when the lock was not owner's, -1 (having changed
+-- nothing) when a fair waiter announced itself and the script was not
+-- given the queue's keys.
 --
 -- This part runs on every release; the rest of the script, and its helpers
 -- (closures made when their definition runs), only when the state is not
 -- the one it expects: held by the owner with its token and day and nobody
 -- waiting. That takes comparisons of strings, where a pattern match costs
 -- the server more than the rest of such a release.
-local given = ARGV[5] or '0'
+local given = (KEYS[4] and ARGV[5]) or ARGV[4] or '0'
 local free = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. given .. ':'
-local old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
-if type(old) == 'table' and old.err then
-  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+-- A plain lock whose grant found non-fair waiters is likely handed to one
+-- of them: release.lua looks for one first, and writes the grant, or the
+-- free state, in the one SET GET that also reads the state to check.
+local handing = given == '1' and not KEYS[4]
+local old
+if not handing then
+  old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
+  if type(old) == 'table' and old.err then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
 end
 if given == '0' and old then
   -- The owner's state is '<deadline>' (digits, no ':') followed by mine.

@@ -61,6 +61,8 @@ var (
 	nextWaiterSrc string
 	//go:embed unwait_mutex.lua
 	unwaitMutexSrc string
+	//go:embed rewait.lua
+	rewaitSrc string
 )
 
 // scripts holds the parsed scripts. It lives in the Locker rather than in
@@ -73,7 +75,7 @@ type scripts struct {
 	inspect, forceRelease, unwaitMutex              *goredis.Script
 	// The digests and bodies of the scripts on every plain lock's path, as
 	// interface values for scripter.evalsha, converted once.
-	acquireSha, acquireSrc, releaseSha, releaseSrc any
+	acquireSha, acquireSrc, releaseSha, releaseSrc, rewaitSha, rewaitSrc any
 }
 
 func newScripts() *scripts {
@@ -99,5 +101,6 @@ func newScripts() *scripts {
 	}
 	s.acquireSha, s.acquireSrc = s.acquire.Hash(), acquireSrc
 	s.releaseSha, s.releaseSrc = s.release.Hash(), releaseHeadSrc+nextWaiterSrc+releaseSrc
+	s.rewaitSha, s.rewaitSrc = goredis.NewScript(rewaitSrc).Hash(), rewaitSrc
 	return s
 }
