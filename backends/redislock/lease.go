@@ -43,8 +43,6 @@ type lease struct {
 	// grant or latest refresh set it (see state.lua): a release writes it
 	// back with the free state, unread.
 	day atomic.Uint32
-	// handoff is set by a release that handed the lock to a waiter.
-	handoff handoff
 }
 
 // dayOf is the day a grant sent at sent with a PX of px sets, by this
@@ -129,11 +127,13 @@ func (ls *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
 	if n >= 2 {
-		ls.handoff = handoff{key: ls.key, at: time.Now()}
+		// Made here, not kept in the lease: only a contended release
+		// pays for it, not every held lock.
+		h := &handoff{key: ls.key, at: time.Now()}
 		if n > 2 {
-			ls.handoff.clock = n
+			h.clock = n
 		}
-		ls.l.handedOff.Store(&ls.handoff)
+		ls.l.handedOff.Store(h)
 	}
 	return nil
 }
