@@ -152,8 +152,17 @@ func (a *attempt) take(ctx context.Context, wait bool, queued string, seen *api.
 // that contender, each time the key is free, to take it again: about the
 // time a releaser takes to ask again, well short of a handoff's cost to
 // the waiter when nobody does.
+//
+// The waiter yields once in its turn at the head, so yieldFor sets how
+// often a releaser that keeps asking again is made to hand over: each
+// handover costs the lost attempts around it and the releaser's way back
+// through the queue, writes all. Counted with 8 contenders on one key
+// (guard.Do, hold 0 and 1 ms), 10 ms left 2.47 and 2.79 Raft writes per
+// acquisition, 30 ms 2.26 and 2.45, against 2.0 for one that nobody
+// contends. The price is up to yieldFor more waiting for the head of the
+// queue while a releaser keeps coming back; a fair waiter never yields.
 const (
-	yieldFor  = 10 * time.Millisecond
+	yieldFor  = 30 * time.Millisecond
 	bargeWait = 2 * time.Millisecond
 )
 
