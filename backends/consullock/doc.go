@@ -88,7 +88,16 @@
 // Without AcquireOptions.Fair a waiter first tries the lock once, before it
 // queues, so it may barge in ahead of the queue: a free lock costs one
 // request, waited for or not. A fair acquisition that does not wait takes
-// the lock if it is free, like any other.
+// the lock if it is free, like any other. The first in the queue, when not
+// fair, that loses an attempt to such a contender (most often a releaser
+// asking again at once) yields to it for 30 ms after that loss, once in its
+// turn at the head: each time it finds the lock free, it gives it 2 ms to
+// be taken (one blocking query) before it attempts. Every attempt is a
+// write through Raft, one that fails costs the servers as much as one that
+// succeeds, and a waiter that wins forces the releaser through the queue,
+// a write more; yielding turns most of those lost races into reads, at the
+// cost of up to 30 ms more waiting for the head of the queue while a
+// releaser keeps coming back.
 //
 // # Read/write locks and semaphores
 //

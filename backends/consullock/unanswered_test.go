@@ -487,6 +487,27 @@ func untilAnsweredBy(ctx context.Context, deadline time.Time, timeout time.Durat
 	return untilAnswered(ctx, timeout, send)
 }
 
+// stubAttempt is an attempt on the lock key "k.lock" by a live session of
+// a Locker whose client sends every request to rt.
+func stubAttempt(t *testing.T, rt http.RoundTripper) *attempt {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address = "consul.invalid:8500"
+	cfg.HttpClient = &http.Client{Transport: rt}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	s := &session{l: l, ctx: sctx, stop: stop, done: make(chan struct{})}
+	return &attempt{l: l, s: s, key: "k.lock"}
+}
+
 // stubConsul answers a client's requests in a bubble: blocking queries
 // hang until their request ends, other reads find nothing.
 type stubConsul struct {
@@ -512,23 +533,9 @@ func (sc *stubConsul) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestBlockingQueryBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sc := &stubConsul{}
-		cfg := api.DefaultConfig()
-		cfg.Address = "consul.invalid:8500"
-		cfg.HttpClient = &http.Client{Transport: sc}
-		c, err := api.NewClient(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sctx, stop := context.WithCancel(context.Background())
-		defer stop()
-		s := &session{l: l, ctx: sctx, stop: stop, done: make(chan struct{})}
-		a := &attempt{l: l, s: s, key: "k.lock"}
+		a := stubAttempt(t, sc)
 		start := time.Now()
-		free, err := a.waitFree(t.Context(), 5)
+		free, _, err := a.waitFree(t.Context(), 5)
 		if err != nil || free != 0 {
 			t.Fatalf("waitFree: %d, %v; want the key found gone", free, err)
 		}
@@ -544,4 +551,117 @@ func TestBlockingQueryBound(t *testing.T) {
 			t.Errorf("reads %q, want a blocking query from index 5 and then a consistent read", sc.reads)
 		}
 	})
+}
+
+// scriptedConsul answers a waiter's requests in a bubble from a script,
+// one step a request, and records what each request was.
+type scriptedConsul struct {
+	mu      sync.Mutex
+	sent    []string // "txn", "read", or "query <index> <wait>"
+	steps   []func(*http.Request) (*http.Response, error)
+	drained chan struct{} // closed at the first request past the script
+}
+
+func (sc *scriptedConsul) RoundTrip(r *http.Request) (*http.Response, error) {
+	what := "read"
+	q := r.URL.Query()
+	switch {
+	case strings.HasSuffix(r.URL.Path, "/txn"):
+		what = "txn"
+	case q.Has("index"):
+		what = "query " + q.Get("index") + " " + q.Get("wait")
+	}
+	sc.mu.Lock()
+	sc.sent = append(sc.sent, what)
+	step := len(sc.sent) - 1
+	sc.mu.Unlock()
+	if step >= len(sc.steps) {
+		if step == len(sc.steps) {
+			close(sc.drained)
+		}
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return sc.steps[step](r)
+}
+
+// consulAnswer is an answer of Consul's with index, and body as JSON.
+func consulAnswer(r *http.Request, status int, index, body string) (*http.Response, error) {
+	return &http.Response{StatusCode: status, Body: io.NopCloser(strings.NewReader(body)),
+		Header: http.Header{"X-Consul-Index": {index}, "X-Consul-Knownleader": {"true"}, "X-Consul-Lastcontact": {"0"}}, Request: r}, nil
+}
+
+// TestWaiterYieldsToBarger: a waiter that is not fair and loses an attempt
+// gives the key, each time it finds it free, bargeWait to be taken before
+// it attempts again (one query, no write), and goes on waiting without a
+// write when it is taken meanwhile; after yieldFor it attempts at once
+// again. A fair waiter never yields.
+func TestWaiterYieldsToBarger(t *testing.T) {
+	lost := func(r *http.Request) (*http.Response, error) {
+		return consulAnswer(r, http.StatusConflict, "0", `{"Errors":[{"OpIndex":0,"What":"key exists"}]}`)
+	}
+	gone := func(index string) func(*http.Request) (*http.Response, error) {
+		return func(r *http.Request) (*http.Response, error) { return consulAnswer(r, http.StatusNotFound, index, "") }
+	}
+	held := func(index string) func(*http.Request) (*http.Response, error) {
+		return func(r *http.Request) (*http.Response, error) {
+			return consulAnswer(r, http.StatusOK, index,
+				`[{"Key":"k.lock","Session":"other","CreateIndex":`+index+`,"ModifyIndex":`+index+`,"LockIndex":1}]`)
+		}
+	}
+	after := func(d time.Duration, answer func(*http.Request) (*http.Response, error)) func(*http.Request) (*http.Response, error) {
+		return func(r *http.Request) (*http.Response, error) {
+			time.Sleep(d)
+			return answer(r)
+		}
+	}
+	wait := bargeWait.String()
+	for _, tc := range []struct {
+		fair  bool
+		steps []func(*http.Request) (*http.Response, error)
+		want  []string
+	}{{
+		steps: []func(*http.Request) (*http.Response, error){
+			lost, gone("10"), // lost; the key is free again
+			held("11"), gone("12"), // taken while the waiter yields; freed
+			after(bargeWait, gone("12")), // free for bargeWait: attempt
+			lost, gone("13"),
+			after(2*yieldFor, held("14")), gone("15"), // yieldFor over: attempt at once
+			lost,
+		},
+		want: []string{
+			"txn", "read",
+			"query 10 " + wait, "query 11 1000ms",
+			"query 12 " + wait,
+			"txn", "read",
+			"query 13 " + wait, "query 14 1000ms",
+			"txn",
+		},
+	}, {
+		fair:  true,
+		steps: []func(*http.Request) (*http.Response, error){lost, gone("10"), lost},
+		want:  []string{"txn", "read", "txn"},
+	}} {
+		synctest.Test(t, func(t *testing.T) {
+			sc := &scriptedConsul{steps: tc.steps, drained: make(chan struct{})}
+			a := stubAttempt(t, sc)
+			a.fair = tc.fair
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.take(ctx, true, "", nil)
+				done <- err
+			}()
+			<-sc.drained
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("take: %v, want context.Canceled", err)
+			}
+			sc.mu.Lock()
+			defer sc.mu.Unlock()
+			if got := sc.sent[:min(len(sc.sent), len(tc.want))]; !slices.Equal(got, tc.want) {
+				t.Errorf("fair=%v: sent %q, want %q", tc.fair, sc.sent, tc.want)
+			}
+		})
+	}
 }
