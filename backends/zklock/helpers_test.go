@@ -203,3 +203,23 @@ func acquireLater(ctx context.Context, t testing.TB, l *Locker, key string) <-ch
 	}()
 	return got
 }
+
+// fourLetter sends a four-letter command (srvr, wchp, ...) to the ZooKeeper
+// server at addr and returns its answer.
+func fourLetter(t testing.TB, addr, word string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(word)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -483,16 +483,17 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			continue
 		case all:
 		default:
-			e, err := call(ctx, l, "watch", func() (existence, error) {
-				ok, stat, ch, err := l.conn.ExistsW(parent + "/" + target)
-				return existence{ok, stat, ch}, err
-			})
-			if err != nil {
+			e, err := l.watchNode(ctx, parent+"/"+target)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				// Gone since the listing: look again.
+				continue
+			case err != nil:
 				return nil, l.leave(ctx, node, err)
-			}
-			// A semaphore contender that took its permit marks its node
-			// (see grant); the one behind it may then be first in line.
-			if !e.ok || k == kindPermit && e.stat.Version > 0 {
+			case k == kindPermit && e.stat.Version > 0:
+				// A semaphore contender that took its permit marks its
+				// node (see grant); the one behind it may then be first
+				// in line.
 				continue
 			}
 			r.ch = e.ch
@@ -509,6 +510,20 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			return nil, l.leave(ctx, node, ctx.Err())
 		}
 	}
+}
+
+// watchNode sets a data watch on node, the one a contender queues behind,
+// which fires when the node changes or goes. It reads the node's data for
+// it rather than asking whether it exists: a node gone since the listing
+// then fails with zk.ErrNoNode and leaves no watch, where an exists watch
+// would stay registered for its creation, on the server and in the client
+// library, until the session ends, and nobody creates a contender node
+// twice.
+func (l *Locker) watchNode(ctx context.Context, node string) (existence, error) {
+	return call(ctx, l, "watch", func() (existence, error) {
+		_, stat, ch, err := l.conn.GetW(node)
+		return existence{ok: err == nil, stat: stat, ch: ch}, err
+	})
 }
 
 // blockers counts the contenders of a lock's queue q that keep the one at
