@@ -59,7 +59,7 @@ func waiters(t testing.TB, l *Locker, key string) int {
 	if err != nil {
 		t.Fatalf("Children: %v", err)
 	}
-	q := queue(names)
+	q := queue(nil, names)
 	n := 0
 	for i := range q {
 		if holds, _, _ := decide(q, i, 1); !holds {

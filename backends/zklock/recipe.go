@@ -101,11 +101,23 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 }
 
 // lockPath is the parent node of key's lock and read/write lock.
-func (l *Locker) lockPath(key string) string { return l.root + "/" + escape(key) }
+func (l *Locker) lockPath(key string) string { return l.keyPath(key, "") }
 
 // semaphorePath is the parent node of key's semaphore; '~' never survives
 // escape, so it cannot collide with a lock's parent.
-func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape(key) + "~semaphore" }
+func (l *Locker) semaphorePath(key string) string { return l.keyPath(key, "~semaphore") }
+
+// keyPath is the node under the root named by escaping key, with suffix:
+// built in one allocation, since every acquisition makes one.
+func (l *Locker) keyPath(key, suffix string) string {
+	var b strings.Builder
+	b.Grow(len(l.root) + 1 + len(key) + 8 + len(suffix))
+	b.WriteString(l.root)
+	b.WriteByte('/')
+	escapeTo(&b, key)
+	b.WriteString(suffix)
+	return b.String()
+}
 
 // escape turns any key into one valid node name, readable where the key is:
 // bytes outside [A-Za-z0-9_:.-] become %XX, and so does a leading '.' (the
@@ -113,6 +125,12 @@ func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape
 func escape(key string) string {
 	var b strings.Builder
 	b.Grow(len(key) + 8)
+	escapeTo(&b, key)
+	return b.String()
+}
+
+// escapeTo writes escape(key) to b.
+func escapeTo(b *strings.Builder, key string) {
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		safe := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
@@ -126,15 +144,13 @@ func escape(key string) string {
 			b.WriteByte(hexDigits[c&15])
 		}
 	}
-	return b.String()
 }
 
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
 func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (created, error) {
-	var g [16]byte
-	rand.Read(g[:])
-	cr := &creation{l: l, parent: parent, guid: hex.EncodeToString(g[:]), kind: k, data: data}
+	cr := &creation{l: l, parent: parent, data: data}
+	cr.prefix, cr.guid = contenderPrefix(parent, k)
 	if err := l.send(ctx, "create", cr); err != nil {
 		return created{}, err
 	}
@@ -144,12 +160,34 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 	return cr.c, cr.err
 }
 
+// contenderPrefix is the path, under parent, of a new contender node of
+// kind k up to the sequence number the server appends, and the random GUID
+// in it, a part of the same string.
+func contenderPrefix(parent string, k kind) (prefix, guid string) {
+	var g [16]byte
+	rand.Read(g[:])
+	var h [32]byte
+	hex.Encode(h[:], g[:])
+	var b strings.Builder
+	b.Grow(len(parent) + 1 + len(guidPrefix) + len(h) + len(k) + 2)
+	b.WriteString(parent)
+	b.WriteByte('/')
+	b.WriteString(guidPrefix)
+	start := b.Len()
+	b.Write(h[:])
+	b.WriteByte('-')
+	b.WriteString(string(k))
+	b.WriteByte('-')
+	prefix = b.String()
+	return prefix, prefix[start : start+len(h)]
+}
+
 // creation is the request of enqueue, and its result.
 type creation struct {
 	l      *Locker
 	parent string
+	prefix string // see contenderPrefix
 	guid   string
-	kind   kind
 	data   []byte
 
 	c     created
@@ -158,7 +196,7 @@ type creation struct {
 }
 
 func (cr *creation) Run() {
-	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.guid, cr.kind, cr.data)
+	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.prefix, cr.guid, cr.data)
 }
 
 func (cr *creation) Abandoned() {
@@ -195,8 +233,7 @@ type created struct {
 // and the parent's number of children in that answer, counted right after
 // the create, says whether the new node is alone in the queue, and so holds
 // the lock without a listing.
-func (l *Locker) create(parent, guid string, k kind, data []byte) (c created, maybe bool, err error) {
-	prefix := parent + "/" + guidPrefix + guid + "-" + string(k) + "-"
+func (l *Locker) create(parent, prefix, guid string, data []byte) (c created, maybe bool, err error) {
 	for range 5 {
 		l.requests.Add(1)
 		sid, sent := l.conn.SessionID(), time.Now()
@@ -343,10 +380,10 @@ type contender struct {
 	seq  int64
 }
 
-// queue parses and orders the children of a lock's parent; names that are
-// not contender nodes are ignored.
-func queue(names []string) []contender {
-	q := make([]contender, 0, len(names))
+// queue parses and orders the children of a lock's parent into q, whose
+// contents it replaces; names that are not contender nodes are ignored.
+func queue(q []contender, names []string) []contender {
+	q = slices.Grow(q[:0], len(names))
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, guidPrefix)
 		if !ok || len(rest) < 34 || rest[32] != '-' {
@@ -440,13 +477,15 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		}
 	}
 	watchAll := false
+	var q []contender // kept from one listing to the next
 	for {
 		sent := time.Now()
+		withWatch := watchAll // a copy the listing captures without an allocation
 		r, err := call(ctx, l, "list", func() (listing, error) {
 			var lst listing
 			var err error
 			sid := l.conn.SessionID()
-			if watchAll {
+			if withWatch {
 				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
 			} else {
 				lst.names, _, err = l.conn.Children(parent)
@@ -458,7 +497,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		})
 		holds, target, all, sole := false, "", false, false
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
-			q := queue(r.names)
+			q = queue(q, r.names)
 			pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
 			if pos < 0 {
 				return nil, errRequeue
