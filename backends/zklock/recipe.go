@@ -220,6 +220,7 @@ type created struct {
 	sid   int64
 	sent  time.Time
 	only  bool
+	pstat *zk.Stat // the parent's right after the create (see hints)
 }
 
 // create is the protected create: after a connection loss, whether the node
@@ -288,7 +289,7 @@ func (l *Locker) createMulti(parent, prefix string, data []byte, sid int64, sent
 	}
 	c := created{node: res[0].String}
 	if st := res[1].Stat; st != nil && sid != 0 && l.conn.SessionID() == sid {
-		c.czxid, c.sid, c.sent, c.only = st.Mzxid, sid, sent, st.NumChildren == 1
+		c.czxid, c.sid, c.sent, c.only, c.pstat = st.Mzxid, sid, sent, st.NumChildren == 1, st
 	}
 	return c, nil
 }
@@ -438,6 +439,7 @@ func decide(q []contender, pos, permits int) (holds bool, target string, all boo
 // when the session changed while it was in flight).
 type listing struct {
 	names []string
+	stat  *zk.Stat // the parent's
 	ch    <-chan zk.Event
 	sid   int64
 }
@@ -461,10 +463,12 @@ type existence struct {
 // section sends nothing more), and a deletion that comes first is found by
 // that read. A waiter woken by the deletion of the only node ahead of it
 // reads its own node instead of listing the queue again, which sets the
-// watch at once. The listings set no watch: a child watch on the queue would
-// fire on every contender's arrival and departure, a notification to each
-// waiter's session for every change, and a data watch to set after all
-// once it fired while the lease was held. A permit's grant writes its node
+// watch at once. A writer whose Locker's hints name the node it queues
+// behind watches that node before any listing (see hint.go). The listings
+// set no watch: a child watch on the queue would fire on every
+// contender's arrival and departure, a notification to each waiter's
+// session for every change, and a data watch to set after all once it
+// fired while the lease was held. A permit's grant writes its node
 // instead (see grantPermit).
 func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, permits int, wait bool) (driver.Lease, error) {
 	node := c.node
@@ -474,6 +478,26 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		le = &lease{l: l, node: node}
 		if c.only && c.czxid != 0 && c.sid != 0 {
 			return l.granted(ctx, le, c.czxid, c.sid, c.sent)
+		}
+	}
+	if k == kindWrite && wait {
+		// Queued behind the node the hints name, if it is still there.
+		if pred := l.hints.predecessor(parent, c.pstat); pred != "" {
+			e, err := l.watchNode(ctx, parent+"/"+pred)
+			switch {
+			case err == nil:
+				ev, err := l.await(ctx, node, e.ch)
+				if err != nil {
+					return nil, err
+				}
+				// Two children after the create: that node was the only
+				// one ahead (see the sole case below).
+				if c.pstat.NumChildren == 2 && ev.Type == zk.EventNodeDeleted {
+					return l.grantRead(ctx, le)
+				}
+			case !errors.Is(err, zk.ErrNoNode):
+				return nil, l.leave(ctx, node, err)
+			}
 		}
 	}
 	watchAll := false
@@ -486,9 +510,9 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			var err error
 			sid := l.conn.SessionID()
 			if withWatch {
-				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
+				lst.names, lst.stat, lst.ch, err = l.conn.ChildrenW(parent)
 			} else {
-				lst.names, _, err = l.conn.Children(parent)
+				lst.names, lst.stat, err = l.conn.Children(parent)
 			}
 			if l.conn.SessionID() == sid {
 				lst.sid = sid
@@ -504,6 +528,9 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			}
 			holds, target, all = decide(q, pos, permits)
 			sole = le != nil && blockers(q, pos) == 1
+			if err == nil {
+				l.hints.note(parent, r.stat, q, name)
+			}
 		}
 		switch {
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
@@ -537,17 +564,27 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			}
 			r.ch = e.ch
 		}
-		select {
-		case ev := <-r.ch:
-			// The only node ahead is gone, and none can come before: c's
-			// node holds if it is still there, which the read that sets
-			// its revocation watch tells instead of another listing.
-			if sole && ev.Type == zk.EventNodeDeleted {
-				return l.grantRead(ctx, le)
-			}
-		case <-ctx.Done():
-			return nil, l.leave(ctx, node, ctx.Err())
+		ev, err := l.await(ctx, node, r.ch)
+		if err != nil {
+			return nil, err
 		}
+		// The only node ahead is gone, and none can come before: c's node
+		// holds if it is still there, which the read that sets its
+		// revocation watch tells instead of another listing.
+		if sole && ev.Type == zk.EventNodeDeleted {
+			return l.grantRead(ctx, le)
+		}
+	}
+}
+
+// await waits for the event of a watch the contender of node set, or, when
+// ctx ends first, withdraws node and returns ctx's error.
+func (l *Locker) await(ctx context.Context, node string, ch <-chan zk.Event) (zk.Event, error) {
+	select {
+	case ev := <-ch:
+		return ev, nil
+	case <-ctx.Done():
+		return zk.Event{}, l.leave(ctx, node, ctx.Err())
 	}
 }
 
