@@ -3,6 +3,8 @@ package zklock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,12 +73,13 @@ func TestHintSkipsListing(t *testing.T) {
 	holder, l, quitter, admin := dial(t, srv), dial(t, srv), dial(t, srv), dial(t, srv)
 	opts := driver.AcquireOptions{TTL: testSession}
 	for _, tc := range []struct {
-		name string
-		gone bool // the hint names a waiter that gives up before l queues
-		want int64
+		name   string
+		gone   bool  // the hint names a waiter that gives up before l queues
+		queued int64 // requests sent until the waiter waits
+		want   int64
 	}{
-		{"hint", false, 3},
-		{"hint of a node gone", true, 5},
+		{"hint", false, 2, 3},
+		{"hint of a node gone", true, 4, 5},
 	} {
 		k := testKey(t)
 		parent := l.lockPath(k)
@@ -108,7 +111,9 @@ func TestHintSkipsListing(t *testing.T) {
 		}
 		before := l.requests.Load()
 		got := acquireLater(ctx, t, l, k)
-		eventually(t, "the waiter queues", func() bool { return waiters(t, admin, k) == 1 })
+		eventually(t, "the waiter watches the holder's node", func() bool {
+			return l.requests.Load()-before == tc.queued && watches(t, srv[0], l.conn.SessionID(), blocker.(*lease).node)
+		})
 		if err := blocker.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -130,4 +135,22 @@ func TestHintSkipsListing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// watches reports whether session sid has a watch on path on the ZooKeeper
+// server at addr, by its wchc command: each session's id in hex, then the
+// paths it watches, one a line after a tab.
+func watches(t testing.TB, addr string, sid int64, path string) bool {
+	mine := false
+	for line := range strings.Lines(fourLetter(t, addr, "wchc")) {
+		line = strings.TrimRight(line, "\n")
+		if p, ok := strings.CutPrefix(line, "\t"); ok {
+			if mine && p == path {
+				return true
+			}
+			continue
+		}
+		mine = line == fmt.Sprintf("0x%x", sid)
+	}
+	return false
 }
