@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -325,4 +326,36 @@ func TestWatchTimer(t *testing.T) {
 		}
 		l.bg.Wait()
 	})
+}
+
+// TestWatchOfGoneNodeLeavesNone: the node a waiter queues behind may go
+// between the listing and the watch. The watch's read then finds it gone
+// and the server keeps no watch for it, where an exists watch would stay
+// registered for a creation that never comes, until the session ends. A
+// watch on a node that is there is kept, and seen by the same check.
+func TestWatchOfGoneNodeLeavesNone(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := dial(t, srv)
+	held, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	there := held.(*lease).node
+	gone := there + "-gone"
+	if _, err := l.watchNode(ctx, gone); !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("watch of a missing node: %v, want zk.ErrNoNode", err)
+	}
+	if _, err := l.watchNode(ctx, there); err != nil {
+		t.Fatal(err)
+	}
+	watches := fourLetter(t, srv[0], "wchp")
+	if !strings.Contains(watches, there+"\n") {
+		t.Fatalf("no watch on %s among the server's watches:\n%s", there, watches)
+	}
+	if strings.Contains(watches, gone+"\n") {
+		t.Fatalf("the server keeps a watch on the missing %s", gone)
+	}
 }

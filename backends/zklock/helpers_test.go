@@ -59,7 +59,7 @@ func waiters(t testing.TB, l *Locker, key string) int {
 	if err != nil {
 		t.Fatalf("Children: %v", err)
 	}
-	q := queue(names)
+	q := queue(nil, names)
 	n := 0
 	for i := range q {
 		if holds, _, _ := decide(q, i, 1); !holds {
@@ -202,4 +202,24 @@ func acquireLater(ctx context.Context, t testing.TB, l *Locker, key string) <-ch
 		got <- lease
 	}()
 	return got
+}
+
+// fourLetter sends a four-letter command (srvr, wchp, ...) to the ZooKeeper
+// server at addr and returns its answer.
+func fourLetter(t testing.TB, addr, word string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(word)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

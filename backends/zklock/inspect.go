@@ -56,7 +56,7 @@ func (l *Locker) holders(ctx context.Context, parent string) ([]holder, int, err
 		if err != nil {
 			return nil, 0, err
 		}
-		q := queue(names)
+		q := queue(nil, names)
 		n := 0
 		for n < len(q) {
 			if holds, _, _ := decide(q, n, 0); !holds {

@@ -61,7 +61,10 @@
 // it queues behind; woken, it lists the queue again, or, when that node was
 // the only one ahead of it, reads its own node, which sets its watch: five
 // requests for an acquisition that waits once, the count of go-zookeeper's
-// Lock.
+// Lock. An exclusive lock's waiter skips the first listing when the
+// Locker's latest listing of the queue names the node it queues behind and
+// nobody else joined since (see hint.go): four, which a holder that
+// releases and queues again at once often gets.
 //
 // # Releases that get no answer
 //
@@ -257,6 +260,7 @@ type Locker struct {
 	// plainCreate: the ACL refused the create's write of the parent's
 	// data, so contender nodes are created alone (see create).
 	plainCreate atomic.Bool
+	hints       hints // the latest listings of lock queues (see hint.go)
 
 	mu     sync.Mutex
 	ep     *epoch            // leases granted since the session was last known healthy

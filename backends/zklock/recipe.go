@@ -101,11 +101,23 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 }
 
 // lockPath is the parent node of key's lock and read/write lock.
-func (l *Locker) lockPath(key string) string { return l.root + "/" + escape(key) }
+func (l *Locker) lockPath(key string) string { return l.keyPath(key, "") }
 
 // semaphorePath is the parent node of key's semaphore; '~' never survives
 // escape, so it cannot collide with a lock's parent.
-func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape(key) + "~semaphore" }
+func (l *Locker) semaphorePath(key string) string { return l.keyPath(key, "~semaphore") }
+
+// keyPath is the node under the root named by escaping key, with suffix:
+// built in one allocation, since every acquisition makes one.
+func (l *Locker) keyPath(key, suffix string) string {
+	var b strings.Builder
+	b.Grow(len(l.root) + 1 + len(key) + 8 + len(suffix))
+	b.WriteString(l.root)
+	b.WriteByte('/')
+	escapeTo(&b, key)
+	b.WriteString(suffix)
+	return b.String()
+}
 
 // escape turns any key into one valid node name, readable where the key is:
 // bytes outside [A-Za-z0-9_:.-] become %XX, and so does a leading '.' (the
@@ -113,6 +125,12 @@ func (l *Locker) semaphorePath(key string) string { return l.root + "/" + escape
 func escape(key string) string {
 	var b strings.Builder
 	b.Grow(len(key) + 8)
+	escapeTo(&b, key)
+	return b.String()
+}
+
+// escapeTo writes escape(key) to b.
+func escapeTo(b *strings.Builder, key string) {
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		safe := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
@@ -126,15 +144,13 @@ func escape(key string) string {
 			b.WriteByte(hexDigits[c&15])
 		}
 	}
-	return b.String()
 }
 
 // enqueue creates the contender node under parent. When ctx ends first, the
 // create may still complete: a cleanup deletes whatever it made.
 func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (created, error) {
-	var g [16]byte
-	rand.Read(g[:])
-	cr := &creation{l: l, parent: parent, guid: hex.EncodeToString(g[:]), kind: k, data: data}
+	cr := &creation{l: l, parent: parent, data: data}
+	cr.prefix, cr.guid = contenderPrefix(parent, k)
 	if err := l.send(ctx, "create", cr); err != nil {
 		return created{}, err
 	}
@@ -144,12 +160,34 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 	return cr.c, cr.err
 }
 
+// contenderPrefix is the path, under parent, of a new contender node of
+// kind k up to the sequence number the server appends, and the random GUID
+// in it, a part of the same string.
+func contenderPrefix(parent string, k kind) (prefix, guid string) {
+	var g [16]byte
+	rand.Read(g[:])
+	var h [32]byte
+	hex.Encode(h[:], g[:])
+	var b strings.Builder
+	b.Grow(len(parent) + 1 + len(guidPrefix) + len(h) + len(k) + 2)
+	b.WriteString(parent)
+	b.WriteByte('/')
+	b.WriteString(guidPrefix)
+	start := b.Len()
+	b.Write(h[:])
+	b.WriteByte('-')
+	b.WriteString(string(k))
+	b.WriteByte('-')
+	prefix = b.String()
+	return prefix, prefix[start : start+len(h)]
+}
+
 // creation is the request of enqueue, and its result.
 type creation struct {
 	l      *Locker
 	parent string
+	prefix string // see contenderPrefix
 	guid   string
-	kind   kind
 	data   []byte
 
 	c     created
@@ -158,7 +196,7 @@ type creation struct {
 }
 
 func (cr *creation) Run() {
-	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.guid, cr.kind, cr.data)
+	cr.c, cr.maybe, cr.err = cr.l.create(cr.parent, cr.prefix, cr.guid, cr.data)
 }
 
 func (cr *creation) Abandoned() {
@@ -182,6 +220,7 @@ type created struct {
 	sid   int64
 	sent  time.Time
 	only  bool
+	pstat *zk.Stat // the parent's right after the create (see hints)
 }
 
 // create is the protected create: after a connection loss, whether the node
@@ -195,8 +234,7 @@ type created struct {
 // and the parent's number of children in that answer, counted right after
 // the create, says whether the new node is alone in the queue, and so holds
 // the lock without a listing.
-func (l *Locker) create(parent, guid string, k kind, data []byte) (c created, maybe bool, err error) {
-	prefix := parent + "/" + guidPrefix + guid + "-" + string(k) + "-"
+func (l *Locker) create(parent, prefix, guid string, data []byte) (c created, maybe bool, err error) {
 	for range 5 {
 		l.requests.Add(1)
 		sid, sent := l.conn.SessionID(), time.Now()
@@ -251,7 +289,7 @@ func (l *Locker) createMulti(parent, prefix string, data []byte, sid int64, sent
 	}
 	c := created{node: res[0].String}
 	if st := res[1].Stat; st != nil && sid != 0 && l.conn.SessionID() == sid {
-		c.czxid, c.sid, c.sent, c.only = st.Mzxid, sid, sent, st.NumChildren == 1
+		c.czxid, c.sid, c.sent, c.only, c.pstat = st.Mzxid, sid, sent, st.NumChildren == 1, st
 	}
 	return c, nil
 }
@@ -343,10 +381,10 @@ type contender struct {
 	seq  int64
 }
 
-// queue parses and orders the children of a lock's parent; names that are
-// not contender nodes are ignored.
-func queue(names []string) []contender {
-	q := make([]contender, 0, len(names))
+// queue parses and orders the children of a lock's parent into q, whose
+// contents it replaces; names that are not contender nodes are ignored.
+func queue(q []contender, names []string) []contender {
+	q = slices.Grow(q[:0], len(names))
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, guidPrefix)
 		if !ok || len(rest) < 34 || rest[32] != '-' {
@@ -401,6 +439,7 @@ func decide(q []contender, pos, permits int) (holds bool, target string, all boo
 // when the session changed while it was in flight).
 type listing struct {
 	names []string
+	stat  *zk.Stat // the parent's
 	ch    <-chan zk.Event
 	sid   int64
 }
@@ -424,10 +463,12 @@ type existence struct {
 // section sends nothing more), and a deletion that comes first is found by
 // that read. A waiter woken by the deletion of the only node ahead of it
 // reads its own node instead of listing the queue again, which sets the
-// watch at once. The listings set no watch: a child watch on the queue would
-// fire on every contender's arrival and departure, a notification to each
-// waiter's session for every change, and a data watch to set after all
-// once it fired while the lease was held. A permit's grant writes its node
+// watch at once. A writer whose Locker's hints name the node it queues
+// behind watches that node before any listing (see hint.go). The listings
+// set no watch: a child watch on the queue would fire on every
+// contender's arrival and departure, a notification to each waiter's
+// session for every change, and a data watch to set after all once it
+// fired while the lease was held. A permit's grant writes its node
 // instead (see grantPermit).
 func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, permits int, wait bool) (driver.Lease, error) {
 	node := c.node
@@ -439,17 +480,39 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			return l.granted(ctx, le, c.czxid, c.sid, c.sent)
 		}
 	}
+	if k == kindWrite && wait {
+		// Queued behind the node the hints name, if it is still there.
+		if pred := l.hints.predecessor(parent, c.pstat); pred != "" {
+			e, err := l.watchNode(ctx, parent+"/"+pred)
+			switch {
+			case err == nil:
+				ev, err := l.await(ctx, node, e.ch)
+				if err != nil {
+					return nil, err
+				}
+				// Two children after the create: that node was the only
+				// one ahead (see the sole case below).
+				if c.pstat.NumChildren == 2 && ev.Type == zk.EventNodeDeleted {
+					return l.grantRead(ctx, le)
+				}
+			case !errors.Is(err, zk.ErrNoNode):
+				return nil, l.leave(ctx, node, err)
+			}
+		}
+	}
 	watchAll := false
+	var q []contender // kept from one listing to the next
 	for {
 		sent := time.Now()
+		withWatch := watchAll // a copy the listing captures without an allocation
 		r, err := call(ctx, l, "list", func() (listing, error) {
 			var lst listing
 			var err error
 			sid := l.conn.SessionID()
-			if watchAll {
-				lst.names, _, lst.ch, err = l.conn.ChildrenW(parent)
+			if withWatch {
+				lst.names, lst.stat, lst.ch, err = l.conn.ChildrenW(parent)
 			} else {
-				lst.names, _, err = l.conn.Children(parent)
+				lst.names, lst.stat, err = l.conn.Children(parent)
 			}
 			if l.conn.SessionID() == sid {
 				lst.sid = sid
@@ -458,13 +521,16 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		})
 		holds, target, all, sole := false, "", false, false
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
-			q := queue(r.names)
+			q = queue(q, r.names)
 			pos := slices.IndexFunc(q, func(c contender) bool { return c.name == name })
 			if pos < 0 {
 				return nil, errRequeue
 			}
 			holds, target, all = decide(q, pos, permits)
 			sole = le != nil && blockers(q, pos) == 1
+			if err == nil {
+				l.hints.note(parent, r.stat, q, name)
+			}
 		}
 		switch {
 		case err != nil && !errors.Is(err, zk.ErrNoNode):
@@ -483,32 +549,57 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			continue
 		case all:
 		default:
-			e, err := call(ctx, l, "watch", func() (existence, error) {
-				ok, stat, ch, err := l.conn.ExistsW(parent + "/" + target)
-				return existence{ok, stat, ch}, err
-			})
-			if err != nil {
+			e, err := l.watchNode(ctx, parent+"/"+target)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				// Gone since the listing: look again.
+				continue
+			case err != nil:
 				return nil, l.leave(ctx, node, err)
-			}
-			// A semaphore contender that took its permit marks its node
-			// (see grant); the one behind it may then be first in line.
-			if !e.ok || k == kindPermit && e.stat.Version > 0 {
+			case k == kindPermit && e.stat.Version > 0:
+				// A semaphore contender that took its permit marks its
+				// node (see grant); the one behind it may then be first
+				// in line.
 				continue
 			}
 			r.ch = e.ch
 		}
-		select {
-		case ev := <-r.ch:
-			// The only node ahead is gone, and none can come before: c's
-			// node holds if it is still there, which the read that sets
-			// its revocation watch tells instead of another listing.
-			if sole && ev.Type == zk.EventNodeDeleted {
-				return l.grantRead(ctx, le)
-			}
-		case <-ctx.Done():
-			return nil, l.leave(ctx, node, ctx.Err())
+		ev, err := l.await(ctx, node, r.ch)
+		if err != nil {
+			return nil, err
+		}
+		// The only node ahead is gone, and none can come before: c's node
+		// holds if it is still there, which the read that sets its
+		// revocation watch tells instead of another listing.
+		if sole && ev.Type == zk.EventNodeDeleted {
+			return l.grantRead(ctx, le)
 		}
 	}
+}
+
+// await waits for the event of a watch the contender of node set, or, when
+// ctx ends first, withdraws node and returns ctx's error.
+func (l *Locker) await(ctx context.Context, node string, ch <-chan zk.Event) (zk.Event, error) {
+	select {
+	case ev := <-ch:
+		return ev, nil
+	case <-ctx.Done():
+		return zk.Event{}, l.leave(ctx, node, ctx.Err())
+	}
+}
+
+// watchNode sets a data watch on node, the one a contender queues behind,
+// which fires when the node changes or goes. It reads the node's data for
+// it rather than asking whether it exists: a node gone since the listing
+// then fails with zk.ErrNoNode and leaves no watch, where an exists watch
+// would stay registered for its creation, on the server and in the client
+// library, until the session ends, and nobody creates a contender node
+// twice.
+func (l *Locker) watchNode(ctx context.Context, node string) (existence, error) {
+	return call(ctx, l, "watch", func() (existence, error) {
+		_, stat, ch, err := l.conn.GetW(node)
+		return existence{ok: err == nil, stat: stat, ch: ch}, err
+	})
 }
 
 // blockers counts the contenders of a lock's queue q that keep the one at

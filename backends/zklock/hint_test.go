@@ -1,0 +1,156 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// TestHintPredecessor: the hints name the node a create queued behind only
+// when that create is the only one since the listing, of the same parent
+// node, and never from a listing whose newest node is the lister's own.
+func TestHintPredecessor(t *testing.T) {
+	const parent = "/locks/k"
+	q := queue(nil, []string{
+		guidPrefix + "00000000000000000000000000000001-write-0000000007",
+		guidPrefix + "00000000000000000000000000000002-write-0000000009",
+	})
+	tail := q[1].name
+	listed := &zk.Stat{Czxid: 5, Cversion: 10, NumChildren: 2}
+	for _, tc := range []struct {
+		name string
+		st   *zk.Stat // the parent's after the create
+		want string
+	}{
+		{"only its create", &zk.Stat{Czxid: 5, Cversion: 11, NumChildren: 3}, tail},
+		{"its create and two deletes", &zk.Stat{Czxid: 5, Cversion: 13, NumChildren: 1}, tail},
+		{"another create too", &zk.Stat{Czxid: 5, Cversion: 12, NumChildren: 4}, ""},
+		{"another create and a delete", &zk.Stat{Czxid: 5, Cversion: 13, NumChildren: 3}, ""},
+		{"a parent made again", &zk.Stat{Czxid: 6, Cversion: 1, NumChildren: 1}, ""},
+		{"older than the listing", &zk.Stat{Czxid: 5, Cversion: 9, NumChildren: 2}, ""},
+		{"no stat", nil, ""},
+	} {
+		var h hints
+		h.note(parent, listed, q, "somebody else")
+		if got := h.predecessor(parent, tc.st); got != tc.want {
+			t.Errorf("%s: predecessor %q, want %q", tc.name, got, tc.want)
+		}
+		if got := h.predecessor(parent+"x", tc.st); got != "" {
+			t.Errorf("%s: predecessor %q for a parent never listed", tc.name, got)
+		}
+	}
+
+	var h hints
+	h.note(parent, listed, q, tail)
+	if got := h.predecessor(parent, &zk.Stat{Czxid: 5, Cversion: 11, NumChildren: 3}); got != "" {
+		t.Errorf("a listing whose newest node is the lister's own names %q", got)
+	}
+	h.note(parent, listed, q, "")
+	h.note(parent, &zk.Stat{Czxid: 5, Cversion: 8, NumChildren: 1}, q[:1], "")
+	if got := h.predecessor(parent, &zk.Stat{Czxid: 5, Cversion: 11, NumChildren: 3}); got != tail {
+		t.Errorf("an older listing answered later replaced the newer one: %q", got)
+	}
+}
+
+// TestHintSkipsListing: a waiter whose Locker listed the queue before, with
+// nobody else queued since, watches the node it queues behind without a
+// listing of its own; queued behind that one node, it then holds after
+// three requests (create, watch, read of its own node), where a waiter
+// without the hint sends four. A hint that names a node gone since (a
+// waiter that gave up) costs the watch's read, and the waiter lists as
+// usual: five.
+func TestHintSkipsListing(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holder, l, quitter, admin := dial(t, srv), dial(t, srv), dial(t, srv), dial(t, srv)
+	opts := driver.AcquireOptions{TTL: testSession}
+	for _, tc := range []struct {
+		name   string
+		gone   bool  // the hint names a waiter that gives up before l queues
+		queued int64 // requests sent until the waiter waits
+		want   int64
+	}{
+		{"hint", false, 2, 3},
+		{"hint of a node gone", true, 4, 5},
+	} {
+		k := testKey(t)
+		parent := l.lockPath(k)
+		blocker, err := holder.Acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, giveUp := context.WithCancel(ctx)
+		defer giveUp()
+		gaveUp := make(chan error, 1)
+		if tc.gone {
+			go func() {
+				_, err := quitter.Acquire(wctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+				gaveUp <- err
+			}()
+			eventually(t, "the quitter queues", func() bool { return waiters(t, admin, k) == 1 })
+		}
+		names, st, err := l.conn.Children(parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.hints.note(parent, st, queue(nil, names), "")
+		if tc.gone {
+			giveUp()
+			if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+				t.Fatalf("the quitter's Acquire: %v, want context.Canceled", err)
+			}
+			eventually(t, "the quitter's node goes", func() bool { return waiters(t, admin, k) == 0 })
+		}
+		before := l.requests.Load()
+		got := acquireLater(ctx, t, l, k)
+		eventually(t, "the waiter watches the holder's node", func() bool {
+			return l.requests.Load()-before == tc.queued && watches(t, srv[0], l.conn.SessionID(), blocker.(*lease).node)
+		})
+		if err := blocker.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		held := <-got
+		if held == nil {
+			t.FailNow()
+		}
+		_, stat, err := admin.conn.Get(held.(*lease).node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held.Token() != uint64(stat.Czxid) || held.(*lease).ep.session != l.conn.SessionID() {
+			t.Errorf("%s: token %d, session %d; want the node's czxid %d and %d", tc.name, held.Token(), held.(*lease).ep.session, stat.Czxid, l.conn.SessionID())
+		}
+		if n := l.requests.Load() - before; n != tc.want {
+			t.Errorf("%s: the waiter sent %d requests, want %d", tc.name, n, tc.want)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// watches reports whether session sid has a watch on path on the ZooKeeper
+// server at addr, by its wchc command: each session's id in hex, then the
+// paths it watches, one a line after a tab.
+func watches(t testing.TB, addr string, sid int64, path string) bool {
+	mine := false
+	for line := range strings.Lines(fourLetter(t, addr, "wchc")) {
+		line = strings.TrimRight(line, "\n")
+		if p, ok := strings.CutPrefix(line, "\t"); ok {
+			if mine && p == path {
+				return true
+			}
+			continue
+		}
+		mine = line == fmt.Sprintf("0x%x", sid)
+	}
+	return false
+}
