@@ -106,7 +106,8 @@ if read_first or kept ~= written then
 end
 -- The key expires at the end of day, moved once a day for a key in
 -- constant use.
-if not old_day or tonumber(old_day) < day then
+local od = old_day and tonumber(old_day)
+if not od or od < day then
   redis.call('pexpireat', KEYS[1], day * 86400000)
 end
 if recorded then
