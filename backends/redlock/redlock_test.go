@@ -249,8 +249,9 @@ func TestTokensGrowAfterNodesForget(t *testing.T) {
 	servers := startServers(t, 3)
 	grant := func() uint64 {
 		t.Helper()
-		l := privateLocker(t, servers, nil)
-		lease, err := l.Acquire(context.Background(), "k", driver.AcquireOptions{TTL: 2 * time.Second})
+		// A node timeout that a loaded machine's latency does not reach.
+		l := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+		lease, err := l.Acquire(context.Background(), "k", driver.AcquireOptions{TTL: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
