@@ -50,6 +50,33 @@ func callsByName(t *testing.T, servers []*server) map[string]int64 {
 	return by
 }
 
+// waitRefused runs a waiting Acquire of key on waiter, which must not get
+// it, until scripts (of the servers' counts) reaches enough, however slowly
+// a loaded machine lets it (failing the test after 20s), then ends it.
+func waitRefused(t *testing.T, waiter *Locker, key string, servers []*server, scripts func(map[string]int64) int64, enough int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		done <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for scripts(callsByName(t, servers)) < enough {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("fewer than %d scripts in 20s with pauses of 5ms at most", enough)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("acquired a lock held on a majority")
+	}
+}
+
 // TestUncontendedCycleCommands: once a Locker has heard the nodes' fences,
 // an uncontended acquisition and release cost 5 server commands a node
 // (the vote: EVALSHA, TIME, SET; the withdrawal: EVALSHA, SET), counted by
@@ -104,28 +131,9 @@ func TestRefusedRetriesWriteNothing(t *testing.T) {
 	scripts := func(by map[string]int64) int64 {
 		return (by["evalsha"] + by["eval"] - before["evalsha"] - before["eval"]) / nodes
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := waiter.Acquire(wctx, "held", driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
-		done <- err
-	}()
-	// The waiter retries until it has made enough attempts to tell one
-	// write an attempt from the first attempt's alone, however slowly a
-	// loaded machine lets it.
-	const enough = 20
-	deadline := time.Now().Add(20 * time.Second)
-	for scripts(callsByName(t, servers)) < enough {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d attempts in 20s with pauses of 5ms at most", enough)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err == nil {
-		t.Fatal("acquired a held lock")
-	}
+	// Enough attempts to tell one write an attempt from the first
+	// attempt's alone.
+	waitRefused(t, waiter, "held", servers, scripts, 20)
 	after := callsByName(t, servers)
 	attempts := scripts(after)
 	sets := (after["set"] - before["set"]) / nodes
@@ -224,25 +232,7 @@ func TestWaitersProbe(t *testing.T) {
 	scripts := func(by map[string]int64) int64 {
 		return by["evalsha"] + by["eval"] - before["evalsha"] - before["eval"]
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := waiter.Acquire(wctx, "probed", driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
-		done <- err
-	}()
-	const enough = 20
-	deadline := time.Now().Add(20 * time.Second)
-	for scripts(callsByName(t, servers[2:])) < enough {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d scripts on the free node in 20s with pauses of 5ms at most", enough)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err == nil {
-		t.Fatal("acquired a lock held on a majority")
-	}
+	waitRefused(t, waiter, "probed", servers[2:], scripts, 20)
 	after := callsByName(t, servers[2:])
 	sets := after["set"] - before["set"]
 	t.Logf("on the free node: %d scripts, %d SETs", scripts(after), sets)
