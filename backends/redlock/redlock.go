@@ -257,10 +257,10 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 				granted = append(granted, i)
 				mine = append(mine, i)
 				recorded++
-				// Its fence is now the proposal, which
-				// was above the fence it had: learning
-				// from it would move the base of
-				// proposals on by 1µs a round.
+				// Its fence is now the proposal, above
+				// the one it had. Not learned from:
+				// that would move the base on by 1µs
+				// a round, ahead of the clocks.
 				maxFence = max(maxFence, proposal)
 			} else if p := time.Duration(-a) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
 				hint = p
