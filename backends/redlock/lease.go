@@ -16,7 +16,8 @@ type lease struct {
 	lock, owner string
 	token       uint64
 	// day is when the vote's key expires, as the granting nodes set it
-	// (see state.lua): a release writes it back, unread.
+	// as a rule, worked out on our clock (expiryDay): a release writes it
+	// back, unread, and a node where it differs corrects it.
 	day int64
 	// votes are the nodes that may hold the owner's vote: those that
 	// granted it or did not answer. The others refused it, holding another

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,8 @@ var (
 	voteSrc string
 	//go:embed acquire.lua
 	acquireSrc string
+	//go:embed probe.lua
+	probeSrc string
 	//go:embed fence.lua
 	fenceSrc string
 	//go:embed release.lua
@@ -41,10 +44,10 @@ type Locker struct {
 	driftFactor float64
 	maxBackoff  time.Duration
 
-	acquire, fence, release, refresh *goredis.Script
+	acquire, probe, fence, release, refresh *goredis.Script
 	// The digests of the scripts every round sends, as interface values
 	// for evalsha, converted once.
-	acquireSha, releaseSha, refreshSha any
+	acquireSha, probeSha, releaseSha, refreshSha any
 	// all indexes every node, for rounds on all of them.
 	all []int
 
@@ -111,11 +114,12 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
 		acquire:     goredis.NewScript(acquireSrc),
+		probe:       goredis.NewScript(probeSrc),
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
 	}
-	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
+	l.acquireSha, l.probeSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.probe.Hash(), l.release.Hash(), l.refresh.Hash()
 	l.all = make([]int, len(nodes))
 	for i := range l.all {
 		l.all[i] = i
@@ -172,7 +176,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			// A waiter probes, writing nothing, and votes only once a
 			// majority would grant the vote: its votes then never split
 			// the nodes with a holder's own fresh attempt.
-			hint, free := l.probe(ctx, ls.lock, opts.TTL)
+			hint, free := l.probeNodes(ctx, ls.lock)
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
@@ -218,54 +222,69 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	start := time.Now()
 	proposal := l.propose(start)
 	lock := ls.lock
-	readFirst := "0"
+	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()}
 	if held {
-		readFirst = "1"
+		// Read the state before writing the vote (see acquire.lua).
+		cmd = append(cmd, "1")
 	}
-	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds(), readFirst}
 	// Every answer is awaited, though a majority that granted the vote and
 	// recorded the proposal settles the lease: a lease handed out before a
 	// slow node's vote lands would be released before it too, and the
 	// withdrawal would then have to wait for the vote, so that the next
 	// acquisition would find that node still held and be refused there.
 	votes := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
+		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Result()
 	}, nil, nil)
 	var (
 		granted  = make([]int, 0, len(l.nodes))
 		mine     = make([]int, 0, len(l.nodes)) // nodes that may hold the owner's vote: granted, or no answer
 		recorded int                            // granting nodes that recorded the proposal
 		tooHigh  bool                           // a node found the proposal too far ahead of its clock
-		maxFence int64
-		day      int64 // the key's expiry day, as a granting node set it
+		maxFence int64                          // the highest fence among the granting nodes, now
+		reported int64                          // the highest fence a node reported (see learn)
 		failed   int
 		hint     time.Duration
 	)
 	for i, v := range votes {
-		switch {
-		case v.err != nil:
+		if v.err != nil {
 			failed++
 			mine = append(mine, i)
-		case v.val.([]int64)[0] == 1:
+			continue
+		}
+		switch a := v.val.(type) {
+		case int64:
+			if a == 1 { // granted, the proposal recorded
+				granted = append(granted, i)
+				mine = append(mine, i)
+				recorded++
+				// Its fence is now the proposal, above
+				// the one it had. Not learned from:
+				// that would move the base on by 1µs
+				// a round, ahead of the clocks.
+				maxFence = max(maxFence, proposal)
+			} else if p := time.Duration(-a) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
+				hint = p
+			}
+		case string: // granted, the proposal not recorded: the node's fence
+			f, err := strconv.ParseInt(a, 10, 64)
+			if err != nil {
+				failed++
+				mine = append(mine, i)
+				continue
+			}
 			granted = append(granted, i)
 			mine = append(mine, i)
-			f, ok := v.val.([]int64)[1], v.val.([]int64)[2] == 1
 			maxFence = max(maxFence, f)
-			if r := v.val.([]int64); len(r) > 3 {
-				day = max(day, r[3])
-			}
-			if ok {
-				recorded++
-			} else if f < proposal {
+			reported = max(reported, f)
+			if f < proposal {
 				tooHigh = true
 			}
 		default:
-			if p := time.Duration(v.val.([]int64)[1]) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
-				hint = p
-			}
+			failed++
+			mine = append(mine, i)
 		}
 	}
-	l.learn(start, maxFence, tooHigh)
+	l.learn(start, reported, tooHigh)
 	fail := func(err error) (time.Duration, error) {
 		l.withdraw(ctx, lock, owner, "0", "0", mine, nil)
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -297,7 +316,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	}
 	ls.owner = owner
 	ls.token = uint64(token)
-	ls.day = day
+	ls.day = expiryDay(time.Now(), ttl)
 	ls.votes = mine
 	ls.setExpiry(expiry)
 	return 0, nil
@@ -311,23 +330,23 @@ func answered(r result) verdict {
 	return unsettled
 }
 
-// probe asks the nodes whether they would grant a vote for lock, writing
-// nothing: free when a majority would, and otherwise how long the holder's
-// votes still last. A node that fails counts against a majority.
-func (l *Locker) probe(ctx context.Context, lock string, ttl time.Duration) (hint time.Duration, free bool) {
-	cmd := []any{"evalsha", l.acquireSha, 1, lock, "-", ttl.Milliseconds(), 0, l.nodeTimeout.Microseconds(), "2"}
+// probeNodes asks the nodes whether they would grant a vote for lock,
+// writing nothing (probe.lua): free when a majority would, and otherwise
+// how long the holder's votes still last. A node that fails counts against
+// a majority.
+func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
+	cmd := []any{"evalsha", l.probeSha, 1, lock}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Int64Slice()
+		return evalsha(ctx, l.nodes[i], probeSrc, cmd).Int64()
 	}, probed, nil)
 	n := 0
 	for _, r := range rs {
 		if r.err != nil {
 			continue
 		}
-		v := r.val.([]int64)
-		if v[0] == 2 {
+		if v := r.val.(int64); v == 1 {
 			n++
-		} else if p := time.Duration(v[1]) * time.Millisecond; v[0] == 0 && p > 0 && (hint == 0 || p < hint) {
+		} else if p := time.Duration(-v) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
 			hint = p
 		}
 	}
@@ -340,12 +359,20 @@ func probed(r result) verdict {
 	switch {
 	case r.err != nil:
 		return unsettled
-	case r.val.([]int64)[0] == 2:
+	case r.val.(int64) == 1:
 		return pro
-	case r.val.([]int64)[0] == 0:
-		return con
 	}
-	return unsettled
+	return con
+}
+
+// expiryDay is the day (since the epoch) at whose end a vote's key expires
+// when the vote was granted about now for ttl, as acquire.lua works it out
+// on the node's clock. The release sends it back so that the node need not
+// rewrite its state, and a node that set another day (a clock apart from
+// ours by a day's boundary) only costs that rewrite.
+func expiryDay(now time.Time, ttl time.Duration) int64 {
+	const day = 24 * time.Hour
+	return (now.UnixMilli()+ttl.Milliseconds())/day.Milliseconds() + 2
 }
 
 // propose is the token to propose in a round sent at sent: the highest

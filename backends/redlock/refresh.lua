@@ -7,7 +7,10 @@ local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
-local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:%s', deadline, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+-- The deadline (13 digits) in two %d parts: see acquire.lua.
+local dhi = math.floor(deadline / 1000000)
+local dlo = deadline - dhi * 1000000
+local old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
 end
@@ -24,7 +27,7 @@ if owner ~= ARGV[1] or tonumber(d) <= now then
   return 0
 end
 if fence ~= ARGV[3] then
-  redis.call('set', KEYS[1], string.format('%.0f:%s:%d:%s', deadline, fence, day, owner), 'KEEPTTL')
+  redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, fence, day, owner), 'KEEPTTL')
 end
 if tonumber(old_day) < day then
   redis.call('pexpireat', KEYS[1], day * 86400000)

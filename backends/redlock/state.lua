@@ -13,8 +13,9 @@
 -- KEEPTTL keeps the key's expiry, which moves only when a vote or a refresh
 -- needs a later day (keep): once a day for a key in constant use. The
 -- helpers (clock, put, keep...) are backends/internal/redisstate's; the
--- vote, withdrawal and refresh scripts, on every acquisition's path, read
--- and write the format themselves, with none of them (see acquire.lua).
+-- vote, probe, withdrawal and refresh scripts, on every acquisition's path,
+-- read and write the format themselves, with none of them (see
+-- acquire.lua).
 
 -- parse reads a state: its deadline (a number), then its fence, day and
 -- owner (strings); nothing for a missing key or a value of another format.
