@@ -26,11 +26,20 @@ const (
 // name is under way when the delay ends, the announcement waits for it (up
 // to maxPostpone delays): on a loaded database an attempt can take longer
 // than the delay, and its answer is what decides.
+//
+// One timer, made once and re-armed, serves every pending announcement: a
+// holder looping over a hot key with waiters defers and drops one per cycle,
+// and a timer made for each cost that cycle two allocations and twice the
+// announcer's time.
 type announcer struct {
+	delay    time.Duration     // announceDelay but in tests
+	send     func(name string) // announces name's release
 	mu       sync.Mutex
 	pending  map[string]announcement // by lock name
 	attempts map[string]int          // attempts under way, by lock name
-	wg       sync.WaitGroup          // announcements under way
+	t        *time.Timer             // runs fire; nil until first needed
+	armed    bool                    // t is set, and its run has not yet taken mu
+	wg       sync.WaitGroup          // t's runs armed or under way
 	// gen numbers the deferred releases, so that an attempt only drops
 	// the announcement of a release that committed before it started.
 	gen atomic.Uint64
@@ -42,43 +51,74 @@ const maxPostpone = 20
 
 // announcement is one deferred release announcement.
 type announcement struct {
-	t   *time.Timer
-	gen uint64
+	due       time.Time
+	gen       uint64
+	postponed int
 }
 
-// after announces name's release on l's channel after l.announceDelay,
-// unless l finds name taken again before (end).
-func (a *announcer) after(l *Locker, name string) {
+// after announces name's release after a.delay, unless the Locker finds
+// name taken again before (end).
+func (a *announcer) after(name string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.pending == nil {
 		a.pending = make(map[string]announcement)
 	}
-	a.dropLocked(name)
-	a.armLocked(l, name, a.gen.Add(1), 0)
+	a.pending[name] = announcement{due: time.Now().Add(a.delay), gen: a.gen.Add(1)}
+	// Every announcement waits the same delay, so an armed timer is due
+	// no later than this one.
+	a.armLocked(a.delay)
 }
 
-func (a *announcer) armLocked(l *Locker, name string, gen uint64, postponed int) {
+// armLocked sets the timer to run fire after d, unless it is set already.
+func (a *announcer) armLocked(d time.Duration) {
+	if a.armed {
+		return
+	}
+	a.armed = true
 	a.wg.Add(1)
-	t := time.AfterFunc(l.announceDelay, func() {
-		defer a.wg.Done()
-		a.mu.Lock()
-		p, ok := a.pending[name]
-		mine := ok && p.gen == gen
-		if mine && a.attempts[name] > 0 && postponed < maxPostpone {
-			a.armLocked(l, name, gen, postponed+1)
-			a.mu.Unlock()
-			return
-		}
-		if mine {
+	if a.t == nil {
+		a.t = time.AfterFunc(d, a.fire)
+		return
+	}
+	a.t.Reset(d)
+}
+
+// fire announces the releases whose delay has passed, except those with an
+// attempt under way, which wait another delay, and sets the timer again for
+// those left.
+func (a *announcer) fire() {
+	defer a.wg.Done()
+	a.mu.Lock()
+	a.armed = false
+	now := time.Now()
+	var (
+		due  []string
+		next time.Duration
+	)
+	for name, p := range a.pending {
+		switch {
+		case p.due.After(now):
+		case a.attempts[name] > 0 && p.postponed < maxPostpone:
+			p.due = now.Add(a.delay)
+			p.postponed++
+			a.pending[name] = p
+		default:
 			delete(a.pending, name)
+			due = append(due, name)
+			continue
 		}
-		a.mu.Unlock()
-		if mine {
-			l.announce(name)
+		if d := p.due.Sub(now); next == 0 || d < next {
+			next = d
 		}
-	})
-	a.pending[name] = announcement{t, gen}
+	}
+	if next > 0 {
+		a.armLocked(next)
+	}
+	a.mu.Unlock()
+	for _, name := range due {
+		a.send(name)
+	}
 }
 
 // begin is to be called before an attempt on name, and its result passed
@@ -105,31 +145,33 @@ func (a *announcer) end(name string, mark uint64, found bool) {
 		delete(a.attempts, name)
 	}
 	if p, ok := a.pending[name]; ok && found && p.gen <= mark {
-		a.dropLocked(name)
+		delete(a.pending, name)
+		a.disarmIfIdleLocked()
 	}
 }
 
-func (a *announcer) dropLocked(name string) {
-	if p, ok := a.pending[name]; ok {
-		delete(a.pending, name)
-		if p.t.Stop() {
-			a.wg.Done()
-		}
+// disarmIfIdleLocked stops the timer when no announcement is left for it.
+// One that has started running finds none and is not set again.
+func (a *announcer) disarmIfIdleLocked() {
+	if len(a.pending) == 0 && a.armed && a.t.Stop() {
+		a.armed = false
+		a.wg.Done()
 	}
 }
 
 // flush announces every pending release now, and waits for the
 // announcements under way.
-func (a *announcer) flush(l *Locker) {
+func (a *announcer) flush() {
 	a.mu.Lock()
 	var names []string
 	for name := range a.pending {
 		names = append(names, name)
-		a.dropLocked(name)
 	}
+	clear(a.pending)
+	a.disarmIfIdleLocked()
 	a.mu.Unlock()
 	for _, name := range names {
-		l.announce(name)
+		a.send(name)
 	}
 	a.wg.Wait()
 }

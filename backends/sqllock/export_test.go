@@ -36,7 +36,7 @@ func Waiters(l *Locker, key string) int {
 
 // SetAnnounceDelay sets how long a release by a Locker that had waiters
 // lately goes unannounced.
-func SetAnnounceDelay(l *Locker, d time.Duration) { l.announceDelay = d }
+func SetAnnounceDelay(l *Locker, d time.Duration) { l.announcer.delay = d }
 
 // LeaseKey is the lock name of a lease l granted.
 func LeaseKey(l driver.Lease) string { return l.(*lease).key }

@@ -134,7 +134,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
 	}
 	if waited.Bool {
-		l.announcer.after(l, ls.key)
+		l.announcer.after(ls.key)
 	}
 	return nil
 }

@@ -66,8 +66,7 @@ type Locker struct {
 	// they only poll.
 	notes *notifier
 	// announcer defers the notification of releases while notes is hot.
-	announcer     announcer
-	announceDelay time.Duration
+	announcer announcer
 	// bounded: every statement of the Locker returns once its ctx is
 	// done (BoundedByContext).
 	bounded bool
@@ -141,9 +140,8 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 		owner:      c.owner,
 		maxBackoff: c.maxBackoff,
 		minPause:   4 * time.Millisecond,
-
-		announceDelay: announceDelay,
 	}
+	l.announcer.delay, l.announcer.send = announceDelay, l.announce
 	if d.name == "postgres" && c.notify {
 		l.channel = channelName(c.table)
 		// Releases notify whatever the driver, for the Lockers that can
@@ -344,7 +342,7 @@ func acquireOrWait(t, insert, now string) string {
 // leases, and the Locker stays usable; its waiting Acquire calls then poll
 // only. It always returns nil.
 func (l *Locker) Close() error {
-	l.announcer.flush(l)
+	l.announcer.flush()
 	l.notes.close()
 	return nil
 }
