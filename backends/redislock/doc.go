@@ -64,7 +64,9 @@
 // which looks for a waiter first when its own grant found some, and writes
 // the grant over its state in one SET GET, checked after (the script, TIME,
 // ZPOPMIN, SET, PUBLISH); and the releaser's refused attempt (the script,
-// the state's GET, the record's ZADD, PTTL). That attempt reads no TIME:
+// the state's GET, the record's ZADD, PTTL), and a PEXPIRE more when the
+// grant took the last record, so that the records' key went with it (10
+// with one waiter at a time). That attempt reads no TIME:
 // the release answers the server's clock of its grant, and an attempt sent
 // right after it (within a sixteenth of the waiter timeout) that finds the
 // lock held by another until past that clock takes it for the server's. A

@@ -129,11 +129,7 @@ func (ls *lease) Release(ctx context.Context) error {
 	if n >= 2 {
 		// Made here, not kept in the lease: only a contended release
 		// pays for it, not every held lock.
-		h := &handoff{key: ls.key, at: time.Now()}
-		if n > 2 {
-			h.clock = n
-		}
-		ls.l.handedOff.Store(h)
+		ls.l.handedOff.Store(&handoff{key: ls.key, at: time.Now(), clock: n})
 	}
 	return nil
 }
@@ -143,7 +139,7 @@ func (ls *lease) Release(ctx context.Context) error {
 type handoff struct {
 	key string
 	// clock is the server's clock (ms) when it granted the lock to the
-	// waiter, 0 when the release did not say; at is when the release was
+	// waiter, which the release answers; at is when the release was
 	// answered.
 	clock int64
 	at    time.Time

@@ -68,7 +68,12 @@ if handing then
     old = redis.call('set', KEYS[1], free, 'KEEPTTL', 'GET')
   end
   if score then
+    -- Put back as it was: a ZPOPMIN that emptied the key took its expiry
+    -- with it, and the record's deadline is when the key may go.
     redis.call('zadd', waiters, score, next)
+    if redis.call('pttl', waiters) < 0 then
+      redis.call('pexpireat', waiters, score)
+    end
   end
 end
 local token, day, waiting, owner
@@ -121,8 +126,11 @@ if score then
     redis.call('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
   end
-  -- Its waiter takes it out when it gets the lock.
+  -- Its waiter takes it out when it gets the lock. (Put back as above.)
   redis.call('zadd', waiters, score, next)
+  if redis.call('pttl', waiters) < 0 then
+    redis.call('pexpireat', waiters, score)
+  end
 end
 if token ~= ARGV[2] or day ~= ARGV[3] or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')

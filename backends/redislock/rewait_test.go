@@ -167,7 +167,9 @@ func sameCalls(got, want map[string]int64) bool {
 // release that has come and gone) but takes it.
 func TestReleaserComesBackToFreeLock(t *testing.T) {
 	admin, addr := privateClient(t)
-	a := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
+	// A long waiter timeout makes the window of the release's clock (a
+	// sixteenth of it) long enough for any load.
+	a := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}), WithWaiterTimeout(time.Minute))
 	b := newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}))
 	ctx := context.Background()
 	const key = "comes-back-free"
@@ -189,6 +191,11 @@ func TestReleaserComesBackToFreeLock(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Loaded first, so that it runs by digest.
+	if err := admin.ScriptLoad(ctx, rewaitSrc).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := serverCalls(t, admin)
 	start := time.Now()
 	le, err := a.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second, Wait: true, Owner: "a"})
 	if err != nil {
@@ -197,6 +204,11 @@ func TestReleaserComesBackToFreeLock(t *testing.T) {
 	// A refusal would have it wait a quarter of the TTL, 2.5 s.
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("the free lock took %v to take", took)
+	}
+	// rewait.lua ran, found the lock free and changed nothing; acquire.lua
+	// took it.
+	if d := delta(before, serverCalls(t, admin)); d["evalsha"] != 2 || d["zadd"] != 0 {
+		t.Errorf("the releaser coming back to a free lock: %v, want 2 scripts (rewait.lua, then acquire.lua) and no record", d)
 	}
 	if le.Token() <= held.Token() {
 		t.Errorf("token %d after %d", le.Token(), held.Token())
@@ -262,6 +274,12 @@ func TestHandingReleaseOfLostLease(t *testing.T) {
 	}
 	if n, _ := admin.ZCard(ctx, mutexNamesOf(key).waiters).Result(); n != 1 {
 		t.Fatalf("%d records after the lost lease's release, want w's", n)
+	}
+	// The record was taken out and put back: its key, emptied and made
+	// anew meanwhile, must still expire, or a record whose waiter dies
+	// stays for good.
+	if pttl, err := admin.PTTL(ctx, mutexNamesOf(key).waiters).Result(); err != nil || pttl <= 0 {
+		t.Fatalf("the records' key has PTTL %v (%v) after the lost lease's release, want an expiry", pttl, err)
 	}
 	if err := taken.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -338,6 +356,92 @@ func TestReleaserComesBackToLapsedLease(t *testing.T) {
 		t.Errorf("token %d after %d", le.Token(), lapsed.Token())
 	}
 	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaserComesBackToUnflaggedHolder: when the lock changed hands
+// twice before the releaser came back, and its holder's grant found nobody
+// waiting (so that its release will look for no waiter), the releaser's
+// first attempt must not record itself without raising the flag: the
+// holder's release would free the lock without a word to it. Its Locker is
+// already listening (for another key), so that no attempt after a new
+// subscription raises the flag in its place.
+func TestReleaserComesBackToUnflaggedHolder(t *testing.T) {
+	admin, addr := privateClient(t)
+	newL := func(opts ...Option) *Locker {
+		return newLocker(t, goredis.NewClient(&goredis.Options{Addr: addr}), opts...)
+	}
+	// A long waiter timeout makes the window of the release's clock (a
+	// sixteenth of it) long enough for any load.
+	a, b, x, y := newL(WithWaiterTimeout(time.Minute)), newL(), newL(), newL()
+	ctx := context.Background()
+	const key, other = "comes-back-unflagged", "comes-back-unflagged-other"
+	opts := func(owner string, wait bool) driver.AcquireOptions {
+		return driver.AcquireOptions{TTL: 10 * time.Second, Wait: wait, Owner: owner}
+	}
+	first, err := a.Acquire(ctx, key, opts("a", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := y.Acquire(ctx, other, opts("y", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotOther := waitFor(t, admin, a, other, "a", 1)
+	gotB := waitFor(t, admin, b, key, "b", 1)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byB := <-gotB
+	if byB == nil {
+		t.FailNow()
+	}
+	if err := byB.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byX, err := x.Acquire(ctx, key, opts("x", false))
+	if err != nil {
+		t.Fatalf("x on the free lock: %v", err)
+	}
+	if h := a.handedOff.Load(); h == nil || time.Since(h.at) > a.cfg.waiterTimeout/32 {
+		t.Fatalf("the release's handoff %+v, or too long ago for this test", h)
+	}
+	backA := make(chan driver.Lease, 1)
+	go func() {
+		le, err := a.Acquire(ctx, key, opts("a", true))
+		if err != nil {
+			t.Errorf("a again: %v", err)
+		}
+		backA <- le
+	}()
+	eventually(t, "a recorded", func() bool {
+		n, _ := admin.ZCard(ctx, mutexNamesOf(key).waiters).Result()
+		return n == 1
+	})
+	released := time.Now()
+	if err := byX.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	le := <-backA
+	if le == nil {
+		t.FailNow()
+	}
+	// A lost wake-up costs the waiter a keep-alive: seconds.
+	if took := time.Since(released); took > time.Second {
+		t.Errorf("a got the lock %v after x's release", took)
+	}
+	if le.Token() <= byX.Token() {
+		t.Errorf("token %d after %d", le.Token(), byX.Token())
+	}
+	for _, l := range []driver.Lease{le, blocker} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := <-gotOther; l == nil {
+		t.FailNow()
+	} else if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
