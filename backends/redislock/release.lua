@@ -16,7 +16,10 @@ if handing then
   -- wherever it can, comparing them as strings (a conversion of a number
   -- costs the server more than the rest of a command): so it takes the
   -- record itself, as next_waiter would, comparing the oldest record's
-  -- deadline with the clock as digits too.
+  -- deadline with the clock as digits too. Its grant (the token rule, the
+  -- state's format, the message) and its owner check are those of the rest
+  -- of this script and of release_head.lua, written again in digits: a
+  -- change to one of them is a change to its twins.
   local t = redis.call('time')
   local usec = t[2]
   local us = t[1] .. string.sub('00000', #usec) .. usec
