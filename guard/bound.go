@@ -57,20 +57,60 @@ type callers struct {
 }
 
 // caller is a goroutine that runs one call at a time.
+//
+// It is made idle again by the waiter of its call once that took the
+// answer, or by itself when the waiter stopped waiting: so a call's answer
+// is never taken by the next call's waiter, and its channels serve every
+// call it runs, allocated once.
 type caller struct {
-	calls     chan func() // the next call, given only to an idle caller (nil: end): room for one, so that giving it never waits for the goroutine to run
-	idleSince uint64      // the callers' tick when it last went idle; guarded by callers.mu
+	calls     chan task     // the next call, given only to an idle caller (nil: end): room for one, so that giving it never waits for the goroutine to run
+	done      chan struct{} // the answer of its call is in the call's pending: room for one, always free when a call starts
+	idleSince uint64        // the callers' tick when it last went idle; guarded by callers.mu
+}
+
+// task is a call given to a caller.
+type task interface {
+	// run makes the call and signals done when its waiter is still
+	// waiting, or reports that it stopped waiting.
+	run(done chan<- struct{}) (abandoned bool)
 }
 
 // pending is a call running on a caller, whose waiter may stop waiting for
-// it. It is the call's own, not the caller's: a caller goes idle as soon as
-// its call returns, maybe before its waiter took the answer.
+// it.
 type pending[T any] struct {
+	ctx  context.Context
+	f    func(context.Context) (T, error)
+	undo func(T)
+
 	mu        sync.Mutex
-	done      chan struct{} // closed with v and err set
 	abandoned bool
 	v         T
 	err       error
+}
+
+func (p *pending[T]) run(done chan<- struct{}) bool {
+	v, err := p.f(p.ctx)
+	p.mu.Lock()
+	if !p.abandoned {
+		p.v, p.err = v, err
+		done <- struct{}{}
+		p.mu.Unlock()
+		return false
+	}
+	p.mu.Unlock()
+	if err == nil && p.undo != nil {
+		p.undo(v)
+	}
+	return true
+}
+
+// answer is p's answer, taken from c once done signalled it: c is idle
+// again, or ended when maxIdle are.
+func (p *pending[T]) answer(cs *callers, c *caller) (T, error) {
+	if !cs.put(c) {
+		c.calls <- nil
+	}
+	return p.v, p.err
 }
 
 // get returns an idle caller, or starts one.
@@ -84,24 +124,24 @@ func (cs *callers) get() *caller {
 		return c
 	}
 	cs.mu.Unlock()
-	c := &caller{calls: make(chan func(), 1)}
+	c := &caller{calls: make(chan task, 1), done: make(chan struct{}, 1)}
 	go c.run(cs)
 	return c
 }
 
-// run runs the calls given to c, and ends when the reaper retires it or
-// it found no room among the idle.
+// run runs the calls given to c, and ends when it is told to (by the
+// reaper, or a waiter that found no room for it among the idle), or found
+// no room itself after a call whose waiter stopped waiting.
 func (c *caller) run(cs *callers) {
 	// Started by one call, it runs later ones too: the profiler labels it
 	// inherited (pprof.Do) are that first call's, and would be charged
 	// with the others' work.
 	pprof.SetGoroutineLabels(context.Background())
-	for f := range c.calls {
-		if f == nil {
+	for t := range c.calls {
+		if t == nil {
 			return
 		}
-		f()
-		if !cs.put(c) {
+		if t.run(c.done) && !cs.put(c) {
 			return
 		}
 	}
@@ -158,38 +198,26 @@ func call[T any](ctx context.Context, cs *callers, direct bool, f func(context.C
 	if direct || ctx.Done() == nil {
 		return f(ctx)
 	}
-	p := &pending[T]{done: make(chan struct{})}
-	cs.get().calls <- func() {
-		v, err := f(ctx)
-		p.mu.Lock()
-		if !p.abandoned {
-			p.v, p.err = v, err
-			close(p.done)
-			p.mu.Unlock()
-			return
-		}
-		p.mu.Unlock()
-		if err == nil && undo != nil {
-			undo(v)
-		}
-	}
+	c := cs.get()
+	p := &pending[T]{ctx: ctx, f: f, undo: undo}
+	c.calls <- p
 	select {
-	case <-p.done:
-		return p.v, p.err
+	case <-c.done:
+		return p.answer(cs, c)
 	case <-ctx.Done():
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
-		return p.v, p.err
+	case <-c.done:
+		return p.answer(cs, c)
 	case <-t.C:
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
-	case <-p.done:
-		return p.v, p.err
+	case <-c.done:
+		return p.answer(cs, c)
 	default:
 	}
 	p.abandoned = true
