@@ -77,10 +77,14 @@ type task interface {
 
 // pending is a call running on a caller, whose waiter may stop waiting for
 // it.
-type pending[T any] struct {
+//
+// The call is a function with its argument, rather than a closure: the
+// functions are static, so that a call allocates only its pending.
+type pending[A, T any] struct {
 	ctx  context.Context
-	f    func(context.Context) (T, error)
-	undo func(T)
+	f    func(context.Context, A) (T, error)
+	arg  A
+	undo func(A, T)
 
 	mu        sync.Mutex
 	abandoned bool
@@ -88,8 +92,8 @@ type pending[T any] struct {
 	err       error
 }
 
-func (p *pending[T]) run(done chan<- struct{}) bool {
-	v, err := p.f(p.ctx)
+func (p *pending[A, T]) run(done chan<- struct{}) bool {
+	v, err := p.f(p.ctx, p.arg)
 	p.mu.Lock()
 	if !p.abandoned {
 		p.v, p.err = v, err
@@ -99,14 +103,14 @@ func (p *pending[T]) run(done chan<- struct{}) bool {
 	}
 	p.mu.Unlock()
 	if err == nil && p.undo != nil {
-		p.undo(v)
+		p.undo(p.arg, v)
 	}
 	return true
 }
 
 // answer is p's answer, taken from c once done signalled it: c is idle
 // again, or ended when maxIdle are.
-func (p *pending[T]) answer(cs *callers, c *caller) (T, error) {
+func (p *pending[A, T]) answer(cs *callers, c *caller) (T, error) {
 	if !cs.put(c) {
 		c.calls <- nil
 	}
@@ -187,19 +191,19 @@ func (cs *callers) reap() {
 	}
 }
 
-// call runs f with ctx, and returns its answer or, once ctx is done and a
+// call runs f with ctx and arg, and returns its answer or, once ctx is done and a
 // grace period has passed without one, errNoAnswer. A backend that honours
 // its context (direct) and a ctx that never ends need no such watch: f is
 // then called on the caller's goroutine, which costs nothing. Otherwise f
 // runs on one of cs's goroutines; when it is abandoned and later returns a
-// value without an error, undo (if not nil) is applied to it there, so that
+// value without an error, undo (if not nil) is applied to arg and it there, so that
 // a lease granted too late is given back, never left behind.
-func call[T any](ctx context.Context, cs *callers, direct bool, f func(context.Context) (T, error), undo func(T)) (T, error) {
+func call[A, T any](ctx context.Context, cs *callers, direct bool, f func(context.Context, A) (T, error), arg A, undo func(A, T)) (T, error) {
 	if direct || ctx.Done() == nil {
-		return f(ctx)
+		return f(ctx, arg)
 	}
 	c := cs.get()
-	p := &pending[T]{ctx: ctx, f: f, undo: undo}
+	p := &pending[A, T]{ctx: ctx, f: f, arg: arg, undo: undo}
 	c.calls <- p
 	select {
 	case <-c.done:
@@ -240,12 +244,17 @@ func (g *Guard) withCallTimeout(ctx context.Context) (context.Context, context.C
 func bounded[T any](g *Guard, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
 	cctx, cancel := g.withCallTimeout(ctx)
 	defer cancel()
-	v, err := call(cctx, &g.callers, g.direct, f, nil)
+	v, err := call(cctx, &g.callers, g.direct, callFunc, f, nil)
 	err = noAnswer(ctx, cctx, err)
 	if err != nil && ctx.Err() != nil {
 		err = cutShort(ctx, err)
 	}
 	return v, err
+}
+
+// callFunc calls f: a call whose argument is the function itself.
+func callFunc[T any](ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+	return f(ctx)
 }
 
 // noAnswer is err, the failure of a call made with cctx (derived from the
@@ -284,17 +293,16 @@ func probeShare(wait time.Duration) time.Duration {
 
 // undoAcquire releases a lease granted to an acquisition whose caller had
 // stopped waiting for it, so that it never holds the key for anyone.
-func (g *Guard) undoAcquire(full string) func(driver.Lease) {
-	return func(lease driver.Lease) {
-		if lease == nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), g.releaseTimeout)
-		defer cancel()
-		if err := lease.Release(ctx); err != nil {
-			g.logger.Warn("warden: a lease granted after its caller stopped waiting could not be released; it stays taken until it expires",
-				"key", full, "backend", g.backend, "error", err)
-		}
+func undoAcquire(a attemptCall, lease driver.Lease) {
+	if lease == nil {
+		return
+	}
+	g := a.g
+	ctx, cancel := context.WithTimeout(context.Background(), g.releaseTimeout)
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		g.logger.Warn("warden: a lease granted after its caller stopped waiting could not be released; it stays taken until it expires",
+			"key", a.full, "backend", g.backend, "error", err)
 	}
 }
 
@@ -372,14 +380,23 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 }
 
 // attempt calls the backend for c (one attempt, or a wait) through call.
-// The watched path copies c, so that the uncontended path of a backend
-// that honours its context allocates nothing for it.
+// The watched path copies c into its call, so that the uncontended path of
+// a backend that honours its context allocates nothing for it.
 func (g *Guard) attempt(ctx context.Context, full string, c *lockConfig, wait bool) (driver.Lease, error) {
 	if g.direct || ctx.Done() == nil {
 		return g.acquireLease(ctx, full, c, wait)
 	}
-	cc := *c
-	return call(ctx, &g.callers, false, func(actx context.Context) (driver.Lease, error) {
-		return g.acquireLease(actx, full, &cc, wait)
-	}, g.undoAcquire(full))
+	return call(ctx, &g.callers, false, attemptOn, attemptCall{g: g, full: full, c: *c, wait: wait}, undoAcquire)
+}
+
+// attemptCall is an acquisition made on a call goroutine.
+type attemptCall struct {
+	g    *Guard
+	full string
+	c    lockConfig
+	wait bool
+}
+
+func attemptOn(ctx context.Context, a attemptCall) (driver.Lease, error) {
+	return a.g.acquireLease(ctx, a.full, &a.c, a.wait)
 }
