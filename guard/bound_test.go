@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,4 +499,53 @@ func TestCallGoroutinesShared(t *testing.T) {
 	if n := overlaps.Load(); n != 0 {
 		t.Errorf("%d sections on k0 overlapped", n)
 	}
+}
+
+// The call goroutines a Guard keeps idle end within maxIdleFor (a second)
+// of their last call, and not before half of it; one used again meanwhile
+// stays, and serves.
+func TestIdleCallersEnd(t *testing.T) {
+	// Those of earlier tests' Guards, outside the bubble, end first.
+	waitFor(t, "the call goroutines of earlier tests ended", 10*time.Second, func() bool { return callGoroutines(t) == 0 })
+	synctest.Test(t, func(t *testing.T) {
+		g, err := guard.New(remote{memory.New()}, guard.WithIdleCallers(4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cycle := func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			l, err := g.Lock(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		idle := func(after string, want int) {
+			t.Helper()
+			synctest.Wait()
+			if n := callGoroutines(t); n != want {
+				t.Errorf("%s: %d call goroutines, want %d", after, n, want)
+			}
+		}
+		for i := range 4 {
+			cycle()
+			idle(fmt.Sprintf("after cycle %d", i), 1)
+			time.Sleep(490 * time.Millisecond)
+			idle(fmt.Sprintf("490ms after cycle %d", i), 1)
+		}
+		time.Sleep(time.Second - 490*time.Millisecond)
+		idle("a second after the last cycle", 0)
+	})
+}
+
+// callGoroutines counts the process's call goroutines, idle or not.
+func callGoroutines(t *testing.T) int {
+	var b strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(b.String(), "guard.(*caller).run(")
 }

@@ -163,9 +163,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	} else {
 		// Bounded by the release timeout whatever the client does: a
 		// release still running then goes on in the background.
-		_, err = call(rctx, &g.callers, false, func(rctx context.Context) (struct{}, error) {
-			return struct{}{}, l.lease.Release(rctx)
-		}, nil)
+		_, err = call(rctx, &g.callers, false, releaseOn, l.lease, nil)
 	}
 
 	switch {
@@ -208,6 +206,11 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		endSpan(s.span, outcome, err, attribute.Int64("warden.held_ms", time.Since(s.since).Milliseconds()))
 	}
 	return err
+}
+
+// releaseOn releases lease, on a call goroutine.
+func releaseOn(ctx context.Context, lease driver.Lease) (struct{}, error) {
+	return struct{}{}, lease.Release(ctx)
 }
 
 // enter adds a reentrant hold, unless the lock has been lost or unlocked.
