@@ -246,13 +246,17 @@ type plainContender struct {
 	// likelyHeld: this Locker's latest release of the key handed it to a
 	// waiter (see Locker.handedOff), so the first attempt reads first;
 	// clock, when not 0, is the server's clock at that release, which the
-	// first attempt sends to rewait.lua in rewait, instead.
+	// first attempt sends to rewait.lua in alt, instead.
 	likelyHeld bool
 	clock      int64
 	// score is clock plus the waiter timeout, what rewait.lua records the
 	// contender with.
-	score  int64
-	rewait [10]any
+	score int64
+	// alt is the command of an attempt that does not send cmd: the first
+	// one's, to rewait.lua (mode '4'), or a shorter one (mode '0', see
+	// args). The attempt fills it before sending, and nothing reads it
+	// once the attempt is answered.
+	alt [10]any
 }
 
 func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
@@ -275,8 +279,8 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 		s := c.l.s
 		// Mode 4 comes once per acquisition: clock is not read again.
 		c.score = c.clock + c.l.cfg.waiterTimeout.Milliseconds()
-		c.rewait = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
-		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.rewait[:]))
+		c.alt = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.alt[:]))
 		if err == nil && r[0] == 0 {
 			r[1] -= c.clock // the deadline, made the pttl
 		} else if err == nil && r[0] == -1 {
@@ -301,18 +305,20 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	return r, err
 }
 
-// args is cmd as an attempt in mode sends it. Each argument costs the
-// server work to read and hand to the script (about 500 instructions for
-// the one-character flag, counted by callgrind), so the trailing ones
-// acquire.lua reads only in some modes are left out: the
-// unanswered flag when it is '0', and for a contender that does not wait
-// (mode '0'), its waiter timeout and record too.
+// args is cmd as an attempt in mode sends it. Each key or argument costs
+// the server work to read and hand to the script (about 500 instructions
+// for the one-character flag, 1-1.5k for a key, counted by callgrind), so
+// what acquire.lua reads only in some modes is left out: the unanswered
+// flag when it is '0', and for a contender that does not wait (mode '0'),
+// its waiter timeout and record, and then the mode and the waiters' key
+// too, which acquire.lua reads only to take a record out.
 func (c *plainContender) args(mode any) []any {
 	switch {
 	case c.unanswered:
 		return c.cmd[:]
 	case mode == "0":
-		return c.cmd[:8]
+		c.alt = [10]any{"evalsha", c.l.s.acquireSha, 1, &c.n.lock, c.cmd[5], &c.px}
+		return c.alt[:6]
 	}
 	return c.cmd[:10]
 }
