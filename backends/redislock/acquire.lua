@@ -8,15 +8,16 @@
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
 -- before, whose record is to be renewed, '3' for one recorded lately, '4'
 -- as '1' for one that just handed the lock to a waiter
--- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
--- channel, a newline, its TTL (ms), a newline, the owner (see wake in
--- next_waiter.lua, and release.lua, which hands the lock to a record)
--- ARGV[6] '1' when an earlier attempt of the contender got no answer
+-- ARGV[4] the waiter timeout (ms), a newline, and its record: its
+-- Locker's wake-up channel, a newline, its TTL (ms), a newline, the owner
+-- (see wake in next_waiter.lua, and release.lua, which hands the lock to a
+-- record); one argument, taken apart only by an attempt that needs it
+-- ARGV[5] '1' when an earlier attempt of the contender got no answer
 -- (the trailing arguments this script does not read may be left out: the
--- sixth when it would be '0', and the fourth and fifth too in mode '0';
--- in mode '0' with no sixth, the mode and KEYS[2] too, which such an
--- attempt does not touch: each costs the server about as much to hand to
--- the script as a short command)
+-- fifth when it would be '0', and the fourth too in mode '0'; in mode '0'
+-- with no fifth, the mode and KEYS[2] too, which such an attempt does not
+-- touch: each key or argument costs the server 1-1.5k instructions to hand
+-- to the script, a command's worth)
 -- Returns the token alone (a string of digits, which costs the server no
 -- number formatting) for a grant that found nobody waiting, the common
 -- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token
@@ -97,8 +98,8 @@ if free or mine then
     -- token only when it was stepped back, or within a microsecond.
     tk = string.format('%.0f', tonumber(token) + 1)
   end
-  if recorded or ARGV[6] == '1' then
-    redis.call('zrem', KEYS[2], ARGV[5])
+  if recorded or ARGV[5] == '1' then
+    redis.call('zrem', KEYS[2], string.sub(ARGV[4], string.find(ARGV[4], '\n', 1, true) + 1))
   end
   -- Other waiters may still wait: the flag stays until a release finds
   -- none.
@@ -119,8 +120,9 @@ end
 local flag = waiting
 if mode ~= '0' then
   if mode ~= '3' then
-    local timeout = tonumber(ARGV[4])
-    redis.call('zadd', KEYS[2], now + timeout, ARGV[5])
+    local nl = string.find(ARGV[4], '\n', 1, true)
+    local timeout = tonumber(string.sub(ARGV[4], 1, nl - 1))
+    redis.call('zadd', KEYS[2], now + timeout, string.sub(ARGV[4], nl + 1))
     -- The records outlive no waiter that renews its own; an expiry moved
     -- to twice the timeout lasts through the records of the timeout that
     -- follows, so that most records cost no PEXPIRE.

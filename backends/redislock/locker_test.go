@@ -316,7 +316,7 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 						owner, 30000, "1", 60000, 250, n.channel(), place, flag(unanswered))
 				} else {
 					r, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
-						owner, 30000, "1", 60000, l.wake+"\n"+owner, flag(unanswered))
+						owner, 30000, "1", "60000\n"+l.wake+"\n"+owner, flag(unanswered))
 				}
 				if err != nil {
 					t.Fatal(err)
