@@ -8,12 +8,16 @@
 -- not wait, '1' for one to record when not acquired, '2' for one recorded
 -- before, whose record is to be renewed, '3' for one recorded lately, '4'
 -- as '1' for one that just handed the lock to a waiter
--- ARGV[4] waiter timeout (ms)  ARGV[5] its record: its Locker's wake-up
--- channel, a newline, its TTL (ms), a newline, the owner (see wake in
--- next_waiter.lua, and release.lua, which hands the lock to a record)
--- ARGV[6] '1' when an earlier attempt of the contender got no answer
+-- ARGV[4] the waiter timeout (ms), a newline, and its record: its
+-- Locker's wake-up channel, a newline, its TTL (ms), a newline, the owner
+-- (see wake in next_waiter.lua, and release.lua, which hands the lock to a
+-- record); one argument, taken apart only by an attempt that needs it
+-- ARGV[5] '1' when an earlier attempt of the contender got no answer
 -- (the trailing arguments this script does not read may be left out: the
--- sixth when it would be '0', and the fourth and fifth too in mode '0')
+-- fifth when it would be '0', and the fourth too in mode '0'; in mode '0'
+-- with no fifth, the mode and KEYS[2] too, which such an attempt does not
+-- touch: each key or argument costs the server 1-1.5k instructions to hand
+-- to the script, a command's worth)
 -- Returns the token alone (a string of digits, which costs the server no
 -- number formatting) for a grant that found nobody waiting, the common
 -- case, else {1, token, day, waiting flag}; {0, holder's pttl, its token
@@ -28,9 +32,12 @@
 -- strings they come as or go out as wherever it can: with the C library
 -- Redis links, a tonumber costs about 2k instructions, a %.0f of a
 -- 16-digit number about 6k, against a few hundred for a concatenation or a
--- comparison of strings. %d takes a C long, which a 32-bit build of Redis
--- would cut short past 2^31, so the deadline (13 digits) is written as two
--- %d parts and the token as digits.
+-- comparison of strings; a call of a library function (math.floor,
+-- string.sub) about 1k, where arithmetic on digits, which Lua converts
+-- itself, and %, which is floor division's remainder, cost less. %d takes
+-- a C long, which a 32-bit build of Redis would cut short past 2^31, so
+-- the deadline (13 digits) is written as two %d parts and the token as
+-- digits.
 --
 -- Tokens and clocks compared as strings are decimal digits without leading
 -- zeros: the longer is the greater, and of equal lengths the one that
@@ -39,14 +46,16 @@
 local t = redis.call('time')
 local sec, usec = t[1], t[2]
 -- The clock in microseconds, as digits (TIME answers the microseconds
--- without leading zeros), and in milliseconds, as a number.
+-- without leading zeros), and in milliseconds, as a number. Every number
+-- here is a whole number below 2^53, which a double holds exactly, and so
+-- do its quotients by 10^6 and 86400000 once the remainder is taken off.
 local us = sec .. string.sub('00000', #usec) .. usec
-local now = tonumber(string.sub(us, 1, -4))
+local now = sec * 1000 + (usec - usec % 1000) / 1000
 local deadline = now + ARGV[2]
-local day = math.floor(deadline / 86400000) + 2
-local dhi = math.floor(deadline / 1000000)
-local dlo = deadline - dhi * 1000000
-local mode = ARGV[3]
+local day = (deadline - deadline % 86400000) / 86400000 + 2
+local dlo = deadline % 1000000
+local dhi = (deadline - dlo) / 1000000
+local mode = ARGV[3] or '0'
 local recorded = mode == '2' or mode == '3'
 -- A contender that comes back after waiting, or right after its release
 -- handed the lock to a waiter, is likely to find the lock taken: it reads
@@ -70,7 +79,7 @@ if old then
   if d == '0' then
     d, free = 0, true
   elseif d then
-    d = tonumber(d)
+    d = d + 0
     free = d <= now
   end
 end
@@ -89,8 +98,8 @@ if free or mine then
     -- token only when it was stepped back, or within a microsecond.
     tk = string.format('%.0f', tonumber(token) + 1)
   end
-  if recorded or ARGV[6] == '1' then
-    redis.call('zrem', KEYS[2], ARGV[5])
+  if recorded or ARGV[5] == '1' then
+    redis.call('zrem', KEYS[2], string.sub(ARGV[4], string.find(ARGV[4], '\n', 1, true) + 1))
   end
   -- Other waiters may still wait: the flag stays until a release finds
   -- none.
@@ -100,7 +109,7 @@ if free or mine then
   end
   -- The key expires at the end of day, moved once a day for a key in
   -- constant use.
-  if not old_day or tonumber(old_day) < day then
+  if not old_day or old_day - day < 0 then
     redis.call('pexpireat', KEYS[1], day * 86400000)
   end
   if waiting == '0' then
@@ -111,8 +120,9 @@ end
 local flag = waiting
 if mode ~= '0' then
   if mode ~= '3' then
-    local timeout = tonumber(ARGV[4])
-    redis.call('zadd', KEYS[2], now + timeout, ARGV[5])
+    local nl = string.find(ARGV[4], '\n', 1, true)
+    local timeout = tonumber(string.sub(ARGV[4], 1, nl - 1))
+    redis.call('zadd', KEYS[2], now + timeout, string.sub(ARGV[4], nl + 1))
     -- The records outlive no waiter that renews its own; an expiry moved
     -- to twice the timeout lasts through the records of the timeout that
     -- follows, so that most records cost no PEXPIRE.

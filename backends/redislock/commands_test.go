@@ -189,7 +189,7 @@ func TestWaitingFlagKept(t *testing.T) {
 				"fair-waiter", 10000, "1", 60000, 250, n.channel(), place, "0")
 		} else {
 			_, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
-				"waiter", 10000, "1", 60000, l.wake+"\nwaiter", "0")
+				"waiter", 10000, "1", "60000\n"+l.wake+"\nwaiter", "0")
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -240,7 +240,7 @@ func TestWaiterRecordsExpiry(t *testing.T) {
 	before := serverCalls(t, c)
 	for i := range 3 {
 		owner := "waiter-" + strconv.Itoa(i)
-		r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()}, owner, 10000, "1", timeout, l.wake+"\n"+owner, "0")
+		r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()}, owner, 10000, "1", strconv.Itoa(timeout)+"\n"+l.wake+"\n"+owner, "0")
 		if err != nil || r[0] != 0 {
 			t.Fatalf("a waiter's attempt on a held lock: %v, %v", r, err)
 		}

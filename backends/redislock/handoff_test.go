@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -115,7 +116,7 @@ func TestHandoffToDeadWaiter(t *testing.T) {
 	record := func(owner string, timeout time.Duration) {
 		t.Helper()
 		rec := "warden:wake:nobody\n400\n" + owner
-		r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock, n.waiters}, owner, 400, "1", timeout.Milliseconds(), rec, "0")
+		r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock, n.waiters}, owner, 400, "1", strconv.FormatInt(timeout.Milliseconds(), 10)+"\n"+rec, "0")
 		if err != nil || r[0] != 0 {
 			t.Fatalf("the dead waiter's attempt: %v, %v", r, err)
 		}
@@ -176,7 +177,7 @@ func TestHandoffEarlierRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := "earlier-channel\nEARLIEROWNER"
-	if r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock, n.waiters}, "EARLIEROWNER", 10000, "1", 60000, rec, "0"); err != nil || r[0] != 0 {
+	if r, err := run(ctx, l.sc, l.s.acquire, []string{n.lock, n.waiters}, "EARLIEROWNER", 10000, "1", "60000\n"+rec, "0"); err != nil || r[0] != 0 {
 		t.Fatalf("the earlier waiter's attempt: %v, %v", r, err)
 	}
 	if err := held.Release(ctx); err != nil {

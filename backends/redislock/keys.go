@@ -1,6 +1,7 @@
 package redislock
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/warden-go/warden/backends/internal/redistag"
@@ -53,15 +54,34 @@ func mutexNamesOf(key string) mutexNames {
 // force_release.lua.
 func (m mutexNames) releaseKeys() []string { return []string{m.lock, m.queue, m.deadlines, m.waiters} }
 
-// plainNames are the two keys of mutexNames that a plain lock's release
-// sends when nobody waited at its grant (see lease.releaseOn), cut from one
-// string of two names rather than five. It is returned by pointer, since
-// the release passes the addresses of its fields to go-redis.
-type plainNames struct{ lock, waiters string }
+// plainRelease is what a plain lock's release sends when no fair waiter
+// announced itself at its grant (see lease.releaseOn): the two keys of
+// mutexNames it needs, and the free state it writes and the end of the
+// owner's state it expects to find (see release_head.lua), which only a
+// release whose grant found nobody waiting sends. They are cut from one
+// string, one allocation. It is returned by pointer, since the release
+// passes the addresses of its fields to go-redis.
+type plainRelease struct{ lock, waiters, free, mine string }
 
-func plainNamesOf(key string) *plainNames {
+func plainReleaseOf(key, owner string, token uint64, day uint32) *plainRelease {
 	e := redistag.Escape(key)
-	s := "{" + e + "}:lock{" + e + "}:waiters"
+	var num [20]byte
+	var b strings.Builder
+	b.Grow(2*len(e) + len("{}:lock{}:waiters0:::0:") + 2*len(num) + len(owner))
+	b.WriteString("{")
+	b.WriteString(e)
+	b.WriteString("}:lock{")
+	b.WriteString(e)
+	b.WriteString("}:waiters")
+	w := b.Len()
+	b.WriteString("0:")
+	b.Write(strconv.AppendUint(num[:0], token, 10))
+	b.WriteString(":")
+	b.Write(strconv.AppendUint(num[:0], uint64(day), 10))
+	b.WriteString(":0:")
+	f := b.Len()
+	b.WriteString(owner)
+	s := b.String()
 	i := len(e) + len("{}:lock")
-	return &plainNames{s[:i], s[i:]}
+	return &plainRelease{lock: s[:i], waiters: s[i:w], free: s[w:f], mine: s[w+1:]}
 }

@@ -157,11 +157,16 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 				// (see release_head.lua), and sent only if one did.
 				// The strings and the token go in as pointers, which
 				// cost no allocation as interface values (see
-				// plainContender.cmd).
-				p := plainNamesOf(ls.key)
-				cmd := []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load(), "1"}
+				// plainContender.cmd). A release whose grant found
+				// nobody waiting sends the free state and the end of
+				// its own, made here: two arguments, not three, and
+				// no concatenation for the server.
+				p := plainReleaseOf(ls.key, ls.owner, ls.token, ls.day.Load())
+				var cmd []any
 				if ls.waiting == 0 {
-					cmd = cmd[:8]
+					cmd = []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &p.free, &p.mine}
+				} else {
+					cmd = []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load(), "1"}
 				}
 				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err

@@ -185,8 +185,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}},
 		}
 	} else {
-		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3, px: px, record: recordOf(l.wake, px, owner)}
-		c.cmd = [11]any{"evalsha", l.s.acquireSha, 2, &c.n.lock, &c.n.waiters, &ls.owner, &c.px, "0", l.waitArg, &c.record, "0"}
+		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3, px: px}
+		c.waitRecord, c.record = recordOf(l.cfg.waiterTimeout.Milliseconds(), l.wake, px, owner)
+		c.cmd = [10]any{"evalsha", l.s.acquireSha, 2, &c.n.lock, &c.n.waiters, &ls.owner, &c.px, "0", &c.waitRecord, "0"}
 		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) {
 			c.likelyHeld = true
 			// The record rewait.lua writes lapses early by the time
@@ -221,18 +222,18 @@ type plainContender struct {
 	n mutexNames
 	// cmd is the command of every attempt (see scripter.evalsha),
 	// converted once: only the mode (cmd[7]) and the unanswered flag
-	// (cmd[10]) change, and those are constants, which cost no allocation
+	// (cmd[9]) change, and those are constants, which cost no allocation
 	// as values of an interface. The strings and numbers go in as
 	// pointers to the fields that hold them (go-redis writes a *string or
 	// an *int64 as the value), since a string or an int64 made an
 	// interface value is copied to the heap, an allocation each. The
 	// arguments start at cmd[5], the owner.
-	cmd [11]any
-	// px and record (the waiter's record, see recordOf) are what cmd[6]
-	// and cmd[9] point to.
-	px        int64
-	record    string
-	keepAlive time.Duration
+	cmd [10]any
+	// px and waitRecord (the waiter timeout and record, see recordOf) are
+	// what cmd[6] and cmd[8] point to; record is the end of waitRecord.
+	px                 int64
+	waitRecord, record string
+	keepAlive          time.Duration
 	// renewed is when the record was last renewed: an attempt within half
 	// a keep-alive of it leaves it as it is, a command less on every
 	// attempt a release's wake-up brings. The sleeps between attempts are
@@ -246,13 +247,17 @@ type plainContender struct {
 	// likelyHeld: this Locker's latest release of the key handed it to a
 	// waiter (see Locker.handedOff), so the first attempt reads first;
 	// clock, when not 0, is the server's clock at that release, which the
-	// first attempt sends to rewait.lua in rewait, instead.
+	// first attempt sends to rewait.lua in alt, instead.
 	likelyHeld bool
 	clock      int64
 	// score is clock plus the waiter timeout, what rewait.lua records the
 	// contender with.
-	score  int64
-	rewait [10]any
+	score int64
+	// alt is the command of an attempt that does not send cmd: the first
+	// one's, to rewait.lua (mode '4'), or a shorter one (mode '0', see
+	// args). The attempt fills it before sending, and nothing reads it
+	// once the attempt is answered.
+	alt [10]any
 }
 
 func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
@@ -268,15 +273,15 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	case queued:
 		mode = "1"
 	}
-	c.cmd[7], c.cmd[10] = mode, flagArg(c.unanswered)
+	c.cmd[7], c.cmd[9] = mode, flagArg(c.unanswered)
 	var r reply
 	var err error
 	if mode == "4" && c.clock != 0 && sc == goredis.Scripter(c.l.sc) {
 		s := c.l.s
 		// Mode 4 comes once per acquisition: clock is not read again.
 		c.score = c.clock + c.l.cfg.waiterTimeout.Milliseconds()
-		c.rewait = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
-		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.rewait[:]))
+		c.alt = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
+		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.alt[:]))
 		if err == nil && r[0] == 0 {
 			r[1] -= c.clock // the deadline, made the pttl
 		} else if err == nil && r[0] == -1 {
@@ -301,20 +306,22 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	return r, err
 }
 
-// args is cmd as an attempt in mode sends it. Each argument costs the
-// server work to read and hand to the script (about 500 instructions for
-// the one-character flag, counted by callgrind), so the trailing ones
-// acquire.lua reads only in some modes are left out: the
-// unanswered flag when it is '0', and for a contender that does not wait
-// (mode '0'), its waiter timeout and record too.
+// args is cmd as an attempt in mode sends it. Each key or argument costs
+// the server work to read and hand to the script (about 500 instructions
+// for the one-character flag, 1-1.5k for a key, counted by callgrind), so
+// what acquire.lua reads only in some modes is left out: the unanswered
+// flag when it is '0', and for a contender that does not wait (mode '0'),
+// its waiter timeout and record, and then the mode and the waiters' key
+// too, which acquire.lua reads only to take a record out.
 func (c *plainContender) args(mode any) []any {
 	switch {
 	case c.unanswered:
 		return c.cmd[:]
 	case mode == "0":
-		return c.cmd[:8]
+		c.alt = [10]any{"evalsha", c.l.s.acquireSha, 1, &c.n.lock, c.cmd[5], &c.px}
+		return c.alt[:6]
 	}
-	return c.cmd[:10]
+	return c.cmd[:9]
 }
 
 // cleanup takes the record out before releasing: a release may hand the
@@ -329,18 +336,23 @@ func (c *plainContender) cleanup(ctx context.Context) {
 }
 
 // recordOf is a plain waiter's record: its Locker's channel, its TTL and
-// its owner, one per line (see acquire.lua), in one allocation.
-func recordOf(wake string, px int64, owner string) string {
+// its owner, one per line (see acquire.lua), and arg, the waiter timeout
+// wait and a newline before it, which acquire.lua takes as one argument;
+// record is the end of arg, one allocation for both.
+func recordOf(wait int64, wake string, px int64, owner string) (arg, record string) {
 	var num [20]byte
-	ttl := strconv.AppendInt(num[:0], px, 10)
 	var b strings.Builder
-	b.Grow(len(wake) + len(ttl) + len(owner) + 2)
+	b.Grow(len(wake) + len(owner) + 2*len(num) + 3)
+	b.Write(strconv.AppendInt(num[:0], wait, 10))
+	b.WriteByte('\n')
+	i := b.Len()
 	b.WriteString(wake)
 	b.WriteByte('\n')
-	b.Write(ttl)
+	b.Write(strconv.AppendInt(num[:0], px, 10))
 	b.WriteByte('\n')
 	b.WriteString(owner)
-	return b.String()
+	arg = b.String()
+	return arg, arg[i:]
 }
 
 // maxHandoff is how long the head of a fair queue has to claim a free lock

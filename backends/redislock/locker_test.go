@@ -171,8 +171,9 @@ func TestKeysShareOneHashTag(t *testing.T) {
 	for _, key := range []string{"a{b}c%7B/:é", "", "plain", "{", "}{"} {
 		n, m := namesOf(key), mutexNamesOf(key)
 		want := mutexNames{n.lock(), n.queue(), n.deadlines(), n.waiters(), n.channel()}
-		if p := plainNamesOf(key); p.lock != n.lock() || p.waiters != n.waiters() {
-			t.Errorf("plainNamesOf(%q) = %q, want %q and %q", key, *p, n.lock(), n.waiters())
+		p := plainReleaseOf(key, "OWNER/x:0:", 1764228000123456, 20420)
+		if p.lock != n.lock() || p.waiters != n.waiters() || p.free != "0:1764228000123456:20420:0:" || p.mine != ":1764228000123456:20420:0:OWNER/x:0:" {
+			t.Errorf("plainReleaseOf(%q) = %q, want %q and %q, and the states", key, *p, n.lock(), n.waiters())
 		}
 		if m != want || lockKeyOf(key) != n.lock() {
 			t.Errorf("mutexNamesOf(%q) = %q, lockKeyOf %q; want %q", key, m, lockKeyOf(key), want)
@@ -315,7 +316,7 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 						owner, 30000, "1", 60000, 250, n.channel(), place, flag(unanswered))
 				} else {
 					r, err = run(ctx, l.sc, l.s.acquire, []string{n.lock(), n.waiters()},
-						owner, 30000, "1", 60000, l.wake+"\n"+owner, flag(unanswered))
+						owner, 30000, "1", "60000\n"+l.wake+"\n"+owner, flag(unanswered))
 				}
 				if err != nil {
 					t.Fatal(err)

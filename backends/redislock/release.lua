@@ -38,7 +38,7 @@ if handing then
     now = tonumber(ms)
     local deadline = now + px
     new_day = string.format('%d', math.floor(deadline / 86400000) + 2)
-    tk = ARGV[2]
+    tk = my_token
     if #tk > #us or (#tk == #us and tk >= us) then
       tk = string.format('%.0f', tonumber(tk) + 1)
     else
@@ -48,18 +48,18 @@ if handing then
     state = string.format('%d%06d:%s:%s:1:%s', dhi, deadline - dhi * 1000000, tk, new_day, who)
   elseif not score then
     -- Nobody waits any more: the flag goes.
-    state = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':0:'
+    state = '0:' .. my_token .. ':' .. my_day .. ':0:'
   end
   if state then
     old = redis.call('set', KEYS[1], state, 'KEEPTTL', 'GET')
     -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
-    local mine = ':' .. ARGV[2] .. ':' .. ARGV[3] .. ':1:' .. ARGV[1]
+    local mine = ':' .. my_token .. ':' .. my_day .. ':1:' .. my_owner
     local at = old and #old - #mine
     if at and at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
       if not px then
         return 1
       end
-      local day = ARGV[3]
+      local day = my_day
       if #day < #new_day or (#day == #new_day and day < new_day) then
         redis.call('pexpireat', KEYS[1], new_day * 86400000)
       end
@@ -83,7 +83,7 @@ local token, day, waiting, owner
 if old then
   token, day, waiting, owner = string.match(old, '^%d+:(%d+):(%d+):([012]):(.*)$')
 end
-if owner ~= ARGV[1] then
+if owner ~= my_owner then
   -- Not the owner's (or another format): what was there is written back.
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
@@ -135,7 +135,7 @@ if score then
     redis.call('pexpireat', waiters, score)
   end
 end
-if token ~= ARGV[2] or day ~= ARGV[3] or flag ~= given then
+if token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')
 end
 if next ~= '' then

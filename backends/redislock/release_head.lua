@@ -19,7 +19,12 @@
 -- ARGV[5] the waiting flag its grant found, which the free state keeps
 -- while someone waits (token, day and flag may be '0' when unknown: the
 -- state then gives them); with two keys, the first three, and the flag as
--- ARGV[4] when it is '1' ('0' without it); the channel is the lock's.
+-- ARGV[4] when it is '1' ('0' without it); the channel is the lock's. Or,
+-- with two keys, from a holder whose grant found nobody waiting, two
+-- arguments the client makes: ARGV[1] the free state the release writes,
+-- '0:<token>:<day>:0:', and ARGV[2] what the owner's state ends with,
+-- ':<token>:<day>:0:<owner>' (each argument costs the server 1-1.5k
+-- instructions to hand to the script, a concatenation a few hundred).
 -- Returns 1 when released, 2 or more when released and handed to a waiter
 -- (the server's clock in ms when the grant was made as the lock's first
 -- write, see below), 0 when the lock was not owner's, -1 (having changed
@@ -31,8 +36,15 @@
 -- the one it expects: held by the owner with its token and day and nobody
 -- waiting. That takes comparisons of strings, where a pattern match costs
 -- the server more than the rest of such a release.
-local given = (KEYS[4] and ARGV[5]) or ARGV[4] or '0'
-local free = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. given .. ':'
+local my_owner, my_token, my_day = ARGV[1], ARGV[2], ARGV[3]
+local given, free, mine = '0', ARGV[1], ARGV[2]
+if my_day then
+  given = (KEYS[4] and ARGV[5]) or ARGV[4] or '0'
+  -- The free state is '0' and tail; the owner's ends with tail and the
+  -- owner (two concatenations cost the server less than a string.sub).
+  local tail = ':' .. my_token .. ':' .. my_day .. ':' .. given .. ':'
+  free, mine = '0' .. tail, tail .. my_owner
+end
 -- A plain lock whose grant found non-fair waiters is likely handed to one
 -- of them: release.lua looks for one first, and writes the grant, or the
 -- free state, in the one SET GET that also reads the state to check.
@@ -46,9 +58,14 @@ if not handing then
 end
 if given == '0' and old then
   -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
-  local mine = string.sub(free, 2) .. ARGV[1]
   local at = #old - #mine
   if at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
     return 1
   end
+end
+-- The rest needs the owner, token and day the client packed; false, which
+-- is nobody's owner, when mine is not as the client makes it.
+if not my_day then
+  my_token, my_day, my_owner = string.match(mine, '^:(%d+):(%d+):0:(.*)$')
+  my_owner = my_owner or false
 end
