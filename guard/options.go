@@ -67,8 +67,9 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 // which cost two fifths of the client's CPU in an uncontended cycle on
 // Redis. 0 starts a goroutine per call and keeps none, as a Guard used in
 // a testing/synctest bubble needs: a goroutine left idle outlives the
-// bubble's test, which then panics, and one kept from outside a bubble
-// cannot serve a call made in it.
+// bubble's test, which then panics, and a Guard used both inside and
+// outside a bubble stops the whole test binary with a fatal runtime error
+// (its idle goroutines and their timer belong to the side that made them).
 func WithIdleCallers(n int) Option { return func(c *config) { c.idleCallers = n } }
 
 // WithBackendName names the backend in spans, metrics and logs (default: the

@@ -1,6 +1,9 @@
 -- The rest of the release (see release_head.lua, which runs first and
 -- leaves old, the state it replaced, and given, the waiting flag its
--- grant found, or handing, having written nothing).
+-- grant found, or handing, having written nothing; free, the free state
+-- it wrote, and my_owner, my_token and my_day, the owner's, which it
+-- parsed from the client's tail when the client packed them, my_owner
+-- false when that tail was not as the client makes it).
 local waiters = KEYS[4] or KEYS[2]
 if handing then
   -- The oldest live waiter's record is taken first, and the grant in its

@@ -12,9 +12,9 @@
 -- waiter it woke is on its way.
 -- KEYS[1] lock  KEYS[2] queue  KEYS[3] deadlines  KEYS[4] waiters (zset);
 -- or KEYS[1] lock  KEYS[2] waiters, from a plain lock's holder whose grant
--- found nobody waiting: each key or argument costs the server about as
--- much as a command to hand to the script, and the queue's are needed only
--- once a fair waiter announced itself on the lock.
+-- found no fair waiter announced: each key or argument costs the server
+-- about as much as a command to hand to the script, and the queue's are
+-- needed only once a fair waiter announced itself on the lock.
 -- ARGV[1] owner  ARGV[2] its token  ARGV[3] its day  ARGV[4] channel
 -- ARGV[5] the waiting flag its grant found, which the free state keeps
 -- while someone waits (token, day and flag may be '0' when unknown: the
