@@ -2,7 +2,6 @@ package zklock
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -25,20 +24,9 @@ func TestHintedNodeGoneWithOthersAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qctx, giveUp := context.WithCancel(ctx)
-	defer giveUp()
-	gaveUp := make(chan error, 1)
-	go func() {
-		_, err := quitter.Acquire(qctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-		gaveUp <- err
-	}()
-	eventually(t, "the quitter queues", func() bool { return waiters(t, admin, k) == 1 })
+	giveUp := queueQuitter(ctx, t, quitter, admin, k)
 	// l's hint: the queue's newest node is the quitter's.
-	names, st, err := l.conn.Children(parent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.hints.note(parent, st, queue(nil, names), "")
+	names := noteQueue(t, l, parent)
 	quitterNode := ""
 	for _, c := range queue(nil, names) {
 		if c.name != blocker.(*lease).node[len(parent)+1:] {
@@ -50,9 +38,6 @@ func TestHintedNodeGoneWithOthersAhead(t *testing.T) {
 		return watches(t, srv[0], l.conn.SessionID(), quitterNode)
 	})
 	giveUp()
-	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the quitter's Acquire: %v, want context.Canceled", err)
-	}
 	var early driver.Lease
 	eventually(t, "l, woken, lists the queue and watches the holder's node", func() bool {
 		select {

@@ -87,26 +87,13 @@ func TestHintSkipsListing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wctx, giveUp := context.WithCancel(ctx)
-		defer giveUp()
-		gaveUp := make(chan error, 1)
+		giveUp := func() {}
 		if tc.gone {
-			go func() {
-				_, err := quitter.Acquire(wctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
-				gaveUp <- err
-			}()
-			eventually(t, "the quitter queues", func() bool { return waiters(t, admin, k) == 1 })
+			giveUp = queueQuitter(ctx, t, quitter, admin, k)
 		}
-		names, st, err := l.conn.Children(parent)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.hints.note(parent, st, queue(nil, names), "")
+		noteQueue(t, l, parent)
 		if tc.gone {
 			giveUp()
-			if err := <-gaveUp; !errors.Is(err, context.Canceled) {
-				t.Fatalf("the quitter's Acquire: %v, want context.Canceled", err)
-			}
 			eventually(t, "the quitter's node goes", func() bool { return waiters(t, admin, k) == 0 })
 		}
 		before := l.requests.Load()
@@ -153,4 +140,36 @@ func watches(t testing.TB, addr string, sid int64, path string) bool {
 		mine = line == fmt.Sprintf("0x%x", sid)
 	}
 	return false
+}
+
+// queueQuitter has quitter wait for key k, which another holds, until
+// the returned giveUp, which waits for it to have given up.
+func queueQuitter(ctx context.Context, t *testing.T, quitter *Locker, admin *Locker, k string) (giveUp func()) {
+	t.Helper()
+	qctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := quitter.Acquire(qctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+		gaveUp <- err
+	}()
+	eventually(t, "the quitter queues", func() bool { return waiters(t, admin, k) == 1 })
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the quitter's Acquire: %v, want context.Canceled", err)
+		}
+	}
+}
+
+// noteQueue lists parent's queue for l's hints, and returns the names.
+func noteQueue(t *testing.T, l *Locker, parent string) []string {
+	t.Helper()
+	names, st, err := l.conn.Children(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.hints.note(parent, st, queue(nil, names), "")
+	return names
 }
