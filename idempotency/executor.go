@@ -146,7 +146,9 @@ func New(store Store, opts ...Option) (*Executor, error) {
 // Once fn has been called, nothing but a panic or the ErrorPolicy frees
 // the key for another run: not the caller's cancellation (the claim is
 // renewed until fn returns, and the result stored on a context of its own),
-// nor a result too large to keep.
+// nor a result too large to keep. A store that fails when fn has returned
+// is asked again for up to ten seconds, the caller waiting: a result not
+// stored lets a retry run fn again once the claim has run out.
 //
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
@@ -349,8 +351,8 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 				slog.String("key_hash", hash.String()))
 			return res, outcomeLost, errors.Join(fnErr, fmt.Errorf("idempotency: result not stored: %w", err))
 		}
-		// The claim stays until its lease runs out: a retry then runs fn
-		// again, which is the price of a store that failed at this moment.
+		// The store failed for all of finishTimeout. The claim stays until
+		// its lease runs out: a retry then runs fn again.
 		cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: storing the result failed",
 			slog.String("key_hash", hash.String()), slog.Any("error", err))
 		return res, outcomeError, errors.Join(fnErr, storeError(fctx, "complete", err))
@@ -359,11 +361,40 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 }
 
 // complete stores payload as c's result, on fctx, a context of its own.
+//
+// A store that fails is asked again, backing off, until fctx ends: fn has
+// run, and a result not stored leaves the claim to run out, after which the
+// client's retry runs fn a second time. A few seconds of the caller's time
+// are a small price for riding out a failover or a dropped connection at
+// that moment. An attempt whose answer was lost may have completed the
+// record all the same; the next attempt is then refused (a completed record
+// is final), and the record, read back, says whether this owner completed it.
 func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte) error {
-	start := time.Now()
-	err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
-	cfg.metrics.record(ctx, opComplete, start, err)
-	return err
+	backoff := 20 * time.Millisecond
+	for retried := false; ; retried = true {
+		start := time.Now()
+		err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
+		cfg.metrics.record(ctx, opComplete, start, err)
+		switch {
+		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
+			return err
+		case errors.Is(err, ErrNotOwner):
+			if retried {
+				if rec, gerr := e.store.Get(fctx, c.Scope, c.Key); gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner {
+					return nil
+				}
+			}
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-fctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // watch renews c every third of the lease until the returned stop is

@@ -1,0 +1,118 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/warden-go/warden/idempotency"
+)
+
+// failingCompletes is a store whose Complete fails while down is set, or,
+// with lose set, reaches the store beneath and then loses its answer. It
+// counts the Complete calls.
+type failingCompletes struct {
+	idempotency.Store
+	down, lose atomic.Bool
+	calls      atomic.Int64
+}
+
+func (s *failingCompletes) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	s.calls.Add(1)
+	if s.down.Load() {
+		return errors.New("connection refused")
+	}
+	if s.lose.CompareAndSwap(true, false) {
+		if err := s.Store.Complete(ctx, scope, key, owner, response, retention); err != nil {
+			return err
+		}
+		return errors.New("connection reset")
+	}
+	return s.Store.Complete(ctx, scope, key, owner, response, retention)
+}
+
+// runsOnce calls Do twice with key k and checks that fn ran once and the
+// second call replayed the first's result.
+func runsOnce(t *testing.T, e *idempotency.Executor, k string, first error) {
+	t.Helper()
+	var runs atomic.Int64
+	fn := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("order 7"), nil }
+	res, err := e.Do(context.Background(), k, "fp", fn)
+	if !errors.Is(err, first) || string(res.Response) != "order 7" {
+		t.Fatalf("first Do: %q, %v; want %q, %v", res.Response, err, "order 7", first)
+	}
+	res, err = e.Do(context.Background(), k, "fp", fn)
+	if err != nil || !res.Replayed || string(res.Response) != "order 7" {
+		t.Fatalf("retry: %q replayed %v, %v; want the first result replayed", res.Response, res.Replayed, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times", n)
+	}
+}
+
+// TestCompleteRidesOutOutage: a store that fails for a moment when fn has
+// returned (a failover) still gets the result, so the client's retry
+// replays it instead of running fn again.
+func TestCompleteRidesOutOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.down.Store(true)
+		time.AfterFunc(2*time.Second, func() { st.down.Store(false) })
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		runsOnce(t, e, "k", nil)
+		if n := st.calls.Load(); n < 3 || n > 10 {
+			t.Errorf("%d Complete calls over a 2s outage; want a few, backing off", n)
+		}
+		t.Logf("stored after %v and %d Complete calls", time.Since(start), st.calls.Load())
+	})
+}
+
+// TestCompleteAnswerLost: a Complete that landed but whose answer was lost
+// is not taken for a failure: the next attempt is refused (the record is
+// final), and the record, read back, is this owner's.
+func TestCompleteAnswerLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.lose.Store(true)
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runsOnce(t, e, "k", nil)
+		if n := st.calls.Load(); n != 2 {
+			t.Errorf("%d Complete calls; want 2 (the lost answer, then the refused retry)", n)
+		}
+	})
+}
+
+// TestCompleteOutageOutlastsBound: a store down for longer than the bound
+// on finishing fails Do with ErrUnavailable after that bound, not sooner,
+// with fn's bytes returned.
+func TestCompleteOutageOutlastsBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.down.Store(true)
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		res, err := e.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) { return []byte("order 7"), nil })
+		if !errors.Is(err, idempotency.ErrUnavailable) || string(res.Response) != "order 7" {
+			t.Fatalf("Do: %q, %v; want fn's bytes and ErrUnavailable", res.Response, err)
+		}
+		if d := time.Since(start); d < 10*time.Second || d > 11*time.Second {
+			t.Errorf("Do gave up after %v; want the 10s bound on finishing", d)
+		}
+		if n := st.calls.Load(); n < 5 || n > 25 {
+			t.Errorf("%d Complete calls in 10s; want a bounded few", n)
+		}
+	})
+}
