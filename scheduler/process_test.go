@@ -349,22 +349,33 @@ func TestKilledLeaderIsReplaced(t *testing.T) {
 			}
 			return false
 		})
-		if d := next.start.Sub(killed); d > c.ttl+time.Second+interval {
-			t.Errorf("the new leader's first run came %v after the kill, want within ttl %v + 1s + the interval", d, c.ttl)
+		// The slack is for 2 busy cores (a CI run saw 2.6s with a 600ms ttl
+		// at load 13); a leader found only by some slower path (a poll, a
+		// session timeout) would still show.
+		if d := next.start.Sub(killed); d > c.ttl+3*time.Second+interval {
+			t.Errorf("the new leader's first run came %v after the kill, want within ttl %v + 3s + the interval", d, c.ttl)
 		}
 		if next.term <= leader.term {
 			t.Errorf("new term %d after term %d", next.term, leader.term)
 		}
-		// Let the new leader run a while, then judge every run.
-		waitFor(t, "the new leader's fifth run", 30*time.Second, func() bool {
-			n := 0
+		// Let the new terms run a while, then judge every run. Under load a
+		// lease may lapse and leadership move again, so the runs are
+		// counted by term, not by the first new leader.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			n, seen := 0, map[string]int{}
 			for _, r := range readRuns(t, ps) {
-				if r.instance == next.instance {
+				seen[fmt.Sprintf("%s term %d", r.instance, r.term)]++
+				if r.term > leader.term {
 					n++
 				}
 			}
-			return n >= 5
-		})
+			if n >= 5 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out after 30s waiting for the fifth run under a new term; runs by process and term: %v", seen)
+			}
+		}
 		runs := readRuns(t, ps)
 		for i := 1; i < len(runs); i++ {
 			prev, r := runs[i-1], runs[i]
