@@ -91,13 +91,15 @@
 // the lock if it is free, like any other. The first in the queue, when not
 // fair, that loses an attempt to such a contender (most often a releaser
 // asking again at once) yields to it for 30 ms after that loss, once in its
-// turn at the head: each time it finds the lock free, it gives it 2 ms to
-// be taken (one blocking query) before it attempts. Every attempt is a
-// write through Raft, one that fails costs the servers as much as one that
-// succeeds, and a waiter that wins forces the releaser through the queue,
-// a write more; yielding turns most of those lost races into reads, at the
-// cost of up to 30 ms more waiting for the head of the queue while a
-// releaser keeps coming back.
+// turn at the head: it sleeps, sending nothing, then attempts at every
+// release again. Every attempt is a write through Raft, one that fails
+// costs the servers as much as one that succeeds, and a waiter that wins
+// forces the releaser through the queue, a write more; yielding spares
+// most of those lost races, and sleeping spares the blocking queries that
+// watching a releaser's every acquisition and release would cost. The
+// price is up to 30 ms more waiting for the head of the queue, during
+// which the lock may stay free if the contender that won released it and
+// nobody else came.
 //
 // # Read/write locks and semaphores
 //

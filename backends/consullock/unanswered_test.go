@@ -557,7 +557,8 @@ func TestBlockingQueryBound(t *testing.T) {
 // one step a request, and records what each request was.
 type scriptedConsul struct {
 	mu      sync.Mutex
-	sent    []string // "txn", "read", or "query <index> <wait>"
+	sent    []string    // "txn", "read", or "query <index> <wait>"
+	at      []time.Time // when each was sent
 	steps   []func(*http.Request) (*http.Response, error)
 	drained chan struct{} // closed at the first request past the script
 }
@@ -573,6 +574,7 @@ func (sc *scriptedConsul) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	sc.mu.Lock()
 	sc.sent = append(sc.sent, what)
+	sc.at = append(sc.at, time.Now())
 	step := len(sc.sent) - 1
 	sc.mu.Unlock()
 	if step >= len(sc.steps) {
@@ -592,10 +594,11 @@ func consulAnswer(r *http.Request, status int, index, body string) (*http.Respon
 }
 
 // TestWaiterYieldsToBarger: a waiter that is not fair and loses an attempt
-// gives the key, each time it finds it free, bargeWait to be taken before
-// it attempts again (one query, no write), and goes on waiting without a
-// write when it is taken meanwhile; after yieldFor it attempts at once
-// again. A fair waiter never yields.
+// sleeps for yieldFor, sending nothing (no query on the key, which a
+// releaser asking again changes twice a cycle), then waits for the key to
+// be free and attempts at every release, without yielding again. A fair
+// waiter never yields. A waiter whose session ends while it sleeps stops
+// at once.
 func TestWaiterYieldsToBarger(t *testing.T) {
 	lost := func(r *http.Request) (*http.Response, error) {
 		return consulAnswer(r, http.StatusConflict, "0", `{"Errors":[{"OpIndex":0,"What":"key exists"}]}`)
@@ -609,38 +612,27 @@ func TestWaiterYieldsToBarger(t *testing.T) {
 				`[{"Key":"k.lock","Session":"other","CreateIndex":`+index+`,"ModifyIndex":`+index+`,"LockIndex":1}]`)
 		}
 	}
-	after := func(d time.Duration, answer func(*http.Request) (*http.Response, error)) func(*http.Request) (*http.Response, error) {
-		return func(r *http.Request) (*http.Response, error) {
-			time.Sleep(d)
-			return answer(r)
-		}
-	}
-	wait := bargeWait.String()
 	for _, tc := range []struct {
 		fair  bool
 		steps []func(*http.Request) (*http.Response, error)
 		want  []string
+		// the gaps between the requests, each a multiple of yieldFor
+		gaps []time.Duration
 	}{{
 		steps: []func(*http.Request) (*http.Response, error){
-			lost, gone("10"), // lost; the key is free again
-			held("11"), gone("12"), // taken while the waiter yields; freed
-			after(bargeWait, gone("12")), // free for bargeWait: attempt
-			lost, gone("13"),
-			after(2*yieldFor, held("14")), gone("15"), // yieldFor over: attempt at once
+			lost,                   // lost: yield
+			held("11"), gone("12"), // then wait for the key to be free
+			lost,       // lost again: no second yield
+			gone("13"), // free: attempt at once
 			lost,
 		},
-		want: []string{
-			"txn", "read",
-			"query 10 " + wait, "query 11 1000ms",
-			"query 12 " + wait,
-			"txn", "read",
-			"query 13 " + wait, "query 14 1000ms",
-			"txn",
-		},
+		want: []string{"txn", "read", "query 11 1000ms", "txn", "read", "txn"},
+		gaps: []time.Duration{yieldFor, 0, 0, 0, 0},
 	}, {
 		fair:  true,
 		steps: []func(*http.Request) (*http.Response, error){lost, gone("10"), lost},
 		want:  []string{"txn", "read", "txn"},
+		gaps:  []time.Duration{0, 0},
 	}} {
 		synctest.Test(t, func(t *testing.T) {
 			sc := &scriptedConsul{steps: tc.steps, drained: make(chan struct{})}
@@ -660,8 +652,36 @@ func TestWaiterYieldsToBarger(t *testing.T) {
 			sc.mu.Lock()
 			defer sc.mu.Unlock()
 			if got := sc.sent[:min(len(sc.sent), len(tc.want))]; !slices.Equal(got, tc.want) {
-				t.Errorf("fair=%v: sent %q, want %q", tc.fair, sc.sent, tc.want)
+				t.Fatalf("fair=%v: sent %q, want %q", tc.fair, sc.sent, tc.want)
+			}
+			for i, want := range tc.gaps {
+				if gap := sc.at[i+1].Sub(sc.at[i]); gap != want {
+					t.Errorf("fair=%v: %v between request %d (%s) and the next, want %v", tc.fair, gap, i, sc.sent[i], want)
+				}
 			}
 		})
 	}
+	t.Run("session ends", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			sc := &scriptedConsul{steps: []func(*http.Request) (*http.Response, error){lost}, drained: make(chan struct{})}
+			a := stubAttempt(t, sc)
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.take(t.Context(), true, "", nil)
+				done <- err
+			}()
+			time.Sleep(yieldFor / 2)
+			start := time.Now()
+			close(a.s.done)
+			if err := <-done; !errors.Is(err, errSessionLost) {
+				t.Errorf("take: %v, want errSessionLost", err)
+			}
+			if waited := time.Since(start); waited != 0 {
+				t.Errorf("take returned %v after the session ended, want at once", waited)
+			}
+			if len(sc.sent) != 1 {
+				t.Errorf("sent %q, want the one attempt", sc.sent)
+			}
+		})
+	})
 }
