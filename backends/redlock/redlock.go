@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +25,6 @@ var (
 	voteSrc string
 	//go:embed acquire.lua
 	acquireSrc string
-	//go:embed probe.lua
-	probeSrc string
 	//go:embed fence.lua
 	fenceSrc string
 	//go:embed release.lua
@@ -44,10 +43,10 @@ type Locker struct {
 	driftFactor float64
 	maxBackoff  time.Duration
 
-	acquire, probe, fence, release, refresh *goredis.Script
+	acquire, fence, release, refresh *goredis.Script
 	// The digests of the scripts every round sends, as interface values
 	// for evalsha, converted once.
-	acquireSha, probeSha, releaseSha, refreshSha any
+	acquireSha, releaseSha, refreshSha any
 	// all indexes every node, for rounds on all of them.
 	all []int
 
@@ -114,12 +113,11 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
 		acquire:     goredis.NewScript(acquireSrc),
-		probe:       goredis.NewScript(probeSrc),
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
 	}
-	l.acquireSha, l.probeSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.probe.Hash(), l.release.Hash(), l.refresh.Hash()
+	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
 	l.all = make([]int, len(nodes))
 	for i := range l.all {
 		l.all[i] = i
@@ -331,13 +329,21 @@ func answered(r result) verdict {
 }
 
 // probeNodes asks the nodes whether they would grant a vote for lock,
-// writing nothing (probe.lua): free when a majority would, and otherwise
-// how long the holder's votes still last. A node that fails counts against
-// a majority.
+// writing nothing: free when a majority would, and otherwise how long the
+// holder's votes still last. A node that fails counts against a majority.
+// It reads each node's state with a GET, one command where a script would
+// cost three (the script, GET and TIME), and judges it on the local clock
+// (see probeState).
 func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
-	cmd := []any{"evalsha", l.probeSha, 1, lock}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], probeSrc, cmd).Int64()
+		v, err := l.nodes[i].Get(ctx, lock).Result()
+		if errors.Is(err, goredis.Nil) {
+			return int64(1), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return probeState(v, time.Now()), nil
 	}, probed, nil)
 	n := 0
 	for _, r := range rs {
@@ -351,6 +357,33 @@ func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duratio
 		}
 	}
 	return hint, n >= l.quorum
+}
+
+// probeState reads a node's state v (see state.lua) for a waiter's probe:
+// 1 when the node would grant a vote, else 0 less how long the holder's
+// vote still lasts in ms (0 when unknown: a value of another format). The
+// vote's deadline is on the node's clock, and is compared with the local
+// one, now: that only decides when the waiter votes, and its vote is judged
+// on the node's clock, so a clock apart from the nodes' costs a refused
+// vote (a clock ahead, which writes nothing: see acquire.lua) or a wait
+// longer by the difference for a vote that lapsed (a clock behind), never
+// a grant.
+func probeState(v string, now time.Time) int64 {
+	d, _, ok := strings.Cut(v, ":")
+	if !ok {
+		return 0
+	}
+	if d == "0" {
+		return 1
+	}
+	deadline, err := strconv.ParseInt(d, 10, 64)
+	if err != nil {
+		return 0
+	}
+	if left := deadline - now.UnixMilli(); left > 0 {
+		return -left
+	}
+	return 1
 }
 
 // probed judges a probe's answer: pro when the node would grant the vote,
