@@ -111,8 +111,9 @@
 // A waiting Acquire retries with jittered pauses whose bound grows from 2ms
 // to WithMaxBackoff (default 250ms) and stays there however long the wait
 // (driver.Backoff), never longer than the holder's remaining TTL as the
-// nodes report it. Nodes that fail do not end the wait: it goes on until
-// its context is done. Release notifications over N nodes' Pub/Sub are not
+// nodes' states tell it (read on the waiter's clock by a probe). Nodes that
+// fail do not end the wait: it goes on until its context is done. Release
+// notifications over N nodes' Pub/Sub are not
 // used: the single-deployment backend (package
 // github.com/warden-go/warden/backends/redislock) does that.
 package redlock

@@ -47,6 +47,9 @@ type Locker struct {
 	// The digests of the scripts every round sends, as interface values
 	// for evalsha, converted once.
 	acquireSha, releaseSha, refreshSha any
+	// leadBound is the bound on a proposal's lead over a node's clock
+	// (µs, the node timeout) as the vote takes it, converted once.
+	leadBound any
 	// all indexes every node, for rounds on all of them.
 	all []int
 
@@ -135,6 +138,7 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 			return nil, err
 		}
 	}
+	l.leadBound = l.nodeTimeout.Microseconds()
 	return l, nil
 }
 
@@ -157,13 +161,15 @@ func (l *Locker) Limits() driver.Limits {
 // Acquire takes key on a majority of the nodes. Fair mode is not offered
 // (driver.ErrUnsupported). A waiting Acquire retries after a jittered pause
 // that grows to WithMaxBackoff and never past it however long the wait, is
-// never longer than the holder's remaining TTL as the nodes report it, and
+// never longer than the holder's remaining TTL as the nodes' states tell it
+// (read on the local clock by a probe: see probeState), and
 // goes on through nodes that fail (ErrUnavailable) until ctx is done.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, lock: lockKeyOf(key)}
+	lock := lockKeyOf(key)
+	ls := &lease{l: l, lock: lock, lockArg: lock}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
 	// held says the last attempt found the lock held: the next ones probe
 	// first, and the attempt reads each node's state before writing its
@@ -217,10 +223,11 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	// a vote this attempt counts. The calls of this attempt that may outlive
 	// it read this variable, never ls.
 	owner := rand.Text()
+	ownerArg := any(owner)
 	start := time.Now()
 	proposal := l.propose(start)
 	lock := ls.lock
-	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()}
+	cmd := []any{"evalsha", l.acquireSha, 1, ls.lockArg, ownerArg, ttl.Milliseconds(), proposal, l.leadBound}
 	if held {
 		// Read the state before writing the vote (see acquire.lua).
 		cmd = append(cmd, "1")
@@ -284,7 +291,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	}
 	l.learn(start, reported, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.withdraw(ctx, lock, owner, "0", "0", mine, nil)
+		l.withdraw(ctx, ls.lockArg, ownerArg, "0", "0", mine, nil)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -312,7 +319,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	if !time.Now().Before(expiry) {
 		return fail(fmt.Errorf("%w: acquiring took longer than the TTL %v", driver.ErrNotAcquired, ttl))
 	}
-	ls.owner = owner
+	ls.owner = ownerArg
 	ls.token = uint64(token)
 	ls.day = expiryDay(time.Now(), ttl)
 	ls.votes = mine
@@ -463,14 +470,15 @@ func (l *Locker) shortfall(failed int, cause error) error {
 	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
-// withdraw removes owner's votes from lock (lockKeyOf) on the nodes which
+// withdraw removes owner's votes from lock (lockKeyOf; both as the scripts
+// take them, see lease) on the nodes which
 // (their indexes into l.nodes), whatever ctx's state: a node may have
 // granted a vote whose answer was lost. token and day are what the votes
 // recorded, as a rule ("0" when unknown): a node where they differ costs one
 // more command. With judge it returns as soon as the answers settle a majority (see
 // gather), and the others finish in the background; otherwise it waits for
 // every answer, or the node timeout.
-func (l *Locker) withdraw(ctx context.Context, lock, owner string, token, day any, which []int, judge func(result) verdict) []result {
+func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}
