@@ -86,15 +86,11 @@
 // about 13k, a SET 7k and TIME 8k: per node, an uncontended vote costs
 // about 64k instructions and a withdrawal 38k (callgrind, Redis 7.0), most
 // of it those. After an attempt that found the lock held, a waiter probes:
-// it reads each node's state with a GET and writes nothing (1 command a
-// node, where a script of its own cost 3 where the lock is held: EVALSHA,
-// GET, TIME), and votes again only once a majority would grant its vote,
-// reading each node's state before writing there. The probe compares a
-// vote's deadline, on its node's clock, with the waiter's own clock: that
-// only decides when the waiter votes, and the vote is judged on the node's
-// clock, so a waiter whose clock runs ahead of a node's costs a refused
-// vote (which writes nothing), and one whose clock runs behind waits that
-// much longer for a vote that lapsed (its holder gone), never a grant. A
+// it reads each node's state and clock (a GET and a TIME in one round
+// trip: 2 commands a node, where a script of its own cost 3 where the lock
+// is held, and several times a GET's instructions), writes nothing, and
+// votes again only once a majority would grant its vote, reading each
+// node's state before writing there. A
 // waiter voting on every attempt would write its vote on the nodes that are
 // free while the lock is held on a majority, or while a holder's fresh
 // attempt is on its way, then withdraw it: among 8
@@ -111,9 +107,8 @@
 // A waiting Acquire retries with jittered pauses whose bound grows from 2ms
 // to WithMaxBackoff (default 250ms) and stays there however long the wait
 // (driver.Backoff), never longer than the holder's remaining TTL as the
-// nodes' states tell it (read on the waiter's clock by a probe). Nodes that
-// fail do not end the wait: it goes on until its context is done. Release
-// notifications over N nodes' Pub/Sub are not
+// nodes report it. Nodes that fail do not end the wait: it goes on until
+// its context is done. Release notifications over N nodes' Pub/Sub are not
 // used: the single-deployment backend (package
 // github.com/warden-go/warden/backends/redislock) does that.
 package redlock

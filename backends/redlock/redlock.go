@@ -161,8 +161,7 @@ func (l *Locker) Limits() driver.Limits {
 // Acquire takes key on a majority of the nodes. Fair mode is not offered
 // (driver.ErrUnsupported). A waiting Acquire retries after a jittered pause
 // that grows to WithMaxBackoff and never past it however long the wait, is
-// never longer than the holder's remaining TTL as the nodes' states tell it
-// (read on the local clock by a probe: see probeState), and
+// never longer than the holder's remaining TTL as the nodes report it, and
 // goes on through nodes that fail (ErrUnavailable) until ctx is done.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
@@ -338,19 +337,28 @@ func answered(r result) verdict {
 // probeNodes asks the nodes whether they would grant a vote for lock,
 // writing nothing: free when a majority would, and otherwise how long the
 // holder's votes still last. A node that fails counts against a majority.
-// It reads each node's state with a GET, one command where a script would
-// cost three (the script, GET and TIME), and judges it on the local clock
-// (see probeState).
+// It reads each node's state and clock, a GET and a TIME in one round trip,
+// where a script cost three commands (the script, GET and TIME; see
+// probeState).
 func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		v, err := l.nodes[i].Get(ctx, lock).Result()
+		pipe := l.nodes[i].Pipeline()
+		get, clock := pipe.Get(ctx, lock), pipe.Time(ctx)
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+			return nil, err
+		}
+		v, err := get.Result()
 		if errors.Is(err, goredis.Nil) {
 			return int64(1), nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		return probeState(v, time.Now()), nil
+		now, err := clock.Result()
+		if err != nil {
+			return nil, err
+		}
+		return probeState(v, now), nil
 	}, probed, nil)
 	n := 0
 	for _, r := range rs {
@@ -368,13 +376,10 @@ func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duratio
 
 // probeState reads a node's state v (see state.lua) for a waiter's probe:
 // 1 when the node would grant a vote, else 0 less how long the holder's
-// vote still lasts in ms (0 when unknown: a value of another format). The
-// vote's deadline is on the node's clock, and is compared with the local
-// one, now: that only decides when the waiter votes, and its vote is judged
-// on the node's clock, so a clock apart from the nodes' costs a refused
-// vote (a clock ahead, which writes nothing: see acquire.lua) or a wait
-// longer by the difference for a vote that lapsed (a clock behind), never
-// a grant.
+// vote still lasts in ms (0 when unknown: a value of another format). now
+// is the node's clock, read with the state: the waiter's own clock, apart
+// from the node's, would make it wait longer by the difference for a vote
+// that lapsed (its holder gone), or vote early, to be refused.
 func probeState(v string, now time.Time) int64 {
 	d, _, ok := strings.Cut(v, ":")
 	if !ok {
