@@ -23,7 +23,7 @@
 -- held: the state is then read before it is written, so that a vote
 -- refused again writes nothing (the first attempt, likely to find the lock
 -- free, writes its vote at once and reads the old state with it). A waiter
--- asks probe.lua first.
+-- reads the nodes' states first (probeNodes).
 -- Returns 1 when the vote is granted and the proposal recorded; the node's
 -- fence before the vote (digits) when granted without recording the
 -- proposal; when refused, 0 less the holder's pttl (0 when unknown).

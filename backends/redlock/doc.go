@@ -86,13 +86,14 @@
 // about 13k, a SET 7k and TIME 8k: per node, an uncontended vote costs
 // about 64k instructions and a withdrawal 38k (callgrind, Redis 7.0), most
 // of it those. After an attempt that found the lock held, a waiter probes:
-// it reads each node's state and writes nothing (3 commands a node where
-// the lock is held: EVALSHA, GET, TIME; 2 where it is free), with a script
-// of its own that takes the key alone, and votes again only once a
-// majority would grant its vote, reading each node's state before writing
-// there. A waiter voting on every attempt would write its vote on
-// the nodes that are free while the lock is held on a majority, or while a
-// holder's fresh attempt is on its way, then withdraw it: among 8
+// it reads each node's state and clock (a GET and a TIME in one round
+// trip: 2 commands a node, where a script of its own cost 3 where the lock
+// is held, and several times a GET's instructions), writes nothing, and
+// votes again only once a majority would grant its vote, reading each
+// node's state before writing there. A
+// waiter voting on every attempt would write its vote on the nodes that are
+// free while the lock is held on a majority, or while a holder's fresh
+// attempt is on its way, then withdraw it: among 8
 // contenders holding the lock 1ms, such split votes came at 0.37 to 0.54
 // per acquisition, and at 0.01 to 0.03 with the probe.
 //

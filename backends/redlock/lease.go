@@ -13,8 +13,11 @@ import (
 type lease struct {
 	l *Locker
 	// lock is the key of the votes on the nodes (lockKeyOf).
-	lock, owner string
-	token       uint64
+	lock string
+	// lockArg and owner are the key and the owner id as the scripts take
+	// them: interface values, converted once for all the lease's rounds.
+	lockArg, owner any
+	token          uint64
 	// day is when the vote's key expires, as the granting nodes set it
 	// as a rule, worked out on our clock (expiryDay): a release writes it
 	// back, unread, and a node where it differs corrects it.
@@ -48,7 +51,7 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
 	start := time.Now()
-	cmd := []any{"evalsha", l.refreshSha, 1, ls.lock, ls.owner, ttl.Milliseconds(), ls.token}
+	cmd := []any{"evalsha", l.refreshSha, 1, ls.lockArg, ls.owner, ttl.Milliseconds(), ls.token}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], refreshSrc, cmd).Int64()
 	}, ones, ls.votes)
@@ -74,7 +77,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // votes: every attempt has an owner id of its own.
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
-	rs := l.withdraw(ctx, ls.lock, ls.owner, ls.token, ls.day, ls.votes, ones)
+	rs := l.withdraw(ctx, ls.lockArg, ls.owner, ls.token, ls.day, ls.votes, ones)
 	held, failed := count(rs)
 	if held < l.quorum && failed > 0 && held+failed >= l.quorum {
 		// Whether a majority still holds the owner's votes is unknown; they

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +25,6 @@ var (
 	voteSrc string
 	//go:embed acquire.lua
 	acquireSrc string
-	//go:embed probe.lua
-	probeSrc string
 	//go:embed fence.lua
 	fenceSrc string
 	//go:embed release.lua
@@ -44,10 +43,13 @@ type Locker struct {
 	driftFactor float64
 	maxBackoff  time.Duration
 
-	acquire, probe, fence, release, refresh *goredis.Script
+	acquire, fence, release, refresh *goredis.Script
 	// The digests of the scripts every round sends, as interface values
 	// for evalsha, converted once.
-	acquireSha, probeSha, releaseSha, refreshSha any
+	acquireSha, releaseSha, refreshSha any
+	// leadBound is the bound on a proposal's lead over a node's clock
+	// (µs, the node timeout) as the vote takes it, converted once.
+	leadBound any
 	// all indexes every node, for rounds on all of them.
 	all []int
 
@@ -114,12 +116,11 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		driftFactor: 0.01,
 		maxBackoff:  250 * time.Millisecond,
 		acquire:     goredis.NewScript(acquireSrc),
-		probe:       goredis.NewScript(probeSrc),
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
 	}
-	l.acquireSha, l.probeSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.probe.Hash(), l.release.Hash(), l.refresh.Hash()
+	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
 	l.all = make([]int, len(nodes))
 	for i := range l.all {
 		l.all[i] = i
@@ -137,6 +138,7 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 			return nil, err
 		}
 	}
+	l.leadBound = l.nodeTimeout.Microseconds()
 	return l, nil
 }
 
@@ -165,7 +167,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
 	}
-	ls := &lease{l: l, lock: lockKeyOf(key)}
+	lock := lockKeyOf(key)
+	ls := &lease{l: l, lock: lock, lockArg: lock}
 	backoff := driver.Backoff{Min: 2 * time.Millisecond, Max: l.maxBackoff}
 	// held says the last attempt found the lock held: the next ones probe
 	// first, and the attempt reads each node's state before writing its
@@ -219,10 +222,11 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	// a vote this attempt counts. The calls of this attempt that may outlive
 	// it read this variable, never ls.
 	owner := rand.Text()
+	ownerArg := any(owner)
 	start := time.Now()
 	proposal := l.propose(start)
 	lock := ls.lock
-	cmd := []any{"evalsha", l.acquireSha, 1, lock, owner, ttl.Milliseconds(), proposal, l.nodeTimeout.Microseconds()}
+	cmd := []any{"evalsha", l.acquireSha, 1, ls.lockArg, ownerArg, ttl.Milliseconds(), proposal, l.leadBound}
 	if held {
 		// Read the state before writing the vote (see acquire.lua).
 		cmd = append(cmd, "1")
@@ -286,7 +290,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	}
 	l.learn(start, reported, tooHigh)
 	fail := func(err error) (time.Duration, error) {
-		l.withdraw(ctx, lock, owner, "0", "0", mine, nil)
+		l.withdraw(ctx, ls.lockArg, ownerArg, "0", "0", mine, nil)
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, ctxErr
 		}
@@ -314,7 +318,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	if !time.Now().Before(expiry) {
 		return fail(fmt.Errorf("%w: acquiring took longer than the TTL %v", driver.ErrNotAcquired, ttl))
 	}
-	ls.owner = owner
+	ls.owner = ownerArg
 	ls.token = uint64(token)
 	ls.day = expiryDay(time.Now(), ttl)
 	ls.votes = mine
@@ -331,13 +335,30 @@ func answered(r result) verdict {
 }
 
 // probeNodes asks the nodes whether they would grant a vote for lock,
-// writing nothing (probe.lua): free when a majority would, and otherwise
-// how long the holder's votes still last. A node that fails counts against
-// a majority.
+// writing nothing: free when a majority would, and otherwise how long the
+// holder's votes still last. A node that fails counts against a majority.
+// It reads each node's state and clock, a GET and a TIME in one round trip,
+// where a script cost three commands (the script, GET and TIME; see
+// probeState).
 func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
-	cmd := []any{"evalsha", l.probeSha, 1, lock}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], probeSrc, cmd).Int64()
+		pipe := l.nodes[i].Pipeline()
+		get, clock := pipe.Get(ctx, lock), pipe.Time(ctx)
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+			return nil, err
+		}
+		v, err := get.Result()
+		if errors.Is(err, goredis.Nil) {
+			return int64(1), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		now, err := clock.Result()
+		if err != nil {
+			return nil, err
+		}
+		return probeState(v, now), nil
 	}, probed, nil)
 	n := 0
 	for _, r := range rs {
@@ -351,6 +372,30 @@ func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duratio
 		}
 	}
 	return hint, n >= l.quorum
+}
+
+// probeState reads a node's state v (see state.lua) for a waiter's probe:
+// 1 when the node would grant a vote, else 0 less how long the holder's
+// vote still lasts in ms (0 when unknown: a value of another format). now
+// is the node's clock, read with the state: the waiter's own clock, apart
+// from the node's, would make it wait longer by the difference for a vote
+// that lapsed (its holder gone), or vote early, to be refused.
+func probeState(v string, now time.Time) int64 {
+	d, _, ok := strings.Cut(v, ":")
+	if !ok {
+		return 0
+	}
+	if d == "0" {
+		return 1
+	}
+	deadline, err := strconv.ParseInt(d, 10, 64)
+	if err != nil {
+		return 0
+	}
+	if left := deadline - now.UnixMilli(); left > 0 {
+		return -left
+	}
+	return 1
 }
 
 // probed judges a probe's answer: pro when the node would grant the vote,
@@ -430,14 +475,15 @@ func (l *Locker) shortfall(failed int, cause error) error {
 	return fmt.Errorf("%w: no majority of %d nodes", driver.ErrNotAcquired, len(l.nodes))
 }
 
-// withdraw removes owner's votes from lock (lockKeyOf) on the nodes which
+// withdraw removes owner's votes from lock (lockKeyOf; both as the scripts
+// take them, see lease) on the nodes which
 // (their indexes into l.nodes), whatever ctx's state: a node may have
 // granted a vote whose answer was lost. token and day are what the votes
 // recorded, as a rule ("0" when unknown): a node where they differ costs one
 // more command. With judge it returns as soon as the answers settle a majority (see
 // gather), and the others finish in the background; otherwise it waits for
 // every answer, or the node timeout.
-func (l *Locker) withdraw(ctx context.Context, lock, owner string, token, day any, which []int, judge func(result) verdict) []result {
+func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}

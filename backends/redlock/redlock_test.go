@@ -549,3 +549,26 @@ func TestFencesExpire(t *testing.T) {
 		t.Fatalf("the token was recorded on %d of %d nodes, want a majority", recorded, len(addrs))
 	}
 }
+
+// TestProbeState: a probe reads a withdrawn or lapsed vote as free, and a
+// live one as held for what is left of it; a value it cannot read as held,
+// with no hint.
+func TestProbeState(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	for _, c := range []struct {
+		v    string
+		want int64
+	}{
+		{"0:1799999999000123:20834:", 1},
+		{"1800000000250:1799999999000123:20834:owner", -250},
+		{"1800000000000:1799999999000123:20834:owner", 1},
+		{"1799999999000:1799999999000123:20834:owner", 1},
+		{"1800000000250:1799999999000123:20834:own:er", -250},
+		{"an earlier format", 0},
+		{"x:1:2:owner", 0},
+	} {
+		if got := probeState(c.v, now); got != c.want {
+			t.Errorf("probeState(%q) = %d, want %d", c.v, got, c.want)
+		}
+	}
+}

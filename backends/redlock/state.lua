@@ -13,7 +13,8 @@
 -- KEEPTTL keeps the key's expiry, which moves only when a vote or a refresh
 -- needs a later day (keep): once a day for a key in constant use. The
 -- helpers (clock, put, keep...) are backends/internal/redisstate's; the
--- vote, probe, withdrawal and refresh scripts, on every acquisition's path,
+-- vote, withdrawal and refresh scripts (and the waiter's probe, a GET read
+-- by the client), on every acquisition's path,
 -- read and write the format themselves, with none of them (see
 -- acquire.lua).
 
