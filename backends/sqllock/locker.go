@@ -318,8 +318,8 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 
 // acquireOrWait is PostgreSQL's attempt of a waiter that listens. It takes
 // the lock when the lease has expired, as acquire does; when not, it marks
-// the row as waited for until twice the waiter's next pause (the fourth
-// argument, in microseconds) from now, unless an earlier mark already
+// the row as waited for until twice the waiter's next pause (an argument,
+// in microseconds) from now, unless an earlier mark already
 // lasts that pause. Both happen under the row lock that ON CONFLICT takes,
 // against the row's latest version: a release that commits after the mark
 // sees it and notifies, one that committed before leaves the lease expired
@@ -330,12 +330,26 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 // holder's time left; with no row written (the mark lasted), that is read
 // from the statement's snapshot, or no row comes back when the snapshot
 // holds none.
+//
+// It first reads the row in the statement's snapshot, without a lock: when
+// the lease there is unexpired and its mark already lasts the pause, the
+// attempt could neither take the lock nor write, and it skips the upsert,
+// whose ON CONFLICT would lock the row before finding that out: under
+// contention with no hold, waiters' attempts so queued on the row lock,
+// with the holder's release and acquisition behind them (at 64 waiters,
+// 2.5 such attempts per acquisition, each waiting 3 ms on the lock). What
+// the snapshot shows was committed before the statement began, so a
+// release committed later sees that mark and notifies, as it would have
+// seen this attempt's; a release committed earlier is in the snapshot, and
+// the upsert is not skipped. The decision to take the lock is still the
+// upsert's, under the row lock.
 func acquireOrWait(t, insert, now string) string {
 	expired := "t.lock_until <= excluded.locked_at"
 	when := func(taken, kept string) string {
 		return "CASE WHEN " + expired + " THEN " + taken + " ELSE " + kept + " END"
 	}
-	return "WITH a AS (" + insert + " ON CONFLICT (name) DO UPDATE SET" +
+	skip := " WHERE NOT EXISTS (SELECT 1 FROM " + t + " AS s WHERE s.name = ? AND s.lock_until > c.now AND s.waiting_until >= c.now + ?::bigint)"
+	return "WITH a AS (" + insert + skip + " ON CONFLICT (name) DO UPDATE SET" +
 		" owner = " + when("excluded.owner", "t.owner") + "," +
 		" version = " + when("GREATEST(t.version + 1, excluded.version)", "t.version") + "," +
 		" lock_until = " + when("excluded.lock_until", "t.lock_until") + "," +
@@ -500,7 +514,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		query, args := l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}
 		if pause > 0 {
 			p := pause.Microseconds()
-			query, args = l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), p, p, owner, key}
+			query, args = l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), key, p, p, p, owner, key}
 		}
 		err := l.queryRow(ctx, query, args, &version, &left)
 		if errors.Is(err, sql.ErrNoRows) {
