@@ -81,7 +81,10 @@
 // is as short as an uncontended one), by the statement that finds the lock
 // held, under the row lock that orders it with the release: a release that
 // commits later sees the mark, and one that committed before left the lock
-// free for that statement to take. The releasing statement calls pg_notify
+// free for that statement to take. An attempt that finds in its snapshot
+// the lease unexpired and a mark that lasts its pause already, committed
+// before it began and so seen by any later release, leaves the row alone
+// and does not wait for its lock. The releasing statement calls pg_notify
 // on a channel named after the lock table, with the lock name as payload,
 // only while the mark lasts: a NOTIFY, even one nobody listens to,
 // serialises the commits of every notifying transaction on the server, so

@@ -73,3 +73,11 @@ func RefreshStatement(l *Locker, keys []string, ttl time.Duration) (string, []an
 // Now is the expression l's statements read the database's clock with, in
 // integer microseconds since the Unix epoch.
 func Now(l *Locker) string { return l.d.now }
+
+// Attempt is one attempt of a waiter that listens, which marks key's row as
+// waited for at least pause when the lock is held; taken reports whether it
+// took the lock, and left the holder's time left as the attempt read it.
+func Attempt(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) (taken bool, left time.Duration, err error) {
+	got, left, err := l.try(ctx, key, ttl, "", true, pause)
+	return got != nil, left, err
+}

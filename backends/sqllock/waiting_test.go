@@ -247,3 +247,49 @@ func TestEarlierTableUnmigrated(t *testing.T) {
 		t.Errorf("Release WithoutNotify: %v", err)
 	}
 }
+
+// TestLastingMarkTakesNoRowLock: on PostgreSQL, the attempt of a waiter that
+// listens, on a lock held and already marked as waited for longer than the
+// waiter's next pause, reads the row without locking it, so it does not
+// queue behind the holder's statements (here a transaction holding the row
+// lock); one whose pause outlasts the mark writes the mark, under the row
+// lock, and so waits for it.
+func TestLastingMarkTakesNoRowLock(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	waiter := newLocker(t, openDB(t, db, dsn))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key := uniqueKey(t)
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	// Marks the row for twice 10s.
+	if taken, _, err := sqllock.Attempt(ctx, waiter, key, time.Minute, 10*time.Second); err != nil || taken {
+		t.Fatalf("marking attempt: taken %v, err %v; want held", taken, err)
+	}
+	if !sqllock.WaitedFor(waiter, key) {
+		t.Fatal("the row is not marked as waited for")
+	}
+	tx := openDB(t, db, dsn).Begin()
+	defer tx.Rollback()
+	if err := tx.Exec("SELECT 1 FROM "+sqllock.DefaultTable+" WHERE name = ? FOR UPDATE", key).Error; err != nil {
+		t.Fatal(err)
+	}
+
+	short, stop := context.WithTimeout(ctx, 5*time.Second)
+	taken, left, err := sqllock.Attempt(short, waiter, key, time.Minute, time.Second)
+	stop()
+	if err != nil || taken || left < 30*time.Second {
+		t.Fatalf("attempt within the mark: taken %v, left %v, err %v; want held with about a minute left, without waiting for the row lock", taken, left, err)
+	}
+	short, stop = context.WithTimeout(ctx, 300*time.Millisecond)
+	taken, _, err = sqllock.Attempt(short, waiter, key, time.Minute, 30*time.Second)
+	stop()
+	if err == nil {
+		t.Fatalf("attempt past the mark: taken %v, no error; want it waiting for the row lock until its deadline", taken)
+	}
+}
