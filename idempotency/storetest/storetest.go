@@ -698,7 +698,12 @@ func (s *suite) testNotReplayable(t *testing.T) {
 // runs; the work finishes, its result is stored, and the retry on another
 // client gets it replayed instead of running the work again.
 func (s *suite) testCallerGone(t *testing.T) {
-	a, b := s.executor(t, idempotency.WithLease(s.short)), s.executor(t)
+	// Three short leases: renewed every third of it, so that a renewal
+	// descheduled for a moment on a loaded machine (under -race, a 400ms
+	// lease was seen lost) does not end the claim; its loss is not the
+	// subject here.
+	lease := 3 * s.short
+	a, b := s.executor(t, idempotency.WithLease(lease)), s.executor(t)
 	k := key(t)
 	ctx, cancel := context.WithCancel(s.ctx(t))
 	var runs atomic.Int64
@@ -707,7 +712,7 @@ func (s *suite) testCallerGone(t *testing.T) {
 		cancel()
 		<-fctx.Done()
 		// Outlive the lease: only the renewals keep the claim.
-		time.Sleep(2 * s.short)
+		time.Sleep(lease + s.short)
 		return []byte("order 1"), nil
 	})
 	if err != nil {
