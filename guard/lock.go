@@ -27,10 +27,11 @@ type Lock struct {
 	ttl   time.Duration
 	lease driver.Lease
 
-	// The lock's context (lockContext, a view of the Lock): the context
-	// it was taken with, and the cancellable one made from it on first
-	// use. ctx and cancel are guarded by mu.
-	parent context.Context
+	// The lock's context (lockContext, a view of the Lock), guarded by
+	// mu: the context it was taken with (its parent) until the section
+	// first uses it, then the cancellable one made from it, whose values
+	// and deadline are the parent's; cancel is set when that is made. One
+	// field for both costs a held Lock 16 bytes less (a size class).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -66,8 +67,16 @@ type Lock struct {
 }
 
 // outer is the innermost lock already held by the context l was taken
-// with: its context's parent carries it (its values are that context's).
-func (l *Lock) outer() *Lock { return heldBy(l.parent) }
+// with: its context carries it (its values are its parent's).
+func (l *Lock) outer() *Lock { return heldBy(l.currentContext()) }
+
+// currentContext is the lock's context as far as it has been made: its parent,
+// or the cancellable context made from it.
+func (l *Lock) currentContext() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ctx
+}
 
 // section is what a traced Lock adds: the span of its critical section.
 // Kept apart because a Lock is allocated on every acquisition, and its size
@@ -301,8 +310,8 @@ func (c *lockContext) get() context.Context {
 	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx == nil {
-		l.ctx, l.cancel = context.WithCancelCause(l.parent)
+	if l.cancel == nil {
+		l.ctx, l.cancel = context.WithCancelCause(l.ctx)
 		if cause := l.endedLocked(); cause != nil {
 			l.cancel(cause)
 		}
@@ -315,7 +324,7 @@ func (c *lockContext) get() context.Context {
 func (l *Lock) end(cause error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx != nil {
+	if l.cancel != nil {
 		l.cancel(cause)
 	}
 }
@@ -334,7 +343,7 @@ func (l *Lock) finish() {
 	if l.relCancel != nil {
 		l.relCancel()
 	}
-	if l.ctx != nil {
+	if l.cancel != nil {
 		l.cancel(l.endedLocked())
 	}
 }
@@ -351,7 +360,7 @@ func (l *Lock) endedLocked() error {
 	return nil
 }
 
-func (c *lockContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *lockContext) Deadline() (time.Time, bool) { return (*Lock)(c).currentContext().Deadline() }
 func (c *lockContext) Done() <-chan struct{}       { return c.get().Done() }
 func (c *lockContext) Err() error                  { return c.get().Err() }
 func (c *lockContext) String() string              { return "warden lock context" }
