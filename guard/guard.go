@@ -63,6 +63,7 @@ type Guard struct {
 	keeper         keeper
 	names          names
 	callers        callers
+	releases       releaseTimer
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,11 +51,11 @@ type Lock struct {
 	next    *Lock         // below it on the keeper's young stack
 
 	// The release's context (releaseContext, a view of the Lock), guarded
-	// by mu: Unlock's ctx, set before the release starts, until a backend
-	// asks for the release's bound; then the bounded context made from it,
-	// and the cancel that finish calls.
-	rel       context.Context
-	relCancel context.CancelFunc
+	// by mu: Unlock's ctx, set before the release starts (without its
+	// cancellation once the bound is made), and the bound, made when a
+	// backend or guard's watch first asks for it, and ended by finish.
+	rel      context.Context
+	relBound *releaseBound
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
@@ -338,13 +339,16 @@ func (l *Lock) end(cause error) {
 // for both: an Unlock takes it twice in all.)
 func (l *Lock) finish() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.releasing = false
-	if l.relCancel != nil {
-		l.relCancel()
-	}
+	b := l.relBound
 	if l.cancel != nil {
 		l.cancel(l.endedLocked())
+	}
+	l.mu.Unlock()
+	if b != nil {
+		// Without the mutex: it runs the cancellation of the contexts a
+		// backend derived, which read the release context.
+		l.g.releases.end(b, context.Canceled)
 	}
 }
 
@@ -384,48 +388,224 @@ func heldBy(ctx context.Context) *Lock {
 // releaseContext is the detached, bounded context a lease is released
 // with, a view of the Lock. It carries the values of the caller's context
 // but not its cancellation (nor, through context.Cause, its cause). Its
-// deadline and timer are only made when a backend asks for them (Done,
-// Deadline, Err), which the in-process backend never does, so releasing
-// there costs no clock read and no timer. They are made as a
-// context.WithTimeout of the caller's context without its cancellation,
-// whose Value hands out: so a backend's context.WithCancel, WithTimeout or
-// AfterFunc of the release context hooks into it directly, rather than
-// start a goroutine to watch a Done channel the context package does not
-// know. It is done at its deadline, or when the release ends (finish),
-// whichever comes first.
+// bound (deadline, Done channel, timer) is only made when a backend asks
+// for it (Done, Deadline, Err), which the in-process backend never does,
+// so releasing there costs no clock read and no timer. It is done at its
+// deadline, or when the release ends (finish), whichever comes first. A
+// context a backend derives from it (context.WithCancel, WithTimeout,
+// AfterFunc) hooks into it through its AfterFunc method, rather than start
+// a goroutine to watch a Done channel the context package does not know.
 type releaseContext Lock
 
-// bound returns the release's bounded context, making it on first use:
-// already done if the release is over.
-func (c *releaseContext) bound() context.Context {
+// bound returns the release's bound, making it on first use: already done
+// if the release is over.
+func (c *releaseContext) bound() *releaseBound {
 	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.relCancel == nil {
+	if l.relBound == nil {
 		timeout := l.g.releaseTimeout
 		if !l.releasing {
 			// Asked for after the release: report it over.
 			timeout = 0
 		}
-		l.rel, l.relCancel = context.WithTimeout(context.WithoutCancel(l.rel), timeout)
+		l.rel = valuesOnly(l.rel)
+		l.relBound = l.g.releases.bound(timeout)
 	}
-	return l.rel
+	return l.relBound
 }
 
-func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().Deadline() }
-func (c *releaseContext) Done() <-chan struct{}       { return c.bound().Done() }
-func (c *releaseContext) Err() error                  { return c.bound().Err() }
+func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().deadline, true }
+func (c *releaseContext) Done() <-chan struct{}       { return c.bound().done }
+func (c *releaseContext) Err() error                  { return c.bound().errNow() }
 func (c *releaseContext) String() string              { return "warden release context" }
 
-// Value reads the caller's values without making the bound, unless it has
-// been made; either way, never the caller's cancellation.
+// AfterFunc arranges for f to run once the release context is done, and
+// is how the context package hooks a derived context into it.
+func (c *releaseContext) AfterFunc(f func()) (stop func() bool) { return c.bound().afterFunc(f) }
+
+// Value reads the caller's values without making the bound; never the
+// caller's cancellation.
 func (c *releaseContext) Value(key any) any {
 	l := (*Lock)(c)
 	l.mu.Lock()
-	ctx, bounded := l.rel, l.relCancel != nil
+	ctx := l.rel
 	l.mu.Unlock()
-	if !bounded {
-		ctx = context.WithoutCancel(ctx)
+	return valuesOnly(ctx).Value(key)
+}
+
+// valuesOnly is ctx without its cancellation: ctx itself when it carries
+// none (no Done channel and no deadline: context.Background, or values
+// over it), which spares the detached context's allocation on every
+// release made with such a context.
+func valuesOnly(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		if _, ok := ctx.Deadline(); !ok {
+			return ctx
+		}
 	}
-	return ctx.Value(key)
+	return context.WithoutCancel(ctx)
+}
+
+// releaseBound is the release context's deadline and end. It is not a
+// context.WithTimeout of the caller's context, which cost six allocations
+// per release a backend watches (the timer context, its timer and the
+// timer's function, its cancel function, its Done channel, and the
+// detached parent) and put a timer in and out of the runtime's timer heap
+// on every release: it costs two (itself and its channel), and the
+// detached parent only when the caller's context could be cancelled, and
+// the Guard's one release timer (releaseTimer) ends it at its deadline.
+type releaseBound struct {
+	deadline time.Time
+	done     chan struct{}
+
+	mu    sync.Mutex
+	err   error     // set when done is closed
+	after []*func() // AfterFunc's functions, until they are stopped or run
+
+	// Its place in the Guard's release timer's queue, guarded by the
+	// timer's mutex.
+	prev, next *releaseBound
+	queued     bool
+}
+
+// end closes done with err, unless it is closed already, and runs the
+// functions AfterFunc was given.
+func (b *releaseBound) end(err error) {
+	b.mu.Lock()
+	if b.err != nil {
+		b.mu.Unlock()
+		return
+	}
+	b.err = err
+	close(b.done)
+	after := b.after
+	b.after = nil
+	b.mu.Unlock()
+	for _, f := range after {
+		(*f)()
+	}
+}
+
+func (b *releaseBound) errNow() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// afterFunc runs f when b ends, or at once on its own goroutine if it has
+// (context.AfterFunc's contract); stop takes f back if it has not run.
+func (b *releaseBound) afterFunc(f func()) (stop func() bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	b.after = append(b.after, p)
+	return func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		i := slices.Index(b.after, p)
+		if i < 0 {
+			return false
+		}
+		b.after = slices.Delete(b.after, i, i+1)
+		return true
+	}
+}
+
+// releaseTimer ends a Guard's release bounds at their deadlines, with one
+// timer for all of them. Every bound is made with the Guard's release
+// timeout, under the timer's mutex, so a queue in the order they are made
+// is in the order of their deadlines: adding and removing one is a few
+// pointer writes, and the timer, armed for the earliest, is left alone by
+// later ones. In a loop of releases that end before their deadline, it is
+// armed once per release timeout, not once per release.
+type releaseTimer struct {
+	mu         sync.Mutex
+	head, tail *releaseBound
+	timer      *time.Timer // made on the first bound
+	armed      bool
+}
+
+// bound returns a bound timeout from now, queued for its deadline; one
+// already ended if timeout is not positive.
+func (rt *releaseTimer) bound(timeout time.Duration) *releaseBound {
+	b := &releaseBound{done: make(chan struct{})}
+	if timeout <= 0 {
+		b.deadline = time.Now()
+		b.end(context.DeadlineExceeded)
+		return b
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b.deadline = time.Now().Add(timeout)
+	b.prev, b.queued = rt.tail, true
+	if rt.tail != nil {
+		rt.tail.next = b
+	} else {
+		rt.head = b
+	}
+	rt.tail = b
+	if !rt.armed {
+		rt.armLocked(timeout)
+	}
+	return b
+}
+
+func (rt *releaseTimer) armLocked(d time.Duration) {
+	rt.armed = true
+	if rt.timer == nil {
+		rt.timer = time.AfterFunc(d, rt.fire)
+	} else {
+		rt.timer.Reset(d)
+	}
+}
+
+// unlinkLocked takes b off the queue. Called with the mutex held.
+func (rt *releaseTimer) unlinkLocked(b *releaseBound) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		rt.head = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		rt.tail = b.prev
+	}
+	b.prev, b.next, b.queued = nil, nil, false
+}
+
+// end ends b with err, the release being over, and takes it off the
+// queue.
+func (rt *releaseTimer) end(b *releaseBound, err error) {
+	rt.mu.Lock()
+	if b.queued {
+		rt.unlinkLocked(b)
+	}
+	rt.mu.Unlock()
+	b.end(err)
+}
+
+// fire ends the bounds whose deadline has come, and arms the timer for
+// the next one, if any.
+func (rt *releaseTimer) fire() {
+	var due []*releaseBound
+	rt.mu.Lock()
+	rt.armed = false
+	now := time.Now()
+	for b := rt.head; b != nil && !now.Before(b.deadline); b = rt.head {
+		rt.unlinkLocked(b)
+		due = append(due, b)
+	}
+	if rt.head != nil {
+		rt.armLocked(rt.head.deadline.Sub(now))
+	}
+	rt.mu.Unlock()
+	for _, b := range due {
+		b.end(context.DeadlineExceeded)
+	}
 }
