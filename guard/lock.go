@@ -172,8 +172,12 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		err = l.lease.Release(rctx)
 	} else {
 		// Bounded by the release timeout whatever the client does: a
-		// release still running then goes on in the background.
-		_, err = call(rctx, &g.callers, false, releaseOn, l.lease, nil)
+		// release still running then goes on in the background. The
+		// bound, which the watch needs now, carries the call: one
+		// allocation for both.
+		p := &rctx.bound().call
+		p.ctx, p.f, p.arg = rctx, releaseOn, l.lease
+		_, err = watch(&g.callers, p)
 	}
 
 	switch {
@@ -467,6 +471,10 @@ type releaseBound struct {
 	// timer's mutex.
 	prev, next *releaseBound
 	queued     bool
+
+	// The release as a call on a kept goroutine (Unlock on a backend that
+	// does not declare driver.ContextBounded).
+	call pending[driver.Lease, struct{}]
 }
 
 // end closes done with err, unless it is closed already, and runs the
