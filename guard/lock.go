@@ -44,11 +44,9 @@ type Lock struct {
 	// nanoseconds from the keeper's base (keeper.nanos), which a held
 	// Lock's size (one allocation per acquisition, and the heap per held
 	// lock) favours over time.Time's 24 bytes.
-	expiry  int64         // conservative expiry: the lock is lost a margin before it
-	due     int64         // next renewal
-	granted int64         // the grant: the first expiry less the TTL
-	sess    *sessionWatch // the session keeping the lease alive, if any
-	next    *Lock         // below it on the keeper's young stack
+	expiry  int64 // conservative expiry: the lock is lost a margin before it
+	granted int64 // the grant: the first expiry less the TTL
+	next    *Lock // below it on the keeper's young stack
 
 	// The release's context (releaseContext, a view of the Lock), guarded
 	// by mu: Unlock's ctx, set before the release starts (without its
@@ -59,7 +57,7 @@ type Lock struct {
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
-	state      atomic.Int32 // lockOut, lockYoung or lockKept
+	state      atomic.Int32 // lockOut, lockYoung, lockKept or lockSession
 	holds      int32        // guarded by mu
 	depth      uint8        // its depth on the keeper's young stack, from 1 at the bottom, at most maxYoung
 	refreshing bool         // a renewal is in flight; guarded by the keeper's mutex
@@ -103,8 +101,8 @@ func (l *Lock) Expiry() time.Time {
 	k := &l.g.keeper
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if l.sess != nil {
-		return l.sess.sess.Expiry()
+	if l.state.Load() == lockSession {
+		return l.lease.(driver.SessionLease).Session().Expiry()
 	}
 	if l.expiry == 0 {
 		// A session's lock, off its session (unlocked or lost), has no
