@@ -461,9 +461,14 @@ type releaseBound struct {
 	deadline time.Time
 	done     chan struct{}
 
-	mu    sync.Mutex
-	err   error     // set when done is closed
-	after []*func() // AfterFunc's functions, until they are stopped or run
+	mu  sync.Mutex
+	err error // set when done is closed
+	// AfterFunc's functions, until they are stopped or run, in room for
+	// one kept in the bound: a client that derives one context at a time
+	// (pgx, per query) grows no slice for it.
+	after    []afterFunc
+	afterBuf [1]afterFunc
+	afterIDs uint64
 
 	// Its place in the Guard's release timer's queue, guarded by the
 	// timer's mutex.
@@ -488,8 +493,8 @@ func (b *releaseBound) end(err error) {
 	after := b.after
 	b.after = nil
 	b.mu.Unlock()
-	for _, f := range after {
-		(*f)()
+	for _, a := range after {
+		a.f()
 	}
 }
 
@@ -497,6 +502,13 @@ func (b *releaseBound) errNow() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.err
+}
+
+// afterFunc is a function given to AfterFunc, and the id its stop
+// function knows it by.
+type afterFunc struct {
+	id uint64
+	f  func()
 }
 
 // afterFunc runs f when b ends, or at once on its own goroutine if it has
@@ -508,18 +520,26 @@ func (b *releaseBound) afterFunc(f func()) (stop func() bool) {
 		go f()
 		return func() bool { return false }
 	}
-	p := &f
-	b.after = append(b.after, p)
-	return func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		i := slices.Index(b.after, p)
-		if i < 0 {
-			return false
-		}
-		b.after = slices.Delete(b.after, i, i+1)
-		return true
+	if b.after == nil {
+		b.after = b.afterBuf[:0]
 	}
+	b.afterIDs++
+	id := b.afterIDs
+	b.after = append(b.after, afterFunc{id: id, f: f})
+	return func() bool { return b.stop(id) }
+}
+
+// stop takes back the function AfterFunc was given as id, unless it has
+// run.
+func (b *releaseBound) stop(id uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := slices.IndexFunc(b.after, func(a afterFunc) bool { return a.id == id })
+	if i < 0 {
+		return false
+	}
+	b.after = slices.Delete(b.after, i, i+1)
+	return true
 }
 
 // releaseTimer ends a Guard's release bounds at their deadlines, with one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -214,3 +215,43 @@ func TestReleaseContextsEndAtTheirDeadlines(t *testing.T) {
 }
 
 type keyName struct{}
+
+// A function given to the release context's AfterFunc method, which the
+// context package calls for a context derived from it, runs when the
+// release ends, unless it was stopped first, and a stop reports whether it
+// took the function back.
+func TestReleaseContextAfterFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var stopped, kept atomic.Bool
+		var stopKept func() bool
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			a, ok := ctx.(interface{ AfterFunc(func()) func() bool })
+			if !ok {
+				t.Fatal("the release context has no AfterFunc method: a context derived from it needs a goroutine")
+			}
+			stop := a.AfterFunc(func() { stopped.Store(true) })
+			stopKept = a.AfterFunc(func() { kept.Store(true) })
+			if !stop() {
+				t.Error("stop of a function registered during the release: false, want true")
+			}
+		}}
+		g := newBubbleGuard(t, b)
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if stopped.Load() {
+			t.Error("a stopped function ran")
+		}
+		if !kept.Load() {
+			t.Error("a function not stopped did not run when the release ended")
+		}
+		if stopKept() {
+			t.Error("stop of a function that ran: true, want false")
+		}
+	})
+}
