@@ -204,8 +204,17 @@ func call[A, T any](ctx context.Context, cs *callers, direct bool, f func(contex
 	if direct || ctx.Done() == nil {
 		return f(ctx, arg)
 	}
+	return watch(cs, &pending[A, T]{ctx: ctx, f: f, arg: arg, undo: undo})
+}
+
+// watch runs p on one of cs's goroutines, and returns its answer or, once
+// its ctx is done and a grace period has passed without one, errNoAnswer
+// (call). p is the caller's to allocate, so that it can share the
+// allocation of something the call needs anyway (the release's bound); it
+// must not be used again.
+func watch[A, T any](cs *callers, p *pending[A, T]) (T, error) {
+	ctx := p.ctx
 	c := cs.get()
-	p := &pending[A, T]{ctx: ctx, f: f, arg: arg, undo: undo}
 	c.calls <- p
 	select {
 	case <-c.done:

@@ -63,6 +63,7 @@ type Guard struct {
 	keeper         keeper
 	names          names
 	callers        callers
+	releases       releaseTimer
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses
@@ -443,19 +444,19 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		g: g, key: key, mode: c.mode, ttl: c.ttl,
 		lease: lease, holds: 1, index: -1,
 	}
-	l.parent = ctx
+	l.ctx = ctx
 	if c.detach {
-		l.parent = context.WithoutCancel(ctx)
+		l.ctx = context.WithoutCancel(ctx)
 	}
 	g.tel.acquired(ctx, outcomeAcquired, took)
 	if span != nil {
 		endSpan(span, outcomeAcquired, nil,
 			attribute.Int64("warden.waited_ms", took.Milliseconds()),
 			attribute.Int64("warden.token", int64(lease.Token())))
-		if sctx, s := g.tel.startSpan(l.parent, tracer, "warden.section", key); s != nil {
+		if sctx, s := g.tel.startSpan(l.ctx, tracer, "warden.section", key); s != nil {
 			s.SetAttributes(attribute.Int64("warden.token", int64(lease.Token())))
 			l.section = &section{span: s, since: start.Add(took)}
-			l.parent = sctx
+			l.ctx = sctx
 		}
 	}
 	g.keeper.add(l)

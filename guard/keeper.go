@@ -48,8 +48,9 @@ type keeper struct {
 	timer    *time.Timer
 	sessions map[driver.Session]*sessionWatch
 	// failing holds the error of the last renewal of each lock in the heap
-	// whose renewals fail, so that a held Lock carries no room for it.
-	failing map[*Lock]error
+	// whose renewals fail, and when it is retried, so that a held Lock
+	// carries no room for them.
+	failing map[*Lock]failure
 
 	// young is the top of the stack of young locks, linked by Lock.next.
 	young atomic.Pointer[Lock]
@@ -60,12 +61,19 @@ type keeper struct {
 	base time.Time
 }
 
-// Lock.state: where the keeper keeps a lock that is not session-bound.
+// Lock.state: where the keeper keeps a lock.
 const (
-	lockOut   int32 = iota // in no structure of the keeper (the heap's own index tells)
-	lockYoung              // on the young stack
-	lockKept               // moved from the young stack into the heap
+	lockOut     int32 = iota // in no structure of the keeper (the heap's own index tells)
+	lockYoung                // on the young stack
+	lockKept                 // moved from the young stack into the heap
+	lockSession              // among its session's locks (keeper.sessions), at its index
 )
+
+// failure is the last failed renewal of a lock whose renewals fail.
+type failure struct {
+	err   error
+	retry int64 // when it is retried (nanos); 0 once its lease's expiry moved without it
+}
 
 // maxYoung bounds the young stack: the acquisition that finds it this deep
 // moves its locks into the heap, and drops the unlocked ones.
@@ -94,7 +102,7 @@ func (k *keeper) add(l *Lock) {
 	// Nobody else sees l before it is pushed: no mutex for its fields,
 	// and none read after it (the keeper may renew it at once).
 	due := exp + firstDue(l.ttl)
-	l.expiry, l.due = exp, due
+	l.expiry = exp
 	l.state.Store(lockYoung)
 	var depth uint8
 	for {
@@ -168,7 +176,7 @@ func (k *keeper) youngLocked(f func(*Lock)) {
 func (k *keeper) overdue(l *Lock, now time.Time) bool {
 	deadline := k.nanos(l.lease.Expiry())
 	k.mu.Lock()
-	if l.sess == nil && l.expiry > deadline {
+	if l.state.Load() != lockSession && l.expiry > deadline {
 		deadline = l.expiry
 	}
 	k.mu.Unlock()
@@ -182,8 +190,8 @@ func (k *keeper) remove(l *Lock) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if sw := l.sess; sw != nil {
-		sw.remove(l)
+	if l.state.Load() == lockSession {
+		k.removeFromSessionLocked(l)
 		return
 	}
 	if l.index >= 0 {
@@ -198,10 +206,24 @@ func (k *keeper) remove(l *Lock) {
 // fixes the lock's place.
 func (l *Lock) at() int64 {
 	at := l.lossAt()
-	if !l.refreshing && l.due < at {
-		at = l.due
+	if due := l.due(); !l.refreshing && due < at {
+		at = due
 	}
 	return at
+}
+
+// due is when l's next renewal falls due (nanos): a third of its TTL
+// after the grant or its last renewal, or the retry of a failed one.
+// Computed, not kept, so that a held Lock carries no room for it. Called
+// with the keeper's mutex held.
+func (l *Lock) due() int64 {
+	if failing := l.g.keeper.failing; len(failing) > 0 {
+		// A lookup only while renewals fail: due orders the heap.
+		if f, ok := failing[l]; ok && f.retry != 0 {
+			return f.retry
+		}
+	}
+	return l.expiry + firstDue(l.ttl)
 }
 
 // lossAt is when l is declared lost unless renewed (nanos): its expiry
@@ -251,7 +273,11 @@ func (k *keeper) fire() {
 		// lease's own Expiry is the truth.
 		if e := k.nanos(l.lease.Expiry()); e > l.expiry {
 			l.expiry = e
-			l.due = e + firstDue(l.ttl)
+			if f, ok := k.failing[l]; ok {
+				// Due from the new expiry, not on the failure's retry.
+				f.retry = 0
+				k.failing[l] = f
+			}
 		}
 		if now >= l.lossAt() {
 			lost = append(lost, l)
@@ -271,7 +297,7 @@ func (k *keeper) fire() {
 		window := now + int64(renew[0].ttl/3)
 		for len(k.locks) > 0 && k.locks[0].at() <= window {
 			l := heap.Pop(&k.locks).(*Lock)
-			if l.refreshing || l.due > now+int64(l.ttl/3) {
+			if l.refreshing || l.due() > now+int64(l.ttl/3) {
 				later = append(later, l)
 				continue
 			}
@@ -291,7 +317,7 @@ func (k *keeper) fire() {
 	}
 	causes := make([]error, len(lost))
 	for i, l := range lost {
-		causes[i] = l.expiredCause(k.g.marginFor(l.ttl), k.failing[l])
+		causes[i] = l.expiredCause(k.g.marginFor(l.ttl), k.failing[l].err)
 		delete(k.failing, l)
 	}
 	k.armLocked()
@@ -452,13 +478,11 @@ func (k *keeper) renewedLocked(l *Lock, err error) bool {
 	if err == nil {
 		delete(k.failing, l)
 		l.expiry = k.nanos(l.lease.Expiry())
-		l.due = l.expiry + firstDue(l.ttl)
 	} else {
 		if k.failing == nil {
-			k.failing = map[*Lock]error{}
+			k.failing = map[*Lock]failure{}
 		}
-		k.failing[l] = err
-		l.due = k.now() + int64(l.ttl/retryDivisor)
+		k.failing[l] = failure{err: err, retry: k.now() + int64(l.ttl/retryDivisor)}
 		g.logger.Warn("warden: renewal failed; retrying until the lease's loss deadline",
 			"key", l.key, "backend", g.backend, "deadline", k.time(l.lossAt()), "error", err)
 	}
@@ -493,10 +517,24 @@ func (k *keeper) addToSession(l *Lock, s driver.Session) {
 	l.index = int32(len(sw.locks))
 	sw.locks = append(sw.locks, l)
 	sw.margin = max(sw.margin, k.g.marginFor(l.ttl))
-	l.sess = sw
+	l.state.Store(lockSession)
 	if !sw.armed {
 		sw.arm()
 	}
+}
+
+// removeFromSessionLocked takes l off its session's locks. A held Lock
+// keeps no pointer to its session's watch: it is found by the lease's
+// session, unless the session is gone, and with it the watch and its locks.
+// Called with the keeper's mutex held.
+func (k *keeper) removeFromSessionLocked(l *Lock) {
+	sw := k.sessions[l.lease.(driver.SessionLease).Session()]
+	if sw == nil || l.index < 0 || int(l.index) >= len(sw.locks) || sw.locks[l.index] != l {
+		l.index = -1
+		l.state.Store(lockOut)
+		return
+	}
+	sw.remove(l)
 }
 
 // arm sets the timer for the session's loss deadline. Called with the
@@ -518,7 +556,8 @@ func (sw *sessionWatch) remove(l *Lock) {
 	sw.locks[l.index].index = l.index
 	sw.locks[last] = nil
 	sw.locks = sw.locks[:last]
-	l.index, l.sess = -1, nil
+	l.index = -1
+	l.state.Store(lockOut)
 	if len(sw.locks) == 0 && sw.timer != nil {
 		sw.timer.Stop()
 		sw.armed = false
@@ -554,6 +593,15 @@ func (sw *sessionWatch) watch() {
 	delete(k.sessions, sw.sess)
 	k.mu.Unlock()
 	sw.loseAll(errors.New("the backend reported its session lost"))
+	// Forgotten, it is not found to take its locks off it: let go of
+	// them, and of its timer.
+	k.mu.Lock()
+	sw.locks = nil
+	if sw.timer != nil {
+		sw.timer.Stop()
+		sw.armed = false
+	}
+	k.mu.Unlock()
 }
 
 func (sw *sessionWatch) loseAll(cause error) {

@@ -733,3 +733,43 @@ func TestSlowBatchRenewsTheLeasesItHasTimeFor(t *testing.T) {
 		}
 	})
 }
+
+// A failed renewal is retried a tenth of the TTL later, and once one
+// succeeds, the next falls due a third of the TTL after it: the retry's
+// time, which the keeper keeps beside the failure rather than in the
+// Lock, goes with the failure.
+func TestFailedRenewalRetriedThenOnSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFaulty(t)
+		down := fmt.Errorf("%w: connection refused", guard.ErrUnavailable)
+		f.refreshErr.Store(&down)
+		const ttl = 3 * time.Second
+		g := newBubbleGuard(t, f, guard.WithTTL(ttl))
+		start := time.Now()
+		l, err := g.Lock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refreshesAt := func(at time.Duration, want int32) {
+			t.Helper()
+			time.Sleep(time.Until(start.Add(at)))
+			synctest.Wait()
+			if n := f.refreshes.Load(); n != want {
+				t.Errorf("%d refreshes %v after the grant, want %d", n, at, want)
+			}
+		}
+		refreshesAt(ttl/3+time.Millisecond, 1) // due a third of the TTL in: fails
+		f.refreshErr.Store(nil)
+		refreshesAt(ttl/3+ttl/10-time.Millisecond, 1)
+		refreshesAt(ttl/3+ttl/10+time.Millisecond, 2) // retried a tenth of the TTL later: renews
+		refreshesAt(ttl/3+ttl/10+ttl/3-time.Millisecond, 2)
+		refreshesAt(ttl/3+ttl/10+ttl/3+time.Millisecond, 3) // then a third of the TTL after that
+		refreshesAt(2*ttl, 6)
+		if err := l.Err(); err != nil {
+			t.Errorf("lock after a failed renewal and its retry: %v", err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,10 +28,11 @@ type Lock struct {
 	ttl   time.Duration
 	lease driver.Lease
 
-	// The lock's context (lockContext, a view of the Lock): the context
-	// it was taken with, and the cancellable one made from it on first
-	// use. ctx and cancel are guarded by mu.
-	parent context.Context
+	// The lock's context (lockContext, a view of the Lock), guarded by
+	// mu: the context it was taken with (its parent) until the section
+	// first uses it, then the cancellable one made from it, whose values
+	// and deadline are the parent's; cancel is set when that is made. One
+	// field for both costs a held Lock 16 bytes less (a size class).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -42,22 +44,20 @@ type Lock struct {
 	// nanoseconds from the keeper's base (keeper.nanos), which a held
 	// Lock's size (one allocation per acquisition, and the heap per held
 	// lock) favours over time.Time's 24 bytes.
-	expiry  int64         // conservative expiry: the lock is lost a margin before it
-	due     int64         // next renewal
-	granted int64         // the grant: the first expiry less the TTL
-	sess    *sessionWatch // the session keeping the lease alive, if any
-	next    *Lock         // below it on the keeper's young stack
+	expiry  int64 // conservative expiry: the lock is lost a margin before it
+	granted int64 // the grant: the first expiry less the TTL
+	next    *Lock // below it on the keeper's young stack
 
 	// The release's context (releaseContext, a view of the Lock), guarded
-	// by mu: Unlock's ctx, set before the release starts, until a backend
-	// asks for the release's bound; then the bounded context made from it,
-	// and the cancel that finish calls.
-	rel       context.Context
-	relCancel context.CancelFunc
+	// by mu: Unlock's ctx, set before the release starts (without its
+	// cancellation once the bound is made), and the bound, made when a
+	// backend or guard's watch first asks for it, and ended by finish.
+	rel      context.Context
+	relBound *releaseBound
 
 	// Small fields last, packed.
 	index      int32        // position in the keeper's heap, or in its session's locks; -1 when in neither
-	state      atomic.Int32 // lockOut, lockYoung or lockKept
+	state      atomic.Int32 // lockOut, lockYoung, lockKept or lockSession
 	holds      int32        // guarded by mu
 	depth      uint8        // its depth on the keeper's young stack, from 1 at the bottom, at most maxYoung
 	refreshing bool         // a renewal is in flight; guarded by the keeper's mutex
@@ -66,8 +66,16 @@ type Lock struct {
 }
 
 // outer is the innermost lock already held by the context l was taken
-// with: its context's parent carries it (its values are that context's).
-func (l *Lock) outer() *Lock { return heldBy(l.parent) }
+// with: its context carries it (its values are its parent's).
+func (l *Lock) outer() *Lock { return heldBy(l.currentContext()) }
+
+// currentContext is the lock's context as far as it has been made: its parent,
+// or the cancellable context made from it.
+func (l *Lock) currentContext() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ctx
+}
 
 // section is what a traced Lock adds: the span of its critical section.
 // Kept apart because a Lock is allocated on every acquisition, and its size
@@ -93,8 +101,8 @@ func (l *Lock) Expiry() time.Time {
 	k := &l.g.keeper
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if l.sess != nil {
-		return l.sess.sess.Expiry()
+	if l.state.Load() == lockSession {
+		return l.lease.(driver.SessionLease).Session().Expiry()
 	}
 	if l.expiry == 0 {
 		// A session's lock, off its session (unlocked or lost), has no
@@ -162,8 +170,12 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		err = l.lease.Release(rctx)
 	} else {
 		// Bounded by the release timeout whatever the client does: a
-		// release still running then goes on in the background.
-		_, err = call(rctx, &g.callers, false, releaseOn, l.lease, nil)
+		// release still running then goes on in the background. The
+		// bound, which the watch needs now, carries the call: one
+		// allocation for both.
+		p := &rctx.bound().call
+		p.ctx, p.f, p.arg = rctx, releaseOn, l.lease
+		_, err = watch(&g.callers, p)
 	}
 
 	switch {
@@ -301,8 +313,8 @@ func (c *lockContext) get() context.Context {
 	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx == nil {
-		l.ctx, l.cancel = context.WithCancelCause(l.parent)
+	if l.cancel == nil {
+		l.ctx, l.cancel = context.WithCancelCause(l.ctx)
 		if cause := l.endedLocked(); cause != nil {
 			l.cancel(cause)
 		}
@@ -315,7 +327,7 @@ func (c *lockContext) get() context.Context {
 func (l *Lock) end(cause error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx != nil {
+	if l.cancel != nil {
 		l.cancel(cause)
 	}
 }
@@ -329,13 +341,16 @@ func (l *Lock) end(cause error) {
 // for both: an Unlock takes it twice in all.)
 func (l *Lock) finish() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.releasing = false
-	if l.relCancel != nil {
-		l.relCancel()
-	}
-	if l.ctx != nil {
+	b := l.relBound
+	if l.cancel != nil {
 		l.cancel(l.endedLocked())
+	}
+	l.mu.Unlock()
+	if b != nil {
+		// Without the mutex: it runs the cancellation of the contexts a
+		// backend derived, which read the release context.
+		l.g.releases.end(b, context.Canceled)
 	}
 }
 
@@ -351,7 +366,7 @@ func (l *Lock) endedLocked() error {
 	return nil
 }
 
-func (c *lockContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *lockContext) Deadline() (time.Time, bool) { return (*Lock)(c).currentContext().Deadline() }
 func (c *lockContext) Done() <-chan struct{}       { return c.get().Done() }
 func (c *lockContext) Err() error                  { return c.get().Err() }
 func (c *lockContext) String() string              { return "warden lock context" }
@@ -375,48 +390,248 @@ func heldBy(ctx context.Context) *Lock {
 // releaseContext is the detached, bounded context a lease is released
 // with, a view of the Lock. It carries the values of the caller's context
 // but not its cancellation (nor, through context.Cause, its cause). Its
-// deadline and timer are only made when a backend asks for them (Done,
-// Deadline, Err), which the in-process backend never does, so releasing
-// there costs no clock read and no timer. They are made as a
-// context.WithTimeout of the caller's context without its cancellation,
-// whose Value hands out: so a backend's context.WithCancel, WithTimeout or
-// AfterFunc of the release context hooks into it directly, rather than
-// start a goroutine to watch a Done channel the context package does not
-// know. It is done at its deadline, or when the release ends (finish),
-// whichever comes first.
+// bound (deadline, Done channel, timer) is only made when a backend asks
+// for it (Done, Deadline, Err), which the in-process backend never does,
+// so releasing there costs no clock read and no timer. It is done at its
+// deadline, or when the release ends (finish), whichever comes first. A
+// context a backend derives from it (context.WithCancel, WithTimeout,
+// AfterFunc) hooks into it through its AfterFunc method, rather than start
+// a goroutine to watch a Done channel the context package does not know.
 type releaseContext Lock
 
-// bound returns the release's bounded context, making it on first use:
-// already done if the release is over.
-func (c *releaseContext) bound() context.Context {
+// bound returns the release's bound, making it on first use: already done
+// if the release is over.
+func (c *releaseContext) bound() *releaseBound {
 	l := (*Lock)(c)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.relCancel == nil {
+	if l.relBound == nil {
 		timeout := l.g.releaseTimeout
 		if !l.releasing {
 			// Asked for after the release: report it over.
 			timeout = 0
 		}
-		l.rel, l.relCancel = context.WithTimeout(context.WithoutCancel(l.rel), timeout)
+		l.rel = valuesOnly(l.rel)
+		l.relBound = l.g.releases.bound(timeout)
 	}
-	return l.rel
+	return l.relBound
 }
 
-func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().Deadline() }
-func (c *releaseContext) Done() <-chan struct{}       { return c.bound().Done() }
-func (c *releaseContext) Err() error                  { return c.bound().Err() }
+func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().deadline, true }
+func (c *releaseContext) Done() <-chan struct{}       { return c.bound().done }
+func (c *releaseContext) Err() error                  { return c.bound().errNow() }
 func (c *releaseContext) String() string              { return "warden release context" }
 
-// Value reads the caller's values without making the bound, unless it has
-// been made; either way, never the caller's cancellation.
+// AfterFunc arranges for f to run once the release context is done, and
+// is how the context package hooks a derived context into it.
+func (c *releaseContext) AfterFunc(f func()) (stop func() bool) { return c.bound().afterFunc(f) }
+
+// Value reads the caller's values without making the bound; never the
+// caller's cancellation.
 func (c *releaseContext) Value(key any) any {
 	l := (*Lock)(c)
 	l.mu.Lock()
-	ctx, bounded := l.rel, l.relCancel != nil
+	ctx := l.rel
 	l.mu.Unlock()
-	if !bounded {
-		ctx = context.WithoutCancel(ctx)
+	return valuesOnly(ctx).Value(key)
+}
+
+// valuesOnly is ctx without its cancellation: ctx itself when it carries
+// none (no Done channel and no deadline: context.Background, or values
+// over it), which spares the detached context's allocation on every
+// release made with such a context.
+func valuesOnly(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		if _, ok := ctx.Deadline(); !ok {
+			return ctx
+		}
 	}
-	return ctx.Value(key)
+	return context.WithoutCancel(ctx)
+}
+
+// releaseBound is the release context's deadline and end. It is not a
+// context.WithTimeout of the caller's context, which cost six allocations
+// per release a backend watches (the timer context, its timer and the
+// timer's function, its cancel function, its Done channel, and the
+// detached parent) and put a timer in and out of the runtime's timer heap
+// on every release: it costs two (itself and its channel), and the
+// detached parent only when the caller's context could be cancelled, and
+// the Guard's one release timer (releaseTimer) ends it at its deadline.
+type releaseBound struct {
+	deadline time.Time
+	done     chan struct{}
+
+	mu  sync.Mutex
+	err error // set when done is closed
+	// AfterFunc's functions, until they are stopped or run, in room for
+	// one kept in the bound: a client that derives one context at a time
+	// (pgx, per query) grows no slice for it.
+	after    []afterFunc
+	afterBuf [1]afterFunc
+	afterIDs uint64
+
+	// Its place in the Guard's release timer's queue, guarded by the
+	// timer's mutex.
+	prev, next *releaseBound
+	queued     bool
+
+	// The release as a call on a kept goroutine (Unlock on a backend that
+	// does not declare driver.ContextBounded).
+	call pending[driver.Lease, struct{}]
+}
+
+// end closes done with err, unless it is closed already, and runs the
+// functions AfterFunc was given.
+func (b *releaseBound) end(err error) {
+	b.mu.Lock()
+	if b.err != nil {
+		b.mu.Unlock()
+		return
+	}
+	b.err = err
+	close(b.done)
+	after := b.after
+	b.after = nil
+	b.mu.Unlock()
+	for _, a := range after {
+		a.f()
+	}
+}
+
+func (b *releaseBound) errNow() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// afterFunc is a function given to AfterFunc, and the id its stop
+// function knows it by.
+type afterFunc struct {
+	id uint64
+	f  func()
+}
+
+// afterFunc runs f when b ends, or at once on its own goroutine if it has
+// (context.AfterFunc's contract); stop takes f back if it has not run.
+func (b *releaseBound) afterFunc(f func()) (stop func() bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	if b.after == nil {
+		b.after = b.afterBuf[:0]
+	}
+	b.afterIDs++
+	id := b.afterIDs
+	b.after = append(b.after, afterFunc{id: id, f: f})
+	return func() bool { return b.stop(id) }
+}
+
+// stop takes back the function AfterFunc was given as id, unless it has
+// run.
+func (b *releaseBound) stop(id uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := slices.IndexFunc(b.after, func(a afterFunc) bool { return a.id == id })
+	if i < 0 {
+		return false
+	}
+	b.after = slices.Delete(b.after, i, i+1)
+	return true
+}
+
+// releaseTimer ends a Guard's release bounds at their deadlines, with one
+// timer for all of them. Every bound is made with the Guard's release
+// timeout, under the timer's mutex, so a queue in the order they are made
+// is in the order of their deadlines: adding and removing one is a few
+// pointer writes, and the timer, armed for the earliest, is left alone by
+// later ones. In a loop of releases that end before their deadline, it is
+// armed once per release timeout, not once per release.
+type releaseTimer struct {
+	mu         sync.Mutex
+	head, tail *releaseBound
+	timer      *time.Timer // made on the first bound
+	armed      bool
+}
+
+// bound returns a bound timeout from now, queued for its deadline; one
+// already ended if timeout is not positive.
+func (rt *releaseTimer) bound(timeout time.Duration) *releaseBound {
+	b := &releaseBound{done: make(chan struct{})}
+	if timeout <= 0 {
+		b.deadline = time.Now()
+		b.end(context.DeadlineExceeded)
+		return b
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b.deadline = time.Now().Add(timeout)
+	b.prev, b.queued = rt.tail, true
+	if rt.tail != nil {
+		rt.tail.next = b
+	} else {
+		rt.head = b
+	}
+	rt.tail = b
+	if !rt.armed {
+		rt.armLocked(timeout)
+	}
+	return b
+}
+
+func (rt *releaseTimer) armLocked(d time.Duration) {
+	rt.armed = true
+	if rt.timer == nil {
+		rt.timer = time.AfterFunc(d, rt.fire)
+	} else {
+		rt.timer.Reset(d)
+	}
+}
+
+// unlinkLocked takes b off the queue. Called with the mutex held.
+func (rt *releaseTimer) unlinkLocked(b *releaseBound) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		rt.head = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		rt.tail = b.prev
+	}
+	b.prev, b.next, b.queued = nil, nil, false
+}
+
+// end ends b with err, the release being over, and takes it off the
+// queue.
+func (rt *releaseTimer) end(b *releaseBound, err error) {
+	rt.mu.Lock()
+	if b.queued {
+		rt.unlinkLocked(b)
+	}
+	rt.mu.Unlock()
+	b.end(err)
+}
+
+// fire ends the bounds whose deadline has come, and arms the timer for
+// the next one, if any.
+func (rt *releaseTimer) fire() {
+	var due []*releaseBound
+	rt.mu.Lock()
+	rt.armed = false
+	now := time.Now()
+	for b := rt.head; b != nil && !now.Before(b.deadline); b = rt.head {
+		rt.unlinkLocked(b)
+		due = append(due, b)
+	}
+	if rt.head != nil {
+		rt.armLocked(rt.head.deadline.Sub(now))
+	}
+	rt.mu.Unlock()
+	for _, b := range due {
+		b.end(context.DeadlineExceeded)
+	}
 }

@@ -69,7 +69,8 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 // a testing/synctest bubble needs: a goroutine left idle outlives the
 // bubble's test, which then panics, and a Guard used both inside and
 // outside a bubble stops the whole test binary with a fatal runtime error
-// (its idle goroutines and their timer belong to the side that made them).
+// (its idle goroutines and its timers, the release timer among them,
+// belong to the side that made them).
 func WithIdleCallers(n int) Option { return func(c *config) { c.idleCallers = n } }
 
 // WithBackendName names the backend in spans, metrics and logs (default: the

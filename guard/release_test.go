@@ -3,6 +3,8 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -147,4 +149,109 @@ func TestReleaseContextNeedsNoWatcher(t *testing.T) {
 	if started >= releases/2 {
 		t.Errorf("%d goroutines started by %d releases' derived contexts", started, releases)
 	}
+}
+
+// Each release context is done at its own deadline, the release timeout
+// from its start, or with its release if that comes first, however the
+// releases of one Guard interleave: the first and last here wait for their
+// context, and the one between them, which returns at once, leaves the
+// others' deadlines as they were.
+func TestReleaseContextsEndAtTheirDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type ended struct {
+			at     time.Time
+			err    error
+			cause  error
+			direct bool // the release returned before its context was done
+		}
+		var mu sync.Mutex
+		got := map[string]ended{}
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			key, _ := ctx.Value(keyName{}).(string)
+			e := ended{direct: key == "b"}
+			if !e.direct {
+				<-ctx.Done()
+			}
+			e.at, e.err, e.cause = time.Now(), ctx.Err(), context.Cause(ctx)
+			mu.Lock()
+			got[key] = e
+			mu.Unlock()
+		}}
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i, key := range []string{"a", "b", "c"} {
+			l, err := g.TryLock(context.Background(), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+				if err := l.Unlock(context.WithValue(context.Background(), keyName{}, key)); err != nil {
+					t.Errorf("Unlock %s: %v", key, err)
+				}
+			})
+		}
+		wg.Wait()
+		for i, key := range []string{"a", "b", "c"} {
+			e, ok := got[key]
+			if !ok {
+				t.Errorf("%s: not released", key)
+				continue
+			}
+			if e.direct {
+				if e.err != nil {
+					t.Errorf("%s: its release context was done (%v) before its release returned", key, e.err)
+				}
+				continue
+			}
+			want := start.Add(time.Duration(i)*100*time.Millisecond + time.Second)
+			if !e.at.Equal(want) || !errors.Is(e.err, context.DeadlineExceeded) || !errors.Is(e.cause, context.DeadlineExceeded) {
+				t.Errorf("%s: release context done at %v with Err %v, Cause %v; want at %v with DeadlineExceeded",
+					key, e.at.Sub(start), e.err, e.cause, want.Sub(start))
+			}
+		}
+	})
+}
+
+type keyName struct{}
+
+// A function given to the release context's AfterFunc method, which the
+// context package calls for a context derived from it, runs when the
+// release ends, unless it was stopped first, and a stop reports whether it
+// took the function back.
+func TestReleaseContextAfterFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var stopped, kept atomic.Bool
+		var stopKept func() bool
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			a, ok := ctx.(interface{ AfterFunc(func()) func() bool })
+			if !ok {
+				t.Fatal("the release context has no AfterFunc method: a context derived from it needs a goroutine")
+			}
+			stop := a.AfterFunc(func() { stopped.Store(true) })
+			stopKept = a.AfterFunc(func() { kept.Store(true) })
+			if !stop() {
+				t.Error("stop of a function registered during the release: false, want true")
+			}
+		}}
+		g := newBubbleGuard(t, b)
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if stopped.Load() {
+			t.Error("a stopped function ran")
+		}
+		if !kept.Load() {
+			t.Error("a function not stopped did not run when the release ended")
+		}
+		if stopKept() {
+			t.Error("stop of a function that ran: true, want false")
+		}
+	})
 }
