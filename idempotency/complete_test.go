@@ -116,3 +116,48 @@ func TestCompleteOutageOutlastsBound(t *testing.T) {
 		}
 	})
 }
+
+// resentCompletes is a store client that sends every Complete twice, as
+// go-redis resends a command after a timeout: the first lands, the second
+// is refused, and the refusal is what the caller sees.
+type resentCompletes struct{ idempotency.Store }
+
+func (s resentCompletes) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	if err := s.Store.Complete(ctx, scope, key, owner, response, retention); err != nil {
+		return err
+	}
+	return s.Store.Complete(ctx, scope, key, owner, response, retention)
+}
+
+// TestCompleteResentByClient: a first Complete refused because the client
+// resent it after it landed is read back and taken for the success it was.
+func TestCompleteResentByClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, err := idempotency.New(resentCompletes{idempotency.NewMemoryStore()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runsOnce(t, e, "k", nil)
+	})
+}
+
+// TestCompleteRetriesEndWithClaim: with a lease shorter than the bound on
+// finishing, a store that stays down is not asked again past the claim's
+// life, when no answer but a refusal could come.
+func TestCompleteRetriesEndWithClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.down.Store(true)
+		e, err := idempotency.New(st, idempotency.WithLease(1500*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := e.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idempotency.ErrUnavailable) {
+			t.Fatalf("Do: %v, want ErrUnavailable", err)
+		}
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Errorf("Do gave up after %v, past the 1.5s lease", d)
+		}
+	})
+}

@@ -147,8 +147,9 @@ func New(store Store, opts ...Option) (*Executor, error) {
 // the key for another run: not the caller's cancellation (the claim is
 // renewed until fn returns, and the result stored on a context of its own),
 // nor a result too large to keep. A store that fails when fn has returned
-// is asked again for up to ten seconds, the caller waiting: a result not
-// stored lets a retry run fn again once the claim has run out.
+// is asked again, the caller waiting, for up to ten seconds while the claim
+// may still be held: a result not stored lets a retry run fn again once
+// the claim has run out.
 //
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
@@ -311,7 +312,7 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	}()
 	out, fnErr := fn(runCtx)
 	returned = true
-	stop()
+	held := stop()
 	res := Result{Response: out}
 
 	notReplayable := errors.Is(fnErr, ErrNotReplayable)
@@ -336,14 +337,14 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	}
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer fcancel()
-	err := e.complete(ctx, fctx, cfg, c, payload)
+	err := e.complete(ctx, fctx, cfg, c, payload, held)
 	if errors.Is(err, ErrTooLarge) {
 		// The store keeps less than this record: the work is done all the
 		// same, so the key is completed with the marker alone.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
 			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		outcome = outcomeNotReplayable
-		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil))
+		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil), held)
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
@@ -351,27 +352,31 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 				slog.String("key_hash", hash.String()))
 			return res, outcomeLost, errors.Join(fnErr, fmt.Errorf("idempotency: result not stored: %w", err))
 		}
-		// The store failed for all of finishTimeout. The claim stays until
-		// its lease runs out: a retry then runs fn again.
+		// The store failed for as long as the claim could be held, or
+		// finishTimeout. The claim stays until its lease runs out: a retry
+		// then runs fn again.
 		cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: storing the result failed",
 			slog.String("key_hash", hash.String()), slog.Any("error", err))
-		return res, outcomeError, errors.Join(fnErr, storeError(fctx, "complete", err))
+		return res, outcomeError, errors.Join(fnErr, storeError(ctx, "complete", err))
 	}
 	return res, outcome, fnErr
 }
 
 // complete stores payload as c's result, on fctx, a context of its own.
 //
-// A store that fails is asked again, backing off, until fctx ends: fn has
-// run, and a result not stored leaves the claim to run out, after which the
+// A store that fails is asked again, backing off, until fctx ends or the
+// claim can no longer be held (held, the watch's bound on it): fn has run,
+// and a result not stored leaves the claim to run out, after which the
 // client's retry runs fn a second time. A few seconds of the caller's time
 // are a small price for riding out a failover or a dropped connection at
-// that moment. An attempt whose answer was lost may have completed the
-// record all the same; the next attempt is then refused (a completed record
-// is final), and the record, read back, says whether this owner completed it.
-func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte) error {
+// that moment. A request whose answer was lost may have completed the
+// record all the same, and the next one is then refused (a completed record
+// is final), as is one the client resent on its own (go-redis does, after a
+// timeout): a refusal is checked against the record, read back, which says
+// whether this owner completed it.
+func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte, held time.Time) error {
 	backoff := 20 * time.Millisecond
-	for retried := false; ; retried = true {
+	for {
 		start := time.Now()
 		err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
 		cfg.metrics.record(ctx, opComplete, start, err)
@@ -379,11 +384,17 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
 			return err
 		case errors.Is(err, ErrNotOwner):
-			if retried {
-				if rec, gerr := e.store.Get(fctx, c.Scope, c.Key); gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner {
+			rec, gerr := e.store.Get(fctx, c.Scope, c.Key)
+			if gerr == nil {
+				if rec.State == StateCompleted && rec.Owner == c.Owner {
 					return nil
 				}
+				return err
 			}
+			// Whether this owner completed it is unknown: asked again.
+			err = gerr
+		}
+		if !time.Now().Add(backoff).Before(held) {
 			return err
 		}
 		t := time.NewTimer(backoff)
@@ -402,8 +413,9 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 // lost or can no longer be known to be held. It runs on a timer: a request
 // whose handler returns within a third of the lease, as most do, costs no
 // goroutine and no ticker, and stopping it waits for nothing but a renewal
-// already in flight.
-func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cfg *config, c Claim, sent time.Time, hash *keyHash) (stop func()) {
+// already in flight. stop returns the bound on the claim's life that the
+// last renewal left.
+func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cfg *config, c Claim, sent time.Time, hash *keyHash) (stop func() (held time.Time)) {
 	w := &watchdog{e: e, ctx: ctx, cancel: cancel, cfg: cfg, c: c, hash: hash,
 		interval: cfg.lease / 3, held: sent.Add(cfg.lease)}
 	w.next = time.Now().Add(w.interval)
@@ -434,7 +446,8 @@ type watchdog struct {
 }
 
 // stop ends the watch; once it returns, no renewal is in flight or to come.
-func (w *watchdog) stop() {
+// It returns the bound on the claim's life the last renewal left.
+func (w *watchdog) stop() time.Time {
 	w.mu.Lock()
 	w.stopped = true
 	w.timer.Stop()
@@ -443,6 +456,9 @@ func (w *watchdog) stop() {
 	if running != nil {
 		<-running
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.held
 }
 
 // renew runs on the timer: one renewal, then the timer set for the next,
