@@ -332,13 +332,13 @@ func (l *Lock) end(cause error) {
 	}
 }
 
-// finish ends the release: its context, if a backend asked for it, is
-// done from now on (a backend's work left running on it stops, and its
-// timer is freed), and no other may start; and it cancels the lock's
-// context, if it has been made, with the lock's own end cause: the loss,
-// if one was declared meanwhile, stays the cause rather than the unlock. A
-// context made later finds the same cause in get. (One hold of the mutex
-// for both: an Unlock takes it twice in all.)
+// finish ends the release: its context, if its bound was made, is done
+// from now on (a backend's work left running on it stops, and the bound
+// leaves the Guard's release timer), and no other may start; and it
+// cancels the lock's context, if it has been made, with the lock's own end
+// cause: the loss, if one was declared meanwhile, stays the cause rather
+// than the unlock. A context made later finds the same cause in get. (One
+// hold of the mutex for both.)
 func (l *Lock) finish() {
 	l.mu.Lock()
 	l.releasing = false
@@ -390,13 +390,17 @@ func heldBy(ctx context.Context) *Lock {
 // releaseContext is the detached, bounded context a lease is released
 // with, a view of the Lock. It carries the values of the caller's context
 // but not its cancellation (nor, through context.Cause, its cause). Its
-// bound (deadline, Done channel, timer) is only made when a backend asks
-// for it (Done, Deadline, Err), which the in-process backend never does,
-// so releasing there costs no clock read and no timer. It is done at its
-// deadline, or when the release ends (finish), whichever comes first. A
-// context a backend derives from it (context.WithCancel, WithTimeout,
-// AfterFunc) hooks into it through its AfterFunc method, rather than start
-// a goroutine to watch a Done channel the context package does not know.
+// bound (deadline, Done channel, its place in the Guard's release timer)
+// is only made when a backend asks for it (Done, Deadline, Err, AfterFunc)
+// or when guard bounds the release on a backend that does not declare
+// driver.ContextBounded; the in-process backend does neither, so releasing
+// there costs no clock read. It is done at its deadline, or when the
+// release ends (finish), whichever comes first. A context a backend derives
+// from it directly (context.WithCancel, WithTimeout, AfterFunc) hooks into
+// it through its AfterFunc method, rather than start a goroutine to watch
+// a Done channel the context package does not know; one derived through a
+// context of another kind in between (a tracer's span context) still
+// costs the context package that goroutine, until the bound ends.
 type releaseContext Lock
 
 // bound returns the release's bound, making it on first use: already done
@@ -426,8 +430,8 @@ func (c *releaseContext) String() string              { return "warden release c
 // is how the context package hooks a derived context into it.
 func (c *releaseContext) AfterFunc(f func()) (stop func() bool) { return c.bound().afterFunc(f) }
 
-// Value reads the caller's values without making the bound; never the
-// caller's cancellation.
+// Value reads the caller's values without making the bound, and calls
+// nothing of the caller's context but its Value; never its cancellation.
 func (c *releaseContext) Value(key any) any {
 	l := (*Lock)(c)
 	l.mu.Lock()
@@ -436,15 +440,17 @@ func (c *releaseContext) Value(key any) any {
 	return valuesOnly(ctx).Value(key)
 }
 
-// valuesOnly is ctx without its cancellation: ctx itself when it carries
-// none (no Done channel and no deadline: context.Background, or values
-// over it), which spares the detached context's allocation on every
-// release made with such a context.
+// valuesOnly is ctx without its cancellation: ctx itself when it is
+// context.Background or TODO, which spares the detached context's
+// allocation on every release made with one. It calls none of ctx's
+// methods: it runs under the Lock's mutex, and ctx may be the lock's own
+// context, or a context over it, whose methods take that mutex. Nor does
+// it trust a context whose Done is nil to carry no cancellation: a
+// hand-made detached context can still hand out its parent's cause
+// through Value.
 func valuesOnly(ctx context.Context) context.Context {
-	if ctx.Done() == nil {
-		if _, ok := ctx.Deadline(); !ok {
-			return ctx
-		}
+	if ctx == context.Background() || ctx == context.TODO() {
+		return ctx
 	}
 	return context.WithoutCancel(ctx)
 }
@@ -496,6 +502,10 @@ func (b *releaseBound) end(err error) {
 	for _, a := range after {
 		a.f()
 	}
+	// No function is added once b has ended: the one kept in the bound
+	// (a derived context's cancel, holding what the context holds) is let
+	// go rather than kept as long as the Lock.
+	clear(b.afterBuf[:])
 }
 
 func (b *releaseBound) errNow() error {

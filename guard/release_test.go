@@ -255,3 +255,78 @@ func TestReleaseContextAfterFunc(t *testing.T) {
 		}
 	})
 }
+
+// TestUnlockWithTheLocksOwnContext: Unlock given the lock's own context, or
+// a context of values over it, releases, on a backend whose release guard
+// bounds (no ContextBounded) and on one that reads its context: making the
+// release's bound calls nothing of the caller's context, whose methods take
+// the Lock's mutex. Real time, not synctest: a goroutine blocked on a
+// mutex is not durably blocked, so a bubble would not report it.
+func TestUnlockWithTheLocksOwnContext(t *testing.T) {
+	type key struct{}
+	for name, b := range map[string]driver.Locker{
+		"bounded by guard": newFaulty(t),
+		"reads its context": &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			ctx.Done()
+			ctx.Deadline()
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := newGuard(t, b)
+			for _, over := range []func(context.Context) context.Context{
+				func(ctx context.Context) context.Context { return ctx },
+				func(ctx context.Context) context.Context { return context.WithValue(ctx, key{}, 1) },
+			} {
+				l, err := g.TryLock(context.Background(), "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- l.Unlock(over(l.Context())) }()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("Unlock: %v", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("Unlock with the lock's own context did not return within 5s")
+				}
+			}
+		})
+	}
+}
+
+// detached is a hand-made detached context, as written before
+// context.WithoutCancel: no Done, no deadline, and Value passed through.
+type detached struct{ context.Context }
+
+func (detached) Done() <-chan struct{}       { return nil }
+func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detached) Err() error                  { return nil }
+
+// TestReleaseContextHidesCauseThroughDetached: the caller's cause stays
+// hidden from the release context when the caller's context only looks
+// detached (its Value still reaches a cancelled parent): at its deadline,
+// the release context's cause is its own.
+func TestReleaseContextHidesCauseThroughDetached(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cause error
+		b := &onRelease{mem: memory.New(), release: func(ctx context.Context) {
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+		}}
+		g := newBubbleGuard(t, b, guard.WithReleaseTimeout(time.Second))
+		l, err := g.TryLock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errors.New("the request ended"))
+		if err := l.Unlock(detached{ctx}); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(cause, context.DeadlineExceeded) {
+			t.Errorf("release context's cause at its deadline %v, want DeadlineExceeded", cause)
+		}
+	})
+}

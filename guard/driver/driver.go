@@ -84,7 +84,8 @@ type Lease interface {
 // SessionLease is a lease kept alive by a session of its backend (an etcd
 // lease on its keepalive stream, a ZooKeeper session) rather than by Refresh:
 // guard sends no request per lock for it and watches the session instead.
-// Its Expiry is the session's.
+// Its Expiry is the session's. Session returns the same value on every
+// call: guard finds a lock's session by it.
 type SessionLease interface {
 	Lease
 	Session() Session
