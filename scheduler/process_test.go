@@ -317,8 +317,8 @@ func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
 
 // TestKilledLeaderIsReplaced runs three scheduler processes in leader mode
 // and kills the leader with kill -9: another process leads, and runs the
-// job, within the lock's ttl and a second (plus one interval of the job),
-// under a greater term, and no two terms ever run at once.
+// job, within the lock's ttl and a few seconds of slack (plus one interval
+// of the job), under a greater term, and no two terms ever run at once.
 func TestKilledLeaderIsReplaced(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, processBackends, func(t *testing.T, b backend) {

@@ -102,7 +102,8 @@ func (m *meter) between(a, b snapshot) work {
 		w.cmds = float64(total)
 		// A script runs commands inside the server that its caller did not
 		// send (a GET, a TIME): while the subject sends scripts, only the
-		// commands no script can run tell another client apart.
+		// commands no script can run tell another client apart, and another
+		// client sending only plain commands goes unnoticed.
 		scripts := false
 		for name, n := range b.names {
 			scripts = scripts || runsScripts(name) && n > a.names[name]
