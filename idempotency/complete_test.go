@@ -161,3 +161,29 @@ func TestCompleteRetriesEndWithClaim(t *testing.T) {
 		}
 	})
 }
+
+// TestCompleteOfRemovedRecord: a record removed while fn ran (an operator's
+// Delete) is not waited for: the refused Complete reads no record back, and
+// Do reports the result not stored at once.
+func TestCompleteOfRemovedRecord(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := idempotency.NewMemoryStore()
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			if err := st.Delete(ctx, "", "k"); err != nil {
+				t.Errorf("Delete: %v", err)
+			}
+			return []byte("order 7"), nil
+		})
+		if !errors.Is(err, idempotency.ErrNotOwner) {
+			t.Fatalf("Do: %v, want ErrNotOwner", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("Do returned after %v, want at once", d)
+		}
+	})
+}

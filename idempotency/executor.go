@@ -385,10 +385,10 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 			return err
 		case errors.Is(err, ErrNotOwner):
 			rec, gerr := e.store.Get(fctx, c.Scope, c.Key)
-			if gerr == nil {
-				if rec.State == StateCompleted && rec.Owner == c.Owner {
-					return nil
-				}
+			switch {
+			case gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner:
+				return nil
+			case gerr == nil, errors.Is(gerr, ErrNotFound):
 				return err
 			}
 			// Whether this owner completed it is unknown: asked again.
