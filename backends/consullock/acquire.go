@@ -145,22 +145,21 @@ func (a *attempt) yield(ctx context.Context) error {
 // yieldFor is how long a waiter that lost an attempt to a contender ahead
 // of the queue yields to it (see take).
 //
-// The waiter yields once in its turn at the head, so yieldFor sets how
-// often a releaser that keeps asking again is made to hand over: each
-// handover costs the lost attempts around it and the releaser's way back
-// through the queue, writes all. Counted with 8 contenders on one key
-// (guard.Do, hold 0 and 1 ms) when the yielding waiter still watched the
-// key, 10 ms left 2.47 and 2.79 Raft writes per acquisition, 30 ms 2.26
-// and 2.45, against 2.0 for one that nobody contends. The waiter sleeps rather than watch the key: a releaser that
-// keeps asking again changes the key twice a cycle, and a waiter that
-// watched every change, to attempt when the key stayed free for a moment,
-// cost the agent a blocking query for each: counted with 8 contenders at
-// hold 0 (BenchmarkContended), 1.22-1.37 queries per acquisition, against
-// 0.16-0.18 for the sleeper, whose agent spent 18-35% less CPU per
-// acquisition. The price is up to yieldFor more waiting
-// for the head of the queue, with the lock free for the rest of it if the
-// contender that won left at once and nobody else came; a fair waiter
-// never yields.
+// The waiter yields once in its turn at the head, so yieldFor sets how often
+// a releaser that keeps asking again is made to hand over: each handover
+// costs the lost attempts around it and the releaser's way back through the
+// queue, writes all. Counted with 8 contenders on one key (guard.Do, hold 0
+// and 1 ms) when the yielding waiter still watched the key, 10 ms left 2.47
+// and 2.79 Raft writes per acquisition, 30 ms 2.26 and 2.45, against 2.0 for
+// one that nobody contends. The waiter sleeps rather than watch the key: a
+// releaser that keeps asking again changes the key twice a cycle, and a
+// waiter that watched every change, to attempt when the key stayed free for
+// a moment, cost the agent a blocking query for each: counted with 8
+// contenders at hold 0 (BenchmarkContended), 1.22-1.37 queries per
+// acquisition, against 0.16-0.18 for the sleeper, whose agent spent 18-35%
+// less CPU per acquisition. The price is up to yieldFor more waiting for the
+// head of the queue, with the lock free for the rest of it if the contender
+// that won left at once and nobody else came; a fair waiter never yields.
 const yieldFor = 30 * time.Millisecond
 
 // lock acquires the lock key in one transaction, if it does not exist
