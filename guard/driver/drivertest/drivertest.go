@@ -369,7 +369,11 @@ func testExpiryIsConservative(t *testing.T, b *Backend) {
 	after := time.Now()
 	defer release(t, lease)
 	exp := lease.Expiry()
-	if _, session := lease.(driver.SessionLease); session {
+	if sl, session := lease.(driver.SessionLease); session {
+		// guard finds a lock's session by the value Session returns.
+		if sl.Session() != sl.Session() {
+			t.Error("Session returned different values for one lease")
+		}
 		// A session's expiry follows the session's own TTL.
 		if !exp.After(after) {
 			t.Errorf("Expiry %v of a fresh session lease is not in the future (now %v)", exp, after)
