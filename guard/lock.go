@@ -435,9 +435,12 @@ func (c *releaseContext) AfterFunc(f func()) (stop func() bool) { return c.bound
 func (c *releaseContext) Value(key any) any {
 	l := (*Lock)(c)
 	l.mu.Lock()
-	ctx := l.rel
+	ctx, detached := l.rel, l.relBound != nil
 	l.mu.Unlock()
-	return valuesOnly(ctx).Value(key)
+	if !detached {
+		ctx = valuesOnly(ctx)
+	}
+	return ctx.Value(key)
 }
 
 // valuesOnly is ctx without its cancellation: ctx itself when it is
