@@ -357,11 +357,17 @@ func (cutOff) Extend(context.Context, string, string, string, time.Duration) err
 // claim loses it when the lease runs out; a retry on another server then
 // runs, and the stale server's late completion is refused.
 func (s *suite) testLeaseExpiry(t *testing.T) {
-	var runs atomic.Int64
+	var runs, staleRuns atomic.Int64
 	release := make(chan struct{})
 	staleCause := make(chan error, 1)
 	staleStarted := make(chan struct{})
 	hanging := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if staleRuns.Add(1) > 1 {
+			// The key ran again on the stale server: reported below, as
+			// the failure it is, rather than as a panic on a closed channel.
+			io.WriteString(w, "stale again")
+			return
+		}
 		close(staleStarted)
 		select {
 		case <-r.Context().Done():
@@ -372,7 +378,10 @@ func (s *suite) testLeaseExpiry(t *testing.T) {
 		io.WriteString(w, "stale")
 	})
 	staleURL := serve(t, cutOff{s.newStore(t)}, hanging, httpmw.WithLease(lease))
-	freshURL := serve(t, s.newStore(t), created(&runs), httpmw.WithLease(lease))
+	// The retry's claim keeps the default lease: only the stale claim's
+	// expiry is under test, and a retry whose short claim lapsed before its
+	// Complete on a busy machine would leave the key to run a third time.
+	freshURL := serve(t, s.newStore(t), created(&runs))
 	// Registered after serve, so it runs before the servers' Close, which
 	// waits for the hanging handler: a test that fails halfway ends.
 	var once sync.Once
@@ -411,6 +420,12 @@ func (s *suite) testLeaseExpiry(t *testing.T) {
 	r := mustSend(t, http.MethodPost, staleURL, k, "pay")
 	if !r.replayed() || !bytes.Equal(r.body, fresh.body) {
 		t.Errorf("after the stale completion: %d %q replayed %v; want the retry's %q", r.status, r.body, r.replayed(), fresh.body)
+	}
+	if n := staleRuns.Load(); n != 1 {
+		t.Errorf("the stale server ran the key's handler %d times, want once", n)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the retry's server ran the key's handler %d times, want once", n)
 	}
 }
 
