@@ -107,6 +107,7 @@
 package zklock
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -400,12 +401,20 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		}
 		return nil, err
 	}
-	return &sniffConn{Conn: c, handshake: l.timeout / 6, timedOut: l.hosts.slow, granted: func(ms int32) {
+	return newSniffConn(c, l.timeout/6, l.hosts.slow, func(ms int32) {
 		if ms > 0 {
 			l.negotiated.Store(int64(ms))
 		}
-	}}, nil
+	}), nil
 }
+
+// connBuffer is the size of a connection's read buffer: the client library
+// reads each frame in two reads, its length and then the rest, which
+// unbuffered are two system calls though the frame arrived whole; buffered,
+// the second read, and those of frames that arrived together, are answered
+// from memory. It holds the frames of a lock's requests and watch events
+// many times over; a larger frame is read past it.
+const connBuffer = 4096
 
 // sniffConn watches the first 12 bytes a connection reads: the frame length,
 // the protocol version and the negotiated timeout of the connect response.
@@ -416,12 +425,23 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 // client for longer than the session lives, instead of letting it try the
 // next server while its session can still be saved. It reports a read or
 // write that timed out, so that hosts passes the server over for a while.
+// It reads through a buffer (see connBuffer).
 type sniffConn struct {
 	net.Conn
+	in        *bufio.Reader // over fill
 	head      []byte
 	handshake time.Duration
 	granted   func(ms int32)
 	timedOut  func()
+}
+
+// newSniffConn watches c, capping its deadlines at handshake until the
+// connect response has come, which it hands to granted; timedOut hears of
+// reads and writes that timed out.
+func newSniffConn(c net.Conn, handshake time.Duration, timedOut func(), granted func(ms int32)) *sniffConn {
+	sc := &sniffConn{Conn: c, handshake: handshake, timedOut: timedOut, granted: granted}
+	sc.in = bufio.NewReaderSize(readFunc(sc.fill), connBuffer)
+	return sc
 }
 
 func (c *sniffConn) capped(t time.Time) time.Time {
@@ -446,7 +466,10 @@ func (c *sniffConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *sniffConn) Read(p []byte) (int, error) {
+func (c *sniffConn) Read(p []byte) (int, error) { return c.in.Read(p) }
+
+// fill reads from the connection itself, for the buffer.
+func (c *sniffConn) fill(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if err != nil && isTimeout(err) {
 		c.timedOut()
@@ -459,6 +482,11 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// readFunc is an io.Reader made of a function.
+type readFunc func(p []byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }
 
 func isTimeout(err error) bool {
 	var ne net.Error
