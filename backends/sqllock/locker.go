@@ -272,11 +272,15 @@ func buildGormQueries(d dialect, t string, notify bool) queries {
 	// acquisition inserts it again.
 	insert := "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at) VALUES (?, ?, " + now + ", " + now + " + ?, " + now + ")"
 	if d.name == "postgres" {
-		// The clock read once, in a subquery that PostgreSQL keeps as one
-		// (it does not pull up a volatile target): the three reads of
-		// VALUES cost the server 5% more instructions per acquisition.
+		// The clock read once, in a one-row VALUES list that PostgreSQL
+		// keeps as a list (it does not pull up a volatile one) and
+		// evaluates once: the three reads of a plain VALUES cost the
+		// server 5% more instructions per acquisition. A subquery
+		// (SELECT now) reads it once as well, but setting up its scan
+		// and the Result under it cost the server 1.3-1.7k instructions
+		// more per lock cycle (of some 210k) than the list's one scan.
 		insert = "INSERT INTO " + t + " AS t (name, owner, version, lock_until, locked_at)" +
-			" SELECT ?, ?, c.now, c.now + ?, c.now FROM (SELECT " + now + " AS now) c"
+			" SELECT ?, ?, c.now, c.now + ?, c.now FROM (VALUES (" + now + ")) AS c (now)"
 	}
 	if d.upsert {
 		// One statement: the row is inserted if absent, or taken over if
