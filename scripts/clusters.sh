@@ -162,10 +162,19 @@ resume_if_stopped() {
 launch() {
 	local pidfile=$1 log=$2
 	shift 2
+	# A file left by an earlier run would read as a server that exited.
+	rm -f "$pidfile"
 	# shellcheck disable=SC2016 # expanded by the inner bash
 	setsid bash -c 'echo $$ >"$0" || exit
 		for fd in /proc/$$/fd/*; do fd=${fd##*/}; ((fd > 2)) && exec {fd}>&-; done
 		exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+}
+
+# starting PIDFILE COMM: whether the launched process is alive: COMM, or
+# still the shell that wrote PIDFILE and has yet to exec COMM (on a busy
+# machine that moment can outlast a probe).
+starting() {
+	pid_of "$1" "$2" >/dev/null || pid_of "$1" bash >/dev/null
 }
 
 # wait_for LOG PIDFILE COMM PROBE...: until PROBE succeeds; fails at the
@@ -175,7 +184,7 @@ wait_for() {
 	shift 3
 	local deadline=$((SECONDS + TIMEOUT))
 	while ! "$@"; do
-		if [[ -s $pidfile ]] && ! pid_of "$pidfile" "$comm" >/dev/null; then
+		if [[ -s $pidfile ]] && ! starting "$pidfile" "$comm"; then
 			warn "exited during startup; last lines of $log:"
 			tail -n 30 "$log" >&2 || true
 			return 1
