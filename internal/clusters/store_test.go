@@ -150,6 +150,16 @@ func (c *fencedCounter) snapshot() (sections []section, accepted, refused, overl
 	return sections, c.accepted, c.refused, c.overlapCount, append([]string(nil), c.overlaps...)
 }
 
+// lastGrant is when the last section started (zero before the first).
+func (c *fencedCounter) lastGrant() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.sections) == 0 {
+		return time.Time{}
+	}
+	return c.sections[len(c.sections)-1].granted
+}
+
 // grantsSince counts the sections that started at or after t.
 func (c *fencedCounter) grantsSince(t time.Time) int {
 	c.mu.Lock()

@@ -95,6 +95,8 @@ type scenario struct {
 	// diagnose describes the servers' state (who holds, who waits) when
 	// the lock does not come back in time, for the report of the stall.
 	diagnose func() string
+	// watching is closed when watchStalls has returned.
+	watching chan struct{}
 
 	mu      sync.Mutex
 	events  []event
@@ -150,6 +152,11 @@ func startScenario(t *testing.T, name, key string, ttl time.Duration, newContend
 	for _, w := range s.workers {
 		go s.loop(ctx, w)
 	}
+	s.watching = make(chan struct{})
+	go func() {
+		defer close(s.watching)
+		s.watchStalls(ctx)
+	}()
 	started = true
 	if _, err := poll(30*time.Second, func() bool { return s.store.grantsSince(s.start) >= 2*settleGrants }); err != nil {
 		t.Fatalf("%s: the lock was granted %d times in the first 30s, before any fault; errors: %v",
@@ -288,12 +295,7 @@ func (s *scenario) note(format string, args ...any) {
 // do, from the history, when the lock did not come back in time.
 func (s *scenario) settle(since time.Time, atLeast time.Duration) {
 	s.t.Helper()
-	described := false
 	_, err := poll(atLeast+20*time.Second, func() bool {
-		if !described && time.Since(since) > s.ttl+5*time.Second && s.store.grantsSince(since) == 0 {
-			described = true
-			s.describeStall(since)
-		}
 		return time.Since(since) >= atLeast && s.store.grantsSince(since) >= settleGrants
 	})
 	if err != nil {
@@ -302,10 +304,33 @@ func (s *scenario) settle(since time.Time, atLeast time.Duration) {
 	}
 }
 
+// watchStalls describes each stretch of more than the TTL and 5s without a
+// grant while it lasts, once per stretch: what holds or waits on the
+// servers and in the workers is gone by the time a judge reads the history.
+// A stall after some grants that followed a fault is as much a defect as
+// one right after it.
+func (s *scenario) watchStalls(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var described time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		last := s.store.lastGrant()
+		if last.IsZero() || last.Equal(described) || time.Since(last) <= s.ttl+5*time.Second {
+			continue
+		}
+		described = last
+		s.describeStall(last)
+	}
+}
+
 // describeStall logs what the servers and the workers' goroutines were doing
 // while the lock was not granted.
 func (s *scenario) describeStall(since time.Time) {
-	s.t.Helper()
 	s.t.Logf("%s: no grant in the %v since %s; errors so far: %s; guard warnings: %s", s.name,
 		time.Since(since).Round(time.Millisecond), since.Format("15:04:05.000"), s.errorSummary(), s.logs.summary())
 	if s.diagnose != nil {
@@ -333,6 +358,8 @@ func wardenStacks() string {
 func (s *scenario) stopWorkers() (stop time.Time, hung []string) {
 	stop = time.Now()
 	s.cancel()
+	// It logs, which it must not do once the test has ended.
+	<-s.watching
 	deadline := time.NewTimer(stopWithin)
 	defer deadline.Stop()
 	for _, w := range s.workers {
