@@ -384,7 +384,9 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
 			return err
 		case errors.Is(err, ErrNotOwner):
+			start = time.Now()
 			rec, gerr := e.store.Get(fctx, c.Scope, c.Key)
+			cfg.metrics.record(ctx, opGet, start, gerr)
 			switch {
 			case gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner:
 				return nil

@@ -16,6 +16,9 @@ const (
 	opExtend   = "extend"
 	opComplete = "complete"
 	opAbandon  = "abandon"
+	// opGet reads a record back after a refused Complete, to tell a
+	// completion of this owner's whose answer was lost from a refusal.
+	opGet = "get"
 )
 
 // storeMetrics times the Executor's calls to its Store: an operator tells a
@@ -29,13 +32,13 @@ type storeMetrics struct {
 
 func newStoreMetrics(mp metric.MeterProvider) (*storeMetrics, error) {
 	h, err := mp.Meter(instrumentation).Float64Histogram("warden.idempotency.store.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time of the idempotency store's calls, by operation (claim, extend, complete, abandon) and result: ok "+
-			"(answered, a refusal such as not_owner included) or error (the store failed or could not be reached)."))
+		metric.WithDescription("Time of the idempotency store's calls, by operation (claim, extend, complete, abandon, get) and result: ok "+
+			"(answered, a refusal such as not_owner or not_found included) or error (the store failed or could not be reached)."))
 	if err != nil {
 		return nil, err
 	}
 	m := &storeMetrics{duration: h, by: map[[2]string][]metric.RecordOption{}}
-	for _, op := range []string{opClaim, opExtend, opComplete, opAbandon} {
+	for _, op := range []string{opClaim, opExtend, opComplete, opAbandon, opGet} {
 		for _, r := range []string{"ok", "error"} {
 			m.by[[2]string{op, r}] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("warden.operation", op), attribute.String("warden.result", r)))}
@@ -50,7 +53,7 @@ func (m *storeMetrics) record(ctx context.Context, op string, start time.Time, e
 		return
 	}
 	result := "ok"
-	if err != nil && !errors.Is(err, ErrNotOwner) {
+	if err != nil && !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrNotFound) {
 		result = "error"
 	}
 	m.duration.Record(ctx, time.Since(start).Seconds(), m.by[[2]string{op, result}]...)

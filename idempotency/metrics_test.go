@@ -39,6 +39,12 @@ func TestStoreDurationMetric(t *testing.T) {
 	if _, err := e.Do(ctx, "k-3", "fp", fn, idempotency.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(other)))); err != nil {
 		t.Fatal(err)
 	}
+	// A Complete refused after it landed is checked by reading the record
+	// back, a store call as much as the others.
+	resent := newExecutor(t, resentCompletes{idempotency.NewMemoryStore()}, idempotency.WithMeterProvider(mp))
+	if _, err := resent.Do(ctx, "k-5", "fp", fn); err != nil {
+		t.Fatal(err)
+	}
 	down := newExecutor(t, downStore{idempotency.NewMemoryStore()}, idempotency.WithMeterProvider(mp))
 	if _, err := down.Do(ctx, "k-4", "fp", fn); !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Fatalf("Do on a failing store: %v, want ErrUnavailable", err)
@@ -67,11 +73,12 @@ func TestStoreDurationMetric(t *testing.T) {
 		}
 		return got
 	}
-	// Claims: k-1 twice (the second replays), k-2 once, and the failed k-4.
-	// Abandons: k-2's, and the give-back of k-4's claim, whose answer was
-	// lost on a live ctx: that one runs in the background, so it is waited
-	// for.
-	want := map[string]uint64{"claim/ok": 3, "complete/ok": 1, "abandon/ok": 2, "claim/error": 1}
+	// Claims: k-1 twice (the second replays), k-2 once, k-5 once, and the
+	// failed k-4. Completes: k-1's, and k-5's, refused since the client
+	// sent it twice (an answer, so ok), and read back. Abandons: k-2's, and the
+	// give-back of k-4's claim, whose answer was lost on a live ctx: that
+	// one runs in the background, so it is waited for.
+	want := map[string]uint64{"claim/ok": 4, "complete/ok": 2, "get/ok": 1, "abandon/ok": 2, "claim/error": 1}
 	var got map[string]uint64
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if got = counts(reader); got["abandon/ok"] >= want["abandon/ok"] || time.Now().After(deadline) {
