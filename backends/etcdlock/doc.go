@@ -84,8 +84,10 @@
 // process is frozen keeps its connection open while answering nothing, so
 // the Locker sends its requests (and its keepalive stream and watches) to one
 // member at a time, over connections of its own dialed with the client's
-// settings: when a request there goes unanswered for 250 ms, or cannot reach
-// it, the member is probed, and if it does not answer within 500 ms, or
+// settings: when a request there goes unanswered for 250 ms (or a keepalive
+// stream does not open within as long: a frozen member the Locker has not
+// connected to yet accepts the connection and never answers its
+// handshake), or cannot reach it, the member is probed, and if it does not answer within 500 ms, or
 // knows no leader, the Locker moves to the next member whose connection is
 // not failing, and cuts short what it had sent to the one it left (a put so
 // cut short gives up its session, as below, and is made again, even by an

@@ -585,6 +585,56 @@ func TestFrozenMemberAvoided(t *testing.T) {
 	}
 }
 
+// TestKeepAliveNotHeldByFrozenHandshake moves the Locker, as an election
+// does when the pinned member knows no leader, to a member it has not
+// connected to yet and whose process is frozen: the kernel accepts the
+// connection and nobody answers its handshake, so opening the session's
+// keepalive stream there waits for as long as gRPC takes to connect (20s).
+// The keepalive must not wait with it: the member's probe moves the Locker
+// back, and the session must be renewed there before its lease can expire.
+// Waiting in the open, it renewed nothing, and the waiters behind its keys
+// sat on a free lock until the lease ran out on the server.
+func TestKeepAliveNotHeldByFrozenHandshake(t *testing.T) {
+	eps := endpoints(t)
+	frozen := drivertest.StartProxy(t, eps[0])
+	frozen.Blackhole()
+	l := lockerOn(t, newClient(t, []string{eps[0], frozen.Addr()}))
+	l.members.mu.Lock()
+	l.members.pinned = l.members.member(0)
+	l.members.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	held, err := l.Acquire(ctx, name("frozen-handshake"), opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	sess := held.(driver.SessionLease).Session()
+
+	answering := l.members.pick()
+	l.members.avoid(answering)
+	if l.members.pick() == answering {
+		t.Fatal("the Locker did not move to the frozen member")
+	}
+	// The first renewal may be the one in flight at the move; the second
+	// was sent after it.
+	for i := range 2 {
+		last := sess.Expiry()
+		for !sess.Expiry().After(last) {
+			select {
+			case <-sess.Done():
+				t.Fatalf("renewal %d after the move: the session was lost", i+1)
+			default:
+			}
+			if time.Now().After(last) {
+				t.Fatalf("renewal %d after the move: none before the lease could expire at %s (the Locker is on %s, the frozen member %s)",
+					i+1, last.Format("15:04:05.000"), l.members.pick().ep, frozen.Addr())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
 // TestSlowOnlyMemberKeepsSession: a single member that answers, but past the
 // probe's patience, as one under load does, is waited for within each
 // request's bound. Cutting its requests short, as is right for a member that

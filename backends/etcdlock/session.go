@@ -182,30 +182,44 @@ type keepAliveResult struct {
 	err  error
 }
 
-// keepAliveStream is one LeaseKeepAlive stream and the goroutine reading it.
+// keepAliveStream is one LeaseKeepAlive stream and the goroutine that opens
+// and then reads it.
+//
+// Opening is the goroutine's, not the keepalive loop's: it can wait for as
+// long as gRPC takes to connect (20 s by default) to a member whose process
+// is frozen, since the kernel still accepts the connection and nobody
+// answers its handshake. A member the Locker had not used yet, pinned when
+// the one before it knew no leader during an election, is such a member.
+// The loop waiting with it would neither declare the session lost at its
+// deadline nor follow the Locker when the member's probe moves it elsewhere,
+// and every waiter behind the session's keys would wait for their lease to
+// run out on the server.
 type keepAliveStream struct {
 	member *member // the stream's
-	stream pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
+	// opened delivers the outcome of opening the stream, once; stream is
+	// set before it delivers nil.
+	opened chan error
+	open   bool // opened has delivered nil; the loop's alone
+	stream pb.Lease_LeaseKeepAliveClient
 	resps  chan keepAliveResult
 }
 
-func (s *session) openStream(ctx context.Context) (*keepAliveStream, error) {
+// openStream starts opening a keepalive stream on the pinned member.
+func (s *session) openStream(ctx context.Context) *keepAliveStream {
 	// Require a leader, as client/v3 does for its own keepalives: a member cut
 	// off from the quorum must fail the stream rather than answer for a lease
 	// the rest of the cluster may already have expired.
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	m := s.l.members.pick()
-	stream, err := pb.NewLeaseClient(m.conn).LeaseKeepAlive(sctx)
-	if err != nil {
-		cancel()
-		if unreachable(err) {
-			s.l.members.probe(m)
-		}
-		return nil, err
-	}
-	ks := &keepAliveStream{member: m, stream: stream, cancel: cancel, resps: make(chan keepAliveResult)}
+	ks := &keepAliveStream{member: s.l.members.pick(), cancel: cancel, opened: make(chan error, 1), resps: make(chan keepAliveResult)}
 	s.wg.Go(func() {
+		stream, err := pb.NewLeaseClient(ks.member.conn).LeaseKeepAlive(sctx)
+		if err != nil {
+			ks.opened <- err
+			return
+		}
+		ks.stream = stream
+		ks.opened <- nil
 		for {
 			resp, err := stream.Recv()
 			select {
@@ -218,7 +232,7 @@ func (s *session) openStream(ctx context.Context) (*keepAliveStream, error) {
 			}
 		}
 	})
-	return ks, nil
+	return ks
 }
 
 // keepAlive renews the lease every ttl/3 with one request at a time on one
@@ -232,7 +246,8 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 		sentAt      time.Time
 		outstanding bool
 		// probe probes the stream's member when the keepalive in
-		// flight goes unanswered for probeAfter.
+		// flight goes unanswered, or the stream unopened, for
+		// probeAfter.
 		probe *time.Timer
 	)
 	answered := func() {
@@ -264,11 +279,34 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 		drop()
 		tick.Reset(retryDelay)
 	}
+	// watchOver has st's member probed unless answered (opened, or the
+	// keepalive answered) within probeAfter.
+	watchOver := func() {
+		m := st.member
+		probe = time.AfterFunc(probeAfter, func() { s.l.members.probe(m) })
+	}
+	send := func() {
+		sentAt = time.Now()
+		if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
+			failed(err)
+			return
+		}
+		outstanding = true
+		watchOver()
+		tick.Reset(interval)
+	}
 
 	for {
-		var resps chan keepAliveResult
-		if st != nil {
+		var (
+			opened chan error
+			resps  chan keepAliveResult
+		)
+		switch {
+		case st == nil:
+		case st.open:
 			resps = st.resps
+		default:
+			opened = st.opened
 		}
 		select {
 		case <-ctx.Done():
@@ -277,34 +315,35 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 			return true
 		case <-s.l.members.changes():
 			// Requests have moved to another member, the one this
-			// stream is on having stopped answering: renew there now
-			// rather than after this stream's keepalive times out.
+			// stream is on, or being opened on, having stopped
+			// answering: renew there now rather than after this
+			// stream's keepalive times out.
 			if st != nil && st.member != s.l.members.pick() {
 				drop()
 				tick.Reset(0)
 			}
-		case <-tick.C:
-			if outstanding {
-				// A whole interval without an answer: the stream is stuck
-				// (a half-open connection); start over on a new one.
-				drop()
-			}
-			if st == nil {
-				var err error
-				if st, err = s.openStream(ctx); err != nil {
-					tick.Reset(retryDelay)
-					continue
-				}
-			}
-			sentAt = time.Now()
-			if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
+		case err := <-opened:
+			answered()
+			if err != nil {
 				failed(err)
 				continue
 			}
-			outstanding = true
-			m := st.member
-			probe = time.AfterFunc(probeAfter, func() { s.l.members.probe(m) })
-			tick.Reset(interval)
+			st.open = true
+			send()
+		case <-tick.C:
+			if outstanding || (st != nil && !st.open) {
+				// A whole interval without an answer, or without the
+				// stream opening: it is stuck (a half-open connection, a
+				// handshake nobody answers); start over on a new one.
+				drop()
+			}
+			if st == nil {
+				st = s.openStream(ctx)
+				watchOver()
+				tick.Reset(interval)
+				continue // the keepalive goes once the stream is open
+			}
+			send()
 		case r := <-resps:
 			if r.err != nil {
 				failed(r.err)
