@@ -297,21 +297,24 @@ func (a *attempt) waitCount(ctx context.Context) error {
 // the waiters queued behind this one would stall with it. A failed check
 // is only retried. When the Locker moves its requests to another member,
 // the watch moves with them; its creation is handled, and checked, as the
-// first one was.
+// first one was. The checks, the moves and the session's loss are served
+// while a watch is being created too (see startWatch).
 func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clientv3.WatchResponse) (bool, error),
 	check func(context.Context) (bool, error), opts ...clientv3.OpOption) error {
 	opts = append(opts, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	var (
-		cancel context.CancelFunc
-		moved  <-chan struct{}
+		cancel  context.CancelFunc
+		moved   <-chan struct{}
+		created <-chan clientv3.WatchChan // until the watch is created
+		wch     clientv3.WatchChan
 	)
-	watch := func() clientv3.WatchChan {
+	watch := func() {
 		var wctx context.Context
 		wctx, cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
 		moved = a.l.members.changes()
-		return a.l.members.pick().client.Watch(wctx, key, opts...)
+		created, wch = startWatch(wctx, a.l.members.pick().client, key, opts...), nil
 	}
-	wch := watch()
+	watch()
 	defer func() { cancel() }()
 	tick := time.NewTicker(a.s.ttl / 3)
 	defer tick.Stop()
@@ -323,7 +326,9 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 			return errSessionLost
 		case <-moved:
 			cancel()
-			wch = watch()
+			watch()
+		case wch = <-created:
+			created = nil
 		case <-tick.C:
 			// Bounded by the period: a check sent to the frozen member
 			// must not hold up the next one, which may reach another.
@@ -348,6 +353,18 @@ func (a *attempt) watchDeletes(ctx context.Context, key string, handle func(clie
 			}
 		}
 	}
+}
+
+// startWatch creates a watch on c without waiting for it, and delivers its
+// channel once created. clientv3's Watch returns only once the member has
+// confirmed the watch, or ctx has ended: a member whose process froze
+// confirms nothing, and a caller waiting in Watch would serve nothing else
+// (its checks, the Locker's move to another member, its session's loss)
+// until the member came back. Ending ctx ends the wait.
+func startWatch(ctx context.Context, c *clientv3.Client, key string, opts ...clientv3.OpOption) <-chan clientv3.WatchChan {
+	created := make(chan clientv3.WatchChan, 1)
+	go func() { created <- c.Watch(ctx, key, opts...) }()
+	return created
 }
 
 // abort removes own, which has been put, and returns cause; once ctx is

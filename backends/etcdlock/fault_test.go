@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/warden-go/warden/guard"
@@ -547,9 +548,7 @@ func TestFrozenMemberAvoided(t *testing.T) {
 	eps := endpoints(t)
 	frozen := drivertest.StartProxy(t, eps[0])
 	l := lockerOn(t, newClient(t, []string{frozen.Addr(), eps[0]}), WithRequestTimeout(3*time.Second))
-	l.members.mu.Lock()
-	l.members.pinned = l.members.member(0)
-	l.members.mu.Unlock()
+	pinTo(l, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	k := name("frozen-member")
@@ -599,9 +598,7 @@ func TestKeepAliveNotHeldByFrozenHandshake(t *testing.T) {
 	frozen := drivertest.StartProxy(t, eps[0])
 	frozen.Blackhole()
 	l := lockerOn(t, newClient(t, []string{eps[0], frozen.Addr()}))
-	l.members.mu.Lock()
-	l.members.pinned = l.members.member(0)
-	l.members.mu.Unlock()
+	pinTo(l, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	held, err := l.Acquire(ctx, name("frozen-handshake"), opts(MinTTL, false))
@@ -632,6 +629,154 @@ func TestKeepAliveNotHeldByFrozenHandshake(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// pinTo has l send its requests to its client's i-th endpoint.
+func pinTo(l *Locker, i int) *member {
+	l.members.mu.Lock()
+	defer l.members.mu.Unlock()
+	l.members.pinned = l.members.member(i)
+	return l.members.pinned
+}
+
+// freezeOnWatch runs freeze once, just before the first watch of a key
+// under prefix is sent: the member froze between answering a contender's
+// put and the creation of its watch.
+type freezeOnWatch struct {
+	clientv3.Watcher
+	prefix string
+	once   sync.Once
+	freeze func()
+}
+
+func (w *freezeOnWatch) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	if strings.HasPrefix(key, w.prefix) {
+		w.once.Do(w.freeze)
+	}
+	return w.Watcher.Watch(ctx, key, opts...)
+}
+
+// TestWaiterNotStalledByWatchOnFrozenMember: a waiter whose watch is
+// created on a member that answers nothing must still be granted the lock
+// once it is free. clientv3's Watch returns only once the member confirms
+// the watch: a waiter waiting in it served neither its checks nor the
+// Locker's move to another member, while its keepalive, moved on, kept its
+// key first in line; the lock stayed free until the member came back.
+func TestWaiterNotStalledByWatchOnFrozenMember(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// waiter returns the waiting Locker, and what freezes the proxy
+		// once the waiter is queued behind the holder.
+		waiter func(t *testing.T, proxy *drivertest.Proxy, k string) (*Locker, func())
+	}{{
+		name: "FrozeBeforeTheWatch",
+		waiter: func(t *testing.T, proxy *drivertest.Proxy, k string) (*Locker, func()) {
+			l := lockerOn(t, newClient(t, []string{proxy.Addr(), endpoints(t)[0]}))
+			m := pinTo(l, 0)
+			m.client.Watcher = &freezeOnWatch{Watcher: m.client.Watcher, prefix: KeyDir(k), freeze: proxy.Blackhole}
+			return l, func() {}
+		},
+	}, {
+		// The Locker left its member for the next one, frozen while its
+		// connection looks ready, and the watch moved with it.
+		name: "MovedOntoFrozenMember",
+		waiter: func(t *testing.T, proxy *drivertest.Proxy, k string) (*Locker, func()) {
+			l := lockerOn(t, newClient(t, []string{endpoints(t)[0], proxy.Addr()}))
+			pinTo(l, 1)
+			warm, err := l.Acquire(context.Background(), k+"-warm", opts(MinTTL, true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := warm.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			direct := pinTo(l, 0)
+			return l, func() {
+				proxy.Blackhole()
+				l.members.avoid(direct) // as a probe of it that failed does
+			}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := drivertest.StartProxy(t, endpoints(t)[0])
+			k := name("frozen-watch")
+			direct := newClient(t, endpoints(t)[:1])
+			holder := lockerOn(t, direct)
+			waiter, freeze := tc.waiter(t, proxy, k)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			held, err := holder.Acquire(ctx, k, opts(MinTTL, true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				le, err := waiter.Acquire(ctx, k, opts(MinTTL, true))
+				if err == nil {
+					le.Release(ctx)
+				}
+				got <- err
+			}()
+			waitFor(t, "the waiter's key", func() bool { return len(keysUnder(t, direct, k)) == 2 })
+			freeze()
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A check every third of the TTL, a probe and a move take
+			// about a second; the member never comes back by itself.
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatalf("waiter: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				proxy.Reset()
+				t.Fatalf("the lock stayed free for 10s while the waiter waited (its Locker on %s, the frozen member %s)",
+					waiter.members.pick().ep, proxy.Addr())
+			}
+		})
+	}
+}
+
+// TestRevocationWatchFollowsLocker: the session's watch of its revocation
+// markers, moved with the Locker onto a member that answers nothing, must
+// move on when the Locker leaves that member, so that a forced release is
+// still reported to the holder.
+func TestRevocationWatchFollowsLocker(t *testing.T) {
+	eps := endpoints(t)
+	proxy := drivertest.StartProxy(t, eps[0])
+	k := name("frozen-revocation-watch")
+	l := lockerOn(t, newClient(t, []string{eps[0], proxy.Addr()}))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pinTo(l, 1)
+	warm, err := l.Acquire(ctx, k+"-warm", opts(MinTTL, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	direct := pinTo(l, 0)
+	held, err := l.Acquire(ctx, k, opts(3*MinTTL, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	told := make(chan struct{})
+	held.(*lease).OnRevoke(func() { close(told) })
+	proxy.Blackhole()
+	l.members.avoid(direct) // onto the frozen member, as a probe of direct that failed does
+	// The keepalive finds it silent and moves the Locker back.
+	waitFor(t, "the Locker back on the member that answers", func() bool { return l.members.pick() == direct })
+	if _, err := lockerOn(t, newClient(t, eps[:1])).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-told:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a forced release not reported to its holder within 10s (its Locker on %s, the frozen member %s)",
+			l.members.pick().ep, proxy.Addr())
 	}
 }
 

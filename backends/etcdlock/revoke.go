@@ -195,13 +195,16 @@ func (s *session) watchRevocationsOnce(dir string) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.kctx))
 	defer cancel()
 	moved := s.l.members.changes()
-	wch := s.l.members.pick().client.Watch(ctx, dir, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	created := startWatch(ctx, s.l.members.pick().client, dir, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	var wch clientv3.WatchChan
 	for {
 		select {
 		case <-s.done:
 			return
 		case <-moved:
 			return
+		case wch = <-created:
+			created = nil
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				return
