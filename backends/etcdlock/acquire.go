@@ -400,10 +400,18 @@ func (a *attempt) remove(ctx context.Context) {
 
 // lease returns the lease of a granted attempt, unless its session was lost
 // or given up meanwhile: the lease would be lost as soon as it was returned.
+// Under the session's lock, a session lost at the same moment either has
+// the grant refused here or counts it among the locks it holds (see
+// spareHolders).
 func (a *attempt) lease(ctx context.Context) (driver.Lease, error) {
-	if a.s.lost() {
+	a.s.mu.Lock()
+	lost := a.s.lost()
+	if !lost {
+		a.le.rev = a.rev
+	}
+	a.s.mu.Unlock()
+	if lost {
 		return nil, a.abort(ctx, errSessionLost)
 	}
-	a.le.rev = a.rev
 	return a.le, nil
 }

@@ -109,5 +109,7 @@
 // its keepalive stops, its Done channel closes, its lease is revoked best
 // effort and otherwise expires with every key on it within its TTL. The other
 // locks of that session are lost with it; later acquisitions start a new
-// session.
+// session. The revocation of a session that still holds locks waits a tenth
+// of its TTL after Done closes, as long as the holders would have had to
+// stop had the lease run out (unless the Locker is being closed).
 package etcdlock

@@ -413,6 +413,56 @@ func TestReleaseWithoutAnswer(t *testing.T) {
 	}
 }
 
+// TestGivenUpSessionSparesItsHolders: a session given up (here, because a
+// release of one of its locks got no answer) is revoked, but not before
+// the margin has passed since its holders were told of the loss: a lease
+// that runs out would have left their sections that long to stop before
+// the locks could go to anyone else, and a revocation sent at once left
+// them a round trip.
+func TestGivenUpSessionSparesItsHolders(t *testing.T) {
+	const ttl = 20 * time.Second // a margin of 2s
+	eps := endpoints(t)
+	sw := &swallower{methods: []string{"/etcdserverpb.KV/DeleteRange"}}
+	l := lockerOn(t, newClient(t, eps, sw.dialOption()), WithRequestTimeout(500*time.Millisecond))
+	probe := newClient(t, eps)
+	ctx := context.Background()
+	kept, unanswered := name("spared-kept"), name("spared-unanswered")
+	held, err := l.Acquire(ctx, kept, opts(ttl, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctx, unanswered, opts(ttl, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := held.(driver.SessionLease).Session()
+	if other.(driver.SessionLease).Session() != sess {
+		t.Fatal("the two locks are not on one session")
+	}
+	sw.on.Store(true)
+	if err := other.Release(ctx); !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("unanswered Release: got %v, want ErrUnavailable", err)
+	}
+	<-sess.Done()
+	told := time.Now()
+	time.Sleep(200 * time.Millisecond)
+	if len(keysUnder(t, probe, kept)) == 0 {
+		t.Fatalf("the held lock's key was revoked within %v of its holder being told of the loss, margin %v",
+			time.Since(told).Round(time.Millisecond), ttl/10)
+	}
+	// Then revoked, long before the lease would run out.
+	deadline := told.Add(ttl / 2)
+	for len(keysUnder(t, probe, kept)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the held lock's key is still there %v after the loss: not revoked", time.Since(told).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if gone := time.Since(told); gone < ttl/10 {
+		t.Fatalf("the held lock's key was gone %v after the loss, before the margin %v", gone.Round(time.Millisecond), ttl/10)
+	}
+}
+
 // TestCleanupWithoutAnswer: a waiter whose context ends while it is queued
 // deletes its key; when that delete gets no answer the key must still go
 // within the session TTL, instead of blocking the lock behind it for as long

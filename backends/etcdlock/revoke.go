@@ -128,7 +128,9 @@ func (s *session) forget(le *lease) {
 //
 // A watch on a frozen member (a stopped process, a stalled disk) neither
 // delivers nor fails, so a revocation may then be reported only once the
-// watch is served again, or never if the session ends first. The forced
+// Locker has moved to another member (its keepalive finds the member
+// silent within a third of the TTL and a probe) and the watch with it, or
+// never if the session ends first. The forced
 // release itself does not wait for it: the storage's fencing is what refuses
 // the old holder's writes meanwhile.
 func (le *lease) OnRevoke(f func()) {

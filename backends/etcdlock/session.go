@@ -134,10 +134,38 @@ func (s *session) margin() time.Duration { return s.ttl / 10 }
 func (s *session) run() {
 	defer close(s.exited)
 	unanswered := s.keepAlive(s.kctx)
+	expiry := s.Expiry()
 	s.expiry.Store(0)
 	close(s.done)
 	if unanswered || s.revoke.Load() {
+		s.spareHolders(expiry)
 		s.revokeErr = s.revokeUntilGone()
+	}
+}
+
+// spareHolders waits, when the session still holds locks, for the margin
+// (and never past expiry, when the server would have expired the lease
+// anyway) before the lease is revoked. Their sections were told of the loss
+// when done closed; a lease that runs out leaves them the margin to stop
+// before the locks can go to anyone else, and a revocation sent at once
+// would leave them a round trip. Closing the Locker, which releases every
+// lock it holds on purpose, does not wait.
+func (s *session) spareHolders(expiry time.Time) {
+	s.mu.Lock()
+	holding := false
+	for le := s.tracked; le != nil && !holding; le = le.next {
+		holding = le.rev != 0
+	}
+	s.mu.Unlock()
+	d := min(time.Until(expiry), s.margin())
+	if !holding || d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.l.quit:
+	case <-t.C:
 	}
 }
 
@@ -366,7 +394,8 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 // giveUp ends the session because one of its keys may be left behind: a
 // delete or a put whose outcome is unknown. Its keepalive stops at once, so
 // that no such key can outlive the lease's TTL; the lease is revoked, best
-// effort, after done is closed. Every other lease of the session is lost
+// effort, after done is closed (and the margin has passed, when it holds
+// locks: see spareHolders). Every other lease of the session is lost
 // with it; the Locker starts a new session for later acquisitions.
 func (s *session) giveUp() {
 	s.revoke.Store(true)
