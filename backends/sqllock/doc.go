@@ -28,7 +28,8 @@
 // The fencing token is the row's version: the database's now in
 // microseconds when the row is inserted, and the greater of that and the
 // last version plus one at each takeover. It only grows, while the row
-// lives: Release moves lock_until to now and keeps the row, and an expired
+// lives: Release moves lock_until back to locked_at, when its owner took
+// the lock, and keeps the row, and an expired
 // row is simply taken over by the next Acquire. So the table keeps a row
 // per key ever locked; where keys come from request data, reclaim the rows
 // of long-free keys with Locker.Purge. Purge deletes a row only once the
@@ -86,7 +87,9 @@
 // before it began and so seen by any later release, leaves the row alone
 // and does not wait for its lock. The releasing statement calls pg_notify
 // on a channel named after the lock table, with the lock name as payload,
-// only while the mark lasts: a NOTIFY, even one nobody listens to,
+// only when the mark outlasted the moment the releaser took the lock (so
+// also for a mark that ended during the hold, sending a notification that
+// may wake no one; it needs no clock read): a NOTIFY, even one nobody listens to,
 // serialises the commits of every notifying transaction on the server, so
 // releases nobody waits for send none. The mark outlives the last waiter
 // by up to twice its longest pause (WithMaxBackoff), and its releases

@@ -15,7 +15,9 @@ import (
 const MinPurgeIdle = time.Minute
 
 // Purge deletes the rows of the lock table whose lease ended more than idle
-// ago by the database's clock, and returns how many it deleted. Release
+// ago by the database's clock, a released lease counting as ended when it
+// was taken (Release moves its end back to then), and returns how many it
+// deleted. Release
 // keeps a lock's row (it holds the lock's version, the fencing token), so
 // without Purge the table keeps one row per key ever locked: where keys come
 // from request data (httpmw.Lock per user, per order), clients can grow it
