@@ -62,6 +62,9 @@ type Locker struct {
 	// channel is the NOTIFY channel releases announce themselves on,
 	// empty when they do not (not PostgreSQL, or WithoutNotify).
 	channel string
+	// channelArg is channel as a statement argument, made once rather
+	// than at every release that can notify.
+	channelArg any
 	// notes wakes this Locker's waiters on those notifications; nil when
 	// they only poll.
 	notes *notifier
@@ -145,6 +148,7 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	l.announcer.delay, l.announcer.send = announceDelay, l.announce
 	if d.name == "postgres" && c.notify {
 		l.channel = channelName(c.table)
+		l.channelArg = l.channel
 		// Releases notify whatever the driver, for the Lockers that can
 		// listen; this one's waiters listen only with a Listener.
 		if c.listener != nil {
@@ -527,9 +531,13 @@ type attempt struct {
 
 func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Duration, readLeft bool, pause time.Duration) (attempt, error) {
 	db := l.pool
-	var version, left sql.NullInt64
+	// Each declared where it is read: the pointers given to the scan
+	// move a variable to the heap, wherever the scan comes, and an
+	// uncontended attempt reads the version alone.
+	var version sql.NullInt64
 	switch {
 	case readLeft && l.q.acquireOrLeft != "":
+		var left sql.NullInt64
 		query, args := l.q.acquireOrLeft, []any{key, owner, ttl.Microseconds(), key}
 		if pause > 0 {
 			p := pause.Microseconds()
@@ -558,6 +566,7 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 	if _, err := db.ExecContext(ctx, l.q.acquire, key, owner, ttl.Microseconds()); err != nil {
 		return attempt{}, err
 	}
+	var left sql.NullInt64
 	// The owner id is unique to this attempt, so finding it in the row
 	// means this attempt took the lock. Reading in a separate statement is
 	// safe: the row can change owner again only after our lease expires.
