@@ -103,10 +103,13 @@ func (j *journal) slotsSeenByAll(n int) []time.Time {
 // check asserts once per slot and no overlap, after the nodes have
 // stopped: no slot ran twice and no two executions overlapped; and every
 // slot from the first to the last of seen (slots all n nodes had an
-// outcome for before Stop was called at stopped) ran once, with n-1 skips,
-// unless a run of another slot still held the job's lock, an overrun the
-// scheduler skips by design. A slot between them that some node had not
-// finished with by then is left out if Stop cut a node's run of it short.
+// outcome for before Stop was called at stopped) ran once, the other nodes
+// skipping it, unless a run of another slot still held the job's lock, an
+// overrun the scheduler skips by design. A node may have no outcome for a
+// slot: robfig/cron drops a firing when its timer loop runs an interval
+// late, which a starved machine does; some node must have one. A slot
+// between them that some node had not finished with by then is left out
+// if Stop cut a node's run of it short.
 func (j *journal) check(t *testing.T, seen []time.Time, stopped time.Time, n int, interval time.Duration) {
 	t.Helper()
 	if len(seen) == 0 {
@@ -160,16 +163,19 @@ func (j *journal) check(t *testing.T, seen []time.Time, stopped time.Time, n int
 				t.Errorf("slot %v: %s found the lock held while no run held it%s", s, r.Instance, j.describe(s, interval))
 			}
 		}
+		if len(recs) < n {
+			t.Logf("slot %v: outcomes from %d of %d nodes%s", s, len(recs), n, j.describe(s, interval))
+		}
 		switch {
-		case len(recs) != n:
-			t.Errorf("slot %v: outcomes from %d of %d nodes%s", s, len(recs), n, j.describe(s, interval))
-		case ran[s] != nil && outcomes[scheduler.Ran] == 1 && outcomes[scheduler.Skipped] == n-1:
+		case len(recs) == 0 || len(recs) > n:
+			t.Errorf("slot %v: outcomes from %d of %d nodes", s, len(recs), n)
+		case ran[s] != nil && outcomes[scheduler.Ran] == 1 && outcomes[scheduler.Skipped] == len(recs)-1:
 			once++
-		case ran[s] == nil && outcomes[scheduler.Skipped] == n && j.overrun(s):
+		case ran[s] == nil && outcomes[scheduler.Skipped] == len(recs) && j.overrun(s):
 			overruns++
 		default:
-			t.Errorf("slot %v: executed %t, outcomes %v; want 1 run and %d skips, or %d skips of an overrun%s",
-				s, ran[s] != nil, outcomes, n-1, n, j.describe(s, interval))
+			t.Errorf("slot %v: executed %t, outcomes %v from %d nodes; want 1 run and the rest skips, or all skips of an overrun%s",
+				s, ran[s] != nil, outcomes, len(recs), j.describe(s, interval))
 		}
 	}
 	execs := slices.Clone(j.execs)
