@@ -47,7 +47,8 @@ const (
 // began (before it took the lock), a "held slot instance from to 0" one
 // for each run that found the lock held (from and to bound its try), and
 // an "outcome slot instance from to outcome reason" one for each run that
-// did not run the job.
+// did not run the job; and a "ready 0 instance unix-nanos 0 0" one once
+// its scheduler has started.
 func TestHelperScheduler(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("the body of a scheduler process; run by the multi-process tests")
@@ -118,6 +119,7 @@ func TestHelperScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Start()
+	fmt.Fprintf(out, "ready 0 %s %d 0 0\n", instance, time.Now().UnixNano())
 	time.Sleep(dur(runForEnv)) // the process's lifetime, not a wait for an outcome
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -252,6 +254,32 @@ func readOutput(t *testing.T, ps []*process) ([]procRun, []heldTry) {
 	}
 	slices.SortFunc(runs, func(a, b procRun) int { return a.start.Compare(b.start) })
 	return runs, held
+}
+
+// allReady returns when the last of ps noted its scheduler started, and
+// whether all have.
+func allReady(t *testing.T, ps []*process) (time.Time, bool) {
+	t.Helper()
+	var last time.Time
+	for _, p := range ps {
+		data, err := os.ReadFile(p.out)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var at int64
+		for line := range strings.Lines(string(data)) {
+			if f := strings.Fields(line); len(f) == 6 && f[0] == "ready" {
+				at, _ = strconv.ParseInt(f[3], 10, 64)
+			}
+		}
+		if at == 0 {
+			return time.Time{}, false
+		}
+		if r := time.Unix(0, at); r.After(last) {
+			last = r
+		}
+	}
+	return last, true
 }
 
 // notes returns the lines of ps's output files about slot, for a failure's
@@ -518,13 +546,23 @@ func TestCatchUpAfterKill(t *testing.T) {
 		for _, inst := range []string{"c1", "c2", "c3"} {
 			ps = append(ps, startProcess(t, c, job, inst, work, c.ttl, 60*time.Second, env...))
 		}
+		// The victim's slot must be one every process fires: a process
+		// that was still starting then (one was, once, at load ~18)
+		// never sees it, and nobody is left to catch it up. Its timer loop
+		// starts a moment after it notes it is ready.
 		var victim procRun
-		waitFor(t, "a run to start", 30*time.Second, func() bool {
-			runs := readRuns(t, ps)
-			if len(runs) > 0 {
-				victim = runs[0]
+		waitFor(t, "a run of a slot every process was up for", 60*time.Second, func() bool {
+			ready, ok := allReady(t, ps)
+			if !ok {
+				return false
 			}
-			return len(runs) > 0
+			for _, r := range readRuns(t, ps) {
+				if r.slot.After(ready.Add(time.Second)) {
+					victim = r
+					return true
+				}
+			}
+			return false
 		})
 		killed := kill9(t, ps, victim.instance)
 		var again procRun
