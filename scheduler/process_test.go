@@ -400,8 +400,11 @@ func TestKilledProcessSlotsRunElsewhere(t *testing.T) {
 		job := uniqueName("killed")
 		ttl := c.ttl
 		var ps []*process
+		// Runs last until the test ends, so the victim is still running
+		// when the kill lands however late that is: at load ~26 a run of
+		// ttl+2s once ended first.
 		for _, inst := range []string{"k1", "k2", "k3"} {
-			ps = append(ps, startProcess(t, c, job, inst, ttl+2*time.Second, ttl, 60*time.Second))
+			ps = append(ps, startProcess(t, c, job, inst, 30*time.Second, ttl, 60*time.Second))
 		}
 		var victim procRun
 		waitFor(t, "a process to start a run", 20*time.Second, func() bool {
