@@ -241,3 +241,57 @@ func TestCatchUpOnceTheDeadClaimLapses(t *testing.T) {
 		}
 	})
 }
+
+// Three schedulers, one with its clock 400ms ahead and so firing 400ms
+// before the others, run each slot of "@every 1s" exactly once, on the
+// early node at its instant, although each run lasts 950ms: a run's lock is
+// released when the run ends, in time for the next slot 50ms later, and
+// the late nodes find the slot taken. This is what the wall-clock
+// TestClockOffsetOncePerSlot shows on real backends, without its overruns.
+func TestOffsetClockLongRunsOncePerSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const skew, work = 400 * time.Millisecond, 950 * time.Millisecond
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		var mu sync.Mutex
+		runs := map[time.Time][]string{}
+		for _, inst := range []string{"a", "b", "ahead"} {
+			opts := []scheduler.Option{scheduler.WithSlotStore(store)}
+			if inst == "ahead" {
+				opts = append(opts, scheduler.WithClock(func() time.Time { return time.Now().Add(skew) }))
+			}
+			s := bubbleScheduler(t, newGuard(t, locker), inst, &o, opts...)
+			err := s.Add("@every 1s", "tick", func(ctx context.Context) error {
+				run, _ := scheduler.RunFrom(ctx)
+				if at := time.Now(); !at.Equal(run.Slot.Add(-skew)) {
+					t.Errorf("slot %v ran on %s at %v, want when the early clock showed it", run.Slot, run.Instance, at)
+				}
+				mu.Lock()
+				runs[run.Slot] = append(runs[run.Slot], run.Instance)
+				mu.Unlock()
+				time.Sleep(work)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+		}
+		base := time.Now().Truncate(time.Second).Add(time.Second)
+		time.Sleep(time.Until(base) + 10*time.Second)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range 10 {
+			slot := base.Add(time.Duration(i) * time.Second)
+			if got := runs[slot]; len(got) != 1 || got[0] != "ahead" {
+				t.Errorf("slot %v ran on %v, want once, on the early node", slot.Sub(base), got)
+			}
+		}
+		for _, r := range o.all() {
+			if r.Instance != "ahead" && (r.Outcome != scheduler.Skipped || r.Reason != "slot in_progress by ahead") {
+				t.Errorf("slot %v on %s: %s %q, want skipped as in progress on the early node", r.Slot.Sub(base), r.Instance, r.Outcome, r.Reason)
+			}
+		}
+	})
+}
