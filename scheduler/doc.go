@@ -33,7 +33,10 @@
 //
 // Every run ends in one outcome, recorded on a span, in metrics, in the log
 // and to the RunObserver: ran, skipped, failed, lost or misfired. Nothing is
-// dropped silently.
+// dropped silently: slots the timer never fired, because it ran an interval
+// or more late (a stalled process, a suspended machine, a clock stepped
+// forward), are recorded as misfired too, once for each such stretch, under
+// its first slot.
 //
 // Without a slot store, once per slot rests on the lock and LockAtLeastFor
 // alone, as with ShedLock: it holds only while nodes' clocks and timers

@@ -123,6 +123,33 @@ func (j *job) Run() {
 	j.run(slot, j.fn)
 }
 
+// passedOver records the n slots from first to last that the timer never
+// fired (see slotSchedule.handed) as one misfired outcome under first's
+// slot, rather than one per slot, which a long stall would turn into a
+// flood. It is called on robfig/cron's loop, which must not wait for the
+// observer and the log.
+func (j *job) passedOver(first, last time.Time, n int) {
+	s := j.s
+	if !s.enter() {
+		return
+	}
+	go func() {
+		defer s.runs.Done()
+		defer func() {
+			if p := recover(); p != nil {
+				s.logger.Error("warden/scheduler: panic while recording slots never fired", "job", j.name, "panic", p)
+			}
+		}()
+		r := &running{j: j, rec: RunRecord{Job: j.name, Slot: first, Instance: s.instance, Started: s.clock()}}
+		r.ctx, r.span = s.tel.start(s.ctx, &r.rec)
+		reason := "never fired: the timer ran late"
+		if n > 1 {
+			reason = fmt.Sprintf("never fired, nor the %d slots after it up to %v: the timer ran late", n-1, last)
+		}
+		r.finish(Misfired, reason, nil)
+	}()
+}
+
 // run is the one path every run takes, whoever fired it (the Scheduler's
 // timer, a robfig/cron Wrap, a gocron Locker): begin, the job, end.
 func (j *job) run(slot time.Time, fn func(context.Context) error) {

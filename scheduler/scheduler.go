@@ -149,6 +149,7 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 		return err
 	}
 	j.spec, j.fn, j.slots = spec, fn, newSlotSchedule(sched, s.anchor, s.clock)
+	j.slots.passedOver = j.passedOver
 
 	s.mu.Lock()
 	stopped := s.stopped

@@ -107,7 +107,8 @@ func (j *journal) slotsSeenByAll(n int) []time.Time {
 // skipping it, unless a run of another slot still held the job's lock, an
 // overrun the scheduler skips by design. A node may have no outcome for a
 // slot: robfig/cron drops a firing when its timer loop runs an interval
-// late, which a starved machine does; some node must have one. A slot
+// late, which a starved machine does (the node records it as never
+// fired); some node must have one. A slot
 // between them that some node had not finished with by then is left out
 // if Stop cut a node's run of it short.
 func (j *journal) check(t *testing.T, seen []time.Time, stopped time.Time, n int, interval time.Duration) {
@@ -142,6 +143,12 @@ func (j *journal) check(t *testing.T, seen []time.Time, stopped time.Time, n int
 		s := r.Slot.UTC()
 		if s.Truncate(interval) != s {
 			t.Errorf("slot %v on %s is not aligned to %v", s, r.Instance, interval)
+		}
+		if r.Outcome == scheduler.Misfired && strings.HasPrefix(r.Reason, "never fired") {
+			// The node's timer ran late: it had no outcome of its own
+			// for the slot, which it says so.
+			t.Logf("slot %v on %s: %s", s, r.Instance, r.Reason)
+			continue
 		}
 		bySlot[s] = append(bySlot[s], r)
 	}

@@ -32,6 +32,14 @@ type slotSchedule struct {
 	// Pairing by order, not by comparing times, keeps a run that starts late
 	// on a busy machine from taking its successor's name.
 	pending []time.Time
+	// handed is the last slot Next returned. passedOver, when set, is told
+	// of the slots between it and the next one that no firing was ever
+	// given: robfig/cron asks for the slot after the moment it fired, so
+	// a firing an interval late (a stalled process, a suspended machine, a
+	// clock stepped forward) leaves out the slots in between, and nothing
+	// would record them.
+	handed     time.Time
+	passedOver func(first, last time.Time, n int)
 }
 
 // minEvery is the shortest @every interval: shorter ones would fire faster
@@ -115,9 +123,28 @@ func (s *slotSchedule) Next(t time.Time) time.Time {
 	// The queue stays short: a Scheduler starts its cron once, so every
 	// value handed out is fired, in order, except the last one at Stop.
 	s.pending = append(s.pending, slot)
+	var first, last time.Time
+	n := 0
+	if !s.handed.IsZero() {
+		for v := s.after(s.handed); !v.IsZero() && v.Before(slot) && n < maxPassedOver; v = s.after(v) {
+			if n == 0 {
+				first = v
+			}
+			last, n = v, n+1
+		}
+	}
+	s.handed = slot
+	passedOver := s.passedOver
 	s.mu.Unlock()
+	if n > 0 && passedOver != nil {
+		passedOver(first, last, n)
+	}
 	return slot.Add(-offset)
 }
+
+// maxPassedOver bounds the count of slots a late firing left out: after a
+// long suspension a per-second job would otherwise count for as long.
+const maxPassedOver = 100_000
 
 // after returns the first slot strictly after v, on the scheduler's clock.
 func (s *slotSchedule) after(v time.Time) time.Time {

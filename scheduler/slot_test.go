@@ -71,3 +71,43 @@ func TestNextWhileFiring(t *testing.T) {
 		t.Fatalf("next() with nothing pending = %v, want the slot after the clock, %v", got, want)
 	}
 }
+
+// TestNextReportsSlotsPassedOver: a firing late by more than an interval
+// asks Next for the slot after the moment it fired, and the slots in
+// between, never handed out, are reported once, as a stretch; a firing on
+// time reports nothing.
+func TestNextReportsSlotsPassedOver(t *testing.T) {
+	anchor := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return anchor.Add(d) }
+	type stretch struct {
+		first, last time.Time
+		n           int
+	}
+	var got []stretch
+	s := newSlotSchedule(cron.Every(time.Second), anchor, time.Now)
+	s.passedOver = func(first, last time.Time, n int) { got = append(got, stretch{first, last, n}) }
+	for _, c := range []struct {
+		firedAt time.Duration
+		want    time.Duration // the slot handed out
+	}{
+		{500 * time.Millisecond, time.Second},
+		{1100 * time.Millisecond, 2 * time.Second},
+		{4300 * time.Millisecond, 5 * time.Second}, // 3s and 4s passed over
+		{5200 * time.Millisecond, 6 * time.Second},
+		{7100 * time.Millisecond, 8 * time.Second}, // 7s passed over
+	} {
+		s.Next(at(c.firedAt))
+		if slot, _ := s.fired(); !slot.Equal(at(c.want)) {
+			t.Fatalf("fired at %v: slot %v, want %v", c.firedAt, slot.Sub(anchor), c.want)
+		}
+	}
+	want := []stretch{{at(3 * time.Second), at(4 * time.Second), 2}, {at(7 * time.Second), at(7 * time.Second), 1}}
+	if len(got) != len(want) {
+		t.Fatalf("stretches passed over: %v, want %v", got, want)
+	}
+	for i := range want {
+		if !got[i].first.Equal(want[i].first) || !got[i].last.Equal(want[i].last) || got[i].n != want[i].n {
+			t.Errorf("stretch %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+}

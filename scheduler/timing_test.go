@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -291,6 +292,42 @@ func TestOffsetClockLongRunsOncePerSlot(t *testing.T) {
 		for _, r := range o.all() {
 			if r.Instance != "ahead" && (r.Outcome != scheduler.Skipped || r.Reason != "slot in_progress by ahead") {
 				t.Errorf("slot %v on %s: %s %q, want skipped as in progress on the early node", r.Slot.Sub(base), r.Instance, r.Outcome, r.Reason)
+			}
+		}
+	})
+}
+
+// A clock stepped 3s forward between two firings of "@every 1s" (as a late
+// timer loop does to the slots it fires after): the slots it steps over
+// were never fired, and are recorded as one misfired outcome under the
+// first of them, not dropped; every slot before and after runs once.
+func TestSlotsNeverFiredAreRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var step atomic.Int64
+		clock := func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+		var o outcomes
+		s := bubbleScheduler(t, newGuard(t, memory.New()), "a", &o, scheduler.WithClock(clock))
+		if err := s.Add("@every 1s", "tick", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		base := time.Now()
+		s.Start()
+		time.Sleep(2500 * time.Millisecond)
+		step.Store(int64(3 * time.Second))
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		stop(t, s)
+		// By slot: the misfire is recorded on a goroutine of its own,
+		// alongside the run of the slot fired just before it.
+		want := []string{"1s ran", "2s ran", "3s ran", "4s misfired", "7s ran", "8s ran"}
+		got := o.summary(base)
+		slices.Sort(got)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("outcomes %v, want %v", got, want)
+		}
+		for _, r := range o.all() {
+			if r.Outcome == scheduler.Misfired && r.Reason != "never fired, nor the 2 slots after it up to "+base.Add(6*time.Second).String()+": the timer ran late" {
+				t.Errorf("misfired %v: reason %q", r.Slot.Sub(base), r.Reason)
 			}
 		}
 	})
