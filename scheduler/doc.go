@@ -24,10 +24,11 @@
 //     the slot, the instance and the lock with its fencing token.
 //  5. The slot claim is completed. A failed slot is not retried by default;
 //     RetryFailedSlots lets another node (or a later timer) run it again.
-//     A slot whose runner died mid-run stays claimed until the claim
-//     lapses; with CatchUp another node watches the claim and runs the
-//     slot again, with a fresh fencing token, while the slot is younger
-//     than MisfireAfter.
+//     A claim whose answer was lost (Stop cut the call short, the
+//     connection broke) is given back, in case it landed. A slot whose
+//     runner died mid-run stays claimed until the claim lapses; with
+//     CatchUp another node watches the claim and runs the slot again, with
+//     a fresh fencing token, while the slot is younger than MisfireAfter.
 //  6. The lock is kept until LockAtLeastFor has passed since it was taken,
 //     then released.
 //

@@ -425,6 +425,9 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
 	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: j.claimLease()})
 	if err != nil {
+		if !errors.Is(err, idempotency.ErrInvalid) {
+			c.giveBack(ctx)
+		}
 		return slotClaim{}, err
 	}
 	if rec != nil {
@@ -551,6 +554,35 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 			"job", c.j.name, "slot", c.key, "error", err)
 	}
 }
+
+// giveBack abandons c, whose Claim failed, in case the store made it all
+// the same: Stop may have cancelled the call after it went, or its answer
+// may have been lost. Left alone, such a claim would keep the slot in
+// progress for every node until its lease ran out (without CatchUp, the
+// wait for the lock plus LockAtMostFor plus a margin), so that another
+// node's late timer, RetryFailedSlots or CatchUp could not run it. The
+// claim may land after the failed call has returned (a statement still
+// running), hence a few tries over about a second. Abandon is owner-checked
+// and the owner is c's own, so nobody else's claim can be freed; a claim
+// that was never made costs a few ErrNotOwner answers, on the failure path
+// only.
+func (c slotClaim) giveBack(ctx context.Context) {
+	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 900 * time.Millisecond} {
+		time.Sleep(pause)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+		err := c.j.s.store.Abandon(actx, slotScope, c.key, c.owner)
+		cancel()
+		if err == nil {
+			c.j.s.logger.InfoContext(ctx, "warden/scheduler: gave back a slot claim whose answer was lost",
+				"job", c.j.name, "slot", c.key)
+			return
+		}
+	}
+}
+
+// giveBackTimeout bounds each of giveBack's tries: a store that cannot
+// answer one in a second is in an outage, and the claim's lease ends it.
+const giveBackTimeout = time.Second
 
 func (c slotClaim) abandon(ctx context.Context) {
 	if c.owner == "" {

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -331,4 +332,70 @@ func TestSlotsNeverFiredAreRecorded(t *testing.T) {
 			}
 		}
 	})
+}
+
+// lostAnswerStore is a slot store whose Claim answers never come back: each
+// call waits for its ctx, as a call cut off by Stop does, after reaching the
+// store (land) or not.
+type lostAnswerStore struct {
+	*idempotency.MemoryStore
+	land    bool
+	claimed chan struct{}
+}
+
+func (s *lostAnswerStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if s.land {
+		if rec, err := s.MemoryStore.Claim(ctx, c); rec != nil || err != nil {
+			return rec, err
+		}
+	}
+	s.claimed <- struct{}{}
+	<-ctx.Done()
+	return nil, context.Cause(ctx)
+}
+
+// A run that Stop cuts off while its slot claim is on its way gives the
+// claim back if it landed, rather than leave the slot in progress for
+// every node until the claim lapses (over an hour here); a claim that
+// did not land frees nobody else's.
+func TestStopMidClaimGivesTheClaimBack(t *testing.T) {
+	for _, land := range []bool{true, false} {
+		t.Run(fmt.Sprint("landed=", land), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				store := &lostAnswerStore{MemoryStore: idempotency.NewMemoryStore(), land: land, claimed: make(chan struct{}, 1)}
+				var o outcomes
+				s := newScheduler(t, newGuard(t, memory.New()), scheduler.WithInstance("node"),
+					scheduler.WithRunObserver(o.observe), scheduler.WithSlotStore(store))
+				err := s.Add("@every 1m", "report", func(context.Context) error {
+					t.Error("the job ran without its claim")
+					return nil
+				}, scheduler.LockAtMostFor(time.Hour))
+				if err != nil {
+					t.Fatal(err)
+				}
+				slot := time.Now().Truncate(time.Minute).Add(time.Minute)
+				key := "report@" + slot.UTC().Format(time.RFC3339Nano)
+				if !land {
+					rec, err := store.MemoryStore.Claim(ctx, idempotency.Claim{Scope: "warden.scheduler", Key: key, Owner: "other:0", Lease: time.Hour})
+					if err != nil || rec != nil {
+						t.Fatalf("the other node's claim: %v %v", rec, err)
+					}
+				}
+				s.Start()
+				<-store.claimed
+				stop(t, s)
+				rec, err := store.Get(ctx, "warden.scheduler", key)
+				switch {
+				case land && !errors.Is(err, idempotency.ErrNotFound):
+					t.Errorf("the landed claim was not given back: %+v %v", rec, err)
+				case !land && (err != nil || rec.Owner != "other:0" || rec.State != idempotency.StateInProgress):
+					t.Errorf("the other node's claim was touched: %+v %v", rec, err)
+				}
+				if got := o.summary(slot); !slices.Equal(got, []string{"0s failed"}) {
+					t.Errorf("outcomes %v, want the slot failed", got)
+				}
+			})
+		})
+	}
 }
