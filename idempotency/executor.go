@@ -59,10 +59,12 @@ const MaxResultLen = MaxResponseLen - 2
 
 // Func is the work Do runs at most once per key. Its bytes are the result
 // stored for replay. ctx is cancelled when the caller's is, and with cause
-// ErrNotOwner when the claim is lost (the store could not be reached to
-// renew it in time, or another caller took over after it expired), since
-// from then on a retry may be running the same work (WithDetachedRun keeps
-// only the latter). The claim itself outlives the caller's cancellation: it
+// ErrNotOwner when the claim is lost or may be (no renewal was answered by a
+// tenth of the lease before the claim could run out on the store, or
+// another caller took over after it expired), since from then on a retry
+// may be running the same work (WithDetachedRun keeps only the latter). A
+// claim answered too late to leave that tenth is given back and fn does
+// not run (ErrUnavailable). The claim itself outlives the caller's cancellation: it
 // is renewed until fn returns.
 //
 // A Func whose work is done but whose result cannot be replayed (it was
@@ -222,16 +224,16 @@ var (
 )
 
 // keyHash is KeyHash(scope, key), computed the first time a log, an error
-// or a span needs it: most calls never do.
+// or a span needs it: most calls never do. The watchdog's renewal and its
+// expiry may need it at once.
 type keyHash struct {
 	scope, key string
+	once       sync.Once
 	s          string
 }
 
 func (h *keyHash) String() string {
-	if h.s == "" {
-		h.s = KeyHash(h.scope, h.key)
-	}
+	h.once.Do(func() { h.s = KeyHash(h.scope, h.key) })
 	return h.s
 }
 
@@ -259,7 +261,10 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 				}
 			}
 			return Result{}, outcomeError, storeError(ctx, "claim", err)
-		case rec == nil:
+		case rec == nil, rec.State == StateInProgress && rec.Owner == c.Owner:
+			// The second is this very claim: the client library sent it
+			// again after its answer was lost (go-redis does, after its
+			// read timeout), and the first one had been made.
 			return e.run(ctx, cfg, c, sent, fn, hash)
 		case rec.Fingerprint != fingerprint:
 			return Result{}, outcomeMismatch, fmt.Errorf("%w (key hash %s)", ErrFingerprintMismatch, hash)
@@ -294,6 +299,14 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 // run executes fn under the claim c, sent to the store at sent, and ends
 // the claim as the outcome says.
 func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time, fn Func, hash *keyHash) (Result, string, error) {
+	if time.Until(sent.Add(cfg.lease-leaseMargin(cfg.lease))) <= 0 {
+		// The answer came so late that the claim may run out on the store
+		// before fn could be told: another caller may claim the key as fn
+		// starts.
+		e.abandon(ctx, cfg, c, hash)
+		return Result{}, outcomeError, fmt.Errorf("%w: claim: answered %v after it was sent, too late in its %v lease to run (key hash %s)",
+			ErrUnavailable, time.Since(sent).Round(time.Millisecond), cfg.lease, hash)
+	}
 	base := ctx
 	if cfg.detached {
 		base = context.WithoutCancel(ctx)
@@ -423,9 +436,15 @@ func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cf
 	w.next = time.Now().Add(w.interval)
 	w.mu.Lock()
 	w.timer = time.AfterFunc(w.interval, w.renew)
+	w.expiry = time.AfterFunc(time.Until(w.held.Add(-leaseMargin(cfg.lease))), w.expire)
 	w.mu.Unlock()
 	return w.stop
 }
+
+// leaseMargin is how long before the bound on a claim's life fn is told the
+// claim may be gone, so that it stops before another caller can claim the
+// key: a tenth of the lease, as guard's locks do.
+func leaseMargin(lease time.Duration) time.Duration { return lease / 10 }
 
 // watchdog is the state of one watch.
 type watchdog struct {
@@ -437,8 +456,11 @@ type watchdog struct {
 	hash     *keyHash
 	interval time.Duration
 
-	mu      sync.Mutex
-	timer   *time.Timer
+	mu    sync.Mutex
+	timer *time.Timer
+	// expiry fires a margin before held: renewals that fail or get no
+	// answer must not leave fn running once the store may free the key.
+	expiry  *time.Timer
 	stopped bool
 	renewal chan struct{} // closed when the renewal in flight ends; nil when none is
 	next    time.Time     // the tick the next renewal serves
@@ -453,6 +475,7 @@ func (w *watchdog) stop() time.Time {
 	w.mu.Lock()
 	w.stopped = true
 	w.timer.Stop()
+	w.expiry.Stop()
 	running := w.renewal
 	w.mu.Unlock()
 	if running != nil {
@@ -461,6 +484,23 @@ func (w *watchdog) stop() time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.held
+}
+
+// expire runs a margin before the bound on the claim's life unless a
+// renewal moved it: the renewals in between failed or are still waiting for
+// an answer (a partition, a client that ignores its deadline), and the
+// store may free the key at the bound, so fn is told now rather than when
+// a renewal gives up.
+func (w *watchdog) expire() {
+	w.mu.Lock()
+	stopped := w.stopped
+	w.mu.Unlock()
+	if stopped {
+		return
+	}
+	w.cfg.logger.LogAttrs(w.ctx, slog.LevelWarn, "idempotency: claim not renewed in time; the work is told to stop",
+		slog.String("key_hash", w.hash.String()))
+	w.cancel(fmt.Errorf("%w: claim not renewed before it could run out", ErrNotOwner))
 }
 
 // renew runs on the timer: one renewal, then the timer set for the next,
@@ -510,6 +550,9 @@ func (w *watchdog) renew() {
 	close(running)
 	if w.stopped || lost {
 		return
+	}
+	if err == nil {
+		w.expiry.Reset(time.Until(held.Add(-leaseMargin(cfg.lease))))
 	}
 	// As a ticker does: a renewal that ran past the next tick is followed
 	// at once by one more, and the ticks it ran past are dropped.

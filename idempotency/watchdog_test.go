@@ -69,9 +69,9 @@ func TestWatchdogRenewsEveryThirdOfLease(t *testing.T) {
 }
 
 // TestWatchdogUnreachableStore: renewals that fail for want of the store are
-// retried each period until the claim's lease, measured from before the
-// claim was sent, has run out; then fn's context ends with ErrNotOwner, not
-// before.
+// retried each period until a tenth of the lease, measured from before the
+// claim was sent, is left; then fn's context ends with ErrNotOwner, not
+// before, so that fn stops before the store can free the key.
 func TestWatchdogUnreachableStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lease = 30 * time.Millisecond
@@ -87,11 +87,11 @@ func TestWatchdogUnreachableStore(t *testing.T) {
 		if !errors.Is(err, idempotency.ErrNotOwner) {
 			t.Errorf("Do: %v, want the ErrNotOwner fn saw", err)
 		}
-		if lostAfter != lease {
-			t.Errorf("fn told of the loss after %v, want exactly the lease, %v", lostAfter, lease)
+		if want := lease - lease/10; lostAfter != want {
+			t.Errorf("fn told of the loss after %v, want exactly a tenth before the lease, %v", lostAfter, want)
 		}
-		if n := st.calls.Load(); n != 3 {
-			t.Errorf("%d renewal attempts within one lease, want 3 (one per third)", n)
+		if n := st.calls.Load(); n != 2 {
+			t.Errorf("%d renewal attempts, want 2 (one per third, until then)", n)
 		}
 	})
 }
@@ -225,6 +225,133 @@ func TestWatchdogSlowRenewalKeepsTheTicks(t *testing.T) {
 		}
 		if d := returned.Sub(start); d != 4*tick+tick+tick/2 {
 			t.Fatalf("Do returned after %v, want %v: stop waits for the renewal in flight", d, 4*tick+tick+tick/2)
+		}
+	})
+}
+
+// unanswered fails the first two renewals at once (connection refused) and
+// leaves every later one without an answer until its context ends (a
+// black-holed connection, or a client that ignores deadlines), never
+// reaching the store beneath.
+type unanswered struct {
+	idempotency.Store
+	calls atomic.Int64
+}
+
+func (s *unanswered) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	if s.calls.Add(1) <= 2 {
+		return fmt.Errorf("%w: connection refused", idempotency.ErrUnavailable)
+	}
+	<-ctx.Done()
+	return fmt.Errorf("%w: %w", idempotency.ErrUnavailable, ctx.Err())
+}
+
+// TestWatchdogToldBeforeUnrenewedClaimRunsOut: a caller cut off from the
+// store has its claim run out on the store's clock one lease after it was
+// made, and another caller then claims the key and runs the work. fn is
+// told (ErrNotOwner) a tenth of the lease before that, not when a renewal
+// left waiting gives up, a third of a lease later.
+func TestWatchdogToldBeforeUnrenewedClaimRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 30 * time.Millisecond
+		mem := idempotency.NewMemoryStore()
+		a := newExecutor(t, &unanswered{Store: mem}, idempotency.WithLease(lease))
+		b := newExecutor(t, mem, idempotency.WithLease(lease))
+		start := time.Now()
+		told := make(chan time.Duration, 1)
+		go a.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), idempotency.ErrNotOwner) {
+				t.Errorf("fn told %v, want ErrNotOwner", context.Cause(ctx))
+			}
+			told <- time.Since(start)
+			return nil, context.Cause(ctx)
+		})
+		time.Sleep(lease + time.Millisecond)
+		var started time.Duration
+		if _, err := b.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) {
+			started = time.Since(start)
+			return []byte("b"), nil
+		}); err != nil {
+			t.Fatalf("the other caller: %v", err)
+		}
+		if at := <-told; at != lease-lease/10 || started <= at {
+			t.Errorf("fn told at %v, the other caller's work started at %v: want told at %v, before", at, started, lease-lease/10)
+		}
+	})
+}
+
+// lateAnswer makes each claim at once and answers it after delay: a slow
+// network, or a client library that resent the command and waited.
+type lateAnswer struct {
+	idempotency.Store
+	delay time.Duration
+}
+
+func (s *lateAnswer) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	rec, err := s.Store.Claim(ctx, c)
+	time.Sleep(s.delay)
+	return rec, err
+}
+
+// TestClaimAnsweredTooLateDoesNotRun: a claim answered when less than the
+// margin of its lease is left, or none, is given back and fn does not run,
+// since the store may free the key before fn could be told; one answered
+// in time runs.
+func TestClaimAnsweredTooLateDoesNotRun(t *testing.T) {
+	const lease = 30 * time.Millisecond
+	for _, tc := range []struct {
+		delay time.Duration
+		runs  bool
+	}{{26 * time.Millisecond, true}, {27 * time.Millisecond, false}, {40 * time.Millisecond, false}} {
+		t.Run(tc.delay.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := idempotency.NewMemoryStore()
+				e := newExecutor(t, &lateAnswer{Store: mem, delay: tc.delay}, idempotency.WithLease(lease))
+				var runs atomic.Int64
+				_, err := e.Do(context.Background(), "k", "fp", counted(&runs, "x"))
+				switch {
+				case tc.runs && (err != nil || runs.Load() != 1):
+					t.Errorf("answered in time: %d runs, %v", runs.Load(), err)
+				case !tc.runs && (!errors.Is(err, idempotency.ErrUnavailable) || runs.Load() != 0):
+					t.Errorf("answered too late: %d runs, %v; want none and ErrUnavailable", runs.Load(), err)
+				case !tc.runs:
+					// Given back: a retry runs at once.
+					if _, err := mem.Get(context.Background(), "", "k"); !errors.Is(err, idempotency.ErrNotFound) {
+						t.Errorf("the late claim was not given back: %v", err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// resending sends each claim twice, answering the second: what go-redis
+// does with a command whose answer did not come within its read timeout.
+type resending struct{ idempotency.Store }
+
+func (s resending) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if _, err := s.Store.Claim(ctx, c); err != nil {
+		return nil, err
+	}
+	return s.Store.Claim(ctx, c)
+}
+
+// TestClaimResentFindsItsOwn: the resent claim finds the in-progress record
+// the first one made, under this call's own owner token: fn runs under it
+// rather than being refused as a duplicate of itself, which would leave the
+// key blocked, with nobody working, for a whole lease.
+func TestClaimResentFindsItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := idempotency.NewMemoryStore()
+		e := newExecutor(t, resending{mem})
+		var runs atomic.Int64
+		res, err := e.Do(context.Background(), "k", "fp", counted(&runs, "x"))
+		if err != nil || runs.Load() != 1 || string(res.Response) != "x" {
+			t.Fatalf("%d runs, %q, %v: want fn run once", runs.Load(), res.Response, err)
+		}
+		if rec, err := mem.Get(context.Background(), "", "k"); err != nil || rec.State != idempotency.StateCompleted {
+			t.Errorf("record %+v, %v: want completed", rec, err)
 		}
 	})
 }
