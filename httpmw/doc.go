@@ -12,12 +12,14 @@
 // the claim on the key is lost or the server shuts down; WithRequestContext
 // restores net/http's behaviour), and whatever it answers is stored, even
 // for a client that is gone. A response that cannot be replayed (streamed,
-// hijacked, 101, too large) is recorded as executed, not replayable. The
-// key frees up for another run only when the handler panics, or when
-// WithStorePolicy chooses not to keep its outcome (DefaultStorePolicy keeps
-// everything); a request refused before the handler ran (a bad key, a body
-// too large, a concurrent duplicate, a store that cannot be reached) leaves
-// the key as it found it. This is the rule Stripe documents for its API
+// hijacked, 101, too large, or cut short by http.ErrAbortHandler once its
+// status was chosen, as httputil.ReverseProxy does when the upstream's
+// answer cannot be copied) is recorded as executed, not replayable. The
+// key frees up for another run only when the handler panics otherwise, or
+// when WithStorePolicy chooses not to keep its outcome (DefaultStorePolicy
+// keeps everything); a request refused before the handler ran (a bad key, a
+// body too large, a concurrent duplicate, a store that cannot be reached)
+// leaves the key as it found it. This is the rule Stripe documents for its API
 // ("results are only saved if an API endpoint started executing") and the
 // one the IETF httpapi Idempotency-Key draft describes.
 //

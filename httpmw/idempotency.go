@@ -508,7 +508,13 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, c.maxBody+1))
+	var outer *http.MaxBytesError
 	switch {
+	case errors.As(err, &outer):
+		// An outer http.MaxBytesHandler's limit, lower than WithMaxBody.
+		writeProblem(w, http.StatusRequestEntityTooLarge, "Body_too_large", "Request body too large",
+			fmt.Sprintf("The request body is limited to %d bytes.", outer.Limit), 0)
+		return
 	case err != nil:
 		writeProblem(w, http.StatusBadRequest, "Unreadable_body", "Request body could not be read", "", 0)
 		return
@@ -521,10 +527,36 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	scope := storedScope(c.scope(r))
 
 	var rec *recorder
-	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) ([]byte, error) {
+	aborted := false
+	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) (out []byte, err error) {
 		hctx, done := m.handlerContext(r, ctx)
 		defer done()
 		rec = &recorder{w: w, limit: c.maxResponse}
+		defer func() {
+			// http.ErrAbortHandler once the handler has chosen its status
+			// is net/http's way to cut short a response under way:
+			// httputil.ReverseProxy panics with it when the upstream's
+			// answer, the work done, cannot be copied to the client. The
+			// work must not run again, so it is recorded as executed and
+			// the panic goes on once the record is made. Any other panic,
+			// or one before a status, frees the key (see the package doc);
+			// a panic not recovered here keeps its stack.
+			if !rec.wroteHeader {
+				return
+			}
+			if v := recover(); v != nil {
+				if v != http.ErrAbortHandler {
+					panic(v)
+				}
+				aborted = true
+				status := rec.statusCode()
+				if !c.store(status) {
+					out, err = nil, errNotStored
+					return
+				}
+				out, err = encodeResponse(status, fitHeaders(w.Header(), c.replay, summaryHeaderLimit), c.replay, nil), errNotReplayable
+			}
+		}()
 		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, key)))
 		status := rec.statusCode()
 		if !c.store(status) {
@@ -544,6 +576,9 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The handler ran: its own response goes out whatever became of the
 		// record (a failed completion is logged by the executor).
 		m.count(r, "executed")
+		if aborted {
+			panic(http.ErrAbortHandler)
+		}
 		rec.send()
 		return
 	}

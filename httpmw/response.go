@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 )
@@ -28,6 +29,13 @@ type recorder struct {
 func (r *recorder) Header() http.Header { return r.w.Header() }
 
 func (r *recorder) WriteHeader(code int) {
+	// net/http refuses such a code with a panic when the response is sent,
+	// which here would come after the record was made, leaving the key
+	// answered with a response no replay can write: the handler fails now,
+	// as it would without the middleware.
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
 	switch {
 	case r.direct:
 		if !r.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
@@ -75,6 +83,10 @@ func (r *recorder) passThrough() error {
 	r.direct = true
 	if r.wroteHeader {
 		r.w.WriteHeader(r.status)
+	} else {
+		// The write below sends net/http's implicit 200, which a later
+		// WriteHeader cannot change.
+		r.status, r.wroteHeader = http.StatusOK, true
 	}
 	_, err := r.w.Write(r.body.Bytes())
 	r.body = bytes.Buffer{}

@@ -1,0 +1,185 @@
+package httpmw_test
+
+import (
+	"bytes"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/httpmw"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// Handlers that do what net/http allows and careless handlers do: each
+// test serves one through Idempotency on a memory store and sends its
+// requests as a client would.
+
+func serveIdempotent(t *testing.T, h http.Handler, opts ...httpmw.IdempotencyOption) *httptest.Server {
+	t.Helper()
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(mw(h))
+	// The handlers' panics are the tests' subject, not news.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// postKeyed sends a keyed POST and returns its status and body, or the error of
+// a response cut short.
+func postKeyed(t *testing.T, srv *httptest.Server, key string) (int, string, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// A reverse proxy whose copy of the upstream's answer fails panics with
+// http.ErrAbortHandler after the upstream did the work: the key is
+// recorded as executed, and no retry sends the request upstream again.
+func TestReverseProxyAbortIsExecuted(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// upstream answers the first request it gets; the client of the
+		// first attempt hangs up when hangUp is set.
+		upstream func(w http.ResponseWriter)
+		hangUp   bool
+	}{
+		{"upstream cut mid-body", func(w http.ResponseWriter) {
+			c, bw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				panic(err)
+			}
+			bw.WriteString("HTTP/1.1 201 Created\r\nContent-Length: 1000\r\n\r\n" + strings.Repeat("x", 500))
+			bw.Flush()
+			c.Close()
+		}, false},
+		{"client gone mid-body", func(w http.ResponseWriter) {
+			// More than WithMaxResponse, so the middleware streams it, and
+			// long enough that the client has hung up before it ends.
+			chunk := bytes.Repeat([]byte("x"), 600<<10)
+			w.WriteHeader(http.StatusCreated)
+			w.Write(chunk)
+			http.NewResponseController(w).Flush()
+			time.Sleep(300 * time.Millisecond)
+			for range 8 {
+				w.Write(chunk)
+			}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var orders atomic.Int64
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if orders.Add(1) == 1 {
+					tc.upstream(w)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			defer upstream.Close()
+			u, err := url.Parse(upstream.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := serveIdempotent(t, httputil.NewSingleHostReverseProxy(u))
+			if tc.hangUp {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+				req.Header.Set("Idempotency-Key", "order-1")
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			} else if _, _, err := postKeyed(t, srv, "order-1"); err == nil {
+				t.Error("the first attempt's cut response reached the client whole")
+			}
+			var status int
+			var body string
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				status, body, _ = postKeyed(t, srv, "order-1")
+				if !strings.Contains(body, "In_progress") || time.Now().After(deadline) {
+					break
+				}
+			}
+			if n := orders.Load(); n != 1 || status != http.StatusConflict || !strings.Contains(body, "Response_not_stored") {
+				t.Errorf("upstream ran %d times; the retry got %d %s: want once, and 409 Response not stored", n, status, body)
+			}
+		})
+	}
+}
+
+// A status net/http refuses fails the handler before anything is stored,
+// as it does without the middleware: the key is not left completed with a
+// response no replay can write.
+func TestInvalidStatusNotStored(t *testing.T) {
+	var runs atomic.Int64
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			w.WriteHeader(42)
+		}
+		io.WriteString(w, "done")
+	}))
+	if _, _, err := postKeyed(t, srv, "status"); err == nil {
+		t.Error("the handler's invalid status was answered")
+	}
+	if status, body, err := postKeyed(t, srv, "status"); err != nil || status != http.StatusOK || body != "done" || runs.Load() != 2 {
+		t.Errorf("retry: %d %q %v after %d runs; want the second run's 200", status, body, err, runs.Load())
+	}
+}
+
+// A flush before WriteHeader sends net/http's 200, which the status written
+// after it cannot change: the record says 200 too, so a store policy that
+// frees the key on a 503 does not run the work again for a client answered
+// 200.
+func TestFlushSendsTheStatusRecorded(t *testing.T) {
+	var runs atomic.Int64
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.(http.Flusher).Flush()
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "partial")
+	}), httpmw.WithStorePolicy(httpmw.RetryableStorePolicy))
+	if status, _, err := postKeyed(t, srv, "flush"); err != nil || status != http.StatusOK {
+		t.Fatalf("first: %d %v, want net/http's 200", status, err)
+	}
+	status, body, err := postKeyed(t, srv, "flush")
+	if err != nil || runs.Load() != 1 || !strings.Contains(body, "executed with status 200") {
+		t.Errorf("retry: %d %q %v after %d runs; want no second run, and the 200 recorded", status, body, err, runs.Load())
+	}
+}
+
+// A body over an outer http.MaxBytesHandler's limit, lower than WithMaxBody,
+// is answered 413 with that limit, not 400 "unreadable".
+func TestOuterBodyLimit(t *testing.T) {
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.MaxBytesHandler(mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("the handler ran")
+	})), 5))
+	defer srv.Close()
+	status, body, err := postKeyed(t, srv, "big")
+	if err != nil || status != http.StatusRequestEntityTooLarge || !strings.Contains(body, "limited to 5 bytes") {
+		t.Errorf("%d %q %v, want 413 naming the 5-byte limit", status, body, err)
+	}
+}
