@@ -438,6 +438,10 @@ func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cf
 	w.timer = time.AfterFunc(w.interval, w.renew)
 	w.expiry = time.AfterFunc(time.Until(w.held.Add(-leaseMargin(cfg.lease))), w.expire)
 	w.mu.Unlock()
+	if cw, ok := e.store.(ClaimWatcher); ok {
+		w.quit = make(chan struct{})
+		go w.follow(cw.ClaimDone(c.Scope, c.Key, c.Owner))
+	}
 	return w.stop
 }
 
@@ -460,7 +464,9 @@ type watchdog struct {
 	timer *time.Timer
 	// expiry fires a margin before held: renewals that fail or get no
 	// answer must not leave fn running once the store may free the key.
-	expiry  *time.Timer
+	expiry *time.Timer
+	// quit ends follow, for a ClaimWatcher's claims; nil for others.
+	quit    chan struct{}
 	stopped bool
 	renewal chan struct{} // closed when the renewal in flight ends; nil when none is
 	next    time.Time     // the tick the next renewal serves
@@ -476,6 +482,9 @@ func (w *watchdog) stop() time.Time {
 	w.stopped = true
 	w.timer.Stop()
 	w.expiry.Stop()
+	if w.quit != nil {
+		close(w.quit)
+	}
 	running := w.renewal
 	w.mu.Unlock()
 	if running != nil {
@@ -501,6 +510,23 @@ func (w *watchdog) expire() {
 	w.cfg.logger.LogAttrs(w.ctx, slog.LevelWarn, "idempotency: claim not renewed in time; the work is told to stop",
 		slog.String("key_hash", w.hash.String()))
 	w.cancel(fmt.Errorf("%w: claim not renewed before it could run out", ErrNotOwner))
+}
+
+// follow tells fn its claim may be gone as soon as the store, a
+// ClaimWatcher, closes done.
+func (w *watchdog) follow(done <-chan struct{}) {
+	select {
+	case <-w.quit:
+	case <-done:
+		w.mu.Lock()
+		stopped := w.stopped
+		w.mu.Unlock()
+		if !stopped {
+			w.cfg.logger.LogAttrs(w.ctx, slog.LevelWarn, "idempotency: the store says the claim may be gone; the work is told to stop",
+				slog.String("key_hash", w.hash.String()))
+			w.cancel(fmt.Errorf("%w: the store may have lost the claim before its lease", ErrNotOwner))
+		}
+	}
 }
 
 // renew runs on the timer: one renewal, then the timer set for the next,

@@ -205,3 +205,19 @@ type Store interface {
 	// Get returns the live record under (scope, key), or ErrNotFound.
 	Get(ctx context.Context, scope, key string) (*Record, error)
 }
+
+// ClaimWatcher is implemented by a Store whose claims can end before their
+// lease runs out, through something the store learns of first: Consul's
+// Store keeps claims under a session, which Consul deletes with every claim
+// on it once the session goes unrenewed, whatever the claims' leases. The
+// Executor stops fn (cause ErrNotOwner) as soon as ClaimDone's channel is
+// closed, rather than at its next renewal, which may come after the claim
+// is gone and another caller has claimed the key.
+type ClaimWatcher interface {
+	Store
+	// ClaimDone returns a channel that is closed once owner's claim under
+	// (scope, key) may be gone before its lease ends, early enough for
+	// fn to stop before another caller could claim the key; it is closed
+	// at once when this store holds no such claim.
+	ClaimDone(scope, key, owner string) <-chan struct{}
+}

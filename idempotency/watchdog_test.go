@@ -355,3 +355,41 @@ func TestClaimResentFindsItsOwn(t *testing.T) {
 		}
 	})
 }
+
+// watched is a ClaimWatcher whose claims end when the test closes gone.
+type watched struct {
+	idempotency.Store
+	gone chan struct{}
+}
+
+func (s watched) ClaimDone(scope, key, owner string) <-chan struct{} { return s.gone }
+
+// TestClaimWatcherStopsFn: fn is told ErrNotOwner as soon as a
+// ClaimWatcher store says the claim may be gone, not at the next renewal
+// (a third of a lease later) and not before; a run that ends first leaves
+// nothing waiting on the store's channel (the bubble would not end).
+func TestClaimWatcherStopsFn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 30 * time.Second
+		st := watched{Store: idempotency.NewMemoryStore(), gone: make(chan struct{})}
+		e := newExecutor(t, st, idempotency.WithLease(lease))
+		if _, err := e.Do(context.Background(), "quick", "fp", func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		go func() {
+			time.Sleep(2 * time.Second)
+			close(st.gone)
+		}()
+		_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			<-ctx.Done()
+			if at := time.Since(start); at != 2*time.Second {
+				t.Errorf("fn told at %v, want when the store said so, 2s", at)
+			}
+			return nil, context.Cause(ctx)
+		})
+		if !errors.Is(err, idempotency.ErrNotOwner) {
+			t.Errorf("Do: %v, want ErrNotOwner", err)
+		}
+	})
+}

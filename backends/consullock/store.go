@@ -43,6 +43,10 @@ const DefaultStorePrefix = "warden/idem/"
 // Consul deletes every claim the session holds between one and two session
 // TTLs after the last renewal (see WithStoreSessionTTL), so a crashed
 // owner's claims become claimable again then, however long their leases.
+// A Store cut off from Consul gives its session up a tenth of the TTL
+// before Consul could end it, and tells an idempotency.Executor then
+// (ClaimDone), which stops the claims' work at once rather than at its next
+// renewal, a third of a lease later, by when the key may be claimed again.
 //
 // Extend and Complete must therefore come through the Store that made the
 // claim (in practice, the process that drew the owner token, as
@@ -382,6 +386,26 @@ func (s *Store) claim(ctx context.Context, k string, free uint64, value []byte, 
 			return false, err
 		}
 	}
+}
+
+var _ idempotency.ClaimWatcher = (*Store)(nil)
+
+// ClaimDone implements idempotency.ClaimWatcher: the channel closes when
+// the session that holds owner's claim is lost, a tenth of its TTL before
+// Consul could delete the claim with it, which it does whatever the
+// claim's lease (see WithStoreSessionTTL). The Executor then stops the
+// claim's work at once, not at its next renewal, up to a third of the lease
+// later.
+func (s *Store) ClaimDone(scope, key, owner string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.claims[s.recordKey(scope, key)]
+	if c == nil || c.owner != owner {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	return c.s.Done()
 }
 
 // Extend implements idempotency.Store: one read-only transaction checks

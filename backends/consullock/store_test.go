@@ -477,3 +477,58 @@ func TestStoreRecordFormat(t *testing.T) {
 		t.Errorf("deadline past int64: %v, want errMalformed", err)
 	}
 }
+
+// TestStoreCutOffWorkStopsFirst: an Executor's work on a Store cut off from
+// Consul is told to stop when the Store's session is lost, before Consul
+// deletes the claim with the session and another process claims the key
+// and starts the same work, although the claim's 90 s lease is renewed
+// only every 30 s and would be renewed (and fail) only after that.
+func TestStoreCutOffWorkStopsFirst(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	cut, err := idempotency.New(storeOn(t, newClient(t, p.Addr())), idempotency.WithLease(90*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := idempotency.New(storeOn(t, newClient(t, a)), idempotency.WithLease(90*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprint("cut-", time.Now().UnixNano())
+	running, told := make(chan struct{}), make(chan time.Time, 1)
+	go cut.Do(context.Background(), k, "fp", func(ctx context.Context) ([]byte, error) {
+		close(running)
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), idempotency.ErrNotOwner) {
+			t.Errorf("the cut-off work was told %v, want ErrNotOwner", context.Cause(ctx))
+		}
+		told <- time.Now()
+		return nil, context.Cause(ctx)
+	})
+	<-running
+	p.Blackhole()
+	cutAt := time.Now()
+	var started time.Time
+	for started.IsZero() {
+		if time.Since(cutAt) > 2*MinTTL+10*time.Second {
+			t.Fatalf("the cut-off claim still blocks the key %v after the cut", time.Since(cutAt))
+		}
+		_, err := other.Do(context.Background(), k, "fp", func(context.Context) ([]byte, error) {
+			started = time.Now()
+			return []byte("other"), nil
+		})
+		if err != nil && !errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("the other process: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case at := <-told:
+		t.Logf("cut-off work told %v after the cut; the other's started %v after it", at.Sub(cutAt).Round(time.Millisecond), started.Sub(cutAt).Round(time.Millisecond))
+		if !at.Before(started) {
+			t.Errorf("the other process started the work %v before the cut-off one was told to stop", at.Sub(started))
+		}
+	default:
+		t.Errorf("the other process started the work %v after the cut while the cut-off one still ran, not told", started.Sub(cutAt))
+	}
+}
