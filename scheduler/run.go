@@ -430,7 +430,10 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 		}
 		return slotClaim{}, err
 	}
-	if rec != nil {
+	// A record in progress under this claim's own owner is this very claim,
+	// sent again by the client library after its answer was lost (go-redis
+	// does, after its read timeout), and made by the first sending.
+	if rec != nil && !(rec.State == idempotency.StateInProgress && rec.Owner == c.owner) {
 		c.owner = ""
 		c.held = fmt.Sprintf("slot %s by %s", rec.State, instanceOf(rec.Owner))
 		c.running = rec.State == idempotency.StateInProgress

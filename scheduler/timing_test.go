@@ -399,3 +399,36 @@ func TestStopMidClaimGivesTheClaimBack(t *testing.T) {
 		})
 	}
 }
+
+// resentClaims sends each slot claim twice, answering the second: what
+// go-redis does with a command whose answer did not come within its read
+// timeout.
+type resentClaims struct{ *idempotency.MemoryStore }
+
+func (s resentClaims) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	if _, err := s.MemoryStore.Claim(ctx, c); err != nil {
+		return nil, err
+	}
+	return s.MemoryStore.Claim(ctx, c)
+}
+
+// A slot claim sent again finds the claim its first sending made, under its
+// own owner, and runs the slot, instead of skipping it as claimed by itself
+// and leaving it claimed, run by nobody, until the claim lapses.
+func TestResentSlotClaimRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := resentClaims{idempotency.NewMemoryStore()}
+		var o outcomes
+		s := bubbleScheduler(t, newGuard(t, memory.New()), "node", &o, scheduler.WithSlotStore(store))
+		if err := s.Add("@every 1m", "report", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		slot := time.Now().Truncate(time.Minute).Add(time.Minute)
+		s.Start()
+		time.Sleep(time.Until(slot) + time.Second)
+		synctest.Wait()
+		if got := o.summary(slot); !slices.Equal(got, []string{"0s ran"}) {
+			t.Errorf("outcomes %v, want the slot run", got)
+		}
+	})
+}
