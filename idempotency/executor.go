@@ -436,7 +436,12 @@ func (e *Executor) watch(ctx context.Context, cancel context.CancelCauseFunc, cf
 	w.next = time.Now().Add(w.interval)
 	w.mu.Lock()
 	w.timer = time.AfterFunc(w.interval, w.renew)
-	w.expiry = time.AfterFunc(time.Until(w.held.Add(-leaseMargin(cfg.lease))), w.expire)
+	// The expiry is armed by the first renewal, so that a call that ends
+	// before it costs no second timer, unless it is due before then (a
+	// claim answered late).
+	if d := time.Until(w.held.Add(-leaseMargin(cfg.lease))); d < w.interval {
+		w.expiry = time.AfterFunc(d, w.expire)
+	}
 	w.mu.Unlock()
 	if cw, ok := e.store.(ClaimWatcher); ok {
 		w.quit = make(chan struct{})
@@ -464,6 +469,7 @@ type watchdog struct {
 	timer *time.Timer
 	// expiry fires a margin before held: renewals that fail or get no
 	// answer must not leave fn running once the store may free the key.
+	// nil until the first renewal (see watch).
 	expiry *time.Timer
 	// quit ends follow, for a ClaimWatcher's claims; nil for others.
 	quit    chan struct{}
@@ -481,7 +487,9 @@ func (w *watchdog) stop() time.Time {
 	w.mu.Lock()
 	w.stopped = true
 	w.timer.Stop()
-	w.expiry.Stop()
+	if w.expiry != nil {
+		w.expiry.Stop()
+	}
 	if w.quit != nil {
 		close(w.quit)
 	}
@@ -541,6 +549,9 @@ func (w *watchdog) renew() {
 	w.renewal = running
 	held := w.held
 	w.next = w.next.Add(w.interval) // the tick after the one this serves
+	if w.expiry == nil {
+		w.expiry = time.AfterFunc(time.Until(held.Add(-leaseMargin(w.cfg.lease))), w.expire)
+	}
 	w.mu.Unlock()
 
 	cfg := w.cfg

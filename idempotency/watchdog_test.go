@@ -393,3 +393,26 @@ func TestClaimWatcherStopsFn(t *testing.T) {
 		}
 	})
 }
+
+// TestLateClaimToldAtItsMargin: a claim answered with less than a third of
+// its lease left, so before its first renewal would be due, still has fn
+// told a tenth of the lease before it could run out, however the renewals
+// fare.
+func TestLateClaimToldAtItsMargin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 30 * time.Millisecond
+		e := newExecutor(t, &lateAnswer{Store: &unanswered{Store: idempotency.NewMemoryStore()}, delay: 25 * time.Millisecond},
+			idempotency.WithLease(lease))
+		start := time.Now()
+		_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+			<-ctx.Done()
+			if at := time.Since(start); at != lease-lease/10 {
+				t.Errorf("fn told at %v, want %v", at, lease-lease/10)
+			}
+			return nil, context.Cause(ctx)
+		})
+		if !errors.Is(err, idempotency.ErrNotOwner) {
+			t.Errorf("Do: %v, want ErrNotOwner", err)
+		}
+	})
+}
