@@ -112,6 +112,11 @@ func quoteTable(db *gorm.DB, table string) (string, error) {
 	return b.String(), nil
 }
 
+// quoteString writes s as a SQL string literal, its quotes doubled.
+func quoteString(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
 func isIdentifier(s string) bool {
 	if s == "" || len(s) > 63 {
 		return false

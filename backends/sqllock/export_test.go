@@ -81,3 +81,8 @@ func Attempt(ctx context.Context, l *Locker, key string, ttl, pause time.Duratio
 	got, left, err := l.try(ctx, key, ttl, "", true, pause)
 	return got != nil, left, err
 }
+
+// CycleStatements are the statements of l's uncontended lock cycle, in the
+// driver's placeholders: the acquisition (key, owner, ttl in µs, answering
+// the version) and the release (key, owner, version).
+func CycleStatements(l *Locker) (acquire, release string) { return l.q.acquire, l.q.release }

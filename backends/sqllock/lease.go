@@ -112,7 +112,7 @@ func (ls *lease) Release(ctx context.Context) error {
 			err = nil // not this owner's to release
 		}
 	default:
-		held, err = ls.exec(ctx, l.q.notifyRelease, l.channelArg, ls.key, owner, ls.version)
+		held, err = ls.exec(ctx, l.q.notifyRelease, ls.key, owner, ls.version)
 	}
 	if l.channel != "" && undefinedColumn(err) {
 		// A table of an earlier version, not migrated: the plain release
