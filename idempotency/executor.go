@@ -64,8 +64,8 @@ const MaxResultLen = MaxResponseLen - 2
 // another caller took over after it expired), since from then on a retry
 // may be running the same work (WithDetachedRun keeps only the latter). A
 // claim answered too late to leave that tenth is given back and fn does
-// not run (ErrUnavailable). The claim itself outlives the caller's cancellation: it
-// is renewed until fn returns.
+// not run (ErrUnavailable). The claim itself outlives the caller's
+// cancellation: it is renewed until fn returns.
 //
 // A Func whose work is done but whose result cannot be replayed (it was
 // streamed, or handed to someone else) returns an error wrapping
