@@ -110,19 +110,22 @@ func contend(b *testing.B, cs []cycler, handoffs int) []time.Duration {
 }
 
 // BenchmarkHandoff measures how long a lock takes to pass from one holder to
-// the next among 8 contenders on separate sessions, each releasing as soon
-// as it holds, for the Locker, for a Guard on it (as bench-peers measures
-// warden) and, in the same run, for go-zookeeper's Lock. goroutines/op
-// counts the goroutines the process starts per handoff.
+// the next among 8 and 64 contenders on separate sessions, each releasing as
+// soon as it holds, for the Locker, for a Guard on it (as bench-peers
+// measures warden) and, in the same run, for go-zookeeper's Lock.
+// goroutines/op counts the goroutines the process starts per handoff, and
+// requests/op the requests the contenders send (warden's Lockers count
+// theirs; zk.Lock's are the frames its connections write).
 func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
-	run := func(b *testing.B, cs []cycler) {
+	run := func(b *testing.B, cs []cycler, requests func() int64) {
 		b.ReportAllocs()
-		started := goroutinesStarted()
+		started, sent := goroutinesStarted(), requests()
 		b.ResetTimer()
 		lat := contend(b, cs, b.N+1)
 		b.StopTimer()
 		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
+		b.ReportMetric(float64(requests()-sent)/float64(b.N), "requests/op")
 		if len(lat) == 0 {
 			return
 		}
@@ -130,35 +133,30 @@ func BenchmarkHandoff(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	}
-	b.Run("zklock", func(b *testing.B) {
-		key := testKey(b)
-		cs := make([]cycler, 8)
-		for i := range cs {
-			cs[i] = wardenContender(dial(b, srv), key)
-		}
-		run(b, cs)
-	})
-	b.Run("guard", func(b *testing.B) {
-		key := testKey(b)
-		cs := make([]cycler, 8)
-		for i := range cs {
-			cs[i] = guardContender(b, dial(b, srv), key)
-		}
-		run(b, cs)
-	})
-	b.Run("zk.Lock", func(b *testing.B) {
-		key := testKey(b)
-		cs := make([]cycler, 8)
-		for i := range cs {
-			conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}))
-			if err != nil {
-				b.Fatal(err)
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("contenders=%d/zklock", n), func(b *testing.B) {
+			key := testKey(b)
+			ls, requests := lockers(b, srv, n)
+			cs := make([]cycler, n)
+			for i, l := range ls {
+				cs[i] = wardenContender(l, key)
 			}
-			b.Cleanup(conn.Close)
-			cs[i] = zkLockContender(conn, key)
-		}
-		run(b, cs)
-	})
+			run(b, cs, requests)
+		})
+		b.Run(fmt.Sprintf("contenders=%d/guard", n), func(b *testing.B) {
+			key := testKey(b)
+			ls, requests := lockers(b, srv, n)
+			cs := make([]cycler, n)
+			for i, l := range ls {
+				cs[i] = guardContender(b, l, key)
+			}
+			run(b, cs, requests)
+		})
+		b.Run(fmt.Sprintf("contenders=%d/zk.Lock", n), func(b *testing.B) {
+			cs, fc := zkLockContenders(b, srv, testKey(b), n)
+			run(b, cs, fc.requests.Load)
+		})
+	}
 }
 
 // BenchmarkRequestsPerHandoff counts the requests all contenders send per
@@ -173,17 +171,10 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 	for _, n := range []int{4, 16, 64} {
 		b.Run(fmt.Sprintf("waiters=%d/zklock", n), func(b *testing.B) {
 			key := testKey(b)
-			lockers := make([]*Locker, n+1) // one holder and n waiters
-			cs := make([]cycler, n+1)
-			for i := range lockers {
-				lockers[i] = dial(b, srv)
-				cs[i] = wardenContender(lockers[i], key)
-			}
-			sum := func() (s int64) {
-				for _, l := range lockers {
-					s += l.requests.Load()
-				}
-				return s
+			ls, sum := lockers(b, srv, n+1) // one holder and n waiters
+			cs := make([]cycler, len(ls))
+			for i, l := range ls {
+				cs[i] = wardenContender(l, key)
 			}
 			before, started := sum(), goroutinesStarted()
 			b.ResetTimer()
@@ -193,17 +184,7 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 			b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/handoff")
 		})
 		b.Run(fmt.Sprintf("waiters=%d/zk.Lock", n), func(b *testing.B) {
-			key := testKey(b)
-			var fc frameCounter
-			cs := make([]cycler, n+1)
-			for i := range cs {
-				conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}), zk.WithDialer(fc.dial))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(conn.Close)
-				cs[i] = zkLockContender(conn, key)
-			}
+			cs, fc := zkLockContenders(b, srv, testKey(b), n+1)
 			before, started := fc.requests.Load(), goroutinesStarted()
 			b.ResetTimer()
 			contend(b, cs, b.N)
@@ -212,6 +193,37 @@ func BenchmarkRequestsPerHandoff(b *testing.B) {
 			b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/handoff")
 		})
 	}
+}
+
+// lockers dials n Lockers, and returns them with the sum of the requests
+// they have sent.
+func lockers(b *testing.B, srv []string, n int) ([]*Locker, func() int64) {
+	ls := make([]*Locker, n)
+	for i := range ls {
+		ls[i] = dial(b, srv)
+	}
+	return ls, func() (s int64) {
+		for _, l := range ls {
+			s += l.requests.Load()
+		}
+		return s
+	}
+}
+
+// zkLockContenders are n of go-zookeeper's Lock on key, each on a session
+// of its own, with the counter of the requests they write.
+func zkLockContenders(b *testing.B, srv []string, key string, n int) ([]cycler, *frameCounter) {
+	fc := new(frameCounter)
+	cs := make([]cycler, n)
+	for i := range cs {
+		conn, _, err := zk.Connect(srv, testSession, zk.WithLogger(discard{}), zk.WithDialer(fc.dial))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(conn.Close)
+		cs[i] = zkLockContender(conn, key)
+	}
+	return cs, fc
 }
 
 // goroutinesStarted is the number of goroutines the process has started.

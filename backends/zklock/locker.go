@@ -63,8 +63,10 @@
 // requests for an acquisition that waits once, the count of go-zookeeper's
 // Lock. An exclusive lock's waiter skips the first listing when the
 // Locker's latest listing of the queue names the node it queues behind and
-// nobody else joined since (see hint.go): four, which a holder that
-// releases and queues again at once often gets.
+// nobody else joined since, or the one who did is the contender whose
+// release woke that listing, queuing again, whose node's name the Locker
+// can tell from its last (see hint.go): four, which a holder that releases
+// and queues again at once mostly gets.
 //
 // # Releases that get no answer
 //
@@ -109,6 +111,7 @@ package zklock
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -320,6 +323,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
 		leases: map[string]*lease{}, quit: make(chan struct{})}
+	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithHostProvider(l.hosts),

@@ -3,8 +3,6 @@ package zklock
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,7 +26,8 @@ const (
 )
 
 // guidPrefix starts every contender node name; the 32 hex digits after it
-// identify one create, so a retried create can find its own node.
+// identify one create, so a retried create can find its own node (see
+// hints.guid).
 const guidPrefix = "_c_"
 
 // errRequeue says the contender's node vanished (its session expired while
@@ -150,7 +149,7 @@ func escapeTo(b *strings.Builder, key string) {
 // create may still complete: a cleanup deletes whatever it made.
 func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte) (created, error) {
 	cr := &creation{l: l, parent: parent, data: data}
-	cr.prefix, cr.guid = contenderPrefix(parent, k)
+	cr.prefix, cr.guid = contenderPrefix(parent, k, l.hints.guid(parent))
 	if err := l.send(ctx, "create", cr); err != nil {
 		return created{}, err
 	}
@@ -161,25 +160,21 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 }
 
 // contenderPrefix is the path, under parent, of a new contender node of
-// kind k up to the sequence number the server appends, and the random GUID
-// in it, a part of the same string.
-func contenderPrefix(parent string, k kind) (prefix, guid string) {
-	var g [16]byte
-	rand.Read(g[:])
-	var h [32]byte
-	hex.Encode(h[:], g[:])
+// kind k with GUID g (see hints.guid) up to the sequence number the server
+// appends, and the GUID in it, a part of the same string.
+func contenderPrefix(parent string, k kind, g [32]byte) (prefix, guid string) {
 	var b strings.Builder
-	b.Grow(len(parent) + 1 + len(guidPrefix) + len(h) + len(k) + 2)
+	b.Grow(len(parent) + 1 + len(guidPrefix) + len(g) + len(k) + 2)
 	b.WriteString(parent)
 	b.WriteByte('/')
 	b.WriteString(guidPrefix)
 	start := b.Len()
-	b.Write(h[:])
+	b.Write(g[:])
 	b.WriteByte('-')
 	b.WriteString(string(k))
 	b.WriteByte('-')
 	prefix = b.String()
-	return prefix, prefix[start : start+len(h)]
+	return prefix, prefix[start : start+len(g)]
 }
 
 // creation is the request of enqueue, and its result.
@@ -381,6 +376,20 @@ type contender struct {
 	seq  int64
 }
 
+// sequence is the sequence number at the end of a contender node's name,
+// or -1.
+func sequence(name string) int64 {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return -1
+	}
+	seq, err := strconv.ParseInt(name[i+1:], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return seq
+}
+
 // queue parses and orders the children of a lock's parent into q, whose
 // contents it replaces; names that are not contender nodes are ignored.
 func queue(q []contender, names []string) []contender {
@@ -480,9 +489,10 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			return l.granted(ctx, le, c.czxid, c.sid, c.sent)
 		}
 	}
+	woke := "" // the node whose deletion woke the contender last (see hints.note)
 	if k == kindWrite && wait {
 		// Queued behind the node the hints name, if it is still there.
-		if pred := l.hints.predecessor(parent, c.pstat); pred != "" {
+		if pred := l.hints.predecessor(parent, c.pstat, sequence(name)); pred != "" {
 			e, err := l.watchNode(ctx, parent+"/"+pred)
 			switch {
 			case err == nil:
@@ -490,10 +500,13 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 				if err != nil {
 					return nil, err
 				}
-				// Two children after the create: that node was the only
-				// one ahead (see the sole case below).
-				if c.pstat.NumChildren == 2 && ev.Type == zk.EventNodeDeleted {
-					return l.grantRead(ctx, le)
+				if ev.Type == zk.EventNodeDeleted {
+					// Two children after the create: that node was the
+					// only one ahead (see the sole case below).
+					if c.pstat.NumChildren == 2 {
+						return l.grantRead(ctx, le)
+					}
+					woke = pred
 				}
 			case !errors.Is(err, zk.ErrNoNode):
 				return nil, l.leave(ctx, node, err)
@@ -529,7 +542,7 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 			holds, target, all = decide(q, pos, permits)
 			sole = le != nil && blockers(q, pos) == 1
 			if err == nil {
-				l.hints.note(parent, r.stat, q, name)
+				l.hints.note(parent, r.stat, q, name, woke)
 			}
 		}
 		switch {
@@ -573,6 +586,10 @@ func (l *Locker) contend(ctx context.Context, parent string, c created, k kind, 
 		// revocation watch tells instead of another listing.
 		if sole && ev.Type == zk.EventNodeDeleted {
 			return l.grantRead(ctx, le)
+		}
+		woke = ""
+		if ev.Type == zk.EventNodeDeleted {
+			woke = target
 		}
 	}
 }
