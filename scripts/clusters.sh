@@ -199,7 +199,11 @@ wait_for() {
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # claim DIR COMM PORT...: whether the node must be started. A node of ours
-# that is alive is left running; a port held by anything else is an error.
+# that is alive is left running, and so is one still being launched (the
+# second pass of cmd_up can come before the first pass's shell has exec'd
+# the server: its pid file was then taken for a stale one and removed, and
+# the port the server took a moment later for another process's); a port
+# held by anything else is an error.
 claim() {
 	local dir=$1 comm=$2 pid p
 	shift 2
@@ -207,6 +211,7 @@ claim() {
 		resume_if_stopped "$pid"
 		return 1
 	fi
+	if starting "$dir/pid" "$comm"; then return 1; fi
 	rm -f "$dir/pid"
 	for p in "$@"; do
 		port_taken "$p" && die "port $p is taken by a process this script did not start; the tests must own every node"
