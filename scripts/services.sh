@@ -390,6 +390,7 @@ start_etcd() {
 	SVC="services: etcd :$port"
 	if etcd_ok "$port"; then
 		already_up "$dir/pid" etcd "127.0.0.1:$port" || true
+		etcd_version_check "$port"
 		return 0
 	fi
 	install_etcd
@@ -402,6 +403,17 @@ start_etcd() {
 		--initial-cluster "warden=$peer" --logger zap --log-outputs stderr
 	wait_for "$dir/etcd.log" "$dir/pid" etcd etcd_ok "$port"
 	say "started (pid $(cat "$dir/pid"))"
+}
+
+# etcd_version_check PORT: a server found running (one an earlier up
+# started from Debian's package, say) may not be the version the tests are
+# for; it is used all the same, but not silently.
+etcd_version_check() {
+	local running
+	running=$(timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/version" 2>/dev/null |
+		sed -n 's/.*"etcdserver":"\([^"]*\)".*/\1/p') || true
+	[[ v$running == "$ETCD_VERSION" ]] ||
+		warn "the etcd on 127.0.0.1:$1 is ${running:-of an unknown version}, not $ETCD_VERSION: the tests run against it as it is"
 }
 
 start_zookeeper() {
