@@ -5,16 +5,17 @@
 # each, and a Consul datacenter of 3 servers with a client agent that the
 # tests' clients talk to, as applications talk to their node's agent.
 #
-#   scripts/clusters.sh up           install what is missing, start every node, form the clusters
+#   scripts/clusters.sh up           install or build what is missing, start every node, form the clusters
 #   scripts/clusters.sh down         stop every node `up` started
 #   scripts/clusters.sh status       which nodes answer, and what role they have
 #   scripts/clusters.sh env          export lines for the tests: eval "$(scripts/clusters.sh env)"
 #   scripts/clusters.sh clean        down, then delete the state directory
 #   scripts/clusters.sh start NODE.. start the named nodes (e.g. etcd-17121) again after a kill
 #
-# Consul is not packaged by Debian: the binary is the one scripts/services.sh
-# builds once into its cache directory (WARDEN_CACHE_DIR), built by it here
-# if it is not there yet.
+# etcd and Consul are built from their Go modules by scripts/services.sh,
+# once, into its cache directory (WARDEN_CACHE_DIR), and built by it from
+# here if they are not there yet; WARDEN_ETCD_BIN and WARDEN_CONSUL_BIN name
+# other binaries.
 #
 # Unlike scripts/services.sh, every node here is ours: the tests kill, stop
 # and restart them, so a port already taken by another process is an error,
@@ -68,11 +69,10 @@ joined() {
 }
 
 # ---------------------------------------------------------------------------
-# Installation (as scripts/services.sh does, for these three only)
+# Installation (as scripts/services.sh does, for Redis and ZooKeeper only)
 
 missing_packages() {
 	{ have redis-server && have redis-cli; } || echo redis-server redis-tools
-	have etcd || echo etcd-server
 	[[ -f /usr/share/java/zookeeper.jar && -f /usr/share/java/slf4j-log4j12.jar && -f /usr/share/java/log4j-1.2.jar ]] || echo zookeeper
 	have java || echo default-jre-headless
 	have curl || echo curl
@@ -109,22 +109,20 @@ install_missing() {
 	[[ -z $pkgs ]] || die "still missing after apt-get install: $pkgs"
 }
 
-# The Consul binary that scripts/services.sh builds once into its cache
-# directory: its version and that directory are read from it, so that the
-# two scripts never disagree, and nothing here builds Consul a second time.
+# The etcd and Consul binaries are the ones scripts/services.sh builds once
+# into its cache directory and names with `bin`, built by it first if they
+# are not there yet (etcd in a minute or two, Consul in about 700 s of CPU
+# on 2 cores): the two scripts never disagree on a version, and nothing is
+# built twice. Set once in cmd_up, before the nodes' subshells start.
 SERVICES_SH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/services.sh
-consul_bin() {
-	local version cache
-	version=$(sed -n 's/^CONSUL_VERSION=//p' "$SERVICES_SH")
-	[[ -n $version ]] || die "no CONSUL_VERSION= line in $SERVICES_SH"
-	cache=${WARDEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warden}
-	printf '%s\n' "$cache/consul-$version/consul"
+need_etcd() {
+	[[ -z ${ETCD_BIN:-} ]] || return 0
+	ETCD_BIN=$("$SERVICES_SH" bin etcd)
 }
 
 need_consul() {
-	CONSUL_BIN=$(consul_bin)
-	[[ -x $CONSUL_BIN ]] ||
-		die "no consul at $CONSUL_BIN: scripts/services.sh up (make services) builds it, once (about 700 s of CPU on 2 cores)"
+	[[ -z ${CONSUL_BIN:-} ]] || return 0
+	CONSUL_BIN=$("$SERVICES_SH" bin consul)
 }
 
 # ---------------------------------------------------------------------------
@@ -201,7 +199,11 @@ wait_for() {
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # claim DIR COMM PORT...: whether the node must be started. A node of ours
-# that is alive is left running; a port held by anything else is an error.
+# that is alive is left running, and so is one still being launched (the
+# second pass of cmd_up can come before the first pass's shell has exec'd
+# the server: its pid file was then taken for a stale one and removed, and
+# the port the server took a moment later for another process's); a port
+# held by anything else is an error.
 claim() {
 	local dir=$1 comm=$2 pid p
 	shift 2
@@ -209,6 +211,7 @@ claim() {
 		resume_if_stopped "$pid"
 		return 1
 	fi
+	if starting "$dir/pid" "$comm"; then return 1; fi
 	rm -f "$dir/pid"
 	for p in "$@"; do
 		port_taken "$p" && die "port $p is taken by a process this script did not start; the tests must own every node"
@@ -259,12 +262,14 @@ start_etcd() {
 	SVC="clusters: $name"
 	mkdir -p "$dir"
 	if claim "$dir" etcd "$port" "$peer_port"; then
-		local peer=http://127.0.0.1:$peer_port client=http://127.0.0.1:$port
+		need_etcd
+		local peer=http://127.0.0.1:$peer_port client=http://127.0.0.1:$port data
+		data=$("$SERVICES_SH" etcd-data "$dir")
 		# The initial-cluster flags only matter the first time: a member
 		# with a data directory rejoins with what it recorded. The default
 		# 100 ms heartbeat and 1 s election timeout are kept, as the
 		# tests' TTLs assume them.
-		launch "$dir/pid" "$dir/etcd.log" etcd --name "$name" --data-dir "$dir/data" \
+		launch "$dir/pid" "$dir/etcd.log" "$ETCD_BIN" --name "$name" --data-dir "$data" \
 			--listen-client-urls "$client" --advertise-client-urls "$client" \
 			--listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
 			--initial-cluster "$(etcd_initial_cluster)" --initial-cluster-state new \
@@ -527,6 +532,8 @@ cmd_up() {
 	install_missing
 	prepare_state_dir
 	local start=$SECONDS i p
+	need_etcd
+	need_consul
 	say "starting nodes, state in $STATE_DIR"
 	# Launch every member first: none is healthy before a quorum runs.
 	for i in 0 1 2; do
@@ -539,7 +546,6 @@ cmd_up() {
 		start_redis "$p" &
 		JOBS[redis-$p]=$!
 	done
-	need_consul
 	for i in 0 1 2 client; do
 		start_consul "$i" no &
 		JOBS[consul-$i]=$!

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The servers warden's tests run against, on loopback, for a developer or CI.
 #
-#   scripts/services.sh up       install what is missing, start what is not answering
-#   scripts/services.sh down     stop what `up` started (and nothing else)
-#   scripts/services.sh status   which servers answer, and who started them
-#   scripts/services.sh env      export lines for the tests: eval "$(scripts/services.sh env)"
-#   scripts/services.sh clean    down, then delete the state directory
+#   scripts/services.sh up             install what is missing, start what is not answering
+#   scripts/services.sh down           stop what `up` started (and nothing else)
+#   scripts/services.sh status         which servers answer, and who started them
+#   scripts/services.sh env            export lines for the tests: eval "$(scripts/services.sh env)"
+#   scripts/services.sh clean          down, then delete the state directory
+#   scripts/services.sh bin NAME       the path of the etcd or consul binary the tests run, built first if missing
+#   scripts/services.sh etcd-data DIR  the data directory of an etcd member under DIR, for that binary
 #
 # Servers go where the WARDEN_* variables that `env` prints point (defaults
 # below), so `up` and the tests always agree; a variable naming another host
@@ -136,7 +138,6 @@ pg_bindir() {
 
 missing_packages() {
 	{ have redis-server && have redis-cli; } || echo redis-server redis-tools
-	have etcd || echo etcd-server
 	[[ -f /usr/share/java/zookeeper.jar && -f /usr/share/java/slf4j-log4j12.jar && -f /usr/share/java/log4j-1.2.jar ]] || echo zookeeper
 	have java || echo default-jre-headless
 	pg_bindir >/dev/null || echo postgresql
@@ -179,42 +180,87 @@ install_missing() {
 	[[ -z $pkgs ]] || die "still missing after apt-get install: $pkgs"
 }
 
-# Consul is not packaged by Debian, so it is built from its Go module, once,
-# into a cache outside the repository that later runs (and clean clones)
-# reuse. The Consul server is licensed BUSL-1.1: it is built and run here
-# only as a local test server. It is never a dependency of warden's module
-# (go.mod requires only its MPL-2.0 api client), and neither its code nor
-# the binary is ever committed.
-CONSUL_VERSION=v1.20.1
+# Servers built from their Go modules, once, into a cache outside the
+# repository that later runs (and clean clones) reuse: WARDEN_CACHE_DIR, or
+# warden/ under the user's cache directory. WARDEN_CONSUL_BIN and
+# WARDEN_ETCD_BIN name other binaries to use instead (an older etcd, say).
 CACHE_DIR=${WARDEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/warden}
-CONSUL_BIN=$CACHE_DIR/consul-$CONSUL_VERSION/consul
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# install_consul builds CONSUL_BIN unless it is there. The module zip lacks
-# the sub-modules (api, sdk, proto-public, ...) that its go.mod's replace
-# block points at, so the block is dropped and the published versions it
-# requires come from the module proxy.
-install_consul() {
-	[[ ! -x $CONSUL_BIN ]] || return 0
-	have go || die "go is needed to build consul $CONSUL_VERSION"
-	local start=$SECONDS tmp dir
-	say "building consul $CONSUL_VERSION into $CONSUL_BIN: once, about 700 s of CPU on 2 cores"
-	tmp=$(mktemp -d "${TMPDIR:-/tmp}/warden-consul-build.XXXXXX")
-	dir=$(cd "$tmp" && go mod download -json "github.com/hashicorp/consul@$CONSUL_VERSION" |
+# Consul is not packaged by Debian. The Consul server is licensed BUSL-1.1:
+# it is built and run here only as a local test server. It is never a
+# dependency of warden's module (go.mod requires only its MPL-2.0 api
+# client), and neither its code nor the binary is ever committed.
+CONSUL_VERSION=v1.20.1
+CONSUL_BIN=${WARDEN_CONSUL_BIN:-$CACHE_DIR/consul-$CONSUL_VERSION/consul}
+
+# etcd's server at the version of the client warden is built with, read from
+# go.mod, so that the tests run against the server the client is made for.
+# Debian packages etcd 3.4, whose leader, frozen and then continued, can
+# revoke leases it counts as expired before it learns it lost leadership
+# (etcd-io/etcd#15247): a lock held twice, which no test here should see.
+ETCD_VERSION=$(sed -n 's|^[[:space:]]*go\.etcd\.io/etcd/client/v3 \(v[^[:space:]]*\).*|\1|p' "$REPO_DIR/go.mod")
+[[ -n $ETCD_VERSION ]] || die "no go.etcd.io/etcd/client/v3 requirement in $REPO_DIR/go.mod"
+ETCD_BIN=${WARDEN_ETCD_BIN:-$CACHE_DIR/etcd-$ETCD_VERSION/etcd}
+
+# build_module BIN MODULE@VERSION: builds the main package at the root of
+# MODULE into BIN unless it is there, under a lock of its own so that two
+# runs do not build it at once. A module zip lacks the sibling modules its
+# go.mod's replace block points at (Consul's api and sdk, etcd's api, pkg
+# and client), so the block is dropped and the published versions it
+# requires come from the module proxy; GOTOOLCHAIN=local builds with the Go
+# at hand rather than fetching the toolchain go.mod suggests.
+build_module() {
+	local bin=$1 mod=$2
+	[[ ! -x $bin ]] || return 0
+	[[ $bin == "$CACHE_DIR"/* ]] || die "$bin, named by WARDEN_*_BIN, is not an executable"
+	have go || die "go is needed to build $mod"
+	mkdir -p "${bin%/*}"
+	(
+		flock -w 3600 8 || die "another run has been building $bin for an hour"
+		[[ -x $bin ]] || build_module_locked "$bin" "$mod"
+	) 8>>"${bin%/*}.lock"
+}
+
+build_module_locked() {
+	local bin=$1 mod=$2 start=$SECONDS tmp dir
+	say "building $mod into $bin, once"
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/warden-build.XXXXXX")
+	dir=$(cd "$tmp" && go mod download -json "$mod" |
 		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
-	[[ -n $dir && -f $dir/go.mod ]] || die "go mod download github.com/hashicorp/consul@$CONSUL_VERSION gave no source directory"
+	[[ -n $dir && -f $dir/go.mod ]] || die "go mod download $mod gave no source directory"
 	cp -R "$dir" "$tmp/src"
 	chmod -R u+w "$tmp/src"
 	awk '/^replace \(/ { skip = 1; next } skip && /^\)/ { skip = 0; next } skip || /^replace / { next } { print }' \
 		"$tmp/src/go.mod" >"$tmp/go.mod" && mv "$tmp/go.mod" "$tmp/src/go.mod"
-	mkdir -p "${CONSUL_BIN%/*}"
-	if ! (cd "$tmp/src" && GOFLAGS=-mod=mod nice -n 10 go build -o "$CONSUL_BIN.part" .) >"$tmp/build.log" 2>&1; then
-		warn "building consul failed; last lines of $tmp/build.log:"
+	if ! (cd "$tmp/src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local nice -n 10 go build -o "$bin.part" .) >"$tmp/build.log" 2>&1; then
+		warn "building $mod failed; last lines of $tmp/build.log:"
 		tail -n 30 "$tmp/build.log" >&2
 		return 1
 	fi
-	mv "$CONSUL_BIN.part" "$CONSUL_BIN"
+	mv "$bin.part" "$bin"
 	rm -rf "$tmp"
-	say "built consul $CONSUL_VERSION in $((SECONDS - start))s"
+	say "built $mod in $((SECONDS - start))s"
+}
+
+# About 700 s of CPU on 2 cores.
+install_consul() { build_module "$CONSUL_BIN" "github.com/hashicorp/consul@$CONSUL_VERSION"; }
+
+# The server module's root is etcd's main package.
+install_etcd() { build_module "$ETCD_BIN" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"; }
+
+# etcd_data_dir DIR: where a member under DIR keeps its data: a directory
+# per server version, because etcd upgrades its data one minor version at a
+# time and cannot go back, and test data is not worth migrating; the
+# directories of other versions are removed.
+etcd_data_dir() {
+	local dir=$1 version d
+	version=$("$ETCD_BIN" --version | sed -n 's/^etcd Version: //p')
+	[[ -n $version ]] || die "$ETCD_BIN --version names no version"
+	for d in "$dir"/data "$dir"/data-*; do
+		[[ ! -e $d || $d == "$dir/data-$version" ]] || rm -rf "$d"
+	done
+	printf '%s\n' "$dir/data-$version"
 }
 
 # ---------------------------------------------------------------------------
@@ -344,16 +390,30 @@ start_etcd() {
 	SVC="services: etcd :$port"
 	if etcd_ok "$port"; then
 		already_up "$dir/pid" etcd "127.0.0.1:$port" || true
+		etcd_version_check "$port"
 		return 0
 	fi
+	install_etcd
 	mkdir -p "$dir"
-	local peer=http://127.0.0.1:$ETCD_PEER_PORT client=http://127.0.0.1:$port
-	launch "$dir/pid" "$dir/etcd.log" etcd --name warden --data-dir "$dir/data" \
+	local peer=http://127.0.0.1:$ETCD_PEER_PORT client=http://127.0.0.1:$port data
+	data=$(etcd_data_dir "$dir")
+	launch "$dir/pid" "$dir/etcd.log" "$ETCD_BIN" --name warden --data-dir "$data" \
 		--listen-client-urls "$client" --advertise-client-urls "$client" \
 		--listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
 		--initial-cluster "warden=$peer" --logger zap --log-outputs stderr
 	wait_for "$dir/etcd.log" "$dir/pid" etcd etcd_ok "$port"
 	say "started (pid $(cat "$dir/pid"))"
+}
+
+# etcd_version_check PORT: a server found running (one an earlier up
+# started from Debian's package, say) may not be the version the tests are
+# for; it is used all the same, but not silently.
+etcd_version_check() {
+	local running
+	running=$(timeout 3 curl -fsS --max-time 2 "http://127.0.0.1:$1/version" 2>/dev/null |
+		sed -n 's/.*"etcdserver":"\([^"]*\)".*/\1/p') || true
+	[[ v$running == "$ETCD_VERSION" ]] ||
+		warn "the etcd on 127.0.0.1:$1 is ${running:-of an unknown version}, not $ETCD_VERSION: the tests run against it as it is"
 }
 
 start_zookeeper() {
@@ -701,7 +761,19 @@ cmd_env() {
 	done
 }
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+# cmd_bin NAME: what the other suites start their own etcd or consul from,
+# so that they run the servers `up` runs without knowing where they are
+# built; etcd-data names a member's data directory for them the same way.
+# Only the path goes to stdout.
+cmd_bin() {
+	case ${1:-} in
+	etcd) install_etcd >&2 && printf '%s\n' "$ETCD_BIN" ;;
+	consul) install_consul >&2 && printf '%s\n' "$CONSUL_BIN" ;;
+	*) die "bin: etcd or consul, not '${1:-}'" ;;
+	esac
+}
+
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 
 case ${1:-} in
 up) cmd_up ;;
@@ -709,6 +781,12 @@ down) cmd_down ;;
 status) cmd_status || exit 1 ;;
 env) cmd_env ;;
 clean) cmd_clean ;;
+bin) cmd_bin "${2:-}" ;;
+etcd-data)
+	[[ -n ${2:-} ]] || die "etcd-data: name the member's directory"
+	install_etcd >&2
+	etcd_data_dir "$2"
+	;;
 -h | --help | help) usage ;;
 *)
 	usage >&2

@@ -75,8 +75,9 @@ func (le *lease) Session() driver.Session { return le.s }
 // never calls it for a session lease. For whoever does, it checks that the
 // lease still holds the lock, with one read: the key exists with this
 // lease's create revision only while the etcd lease is alive on the server.
-// ttl must be the TTL the lock was acquired with, since a session's TTL
-// cannot change.
+// The read is not keys-only: etcd 3.7 serves those from its index, which
+// has no lease ids, and answers lease 0 for every key. ttl must be the TTL
+// the lock was acquired with, since a session's TTL cannot change.
 func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err := le.checkRefresh(ttl); err != nil {
 		return err
@@ -84,7 +85,7 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	var resp *clientv3.GetResponse
 	err := le.s.l.members.do(ctx, le.s.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
 		var err error
-		resp, err = c.Get(rctx, le.key(), clientv3.WithKeysOnly())
+		resp, err = c.Get(rctx, le.key())
 		return err
 	})
 	if err != nil {

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,42 +41,6 @@ func consulLeases(sc scenario) scenario {
 	return sc
 }
 
-// consulBin is the Consul that scripts/services.sh builds once into its
-// cache directory (WARDEN_CONSUL_BIN names another): the same version, read
-// from the script, and the same directory, so that nothing builds it twice.
-func consulBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("WARDEN_CONSUL_BIN"); p != "" {
-		return p
-	}
-	script := filepath.Join("..", "..", "scripts", "services.sh")
-	raw, err := os.ReadFile(script)
-	if err != nil {
-		t.Fatalf("finding consul: %v", err)
-	}
-	m := regexp.MustCompile(`(?m)^CONSUL_VERSION=(\S+)$`).FindSubmatch(raw)
-	if m == nil {
-		t.Fatalf("finding consul: no CONSUL_VERSION= line in %s", script)
-	}
-	cache := os.Getenv("WARDEN_CACHE_DIR")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				t.Fatalf("finding consul: %v", err)
-			}
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "warden")
-	}
-	bin := filepath.Join(cache, "consul-"+string(m[1]), "consul")
-	if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {
-		t.Fatalf("no consul at %s: scripts/services.sh up builds it, once (or set WARDEN_CONSUL_BIN)", bin)
-	}
-	return bin
-}
-
 // consulServer starts the suite's own Consul agent, a server of one. With
 // dev it is a dev agent, which keeps everything in memory: a restart loses
 // every key and session, and starts the Raft index, which the tokens are,
@@ -87,7 +49,7 @@ func consulBin(t *testing.T) string {
 // runs at raft_multiplier 1 (Consul's default of 5 is sized for slow
 // machines) so that it elects itself within a second or two of a restart.
 func consulServer(t *testing.T, dev bool) *server {
-	bin := consulBin(t)
+	bin := builtServer(t, "consul")
 	for _, p := range []int{portConsul + 1, portConsul + 2} {
 		if err := portFree(p); err != nil {
 			t.Fatal(err)

@@ -17,10 +17,10 @@
 // of five masters down. Faults that touch no server run on the shared
 // servers of scripts/services.sh (WARDEN_* variables), under keys, nodes and
 // tables of their own; the servers a fault stops are the suite's own, on
-// ports 17181, 17379-17385, 17432, 17479-17480 and 17500-17502 (a Consul
-// server of one, from the binary scripts/services.sh builds once into its
-// cache), with their data in temporary directories. The shared servers are
-// never stopped.
+// ports 17181, 17379-17385, 17432, 17479-17480 and 17500-17502 (etcd and a
+// Consul server of one from the binaries scripts/services.sh builds once
+// into its cache), with their data in temporary directories. The shared
+// servers are never stopped.
 //
 // Consul rows lease for 10 s, the shortest session TTL Consul accepts, and
 // are judged by twice that: a Consul leader invalidates a session that is

@@ -210,11 +210,25 @@ func redisPing(addr string) bool {
 	return c.Ping(ctx).Err() == nil
 }
 
-func etcdServer(t *testing.T) *server {
-	bin, err := exec.LookPath("etcd")
+// builtServer is the etcd or consul binary that scripts/services.sh builds
+// once into its cache directory (WARDEN_ETCD_BIN or WARDEN_CONSUL_BIN name
+// another), built by it now if it is not there yet: the suite runs the
+// servers the shared ones are, and knows neither their versions nor where
+// they are built.
+func builtServer(t *testing.T, name string) string {
+	t.Helper()
+	var stderr strings.Builder
+	cmd := exec.Command("bash", filepath.Join("..", "..", "scripts", "services.sh"), "bin", name)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("etcd: %v", err)
+		t.Fatalf("scripts/services.sh bin %s: %v\n%s", name, err, stderr.String())
 	}
+	return strings.TrimSpace(string(out))
+}
+
+func etcdServer(t *testing.T) *server {
+	bin := builtServer(t, "etcd")
 	if err := portFree(portEtcd + 1); err != nil {
 		t.Fatal(err)
 	}
