@@ -169,6 +169,14 @@ func (le *lease) Release(ctx context.Context) error {
 		return nil
 	case unknown && !le.s.lost():
 		return nil // an earlier attempt deleted it
+	case unknown:
+		// The session ended while the release went unanswered (an
+		// election outlasting the session's TTL): the key went with an
+		// earlier attempt or with the session, either way after the
+		// section, which ended while the session lived. That is no loss,
+		// but a release nobody confirmed; guard judges by its clock
+		// whether the section outlived the lease.
+		return fmt.Errorf("%w: etcd session ended while the release went unanswered", driver.ErrUnavailable)
 	default:
 		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
 	}
