@@ -300,6 +300,16 @@ launch() {
 	rm -f "$pidfile"
 	# shellcheck disable=SC2016 # expanded by the inner bash
 	setsid bash -c 'echo $$ >"$0" && exec "$@"' "$pidfile" "$@" </dev/null >>"$log" 2>&1 9>&- &
+	# Return once the launched shell has written the pid file: whoever looks
+	# next (up's second pass, wait_for) would otherwise find the node absent,
+	# or catch the file created empty, before the shell writes it, take it
+	# for a stale one and remove it, and start the node a second time.
+	local i
+	for ((i = 0; i < 200; i++)); do
+		[[ -s $pidfile ]] && return 0
+		sleep 0.05
+	done
+	warn "the launch wrote no pid file within 10s: $pidfile"
 }
 
 # starting PIDFILE COMM: whether the launched process is alive: COMM, or
