@@ -28,8 +28,9 @@ import (
 // the attempt holds it or waits for it (both databases grant a row's lock
 // in turn), and so frees the row as soon as the attempt has taken it; the
 // later ones cover an attempt that had not reached the row yet, a statement
-// still in flight to a loaded server.
-var giveBackPauses = [...]time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+// still in flight to a loaded server, the first of them soon, as such an
+// attempt is late by a scheduling delay of the server's.
+var giveBackPauses = [...]time.Duration{0, 25 * time.Millisecond, 75 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second}
 
 // giveBackTimeout bounds each statement of a give-back, so that one lasts
 // seconds against a database that does not answer.
@@ -73,15 +74,21 @@ func (l *Locker) giveBack(ctx context.Context, key, owner string) {
 // the statement running or run on the server: every error but the
 // database's own answer (its error), which says that the statement failed
 // and its changes are gone. That is PostgreSQL's error, with its SQLState
-// (pgx's *pgconn.PgError and lib/pq's *pq.Error), or MySQL's, "Error "
-// and its number (go-sql-driver's *mysql.MySQLError), told apart without
-// linking either driver. SQLite's statements run in the calling process
-// and are over when the call returns, but its driver may report the ctx's
-// end for one that had committed; a give-back that finds nothing costs a
-// statement.
+// (pgx's *pgconn.PgError and lib/pq's *pq.Error), MySQL's, "Error " and
+// its number (go-sql-driver's *mysql.MySQLError), or SQLite's, with its
+// result code (glebarez/go-sqlite's and modernc.org/sqlite's *Error: a
+// busy database, an interrupted statement, rolled back), told apart
+// without linking any driver. SQLite's statements run in the calling
+// process and are over when the call returns, but database/sql may report
+// the ctx's end for one that had committed (it closes the rows of a
+// RETURNING statement whose step had written them); that needs the first
+// give-back only.
 func unanswered(err error) bool {
-	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
+	var (
+		stated interface{ SQLState() string }
+		coded  interface{ Code() int }
+	)
+	if errors.As(err, &stated) || errors.As(err, &coded) {
 		return false
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
