@@ -11,7 +11,8 @@ import (
 // connection broke, after it was sent) may still run on the server: the
 // driver abandons the connection, not the statement, which PostgreSQL and
 // MySQL go on running, queued on the row's lock or merely not scheduled yet,
-// and commit. When it finds the lease expired, it takes the lock for an
+// and commit (pgx follows it with a cancel request, which may reach the
+// server after the commit; go-sql-driver sends none). When it finds the lease expired, it takes the lock for an
 // attempt that nobody holds a lease of, and the lock stays taken until its
 // TTL runs out: the next caller waits that long, and a user who cancelled a
 // waiting Acquire (a request that timed out, a shutdown) has left the lock
@@ -22,15 +23,6 @@ import (
 // version, which no other attempt shares: the row's version is left as the
 // attempt made it, so the next holder's token is still past it, and no
 // release of an earlier holder (another owner value) matches the row.
-
-// giveBackPauses are the waits before each give-back of an attempt. The
-// first one, sent at once, queues on the row's lock behind the attempt when
-// the attempt holds it or waits for it (both databases grant a row's lock
-// in turn), and so frees the row as soon as the attempt has taken it; the
-// later ones cover an attempt that had not reached the row yet, a statement
-// still in flight to a loaded server, the first of them soon, as such an
-// attempt is late by a scheduling delay of the server's.
-var giveBackPauses = [...]time.Duration{0, 25 * time.Millisecond, 75 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second}
 
 // giveBackTimeout bounds each statement of a give-back, so that one lasts
 // seconds against a database that does not answer.
@@ -52,11 +44,17 @@ func (l *Locker) giveBackLater(ctx context.Context, key, owner string) {
 	go l.giveBack(context.WithoutCancel(ctx), key, owner)
 }
 
-// giveBack frees key's row while owner holds it, up to once per
-// giveBackPauses, and stops once it has.
+// giveBack frees key's row while owner holds it, trying a few times, and
+// stops once it has. The first try, sent at once, queues on the row's lock
+// behind the attempt when the attempt holds it or waits for it (both
+// databases grant a row's lock in turn), and so frees the row as soon as
+// the attempt has taken it; the later ones cover an attempt that had not
+// reached the row yet, a statement still in flight to a loaded server, the
+// first of them soon, as such an attempt is late by a scheduling delay of
+// the server's.
 func (l *Locker) giveBack(ctx context.Context, key, owner string) {
 	defer l.givingBack.Add(-1)
-	for _, pause := range giveBackPauses {
+	for _, pause := range [...]time.Duration{0, 25 * time.Millisecond, 75 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second} {
 		time.Sleep(pause)
 		gctx, cancel := context.WithTimeout(ctx, giveBackTimeout)
 		res, err := l.pool.ExecContext(gctx, l.q.giveBack, key, owner)
