@@ -75,6 +75,17 @@
 // database errors until its context is done. It is not fair: Fair is
 // refused with driver.ErrUnsupported.
 //
+// An attempt whose answer is lost (its context ended, or its connection
+// broke, once it was sent) may still take the lock on the server: the
+// database runs a statement its client abandoned, and pgx's cancel request
+// may reach the server after the statement has committed. Such an attempt
+// is followed, in the background, by a few owner-checked releases of the
+// row over the next seconds, matching that attempt's owner value alone, so
+// that the lock comes back within moments rather than after its TTL; the
+// row's version is left as it is, so tokens go on growing. A caller that
+// tries for the lock at once after cancelling a waiting Acquire may still
+// find it taken by that attempt for those moments.
+//
 // On PostgreSQL a release that someone waits for also announces itself, so
 // that the waiter learns of it at once rather than at its next poll. A
 // waiter that listens (below) marks the lock's row as waited for, until

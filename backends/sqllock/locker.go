@@ -70,6 +70,8 @@ type Locker struct {
 	// bounded: every statement of the Locker returns once its ctx is
 	// done (BoundedByContext).
 	bounded bool
+	// givingBack counts the give-backs running (see giveBack).
+	givingBack atomic.Int32
 }
 
 // queries are the lease-mode statements, built once per Locker because the
@@ -90,6 +92,10 @@ type queries struct {
 	// notifyRelease is PostgreSQL's release that also notifies the
 	// channel, written into it, when the row was marked as waited for.
 	notifyRelease string
+	// giveBack frees the row of an attempt whose answer was lost, by its
+	// owner alone (see giveBack), notifying as notifyRelease does where
+	// releases notify.
+	giveBack string
 	// quietRelease is PostgreSQL's release that only reports whether the
 	// row was marked as waited for, for a notification sent later.
 	quietRelease string
@@ -221,7 +227,7 @@ func defaultOwner() (string, error) {
 // is empty.
 func buildQueries(d dialect, t, channel string) queries {
 	q := buildGormQueries(d, t, channel)
-	for _, s := range []*string{&q.acquire, &q.acquireOrLeft, &q.acquireOrWait, &q.readBack, &q.refresh, &q.release, &q.notifyRelease, &q.quietRelease, &q.holds, &q.remaining} {
+	for _, s := range []*string{&q.acquire, &q.acquireOrLeft, &q.acquireOrWait, &q.readBack, &q.refresh, &q.release, &q.notifyRelease, &q.giveBack, &q.quietRelease, &q.holds, &q.remaining} {
 		*s = d.bind(*s)
 	}
 	return q
@@ -229,6 +235,8 @@ func buildQueries(d dialect, t, channel string) queries {
 
 func buildGormQueries(d dialect, t, channel string) queries {
 	now := d.now
+	// The rows a release may free: this owner's, unexpired.
+	owned := " WHERE name = ? AND owner = ? AND lock_until > " + now
 	q := queries{
 		refresh: "UPDATE " + t + " SET lock_until = " + now + " + ? WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
 		// Release keeps the row, and with it the version counter, so that
@@ -241,6 +249,7 @@ func buildGormQueries(d dialect, t, channel string) queries {
 		// one to now kept it taken until the clock came back to the
 		// release.
 		release:   "UPDATE " + t + " SET lock_until = locked_at WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
+		giveBack:  "UPDATE " + t + " SET lock_until = locked_at" + owned,
 		holds:     "SELECT count(*) FROM " + t + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now,
 		remaining: "SELECT lock_until - " + now + " FROM " + t + " WHERE name = ?",
 		readBack:  "SELECT owner, version, lock_until - " + now + " FROM " + t + " WHERE name = ?",
@@ -282,9 +291,10 @@ func buildGormQueries(d dialect, t, channel string) queries {
 		// out for a release that did not happen, which only wakes a
 		// waiter into an attempt. (Without a CTE around the UPDATE: that
 		// cost the server 5% more instructions per uncontended cycle.)
-		q.notifyRelease = "UPDATE " + t + " SET lock_until = CASE WHEN waiting_until <= locked_at THEN locked_at" +
-			" WHEN pg_notify(" + quoteString(channel) + ", name) IS NULL THEN locked_at ELSE locked_at END" +
-			" WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now
+		notifying := "UPDATE " + t + " SET lock_until = CASE WHEN waiting_until <= locked_at THEN locked_at" +
+			" WHEN pg_notify(" + quoteString(channel) + ", name) IS NULL THEN locked_at ELSE locked_at END"
+		q.notifyRelease = notifying + " WHERE name = ? AND owner = ? AND version = ? AND lock_until > " + now
+		q.giveBack = notifying + owned
 		// RETURNING sees the new lock_until, locked_at: the condition
 		// is notifyRelease's.
 		q.quietRelease = q.release + " RETURNING waiting_until > lock_until"
@@ -518,6 +528,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		return nil, unknown, l.noWaitingColumn(err)
 	}
 	if err != nil {
+		if unanswered(err) {
+			l.giveBackLater(ctx, key, owner)
+		}
 		return nil, unknown, driver.Unavailable(ctx, err)
 	}
 	if !a.taken {

@@ -454,8 +454,14 @@ func testCancelWhileWaiting(t *testing.T, b *Backend) {
 	}
 	release(t, lease)
 	// The cancelled waiter must have left nothing that blocks the next
-	// client: no queue entry, no key.
-	release(t, mustAcquire(t, l3, ctx, k, driver.AcquireOptions{TTL: b.ttl(), Fair: b.FIFO}))
+	// client: no queue entry, no key. The next client may wait a moment,
+	// well within the TTL: an attempt the waiter had sent just before the
+	// cancel may still reach the server, after the release, and take the
+	// lock (the client cannot recall it), and a backend can only give
+	// such a grant back once it has happened.
+	nctx, ncancel := context.WithTimeout(ctx, b.ttl()/2)
+	defer ncancel()
+	release(t, mustAcquire(t, l3, nctx, k, driver.AcquireOptions{TTL: b.ttl(), Wait: true, Fair: b.FIFO}))
 	if b.Waiters != nil {
 		b.eventually(t, "nothing is left queued", func() bool { return b.Waiters(t, k) == 0 })
 	}
