@@ -2,12 +2,8 @@ package redlock
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
-	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -170,9 +166,10 @@ func TestScriptCacheFlushed(t *testing.T) {
 	// Room for the round trip NOSCRIPT costs, and the body's compilation,
 	// on a loaded machine.
 	l := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
-	full := make([]*fullSends, len(l.nodes))
+	full := make([]*counter, len(l.nodes))
 	for i, n := range l.nodes {
-		full[i] = &fullSends{n: map[string]int{}}
+		full[i] = &counter{}
+		full[i].reset()
 		n.AddHook(full[i])
 	}
 	ctx := context.Background()
@@ -212,10 +209,10 @@ func TestScriptCacheFlushed(t *testing.T) {
 	scripts := []*goredis.Script{l.acquire, l.refresh, l.release}
 	for i := range full {
 		for _, s := range scripts {
-			for full[i].count(s) < 1 && time.Now().Before(deadline) {
+			for full[i].sent(s) < 1 && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if full[i].count(s) < 1 {
+			if full[i].sent(s) < 1 {
 				t.Errorf("node %d: a script never sent in full after the flush, though the node had lost it", i)
 			}
 		}
@@ -234,51 +231,14 @@ func TestScriptCacheFlushed(t *testing.T) {
 	awaitWithdrawn(t, l, "flushed")
 	for i := range full {
 		for _, s := range scripts {
-			if n := full[i].count(s); n != 0 {
+			if n := full[i].sent(s); n != 0 {
 				t.Errorf("node %d: a script sent in full %d times once the node had it again, want none", i, n)
 			}
 		}
-		if n := full[i].count(l.fence); n > 1 {
+		if n := full[i].sent(l.fence); n > 1 {
 			t.Errorf("node %d: the fence script sent in full %d times, want once at most", i, n)
 		}
 	}
-}
-
-// fullSends counts the scripts a node's client sends in full (EVAL), by
-// SHA1 of their bodies.
-type fullSends struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (f *fullSends) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-
-func (f *fullSends) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if cmd.Name() == "eval" {
-			sum := sha1.Sum([]byte(fmt.Sprint(cmd.Args()[1])))
-			f.mu.Lock()
-			f.n[hex.EncodeToString(sum[:])]++
-			f.mu.Unlock()
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (f *fullSends) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return next
-}
-
-func (f *fullSends) reset() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	clear(f.n)
-}
-
-func (f *fullSends) count(s *goredis.Script) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n[s.Hash()]
 }
 
 // TestWaitersProbe: a waiter whose attempt found the lock held probes the

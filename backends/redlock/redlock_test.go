@@ -2,6 +2,8 @@ package redlock
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -272,20 +274,28 @@ func TestTokensGrowAfterNodesForget(t *testing.T) {
 	}
 }
 
-// counter counts the scripts its clients run, by SHA1, ignoring the commands
+// counter counts the scripts its clients run by their digests, and those
+// they send in full (EVAL, after NOSCRIPT), by SHA1, ignoring the commands
 // that set up connections.
 type counter struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu   sync.Mutex
+	n    map[string]int
+	full map[string]int
 }
 
 func (c *counter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 
 func (c *counter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if cmd.Name() == "evalsha" {
+		switch cmd.Name() {
+		case "evalsha":
 			c.mu.Lock()
 			c.n[fmt.Sprint(cmd.Args()[1])]++
+			c.mu.Unlock()
+		case "eval":
+			sum := sha1.Sum([]byte(fmt.Sprint(cmd.Args()[1])))
+			c.mu.Lock()
+			c.full[hex.EncodeToString(sum[:])]++
 			c.mu.Unlock()
 		}
 		return next(ctx, cmd)
@@ -303,10 +313,17 @@ func (c *counter) runs(s *goredis.Script) int {
 	return c.n[s.Hash()]
 }
 
+// sent is how often the script was sent in full since the last reset.
+func (c *counter) sent(s *goredis.Script) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.full[s.Hash()]
+}
+
 func (c *counter) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.n = map[string]int{}
+	c.n, c.full = map[string]int{}, map[string]int{}
 }
 
 // countedLocker is a Locker on the shared nodes whose scripts c counts.

@@ -25,17 +25,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			dsn := db.dsn(b)
 			l := newLocker(b, migrated(b, db, dsn))
 			ctx := context.Background()
-			k := fmt.Sprintf("bench/%d", time.Now().UnixNano())
 			b.ResetTimer()
-			for b.Loop() {
-				lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := lease.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			lockCycles(ctx, b, l, fmt.Sprintf("bench/%d", time.Now().UnixNano()))
 		})
 	}
 }
@@ -312,5 +303,18 @@ func BenchmarkContended(b *testing.B) {
 		slices.Sort(handoffs)
 		b.ReportMetric(float64(handoffs[len(handoffs)/2])/float64(time.Microsecond), "handoff-p50-us")
 		b.ReportMetric(float64(len(handoffs))/float64(b.N), "handoffs/op")
+	}
+}
+
+// lockCycles takes and releases k on l until b has looped enough.
+func lockCycles(ctx context.Context, b *testing.B, l driver.Locker, k string) {
+	for b.Loop() {
+		lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/warden-go/warden/backends/sqllock"
-	"github.com/warden-go/warden/guard/driver"
 )
 
 // BenchmarkCycleClient is one uncontended lock cycle on PostgreSQL by the
@@ -36,16 +35,7 @@ func BenchmarkCycleClient(b *testing.B) {
 	defer cancel()
 	ttl := time.Minute.Microseconds()
 	b.Run("locker", func(b *testing.B) {
-		k := fmt.Sprintf("bench/cycle/%d", time.Now().UnixNano())
-		for b.Loop() {
-			lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := lease.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		lockCycles(ctx, b, l, fmt.Sprintf("bench/cycle/%d", time.Now().UnixNano()))
 	})
 	b.Run("sql", func(b *testing.B) {
 		pool, err := g.DB()
