@@ -48,8 +48,11 @@ func FuzzParseKey(f *testing.F) {
 // refused without panicking, and what encodes decodes back.
 func FuzzDecodeResponse(f *testing.F) {
 	h := http.Header{"Content-Type": {"text/plain"}, "Location": {"/a", "/b"}}
-	f.Add(encodeResponse(201, h, []string{"Content-Type", "Location"}, []byte("body")))
+	allowed := []string{"Content-Type", "Location", "Digest"}
+	f.Add(encodeResponse(201, h, nil, allowed, []byte("body")))
+	f.Add(encodeResponse(201, h, http.Header{"Digest": {"sha-256=x"}}, allowed, []byte("body")))
 	f.Add([]byte{responseV1, 0xc8, 0x01, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{responseV2, 0xc8, 0x00, 0x00})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		resp, err := decodeResponse(b)
 		if err != nil {
@@ -59,8 +62,14 @@ func FuzzDecodeResponse(f *testing.F) {
 		for name := range resp.header {
 			names = append(names, name)
 		}
-		again, err := decodeResponse(encodeResponse(resp.status, resp.header, names, resp.body))
-		if err != nil || again.status != resp.status || !bytes.Equal(again.body, resp.body) || len(again.header) != len(resp.header) {
+		for name := range resp.trailers {
+			if resp.header[name] == nil {
+				names = append(names, name)
+			}
+		}
+		again, err := decodeResponse(encodeResponse(resp.status, resp.header, resp.trailers, names, resp.body))
+		if err != nil || again.status != resp.status || !bytes.Equal(again.body, resp.body) ||
+			len(again.header) != len(resp.header) || len(again.trailers) != len(resp.trailers) {
 			t.Fatalf("round trip of %+v: %+v, %v", resp, again, err)
 		}
 	})

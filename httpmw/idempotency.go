@@ -135,7 +135,9 @@ func WithMaxResponse(n int) IdempotencyOption { return func(c *idemConfig) { c.m
 // (default: Cache-Control, Content-Disposition, Content-Encoding,
 // Content-Language, Content-Location, Content-Type, ETag, Expires,
 // Last-Modified, Link, Location, Vary). Set-Cookie, authorization and
-// hop-by-hop fields are dropped from the list whatever it says.
+// hop-by-hop fields are dropped from the list whatever it says. The list
+// names the trailers replayed too: a trailer it does not name reaches the
+// first response only.
 func WithReplayHeaders(names ...string) IdempotencyOption {
 	return func(c *idemConfig) { c.replay = names }
 }
@@ -284,8 +286,8 @@ func storedScope(scope string) string {
 //   - 409 with Retry-After while the first request is in flight (or a
 //     bounded wait, WithWait), 422 when the key was used with a different
 //     request;
-//   - a replay carries the stored status, allow-listed headers and body,
-//     plus Idempotent-Replayed: true; a retry of a request whose response
+//   - a replay carries the stored status, allow-listed headers, body and
+//     allow-listed trailers, plus Idempotent-Replayed: true; a retry of a request whose response
 //     could not be stored gets 409 "Response not stored";
 //   - 503 when the store cannot be reached, unless WithFailOpen.
 //
@@ -554,7 +556,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					out, err = nil, errNotStored
 					return
 				}
-				out, err = encodeResponse(status, fitHeaders(w.Header(), c.replay, summaryHeaderLimit), c.replay, nil), errNotReplayable
+				out, err = encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 			}
 		}()
 		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, key)))
@@ -565,11 +567,11 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !rec.direct {
 			// Headers can swell a record past what a store keeps; it is
 			// then recorded like a streamed one.
-			if b := encodeResponse(status, w.Header(), c.replay, rec.body.Bytes()); len(b) <= idempotency.MaxResultLen {
+			if b := encodeResponse(status, rec.header(), rec.trailers(), c.replay, rec.body.Bytes()); len(b) <= idempotency.MaxResultLen {
 				return b, nil
 			}
 		}
-		return encodeResponse(status, fitHeaders(w.Header(), c.replay, summaryHeaderLimit), c.replay, nil), errNotReplayable
+		return encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 	}, idempotency.WithScope(scope))
 
 	if rec != nil {
@@ -651,6 +653,12 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 		h[name] = values
 	}
 	h.Set(ReplayedHeader, "true")
+	for name := range resp.trailers {
+		h.Add("Trailer", name)
+	}
 	w.WriteHeader(resp.status)
 	w.Write(resp.body)
+	for name, values := range resp.trailers {
+		h[name] = values
+	}
 }

@@ -6,8 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
 )
 
 // recorder buffers a handler's response so that it can be stored before it
@@ -16,6 +20,11 @@ import (
 // middleware set. A flush, a hijack, a 101 or a body past the limit turns it
 // into a pass-through: the response is then streamed, and recorded as not
 // replayable, with the status it had.
+//
+// The header section is the map as it was when the handler chose its
+// status, as net/http takes it: what the handler sets afterwards are the
+// trailers it declared (and fields net/http would drop), which must not be
+// sent, nor stored, as headers although the status goes out later here.
 type recorder struct {
 	w           http.ResponseWriter
 	limit       int
@@ -24,6 +33,7 @@ type recorder struct {
 	direct      bool
 	hijacked    bool
 	body        bytes.Buffer
+	section     http.Header // the header section, once the status is chosen
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -53,6 +63,7 @@ func (r *recorder) WriteHeader(code int) {
 		r.w.WriteHeader(code)
 	case !r.wroteHeader:
 		r.status, r.wroteHeader = code, true
+		r.section = r.w.Header().Clone()
 	}
 }
 
@@ -81,13 +92,12 @@ func (r *recorder) passThrough() error {
 		return nil
 	}
 	r.direct = true
-	if r.wroteHeader {
-		r.w.WriteHeader(r.status)
-	} else {
+	if !r.wroteHeader {
 		// The write below sends net/http's implicit 200, which a later
 		// WriteHeader cannot change.
 		r.status, r.wroteHeader = http.StatusOK, true
 	}
+	r.writeHeader()
 	_, err := r.w.Write(r.body.Bytes())
 	r.body = bytes.Buffer{}
 	return err
@@ -120,8 +130,69 @@ func (r *recorder) send() {
 	if r.direct {
 		return
 	}
-	r.w.WriteHeader(r.statusCode())
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = http.StatusOK, true
+	}
+	r.writeHeader()
 	r.w.Write(r.body.Bytes())
+}
+
+// writeHeader sends the status with the header section, and leaves in the
+// real writer's map what the handler set after it: net/http sends the
+// declared trailers from there once the handler returns.
+func (r *recorder) writeHeader() {
+	h := r.w.Header()
+	if r.section == nil || sameHeader(h, r.section) {
+		r.w.WriteHeader(r.status)
+		return
+	}
+	later := h.Clone()
+	clear(h)
+	maps.Copy(h, r.section)
+	r.w.WriteHeader(r.status)
+	clear(h)
+	maps.Copy(h, later)
+}
+
+// header is the response's header section: the map as it was when the
+// handler chose its status, or as it is now if it has not yet.
+func (r *recorder) header() http.Header {
+	if r.section != nil {
+		return r.section
+	}
+	return r.w.Header()
+}
+
+// trailers are the trailers the handler set, as net/http would send them:
+// the fields its header section declared in Trailer with their values now,
+// and the fields named with http.TrailerPrefix.
+func (r *recorder) trailers() http.Header {
+	var t http.Header
+	h := r.w.Header()
+	for _, v := range r.header()["Trailer"] {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(textproto.TrimString(name))
+			if values := h[name]; name != "" && len(values) > 0 {
+				if t == nil {
+					t = make(http.Header)
+				}
+				t[name] = values
+			}
+		}
+	}
+	for k, values := range h {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && len(values) > 0 {
+			if t == nil {
+				t = make(http.Header)
+			}
+			t[http.CanonicalHeaderKey(name)] = values
+		}
+	}
+	return t
+}
+
+func sameHeader(a, b http.Header) bool {
+	return len(a) == len(b) && maps.EqualFunc(a, b, slices.Equal)
 }
 
 // statusCode is the status the handler answered: 0 for a connection it
@@ -142,46 +213,77 @@ func (r *recorder) statusCode() int {
 //	version 1: 0x01, the status as a uvarint, the number of header lines as
 //	a uvarint, each line's name and value as a uvarint length and bytes,
 //	then the body.
-const responseV1 = 1
+//	version 2: as version 1, with the trailer lines, counted and encoded as
+//	the header lines, between the header lines and the body.
+//
+// A response without trailers is written as version 1, which releases
+// before version 2 read.
+const (
+	responseV1 = 1
+	responseV2 = 2
+)
 
 var errBadResponse = errors.New("stored response is malformed")
 
-// encodeResponse encodes status, the allowed lines of h and body.
+// field is a header or trailer field with its values.
+type field struct {
+	name   string
+	values []string
+}
+
+// allowedFields appends to fields the allowed fields of h, and returns
+// them with the number of lines and the bytes they encode to, at most.
 // Each allowed name is looked up once: a response has a few header fields
 // and the allow list a dozen, and the lookups cost more than the encoding.
-func encodeResponse(status int, h http.Header, allowed []string, body []byte) []byte {
-	type field struct {
-		name   string
-		values []string
-	}
-	var room [16]field
-	fields := room[:0]
-	size, lines := 1+2*binary.MaxVarintLen64+len(body), 0
+func allowedFields(fields []field, h http.Header, allowed []string) (_ []field, lines, size int) {
+	found := 0
 	for _, name := range allowed {
-		if len(h) == len(fields) {
+		if found == len(h) {
 			break // every field of h is found
 		}
 		values := h[name]
 		if len(values) == 0 {
 			continue
 		}
+		found++
 		fields = append(fields, field{name, values})
 		for _, v := range values {
 			size += 2*binary.MaxVarintLen64 + len(name) + len(v)
 			lines++
 		}
 	}
-	b := make([]byte, 0, size)
-	b = append(b, responseV1)
+	return fields, lines, size
+}
+
+// encodeResponse encodes status, the allowed fields of h and of trailers,
+// and body.
+func encodeResponse(status int, h, trailers http.Header, allowed []string, body []byte) []byte {
+	var room [16]field
+	fields, lines, size := allowedFields(room[:0], h, allowed)
+	n := len(fields)
+	fields, tlines, tsize := allowedFields(fields, trailers, allowed)
+	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+size+tsize+len(body))
+	if tlines == 0 {
+		b = append(b, responseV1)
+	} else {
+		b = append(b, responseV2)
+	}
 	b = binary.AppendUvarint(b, uint64(status))
-	b = binary.AppendUvarint(b, uint64(lines))
+	b = appendFields(binary.AppendUvarint(b, uint64(lines)), fields[:n])
+	if tlines > 0 {
+		b = appendFields(binary.AppendUvarint(b, uint64(tlines)), fields[n:])
+	}
+	return append(b, body...)
+}
+
+func appendFields(b []byte, fields []field) []byte {
 	for _, f := range fields {
 		for _, v := range f.values {
 			b = appendString(b, f.name)
 			b = appendString(b, v)
 		}
 	}
-	return append(b, body...)
+	return b
 }
 
 // fitHeaders returns the allowed lines of h, in order, as long as they fit
@@ -206,41 +308,57 @@ func appendString(b []byte, s string) []byte {
 
 // storedResponse is a decoded stored response.
 type storedResponse struct {
-	status int
-	header http.Header
-	body   []byte
+	status   int
+	header   http.Header
+	trailers http.Header // nil without trailers
+	body     []byte
 }
 
 func decodeResponse(b []byte) (storedResponse, error) {
-	if len(b) == 0 || b[0] != responseV1 {
+	if len(b) == 0 || (b[0] != responseV1 && b[0] != responseV2) {
 		return storedResponse{}, errBadResponse
 	}
+	version := b[0]
 	b = b[1:]
 	status, n := binary.Uvarint(b)
 	// 0 (hijacked) and 101 are only ever recorded as not replayable.
 	if n <= 0 || (status != 0 && status != http.StatusSwitchingProtocols && status < 200) || status > 999 {
 		return storedResponse{}, errBadResponse
 	}
-	b = b[n:]
-	lines, n := binary.Uvarint(b)
-	if n <= 0 || lines > uint64(len(b)) {
+	resp := storedResponse{status: int(status)}
+	var ok bool
+	if resp.header, b, ok = readFields(b[n:]); !ok {
 		return storedResponse{}, errBadResponse
 	}
+	if version == responseV2 {
+		if resp.trailers, b, ok = readFields(b); !ok || len(resp.trailers) == 0 {
+			return storedResponse{}, errBadResponse
+		}
+	}
+	resp.body = b
+	return resp, nil
+}
+
+// readFields reads a count of lines and the lines.
+func readFields(b []byte) (http.Header, []byte, bool) {
+	lines, n := binary.Uvarint(b)
+	if n <= 0 || lines > uint64(len(b)) {
+		return nil, nil, false
+	}
 	b = b[n:]
-	resp := storedResponse{status: int(status), header: make(http.Header, lines)}
+	h := make(http.Header, lines)
 	for range lines {
 		var name, value string
 		var ok bool
 		if name, b, ok = readString(b); !ok {
-			return storedResponse{}, errBadResponse
+			return nil, nil, false
 		}
 		if value, b, ok = readString(b); !ok {
-			return storedResponse{}, errBadResponse
+			return nil, nil, false
 		}
-		resp.header[name] = append(resp.header[name], value)
+		h[name] = append(h[name], value)
 	}
-	resp.body = b
-	return resp, nil
+	return h, b, true
 }
 
 func readString(b []byte) (string, []byte, bool) {
