@@ -174,7 +174,7 @@ func TestCompleteOfRemovedRecord(t *testing.T) {
 		}
 		start := time.Now()
 		_, err = e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-			if err := st.Delete(ctx, "", "k"); err != nil {
+			if err := st.Delete(ctx, "", "k", ""); err != nil {
 				t.Errorf("Delete: %v", err)
 			}
 			return []byte("order 7"), nil

@@ -177,7 +177,7 @@ func (m *MemoryStore) Get(ctx context.Context, scope, key string) (*Record, erro
 }
 
 // Delete implements Deleter.
-func (m *MemoryStore) Delete(ctx context.Context, scope, key string) error {
+func (m *MemoryStore) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(CheckContext(ctx), CheckKey(scope, key)); err != nil {
 		return err
 	}
@@ -187,8 +187,12 @@ func (m *MemoryStore) Delete(ctx context.Context, scope, key string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := memKey{scope, key}
-	if m.live(k, m.now()) == nil {
+	r := m.live(k, m.now())
+	switch {
+	case r == nil:
 		return ErrNotFound
+	case owner != "" && r.rec.Owner != owner:
+		return ErrNotOwner
 	}
 	delete(m.records, k)
 	return nil

@@ -39,13 +39,20 @@ var (
 )
 
 // Deleter is an optional capability of a store: an operator removing a
-// record whatever its state and owner, so that its key runs afresh (a
+// record, in progress or completed, so that its key runs afresh (a
 // completed record holding a wrong response, a claim whose owner hangs).
 // An owner still working under a removed claim finds it gone, with
-// ErrNotOwner, at its next Extend or Complete. Delete returns an error
-// wrapping ErrNotFound when there was no record.
+// ErrNotOwner, at its next Extend or Complete.
+//
+// Delete removes the record only while its owner is owner, the one the
+// operator was shown: a record of another owner (the claim shown lapsed and
+// another request claimed the key, or completed it) is left, and Delete
+// returns an error wrapping ErrNotOwner, so that an operator's late answer
+// never removes work nobody showed them. An empty owner removes the record
+// whoever owns it. Delete returns an error wrapping ErrNotFound when there
+// was no record.
 type Deleter interface {
-	Delete(ctx context.Context, scope, key string) error
+	Delete(ctx context.Context, scope, key, owner string) error
 }
 
 // State is the state of a record.

@@ -123,7 +123,7 @@ func TestOpenConsul(t *testing.T) {
 	if err := s.Complete(ctx, "", k, "o", []byte("done"), time.Minute); err != nil {
 		t.Fatalf("Complete on the consul store: %v", err)
 	}
-	if err := s.(idempotency.Deleter).Delete(ctx, "", k); err != nil {
+	if err := s.(idempotency.Deleter).Delete(ctx, "", k, ""); err != nil {
 		t.Fatalf("Delete on the consul store: %v", err)
 	}
 	if len(o.Pings()) != 2 {

@@ -538,25 +538,50 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 }
 
 // Delete implements idempotency.Deleter, in one transaction: reading the
-// record fails it when there is none.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+// record fails it when there is none. A delete naming an owner reads the
+// record first and is fenced by the index it read, read again when the
+// record changed meanwhile, a few times at most.
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
-	ok, _, err := s.txn(ctx, false, api.KVTxnOps{
-		{Verb: api.KVGet, Key: k},
-		{Verb: api.KVDelete, Key: k},
-		{Verb: api.KVDeleteTree, Key: k + "/"},
-	})
-	if err != nil {
-		return err
+	read := api.KVTxnOp{Verb: api.KVGet, Key: k}
+	for range 3 {
+		if owner != "" {
+			ok, resp, err := s.txn(ctx, false, api.KVTxnOps{{Verb: api.KVGetOrEmpty, Key: k}})
+			if err != nil {
+				return err
+			}
+			if !ok || len(resp.Results) == 0 || resp.Results[0].ModifyIndex == 0 {
+				return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+			}
+			st, err := decodeRecord(resp.Results[0].Value)
+			if err != nil {
+				return err
+			}
+			if st.owner != owner {
+				return notOwner("delete", key)
+			}
+			read = api.KVTxnOp{Verb: api.KVCheckIndex, Key: k, Index: resp.Results[0].ModifyIndex}
+		}
+		ok, _, err := s.txn(ctx, false, api.KVTxnOps{
+			&read,
+			{Verb: api.KVDelete, Key: k},
+			{Verb: api.KVDeleteTree, Key: k + "/"},
+		})
+		if err != nil {
+			return err
+		}
+		switch {
+		case ok:
+			s.unexpect(k)
+			return nil
+		case owner == "":
+			return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+		}
 	}
-	if !ok {
-		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
-	}
-	s.unexpect(k)
-	return nil
+	return fmt.Errorf("%w: consul delete: the record kept changing", idempotency.ErrUnavailable)
 }
 
 // Purge deletes the completed records whose retention has run out on this

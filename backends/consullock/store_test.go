@@ -311,7 +311,7 @@ func TestStoreRoundTrips(t *testing.T) {
 	if n := claimCost(one, k); n != 1 {
 		t.Errorf("a claim after this store's Abandon costs %d requests, want 1", n)
 	}
-	if err := other.s.Delete(ctx, "", k); err != nil {
+	if err := other.s.Delete(ctx, "", k, ""); err != nil {
 		t.Fatal(err)
 	}
 	if n := claimCost(one, k); n != 2 {

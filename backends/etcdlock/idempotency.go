@@ -297,23 +297,59 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	return err
 }
 
-// Delete implements idempotency.Deleter.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+// Delete implements idempotency.Deleter. A delete naming an owner is a
+// transaction fenced by the mod revision of the record read, read again
+// when the record changed meanwhile, a few times at most.
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
 	k := s.recordKey(scope, key)
 	s.forget(k)
-	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.DeleteResponse, error) {
-		return s.client.Delete(rctx, k)
-	})
-	if err != nil {
-		return err
+	if owner == "" {
+		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.DeleteResponse, error) {
+			return s.client.Delete(rctx, k)
+		})
+		if err != nil {
+			return err
+		}
+		if resp.Deleted == 0 {
+			return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+		}
+		return nil
 	}
-	if resp.Deleted == 0 {
-		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	for range 3 {
+		got, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
+			return s.client.Get(rctx, k)
+		})
+		if err != nil {
+			return err
+		}
+		if len(got.Kvs) == 0 {
+			return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+		}
+		st, err := decodeRecord(got.Kvs[0].Value)
+		if err != nil {
+			return err
+		}
+		if st.owner != owner {
+			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
+		}
+		rev := got.Kvs[0].ModRevision
+		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+			return s.client.Txn(rctx).
+				If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+				Then(clientv3.OpDelete(k)).
+				Commit()
+		})
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("%w: etcd delete: the record kept changing", idempotency.ErrUnavailable)
 }
 
 // Get implements idempotency.Store.

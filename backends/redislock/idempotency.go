@@ -21,6 +21,8 @@ var (
 	idemUpdateSrc string
 	//go:embed idem_get.lua
 	idemGetSrc string
+	//go:embed idem_delete.lua
+	idemDeleteSrc string
 )
 
 // Store is an idempotency.Store on Redis: one hash per record, each call
@@ -30,10 +32,10 @@ var (
 // server commands (claim: EVALSHA, HMGET, HSET, PEXPIRE; complete the same)
 // and a replay 2 (EVALSHA, HMGET). It is safe for concurrent use.
 type Store struct {
-	client              goredis.UniversalClient
-	sc                  *scripter // client, for scripts
-	prefix              string
-	claim, update, read *goredis.Script
+	client                      goredis.UniversalClient
+	sc                          *scripter // client, for scripts
+	prefix                      string
+	claim, update, read, remove *goredis.Script
 }
 
 // StoreOption configures a Store.
@@ -58,6 +60,7 @@ func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, erro
 		claim:  goredis.NewScript(idemClaimSrc),
 		update: goredis.NewScript(idemUpdateSrc),
 		read:   goredis.NewScript(idemGetSrc),
+		remove: goredis.NewScript(idemDeleteSrc),
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -149,16 +152,21 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 }
 
 // Delete implements idempotency.Deleter.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
-	n, err := s.client.Del(ctx, s.recordKey(scope, key)).Result()
-	if err != nil {
-		return driver.Unavailable(ctx, err)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	if n == 0 {
+	n, err := s.remove.Run(ctx, s.sc, []string{s.recordKey(scope, key)}, owner).Int64()
+	switch {
+	case err != nil:
+		return driver.Unavailable(ctx, err)
+	case n < 0:
 		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	case n == 0:
+		return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
 	}
 	return nil
 }

@@ -337,18 +337,35 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 }
 
 // Delete implements idempotency.Deleter.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
-	res := s.db.WithContext(ctx).Exec("DELETE FROM "+s.table+" WHERE id = ?", recordID(scope, key))
+	id := recordID(scope, key)
+	db := s.db.WithContext(ctx)
+	var res *gorm.DB
+	if owner == "" {
+		res = db.Exec("DELETE FROM "+s.table+" WHERE id = ?", id)
+	} else {
+		res = db.Exec("DELETE FROM "+s.table+" WHERE id = ? AND owner = ?", id, []byte(owner))
+	}
 	if res.Error != nil {
 		return storeErr(ctx, "delete", res.Error)
 	}
-	if res.RowsAffected == 0 {
-		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
+	if res.RowsAffected > 0 {
+		return nil
 	}
-	return nil
+	if owner != "" {
+		// Nothing of owner's: another's live record, or none.
+		var n int64
+		if err := db.Raw("SELECT count(*) FROM "+s.table+" WHERE id = ? AND expires_at > "+s.d.now, id).Row().Scan(&n); err != nil {
+			return storeErr(ctx, "delete", err)
+		}
+		if n > 0 {
+			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
+		}
+	}
+	return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 }
 
 // Purge deletes the records whose lease or retention has run out, which

@@ -354,8 +354,10 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 }
 
 // Delete implements idempotency.Deleter. A record rewritten between the
-// read and the delete is read again, a few times at most.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+// read and the delete is read again, a few times at most; the delete names
+// the version read, so a record claimed by another owner since is never
+// removed.
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
@@ -367,6 +369,9 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		}
 		if err != nil {
 			return err
+		}
+		if owner != "" && r.owner != owner {
+			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
 		}
 		err = s.remove(ctx, path, stat.Version, r)
 		if !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) {

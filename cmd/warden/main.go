@@ -18,7 +18,9 @@
 // are printed redacted (backendurl). Exit status 0 on success, 1 when the
 // backend fails or the answer is no, 2 for bad input (with a one-line
 // error), 3 when a release is refused because the lock changed hands after
-// its holder was shown (nothing is released; the new holder is named).
+// its holder was shown (nothing is released; the new holder is named), or a
+// delete because another request claimed the key after its record was
+// shown (nothing is deleted).
 package main
 
 import (
@@ -327,14 +329,19 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	if !c.yes {
-		fmt.Fprintf(c.stdout, "delete the %s record under scope %s, key %s? The next request with this key runs again. [y/N] ",
-			shown(string(rec.State)), shown(scope), shown(key))
+		fmt.Fprintf(c.stdout, "delete the %s record of instance %s under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), shown(debugpage.Instance(rec.Owner)), shown(scope), shown(key))
 		answer, _ := c.stdin.ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			return errors.New("not deleted")
 		}
 	}
-	if err := del.Delete(ctx, scope, key); err != nil {
+	// Only the record shown: one claimed or completed by another request
+	// since (the claim shown lapsed while the prompt waited) is left.
+	if err := del.Delete(ctx, scope, key, rec.Owner); err != nil {
+		if errors.Is(err, idempotency.ErrNotOwner) {
+			return recordChanged{scope, key}
+		}
 		return err
 	}
 	if c.json {

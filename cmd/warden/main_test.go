@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -174,6 +175,55 @@ func idemHalf(t *testing.T, o *backendurl.Opener, u *backendurl.URL, url, key st
 	if err := store.Extend(ctx, "user-9", key, "api-3:topsecretownertoken", time.Minute); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Fatalf("the owner's Extend after idem delete: %v, want ErrNotOwner", err)
 	}
+
+	// While the operator reads the prompt about api-3's claim, it goes
+	// (here deleted; in life, lapsed) and api-4 claims the key and completes
+	// it: the "y" must not delete api-4's record, which nobody showed.
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
+		Owner: "api-3:topsecretownertoken", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	stdin := &atPrompt{answer: "y\n", do: func() {
+		if err := store.(idempotency.Deleter).Delete(ctx, "user-9", key, ""); err != nil {
+			t.Errorf("Delete: %v", err)
+		}
+		if rec, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
+			Owner: "api-4:otherownertoken", Lease: time.Minute}); rec != nil || err != nil {
+			t.Errorf("api-4's claim: %+v, %v", rec, err)
+		}
+		if err := store.Complete(ctx, "user-9", key, "api-4:otherownertoken", []byte("201"), time.Minute); err != nil {
+			t.Errorf("api-4's Complete: %v", err)
+		}
+	}}
+	var stdout, stderr bytes.Buffer
+	if code := run(ctx, []string{"-lock", url, "idem", "delete", "user-9", key}, stdin, &stdout, &stderr); code != exitChanged || !strings.Contains(stderr.String(), "not deleted") {
+		t.Fatalf("idem delete of a record claimed again at the prompt: %d %q %q; want exit %d, not deleted", code, stdout.String(), stderr.String(), exitChanged)
+	}
+	if rec, err := store.Get(ctx, "user-9", key); err != nil || rec.State != idempotency.StateCompleted || rec.Owner != "api-4:otherownertoken" {
+		t.Fatalf("api-4's record after the refused delete: %+v, %v", rec, err)
+	}
+}
+
+// atPrompt is an operator's stdin: at the first read, which comes when the
+// prompt is shown, it runs do (what happens while the operator reads), then
+// answers.
+type atPrompt struct {
+	do     func()
+	answer string
+	read   bool
+}
+
+func (p *atPrompt) Read(b []byte) (int, error) {
+	if !p.read {
+		p.read = true
+		p.do()
+	}
+	n := copy(b, p.answer)
+	p.answer = p.answer[n:]
+	if n == 0 {
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 func TestBadInputExitsTwo(t *testing.T) {

@@ -14,8 +14,9 @@ import (
 )
 
 // exitChanged is the exit status of a release refused because the lock
-// changed hands after the operator was shown its holder: nothing was
-// released, and whoever holds it now is named.
+// changed hands after the operator was shown its holder (nothing was
+// released, and whoever holds it now is named), and of an idempotency
+// record's delete refused because the key was claimed again since.
 const exitChanged = 3
 
 // changedHands is that refusal.
@@ -29,6 +30,18 @@ func (e changedHands) Error() string {
 }
 
 func (e changedHands) ExitCode() int { return exitChanged }
+
+// recordChanged is the refusal of an idempotency record's delete because
+// another request claimed or completed the key after the operator was
+// shown its record: nothing was deleted.
+type recordChanged struct{ scope, key string }
+
+func (e recordChanged) Error() string {
+	return fmt.Sprintf("the record under scope %s, key %s was not deleted: another request claimed the key since it was shown (warden idem show tells its state now)",
+		strconv.Quote(e.scope), strconv.Quote(e.key))
+}
+
+func (e recordChanged) ExitCode() int { return exitChanged }
 
 // releaseCommand reads the arguments of `locks release`, flags before or
 // after KEY:

@@ -388,7 +388,9 @@ func (s *suite) testAbandon(t *testing.T) {
 
 // testDelete checks a store's idempotency.Deleter, when it has one: an
 // operator removes an in-progress claim and a completed record alike, the
-// old owner finds its claim gone, and the key runs afresh.
+// old owner finds its claim gone, and the key runs afresh; a delete naming
+// an owner leaves another owner's record (the claim the operator was shown
+// lapsed, and another request claimed the key or completed it).
 func (s *suite) testDelete(t *testing.T) {
 	a, admin := s.newStore(t), s.newStore(t)
 	del, ok := admin.(idempotency.Deleter)
@@ -397,11 +399,14 @@ func (s *suite) testDelete(t *testing.T) {
 	}
 	ctx := s.ctx(t)
 	k := key(t)
-	expectIs(t, "Delete of nothing", del.Delete(ctx, "s", k), idempotency.ErrNotFound)
+	expectIs(t, "Delete of nothing", del.Delete(ctx, "s", k, ""), idempotency.ErrNotFound)
+	expectIs(t, "Delete of nothing, by owner", del.Delete(ctx, "s", k, owner("a")), idempotency.ErrNotFound)
 	c := idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("a"), Lease: long}
 	mustClaim(t, a, ctx, c)
-	if err := del.Delete(ctx, "s", k); err != nil {
-		t.Fatalf("Delete of an in-progress claim: %v", err)
+	expectIs(t, "Delete of an in-progress claim by another owner", del.Delete(ctx, "s", k, owner("x")), idempotency.ErrNotOwner)
+	expectRecord(t, mustGet(t, a, ctx, "s", k), idempotency.Record{Scope: "s", Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner})
+	if err := del.Delete(ctx, "s", k, c.Owner); err != nil {
+		t.Fatalf("Delete of an in-progress claim by its owner: %v", err)
 	}
 	expectNotFound(t, a, ctx, "s", k)
 	expectIs(t, "Extend after Delete", a.Extend(ctx, "s", k, c.Owner, long), idempotency.ErrNotOwner)
@@ -412,12 +417,21 @@ func (s *suite) testDelete(t *testing.T) {
 	if err := a.Complete(ctx, "s", k, again.Owner, []byte("done"), long); err != nil {
 		t.Fatal(err)
 	}
-	if err := del.Delete(ctx, "s", k); err != nil {
-		t.Fatalf("Delete of a completed record: %v", err)
+	expectIs(t, "Delete of a completed record by the earlier owner", del.Delete(ctx, "s", k, c.Owner), idempotency.ErrNotOwner)
+	if rec := mustGet(t, a, ctx, "s", k); rec.State != idempotency.StateCompleted || rec.Owner != again.Owner {
+		t.Fatalf("after a refused Delete: %+v, want b's completed record", rec)
+	}
+	if err := del.Delete(ctx, "s", k, again.Owner); err != nil {
+		t.Fatalf("Delete of a completed record by its owner: %v", err)
 	}
 	expectNotFound(t, a, ctx, "s", k)
-	mustClaim(t, a, ctx, idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("c"), Lease: long})
-	expectIs(t, "Delete of an invalid key", del.Delete(ctx, "s", ""), idempotency.ErrInvalid)
+	last := idempotency.Claim{Scope: "s", Key: k, Fingerprint: "fp", Owner: owner("c"), Lease: long}
+	mustClaim(t, a, ctx, last)
+	if err := del.Delete(ctx, "s", k, ""); err != nil {
+		t.Fatalf("Delete whatever the owner: %v", err)
+	}
+	expectNotFound(t, a, ctx, "s", k)
+	expectIs(t, "Delete of an invalid key", del.Delete(ctx, "s", "", ""), idempotency.ErrInvalid)
 }
 
 // testConcurrentClaims: contenders on separate clients race for one key;
@@ -613,7 +627,7 @@ func (s *suite) testNilContext(t *testing.T) {
 		},
 	}
 	if del, ok := st.(idempotency.Deleter); ok {
-		calls["Delete"] = func() error { return del.Delete(nilCtx, "", k) }
+		calls["Delete"] = func() error { return del.Delete(nilCtx, "", k, o) }
 	}
 	for name, call := range calls {
 		func() {
