@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,10 +121,13 @@ func BenchmarkHandoff(b *testing.B) {
 	srv := servers(b)
 	run := func(b *testing.B, cs []cycler, requests func() int64) {
 		b.ReportAllocs()
-		started, sent := goroutinesStarted(), requests()
+		started, sent, use := goroutinesStarted(), requests(), usage(b)
 		b.ResetTimer()
 		lat := contend(b, cs, b.N+1)
 		b.StopTimer()
+		used := usage(b)
+		b.ReportMetric(float64(used.cpu-use.cpu)/1e3/float64(b.N), "cpu-µs/op")
+		b.ReportMetric(float64(used.switches-use.switches)/float64(b.N), "switches/op")
 		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
 		b.ReportMetric(float64(requests()-sent)/float64(b.N), "requests/op")
 		if len(lat) == 0 {
@@ -224,6 +228,24 @@ func zkLockContenders(b *testing.B, srv []string, key string, n int) ([]cycler, 
 		cs[i] = zkLockContender(conn, key)
 	}
 	return cs, fc
+}
+
+// use is what the process has used: CPU time (user and system), and the
+// context switches its threads made, each a sleep and a wake-up.
+type use struct {
+	cpu      time.Duration
+	switches int64
+}
+
+func usage(b *testing.B) use {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return use{
+		cpu:      time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		switches: ru.Nvcsw + ru.Nivcsw,
+	}
 }
 
 // goroutinesStarted is the number of goroutines the process has started.
