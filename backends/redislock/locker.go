@@ -198,7 +198,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				c.clock = h.clock
 			}
 		}
-		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, contender: c}
+		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, flight: &c.flight, contender: c}
 	}
 	// Either waiter is named in the messages for it, which go to the
 	// Locker's channel; the lock's channel is where records of an earlier
@@ -253,6 +253,9 @@ type plainContender struct {
 	// score is clock plus the waiter timeout, what rewait.lua records the
 	// contender with.
 	score int64
+	// flight is its attempts' room on the Locker's watchdog (see
+	// waiter.flight), in the one allocation of the struct.
+	flight flight
 	// alt is the command of an attempt that does not send cmd: the first
 	// one's, to rewait.lua (mode '4'), or a shorter one (mode '0', see
 	// args). The attempt fills it before sending, and nothing reads it
