@@ -385,24 +385,17 @@ func BenchmarkCycleClient(b *testing.B) {
 		}
 		b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
 	}
-	b.Run("guard", func(b *testing.B) {
-		g, err := guard.New(newLocker(b, c), guard.WithTTL(10*time.Second))
+	guardCycles := func(b *testing.B, l driver.Locker) {
+		g, err := guard.New(l, guard.WithTTL(10*time.Second))
 		if err != nil {
 			b.Fatal(err)
 		}
 		key := benchKey(b)
 		section := func(context.Context, *guard.Lock) error { return nil }
 		run(b, func() error { return g.Do(ctx, key, section) })
-	})
-	b.Run("guard-direct", func(b *testing.B) {
-		g, err := guard.New(directLocker{newLocker(b, c)}, guard.WithTTL(10*time.Second))
-		if err != nil {
-			b.Fatal(err)
-		}
-		key := benchKey(b)
-		section := func(context.Context, *guard.Lock) error { return nil }
-		run(b, func() error { return g.Do(ctx, key, section) })
-	})
+	}
+	b.Run("guard", func(b *testing.B) { guardCycles(b, newLocker(b, c)) })
+	b.Run("guard-direct", func(b *testing.B) { guardCycles(b, directLocker{newLocker(b, c)}) })
 	b.Run("locker", func(b *testing.B) {
 		l := newLocker(b, c)
 		key := benchKey(b)
