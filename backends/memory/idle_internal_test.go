@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -80,4 +81,59 @@ func TestWaiterWokenAtExpiryAfterHandoffs(t *testing.T) {
 			t.Fatalf("c granted after %v, want when b's lease expired (%v)", at.Sub(start), 100*time.Millisecond+10*time.Second)
 		}
 	})
+}
+
+// TestLeaseOfReusedEntry: a lease whose holding expired, and whose entry
+// was then let go of and reused, for another key or for its own, neither
+// renews nor releases anything, and leaves the entry's new holder alone.
+func TestLeaseOfReusedEntry(t *testing.T) {
+	for _, next := range []string{"z", "a"} {
+		t.Run("reused for "+next, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				l := New()
+				short := driver.AcquireOptions{TTL: time.Second}
+				long := driver.AcquireOptions{TTL: time.Minute}
+				a, err := l.Acquire(ctx, "a", short)
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Second)
+				// The renewal finds the holding expired and lets the
+				// entry fall idle; maxIdle keys falling idle after it
+				// push it out of the table.
+				if err := a.Refresh(ctx, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+					t.Fatalf("Refresh of an expired lease: %v, want ErrNotHeld", err)
+				}
+				for i := range maxIdle {
+					lease, err := l.Acquire(ctx, fmt.Sprintf("k%d", i), long)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := lease.Release(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				b, err := l.Acquire(ctx, next, long)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.(*lease).e != a.(*lease).e {
+					t.Fatal("the new holder was given another entry; the test no longer reuses one")
+				}
+				if err := a.Refresh(ctx, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+					t.Fatalf("Refresh of a lease whose entry was reused: %v, want ErrNotHeld", err)
+				}
+				if err := a.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+					t.Fatalf("Release of a lease whose entry was reused: %v, want ErrNotHeld", err)
+				}
+				if _, err := l.Acquire(ctx, next, long); err != driver.ErrNotAcquired {
+					t.Fatalf("acquisition of %q, held by the entry's new holder: %v, want ErrNotAcquired", next, err)
+				}
+				if err := b.Release(ctx); err != nil {
+					t.Fatalf("the new holder's release: %v", err)
+				}
+			})
+		})
+	}
 }

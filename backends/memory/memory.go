@@ -99,6 +99,7 @@ type entry struct {
 	timerAt time.Time   // when timer fires; zero when it is not set
 	gen     uint64      // bumped on idleness, so a stale timer does nothing
 	idleSeq uint64      // the idle slot naming it; 0 when it is in use
+	live    bool        // in the Locker's entries, under its key
 }
 
 // Acquire implements driver.Locker.
@@ -259,7 +260,7 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 
 	select {
 	case <-w.ready:
-		return &lease{l: l, key: ek, token: w.token, expires: w.expires}, nil
+		return &lease{l: l, e: e, token: w.token, expires: w.expires}, nil
 	case <-ctx.Done():
 	}
 	l.mu.Lock()
@@ -292,7 +293,7 @@ func (l *Locker) entry(k entryKey) *entry {
 	} else {
 		e = &entry{}
 	}
-	e.key = k
+	e.key, e.live = k, true
 	l.entries[k] = e
 	return e
 }
@@ -317,7 +318,7 @@ func (l *Locker) idle(e *entry) {
 	l.idleAt = (l.idleAt + 1) % maxIdle
 	if old.e != nil && old.e.idleSeq == old.seq {
 		delete(l.entries, old.e.key)
-		old.e.idleSeq = 0
+		old.e.idleSeq, old.e.live = 0, false
 		if len(l.free) < maxIdle {
 			l.free = append(l.free, old.e)
 		}
@@ -328,7 +329,7 @@ func (l *Locker) grant(e *entry, k kind, ttl time.Duration, owner string, now ti
 	l.token++
 	expires := now.Add(ttl)
 	e.holders = append(e.holders, holder{token: l.token, shared: k == rwRead || k == sem, expires: expires, owner: owner})
-	return &lease{l: l, key: e.key, token: l.token, expires: expires}
+	return &lease{l: l, e: e, token: l.token, expires: expires}
 }
 
 // dispatch grants the lock to waiters at the head of the queue, in order,
@@ -431,13 +432,26 @@ func (e *entry) drop(token uint64) bool {
 	return true
 }
 
-// lease is one grant. It names its entry by key, not by pointer, because
-// entries are reused once idle.
+// lease is one grant. It keeps the entry it was granted on, rather than
+// its key, so that a release or a renewal finds it without a look-up in
+// the map (a hash of the key each).
 type lease struct {
 	l       *Locker
-	key     entryKey
+	e       *entry
 	token   uint64
 	expires time.Time // guarded by l.mu
+}
+
+// entryLocked returns the entry s was granted on while the Locker keeps
+// it, or nil once it was let go of, with s's holding (an entry that holds
+// anything stays in the map). An entry is reused once let go of, maybe for
+// another key: s's token, which no other grant carries, is what tells
+// whether it still holds s. Called with l.mu held.
+func (s *lease) entryLocked() *entry {
+	if s.e.live {
+		return s.e
+	}
+	return nil
 }
 
 func (s *lease) Token() uint64 { return s.token }
@@ -456,7 +470,7 @@ func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 func (s *lease) refreshLocked(ttl time.Duration, now time.Time) error {
-	e := s.l.entries[s.key]
+	e := s.entryLocked()
 	if e == nil {
 		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}
@@ -493,7 +507,7 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 func (s *lease) Release(ctx context.Context) error {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	e := s.l.entries[s.key]
+	e := s.entryLocked()
 	if e == nil {
 		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 	}

@@ -15,9 +15,11 @@ import (
 func TestWatchdog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var w watchdog
-		slow, slowFlight := w.begin(context.Background())
+		slowFlight := new(flight)
+		slow := w.begin(context.Background(), slowFlight)
 		defer w.end(slowFlight)
-		quick, quickFlight := w.begin(context.Background())
+		quickFlight := new(flight)
+		quick := w.begin(context.Background(), quickFlight)
 		w.end(quickFlight)
 		time.Sleep(attemptBound - time.Millisecond)
 		synctest.Wait()
@@ -33,12 +35,43 @@ func TestWatchdog(t *testing.T) {
 			t.Fatal("an attempt that had ended was cut short")
 		}
 		// A later attempt starts the watchdog again.
-		later, laterFlight := w.begin(context.Background())
+		laterFlight := new(flight)
+		later := w.begin(context.Background(), laterFlight)
 		defer w.end(laterFlight)
 		time.Sleep(attemptBound + boundTick)
 		synctest.Wait()
 		if cause := context.Cause(later); !errors.Is(cause, errNoAnswer) {
 			t.Fatalf("a later attempt's cause %v past its bound, want errNoAnswer", cause)
+		}
+	})
+}
+
+// TestWatchdogEndsAnyOfThree: an attempt that ends between two others in
+// flight leaves both to be cut at their bound (the list is relinked around
+// it), and is not cut itself.
+func TestWatchdogEndsAnyOfThree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var w watchdog
+		fs := []*flight{new(flight), new(flight), new(flight)}
+		ctxs := make([]context.Context, len(fs))
+		for i, f := range fs {
+			ctxs[i] = w.begin(context.Background(), f)
+			time.Sleep(time.Millisecond)
+		}
+		w.end(fs[1])
+		time.Sleep(attemptBound + boundTick)
+		synctest.Wait()
+		for _, i := range []int{0, 2} {
+			if cause := context.Cause(ctxs[i]); !errors.Is(cause, errNoAnswer) {
+				t.Errorf("attempt %d's cause %v past its bound, want errNoAnswer", i, cause)
+			}
+			w.end(fs[i])
+		}
+		if cause := context.Cause(ctxs[1]); errors.Is(cause, errNoAnswer) {
+			t.Error("the attempt that had ended was cut short")
+		}
+		if w.head != nil || w.tail != nil {
+			t.Error("the watchdog still lists attempts after all ended")
 		}
 	})
 }

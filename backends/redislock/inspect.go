@@ -20,11 +20,26 @@ import (
 // ownerID is what a lease is stored under: a random id that tells this
 // lease from every other, then the holder's label for Inspect. The id is
 // base32, so the first '/' ends it.
+//
+// The id is crypto/rand.Text's: 26 random characters of the RFC 4648
+// base32 alphabet, 130 bits. It is written with the label into one
+// string, an allocation less on every acquisition than Text's own
+// string and its concatenation.
 func ownerID(label string) string {
-	if label == "" {
-		return rand.Text()
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+	var id [26]byte
+	rand.Read(id[:])
+	for i, c := range id {
+		id[i] = alphabet[c%32]
 	}
-	return rand.Text() + "/" + label
+	var b strings.Builder
+	b.Grow(len(id) + 1 + len(label))
+	b.Write(id[:])
+	if label != "" {
+		b.WriteByte('/')
+		b.WriteString(label)
+	}
+	return b.String()
 }
 
 func labelOf(owner string) string {

@@ -50,6 +50,16 @@ func mutexNamesOf(key string) mutexNames {
 	return m
 }
 
+// lockWaitersOf is mutexNamesOf(key)'s lock and waiters alone, cut from
+// one string: all that the attempts of a plain lock name, at less than
+// half the bytes to build.
+func lockWaitersOf(key string) (lock, waiters string) {
+	e := redistag.Escape(key)
+	s := "{" + e + "}:lock{" + e + "}:waiters"
+	i := len(e) + len("{}:lock")
+	return s[:i], s[i:]
+}
+
 // releaseKeys are the keys of release.lua, unwait_mutex.lua and
 // force_release.lua.
 func (m mutexNames) releaseKeys() []string { return []string{m.lock, m.queue, m.deadlines, m.waiters} }

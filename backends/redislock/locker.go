@@ -144,13 +144,13 @@ var (
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters
 // in the order they arrived.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
-	n := mutexNamesOf(key)
 	owner := ownerID(opts.Owner)
 	px := pxOf(opts.TTL)
 	ls := &lease{l: l, key: key, owner: owner, kind: kindMutex, fair: opts.Fair}
-	channel := n.channel
 	var w waiter
 	if opts.Fair {
+		n := mutexNamesOf(key)
+		channel := n.channel
 		keys := []string{n.lock, n.queue, n.deadlines}
 		waitMs := l.cfg.waiterTimeout.Milliseconds()
 		handoffMs := handoffWindow(l.cfg.waiterTimeout).Milliseconds()
@@ -185,9 +185,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}},
 		}
 	} else {
-		c := &plainContender{l: l, n: n, keepAlive: l.cfg.waiterTimeout / 3, px: px}
+		c := &plainContender{l: l, key: key, keepAlive: l.cfg.waiterTimeout / 3, px: px}
+		c.lock, c.waiters = lockWaitersOf(key)
 		c.waitRecord, c.record = recordOf(l.cfg.waiterTimeout.Milliseconds(), l.wake, px, owner)
-		c.cmd = [10]any{"evalsha", l.s.acquireSha, 2, &c.n.lock, &c.n.waiters, &ls.owner, &c.px, "0", &c.waitRecord, "0"}
+		c.cmd = [10]any{"evalsha", l.s.acquireSha, 2, &c.lock, &c.waiters, &ls.owner, &c.px, "0", &c.waitRecord, "0"}
 		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) {
 			c.likelyHeld = true
 			// The record rewait.lua writes lapses early by the time
@@ -198,7 +199,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				c.clock = h.clock
 			}
 		}
-		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, contender: c}
+		w = waiter{id: c.record, keepAlive: c.keepAlive, bounded: true, flight: &c.flight, contender: c}
 	}
 	// Either waiter is named in the messages for it, which go to the
 	// Locker's channel; the lock's channel is where records of an earlier
@@ -218,8 +219,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 // per acquisition: closures over it would cost an allocation each, and one
 // more for each variable they change, on the path of every acquisition.
 type plainContender struct {
-	l *Locker
-	n mutexNames
+	l   *Locker
+	key string
+	// lock and waiters are the two keys its attempts name, cut from one
+	// string (lockWaitersOf): the other names of the lock (mutexNamesOf)
+	// only its cleanup needs, which makes them.
+	lock, waiters string
 	// cmd is the command of every attempt (see scripter.evalsha),
 	// converted once: only the mode (cmd[7]) and the unanswered flag
 	// (cmd[9]) change, and those are constants, which cost no allocation
@@ -253,6 +258,9 @@ type plainContender struct {
 	// score is clock plus the waiter timeout, what rewait.lua records the
 	// contender with.
 	score int64
+	// flight is its attempts' room on the Locker's watchdog (see
+	// waiter.flight), in the one allocation of the struct.
+	flight flight
 	// alt is the command of an attempt that does not send cmd: the first
 	// one's, to rewait.lua (mode '4'), or a shorter one (mode '0', see
 	// args). The attempt fills it before sending, and nothing reads it
@@ -280,7 +288,7 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 		s := c.l.s
 		// Mode 4 comes once per acquisition: clock is not read again.
 		c.score = c.clock + c.l.cfg.waiterTimeout.Milliseconds()
-		c.alt = [10]any{"evalsha", s.rewaitSha, 2, &c.n.lock, &c.n.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
+		c.alt = [10]any{"evalsha", s.rewaitSha, 2, &c.lock, &c.waiters, c.cmd[5], &c.record, &c.clock, &c.score, c.l.waitArg}
 		r, err = answer(ctx, c.l.sc.evalsha(ctx, s.rewaitSrc, c.alt[:]))
 		if err == nil && r[0] == 0 {
 			r[1] -= c.clock // the deadline, made the pttl
@@ -294,7 +302,7 @@ func (c *plainContender) attempt(ctx context.Context, sc goredis.Scripter, queue
 	} else {
 		// A connection of its own (WithWaitReplicas): rare enough for
 		// Script.Run's conversions.
-		r, err = run(ctx, sc, c.l.s.acquire, []string{c.n.lock, c.n.waiters}, c.cmd[5:]...)
+		r, err = run(ctx, sc, c.l.s.acquire, []string{c.lock, c.waiters}, c.cmd[5:]...)
 	}
 	if err == nil && r[0] == 0 && queued {
 		c.recorded = true
@@ -318,7 +326,7 @@ func (c *plainContender) args(mode any) []any {
 	case c.unanswered:
 		return c.cmd[:]
 	case mode == "0":
-		c.alt = [10]any{"evalsha", c.l.s.acquireSha, 1, &c.n.lock, c.cmd[5], &c.px}
+		c.alt = [10]any{"evalsha", c.l.s.acquireSha, 1, &c.lock, c.cmd[5], &c.px}
 		return c.alt[:6]
 	}
 	return c.cmd[:9]
@@ -328,11 +336,12 @@ func (c *plainContender) args(mode any) []any {
 // lock to the record until it is gone, and the release that follows frees
 // what one handed over before.
 func (c *plainContender) cleanup(ctx context.Context) {
-	s, keys := c.l.s, c.n.releaseKeys()
+	s, n := c.l.s, mutexNamesOf(c.key)
+	keys := n.releaseKeys()
 	if c.recorded || c.unanswered {
-		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.record, c.n.channel)
+		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.record, n.channel)
 	}
-	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", c.n.channel, "0")
+	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", n.channel, "0")
 }
 
 // recordOf is a plain waiter's record: its Locker's channel, its TTL and

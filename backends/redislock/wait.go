@@ -27,6 +27,9 @@ type waiter struct {
 	// bounded: a waiting attempt may be cut short after attemptBound,
 	// since the next one finds the lock if the unanswered one took it.
 	bounded bool
+	// flight is the room of its attempts on the watchdog, when the
+	// contender keeps one; otherwise each bounded attempt makes its own.
+	flight *flight
 	contender
 }
 
@@ -285,7 +288,11 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 		if !w.bounded || !queued {
 			return w.attempt(ctx, l.sc, queued)
 		}
-		actx, f := l.bound.begin(ctx)
+		f := w.flight
+		if f == nil {
+			f = new(flight)
+		}
+		actx := l.bound.begin(ctx, f)
 		defer l.bound.end(f)
 		r, err := w.attempt(actx, l.sc, queued)
 		if err != nil && ctx.Err() == nil && context.Cause(actx) == errNoAnswer {

@@ -8,8 +8,13 @@ import "strings"
 // between the first '{' and the next '}', so a name containing them would
 // otherwise split a lock's keys across slots. '%' is escaped too, so that
 // the encoding stays one-to-one and two names never share keys.
+//
+// A name needs no escaping as a rule, and every acquisition and release
+// asks: three strings.IndexByte, which scan many bytes an instruction,
+// cost a quarter of strings.ContainsAny's byte-by-byte look-up for a
+// 60-byte name (callgrind: 167 instructions against 706).
 func Escape(s string) string {
-	if !strings.ContainsAny(s, "%{}") {
+	if strings.IndexByte(s, '%') < 0 && strings.IndexByte(s, '{') < 0 && strings.IndexByte(s, '}') < 0 {
 		return s
 	}
 	var b strings.Builder
