@@ -22,10 +22,11 @@ import (
 
 const instrumentation = "github.com/warden-go/warden/idempotency"
 
-// finishTimeout bounds the writes that end a call (Complete, Abandon). They
-// run on a context detached from the caller's, so that a caller that gave up
-// the moment fn returned does not leave the claim hanging until its lease
-// runs out.
+// finishTimeout bounds the completion of a call, all its attempts
+// together (each is bounded by the call timeout as well), and any one
+// release. They run on a context detached from the caller's, so that a
+// caller that gave up the moment fn returned does not leave the claim
+// hanging until its lease runs out.
 const finishTimeout = 10 * time.Second
 
 // giveBackTimeout bounds each request of a give-back (see giveBack), so
@@ -88,7 +89,10 @@ type Result struct {
 // the callers that come after. It is safe for concurrent use; one Executor
 // serves any number of keys.
 type Executor struct {
-	store  Store
+	store Store
+	// direct: the store returns once its ctx is done (ContextBounded), so
+	// its calls are made on the caller's goroutine.
+	direct bool
 	cfg    config
 	tracer trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
@@ -111,6 +115,7 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	cfg := config{
 		lease:     DefaultLease,
 		retention: DefaultRetention,
+		call:      DefaultCallTimeout,
 		onError:   func(error) Action { return Release },
 		logger:    slog.Default(),
 		tracer:    otel.GetTracerProvider(),
@@ -123,7 +128,8 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	if cfg.metrics, err = newStoreMetrics(cfg.meter); err != nil {
 		return nil, err
 	}
-	return &Executor{store: store, cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+	cb, ok := store.(ContextBounded)
+	return &Executor{store: store, direct: ok && cb.BoundedByContext(), cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
 }
 
 // Do runs fn once for (scope, key), scope set by WithScope:
@@ -156,6 +162,16 @@ func New(store Store, opts ...Option) (*Executor, error) {
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
 // error wrapping ErrNotOwner. Errors reaching the store wrap ErrUnavailable.
+//
+// Do waits for the store no longer than its bounds, whatever the store's
+// client does with its context (WithCallTimeout): a claim not answered
+// within the call timeout (or ctx's deadline, when sooner) fails with
+// ErrUnavailable, fn does not run, and the claim, should it land later,
+// is given back; a renewal still waiting when fn returns delays Do by the
+// call timeout at most, and fn is told a tenth of the lease before an
+// unrenewed claim could run out whatever the renewal does; a completion
+// not answered is treated as one that failed (the result not stored, fn's
+// bytes returned with ErrUnavailable, after ten seconds at most).
 // opts override the Executor's options for this call.
 func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opts ...Option) (Result, error) {
 	if err := CheckContext(ctx); err != nil {
@@ -247,13 +263,14 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		live := ctx.Err() == nil
-		rec, err := e.store.Claim(ctx, c)
+		rec, unanswered, err := bounded(ctx, e.direct, cfg.call, claimOn, &storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
 			// A ctx already done sent nothing, and an invalid claim was
-			// refused before it was made.
-			if live && !errors.Is(err, ErrInvalid) {
+			// refused before it was made. A claim still unanswered is
+			// given back once its answer comes (lateClaim).
+			if live && !unanswered && !errors.Is(err, ErrInvalid) {
 				if e.givingBack.Add(1) <= maxGivingBack {
 					go e.giveBack(ctx, cfg, c, hash)
 				} else {
@@ -388,17 +405,18 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 // timeout): a refusal is checked against the record, read back, which says
 // whether this owner completed it.
 func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte, held time.Time) error {
+	call := &storeCall{e: e, cfg: cfg, c: c, payload: payload}
 	backoff := 20 * time.Millisecond
 	for {
 		start := time.Now()
-		err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
+		_, _, err := bounded(fctx, e.direct, cfg.call, completeOn, call, nil)
 		cfg.metrics.record(ctx, opComplete, start, err)
 		switch {
 		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
 			return err
 		case errors.Is(err, ErrNotOwner):
 			start = time.Now()
-			rec, gerr := e.store.Get(fctx, c.Scope, c.Key)
+			rec, _, gerr := bounded(fctx, e.direct, cfg.call, getOn, call, nil)
 			cfg.metrics.record(ctx, opGet, start, gerr)
 			switch {
 			case gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner:
@@ -557,10 +575,11 @@ func (w *watchdog) renew() {
 	cfg := w.cfg
 	sent := time.Now()
 	// Renewals outlive the caller's cancellation: fn may still be finishing
-	// work that must not be run twice.
-	ectx, ecancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.interval)
-	err := w.e.store.Extend(ectx, w.c.Scope, w.c.Key, w.c.Owner, cfg.lease)
-	ecancel()
+	// work that must not be run twice. Each is bounded by the renewal
+	// period as well as the call timeout, so that stop, which the caller
+	// waits for, never waits longer for one in flight; the expiry timer
+	// tells fn in time whatever the renewal in flight does.
+	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.direct, min(w.interval, cfg.call), extendOn, &storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
 	cfg.metrics.record(w.ctx, opExtend, sent, err)
 	lost := false
 	switch {
@@ -604,11 +623,11 @@ func (w *watchdog) renew() {
 	w.timer.Reset(0)
 }
 
+// abandon releases c for the caller, who waits for it: bounded by the call
+// timeout, after which the request goes on in the background.
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
 	start := time.Now()
-	err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner)
+	_, _, err := bounded(context.WithoutCancel(ctx), e.direct, min(cfg.call, finishTimeout), abandonOn, &storeCall{e: e, cfg: cfg, c: c}, nil)
 	cfg.metrics.record(ctx, opAbandon, start, err)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.

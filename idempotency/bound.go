@@ -1,0 +1,164 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// grace is how long past a store call's bound the Executor waits for the
+// store's own answer before it answers for it, as guard does for its
+// backends: long enough for a store that honours its context to return,
+// short enough that the bound holds within it. A client that ignores
+// deadlines (go-redis without ContextTimeoutEnabled, which also resends a
+// timed-out command) or one stuck on a connection the network black-holes
+// is left behind.
+const grace = 20 * time.Millisecond
+
+// errNoAnswer is the failure of a store call not answered within its bound
+// and grace: the Executor answers for it, and the call goes on in the
+// background.
+var errNoAnswer = fmt.Errorf("%w: no answer from the store within the call timeout", ErrUnavailable)
+
+// States of a pending call: running until the store answers or its waiter
+// gives up on it, whichever comes first.
+const (
+	callRunning int32 = iota
+	callAnswered
+	callAbandoned
+)
+
+// pending is a store call running on a goroutine of its own.
+//
+// The call is a function with its argument rather than a closure, and so
+// is late: the functions are static, so that a call on the caller's
+// goroutine allocates nothing for them, and one on its own goroutine only
+// its pending.
+type pending[A, T any] struct {
+	ctx    context.Context
+	cancel context.CancelFunc // nil when ctx was the caller's own
+	f      func(context.Context, A) (T, error)
+	arg    A
+	late   func(A, T, error)
+
+	state atomic.Int32
+	done  chan struct{} // closed once answered
+	v     T
+	err   error
+}
+
+func (p *pending[A, T]) run() {
+	v, err := p.f(p.ctx, p.arg)
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.v, p.err = v, err
+	if p.state.CompareAndSwap(callRunning, callAnswered) {
+		close(p.done)
+		return
+	}
+	if p.late != nil {
+		p.late(p.arg, v, err)
+	}
+}
+
+// bounded calls f with ctx bounded by d, unless ctx's deadline comes
+// first, and arg, and returns f's answer.
+//
+// A store that declares it returns once its ctx is done (direct: see
+// ContextBounded) is called on the caller's goroutine. Any other is called
+// on a goroutine of its own, the only way to stop waiting for a client that
+// does not return when its context ends: when no answer has come once the
+// bound and grace have passed, bounded returns errNoAnswer (or ctx's
+// error, when the caller's ctx ended: its cancellation is no outage) with
+// abandoned true, and f goes on; late, if not nil, is then given f's answer
+// when it comes, so that a claim made after its caller stopped waiting is
+// given back rather than left to block its key.
+func bounded[A, T any](ctx context.Context, direct bool, d time.Duration, f func(context.Context, A) (T, error), arg A, late func(A, T, error)) (v T, abandoned bool, err error) {
+	cctx, cancel := ctx, context.CancelFunc(nil)
+	if end, ok := ctx.Deadline(); !ok || time.Until(end) > d {
+		cctx, cancel = context.WithTimeout(ctx, d)
+	}
+	if direct {
+		v, err := f(cctx, arg)
+		if cancel != nil {
+			cancel()
+		}
+		return v, false, err
+	}
+	p := &pending[A, T]{ctx: cctx, cancel: cancel, f: f, arg: arg, late: late, done: make(chan struct{})}
+	go p.run()
+	select {
+	case <-p.done:
+		return p.v, false, p.err
+	case <-cctx.Done():
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return p.v, false, p.err
+	case <-t.C:
+	}
+	if !p.state.CompareAndSwap(callRunning, callAbandoned) {
+		<-p.done // answered as the grace ran out
+		return p.v, false, p.err
+	}
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, true, err
+	}
+	return zero, true, errNoAnswer
+}
+
+// storeCall is what a call to the store needs: the claim it is about, and
+// for a completion its payload.
+type storeCall struct {
+	e       *Executor
+	ctx     context.Context // the caller's, for logs and metrics
+	cfg     *config
+	c       Claim
+	hash    *keyHash
+	payload []byte
+}
+
+func claimOn(ctx context.Context, s *storeCall) (*Record, error) { return s.e.store.Claim(ctx, s.c) }
+
+func getOn(ctx context.Context, s *storeCall) (*Record, error) {
+	return s.e.store.Get(ctx, s.c.Scope, s.c.Key)
+}
+
+func completeOn(ctx context.Context, s *storeCall) (struct{}, error) {
+	return struct{}{}, s.e.store.Complete(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.payload, s.cfg.retention)
+}
+
+func extendOn(ctx context.Context, s *storeCall) (struct{}, error) {
+	return struct{}{}, s.e.store.Extend(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.cfg.lease)
+}
+
+func abandonOn(ctx context.Context, s *storeCall) (struct{}, error) {
+	return struct{}{}, s.e.store.Abandon(ctx, s.c.Scope, s.c.Key, s.c.Owner)
+}
+
+// lateClaim gives back s's claim, whose caller stopped waiting for it
+// (bounded), unless its answer, come at last, says it was not made: made,
+// or with its answer lost, it would hold the key in progress for its lease
+// with nobody working. It runs on the claim's own goroutine and counts
+// among the give-backs, so that a store answering a burst of claims late
+// does not start more than maxGivingBack at once.
+func lateClaim(s *storeCall, rec *Record, err error) {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return
+	case err == nil && rec != nil && (rec.State != StateInProgress || rec.Owner != s.c.Owner):
+		return // another caller's record: this claim was not made
+	}
+	e := s.e
+	if e.givingBack.Add(1) > maxGivingBack {
+		e.givingBack.Add(-1)
+		return
+	}
+	e.giveBack(s.ctx, s.cfg, s.c, s.hash)
+}
