@@ -215,16 +215,7 @@ func TestRenewalBounded(t *testing.T) {
 			st := &hung{Store: idempotency.NewMemoryStore(), ops: "extend"}
 			e := newExecutor(t, st, idempotency.WithLease(lease))
 			start := time.Now()
-			_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-				<-ctx.Done()
-				if at := time.Since(start); at != lease-lease/10 {
-					t.Errorf("fn told at %v, want %v", at, lease-lease/10)
-				}
-				return nil, context.Cause(ctx)
-			})
-			if !errors.Is(err, idempotency.ErrNotOwner) {
-				t.Errorf("Do: %v, want ErrNotOwner", err)
-			}
+			toldAtMargin(t, e, lease)
 			if d := time.Since(start); d > lease-lease/10+idempotency.DefaultCallTimeout+grace {
 				t.Errorf("Do returned after %v", d)
 			}
