@@ -124,21 +124,21 @@ type storeCall struct {
 	payload []byte
 }
 
-func claimOn(ctx context.Context, s *storeCall) (*Record, error) { return s.e.store.Claim(ctx, s.c) }
+func claimOn(ctx context.Context, s storeCall) (*Record, error) { return s.e.store.Claim(ctx, s.c) }
 
-func getOn(ctx context.Context, s *storeCall) (*Record, error) {
+func getOn(ctx context.Context, s storeCall) (*Record, error) {
 	return s.e.store.Get(ctx, s.c.Scope, s.c.Key)
 }
 
-func completeOn(ctx context.Context, s *storeCall) (struct{}, error) {
+func completeOn(ctx context.Context, s storeCall) (struct{}, error) {
 	return struct{}{}, s.e.store.Complete(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.payload, s.cfg.retention)
 }
 
-func extendOn(ctx context.Context, s *storeCall) (struct{}, error) {
+func extendOn(ctx context.Context, s storeCall) (struct{}, error) {
 	return struct{}{}, s.e.store.Extend(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.cfg.lease)
 }
 
-func abandonOn(ctx context.Context, s *storeCall) (struct{}, error) {
+func abandonOn(ctx context.Context, s storeCall) (struct{}, error) {
 	return struct{}{}, s.e.store.Abandon(ctx, s.c.Scope, s.c.Key, s.c.Owner)
 }
 
@@ -148,7 +148,7 @@ func abandonOn(ctx context.Context, s *storeCall) (struct{}, error) {
 // with nobody working. It runs on the claim's own goroutine and counts
 // among the give-backs, so that a store answering a burst of claims late
 // does not start more than maxGivingBack at once.
-func lateClaim(s *storeCall, rec *Record, err error) {
+func lateClaim(s storeCall, rec *Record, err error) {
 	switch {
 	case errors.Is(err, ErrInvalid):
 		return

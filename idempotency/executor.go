@@ -263,7 +263,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		live := ctx.Err() == nil
-		rec, unanswered, err := bounded(ctx, e.direct, cfg.call, claimOn, &storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
+		rec, unanswered, err := bounded(ctx, e.direct, cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
@@ -365,16 +365,15 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	if notReplayable {
 		outcome = outcomeNotReplayable
 	}
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer fcancel()
-	err := e.complete(ctx, fctx, cfg, c, payload, held)
+	finishBy := time.Now().Add(finishTimeout)
+	err := e.complete(ctx, cfg, c, payload, held, finishBy)
 	if errors.Is(err, ErrTooLarge) {
 		// The store keeps less than this record: the work is done all the
 		// same, so the key is completed with the marker alone.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
 			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		outcome = outcomeNotReplayable
-		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil), held)
+		err = e.complete(ctx, cfg, c, encodeNotReplayable(nil), held, finishBy)
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
@@ -392,31 +391,33 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	return res, outcome, fnErr
 }
 
-// complete stores payload as c's result, on fctx, a context of its own.
+// complete stores payload as c's result, on a context of its own, by
+// finishBy.
 //
-// A store that fails is asked again, backing off, until fctx ends or the
-// claim can no longer be held (held, the watch's bound on it): fn has run,
-// and a result not stored leaves the claim to run out, after which the
+// A store that fails is asked again, backing off, until finishBy or until
+// the claim can no longer be held (held, the watch's bound on it): fn has
+// run, and a result not stored leaves the claim to run out, after which the
 // client's retry runs fn a second time. A few seconds of the caller's time
 // are a small price for riding out a failover or a dropped connection at
 // that moment. A request whose answer was lost may have completed the
 // record all the same, and the next one is then refused (a completed record
 // is final), as is one the client resent on its own (go-redis does, after a
 // timeout): a refusal is checked against the record, read back, which says
-// whether this owner completed it.
-func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte, held time.Time) error {
-	call := &storeCall{e: e, cfg: cfg, c: c, payload: payload}
+// whether this owner completed it. Each request is bounded by the call
+// timeout and finishBy, whichever comes first.
+func (e *Executor) complete(ctx context.Context, cfg *config, c Claim, payload []byte, held, finishBy time.Time) error {
+	call := storeCall{e: e, ctx: context.WithoutCancel(ctx), cfg: cfg, c: c, payload: payload}
 	backoff := 20 * time.Millisecond
 	for {
 		start := time.Now()
-		_, _, err := bounded(fctx, e.direct, cfg.call, completeOn, call, nil)
+		_, err := finishing(call, completeOn, finishBy)
 		cfg.metrics.record(ctx, opComplete, start, err)
 		switch {
 		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
 			return err
 		case errors.Is(err, ErrNotOwner):
 			start = time.Now()
-			rec, _, gerr := bounded(fctx, e.direct, cfg.call, getOn, call, nil)
+			rec, gerr := finishing(call, getOn, finishBy)
 			cfg.metrics.record(ctx, opGet, start, gerr)
 			switch {
 			case gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner:
@@ -430,15 +431,28 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 		if !time.Now().Add(backoff).Before(held) {
 			return err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-fctx.Done():
-			t.Stop()
+		left := time.Until(finishBy)
+		time.Sleep(min(backoff, left))
+		if backoff >= left {
 			return err
-		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// finishing makes s's request f, one of those that end a call, on s.ctx
+// (detached from the caller's) bounded by the call timeout and finishBy,
+// whichever comes first: one context for both bounds, as bounded then
+// needs none of its own.
+func finishing[T any](s storeCall, f func(context.Context, storeCall) (T, error), finishBy time.Time) (T, error) {
+	end := time.Now().Add(s.cfg.call)
+	if finishBy.Before(end) {
+		end = finishBy
+	}
+	ctx, cancel := context.WithDeadline(s.ctx, end)
+	defer cancel()
+	v, _, err := bounded(ctx, s.e.direct, s.cfg.call, f, s, nil)
+	return v, err
 }
 
 // watch renews c every third of the lease until the returned stop is
@@ -579,7 +593,7 @@ func (w *watchdog) renew() {
 	// period as well as the call timeout, so that stop, which the caller
 	// waits for, never waits longer for one in flight; the expiry timer
 	// tells fn in time whatever the renewal in flight does.
-	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.direct, min(w.interval, cfg.call), extendOn, &storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
+	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.direct, min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
 	cfg.metrics.record(w.ctx, opExtend, sent, err)
 	lost := false
 	switch {
@@ -627,7 +641,7 @@ func (w *watchdog) renew() {
 // timeout, after which the request goes on in the background.
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
 	start := time.Now()
-	_, _, err := bounded(context.WithoutCancel(ctx), e.direct, min(cfg.call, finishTimeout), abandonOn, &storeCall{e: e, cfg: cfg, c: c}, nil)
+	_, _, err := bounded(context.WithoutCancel(ctx), e.direct, min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
 	cfg.metrics.record(ctx, opAbandon, start, err)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.
