@@ -32,6 +32,13 @@ const (
 
 // pending is a store call running on a goroutine of its own.
 //
+// Each such call starts its goroutine, where guard keeps idle ones for
+// the next call: an Executor makes two calls per first request and one per
+// replay, each a network round trip that costs far more than a goroutine's
+// start, and a goroutine kept idle would outlive the caller's
+// testing/synctest bubble (guard needs WithIdleCallers(0) there). The cost
+// is in BenchmarkDo/undeclared.
+//
 // The call is a function with its argument rather than a closure, and so
 // is late: the functions are static, so that a call on the caller's
 // goroutine allocates nothing for them, and one on its own goroutine only
@@ -49,17 +56,22 @@ type pending[A, T any] struct {
 	err   error
 }
 
+// run makes the call and hands its answer to the waiter, or to late once
+// the waiter gave up. The call's context is cancelled only once the answer
+// is handed over: the waiter takes a done context for the end of the
+// bound, and would otherwise take an answer a moment from its waiter for
+// none (and a claim made in time be given back).
 func (p *pending[A, T]) run() {
 	v, err := p.f(p.ctx, p.arg)
+	p.v, p.err = v, err
+	answered := p.state.CompareAndSwap(callRunning, callAnswered)
+	if answered {
+		close(p.done)
+	}
 	if p.cancel != nil {
 		p.cancel()
 	}
-	p.v, p.err = v, err
-	if p.state.CompareAndSwap(callRunning, callAnswered) {
-		close(p.done)
-		return
-	}
-	if p.late != nil {
+	if !answered && p.late != nil {
 		p.late(p.arg, v, err)
 	}
 }
