@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -30,19 +32,13 @@ const (
 	callAbandoned
 )
 
-// pending is a store call running on a goroutine of its own.
-//
-// Each such call starts its goroutine, where guard keeps idle ones for
-// the next call: an Executor makes two calls per first request and one per
-// replay, each a network round trip that costs far more than a goroutine's
-// start, and a goroutine kept idle would outlive the caller's
-// testing/synctest bubble (guard needs WithIdleCallers(0) there). The cost
-// is in BenchmarkDo/undeclared.
+// pending is a store call running on a goroutine of its own, one of the
+// Executor's callers.
 //
 // The call is a function with its argument rather than a closure, and so
 // is late: the functions are static, so that a call on the caller's
-// goroutine allocates nothing for them, and one on its own goroutine only
-// its pending.
+// goroutine allocates nothing for them, and one on a caller only its
+// pending.
 type pending[A, T any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc // nil when ctx was the caller's own
@@ -79,21 +75,21 @@ func (p *pending[A, T]) run() {
 // bounded calls f with ctx bounded by d, unless ctx's deadline comes
 // first, and arg, and returns f's answer.
 //
-// A store that declares it returns once its ctx is done (direct: see
+// A store that declares it returns once its ctx is done (cs nil: see
 // ContextBounded) is called on the caller's goroutine. Any other is called
-// on a goroutine of its own, the only way to stop waiting for a client that
+// on one of cs's goroutines, the only way to stop waiting for a client that
 // does not return when its context ends: when no answer has come once the
 // bound and grace have passed, bounded returns errNoAnswer (or ctx's
 // error, when the caller's ctx ended: its cancellation is no outage) with
 // abandoned true, and f goes on; late, if not nil, is then given f's answer
 // when it comes, so that a claim made after its caller stopped waiting is
 // given back rather than left to block its key.
-func bounded[A, T any](ctx context.Context, direct bool, d time.Duration, f func(context.Context, A) (T, error), arg A, late func(A, T, error)) (v T, abandoned bool, err error) {
+func bounded[A, T any](ctx context.Context, cs *callers, d time.Duration, f func(context.Context, A) (T, error), arg A, late func(A, T, error)) (v T, abandoned bool, err error) {
 	cctx, cancel := ctx, context.CancelFunc(nil)
 	if end, ok := ctx.Deadline(); !ok || time.Until(end) > d {
 		cctx, cancel = context.WithTimeout(ctx, d)
 	}
-	if direct {
+	if cs == nil {
 		v, err := f(cctx, arg)
 		if cancel != nil {
 			cancel()
@@ -101,7 +97,7 @@ func bounded[A, T any](ctx context.Context, direct bool, d time.Duration, f func
 		return v, false, err
 	}
 	p := &pending[A, T]{ctx: cctx, cancel: cancel, f: f, arg: arg, late: late, done: make(chan struct{})}
-	go p.run()
+	cs.start(p)
 	select {
 	case <-p.done:
 		return p.v, false, p.err
@@ -123,6 +119,106 @@ func bounded[A, T any](ctx context.Context, direct bool, d time.Duration, f func
 		return zero, true, err
 	}
 	return zero, true, errNoAnswer
+}
+
+// idleFor is how long a call goroutine waits idle for the Executor's next
+// store call before it ends.
+//
+// A store call made on a goroutine of its own is not given a new one each
+// time: a new goroutine's stack grows through the store's client on every
+// call (callgrind, go-redis: about 100,000 client instructions a request
+// more, four times the whole request's, as guard found for its lock
+// calls). Kept goroutines keep their grown stacks.
+const idleFor = time.Second
+
+// callers keeps an Executor's idle call goroutines, the most recently idle
+// last (its stack the likeliest to be in cache).
+type callers struct {
+	maxIdle int // set by New, never changed
+	mu      sync.Mutex
+	idle    []*caller
+}
+
+// caller is a goroutine that runs one store call at a time.
+type caller struct {
+	calls chan task // room for one, so that handing a call over never waits
+}
+
+// task is a call handed to a caller.
+type task interface{ run() }
+
+// start runs t on an idle caller, or on a new one.
+func (cs *callers) start(t task) {
+	cs.mu.Lock()
+	if n := len(cs.idle); n > 0 {
+		c := cs.idle[n-1]
+		cs.idle[n-1] = nil
+		cs.idle = cs.idle[:n-1]
+		cs.mu.Unlock()
+		c.calls <- t
+		return
+	}
+	cs.mu.Unlock()
+	c := &caller{calls: make(chan task, 1)}
+	c.calls <- t
+	go c.loop(cs)
+}
+
+// loop runs the calls handed to c, then waits idle for the next one up to
+// idleFor, and ends when none came, or when maxIdle are idle already. A call abandoned by its waiter keeps c busy until the store
+// answers it: c is idle again only then.
+func (c *caller) loop(cs *callers) {
+	// Started by one call, it runs later ones too: the profiler labels it
+	// inherited are that first call's, and would be charged with the
+	// others' work.
+	pprof.SetGoroutineLabels(context.Background())
+	var wait *time.Timer
+	t := <-c.calls
+	for {
+		t.run()
+		if !cs.put(c) {
+			return
+		}
+		if wait == nil {
+			wait = time.NewTimer(idleFor)
+		} else {
+			wait.Reset(idleFor)
+		}
+		select {
+		case t = <-c.calls:
+			continue
+		case <-wait.C:
+		}
+		if cs.retire(c) {
+			return
+		}
+		t = <-c.calls // taken as it retired: its call is on its way
+	}
+}
+
+// put makes c idle, unless maxIdle are.
+func (cs *callers) put(c *caller) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if len(cs.idle) >= cs.maxIdle {
+		return false
+	}
+	cs.idle = append(cs.idle, c)
+	return true
+}
+
+// retire takes c, idle for idleFor, out of the idle, and reports whether
+// it was still there: false when a call was just handed to it.
+func (cs *callers) retire(c *caller) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for i, idle := range cs.idle {
+		if idle == c {
+			cs.idle = append(cs.idle[:i], cs.idle[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // storeCall is what a call to the store needs: the claim it is about, and

@@ -250,7 +250,8 @@ func TestAbandonBounded(t *testing.T) {
 }
 
 // TestCallTimeoutValidated: a call timeout shorter than MinDuration (a
-// unit slip: 2 is two nanoseconds) or negative is refused, named.
+// unit slip: 2 is two nanoseconds) or negative is refused, named, as is a
+// negative number of idle callers.
 func TestCallTimeoutValidated(t *testing.T) {
 	for _, d := range []time.Duration{2, -time.Second, 0} {
 		_, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithCallTimeout(d))
@@ -261,4 +262,28 @@ func TestCallTimeoutValidated(t *testing.T) {
 	if _, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithCallTimeout(idempotency.MinDuration)); err != nil {
 		t.Errorf("WithCallTimeout(MinDuration): %v", err)
 	}
+	if _, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.WithIdleCallers(-1)); !errors.Is(err, idempotency.ErrInvalid) ||
+		!strings.Contains(err.Error(), "WithIdleCallers") {
+		t.Errorf("WithIdleCallers(-1): %v, want ErrInvalid naming WithIdleCallers", err)
+	}
+}
+
+// TestIdleCallersEnd: the goroutines an Executor keeps for its calls to a
+// store that does not declare ContextBounded end once idle for a second:
+// the bubble, which fails its test while any is left, ends.
+func TestIdleCallersEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &hung{Store: idempotency.NewMemoryStore()}
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int64
+		for i := range 20 {
+			if _, err := e.Do(context.Background(), "k"+strings.Repeat("x", i), "fp", counted(&runs, "x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second + grace)
+	})
 }

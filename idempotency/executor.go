@@ -91,8 +91,10 @@ type Result struct {
 type Executor struct {
 	store Store
 	// direct: the store returns once its ctx is done (ContextBounded), so
-	// its calls are made on the caller's goroutine.
+	// its calls are made on the caller's goroutine; otherwise on one of
+	// calls'.
 	direct bool
+	calls  callers
 	cfg    config
 	tracer trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
@@ -116,6 +118,7 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		lease:     DefaultLease,
 		retention: DefaultRetention,
 		call:      DefaultCallTimeout,
+		idle:      DefaultIdleCallers,
 		onError:   func(error) Action { return Release },
 		logger:    slog.Default(),
 		tracer:    otel.GetTracerProvider(),
@@ -129,7 +132,17 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		return nil, err
 	}
 	cb, ok := store.(ContextBounded)
-	return &Executor{store: store, direct: ok && cb.BoundedByContext(), cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+	return &Executor{store: store, direct: ok && cb.BoundedByContext(), calls: callers{maxIdle: cfg.idle},
+		cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+}
+
+// callers returns the goroutines e's store calls run on: none (nil) for a
+// store that returns once its ctx is done.
+func (e *Executor) callers() *callers {
+	if e.direct {
+		return nil
+	}
+	return &e.calls
 }
 
 // Do runs fn once for (scope, key), scope set by WithScope:
@@ -263,7 +276,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		live := ctx.Err() == nil
-		rec, unanswered, err := bounded(ctx, e.direct, cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
+		rec, unanswered, err := bounded(ctx, e.callers(), cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
@@ -451,7 +464,7 @@ func finishing[T any](s storeCall, f func(context.Context, storeCall) (T, error)
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, end)
 	defer cancel()
-	v, _, err := bounded(ctx, s.e.direct, s.cfg.call, f, s, nil)
+	v, _, err := bounded(ctx, s.e.callers(), s.cfg.call, f, s, nil)
 	return v, err
 }
 
@@ -593,7 +606,7 @@ func (w *watchdog) renew() {
 	// period as well as the call timeout, so that stop, which the caller
 	// waits for, never waits longer for one in flight; the expiry timer
 	// tells fn in time whatever the renewal in flight does.
-	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.direct, min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
+	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.callers(), min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
 	cfg.metrics.record(w.ctx, opExtend, sent, err)
 	lost := false
 	switch {
@@ -641,7 +654,7 @@ func (w *watchdog) renew() {
 // timeout, after which the request goes on in the background.
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
 	start := time.Now()
-	_, _, err := bounded(context.WithoutCancel(ctx), e.direct, min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
+	_, _, err := bounded(context.WithoutCancel(ctx), e.callers(), min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
 	cfg.metrics.record(ctx, opAbandon, start, err)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.

@@ -20,6 +20,9 @@ const (
 	// DefaultCallTimeout bounds each call to the store, as guard's default
 	// call timeout bounds each call to a lock backend.
 	DefaultCallTimeout = 5 * time.Second
+	// DefaultIdleCallers is how many goroutines an Executor keeps idle for
+	// its next store calls (WithIdleCallers).
+	DefaultIdleCallers = 16
 	// MinDuration is the shortest lease, retention, call timeout or
 	// (non-zero) wait an Executor accepts. A shorter one is a unit slip (WithLease(2) is two
 	// nanoseconds), and a lease of microseconds would have the watchdog
@@ -53,6 +56,7 @@ type config struct {
 	retention time.Duration
 	wait      time.Duration
 	call      time.Duration
+	idle      int
 	detached  bool
 	onError   ErrorPolicy
 	logger    *slog.Logger
@@ -70,6 +74,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithRetention %v is shorter than %v", ErrInvalid, c.retention, MinDuration)
 	case c.call < MinDuration:
 		return fmt.Errorf("%w: WithCallTimeout %v is shorter than %v", ErrInvalid, c.call, MinDuration)
+	case c.idle < 0:
+		return fmt.Errorf("%w: WithIdleCallers %d is negative", ErrInvalid, c.idle)
 	case c.wait != 0 && c.wait < MinDuration:
 		return fmt.Errorf("%w: WithWait %v is neither 0 nor at least %v", ErrInvalid, c.wait, MinDuration)
 	case len(c.scope) > MaxScopeLen:
@@ -133,6 +139,18 @@ func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 // in the background: a claim it makes after its caller stopped waiting is
 // given back, owner-checked, and its work never runs.
 func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.call = d } }
+
+// WithIdleCallers sets how many goroutines the Executor keeps idle, each
+// for up to a second, to make its calls to a store that does not declare
+// ContextBounded (default DefaultIdleCallers, never negative): every call
+// to such a store runs on a goroutine of the Executor's, so that it can be
+// left behind at its bound (WithCallTimeout), and a goroutine kept for the
+// next call spares it the growth of a new one's stack through the store's
+// client, which costs more than the rest of the call. 0 keeps none, as an
+// Executor used in a testing/synctest bubble needs: a goroutine left idle
+// when the bubble's function returns fails its test. It is the Executor's
+// setting: in Do it changes nothing.
+func WithIdleCallers(n int) Option { return func(c *config) { c.idle = n } }
 
 // WithDetachedRun makes fn's context independent of the caller's: it ends
 // only when the claim is lost (cause ErrNotOwner), so that work whose caller
