@@ -226,7 +226,8 @@ type ClaimWatcher interface {
 // returns promptly once its ctx is done, whatever happens on the network
 // (MemoryStore, which never leaves the process). The Executor calls such a
 // store on the caller's goroutine. Any other it calls on a goroutine of its
-// own, so that the caller gets an answer within the call timeout
+// own (kept for the next call: WithIdleCallers), so that the caller gets an
+// answer within the call timeout
 // (WithCallTimeout) even from a client that ignores deadlines or retries
 // past them; the call that overran finishes in the background. A store
 // that declares it wrongly breaks that bound.
