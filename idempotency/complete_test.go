@@ -153,9 +153,12 @@ func TestCompleteRetriesEndWithClaim(t *testing.T) {
 func TestCompleteOfRemovedRecord(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := idempotency.NewMemoryStore()
-		e := newExecutor(t, st)
+		e, err := idempotency.New(st)
+		if err != nil {
+			t.Fatal(err)
+		}
 		start := time.Now()
-		_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+		_, err = e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
 			if err := st.Delete(ctx, "", "k"); err != nil {
 				t.Errorf("Delete: %v", err)
 			}
