@@ -54,9 +54,10 @@ type pending[A, T any] struct {
 
 // run makes the call and hands its answer to the waiter, or to late once
 // the waiter gave up. The call's context is cancelled only once the answer
-// is handed over: the waiter takes a done context for the end of the
-// bound, and would otherwise take an answer a moment from its waiter for
-// none (and a claim made in time be given back).
+// is handed over: the waiter reads a done context as the end of the bound,
+// so a cancel first could, with this goroutine descheduled past the grace,
+// have the waiter give up on an answer already here (and a claim made in
+// time be given back).
 func (p *pending[A, T]) run() {
 	v, err := p.f(p.ctx, p.arg)
 	p.v, p.err = v, err
@@ -126,9 +127,10 @@ func bounded[A, T any](ctx context.Context, cs *callers, d time.Duration, f func
 //
 // A store call made on a goroutine of its own is not given a new one each
 // time: a new goroutine's stack grows through the store's client on every
-// call (callgrind, go-redis: about 100,000 client instructions a request
-// more, four times the whole request's, as guard found for its lock
-// calls). Kept goroutines keep their grown stacks.
+// call, as guard found for its lock calls (callgrind, go-redis, 2,000 first
+// requests and 2,000 replays: 3.8 times the client instructions of calls on
+// the caller's goroutine with a goroutine per call, 1.4 times with kept
+// ones). Kept goroutines keep their grown stacks.
 const idleFor = time.Second
 
 // callers keeps an Executor's idle call goroutines, the most recently idle
