@@ -199,6 +199,14 @@ func WithRetention(d time.Duration) IdempotencyOption {
 	return func(c *idemConfig) { c.exec = append(c.exec, idempotency.WithRetention(d)) }
 }
 
+// WithCallTimeout bounds each call to the store (default
+// idempotency.DefaultCallTimeout, at least idempotency.MinDuration): a
+// store that does not answer within it gets the request 503, whatever its
+// client does with the request's context. See idempotency.WithCallTimeout.
+func WithCallTimeout(d time.Duration) IdempotencyOption {
+	return func(c *idemConfig) { c.exec = append(c.exec, idempotency.WithCallTimeout(d)) }
+}
+
 // WithLogger sets the logger (default slog.Default()). Keys are logged only
 // as hashes.
 func WithLogger(l *slog.Logger) IdempotencyOption {

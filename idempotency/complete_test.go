@@ -61,10 +61,7 @@ func TestCompleteRidesOutOutage(t *testing.T) {
 		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
 		st.down.Store(true)
 		time.AfterFunc(2*time.Second, func() { st.down.Store(false) })
-		e, err := idempotency.New(st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, st)
 		start := time.Now()
 		runsOnce(t, e, "k", nil)
 		if n := st.calls.Load(); n < 3 || n > 10 {
@@ -81,10 +78,7 @@ func TestCompleteAnswerLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
 		st.lose.Store(true)
-		e, err := idempotency.New(st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, st)
 		runsOnce(t, e, "k", nil)
 		if n := st.calls.Load(); n != 2 {
 			t.Errorf("%d Complete calls; want 2 (the lost answer, then the refused retry)", n)
@@ -99,10 +93,7 @@ func TestCompleteOutageOutlastsBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
 		st.down.Store(true)
-		e, err := idempotency.New(st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, st)
 		start := time.Now()
 		res, err := e.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) { return []byte("order 7"), nil })
 		if !errors.Is(err, idempotency.ErrUnavailable) || string(res.Response) != "order 7" {
@@ -133,10 +124,7 @@ func (s resentCompletes) Complete(ctx context.Context, scope, key, owner string,
 // resent it after it landed is read back and taken for the success it was.
 func TestCompleteResentByClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, err := idempotency.New(resentCompletes{idempotency.NewMemoryStore()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, resentCompletes{idempotency.NewMemoryStore()})
 		runsOnce(t, e, "k", nil)
 	})
 }
@@ -148,10 +136,7 @@ func TestCompleteRetriesEndWithClaim(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
 		st.down.Store(true)
-		e, err := idempotency.New(st, idempotency.WithLease(1500*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, st, idempotency.WithLease(1500*time.Millisecond))
 		start := time.Now()
 		if _, err := e.Do(context.Background(), "k", "fp", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idempotency.ErrUnavailable) {
 			t.Fatalf("Do: %v, want ErrUnavailable", err)

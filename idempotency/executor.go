@@ -22,10 +22,11 @@ import (
 
 const instrumentation = "github.com/warden-go/warden/idempotency"
 
-// finishTimeout bounds the writes that end a call (Complete, Abandon). They
-// run on a context detached from the caller's, so that a caller that gave up
-// the moment fn returned does not leave the claim hanging until its lease
-// runs out.
+// finishTimeout bounds the completion of a call, all its attempts
+// together (each is bounded by the call timeout as well), and any one
+// release. They run on a context detached from the caller's, so that a
+// caller that gave up the moment fn returned does not leave the claim
+// hanging until its lease runs out.
 const finishTimeout = 10 * time.Second
 
 // giveBackTimeout bounds each request of a give-back (see giveBack), so
@@ -88,7 +89,12 @@ type Result struct {
 // the callers that come after. It is safe for concurrent use; one Executor
 // serves any number of keys.
 type Executor struct {
-	store  Store
+	store Store
+	// direct: the store returns once its ctx is done (ContextBounded), so
+	// its calls are made on the caller's goroutine; otherwise on one of
+	// calls'.
+	direct bool
+	calls  callers
 	cfg    config
 	tracer trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
@@ -111,6 +117,8 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	cfg := config{
 		lease:     DefaultLease,
 		retention: DefaultRetention,
+		call:      DefaultCallTimeout,
+		idle:      DefaultIdleCallers,
 		onError:   func(error) Action { return Release },
 		logger:    slog.Default(),
 		tracer:    otel.GetTracerProvider(),
@@ -123,7 +131,18 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	if cfg.metrics, err = newStoreMetrics(cfg.meter); err != nil {
 		return nil, err
 	}
-	return &Executor{store: store, cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+	cb, ok := store.(ContextBounded)
+	return &Executor{store: store, direct: ok && cb.BoundedByContext(), calls: callers{maxIdle: cfg.idle},
+		cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+}
+
+// callers returns the goroutines e's store calls run on: none (nil) for a
+// store that returns once its ctx is done.
+func (e *Executor) callers() *callers {
+	if e.direct {
+		return nil
+	}
+	return &e.calls
 }
 
 // Do runs fn once for (scope, key), scope set by WithScope:
@@ -156,6 +175,16 @@ func New(store Store, opts ...Option) (*Executor, error) {
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
 // error wrapping ErrNotOwner. Errors reaching the store wrap ErrUnavailable.
+//
+// Do waits for the store no longer than its bounds, whatever the store's
+// client does with its context (WithCallTimeout): a claim not answered
+// within the call timeout (or ctx's deadline, when sooner) fails with
+// ErrUnavailable, fn does not run, and the claim, should it land later,
+// is given back; a renewal still waiting when fn returns delays Do by the
+// call timeout at most, and fn is told a tenth of the lease before an
+// unrenewed claim could run out whatever the renewal does; a completion
+// not answered is treated as one that failed (the result not stored, fn's
+// bytes returned with ErrUnavailable, after ten seconds at most).
 // opts override the Executor's options for this call.
 func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opts ...Option) (Result, error) {
 	if err := CheckContext(ctx); err != nil {
@@ -247,13 +276,14 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		live := ctx.Err() == nil
-		rec, err := e.store.Claim(ctx, c)
+		rec, unanswered, err := bounded(ctx, e.callers(), cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
 			// A ctx already done sent nothing, and an invalid claim was
-			// refused before it was made.
-			if live && !errors.Is(err, ErrInvalid) {
+			// refused before it was made. A claim still unanswered is
+			// given back once its answer comes (lateClaim).
+			if live && !unanswered && !errors.Is(err, ErrInvalid) {
 				if e.givingBack.Add(1) <= maxGivingBack {
 					go e.giveBack(ctx, cfg, c, hash)
 				} else {
@@ -348,16 +378,15 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	if notReplayable {
 		outcome = outcomeNotReplayable
 	}
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer fcancel()
-	err := e.complete(ctx, fctx, cfg, c, payload, held)
+	finishBy := time.Now().Add(finishTimeout)
+	err := e.complete(ctx, cfg, c, payload, held, finishBy)
 	if errors.Is(err, ErrTooLarge) {
 		// The store keeps less than this record: the work is done all the
 		// same, so the key is completed with the marker alone.
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
 			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		outcome = outcomeNotReplayable
-		err = e.complete(ctx, fctx, cfg, c, encodeNotReplayable(nil), held)
+		err = e.complete(ctx, cfg, c, encodeNotReplayable(nil), held, finishBy)
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
@@ -375,30 +404,33 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 	return res, outcome, fnErr
 }
 
-// complete stores payload as c's result, on fctx, a context of its own.
+// complete stores payload as c's result, on a context of its own, by
+// finishBy.
 //
-// A store that fails is asked again, backing off, until fctx ends or the
-// claim can no longer be held (held, the watch's bound on it): fn has run,
-// and a result not stored leaves the claim to run out, after which the
+// A store that fails is asked again, backing off, until finishBy or until
+// the claim can no longer be held (held, the watch's bound on it): fn has
+// run, and a result not stored leaves the claim to run out, after which the
 // client's retry runs fn a second time. A few seconds of the caller's time
 // are a small price for riding out a failover or a dropped connection at
 // that moment. A request whose answer was lost may have completed the
 // record all the same, and the next one is then refused (a completed record
 // is final), as is one the client resent on its own (go-redis does, after a
 // timeout): a refusal is checked against the record, read back, which says
-// whether this owner completed it.
-func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, payload []byte, held time.Time) error {
+// whether this owner completed it. Each request is bounded by the call
+// timeout and finishBy, whichever comes first.
+func (e *Executor) complete(ctx context.Context, cfg *config, c Claim, payload []byte, held, finishBy time.Time) error {
+	call := storeCall{e: e, ctx: context.WithoutCancel(ctx), cfg: cfg, c: c, payload: payload}
 	backoff := 20 * time.Millisecond
 	for {
 		start := time.Now()
-		err := e.store.Complete(fctx, c.Scope, c.Key, c.Owner, payload, cfg.retention)
+		_, err := finishing(call, completeOn, finishBy)
 		cfg.metrics.record(ctx, opComplete, start, err)
 		switch {
 		case err == nil, errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalid):
 			return err
 		case errors.Is(err, ErrNotOwner):
 			start = time.Now()
-			rec, gerr := e.store.Get(fctx, c.Scope, c.Key)
+			rec, gerr := finishing(call, getOn, finishBy)
 			cfg.metrics.record(ctx, opGet, start, gerr)
 			switch {
 			case gerr == nil && rec.State == StateCompleted && rec.Owner == c.Owner:
@@ -412,15 +444,28 @@ func (e *Executor) complete(ctx, fctx context.Context, cfg *config, c Claim, pay
 		if !time.Now().Add(backoff).Before(held) {
 			return err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-fctx.Done():
-			t.Stop()
+		left := time.Until(finishBy)
+		time.Sleep(min(backoff, left))
+		if backoff >= left {
 			return err
-		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// finishing makes s's request f, one of those that end a call, on s.ctx
+// (detached from the caller's) bounded by the call timeout and finishBy,
+// whichever comes first: one context for both bounds, as bounded then
+// needs none of its own.
+func finishing[T any](s storeCall, f func(context.Context, storeCall) (T, error), finishBy time.Time) (T, error) {
+	end := time.Now().Add(s.cfg.call)
+	if finishBy.Before(end) {
+		end = finishBy
+	}
+	ctx, cancel := context.WithDeadline(s.ctx, end)
+	defer cancel()
+	v, _, err := bounded(ctx, s.e.callers(), s.cfg.call, f, s, nil)
+	return v, err
 }
 
 // watch renews c every third of the lease until the returned stop is
@@ -557,10 +602,11 @@ func (w *watchdog) renew() {
 	cfg := w.cfg
 	sent := time.Now()
 	// Renewals outlive the caller's cancellation: fn may still be finishing
-	// work that must not be run twice.
-	ectx, ecancel := context.WithTimeout(context.WithoutCancel(w.ctx), w.interval)
-	err := w.e.store.Extend(ectx, w.c.Scope, w.c.Key, w.c.Owner, cfg.lease)
-	ecancel()
+	// work that must not be run twice. Each is bounded by the renewal
+	// period as well as the call timeout, so that stop, which the caller
+	// waits for, never waits longer for one in flight; the expiry timer
+	// tells fn in time whatever the renewal in flight does.
+	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.callers(), min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
 	cfg.metrics.record(w.ctx, opExtend, sent, err)
 	lost := false
 	switch {
@@ -604,11 +650,11 @@ func (w *watchdog) renew() {
 	w.timer.Reset(0)
 }
 
+// abandon releases c for the caller, who waits for it: bounded by the call
+// timeout, after which the request goes on in the background.
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
 	start := time.Now()
-	err := e.store.Abandon(actx, c.Scope, c.Key, c.Owner)
+	_, _, err := bounded(context.WithoutCancel(ctx), e.callers(), min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
 	cfg.metrics.record(ctx, opAbandon, start, err)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.

@@ -28,9 +28,11 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// newExecutor returns an Executor over st that keeps no idle goroutines,
+// which would outlive a testing/synctest bubble.
 func newExecutor(t *testing.T, st idempotency.Store, opts ...idempotency.Option) *idempotency.Executor {
 	t.Helper()
-	e, err := idempotency.New(st, opts...)
+	e, err := idempotency.New(st, append([]idempotency.Option{idempotency.WithIdleCallers(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,10 +44,7 @@ func TestLostClaimGivenBack(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := idempotency.NewMemoryStore()
 				ls := &lostClaims{Store: st, delay: delay}
-				lost, err := idempotency.New(ls)
-				if err != nil {
-					t.Fatal(err)
-				}
+				lost := newExecutor(t, ls)
 				ctx := context.Background()
 				if _, err := lost.Do(ctx, "k", "", func(context.Context) ([]byte, error) {
 					t.Error("fn ran after a failed claim")
@@ -60,10 +57,7 @@ func TestLostClaimGivenBack(t *testing.T) {
 					t.Fatal("the store made no claim for the failed call")
 				}
 
-				e, err := idempotency.New(st)
-				if err != nil {
-					t.Fatal(err)
-				}
+				e := newExecutor(t, st)
 				start := time.Now()
 				deadline := start.Add(idempotency.DefaultLease / 2)
 				for {
@@ -113,10 +107,7 @@ func (s *outageStore) Abandon(ctx context.Context, scope, key, owner string) err
 func TestGiveBacksBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &outageStore{Store: idempotency.NewMemoryStore()}
-		e, err := idempotency.New(st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := newExecutor(t, st)
 		const calls = 1000
 		for i := range calls {
 			if _, err := e.Do(context.Background(), fmt.Sprint("k", i), "", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idempotency.ErrUnavailable) {

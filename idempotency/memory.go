@@ -35,6 +35,10 @@ func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{epoch: time.Now(), records: make(map[memKey]*memRecord), sweepAt: 1024}
 }
 
+// BoundedByContext implements ContextBounded: nothing leaves the process,
+// and no call waits on anything but the store's own lock.
+func (m *MemoryStore) BoundedByContext() bool { return true }
+
 // now reads the monotonic clock: time.Since uses the monotonic reading that
 // time.Now stored in epoch.
 func (m *MemoryStore) now() time.Duration { return time.Since(m.epoch) }

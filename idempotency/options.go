@@ -17,8 +17,14 @@ const (
 	DefaultLease = 30 * time.Second
 	// DefaultRetention is how long a completed result is kept for replay.
 	DefaultRetention = 24 * time.Hour
-	// MinDuration is the shortest lease, retention or (non-zero) wait an
-	// Executor accepts. A shorter one is a unit slip (WithLease(2) is two
+	// DefaultCallTimeout bounds each call to the store, as guard's default
+	// call timeout bounds each call to a lock backend.
+	DefaultCallTimeout = 5 * time.Second
+	// DefaultIdleCallers is how many goroutines an Executor keeps idle for
+	// its next store calls (WithIdleCallers).
+	DefaultIdleCallers = 16
+	// MinDuration is the shortest lease, retention, call timeout or
+	// (non-zero) wait an Executor accepts. A shorter one is a unit slip (WithLease(2) is two
 	// nanoseconds), and a lease of microseconds would have the watchdog
 	// call Extend in a tight loop: renewals run every third of the lease.
 	MinDuration = time.Millisecond
@@ -49,6 +55,8 @@ type config struct {
 	lease     time.Duration
 	retention time.Duration
 	wait      time.Duration
+	call      time.Duration
+	idle      int
 	detached  bool
 	onError   ErrorPolicy
 	logger    *slog.Logger
@@ -64,6 +72,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithLease %v is shorter than %v", ErrInvalid, c.lease, MinDuration)
 	case c.retention < MinDuration:
 		return fmt.Errorf("%w: WithRetention %v is shorter than %v", ErrInvalid, c.retention, MinDuration)
+	case c.call < MinDuration:
+		return fmt.Errorf("%w: WithCallTimeout %v is shorter than %v", ErrInvalid, c.call, MinDuration)
+	case c.idle < 0:
+		return fmt.Errorf("%w: WithIdleCallers %d is negative", ErrInvalid, c.idle)
 	case c.wait != 0 && c.wait < MinDuration:
 		return fmt.Errorf("%w: WithWait %v is neither 0 nor at least %v", ErrInvalid, c.wait, MinDuration)
 	case len(c.scope) > MaxScopeLen:
@@ -111,6 +123,34 @@ func WithRetention(d time.Duration) Option { return func(c *config) { c.retentio
 // the claim, run fn itself). Default 0: fail at once with ErrInProgress;
 // any other d is at least MinDuration.
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithCallTimeout bounds each call to the store that its context's
+// deadline does not bound sooner (default DefaultCallTimeout, at least
+// MinDuration): the claim, the completion and its read-back, each renewal
+// (also bounded by the renewal period, a third of the lease) and the
+// release of a claim. A call the store has not answered within its bound is
+// answered ErrUnavailable a few milliseconds later (20 at most past the
+// bound, scheduling aside), whatever the store's client does: go-redis with
+// its default options ignores deadlines and waits out its read timeout, and
+// then sends the command again; pgx, or any client on a connection the
+// network black-holes, may wait until TCP gives up; a hung Consul agent
+// holds its HTTP request open. Without the bound, a caller whose context
+// has no deadline (most HTTP requests) would wait as long. The call goes on
+// in the background: a claim it makes after its caller stopped waiting is
+// given back, owner-checked, and its work never runs.
+func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.call = d } }
+
+// WithIdleCallers sets how many goroutines the Executor keeps idle, each
+// for up to a second, to make its calls to a store that does not declare
+// ContextBounded (default DefaultIdleCallers, never negative): every call
+// to such a store runs on a goroutine of the Executor's, so that it can be
+// left behind at its bound (WithCallTimeout), and a goroutine kept for the
+// next call spares it the growth of a new one's stack through the store's
+// client, which costs more than the rest of the call. 0 keeps none, as an
+// Executor used in a testing/synctest bubble needs: a goroutine left idle
+// when the bubble's function returns fails its test. It is the Executor's
+// setting: in Do it changes nothing.
+func WithIdleCallers(n int) Option { return func(c *config) { c.idle = n } }
 
 // WithDetachedRun makes fn's context independent of the caller's: it ends
 // only when the claim is lost (cause ErrNotOwner), so that work whose caller

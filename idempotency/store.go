@@ -228,3 +228,19 @@ type ClaimWatcher interface {
 	// at once when this store holds no such claim.
 	ClaimDone(scope, key, owner string) <-chan struct{}
 }
+
+// ContextBounded is an optional capability of a Store whose every call
+// returns promptly once its ctx is done, whatever happens on the network
+// (MemoryStore, which never leaves the process). The Executor calls such a
+// store on the caller's goroutine. Any other it calls on a goroutine of its
+// own (kept for the next call: WithIdleCallers), so that the caller gets an
+// answer within the call timeout
+// (WithCallTimeout) even from a client that ignores deadlines or retries
+// past them; the call that overran finishes in the background. A store
+// that declares it wrongly breaks that bound.
+type ContextBounded interface {
+	Store
+	// BoundedByContext reports whether every call of this Store returns
+	// once its ctx is done.
+	BoundedByContext() bool
+}

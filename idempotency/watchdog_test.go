@@ -179,29 +179,35 @@ func TestWatchdogDetachedRun(t *testing.T) {
 	})
 }
 
-// slowExtend makes every renewal take delay, past its deadline as a store
-// that ignores deadlines does, and notes when each began.
+// slowExtend makes the renewals take delays[i] (the i-th renewal; none
+// past the list), past their deadline as a store that ignores deadlines
+// does, and notes when each began.
 type slowExtend struct {
 	idempotency.Store
-	delay  time.Duration
+	delays []time.Duration
+	calls  atomic.Int64
 	starts chan time.Time
 }
 
 func (s *slowExtend) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
 	s.starts <- time.Now()
-	time.Sleep(s.delay)
+	if i := int(s.calls.Add(1)) - 1; i < len(s.delays) {
+		time.Sleep(s.delays[i])
+	}
 	return s.Store.Extend(context.WithoutCancel(ctx), scope, key, owner, lease)
 }
 
 // TestWatchdogSlowRenewalKeepsTheTicks: a renewal that runs past the next
-// tick is followed at once by one more, as with a ticker, and the renewals
-// after it fall on the ticks again; stopping the watch waits for the
-// renewal in flight, so none begins after Do returns.
+// tick (answered within the grace past its bound, the renewal period) is
+// followed at once by one more, as with a ticker, and the renewals after
+// it fall on the ticks again; stopping the watch waits for the renewal in
+// flight, so none begins after Do returns.
 func TestWatchdogSlowRenewalKeepsTheTicks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lease := 300 * time.Millisecond
 		tick := lease / 3
-		st := &slowExtend{Store: idempotency.NewMemoryStore(), delay: tick + tick/2, starts: make(chan time.Time, 100)}
+		slow := tick + tick/10
+		st := &slowExtend{Store: idempotency.NewMemoryStore(), delays: []time.Duration{slow, 0, 0, slow}, starts: make(chan time.Time, 100)}
 		e := newExecutor(t, st, idempotency.WithLease(lease))
 		start := time.Now()
 		if _, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
@@ -216,15 +222,15 @@ func TestWatchdogSlowRenewalKeepsTheTicks(t *testing.T) {
 		for at := range st.starts {
 			got = append(got, at.Sub(start))
 		}
-		// Ticks at 1, 2, 3, 4: the renewal of tick 1 runs to 2.5, so the
-		// one for tick 2 begins then, runs to 4, and the one for tick 4
-		// begins at once.
-		want := []time.Duration{tick, 2*tick + tick/2, 4 * tick}
+		// Ticks at 1, 2, 3, 4: the renewal of tick 1 runs to 2.1, so the
+		// one for tick 2 begins then; tick 3's and 4's on time, and the
+		// last runs to 5.1, past fn's return at 4.5.
+		want := []time.Duration{tick, 2*tick + tick/10, 3 * tick, 4 * tick}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("renewals began at %v, want %v", got, want)
 		}
-		if d := returned.Sub(start); d != 4*tick+tick+tick/2 {
-			t.Fatalf("Do returned after %v, want %v: stop waits for the renewal in flight", d, 4*tick+tick+tick/2)
+		if d := returned.Sub(start); d != 4*tick+slow {
+			t.Fatalf("Do returned after %v, want %v: stop waits for the renewal in flight", d, 4*tick+slow)
 		}
 	})
 }
@@ -403,16 +409,24 @@ func TestLateClaimToldAtItsMargin(t *testing.T) {
 		const lease = 30 * time.Millisecond
 		e := newExecutor(t, &lateAnswer{Store: &unanswered{Store: idempotency.NewMemoryStore()}, delay: 25 * time.Millisecond},
 			idempotency.WithLease(lease))
-		start := time.Now()
-		_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
-			<-ctx.Done()
-			if at := time.Since(start); at != lease-lease/10 {
-				t.Errorf("fn told at %v, want %v", at, lease-lease/10)
-			}
-			return nil, context.Cause(ctx)
-		})
-		if !errors.Is(err, idempotency.ErrNotOwner) {
-			t.Errorf("Do: %v, want ErrNotOwner", err)
-		}
+		toldAtMargin(t, e, lease)
 	})
+}
+
+// toldAtMargin runs a Do on e whose fn waits for its context to end, and
+// checks that it ended a tenth of the lease before an unrenewed claim
+// could run out, and Do said ErrNotOwner.
+func toldAtMargin(t *testing.T, e *idempotency.Executor, lease time.Duration) {
+	t.Helper()
+	start := time.Now()
+	_, err := e.Do(context.Background(), "k", "fp", func(ctx context.Context) ([]byte, error) {
+		<-ctx.Done()
+		if at := time.Since(start); at != lease-lease/10 {
+			t.Errorf("fn told at %v, want %v", at, lease-lease/10)
+		}
+		return nil, context.Cause(ctx)
+	})
+	if !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Do: %v, want ErrNotOwner", err)
+	}
 }
