@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/robfig/cron/v3"
 )
@@ -49,10 +50,33 @@ const minEvery = 100 * time.Millisecond
 // parseSpec parses a cron spec. "@every D" is parsed here rather than by
 // robfig/cron, which rounds D down to whole seconds (1500ms would run every
 // second) and turns anything under a second into one: warden honours D to
-// the nanosecond, or refuses it.
+// the nanosecond, or refuses it. It is recognised behind a CRON_TZ= or TZ=
+// prefix too (the zone is checked, and means nothing to an interval), and
+// with any spaces around it, so that no spelling of it reaches robfig/cron.
 func parseSpec(p cron.Parser, spec string) (cron.Schedule, error) {
-	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
-		d, err := time.ParseDuration(strings.TrimSpace(rest))
+	body := strings.TrimSpace(spec)
+	if strings.HasPrefix(body, "TZ=") || strings.HasPrefix(body, "CRON_TZ=") {
+		i := strings.IndexFunc(body, unicode.IsSpace)
+		if i < 0 {
+			return nil, fmt.Errorf("spec %q: a time zone and no schedule", spec)
+		}
+		zone, rest := body[:i], body[i+1:]
+		_, name, _ := strings.Cut(zone, "=")
+		if _, err := time.LoadLocation(name); err != nil {
+			return nil, fmt.Errorf("spec %q: %w", spec, err)
+		}
+		body = strings.TrimSpace(rest)
+		if !strings.HasPrefix(body, "@every") {
+			// robfig/cron reads the zone itself, and needs a single space
+			// after it.
+			body = zone + " " + body
+		}
+	}
+	if f := strings.Fields(body); len(f) > 0 && f[0] == "@every" {
+		if len(f) != 2 {
+			return nil, fmt.Errorf("spec %q: @every takes one duration", spec)
+		}
+		d, err := time.ParseDuration(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("spec %q: %w", spec, err)
 		}
@@ -61,7 +85,7 @@ func parseSpec(p cron.Parser, spec string) (cron.Schedule, error) {
 		}
 		return cron.ConstantDelaySchedule{Delay: d}, nil
 	}
-	sched, err := p.Parse(spec)
+	sched, err := p.Parse(body)
 	if err != nil {
 		return nil, fmt.Errorf("spec %q: %w", spec, err)
 	}

@@ -111,3 +111,39 @@ func TestNextReportsSlotsPassedOver(t *testing.T) {
 		}
 	}
 }
+
+// "@every D" keeps D to the nanosecond however it is written: behind a time
+// zone prefix, or with other spaces around it. robfig/cron, which would
+// otherwise parse those spellings, rounds D to whole seconds.
+func TestEveryIsParsedHereInEverySpelling(t *testing.T) {
+	p := cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	for _, c := range []struct {
+		spec string
+		want time.Duration
+	}{
+		{"@every 1500ms", 1500 * time.Millisecond},
+		{"CRON_TZ=UTC @every 1500ms", 1500 * time.Millisecond},
+		{"TZ=America/New_York @every 2500ms", 2500 * time.Millisecond},
+		{"TZ=UTC @every 100ms", 100 * time.Millisecond},
+		{"@every\t1s", time.Second},
+		{" @every 1s", time.Second},
+		{"@every 1s\n", time.Second},
+	} {
+		s, err := parseSpec(p, c.spec)
+		if err != nil {
+			t.Errorf("%q: %v", c.spec, err)
+			continue
+		}
+		if got := shortestInterval(s); got != c.want {
+			t.Errorf("%q: interval %v, want %v", c.spec, got, c.want)
+		}
+	}
+	// A zone in front of a cron spec still reaches robfig/cron.
+	s, err := parseSpec(p, "CRON_TZ=Asia/Tokyo 0 9 * * *")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc := s.(*cron.SpecSchedule).Location; loc.String() != "Asia/Tokyo" {
+		t.Errorf("CRON_TZ=Asia/Tokyo: location %v", loc)
+	}
+}
