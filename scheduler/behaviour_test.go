@@ -3,7 +3,9 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -88,6 +90,34 @@ func TestPanicIsRecoveredAndReleasesTheLock(t *testing.T) {
 			l.Unlock(context.Background())
 			return true
 		})
+	})
+}
+
+// A job that ends its goroutine with runtime.Goexit (t.FailNow in a job
+// under test) has its run ended all the same: a failed outcome with
+// ErrExited, the lock released, and the following slots run.
+func TestGoexitEndsTheRunAndReleasesTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var n atomic.Int32
+		j := start(t, g, "exits", func(ctx context.Context) error {
+			if n.Add(1) == 1 {
+				runtime.Goexit()
+			}
+			return nil
+		})
+		r := j.first(t, scheduler.Failed)
+		if !errors.Is(r.Err, scheduler.ErrExited) {
+			t.Errorf("Goexit recorded as %v", r.Err)
+		}
+		j.first(t, scheduler.Ran)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		for _, r := range j.snapshot() {
+			if r.Outcome == scheduler.Skipped {
+				t.Errorf("slot %v skipped after the Goexit: %s", r.Slot, r.Reason)
+			}
+		}
 	})
 }
 

@@ -27,7 +27,8 @@ const (
 	Ran Outcome = "ran"
 	// Skipped: the slot was claimed elsewhere or the lock was held.
 	Skipped Outcome = "skipped"
-	// Failed: the job returned an error or panicked, or the slot store or
+	// Failed: the job returned an error, panicked or called runtime.Goexit,
+	// or the slot store or
 	// the lock backend failed before it could start.
 	Failed Outcome = "failed"
 	// Lost: the lock was lost while the job ran; its context was cancelled.
@@ -157,7 +158,12 @@ func (j *job) run(slot time.Time, fn func(context.Context) error) {
 	if !ok {
 		return
 	}
-	r.end(j.call(r, fn))
+	// The run is ended from a defer: a job that calls runtime.Goexit (a
+	// t.FailNow in a job under test) returns nothing, and a run not ended
+	// keeps its lock renewed for the life of the process.
+	err := ErrExited
+	defer func() { r.end(err) }()
+	err = j.call(r, fn)
 }
 
 // running is a run that holds its lock (and its slot claim, with a store).

@@ -25,6 +25,9 @@ var (
 	ErrStopped = errors.New("warden/scheduler: scheduler stopped")
 	// ErrPanicked wraps the value a job panicked with.
 	ErrPanicked = errors.New("warden/scheduler: job panicked")
+	// ErrExited is the error of a run whose job neither returned nor
+	// panicked: it called runtime.Goexit.
+	ErrExited = errors.New("warden/scheduler: job exited without returning (runtime.Goexit)")
 	// ErrDuplicateJob: a job of that name was already added.
 	ErrDuplicateJob = errors.New("warden/scheduler: duplicate job name")
 	// ErrInvalidJob: the spec, name or options of a job are unusable.
