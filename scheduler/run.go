@@ -271,6 +271,22 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		r.finish(Misfired, fmt.Sprintf("lock taken %v after its slot", lag), nil)
 		return r, false
 	}
+	// The claim may have lapsed while the lock was awaited (a paused
+	// process, a long WaitForLock), and another node caught the slot up,
+	// ran and completed it: the lock alone would not tell, since that node
+	// let it go. An owner-checked renewal tells; it never revives a lapsed
+	// claim.
+	if err := r.claim.confirm(r.ctx); err != nil {
+		r.unlock()
+		if errors.Is(err, idempotency.ErrNotOwner) {
+			r.claim.drop()
+			r.finish(Skipped, "slot claim lapsed before the lock was taken", nil)
+		} else {
+			r.claim.abandon(r.ctx)
+			r.finish(Failed, "slot store", err)
+		}
+		return r, false
+	}
 	return r, true
 }
 
@@ -429,7 +445,8 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
-	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: j.claimLease()})
+	lease, sent := j.claimLease(), time.Now()
+	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: lease})
 	if err != nil {
 		if !errors.Is(err, idempotency.ErrInvalid) {
 			c.giveBack(ctx)
@@ -443,8 +460,25 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 		c.owner = ""
 		c.held = fmt.Sprintf("slot %s by %s", rec.State, instanceOf(rec.Owner))
 		c.running = rec.State == idempotency.StateInProgress
+		return c, nil
+	}
+	if err := answeredInTime(sent, lease); err != nil {
+		c.giveBack(ctx)
+		return slotClaim{}, fmt.Errorf("claim: %w", err)
 	}
 	return c, nil
+}
+
+// answeredInTime refuses a claim, or a renewal, whose answer came so late
+// (a paused process, a store answering slowly) that less than a third of
+// its lease may be left: the next renewal, a third of the lease on, could
+// find it lapsed and the slot caught up by another node.
+func answeredInTime(sent time.Time, lease time.Duration) error {
+	if took := time.Since(sent); took > lease-lease/3 {
+		return fmt.Errorf("%w: answered %v after it was sent, too late in its %v lease",
+			idempotency.ErrUnavailable, took.Round(time.Millisecond), lease)
+	}
+	return nil
 }
 
 // claimLease is how long a slot claim lives unless renewed. Without
@@ -535,6 +569,32 @@ func (c *slotClaim) keep(ctx context.Context) {
 		cancel()
 		<-done
 	}
+}
+
+// confirm renews c, owner-checked, and returns ErrNotOwner when c is no
+// longer this run's: its lease ran out (the store does not revive it) and
+// another node may have claimed the slot since. A renewal answered too late
+// is refused as a claim would be.
+func (c *slotClaim) confirm(ctx context.Context) error {
+	if c.owner == "" {
+		return nil
+	}
+	lease, sent := c.j.claimLease(), time.Now()
+	ctx, cancel := context.WithTimeout(ctx, lease/3)
+	defer cancel()
+	if err := c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease); err != nil {
+		return err
+	}
+	return answeredInTime(sent, lease)
+}
+
+// drop forgets c, which is no longer this run's, without a word to the
+// store.
+func (c *slotClaim) drop() {
+	if c.stop != nil {
+		c.stop()
+	}
+	c.owner = ""
 }
 
 func instanceOf(owner string) string {
