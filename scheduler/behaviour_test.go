@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -222,6 +223,32 @@ func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
 			t.Fatalf("lock not released by Stop: %v", err)
 		}
 		l.Unlock(context.Background())
+	})
+}
+
+// A job stops its own Scheduler the way Stop's doc says, on a goroutine of
+// its own: Stop cancels the job, waits for it to return and release its
+// lock, and returns nil.
+func TestStopFromAJobOnItsOwnGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		s := newScheduler(t, g)
+		stopped := make(chan error, 1)
+		var once sync.Once
+		if err := s.Add("@every 1s", "last", func(ctx context.Context) error {
+			once.Do(func() { go func() { stopped <- s.Stop(context.Background()) }() })
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		if err := <-stopped; err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("locks still held after Stop: %v", held)
+		}
 	})
 }
 

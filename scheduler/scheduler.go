@@ -298,6 +298,12 @@ func (s *Scheduler) Start() {
 // Releasing a LockAtLeastFor hold early is safe here: the hold guards
 // against a node whose clock is behind running the same slot again, and
 // with a slot store the slot is already recorded as done.
+//
+// A job that stops its own Scheduler must not wait for Stop: Stop waits for
+// that job, so Stop(context.Background()) called from a job never returns.
+// Call it on a goroutine of its own (go s.Stop(ctx)), which returns once
+// the job has. Stop cannot tell that it is called from a job: Go has no
+// goroutine identity, and the ctx it is given need not be the job's.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopped = true
