@@ -446,10 +446,20 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
 	lease, sent := j.claimLease(), time.Now()
-	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: lease})
-	if err != nil {
+	var rec *idempotency.Record
+	claim := func(ctx context.Context) (err error) {
+		rec, err = store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: lease})
+		return err
+	}
+	giveBack := func(err error) {
 		if !errors.Is(err, idempotency.ErrInvalid) {
 			c.giveBack(ctx)
+		}
+	}
+	// Stop cuts the claim short (through ctx): the run is not going ahead.
+	if err := j.s.bounded(ctx, storeTimeout, claim, giveBack); err != nil {
+		if !errors.Is(err, errLeftBehind) {
+			j.s.behindDo(func() { giveBack(err) })
 		}
 		return slotClaim{}, err
 	}
@@ -463,7 +473,7 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 		return c, nil
 	}
 	if err := answeredInTime(sent, lease); err != nil {
-		c.giveBack(ctx)
+		j.s.behindDo(func() { c.giveBack(ctx) })
 		return slotClaim{}, fmt.Errorf("claim: %w", err)
 	}
 	return c, nil
@@ -543,10 +553,15 @@ func (c *slotClaim) keep(ctx context.Context) {
 	if c.owner == "" || !c.j.cfg.catchUp {
 		return
 	}
-	lease := c.j.claimLease()
+	s, lease := c.j.s, c.j.claimLease()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
+	// The renewals are left behind when Stop comes (stop does not wait for
+	// one stuck in a store that hangs), and Stop waits for them within its
+	// bound.
+	s.behind.Add(1)
 	go func() {
+		defer s.behind.Done()
 		defer close(done)
 		t := time.NewTicker(lease / 3)
 		defer t.Stop()
@@ -567,7 +582,10 @@ func (c *slotClaim) keep(ctx context.Context) {
 	}()
 	c.stop = func() {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-s.hurry:
+		}
 	}
 }
 
@@ -580,9 +598,8 @@ func (c *slotClaim) confirm(ctx context.Context) error {
 		return nil
 	}
 	lease, sent := c.j.claimLease(), time.Now()
-	ctx, cancel := context.WithTimeout(ctx, lease/3)
-	defer cancel()
-	if err := c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease); err != nil {
+	extend := func(ctx context.Context) error { return c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease) }
+	if err := c.j.s.bounded(ctx, lease/3, extend, nil); err != nil {
 		return err
 	}
 	return answeredInTime(sent, lease)
@@ -616,11 +633,18 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 	if c.stop != nil {
 		c.stop()
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	if err := c.j.s.store.Complete(ctx, slotScope, c.key, c.owner, []byte(result), c.j.cfg.retention); err != nil {
-		c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not mark the slot done; it may run again elsewhere once its claim expires",
-			"job", c.j.name, "slot", c.key, "error", err)
+	ctx = context.WithoutCancel(ctx)
+	failed := func(err error) {
+		if err != nil {
+			c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not mark the slot done; it may run again elsewhere once its claim expires",
+				"job", c.j.name, "slot", c.key, "error", err)
+		}
+	}
+	complete := func(ctx context.Context) error {
+		return c.j.s.store.Complete(ctx, slotScope, c.key, c.owner, []byte(result), c.j.cfg.retention)
+	}
+	if err := c.j.s.bounded(ctx, storeTimeout, complete, failed); !errors.Is(err, errLeftBehind) {
+		failed(err)
 	}
 }
 
@@ -634,7 +658,7 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 // running), hence a few tries over about a second. Abandon is owner-checked
 // and the owner is c's own, so nobody else's claim can be freed; a claim
 // that was never made costs a few ErrNotOwner answers, on the failure path
-// only.
+// only. It runs behind the run (Scheduler.behindDo, or bounded's after).
 func (c slotClaim) giveBack(ctx context.Context) {
 	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 900 * time.Millisecond} {
 		time.Sleep(pause)
@@ -660,9 +684,14 @@ func (c slotClaim) abandon(ctx context.Context) {
 	if c.stop != nil {
 		c.stop()
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	if err := c.j.s.store.Abandon(ctx, slotScope, c.key, c.owner); err != nil {
-		c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not give the slot back", "job", c.j.name, "slot", c.key, "error", err)
+	ctx = context.WithoutCancel(ctx)
+	failed := func(err error) {
+		if err != nil {
+			c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not give the slot back", "job", c.j.name, "slot", c.key, "error", err)
+		}
+	}
+	abandon := func(ctx context.Context) error { return c.j.s.store.Abandon(ctx, slotScope, c.key, c.owner) }
+	if err := c.j.s.bounded(ctx, storeTimeout, abandon, failed); !errors.Is(err, errLeftBehind) {
+		failed(err)
 	}
 }
