@@ -517,3 +517,57 @@ func TestStalledClaimantDoesNotRunACaughtUpSlot(t *testing.T) {
 		})
 	}
 }
+
+// Two replicas sharing a slot store run a daily job once on the days the
+// clocks change: in the repeated hour once, and at a time the clocks skip
+// at the change (see TestDSTSlotsKeepCronsRule for the slots).
+func TestDailyJobOnceOnDSTDays(t *testing.T) {
+	for _, c := range []struct {
+		zone, spec, day, want string // want: the slot, UTC
+	}{
+		{"America/New_York", "30 1 * * *", "2026-11-01", "05:30"},
+		{"America/New_York", "30 2 * * *", "2026-03-08", "07:00"},
+		{"Europe/London", "30 1 * * *", "2026-10-25", "00:30"},
+		{"Europe/London", "30 1 * * *", "2026-03-29", "01:00"},
+	} {
+		t.Run(c.zone+" "+c.day, func(t *testing.T) {
+			loc, err := time.LoadLocation(c.zone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			from, err := time.ParseInLocation(time.DateOnly, c.day, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			synctest.Test(t, func(t *testing.T) {
+				offset := time.Until(from)
+				clock := func() time.Time { return time.Now().Add(offset) }
+				locker, store := memory.New(), idempotency.NewMemoryStore()
+				var mu sync.Mutex
+				var slots []string
+				var o outcomes
+				for _, inst := range []string{"r1", "r2"} {
+					s := bubbleScheduler(t, newGuard(t, locker), inst, &o, scheduler.WithSlotStore(store),
+						scheduler.WithLocation(loc), scheduler.WithClock(clock))
+					if err := s.Add(c.spec, "daily", func(ctx context.Context) error {
+						r, _ := scheduler.RunFrom(ctx)
+						mu.Lock()
+						slots = append(slots, r.Slot.UTC().Format("15:04"))
+						mu.Unlock()
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+					s.Start()
+				}
+				time.Sleep(23 * time.Hour)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(slots, []string{c.want}) {
+					t.Errorf("%q ran at %v UTC on %s, want once at %s", c.spec, slots, c.day, c.want)
+				}
+			})
+		})
+	}
+}
