@@ -599,7 +599,7 @@ func (c *slotClaim) confirm(ctx context.Context) error {
 	}
 	lease, sent := c.j.claimLease(), time.Now()
 	extend := func(ctx context.Context) error { return c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease) }
-	if err := c.j.s.bounded(ctx, lease/3, extend, nil); err != nil {
+	if err := c.j.s.bounded(ctx, min(lease/3, storeTimeout), extend, nil); err != nil {
 		return err
 	}
 	return answeredInTime(sent, lease)
