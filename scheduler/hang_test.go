@@ -27,27 +27,43 @@ func stoppableRedis(t *testing.T) (string, *exec.Cmd) {
 	if err != nil {
 		drivertest.Unreachable(t, "redis-server binary", "$PATH", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 5 { // a free port can be taken by someone else before the server binds it
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--daemonize", "no", "--loglevel", "warning", "--dir", t.TempDir())
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		t.Cleanup(func() {
+			cmd.Process.Signal(syscall.SIGCONT)
+			cmd.Process.Kill()
+			<-exited
+		})
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			select {
+			case <-exited: // the port was taken
+			default:
+				if c.Ping(context.Background()).Err() != nil {
+					continue
+				}
+				c.Close()
+				return addr, cmd
+			}
+			break
+		}
+		c.Close()
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--loglevel", "warning", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGCONT)
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	waitFor(t, "redis-server on "+addr, 15*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil })
-	return addr, cmd
+	t.Fatal("could not start a redis-server on a free port")
+	return "", nil
 }
 
 // Stop holds its bound while the slot store hangs under a client that

@@ -28,8 +28,7 @@ const (
 	// Skipped: the slot was claimed elsewhere or the lock was held.
 	Skipped Outcome = "skipped"
 	// Failed: the job returned an error, panicked or called runtime.Goexit,
-	// or the slot store or
-	// the lock backend failed before it could start.
+	// or the slot store or the lock backend failed before it could start.
 	Failed Outcome = "failed"
 	// Lost: the lock was lost while the job ran; its context was cancelled.
 	Lost Outcome = "lost"
