@@ -428,6 +428,8 @@ type slotClaim struct {
 	running bool
 	// caughtUp says whose lapsed claim this one replaces (CatchUp).
 	caughtUp string
+	// sent is when the claim was sent: its lease began no earlier.
+	sent time.Time
 	// stop ends the renewals keep started.
 	stop func()
 }
@@ -445,6 +447,7 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
 	lease, sent := j.claimLease(), time.Now()
+	c.sent = sent
 	var rec *idempotency.Record
 	claim := func(ctx context.Context) (err error) {
 		rec, err = store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: lease})
@@ -591,12 +594,19 @@ func (c *slotClaim) keep(ctx context.Context) {
 // confirm renews c, owner-checked, and returns ErrNotOwner when c is no
 // longer this run's: its lease ran out (the store does not revive it) and
 // another node may have claimed the slot since. A renewal answered too late
-// is refused as a claim would be.
+// is refused as a claim would be. A claim sent less than a third of its
+// lease ago by both the monotonic and the wall clock (a machine's
+// suspension moves only the second) cannot have run out: the usual run,
+// which takes its lock at once, pays no renewal.
 func (c *slotClaim) confirm(ctx context.Context) error {
 	if c.owner == "" {
 		return nil
 	}
-	lease, sent := c.j.claimLease(), time.Now()
+	lease := c.j.claimLease()
+	if max(time.Since(c.sent), time.Now().Round(0).Sub(c.sent.Round(0))) < lease/3 {
+		return nil
+	}
+	sent := time.Now()
 	extend := func(ctx context.Context) error { return c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease) }
 	if err := c.j.s.bounded(ctx, min(lease/3, storeTimeout), extend, nil); err != nil {
 		return err
