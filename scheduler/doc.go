@@ -18,9 +18,11 @@
 //  3. The job's lock (named after the job) is taken, by default without
 //     waiting: a run that finds it held is skipped. WaitForLock waits up to
 //     a bound instead. The lock keeps runs of the same job from overlapping.
-//     Once the lock is held the claim is renewed, owner-checked: a claim
-//     that lapsed meanwhile (a paused process, a long wait) may have been
-//     caught up, run and completed elsewhere, and the slot is skipped.
+//     A lock taken a third of the claim's lease or more after the claim
+//     was sent (a paused process, a long wait) is followed by an
+//     owner-checked renewal of the claim: a claim that lapsed meanwhile
+//     may have been caught up, run and completed elsewhere, and the slot
+//     is skipped.
 //  4. The job runs with a context that is cancelled when the lock is lost
 //     (cause guard.ErrLockLost), at LockAtMostFor (cause ErrLockAtMostFor)
 //     and on Stop (cause ErrStopped), and that carries the run (RunFrom):
