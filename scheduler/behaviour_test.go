@@ -3,7 +3,10 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -88,6 +91,34 @@ func TestPanicIsRecoveredAndReleasesTheLock(t *testing.T) {
 			l.Unlock(context.Background())
 			return true
 		})
+	})
+}
+
+// A job that ends its goroutine with runtime.Goexit (t.FailNow in a job
+// under test) has its run ended all the same: a failed outcome with
+// ErrExited, the lock released, and the following slots run.
+func TestGoexitEndsTheRunAndReleasesTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		var n atomic.Int32
+		j := start(t, g, "exits", func(ctx context.Context) error {
+			if n.Add(1) == 1 {
+				runtime.Goexit()
+			}
+			return nil
+		})
+		r := j.first(t, scheduler.Failed)
+		if !errors.Is(r.Err, scheduler.ErrExited) {
+			t.Errorf("Goexit recorded as %v", r.Err)
+		}
+		j.first(t, scheduler.Ran)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		for _, r := range j.snapshot() {
+			if r.Outcome == scheduler.Skipped {
+				t.Errorf("slot %v skipped after the Goexit: %s", r.Slot, r.Reason)
+			}
+		}
 	})
 }
 
@@ -192,6 +223,32 @@ func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
 			t.Fatalf("lock not released by Stop: %v", err)
 		}
 		l.Unlock(context.Background())
+	})
+}
+
+// A job stops its own Scheduler the way Stop's doc says, on a goroutine of
+// its own: Stop cancels the job, waits for it to return and release its
+// lock, and returns nil.
+func TestStopFromAJobOnItsOwnGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGuard(t, memory.New())
+		s := newScheduler(t, g)
+		stopped := make(chan error, 1)
+		var once sync.Once
+		if err := s.Add("@every 1s", "last", func(ctx context.Context) error {
+			once.Do(func() { go func() { stopped <- s.Stop(context.Background()) }() })
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		if err := <-stopped; err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("locks still held after Stop: %v", held)
+		}
 	})
 }
 

@@ -18,6 +18,11 @@
 //  3. The job's lock (named after the job) is taken, by default without
 //     waiting: a run that finds it held is skipped. WaitForLock waits up to
 //     a bound instead. The lock keeps runs of the same job from overlapping.
+//     A lock taken a third of the claim's lease or more after the claim
+//     was sent (a paused process, a long wait) is followed by an
+//     owner-checked renewal of the claim: a claim that lapsed meanwhile
+//     may have been caught up, run and completed elsewhere, and the slot
+//     is skipped.
 //  4. The job runs with a context that is cancelled when the lock is lost
 //     (cause guard.ErrLockLost), at LockAtMostFor (cause ErrLockAtMostFor)
 //     and on Stop (cause ErrStopped), and that carries the run (RunFrom):
@@ -38,6 +43,21 @@
 // or more late (a stalled process, a suspended machine, a clock stepped
 // forward), are recorded as misfired too, once for each such stretch, under
 // its first slot.
+//
+// Slots are named and fired on each node's clock. The promise is once per
+// slot, not on time by the store's clock: the node whose clock is fastest
+// runs each slot first (20 minutes fast, every hourly slot 20 minutes
+// early), and the others skip it as done. Keep the nodes' clocks
+// synchronised. The slot store's contract has no clock to check them by.
+//
+// Across daylight saving changes a job at fixed times of day (no '*'
+// leading its seconds, minute or hour field; any descriptor but @hourly)
+// keeps cron's rule: a time the clocks repeat runs once, at its first
+// instant, and a time they skip runs at the change (02:30 on the day New
+// York's clocks go from 02:00 to 03:00 runs at 03:00). Jobs with such a
+// wildcard follow the clock, as in cron: "0 * * * *" runs at each hour the
+// clock shows, 23 or 25 times that day. A slot's name is its instant, the
+// same on every node.
 //
 // Without a slot store, once per slot rests on the lock and LockAtLeastFor
 // alone, as with ShedLock: it holds only while nodes' clocks and timers

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,11 @@ const (
 	everyEnv  = "WARDEN_SCHEDULER_EVERY"
 	// Optional: CatchUp with this MisfireAfter.
 	catchUpEnv = "WARDEN_SCHEDULER_CATCH_UP"
+	// Optional: the anchor of @every schedules (Unix nanoseconds), the
+	// scheduler's clock's offset from the real one, and WaitForLock.
+	anchorEnv = "WARDEN_SCHEDULER_ANCHOR"
+	skewEnv   = "WARDEN_SCHEDULER_SKEW"
+	waitEnv   = "WARDEN_SCHEDULER_WAIT"
 )
 
 // TestHelperScheduler is not a test: it is the body of a scheduler process
@@ -89,6 +95,17 @@ func TestHelperScheduler(t *testing.T) {
 	if e := os.Getenv(leaderEnv); e != "" {
 		opts = append(opts, scheduler.WithLeaderElection(e))
 	}
+	if e := os.Getenv(anchorEnv); e != "" {
+		ns, err := strconv.ParseInt(e, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", anchorEnv, err)
+		}
+		opts = append(opts, scheduler.WithAnchor(time.Unix(0, ns)))
+	}
+	if os.Getenv(skewEnv) != "" {
+		skew := dur(skewEnv)
+		opts = append(opts, scheduler.WithClock(func() time.Time { return time.Now().Add(skew) }))
+	}
 	every := cmp.Or(os.Getenv(everyEnv), "@every 1s")
 	s, err := scheduler.New(g, opts...)
 	if err != nil {
@@ -98,6 +115,9 @@ func TestHelperScheduler(t *testing.T) {
 	var jobOpts []scheduler.JobOption
 	if os.Getenv(catchUpEnv) != "" {
 		jobOpts = append(jobOpts, scheduler.CatchUp(), scheduler.MisfireAfter(dur(catchUpEnv)))
+	}
+	if os.Getenv(waitEnv) != "" {
+		jobOpts = append(jobOpts, scheduler.WaitForLock(dur(waitEnv)))
 	}
 	err = s.Add(every, os.Getenv(jobEnv), func(ctx context.Context) error {
 		run, _ := scheduler.RunFrom(ctx)
@@ -613,4 +633,77 @@ func TestCatchUpAfterKill(t *testing.T) {
 		t.Logf("killed %s mid-run of slot %v; %s caught it up %v after the kill (tokens %d then %d)",
 			victim.instance, victim.slot.Format(time.TimeOnly), again.instance, again.start.Sub(killed).Round(time.Millisecond), victim.token, again.token)
 	})
+}
+
+// TestPausedWaiterDoesNotRunACaughtUpSlot: a CatchUp job's lock is held by
+// someone else at its slot. Process A claims the slot, waits for the lock,
+// and is paused (SIGSTOP) past its claim's lease; B catches the lapsed slot
+// up and waits for the lock too, which the holder lets go 6 s after the
+// slot: B runs the slot and completes it. A, resumed at 8.5 s, takes the
+// lock B let go and must find its claim gone, and not run the slot again.
+// Redis only: the timeline needs the 2 s claim lease of a sub-2 s lock TTL,
+// which ZooKeeper's session and etcd's minimum do not give.
+func TestPausedWaiterDoesNotRunACaughtUpSlot(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(b backend) bool { return b.name == "redis" }, func(t *testing.T, b backend) {
+		c := b.setup(t)
+		job := uniqueName("paused-waiter")
+		holder, err := c.node(t, guard.WithTTL(2*time.Second)).Lock(context.Background(), job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Far enough ahead for both processes to start on a loaded machine.
+		slot := time.Now().Add(8 * time.Second).Truncate(time.Second)
+		env := []string{everyEnv + "=@every 1h", catchUpEnv + "=30s", waitEnv + "=20s",
+			anchorEnv + "=" + strconv.FormatInt(slot.UnixNano(), 10)}
+		runFor := time.Until(slot) + 15*time.Second
+		a := startProcess(t, c, job, "A", 200*time.Millisecond, c.ttl, runFor, env...)
+		// B's clock is behind: A claims first.
+		bp := startProcess(t, c, job, "B", 200*time.Millisecond, c.ttl, runFor, append(env, skewEnv+"=-300ms")...)
+		ps := []*process{a, bp}
+		if ready, ok := allReadyBy(t, ps, slot); !ok || ready.After(slot) {
+			t.Fatalf("the processes were not both ready before the slot at %v", slot)
+		}
+		time.Sleep(time.Until(slot.Add(500 * time.Millisecond)))
+		if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(slot.Add(6 * time.Second)))
+		if err := holder.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(slot.Add(8500 * time.Millisecond)))
+		if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if err := <-p.done; err != nil {
+				t.Errorf("process %s: %v", p.instance, err)
+			}
+			p.done <- nil
+		}
+		var who []string
+		for _, r := range readRuns(t, ps) {
+			if r.slot.Equal(slot) {
+				who = append(who, fmt.Sprintf("%s at +%v", r.instance, r.start.Sub(slot).Round(time.Millisecond)))
+			}
+		}
+		t.Logf("slot %v (A paused +0.5s to +8.5s, lock held until +6s): ran on %v; the processes noted:%s", slot.Format(time.TimeOnly), who, notes(t, ps, slot))
+		if len(who) != 1 {
+			t.Errorf("the slot ran %d times (%v), want once", len(who), who)
+		}
+	})
+}
+
+// allReadyBy waits until every process of ps has noted its scheduler
+// started, or until deadline, and returns when the last did.
+func allReadyBy(t *testing.T, ps []*process, deadline time.Time) (time.Time, bool) {
+	t.Helper()
+	for {
+		ready, ok := allReady(t, ps)
+		if ok || time.Now().After(deadline) {
+			return ready, ok
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -27,8 +27,8 @@ const (
 	Ran Outcome = "ran"
 	// Skipped: the slot was claimed elsewhere or the lock was held.
 	Skipped Outcome = "skipped"
-	// Failed: the job returned an error or panicked, or the slot store or
-	// the lock backend failed before it could start.
+	// Failed: the job returned an error, panicked or called runtime.Goexit,
+	// or the slot store or the lock backend failed before it could start.
 	Failed Outcome = "failed"
 	// Lost: the lock was lost while the job ran; its context was cancelled.
 	Lost Outcome = "lost"
@@ -157,7 +157,12 @@ func (j *job) run(slot time.Time, fn func(context.Context) error) {
 	if !ok {
 		return
 	}
-	r.end(j.call(r, fn))
+	// The run is ended from a defer: a job that calls runtime.Goexit (a
+	// t.FailNow in a job under test) returns nothing, and a run not ended
+	// keeps its lock renewed for the life of the process.
+	err := ErrExited
+	defer func() { r.end(err) }()
+	err = j.call(r, fn)
 }
 
 // running is a run that holds its lock (and its slot claim, with a store).
@@ -263,6 +268,22 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		// apart.
 		r.unlock()
 		r.finish(Misfired, fmt.Sprintf("lock taken %v after its slot", lag), nil)
+		return r, false
+	}
+	// The claim may have lapsed while the lock was awaited (a paused
+	// process, a long WaitForLock), and another node caught the slot up,
+	// ran and completed it: the lock alone would not tell, since that node
+	// let it go. An owner-checked renewal tells; it never revives a lapsed
+	// claim.
+	if err := r.claim.confirm(r.ctx); err != nil {
+		r.unlock()
+		if errors.Is(err, idempotency.ErrNotOwner) {
+			r.claim.drop()
+			r.finish(Skipped, "slot claim lapsed before the lock was taken", nil)
+		} else {
+			r.claim.abandon(r.ctx)
+			r.finish(Failed, "slot store", err)
+		}
 		return r, false
 	}
 	return r, true
@@ -407,6 +428,8 @@ type slotClaim struct {
 	running bool
 	// caughtUp says whose lapsed claim this one replaces (CatchUp).
 	caughtUp string
+	// sent is when the claim was sent: its lease began no earlier.
+	sent time.Time
 	// stop ends the renewals keep started.
 	stop func()
 }
@@ -423,10 +446,22 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c := slotClaim{j: j, key: j.name + "@" + slot.UTC().Format(time.RFC3339Nano), owner: j.s.instance + ":" + hex.EncodeToString(b[:])}
-	rec, err := store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: j.claimLease()})
-	if err != nil {
+	lease, sent := j.claimLease(), time.Now()
+	c.sent = sent
+	var rec *idempotency.Record
+	claim := func(ctx context.Context) (err error) {
+		rec, err = store.Claim(ctx, idempotency.Claim{Scope: slotScope, Key: c.key, Owner: c.owner, Lease: lease})
+		return err
+	}
+	giveBack := func(err error) {
 		if !errors.Is(err, idempotency.ErrInvalid) {
 			c.giveBack(ctx)
+		}
+	}
+	// Stop cuts the claim short (through ctx): the run is not going ahead.
+	if err := j.s.bounded(ctx, storeTimeout, claim, giveBack); err != nil {
+		if !errors.Is(err, errLeftBehind) {
+			j.s.behindDo(func() { giveBack(err) })
 		}
 		return slotClaim{}, err
 	}
@@ -437,8 +472,25 @@ func (j *job) claim(ctx context.Context, slot time.Time) (slotClaim, error) {
 		c.owner = ""
 		c.held = fmt.Sprintf("slot %s by %s", rec.State, instanceOf(rec.Owner))
 		c.running = rec.State == idempotency.StateInProgress
+		return c, nil
+	}
+	if err := answeredInTime(sent, lease); err != nil {
+		j.s.behindDo(func() { c.giveBack(ctx) })
+		return slotClaim{}, fmt.Errorf("claim: %w", err)
 	}
 	return c, nil
+}
+
+// answeredInTime refuses a claim, or a renewal, whose answer came so late
+// (a paused process, a store answering slowly) that less than a third of
+// its lease may be left: the next renewal, a third of the lease on, could
+// find it lapsed and the slot caught up by another node.
+func answeredInTime(sent time.Time, lease time.Duration) error {
+	if took := time.Since(sent); took > lease-lease/3 {
+		return fmt.Errorf("%w: answered %v after it was sent, too late in its %v lease",
+			idempotency.ErrUnavailable, took.Round(time.Millisecond), lease)
+	}
+	return nil
 }
 
 // claimLease is how long a slot claim lives unless renewed. Without
@@ -503,10 +555,15 @@ func (c *slotClaim) keep(ctx context.Context) {
 	if c.owner == "" || !c.j.cfg.catchUp {
 		return
 	}
-	lease := c.j.claimLease()
+	s, lease := c.j.s, c.j.claimLease()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
+	// The renewals are left behind when Stop comes (stop does not wait for
+	// one stuck in a store that hangs), and Stop waits for them within its
+	// bound.
+	s.behind.Add(1)
 	go func() {
+		defer s.behind.Done()
 		defer close(done)
 		t := time.NewTicker(lease / 3)
 		defer t.Stop()
@@ -527,8 +584,43 @@ func (c *slotClaim) keep(ctx context.Context) {
 	}()
 	c.stop = func() {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-s.hurry:
+		}
 	}
+}
+
+// confirm renews c, owner-checked, and returns ErrNotOwner when c is no
+// longer this run's: its lease ran out (the store does not revive it) and
+// another node may have claimed the slot since. A renewal answered too late
+// is refused as a claim would be. A claim sent less than a third of its
+// lease ago by both the monotonic and the wall clock (a machine's
+// suspension moves only the second) cannot have run out: the usual run,
+// which takes its lock at once, pays no renewal.
+func (c *slotClaim) confirm(ctx context.Context) error {
+	if c.owner == "" {
+		return nil
+	}
+	lease := c.j.claimLease()
+	if max(time.Since(c.sent), time.Now().Round(0).Sub(c.sent.Round(0))) < lease/3 {
+		return nil
+	}
+	sent := time.Now()
+	extend := func(ctx context.Context) error { return c.j.s.store.Extend(ctx, slotScope, c.key, c.owner, lease) }
+	if err := c.j.s.bounded(ctx, min(lease/3, storeTimeout), extend, nil); err != nil {
+		return err
+	}
+	return answeredInTime(sent, lease)
+}
+
+// drop forgets c, which is no longer this run's, without a word to the
+// store.
+func (c *slotClaim) drop() {
+	if c.stop != nil {
+		c.stop()
+	}
+	c.owner = ""
 }
 
 func instanceOf(owner string) string {
@@ -550,11 +642,18 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 	if c.stop != nil {
 		c.stop()
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	if err := c.j.s.store.Complete(ctx, slotScope, c.key, c.owner, []byte(result), c.j.cfg.retention); err != nil {
-		c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not mark the slot done; it may run again elsewhere once its claim expires",
-			"job", c.j.name, "slot", c.key, "error", err)
+	ctx = context.WithoutCancel(ctx)
+	failed := func(err error) {
+		if err != nil {
+			c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not mark the slot done; it may run again elsewhere once its claim expires",
+				"job", c.j.name, "slot", c.key, "error", err)
+		}
+	}
+	complete := func(ctx context.Context) error {
+		return c.j.s.store.Complete(ctx, slotScope, c.key, c.owner, []byte(result), c.j.cfg.retention)
+	}
+	if err := c.j.s.bounded(ctx, storeTimeout, complete, failed); !errors.Is(err, errLeftBehind) {
+		failed(err)
 	}
 }
 
@@ -568,7 +667,7 @@ func (c slotClaim) complete(ctx context.Context, result string) {
 // running), hence a few tries over about a second. Abandon is owner-checked
 // and the owner is c's own, so nobody else's claim can be freed; a claim
 // that was never made costs a few ErrNotOwner answers, on the failure path
-// only.
+// only. It runs behind the run (Scheduler.behindDo, or bounded's after).
 func (c slotClaim) giveBack(ctx context.Context) {
 	for _, pause := range [...]time.Duration{0, 100 * time.Millisecond, 900 * time.Millisecond} {
 		time.Sleep(pause)
@@ -594,9 +693,14 @@ func (c slotClaim) abandon(ctx context.Context) {
 	if c.stop != nil {
 		c.stop()
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	if err := c.j.s.store.Abandon(ctx, slotScope, c.key, c.owner); err != nil {
-		c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not give the slot back", "job", c.j.name, "slot", c.key, "error", err)
+	ctx = context.WithoutCancel(ctx)
+	failed := func(err error) {
+		if err != nil {
+			c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not give the slot back", "job", c.j.name, "slot", c.key, "error", err)
+		}
+	}
+	abandon := func(ctx context.Context) error { return c.j.s.store.Abandon(ctx, slotScope, c.key, c.owner) }
+	if err := c.j.s.bounded(ctx, storeTimeout, abandon, failed); !errors.Is(err, errLeftBehind) {
+		failed(err)
 	}
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,9 @@ var (
 	ErrStopped = errors.New("warden/scheduler: scheduler stopped")
 	// ErrPanicked wraps the value a job panicked with.
 	ErrPanicked = errors.New("warden/scheduler: job panicked")
+	// ErrExited is the error of a run whose job neither returned nor
+	// panicked: it called runtime.Goexit.
+	ErrExited = errors.New("warden/scheduler: job exited without returning (runtime.Goexit)")
 	// ErrDuplicateJob: a job of that name was already added.
 	ErrDuplicateJob = errors.New("warden/scheduler: duplicate job name")
 	// ErrInvalidJob: the spec, name or options of a job are unusable.
@@ -65,6 +69,13 @@ type Scheduler struct {
 	started bool
 	stopped bool
 	runs    sync.WaitGroup
+
+	// behind counts the store calls a run stopped waiting for (see
+	// bounded), and the give-backs of claims whose answer was lost, which
+	// go on on their own goroutines; Stop waits for them within a bound.
+	// spare holds a token for each more that may be left behind at once.
+	behind sync.WaitGroup
+	spare  chan struct{}
 }
 
 // New returns a Scheduler whose jobs run under g's locks.
@@ -117,6 +128,7 @@ func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 		observer: c.observer,
 		defaults: c.jobDefaults,
 		hurry:    make(chan struct{}),
+		spare:    make(chan struct{}, maxBehind),
 		names:    make(map[string]bool),
 	}
 	if c.electionSet {
@@ -292,9 +304,21 @@ func (s *Scheduler) Start() {
 // return and release their locks. Stop returns ctx's error
 // if ctx is done before every job has returned.
 //
+// Stop does not wait for the slot store beyond a bound, whatever its client
+// does with contexts: the runs stop waiting for their store calls, and the
+// calls left going on (a slot being completed, a claim given back) are
+// waited for at most the Guard's ReleaseTimeout once the jobs have
+// returned.
+//
 // Releasing a LockAtLeastFor hold early is safe here: the hold guards
 // against a node whose clock is behind running the same slot again, and
 // with a slot store the slot is already recorded as done.
+//
+// A job that stops its own Scheduler must not wait for Stop: Stop waits for
+// that job, so Stop(context.Background()) called from a job never returns.
+// Call it on a goroutine of its own (go s.Stop(ctx)), which returns once
+// the job has. Stop cannot tell that it is called from a job: Go has no
+// goroutine identity, and the ctx it is given need not be the job's.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopped = true
@@ -313,6 +337,7 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
+		s.waitBehind()
 		return nil
 	case <-ctx.Done():
 	}
@@ -325,6 +350,96 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	case <-t.C:
 	}
 	return ctx.Err()
+}
+
+// waitBehind waits for the store calls the runs left behind (a slot
+// completed as Stop came, a claim given back) for as long as the Guard
+// gives a release: a healthy store answers them well within it, and a hung
+// one must not hold Stop for as long as its client library waits.
+func (s *Scheduler) waitBehind() {
+	done := make(chan struct{})
+	go func() {
+		s.behind.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(s.g.ReleaseTimeout())
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// maxBehind bounds the store calls left to finish on their own at once:
+// past it, against a store that hangs every call, runs wait for theirs.
+const maxBehind = 64
+
+// bounded makes the store call f, bounded by timeout, and waits for its
+// answer until ctx is done, timeout passes or Stop is called, whichever
+// comes first. Not every client library
+// heeds ctx: go-redis without ContextTimeoutEnabled waits out its read
+// timeout and then retries, so that a hung server held a run, and Stop,
+// for 20 s. A call no longer waited for goes on on its own goroutine and
+// then hands its error to after, when after is not nil.
+func (s *Scheduler) bounded(ctx context.Context, timeout time.Duration, f func(context.Context) error, after func(error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	select {
+	case s.spare <- struct{}{}:
+	default:
+		// Too many calls are behind already: wait for this one.
+		defer cancel()
+		return f(ctx)
+	}
+	answer := make(chan error, 1)
+	waited := make(chan bool, 1)
+	s.behind.Add(1)
+	go func() {
+		defer s.behind.Done()
+		defer func() { <-s.spare }()
+		// The call's bound is its own: it is not cut short when the wait
+		// for it ends.
+		defer cancel()
+		err := f(ctx)
+		answer <- err
+		if !<-waited && after != nil {
+			after(err)
+		}
+	}()
+	select {
+	case err := <-answer:
+		waited <- true
+		return err
+	case <-ctx.Done():
+	case <-s.hurry:
+	}
+	select {
+	case err := <-answer: // it answered as the wait ended
+		waited <- true
+		return err
+	default:
+		waited <- false
+	}
+	return fmt.Errorf("%w: %w before %v", idempotency.ErrUnavailable, errLeftBehind, cmp.Or(context.Cause(ctx), ErrStopped))
+}
+
+// errLeftBehind: a store call was not waited for (see bounded); its own
+// ending is handled where it ends.
+var errLeftBehind = errors.New("no answer from the slot store")
+
+// behindDo runs f on a goroutine of its own that Stop waits for only within
+// its bound, or not at all when maxBehind are running already.
+func (s *Scheduler) behindDo(f func()) {
+	select {
+	case s.spare <- struct{}{}:
+	default:
+		return
+	}
+	s.behind.Add(1)
+	go func() {
+		defer s.behind.Done()
+		defer func() { <-s.spare }()
+		f()
+	}()
 }
 
 // cronLogger sends robfig/cron's errors to slog; its chatty info lines

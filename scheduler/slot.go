@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/robfig/cron/v3"
 )
@@ -49,10 +50,37 @@ const minEvery = 100 * time.Millisecond
 // parseSpec parses a cron spec. "@every D" is parsed here rather than by
 // robfig/cron, which rounds D down to whole seconds (1500ms would run every
 // second) and turns anything under a second into one: warden honours D to
-// the nanosecond, or refuses it.
+// the nanosecond, or refuses it. It is recognised behind a CRON_TZ= or TZ=
+// prefix too (the zone is checked, and means nothing to an interval), and
+// with any spaces around it, so that no spelling of it reaches robfig/cron.
 func parseSpec(p cron.Parser, spec string) (cron.Schedule, error) {
-	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
-		d, err := time.ParseDuration(strings.TrimSpace(rest))
+	body := strings.TrimSpace(spec)
+	if strings.HasPrefix(body, "TZ=") || strings.HasPrefix(body, "CRON_TZ=") {
+		i := strings.IndexFunc(body, unicode.IsSpace)
+		if i < 0 {
+			return nil, fmt.Errorf("spec %q: a time zone and no schedule", spec)
+		}
+		zone, rest := body[:i], body[i+1:]
+		_, name, _ := strings.Cut(zone, "=")
+		if _, err := time.LoadLocation(name); err != nil {
+			return nil, fmt.Errorf("spec %q: %w", spec, err)
+		}
+		body = strings.TrimSpace(rest)
+		if !strings.HasPrefix(body, "@every") {
+			// robfig/cron reads the zone itself, and needs a single space
+			// after it.
+			sched, err := p.Parse(zone + " " + body)
+			if err != nil {
+				return nil, fmt.Errorf("spec %q: %w", spec, err)
+			}
+			return keepCronsRule(sched, body), nil
+		}
+	}
+	if f := strings.Fields(body); len(f) > 0 && f[0] == "@every" {
+		if len(f) != 2 {
+			return nil, fmt.Errorf("spec %q: @every takes one duration", spec)
+		}
+		d, err := time.ParseDuration(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("spec %q: %w", spec, err)
 		}
@@ -61,11 +89,120 @@ func parseSpec(p cron.Parser, spec string) (cron.Schedule, error) {
 		}
 		return cron.ConstantDelaySchedule{Delay: d}, nil
 	}
-	sched, err := p.Parse(spec)
+	sched, err := p.Parse(body)
 	if err != nil {
 		return nil, fmt.Errorf("spec %q: %w", spec, err)
 	}
-	return sched, nil
+	return keepCronsRule(sched, body), nil
+}
+
+// keepCronsRule returns sched as a wallClock when body, a spec without its
+// zone, names fixed times of day: no '*' (or '?') leading its seconds,
+// minute or hour field, or a descriptor other than @hourly. Specs with a
+// wildcard there follow the clock, as cron's do, and keep robfig/cron's
+// slots, and so their slot keys, exactly.
+func keepCronsRule(sched cron.Schedule, body string) cron.Schedule {
+	spec, ok := sched.(*cron.SpecSchedule)
+	if !ok {
+		return sched
+	}
+	if strings.HasPrefix(body, "@") {
+		if body == "@hourly" {
+			return sched
+		}
+		return wallClock{spec}
+	}
+	f := strings.Fields(body)
+	if len(f) == 5 {
+		f = append([]string{"0"}, f...)
+	}
+	for _, field := range f[:3] {
+		if strings.HasPrefix(field, "*") || strings.HasPrefix(field, "?") {
+			return sched
+		}
+	}
+	return wallClock{spec}
+}
+
+// wallClock is a cron schedule of fixed times of day that keeps cron's
+// rule (cronie's, Vixie cron's) across daylight saving changes: a time
+// the clocks skip runs at the change, and a time they repeat runs once, at
+// its first occurrence. robfig/cron runs the first never and the second
+// twice, each at a different instant, so that every replica would run a
+// daily job twice on the day the clocks go back, a slot key for each.
+//
+// The slots every replica agrees on are instants: a repeated time keeps its
+// first instant, the one robfig/cron gives first, and a skipped time gets
+// the instant of the change (03:00 EDT for 02:30 in New York), which other
+// slots of the job at that instant share. Days without a change keep
+// robfig/cron's slots, and their keys, as they are.
+type wallClock struct{ spec *cron.SpecSchedule }
+
+// Next implements cron.Schedule.
+func (w wallClock) Next(t time.Time) time.Time {
+	loc := w.spec.Location
+	if loc == time.Local {
+		loc = t.Location() // robfig/cron's reading of a spec with no zone
+	}
+	for {
+		next := w.spec.Next(t)
+		if next.IsZero() {
+			return next
+		}
+		if change := w.skipped(t.In(loc), next); !change.IsZero() {
+			return change.In(next.Location())
+		}
+		if !repeated(next.In(loc)) {
+			return next
+		}
+		t = next
+	}
+}
+
+// skipped returns the first change of the clocks after t and not after
+// next that skips a time the spec names, or zero when none does.
+func (w wallClock) skipped(t, next time.Time) time.Time {
+	for {
+		_, change := t.ZoneBounds()
+		if change.IsZero() || change.After(next) {
+			return time.Time{}
+		}
+		if !change.After(t) {
+			// Past the zone's table of changes, where its rule goes on,
+			// Go ends a zone at a year's end that it then reports
+			// again as the end: step over it.
+			t = t.Add(time.Second)
+			continue
+		}
+		_, before := change.Add(-time.Nanosecond).Zone()
+		_, after := change.Zone()
+		if gap := time.Duration(after-before) * time.Second; gap > 0 {
+			// The skipped times are those the clocks would have shown for
+			// gap from the change on, had they not moved: the spec read in
+			// a zone fixed at the old offset finds them.
+			old := time.FixedZone("", before)
+			from := change.In(old)
+			spec := *w.spec
+			spec.Location = old
+			if n := spec.Next(from.Add(-time.Second)); !n.IsZero() && n.Before(from.Add(gap)) {
+				return change
+			}
+		}
+		t = change
+	}
+}
+
+// repeated reports whether the wall time t shows came earlier too: t is
+// within the stretch after a change that set the clocks back.
+func repeated(t time.Time) bool {
+	start, _ := t.ZoneBounds()
+	if start.IsZero() {
+		return false
+	}
+	_, before := start.Add(-time.Nanosecond).Zone()
+	_, now := t.Zone()
+	back := time.Duration(before-now) * time.Second
+	return back > 0 && t.Before(start.Add(back))
 }
 
 // shortestInterval is the shortest gap between the next few slots of s,

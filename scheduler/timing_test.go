@@ -432,3 +432,142 @@ func TestResentSlotClaimRuns(t *testing.T) {
 		}
 	})
 }
+
+// stalledStore answers its first Claim, or holds its first Extend (a
+// renewal), pause after the call lands: the process was paused (SIGSTOP,
+// a VM or GC pause) between the call and reading its answer.
+type stalledStore struct {
+	idempotency.Store
+	method string // "Claim" or "Extend"
+	pause  time.Duration
+	done   atomic.Bool
+}
+
+func (p *stalledStore) stall(method string) {
+	if method == p.method && p.done.CompareAndSwap(false, true) {
+		time.Sleep(p.pause)
+	}
+}
+
+func (p *stalledStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	rec, err := p.Store.Claim(ctx, c)
+	p.stall("Claim")
+	return rec, err
+}
+
+func (p *stalledStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	err := p.Store.Extend(ctx, scope, key, owner, lease)
+	p.stall("Extend")
+	return err
+}
+
+// A CatchUp slot runs once when its first claimant stalls past its claim's
+// lease before taking the job's lock, and another node catches the lapsed
+// slot up meanwhile: "Claim", the claim's answer comes 8 s late (its lease
+// is 2 s) and is given back, not acted on; "Extend", the claimant's
+// renewals stall while it waits for the lock, held elsewhere until 6 s
+// after the slot, and the claimant, having the lock at last, finds its
+// claim gone and skips, whichever of the two nodes gets the lock first.
+func TestStalledClaimantDoesNotRunACaughtUpSlot(t *testing.T) {
+	for _, method := range []string{"Claim", "Extend"} {
+		t.Run(method, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				locker, store := memory.New(), idempotency.NewMemoryStore()
+				slot := time.Now().Add(2 * time.Second).Truncate(time.Second)
+				if method == "Extend" {
+					holder, err := newGuard(t, locker, guard.WithTTL(time.Second)).Lock(context.Background(), "report")
+					if err != nil {
+						t.Fatal(err)
+					}
+					time.AfterFunc(time.Until(slot)+6*time.Second, func() { holder.Unlock(context.Background()) })
+				}
+				var o outcomes
+				var ran atomic.Int32
+				opts := []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(30 * time.Second), scheduler.WaitForLock(20 * time.Second)}
+				for _, n := range []struct {
+					name  string
+					store idempotency.Store
+					skew  time.Duration
+				}{
+					{"A", &stalledStore{Store: store, method: method, pause: 8 * time.Second}, 0},
+					// B's clock is behind: A claims first.
+					{"B", store, -300 * time.Millisecond},
+				} {
+					s := bubbleScheduler(t, newGuard(t, locker, guard.WithTTL(time.Second)), n.name, &o, scheduler.WithSlotStore(n.store),
+						scheduler.WithAnchor(slot), scheduler.WithClock(func() time.Time { return time.Now().Add(n.skew) }))
+					if err := s.Add("@every 1h", "report", func(context.Context) error {
+						ran.Add(1)
+						time.Sleep(100 * time.Millisecond)
+						return nil
+					}, opts...); err != nil {
+						t.Fatal(err)
+					}
+					s.Start()
+				}
+				time.Sleep(time.Until(slot) + 20*time.Second)
+				synctest.Wait()
+				if n := ran.Load(); n != 1 {
+					t.Errorf("the slot ran %d times, want once; outcomes %v", n, o.summary(slot))
+				}
+				rec, err := store.Get(context.Background(), "warden.scheduler", "report@"+slot.UTC().Format(time.RFC3339Nano))
+				if err != nil || rec.State != idempotency.StateCompleted {
+					t.Errorf("slot record %+v, %v; want it completed", rec, err)
+				}
+			})
+		})
+	}
+}
+
+// Two replicas sharing a slot store run a daily job once on the days the
+// clocks change: in the repeated hour once, and at a time the clocks skip
+// at the change (see TestDSTSlotsKeepCronsRule for the slots).
+func TestDailyJobOnceOnDSTDays(t *testing.T) {
+	for _, c := range []struct {
+		zone, spec, day, want string // want: the slot, UTC
+	}{
+		{"America/New_York", "30 1 * * *", "2026-11-01", "05:30"},
+		{"America/New_York", "30 2 * * *", "2026-03-08", "07:00"},
+		{"Europe/London", "30 1 * * *", "2026-10-25", "00:30"},
+		{"Europe/London", "30 1 * * *", "2026-03-29", "01:00"},
+	} {
+		t.Run(c.zone+" "+c.day, func(t *testing.T) {
+			loc, err := time.LoadLocation(c.zone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			from, err := time.ParseInLocation(time.DateOnly, c.day, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			synctest.Test(t, func(t *testing.T) {
+				offset := time.Until(from)
+				clock := func() time.Time { return time.Now().Add(offset) }
+				locker, store := memory.New(), idempotency.NewMemoryStore()
+				var mu sync.Mutex
+				var slots []string
+				var o outcomes
+				for _, inst := range []string{"r1", "r2"} {
+					s := bubbleScheduler(t, newGuard(t, locker), inst, &o, scheduler.WithSlotStore(store),
+						scheduler.WithLocation(loc), scheduler.WithClock(clock))
+					if err := s.Add(c.spec, "daily", func(ctx context.Context) error {
+						r, _ := scheduler.RunFrom(ctx)
+						mu.Lock()
+						slots = append(slots, r.Slot.UTC().Format("15:04"))
+						mu.Unlock()
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+					s.Start()
+				}
+				time.Sleep(23 * time.Hour)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(slots, []string{c.want}) {
+					t.Errorf("%q ran at %v UTC on %s, want once at %s", c.spec, slots, c.day, c.want)
+				}
+			})
+		})
+	}
+}
