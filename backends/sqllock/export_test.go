@@ -78,7 +78,14 @@ func Now(l *Locker) string { return l.d.now }
 // waited for at least pause when the lock is held; taken reports whether it
 // took the lock, and left the holder's time left as the attempt read it.
 func Attempt(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) (taken bool, left time.Duration, err error) {
-	got, left, err := l.try(ctx, key, ttl, "", true, pause)
+	got, left, err := l.try(ctx, key, ttl, "", true, pause, false)
+	return got != nil, left, err
+}
+
+// Poll is Attempt for a waiter that no notification woke, which reads the
+// row before it marks or takes it (poll).
+func Poll(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) (taken bool, left time.Duration, err error) {
+	got, left, err := l.try(ctx, key, ttl, "", true, pause, true)
 	return got != nil, left, err
 }
 
