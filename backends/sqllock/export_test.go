@@ -93,3 +93,6 @@ func Poll(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) 
 // driver's placeholders: the acquisition (key, owner, ttl in µs, answering
 // the version) and the release (key, owner, version).
 func CycleStatements(l *Locker) (acquire, release string) { return l.q.acquire, l.q.release }
+
+// GivingBack is the number of l's give-backs running.
+func GivingBack(l *Locker) int32 { return l.givingBack.Load() }

@@ -560,7 +560,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		return nil, unknown, l.noWaitingColumn(err)
 	}
 	if err != nil {
-		if unanswered(err) {
+		if unanswered(err) && !errors.As(err, new(takesNothing)) {
 			l.giveBackLater(ctx, key, owner)
 		}
 		return nil, unknown, driver.Unavailable(ctx, err)
@@ -591,8 +591,12 @@ func (l *Locker) tryOnce(ctx context.Context, key, owner string, ttl time.Durati
 		if pause > 0 {
 			p := pause.Microseconds()
 			if poll && l.q.probe != "" {
-				if a, done, err := l.poll(ctx, key, p); done || err != nil {
-					return a, err
+				a, done, err := l.poll(ctx, key, p)
+				if err != nil {
+					return a, takesNothing{err}
+				}
+				if done {
+					return a, nil
 				}
 			}
 			query, args = l.q.acquireOrWait, []any{key, owner, ttl.Microseconds(), key, p, p, p, owner, key}
@@ -677,6 +681,12 @@ func (l *Locker) poll(ctx context.Context, key string, pause int64) (a attempt, 
 	}
 	return attempt{left: micros(left.Int64)}, true, nil
 }
+
+// takesNothing is the error of a statement that cannot take the lock
+// (poll's): whether it ran or not, there is nothing to give back.
+type takesNothing struct{ error }
+
+func (e takesNothing) Unwrap() error { return e.error }
 
 func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
 

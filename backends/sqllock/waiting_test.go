@@ -356,3 +356,36 @@ func TestPollTakesFreeLock(t *testing.T) {
 		t.Error("a lock whose lease ran out was not taken")
 	}
 }
+
+// TestPollLostAnswerGivesNothingBack: an attempt after a pause whose read
+// or mark lost its answer (here its ctx ended before it was sent) starts no
+// give-back, since neither statement can take the lock; the attempt that
+// can does.
+func TestPollLostAnswerGivesNothingBack(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	waiter := newLocker(t, openDB(t, db, dsn))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key := uniqueKey(t)
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	ended, end := context.WithCancel(ctx)
+	end()
+	if _, _, err := sqllock.Poll(ended, waiter, key, time.Minute, time.Second); err == nil {
+		t.Fatal("Poll with an ended ctx: no error")
+	}
+	if n := sqllock.GivingBack(waiter); n != 0 {
+		t.Errorf("%d give-backs after a lost read, want none", n)
+	}
+	if _, _, err := sqllock.Attempt(ended, waiter, key, time.Minute, time.Second); err == nil {
+		t.Fatal("Attempt with an ended ctx: no error")
+	}
+	if n := sqllock.GivingBack(waiter); n != 1 {
+		t.Errorf("%d give-backs after a lost attempt that could take the lock, want 1", n)
+	}
+}
