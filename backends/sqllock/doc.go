@@ -101,9 +101,9 @@
 // with a plain SELECT, and only when the mark there is too short marks it
 // with an UPDATE of a lease still held; when the lease has ended, or the
 // UPDATE finds it ended, it makes the attempt that can take the lock. The
-// two plain statements cost the server less than that attempt, which it
-// prepares anew for every run (PostgreSQL 15: 50k and 98k instructions
-// against 180k-207k). The releasing statement calls pg_notify
+// two plain statements cost the server less than that attempt, whose
+// executor it sets up anew at every run (PostgreSQL 15: 50k and 98k
+// instructions against 167k-207k). The releasing statement calls pg_notify
 // on a channel named after the lock table, with the lock name as payload,
 // only when the mark outlasted the moment the releaser took the lock (so
 // also for a mark that ended during the hold, sending a notification that
