@@ -96,7 +96,14 @@
 // free for that statement to take. An attempt that finds in its snapshot
 // the lease unexpired and a mark that lasts its pause already, committed
 // before it began and so seen by any later release, leaves the row alone
-// and does not wait for its lock. The releasing statement calls pg_notify
+// and does not wait for its lock. A waiter whose pause ended without a
+// notification, the lock most likely held still, reads the row first
+// with a plain SELECT, and only when the mark there is too short marks it
+// with an UPDATE of a lease still held; when the lease has ended, or the
+// UPDATE finds it ended, it makes the attempt that can take the lock. The
+// two plain statements cost the server less than that attempt, whose
+// executor it sets up anew at every run (PostgreSQL 15: 50k and 98k
+// instructions against 167k-207k). The releasing statement calls pg_notify
 // on a channel named after the lock table, with the lock name as payload,
 // only when the mark outlasted the moment the releaser took the lock (so
 // also for a mark that ended during the hold, sending a notification that

@@ -78,7 +78,14 @@ func Now(l *Locker) string { return l.d.now }
 // waited for at least pause when the lock is held; taken reports whether it
 // took the lock, and left the holder's time left as the attempt read it.
 func Attempt(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) (taken bool, left time.Duration, err error) {
-	got, left, err := l.try(ctx, key, ttl, "", true, pause)
+	got, left, err := l.try(ctx, key, ttl, "", true, pause, false)
+	return got != nil, left, err
+}
+
+// Poll is Attempt for a waiter that no notification woke, which reads the
+// row before it marks or takes it (poll).
+func Poll(ctx context.Context, l *Locker, key string, ttl, pause time.Duration) (taken bool, left time.Duration, err error) {
+	got, left, err := l.try(ctx, key, ttl, "", true, pause, true)
 	return got != nil, left, err
 }
 
@@ -86,3 +93,6 @@ func Attempt(ctx context.Context, l *Locker, key string, ttl, pause time.Duratio
 // driver's placeholders: the acquisition (key, owner, ttl in µs, answering
 // the version) and the release (key, owner, version).
 func CycleStatements(l *Locker) (acquire, release string) { return l.q.acquire, l.q.release }
+
+// GivingBack is the number of l's give-backs running.
+func GivingBack(l *Locker) int32 { return l.givingBack.Load() }

@@ -253,8 +253,115 @@ func TestEarlierTableUnmigrated(t *testing.T) {
 // waiter's next pause, reads the row without locking it, so it does not
 // queue behind the holder's statements (here a transaction holding the row
 // lock); one whose pause outlasts the mark writes the mark, under the row
-// lock, and so waits for it.
+// lock, and so waits for it. So for both kinds of attempt: the one after a
+// notification, which may take the lock (Attempt), and the one after a
+// pause, which reads the row first (Poll).
 func TestLastingMarkTakesNoRowLock(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	waiter := newLocker(t, openDB(t, db, dsn))
+	for _, kind := range []struct {
+		name    string
+		attempt func(context.Context, *sqllock.Locker, string, time.Duration, time.Duration) (bool, time.Duration, error)
+	}{{"notified", sqllock.Attempt}, {"polling", sqllock.Poll}} {
+		t.Run(kind.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			key := uniqueKey(t)
+			lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Release(ctx)
+			// Marks the row for twice 10s.
+			taken, left, err := kind.attempt(ctx, waiter, key, time.Minute, 10*time.Second)
+			if err != nil || taken || left < 30*time.Second {
+				t.Fatalf("marking attempt: taken %v, left %v, err %v; want held with about a minute left", taken, left, err)
+			}
+			if !sqllock.WaitedFor(waiter, key) {
+				t.Fatal("the row is not marked as waited for")
+			}
+			tx := openDB(t, db, dsn).Begin()
+			defer tx.Rollback()
+			if err := tx.Exec("SELECT 1 FROM "+sqllock.DefaultTable+" WHERE name = ? FOR UPDATE", key).Error; err != nil {
+				t.Fatal(err)
+			}
+
+			short, stop := context.WithTimeout(ctx, 5*time.Second)
+			taken, left, err = kind.attempt(short, waiter, key, time.Minute, time.Second)
+			stop()
+			if err != nil || taken || left < 30*time.Second {
+				t.Fatalf("attempt within the mark: taken %v, left %v, err %v; want held with about a minute left, without waiting for the row lock", taken, left, err)
+			}
+			short, stop = context.WithTimeout(ctx, 300*time.Millisecond)
+			taken, _, err = kind.attempt(short, waiter, key, time.Minute, 30*time.Second)
+			stop()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("attempt past the mark: taken %v, err %v; want it waiting for the row lock until its deadline", taken, err)
+			}
+		})
+	}
+}
+
+// TestPollTakesFreeLock: a waiter's attempt after a pause with no
+// notification (Poll), which reads the row before anything else, still
+// takes a lock that is free: released, never taken (no row), or whose
+// lease ran out; and it takes none that is held.
+func TestPollTakesFreeLock(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	holder := newLocker(t, migrated(t, db, dsn))
+	waiter := newLocker(t, openDB(t, db, dsn))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	poll := func(key string) bool {
+		t.Helper()
+		taken, _, err := sqllock.Poll(ctx, waiter, key, time.Minute, 10*time.Millisecond)
+		if err != nil {
+			t.Fatalf("Poll: %v", err)
+		}
+		return taken
+	}
+
+	if !poll(uniqueKey(t) + "/new") {
+		t.Error("a key never locked was not taken")
+	}
+
+	released := uniqueKey(t) + "/released"
+	lease, err := holder.Acquire(ctx, released, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if poll(released) {
+		t.Fatal("a held lock was taken")
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !poll(released) {
+		t.Error("a released lock was not taken")
+	}
+
+	expired := uniqueKey(t) + "/expired"
+	if _, err := holder.Acquire(ctx, expired, driver.AcquireOptions{TTL: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	// Marked while held, for twice the pause.
+	if poll(expired) {
+		t.Fatal("a held lock was taken")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if !poll(expired) {
+		t.Error("a lock whose lease ran out was not taken")
+	}
+}
+
+// TestPollLostAnswerGivesNothingBack: an attempt after a pause whose read
+// or mark lost its answer (here its ctx ended before it was sent) starts no
+// give-back, since neither statement can take the lock; the attempt that
+// can does.
+func TestPollLostAnswerGivesNothingBack(t *testing.T) {
 	db := postgresDB()
 	dsn := db.dsn(t)
 	holder := newLocker(t, migrated(t, db, dsn))
@@ -267,29 +374,18 @@ func TestLastingMarkTakesNoRowLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	// Marks the row for twice 10s.
-	if taken, _, err := sqllock.Attempt(ctx, waiter, key, time.Minute, 10*time.Second); err != nil || taken {
-		t.Fatalf("marking attempt: taken %v, err %v; want held", taken, err)
+	ended, end := context.WithCancel(ctx)
+	end()
+	if _, _, err := sqllock.Poll(ended, waiter, key, time.Minute, time.Second); err == nil {
+		t.Fatal("Poll with an ended ctx: no error")
 	}
-	if !sqllock.WaitedFor(waiter, key) {
-		t.Fatal("the row is not marked as waited for")
+	if n := sqllock.GivingBack(waiter); n != 0 {
+		t.Errorf("%d give-backs after a lost read, want none", n)
 	}
-	tx := openDB(t, db, dsn).Begin()
-	defer tx.Rollback()
-	if err := tx.Exec("SELECT 1 FROM "+sqllock.DefaultTable+" WHERE name = ? FOR UPDATE", key).Error; err != nil {
-		t.Fatal(err)
+	if _, _, err := sqllock.Attempt(ended, waiter, key, time.Minute, time.Second); err == nil {
+		t.Fatal("Attempt with an ended ctx: no error")
 	}
-
-	short, stop := context.WithTimeout(ctx, 5*time.Second)
-	taken, left, err := sqllock.Attempt(short, waiter, key, time.Minute, time.Second)
-	stop()
-	if err != nil || taken || left < 30*time.Second {
-		t.Fatalf("attempt within the mark: taken %v, left %v, err %v; want held with about a minute left, without waiting for the row lock", taken, left, err)
-	}
-	short, stop = context.WithTimeout(ctx, 300*time.Millisecond)
-	taken, _, err = sqllock.Attempt(short, waiter, key, time.Minute, 30*time.Second)
-	stop()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("attempt past the mark: taken %v, err %v; want it waiting for the row lock until its deadline", taken, err)
+	if n := sqllock.GivingBack(waiter); n != 1 {
+		t.Errorf("%d give-backs after a lost attempt that could take the lock, want 1", n)
 	}
 }
