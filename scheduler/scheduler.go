@@ -371,7 +371,9 @@ func (s *Scheduler) waitBehind() {
 }
 
 // maxBehind bounds the store calls left to finish on their own at once:
-// past it, against a store that hangs every call, runs wait for theirs.
+// past it, a store that has left that many unanswered is taken for down,
+// and a run's call fails at once rather than pile up another goroutine or
+// wait as long as the client library does.
 const maxBehind = 64
 
 // bounded makes the store call f, bounded by timeout, and waits for its
@@ -386,9 +388,8 @@ func (s *Scheduler) bounded(ctx context.Context, timeout time.Duration, f func(c
 	select {
 	case s.spare <- struct{}{}:
 	default:
-		// Too many calls are behind already: wait for this one.
-		defer cancel()
-		return f(ctx)
+		cancel()
+		return fmt.Errorf("%w: %d slot store calls are still unanswered", idempotency.ErrUnavailable, maxBehind)
 	}
 	answer := make(chan error, 1)
 	waited := make(chan bool, 1)
