@@ -167,6 +167,11 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
+	if _, hasPassword := p.User.Password(); p.User != nil && !hasPassword && (strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "redlock")) {
+		// go-redis reads it as a user name and, with no password, sends no
+		// credentials at all: the server's NOAUTH would be the first sign.
+		return nil, fmt.Errorf("%s: a user info without ':' is a user name with no password, and no credentials are sent (redis-cli reads it as the password): write %s://:PASSWORD@host:port for a password, %s://USER:PASSWORD@host:port for an ACL user", u, scheme, scheme)
+	}
 	switch scheme {
 	case "postgres", "postgresql":
 		u.Scheme = "postgres"
@@ -312,13 +317,8 @@ func secretsOf(p *url.URL) []string {
 		}
 	}
 	if p.User != nil {
-		pw, ok := p.User.Password()
+		pw, _ := p.User.Password()
 		raw, _ := strings.CutPrefix(p.User.String(), p.User.Username()+":")
-		if !ok && strings.HasPrefix(p.Scheme, "redis") {
-			// redis://secret@host: redis-cli reads a lone user info as
-			// the password.
-			pw, raw = p.User.Username(), p.User.String()
-		}
 		add(pw, raw)
 		s = append(s, p.User.String())
 	}
