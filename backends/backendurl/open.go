@@ -36,6 +36,13 @@ import (
 // Opener opens what URLs name, once each: a lock backend and a store on the
 // same database share one connection pool. It is not safe for concurrent
 // use. Close closes everything it opened.
+//
+// An open checks that the server answers, and fails when the caller's
+// context ends (or after 5 s), even on a server that accepts connections
+// and never answers. The Redis clients it makes honour their callers'
+// context deadlines (go-redis's ContextTimeoutEnabled), so that a health
+// check or a command on a server that stopped answering ends with its
+// caller's bound rather than go-redis's read timeout and retries.
 type Opener struct {
 	sql     map[string]*gorm.DB
 	redis   map[string]goredis.UniversalClient
