@@ -260,7 +260,7 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 		shown.User, shown.Passwd = masked, ""
 	}
 	for k, v := range shown.Params {
-		if secretParam(k) {
+		if secretParam(k) || secretParam(v) {
 			u.secrets = append(u.secrets, v)
 			shown.Params[k] = masked
 		}
@@ -283,8 +283,9 @@ func validScheme(s string) bool {
 	return s != "" && len(s) <= 32
 }
 
-// secretParam reports whether a query parameter carries a secret:
-// password, pass, sslpassword, passwd, pwd and the like.
+// secretParam reports whether a query parameter carries a secret, by its
+// name: password, pass, sslpassword, passwd, pwd and the like; or by its
+// value, which may set one (PostgreSQL's ?options=-c password=...).
 func secretParam(name string) bool {
 	name = strings.ToLower(name)
 	return strings.Contains(name, "pass") || name == "pwd" || strings.Contains(name, "secret") || strings.Contains(name, "token")
@@ -299,7 +300,7 @@ func redactParsed(p *url.URL) string {
 	}
 	var q []string
 	for kv := range strings.SplitSeq(p.RawQuery, "&") {
-		if k, _, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) || secretParam(unescape(v)) {
 			kv = k + "=" + masked
 		}
 		q = append(q, kv)
@@ -323,7 +324,7 @@ func secretsOf(p *url.URL) []string {
 		s = append(s, p.User.String())
 	}
 	for kv := range strings.SplitSeq(p.RawQuery, "&") {
-		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) || secretParam(unescape(v)) {
 			add(unescape(v), v)
 		}
 	}

@@ -35,6 +35,7 @@ func URLShapes(secret string) []string {
 			"postgresql://warden@127.0.0.1:1/warden?password="+pw,
 			"postgres://127.0.0.1:1/warden?user=warden&pass="+pw+"&sslmode=disable",
 			"postgres://127.0.0.1:1/warden?sslpassword="+pw,
+			"postgres://warden@127.0.0.1:1/warden?options=-c%20password%3D"+pw,
 			"mysql://warden:"+pw+"@tcp(127.0.0.1:1)/warden",
 			"mysql://warden:"+pw+"@tcp(127.0.0.1:1)/warden?parseTime=true&password="+pw,
 			"sqlite://warden:"+pw+"@/tmp/x.db",
