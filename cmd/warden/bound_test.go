@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -244,4 +245,63 @@ func TestUnheededCallAbandoned(t *testing.T) {
 			t.Errorf("the abandoned call printed %q (abandoned: %t); want nothing", out.String(), c.abandoned)
 		}
 	})
+}
+
+// TestInterruptAtPrompt: Ctrl-C at a prompt ends the wait for the answer,
+// saying why, and nothing is released.
+func TestInterruptAtPrompt(t *testing.T) {
+	ctx := context.Background()
+	g, err := guard.New(memory.New(), guard.WithOwner("stuck-worker"), guard.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := g.Lock(ctx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	terminal, typing := io.Pipe()
+	defer typing.Close()
+	prompted := make(chan struct{})
+	out := &promptWatch{prompted: prompted}
+	c := &cli{stdin: bufio.NewReader(terminal), stdout: &gate{w: out}, timeout: time.Minute, g: g}
+	do, err := c.command([]string{"locks", "release", "report"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	interrupted := errors.New("interrupt signal received")
+	sigCtx, interrupt := context.WithCancelCause(ctx)
+	done := make(chan error, 1)
+	c.restartBound()
+	go func() { done <- do(sigCtx) }()
+	<-prompted
+	interrupt(interrupted)
+	select {
+	case err := <-done:
+		if !errors.Is(err, interrupted) {
+			t.Errorf("Ctrl-C at the prompt: %v; want the interrupt named", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the prompt still waits 10s after Ctrl-C")
+	}
+	if in, err := g.Inspect(ctx, "report"); err != nil || len(in.Holders) != 1 {
+		t.Errorf("the lock after an interrupted release: %+v, %v; want it held still", in, err)
+	}
+}
+
+// promptWatch is a terminal's screen that tells when a prompt is shown.
+type promptWatch struct {
+	mu       sync.Mutex
+	b        bytes.Buffer
+	prompted chan struct{}
+}
+
+func (w *promptWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b.Write(p)
+	if bytes.HasSuffix(w.b.Bytes(), []byte("[y/N] ")) {
+		close(w.prompted)
+	}
+	return len(p), nil
 }
