@@ -167,6 +167,11 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
+	if _, hasPassword := p.User.Password(); p.User != nil && !hasPassword && (strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "redlock")) {
+		// go-redis reads it as a user name and, with no password, sends no
+		// credentials at all: the server's NOAUTH would be the first sign.
+		return nil, fmt.Errorf("%s: a user info without ':' is a user name with no password, and no credentials are sent (redis-cli reads it as the password): write %s://:PASSWORD@host:port for a password, %s://USER:PASSWORD@host:port for an ACL user", u, scheme, scheme)
+	}
 	switch scheme {
 	case "postgres", "postgresql":
 		u.Scheme = "postgres"
@@ -255,7 +260,7 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 		shown.User, shown.Passwd = masked, ""
 	}
 	for k, v := range shown.Params {
-		if secretParam(k) {
+		if secretParam(k) || secretParam(v) {
 			u.secrets = append(u.secrets, v)
 			shown.Params[k] = masked
 		}
@@ -278,8 +283,9 @@ func validScheme(s string) bool {
 	return s != "" && len(s) <= 32
 }
 
-// secretParam reports whether a query parameter carries a secret:
-// password, pass, sslpassword, passwd, pwd and the like.
+// secretParam reports whether a query parameter carries a secret, by its
+// name: password, pass, sslpassword, passwd, pwd and the like; or by its
+// value, which may set one (PostgreSQL's ?options=-c password=...).
 func secretParam(name string) bool {
 	name = strings.ToLower(name)
 	return strings.Contains(name, "pass") || name == "pwd" || strings.Contains(name, "secret") || strings.Contains(name, "token")
@@ -294,7 +300,7 @@ func redactParsed(p *url.URL) string {
 	}
 	var q []string
 	for kv := range strings.SplitSeq(p.RawQuery, "&") {
-		if k, _, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) || secretParam(unescape(v)) {
 			kv = k + "=" + masked
 		}
 		q = append(q, kv)
@@ -312,18 +318,13 @@ func secretsOf(p *url.URL) []string {
 		}
 	}
 	if p.User != nil {
-		pw, ok := p.User.Password()
+		pw, _ := p.User.Password()
 		raw, _ := strings.CutPrefix(p.User.String(), p.User.Username()+":")
-		if !ok && strings.HasPrefix(p.Scheme, "redis") {
-			// redis://secret@host: redis-cli reads a lone user info as
-			// the password.
-			pw, raw = p.User.Username(), p.User.String()
-		}
 		add(pw, raw)
 		s = append(s, p.User.String())
 	}
 	for kv := range strings.SplitSeq(p.RawQuery, "&") {
-		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) {
+		if k, v, _ := strings.Cut(kv, "="); secretParam(unescape(k)) || secretParam(unescape(v)) {
 			add(unescape(v), v)
 		}
 	}

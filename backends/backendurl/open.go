@@ -2,6 +2,7 @@ package backendurl
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -35,6 +36,13 @@ import (
 // Opener opens what URLs name, once each: a lock backend and a store on the
 // same database share one connection pool. It is not safe for concurrent
 // use. Close closes everything it opened.
+//
+// An open checks that the server answers, and fails when the caller's
+// context ends (or after 5 s), even on a server that accepts connections
+// and never answers. The Redis clients it makes honour their callers'
+// context deadlines (go-redis's ContextTimeoutEnabled), so that a health
+// check or a command on a server that stopped answering ends with its
+// caller's bound rather than go-redis's read timeout and retries.
 type Opener struct {
 	sql     map[string]*gorm.DB
 	redis   map[string]goredis.UniversalClient
@@ -89,7 +97,16 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	if db, ok := b.sql[key]; ok {
 		return db, nil
 	}
-	var d gorm.Dialector
+	// A server that accepts connections and never answers must fail the
+	// open when ctx ends. gorm.Open pings (postgres) and asks MySQL's
+	// version with no context: its ping is off, ours has ctx, and MySQL's
+	// version is asked only once a bounded ping has opened the connection
+	// it goes over (a server that stops answering just between the two
+	// still holds the open: gorm gives no way to bound that query).
+	var (
+		d     gorm.Dialector
+		sqlDB *sql.DB
+	)
 	switch u.Scheme {
 	case "sqlite":
 		// SQLite reports a missing directory as "out of memory (14)".
@@ -103,28 +120,48 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	case "postgres":
 		d = postgres.Open(u.DSN)
 	case "mysql":
-		d = mysql.Open(u.DSN)
+		var err error
+		if sqlDB, err = sql.Open("mysql", u.DSN); err != nil {
+			return nil, err
+		}
+		if err := pingSQL(ctx, sqlDB); err != nil {
+			return nil, err
+		}
+		d = mysql.New(mysql.Config{DSN: u.DSN, Conn: sqlDB})
 	default:
 		return nil, errors.New("not a SQL database")
 	}
-	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true})
 	if err != nil {
+		if sqlDB != nil {
+			sqlDB.Close()
+		}
 		return nil, err
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := sqlDB.PingContext(pctx); err != nil {
-		sqlDB.Close()
-		return nil, driver.Unavailable(ctx, err)
+	if sqlDB == nil {
+		if sqlDB, err = db.DB(); err != nil {
+			return nil, err
+		}
+		if err := pingSQL(ctx, sqlDB); err != nil {
+			return nil, err
+		}
 	}
 	b.sql[key] = db
 	b.closers = append(b.closers, func() { sqlDB.Close() })
 	b.pings = append(b.pings, Ping{u.Scheme, sqlDB.PingContext})
 	return db, nil
+}
+
+// pingSQL checks that db's server answers within ctx, and at most 5s, and
+// closes db if it does not.
+func pingSQL(ctx context.Context, db *sql.DB) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return driver.Unavailable(ctx, err)
+	}
+	return nil
 }
 
 func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.UniversalClient, error) {
@@ -136,6 +173,11 @@ func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.Uni
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 2 * time.Second
 	}
+	// Without it go-redis bounds a command by its read timeout and
+	// retries, whatever the caller's context says: an open, a health check
+	// or an operator's command against a server that stopped answering
+	// would outlast the caller's bound.
+	opts.ContextTimeoutEnabled = true
 	c := goredis.NewClient(&opts)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -35,6 +35,7 @@ func URLShapes(secret string) []string {
 			"postgresql://warden@127.0.0.1:1/warden?password="+pw,
 			"postgres://127.0.0.1:1/warden?user=warden&pass="+pw+"&sslmode=disable",
 			"postgres://127.0.0.1:1/warden?sslpassword="+pw,
+			"postgres://warden@127.0.0.1:1/warden?options=-c%20password%3D"+pw,
 			"mysql://warden:"+pw+"@tcp(127.0.0.1:1)/warden",
 			"mysql://warden:"+pw+"@tcp(127.0.0.1:1)/warden?parseTime=true&password="+pw,
 			"sqlite://warden:"+pw+"@/tmp/x.db",
@@ -197,4 +198,21 @@ func skipOrFail(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 	t.Skip(err)
+}
+
+// TestRedisUserWithoutPassword: redis://secret@host is a user name with no
+// password to go-redis, which then sends no credentials: refused, naming
+// both forms that say what was meant, and without the secret.
+func TestRedisUserWithoutPassword(t *testing.T) {
+	for _, s := range []string{"redis://s3cretpw@127.0.0.1:1", "rediss://s3cretpw@127.0.0.1:1/0", "redlock://s3cretpw@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"} {
+		_, err := Parse(s)
+		if err == nil || !strings.Contains(err.Error(), "://:PASSWORD@") || !strings.Contains(err.Error(), "://USER:PASSWORD@") || leaks(err.Error(), "s3cretpw") {
+			t.Errorf("%s: %v; want a refusal naming both forms, without the secret", Redact(s), err)
+		}
+	}
+	for _, s := range []string{"redis://:s3cretpw@127.0.0.1:1", "redis://app:s3cretpw@127.0.0.1:1", "redis://127.0.0.1:1"} {
+		if _, err := Parse(s); err != nil {
+			t.Errorf("%s: %v", Redact(s), err)
+		}
+	}
 }

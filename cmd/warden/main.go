@@ -9,24 +9,38 @@
 //	warden -lock mysql://... ping
 //	warden -lock consul://127.0.0.1:8500 locks ls [PREFIX]
 //
-// Backend URLs are those of backendurl (and of the example service); -lock
+// Flags may come before the command, among its words or after them; after
+// --, every word is an operand, even one that starts with '-' (locks show
+// -- -key). Backend
+// URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
-// bidirectional marks) is printed quoted and escaped, as Go's %q does. URLs
-// are printed redacted (backendurl). Exit status 0 on success, 1 when the
-// backend fails or the answer is no, 2 for bad input (with a one-line
-// error), 3 when a release is refused because the lock changed hands after
-// its holder was shown (nothing is released; the new holder is named), or a
-// delete because another request claimed the key after its record was
-// shown (nothing is deleted).
+// bidirectional marks), or a space at either end, is printed quoted and
+// escaped, as Go's %q does. A key that is not UTF-8 (another client wrote
+// it; guard refuses such keys) is given in JSON as KeyBase64 too, its bytes
+// exactly, since JSON shows each invalid byte as U+FFFD. URLs, in usage and
+// errors too, are printed redacted (backendurl).
+//
+// -timeout bounds the backend's part of the command: opening the clients
+// and every call, which the command abandons, failing, should a client not
+// heed it. The time an operator takes to answer a prompt is not counted:
+// the bound starts again after the answer. The first Ctrl-C ends the
+// command as the bound would; a second one ends the process at once.
+//
+// Exit status 0 on success, 1 when the backend fails or the answer is no,
+// 2 for bad input (with a one-line error), 3 when a release is refused
+// because the lock changed hands after its holder was shown (nothing is
+// released; the new holder is named), or a delete because another request
+// claimed the key after its record was shown (nothing is deleted).
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -37,6 +51,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -48,6 +63,7 @@ import (
 	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/debugpage"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -57,12 +73,15 @@ func main() {
 	// clients are quieted where backendurl opens them.)
 	goredis.SetLogger(silent{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// After the first Ctrl-C, which ends the command, the signal's default
+	// is back: a second one ends the process at once.
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-const usage = `usage: warden [flags] COMMAND
+const usage = `usage: warden [flags] COMMAND [flags]
 
 commands:
   locks ls [PREFIX]      held locks whose keys start with PREFIX
@@ -73,6 +92,9 @@ commands:
   idem show SCOPE KEY    the idempotency record under SCOPE and KEY
   idem delete SCOPE KEY  remove that record, so the key runs afresh (asks first, unless -yes)
   ping                   whether the backend answers
+
+Flags may also follow the command; after --, every word is an operand,
+even one starting with '-' (locks show -- -KEY).
 
 flags:
 `
@@ -86,15 +108,26 @@ func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(fo
 
 // cli is one invocation.
 type cli struct {
-	stdin  *bufio.Reader
-	stdout io.Writer
-	json   bool
-	yes    bool
-	limit  int
-	after  string
-	g      *guard.Guard
-	store  func(context.Context) (idempotency.Store, error)
+	stdin     *bufio.Reader
+	stdout    *gate
+	json      bool
+	yes       bool
+	limit     int
+	after     string
+	token     uint64 // locks release -token
+	tokenSet  bool
+	anyHolder bool // locks release -any-holder
+	timeout   time.Duration
+	deadline  time.Time // the end of the current bound on the backend's part
+	abandoned bool      // a call outlived its bound, and may still use the clients
+	g         *guard.Guard
+	store     func(context.Context) (idempotency.Store, error)
 }
+
+// grace is how long past its bound a call is waited for before it is
+// abandoned: enough for a client that heeds its context to return, short
+// enough that the bound (and a Ctrl-C) holds.
+const grace = 500 * time.Millisecond
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	err := runErr(ctx, args, stdin, stdout, stderr)
@@ -104,7 +137,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintln(stderr, "warden:", oneLine(err.Error()))
+	// guard's errors name warden already.
+	fmt.Fprintln(stderr, "warden:", strings.TrimPrefix(oneLine(err.Error()), "warden: "))
 	var u errUsage
 	if errors.As(err, &u) {
 		return 2
@@ -123,31 +157,38 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	c := &cli{stdin: bufio.NewReader(stdin), stdout: stdout}
-	lock := fs.String("lock", os.Getenv("WARDEN_LOCK"), "lock backend URL (default $WARDEN_LOCK)")
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}}
+	// Not $WARDEN_LOCK as the default: the usage would print its password.
+	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
 	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
 	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
-	timeout := fs.Duration("timeout", 10*time.Second, "bound on the whole command")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
 	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
 	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
-	if err := fs.Parse(args); err != nil {
+	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
+	fs.BoolVar(&c.anyHolder, "any-holder", false, "locks release: release whoever holds the key when the release runs")
+	cmd, err := operands(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return errUsage{err.Error()}
 	}
-	cmd := fs.Args()
+	fs.Visit(func(f *flag.Flag) { c.tokenSet = c.tokenSet || f.Name == "token" })
 	if len(cmd) == 0 {
 		fs.Usage()
 		return badInput("no command")
 	}
 	if *lock == "" {
+		*lock = os.Getenv("WARDEN_LOCK")
+	}
+	if *lock == "" {
 		return badInput("no backend: give -lock URL or set WARDEN_LOCK")
 	}
-	if *timeout <= 0 {
-		return badInput("-timeout %v is not positive", *timeout)
+	if c.timeout <= 0 {
+		return badInput("-timeout %v is not positive", c.timeout)
 	}
 	if c.limit < 1 || c.limit > 1000 {
 		return badInput("-limit %d: want 1 to 1000", c.limit)
@@ -175,17 +216,45 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return err
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
+	c.restartBound()
 	o := backendurl.NewOpener()
-	defer o.Close()
+	defer c.close(o)
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL, *prefix) }); err != nil {
+		return err
+	}
+	return do(ctx)
+}
+
+// operands parses args with fs, whose flags may come before, among or after
+// the command's words, and returns the words: every word after --, even
+// one that starts with '-'.
+func operands(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(words, rest...), nil
+		}
+		if len(rest) == 0 {
+			return words, nil
+		}
+		words = append(words, rest[0])
+		args = rest[1:]
+	}
+}
+
+// open opens the lock backend and, when a command asks for it, the store.
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL, prefix string) error {
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("%s: %w", lockURL, err)
 	}
 	// The command's own output is the record of what it did.
-	opts := []guard.Option{guard.WithPrefix(*prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
+	opts := []guard.Option{guard.WithPrefix(prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
 		guard.WithLogger(slog.New(slog.DiscardHandler))}
 	if lockURL.Scheme == "etcd" {
 		opts = append(opts, guard.WithTTL(60*time.Second))
@@ -200,18 +269,126 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 		return s, err
 	}
-	return do(ctx)
+	return nil
 }
 
-// command returns what cmd asks for, or a usage error.
+// restartBound starts the bound on the backend's part of the command: at
+// the start, and again after the operator answered a prompt.
+func (c *cli) restartBound() { c.deadline = time.Now().Add(c.timeout) }
+
+// bounded runs f with ctx ended at the bound, and returns f's error; or,
+// should f not return within grace of its context's end (a client that does
+// not heed it), an error saying that the backend did not answer, leaving f
+// behind: what it prints later is dropped, and the clients are not closed
+// under it.
+func (c *cli) bounded(ctx context.Context, f func(context.Context) error) error {
+	fctx, cancel := context.WithDeadline(ctx, c.deadline)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f(fctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-fctx.Done():
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case err = <-done:
+		case <-t.C:
+			c.abandoned = true
+			c.stdout.close()
+			err = fmt.Errorf("%w: no answer within -timeout %v", driver.ErrUnavailable, c.timeout)
+		}
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// Ctrl-C: say so, rather than what a client made of it.
+		return context.Cause(ctx)
+	case errors.Is(err, context.DeadlineExceeded) && fctx.Err() != nil:
+		return fmt.Errorf("no answer within -timeout %v: %w", c.timeout, err)
+	}
+	return err
+}
+
+// close closes what o opened, waiting at most grace; not at all after a
+// call was abandoned, whose goroutine may still be using the clients.
+func (c *cli) close(o *backendurl.Opener) {
+	if c.abandoned {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.Close()
+	}()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// ask prints question and reports whether the operator answered yes. The
+// answer is awaited without a bound, but Ctrl-C ends the wait.
+func (c *cli) ask(ctx context.Context, question string) (bool, error) {
+	io.WriteString(c.stdout, question)
+	answer := make(chan string, 1)
+	go func() {
+		a, _ := c.stdin.ReadString('\n')
+		answer <- a
+	}()
+	select {
+	case a := <-answer:
+		a = strings.ToLower(strings.TrimSpace(a))
+		return a == "y" || a == "yes", nil
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	}
+}
+
+// gate is the command's standard output, closed when a call is abandoned:
+// the command has failed, and what the call prints afterwards goes nowhere.
+type gate struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return len(p), nil
+	}
+	return g.w.Write(p)
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
+// command returns what cmd, the command's words without its flags, asks
+// for, or a usage error. What it returns opens nothing: it runs once the
+// backend is open, and bounds its own calls (bounded).
 func (c *cli) command(cmd []string) (func(context.Context) error, error) {
+	name := strings.Join(cmd[:min(len(cmd), 2)], " ")
 	want := func(n int, what string) error {
 		if len(cmd) != n {
-			return badInput("%s: want %s", strings.Join(cmd[:min(len(cmd), 2)], " "), what)
+			return badInput("%s: want %s", name, what)
 		}
 		return nil
 	}
-	switch strings.Join(cmd[:min(len(cmd), 2)], " ") {
+	if name != "locks release" && (c.tokenSet || c.anyHolder) {
+		return nil, badInput("-token and -any-holder are flags of locks release")
+	}
+	// One bound on the backend's part for a command that asks nothing.
+	bounded := func(f func(context.Context) error) func(context.Context) error {
+		return func(ctx context.Context) error { return c.bounded(ctx, f) }
+	}
+	switch name {
 	case "locks ls":
 		if len(cmd) > 3 {
 			return nil, badInput("locks ls: want at most a PREFIX")
@@ -220,12 +397,12 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if len(cmd) == 3 {
 			prefix = cmd[2]
 		}
-		return func(ctx context.Context) error { return c.list(ctx, prefix) }, nil
+		return bounded(func(ctx context.Context) error { return c.list(ctx, prefix) }), nil
 	case "locks show":
 		if err := want(3, "KEY"); err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context) error { return c.show(ctx, cmd[2]) }, nil
+		return bounded(func(ctx context.Context) error { return c.show(ctx, cmd[2]) }), nil
 	case "locks release":
 		return c.releaseCommand(cmd[2:])
 	case "idem show", "idem delete":
@@ -238,10 +415,10 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if cmd[1] == "delete" {
 			return func(ctx context.Context) error { return c.idemDelete(ctx, cmd[2], cmd[3]) }, nil
 		}
-		return func(ctx context.Context) error { return c.idem(ctx, cmd[2], cmd[3]) }, nil
+		return bounded(func(ctx context.Context) error { return c.idem(ctx, cmd[2], cmd[3]) }), nil
 	}
 	if cmd[0] == "ping" && len(cmd) == 1 {
-		return c.ping, nil
+		return bounded(c.ping), nil
 	}
 	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
 }
@@ -252,7 +429,11 @@ func (c *cli) list(ctx context.Context, prefix string) error {
 		return err
 	}
 	if c.json {
-		return c.printJSON(nonNil(page))
+		out := make([]inspection, len(page))
+		for i, in := range page {
+			out[i] = inspected(in)
+		}
+		return c.printJSON(out)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
@@ -269,8 +450,7 @@ func (c *cli) show(ctx context.Context, key string) error {
 		return badKeyOr(err)
 	}
 	if c.json {
-		in.Holders = nonNil(in.Holders)
-		return c.printJSON(in)
+		return c.printJSON(inspected(in))
 	}
 	if len(in.Holders) == 0 {
 		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", shown(key), waiters(in.Waiters))
@@ -313,46 +493,59 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 }
 
 func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
-	s, err := c.store(ctx)
-	if err != nil {
+	var (
+		del idempotency.Deleter
+		rec *idempotency.Record
+	)
+	err := c.bounded(ctx, func(ctx context.Context) error {
+		s, err := c.store(ctx)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if del, ok = s.(idempotency.Deleter); !ok {
+			return fmt.Errorf("this store cannot delete records")
+		}
+		rec, err = s.Get(ctx, scope, key)
+		if errors.Is(err, idempotency.ErrNotFound) {
+			return fmt.Errorf("no record under scope %q, key %q", scope, key)
+		}
 		return err
-	}
-	del, ok := s.(idempotency.Deleter)
-	if !ok {
-		return fmt.Errorf("this store cannot delete records")
-	}
-	rec, err := s.Get(ctx, scope, key)
-	if errors.Is(err, idempotency.ErrNotFound) {
-		return fmt.Errorf("no record under scope %q, key %q", scope, key)
-	}
+	})
 	if err != nil {
 		return err
 	}
 	if !c.yes {
-		fmt.Fprintf(c.stdout, "delete the %s record of instance %s under scope %s, key %s? The next request with this key runs again. [y/N] ",
-			shown(string(rec.State)), shown(debugpage.Instance(rec.Owner)), shown(scope), shown(key))
-		answer, _ := c.stdin.ReadString('\n')
-		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+		yes, err := c.ask(ctx, fmt.Sprintf("delete the %s record of instance %s under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), shown(debugpage.Instance(rec.Owner)), shown(scope), shown(key)))
+		if err != nil {
+			return err
+		}
+		if !yes {
 			return errors.New("not deleted")
 		}
+		c.restartBound()
 	}
-	// Only the record shown: one claimed or completed by another request
-	// since (the claim shown lapsed while the prompt waited) is left.
-	if err := del.Delete(ctx, scope, key, rec.Owner); err != nil {
-		if errors.Is(err, idempotency.ErrNotOwner) {
-			return recordChanged{scope, key}
+	return c.bounded(ctx, func(ctx context.Context) error {
+		// Only the record shown: one claimed or completed by another
+		// request since (the claim shown lapsed while the prompt waited)
+		// is left.
+		if err := del.Delete(ctx, scope, key, rec.Owner); err != nil {
+			if errors.Is(err, idempotency.ErrNotOwner) {
+				return recordChanged{scope, key}
+			}
+			return err
 		}
-		return err
-	}
-	if c.json {
-		return c.printJSON(struct {
-			Scope   string `json:"scope"`
-			Key     string `json:"key"`
-			Deleted bool   `json:"deleted"`
-		}{scope, key, true})
-	}
-	fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
-	return nil
+		if c.json {
+			return c.printJSON(struct {
+				Scope   string `json:"scope"`
+				Key     string `json:"key"`
+				Deleted bool   `json:"deleted"`
+			}{scope, key, true})
+		}
+		fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
+		return nil
+	})
 }
 
 func (c *cli) ping(ctx context.Context) error {
@@ -414,6 +607,23 @@ func escapeUnprintable(js []byte) []byte {
 	return out
 }
 
+// inspection is a guard.Inspection as JSON prints it: with KeyBase64, the
+// key's bytes exactly, when the key is not UTF-8 (another client wrote it),
+// since JSON turns each invalid byte into U+FFFD.
+type inspection struct {
+	guard.Inspection
+	KeyBase64 string `json:",omitempty"`
+}
+
+func inspected(in guard.Inspection) inspection {
+	in.Holders = nonNil(in.Holders)
+	out := inspection{Inspection: in}
+	if !utf8.ValidString(in.Key) {
+		out.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(in.Key))
+	}
+	return out
+}
+
 // badKeyOr turns an invalid key into bad input.
 func badKeyOr(err error) error {
 	if errors.Is(err, guard.ErrInvalidKey) {
@@ -439,13 +649,16 @@ func waiters(n int) string {
 // shown is how a key, owner or value from a backend is printed for people:
 // as it is, or "-" when empty, unless a terminal would obey or reorder some
 // of it (C0 and C1 controls, bidirectional marks and overrides, anything
-// unprintable or not UTF-8), or it starts with a quote; then quoted and
-// escaped, as %q does, so that what is printed is what is there.
+// unprintable or not UTF-8), a table would hide some of it (a space at
+// either end), or it could be read as something else ("-", or a quote
+// first); then quoted and escaped, as %q does, so that what is printed is
+// what is there.
 func shown(s string) string {
 	if s == "" {
 		return "-"
 	}
-	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) || strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+	if !utf8.ValidString(s) || s == "-" || strings.HasPrefix(s, `"`) || strings.TrimSpace(s) != s ||
+		strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
 		return strconv.Quote(s)
 	}
 	return s

@@ -236,7 +236,7 @@ func TestErrorLineIsEscaped(t *testing.T) {
 func TestEscapeUnprintable(t *testing.T) {
 	in := map[string]string{"k\u009b\u202e": "v\u2066\U000e0001 ok é 日本 \U0001f600"}
 	var buf bytes.Buffer
-	if err := (&cli{stdout: &buf}).printJSON(in); err != nil {
+	if err := (&cli{stdout: &gate{w: &buf}}).printJSON(in); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()

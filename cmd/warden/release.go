@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -43,8 +41,8 @@ func (e recordChanged) Error() string {
 
 func (e recordChanged) ExitCode() int { return exitChanged }
 
-// releaseCommand reads the arguments of `locks release`, flags before or
-// after KEY:
+// releaseCommand reads the operands of `locks release` and its flags
+// (parsed with the others, before or after KEY):
 //
 //	locks release [-token N | -any-holder] KEY
 //
@@ -52,35 +50,18 @@ func (e recordChanged) ExitCode() int { return exitChanged }
 // -any-holder releases whoever holds the key when the release runs. With
 // neither, the release is of the one holder the prompt shows; with -yes
 // there is no prompt, so one of them is needed.
-func (c *cli) releaseCommand(args []string) (func(context.Context) error, error) {
-	fs := flag.NewFlagSet("locks release", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	token := fs.Uint64("token", 0, "the token of the holding to release")
-	anyHolder := fs.Bool("any-holder", false, "release whoever holds the key when the release runs")
-	var keys []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, badInput("locks release: %v (want [-token N | -any-holder] KEY)", err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		keys = append(keys, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	tokenSet := false
-	fs.Visit(func(f *flag.Flag) { tokenSet = tokenSet || f.Name == "token" })
+func (c *cli) releaseCommand(keys []string) (func(context.Context) error, error) {
 	switch {
 	case len(keys) != 1:
 		return nil, badInput("locks release: want KEY")
-	case tokenSet && *token == 0:
+	case c.tokenSet && c.token == 0:
 		return nil, badInput("locks release: -token 0 names no holding")
-	case tokenSet && *anyHolder:
+	case c.tokenSet && c.anyHolder:
 		return nil, badInput("locks release: either -token or -any-holder, not both")
-	case c.yes && !tokenSet && !*anyHolder:
+	case c.yes && !c.tokenSet && !c.anyHolder:
 		return nil, badInput("locks release: -yes needs -token N or -any-holder, so that what is released is what was meant")
 	}
-	r := release{cli: c, key: keys[0], token: *token, any: *anyHolder}
+	r := release{cli: c, key: keys[0], token: c.token, any: c.anyHolder}
 	return r.run, nil
 }
 
@@ -92,23 +73,38 @@ type release struct {
 	any   bool
 }
 
+// run shows the holder, asks, and releases: the bound covers the backend's
+// calls before the prompt, and starts again after the answer.
 func (r release) run(ctx context.Context) error {
-	in, err := r.g.Inspect(ctx, r.key)
-	if err != nil {
-		return badKeyOr(err)
-	}
-	if len(in.Holders) == 0 {
-		return fmt.Errorf("%s is not held: nothing to release", strconv.Quote(r.key))
-	}
-	target, shown, err := r.target(in.Holders)
+	var (
+		target guard.ReleaseTarget
+		shown  []guard.Holder
+	)
+	err := r.bounded(ctx, func(ctx context.Context) error {
+		in, err := r.g.Inspect(ctx, r.key)
+		if err != nil {
+			return badKeyOr(err)
+		}
+		if len(in.Holders) == 0 {
+			return fmt.Errorf("%s is not held: nothing to release", strconv.Quote(r.key))
+		}
+		target, shown, err = r.target(in.Holders)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	if !r.yes {
-		if err := r.confirm(shown); err != nil {
+		if err := r.confirm(ctx, shown); err != nil {
 			return err
 		}
+		r.restartBound()
 	}
+	return r.bounded(ctx, func(ctx context.Context) error { return r.release(ctx, target) })
+}
+
+// release asks the backend to remove target, and says what it removed.
+func (r release) release(ctx context.Context, target guard.ReleaseTarget) error {
 	removed, err := r.g.ForceRelease(ctx, r.key, target)
 	var hc *driver.HolderChangedError
 	if errors.As(err, &hc) {
@@ -156,7 +152,7 @@ func (r release) target(holders []guard.Holder) (guard.ReleaseTarget, []guard.Ho
 }
 
 // confirm lists every holder the release will remove and asks.
-func (r release) confirm(shown []guard.Holder) error {
+func (r release) confirm(ctx context.Context, shown []guard.Holder) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "release %s from:\n", strconv.Quote(r.key))
 	for _, h := range shown {
@@ -166,9 +162,11 @@ func (r release) confirm(shown []guard.Holder) error {
 		b.WriteString("or from whoever holds it when the release runs.\n")
 	}
 	b.WriteString("A holder is told when it next hears from the backend; until then only fenced storage refuses its late writes. Release? [y/N] ")
-	io.WriteString(r.stdout, b.String())
-	answer, _ := r.stdin.ReadString('\n')
-	if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+	yes, err := r.ask(ctx, b.String())
+	if err != nil {
+		return err
+	}
+	if !yes {
 		return errors.New("not released")
 	}
 	return nil

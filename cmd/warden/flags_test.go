@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// TestUsageShowsNoPasswordFromEnv: with the backend URL in WARDEN_LOCK, as
+// the usage suggests, asking for help, giving no command or mistyping a
+// flag prints the usage, and a command that fails prints an error; neither
+// shows the password, though the URL was read.
+func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
+	const secret = "TopS3cretPw"
+	t.Setenv("WARDEN_LOCK", "redis://:"+secret+"@127.0.0.1:1/0")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-h"}, "usage: warden"},
+		{nil, "usage: warden"},
+		{[]string{"-timeout", "1", "ping"}, "usage: warden"},
+		{[]string{"-bogus"}, "usage: warden"},
+		{[]string{"-json", "-timeout", "1s", "ping"}, "redis://xxxxx@127.0.0.1:1"},
+	} {
+		code, out, errOut := cliRun(t, "", tc.args...)
+		if s := out + errOut; strings.Contains(s, secret) || !strings.Contains(s, tc.want) {
+			t.Errorf("warden %q: exit %d, %q %q; want %q, and not the password", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// TestOperands: flags may come before the command, among its words or
+// after them; after --, words that start with '-' are operands.
+func TestOperands(t *testing.T) {
+	for _, tc := range []struct {
+		args, want []string
+		json       bool
+	}{
+		{[]string{"locks", "ls", "-json"}, []string{"locks", "ls"}, true},
+		{[]string{"-json", "locks", "ls", "jobs/"}, []string{"locks", "ls", "jobs/"}, true},
+		{[]string{"locks", "ls", "jobs/", "-json"}, []string{"locks", "ls", "jobs/"}, true},
+		{[]string{"locks", "-json", "show", "k"}, []string{"locks", "show", "k"}, true},
+		{[]string{"locks", "ls", "--", "-json"}, []string{"locks", "ls", "-json"}, false},
+		{[]string{"idem", "show", "--", "-s", "-k"}, []string{"idem", "show", "-s", "-k"}, false},
+		{[]string{"locks", "show", "-"}, []string{"locks", "show", "-"}, false},
+	} {
+		fs := flag.NewFlagSet("warden", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		js := fs.Bool("json", false, "")
+		got, err := operands(fs, tc.args)
+		if err != nil || !slices.Equal(got, tc.want) || *js != tc.json {
+			t.Errorf("operands(%q) = %q, %v, -json %t; want %q, -json %t", tc.args, got, err, *js, tc.want, tc.json)
+		}
+	}
+}
+
+// TestFlagsAfterCommand: `warden locks ls -json` lists the locks as JSON
+// (it took "-json" for the PREFIX, and printed an empty table: "no lock is
+// held"), and so with every command; -token and -any-holder belong to
+// locks release only.
+func TestFlagsAfterCommand(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "orders-svc/7", 10*time.Second)
+	prefix := fmt.Sprintf("cli-flags/%d/", time.Now().UnixNano())
+	held, err := g.Lock(context.Background(), prefix+"k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(context.Background())
+	for _, args := range [][]string{
+		{"locks", "ls", "-json"},
+		{"locks", "ls", prefix, "-json", "-limit", "1000"},
+		{"locks", "show", prefix + "k", "-json"},
+	} {
+		code, out, errOut := cliRun(t, "", append([]string{"-lock", url}, args...)...)
+		if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(out, prefix+"k") {
+			t.Errorf("warden %q: exit %d, %q, %q; want the held lock as JSON", args, code, out, errOut)
+		}
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "--", "-json")
+	if code != 0 || !strings.HasPrefix(out, "KEY") || strings.Contains(out, prefix) {
+		t.Errorf("locks ls -- -json: exit %d, %q, %q; want the table of keys under -json: none", code, out, errOut)
+	}
+	code, _, errOut = cliRun(t, "", "-lock", url, "locks", "show", prefix+"k", "-token", "3")
+	if code != 2 || !strings.Contains(errOut, "flags of locks release") {
+		t.Errorf("locks show -token: exit %d, %q; want 2 and whose flag -token is", code, errOut)
+	}
+}
+
+// TestShownUnambiguously: what the table shows of a key, owner or value
+// tells it apart from any other, spaces at its ends included.
+func TestShownUnambiguously(t *testing.T) {
+	for in, want := range map[string]string{
+		"jobs/nightly":  "jobs/nightly",
+		"":              "-",
+		"-":             `"-"`,
+		"jobs/nightly ": `"jobs/nightly "`,
+		" jobs/nightly": `" jobs/nightly"`,
+		"jobs/\u00a0":   `"jobs/\u00a0"`,
+		"a b":           "a b",
+		`"a"`:           `"\"a\""`,
+		"k\xff":         `"k\xff"`,
+	} {
+		if got := shown(in); got != want {
+			t.Errorf("shown(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestKeyBytesInJSON: a key that is not UTF-8, which another client wrote
+// (guard refuses such keys), is listed in JSON with its exact bytes in
+// KeyBase64, and a key with a trailing space is quoted in the table.
+func TestKeyBytesInJSON(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	u, o := open(t, url)
+	locker := mustLocker(t, o, u)
+	base := fmt.Sprintf("cli-bytes/%d/", time.Now().UnixNano())
+	for _, key := range []string{base + "k\xff\xfe", base + "space "} {
+		lease, err := locker.Acquire(context.Background(), "warden:"+key, driver.AcquireOptions{TTL: 30 * time.Second, Owner: "raw-client"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lease.Release(context.Background()) })
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "locks", "ls", base)
+	var page []struct {
+		guard.Inspection
+		KeyBase64 string
+	}
+	if err := json.Unmarshal([]byte(out), &page); code != 0 || err != nil || len(page) != 2 {
+		t.Fatalf("-json locks ls: exit %d, %q, %q, %v; want two locks", code, out, errOut, err)
+	}
+	for _, in := range page {
+		key, err := base64.StdEncoding.DecodeString(in.KeyBase64)
+		switch {
+		case strings.HasSuffix(in.Key, "space "):
+			if in.KeyBase64 != "" {
+				t.Errorf("%q, a UTF-8 key, has KeyBase64 %q", in.Key, in.KeyBase64)
+			}
+		case err != nil || !bytes.Equal(key, []byte(base+"k\xff\xfe")):
+			t.Errorf("%q: KeyBase64 %q decodes to %q, %v; want the key's bytes", in.Key, in.KeyBase64, key, err)
+		}
+	}
+	code, out, errOut = cliRun(t, "", "-lock", url, "locks", "ls", base)
+	if code != 0 || !strings.Contains(out, `"`+base+`space "`) || !strings.Contains(out, `"`+base+`k\xff\xfe"`) {
+		t.Errorf("locks ls: exit %d, %q, %q; want both keys quoted", code, out, errOut)
+	}
+}
+
+// TestErrorNamesWardenOnce: an error of guard's, which names warden
+// already, is printed with the CLI's prefix once.
+func TestErrorNamesWardenOnce(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	code, _, errOut := cliRun(t, "", "-lock", url, "locks", "show", "bad\x01key")
+	if code != 2 || strings.Contains(errOut, "warden: warden:") || !strings.HasPrefix(errOut, `warden: lock "bad\x01key"`) {
+		t.Errorf("locks show of an invalid key: exit %d, %q; want 2 and the error with one warden: prefix", code, errOut)
+	}
+}
