@@ -56,6 +56,30 @@ func BenchmarkDo(b *testing.B) {
 	b.ReportMetric(float64(do)/float64(time.Since(start)), "x-floor")
 }
 
+// BenchmarkDoHandoff is BenchmarkDo with the memory backend undeclared
+// (remote: it does not declare driver.ContextBounded, as no backend over a
+// network whose client ignores deadlines does) and a context that can be
+// cancelled: guard hands the acquisition and the release to its call
+// goroutines. Its difference from BenchmarkDo is what the hand-off costs,
+// counted (callgrind, -benchmem) without a network's noise.
+func BenchmarkDoHandoff(b *testing.B) {
+	g, err := guard.New(remote{memory.New()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fn := func(context.Context, *guard.Lock) error { return nil }
+	b.ReportAllocs()
+	started := goroutinesStarted()
+	for b.Loop() {
+		if err := g.Do(ctx, "job", fn); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(goroutinesStarted()-started)/float64(b.N), "goroutines/op")
+}
+
 // BenchmarkBackendFloor is the floor Do is compared with: the same backend's
 // acquire and release, called directly with the options Do passes (its
 // default TTL, waiting).

@@ -4,240 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/pprof"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/internal/handoff"
 )
 
-// grace is how long past a call's bound guard waits for the backend's own
-// answer before it answers for it: long enough for a backend that honours
-// its context to return, short enough that a caller's bound holds within
-// it. A client that ignores deadlines (go-redis without
-// ContextTimeoutEnabled, which also retries a timed-out read) or detaches
-// its requests from them (an etcd put run to its request timeout) is left
-// behind.
-const grace = 20 * time.Millisecond
-
 // errNoAnswer is the failure of a call the backend did not answer within
-// its bound: guard answers for it, and the call goes on in the background.
+// its bound and handoff.Grace: guard answers for it, and the call goes on
+// in the background.
 var errNoAnswer = fmt.Errorf("%w: no answer within the bound", ErrUnavailable)
 
-// maxIdleFor is how long a call goroutine waits idle for its next call,
-// at most.
-//
-// A call guard must be able to stop waiting for runs on a goroutine other
-// than its caller's. Starting one per call is a large share of a fast
-// backend's client cost: the goroutine's creation, and the growth of its
-// stack through the client's calls, on every lock and unlock (callgrind,
-// go-redis: about 50,000 of 125,000 client instructions per uncontended
-// Do). So the goroutines are kept: each runs calls one after
-// the other, and waits, idle, for the next one up to maxIdleFor; at most
-// callers.maxIdle wait so (WithIdleCallers).
-const maxIdleFor = time.Second
-
-// callers keeps a Guard's idle call goroutines, the most recently idle
-// last (it is the likeliest to have its stack grown and in cache).
-//
-// One timer per Guard retires the idle, rather than one per goroutine: a
-// goroutine that waited on its own timer put it in the runtime's timer
-// heap each time it went idle and took it out each time it was woken, on
-// every call (callgrind, redislock's uncontended guard cycle at
-// GOMAXPROCS=2: about 80k client instructions with it, 71k without). The
-// timer ticks every maxIdleFor/2 while any goroutine is idle, and retires
-// those idle since before the previous tick.
-type callers struct {
-	maxIdle int // set by New, never changed
-	mu      sync.Mutex
-	idle    []*caller
-	reaper  *time.Timer // made on the first put; armed while idle is not empty
-	armed   bool
-	tick    uint64 // the reaper's ticks so far
-}
-
-// caller is a goroutine that runs one call at a time.
-//
-// It is made idle again by the waiter of its call once that took the
-// answer, or by itself when the waiter stopped waiting: so a call's answer
-// is never taken by the next call's waiter, and its channels serve every
-// call it runs, allocated once.
-type caller struct {
-	calls     chan task     // the next call, given only to an idle caller (nil: end): room for one, so that giving it never waits for the goroutine to run
-	done      chan struct{} // the answer of its call is in the call's pending: room for one, always free when a call starts
-	idleSince uint64        // the callers' tick when it last went idle; guarded by callers.mu
-}
-
-// task is a call given to a caller.
-type task interface {
-	// run makes the call and signals done when its waiter is still
-	// waiting, or reports that it stopped waiting.
-	run(done chan<- struct{}) (abandoned bool)
-}
-
-// pending is a call running on a caller, whose waiter may stop waiting for
-// it.
-//
-// The call is a function with its argument, rather than a closure: the
-// functions are static, so that a call allocates only its pending.
-type pending[A, T any] struct {
-	ctx  context.Context
-	f    func(context.Context, A) (T, error)
-	arg  A
-	undo func(A, T)
-
-	mu        sync.Mutex
-	abandoned bool
-	v         T
-	err       error
-}
-
-func (p *pending[A, T]) run(done chan<- struct{}) bool {
-	v, err := p.f(p.ctx, p.arg)
-	p.mu.Lock()
-	if !p.abandoned {
-		p.v, p.err = v, err
-		done <- struct{}{}
-		p.mu.Unlock()
-		return false
-	}
-	p.mu.Unlock()
-	if err == nil && p.undo != nil {
-		p.undo(p.arg, v)
-	}
-	return true
-}
-
-// answer is p's answer, taken from c once done signalled it: c is idle
-// again, or ended when maxIdle are.
-func (p *pending[A, T]) answer(cs *callers, c *caller) (T, error) {
-	if !cs.put(c) {
-		c.calls <- nil
-	}
-	return p.v, p.err
-}
-
-// get returns an idle caller, or starts one.
-func (cs *callers) get() *caller {
-	cs.mu.Lock()
-	if n := len(cs.idle); n > 0 {
-		c := cs.idle[n-1]
-		cs.idle[n-1] = nil
-		cs.idle = cs.idle[:n-1]
-		cs.mu.Unlock()
-		return c
-	}
-	cs.mu.Unlock()
-	c := &caller{calls: make(chan task, 1), done: make(chan struct{}, 1)}
-	go c.run(cs)
-	return c
-}
-
-// run runs the calls given to c, and ends when it is told to (by the
-// reaper, or a waiter that found no room for it among the idle), or found
-// no room itself after a call whose waiter stopped waiting.
-func (c *caller) run(cs *callers) {
-	// Started by one call, it runs later ones too: the profiler labels it
-	// inherited (pprof.Do) are that first call's, and would be charged
-	// with the others' work.
-	pprof.SetGoroutineLabels(context.Background())
-	for t := range c.calls {
-		if t == nil {
-			return
-		}
-		if t.run(c.done) && !cs.put(c) {
-			return
-		}
-	}
-}
-
-// put makes c idle, unless maxIdle are.
-func (cs *callers) put(c *caller) bool {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if len(cs.idle) >= cs.maxIdle {
-		return false
-	}
-	c.idleSince = cs.tick
-	cs.idle = append(cs.idle, c)
-	if !cs.armed {
-		cs.armed = true
-		if cs.reaper == nil {
-			cs.reaper = time.AfterFunc(maxIdleFor/2, cs.reap)
-		} else {
-			cs.reaper.Reset(maxIdleFor / 2)
-		}
-	}
-	return true
-}
-
-// reap is the reaper's tick: it ends the callers idle since before the
-// previous tick (between maxIdleFor/2 and maxIdleFor), and arms the
-// reaper again while some stay idle. The idle are in the order they went
-// idle, so those to end are at the bottom.
-func (cs *callers) reap() {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	cs.tick++
-	n := 0
-	for n < len(cs.idle) && cs.tick-cs.idle[n].idleSince >= 2 {
-		cs.idle[n].calls <- nil // idle, so its room is free
-		n++
-	}
-	cs.idle = slices.Delete(cs.idle, 0, n)
-	cs.armed = len(cs.idle) > 0
-	if cs.armed {
-		cs.reaper.Reset(maxIdleFor / 2)
-	}
-}
-
 // call runs f with ctx and arg, and returns its answer or, once ctx is
-// done and a grace period has passed without one, errNoAnswer. A backend
+// done and handoff.Grace has passed without one, errNoAnswer. A backend
 // that honours its context (direct) and a ctx that never ends need no such
 // watch: f is then called on the caller's goroutine, which costs nothing.
 // Otherwise f runs on one of cs's goroutines; when it is abandoned and
-// later returns a value without an error, undo (if not nil) is applied to
-// arg and that value there, so that a lease granted too late is given
-// back, never left behind.
-func call[A, T any](ctx context.Context, cs *callers, direct bool, f func(context.Context, A) (T, error), arg A, undo func(A, T)) (T, error) {
+// later answers, late (if not nil) is given arg and that answer there, so
+// that a lease granted too late is given back, never left behind.
+func call[A, T any](ctx context.Context, cs *handoff.Callers, direct bool, f func(context.Context, A) (T, error), arg A, late func(A, T, error)) (T, error) {
 	if direct || ctx.Done() == nil {
 		return f(ctx, arg)
 	}
-	return watch(cs, &pending[A, T]{ctx: ctx, f: f, arg: arg, undo: undo})
-}
-
-// watch runs p on one of cs's goroutines, and returns its answer or, once
-// its ctx is done and a grace period has passed without one, errNoAnswer
-// (call). p is the caller's to allocate, so that it can share the
-// allocation of something the call needs anyway (the release's bound); it
-// must not be used again.
-func watch[A, T any](cs *callers, p *pending[A, T]) (T, error) {
-	ctx := p.ctx
-	c := cs.get()
-	c.calls <- p
-	select {
-	case <-c.done:
-		return p.answer(cs, c)
-	case <-ctx.Done():
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-c.done:
-		return p.answer(cs, c)
-	case <-t.C:
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-c.done:
-		return p.answer(cs, c)
-	default:
-	}
-	p.abandoned = true
-	var zero T
-	return zero, errNoAnswer
+	return handoff.Wait(cs, &handoff.Call[A, T]{Ctx: ctx, F: f, Arg: arg, Late: late})
 }
 
 // withCallTimeout bounds ctx by the Guard's call timeout, unless ctx's own
@@ -304,8 +93,8 @@ func probeShare(wait time.Duration) time.Duration {
 
 // undoAcquire releases a lease granted to an acquisition whose caller had
 // stopped waiting for it, so that it never holds the key for anyone.
-func undoAcquire(a attemptCall, lease driver.Lease) {
-	if lease == nil {
+func undoAcquire(a attemptCall, lease driver.Lease, err error) {
+	if err != nil || lease == nil {
 		return
 	}
 	g := a.g

@@ -501,7 +501,7 @@ func TestCallGoroutinesShared(t *testing.T) {
 	}
 }
 
-// The call goroutines a Guard keeps idle end within maxIdleFor (a second)
+// The call goroutines a Guard keeps idle end within a second (handoff.maxIdleFor)
 // of their last call, and not before half of it; one used again meanwhile
 // stays, and serves.
 func TestIdleCallersEnd(t *testing.T) {
@@ -547,5 +547,5 @@ func callGoroutines(t *testing.T) int {
 	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(b.String(), "guard.(*caller).run(")
+	return strings.Count(b.String(), "handoff.(*caller).run(")
 }

@@ -39,6 +39,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/internal/handoff"
 )
 
 // Guard runs critical sections under the locks of one backend. It is safe
@@ -62,7 +63,7 @@ type Guard struct {
 	tel            *telemetry
 	keeper         keeper
 	names          names
-	callers        callers
+	callers        handoff.Callers
 	releases       releaseTimer
 }
 
@@ -122,7 +123,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	if c.idleCallers < 0 {
 		return nil, fmt.Errorf("warden: guard: %w: %d idle callers", ErrInvalidOption, c.idleCallers)
 	}
-	g.callers.maxIdle = c.idleCallers
+	g.callers.Init(c.idleCallers, errNoAnswer)
 	if c.prefix != "" {
 		if err := ValidateKey(c.prefix); err != nil {
 			return nil, fmt.Errorf("warden: guard: %w: prefix: %w", ErrInvalidOption, err)

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/internal/handoff"
 )
 
 // Lock is a held lock: a backend lease kept alive by the Guard's lease
@@ -174,8 +175,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		// bound, which the watch needs now, carries the call: one
 		// allocation for both.
 		p := &rctx.bound().call
-		p.ctx, p.f, p.arg = rctx, releaseOn, l.lease
-		_, err = watch(&g.callers, p)
+		p.Ctx, p.F, p.Arg = rctx, releaseOn, l.lease
+		_, err = handoff.Wait(&g.callers, p)
 	}
 
 	switch {
@@ -486,7 +487,7 @@ type releaseBound struct {
 
 	// The release as a call on a kept goroutine (Unlock on a backend that
 	// does not declare driver.ContextBounded).
-	call pending[driver.Lease, struct{}]
+	call handoff.Call[driver.Lease, struct{}]
 }
 
 // end closes done with err, unless it is closed already, and runs the

@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/warden-go/warden/internal/handoff"
 )
 
 const instrumentation = "github.com/warden-go/warden/idempotency"
@@ -94,7 +96,7 @@ type Executor struct {
 	// its calls are made on the caller's goroutine; otherwise on one of
 	// calls'.
 	direct bool
-	calls  callers
+	calls  handoff.Callers
 	cfg    config
 	tracer trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
@@ -132,13 +134,14 @@ func New(store Store, opts ...Option) (*Executor, error) {
 		return nil, err
 	}
 	cb, ok := store.(ContextBounded)
-	return &Executor{store: store, direct: ok && cb.BoundedByContext(), calls: callers{maxIdle: cfg.idle},
-		cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}, nil
+	e := &Executor{store: store, direct: ok && cb.BoundedByContext(), cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}
+	e.calls.Init(cfg.idle, errNoAnswer)
+	return e, nil
 }
 
 // callers returns the goroutines e's store calls run on: none (nil) for a
 // store that returns once its ctx is done.
-func (e *Executor) callers() *callers {
+func (e *Executor) callers() *handoff.Callers {
 	if e.direct {
 		return nil
 	}

@@ -51,9 +51,21 @@ type Store struct {
 	d     dialect
 	table string
 	raw   string
+	// bounded: every statement of the Store returns once its ctx is done
+	// (BoundedByContext).
+	bounded bool
 }
 
-var _ idempotency.Store = (*Store)(nil)
+var (
+	_ idempotency.Store          = (*Store)(nil)
+	_ idempotency.ContextBounded = (*Store)(nil)
+)
+
+// BoundedByContext implements idempotency.ContextBounded: it holds on a
+// *sql.DB of pgx's database/sql driver for the reason it holds for a
+// Locker on the same pool (Locker.BoundedByContext), so that an Executor
+// calls the Store on its caller's goroutine.
+func (s *Store) BoundedByContext() bool { return s.bounded }
 
 // StoreOption configures a Store.
 type StoreOption func(*Store)
@@ -84,6 +96,7 @@ func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 	if s.table, err = quoteTable(db, s.raw); err != nil {
 		return nil, err
 	}
+	s.bounded = boundedPool(db.Statement.ConnPool)
 	return s, nil
 }
 
