@@ -3,53 +3,21 @@ package backendurl
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
-
-// unanswering listens on a loopback port, accepts every connection and
-// never answers, as a hung server does (or a stopped one, whose kernel
-// still completes handshakes).
-func unanswering(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // TestOpenEndsWithItsContext: opening a backend whose server accepts
 // connections and never answers fails as unavailable once the context ends
 // (the CLI's -timeout, a service's start-up bound), not at a bound of the
 // client library's, nor never.
 func TestOpenEndsWithItsContext(t *testing.T) {
-	a, b, c := unanswering(t), unanswering(t), unanswering(t)
+	a, _ := drivertest.Unanswering(t)
+	b, _ := drivertest.Unanswering(t)
+	c, _ := drivertest.Unanswering(t)
 	for _, raw := range []string{
 		"postgres://u:p@" + a + "/db?sslmode=disable",
 		"mysql://u:p@tcp(" + a + ")/db",

@@ -7,12 +7,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -20,51 +18,18 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
-
-// unanswering listens on a loopback port, accepts every connection and
-// never answers, as a hung server does; accepted counts the connections.
-func unanswering(t *testing.T) (addr string, accepted *atomic.Int64) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	accepted = new(atomic.Int64)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			accepted.Add(1)
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String(), accepted
-}
 
 // TestCommandEndsWithinTimeout: against a server of each backend that
 // accepts connections and never answers, a command ends, failing, within
 // -timeout and the grace (give or take the machine's load), not at a client
 // library's bound, nor never.
 func TestCommandEndsWithinTimeout(t *testing.T) {
-	a, _ := unanswering(t)
-	b, _ := unanswering(t)
-	c, _ := unanswering(t)
+	a, _ := drivertest.Unanswering(t)
+	b, _ := drivertest.Unanswering(t)
+	c, _ := drivertest.Unanswering(t)
 	for name, url := range map[string]string{
 		"postgres": "postgres://u:p@" + a + "/db?sslmode=disable",
 		"mysql":    "mysql://u:p@tcp(" + a + ")/db",
@@ -104,7 +69,7 @@ func TestInterruptEndsTheCommand(t *testing.T) {
 		"redis":    func(a string) string { return "redis://" + a },
 	} {
 		t.Run(name, func(t *testing.T) {
-			addr, accepted := unanswering(t)
+			addr, accepted := drivertest.Unanswering(t)
 			cmd := exec.Command(bin, "-lock", url(addr), "-timeout", "1m", "locks", "ls")
 			cmd.Env = append(os.Environ(), "WARDEN_LOCK=")
 			var errOut bytes.Buffer
