@@ -558,9 +558,9 @@ func (c *slotClaim) keep(ctx context.Context) {
 	s, lease := c.j.s, c.j.claimLease()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
-	// The renewals are left behind when Stop comes (stop does not wait for
-	// one stuck in a store that hangs), and Stop waits for them within its
-	// bound.
+	// Each renewal is bounded (Scheduler.bounded): the run's end, which
+	// stops them, waits for none stuck in a store that hangs; Stop waits
+	// for the renewals within its bound.
 	s.behind.Add(1)
 	go func() {
 		defer s.behind.Done()
@@ -573,9 +573,9 @@ func (c *slotClaim) keep(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			rctx, rcancel := context.WithTimeout(ctx, lease/3)
-			err := c.j.s.store.Extend(rctx, slotScope, c.key, c.owner, lease)
-			rcancel()
+			err := s.bounded(ctx, lease/3, func(ctx context.Context) error {
+				return s.store.Extend(ctx, slotScope, c.key, c.owner, lease)
+			}, nil)
 			if err != nil && ctx.Err() == nil {
 				c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
 					"job", c.j.name, "slot", c.key, "error", err)

@@ -370,10 +370,12 @@ func (s *Scheduler) waitBehind() {
 	}
 }
 
-// maxBehind bounds the store calls left to finish on their own at once:
-// past it, a store that has left that many unanswered is taken for down,
-// and a run's call fails at once rather than pile up another goroutine or
-// wait as long as the client library does.
+// maxBehind bounds the store calls left to finish on their own at once
+// (calls no longer waited for, and give-backs): once that many are left, a
+// store is taken for down, and a run's next call fails at once rather than
+// pile up another goroutine or wait as long as the client library does.
+// Calls answered in time hold no room, so many jobs due at once on a
+// healthy store are not refused.
 const maxBehind = 64
 
 // bounded makes the store call f, bounded by timeout, and waits for its
@@ -384,41 +386,48 @@ const maxBehind = 64
 // for 20 s. A call no longer waited for goes on on its own goroutine and
 // then hands its error to after, when after is not nil.
 func (s *Scheduler) bounded(ctx context.Context, timeout time.Duration, f func(context.Context) error, after func(error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	select {
-	case s.spare <- struct{}{}:
-	default:
-		cancel()
+	if len(s.spare) == cap(s.spare) {
 		return fmt.Errorf("%w: %d slot store calls are still unanswered", idempotency.ErrUnavailable, maxBehind)
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	answer := make(chan error, 1)
-	waited := make(chan bool, 1)
+	// waited: 0 the answer was taken; 1 left behind holding a token of
+	// spare; 2 left behind without one (spare filled meanwhile).
+	waited := make(chan int, 1)
 	s.behind.Add(1)
 	go func() {
 		defer s.behind.Done()
-		defer func() { <-s.spare }()
-		// The call's bound is its own: it is not cut short when the wait
-		// for it ends.
 		defer cancel()
 		err := f(ctx)
 		answer <- err
-		if !<-waited && after != nil {
-			after(err)
+		if w := <-waited; w != 0 {
+			if w == 1 {
+				<-s.spare
+			}
+			if after != nil {
+				after(err)
+			}
 		}
 	}()
 	select {
 	case err := <-answer:
-		waited <- true
+		waited <- 0
 		return err
 	case <-ctx.Done():
 	case <-s.hurry:
 	}
 	select {
-	case err := <-answer: // it answered as the wait ended
-		waited <- true
+	case err := <-answer:
+		waited <- 0
 		return err
 	default:
-		waited <- false
+	}
+	// Left behind: it holds a token until it ends.
+	select {
+	case s.spare <- struct{}{}:
+		waited <- 1
+	default:
+		waited <- 2
 	}
 	return fmt.Errorf("%w: %w before %v", idempotency.ErrUnavailable, errLeftBehind, cmp.Or(context.Cause(ctx), ErrStopped))
 }
