@@ -56,7 +56,9 @@ func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.rel
 // with NoWait, and Ping, Inspect, List, ForceRelease and Observe's polls. A
 // waiting Lock is bounded by its wait bound and its context instead, and a
 // release by the release timeout. guard keeps the bound itself, whatever
-// the client's own timeouts and retries: see Lock.
+// the client's own timeouts and retries: see Lock. While 256 calls the
+// backend left unanswered are still running, the next fails at once with
+// ErrUnavailable, so that a hung backend does not cost a goroutine per call.
 func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTimeout = d } }
 
 // WithIdleCallers sets how many goroutines the Guard keeps idle, each for

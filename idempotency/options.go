@@ -137,7 +137,9 @@ func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 // holds its HTTP request open. Without the bound, a caller whose context
 // has no deadline (most HTTP requests) would wait as long. The call goes on
 // in the background: a claim it makes after its caller stopped waiting is
-// given back, owner-checked, and its work never runs.
+// given back, owner-checked, and its work never runs. While 256 such calls
+// are still running, the next fails at once with ErrUnavailable, so that a
+// hung store does not cost a goroutine per request.
 func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.call = d } }
 
 // WithIdleCallers sets how many goroutines the Executor keeps idle, each

@@ -11,9 +11,11 @@ package handoff
 
 import (
 	"context"
+	"fmt"
 	"runtime/pprof"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,11 +56,14 @@ const maxIdleFor = time.Second
 type Callers struct {
 	maxIdle  int   // set by Init, never changed
 	noAnswer error // set by Init, never changed
-	mu       sync.Mutex
-	idle     []*caller
-	reaper   *time.Timer // made on the first put; armed while idle is not empty
-	armed    bool
-	tick     uint64 // the reaper's ticks so far
+	// left counts the calls whose waiter stopped waiting and that have
+	// not yet returned (see MaxLeft).
+	left   atomic.Int64
+	mu     sync.Mutex
+	idle   []*caller
+	reaper *time.Timer // made on the first put; armed while idle is not empty
+	armed  bool
+	tick   uint64 // the reaper's ticks so far
 }
 
 // Init sets how many goroutines cs keeps idle (0: none, as an owner used
@@ -135,11 +140,24 @@ func (c *Call[A, T]) answer(cs *Callers, r *caller) (T, error) {
 	return c.v, c.err
 }
 
+// MaxLeft bounds the calls of one Callers left running once their waiters
+// stopped waiting: a backend that answers none (a hung server, a client
+// that ignores its context and retries) would otherwise keep a goroutine
+// per call for as long as its client library waits, as many as calls come.
+// Past it the backend is taken for down, and Wait answers at once, making
+// no call, until some of them return.
+const MaxLeft = 256
+
 // Wait runs c on one of cs's goroutines, and returns its answer or, once
 // c.Ctx is done and Grace has passed without one, the error given to Init:
-// c then goes on in the background, and its answer goes to c.Late. c must
-// not be used again.
+// c then goes on in the background, and its answer goes to c.Late. While
+// MaxLeft calls are left so, Wait makes no call and returns that error at
+// once. c must not be used again.
 func Wait[A, T any](cs *Callers, c *Call[A, T]) (T, error) {
+	if n := cs.left.Load(); n >= MaxLeft {
+		var zero T
+		return zero, fmt.Errorf("%w (%d calls still unanswered)", cs.noAnswer, n)
+	}
 	ctx := c.Ctx
 	r := cs.get()
 	r.calls <- c
@@ -163,6 +181,7 @@ func Wait[A, T any](cs *Callers, c *Call[A, T]) (T, error) {
 	default:
 	}
 	c.abandoned = true
+	cs.left.Add(1)
 	var zero T
 	return zero, cs.noAnswer
 }
@@ -195,8 +214,11 @@ func (r *caller) run(cs *Callers) {
 		if t == nil {
 			return
 		}
-		if t.run(r.done) && !cs.put(r) {
-			return
+		if t.run(r.done) {
+			cs.left.Add(-1)
+			if !cs.put(r) {
+				return
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package handoff_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -75,5 +76,45 @@ func TestNoAnswer(t *testing.T) {
 			t.Errorf("next call: %d, %v; want 10, nil", v, err)
 		}
 		time.Sleep(time.Second)
+	})
+}
+
+// TestMaxLeft: against a backend that answers nothing and ignores its
+// context, MaxLeft calls are left running; the next is not made and is
+// answered at once; once the left calls return, calls are made again.
+func TestMaxLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cs handoff.Callers
+		cs.Init(0, errNoAnswer)
+		hung := make(chan struct{})
+		var made atomic.Int32
+		hang := func(context.Context, int) (int, error) {
+			made.Add(1)
+			<-hung
+			return 0, nil
+		}
+		for i := range handoff.MaxLeft {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			_, err := handoff.Wait(&cs, &handoff.Call[int, int]{Ctx: ctx, F: hang})
+			cancel()
+			if !errors.Is(err, errNoAnswer) {
+				t.Fatalf("call %d: %v, want no answer", i+1, err)
+			}
+		}
+		start := time.Now()
+		_, err := handoff.Wait(&cs, &handoff.Call[int, int]{Ctx: context.Background(), F: hang})
+		if !errors.Is(err, errNoAnswer) || time.Since(start) != 0 {
+			t.Fatalf("call past MaxLeft: %v after %v, want no answer at once", err, time.Since(start))
+		}
+		synctest.Wait()
+		if n := made.Load(); n != handoff.MaxLeft {
+			t.Fatalf("%d calls made, want %d", n, handoff.MaxLeft)
+		}
+		close(hung)
+		synctest.Wait()
+		v, err := handoff.Wait(&cs, &handoff.Call[int, int]{Ctx: context.Background(), F: double, Arg: 4})
+		if err != nil || v != 8 {
+			t.Fatalf("a call once the left ones returned: %d, %v", v, err)
+		}
 	})
 }
