@@ -494,6 +494,7 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 
 func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 	var (
+		st  idempotency.Store
 		del idempotency.Deleter
 		rec *idempotency.Record
 	)
@@ -502,6 +503,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		if err != nil {
 			return err
 		}
+		st = s
 		var ok bool
 		if del, ok = s.(idempotency.Deleter); !ok {
 			return fmt.Errorf("this store cannot delete records")
@@ -529,8 +531,15 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 	return c.bounded(ctx, func(ctx context.Context) error {
 		// Only the record shown: one claimed or completed by another
 		// request since (the claim shown lapsed while the prompt waited)
-		// is left.
-		if err := del.Delete(ctx, scope, key, rec.Owner); err != nil {
+		// is left, and so is a claim shown in progress that its owner
+		// completed since (its result kept: a retry replays it rather
+		// than run the work again). Abandon removes an in-progress claim
+		// of that owner only; a completed record is final.
+		remove := func() error { return del.Delete(ctx, scope, key, rec.Owner) }
+		if rec.State == idempotency.StateInProgress {
+			remove = func() error { return st.Abandon(ctx, scope, key, rec.Owner) }
+		}
+		if err := remove(); err != nil {
 			if errors.Is(err, idempotency.ErrNotOwner) {
 				return recordChanged{scope, key}
 			}

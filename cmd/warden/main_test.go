@@ -202,6 +202,36 @@ func idemHalf(t *testing.T, o *backendurl.Opener, u *backendurl.URL, url, key st
 	if rec, err := store.Get(ctx, "user-9", key); err != nil || rec.State != idempotency.StateCompleted || rec.Owner != "api-4:otherownertoken" {
 		t.Fatalf("api-4's record after the refused delete: %+v, %v", rec, err)
 	}
+
+	// A claim shown in progress whose owner completes it at the prompt
+	// keeps its result: the retry replays it rather than run the work again.
+	if err := store.(idempotency.Deleter).Delete(ctx, "user-9", key, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp-1",
+		Owner: "api-5:fifthownertoken", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	stdin = &atPrompt{answer: "y\n", do: func() {
+		if err := store.Complete(ctx, "user-9", key, "api-5:fifthownertoken", []byte("201"), time.Minute); err != nil {
+			t.Errorf("api-5's Complete: %v", err)
+		}
+	}}
+	stdout.Reset()
+	stderr.Reset()
+	if code := run(ctx, []string{"-lock", url, "idem", "delete", "user-9", key}, stdin, &stdout, &stderr); code != exitChanged {
+		t.Fatalf("idem delete of a claim completed at the prompt: %d %q %q; want exit %d", code, stdout.String(), stderr.String(), exitChanged)
+	}
+	if rec, err := store.Get(ctx, "user-9", key); err != nil || rec.State != idempotency.StateCompleted || rec.Owner != "api-5:fifthownertoken" {
+		t.Fatalf("api-5's completed record after the refused delete: %+v, %v", rec, err)
+	}
+	// Shown completed, it is deleted.
+	if code, out, errOut := cliRun(t, "y\n", "-lock", url, "idem", "delete", "user-9", key); code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("idem delete of a completed record: %d %q %q", code, out, errOut)
+	}
+	if _, err := store.Get(ctx, "user-9", key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("the completed record after idem delete: %v, want ErrNotFound", err)
+	}
 }
 
 // atPrompt is an operator's stdin: at the first read, which comes when the
