@@ -57,7 +57,10 @@
 // York's clocks go from 02:00 to 03:00 runs at 03:00). Jobs with such a
 // wildcard follow the clock, as in cron: "0 * * * *" runs at each hour the
 // clock shows, 23 or 25 times that day. A slot's name is its instant, the
-// same on every node.
+// same on every node. The rule is computed over robfig/cron's schedule,
+// which handles whole-hour changes: in a zone whose clocks move by half an
+// hour (Australia/Lord_Howe), robfig/cron skips some slots around the
+// change, and so does the scheduler.
 //
 // Without a slot store, once per slot rests on the lock and LockAtLeastFor
 // alone, as with ShedLock: it holds only while nodes' clocks and timers
