@@ -11,7 +11,6 @@ package handoff
 
 import (
 	"context"
-	"fmt"
 	"runtime/pprof"
 	"slices"
 	"sync"
@@ -154,9 +153,12 @@ const MaxLeft = 256
 // MaxLeft calls are left so, Wait makes no call and returns that error at
 // once. c must not be used again.
 func Wait[A, T any](cs *Callers, c *Call[A, T]) (T, error) {
-	if n := cs.left.Load(); n >= MaxLeft {
+	if cs.left.Load() >= MaxLeft {
+		// The very error of a call left unanswered, which owners tell
+		// apart by identity: no call was made, and none is left to answer
+		// late.
 		var zero T
-		return zero, fmt.Errorf("%w (%d calls still unanswered)", cs.noAnswer, n)
+		return zero, cs.noAnswer
 	}
 	ctx := c.Ctx
 	r := cs.get()
