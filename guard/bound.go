@@ -29,6 +29,15 @@ func call[A, T any](ctx context.Context, cs *handoff.Callers, direct bool, f fun
 	return handoff.Wait(cs, &handoff.Call[A, T]{Ctx: ctx, F: f, Arg: arg, Late: late})
 }
 
+// inline reports whether a call whose context guard derives from the
+// caller's ctx with a deadline of its own runs on the caller's goroutine:
+// when the backend returns once its ctx is done, or once its deadline has
+// passed and ctx has no cancellation of its own, so that the derived
+// context can end at its deadline only.
+func (g *Guard) inline(ctx context.Context) bool {
+	return g.direct || (g.byDeadline && ctx.Done() == nil)
+}
+
 // withCallTimeout bounds ctx by the Guard's call timeout, unless ctx's own
 // deadline comes first.
 func (g *Guard) withCallTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -44,7 +53,7 @@ func (g *Guard) withCallTimeout(ctx context.Context) (context.Context, context.C
 func bounded[T any](g *Guard, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
 	cctx, cancel := g.withCallTimeout(ctx)
 	defer cancel()
-	v, err := call(cctx, &g.callers, g.direct, callFunc, f, nil)
+	v, err := call(cctx, &g.callers, g.inline(ctx), callFunc, f, nil)
 	err = noAnswer(ctx, cctx, err)
 	if err != nil && ctx.Err() != nil {
 		err = cutShort(ctx, err)
@@ -129,9 +138,10 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	ctxEnd, hasEnd := ctx.Deadline()
 	if c.wait < 0 && !hasEnd {
 		// Nothing bounds it but ctx's cancellation, if even that.
-		lease, err := g.attempt(ctx, full, c, true)
+		lease, err := g.attempt(ctx, full, c, true, g.direct || ctx.Done() == nil)
 		return lease, boundNone, err
 	}
+	inline := g.inline(ctx)
 	now := time.Now()
 	end, kind := now.Add(g.callTimeout), boundNone
 	if c.wait > 0 {
@@ -143,7 +153,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	if c.wait != 0 {
 		if probeAt := end.Add(-probeShare(end.Sub(now))); probeAt.After(now) {
 			wctx, cancel := context.WithDeadline(ctx, probeAt)
-			lease, err := g.attempt(wctx, full, c, true)
+			lease, err := g.attempt(wctx, full, c, true, inline)
 			cancel()
 			if err == nil || ctx.Err() != nil || wctx.Err() == nil {
 				return lease, boundNone, err
@@ -161,7 +171,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	}
 	pctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	lease, err := g.attempt(pctx, full, c, false)
+	lease, err := g.attempt(pctx, full, c, false, inline)
 	err = noAnswer(ctx, pctx, err)
 	if c.wait == 0 {
 		// A single attempt's ErrNotAcquired is its answer, whatever bound
@@ -171,7 +181,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	if errors.Is(err, ErrNotAcquired) && time.Now().Before(end) {
 		// The backend answers and the lock is held: wait out what is
 		// left of the bound, so that a release in it is not missed.
-		lease, werr := g.attempt(pctx, full, c, true)
+		lease, werr := g.attempt(pctx, full, c, true, inline)
 		if werr == nil || ctx.Err() != nil || (errors.Is(werr, ErrUnavailable) && werr != errNoAnswer) {
 			return lease, boundNone, werr
 		}
@@ -179,11 +189,12 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	return lease, kind, err
 }
 
-// attempt calls the backend for c (one attempt, or a wait) through call.
-// The watched path copies c into its call, so that the uncontended path of
-// a backend that honours its context allocates nothing for it.
-func (g *Guard) attempt(ctx context.Context, full string, c *lockConfig, wait bool) (driver.Lease, error) {
-	if g.direct || ctx.Done() == nil {
+// attempt calls the backend for c (one attempt, or a wait), on the caller's
+// goroutine when inline, and otherwise through call. The watched path
+// copies c into its call, so that the uncontended path of a backend that
+// honours its context allocates nothing for it.
+func (g *Guard) attempt(ctx context.Context, full string, c *lockConfig, wait, inline bool) (driver.Lease, error) {
+	if inline {
 		return g.acquireLease(ctx, full, c, wait)
 	}
 	return call(ctx, &g.callers, false, attemptOn, attemptCall{g: g, full: full, c: *c, wait: wait}, undoAcquire)

@@ -105,19 +105,51 @@ func checkBounds(t *testing.T, newLocker func(t *testing.T) driver.Locker, callT
 	wg.Wait()
 }
 
+// redisLocker is a redislock.Locker over a client made with opts, closed
+// with t.
+func redisLocker(t *testing.T, opts *goredis.Options) *redislock.Locker {
+	t.Helper()
+	c := goredis.NewClient(opts)
+	l, err := redislock.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close(); c.Close() })
+	return l
+}
+
 // Finding 1 of issue 21: with go-redis's default options (the README's
 // setup), a closed port took 2.7s for WaitAtMost(1s) and said ErrNotAcquired;
 // a hanging server took 10s for every call.
 func TestBoundsWithADefaultRedisClient(t *testing.T) {
 	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	redis := func(server string) func(t *testing.T) driver.Locker {
+		return func(t *testing.T) driver.Locker { return redisLocker(t, &goredis.Options{Addr: server}) }
+	}
+	t.Run("closed", func(t *testing.T) {
+		t.Parallel()
+		checkBounds(t, redis(drivertest.ClosedAddr(t)), time.Second, time.Second)
+	})
+	t.Run("hanging", func(t *testing.T) {
+		t.Parallel()
+		checkBounds(t, redis(hungAddr(t, addr)), time.Second, time.Second)
+	})
+}
+
+// With ContextTimeoutEnabled, go-redis ends a call at its context's
+// deadline but not at its cancellation; redislock declares
+// driver.DeadlineBounded then, and guard makes the release, and the
+// acquisitions under a context with no cancellation, on the caller's
+// goroutine. Every bound still holds against a hung server, a release's
+// too.
+func TestBoundsWithADeadlineRedisClient(t *testing.T) {
+	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	redis := func(server string) func(t *testing.T) driver.Locker {
 		return func(t *testing.T) driver.Locker {
-			c := goredis.NewClient(&goredis.Options{Addr: server})
-			l, err := redislock.New(c)
-			if err != nil {
-				t.Fatal(err)
+			l := redisLocker(t, &goredis.Options{Addr: server, ContextTimeoutEnabled: true})
+			if !l.BoundedByDeadline() {
+				t.Fatal("redislock over a client with ContextTimeoutEnabled is not DeadlineBounded")
 			}
-			t.Cleanup(func() { l.Close(); c.Close() })
 			return l
 		}
 	}
@@ -128,6 +160,27 @@ func TestBoundsWithADefaultRedisClient(t *testing.T) {
 	t.Run("hanging", func(t *testing.T) {
 		t.Parallel()
 		checkBounds(t, redis(hungAddr(t, addr)), time.Second, time.Second)
+	})
+	t.Run("release", func(t *testing.T) {
+		t.Parallel()
+		p := drivertest.StartProxy(t, addr)
+		g := newGuard(t, redis(p.Addr())(t), guard.WithReleaseTimeout(time.Second),
+			guard.WithPrefix(fmt.Sprintf("bounds-%d:", time.Now().UnixNano())))
+		l, err := g.Lock(context.Background(), "k", guard.NoWait())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Blackhole()
+		start := time.Now()
+		err = l.Unlock(context.Background())
+		took := time.Since(start)
+		t.Logf("Unlock, hung: %v, %v", took.Round(time.Millisecond), err)
+		if !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("Unlock, hung: %v, want an error matching ErrUnavailable", err)
+		}
+		if took > time.Second+serverSlack {
+			t.Errorf("Unlock, hung, took %v, release timeout 1s", took)
+		}
 	})
 }
 

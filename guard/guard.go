@@ -54,7 +54,11 @@ type Guard struct {
 	callTimeout    time.Duration
 	// direct: the backend returns once its ctx is done
 	// (driver.ContextBounded), so guard calls it without a watch.
-	direct         bool
+	direct bool
+	// byDeadline: the backend returns once its ctx's deadline has passed
+	// (driver.DeadlineBounded), so guard calls it without a watch when
+	// only a deadline can end the call.
+	byDeadline     bool
 	backend        string
 	owner          string
 	logger         *slog.Logger
@@ -101,6 +105,9 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 	}
 	if cb, ok := locker.(driver.ContextBounded); ok {
 		g.direct = cb.BoundedByContext()
+	}
+	if db, ok := locker.(driver.DeadlineBounded); ok {
+		g.byDeadline = db.BoundedByDeadline()
 	}
 	if !c.ownerSet {
 		g.owner = defaultOwner()

@@ -167,8 +167,15 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	g.keeper.remove(l)
 	rctx := (*releaseContext)(l)
 	var err error
-	if g.direct {
+	if g.direct || g.byDeadline {
+		// The release context ends at its deadline, or when the release
+		// is over: a backend bounded by either returns within the bound.
 		err = l.lease.Release(rctx)
+		if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && rctx.pastDeadline() {
+			// Cut short at the release timeout: no answer within the
+			// bound, as a release watched on a call goroutine reports it.
+			err = errNoAnswer
+		}
 	} else {
 		// Bounded by the release timeout whatever the client does: a
 		// release still running then goes on in the background. The
@@ -426,6 +433,11 @@ func (c *releaseContext) Deadline() (time.Time, bool) { return c.bound().deadlin
 func (c *releaseContext) Done() <-chan struct{}       { return c.bound().done }
 func (c *releaseContext) Err() error                  { return c.bound().errNow() }
 func (c *releaseContext) String() string              { return "warden release context" }
+
+// pastDeadline reports whether the release's bound has passed, by the
+// clock rather than by Err: the timer that ends the context may not have
+// run yet when a backend that read the deadline gives up at it.
+func (c *releaseContext) pastDeadline() bool { return !time.Now().Before(c.bound().deadline) }
 
 // AfterFunc arranges for f to run once the release context is done, and
 // is how the context package hooks a derived context into it.

@@ -71,7 +71,17 @@ func NewStore(client goredis.UniversalClient, opts ...StoreOption) (*Store, erro
 	return s, nil
 }
 
-var _ idempotency.Store = (*Store)(nil)
+var (
+	_ idempotency.Store           = (*Store)(nil)
+	_ idempotency.DeadlineBounded = (*Store)(nil)
+)
+
+// BoundedByDeadline implements idempotency.DeadlineBounded: true on a
+// *goredis.Client or *goredis.ClusterClient made with
+// ContextTimeoutEnabled, for the reasons Locker.BoundedByDeadline gives.
+// Every call of the Store is one script on the client, with nothing left
+// to do after it.
+func (s *Store) BoundedByDeadline() bool { return honoursDeadlines(s.client) }
 
 // recordKey is binary-safe and unambiguous: the scope's length tells where
 // it ends.

@@ -125,6 +125,36 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		wake: "warden:wake:" + rand.Text(), waitArg: c.waiterTimeout.Milliseconds()}, nil
 }
 
+// BoundedByDeadline implements driver.DeadlineBounded. It is true on a
+// *goredis.Client or *goredis.ClusterClient made with ContextTimeoutEnabled,
+// which sets its connections' deadlines from the context, gives up waiting
+// for a pooled connection or dialling one at it, and does not retry past
+// it: every call of the Locker then returns once its ctx's deadline has
+// passed, and guard spares it the hand-off to another goroutine where
+// nothing else can end the call (a release, bounded by guard's release
+// timeout). go-redis does not end a command already sent when its context
+// is cancelled before its deadline, so acquisitions made with a context
+// that can be cancelled stay watched. With go-redis's default options it
+// is false: reads then wait out ReadTimeout whatever the context says, and
+// a timed-out read is sent again. With WithWaitReplicas it is false too: an
+// acquisition whose WAIT fails gives its lock back before it tries again,
+// on the caller's goroutine, for up to two seconds past ctx's end.
+func (l *Locker) BoundedByDeadline() bool {
+	return l.cfg.replicas == 0 && honoursDeadlines(l.client)
+}
+
+// honoursDeadlines reports whether client is one of go-redis's clients made
+// with ContextTimeoutEnabled.
+func honoursDeadlines(client goredis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *goredis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *goredis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
 // progress end with an error, and so does any later waiting acquisition;
 // held leases, and acquisitions that do not wait, go on working on the
@@ -132,13 +162,14 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 func (l *Locker) Close() error { return l.notify.close() }
 
 var (
-	_ driver.Locker         = (*Locker)(nil)
-	_ driver.RWLocker       = (*Locker)(nil)
-	_ driver.Semaphorer     = (*Locker)(nil)
-	_ driver.BatchRefresher = (*Locker)(nil)
-	_ driver.Inspector      = (*Locker)(nil)
-	_ driver.Lister         = (*Locker)(nil)
-	_ driver.ForceReleaser  = (*Locker)(nil)
+	_ driver.Locker          = (*Locker)(nil)
+	_ driver.RWLocker        = (*Locker)(nil)
+	_ driver.Semaphorer      = (*Locker)(nil)
+	_ driver.BatchRefresher  = (*Locker)(nil)
+	_ driver.Inspector       = (*Locker)(nil)
+	_ driver.Lister          = (*Locker)(nil)
+	_ driver.ForceReleaser   = (*Locker)(nil)
+	_ driver.DeadlineBounded = (*Locker)(nil)
 )
 
 // Acquire implements driver.Locker. With opts.Fair the lock goes to waiters

@@ -68,6 +68,25 @@ const maxUnreachablePause = 250 * time.Millisecond
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
+// afterwards runs f, work an acquisition that failed leaves to do whether
+// or not its caller still waits (withdrawing its record, giving back a lock
+// it may hold), under a context of its own bounded by cleanupTimeout: on
+// the caller's goroutine when ctx has neither ended nor a deadline, and
+// otherwise on a goroutine of its own, so that the acquisition returns by
+// its ctx's deadline (see Locker.BoundedByDeadline) while f goes on.
+func afterwards(ctx context.Context, f func(context.Context)) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	if _, ok := ctx.Deadline(); !ok && ctx.Err() == nil {
+		f(cctx)
+		cancel()
+		return
+	}
+	go func() {
+		defer cancel()
+		f(cctx)
+	}()
+}
+
 // attemptBound cuts short a waiting attempt (of a bounded waiter) that has
 // no answer yet, a boundTick later at most (see watchdog). After a Cluster
 // failover, the client goes on dialing the dead master's address for the
@@ -112,9 +131,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	woken := false
 	defer func() {
 		if err != nil && !errors.Is(err, driver.ErrNotAcquired) {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			w.cleanup(cctx)
-			cancel()
+			afterwards(ctx, w.cleanup)
 		}
 		if sub != nil {
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))

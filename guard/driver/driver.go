@@ -166,3 +166,21 @@ type ContextBounded interface {
 	// once its ctx is done.
 	BoundedByContext() bool
 }
+
+// DeadlineBounded is an optional capability of a Locker whose every call
+// (Acquire and the other capabilities, and its leases' Refresh and Release)
+// returns promptly once its ctx's deadline has passed, though perhaps not
+// when the ctx is cancelled before it: a network client that takes its
+// connections' deadlines from the context, as go-redis does with
+// ContextTimeoutEnabled. guard calls such a backend on the caller's
+// goroutine when nothing but a deadline can end the call's context (a
+// release, which guard bounds by its release timeout; an acquisition whose
+// caller's context has no cancellation), and on one of its own otherwise,
+// as for any backend that is not ContextBounded: handing a call to another
+// goroutine and back costs a fast client a large share of its cycle.
+type DeadlineBounded interface {
+	Locker
+	// BoundedByDeadline reports whether every call of this Locker returns
+	// once its ctx's deadline has passed.
+	BoundedByDeadline() bool
+}
