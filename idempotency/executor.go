@@ -96,9 +96,13 @@ type Executor struct {
 	// its calls are made on the caller's goroutine; otherwise on one of
 	// calls'.
 	direct bool
-	calls  handoff.Callers
-	cfg    config
-	tracer trace.Tracer
+	// byDeadline: the store returns once its ctx's deadline has passed
+	// (DeadlineBounded), so the calls only a deadline can end are made on
+	// the caller's goroutine too.
+	byDeadline bool
+	calls      handoff.Callers
+	cfg        config
+	tracer     trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
 	givingBack atomic.Int32
 }
@@ -135,14 +139,19 @@ func New(store Store, opts ...Option) (*Executor, error) {
 	}
 	cb, ok := store.(ContextBounded)
 	e := &Executor{store: store, direct: ok && cb.BoundedByContext(), cfg: cfg, tracer: cfg.tracer.Tracer(instrumentation)}
+	if db, ok := store.(DeadlineBounded); ok {
+		e.byDeadline = db.BoundedByDeadline()
+	}
 	e.calls.Init(cfg.idle, errNoAnswer)
 	return e, nil
 }
 
-// callers returns the goroutines e's store calls run on: none (nil) for a
-// store that returns once its ctx is done.
-func (e *Executor) callers() *handoff.Callers {
-	if e.direct {
+// callers returns the goroutines e's store calls under ctx (or a context
+// derived from it with a deadline) run on: none (nil) for a store that
+// returns once its ctx is done, or once its deadline has passed when ctx
+// has no cancellation of its own.
+func (e *Executor) callers(ctx context.Context) *handoff.Callers {
+	if e.direct || (e.byDeadline && ctx.Done() == nil) {
 		return nil
 	}
 	return &e.calls
@@ -279,7 +288,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 	for {
 		sent := time.Now()
 		live := ctx.Err() == nil
-		rec, unanswered, err := bounded(ctx, e.callers(), cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
+		rec, unanswered, err := bounded(ctx, e.callers(ctx), cfg.call, claimOn, storeCall{e: e, ctx: ctx, cfg: cfg, c: c, hash: hash}, lateClaim)
 		cfg.metrics.record(ctx, opClaim, sent, err)
 		switch {
 		case err != nil:
@@ -467,7 +476,7 @@ func finishing[T any](s storeCall, f func(context.Context, storeCall) (T, error)
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, end)
 	defer cancel()
-	v, _, err := bounded(ctx, s.e.callers(), s.cfg.call, f, s, nil)
+	v, _, err := bounded(ctx, s.e.callers(s.ctx), s.cfg.call, f, s, nil)
 	return v, err
 }
 
@@ -609,7 +618,8 @@ func (w *watchdog) renew() {
 	// period as well as the call timeout, so that stop, which the caller
 	// waits for, never waits longer for one in flight; the expiry timer
 	// tells fn in time whatever the renewal in flight does.
-	_, _, err := bounded(context.WithoutCancel(w.ctx), w.e.callers(), min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
+	rctx := context.WithoutCancel(w.ctx)
+	_, _, err := bounded(rctx, w.e.callers(rctx), min(w.interval, cfg.call), extendOn, storeCall{e: w.e, cfg: cfg, c: w.c}, nil)
 	cfg.metrics.record(w.ctx, opExtend, sent, err)
 	lost := false
 	switch {
@@ -657,7 +667,8 @@ func (w *watchdog) renew() {
 // timeout, after which the request goes on in the background.
 func (e *Executor) abandon(ctx context.Context, cfg *config, c Claim, hash *keyHash) {
 	start := time.Now()
-	_, _, err := bounded(context.WithoutCancel(ctx), e.callers(), min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
+	actx := context.WithoutCancel(ctx)
+	_, _, err := bounded(actx, e.callers(actx), min(cfg.call, finishTimeout), abandonOn, storeCall{e: e, cfg: cfg, c: c}, nil)
 	cfg.metrics.record(ctx, opAbandon, start, err)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
 		// The claim then blocks the key until its lease runs out.

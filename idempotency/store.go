@@ -244,3 +244,20 @@ type ContextBounded interface {
 	// once its ctx is done.
 	BoundedByContext() bool
 }
+
+// DeadlineBounded is an optional capability of a Store whose every call
+// returns promptly once its ctx's deadline has passed, though perhaps not
+// when the ctx is cancelled before it: a network client that takes its
+// connections' deadlines from the context, as go-redis does with
+// ContextTimeoutEnabled. The Executor calls such a store on the caller's
+// goroutine when nothing but a deadline can end the call's context (the
+// completion, renewals and give-backs, which it detaches from the caller's
+// context and bounds by the call timeout; a claim under a context with no
+// cancellation), and on a goroutine of its own otherwise. A store that
+// declares it wrongly breaks the call timeout's bound.
+type DeadlineBounded interface {
+	Store
+	// BoundedByDeadline reports whether every call of this Store returns
+	// once its ctx's deadline has passed.
+	BoundedByDeadline() bool
+}
