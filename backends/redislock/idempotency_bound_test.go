@@ -3,8 +3,6 @@ package redislock
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -12,28 +10,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
-
-// serverPID is the process id of the redis-server c is connected to.
-func serverPID(t *testing.T, c *goredis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "server").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
-	}
-	t.Fatal("INFO server names no process_id")
-	return 0
-}
 
 // TestStoreStoppedServerBounded: with go-redis's default options, which
 // ignore the context's deadline, wait out a 3 s read timeout and then send
@@ -43,10 +22,9 @@ func serverPID(t *testing.T, c *goredis.Client) int {
 // server resumes (sent twice by go-redis) is given back, and another
 // process then claims the key and runs the work once, within the lease.
 func TestStoreStoppedServerBounded(t *testing.T) {
-	addr, _ := privateServer(t, 0)
-	c := goredis.NewClient(&goredis.Options{Addr: addr}) // go-redis's defaults
+	server := drivertest.StartRedis(t)
+	c := goredis.NewClient(&goredis.Options{Addr: server.Addr()}) // go-redis's defaults
 	t.Cleanup(func() { c.Close() })
-	pid := serverPID(t, c)
 	const bound, lease, margin, stopped = time.Second, 3 * time.Second, 250 * time.Millisecond, 5 * time.Second
 	e, err := idempotency.New(newStore(t, c), idempotency.WithCallTimeout(bound), idempotency.WithLease(lease))
 	if err != nil {
@@ -60,17 +38,7 @@ func TestStoreStoppedServerBounded(t *testing.T) {
 	}
 	runs.Store(0)
 
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	server.Signal(t, syscall.SIGSTOP)
 	start := time.Now()
 	_, err = e.Do(ctx, "k", "fp", fn)
 	took := time.Since(start)
@@ -78,10 +46,10 @@ func TestStoreStoppedServerBounded(t *testing.T) {
 		t.Fatalf("Do against the stopped server: %v after %v, want ErrUnavailable within %v", err, took, bound+margin)
 	}
 	time.Sleep(stopped - took)
-	resume()
+	server.Signal(t, syscall.SIGCONT)
 	resumedAt := time.Now()
 
-	other := goredis.NewClient(&goredis.Options{Addr: addr})
+	other := goredis.NewClient(&goredis.Options{Addr: server.Addr()})
 	t.Cleanup(func() { other.Close() })
 	oe, err := idempotency.New(newStore(t, other), idempotency.WithLease(lease))
 	if err != nil {

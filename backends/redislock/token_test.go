@@ -2,9 +2,7 @@ package redislock
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,53 +14,11 @@ import (
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
-// privateServer runs a redis-server of this test's own, without
-// persistence, on port (a free one when 0); extra are more arguments.
-func privateServer(t *testing.T, port int, extra ...string) (addr string, kill func()) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		drivertest.Unreachable(t, "redis-server binary", "$PATH", err)
-	}
-	if port == 0 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-	}
-	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--loglevel", "warning", "--dir", t.TempDir()}, extra...)
-	cmd := exec.Command(bin, args...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	kill = func() {
-		cmd.Process.Kill()
-		<-done
-	}
-	t.Cleanup(kill)
-	addr = fmt.Sprintf("127.0.0.1:%d", port)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	deadline := time.Now().Add(15 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not answer", addr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return addr, kill
-}
-
 // privateClient is a client of a redis-server of the test's own, whose
 // INFO commandstats nobody else moves, and the server's address.
 func privateClient(t *testing.T) (*goredis.Client, string) {
 	t.Helper()
-	addr, _ := privateServer(t, 0)
+	addr := drivertest.StartRedis(t).Addr()
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	t.Cleanup(func() { c.Close() })
 	return c, addr
@@ -90,23 +46,20 @@ func grant(t *testing.T, addr, key string) uint64 {
 // must still be greater than every token issued before.
 func TestTokensGrowAcrossLostFences(t *testing.T) {
 	t.Run("restart without persistence", func(t *testing.T) {
-		addr, kill := privateServer(t, 0)
+		s := drivertest.StartRedis(t)
 		var last uint64
 		for range 5 {
-			last = grant(t, addr, "k")
+			last = grant(t, s.Addr(), "k")
 		}
-		kill()
-		_, port, _ := net.SplitHostPort(addr)
-		p, _ := strconv.Atoi(port)
-		addr, _ = privateServer(t, p)
-		if next := grant(t, addr, "k"); next <= last {
+		s.Restart(t)
+		if next := grant(t, s.Addr(), "k"); next <= last {
 			t.Fatalf("token %d after the restart, not greater than %d before it", next, last)
 		}
 	})
 	t.Run("failover to a lagging replica", func(t *testing.T) {
-		primary, _ := privateServer(t, 0)
+		primary := drivertest.StartRedis(t).Addr()
 		host, port, _ := net.SplitHostPort(primary)
-		replica, _ := privateServer(t, 0, "--replicaof", host, port)
+		replica := drivertest.StartRedis(t, "--replicaof", host, port).Addr()
 		grant(t, primary, "k")
 		rc := goredis.NewClient(&goredis.Options{Addr: replica})
 		defer rc.Close()

@@ -10,11 +10,12 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // calls sums the calls of every command in the INFO commandstats of the
 // servers, the commands scripts run included, the INFO calls excepted.
-func calls(t *testing.T, servers []*server) int64 {
+func calls(t *testing.T, servers []*drivertest.RedisServer) int64 {
 	t.Helper()
 	var total int64
 	for _, n := range callsByName(t, servers) {
@@ -24,11 +25,11 @@ func calls(t *testing.T, servers []*server) int64 {
 }
 
 // callsByName is calls by command name.
-func callsByName(t *testing.T, servers []*server) map[string]int64 {
+func callsByName(t *testing.T, servers []*drivertest.RedisServer) map[string]int64 {
 	t.Helper()
 	by := map[string]int64{}
 	for _, s := range servers {
-		c := goredis.NewClient(&goredis.Options{Addr: s.addr})
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 		info, err := c.Info(context.Background(), "commandstats").Result()
 		c.Close()
 		if err != nil {
@@ -53,7 +54,7 @@ func callsByName(t *testing.T, servers []*server) map[string]int64 {
 // waitRefused runs a waiting Acquire of key on waiter, which must not get
 // it, until attempts (of the servers' counts) reaches enough, however slowly
 // a loaded machine lets it (failing the test after 20s), then ends it.
-func waitRefused(t *testing.T, waiter *Locker, key string, servers []*server, attempts func(map[string]int64) int64, enough int64) {
+func waitRefused(t *testing.T, waiter *Locker, key string, servers []*drivertest.RedisServer, attempts func(map[string]int64) int64, enough int64) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -190,7 +191,7 @@ func TestScriptCacheFlushed(t *testing.T) {
 	cycle() // learns the fences, and loads the scripts
 	awaitWithdrawn(t, l, "flushed")
 	for _, s := range servers {
-		c := goredis.NewClient(&goredis.Options{Addr: s.addr})
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 		err := c.ScriptFlush(ctx).Err()
 		c.Close()
 		if err != nil {

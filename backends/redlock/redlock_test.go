@@ -69,11 +69,22 @@ func TestNewRejectsEvenOrFewNodes(t *testing.T) {
 	}
 }
 
-func privateLocker(t *testing.T, servers []*server, tweak func(*goredis.Options), opts ...Option) *Locker {
+// startServers starts n redis-servers of the test's own, for faults
+// (killing, freezing, restarting empty) the shared servers must not see.
+func startServers(t *testing.T, n int) []*drivertest.RedisServer {
+	t.Helper()
+	servers := make([]*drivertest.RedisServer, n)
+	for i := range servers {
+		servers[i] = drivertest.StartRedis(t)
+	}
+	return servers
+}
+
+func privateLocker(t *testing.T, servers []*drivertest.RedisServer, tweak func(*goredis.Options), opts ...Option) *Locker {
 	t.Helper()
 	addrs := make([]string, len(servers))
 	for i, s := range servers {
-		addrs[i] = s.addr
+		addrs[i] = s.Addr()
 	}
 	l, err := New(clients(t, addrs, tweak), opts...)
 	if err != nil {
@@ -101,8 +112,8 @@ func TestMinorityDown(t *testing.T) {
 	// withdrawals may still be on their way, and the two nodes killed next
 	// may be two of that majority.
 	awaitWithdrawn(t, l, "k")
-	servers[0].kill(t)
-	servers[3].kill(t)
+	servers[0].Kill(t)
+	servers[3].Kill(t)
 	lease, err := l.Acquire(ctx, "k", opts)
 	if err != nil {
 		t.Fatalf("2 of 5 nodes down: %v", err)
@@ -121,7 +132,7 @@ func TestMinorityDown(t *testing.T) {
 		t.Errorf("Release with 2 of 5 nodes down: %v", err)
 	}
 	// The third node frozen rather than killed, so that it can come back.
-	servers[4].signal(t, syscall.SIGSTOP)
+	servers[4].Signal(t, syscall.SIGSTOP)
 	if lease, err := l.Acquire(ctx, "k", opts); !errors.Is(err, driver.ErrUnavailable) {
 		if err == nil {
 			lease.Release(ctx)
@@ -135,7 +146,7 @@ func TestMinorityDown(t *testing.T) {
 		t.Fatalf("waiting Acquire with 3 of 5 nodes down: got %v, want its context's deadline", err)
 	}
 	// And gets the lock once a majority is back.
-	servers[4].signal(t, syscall.SIGCONT)
+	servers[4].Signal(t, syscall.SIGCONT)
 	wctx, cancel = context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	lease, err = l.Acquire(wctx, "k", driver.AcquireOptions{TTL: opts.TTL, Wait: true})
@@ -267,7 +278,7 @@ func TestTokensGrowAfterNodesForget(t *testing.T) {
 		last = grant()
 	}
 	for _, s := range servers {
-		s.restart(t)
+		s.Restart(t)
 	}
 	if next := grant(); next <= last {
 		t.Fatalf("token %d after the nodes restarted empty, not greater than %d before", next, last)

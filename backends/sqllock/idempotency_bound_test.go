@@ -3,95 +3,14 @@ package sqllock_test
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
-
-// What a blackHole drops.
-const (
-	holeNone    int32 = iota // forwards both ways
-	holeAnswers              // drops what the server sends: requests land, their answers are lost
-	holeBoth                 // drops both ways: the client is cut off
-)
-
-// blackHole is a TCP proxy to a server that forwards both ways until told
-// to drop what passes, one way or both; its connections stay open, as
-// through a partition, so that a client waits for answers that never come.
-type blackHole struct {
-	drop  atomic.Int32
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-// newBlackHole returns dsn, a PostgreSQL URL, through a blackHole of its
-// own.
-func newBlackHole(t *testing.T, dsn string) (string, *blackHole) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := u.Host
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &blackHole{}
-	t.Cleanup(func() {
-		ln.Close()
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for _, c := range h.conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", server)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			h.mu.Lock()
-			h.conns = append(h.conns, c, s)
-			h.mu.Unlock()
-			go h.pump(s, c, holeBoth)
-			go h.pump(c, s, holeAnswers)
-		}
-	}()
-	u.Host = ln.Addr().String()
-	return u.String(), h
-}
-
-// pump copies src to dst, dropping what it reads while the hole drops at
-// least from.
-func (h *blackHole) pump(dst, src net.Conn, from int32) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && h.drop.Load() < from {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
 
 // TestStoreUnansweredBounded: with pgx's defaults through database/sql, a
 // request whose context has no deadline waits for the store no longer
@@ -108,8 +27,8 @@ func TestStoreUnansweredBounded(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		drop int32
-	}{{"answers lost", holeAnswers}, {"cut off", holeBoth}} {
+		cut  func(*drivertest.Proxy)
+	}{{"answers lost", (*drivertest.Proxy).LoseReplies}, {"cut off", (*drivertest.Proxy).Blackhole}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dsn := pg.dsn(t)
 			direct, err := sqllock.NewStore(openDB(t, pg, dsn))
@@ -120,7 +39,7 @@ func TestStoreUnansweredBounded(t *testing.T) {
 			if err := direct.Migrate(ctx); err != nil {
 				t.Fatalf("Migrate: %v", err)
 			}
-			holed, hole := newBlackHole(t, dsn)
+			holed, hole := proxied(t, dsn)
 			st, err := sqllock.NewStore(openDB(t, pg, holed))
 			if err != nil {
 				t.Fatal(err)
@@ -137,7 +56,7 @@ func TestStoreUnansweredBounded(t *testing.T) {
 			}
 			runs.Store(0)
 			k := uniqueKey(t)
-			hole.drop.Store(tc.drop)
+			tc.cut(hole)
 			start := time.Now()
 			_, err = e.Do(ctx, k, "fp", fn)
 			took := time.Since(start)

@@ -1,7 +1,6 @@
 package sqllock_test
 
 import (
-	"net/url"
 	"testing"
 
 	"github.com/warden-go/warden/backends/sqllock"
@@ -12,13 +11,8 @@ import (
 func TestPing(t *testing.T) {
 	db := databases()[1]
 	dsn := db.dsn(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := drivertest.StartProxy(t, u.Host)
-	u.Host = p.Addr()
-	up, cut := openDB(t, db, dsn), openDB(t, db, u.String())
+	cutDSN, p := proxied(t, dsn)
+	up, cut := openDB(t, db, dsn), openDB(t, db, cutDSN)
 	p.Blackhole()
 	t.Run("Locker", func(t *testing.T) { drivertest.CheckPing(t, newLocker(t, up), newLocker(t, cut)) })
 	t.Run("Store", func(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package drivertest is the conformance suite every warden lock backend runs
 // from its own tests, against the real server it talks to, with the helpers
-// those tests share (test server addresses, a TCP fault proxy). A backend is
-// done when it passes.
+// those tests share (test server addresses, a TCP fault proxy, a redis-server
+// of a test's own). A backend is done when it passes.
 //
 //	func TestConformance(t *testing.T) {
 //		drivertest.Run(t, drivertest.Backend{
