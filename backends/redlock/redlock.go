@@ -569,8 +569,8 @@ func ones(r result) verdict {
 }
 
 // gather calls f on the nodes which (their indexes into l.nodes; all of
-// them when nil) in parallel, under one context, ctx bounded by the node
-// timeout for the whole round. A node that does not answer in time, or
+// them when nil) in parallel, under one context for the whole round: ctx,
+// bounded by the node timeout. A node that does not answer in time, or
 // before stop is closed (nil for none), counts as failed, even if its
 // client ignores the context's deadline: its call finishes in the
 // background. Without judge it waits for every answer; with judge it
