@@ -100,7 +100,12 @@
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);
 // set ContextTimeoutEnabled on the clients so that a hung node's connection
-// is also given back promptly.
+// is also given back promptly. Every call also returns once its context is
+// done, whatever the clients do, so the Locker declares
+// driver.ContextBounded and guard calls it on the caller's goroutine. A
+// failed attempt's votes are withdrawn all the same: the withdrawal goes on
+// in the background, within the node timeout, and the attempt hands out no
+// lease once its context is done.
 //
 // # Waiting
 //

@@ -54,7 +54,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	cmd := []any{"evalsha", l.refreshSha, 1, ls.lockArg, ls.owner, ttl.Milliseconds(), ls.token}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], refreshSrc, cmd).Int64()
-	}, ones, ls.votes)
+	}, ones, ls.votes, nil)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)
 	if held >= l.quorum && time.Now().Before(expiry) {
@@ -74,7 +74,9 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // nodes that may hold them. It returns once a majority has withdrawn them,
 // when the lock is free to take; the other nodes' withdrawals finish in the
 // background (within the node timeout). They cannot touch a later lease's
-// votes: every attempt has an owner id of its own.
+// votes: every attempt has an owner id of its own. When ctx is done first,
+// it returns at once, reporting the backend unavailable, and the
+// withdrawals still finish in the background.
 func (ls *lease) Release(ctx context.Context) error {
 	l := ls.l
 	rs := l.withdraw(ctx, ls.lockArg, ls.owner, ls.token, ls.day, ls.votes, ones)

@@ -34,8 +34,9 @@ var (
 )
 
 // Locker is a warden lock backend on N independent Redis masters, by the
-// RedLock algorithm, with fencing tokens. It implements driver.Locker and
-// driver.Limiter, and is safe for concurrent use.
+// RedLock algorithm, with fencing tokens. It implements driver.Locker,
+// driver.Limiter, driver.Pinger and driver.ContextBounded, and is safe for
+// concurrent use.
 type Locker struct {
 	nodes       []goredis.UniversalClient
 	quorum      int
@@ -143,9 +144,23 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 }
 
 var (
-	_ driver.Locker  = (*Locker)(nil)
-	_ driver.Limiter = (*Locker)(nil)
+	_ driver.Locker         = (*Locker)(nil)
+	_ driver.Limiter        = (*Locker)(nil)
+	_ driver.Pinger         = (*Locker)(nil)
+	_ driver.ContextBounded = (*Locker)(nil)
 )
+
+// BoundedByContext implements driver.ContextBounded: always true. Every
+// request to a node is made by gather, on a goroutine of its own, and
+// gather stops waiting once ctx is done (or the node timeout has passed),
+// whatever the client does: go-redis with its default options ignores
+// ctx while it reads an answer. Pauses are driver.Sleep on ctx, and the
+// withdrawal of a failed attempt's votes, which must reach the nodes
+// whatever ctx's state, goes on in the background once ctx is done. guard
+// then calls the Locker on the caller's goroutine instead of handing each
+// acquisition and release to one of its own, which would only add a
+// goroutine switch to the ones gather makes.
+func (l *Locker) BoundedByContext() bool { return true }
 
 // MinTTLFactor: a TTL must be at least this many node timeouts, so that an
 // acquisition round that takes its full timeout still leaves most of the
@@ -214,8 +229,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 
 // try makes one attempt. On failure it has withdrawn the owner's votes from
 // every node that may hold one (including those whose answer it did not
-// get) and returns how long the holder's votes still last, as a hint for the
-// next attempt.
+// get), or, once ctx is done, left their withdrawal under way in the
+// background, and returns how long the holder's votes still last, as a
+// hint for the next attempt. It hands out no lease once ctx is done.
 func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held bool) (time.Duration, error) {
 	// An owner id of its own for every attempt: a withdrawal of an earlier
 	// attempt that is still under way on a slow node can then never remove
@@ -238,7 +254,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	// acquisition would find that node still held and be refused there.
 	votes := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], acquireSrc, cmd).Result()
-	}, nil, nil)
+	}, nil, nil, nil)
 	var (
 		granted  = make([]int, 0, len(l.nodes))
 		mine     = make([]int, 0, len(l.nodes)) // nodes that may hold the owner's vote: granted, or no answer
@@ -308,7 +324,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		token = maxFence + 1
 		written := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 			return l.fence.Run(ctx, l.nodes[i], []string{lock}, owner, token).Int64()
-		}, ones, granted)
+		}, ones, granted, nil)
 		ok, unwritten := count(written)
 		if ok < l.quorum {
 			return fail(l.shortfall(failed+unwritten, firstErr(written)))
@@ -317,6 +333,11 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	expiry := l.expiry(ttl, start)
 	if !time.Now().Before(expiry) {
 		return fail(fmt.Errorf("%w: acquiring took longer than the TTL %v", driver.ErrNotAcquired, ttl))
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller has stopped waiting: a lease handed out now would
+		// be nobody's, held until its TTL. Its votes are withdrawn.
+		return fail(err)
 	}
 	ls.owner = ownerArg
 	ls.token = uint64(token)
@@ -359,7 +380,7 @@ func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duratio
 			return nil, err
 		}
 		return probeState(v, now), nil
-	}, probed, nil)
+	}, probed, nil, nil)
 	n := 0
 	for _, r := range rs {
 		if r.err != nil {
@@ -476,22 +497,24 @@ func (l *Locker) shortfall(failed int, cause error) error {
 }
 
 // withdraw removes owner's votes from lock (lockKeyOf; both as the scripts
-// take them, see lease) on the nodes which
-// (their indexes into l.nodes), whatever ctx's state: a node may have
-// granted a vote whose answer was lost. token and day are what the votes
-// recorded, as a rule ("0" when unknown): a node where they differ costs one
-// more command. With judge it returns as soon as the answers settle a majority (see
-// gather), and the others finish in the background; otherwise it waits for
-// every answer, or the node timeout.
+// take them, see lease) on the nodes which (their indexes into l.nodes),
+// whatever ctx's state: a node may have granted a vote whose answer was
+// lost. token and day are what the votes recorded, as a rule ("0" when
+// unknown): a node where they differ costs one more command. The requests
+// are bounded by the node timeout alone, ctx's end cancelling none of
+// them, but the wait for their answers ends with ctx: the others finish in
+// the background, so that the votes are withdrawn as surely as when the
+// caller waits. With judge it returns as soon as the answers settle a
+// majority (see gather); otherwise it waits for every answer, the node
+// timeout or ctx's end.
 func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}
-	ctx = context.WithoutCancel(ctx)
 	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
-	return l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+	return l.gather(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
-	}, judge, which)
+	}, judge, which, ctx.Done())
 }
 
 // evalsha runs a script on node by its digest, as go-redis's Script.Run
@@ -546,15 +569,18 @@ func ones(r result) verdict {
 }
 
 // gather calls f on the nodes which (their indexes into l.nodes; all of
-// them when nil) in parallel, under one context bounded by the node timeout
-// for the whole round. A node that does not answer in time counts as
-// failed, even if its client ignores the context's deadline: its call
-// finishes in the background. Without judge it waits for every answer; with
-// judge it returns once the answers settle the round: a majority of the
-// nodes judged pro, or more than len(which) less a majority judged con, so
-// that no majority can be had. The nodes that have not answered by then
-// count as failed, and their calls finish in the background.
-func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int) []result {
+// them when nil) in parallel, under one context for the whole round: ctx,
+// bounded by the node timeout. A node that does not answer in time, or
+// before stop is closed (nil for none), counts as failed, even if its
+// client ignores the context's deadline: its call finishes in the
+// background. Without judge it waits for every answer; with judge it
+// returns once the answers settle the round: a majority of the nodes
+// judged pro, or more than len(which) less a majority judged con, so that
+// no majority can be had. The nodes that have not answered by then count
+// as failed, and their calls finish in the background. It thus returns
+// once ctx is done or stop is closed, whatever the calls do: what makes
+// the Locker driver.ContextBounded.
+func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}) []result {
 	if which == nil {
 		which = l.all
 	}
@@ -600,6 +626,7 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 				continue
 			}
 		case <-rctx.Done():
+		case <-stop:
 		}
 		break
 	}
@@ -612,12 +639,13 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 }
 
 // noAnswer is the error of a node, by its index, whose answer its round did
-// not get: not within the node timeout, or not before the others settled
-// the round. An integer, so that it allocates nothing.
+// not get: not within the node timeout, not before the caller's context
+// ended, or not before the others settled the round. An integer, so that
+// it allocates nothing.
 type noAnswer int
 
 func (n noAnswer) Error() string {
-	return fmt.Sprintf("node %d: no answer within the node timeout or before a majority settled the round", int(n))
+	return fmt.Sprintf("node %d: no answer within the node timeout, before the context ended, or before a majority settled the round", int(n))
 }
 
 // flight is what a round's calls share while they run.
@@ -652,7 +680,7 @@ func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock"
 func (l *Locker) Ping(ctx context.Context) error {
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return nil, l.nodes[i].Ping(ctx).Err()
-	}, answered, nil)
+	}, answered, nil, nil)
 	up := 0
 	for _, r := range rs {
 		if r.err == nil {

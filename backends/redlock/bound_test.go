@@ -1,0 +1,185 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// TestCallsBoundedByContext: against nodes that go silent (they act on
+// what they are sent, their answers are lost), through clients with
+// go-redis's default options, which ignore ctx while they wait for an
+// answer, every call returns within its ctx's bound, far below the node
+// timeout; the acquisition and the release cut short still withdraw their
+// votes, in the background.
+func TestCallsBoundedByContext(t *testing.T) {
+	const (
+		nodeTimeout = time.Second
+		bound       = 300 * time.Millisecond
+		// slack is what a call may take past its bound on a loaded
+		// machine; the figures are logged.
+		slack = 100 * time.Millisecond
+	)
+	direct := sharedLocker(t)
+	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
+	proxies := make([]*drivertest.Proxy, len(addrs))
+	nodes := make([]goredis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = drivertest.StartProxy(t, a)
+		c := goredis.NewClient(&goredis.Options{Addr: proxies[i].Addr()})
+		t.Cleanup(func() { c.Close() })
+		nodes[i] = c
+		warm(t, c, 8)
+	}
+	l, err := New(nodes, WithNodeTimeout(nodeTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.BoundedByContext() {
+		t.Fatal("BoundedByContext is false")
+	}
+	held := fmt.Sprintf("bounded-held-%d", time.Now().UnixNano())
+	taken := fmt.Sprintf("bounded-taken-%d", time.Now().UnixNano())
+	ttl := MinTTLFactor * nodeTimeout
+	ls, err := l.Acquire(context.Background(), held, driver.AcquireOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range proxies {
+		p.LoseReplies()
+	}
+
+	within := func(name string, f func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		start := time.Now()
+		err := f(ctx)
+		took := time.Since(start)
+		t.Logf("%s: %v, %v", name, took.Round(time.Millisecond), err)
+		if err == nil {
+			t.Errorf("%s succeeded against silent nodes", name)
+		}
+		if took > bound+slack {
+			t.Errorf("%s took %v, ctx's bound %v (node timeout %v)", name, took, bound, nodeTimeout)
+		}
+	}
+	within("Acquire", func(ctx context.Context) error {
+		_, err := l.Acquire(ctx, taken, driver.AcquireOptions{TTL: ttl, Wait: true})
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Acquire: %v, want ctx's error", err)
+		}
+		return err
+	})
+	within("Ping", l.Ping)
+	within("Refresh", func(ctx context.Context) error { return ls.Refresh(ctx, ttl) })
+	within("Release", ls.Release)
+
+	// The nodes got every request: the votes taken are withdrawn.
+	awaitWithdrawn(t, direct, taken)
+	awaitWithdrawn(t, direct, held)
+}
+
+// warm leaves n connections in c's pool that have said hello to the
+// server: a new one, which waits for the server's answer to its HELLO
+// before it sends anything, would send nothing to a silent node.
+func warm(t *testing.T, c *goredis.Client, n int) {
+	t.Helper()
+	ctx := context.Background()
+	conns := make([]*goredis.Conn, n)
+	for i := range conns {
+		conns[i] = c.Conn()
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cn := range conns {
+		cn.Close()
+	}
+}
+
+// cancelOnVotes cancels a context once every node has answered its vote:
+// after the acquiring round, before the Locker can hand out its lease.
+type cancelOnVotes struct {
+	nodes int
+	sha   any // acquire.lua's digest, as the Locker sends it
+	mu    sync.Mutex
+	votes int
+	// cancel is the context's, nil when none is armed.
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnVotes) arm(cancel context.CancelFunc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.votes, c.cancel = 0, cancel
+}
+
+func (c *cancelOnVotes) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (c *cancelOnVotes) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "evalsha" && cmd.Args()[1] == c.sha {
+			c.mu.Lock()
+			if c.votes++; c.votes == c.nodes && c.cancel != nil {
+				c.cancel()
+			}
+			c.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (c *cancelOnVotes) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// TestNoLeaseOnceContextDone: an acquisition whose ctx ends after every
+// node granted its vote, before the lease is handed out, returns ctx's
+// error and leaves no vote behind: its caller has stopped waiting, and
+// guard, calling the Locker on the caller's goroutine, no longer gives
+// such a lease back for it.
+func TestNoLeaseOnceContextDone(t *testing.T) {
+	l := sharedLocker(t)
+	key := fmt.Sprintf("no-late-lease-%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	// A first cycle lets the Locker learn the nodes' fences: the votes
+	// then record the token, with no second round after them.
+	ls, err := l.Acquire(context.Background(), key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	awaitWithdrawn(t, l, key)
+	hook := &cancelOnVotes{nodes: len(l.nodes), sha: l.acquireSha}
+	for _, n := range l.nodes {
+		n.AddHook(hook)
+	}
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		hook.arm(cancel)
+		ls, err := l.Acquire(ctx, key, opts)
+		hook.arm(nil)
+		cancel()
+		if err == nil {
+			ls.Release(context.Background())
+			t.Fatal("Acquire handed out a lease after its ctx was cancelled")
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire: %v, want ctx's error", err)
+		}
+		awaitWithdrawn(t, l, key)
+	}
+}
