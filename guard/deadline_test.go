@@ -82,6 +82,8 @@ func (d *deadlineBound) Acquire(ctx context.Context, key string, o driver.Acquir
 	return &deadlineBoundLease{Lease: l, d: d}, nil
 }
 
+func (d *deadlineBound) Ping(ctx context.Context) error { return d.enter(ctx, "ping") }
+
 type deadlineBoundLease struct {
 	driver.Lease
 	d *deadlineBound
@@ -136,6 +138,21 @@ func TestDeadlineBoundedBackend(t *testing.T) {
 			t.Errorf("Lock NoWait, hung: %v, want ErrUnavailable", err)
 		}
 		where("acquire", false)
+
+		err = within(t, "Lock WaitAtMost(1s), hung", time.Second, func() error {
+			_, err := g.Lock(bg, "fourth", guard.WaitAtMost(time.Second))
+			return err
+		})
+		if !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("Lock WaitAtMost(1s), hung: %v, want ErrUnavailable", err)
+		}
+		where("acquire", false)
+
+		err = within(t, "Ping, hung", 2*time.Second, func() error { return g.Ping(bg) })
+		if !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("Ping, hung: %v, want ErrUnavailable", err)
+		}
+		where("ping", false)
 
 		ctx, cancel := context.WithCancel(bg)
 		time.AfterFunc(100*time.Millisecond, cancel)

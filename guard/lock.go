@@ -173,7 +173,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		err = l.lease.Release(rctx)
 		if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && rctx.pastDeadline() {
 			// Cut short at the release timeout: no answer within the
-			// bound, as a release watched on a call goroutine reports it.
+			// bound, as a release watched on a call goroutine reports it
+			// when the grace past the bound brings no answer either.
 			err = errNoAnswer
 		}
 	} else {

@@ -63,11 +63,11 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 
 // WithIdleCallers sets how many goroutines the Guard keeps idle, each for
 // up to a second, to run the calls it must be able to stop waiting for
-// (default 16): every call to a backend that does not declare
-// driver.ContextBounded whose context can end, and every release to one
-// that declares neither that nor driver.DeadlineBounded (redislock over a
-// go-redis client made with ContextTimeoutEnabled declares the latter, and
-// its releases then run on the caller's goroutine).
+// (default 16): to a backend that declares neither driver.ContextBounded
+// nor driver.DeadlineBounded, every call whose context can end and every
+// release; to a DeadlineBounded one (redislock over a go-redis Client made
+// with ContextTimeoutEnabled), only the calls whose context can be
+// cancelled, all others running on the caller's goroutine.
 // Keeping them spares each such call a goroutine's start and stack growth,
 // which cost two fifths of the client's CPU in an uncontended cycle on
 // Redis. 0 starts a goroutine per call and keeps none, as a Guard used in

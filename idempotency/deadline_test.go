@@ -57,11 +57,14 @@ func (s *deadlineStore) handedOff(op string) (handed, made bool) {
 	return handed, made
 }
 
+// Claim makes the claim at once; while hung, its answer is lost, and the
+// call ends at its deadline.
 func (s *deadlineStore) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	rec, err := s.Store.Claim(ctx, c)
 	if err := s.enter(ctx, "claim"); err != nil {
 		return nil, err
 	}
-	return s.Store.Claim(ctx, c)
+	return rec, err
 }
 
 func (s *deadlineStore) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
@@ -71,16 +74,24 @@ func (s *deadlineStore) Complete(ctx context.Context, scope, key, owner string, 
 	return s.Store.Complete(ctx, scope, key, owner, response, retention)
 }
 
+func (s *deadlineStore) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+	if err := s.enter(ctx, "extend"); err != nil {
+		return err
+	}
+	return s.Store.Extend(ctx, scope, key, owner, lease)
+}
+
 // TestDeadlineBoundedStore: a store bounded by its context's deadline is
 // called on the caller's goroutine where only a deadline can end the call
-// (the completion, detached from the caller's context; a claim under a
-// context with no cancellation), and still within the call timeout when it
+// (the completion and the renewals, detached from the caller's context; a
+// claim under a context with no cancellation), and still within the call timeout when it
 // hangs; a claim under a context that can be cancelled is handed off, so
 // that a cancellation ends it at once, which such a store would not.
 func TestDeadlineBoundedStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &deadlineStore{Store: idempotency.NewMemoryStore(), handedOn: map[string]bool{}}
-		e := newExecutor(t, st, idempotency.WithCallTimeout(time.Second))
+		mem := idempotency.NewMemoryStore()
+		st := &deadlineStore{Store: mem, handedOn: map[string]bool{}}
+		e := newExecutor(t, st, idempotency.WithCallTimeout(time.Second), idempotency.WithLease(3*time.Second))
 		where := func(op string, wantHanded bool) {
 			t.Helper()
 			handed, made := st.handedOff(op)
@@ -95,10 +106,15 @@ func TestDeadlineBoundedStore(t *testing.T) {
 
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		if _, err := e.Do(ctx, "a", "fp", counted(&runs, "x")); err != nil {
+		if _, err := e.Do(ctx, "a", "fp", func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			time.Sleep(2 * time.Second) // past a renewal, every third of the lease
+			return []byte("x"), nil
+		}); err != nil {
 			t.Fatal(err)
 		}
 		where("claim", true)
+		where("extend", false)
 		where("complete", false)
 
 		if _, err := e.Do(context.Background(), "b", "fp", counted(&runs, "x")); err != nil {
@@ -125,8 +141,17 @@ func TestDeadlineBoundedStore(t *testing.T) {
 		if n := runs.Load(); n != 2 {
 			t.Errorf("fn ran %d times, want 2 (the calls whose claim was answered)", n)
 		}
-		// The claims answered after their callers left are given back,
-		// with pauses of up to 2 s between tries.
+		// The claims whose answers were lost are given back, well within
+		// their lease (3 s), which would otherwise free them too.
+		st.hung.Store(false)
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		for _, key := range []string{"c", "d"} {
+			if rec, err := mem.Get(context.Background(), "", key); !errors.Is(err, idempotency.ErrNotFound) {
+				t.Errorf("claim %s, its answer lost: %+v, %v; want it given back", key, rec, err)
+			}
+		}
+		// The give-backs' retries, if any, end within seconds.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 	})

@@ -15,7 +15,7 @@ import (
 )
 
 // Stop holds its bound while the slot store hangs under a client that
-// ignores contexts: go-redis with its default options waits out its 3 s
+// ignores contexts: go-redis with its default options waits out its 5 s
 // read timeout, and retries, whatever the context says, so that Stop
 // waited 20 s for a slot claim and its give-backs. The runs stop waiting
 // for their store calls when Stop comes, and Stop waits for the calls left

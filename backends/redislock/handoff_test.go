@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestHandoff: a release hands the lock to the waiter recorded for it,
@@ -297,4 +299,46 @@ func TestReleaseWakesFairWaiter(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the fair waiter never got the lock")
 	}
+}
+
+// TestTimedOutWaiterLeavesNoRecord: a waiter whose context ends takes its
+// record out before its Acquire returns, so that a process that closes
+// its client (or exits) right after a timed-out Lock leaves nothing for
+// the next release to hand the lock to, which would then stay with nobody
+// for a whole TTL.
+func TestTimedOutWaiterLeavesNoRecord(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprintf("timed-out-waiter-%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	holder := newLocker(t, newClient(t))
+	held, err := holder.Acquire(ctx, key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		addr := drivertest.Addr(t, addrEnv, addrDefault)
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		l, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err = l.Acquire(wctx, key, opts)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("waiter %d: %v, want its context's deadline", i, err)
+		}
+		l.Close()
+		c.Close()
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := newLocker(t, newClient(t))
+	le, err := other.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second})
+	if err != nil {
+		in, _ := other.Inspect(ctx, key)
+		t.Fatalf("after the holder's release: %v (holders %+v); want the lock free, not handed to a waiter that had gone", err, in.Holders)
+	}
+	le.Release(ctx)
 }

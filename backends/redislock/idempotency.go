@@ -76,9 +76,10 @@ var (
 	_ idempotency.DeadlineBounded = (*Store)(nil)
 )
 
-// BoundedByDeadline implements idempotency.DeadlineBounded: true on a
-// *goredis.Client or *goredis.ClusterClient made with
-// ContextTimeoutEnabled, for the reasons Locker.BoundedByDeadline gives.
+// BoundedByDeadline implements idempotency.DeadlineBounded: true on the
+// clients Locker.BoundedByDeadline is true on (a go-redis Client made with
+// ContextTimeoutEnabled, with timeouts that set deadlines), for the reasons
+// it gives.
 // Every call of the Store is one script on the client, with nothing left
 // to do after it.
 func (s *Store) BoundedByDeadline() bool { return honoursDeadlines(s.client) }

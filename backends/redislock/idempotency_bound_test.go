@@ -15,7 +15,7 @@ import (
 )
 
 // TestStoreStoppedServerBounded: with go-redis's default options, which
-// ignore the context's deadline, wait out a 3 s read timeout and then send
+// ignore the context's deadline, wait out a 5 s read timeout and then send
 // the command again, a request whose context has no deadline waits for a
 // stopped Redis no longer than the Executor's call timeout (and a
 // scheduling margin): the work does not run, the claim that lands when the

@@ -126,33 +126,43 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 }
 
 // BoundedByDeadline implements driver.DeadlineBounded. It is true on a
-// *goredis.Client or *goredis.ClusterClient made with ContextTimeoutEnabled,
-// which sets its connections' deadlines from the context, gives up waiting
-// for a pooled connection or dialling one at it, and does not retry past
-// it: every call of the Locker then returns once its ctx's deadline has
-// passed, and guard spares it the hand-off to another goroutine where
-// nothing else can end the call (a release, bounded by guard's release
-// timeout). go-redis does not end a command already sent when its context
-// is cancelled before its deadline, so acquisitions made with a context
-// that can be cancelled stay watched. With go-redis's default options it
-// is false: reads then wait out ReadTimeout whatever the context says, and
-// a timed-out read is sent again. With WithWaitReplicas it is false too: an
-// acquisition whose WAIT fails gives its lock back before it tries again,
-// on the caller's goroutine, for up to two seconds past ctx's end.
+// *goredis.Client (a single server, or Sentinel's failover client) made
+// with ContextTimeoutEnabled and read and write timeouts that set a
+// deadline (not -2): such a client sets its connection's deadline from the
+// context, gives up waiting for a pooled connection or dialling one at it,
+// and does not retry past it, so every call of the Locker returns once its
+// ctx's deadline has passed, and guard spares it the hand-off to another
+// goroutine where nothing else can end the call (a release, bounded by
+// guard's release timeout). go-redis does not end a command already sent
+// when its context is cancelled before its deadline, so acquisitions made
+// with a context that can be cancelled stay watched. It is false:
+//   - with go-redis's default options: reads then wait out ReadTimeout
+//     whatever the context says, and a timed-out read is sent again;
+//   - with a read or write timeout of -2, which sets no deadline at all;
+//   - on a *goredis.ClusterClient, which routes each command by the
+//     command table it fetches from the servers under a 5 s context of its
+//     own, whatever the caller's deadline, until one fetch succeeds;
+//   - with WithWaitReplicas: an acquisition whose WAIT fails gives its
+//     lock back before it tries again, on the caller's goroutine, for up to
+//     two seconds past ctx's end.
+//
+// A hook, Dialer or OnConnect of the client's own that blocks is the
+// client's: the bound then holds only as far as they heed the context.
 func (l *Locker) BoundedByDeadline() bool {
 	return l.cfg.replicas == 0 && honoursDeadlines(l.client)
 }
 
-// honoursDeadlines reports whether client is one of go-redis's clients made
-// with ContextTimeoutEnabled.
+// honoursDeadlines reports whether client is a go-redis Client whose
+// every call ends by its context's deadline (see Locker.BoundedByDeadline).
+// The options read are those the client settled at its making, where a
+// timeout of -2 became -1.
 func honoursDeadlines(client goredis.UniversalClient) bool {
-	switch c := client.(type) {
-	case *goredis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *goredis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+	c, ok := client.(*goredis.Client)
+	if !ok {
+		return false
 	}
-	return false
+	o := c.Options()
+	return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
 }
 
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
@@ -210,9 +220,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				}
 				unanswered = unanswered || err != nil
 				return r, err
-			}, clean: func(ctx context.Context) {
-				l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0")
-				l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel)
+			}, clean: func(ctx context.Context) error {
+				return errors.Join(
+					l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0").Err(),
+					l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel).Err())
 			}},
 		}
 	} else {
@@ -366,13 +377,15 @@ func (c *plainContender) args(mode any) []any {
 // cleanup takes the record out before releasing: a release may hand the
 // lock to the record until it is gone, and the release that follows frees
 // what one handed over before.
-func (c *plainContender) cleanup(ctx context.Context) {
+func (c *plainContender) cleanup(ctx context.Context) error {
 	s, n := c.l.s, mutexNamesOf(c.key)
 	keys := n.releaseKeys()
 	if c.recorded || c.unanswered {
-		s.unwaitMutex.Run(ctx, c.l.sc, keys, c.record, n.channel)
+		if err := s.unwaitMutex.Run(ctx, c.l.sc, keys, c.record, n.channel).Err(); err != nil {
+			return err
+		}
 	}
-	s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", n.channel, "0")
+	return s.release.Run(ctx, c.l.sc, keys, c.cmd[5], "0", "0", n.channel, "0").Err()
 }
 
 // recordOf is a plain waiter's record: its Locker's channel, its TTL and

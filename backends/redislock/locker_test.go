@@ -344,3 +344,36 @@ func TestUnansweredGrantIsFound(t *testing.T) {
 		})
 	}
 }
+
+// TestBoundedByDeadline: the Locker and the idempotency Store declare
+// driver.DeadlineBounded only over a client whose every call ends by its
+// context's deadline.
+func TestBoundedByDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client goredis.UniversalClient
+		opts   []Option
+		want   bool
+	}{
+		{"default options", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"}), nil, false},
+		{"ContextTimeoutEnabled", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), nil, true},
+		{"ContextTimeoutEnabled, no read deadline", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -2}), nil, false},
+		{"ContextTimeoutEnabled, no write deadline", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, WriteTimeout: -2}), nil, false},
+		{"ContextTimeoutEnabled, no timeouts but the context's", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1}), nil, true},
+		{"Cluster, ContextTimeoutEnabled", goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), nil, false},
+		{"Ring, ContextTimeoutEnabled", goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true}), nil, false},
+		{"ContextTimeoutEnabled, WithWaitReplicas", goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), []Option{WithWaitReplicas(1, time.Second)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() { tc.client.Close() })
+			if got := newLocker(t, tc.client, tc.opts...).BoundedByDeadline(); got != tc.want {
+				t.Errorf("Locker: %v, want %v", got, tc.want)
+			}
+			if tc.opts == nil {
+				if got := newStore(t, tc.client).BoundedByDeadline(); got != tc.want {
+					t.Errorf("Store: %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -26,8 +27,8 @@ func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.Acquir
 		shared: true,
 		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, _ bool) (reply, error) {
 			return run(ctx, sc, l.s.readAcquire, keys, owner, px)
-		}, clean: func(ctx context.Context) {
-			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "0")
+		}, clean: func(ctx context.Context) error {
+			return l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "0").Err()
 		}},
 	})
 }
@@ -50,9 +51,10 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 		keepAlive: l.cfg.waiterTimeout / 3,
 		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
 			return run(ctx, sc, l.s.writeAcquire, keys, owner, px, flag(queued), waitMs)
-		}, clean: func(ctx context.Context) {
-			l.s.writeRelease.Run(ctx, l.sc, keys[1:2], owner, channel)
-			l.s.unwait.Run(ctx, l.sc, keys[2:3], owner, channel)
+		}, clean: func(ctx context.Context) error {
+			return errors.Join(
+				l.s.writeRelease.Run(ctx, l.sc, keys[1:2], owner, channel).Err(),
+				l.s.unwait.Run(ctx, l.sc, keys[2:3], owner, channel).Err())
 		}},
 	})
 }
@@ -78,8 +80,8 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 	return l.acquire(ctx, channel, opts, ls, waiter{
 		contender: &funcs{try: func(ctx context.Context, sc goredis.Scripter, _ bool) (reply, error) {
 			return run(ctx, sc, l.s.semAcquire, keys, owner, px, permits)
-		}, clean: func(ctx context.Context) {
-			l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "1")
+		}, clean: func(ctx context.Context) error {
+			return l.s.zrelease.Run(ctx, l.sc, keys[:1], owner, channel, "1").Err()
 		}},
 	})
 }

@@ -40,22 +40,23 @@ type contender interface {
 	// {0, ms until the blocking lease lapses (negative when unknown)}.
 	attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
 	// cleanup removes whatever an interrupted wait may have left on the
-	// server (a queued place, a lock granted after ctx ended).
-	cleanup(ctx context.Context)
+	// server (a queued place, a lock granted after ctx ended), and says
+	// whether the server did. Made again, it changes nothing more.
+	cleanup(ctx context.Context) error
 }
 
 // funcs is a contender made of two functions, for the acquisitions off the
 // plain lock's path.
 type funcs struct {
 	try   func(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error)
-	clean func(ctx context.Context)
+	clean func(ctx context.Context) error
 }
 
 func (f *funcs) attempt(ctx context.Context, sc goredis.Scripter, queued bool) (reply, error) {
 	return f.try(ctx, sc, queued)
 }
 
-func (f *funcs) cleanup(ctx context.Context) { f.clean(ctx) }
+func (f *funcs) cleanup(ctx context.Context) error { return f.clean(ctx) }
 
 // maxUnreachablePause caps the pause of a waiting acquisition between
 // attempts on a server that does not answer. The lock comes back only when a
@@ -68,22 +69,31 @@ const maxUnreachablePause = 250 * time.Millisecond
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
-// afterwards runs f, work an acquisition that failed leaves to do whether
-// or not its caller still waits (withdrawing its record, giving back a lock
-// it may hold), under a context of its own bounded by cleanupTimeout: on
-// the caller's goroutine when ctx has neither ended nor a deadline, and
-// otherwise on a goroutine of its own, so that the acquisition returns by
-// its ctx's deadline (see Locker.BoundedByDeadline) while f goes on.
-func afterwards(ctx context.Context, f func(context.Context)) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	if _, ok := ctx.Deadline(); !ok && ctx.Err() == nil {
-		f(cctx)
-		cancel()
+// cleanupTry bounds the first try of a cleanup, on the caller's goroutine:
+// a healthy server answers it well within, so the record is gone when the
+// acquisition returns (a process that closes its client, or exits, right
+// after a timed-out Lock leaves none for a release to hand the lock to,
+// which would then stay with nobody for a whole TTL), and a client bounded
+// by its context's deadline returns within guard's grace past it.
+const cleanupTry = 10 * time.Millisecond
+
+// cleanUp runs f, the cleanup an acquisition that failed leaves to do
+// whether or not its caller still waits: first on the caller's goroutine,
+// within cleanupTry, and when that did not succeed, again on a goroutine of
+// its own within cleanupTimeout. f is the same either time, and a second
+// run changes nothing the first one did.
+func cleanUp(ctx context.Context, f func(context.Context) error) {
+	base := context.WithoutCancel(ctx)
+	tctx, cancel := context.WithTimeout(base, cleanupTry)
+	err := f(tctx)
+	cancel()
+	if err == nil {
 		return
 	}
 	go func() {
+		cctx, cancel := context.WithTimeout(base, cleanupTimeout)
 		defer cancel()
-		f(cctx)
+		_ = f(cctx)
 	}()
 }
 
@@ -131,7 +141,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	woken := false
 	defer func() {
 		if err != nil && !errors.Is(err, driver.ErrNotAcquired) {
-			afterwards(ctx, w.cleanup)
+			cleanUp(ctx, w.cleanup)
 		}
 		if sub != nil {
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))
