@@ -54,7 +54,7 @@ func redisSubjects(b *bench) []*subject {
 	return []*subject{
 		{
 			id: "warden-redis", label: "warden redislock", group: "redis", warden: true, redis: one,
-			how: "guard.Do over redislock.New(go-redis client); a waiter sleeps until a release is published (Pub/Sub) or the holder's TTL ends; the lease keeper renews held locks in one pipeline per period",
+			how: "guard.Do over redislock.New(go-redis client); with ContextTimeoutEnabled the Locker is driver.DeadlineBounded, so guard makes releases on the worker's goroutine and hands only acquisitions (under the worker's cancellable context) to its call goroutines; a waiter sleeps until a release is published (Pub/Sub) or the holder's TTL ends; the lease keeper renews held locks in one pipeline per period",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenRedis(b.srv.redis, m) }), nil
 			},
@@ -84,7 +84,7 @@ func redisSubjects(b *bench) []*subject {
 		rawRedisSubject(b, false), rawRedisSubject(b, true),
 		{
 			id: "warden-redlock", label: fmt.Sprintf("warden redlock (%d nodes)", len(nodes)), group: "redlock", warden: true, redis: nodes,
-			how: "guard.Do over redlock.New(a go-redis client per node); waits with jittered backoff from 2ms, bounded by the holder's TTL",
+			how: "guard.Do over redlock.New(a go-redis client per node), called on the worker's goroutine (driver.ContextBounded: each node's request runs on a goroutine of redlock's own); waits with jittered backoff from 2ms, bounded by the holder's TTL",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenRedlock(nodes, m) }), nil
 			},
