@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -341,4 +344,76 @@ func TestTimedOutWaiterLeavesNoRecord(t *testing.T) {
 		t.Fatalf("after the holder's release: %v (holders %+v); want the lock free, not handed to a waiter that had gone", err, in.Holders)
 	}
 	le.Release(ctx)
+}
+
+// cleanupWhere is a go-redis hook that records where a failed
+// acquisition's cleanup sends its commands: on the acquisition's own
+// goroutine (its first try) or on one of its own (the retry).
+type cleanupWhere struct{ inline, behind atomic.Int32 }
+
+func (h *cleanupWhere) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *cleanupWhere) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		buf := make([]byte, 16<<10)
+		stack := string(buf[:runtime.Stack(buf, false)])
+		switch {
+		case strings.Contains(stack, "redislock.cleanUp.func"):
+			h.behind.Add(1)
+		case strings.Contains(stack, "redislock.cleanUp("):
+			h.inline.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *cleanupWhere) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// TestCleanupTriedInlineOnlyWhenAnswered: a waiter whose context ends
+// while the server answers cleans up on its own goroutine before Acquire
+// returns; one whose server stopped answering leaves the cleanup to a
+// goroutine of its own, so that it returns at its deadline: a try there
+// would take the time guard keeps for the last attempt of a bounded wait,
+// which tells a server out of reach from a lock held (with it, waits of up
+// to 100 ms on a closed port or a hung server were all reported as the
+// lock held).
+func TestCleanupTriedInlineOnlyWhenAnswered(t *testing.T) {
+	addr := drivertest.Addr(t, addrEnv, addrDefault)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second, Wait: true}
+	wait := func(server, key string) *cleanupWhere {
+		t.Helper()
+		c := goredis.NewClient(&goredis.Options{Addr: server, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		h := &cleanupWhere{}
+		c.AddHook(h)
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := newLocker(t, c).Acquire(wctx, key, opts); err == nil {
+			t.Fatalf("%s: acquired", server)
+		}
+		return h
+	}
+
+	key := fmt.Sprintf("cleanup-where-%d", time.Now().UnixNano())
+	held, err := newLocker(t, newClient(t)).Acquire(ctx, key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	// (A try that takes more than cleanupTry on a busy machine is retried
+	// behind: only the try is certain.)
+	if h := wait(addr, key); h.inline.Load() == 0 {
+		t.Errorf("answering server: no cleanup command inline (%d behind); want its first try inline", h.behind.Load())
+	}
+
+	p := drivertest.StartProxy(t, addr)
+	p.Blackhole()
+	h := wait(p.Addr(), key)
+	eventually(t, "the cleanup's retry", func() bool { return h.behind.Load() > 0 })
+	if n := h.inline.Load(); n != 0 {
+		t.Errorf("hung server: %d cleanup commands inline; want none", n)
+	}
 }

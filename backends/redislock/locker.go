@@ -221,9 +221,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				unanswered = unanswered || err != nil
 				return r, err
 			}, clean: func(ctx context.Context) error {
+				// The place first: while it is there, the waiter is
+				// named by releases, and the lock waits for it a
+				// handoff window.
 				return errors.Join(
-					l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0").Err(),
-					l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel).Err())
+					l.s.dequeue.Run(ctx, l.sc, []string{n.queue, n.deadlines, n.lock}, place, channel).Err(),
+					l.s.release.Run(ctx, l.sc, n.releaseKeys(), owner, "0", "0", channel, "0").Err())
 			}},
 		}
 	} else {

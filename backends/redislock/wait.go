@@ -69,8 +69,9 @@ const maxUnreachablePause = 250 * time.Millisecond
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
-// cleanupTry bounds the first try of a cleanup, on the caller's goroutine:
-// a healthy server answers it well within, so the record is gone when the
+// cleanupTry bounds the first try of a cleanup on the caller's goroutine,
+// made when the server answered the acquisition's latest attempt: a
+// healthy server answers it well within, so the record is gone when the
 // acquisition returns (a process that closes its client, or exits, right
 // after a timed-out Lock leaves none for a release to hand the lock to,
 // which would then stay with nobody for a whole TTL), and a client bounded
@@ -79,16 +80,24 @@ const cleanupTry = 10 * time.Millisecond
 
 // cleanUp runs f, the cleanup an acquisition that failed leaves to do
 // whether or not its caller still waits: first on the caller's goroutine,
-// within cleanupTry, and when that did not succeed, again on a goroutine of
-// its own within cleanupTimeout. f is the same either time, and a second
-// run changes nothing the first one did.
-func cleanUp(ctx context.Context, f func(context.Context) error) {
+// within cleanupTry, when the server answered the latest attempt
+// (answered), and when that did not succeed, or the server was not
+// answering, on a goroutine of its own within cleanupTimeout. A server that
+// does not answer would only hold the caller past its bound: the last
+// attempt guard keeps from a bounded wait, to tell a lock held from a
+// server out of reach, would then find no time left; and a client with
+// go-redis's default options, which ignores the try's deadline, would hold
+// it for its read timeout. f is the same either time, and a second run
+// changes nothing the first one did.
+func cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
-	tctx, cancel := context.WithTimeout(base, cleanupTry)
-	err := f(tctx)
-	cancel()
-	if err == nil {
-		return
+	if answered {
+		tctx, cancel := context.WithTimeout(base, cleanupTry)
+		err := f(tctx)
+		cancel()
+		if err == nil {
+			return
+		}
 	}
 	go func() {
 		cctx, cancel := context.WithTimeout(base, cleanupTimeout)
@@ -130,6 +139,9 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		refused      time.Time
 		refusedToken uint64
 		msg          string
+		// answered says the server answered the latest attempt: the
+		// cleanup is then tried on this goroutine first (see cleanUp).
+		answered bool
 	)
 	if opts.Wait {
 		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
@@ -141,7 +153,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	woken := false
 	defer func() {
 		if err != nil && !errors.Is(err, driver.ErrNotAcquired) {
-			cleanUp(ctx, w.cleanup)
+			cleanUp(ctx, w.cleanup, answered)
 		}
 		if sub != nil {
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))
@@ -159,6 +171,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		}
 		sent := time.Now()
 		r, err := l.attempt(ctx, ls, w, opts.Wait)
+		answered = err == nil
 		switch {
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
