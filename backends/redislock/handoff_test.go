@@ -358,9 +358,9 @@ func (h *cleanupWhere) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook
 		buf := make([]byte, 16<<10)
 		stack := string(buf[:runtime.Stack(buf, false)])
 		switch {
-		case strings.Contains(stack, "redislock.cleanUp.func"):
+		case strings.Contains(stack, "redislock.(*Locker).cleanUp.func"):
 			h.behind.Add(1)
-		case strings.Contains(stack, "redislock.cleanUp("):
+		case strings.Contains(stack, "redislock.(*Locker).cleanUp("):
 			h.inline.Add(1)
 		}
 		return next(ctx, cmd)

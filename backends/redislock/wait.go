@@ -69,30 +69,37 @@ const maxUnreachablePause = 250 * time.Millisecond
 // cleanupTimeout bounds the best-effort cleanup after a failed acquisition.
 const cleanupTimeout = 2 * time.Second
 
-// cleanupTry bounds the first try of a cleanup on the caller's goroutine,
-// made when the server answered the acquisition's latest attempt: a
-// healthy server answers it well within, so the record is gone when the
-// acquisition returns (a process that closes its client, or exits, right
-// after a timed-out Lock leaves none for a release to hand the lock to,
-// which would then stay with nobody for a whole TTL), and a client bounded
-// by its context's deadline returns within guard's grace past it.
+// cleanupTry bounds the first try of a cleanup on the caller's goroutine
+// over a client bounded by its context's deadline (see
+// Locker.BoundedByDeadline), whose caller guard does not watch: a healthy
+// server answers it well within, and the acquisition returns within
+// guard's grace past its bound. Over any other client the try has
+// cleanupTimeout: guard has stopped waiting for the call at its bound
+// already.
 const cleanupTry = 10 * time.Millisecond
 
 // cleanUp runs f, the cleanup an acquisition that failed leaves to do
-// whether or not its caller still waits: first on the caller's goroutine,
-// within cleanupTry, when the server answered the latest attempt
-// (answered), and when that did not succeed, or the server was not
-// answering, on a goroutine of its own within cleanupTimeout. A server that
-// does not answer would only hold the caller past its bound: the last
-// attempt guard keeps from a bounded wait, to tell a lock held from a
-// server out of reach, would then find no time left; and a client with
-// go-redis's default options, which ignores the try's deadline, would hold
-// it for its read timeout. f is the same either time, and a second run
-// changes nothing the first one did.
-func cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
+// whether or not its caller still waits: first on the caller's goroutine
+// when the server answered the latest attempt (answered), so that the
+// record is gone when the acquisition returns (a process that closes its
+// client, or exits, right after a timed-out Lock leaves none for a release
+// to hand the lock to, which would then stay with nobody for a whole TTL);
+// and when that did not succeed, or the server was not answering, on a
+// goroutine of its own within cleanupTimeout. A server that does not
+// answer would only hold the caller past its bound: the last attempt guard
+// keeps from a bounded wait, to tell a lock held from a server out of
+// reach, would then find no time left; and a client with go-redis's
+// default options, which ignores the try's deadline, would hold it for its
+// read timeout. f is the same either time, and a second run changes
+// nothing the first one did.
+func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
-		tctx, cancel := context.WithTimeout(base, cleanupTry)
+		try := cleanupTimeout
+		if l.BoundedByDeadline() {
+			try = cleanupTry
+		}
+		tctx, cancel := context.WithTimeout(base, try)
 		err := f(tctx)
 		cancel()
 		if err == nil {
@@ -153,7 +160,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 	woken := false
 	defer func() {
 		if err != nil && !errors.Is(err, driver.ErrNotAcquired) {
-			cleanUp(ctx, w.cleanup, answered)
+			l.cleanUp(ctx, w.cleanup, answered)
 		}
 		if sub != nil {
 			l.notify.leave(sub, w.id, (err != nil && woken) || (err == nil && w.shared))
