@@ -54,6 +54,16 @@ func TestCallsBoundedByContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every script the calls below send is loaded on every node first: a
+	// silent node's NOSCRIPT never reaches the client, which then never
+	// sends the script's body.
+	for _, n := range direct.nodes {
+		for _, src := range []string{acquireSrc, refreshSrc, releaseSrc} {
+			if err := n.ScriptLoad(context.Background(), src).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for _, p := range proxies {
 		p.LoseReplies()
 	}
