@@ -205,11 +205,14 @@ func (l *Lock) Unlock(ctx context.Context) error {
 			g.marginFor(l.ttl), err), true)
 		err = l.Err()
 	case err != nil:
-		msg := "warden: release failed; the lock stays taken until its lease expires on the server"
+		// "May": a release that got no answer may have freed the lock, and
+		// some backends go on releasing in the background (RedLock's
+		// withdrawals from the nodes that did not answer in time).
+		msg := "warden: release failed; the lock may stay taken until its lease expires on the server"
 		if _, ok := l.lease.(driver.SessionLease); ok {
 			// Such backends keep the key no longer than the session, which
 			// they may go on releasing, or give up, in the background.
-			msg = "warden: release failed; the lock stays taken until the backend confirms the release or its session ends"
+			msg = "warden: release failed; the lock may stay taken until the backend confirms the release or its session ends"
 		}
 		g.logger.WarnContext(ctx, msg, "key", l.key, "backend", g.backend, "ttl", l.ttl, "error", err)
 		err = wrapLockErr(l.key, fmt.Errorf("release: %w", err))

@@ -490,7 +490,7 @@ type workerLog struct {
 }
 
 func (h workerLog) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "warden: release failed; the lock stays taken until its lease expires on the server" {
+	if r.Message == "warden: release failed; the lock may stay taken until its lease expires on the server" {
 		r.Attrs(func(a slog.Attr) bool {
 			if e := a.Value.String(); a.Key == "error" && strings.Contains(e, "CLUSTERDOWN") {
 				h.releaseFailed.Store(true)
