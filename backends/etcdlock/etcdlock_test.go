@@ -100,6 +100,14 @@ func TestConformance(t *testing.T) {
 		Waiters: func(t testing.TB, key string) int {
 			return max(len(keysUnder(t, probe, key))-1, 0)
 		},
+		Silence: func(t testing.TB) (driver.Locker, func()) {
+			p := drivertest.StartProxy(t, eps[0])
+			l, _ := newLocker(t, []string{p.Addr()})
+			// The silence ends first at cleanup, so that the Locker's
+			// Close revokes its session at once.
+			t.Cleanup(p.Reset)
+			return l, p.Blackhole
+		},
 	})
 }
 

@@ -75,6 +75,14 @@ func TestConformance(t *testing.T) {
 			b := drivertest.Backend{
 				NewLocker: func(t testing.TB) driver.Locker { return newLocker(t, newClient(t)) },
 				FIFO:      fair,
+				// A client that ends its calls by their contexts'
+				// deadlines, on which the Locker is DeadlineBounded.
+				Silence: func(t testing.TB) (driver.Locker, func()) {
+					p := drivertest.StartProxy(t, drivertest.Addr(t, addrEnv, addrDefault))
+					c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+					t.Cleanup(func() { c.Close() })
+					return newLocker(t, c), p.Blackhole
+				},
 			}
 			if fair {
 				probe := newClient(t)

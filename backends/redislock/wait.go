@@ -342,8 +342,12 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 		actx := l.bound.begin(ctx, f)
 		defer l.bound.end(f)
 		r, err := w.attempt(actx, l.sc, queued)
-		if err != nil && ctx.Err() == nil && context.Cause(actx) == errNoAnswer {
-			err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)
+		if err != nil && context.Cause(actx) == errNoAnswer {
+			// The client reports the cut as a cancellation, which is
+			// nobody's: the caller's own error once its ctx is done too.
+			if err = ctx.Err(); err == nil {
+				err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)
+			}
 		}
 		return r, err
 	}

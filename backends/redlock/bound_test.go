@@ -30,15 +30,9 @@ func TestCallsBoundedByContext(t *testing.T) {
 		slack = 100 * time.Millisecond
 	)
 	direct := sharedLocker(t)
-	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
-	proxies := make([]*drivertest.Proxy, len(addrs))
-	nodes := make([]goredis.UniversalClient, len(addrs))
-	for i, a := range addrs {
-		proxies[i] = drivertest.StartProxy(t, a)
-		c := goredis.NewClient(&goredis.Options{Addr: proxies[i].Addr()})
-		t.Cleanup(func() { c.Close() })
-		nodes[i] = c
-		warm(t, c, 8)
+	nodes, proxies := proxiedNodes(t)
+	for _, c := range nodes {
+		warm(t, c.(*goredis.Client), 8)
 	}
 	l, err := New(nodes, WithNodeTimeout(nodeTimeout))
 	if err != nil {
@@ -97,6 +91,22 @@ func TestCallsBoundedByContext(t *testing.T) {
 	// The nodes got every request: the votes taken are withdrawn.
 	awaitWithdrawn(t, direct, taken)
 	awaitWithdrawn(t, direct, held)
+}
+
+// proxiedNodes returns a client of each shared node, with go-redis's
+// default options (which wait out their own timeouts whatever ctx says),
+// each through a Proxy of its own.
+func proxiedNodes(t testing.TB) ([]goredis.UniversalClient, []*drivertest.Proxy) {
+	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
+	proxies := make([]*drivertest.Proxy, len(addrs))
+	nodes := make([]goredis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		proxies[i] = drivertest.StartProxy(t, a)
+		c := goredis.NewClient(&goredis.Options{Addr: proxies[i].Addr()})
+		t.Cleanup(func() { c.Close() })
+		nodes[i] = c
+	}
+	return nodes, proxies
 }
 
 // warm leaves n connections in c's pool that have said hello to the

@@ -58,6 +58,20 @@ func TestConformance(t *testing.T) {
 	drivertest.Run(t, drivertest.Backend{
 		NewLocker: func(t testing.TB) driver.Locker { return sharedLocker(t, WithNodeTimeout(250*time.Millisecond)) },
 		TTL:       time.Second,
+		// Every node goes silent, with a node timeout the calls'
+		// contexts end before.
+		Silence: func(t testing.TB) (driver.Locker, func()) {
+			nodes, proxies := proxiedNodes(t)
+			l, err := New(nodes, WithNodeTimeout(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, func() {
+				for _, p := range proxies {
+					p.Blackhole()
+				}
+			}
+		},
 	})
 }
 

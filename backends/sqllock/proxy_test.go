@@ -9,7 +9,7 @@ import (
 
 // proxied returns dsn, a PostgreSQL URL, through a drivertest.Proxy of its
 // own, for a test that cuts or silences the way to the server.
-func proxied(t *testing.T, dsn string) (string, *drivertest.Proxy) {
+func proxied(t testing.TB, dsn string) (string, *drivertest.Proxy) {
 	t.Helper()
 	u, err := url.Parse(dsn)
 	if err != nil {

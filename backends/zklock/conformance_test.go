@@ -35,5 +35,13 @@ func TestConformance(t *testing.T) {
 		},
 		FIFO:    true,
 		Waiters: func(t testing.TB, key string) int { return waiters(t, probe, key) },
+		Silence: func(t testing.TB) (driver.Locker, func()) {
+			p := drivertest.StartProxy(t, srv[0])
+			l := dial(t, []string{p.Addr()})
+			// The silence ends first at cleanup, so that the Locker's
+			// Close ends its session at once.
+			t.Cleanup(p.Reset)
+			return l, p.Blackhole
+		},
 	})
 }

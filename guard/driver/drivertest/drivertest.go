@@ -17,7 +17,10 @@
 // waiting that wakes on release, cancellation that leaves nothing behind, FIFO
 // order where claimed, read/write and semaphore semantics where offered,
 // keys that differ only in trailing spaces, case or Unicode normalisation
-// kept apart, and a release after the Locker's Close that returns at once.
+// kept apart, a release after the Locker's Close that returns at once, and,
+// given Backend.Silence, the bound on every call that a Locker declaring
+// driver.ContextBounded or driver.DeadlineBounded promises, against a server
+// gone silent.
 //
 // Every wait in the suite is a deadline on a condition, never a fixed sleep
 // whose length decides the outcome, so it holds on slow, shared machines.
@@ -63,6 +66,14 @@ type Backend struct {
 	// rather than sleeping and hoping. Needed by the FIFO and writer
 	// preference tests, which are skipped without it.
 	Waiters func(t testing.TB, key string) int
+
+	// Silence returns a new client of the backend, as NewLocker does, and
+	// a func that makes its server go silent for it: connections stay open
+	// and nothing gets through them any more (see Proxy.Blackhole). The
+	// suite then checks the promise of driver.ContextBounded or
+	// driver.DeadlineBounded when the Locker makes it; that test is skipped
+	// without Silence.
+	Silence func(t testing.TB) (l driver.Locker, silence func())
 }
 
 func (b *Backend) ttl() time.Duration {
@@ -98,6 +109,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, &b) })
 	t.Run("DistinctKeys", func(t *testing.T) { testDistinctKeys(t, &b) })
 	t.Run("ReleaseAfterClose", func(t *testing.T) { testReleaseAfterClose(t, &b) })
+	t.Run("BoundedCalls", func(t *testing.T) { testBoundedCalls(t, &b) })
 }
 
 var keySeq atomic.Int64
