@@ -70,23 +70,25 @@ func waiters(t testing.TB, c goredis.UniversalClient, key string) int {
 }
 
 func TestConformance(t *testing.T) {
+	// silent is a Locker on a client that ends its calls by their
+	// contexts' deadlines, on which it is DeadlineBounded.
+	silent := func(t testing.TB) (*Locker, func()) {
+		p := drivertest.StartProxy(t, drivertest.Addr(t, addrEnv, addrDefault))
+		c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c), p.Blackhole
+	}
 	for _, fair := range []bool{false, true} {
 		t.Run("fair="+strconv.FormatBool(fair), func(t *testing.T) {
 			b := drivertest.Backend{
 				NewLocker: func(t testing.TB) driver.Locker { return newLocker(t, newClient(t)) },
 				FIFO:      fair,
-				// A client that ends its calls by their contexts'
-				// deadlines, on which the Locker is DeadlineBounded.
-				Silence: func(t testing.TB) (driver.Locker, func()) {
-					p := drivertest.StartProxy(t, drivertest.Addr(t, addrEnv, addrDefault))
-					c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
-					t.Cleanup(func() { c.Close() })
-					return newLocker(t, c), p.Blackhole
-				},
 			}
 			if fair {
 				probe := newClient(t)
 				b.Waiters = func(t testing.TB, key string) int { return waiters(t, probe, key) }
+			} else {
+				b.Silence = func(t testing.TB) (driver.Locker, func()) { return silent(t) }
 			}
 			drivertest.Run(t, b)
 		})
@@ -100,6 +102,10 @@ func TestConformance(t *testing.T) {
 			NewLocker: func(t testing.TB) driver.Locker { return alwaysFair{newLocker(t, newClient(t))} },
 			FIFO:      true,
 			Waiters:   func(t testing.TB, key string) int { return waiters(t, probe, key) },
+			Silence: func(t testing.TB) (driver.Locker, func()) {
+				l, silence := silent(t)
+				return alwaysFair{l}, silence
+			},
 		})
 	})
 }
@@ -111,6 +117,8 @@ func (f alwaysFair) Acquire(ctx context.Context, key string, opts driver.Acquire
 	opts.Fair = true
 	return f.l.Acquire(ctx, key, opts)
 }
+
+func (f alwaysFair) BoundedByDeadline() bool { return f.l.BoundedByDeadline() }
 
 // TestRefreshBatch: one pipelined call refreshes every kind of lease; a lost
 // lease and one from another Locker get their own errors.

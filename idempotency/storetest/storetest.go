@@ -18,9 +18,12 @@
 // completion and abandonment fenced by the owner token, retention, scope
 // isolation, large responses and binary keys, a record too large for the
 // store (refused with ErrTooLarge, the claim left to its owner), nil
-// contexts refused with ErrInvalid rather than a panic, and, through an
-// idempotency.Executor over the store, a key executed but not replayable and
-// a caller that left before its result was stored.
+// contexts refused with ErrInvalid rather than a panic, through an
+// idempotency.Executor over the store a key executed but not replayable and
+// a caller that left before its result was stored, and, given the Silence
+// option, the bound on every call that a store declaring
+// idempotency.ContextBounded or idempotency.DeadlineBounded promises,
+// against a server gone silent.
 //
 // Every wait is a deadline on a condition, never a fixed sleep whose length
 // decides the outcome, so the suite holds on slow, shared machines.
@@ -52,6 +55,7 @@ func Lease(d time.Duration) Option { return func(s *suite) { s.short = d } }
 type suite struct {
 	newStore func(t testing.TB) idempotency.Store
 	short    time.Duration
+	silence  func(t testing.TB) (idempotency.Store, func())
 }
 
 // long is a lease no test outlives, for the claims that must stay put.
@@ -86,6 +90,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("ExecutedNotReplayable", s.testNotReplayable)
 	t.Run("CallerGoneStillStored", s.testCallerGone)
 	t.Run("Delete", s.testDelete)
+	t.Run("BoundedCalls", s.testBoundedCalls)
 }
 
 var seq atomic.Int64
