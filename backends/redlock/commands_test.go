@@ -25,7 +25,7 @@ func calls(t *testing.T, servers []*drivertest.RedisServer) int64 {
 }
 
 // callsByName is calls by command name.
-func callsByName(t *testing.T, servers []*drivertest.RedisServer) map[string]int64 {
+func callsByName(t testing.TB, servers []*drivertest.RedisServer) map[string]int64 {
 	t.Helper()
 	by := map[string]int64{}
 	for _, s := range servers {
