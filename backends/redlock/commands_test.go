@@ -2,8 +2,10 @@ package redlock
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,17 +263,7 @@ func TestWaitersProbe(t *testing.T) {
 	defer lease.Release(ctx)
 	// The holder's vote on the last node withdrawn behind its back: the
 	// lock stays held on the other two, a majority.
-	lock, free := lockKeyOf("probed"), holder.nodes[2]
-	v, err := free.Get(ctx, lock).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, _ := strings.Cut(v, ":")
-	fence, rest, _ := strings.Cut(rest, ":")
-	day, _, _ := strings.Cut(rest, ":")
-	if err := free.Set(ctx, lock, "0:"+fence+":"+day+":", goredis.KeepTTL).Err(); err != nil {
-		t.Fatal(err)
-	}
+	withdrawBehind(t, holder.nodes[2], "probed")
 	before := callsByName(t, servers[2:])
 	// Attempts: the first one's vote, then probes (GETs).
 	attempts := func(by map[string]int64) int64 {
@@ -287,5 +279,156 @@ func TestWaitersProbe(t *testing.T) {
 	// still on its way when the counts were read only makes fewer.
 	if sets > 3 {
 		t.Errorf("%d SETs on the node where the lock is free, over %d scripts and GETs: the waiter voted there after its first attempt, want 3", sets, attempts(after))
+	}
+}
+
+// withdrawBehind withdraws the vote for key on node behind its holder's
+// back, as a vote lost or lapsed there looks to the others.
+func withdrawBehind(t *testing.T, node goredis.UniversalClient, key string) {
+	t.Helper()
+	ctx, lock := context.Background(), lockKeyOf(key)
+	v, err := node.Get(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(v, ":")
+	fence, rest, _ := strings.Cut(rest, ":")
+	day, _, _ := strings.Cut(rest, ":")
+	if err := node.Set(ctx, lock, "0:"+fence+":"+day+":", goredis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// probeRounds counts a Locker's probes by round: gather gives the calls of
+// a round one context, and a probe is a node's GET and TIME in a pipeline
+// (go-redis also sends a new connection's handshake as one).
+type probeRounds struct {
+	mu     sync.Mutex
+	rounds map[context.Context]int
+}
+
+func (p *probeRounds) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (p *probeRounds) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+
+func (p *probeRounds) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) == 2 && cmds[0].Name() == "get" && cmds[1].Name() == "time" {
+			p.mu.Lock()
+			p.rounds[ctx]++
+			p.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// sizes lists the number of nodes each round asked.
+func (p *probeRounds) sizes() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for _, n := range p.rounds {
+		out = append(out, n)
+	}
+	return out
+}
+
+// heldAndProbed: a lock on a key named after name, held for 30s by a
+// Locker on the shared nodes, and a waiter on them whose probes p counts,
+// pausing 5ms at most between them.
+func heldAndProbed(t *testing.T, name string) (holder, waiter *Locker, p *probeRounds, key string) {
+	t.Helper()
+	holder = sharedLocker(t)
+	waiter = sharedLocker(t, WithNodeTimeout(time.Second), WithMaxBackoff(5*time.Millisecond))
+	p = &probeRounds{rounds: map[context.Context]int{}}
+	for _, n := range waiter.nodes {
+		n.AddHook(p)
+	}
+	ctx := context.Background()
+	key = fmt.Sprintf("%s/%d", name, time.Now().UnixNano())
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lease.Release(ctx) })
+	return holder, waiter, p, key
+}
+
+// TestProbesReadAMajority: a waiter's probe of a lock held on every node
+// reads a majority of the nodes, which settles that the lock is held, and
+// not the others.
+func TestProbesReadAMajority(t *testing.T) {
+	_, waiter, p, key := heldAndProbed(t, "probe-majority")
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		done <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(p.sizes()) < 20 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("acquired a lock held on every node")
+	}
+	sizes := p.sizes()
+	if len(sizes) < 20 {
+		t.Fatalf("%d probes in 20s with pauses of 5ms at most", len(sizes))
+	}
+	for _, n := range sizes {
+		if n > waiter.quorum {
+			t.Fatalf("probes read %v nodes of %d, want %d (a majority) each", sizes, len(waiter.nodes), waiter.quorum)
+		}
+	}
+}
+
+// TestProbesReadOnWhenSplit: when the nodes a probe reads first disagree,
+// the others settle whether a majority is free: a lock held on a minority
+// of the nodes alone (the holder's votes withdrawn from the others) is
+// taken by the waiter at its next probe, though that reads a majority of
+// which the minority is part first.
+func TestProbesReadOnWhenSplit(t *testing.T) {
+	holder, waiter, p, key := heldAndProbed(t, "probe-split")
+	ctx := context.Background()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		ls, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		if err == nil {
+			err = ls.Release(ctx)
+		}
+		done <- err
+	}()
+	for len(p.sizes()) < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	// The holder's votes withdrawn from all the nodes but the first
+	// minority, behind its back.
+	for _, n := range holder.nodes[len(holder.nodes)-holder.quorum:] {
+		withdrawBehind(t, n, key)
+	}
+	// The next probes read first the majorities from the last node on, all
+	// but one of which hold a node of the minority.
+	n := len(holder.nodes)
+	waiter.probes.Store(uint32(n - 2))
+	first := func() int { // the probes' first rounds so far
+		k := 0
+		for _, size := range p.sizes() {
+			if size == waiter.quorum {
+				k++
+			}
+		}
+		return k
+	}
+	before := first()
+	if err := <-done; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	// The probe under way when the votes went, and the next one.
+	if k := first() - before; k > 2 {
+		t.Errorf("%d probes once a majority was free, want 2 at most", k)
 	}
 }

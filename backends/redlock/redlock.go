@@ -51,8 +51,12 @@ type Locker struct {
 	// leadBound is the bound on a proposal's lead over a node's clock
 	// (µs, the node timeout) as the vote takes it, converted once.
 	leadBound any
-	// all indexes every node, for rounds on all of them.
-	all []int
+	// all indexes every node, for rounds on all of them; ring is all
+	// twice, so that any len(nodes) nodes in turn are one slice of it.
+	all, ring []int
+	// probes counts the waiters' probes, which start one node further on
+	// each time (see probeNodes).
+	probes atomic.Uint32
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -122,10 +126,11 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		refresh:     goredis.NewScript(refreshSrc),
 	}
 	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
-	l.all = make([]int, len(nodes))
-	for i := range l.all {
-		l.all[i] = i
+	l.ring = make([]int, 2*len(nodes))
+	for i := range l.ring {
+		l.ring[i] = i % len(nodes)
 	}
+	l.all = l.ring[:len(nodes)]
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
@@ -360,9 +365,13 @@ func answered(r result) verdict {
 // holder's votes still last. A node that fails counts against a majority.
 // It reads each node's state and clock, a GET and a TIME in one round trip,
 // where a script cost three commands (the script, GET and TIME; see
-// probeState).
+// probeState). It asks a majority of the nodes first, taking each Locker's
+// probes round the nodes: under contention the lock is held there, which
+// settles it, so that a probe costs a majority's reads, not every node's.
+// The other nodes are asked only when the first leave a majority of free
+// nodes possible and unproven: some answered free, not all of them.
 func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
-	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+	probe := func(ctx context.Context, i int) (any, error) {
 		pipe := l.nodes[i].Pipeline()
 		get, clock := pipe.Get(ctx, lock), pipe.Time(ctx)
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
@@ -380,19 +389,27 @@ func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duratio
 			return nil, err
 		}
 		return probeState(v, now), nil
-	}, probed, nil, nil)
-	n := 0
-	for _, r := range rs {
-		if r.err != nil {
-			continue
-		}
-		if v := r.val.(int64); v == 1 {
-			n++
-		} else if p := time.Duration(-v) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
-			hint = p
+	}
+	n := len(l.nodes)
+	first := int(l.probes.Add(1) % uint32(n))
+	yes := 0
+	tally := func(rs []result) {
+		for _, r := range rs {
+			if r.err != nil {
+				continue
+			}
+			if v := r.val.(int64); v == 1 {
+				yes++
+			} else if p := time.Duration(-v) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
+				hint = p
+			}
 		}
 	}
-	return hint, n >= l.quorum
+	tally(l.gather(ctx, probe, nil, l.ring[first:first+l.quorum], nil))
+	if yes > 0 && yes < l.quorum {
+		tally(l.gather(ctx, probe, nil, l.ring[first+l.quorum:first+n], nil))
+	}
+	return hint, yes >= l.quorum
 }
 
 // probeState reads a node's state v (see state.lua) for a waiter's probe:
@@ -417,18 +434,6 @@ func probeState(v string, now time.Time) int64 {
 		return -left
 	}
 	return 1
-}
-
-// probed judges a probe's answer: pro when the node would grant the vote,
-// con when another owner holds it.
-func probed(r result) verdict {
-	switch {
-	case r.err != nil:
-		return unsettled
-	case r.val.(int64) == 1:
-		return pro
-	}
-	return con
 }
 
 // expiryDay is the day (since the epoch) at whose end a vote's key expires
