@@ -300,22 +300,34 @@ func withdrawBehind(t *testing.T, node goredis.UniversalClient, key string) {
 }
 
 // probeRounds counts a Locker's probes by round: gather gives the calls of
-// a round one context, and a probe is a node's GET and TIME in a pipeline
-// (go-redis also sends a new connection's handshake as one).
+// a round one context, and a probe of a node is a GET, in a pipeline with
+// a TIME where it reads the node's clock (go-redis also sends a new
+// connection's handshake as a pipeline).
 type probeRounds struct {
 	mu     sync.Mutex
 	rounds map[context.Context]int
+	clocks int // the probes that read a node's clock
 }
 
 func (p *probeRounds) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 
-func (p *probeRounds) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (p *probeRounds) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() == "get" {
+			p.mu.Lock()
+			p.rounds[ctx]++
+			p.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
 
 func (p *probeRounds) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
 		if len(cmds) == 2 && cmds[0].Name() == "get" && cmds[1].Name() == "time" {
 			p.mu.Lock()
 			p.rounds[ctx]++
+			p.clocks++
 			p.mu.Unlock()
 		}
 		return next(ctx, cmds)
@@ -331,6 +343,13 @@ func (p *probeRounds) sizes() []int {
 		out = append(out, n)
 	}
 	return out
+}
+
+// clocksRead is how many probes of a node read its clock.
+func (p *probeRounds) clocksRead() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clocks
 }
 
 // heldAndProbed: a lock on a key named after name, held for 30s by a
@@ -354,15 +373,18 @@ func heldAndProbed(t *testing.T, name string) (holder, waiter *Locker, p *probeR
 	return holder, waiter, p, key
 }
 
-// TestProbesReadAMajority: a waiter's probe of a lock held on every node
-// reads a majority of the nodes, which settles that the lock is held, and
-// not the others.
-func TestProbesReadAMajority(t *testing.T) {
-	_, waiter, p, key := heldAndProbed(t, "probe-majority")
-	wctx, cancel := context.WithCancel(context.Background())
+// probeHeld runs a waiting Acquire of key, held on every node, on waiter
+// until p has counted 20 probes, however slowly a loaded machine lets it
+// (failing the test after 20s), then ends it. It returns how long the wait
+// took.
+func probeHeld(t *testing.T, waiter *Locker, key string, p *probeRounds) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
-		_, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		_, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
 		done <- err
 	}()
 	deadline := time.Now().Add(20 * time.Second)
@@ -373,14 +395,60 @@ func TestProbesReadAMajority(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("acquired a lock held on every node")
 	}
-	sizes := p.sizes()
-	if len(sizes) < 20 {
-		t.Fatalf("%d probes in 20s with pauses of 5ms at most", len(sizes))
+	took := time.Since(start)
+	if n := len(p.sizes()); n < 20 {
+		t.Fatalf("%d probes in 20s with pauses of 5ms at most", n)
 	}
+	return took
+}
+
+// TestProbesReadAMajority: a waiter's probe of a lock held on every node
+// reads a majority of the nodes, which settles that the lock is held, and
+// not the others.
+func TestProbesReadAMajority(t *testing.T) {
+	_, waiter, p, key := heldAndProbed(t, "probe-majority")
+	probeHeld(t, waiter, key, p)
+	sizes := p.sizes()
 	for _, n := range sizes {
 		if n > waiter.quorum {
 			t.Fatalf("probes read %v nodes of %d, want %d (a majority) each", sizes, len(waiter.nodes), waiter.quorum)
 		}
+	}
+}
+
+// TestProbesReuseClocks: a waiter's probes read a node's clock once a
+// second at most, and judge the holder's vote by it, moved on by the time
+// elapsed since, in between: a GET a node, where reading the clock too
+// took a TIME.
+func TestProbesReuseClocks(t *testing.T) {
+	_, waiter, p, key := heldAndProbed(t, "probe-clocks")
+	took := probeHeld(t, waiter, key, p)
+	reads := 0
+	for _, n := range p.sizes() {
+		reads += n
+	}
+	// Each node's clock read once a second at most, and once more for the
+	// second under way.
+	most := len(waiter.nodes) * (int(took/clockReuse) + 2)
+	t.Logf("%d reads of the nodes' states in %v, %d of their clocks", reads, took.Round(time.Millisecond), p.clocksRead())
+	if got := p.clocksRead(); got > most {
+		t.Errorf("probes read the nodes' clocks %d times in %d reads over %v, want %d at most", got, reads, took.Round(time.Millisecond), most)
+	}
+}
+
+// TestNodeClock: a node's clock as a probe read it is moved on by the time
+// elapsed since, for clockReuse, and not used before it was read or after.
+func TestNodeClock(t *testing.T) {
+	at := time.Now()
+	c := nodeClock{ms: 1_800_000_000_000, at: at}
+	if now, ok := c.now(at.Add(250 * time.Millisecond)); !ok || now != 1_800_000_000_250 {
+		t.Errorf("250ms after the read: %d, %v; want 1800000000250, true", now, ok)
+	}
+	if _, ok := c.now(at.Add(clockReuse)); ok {
+		t.Error("used clockReuse after the read")
+	}
+	if _, ok := (nodeClock{}).now(at); ok {
+		t.Error("a clock never read used")
 	}
 }
 

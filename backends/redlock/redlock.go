@@ -193,12 +193,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	// first, and the attempt reads each node's state before writing its
 	// vote (see acquire.lua).
 	held := false
+	// clocks are the nodes' clocks as the probes last read them.
+	var clocks []nodeClock
 	for {
 		if held {
 			// A waiter probes, writing nothing, and votes only once a
 			// majority would grant the vote: its votes then never split
 			// the nodes with a holder's own fresh attempt.
-			hint, free := l.probeNodes(ctx, ls.lock)
+			if clocks == nil {
+				clocks = make([]nodeClock, len(l.nodes))
+			}
+			hint, free := l.probeNodes(ctx, ls.lock, clocks)
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
