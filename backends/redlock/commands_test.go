@@ -2,8 +2,10 @@ package redlock
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ func calls(t *testing.T, servers []*drivertest.RedisServer) int64 {
 }
 
 // callsByName is calls by command name.
-func callsByName(t *testing.T, servers []*drivertest.RedisServer) map[string]int64 {
+func callsByName(t testing.TB, servers []*drivertest.RedisServer) map[string]int64 {
 	t.Helper()
 	by := map[string]int64{}
 	for _, s := range servers {
@@ -261,17 +263,7 @@ func TestWaitersProbe(t *testing.T) {
 	defer lease.Release(ctx)
 	// The holder's vote on the last node withdrawn behind its back: the
 	// lock stays held on the other two, a majority.
-	lock, free := lockKeyOf("probed"), holder.nodes[2]
-	v, err := free.Get(ctx, lock).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, _ := strings.Cut(v, ":")
-	fence, rest, _ := strings.Cut(rest, ":")
-	day, _, _ := strings.Cut(rest, ":")
-	if err := free.Set(ctx, lock, "0:"+fence+":"+day+":", goredis.KeepTTL).Err(); err != nil {
-		t.Fatal(err)
-	}
+	withdrawBehind(t, holder.nodes[2], "probed")
 	before := callsByName(t, servers[2:])
 	// Attempts: the first one's vote, then probes (GETs).
 	attempts := func(by map[string]int64) int64 {
@@ -287,5 +279,224 @@ func TestWaitersProbe(t *testing.T) {
 	// still on its way when the counts were read only makes fewer.
 	if sets > 3 {
 		t.Errorf("%d SETs on the node where the lock is free, over %d scripts and GETs: the waiter voted there after its first attempt, want 3", sets, attempts(after))
+	}
+}
+
+// withdrawBehind withdraws the vote for key on node behind its holder's
+// back, as a vote lost or lapsed there looks to the others.
+func withdrawBehind(t *testing.T, node goredis.UniversalClient, key string) {
+	t.Helper()
+	ctx, lock := context.Background(), lockKeyOf(key)
+	v, err := node.Get(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(v, ":")
+	fence, rest, _ := strings.Cut(rest, ":")
+	day, _, _ := strings.Cut(rest, ":")
+	if err := node.Set(ctx, lock, "0:"+fence+":"+day+":", goredis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// probeRounds counts a Locker's probes by round: gather gives the calls of
+// a round one context, and a probe of a node is a GET, in a pipeline with
+// a TIME where it reads the node's clock (go-redis also sends a new
+// connection's handshake as a pipeline).
+type probeRounds struct {
+	mu     sync.Mutex
+	rounds map[context.Context]int
+	clocks int // the probes that read a node's clock
+}
+
+func (p *probeRounds) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (p *probeRounds) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() == "get" {
+			p.mu.Lock()
+			p.rounds[ctx]++
+			p.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (p *probeRounds) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) == 2 && cmds[0].Name() == "get" && cmds[1].Name() == "time" {
+			p.mu.Lock()
+			p.rounds[ctx]++
+			p.clocks++
+			p.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// sizes lists the number of nodes each round asked.
+func (p *probeRounds) sizes() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for _, n := range p.rounds {
+		out = append(out, n)
+	}
+	return out
+}
+
+// clocksRead is how many probes of a node read its clock.
+func (p *probeRounds) clocksRead() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clocks
+}
+
+// heldAndProbed: a lock on a key named after name, held for 30s by a
+// Locker on the shared nodes, and a waiter on them whose probes p counts,
+// pausing 5ms at most between them.
+func heldAndProbed(t *testing.T, name string) (holder, waiter *Locker, p *probeRounds, key string) {
+	t.Helper()
+	holder = sharedLocker(t)
+	waiter = sharedLocker(t, WithNodeTimeout(time.Second), WithMaxBackoff(5*time.Millisecond))
+	p = &probeRounds{rounds: map[context.Context]int{}}
+	for _, n := range waiter.nodes {
+		n.AddHook(p)
+	}
+	ctx := context.Background()
+	key = fmt.Sprintf("%s/%d", name, time.Now().UnixNano())
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lease.Release(ctx) })
+	return holder, waiter, p, key
+}
+
+// probeHeld runs a waiting Acquire of key, held on every node, on waiter
+// until p has counted 20 probes, however slowly a loaded machine lets it
+// (failing the test after 20s), then ends it. It returns how long the wait
+// took.
+func probeHeld(t *testing.T, waiter *Locker, key string, p *probeRounds) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		done <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(p.sizes()) < 20 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("acquired a lock held on every node")
+	}
+	took := time.Since(start)
+	if n := len(p.sizes()); n < 20 {
+		t.Fatalf("%d probes in 20s with pauses of 5ms at most", n)
+	}
+	return took
+}
+
+// TestProbesReadAMajority: a waiter's probe of a lock held on every node
+// reads a majority of the nodes, which settles that the lock is held, and
+// not the others.
+func TestProbesReadAMajority(t *testing.T) {
+	_, waiter, p, key := heldAndProbed(t, "probe-majority")
+	probeHeld(t, waiter, key, p)
+	sizes := p.sizes()
+	for _, n := range sizes {
+		if n > waiter.quorum {
+			t.Fatalf("probes read %v nodes of %d, want %d (a majority) each", sizes, len(waiter.nodes), waiter.quorum)
+		}
+	}
+}
+
+// TestProbesReuseClocks: a waiter's probes read a node's clock once a
+// second at most, and judge the holder's vote by it, moved on by the time
+// elapsed since, in between: a GET a node, where reading the clock too
+// took a TIME.
+func TestProbesReuseClocks(t *testing.T) {
+	_, waiter, p, key := heldAndProbed(t, "probe-clocks")
+	took := probeHeld(t, waiter, key, p)
+	reads := 0
+	for _, n := range p.sizes() {
+		reads += n
+	}
+	// Each node's clock read once a second at most, and once more for the
+	// second under way.
+	most := len(waiter.nodes) * (int(took/clockReuse) + 2)
+	t.Logf("%d reads of the nodes' states in %v, %d of their clocks", reads, took.Round(time.Millisecond), p.clocksRead())
+	if got := p.clocksRead(); got > most {
+		t.Errorf("probes read the nodes' clocks %d times in %d reads over %v, want %d at most", got, reads, took.Round(time.Millisecond), most)
+	}
+}
+
+// TestNodeClock: a node's clock as a probe read it is moved on by the time
+// elapsed since, for clockReuse, and not used before it was read or after.
+func TestNodeClock(t *testing.T) {
+	at := time.Now()
+	c := nodeClock{ms: 1_800_000_000_000, at: at}
+	if now, ok := c.now(at.Add(250 * time.Millisecond)); !ok || now != 1_800_000_000_250 {
+		t.Errorf("250ms after the read: %d, %v; want 1800000000250, true", now, ok)
+	}
+	if _, ok := c.now(at.Add(clockReuse)); ok {
+		t.Error("used clockReuse after the read")
+	}
+	if _, ok := (nodeClock{}).now(at); ok {
+		t.Error("a clock never read used")
+	}
+}
+
+// TestProbesReadOnWhenSplit: when the nodes a probe reads first disagree,
+// the others settle whether a majority is free: a lock held on a minority
+// of the nodes alone (the holder's votes withdrawn from the others) is
+// taken by the waiter at its next probe, though that reads a majority of
+// which the minority is part first.
+func TestProbesReadOnWhenSplit(t *testing.T) {
+	holder, waiter, p, key := heldAndProbed(t, "probe-split")
+	ctx := context.Background()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		ls, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+		if err == nil {
+			err = ls.Release(ctx)
+		}
+		done <- err
+	}()
+	for len(p.sizes()) < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	// The holder's votes withdrawn from all the nodes but the first
+	// minority, behind its back.
+	for _, n := range holder.nodes[len(holder.nodes)-holder.quorum:] {
+		withdrawBehind(t, n, key)
+	}
+	// The next probes read first the majorities from the last node on, all
+	// but one of which hold a node of the minority.
+	n := len(holder.nodes)
+	waiter.probes.Store(uint32(n - 2))
+	first := func() int { // the probes' first rounds so far
+		k := 0
+		for _, size := range p.sizes() {
+			if size == waiter.quorum {
+				k++
+			}
+		}
+		return k
+	}
+	before := first()
+	if err := <-done; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	// The probe under way when the votes went, and the next one.
+	if k := first() - before; k > 2 {
+		t.Errorf("%d probes once a majority was free, want 2 at most", k)
 	}
 }

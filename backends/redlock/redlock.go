@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -51,8 +50,12 @@ type Locker struct {
 	// leadBound is the bound on a proposal's lead over a node's clock
 	// (µs, the node timeout) as the vote takes it, converted once.
 	leadBound any
-	// all indexes every node, for rounds on all of them.
-	all []int
+	// all indexes every node, for rounds on all of them; ring is all
+	// twice, so that any len(nodes) nodes in turn are one slice of it.
+	all, ring []int
+	// probes counts the waiters' probes, which start one node further on
+	// each time (see probeNodes).
+	probes atomic.Uint32
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -122,10 +125,11 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		refresh:     goredis.NewScript(refreshSrc),
 	}
 	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
-	l.all = make([]int, len(nodes))
-	for i := range l.all {
-		l.all[i] = i
+	l.ring = make([]int, 2*len(nodes))
+	for i := range l.ring {
+		l.ring[i] = i % len(nodes)
 	}
+	l.all = l.ring[:len(nodes)]
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
@@ -189,12 +193,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	// first, and the attempt reads each node's state before writing its
 	// vote (see acquire.lua).
 	held := false
+	// clocks are the nodes' clocks as the probes last read them.
+	var clocks []nodeClock
 	for {
 		if held {
 			// A waiter probes, writing nothing, and votes only once a
 			// majority would grant the vote: its votes then never split
 			// the nodes with a holder's own fresh attempt.
-			hint, free := l.probeNodes(ctx, ls.lock)
+			if clocks == nil {
+				clocks = make([]nodeClock, len(l.nodes))
+			}
+			hint, free := l.probeNodes(ctx, ls.lock, clocks)
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
@@ -353,82 +362,6 @@ func answered(r result) verdict {
 		return pro
 	}
 	return unsettled
-}
-
-// probeNodes asks the nodes whether they would grant a vote for lock,
-// writing nothing: free when a majority would, and otherwise how long the
-// holder's votes still last. A node that fails counts against a majority.
-// It reads each node's state and clock, a GET and a TIME in one round trip,
-// where a script cost three commands (the script, GET and TIME; see
-// probeState).
-func (l *Locker) probeNodes(ctx context.Context, lock string) (hint time.Duration, free bool) {
-	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		pipe := l.nodes[i].Pipeline()
-		get, clock := pipe.Get(ctx, lock), pipe.Time(ctx)
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
-			return nil, err
-		}
-		v, err := get.Result()
-		if errors.Is(err, goredis.Nil) {
-			return int64(1), nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		now, err := clock.Result()
-		if err != nil {
-			return nil, err
-		}
-		return probeState(v, now), nil
-	}, probed, nil, nil)
-	n := 0
-	for _, r := range rs {
-		if r.err != nil {
-			continue
-		}
-		if v := r.val.(int64); v == 1 {
-			n++
-		} else if p := time.Duration(-v) * time.Millisecond; p > 0 && (hint == 0 || p < hint) {
-			hint = p
-		}
-	}
-	return hint, n >= l.quorum
-}
-
-// probeState reads a node's state v (see state.lua) for a waiter's probe:
-// 1 when the node would grant a vote, else 0 less how long the holder's
-// vote still lasts in ms (0 when unknown: a value of another format). now
-// is the node's clock, read with the state: the waiter's own clock, apart
-// from the node's, would make it wait longer by the difference for a vote
-// that lapsed (its holder gone), or vote early, to be refused.
-func probeState(v string, now time.Time) int64 {
-	d, _, ok := strings.Cut(v, ":")
-	if !ok {
-		return 0
-	}
-	if d == "0" {
-		return 1
-	}
-	deadline, err := strconv.ParseInt(d, 10, 64)
-	if err != nil {
-		return 0
-	}
-	if left := deadline - now.UnixMilli(); left > 0 {
-		return -left
-	}
-	return 1
-}
-
-// probed judges a probe's answer: pro when the node would grant the vote,
-// con when another owner holds it.
-func probed(r result) verdict {
-	switch {
-	case r.err != nil:
-		return unsettled
-	case r.val.(int64) == 1:
-		return pro
-	}
-	return con
 }
 
 // expiryDay is the day (since the epoch) at whose end a vote's key expires

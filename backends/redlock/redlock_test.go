@@ -596,7 +596,7 @@ func TestFencesExpire(t *testing.T) {
 // live one as held for what is left of it; a value it cannot read as held,
 // with no hint.
 func TestProbeState(t *testing.T) {
-	now := time.UnixMilli(1_800_000_000_000)
+	const now = 1_800_000_000_000
 	for _, c := range []struct {
 		v    string
 		want int64
