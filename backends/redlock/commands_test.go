@@ -500,3 +500,34 @@ func TestProbesReadOnWhenSplit(t *testing.T) {
 		t.Errorf("%d probes once a majority was free, want 2 at most", k)
 	}
 }
+
+// TestProbesAskSilentNodesLast: a node that failed its last call is not
+// among the nodes a probe asks first: one that does not answer would hold
+// each probe it is part of to the node timeout, and with it the waiter's
+// turn once the lock is free (a silent node added half a node timeout to
+// the handoff, on average, when probes took it in their turn).
+func TestProbesAskSilentNodesLast(t *testing.T) {
+	holder := sharedLocker(t)
+	nodes, proxies := proxiedNodes(t)
+	waiter, err := New(nodes, WithNodeTimeout(250*time.Millisecond), WithMaxBackoff(5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, silent := &probeRounds{rounds: map[context.Context]int{}}, &probeRounds{rounds: map[context.Context]int{}}
+	for _, n := range nodes {
+		n.AddHook(all)
+	}
+	nodes[0].AddHook(silent)
+	proxies[0].Blackhole()
+	ctx := context.Background()
+	key := fmt.Sprintf("probe-silent/%d", time.Now().UnixNano())
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	probeHeld(t, waiter, key, all)
+	if got := len(silent.sizes()); got > 0 {
+		t.Errorf("%d of %d probes asked the silent node, want none: it failed the vote before them", got, len(all.sizes()))
+	}
+}

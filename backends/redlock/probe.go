@@ -58,7 +58,11 @@ type probeAnswer struct {
 // round the nodes: under contention the lock is held there, which settles
 // it, so that a probe costs a majority's reads, not every node's. The
 // other nodes are asked only when the first leave a majority of free nodes
-// possible and unproven: some answered free, not all of them.
+// possible and unproven: some answered free, not all of them. A node that
+// failed its last vote or probe is asked first only when too few others
+// are left: one that does not answer holds every round it is part of to
+// the node timeout, and would hold up the waiter's turn once the lock is
+// free.
 func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock) (hint time.Duration, free bool) {
 	// The calls read a copy: one that finishes in the background, its
 	// round over, must not read clocks while this goroutine writes them.
@@ -100,9 +104,11 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 	tally := func(which []int, rs []result) {
 		for j, r := range rs {
 			if r.err != nil {
+				l.silent[which[j]].Store(true)
 				continue
 			}
 			a := r.val.(probeAnswer)
+			l.silent[which[j]].Store(false)
 			if !a.clock.at.IsZero() {
 				clocks[which[j]] = a.clock
 			}
@@ -113,13 +119,40 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 			}
 		}
 	}
-	which := l.ring[first : first+l.quorum]
+	which, rest := l.probeOrder(first)
 	tally(which, l.gather(ctx, probe, nil, which, nil))
 	if yes > 0 && yes < l.quorum {
-		which = l.ring[first+l.quorum : first+n]
-		tally(which, l.gather(ctx, probe, nil, which, nil))
+		tally(rest, l.gather(ctx, probe, nil, rest, nil))
 	}
 	return hint, yes >= l.quorum
+}
+
+// probeOrder splits the nodes, from first round the ring, into the
+// majority a probe asks first and the rest: those that did not fail their
+// last call first, in ring order.
+func (l *Locker) probeOrder(first int) (which, rest []int) {
+	turn := l.ring[first : first+len(l.nodes)]
+	silent := 0
+	for _, i := range turn[:l.quorum] {
+		if l.silent[i].Load() {
+			silent++
+		}
+	}
+	if silent == 0 {
+		return turn[:l.quorum], turn[l.quorum:]
+	}
+	// Read once: a flag that changed between two passes would put its
+	// node in both, or in neither.
+	order, later := make([]int, 0, len(turn)), make([]int, 0, len(turn))
+	for _, i := range turn {
+		if l.silent[i].Load() {
+			later = append(later, i)
+		} else {
+			order = append(order, i)
+		}
+	}
+	order = append(order, later...)
+	return order[:l.quorum], order[l.quorum:]
 }
 
 // probeState reads a node's state v (see state.lua) for a waiter's probe:

@@ -56,6 +56,9 @@ type Locker struct {
 	// probes counts the waiters' probes, which start one node further on
 	// each time (see probeNodes).
 	probes atomic.Uint32
+	// silent says, by node, that the node failed the last vote or probe
+	// sent to it: probes ask it only after the others (see probeNodes).
+	silent []atomic.Bool
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -130,6 +133,7 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		l.ring[i] = i % len(nodes)
 	}
 	l.all = l.ring[:len(nodes)]
+	l.silent = make([]atomic.Bool, len(nodes))
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
@@ -275,6 +279,7 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		hint     time.Duration
 	)
 	for i, v := range votes {
+		l.silent[i].Store(v.err != nil)
 		if v.err != nil {
 			failed++
 			mine = append(mine, i)
