@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,16 +174,7 @@ func TestNoLeaseOnceContextDone(t *testing.T) {
 	l := sharedLocker(t)
 	key := fmt.Sprintf("no-late-lease-%d", time.Now().UnixNano())
 	opts := driver.AcquireOptions{TTL: 5 * time.Second}
-	// A first cycle lets the Locker learn the nodes' fences: the votes
-	// then record the token, with no second round after them.
-	ls, err := l.Acquire(context.Background(), key, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ls.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	awaitWithdrawn(t, l, key)
+	learnFences(t, l, key, opts)
 	hook := &cancelOnVotes{nodes: len(l.nodes), sha: l.acquireSha}
 	for _, n := range l.nodes {
 		n.AddHook(hook)
@@ -202,4 +194,77 @@ func TestNoLeaseOnceContextDone(t *testing.T) {
 		}
 		awaitWithdrawn(t, l, key)
 	}
+}
+
+// TestAttemptAwaitsOwnWithdrawal: an acquisition right after one whose ctx
+// ended with its withdrawal still under way waits for that withdrawal,
+// rather than find the Locker's own votes still there and take the lock
+// for held (a direct retry was refused so 21 times in 300).
+func TestAttemptAwaitsOwnWithdrawal(t *testing.T) {
+	l := sharedLocker(t, WithNodeTimeout(time.Second))
+	key := fmt.Sprintf("own-withdrawal-%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second}
+	learnFences(t, l, key, opts)
+	votes := &cancelOnVotes{nodes: len(l.nodes), sha: l.acquireSha}
+	slow := &slowWithdrawals{sha: l.releaseSha}
+	for _, n := range l.nodes {
+		n.AddHook(votes)
+		n.AddHook(slow)
+	}
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		votes.arm(cancel)
+		slow.delay.Store(int64(100 * time.Millisecond))
+		_, err := l.Acquire(ctx, key, opts)
+		votes.arm(nil)
+		cancel()
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire cancelled after the votes: %v, want ctx's error", err)
+		}
+		ls, err := l.Acquire(context.Background(), key, opts)
+		slow.delay.Store(0)
+		if err != nil {
+			t.Fatalf("Acquire right after, the lock free but for the withdrawal under way: %v", err)
+		}
+		if err := ls.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		awaitWithdrawn(t, l, key)
+	}
+}
+
+// slowWithdrawals holds back every withdrawal (release.lua) by delay before
+// it is sent.
+type slowWithdrawals struct {
+	sha   any // release.lua's digest, as the Locker sends it
+	delay atomic.Int64
+}
+
+func (s *slowWithdrawals) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (s *slowWithdrawals) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() == "evalsha" && cmd.Args()[1] == s.sha {
+			time.Sleep(time.Duration(s.delay.Load()))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (s *slowWithdrawals) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// learnFences runs a cycle on key, which lets l learn the nodes' fences:
+// its votes then record the token, with no second round after them.
+func learnFences(t *testing.T, l *Locker, key string, opts driver.AcquireOptions) {
+	t.Helper()
+	ls, err := l.Acquire(context.Background(), key, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	awaitWithdrawn(t, l, key)
 }

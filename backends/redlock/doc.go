@@ -112,7 +112,9 @@
 // driver.ContextBounded and guard calls it on the caller's goroutine. A
 // failed attempt's votes are withdrawn all the same: the withdrawal goes on
 // in the background, within the node timeout, and the attempt hands out no
-// lease once its context is done.
+// lease once its context is done. The Locker's next attempt on that lock
+// waits for such a withdrawal (or a release so cut short) to be over, so
+// that it does not find its own earlier votes and take the lock for held.
 //
 // # Waiting
 //

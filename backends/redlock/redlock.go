@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,10 @@ type Locker struct {
 	// silent says, by node, that the node failed the last vote or probe
 	// sent to it: probes ask it only after the others (see probeNodes).
 	silent []atomic.Bool
+	// withdrawing holds, by lock, the end of a withdrawal of this
+	// Locker's votes that its caller's ctx left under way: a channel
+	// closed when it is over (see withdraw).
+	withdrawing sync.Map
 
 	// fenceBase is the highest fence a node reported, less the local
 	// monotonic time (µs since epoch) at which the round that read it was
@@ -221,6 +226,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				}
 				continue
 			}
+		}
+		if err := l.awaitWithdrawals(ctx, ls.lock); err != nil {
+			return nil, err
 		}
 		hint, err := l.try(ctx, ls, opts.TTL, held)
 		if err == nil {
@@ -445,14 +453,46 @@ func (l *Locker) shortfall(failed int, cause error) error {
 // caller waits. With judge it returns as soon as the answers settle a
 // majority (see gather); otherwise it waits for every answer, the node
 // timeout or ctx's end.
+//
+// A withdrawal that ctx's end leaves under way is recorded until it is
+// over (see awaitWithdrawals), so that the Locker's next attempt on the
+// lock does not find its own votes still there, and take the lock for
+// held.
 func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, which []int, judge func(result) verdict) []result {
 	if len(which) == 0 {
 		return nil
 	}
 	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
-	return l.gather(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
+	var over chan struct{}
+	if ctx.Done() != nil {
+		over = make(chan struct{})
+	}
+	rs := l.round(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
-	}, judge, which, ctx.Done())
+	}, judge, which, ctx.Done(), over)
+	if over != nil && ctx.Err() != nil {
+		l.withdrawing.Store(lock, over)
+		go func() {
+			<-over
+			l.withdrawing.CompareAndDelete(lock, over)
+		}()
+	}
+	return rs
+}
+
+// awaitWithdrawals waits, until ctx is done, for a withdrawal from lock
+// that a caller's ctx left under way (see withdraw).
+func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
+	over, ok := l.withdrawing.Load(lock)
+	if !ok {
+		return nil
+	}
+	select {
+	case <-over.(chan struct{}):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // evalsha runs a script on node by its digest, as go-redis's Script.Run
@@ -519,6 +559,12 @@ func ones(r result) verdict {
 // once ctx is done or stop is closed, whatever the calls do: what makes
 // the Locker driver.ContextBounded.
 func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}) []result {
+	return l.round(ctx, f, judge, which, stop, nil)
+}
+
+// round is gather, which closes over, when not nil, once the round is
+// over: its last call returned, or the node timeout passed.
+func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}, over chan struct{}) []result {
 	if which == nil {
 		which = l.all
 	}
@@ -531,7 +577,7 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 	// this gatherer to finish releases it: released earlier, it would end
 	// the wait below before the answers already sent were read.
 	rctx, cancel := context.WithTimeout(ctx, l.nodeTimeout)
-	fl := &flight{cancel: cancel}
+	fl := &flight{cancel: cancel, over: over}
 	fl.left.Store(int32(len(which)) + 1)
 	defer fl.finished()
 	answers := make(chan answer, len(which))
@@ -590,6 +636,7 @@ func (n noAnswer) Error() string {
 type flight struct {
 	left   atomic.Int32
 	cancel context.CancelFunc
+	over   chan struct{} // closed when the round is over; nil when nobody waits for that
 }
 
 // finished counts one call, or the gatherer, out; the last releases the
@@ -597,6 +644,9 @@ type flight struct {
 func (fl *flight) finished() {
 	if fl.left.Add(-1) == 0 {
 		fl.cancel()
+		if fl.over != nil {
+			close(fl.over)
+		}
 	}
 }
 
