@@ -32,10 +32,10 @@ local us, now = clock()
 local old = redis.call('get', KEYS[1])
 local d, token, old_day, waiting, owner = parse(old)
 local deadline = now + tonumber(ARGV[2])
-local day = day_of(deadline)
 -- An attempt whose answer never came may have taken the lock: it is the
 -- contender's then, with the token that attempt drew.
 if ARGV[8] == '1' and d and d > now and owner == ARGV[1] then
+  local day = day_of(deadline)
   put(KEYS[1], state(deadline, token, day, waiting, owner))
   keep(KEYS[1], old_day, day)
   redis.call('lrem', KEYS[2], 0, ARGV[7])
@@ -54,6 +54,9 @@ end
 -- others behind it or not, or nobody's queued.
 local function grant(head, behind)
   local t = next_grant(us, token)
+  -- Only a grant needs the day: formatted on every attempt, it cost a
+  -- refused one 4k more server instructions (callgrind).
+  local day = day_of(deadline)
   local flag = waiting or '0'
   if head then
     redis.call('lpop', KEYS[2])
