@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -360,6 +361,128 @@ func TestRefreshBatchChunks(t *testing.T) {
 		ms, err := strconv.ParseInt(deadline, 10, 64)
 		if err != nil || ms < now.Add(50*time.Second).UnixMilli() {
 			t.Errorf("lock %d: state %q, want a deadline about a minute after the server's %v", i, state, now)
+		}
+	}
+}
+
+// answers is a go-redis hook that counts the commands the server answered,
+// so that a test knows when an acquisition waiting on another goroutine has
+// made its attempt.
+type answers struct{ n atomic.Int64 }
+
+func (h *answers) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *answers) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		h.n.Add(1)
+		return err
+	}
+}
+
+func (h *answers) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// commandsOf runs f and returns the server commands it cost, by command,
+// less the PINGs of the Pub/Sub connections' health checks (sent after a
+// second of silence, which a loaded machine can make), which are no
+// acquisition's.
+func commandsOf(t *testing.T, c *goredis.Client, f func()) (total int64, by map[string]int64) {
+	t.Helper()
+	before := serverCalls(t, c)
+	f()
+	by = map[string]int64{}
+	for name, v := range serverCalls(t, c) {
+		if d := v - before[name]; d > 0 && name != "info" && name != "ping" {
+			by[name] = d
+			total += d
+		}
+	}
+	return total, by
+}
+
+// TestFairHandoffCommands: the server commands of each step of a fair
+// handoff, counted by the server itself. A waiter queued behind the holder
+// costs 8 (EVALSHA, TIME, GET, ZRANGEBYSCORE, ZADD, RPUSH and a PTTL of
+// each queue key), and the first one 3 more: the queue keys' expiry, which
+// lasts twice the waiter timeout so that the next ones within a timeout
+// need none, and the waiting flag in the lock's state. The holder's
+// release, which wakes the head of the queue, costs 7 (EVALSHA, SET GET,
+// TIME, LINDEX, ZSCORE, the flag's SET, PUBLISH), and the head's claim 7
+// (EVALSHA, TIME, GET, LRANGE, LPOP, ZREM, SET): the head reads its place
+// and whether anyone is behind it in one LRANGE, and takes the lock without
+// looking for lapsed places first.
+func TestFairHandoffCommands(t *testing.T) {
+	c, addr := privateClient(t)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: time.Minute, Wait: true, Fair: true}
+	locker := func() (*Locker, *answers) {
+		cl := goredis.NewClient(&goredis.Options{Addr: addr})
+		t.Cleanup(func() { cl.Close() })
+		h := &answers{}
+		cl.AddHook(h)
+		// With a waiter timeout of a minute, no waiter comes back by
+		// itself to renew its place while the commands are counted.
+		return newLocker(t, cl, WithWaiterTimeout(time.Minute)), h
+	}
+	holder, _ := locker()
+	a, aAnswers := locker()
+	b, bAnswers := locker()
+	key := "fair-handoff"
+	type result struct {
+		lease driver.Lease
+		err   error
+	}
+	// wait starts a waiting acquisition by l, and returns once its first
+	// attempt was answered.
+	wait := func(l *Locker, h *answers) <-chan result {
+		done := make(chan result, 1)
+		before := h.n.Load()
+		go func() {
+			le, err := l.Acquire(ctx, key, opts)
+			done <- result{le, err}
+		}()
+		eventually(t, "a waiter's first attempt", func() bool { return h.n.Load() > before })
+		return done
+	}
+	acquired := func(done <-chan result) driver.Lease {
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.lease
+	}
+	// The first round loads the scripts and subscribes each waiter's
+	// Locker, which the second round finds done.
+	for round := range 2 {
+		held, err := holder.Acquire(ctx, key, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var aDone, bDone <-chan result
+		first, by1 := commandsOf(t, c, func() { aDone = wait(a, aAnswers) })
+		next, by2 := commandsOf(t, c, func() { bDone = wait(b, bAnswers) })
+		var aLease driver.Lease
+		handoff, by3 := commandsOf(t, c, func() {
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			aLease = acquired(aDone)
+		})
+		if err := aLease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := acquired(bDone).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			continue
+		}
+		t.Logf("first waiter %d %v; next %d %v; release and claim %d %v", first, by1, next, by2, handoff, by3)
+		if first != 11 || next != 8 || handoff != 14 {
+			t.Errorf("server commands: first waiter %d (%v), next %d (%v), release and claim %d (%v); want 11, 8 and 14",
+				first, by1, next, by2, handoff, by3)
 		}
 	}
 }

@@ -112,3 +112,30 @@ func TestFairSparesWaitersOnTime(t *testing.T) {
 		t.Error("the head on time lost its place to a contender with a longer waiter timeout")
 	}
 }
+
+// TestFairLapsedHeadClaims: the head of a free lock's queue whose place
+// lapsed (a waiter stalled past its deadline) takes the lock when it comes
+// back before anyone behind it has dropped it: it is the oldest live
+// waiter, and the one behind it keeps its place.
+func TestFairLapsedHeadClaims(t *testing.T) {
+	c := newClient(t)
+	l := newLocker(t, c)
+	key := testKey(t)
+	me := ghost(t, c, key, "stalled", time.Minute, -time.Second)
+	behind := ghost(t, c, key, "behind", time.Minute, time.Minute)
+	n := mutexNamesOf(key)
+	r, err := run(context.Background(), l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines},
+		"owner", int64(1000), "1", time.Minute.Milliseconds(), maxHandoff.Milliseconds(), n.channel, me, "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r[0] != 1 {
+		t.Errorf("the lapsed head was refused the free lock: %v", r)
+	}
+	if queued(t, c, key, me) {
+		t.Error("the head that took the lock is still queued")
+	}
+	if !queued(t, c, key, behind) {
+		t.Error("the waiter behind lost its place")
+	}
+}
