@@ -15,7 +15,8 @@
 // The suite exercises the contract documented on idempotency.Store: the
 // atomic claim, the live record a duplicate gets back whatever its
 // fingerprint, expiry of an abandoned lease on the store's clock, extension,
-// completion and abandonment fenced by the owner token, retention, scope
+// completion and abandonment fenced by the owner token, retention (the
+// longest lease and retention a Duration holds included), scope
 // isolation, large responses and binary keys, a record too large for the
 // store (refused with ErrTooLarge, the claim left to its owner), nil
 // contexts refused with ErrInvalid rather than a panic, through an
@@ -35,6 +36,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +81,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("ExpiredLeaseIsNotRevived", s.testExpiredNotRevived)
 	t.Run("ExtendKeepsClaim", s.testExtend)
 	t.Run("RetentionExpiry", s.testRetention)
+	t.Run("LongestDurations", s.testLongestDurations)
 	t.Run("AbandonLetsRetryClaim", s.testAbandon)
 	t.Run("ConcurrentClaimsOneWinner", s.testConcurrentClaims)
 	t.Run("ScopeIsolation", s.testScopes)
@@ -367,6 +370,28 @@ func (s *suite) testRetention(t *testing.T) {
 	})
 	expectRecord(t, mustGet(t, a, ctx, "", k), idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp-2", Owner: next.Owner})
 	expectIs(t, "the first owner's Complete after retention", a.Complete(ctx, "", k, c.Owner, []byte("again"), long), idempotency.ErrNotOwner)
+}
+
+// testLongestDurations: the longest lease and retention a Claim's Check
+// lets through (math.MaxInt64, some 292 years) hold the key, rather than
+// overflowing the store's deadline arithmetic into one already past, which
+// would let a second owner claim it at once.
+func (s *suite) testLongestDurations(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.newStore(t), s.newStore(t)
+	k := key(t)
+	c := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: owner("a"), Lease: math.MaxInt64}
+	mustClaim(t, a, ctx, c)
+	rival := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: owner("b"), Lease: long}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner})
+	if err := a.Extend(ctx, "", k, c.Owner, math.MaxInt64); err != nil {
+		t.Fatalf("Extend by %v: %v", time.Duration(math.MaxInt64), err)
+	}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner})
+	if err := a.Complete(ctx, "", k, c.Owner, []byte("kept"), math.MaxInt64); err != nil {
+		t.Fatalf("Complete with a retention of %v: %v", time.Duration(math.MaxInt64), err)
+	}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateCompleted, Fingerprint: "fp", Owner: c.Owner, Response: []byte("kept")})
 }
 
 func (s *suite) testAbandon(t *testing.T) {
