@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -181,5 +182,38 @@ func TestOuterBodyLimit(t *testing.T) {
 	status, body, err := postKeyed(t, srv, "big")
 	if err != nil || status != http.StatusRequestEntityTooLarge || !strings.Contains(body, "limited to 5 bytes") {
 		t.Errorf("%d %q %v, want 413 naming the 5-byte limit", status, body, err)
+	}
+}
+
+// The longest WithRetryAfter is announced as the whole seconds it holds,
+// rounded up, not as a number its rounding overflowed into the negative.
+func TestLongestRetryAfter(t *testing.T) {
+	started, finish := make(chan struct{}), make(chan struct{})
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-finish
+	}), httpmw.WithRetryAfter(math.MaxInt64))
+	first := make(chan error, 1)
+	go func() {
+		_, _, err := postKeyed(t, srv, "long")
+		first <- err
+	}()
+	<-started
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "long")
+	resp, err := srv.Client().Do(req)
+	close(finish)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if want := "9223372037"; resp.StatusCode != http.StatusConflict || resp.Header.Get("Retry-After") != want {
+		t.Errorf("duplicate in progress: %d with Retry-After %q, want 409 with %s", resp.StatusCode, resp.Header.Get("Retry-After"), want)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("first request: %v", err)
 	}
 }
