@@ -115,8 +115,9 @@ func WithScope(scope func(*http.Request) string) IdempotencyOption {
 }
 
 // WithFingerprint replaces the request fingerprint (default
-// Fingerprint: method, path, query and body). A request that reuses a key
-// with a different fingerprint gets 422.
+// Fingerprint: method, path, query and body), of any length: one longer
+// than idempotency.MaxFingerprintLen is stored as its hash. A request that
+// reuses a key with a different fingerprint gets 422.
 func WithFingerprint(f func(r *http.Request, body []byte) string) IdempotencyOption {
 	return func(c *idemConfig) { c.fingerprint = f }
 }

@@ -91,6 +91,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("NilContext", s.testNilContext)
 	t.Run("RecordTooLarge", s.testTooLarge)
 	t.Run("ExecutedNotReplayable", s.testNotReplayable)
+	t.Run("LongFingerprints", s.testLongFingerprints)
 	t.Run("CallerGoneStillStored", s.testCallerGone)
 	t.Run("Delete", s.testDelete)
 	t.Run("BoundedCalls", s.testBoundedCalls)
@@ -617,10 +618,12 @@ func (s *suite) testInvalid(t *testing.T) {
 		{Key: k, Owner: "", Lease: long},
 		{Key: k, Owner: "o", Lease: 0},
 		{Key: k, Owner: "o", Lease: -time.Second},
+		{Key: k, Fingerprint: strings.Repeat("f", idempotency.MaxFingerprintLen+1), Owner: "o", Lease: long},
 	} {
 		rec, err := st.Claim(ctx, c)
 		if !errors.Is(err, idempotency.ErrInvalid) {
-			t.Errorf("Claim(key of %d bytes, scope of %d bytes, owner %q, lease %v): got (%v, %v), want ErrInvalid", len(c.Key), len(c.Scope), c.Owner, c.Lease, rec, err)
+			t.Errorf("Claim(key of %d bytes, scope of %d bytes, fingerprint of %d bytes, owner %q, lease %v): got (%v, %v), want ErrInvalid",
+				len(c.Key), len(c.Scope), len(c.Fingerprint), c.Owner, c.Lease, rec, err)
 		}
 	}
 	c := idempotency.Claim{Key: k, Owner: owner("a"), Lease: long}
@@ -734,6 +737,36 @@ func (s *suite) testNotReplayable(t *testing.T) {
 		}
 		if runs.Load() != 1 {
 			t.Errorf("%s: the work ran %d times, want 1", tc.name, runs.Load())
+		}
+	}
+}
+
+// testLongFingerprints: through an Executor, a fingerprint of any length
+// (a caller's own: the request body itself, say) works on the store, and
+// so does one of MaxFingerprintLen, which the store keeps as it is: the
+// first call runs, its repeat on another client replays, and a call whose
+// fingerprint differs in its last byte only is refused as another request.
+func (s *suite) testLongFingerprints(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.executor(t), s.executor(t)
+	for _, n := range []int{idempotency.MaxFingerprintLen, 2 << 20} {
+		k := key(t)
+		fp := strings.Repeat("f", n)
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return []byte("order 1"), nil
+		}
+		if _, err := a.Do(ctx, k, fp, fn); err != nil {
+			t.Fatalf("first Do with a fingerprint of %d bytes: %v", n, err)
+		}
+		if res, err := b.Do(ctx, k, fp, fn); err != nil || !res.Replayed || string(res.Response) != "order 1" {
+			t.Errorf("repeat with a fingerprint of %d bytes: (%q, replayed %v, %v), want %q replayed", n, res.Response, res.Replayed, err, "order 1")
+		}
+		_, err := b.Do(ctx, k, fp[:n-1]+"g", fn)
+		expectIs(t, fmt.Sprintf("Do with a fingerprint of %d bytes differing in its last", n), err, idempotency.ErrFingerprintMismatch)
+		if runs.Load() != 1 {
+			t.Errorf("fingerprint of %d bytes: the work ran %d times, want 1", n, runs.Load())
 		}
 	}
 }
