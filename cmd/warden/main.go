@@ -29,6 +29,9 @@
 // the bound starts again after the answer. The first Ctrl-C ends the
 // command as the bound would; a second one ends the process at once.
 //
+// A question (release or delete, unless -yes) is asked on stderr, and
+// the answer read from stdin: stdout holds the output alone.
+//
 // Exit status 0 on success, 1 when the backend fails or the answer is no,
 // 2 for bad input (with a one-line error), 3 when a release is refused
 // because the lock changed hands after its holder was shown (nothing is
@@ -108,8 +111,11 @@ func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(fo
 
 // cli is one invocation.
 type cli struct {
-	stdin     *bufio.Reader
-	stdout    *gate
+	stdin  *bufio.Reader
+	stdout *gate
+	// prompts is where questions go: stderr, so that stdout holds only
+	// the output, JSON alone with -json when a script pipes its answer in.
+	prompts   io.Writer
 	json      bool
 	yes       bool
 	limit     int
@@ -157,7 +163,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}}
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, prompts: stderr}
 	// Not $WARDEN_LOCK as the default: the usage would print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
 	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
@@ -329,10 +335,11 @@ func (c *cli) close(o *backendurl.Opener) {
 	}
 }
 
-// ask prints question and reports whether the operator answered yes. The
-// answer is awaited without a bound, but Ctrl-C ends the wait.
+// ask prints question on c.prompts and reports whether the operator
+// answered yes. The answer is awaited without a bound, but Ctrl-C ends the
+// wait.
 func (c *cli) ask(ctx context.Context, question string) (bool, error) {
-	io.WriteString(c.stdout, question)
+	io.WriteString(c.prompts, question)
 	answer := make(chan string, 1)
 	go func() {
 		a, _ := c.stdin.ReadString('\n')

@@ -114,7 +114,7 @@ func TestEscapesInOutput(t *testing.T) {
 				t.Fatalf("-json idem show: %d %q %q; want the record escaped and decoding to its key", code, out, errOut)
 			}
 			code, out, errOut = cliRun(t, "n\n", "-lock", url, "idem", "delete", "user-\x1b[31m", idemKey)
-			if code != 1 || !strings.Contains(out, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
+			if code != 1 || !strings.Contains(errOut, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
 				t.Fatalf("idem delete prompt: %d %q %q; want the key escaped", code, out, errOut)
 			}
 		})
@@ -249,5 +249,41 @@ func TestEscapeUnprintable(t *testing.T) {
 	var back map[string]string
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || len(back) != 1 || back["k\u009b\u202e"] != in["k\u009b\u202e"] {
 		t.Fatalf("printJSON's output decodes to %q (%v); want %q", back, err, in)
+	}
+}
+
+// TestPromptOnStderr: the question a release or delete asks goes to
+// stderr, so that what -json prints on stdout is JSON alone when a script
+// pipes its answer in.
+func TestPromptOnStderr(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	key := fmt.Sprintf("cli-prompt/%d", time.Now().UnixNano())
+	held, err := serviceGuard(t, url, "orders-svc/9", 2*time.Second).Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	code, out, errOut := cliRun(t, "y\n", "-lock", url, "-json", "locks", "release", key)
+	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(errOut, `"orders-svc/9"`) || !strings.Contains(errOut, "[y/N]") {
+		t.Fatalf("-json locks release answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
+	}
+
+	u, err := backendurl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := backendurl.NewOpener()
+	t.Cleanup(o.Close)
+	store, err := o.Store(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cliRun(t, "y\n", "-lock", url, "-json", "idem", "delete", "user-9", key)
+	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(errOut, "[y/N]") {
+		t.Fatalf("-json idem delete answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
 	}
 }
