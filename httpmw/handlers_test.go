@@ -217,3 +217,31 @@ func TestLongestRetryAfter(t *testing.T) {
 		t.Errorf("first request: %v", err)
 	}
 }
+
+// A method is matched whatever its case: "post" from a careless client
+// reaches a handler that does not look at the method as POST does, and so
+// is guarded as POST is, rather than run once per retry.
+func TestMethodCase(t *testing.T) {
+	var runs atomic.Int64
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}), httpmw.WithMethods("post", "Purge"))
+	for _, method := range []string{"post", "POST", "purge"} {
+		for range 2 {
+			req, err := http.NewRequest(method, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Idempotency-Key", "case-"+method)
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Errorf("three methods sent twice each ran the handler %d times, want 3", n)
+	}
+}

@@ -84,8 +84,8 @@ type idemConfig struct {
 }
 
 // WithMethods sets the methods guarded (default POST and PATCH), at least
-// one, each a valid method token; requests with other methods pass through
-// untouched.
+// one, each a valid method token, matched whatever its case; requests with
+// other methods pass through untouched.
 func WithMethods(methods ...string) IdempotencyOption {
 	return func(c *idemConfig) { c.methodList = append([]string{}, methods...) }
 }
@@ -495,7 +495,10 @@ func (m *idempotent) count(r *http.Request, outcome string) {
 
 func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := m.cfg
-	if !c.methods[r.Method] {
+	// Methods are matched whatever their case: a handler that does not
+	// look at the method serves "post" as it serves POST, and must not run
+	// it once per retry.
+	if !c.methods[r.Method] && !c.methods[strings.ToUpper(r.Method)] {
 		m.next.ServeHTTP(w, r)
 		return
 	}
