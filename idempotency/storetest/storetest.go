@@ -20,9 +20,10 @@
 // isolation, large responses and binary keys, a record too large for the
 // store (refused with ErrTooLarge, the claim left to its owner), nil
 // contexts refused with ErrInvalid rather than a panic, through an
-// idempotency.Executor over the store a key executed but not replayable and
-// a caller that left before its result was stored, and, given the Silence
-// option, the bound on every call that a store declaring
+// idempotency.Executor over the store a key executed but not replayable, a
+// caller that left before its result was stored, fingerprints of any length
+// and a lost claim whose key the Executor names only as its hash, and,
+// given the Silence option, the bound on every call that a store declaring
 // idempotency.ContextBounded or idempotency.DeadlineBounded promises,
 // against a server gone silent.
 //
@@ -36,6 +37,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -93,6 +95,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("ExecutedNotReplayable", s.testNotReplayable)
 	t.Run("LongFingerprints", s.testLongFingerprints)
 	t.Run("CallerGoneStillStored", s.testCallerGone)
+	t.Run("KeyNeverLogged", s.testKeyNeverLogged)
 	t.Run("Delete", s.testDelete)
 	t.Run("BoundedCalls", s.testBoundedCalls)
 }
@@ -767,6 +770,62 @@ func (s *suite) testLongFingerprints(t *testing.T) {
 		expectIs(t, fmt.Sprintf("Do with a fingerprint of %d bytes differing in its last", n), err, idempotency.ErrFingerprintMismatch)
 		if runs.Load() != 1 {
 			t.Errorf("fingerprint of %d bytes: the work ran %d times, want 1", n, runs.Load())
+		}
+	}
+}
+
+// syncBuffer is a log's output, written by the Executor's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// testKeyNeverLogged: an Executor over the store whose claim is taken from
+// it while the work runs (its record abandoned by another client) names
+// the key only as its hash, in what it logs, in the cause it gives the
+// work and in the error it returns, even where the store's own errors
+// quote the key: a key is often a secret-like token.
+func (s *suite) testKeyNeverLogged(t *testing.T) {
+	ctx := s.ctx(t)
+	var logs syncBuffer
+	e := s.executor(t, idempotency.WithLease(3*s.short), idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	other := s.newStore(t)
+	const secret = "never-logged-6b1f"
+	k := key(t) + "/" + secret
+	var cause error
+	_, err := e.Do(ctx, k, "fp", func(fctx context.Context) ([]byte, error) {
+		rec := mustGet(t, other, ctx, "", k)
+		if err := other.Abandon(ctx, "", k, rec.Owner); err != nil {
+			t.Errorf("Abandon by another client: %v", err)
+		}
+		select {
+		case <-fctx.Done():
+			cause = context.Cause(fctx)
+		case <-ctx.Done():
+		}
+		return []byte("done"), nil
+	})
+	if cause == nil {
+		t.Fatalf("the work was not told its claim was lost; Do returned %v", err)
+	}
+	if !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Do after its claim was taken: %v, want ErrNotOwner", err)
+	}
+	for what, text := range map[string]string{"the log": logs.String(), "the work's cause": cause.Error(), "Do's error": err.Error()} {
+		if strings.Contains(text, secret) {
+			t.Errorf("%s names the key: %s", what, text)
 		}
 	}
 }
