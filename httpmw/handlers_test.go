@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -243,5 +247,33 @@ func TestMethodCase(t *testing.T) {
 	}
 	if n := runs.Load(); n != 3 {
 		t.Errorf("three methods sent twice each ran the handler %d times, want 3", n)
+	}
+}
+
+// Under WithFailOpen, a handler run unguarded because the store cannot be
+// reached still gets its request's key from KeyFromContext: a downstream
+// service's own deduplication is then all that stands between a retry and
+// a second order.
+func TestFailOpenKeepsKey(t *testing.T) {
+	// A Redis store whose server's port is closed: every claim is refused.
+	st, err := redislock.NewStore(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httpmw.Idempotency(st, httpmw.WithFailOpen(), httpmw.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got atomic.Value
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, _ := httpmw.KeyFromContext(r.Context())
+		got.Store(k)
+	})))
+	defer srv.Close()
+	if status, _, err := postKeyed(t, srv, `"order-77"`); err != nil || status != http.StatusOK {
+		t.Fatalf("fail-open request: %d %v, want the handler's 200", status, err)
+	}
+	if k, _ := got.Load().(string); k != "order-77" {
+		t.Errorf("KeyFromContext in the handler run unguarded: %q, want %q", k, "order-77")
 	}
 }

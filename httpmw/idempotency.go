@@ -251,9 +251,9 @@ func Fingerprint(r *http.Request, body []byte) string {
 type keyCtx struct{}
 
 // KeyFromContext returns the idempotency key of the request a handler
-// serves under the Idempotency middleware, to pass on to downstream services
-// (a payment provider's own idempotency key) so that a retry reaching them
-// is deduplicated there too.
+// serves under the Idempotency middleware (WithFailOpen's unguarded runs
+// included), to pass on to downstream services (a payment provider's own
+// idempotency key) so that a retry reaching them is deduplicated there too.
 func KeyFromContext(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyCtx{}).(string)
 	return k, ok
@@ -616,7 +616,9 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.count(r, "fail_open")
 		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "httpmw: idempotency store unavailable; serving unguarded",
 			slog.String("key_hash", hash()), slog.Any("error", err))
-		m.next.ServeHTTP(w, r)
+		// The key goes on with it: a downstream service's deduplication
+		// (KeyFromContext) is all that guards the request now.
+		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, key)))
 	case errors.Is(err, idempotency.ErrUnavailable):
 		m.count(r, "unavailable")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",
