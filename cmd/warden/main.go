@@ -18,7 +18,9 @@
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
-// escaped, as Go's %q does. A key that is not UTF-8 (another client wrote
+// escaped, as Go's %q does; a PREFIX, KEY or SCOPE given that way (one that
+// starts with a double quote) is read back the same way, so that what is
+// printed can be named, a NUL included. A key that is not UTF-8 (another client wrote
 // it; guard refuses such keys) is given in JSON as KeyBase64 too, its bytes
 // exactly, since JSON shows each invalid byte as U+FFFD. URLs, in usage and
 // errors too, are printed redacted (backendurl).
@@ -97,7 +99,9 @@ commands:
   ping                   whether the backend answers
 
 Flags may also follow the command; after --, every word is an operand,
-even one starting with '-' (locks show -- -KEY).
+even one starting with '-' (locks show -- -KEY). A PREFIX, KEY or SCOPE
+that starts with a double quote is read as Go quotes it, as the output
+shows such names ("a\x00b").
 
 flags:
 `
@@ -391,6 +395,12 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	if name != "locks release" && (c.tokenSet || c.anyHolder) {
 		return nil, badInput("-token and -any-holder are flags of locks release")
 	}
+	for i := 2; i < len(cmd); i++ {
+		var err error
+		if cmd[i], err = operand(cmd[i]); err != nil {
+			return nil, err
+		}
+	}
 	// One bound on the backend's part for a command that asks nothing.
 	bounded := func(f func(context.Context) error) func(context.Context) error {
 		return func(ctx context.Context) error { return c.bounded(ctx, f) }
@@ -660,6 +670,23 @@ func waiters(n int) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+// operand is a name (a prefix, a key, a scope) as the command line gives
+// it: as it is, or, when it starts with a double quote, a Go-quoted string,
+// the form shown prints a name in when it holds what a terminal would obey
+// or a table would hide. So a name printed can be given back as printed,
+// even one holding a NUL, which argv cannot carry as it is (an Executor's
+// binary key, or a scope httpmw stored as its hash).
+func operand(s string) (string, error) {
+	if !strings.HasPrefix(s, `"`) {
+		return s, nil
+	}
+	name, err := strconv.Unquote(s)
+	if err != nil {
+		return "", badInput("%s is not a valid quoted string (a name that starts with a double quote is read as Go quotes it)", strconv.Quote(s))
+	}
+	return name, nil
 }
 
 // shown is how a key, owner or value from a backend is printed for people:

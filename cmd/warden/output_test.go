@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -285,5 +287,41 @@ func TestPromptOnStderr(t *testing.T) {
 	code, out, errOut = cliRun(t, "y\n", "-lock", url, "-json", "idem", "delete", "user-9", key)
 	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(errOut, "[y/N]") {
 		t.Fatalf("-json idem delete answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
+	}
+}
+
+// TestQuotedOperands: a scope or key printed quoted and escaped (a NUL, a
+// space at its end, as httpmw's hashed scopes and an Executor's binary keys
+// have) can be given back as printed, which argv could not carry as it is.
+func TestQuotedOperands(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	u, err := backendurl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := backendurl.NewOpener()
+	t.Cleanup(o.Close)
+	store, err := o.Store(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := "\x00sha256:" + strings.Repeat("ab", 32)
+	key := fmt.Sprintf("order\x00%d ", time.Now().UnixNano())
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	if code != 0 || !strings.Contains(out, strconv.Quote(scope)) || !strings.Contains(out, strconv.Quote(key)) {
+		t.Fatalf("idem show of the quoted scope and key: exit %d, %q, %q; want the record, shown as it was named", code, out, errOut)
+	}
+	if code, out, errOut = cliRun(t, "", "-lock", url, "-yes", "idem", "delete", strconv.Quote(scope), strconv.Quote(key)); code != 0 {
+		t.Fatalf("idem delete -yes of the quoted scope and key: exit %d, %q, %q", code, out, errOut)
+	}
+	if _, err := store.Get(ctx, scope, key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("the record after its delete: %v, want ErrNotFound", err)
+	}
+	if code, _, errOut = cliRun(t, "", "-lock", url, "idem", "show", `"unclosed`, "k"); code != 2 || !strings.Contains(errOut, "quoted") {
+		t.Errorf("a badly quoted operand: exit %d, %q; want 2 and what is wrong", code, errOut)
 	}
 }
