@@ -254,6 +254,17 @@ func TestEscapeUnprintable(t *testing.T) {
 	}
 }
 
+// openStore opens the idempotency store of url, on clients of its own.
+func openStore(t *testing.T, url string) idempotency.Store {
+	t.Helper()
+	u, o := open(t, url)
+	store, err := o.Store(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
 // TestPromptOnStderr: the question a release or delete asks goes to
 // stderr, so that what -json prints on stdout is JSON alone when a script
 // pipes its answer in.
@@ -271,16 +282,7 @@ func TestPromptOnStderr(t *testing.T) {
 		t.Fatalf("-json locks release answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
 	}
 
-	u, err := backendurl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := backendurl.NewOpener()
-	t.Cleanup(o.Close)
-	store, err := o.Store(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t, url)
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -296,16 +298,7 @@ func TestPromptOnStderr(t *testing.T) {
 func TestQuotedOperands(t *testing.T) {
 	ctx := context.Background()
 	url := backendURLs(t)["redis"]
-	u, err := backendurl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := backendurl.NewOpener()
-	t.Cleanup(o.Close)
-	store, err := o.Store(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t, url)
 	scope := "\x00sha256:" + strings.Repeat("ab", 32)
 	key := fmt.Sprintf("order\x00%d ", time.Now().UnixNano())
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
