@@ -18,9 +18,9 @@
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
-// escaped, as Go's %q does; a PREFIX, KEY or SCOPE given that way (one that
-// starts with a double quote) is read back the same way, so that what is
-// printed can be named, a NUL included. A key that is not UTF-8 (another client wrote
+// escaped, as Go's %q does; a PREFIX, KEY, SCOPE or -after given that way
+// (one that starts with a double quote) is read back the same way, so that
+// what is printed can be named, a NUL included. A key that is not UTF-8 (another client wrote
 // it; guard refuses such keys) is given in JSON as KeyBase64 too, its bytes
 // exactly, since JSON shows each invalid byte as U+FFFD. URLs, in usage and
 // errors too, are printed redacted (backendurl).
@@ -99,9 +99,9 @@ commands:
   ping                   whether the backend answers
 
 Flags may also follow the command; after --, every word is an operand,
-even one starting with '-' (locks show -- -KEY). A PREFIX, KEY or SCOPE
-that starts with a double quote is read as Go quotes it, as the output
-shows such names ("a\x00b").
+even one starting with '-' (locks show -- -KEY). A PREFIX, KEY, SCOPE or
+-after that starts with a double quote is read as Go quotes it, as the
+output shows such names ("a\x00b").
 
 flags:
 `
@@ -176,7 +176,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
 	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
-	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
+	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page), quoted as printed or not")
 	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
 	fs.BoolVar(&c.anyHolder, "any-holder", false, "locks release: release whoever holds the key when the release runs")
 	cmd, err := operands(fs, args)
@@ -400,6 +400,11 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if cmd[i], err = operand(cmd[i]); err != nil {
 			return nil, err
 		}
+	}
+	// -after is the last key of a page, as it was printed.
+	var err error
+	if c.after, err = operand(c.after); err != nil {
+		return nil, err
 	}
 	// One bound on the backend's part for a command that asks nothing.
 	bounded := func(f func(context.Context) error) func(context.Context) error {

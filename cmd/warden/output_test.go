@@ -318,3 +318,28 @@ func TestQuotedOperands(t *testing.T) {
 		t.Errorf("a badly quoted operand: exit %d, %q; want 2 and what is wrong", code, errOut)
 	}
 }
+
+// TestQuotedAfter: -after takes the last key of a page as it was printed,
+// quoted when it ends with a space, as the operands do.
+func TestQuotedAfter(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	g := serviceGuard(t, url, "pager", 10*time.Second)
+	prefix := fmt.Sprintf("cli-after/%d/", time.Now().UnixNano())
+	for _, k := range []string{prefix + "a ", prefix + "b"} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-limit", "1", "locks", "ls", prefix)
+	first := strconv.Quote(prefix + "a ")
+	if code != 0 || !strings.Contains(out, first) {
+		t.Fatalf("the first page: exit %d, %q, %q; want %s", code, out, errOut, first)
+	}
+	code, out, errOut = cliRun(t, "", "-lock", url, "-limit", "1", "-after", first, "locks", "ls", prefix)
+	if code != 0 || strings.Contains(out, first) || !strings.Contains(out, prefix+"b") {
+		t.Errorf("the page after %s: exit %d, %q, %q; want %sb alone", first, code, out, errOut, prefix)
+	}
+}
