@@ -20,10 +20,12 @@
 // bidirectional marks), or a space at either end, is printed quoted and
 // escaped, as Go's %q does; a PREFIX, KEY, SCOPE or -after given that way
 // (one that starts with a double quote) is read back the same way, so that
-// what is printed can be named, a NUL included. A key that is not UTF-8 (another client wrote
-// it; guard refuses such keys) is given in JSON as KeyBase64 too, its bytes
-// exactly, since JSON shows each invalid byte as U+FFFD. URLs, in usage and
-// errors too, are printed redacted (backendurl).
+// what is printed can be named, a NUL included. A key that is not UTF-8
+// (another client wrote it; guard refuses such keys) is given in JSON as
+// KeyBase64 too, its bytes exactly, since JSON shows each invalid byte as
+// U+FFFD, and so are an idempotency record's scope, key and fingerprint
+// (scope_base64, key_base64, fingerprint_base64). URLs, in usage and errors
+// too, are printed redacted (backendurl).
 //
 // -timeout bounds the backend's part of the command: opening the clients
 // and every call, which the command abandons, failing, should a client not
@@ -501,13 +503,17 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 	instance := debugpage.Instance(rec.Owner)
 	if c.json {
 		return c.printJSON(struct {
-			Scope         string `json:"scope"`
-			Key           string `json:"key"`
-			State         string `json:"state"`
-			Fingerprint   string `json:"fingerprint"`
-			Instance      string `json:"instance"`
-			ResponseBytes int    `json:"response_bytes"`
-		}{rec.Scope, rec.Key, string(rec.State), rec.Fingerprint, instance, len(rec.Response)})
+			Scope             string `json:"scope"`
+			ScopeBase64       string `json:"scope_base64,omitempty"`
+			Key               string `json:"key"`
+			KeyBase64         string `json:"key_base64,omitempty"`
+			State             string `json:"state"`
+			Fingerprint       string `json:"fingerprint"`
+			FingerprintBase64 string `json:"fingerprint_base64,omitempty"`
+			Instance          string `json:"instance"`
+			ResponseBytes     int    `json:"response_bytes"`
+		}{rec.Scope, bytesOf(rec.Scope), rec.Key, bytesOf(rec.Key), string(rec.State),
+			rec.Fingerprint, bytesOf(rec.Fingerprint), instance, len(rec.Response)})
 	}
 	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", shown(rec.Scope), shown(rec.Key), shown(string(rec.State)), shown(rec.Fingerprint), shown(instance), len(rec.Response))
@@ -648,11 +654,16 @@ type inspection struct {
 
 func inspected(in guard.Inspection) inspection {
 	in.Holders = nonNil(in.Holders)
-	out := inspection{Inspection: in}
-	if !utf8.ValidString(in.Key) {
-		out.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(in.Key))
+	return inspection{Inspection: in, KeyBase64: bytesOf(in.Key)}
+}
+
+// bytesOf is s in base64 when s is not UTF-8, for JSON beside s itself,
+// where each invalid byte shows as U+FFFD; "" otherwise.
+func bytesOf(s string) string {
+	if utf8.ValidString(s) {
+		return ""
 	}
-	return out
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }
 
 // badKeyOr turns an invalid key into bad input.

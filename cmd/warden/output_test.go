@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -341,5 +342,32 @@ func TestQuotedAfter(t *testing.T) {
 	code, out, errOut = cliRun(t, "", "-lock", url, "-limit", "1", "-after", first, "locks", "ls", prefix)
 	if code != 0 || strings.Contains(out, first) || !strings.Contains(out, prefix+"b") {
 		t.Errorf("the page after %s: exit %d, %q, %q; want %sb alone", first, code, out, errOut, prefix)
+	}
+}
+
+// TestIdemJSONBytes: idem show -json gives a scope, key or fingerprint that
+// is not UTF-8 (an Executor's are any bytes) in base64 too, as locks give
+// such a key, since JSON shows each invalid byte as U+FFFD.
+func TestIdemJSONBytes(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	store := openStore(t, url)
+	scope, key, fp := "tenant-\xff", fmt.Sprintf("order-%d-\xfe", time.Now().UnixNano()), "\x9c\x00\xfa"
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: fp, Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	var rec struct {
+		ScopeBase64       string `json:"scope_base64"`
+		KeyBase64         string `json:"key_base64"`
+		FingerprintBase64 string `json:"fingerprint_base64"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil {
+		t.Fatalf("idem show -json: exit %d, %q, %q", code, out, errOut)
+	}
+	for name, got := range map[string][2]string{"scope": {rec.ScopeBase64, scope}, "key": {rec.KeyBase64, key}, "fingerprint": {rec.FingerprintBase64, fp}} {
+		if b, err := base64.StdEncoding.DecodeString(got[0]); err != nil || string(b) != got[1] {
+			t.Errorf("%s_base64 %q decodes to %q, %v; want %q", name, got[0], b, err, got[1])
+		}
 	}
 }
