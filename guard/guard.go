@@ -212,6 +212,26 @@ func (g *Guard) ValidateTTL(ttl time.Duration) error {
 	return nil
 }
 
+// ValidateLockOptions reports why opts cannot be used for a lock of this
+// Guard (a TTL that ValidateTTL refuses, fewer than one permit), as Lock
+// would at every call. Packages that take lock options from their users
+// (httpmw's Lock) call it when they are configured.
+func (g *Guard) ValidateLockOptions(opts ...LockOption) error {
+	c := g.lockConfig(opts, false)
+	return g.checkLockConfig(&c)
+}
+
+// checkLockConfig reports why c cannot be used for a lock of this Guard.
+func (g *Guard) checkLockConfig(c *lockConfig) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	if c.ttl != g.ttl {
+		return g.ValidateTTL(c.ttl)
+	}
+	return nil
+}
+
 // marginFor is how long before a lease's conservative expiry its loss is
 // declared.
 func (g *Guard) marginFor(ttl time.Duration) time.Duration {
@@ -376,13 +396,8 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if err != nil {
 		return nil, wrapLockErr(key, err)
 	}
-	if err := c.validate(); err != nil {
+	if err := g.checkLockConfig(&c); err != nil {
 		return nil, wrapLockErr(key, err)
-	}
-	if c.ttl != g.ttl {
-		if err := g.ValidateTTL(c.ttl); err != nil {
-			return nil, wrapLockErr(key, err)
-		}
 	}
 	if l, err := g.reenter(ctx, key, &c); l != nil || err != nil {
 		return l, err

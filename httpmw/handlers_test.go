@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"io"
 	"log"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -13,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/backends/redislock"
 	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -181,5 +186,94 @@ func TestOuterBodyLimit(t *testing.T) {
 	status, body, err := postKeyed(t, srv, "big")
 	if err != nil || status != http.StatusRequestEntityTooLarge || !strings.Contains(body, "limited to 5 bytes") {
 		t.Errorf("%d %q %v, want 413 naming the 5-byte limit", status, body, err)
+	}
+}
+
+// The longest WithRetryAfter is announced as the whole seconds it holds,
+// rounded up, not as a number its rounding overflowed into the negative.
+func TestLongestRetryAfter(t *testing.T) {
+	started, finish := make(chan struct{}), make(chan struct{})
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-finish
+	}), httpmw.WithRetryAfter(math.MaxInt64))
+	first := make(chan error, 1)
+	go func() {
+		_, _, err := postKeyed(t, srv, "long")
+		first <- err
+	}()
+	<-started
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "long")
+	resp, err := srv.Client().Do(req)
+	close(finish)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if want := "9223372037"; resp.StatusCode != http.StatusConflict || resp.Header.Get("Retry-After") != want {
+		t.Errorf("duplicate in progress: %d with Retry-After %q, want 409 with %s", resp.StatusCode, resp.Header.Get("Retry-After"), want)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("first request: %v", err)
+	}
+}
+
+// A method is matched whatever its case: "post" from a careless client
+// reaches a handler that does not look at the method as POST does, and so
+// is guarded as POST is, rather than run once per retry.
+func TestMethodCase(t *testing.T) {
+	var runs atomic.Int64
+	srv := serveIdempotent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}), httpmw.WithMethods("post", "Purge"))
+	for _, method := range []string{"post", "POST", "purge"} {
+		for range 2 {
+			req, err := http.NewRequest(method, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Idempotency-Key", "case-"+method)
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Errorf("three methods sent twice each ran the handler %d times, want 3", n)
+	}
+}
+
+// Under WithFailOpen, a handler run unguarded because the store cannot be
+// reached still gets its request's key from KeyFromContext: a downstream
+// service's own deduplication is then all that stands between a retry and
+// a second order.
+func TestFailOpenKeepsKey(t *testing.T) {
+	// A Redis store whose server's port is closed: every claim is refused.
+	st, err := redislock.NewStore(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httpmw.Idempotency(st, httpmw.WithFailOpen(), httpmw.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got atomic.Value
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, _ := httpmw.KeyFromContext(r.Context())
+		got.Store(k)
+	})))
+	defer srv.Close()
+	if status, _, err := postKeyed(t, srv, `"order-77"`); err != nil || status != http.StatusOK {
+		t.Fatalf("fail-open request: %d %v, want the handler's 200", status, err)
+	}
+	if k, _ := got.Load().(string); k != "order-77" {
+		t.Errorf("KeyFromContext in the handler run unguarded: %q, want %q", k, "order-77")
 	}
 }

@@ -84,8 +84,8 @@ type idemConfig struct {
 }
 
 // WithMethods sets the methods guarded (default POST and PATCH), at least
-// one, each a valid method token; requests with other methods pass through
-// untouched.
+// one, each a valid method token, matched whatever its case; requests with
+// other methods pass through untouched.
 func WithMethods(methods ...string) IdempotencyOption {
 	return func(c *idemConfig) { c.methodList = append([]string{}, methods...) }
 }
@@ -115,8 +115,9 @@ func WithScope(scope func(*http.Request) string) IdempotencyOption {
 }
 
 // WithFingerprint replaces the request fingerprint (default
-// Fingerprint: method, path, query and body). A request that reuses a key
-// with a different fingerprint gets 422.
+// Fingerprint: method, path, query and body), of any length: one longer
+// than idempotency.MaxFingerprintLen is stored as its hash. A request that
+// reuses a key with a different fingerprint gets 422.
 func WithFingerprint(f func(r *http.Request, body []byte) string) IdempotencyOption {
 	return func(c *idemConfig) { c.fingerprint = f }
 }
@@ -250,9 +251,9 @@ func Fingerprint(r *http.Request, body []byte) string {
 type keyCtx struct{}
 
 // KeyFromContext returns the idempotency key of the request a handler
-// serves under the Idempotency middleware, to pass on to downstream services
-// (a payment provider's own idempotency key) so that a retry reaching them
-// is deduplicated there too.
+// serves under the Idempotency middleware (WithFailOpen's unguarded runs
+// included), to pass on to downstream services (a payment provider's own
+// idempotency key) so that a retry reaching them is deduplicated there too.
 func KeyFromContext(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyCtx{}).(string)
 	return k, ok
@@ -494,7 +495,10 @@ func (m *idempotent) count(r *http.Request, outcome string) {
 
 func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := m.cfg
-	if !c.methods[r.Method] {
+	// Methods are matched whatever their case: a handler that does not
+	// look at the method serves "post" as it serves POST, and must not run
+	// it once per retry.
+	if !c.methods[r.Method] && !c.methods[strings.ToUpper(r.Method)] {
 		m.next.ServeHTTP(w, r)
 		return
 	}
@@ -612,7 +616,9 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.count(r, "fail_open")
 		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "httpmw: idempotency store unavailable; serving unguarded",
 			slog.String("key_hash", hash()), slog.Any("error", err))
-		m.next.ServeHTTP(w, r)
+		// The key goes on with it: a downstream service's deduplication
+		// (KeyFromContext) is all that guards the request now.
+		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, key)))
 	case errors.Is(err, idempotency.ErrUnavailable):
 		m.count(r, "unavailable")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",

@@ -96,6 +96,9 @@ func Lock(g *guard.Guard, key func(*http.Request) string, opts ...LockOption) (f
 			return nil, fmt.Errorf("warden: httpmw: lock: %w: guard option %d is nil", guard.ErrInvalidOption, i)
 		}
 	}
+	if err := g.ValidateLockOptions(c.lockOpts...); err != nil {
+		return nil, fmt.Errorf("warden: httpmw: lock: guard options: %w", err)
+	}
 	lockOpts := append(append([]guard.LockOption(nil), c.lockOpts...), guard.WaitAtMost(c.wait))
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -239,6 +239,13 @@ func TestLockRefusesBadConfiguration(t *testing.T) {
 		"negative retry": func() (func(http.Handler) http.Handler, error) {
 			return httpmw.Lock(g, byUser, httpmw.WithLockRetryAfter(-time.Second))
 		},
+		// Refused now, not answered 503 "Lock unavailable" at every request.
+		"negative guard TTL": func() (func(http.Handler) http.Handler, error) {
+			return httpmw.Lock(g, byUser, httpmw.WithGuardOptions(guard.TTL(-time.Second)))
+		},
+		"no permits": func() (func(http.Handler) http.Handler, error) {
+			return httpmw.Lock(g, byUser, httpmw.WithGuardOptions(guard.Permits(0)))
+		},
 	} {
 		mw, err := build()
 		if !errors.Is(err, guard.ErrInvalidOption) || mw != nil {

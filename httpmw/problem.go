@@ -29,7 +29,13 @@ func writeProblem(w http.ResponseWriter, status int, anchor, title, detail strin
 	h.Set("Cache-Control", "no-store")
 	h.Del("Content-Length")
 	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10))
+		// Rounded up by the remainder, not by adding a second less a
+		// nanosecond first, which overflows for the longest durations.
+		secs := retryAfter / time.Second
+		if retryAfter%time.Second != 0 {
+			secs++
+		}
+		h.Set("Retry-After", strconv.FormatInt(int64(secs), 10))
 	}
 	w.WriteHeader(status)
 	w.Write(body)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warden-go/warden/internal/handoff"
@@ -61,22 +63,70 @@ type storeCall struct {
 	payload []byte
 }
 
-func claimOn(ctx context.Context, s storeCall) (*Record, error) { return s.e.store.Claim(ctx, s.c) }
+// The requests the Executor makes, each with the store's error redacted:
+// every store error the Executor logs, gives fn as its context's cause or
+// returns comes through them.
+
+func claimOn(ctx context.Context, s storeCall) (*Record, error) {
+	rec, err := s.e.store.Claim(ctx, s.c)
+	return rec, redact(err, s.c)
+}
 
 func getOn(ctx context.Context, s storeCall) (*Record, error) {
-	return s.e.store.Get(ctx, s.c.Scope, s.c.Key)
+	rec, err := s.e.store.Get(ctx, s.c.Scope, s.c.Key)
+	return rec, redact(err, s.c)
 }
 
 func completeOn(ctx context.Context, s storeCall) (struct{}, error) {
-	return struct{}{}, s.e.store.Complete(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.payload, s.cfg.retention)
+	return struct{}{}, redact(s.e.store.Complete(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.payload, s.cfg.retention), s.c)
 }
 
 func extendOn(ctx context.Context, s storeCall) (struct{}, error) {
-	return struct{}{}, s.e.store.Extend(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.cfg.lease)
+	return struct{}{}, redact(s.e.store.Extend(ctx, s.c.Scope, s.c.Key, s.c.Owner, s.cfg.lease), s.c)
 }
 
 func abandonOn(ctx context.Context, s storeCall) (struct{}, error) {
-	return struct{}{}, s.e.store.Abandon(ctx, s.c.Scope, s.c.Key, s.c.Owner)
+	return struct{}{}, redact(s.e.store.Abandon(ctx, s.c.Scope, s.c.Key, s.c.Owner), s.c)
+}
+
+// redactedError is a store's error whose message names c's key only as
+// its hash. A store may quote the key in its errors (an ErrNotOwner's
+// "extend of \"<key>\""); the Executor logs them, gives them to fn as
+// its context's cause and returns them, and a key, often a secret-like
+// token, appears in none of those but as its hash. errors.Is and errors.As
+// still reach the store's error.
+type redactedError struct {
+	err error
+	msg string
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// minVerbatimKey is the shortest key that is redacted where it appears
+// unquoted too: a shorter one would be found inside the words of any
+// message.
+const minVerbatimKey = 8
+
+// redact returns err with c's key, quoted (as %q quotes it) or, when at
+// least minVerbatimKey bytes long, verbatim, replaced in its message by
+// the key's hash.
+func redact(err error, c Claim) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	quoted := strconv.Quote(c.Key)
+	verbatim := len(c.Key) >= minVerbatimKey && strings.Contains(msg, c.Key)
+	if !verbatim && !strings.Contains(msg, quoted) {
+		return err
+	}
+	hash := "key hash " + KeyHash(c.Scope, c.Key)
+	msg = strings.ReplaceAll(msg, quoted, hash)
+	if verbatim {
+		msg = strings.ReplaceAll(msg, c.Key, hash)
+	}
+	return &redactedError{err: err, msg: msg}
 }
 
 // lateClaim gives back s's claim, whose caller stopped waiting for it

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -279,7 +280,7 @@ func (h *keyHash) String() string {
 }
 
 func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string, fn Func, hash *keyHash) (Result, string, error) {
-	c := Claim{Scope: cfg.scope, Key: key, Fingerprint: fingerprint, Owner: rand.Text(), Lease: cfg.lease}
+	c := Claim{Scope: cfg.scope, Key: key, Fingerprint: storedFingerprint(fingerprint), Owner: rand.Text(), Lease: cfg.lease}
 	var deadline time.Time
 	if cfg.wait > 0 {
 		deadline = time.Now().Add(cfg.wait)
@@ -308,7 +309,7 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 			// again after its answer was lost (go-redis does, after its
 			// read timeout), and the first one had been made.
 			return e.run(ctx, cfg, c, sent, fn, hash)
-		case rec.Fingerprint != fingerprint:
+		case rec.Fingerprint != c.Fingerprint:
 			return Result{}, outcomeMismatch, fmt.Errorf("%w (key hash %s)", ErrFingerprintMismatch, hash)
 		case rec.State == StateCompleted:
 			res, err := decodeResult(rec.Response)
@@ -336,6 +337,25 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 		}
 		backoff = min(2*backoff, 200*time.Millisecond)
 	}
+}
+
+// hashedFingerprint begins every stored fingerprint that is a hash. A
+// literal fingerprint that begins with it is hashed too, so no literal one
+// is stored as a long one's hash: the stored forms of two different
+// fingerprints differ unless SHA-256 collides.
+const hashedFingerprint = "\x00sha256:"
+
+// storedFingerprint is the fingerprint a claim carries: fingerprint itself,
+// or its SHA-256 when it is longer than the stores keep (MaxFingerprintLen),
+// as a caller's own fingerprint may be (the request body itself), so that
+// it works on every store rather than fail on those whose requests cannot
+// carry it.
+func storedFingerprint(fingerprint string) string {
+	if len(fingerprint) <= MaxFingerprintLen && !strings.HasPrefix(fingerprint, hashedFingerprint) {
+		return fingerprint
+	}
+	sum := sha256.Sum256([]byte(fingerprint))
+	return hashedFingerprint + hex.EncodeToString(sum[:])
 }
 
 // run executes fn under the claim c, sent to the store at sent, and ends

@@ -462,3 +462,34 @@ func TestDoCallerGoneStillStored(t *testing.T) {
 		t.Errorf("retry: (%q, replayed %v, %v), runs %d; want the first result replayed", again.Response, again.Replayed, err, runs.Load())
 	}
 }
+
+// TestLongFingerprintStoredAsHash: a fingerprint past MaxFingerprintLen is
+// stored as its hash, and a literal fingerprint spelling that hash (the
+// stored form, which a caller could send) is not taken for it: the same key
+// with it is another request.
+func TestLongFingerprintStoredAsHash(t *testing.T) {
+	st := idempotency.NewMemoryStore()
+	e := newExecutor(t, st)
+	ctx := context.Background()
+	var runs atomic.Int64
+	long := strings.Repeat("body ", idempotency.MaxFingerprintLen)
+	if _, err := e.Do(ctx, "k", long, counted(&runs, "result")); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.Get(ctx, "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Fingerprint) > idempotency.MaxFingerprintLen || rec.Fingerprint == long {
+		t.Fatalf("stored fingerprint of %d bytes, want a hash of the %d given", len(rec.Fingerprint), len(long))
+	}
+	if _, err := e.Do(ctx, "k", rec.Fingerprint, counted(&runs, "other")); !errors.Is(err, idempotency.ErrFingerprintMismatch) {
+		t.Errorf("the stored form given as a fingerprint: %v, want ErrFingerprintMismatch", err)
+	}
+	if res, err := e.Do(ctx, "k", long, counted(&runs, "other")); err != nil || !res.Replayed || string(res.Response) != "result" {
+		t.Errorf("repeat: (%q, replayed %v, %v), want the result replayed", res.Response, res.Replayed, err)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("ran %d times, want 1", runs.Load())
+	}
+}

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 )
@@ -103,7 +104,7 @@ func (m *MemoryStore) Claim(ctx context.Context, c Claim) (*Record, error) {
 			Scope: c.Scope, Key: c.Key, State: StateInProgress,
 			Fingerprint: c.Fingerprint, Owner: c.Owner,
 		},
-		deadline: now + c.Lease,
+		deadline: deadline(now, c.Lease),
 	}
 	return nil, nil
 }
@@ -141,8 +142,19 @@ func (m *MemoryStore) update(ctx context.Context, scope, key, owner string, d ti
 		return err
 	}
 	change(r)
-	r.deadline = now + d
+	r.deadline = deadline(now, d)
 	return nil
+}
+
+// deadline is d from now on the store's clock, held at the clock's end
+// when the sum would overflow: a lease or retention of a few centuries
+// (WithLease(math.MaxInt64)) must not wrap round into the past, where the
+// record would count as expired and its key be claimed by another owner.
+func deadline(now, d time.Duration) time.Duration {
+	if d > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + d
 }
 
 // Abandon implements Store.

@@ -81,6 +81,10 @@ const (
 	// MaxResponseLen is the largest Response every store must keep. Callers
 	// never pass more.
 	MaxResponseLen = 1 << 20
+	// MaxFingerprintLen bounds a Claim's Fingerprint, in bytes, opaque as
+	// Key is. The Executor takes a fingerprint of any length, and stores a
+	// longer one as its SHA-256.
+	MaxFingerprintLen = 1024
 )
 
 // CheckKey returns an error wrapping ErrInvalid when (scope, key) is outside
@@ -94,6 +98,15 @@ func CheckKey(scope, key string) error {
 		return fmt.Errorf("%w: key of %d bytes, more than %d", ErrInvalid, len(key), MaxKeyLen)
 	case len(scope) > MaxScopeLen:
 		return fmt.Errorf("%w: scope of %d bytes, more than %d", ErrInvalid, len(scope), MaxScopeLen)
+	}
+	return nil
+}
+
+// CheckFingerprint returns an error wrapping ErrInvalid when fingerprint is
+// longer than MaxFingerprintLen.
+func CheckFingerprint(fingerprint string) error {
+	if len(fingerprint) > MaxFingerprintLen {
+		return fmt.Errorf("%w: fingerprint of %d bytes, more than %d", ErrInvalid, len(fingerprint), MaxFingerprintLen)
 	}
 	return nil
 }
@@ -141,7 +154,7 @@ func CheckDuration(d time.Duration) error {
 
 // Check returns an error wrapping ErrInvalid when c is outside the limits.
 func (c Claim) Check() error {
-	return errors.Join(CheckKey(c.Scope, c.Key), CheckOwner(c.Owner), CheckDuration(c.Lease))
+	return errors.Join(CheckKey(c.Scope, c.Key), CheckFingerprint(c.Fingerprint), CheckOwner(c.Owner), CheckDuration(c.Lease))
 }
 
 // Record is what a store holds under (Scope, Key).
@@ -164,7 +177,8 @@ type Claim struct {
 	Scope string
 	Key   string
 	// Fingerprint identifies the request; a later request with the same
-	// key and a different fingerprint is refused.
+	// key and a different fingerprint is refused. At most
+	// MaxFingerprintLen bytes.
 	Fingerprint string
 	// Owner is a token unique to this claim (random, unguessable). Later
 	// Extend, Complete and Abandon calls must present it.

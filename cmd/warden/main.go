@@ -18,16 +18,23 @@
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
-// escaped, as Go's %q does. A key that is not UTF-8 (another client wrote
-// it; guard refuses such keys) is given in JSON as KeyBase64 too, its bytes
-// exactly, since JSON shows each invalid byte as U+FFFD. URLs, in usage and
-// errors too, are printed redacted (backendurl).
+// escaped, as Go's %q does; a PREFIX, KEY, SCOPE or -after given that way
+// (one that starts with a double quote) is read back the same way, so that
+// what is printed can be named, a NUL included. A key that is not UTF-8
+// (another client wrote it; guard refuses such keys) is given in JSON as
+// KeyBase64 too, its bytes exactly, since JSON shows each invalid byte as
+// U+FFFD, and so are an idempotency record's scope, key and fingerprint
+// (scope_base64, key_base64, fingerprint_base64). URLs, in usage and errors
+// too, are printed redacted (backendurl).
 //
 // -timeout bounds the backend's part of the command: opening the clients
 // and every call, which the command abandons, failing, should a client not
 // heed it. The time an operator takes to answer a prompt is not counted:
 // the bound starts again after the answer. The first Ctrl-C ends the
 // command as the bound would; a second one ends the process at once.
+//
+// A question (release or delete, unless -yes) is asked on stderr, and
+// the answer read from stdin: stdout holds the output alone.
 //
 // Exit status 0 on success, 1 when the backend fails or the answer is no,
 // 2 for bad input (with a one-line error), 3 when a release is refused
@@ -94,7 +101,9 @@ commands:
   ping                   whether the backend answers
 
 Flags may also follow the command; after --, every word is an operand,
-even one starting with '-' (locks show -- -KEY).
+even one starting with '-' (locks show -- -KEY). A PREFIX, KEY, SCOPE or
+-after that starts with a double quote is read as Go quotes it, as the
+output shows such names ("a\x00b").
 
 flags:
 `
@@ -108,8 +117,11 @@ func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(fo
 
 // cli is one invocation.
 type cli struct {
-	stdin     *bufio.Reader
-	stdout    *gate
+	stdin  *bufio.Reader
+	stdout *gate
+	// prompts is where questions go: stderr, so that stdout holds only
+	// the output, JSON alone with -json when a script pipes its answer in.
+	prompts   io.Writer
 	json      bool
 	yes       bool
 	limit     int
@@ -157,7 +169,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}}
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, prompts: stderr}
 	// Not $WARDEN_LOCK as the default: the usage would print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
 	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
@@ -166,7 +178,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
 	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
-	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
+	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page), quoted as printed or not")
 	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
 	fs.BoolVar(&c.anyHolder, "any-holder", false, "locks release: release whoever holds the key when the release runs")
 	cmd, err := operands(fs, args)
@@ -329,10 +341,11 @@ func (c *cli) close(o *backendurl.Opener) {
 	}
 }
 
-// ask prints question and reports whether the operator answered yes. The
-// answer is awaited without a bound, but Ctrl-C ends the wait.
+// ask prints question on c.prompts and reports whether the operator
+// answered yes. The answer is awaited without a bound, but Ctrl-C ends the
+// wait.
 func (c *cli) ask(ctx context.Context, question string) (bool, error) {
-	io.WriteString(c.stdout, question)
+	io.WriteString(c.prompts, question)
 	answer := make(chan string, 1)
 	go func() {
 		a, _ := c.stdin.ReadString('\n')
@@ -383,6 +396,17 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	}
 	if name != "locks release" && (c.tokenSet || c.anyHolder) {
 		return nil, badInput("-token and -any-holder are flags of locks release")
+	}
+	for i := 2; i < len(cmd); i++ {
+		var err error
+		if cmd[i], err = operand(cmd[i]); err != nil {
+			return nil, err
+		}
+	}
+	// -after is the last key of a page, as it was printed.
+	var err error
+	if c.after, err = operand(c.after); err != nil {
+		return nil, err
 	}
 	// One bound on the backend's part for a command that asks nothing.
 	bounded := func(f func(context.Context) error) func(context.Context) error {
@@ -479,13 +503,17 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 	instance := debugpage.Instance(rec.Owner)
 	if c.json {
 		return c.printJSON(struct {
-			Scope         string `json:"scope"`
-			Key           string `json:"key"`
-			State         string `json:"state"`
-			Fingerprint   string `json:"fingerprint"`
-			Instance      string `json:"instance"`
-			ResponseBytes int    `json:"response_bytes"`
-		}{rec.Scope, rec.Key, string(rec.State), rec.Fingerprint, instance, len(rec.Response)})
+			Scope             string `json:"scope"`
+			ScopeBase64       string `json:"scope_base64,omitempty"`
+			Key               string `json:"key"`
+			KeyBase64         string `json:"key_base64,omitempty"`
+			State             string `json:"state"`
+			Fingerprint       string `json:"fingerprint"`
+			FingerprintBase64 string `json:"fingerprint_base64,omitempty"`
+			Instance          string `json:"instance"`
+			ResponseBytes     int    `json:"response_bytes"`
+		}{rec.Scope, bytesOf(rec.Scope), rec.Key, bytesOf(rec.Key), string(rec.State),
+			rec.Fingerprint, bytesOf(rec.Fingerprint), instance, len(rec.Response)})
 	}
 	tw := c.table("SCOPE", "KEY", "STATE", "FINGERPRINT", "INSTANCE", "RESPONSE")
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d bytes\n", shown(rec.Scope), shown(rec.Key), shown(string(rec.State)), shown(rec.Fingerprint), shown(instance), len(rec.Response))
@@ -626,11 +654,16 @@ type inspection struct {
 
 func inspected(in guard.Inspection) inspection {
 	in.Holders = nonNil(in.Holders)
-	out := inspection{Inspection: in}
-	if !utf8.ValidString(in.Key) {
-		out.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(in.Key))
+	return inspection{Inspection: in, KeyBase64: bytesOf(in.Key)}
+}
+
+// bytesOf is s in base64 when s is not UTF-8, for JSON beside s itself,
+// where each invalid byte shows as U+FFFD; "" otherwise.
+func bytesOf(s string) string {
+	if utf8.ValidString(s) {
+		return ""
 	}
-	return out
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }
 
 // badKeyOr turns an invalid key into bad input.
@@ -653,6 +686,23 @@ func waiters(n int) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+// operand is a name (a prefix, a key, a scope) as the command line gives
+// it: as it is, or, when it starts with a double quote, a Go-quoted string,
+// the form shown prints a name in when it holds what a terminal would obey
+// or a table would hide. So a name printed can be given back as printed,
+// even one holding a NUL, which argv cannot carry as it is (an Executor's
+// binary key, or a scope httpmw stored as its hash).
+func operand(s string) (string, error) {
+	if !strings.HasPrefix(s, `"`) {
+		return s, nil
+	}
+	name, err := strconv.Unquote(s)
+	if err != nil {
+		return "", badInput("%s is not a valid quoted string (a name that starts with a double quote is read as Go quotes it)", strconv.Quote(s))
+	}
+	return name, nil
 }
 
 // shown is how a key, owner or value from a backend is printed for people:

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -114,7 +117,7 @@ func TestEscapesInOutput(t *testing.T) {
 				t.Fatalf("-json idem show: %d %q %q; want the record escaped and decoding to its key", code, out, errOut)
 			}
 			code, out, errOut = cliRun(t, "n\n", "-lock", url, "idem", "delete", "user-\x1b[31m", idemKey)
-			if code != 1 || !strings.Contains(out, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
+			if code != 1 || !strings.Contains(errOut, `\x1b[2J\u202e`) || unsafeOutput(out+errOut) != "" {
 				t.Fatalf("idem delete prompt: %d %q %q; want the key escaped", code, out, errOut)
 			}
 		})
@@ -249,5 +252,122 @@ func TestEscapeUnprintable(t *testing.T) {
 	var back map[string]string
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || len(back) != 1 || back["k\u009b\u202e"] != in["k\u009b\u202e"] {
 		t.Fatalf("printJSON's output decodes to %q (%v); want %q", back, err, in)
+	}
+}
+
+// openStore opens the idempotency store of url, on clients of its own.
+func openStore(t *testing.T, url string) idempotency.Store {
+	t.Helper()
+	u, o := open(t, url)
+	store, err := o.Store(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// TestPromptOnStderr: the question a release or delete asks goes to
+// stderr, so that what -json prints on stdout is JSON alone when a script
+// pipes its answer in.
+func TestPromptOnStderr(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	key := fmt.Sprintf("cli-prompt/%d", time.Now().UnixNano())
+	held, err := serviceGuard(t, url, "orders-svc/9", 2*time.Second).Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	code, out, errOut := cliRun(t, "y\n", "-lock", url, "-json", "locks", "release", key)
+	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(errOut, `"orders-svc/9"`) || !strings.Contains(errOut, "[y/N]") {
+		t.Fatalf("-json locks release answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
+	}
+
+	store := openStore(t, url)
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cliRun(t, "y\n", "-lock", url, "-json", "idem", "delete", "user-9", key)
+	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(errOut, "[y/N]") {
+		t.Fatalf("-json idem delete answered y: exit %d, stdout %q, stderr %q; want JSON alone on stdout and the prompt on stderr", code, out, errOut)
+	}
+}
+
+// TestQuotedOperands: a scope or key printed quoted and escaped (a NUL, a
+// space at its end, as httpmw's hashed scopes and an Executor's binary keys
+// have) can be given back as printed, which argv could not carry as it is.
+func TestQuotedOperands(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	store := openStore(t, url)
+	scope := "\x00sha256:" + strings.Repeat("ab", 32)
+	key := fmt.Sprintf("order\x00%d ", time.Now().UnixNano())
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	if code != 0 || !strings.Contains(out, strconv.Quote(scope)) || !strings.Contains(out, strconv.Quote(key)) {
+		t.Fatalf("idem show of the quoted scope and key: exit %d, %q, %q; want the record, shown as it was named", code, out, errOut)
+	}
+	if code, out, errOut = cliRun(t, "", "-lock", url, "-yes", "idem", "delete", strconv.Quote(scope), strconv.Quote(key)); code != 0 {
+		t.Fatalf("idem delete -yes of the quoted scope and key: exit %d, %q, %q", code, out, errOut)
+	}
+	if _, err := store.Get(ctx, scope, key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("the record after its delete: %v, want ErrNotFound", err)
+	}
+	if code, _, errOut = cliRun(t, "", "-lock", url, "idem", "show", `"unclosed`, "k"); code != 2 || !strings.Contains(errOut, "quoted") {
+		t.Errorf("a badly quoted operand: exit %d, %q; want 2 and what is wrong", code, errOut)
+	}
+}
+
+// TestQuotedAfter: -after takes the last key of a page as it was printed,
+// quoted when it ends with a space, as the operands do.
+func TestQuotedAfter(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	g := serviceGuard(t, url, "pager", 10*time.Second)
+	prefix := fmt.Sprintf("cli-after/%d/", time.Now().UnixNano())
+	for _, k := range []string{prefix + "a ", prefix + "b"} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-limit", "1", "locks", "ls", prefix)
+	first := strconv.Quote(prefix + "a ")
+	if code != 0 || !strings.Contains(out, first) {
+		t.Fatalf("the first page: exit %d, %q, %q; want %s", code, out, errOut, first)
+	}
+	code, out, errOut = cliRun(t, "", "-lock", url, "-limit", "1", "-after", first, "locks", "ls", prefix)
+	if code != 0 || strings.Contains(out, first) || !strings.Contains(out, prefix+"b") {
+		t.Errorf("the page after %s: exit %d, %q, %q; want %sb alone", first, code, out, errOut, prefix)
+	}
+}
+
+// TestIdemJSONBytes: idem show -json gives a scope, key or fingerprint that
+// is not UTF-8 (an Executor's are any bytes) in base64 too, as locks give
+// such a key, since JSON shows each invalid byte as U+FFFD.
+func TestIdemJSONBytes(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	store := openStore(t, url)
+	scope, key, fp := "tenant-\xff", fmt.Sprintf("order-%d-\xfe", time.Now().UnixNano()), "\x9c\x00\xfa"
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: fp, Owner: "api-1:tok", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	var rec struct {
+		ScopeBase64       string `json:"scope_base64"`
+		KeyBase64         string `json:"key_base64"`
+		FingerprintBase64 string `json:"fingerprint_base64"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil {
+		t.Fatalf("idem show -json: exit %d, %q, %q", code, out, errOut)
+	}
+	for name, got := range map[string][2]string{"scope": {rec.ScopeBase64, scope}, "key": {rec.KeyBase64, key}, "fingerprint": {rec.FingerprintBase64, fp}} {
+		if b, err := base64.StdEncoding.DecodeString(got[0]); err != nil || string(b) != got[1] {
+			t.Errorf("%s_base64 %q decodes to %q, %v; want %q", name, got[0], b, err, got[1])
+		}
 	}
 }

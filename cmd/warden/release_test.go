@@ -92,8 +92,8 @@ func TestReleaseWhatWasConfirmed(t *testing.T) {
 			if code != 3 || !strings.Contains(errOut, wantErr) || strings.Contains(out, "released") {
 				t.Fatalf("release confirmed for A while B held: exit %d, %q, %q; want exit 3 and %q", code, out, errOut, wantErr)
 			}
-			if !strings.Contains(out, `"orders-svc/7" with token `+strconv.FormatUint(a.Token(), 10)) {
-				t.Fatalf("the prompt %q does not name A (token %d)", out, a.Token())
+			if !strings.Contains(errOut, `"orders-svc/7" with token `+strconv.FormatUint(a.Token(), 10)) {
+				t.Fatalf("the prompt %q does not name A (token %d)", errOut, a.Token())
 			}
 			// B keeps its lock: the backend still shows it, its section
 			// goes on, and it can give the lock back itself.
@@ -139,7 +139,7 @@ func TestReleaseWhatWasConfirmed(t *testing.T) {
 			code, out, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", "-any-holder", key)
 			held := fmt.Sprintf(`"orders-svc/7" with token %d`, c.Token())
 			want = fmt.Sprintf(`released %q from "orders-svc/7" (token %d)`, key, c.Token())
-			if code != 0 || !strings.Contains(out, held) || !strings.Contains(out, want) {
+			if code != 0 || !strings.Contains(errOut, held) || !strings.Contains(out, want) {
 				t.Fatalf("release -any-holder: exit %d, %q, %q; want the prompt to list %s and %q", code, out, errOut, held, want)
 			}
 		})
@@ -187,7 +187,7 @@ func TestReleaseOneReader(t *testing.T) {
 
 			code, out, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", "-token", strconv.FormatUint(r2.Token(), 10), key)
 			want := fmt.Sprintf(`released %q from "report-reader/2" (token %d)`, key, r2.Token())
-			if code != 0 || !strings.Contains(out, want) || strings.Contains(out, "report-reader/1") {
+			if code != 0 || !strings.Contains(out, want) || strings.Contains(out+errOut, "report-reader/1") {
 				t.Fatalf("release -token of reader 2: exit %d, %q, %q; want 0, the prompt and %q naming reader 2 alone", code, out, errOut, want)
 			}
 			select {

@@ -15,13 +15,15 @@
 // The suite exercises the contract documented on idempotency.Store: the
 // atomic claim, the live record a duplicate gets back whatever its
 // fingerprint, expiry of an abandoned lease on the store's clock, extension,
-// completion and abandonment fenced by the owner token, retention, scope
+// completion and abandonment fenced by the owner token, retention (the
+// longest lease and retention a Duration holds included), scope
 // isolation, large responses and binary keys, a record too large for the
 // store (refused with ErrTooLarge, the claim left to its owner), nil
 // contexts refused with ErrInvalid rather than a panic, through an
-// idempotency.Executor over the store a key executed but not replayable and
-// a caller that left before its result was stored, and, given the Silence
-// option, the bound on every call that a store declaring
+// idempotency.Executor over the store a key executed but not replayable, a
+// caller that left before its result was stored, fingerprints of any length
+// and a lost claim whose key the Executor names only as its hash, and,
+// given the Silence option, the bound on every call that a store declaring
 // idempotency.ContextBounded or idempotency.DeadlineBounded promises,
 // against a server gone silent.
 //
@@ -35,6 +37,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +83,7 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("ExpiredLeaseIsNotRevived", s.testExpiredNotRevived)
 	t.Run("ExtendKeepsClaim", s.testExtend)
 	t.Run("RetentionExpiry", s.testRetention)
+	t.Run("LongestDurations", s.testLongestDurations)
 	t.Run("AbandonLetsRetryClaim", s.testAbandon)
 	t.Run("ConcurrentClaimsOneWinner", s.testConcurrentClaims)
 	t.Run("ScopeIsolation", s.testScopes)
@@ -88,7 +93,9 @@ func Run(t *testing.T, newStore func(t testing.TB) idempotency.Store, opts ...Op
 	t.Run("NilContext", s.testNilContext)
 	t.Run("RecordTooLarge", s.testTooLarge)
 	t.Run("ExecutedNotReplayable", s.testNotReplayable)
+	t.Run("LongFingerprints", s.testLongFingerprints)
 	t.Run("CallerGoneStillStored", s.testCallerGone)
+	t.Run("KeyNeverLogged", s.testKeyNeverLogged)
 	t.Run("Delete", s.testDelete)
 	t.Run("BoundedCalls", s.testBoundedCalls)
 }
@@ -369,6 +376,28 @@ func (s *suite) testRetention(t *testing.T) {
 	expectIs(t, "the first owner's Complete after retention", a.Complete(ctx, "", k, c.Owner, []byte("again"), long), idempotency.ErrNotOwner)
 }
 
+// testLongestDurations: the longest lease and retention a Claim's Check
+// lets through (math.MaxInt64, some 292 years) hold the key, rather than
+// overflowing the store's deadline arithmetic into one already past, which
+// would let a second owner claim it at once.
+func (s *suite) testLongestDurations(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.newStore(t), s.newStore(t)
+	k := key(t)
+	c := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: owner("a"), Lease: math.MaxInt64}
+	mustClaim(t, a, ctx, c)
+	rival := idempotency.Claim{Key: k, Fingerprint: "fp", Owner: owner("b"), Lease: long}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner})
+	if err := a.Extend(ctx, "", k, c.Owner, math.MaxInt64); err != nil {
+		t.Fatalf("Extend by %v: %v", time.Duration(math.MaxInt64), err)
+	}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateInProgress, Fingerprint: "fp", Owner: c.Owner})
+	if err := a.Complete(ctx, "", k, c.Owner, []byte("kept"), math.MaxInt64); err != nil {
+		t.Fatalf("Complete with a retention of %v: %v", time.Duration(math.MaxInt64), err)
+	}
+	expectRecord(t, mustConflict(t, b, ctx, rival), idempotency.Record{Key: k, State: idempotency.StateCompleted, Fingerprint: "fp", Owner: c.Owner, Response: []byte("kept")})
+}
+
 func (s *suite) testAbandon(t *testing.T) {
 	ctx := s.ctx(t)
 	a, b := s.newStore(t), s.newStore(t)
@@ -592,10 +621,12 @@ func (s *suite) testInvalid(t *testing.T) {
 		{Key: k, Owner: "", Lease: long},
 		{Key: k, Owner: "o", Lease: 0},
 		{Key: k, Owner: "o", Lease: -time.Second},
+		{Key: k, Fingerprint: strings.Repeat("f", idempotency.MaxFingerprintLen+1), Owner: "o", Lease: long},
 	} {
 		rec, err := st.Claim(ctx, c)
 		if !errors.Is(err, idempotency.ErrInvalid) {
-			t.Errorf("Claim(key of %d bytes, scope of %d bytes, owner %q, lease %v): got (%v, %v), want ErrInvalid", len(c.Key), len(c.Scope), c.Owner, c.Lease, rec, err)
+			t.Errorf("Claim(key of %d bytes, scope of %d bytes, fingerprint of %d bytes, owner %q, lease %v): got (%v, %v), want ErrInvalid",
+				len(c.Key), len(c.Scope), len(c.Fingerprint), c.Owner, c.Lease, rec, err)
 		}
 	}
 	c := idempotency.Claim{Key: k, Owner: owner("a"), Lease: long}
@@ -709,6 +740,92 @@ func (s *suite) testNotReplayable(t *testing.T) {
 		}
 		if runs.Load() != 1 {
 			t.Errorf("%s: the work ran %d times, want 1", tc.name, runs.Load())
+		}
+	}
+}
+
+// testLongFingerprints: through an Executor, a fingerprint of any length
+// (a caller's own: the request body itself, say) works on the store, and
+// so does one of MaxFingerprintLen, which the store keeps as it is: the
+// first call runs, its repeat on another client replays, and a call whose
+// fingerprint differs in its last byte only is refused as another request.
+func (s *suite) testLongFingerprints(t *testing.T) {
+	ctx := s.ctx(t)
+	a, b := s.executor(t), s.executor(t)
+	for _, n := range []int{idempotency.MaxFingerprintLen, 2 << 20} {
+		k := key(t)
+		fp := strings.Repeat("f", n)
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return []byte("order 1"), nil
+		}
+		if _, err := a.Do(ctx, k, fp, fn); err != nil {
+			t.Fatalf("first Do with a fingerprint of %d bytes: %v", n, err)
+		}
+		if res, err := b.Do(ctx, k, fp, fn); err != nil || !res.Replayed || string(res.Response) != "order 1" {
+			t.Errorf("repeat with a fingerprint of %d bytes: (%q, replayed %v, %v), want %q replayed", n, res.Response, res.Replayed, err, "order 1")
+		}
+		_, err := b.Do(ctx, k, fp[:n-1]+"g", fn)
+		expectIs(t, fmt.Sprintf("Do with a fingerprint of %d bytes differing in its last", n), err, idempotency.ErrFingerprintMismatch)
+		if runs.Load() != 1 {
+			t.Errorf("fingerprint of %d bytes: the work ran %d times, want 1", n, runs.Load())
+		}
+	}
+}
+
+// syncBuffer is a log's output, written by the Executor's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// testKeyNeverLogged: an Executor over the store whose claim is taken from
+// it while the work runs (its record abandoned by another client) names
+// the key only as its hash, in what it logs, in the cause it gives the
+// work and in the error it returns, even where the store's own errors
+// quote the key: a key is often a secret-like token.
+func (s *suite) testKeyNeverLogged(t *testing.T) {
+	ctx := s.ctx(t)
+	var logs syncBuffer
+	e := s.executor(t, idempotency.WithLease(3*s.short), idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	other := s.newStore(t)
+	const secret = "never-logged-6b1f"
+	k := key(t) + "/" + secret
+	var cause error
+	_, err := e.Do(ctx, k, "fp", func(fctx context.Context) ([]byte, error) {
+		rec := mustGet(t, other, ctx, "", k)
+		if err := other.Abandon(ctx, "", k, rec.Owner); err != nil {
+			t.Errorf("Abandon by another client: %v", err)
+		}
+		select {
+		case <-fctx.Done():
+			cause = context.Cause(fctx)
+		case <-ctx.Done():
+		}
+		return []byte("done"), nil
+	})
+	if cause == nil {
+		t.Fatalf("the work was not told its claim was lost; Do returned %v", err)
+	}
+	if !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Do after its claim was taken: %v, want ErrNotOwner", err)
+	}
+	for what, text := range map[string]string{"the log": logs.String(), "the work's cause": cause.Error(), "Do's error": err.Error()} {
+		if strings.Contains(text, secret) {
+			t.Errorf("%s names the key: %s", what, text)
 		}
 	}
 }
