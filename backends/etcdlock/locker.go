@@ -21,6 +21,9 @@ import (
 // 1 s election timeout) and counts in whole seconds.
 const MinTTL = 2 * time.Second
 
+// MaxTTL is the longest TTL etcd grants a lease (its MaxLeaseTTL).
+const MaxTTL = 9_000_000_000 * time.Second
+
 // Locker is a driver.Locker on etcd. It also offers read/write locks
 // (driver.RWLocker), semaphores (driver.Semaphorer) and declares its TTL
 // limits (driver.Limiter). It is safe for concurrent use; Close it when done.
@@ -93,9 +96,10 @@ func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 
 // Limits implements driver.Limiter: etcd leases count whole seconds, and
 // cannot be kept alive reliably below MinTTL. A TTL that were silently
-// rounded would delay the takeover after a crash.
+// rounded would delay the takeover after a crash. etcd grants none above
+// MaxTTL.
 func (l *Locker) Limits() driver.Limits {
-	return driver.Limits{MinTTL: MinTTL, TTLStep: time.Second}
+	return driver.Limits{MinTTL: MinTTL, MaxTTL: MaxTTL, TTLStep: time.Second}
 }
 
 // BoundedByContext implements driver.ContextBounded: every call of the

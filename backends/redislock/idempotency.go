@@ -204,6 +204,7 @@ func record(scope, key string, v any) (*idempotency.Record, error) {
 	return r, nil
 }
 
-// ms converts a positive duration to whole milliseconds, at least 1, so that a
-// sub-millisecond lease is not sent as zero.
-func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+// ms converts a positive duration to whole milliseconds, rounded up as the
+// locks' TTLs are (pxOf): rounded down, a lease of 1.999ms was kept for 1ms,
+// which for a lease of a few milliseconds is past the Executor's margin.
+func ms(d time.Duration) int64 { return max(1, pxOf(d)) }

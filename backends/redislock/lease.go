@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -66,7 +67,13 @@ const expiryAllowance = time.Millisecond
 // renewed records that a request sent at sent granted or extended the lease
 // for px milliseconds.
 func (ls *lease) renewed(sent time.Time, px int64) {
-	ls.expiry.Store(int64(sent.Sub(epoch) + time.Duration(px)*time.Millisecond - expiryAllowance))
+	// Add and Sub saturate where a sum would overflow: a TTL of
+	// math.MaxInt64 was an expiry in the past.
+	d := time.Duration(math.MaxInt64)
+	if px < int64(d/time.Millisecond) {
+		d = time.Duration(px) * time.Millisecond
+	}
+	ls.expiry.Store(int64(sent.Add(d - expiryAllowance).Sub(epoch)))
 }
 
 // Token implements driver.Lease: the key's counter in Redis.

@@ -484,9 +484,14 @@ func integer(v any) (int64, error) {
 }
 
 // pxOf is the PX a TTL is sent as: whole milliseconds, rounded up, so that
-// the server never keeps a lease for less than was asked.
+// the server never keeps a lease for less than was asked. It rounds by the
+// remainder: ttl plus a millisecond overflows for a TTL of math.MaxInt64.
 func pxOf(ttl time.Duration) int64 {
-	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+	px := int64(ttl / time.Millisecond)
+	if ttl%time.Millisecond != 0 {
+		px++
+	}
+	return px
 }
 
 func flag(b bool) string {

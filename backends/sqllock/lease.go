@@ -54,7 +54,9 @@ func newLease(l *Locker, key string, seq uint64, label string, version int64, tt
 // lasts at least until sent + ttl on any clock that runs at the rate of the
 // database's, whatever the two clocks read.
 func (ls *lease) renewed(sent time.Time, ttl time.Duration) {
-	ls.expiry.Store(int64(sent.Sub(epoch) + ttl - expiryAllowance))
+	// Add and Sub saturate where a sum would overflow: a TTL of
+	// math.MaxInt64 was an expiry in the past.
+	ls.expiry.Store(int64(sent.Add(ttl - expiryAllowance).Sub(epoch)))
 }
 
 // owner is the lease's value of the owner column.

@@ -110,6 +110,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("DistinctKeys", func(t *testing.T) { testDistinctKeys(t, &b) })
 	t.Run("ReleaseAfterClose", func(t *testing.T) { testReleaseAfterClose(t, &b) })
 	t.Run("BoundedCalls", func(t *testing.T) { testBoundedCalls(t, &b) })
+	t.Run("LongestTTL", func(t *testing.T) { testLongestTTL(t, &b) })
 }
 
 var keySeq atomic.Int64
