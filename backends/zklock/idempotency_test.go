@@ -152,9 +152,11 @@ func TestStoreOptions(t *testing.T) {
 	// Arguments out of range are refused before any request: this
 	// connection has no server.
 	ctx := testCtx(t)
-	big := strings.Repeat("f", maxHeader)
-	if _, err := s.Claim(ctx, idempotency.Claim{Key: "k", Fingerprint: big, Owner: "o", Lease: time.Second}); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "fingerprint and owner") {
-		t.Errorf("Claim with %d bytes of fingerprint and owner: %v, want ErrInvalid naming them", len(big)+1, err)
+	// The fingerprint at its most (idempotency.MaxFingerprintLen) and an
+	// owner that takes the two past what a node keeps.
+	fp, owner := strings.Repeat("f", idempotency.MaxFingerprintLen), strings.Repeat("o", maxHeader)
+	if _, err := s.Claim(ctx, idempotency.Claim{Key: "k", Fingerprint: fp, Owner: owner, Lease: time.Second}); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "fingerprint and owner") {
+		t.Errorf("Claim with %d bytes of fingerprint and owner: %v, want ErrInvalid naming them", len(fp)+len(owner), err)
 	}
 	if _, err := s.Claim(ctx, idempotency.Claim{Key: "", Owner: "o", Lease: time.Second}); !errors.Is(err, idempotency.ErrInvalid) {
 		t.Errorf("Claim with an empty key: %v, want ErrInvalid", err)
