@@ -200,7 +200,7 @@ func TestBoundsHoldAgainstAHangingBackend(t *testing.T) {
 }
 
 // A release that hangs returns within the release timeout, as a failure
-// that says the lock stays taken until its lease expires.
+// that says the lock may stay taken until its lease expires.
 func TestUnlockBoundedByTheReleaseTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHanging()

@@ -49,16 +49,7 @@ func TestCallsBoundedByContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every script the calls below send is loaded on every node first: a
-	// silent node's NOSCRIPT never reaches the client, which then never
-	// sends the script's body.
-	for _, n := range direct.nodes {
-		for _, src := range []string{acquireSrc, refreshSrc, releaseSrc} {
-			if err := n.ScriptLoad(context.Background(), src).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	loadScripts(t, direct)
 	for _, p := range proxies {
 		p.LoseReplies()
 	}
@@ -267,4 +258,116 @@ func learnFences(t *testing.T, l *Locker, key string, opts driver.AcquireOptions
 		t.Fatal(err)
 	}
 	awaitWithdrawn(t, l, key)
+}
+
+// TestOwnWithdrawalAwaitedWithinNodeTimeout: the wait for a withdrawal
+// left under way ends with its round, at the node timeout, though its
+// call to a silent node goes on: with go-redis's default options, that
+// call holds its connection for the client's 3s read timeout (for ever
+// with none), and the next Acquire of the key, on a lock free but for
+// that node, waited that long.
+func TestOwnWithdrawalAwaitedWithinNodeTimeout(t *testing.T) {
+	direct := sharedLocker(t)
+	loadScripts(t, direct)
+	nodes, proxies := proxiedNodes(t)
+	for _, c := range nodes {
+		warm(t, c.(*goredis.Client), 8)
+	}
+	l, err := New(nodes, WithNodeTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("silent-withdrawal-%d", time.Now().UnixNano())
+	opts := driver.AcquireOptions{TTL: 5 * time.Second, Wait: true}
+	proxies[0].Blackhole()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err = l.Acquire(ctx, key, opts)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire cut short by its ctx: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	ls, err := l.Acquire(ctx, key, opts)
+	if err != nil {
+		t.Fatalf("Acquire of a lock free on 4 nodes of 5: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("acquired after %v", time.Since(start).Round(time.Millisecond))
+	ls.Release(context.Background())
+}
+
+// TestWithdrawalsJoined: two withdrawals from one lock left under way (two
+// goroutines of a Locker on one key) are both awaited: the second's record
+// replaced the first's, and the first goroutine's retry found its own
+// votes still there.
+func TestWithdrawalsJoined(t *testing.T) {
+	l := sharedLocker(t)
+	const lock = "{joined}:lock"
+	first, second := make(chan struct{}), make(chan struct{})
+	l.recordWithdrawal(lock, first)
+	l.recordWithdrawal(lock, second)
+	close(second)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := l.awaitWithdrawals(ctx, lock); err == nil {
+		t.Fatal("awaitWithdrawals returned with the first withdrawal still under way")
+	}
+	close(first)
+	if err := l.awaitWithdrawals(context.Background(), lock); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, ok := l.withdrawing.Load(lock); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the record of withdrawals over stayed for 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// loadScripts loads every script the Locker sends on every node: a node
+// that then goes silent never returns the NOSCRIPT a fresh server answers
+// the first EVALSHA of a script with, so the client would never send the
+// script's body.
+func loadScripts(t *testing.T, l *Locker) {
+	t.Helper()
+	for _, n := range l.nodes {
+		for _, src := range []string{acquireSrc, refreshSrc, releaseSrc} {
+			if err := n.ScriptLoad(context.Background(), src).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestProbeBoundedByContext: a waiter's probe of nodes gone silent returns
+// once its ctx is done, well before the node timeout, whatever the
+// clients do (the bounded-call tests never reach it: against silent nodes
+// the first attempt fails, and the waiter never finds the lock held).
+func TestProbeBoundedByContext(t *testing.T) {
+	const bound, slack = 300 * time.Millisecond, 250 * time.Millisecond
+	nodes, proxies := proxiedNodes(t)
+	l, err := New(nodes, WithNodeTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range proxies {
+		p.Blackhole()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := time.AfterFunc(bound, cancel)
+	defer stop.Stop()
+	start := time.Now()
+	_, free := l.probeNodes(ctx, lockKeyOf("probe-bounded"), make([]nodeClock, len(nodes)))
+	took := time.Since(start)
+	if free {
+		t.Error("silent nodes probed free")
+	}
+	if took > bound+slack {
+		t.Errorf("probe took %v, its ctx cancelled after %v (node timeout 5s)", took.Round(time.Millisecond), bound)
+	}
 }

@@ -98,11 +98,14 @@
 // the rule under contention. Among 64 contenders holding the lock 1ms on 5
 // nodes, a probe cost 10 commands when it read every node's state and
 // clock, and costs 4.3 on average reading a majority first and the clocks
-// once a second (BenchmarkContended). A waiter voting on every attempt would write its vote on the nodes that are
-// free while the lock is held on a majority, or while a holder's fresh
-// attempt is on its way, then withdraw it: among 8
-// contenders holding the lock 1ms, such split votes came at 0.37 to 0.54
-// per acquisition, and at 0.01 to 0.03 with the probe.
+// once a second (BenchmarkContended). A node that failed its last vote or
+// probe is read first only when too few others are left: a silent one
+// would hold each probe to the node timeout. A waiter voting on every
+// attempt would write its vote on the nodes that are free while the lock
+// is held on a majority, or while a holder's fresh attempt is on its way,
+// then withdraw it: among 8 contenders holding the lock 1ms, such split
+// votes came at 0.37 to 0.54 per acquisition, and at 0.01 to 0.03 with the
+// probe.
 //
 // The per-node timeout is enforced by the Locker even when a client does not
 // honour context deadlines (go-redis does only with ContextTimeoutEnabled);
@@ -113,8 +116,9 @@
 // failed attempt's votes are withdrawn all the same: the withdrawal goes on
 // in the background, within the node timeout, and the attempt hands out no
 // lease once its context is done. The Locker's next attempt on that lock
-// waits for such a withdrawal (or a release so cut short) to be over, so
-// that it does not find its own earlier votes and take the lock for held.
+// waits for such withdrawals (or releases so cut short) to be over, within
+// the node timeout, so that it does not find its own earlier votes and take
+// the lock for held.
 //
 // # Waiting
 //

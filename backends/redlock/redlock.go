@@ -471,17 +471,40 @@ func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, whic
 		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
 	}, judge, which, ctx.Done(), over)
 	if over != nil && ctx.Err() != nil {
-		l.withdrawing.Store(lock, over)
-		go func() {
-			<-over
-			l.withdrawing.CompareAndDelete(lock, over)
-		}()
+		l.recordWithdrawal(lock, over)
 	}
 	return rs
 }
 
-// awaitWithdrawals waits, until ctx is done, for a withdrawal from lock
-// that a caller's ctx left under way (see withdraw).
+// recordWithdrawal records over, the end of a withdrawal from lock under
+// way, until it comes, joined with the end of any other recorded for lock
+// (two goroutines of the Locker on one key), within the node timeout.
+func (l *Locker) recordWithdrawal(lock any, over chan struct{}) {
+	for {
+		prev, taken := l.withdrawing.LoadOrStore(lock, over)
+		if !taken {
+			break
+		}
+		both, other, mine := make(chan struct{}), prev.(chan struct{}), over
+		go func() {
+			<-other
+			<-mine
+			close(both)
+		}()
+		if l.withdrawing.CompareAndSwap(lock, prev, both) {
+			over = both
+			break
+		}
+	}
+	go func(over chan struct{}) {
+		<-over
+		l.withdrawing.CompareAndDelete(lock, over)
+	}(over)
+}
+
+// awaitWithdrawals waits, until ctx is done, for the withdrawals from lock
+// that their callers' contexts left under way (see withdraw), which end
+// within the node timeout.
 func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
 	over, ok := l.withdrawing.Load(lock)
 	if !ok {
@@ -563,7 +586,8 @@ func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, 
 }
 
 // round is gather, which closes over, when not nil, once the round is
-// over: its last call returned, or the node timeout passed.
+// over: its last call returned, or the node timeout passed, whichever
+// came first.
 func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}, over chan struct{}) []result {
 	if which == nil {
 		which = l.all
@@ -577,7 +601,14 @@ func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, e
 	// this gatherer to finish releases it: released earlier, it would end
 	// the wait below before the answers already sent were read.
 	rctx, cancel := context.WithTimeout(ctx, l.nodeTimeout)
-	fl := &flight{cancel: cancel, over: over}
+	fl := &flight{cancel: cancel}
+	if over != nil {
+		// The round's context ends when its last call returns, or at the
+		// node timeout, whichever comes first: a call to a silent node,
+		// which its client may hold for its own read timeout or for
+		// ever, counts as failed from then on.
+		context.AfterFunc(rctx, func() { close(over) })
+	}
 	fl.left.Store(int32(len(which)) + 1)
 	defer fl.finished()
 	answers := make(chan answer, len(which))
@@ -636,7 +667,6 @@ func (n noAnswer) Error() string {
 type flight struct {
 	left   atomic.Int32
 	cancel context.CancelFunc
-	over   chan struct{} // closed when the round is over; nil when nobody waits for that
 }
 
 // finished counts one call, or the gatherer, out; the last releases the
@@ -644,9 +674,6 @@ type flight struct {
 func (fl *flight) finished() {
 	if fl.left.Add(-1) == 0 {
 		fl.cancel()
-		if fl.over != nil {
-			close(fl.over)
-		}
 	}
 }
 
