@@ -18,9 +18,11 @@
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
-// escaped, as Go's %q does; a PREFIX, KEY, SCOPE or -after given that way
-// (one that starts with a double quote) is read back the same way, so that
-// what is printed can be named, a NUL included. A key that is not UTF-8
+// escaped, as Go's %q does; with -quoted, every PREFIX, KEY, SCOPE and
+// -after is read back that way, so that what is printed can be named, a NUL
+// included (without it, every name is taken as it is, as -json prints
+// names, so that a key that starts with a quote names itself). A key that
+// is not UTF-8
 // (another client wrote it; guard refuses such keys) is given in JSON as
 // KeyBase64 too, its bytes exactly, since JSON shows each invalid byte as
 // U+FFFD, and so are an idempotency record's scope, key and fingerprint
@@ -101,9 +103,9 @@ commands:
   ping                   whether the backend answers
 
 Flags may also follow the command; after --, every word is an operand,
-even one starting with '-' (locks show -- -KEY). A PREFIX, KEY, SCOPE or
--after that starts with a double quote is read as Go quotes it, as the
-output shows such names ("a\x00b").
+even one starting with '-' (locks show -- -KEY). With -quoted, every
+PREFIX, KEY, SCOPE and -after is a Go-quoted string, as a table shows
+the names it quotes ("a\x00b"); without it, each is taken as it is.
 
 flags:
 `
@@ -126,6 +128,7 @@ type cli struct {
 	yes       bool
 	limit     int
 	after     string
+	quoted    bool // names given Go-quoted (-quoted)
 	token     uint64 // locks release -token
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
@@ -178,7 +181,8 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
 	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
-	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page), quoted as printed or not")
+	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
+	fs.BoolVar(&c.quoted, "quoted", false, "every PREFIX, KEY, SCOPE and -after is a Go-quoted string, as a table shows the names it quotes")
 	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
 	fs.BoolVar(&c.anyHolder, "any-holder", false, "locks release: release whoever holds the key when the release runs")
 	cmd, err := operands(fs, args)
@@ -397,16 +401,19 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	if name != "locks release" && (c.tokenSet || c.anyHolder) {
 		return nil, badInput("-token and -any-holder are flags of locks release")
 	}
-	for i := 2; i < len(cmd); i++ {
-		var err error
-		if cmd[i], err = operand(cmd[i]); err != nil {
-			return nil, err
+	if c.quoted {
+		for i := 2; i < len(cmd); i++ {
+			var err error
+			if cmd[i], err = unquoted(cmd[i]); err != nil {
+				return nil, err
+			}
 		}
-	}
-	// -after is the last key of a page, as it was printed.
-	var err error
-	if c.after, err = operand(c.after); err != nil {
-		return nil, err
+		if c.after != "" {
+			var err error
+			if c.after, err = unquoted(c.after); err != nil {
+				return nil, err
+			}
+		}
 	}
 	// One bound on the backend's part for a command that asks nothing.
 	bounded := func(f func(context.Context) error) func(context.Context) error {
@@ -688,19 +695,18 @@ func waiters(n int) string {
 	return fmt.Sprint(n)
 }
 
-// operand is a name (a prefix, a key, a scope) as the command line gives
-// it: as it is, or, when it starts with a double quote, a Go-quoted string,
-// the form shown prints a name in when it holds what a terminal would obey
-// or a table would hide. So a name printed can be given back as printed,
-// even one holding a NUL, which argv cannot carry as it is (an Executor's
-// binary key, or a scope httpmw stored as its hash).
-func operand(s string) (string, error) {
-	if !strings.HasPrefix(s, `"`) {
-		return s, nil
-	}
+// unquoted is a name (a prefix, a key, a scope, -after) given with
+// -quoted: a Go-quoted string, the form a table prints a name in when it
+// holds what a terminal would obey or a table would hide, so that a name
+// printed can be given back as printed, even one holding a NUL, which argv
+// cannot carry as it is (an Executor's binary key, or a scope httpmw stored
+// as its hash). Quoting is asked for, never guessed from a leading quote:
+// a key that starts with one, given as -json printed it, would otherwise
+// name another key, and a release take another service's lock.
+func unquoted(s string) (string, error) {
 	name, err := strconv.Unquote(s)
-	if err != nil {
-		return "", badInput("%s is not a valid quoted string (a name that starts with a double quote is read as Go quotes it)", strconv.Quote(s))
+	if err != nil || !strings.HasPrefix(s, `"`) {
+		return "", badInput("%s is not a Go-quoted string, which -quoted asks every name to be", strconv.Quote(s))
 	}
 	return name, nil
 }

@@ -295,7 +295,8 @@ func TestPromptOnStderr(t *testing.T) {
 
 // TestQuotedOperands: a scope or key printed quoted and escaped (a NUL, a
 // space at its end, as httpmw's hashed scopes and an Executor's binary keys
-// have) can be given back as printed, which argv could not carry as it is.
+// have) can be given back as printed with -quoted, which argv could not
+// carry as it is.
 func TestQuotedOperands(t *testing.T) {
 	ctx := context.Background()
 	url := backendURLs(t)["redis"]
@@ -305,23 +306,23 @@ func TestQuotedOperands(t *testing.T) {
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "api-1:tok", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := cliRun(t, "", "-lock", url, "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	code, out, errOut := cliRun(t, "", "-lock", url, "-quoted", "idem", "show", strconv.Quote(scope), strconv.Quote(key))
 	if code != 0 || !strings.Contains(out, strconv.Quote(scope)) || !strings.Contains(out, strconv.Quote(key)) {
 		t.Fatalf("idem show of the quoted scope and key: exit %d, %q, %q; want the record, shown as it was named", code, out, errOut)
 	}
-	if code, out, errOut = cliRun(t, "", "-lock", url, "-yes", "idem", "delete", strconv.Quote(scope), strconv.Quote(key)); code != 0 {
+	if code, out, errOut = cliRun(t, "", "-lock", url, "-yes", "-quoted", "idem", "delete", strconv.Quote(scope), strconv.Quote(key)); code != 0 {
 		t.Fatalf("idem delete -yes of the quoted scope and key: exit %d, %q, %q", code, out, errOut)
 	}
 	if _, err := store.Get(ctx, scope, key); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("the record after its delete: %v, want ErrNotFound", err)
 	}
-	if code, _, errOut = cliRun(t, "", "-lock", url, "idem", "show", `"unclosed`, "k"); code != 2 || !strings.Contains(errOut, "quoted") {
+	if code, _, errOut = cliRun(t, "", "-lock", url, "-quoted", "idem", "show", `"unclosed`, `"k"`); code != 2 || !strings.Contains(errOut, "quoted") {
 		t.Errorf("a badly quoted operand: exit %d, %q; want 2 and what is wrong", code, errOut)
 	}
 }
 
 // TestQuotedAfter: -after takes the last key of a page as it was printed,
-// quoted when it ends with a space, as the operands do.
+// quoted when it ends with a space, with -quoted as the operands.
 func TestQuotedAfter(t *testing.T) {
 	ctx := context.Background()
 	url := backendURLs(t)["redis"]
@@ -339,7 +340,7 @@ func TestQuotedAfter(t *testing.T) {
 	if code != 0 || !strings.Contains(out, first) {
 		t.Fatalf("the first page: exit %d, %q, %q; want %s", code, out, errOut, first)
 	}
-	code, out, errOut = cliRun(t, "", "-lock", url, "-limit", "1", "-after", first, "locks", "ls", prefix)
+	code, out, errOut = cliRun(t, "", "-lock", url, "-limit", "1", "-quoted", "-after", first, "locks", "ls", strconv.Quote(prefix))
 	if code != 0 || strings.Contains(out, first) || !strings.Contains(out, prefix+"b") {
 		t.Errorf("the page after %s: exit %d, %q, %q; want %sb alone", first, code, out, errOut, prefix)
 	}
@@ -356,7 +357,7 @@ func TestIdemJSONBytes(t *testing.T) {
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: fp, Owner: "api-1:tok", Lease: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "idem", "show", strconv.Quote(scope), strconv.Quote(key))
+	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "-quoted", "idem", "show", strconv.Quote(scope), strconv.Quote(key))
 	var rec struct {
 		ScopeBase64       string `json:"scope_base64"`
 		KeyBase64         string `json:"key_base64"`
@@ -369,5 +370,41 @@ func TestIdemJSONBytes(t *testing.T) {
 		if b, err := base64.StdEncoding.DecodeString(got[0]); err != nil || string(b) != got[1] {
 			t.Errorf("%s_base64 %q decodes to %q, %v; want %q", name, got[0], b, err, got[1])
 		}
+	}
+}
+
+// TestLeadingQuoteIsLiteral: without -quoted, a name that starts with a
+// double quote is taken as it is, as -json prints it: a release of the key
+// `"job"`, named from a script's JSON, released the lock on `job`, another
+// service's, when such names were read as Go-quoted by their first
+// character.
+func TestLeadingQuoteIsLiteral(t *testing.T) {
+	ctx := context.Background()
+	url := backendURLs(t)["redis"]
+	g := serviceGuard(t, url, "svc-a", 10*time.Second)
+	plain := fmt.Sprintf("job-%d", time.Now().UnixNano())
+	quoted := strconv.Quote(plain)
+	held := map[string]*guard.Lock{}
+	for _, k := range []string{plain, quoted} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[k] = l
+		defer l.Unlock(ctx)
+	}
+	if code, out, errOut := cliRun(t, "", "-lock", url, "-yes", "-any-holder", "locks", "release", quoted); code != 0 {
+		t.Fatalf("release of %s: exit %d, %q, %q", quoted, code, out, errOut)
+	}
+	if err := held[plain].Err(); err != nil {
+		t.Errorf("the lock on %s, which was not named: %v", plain, err)
+	}
+	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "locks", "show", plain)
+	if code != 0 || !strings.Contains(out, "svc-a") {
+		t.Errorf("locks show %s after the release of %s: exit %d, %q, %q; want it still held by svc-a", plain, quoted, code, out, errOut)
+	}
+	code, out, errOut = cliRun(t, "", "-lock", url, "-json", "locks", "show", quoted)
+	if code != 0 || strings.Contains(out, "svc-a") {
+		t.Errorf("locks show %s after its release: exit %d, %q, %q; want it free", quoted, code, out, errOut)
 	}
 }
