@@ -309,7 +309,9 @@ func (e *Executor) do(ctx context.Context, cfg *config, key, fingerprint string,
 			// again after its answer was lost (go-redis does, after its
 			// read timeout), and the first one had been made.
 			return e.run(ctx, cfg, c, sent, fn, hash)
-		case rec.Fingerprint != c.Fingerprint:
+		case rec.Fingerprint != c.Fingerprint && (len(fingerprint) <= MaxFingerprintLen || rec.Fingerprint != fingerprint):
+			// A record of a release before long fingerprints were hashed
+			// keeps such a one as it is: the same request, all the same.
 			return Result{}, outcomeMismatch, fmt.Errorf("%w (key hash %s)", ErrFingerprintMismatch, hash)
 		case rec.State == StateCompleted:
 			res, err := decodeResult(rec.Response)

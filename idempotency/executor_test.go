@@ -493,3 +493,40 @@ func TestLongFingerprintStoredAsHash(t *testing.T) {
 		t.Errorf("ran %d times, want 1", runs.Load())
 	}
 }
+
+// TestLongFingerprintOfAnEarlierRelease: a record an earlier release wrote
+// keeps a long fingerprint as it is; a retry of that request, whose claim
+// carries the fingerprint's hash, gets the stored result, not
+// ErrFingerprintMismatch (422 through httpmw) during a rolling upgrade.
+func TestLongFingerprintOfAnEarlierRelease(t *testing.T) {
+	long := strings.Repeat("body ", idempotency.MaxFingerprintLen)
+	st := &earlierRecords{Store: idempotency.NewMemoryStore(), raw: long}
+	e := newExecutor(t, st)
+	ctx := context.Background()
+	var runs atomic.Int64
+	if _, err := e.Do(ctx, "k", long, counted(&runs, "result")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Do(ctx, "k", long, counted(&runs, "other"))
+	if err != nil || !res.Replayed || string(res.Response) != "result" {
+		t.Errorf("repeat over a record of an earlier release: (%q, replayed %v, %v), want the result replayed", res.Response, res.Replayed, err)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("ran %d times, want 1", runs.Load())
+	}
+}
+
+// earlierRecords shows the records of a store as a release before
+// fingerprints were hashed wrote them: a long fingerprint, raw, as it is.
+type earlierRecords struct {
+	idempotency.Store
+	raw string
+}
+
+func (s *earlierRecords) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+	rec, err := s.Store.Claim(ctx, c)
+	if rec != nil && len(rec.Fingerprint) != len(s.raw) {
+		rec.Fingerprint = s.raw
+	}
+	return rec, err
+}
