@@ -455,7 +455,7 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 	var chunkDir string
 	if len(response) > inlineResponse {
 		chunkDir = k + "/" + strconv.FormatUint(c.index, 10) + "/"
-		if err := s.putChunks(ctx, chunkDir, response); err != nil {
+		if err := s.hidePath(s.putChunks(ctx, chunkDir, response), k); err != nil {
 			s.dropChunks(ctx, chunkDir)
 			return err
 		}
@@ -797,7 +797,7 @@ func (s *Store) read(ctx context.Context, k string) (*api.KVPair, stored, error)
 	defer cancel()
 	kv, _, err := s.client.KV().Get(k, queryOpts(rctx))
 	if err != nil {
-		return nil, stored{}, s.unavailable(ctx, rctx, err)
+		return nil, stored{}, s.hidePath(s.unavailable(ctx, rctx, err), k)
 	}
 	if kv == nil {
 		return nil, stored{}, nil
@@ -827,7 +827,7 @@ func (s *Store) load(ctx context.Context, k string) (*api.KVPair, stored, error)
 		for _, e := range resp.Errors {
 			why = append(why, e.What)
 		}
-		return nil, stored{}, fmt.Errorf("%w: consul: read of record %q refused: %s", idempotency.ErrUnavailable, k, strings.Join(why, "; "))
+		return nil, stored{}, s.hidePath(fmt.Errorf("%w: consul: read of the record refused: %s", idempotency.ErrUnavailable, strings.Join(why, "; ")), k)
 	}
 	kv := resp.Results[0]
 	if kv.ModifyIndex == 0 {
@@ -905,6 +905,32 @@ func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool,
 	}
 	return ok, resp, nil
 }
+
+// hidePath takes the path of record k out of err's text, where the
+// client's errors give it (the URL of a request, an ACL's denial): its
+// base64 is the scope and the key, which the idempotency package shows
+// only as their hash (idempotency.KeyHash). errors.Is and errors.As still
+// reach the error.
+func (s *Store) hidePath(err error, k string) error {
+	if err == nil {
+		return nil
+	}
+	enc := strings.TrimPrefix(k, s.dir)
+	msg := err.Error()
+	if enc == "" || !strings.Contains(msg, enc) {
+		return err
+	}
+	return &pathHidden{err: err, msg: strings.ReplaceAll(msg, enc, "<record>")}
+}
+
+// pathHidden is an error whose text hidePath rewrote.
+type pathHidden struct {
+	err error
+	msg string
+}
+
+func (e *pathHidden) Error() string { return e.msg }
+func (e *pathHidden) Unwrap() error { return e.err }
 
 // unavailable reports the failure of a request made on rctx for a caller
 // whose context is ctx, as the Locker does.

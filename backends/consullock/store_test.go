@@ -532,3 +532,35 @@ func TestStoreCutOffWorkStopsFirst(t *testing.T) {
 		t.Errorf("the other process started the work %v after the cut while the cut-off one still ran, not told", started.Sub(cutAt))
 	}
 }
+
+// TestStoreErrorsHideRecordPaths: a request that fails gives the record's
+// path in its error (the URL of a chunk's put, of a read), whose base64 is
+// the scope and the key; the store's errors carry neither, so that what
+// the Executor logs and returns names the key only as its hash.
+func TestStoreErrorsHideRecordPaths(t *testing.T) {
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	st := storeOn(t, newClient(t, p.Addr()))
+	ctx := context.Background()
+	scope, key := "tenant-7", fmt.Sprint("order-", time.Now().UnixNano())
+	c := idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "o", Lease: time.Minute}
+	if rec, err := st.Claim(ctx, c); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	p.Cut()
+	enc := strings.TrimPrefix(st.recordKey(scope, key), st.dir)
+	check := func(op string, err error) {
+		t.Helper()
+		if !errors.Is(err, idempotency.ErrUnavailable) {
+			t.Fatalf("%s with Consul out of reach: %v, want ErrUnavailable", op, err)
+		}
+		if msg := err.Error(); strings.Contains(msg, enc) || strings.Contains(msg, key) {
+			t.Errorf("%s's error names the record: %s", op, msg)
+		}
+	}
+	// A response past inlineResponse goes in chunks, each put under the
+	// record's path.
+	check("Complete", st.Complete(ctx, scope, key, "o", make([]byte, inlineResponse+1), time.Hour))
+	_, _, err := st.read(ctx, st.recordKey(scope, key))
+	check("read", err)
+}
