@@ -2,6 +2,7 @@ package httpmw
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -21,19 +22,21 @@ const (
 type FenceOption func(*fenceConfig)
 
 type fenceConfig struct {
-	resource   func(*http.Request) string
-	retryAfter time.Duration
+	resource    func(*http.Request) string
+	resourceSet bool
+	retryAfter  time.Duration
 }
 
 // WithFenceResource names the resource of a request from the request itself
 // (its route, say) instead of its Fencing-Resource header, which is then
 // ignored: the service, not the client, decides what a token fences.
 func WithFenceResource(resource func(*http.Request) string) FenceOption {
-	return func(c *fenceConfig) { c.resource = resource }
+	return func(c *fenceConfig) { c.resource, c.resourceSet = resource, true }
 }
 
 // WithFenceRetryAfter sets the Retry-After sent when the fence cannot be
-// reached (default DefaultRetryAfter).
+// reached (default DefaultRetryAfter); 0 sends none. Fence refuses a
+// negative one.
 func WithFenceRetryAfter(d time.Duration) FenceOption {
 	return func(c *fenceConfig) { c.retryAfter = d }
 }
@@ -61,10 +64,22 @@ func WithFenceRetryAfter(d time.Duration) FenceOption {
 // the older one. The refusal is safe (a newer lock was granted), but it is
 // not one the data shows. A nil f checks nothing here and leaves it all to
 // those writes, which then alone decide every acceptance and refusal.
-func Fence(f fence.Fencer, opts ...FenceOption) func(http.Handler) http.Handler {
+//
+// Fence refuses a nil option, WithFenceResource(nil) (which would leave the
+// resource to the client after all) and a negative Retry-After.
+func Fence(f fence.Fencer, opts ...FenceOption) (func(http.Handler) http.Handler, error) {
 	c := fenceConfig{retryAfter: DefaultRetryAfter}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("warden: httpmw: fence: %w: option %d is nil", guard.ErrInvalidOption, i)
+		}
 		o(&c)
+	}
+	switch {
+	case c.resourceSet && c.resource == nil:
+		return nil, fmt.Errorf("warden: httpmw: fence: %w: nil WithFenceResource function", guard.ErrInvalidOption)
+	case c.retryAfter < 0:
+		return nil, fmt.Errorf("warden: httpmw: fence: %w: Retry-After %v is negative", guard.ErrInvalidOption, c.retryAfter)
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -112,7 +127,7 @@ func Fence(f fence.Fencer, opts ...FenceOption) func(http.Handler) http.Handler 
 			}
 			next.ServeHTTP(w, r.WithContext(fence.WithClaim(r.Context(), claim)))
 		})
-	}
+	}, nil
 }
 
 // WriteStaleFence answers 409 problem+json of type Stale fencing token: what

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/fence"
@@ -41,7 +42,7 @@ func (m *mapFencer) Advance(_ context.Context, c fence.Claim) error {
 func TestFenceRequests(t *testing.T) {
 	f := &mapFencer{highest: map[string]uint64{}}
 	var seen fence.Claim
-	h := httpmw.Fence(f)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := fenced(t, f)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen, _ = fence.FromContext(r.Context())
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -105,7 +106,7 @@ func TestFenceRequests(t *testing.T) {
 // TestFenceResourceFromRoute: WithFenceResource overrides the header.
 func TestFenceResourceFromRoute(t *testing.T) {
 	f := &mapFencer{highest: map[string]uint64{"route": 10}}
-	h := httpmw.Fence(f, httpmw.WithFenceResource(func(*http.Request) string { return "route" }))(
+	h := fenced(t, f, httpmw.WithFenceResource(func(*http.Request) string { return "route" }))(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	req := httptest.NewRequest("PUT", "/", nil)
 	req.Header.Set("Fencing-Token", "9")
@@ -159,5 +160,37 @@ func TestFenceTransport(t *testing.T) {
 	send(context.Background(), "")
 	if got.Get("Fencing-Token") != "" {
 		t.Errorf("a request without a lock was stamped: %v", got)
+	}
+}
+
+// fenced is httpmw.Fence, failing t on an error.
+func fenced(t *testing.T, f fence.Fencer, opts ...httpmw.FenceOption) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httpmw.Fence(f, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// TestFenceRefusesBadConfiguration: a nil option, WithFenceResource(nil),
+// which would leave the resource to the client after all, and a negative
+// Retry-After are refused when the middleware is built, with errors that
+// name them; a nil option panicked there.
+func TestFenceRefusesBadConfiguration(t *testing.T) {
+	f := &mapFencer{highest: map[string]uint64{}}
+	for _, c := range []struct {
+		name string
+		opts []httpmw.FenceOption
+		want string
+	}{
+		{"nil option", []httpmw.FenceOption{nil}, "option 0 is nil"},
+		{"nil resource", []httpmw.FenceOption{httpmw.WithFenceResource(nil)}, "nil WithFenceResource"},
+		{"negative Retry-After", []httpmw.FenceOption{httpmw.WithFenceRetryAfter(-time.Second)}, "negative"},
+	} {
+		mw, err := httpmw.Fence(f, c.opts...)
+		if mw != nil || !errors.Is(err, guard.ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: (%v, %v), want ErrInvalidOption naming %q", c.name, mw != nil, err, c.want)
+		}
 	}
 }

@@ -42,7 +42,11 @@ func fenceService(t testing.TB, gate fence.Fencer) *httptest.Server {
 		}
 		answerFenced(w, err)
 	})
-	srv := httptest.NewServer(httpmw.Fence(gate)(mux))
+	mw, err := httpmw.Fence(gate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(mux))
 	t.Cleanup(srv.Close)
 	return srv
 }
