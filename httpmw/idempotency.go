@@ -228,7 +228,10 @@ func DefaultStorePolicy(int) bool { return true }
 // RetryableStorePolicy keeps every outcome except a 5xx or a 429, whose
 // key is freed so that a retry runs the handler again: for handlers that
 // answer those only when they did nothing (a transaction rolled back, a
-// rate limit hit before any work).
+// rate limit hit before any work). Not for a handler wrapped in
+// http.TimeoutHandler inside the middleware: its 503 comes while the
+// handler it wraps goes on working, and the freed key lets a retry run
+// beside it.
 func RetryableStorePolicy(status int) bool {
 	return status < 500 && status != http.StatusTooManyRequests
 }
