@@ -22,12 +22,11 @@
 // -after is read back that way, so that what is printed can be named, a NUL
 // included (without it, every name is taken as it is, as -json prints
 // names, so that a key that starts with a quote names itself). A key that
-// is not UTF-8
-// (another client wrote it; guard refuses such keys) is given in JSON as
-// KeyBase64 too, its bytes exactly, since JSON shows each invalid byte as
-// U+FFFD, and so are an idempotency record's scope, key and fingerprint
-// (scope_base64, key_base64, fingerprint_base64). URLs, in usage and errors
-// too, are printed redacted (backendurl).
+// is not UTF-8 (another client wrote it; guard refuses such keys) is given
+// in JSON as KeyBase64 too, its bytes exactly, since JSON shows each
+// invalid byte as U+FFFD, and so are an idempotency record's scope, key and
+// fingerprint (scope_base64, key_base64, fingerprint_base64). URLs, in
+// usage and errors too, are printed redacted (backendurl).
 //
 // -timeout bounds the backend's part of the command: opening the clients
 // and every call, which the command abandons, failing, should a client not
