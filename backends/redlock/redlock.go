@@ -463,14 +463,10 @@ func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, whic
 		return nil
 	}
 	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
-	var over chan struct{}
-	if ctx.Done() != nil {
-		over = make(chan struct{})
-	}
-	rs := l.round(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
+	rs, over := l.round(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
-	}, judge, which, ctx.Done(), over)
-	if over != nil && ctx.Err() != nil {
+	}, judge, which, ctx.Done())
+	if ctx.Err() != nil {
 		l.recordWithdrawal(lock, over)
 	}
 	return rs
@@ -479,24 +475,24 @@ func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, whic
 // recordWithdrawal records over, the end of a withdrawal from lock under
 // way, until it comes, joined with the end of any other recorded for lock
 // (two goroutines of the Locker on one key), within the node timeout.
-func (l *Locker) recordWithdrawal(lock any, over chan struct{}) {
+func (l *Locker) recordWithdrawal(lock any, over <-chan struct{}) {
 	for {
 		prev, taken := l.withdrawing.LoadOrStore(lock, over)
 		if !taken {
 			break
 		}
-		both, other, mine := make(chan struct{}), prev.(chan struct{}), over
+		both, other, mine := make(chan struct{}), prev.(<-chan struct{}), over
 		go func() {
 			<-other
 			<-mine
 			close(both)
 		}()
-		if l.withdrawing.CompareAndSwap(lock, prev, both) {
+		if l.withdrawing.CompareAndSwap(lock, prev, (<-chan struct{})(both)) {
 			over = both
 			break
 		}
 	}
-	go func(over chan struct{}) {
+	go func(over <-chan struct{}) {
 		<-over
 		l.withdrawing.CompareAndDelete(lock, over)
 	}(over)
@@ -511,7 +507,7 @@ func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
 		return nil
 	}
 	select {
-	case <-over.(chan struct{}):
+	case <-over.(<-chan struct{}):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -582,13 +578,15 @@ func ones(r result) verdict {
 // once ctx is done or stop is closed, whatever the calls do: what makes
 // the Locker driver.ContextBounded.
 func (l *Locker) gather(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}) []result {
-	return l.round(ctx, f, judge, which, stop, nil)
+	rs, _ := l.round(ctx, f, judge, which, stop)
+	return rs
 }
 
-// round is gather, which closes over, when not nil, once the round is
-// over: its last call returned, or the node timeout passed, whichever
-// came first.
-func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}, over chan struct{}) []result {
+// round is gather, which also returns a channel closed once the round is
+// over: its last call returned, or the node timeout passed (a call to a
+// silent node, which its client may hold for its own read timeout or for
+// ever, counts as failed from then on), whichever came first.
+func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, error), judge func(result) verdict, which []int, stop <-chan struct{}) ([]result, <-chan struct{}) {
 	if which == nil {
 		which = l.all
 	}
@@ -602,13 +600,6 @@ func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, e
 	// the wait below before the answers already sent were read.
 	rctx, cancel := context.WithTimeout(ctx, l.nodeTimeout)
 	fl := &flight{cancel: cancel}
-	if over != nil {
-		// The round's context ends when its last call returns, or at the
-		// node timeout, whichever comes first: a call to a silent node,
-		// which its client may hold for its own read timeout or for
-		// ever, counts as failed from then on.
-		context.AfterFunc(rctx, func() { close(over) })
-	}
 	fl.left.Store(int32(len(which)) + 1)
 	defer fl.finished()
 	answers := make(chan answer, len(which))
@@ -650,7 +641,7 @@ func (l *Locker) round(ctx context.Context, f func(context.Context, int) (any, e
 			out[j].err = noAnswer(which[j])
 		}
 	}
-	return out
+	return out, rctx.Done()
 }
 
 // noAnswer is the error of a node, by its index, whose answer its round did
