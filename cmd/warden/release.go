@@ -30,12 +30,13 @@ func (e changedHands) Error() string {
 func (e changedHands) ExitCode() int { return exitChanged }
 
 // recordChanged is the refusal of an idempotency record's delete because
-// another request claimed or completed the key after the operator was
-// shown its record: nothing was deleted.
+// the record changed after the operator was shown it: another request
+// claimed or completed the key, or the claim shown lapsed (the key is free
+// again). Nothing was deleted.
 type recordChanged struct{ scope, key string }
 
 func (e recordChanged) Error() string {
-	return fmt.Sprintf("the record under scope %s, key %s was not deleted: another request claimed the key since it was shown (warden idem show tells its state now)",
+	return fmt.Sprintf("the record under scope %s, key %s was not deleted: it changed since it was shown (another request claimed the key, or the claim shown lapsed; warden idem show tells its state now)",
 		strconv.Quote(e.scope), strconv.Quote(e.key))
 }
 
