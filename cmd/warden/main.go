@@ -127,7 +127,7 @@ type cli struct {
 	yes       bool
 	limit     int
 	after     string
-	quoted    bool // names given Go-quoted (-quoted)
+	quoted    bool   // names given Go-quoted (-quoted)
 	token     uint64 // locks release -token
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
