@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -199,6 +200,13 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	}
 	if jc.catchUp && s.store == nil {
 		return nil, fmt.Errorf("%w: %q: CatchUp needs a slot store (WithSlotStore)", ErrInvalidJob, name)
+	}
+	// A claim's lease covers the wait for the lock and the cap on the run
+	// (claimLease): a sum past the largest Duration would wrap negative,
+	// and the store would refuse every slot's claim.
+	if s.store != nil && !jc.catchUp && jc.wait > math.MaxInt64-claimMargin-jc.atMost {
+		return nil, fmt.Errorf("%w: %q: WaitForLock %v plus LockAtMostFor %v is too long to lease a slot claim for",
+			ErrInvalidJob, name, jc.wait, jc.atMost)
 	}
 	j := &job{s: s, name: name, cfg: jc}
 	if lease := j.claimLease(); jc.catchUp && jc.misfireAfter <= 2*lease {

@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -221,6 +223,29 @@ func TestEntries(t *testing.T) {
 		}
 		if e := s.Entries()[1]; e.Next.Hour() != 3 || e.Next.Minute() != 0 || e.Last != nil {
 			t.Errorf("nightly: %+v, want next at 03:00 and no run yet", e)
+		}
+	})
+}
+
+// TestAddRefusesBoundsTooLongToLeaseAClaim: with a slot store, a claim is
+// leased for the wait for the lock plus the cap on the run; bounds whose
+// sum is past the largest Duration (LockAtMostFor(math.MaxInt64) for "no
+// cap") are refused at Add, not failed by the store at every slot.
+func TestAddRefusesBoundsTooLongToLeaseAClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+		noop := func(context.Context) error { return nil }
+		for i, opts := range [][]scheduler.JobOption{
+			{scheduler.LockAtMostFor(math.MaxInt64)},
+			{scheduler.WaitForLock(math.MaxInt64)},
+			{scheduler.LockAtMostFor(math.MaxInt64 / 2), scheduler.WaitForLock(math.MaxInt64 / 2)},
+		} {
+			if err := s.Add("@every 1s", fmt.Sprint("job", i), noop, opts...); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "too long to lease") {
+				t.Errorf("Add #%d: %v, want ErrInvalidJob saying the bounds are too long", i, err)
+			}
+		}
+		if err := s.Add("@every 1s", "job", noop, scheduler.LockAtMostFor(100*365*24*time.Hour)); err != nil {
+			t.Errorf("a cap of a century: %v", err)
 		}
 	})
 }
