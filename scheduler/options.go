@@ -87,7 +87,10 @@ func WithAnchor(t time.Time) Option { return func(c *config) { c.anchor = t } }
 func WithInstance(name string) Option { return func(c *config) { c.instance = name } }
 
 // WithLocation sets the time zone cron specs are read in (default
-// time.Local). A spec may also name its own with CRON_TZ=.
+// time.Local). A spec may also name its own with CRON_TZ=. time.Local is
+// each process's own (its TZ, its image's /etc/localtime): where nodes may
+// differ, set the zone here or in the spec, since nodes that read a spec in
+// different zones fire it at different instants, each a slot of its own.
 func WithLocation(loc *time.Location) Option {
 	return func(c *config) {
 		if loc == nil {

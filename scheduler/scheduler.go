@@ -148,7 +148,11 @@ func (s *Scheduler) Instance() string { return s.instance }
 // Add schedules fn under name, which is also the name of its lock and of
 // its slots. spec is a cron spec with an optional leading seconds field
 // ("*/5 * * * * *", "0 3 * * *"), a descriptor ("@hourly") or "@every D".
-// Every node must add the job with the same name and spec.
+// Every node must add the job with the same name and spec, read in the
+// same time zone: a spec without CRON_TZ= is read in WithLocation's zone,
+// time.Local by default, and "0 3 * * *" on a node run with TZ=UTC and on
+// one run with TZ=Europe/Berlin names two instants, so two slots, and the
+// job runs at both.
 func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, opts ...JobOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: %q: nil func", ErrInvalidJob, name)
