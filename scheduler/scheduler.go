@@ -188,6 +188,12 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	if err := guard.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("%w: name %q: %w", ErrInvalidJob, name, err)
 	}
+	// guard.Guard.Campaign holds the lock "election:" + election: a job of
+	// that name would find its lock always held by its own leader's term,
+	// and be skipped at every slot.
+	if s.cand != nil && name == "election:"+s.cand.election {
+		return nil, fmt.Errorf("%w: name %q is the lock of the leader election %q", ErrInvalidJob, name, s.cand.election)
+	}
 	// The slot key is name@RFC3339Nano, which must fit the store's limit.
 	if len(name)+1+len("2006-01-02T15:04:05.999999999Z") > idempotency.MaxKeyLen {
 		return nil, fmt.Errorf("%w: name %q is too long to name its slots", ErrInvalidJob, name)

@@ -249,3 +249,22 @@ func TestAddRefusesBoundsTooLongToLeaseAClaim(t *testing.T) {
 		}
 	})
 }
+
+// TestAddRefusesTheElectionsLockName: under WithLeaderElection("main") the
+// leader holds the lock "election:main"; a job of that name was skipped as
+// "lock held" at every slot, by its own leader.
+func TestAddRefusesTheElectionsLockName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t, scheduler.WithLeaderElection("main"))
+		noop := func(context.Context) error { return nil }
+		if err := s.Add("@every 1s", "election:main", noop); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "leader election") {
+			t.Errorf("Add: %v, want ErrInvalidJob naming the leader election", err)
+		}
+		if _, err := s.Wrap("election:main"); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Wrap: %v, want ErrInvalidJob", err)
+		}
+		if err := s.Add("@every 1s", "election:other", noop); err != nil {
+			t.Errorf("a job named after another election: %v", err)
+		}
+	})
+}
