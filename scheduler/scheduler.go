@@ -161,6 +161,12 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
 	}
+	// A day that does not exist ("0 0 30 2 *", April 31) parses, and
+	// robfig/cron never fires it, without a word: a slip, refused here
+	// rather than a job that silently never runs.
+	if sched.Next(s.clock()).IsZero() {
+		return fmt.Errorf("%w: %q: spec %q never fires", ErrInvalidJob, name, spec)
+	}
 	j, err := s.newJob(name, shortestInterval(sched), opts)
 	if err != nil {
 		return err

@@ -52,6 +52,8 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 			{"CRON_TZ=UTC", nil, "no schedule"},
 			{"@every 1s 2s", nil, "one duration"},
 			{"* * *", nil, "spec"},
+			{"0 0 30 2 *", nil, "never fires"},
+			{"CRON_TZ=Europe/Paris 0 0 12 31 4 *", nil, "never fires"},
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
