@@ -33,7 +33,8 @@
 //     connection broke) is given back, in case it landed. A slot whose
 //     runner died mid-run stays claimed until the claim lapses; with
 //     CatchUp another node watches the claim and runs the slot again, with
-//     a fresh fencing token, while the slot is younger than MisfireAfter.
+//     a fresh fencing token, while the slot is younger than MisfireAfter;
+//     a run that Stop cut short gives its claim back for the same.
 //  6. The lock is kept until LockAtLeastFor has passed since it was taken,
 //     then released.
 //

@@ -87,7 +87,10 @@ func WithAnchor(t time.Time) Option { return func(c *config) { c.anchor = t } }
 func WithInstance(name string) Option { return func(c *config) { c.instance = name } }
 
 // WithLocation sets the time zone cron specs are read in (default
-// time.Local). A spec may also name its own with CRON_TZ=.
+// time.Local). A spec may also name its own with CRON_TZ=. time.Local is
+// each process's own (its TZ, its image's /etc/localtime): where nodes may
+// differ, set the zone here or in the spec, since nodes that read a spec in
+// different zones fire it at different instants, each a slot of its own.
 func WithLocation(loc *time.Location) Option {
 	return func(c *config) {
 		if loc == nil {
@@ -215,7 +218,9 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // node that found the slot claimed keeps watching the claim until the slot
 // is MisfireAfter old, and once the claim has expired (its runner stopped
 // renewing it) claims the slot and runs it, waiting for the dead runner's
-// lock to expire if need be, with a fresh fencing token. Off by default:
+// lock to expire if need be, with a fresh fencing token. A run that Stop
+// cut short (its job did not succeed once Stop had cancelled its context)
+// gives its claim back, and is caught up the same way. Off by default:
 // a job must be safe to run twice for the slot it was cut short in, since
 // the dead run may have done part of its work.
 //

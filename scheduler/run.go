@@ -313,9 +313,13 @@ func (r *running) end(err error) {
 		if took := r.rec.Finished.Sub(r.rec.Started); took > j.cfg.atMost {
 			reason = fmt.Sprintf("overran LockAtMostFor %v: ran %v", j.cfg.atMost, took)
 		}
+		// A run Stop cut short did not finish its slot: under CatchUp,
+		// whose jobs are safe to run again for such a slot, it is given
+		// back for the nodes watching it, as a dead runner's would lapse.
+		stopped := j.cfg.catchUp && errors.Is(context.Cause(r.ctx), ErrStopped)
 		if outcome == Ran {
 			r.claim.complete(r.ctx, "ran")
-		} else if j.cfg.retryFailed {
+		} else if j.cfg.retryFailed || stopped {
 			r.claim.abandon(r.ctx)
 		} else {
 			r.claim.complete(r.ctx, string(outcome)+": "+err.Error())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -147,7 +148,11 @@ func (s *Scheduler) Instance() string { return s.instance }
 // Add schedules fn under name, which is also the name of its lock and of
 // its slots. spec is a cron spec with an optional leading seconds field
 // ("*/5 * * * * *", "0 3 * * *"), a descriptor ("@hourly") or "@every D".
-// Every node must add the job with the same name and spec.
+// Every node must add the job with the same name and spec, read in the
+// same time zone: a spec without CRON_TZ= is read in WithLocation's zone,
+// time.Local by default, and "0 3 * * *" on a node run with TZ=UTC and on
+// one run with TZ=Europe/Berlin names two instants, so two slots, and the
+// job runs at both.
 func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, opts ...JobOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: %q: nil func", ErrInvalidJob, name)
@@ -155,6 +160,12 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	sched, err := parseSpec(s.parser, spec)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
+	}
+	// A day that does not exist ("0 0 30 2 *", April 31) parses, and
+	// robfig/cron never fires it, without a word: a slip, refused here
+	// rather than a job that silently never runs.
+	if sched.Next(s.clock()).IsZero() {
+		return fmt.Errorf("%w: %q: spec %q never fires", ErrInvalidJob, name, spec)
 	}
 	j, err := s.newJob(name, shortestInterval(sched), opts)
 	if err != nil {
@@ -183,6 +194,12 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	if err := guard.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("%w: name %q: %w", ErrInvalidJob, name, err)
 	}
+	// guard.Guard.Campaign holds the lock "election:" + election: a job of
+	// that name would find its lock always held by its own leader's term,
+	// and be skipped at every slot.
+	if s.cand != nil && name == "election:"+s.cand.election {
+		return nil, fmt.Errorf("%w: name %q is the lock of the leader election %q", ErrInvalidJob, name, s.cand.election)
+	}
 	// The slot key is name@RFC3339Nano, which must fit the store's limit.
 	if len(name)+1+len("2006-01-02T15:04:05.999999999Z") > idempotency.MaxKeyLen {
 		return nil, fmt.Errorf("%w: name %q is too long to name its slots", ErrInvalidJob, name)
@@ -199,6 +216,13 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	}
 	if jc.catchUp && s.store == nil {
 		return nil, fmt.Errorf("%w: %q: CatchUp needs a slot store (WithSlotStore)", ErrInvalidJob, name)
+	}
+	// A claim's lease covers the wait for the lock and the cap on the run
+	// (claimLease): a sum past the largest Duration would wrap negative,
+	// and the store would refuse every slot's claim.
+	if s.store != nil && !jc.catchUp && jc.wait > math.MaxInt64-claimMargin-jc.atMost {
+		return nil, fmt.Errorf("%w: %q: WaitForLock %v plus LockAtMostFor %v is too long to lease a slot claim for",
+			ErrInvalidJob, name, jc.wait, jc.atMost)
 	}
 	j := &job{s: s, name: name, cfg: jc}
 	if lease := j.claimLease(); jc.catchUp && jc.misfireAfter <= 2*lease {

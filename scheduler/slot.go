@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math/big"
 	"strings"
 	"sync"
 	"time"
@@ -230,8 +231,21 @@ func newSlotSchedule(s cron.Schedule, anchor time.Time, clock func() time.Time) 
 	ss := &slotSchedule{spec: s, anchor: anchor, clock: clock}
 	if cd, ok := s.(cron.ConstantDelaySchedule); ok {
 		ss.spec, ss.every = nil, cd.Delay
+		ss.anchor = nearEpoch(anchor, cd.Delay)
 	}
 	return ss
+}
+
+// nearEpoch returns the one instant anchor + k*every, for an integer k,
+// in the interval after the Unix epoch: the same slots, from an anchor
+// that after can measure from. time.Time.Sub saturates at about 292 years,
+// so that an anchor centuries away (the zero time.Time of an unset field,
+// a far future date) named slots centuries in the past, which the timer
+// fired at once and again, or in the future, which it never reached.
+func nearEpoch(anchor time.Time, every time.Duration) time.Time {
+	ns := new(big.Int).Mul(big.NewInt(anchor.Unix()), big.NewInt(int64(time.Second)))
+	ns.Add(ns, big.NewInt(int64(anchor.Nanosecond())))
+	return time.Unix(0, ns.Mod(ns, big.NewInt(int64(every))).Int64())
 }
 
 // next returns the slot that fires next, or zero when the spec never fires

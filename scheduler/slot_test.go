@@ -240,3 +240,35 @@ func TestDSTRuleKeepsOtherDaysSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestEverySlotsFromAFarAnchor: an anchor centuries away (a zero time.Time
+// from an unset field, a far future date) still names the slot after v,
+// one of anchor + k*D. Time.Sub saturates at about 292 years, and slots
+// computed from it landed centuries in the past, which the timer fired at
+// once, over and over.
+func TestEverySlotsFromAFarAnchor(t *testing.T) {
+	v := time.Date(2030, 6, 1, 12, 0, 0, 123, time.UTC)
+	for _, anchor := range []time.Time{
+		{},
+		time.Date(1600, 3, 1, 0, 0, 0, 7, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC),
+	} {
+		for _, every := range []time.Duration{time.Second, 7 * time.Second, 90 * time.Minute, 1500 * time.Millisecond} {
+			// The same slots, from an anchor moved near v by whole
+			// intervals.
+			near := anchor
+			chunk := (100 * 365 * 24 * time.Hour / every) * every
+			for near.Before(v.Add(-chunk)) {
+				near = near.Add(chunk)
+			}
+			for near.After(v.Add(chunk)) {
+				near = near.Add(-chunk)
+			}
+			want := newSlotSchedule(cron.ConstantDelaySchedule{Delay: every}, near, time.Now).after(v)
+			got := newSlotSchedule(cron.ConstantDelaySchedule{Delay: every}, anchor, time.Now).after(v)
+			if !got.Equal(want) || !got.After(v) || got.After(v.Add(every)) {
+				t.Errorf("anchor %v, every %v: after(%v) = %v, want %v", anchor, every, v, got, want)
+			}
+		}
+	}
+}

@@ -571,3 +571,47 @@ func TestDailyJobOnceOnDSTDays(t *testing.T) {
 		})
 	}
 }
+
+// A run cut short by Stop (a rolling deploy at the slot's time) has not
+// finished its slot: with CatchUp its claim is given back, and the node
+// watching it runs the slot, as it would a dead runner's. It was recorded
+// as failed and done, and never run.
+func TestCatchUpRunsASlotStopCutShort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		ahead := func() time.Time { return time.Now().Add(100 * time.Millisecond) }
+		a := bubbleScheduler(t, newGuard(t, locker, guard.WithTTL(2*time.Second)), "a", &o, scheduler.WithSlotStore(store), scheduler.WithClock(ahead))
+		b := bubbleScheduler(t, newGuard(t, locker, guard.WithTTL(2*time.Second)), "b", &o, scheduler.WithSlotStore(store))
+		ranOnB := make(chan time.Time, 1)
+		started := make(chan struct{}, 1)
+		for _, s := range []*scheduler.Scheduler{a, b} {
+			err := s.Add("@every 1m", "report", func(ctx context.Context) error {
+				run, _ := scheduler.RunFrom(ctx)
+				if run.Instance == "a" {
+					started <- struct{}{}
+					<-ctx.Done()
+					return context.Cause(ctx)
+				}
+				ranOnB <- run.Slot
+				return nil
+			}, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+		}
+		<-started
+		slot := time.Now().Truncate(time.Minute).Add(time.Minute)
+		time.Sleep(5 * time.Second)
+		a.Stop(context.Background())
+		select {
+		case s := <-ranOnB:
+			if !s.Equal(slot) {
+				t.Errorf("caught up slot %v, want %v", s, slot)
+			}
+		case <-time.After(40 * time.Second):
+			t.Errorf("the slot was not caught up: %v", o.summary(slot))
+		}
+	})
+}

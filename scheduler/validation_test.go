@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -50,6 +52,8 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 			{"CRON_TZ=UTC", nil, "no schedule"},
 			{"@every 1s 2s", nil, "one duration"},
 			{"* * *", nil, "spec"},
+			{"0 0 30 2 *", nil, "never fires"},
+			{"CRON_TZ=Europe/Paris 0 0 12 31 4 *", nil, "never fires"},
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
@@ -221,6 +225,48 @@ func TestEntries(t *testing.T) {
 		}
 		if e := s.Entries()[1]; e.Next.Hour() != 3 || e.Next.Minute() != 0 || e.Last != nil {
 			t.Errorf("nightly: %+v, want next at 03:00 and no run yet", e)
+		}
+	})
+}
+
+// TestAddRefusesBoundsTooLongToLeaseAClaim: with a slot store, a claim is
+// leased for the wait for the lock plus the cap on the run; bounds whose
+// sum is past the largest Duration (LockAtMostFor(math.MaxInt64) for "no
+// cap") are refused at Add, not failed by the store at every slot.
+func TestAddRefusesBoundsTooLongToLeaseAClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t, scheduler.WithSlotStore(idempotency.NewMemoryStore()))
+		noop := func(context.Context) error { return nil }
+		for i, opts := range [][]scheduler.JobOption{
+			{scheduler.LockAtMostFor(math.MaxInt64)},
+			{scheduler.WaitForLock(math.MaxInt64)},
+			{scheduler.LockAtMostFor(math.MaxInt64 / 2), scheduler.WaitForLock(math.MaxInt64 / 2)},
+		} {
+			if err := s.Add("@every 1s", fmt.Sprint("job", i), noop, opts...); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "too long to lease") {
+				t.Errorf("Add #%d: %v, want ErrInvalidJob saying the bounds are too long", i, err)
+			}
+		}
+		if err := s.Add("@every 1s", "job", noop, scheduler.LockAtMostFor(100*365*24*time.Hour)); err != nil {
+			t.Errorf("a cap of a century: %v", err)
+		}
+	})
+}
+
+// TestAddRefusesTheElectionsLockName: under WithLeaderElection("main") the
+// leader holds the lock "election:main"; a job of that name was skipped as
+// "lock held" at every slot, by its own leader.
+func TestAddRefusesTheElectionsLockName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t, scheduler.WithLeaderElection("main"))
+		noop := func(context.Context) error { return nil }
+		if err := s.Add("@every 1s", "election:main", noop); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "leader election") {
+			t.Errorf("Add: %v, want ErrInvalidJob naming the leader election", err)
+		}
+		if _, err := s.Wrap("election:main"); !errors.Is(err, scheduler.ErrInvalidJob) {
+			t.Errorf("Wrap: %v, want ErrInvalidJob", err)
+		}
+		if err := s.Add("@every 1s", "election:other", noop); err != nil {
+			t.Errorf("a job named after another election: %v", err)
 		}
 	})
 }

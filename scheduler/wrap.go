@@ -22,8 +22,13 @@ import (
 // robfig/cron fires on whole seconds of each node's clock, so the slot of a
 // firing is the Scheduler's clock truncated to the second: nodes whose
 // clocks differ by less than a second name the same slot, and with a slot
-// store the job runs once per slot. A cron.Job takes no context, so neither
-// a lost lock nor LockAtMostFor can stop it; they are recorded.
+// store the job runs once per slot. That holds for cron specs and
+// descriptors, not for robfig/cron's "@every D": it fires on the whole
+// seconds D apart from when each process added the job, so processes
+// started at different seconds name different slots and each runs the job,
+// kept apart only by the lock and LockAtLeastFor. Add such jobs to the
+// Scheduler, which aligns them to its anchor. A cron.Job takes no context,
+// so neither a lost lock nor LockAtMostFor can stop it; they are recorded.
 func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error) {
 	j, err := s.newJob(name, 0, opts)
 	if err != nil {
