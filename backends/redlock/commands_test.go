@@ -409,10 +409,15 @@ func TestProbesReadAMajority(t *testing.T) {
 	_, waiter, p, key := heldAndProbed(t, "probe-majority")
 	probeHeld(t, waiter, key, p)
 	// The lock is held on every node: no probe reads on past its first
-	// majority, whose answers settle it.
+	// majority, whose answers settle it. One probe, the one under way when
+	// probeHeld cancelled the wait, may have read fewer.
 	sizes := p.sizes()
+	short := 0
 	for _, n := range sizes {
-		if n != waiter.quorum {
+		if n < waiter.quorum {
+			short++
+		}
+		if n > waiter.quorum || short > 1 {
 			t.Fatalf("probes read %v nodes of %d, want %d (a majority) each", sizes, len(waiter.nodes), waiter.quorum)
 		}
 	}
