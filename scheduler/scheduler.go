@@ -225,9 +225,12 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 			ErrInvalidJob, name, jc.wait, jc.atMost)
 	}
 	j := &job{s: s, name: name, cfg: jc}
-	if lease := j.claimLease(); jc.catchUp && jc.misfireAfter <= 2*lease {
-		return nil, fmt.Errorf("%w: %q: MisfireAfter %v leaves no time to catch a slot up: a dead runner's claim lapses %v after its last renewal, so it must be more than %v",
-			ErrInvalidJob, name, jc.misfireAfter, lease, 2*lease)
+	// misfireAfter <= 2*lease, written so that a lease past half the
+	// largest Duration (LockTTL of centuries) does not wrap 2*lease
+	// negative and let through a CatchUp that could never catch up.
+	if lease := j.claimLease(); jc.catchUp && lease > (jc.misfireAfter-1)/2 {
+		return nil, fmt.Errorf("%w: %q: MisfireAfter %v leaves no time to catch a slot up: a dead runner's claim lapses %v after its last renewal, so it must be more than twice that",
+			ErrInvalidJob, name, jc.misfireAfter, lease)
 	}
 	if jc.ttl > 0 {
 		j.lockOpts = append(j.lockOpts, guard.TTL(jc.ttl))

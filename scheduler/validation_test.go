@@ -249,6 +249,13 @@ func TestAddRefusesBoundsTooLongToLeaseAClaim(t *testing.T) {
 		if err := s.Add("@every 1s", "job", noop, scheduler.LockAtMostFor(100*365*24*time.Hour)); err != nil {
 			t.Errorf("a cap of a century: %v", err)
 		}
+		// Under CatchUp a claim lives a lock TTL: one past half the
+		// largest Duration wrapped the check that MisfireAfter leaves
+		// time to catch a slot up, and a dead runner's slot was never
+		// caught up.
+		if err := s.Add("@every 1s", "catchup", noop, scheduler.CatchUp(), scheduler.LockTTL(math.MaxInt64/2+time.Second), scheduler.MisfireAfter(time.Hour)); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "no time to catch") {
+			t.Errorf("CatchUp with a lock TTL of centuries: %v, want ErrInvalidJob saying it leaves no time to catch a slot up", err)
+		}
 	})
 }
 
