@@ -568,12 +568,13 @@ func notOwner(op, key string) error {
 	return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
 }
 
-// maxLeaseTTL is the longest TTL etcd grants (lease.MaxLeaseTTL, about 285
-// years); a duration beyond it is taken as forever rather than refused.
-const maxLeaseTTL = 9_000_000_000
+// maxLeaseTTL is MaxTTL in seconds; a store's duration beyond it is taken
+// as forever rather than refused.
+const maxLeaseTTL = int64(MaxTTL / time.Second)
 
 // ttlSeconds rounds d up to whole seconds, the unit of etcd leases, so that a
-// lease never ends sooner than asked.
+// lease never ends sooner than asked, by the remainder (d plus a second
+// overflows near math.MaxInt64), and at most maxLeaseTTL.
 func ttlSeconds(d time.Duration) int64 {
 	s := int64(d / time.Second)
 	if d%time.Second != 0 {

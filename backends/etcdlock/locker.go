@@ -21,7 +21,8 @@ import (
 // 1 s election timeout) and counts in whole seconds.
 const MinTTL = 2 * time.Second
 
-// MaxTTL is the longest TTL etcd grants a lease (its MaxLeaseTTL).
+// MaxTTL is the longest TTL etcd grants a lease (its MaxLeaseTTL, about
+// 285 years).
 const MaxTTL = 9_000_000_000 * time.Second
 
 // Locker is a driver.Locker on etcd. It also offers read/write locks

@@ -62,16 +62,6 @@ var _ driver.Session = (*session)(nil)
 // deadline, not the number of attempts, decides when to give up.
 const retryDelay = 100 * time.Millisecond
 
-// seconds is ttl in whole seconds, rounded up by the remainder (ttl plus
-// a second overflows near math.MaxInt64).
-func seconds(ttl time.Duration) int64 {
-	s := int64(ttl / time.Second)
-	if ttl%time.Second != 0 {
-		s++
-	}
-	return s
-}
-
 // newSession grants a lease of ttl and starts keeping it alive.
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
 	timeout := l.timeout
@@ -84,7 +74,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	err := l.members.repeat(ctx, timeout, false, func(actx context.Context, c *clientv3.Client) error {
 		sent = time.Now()
 		var err error
-		resp, err = c.Grant(actx, seconds(ttl))
+		resp, err = c.Grant(actx, ttlSeconds(ttl))
 		return err
 	})
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 // testLongestTTL: the longest TTL the backend's Limits allow, a TTL of
 // math.MaxInt64 where they set no bound, holds the lock: its expiry is
 // ahead, after an acquisition and a refresh alike, and another client
-// finds the lock held. Sums of such a TTL with
-// a clock overflow into the past.
+// finds the lock held. Sums of such a TTL with a clock overflow into the
+// past.
 func testLongestTTL(t *testing.T, b *Backend) {
 	l1, l2 := b.NewLocker(t), b.NewLocker(t)
 	lim := driver.LimitsOf(l1)
