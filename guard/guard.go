@@ -357,7 +357,7 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 }
 
 // runLocked runs fn and unlocks locks (innermost first) on the way out, even
-// if fn panics, and folds a loss into the result.
+// if fn panics or calls runtime.Goexit, and folds a loss into the result.
 func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error) {
 	unlock := func() error {
 		var lost error
@@ -368,13 +368,16 @@ func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error)
 		}
 		return lost
 	}
+	// Not recover: runtime.Goexit (t.FailNow in a section) unwinds with
+	// nothing to recover, and a panic goes on up unchanged, with its stack.
+	returned := false
 	defer func() {
-		if r := recover(); r != nil {
+		if !returned {
 			unlock()
-			panic(r)
 		}
 	}()
 	err = fn()
+	returned = true
 	lost := unlock()
 	switch {
 	case lost == nil:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -469,6 +470,45 @@ func TestPanicInSectionReleasesAndPropagates(t *testing.T) {
 		t.Fatalf("lock not released after a panic: %v", err)
 	}
 	l.Unlock(context.Background())
+}
+
+// A section that leaves by runtime.Goexit (t.FailNow inside Do, a
+// library calling it) unwinds without a panic to recover: its locks are
+// released all the same.
+func TestGoexitInSectionReleases(t *testing.T) {
+	g := newGuard(t, memory.New())
+	sections := map[string]func(){
+		"Do": func() {
+			g.Do(context.Background(), "k", func(context.Context, *guard.Lock) error {
+				runtime.Goexit()
+				return nil
+			})
+		},
+		"DoAll": func() {
+			g.DoAll(context.Background(), []string{"a", "b"}, func(context.Context, []*guard.Lock) error {
+				runtime.Goexit()
+				return nil
+			})
+		},
+	}
+	for name, section := range sections {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			section()
+		}()
+		<-done
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("%s: %d locks still held after the section called runtime.Goexit: %+v", name, len(held), held)
+		}
+	}
+	for _, k := range []string{"k", "a", "b"} {
+		l, err := g.TryLock(context.Background(), k)
+		if err != nil {
+			t.Fatalf("%s not released: %v", k, err)
+		}
+		l.Unlock(context.Background())
+	}
 }
 
 func TestUnlockWithCancelledContextStillReleases(t *testing.T) {
