@@ -17,8 +17,26 @@ type Leadership struct {
 	lock     *Lock
 }
 
-// electionKey keeps elections apart from locks of the same name.
-func electionKey(election string) string { return "election:" + election }
+// electionPrefix keeps elections apart from locks of the same name: an
+// election is held as the lock electionPrefix+election.
+const electionPrefix = "election:"
+
+func electionKey(election string) string { return electionPrefix + election }
+
+// checkElection reports why election cannot name an election: it must make
+// a valid key once electionPrefix is added.
+func checkElection(election string) error {
+	if election == "" {
+		return fmt.Errorf("warden: election: %w: empty name", ErrInvalidKey)
+	}
+	if n := MaxKeyLen - len(electionPrefix); len(election) > n {
+		return fmt.Errorf("warden: election %s: %w: %d bytes, more than %d", quote(election), ErrInvalidKey, len(election), n)
+	}
+	if err := ValidateKey(election); err != nil {
+		return fmt.Errorf("warden: election %s: %w", quote(election), err)
+	}
+	return nil
+}
 
 // Campaign waits until this Guard leads election, or ctx is done. ctx bounds
 // only the wait: once elected, the term lasts until Resign or until the
@@ -28,7 +46,16 @@ func electionKey(election string) string { return "election:" + election }
 //
 // Resign, or the process ending, ends the term; a candidate that died keeps
 // the seat only until its lease expires.
+//
+// The term is held as the lock "election:"+election in the Guard's
+// namespace, which Inspect and ForceRelease take for operators, and which a
+// Lock of that key would contend for: keep lock keys out of "election:".
+// An election's name is 1 to MaxKeyLen-9 bytes, checked as keys are
+// (ErrInvalidKey).
 func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOption) (*Leadership, error) {
+	if err := checkElection(election); err != nil {
+		return nil, err
+	}
 	c := g.lockConfig(opts, false)
 	if c.mode != exclusive {
 		return nil, wrapLockErr(election, fmt.Errorf("%w: an election is an exclusive lock", ErrInvalidOption))
@@ -82,6 +109,9 @@ type Leader struct {
 // implements it; it returns an error wrapping ErrUnsupported otherwise. A
 // reader that falls behind sees only the latest leader, never a stale one.
 func (g *Guard) Observe(ctx context.Context, election string) (<-chan Leader, error) {
+	if err := checkElection(election); err != nil {
+		return nil, err
+	}
 	key := electionKey(election)
 	first, err := g.Inspect(ctx, key)
 	if err != nil {

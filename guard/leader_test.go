@@ -3,6 +3,8 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +93,39 @@ func TestCampaignRefusesSharedModes(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
 		}
 	}
+}
+
+// An election's name is checked as a key is, on its own: the "election:"
+// its lock key adds is not the caller's to count.
+func TestElectionNameIsChecked(t *testing.T) {
+	g := newGuard(t, memory.New())
+	ctx := context.Background()
+	room := guard.MaxKeyLen - len("election:")
+	for name, election := range map[string]string{
+		"empty":         "",
+		"too long":      strings.Repeat("e", room+1),
+		"a control":     "e\n",
+		"invalid UTF-8": "e\xff",
+	} {
+		if ld, err := g.Campaign(ctx, election, guard.NoWait()); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Errorf("Campaign, %s name: %v, want ErrInvalidKey", name, err)
+			if ld != nil {
+				ld.Resign(ctx)
+			}
+		}
+		if _, err := g.Observe(ctx, election); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Errorf("Observe, %s name: %v, want ErrInvalidKey", name, err)
+		}
+	}
+	_, err := g.Campaign(ctx, strings.Repeat("e", room+1))
+	if want := fmt.Sprintf("more than %d", room); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("too long a name: %v, want it to say %q", err, want)
+	}
+	ld, err := g.Campaign(ctx, strings.Repeat("e", room), guard.NoWait())
+	if err != nil {
+		t.Fatalf("the longest name: %v", err)
+	}
+	ld.Resign(ctx)
 }
 
 func TestLostTermCancelsTheLeader(t *testing.T) {
