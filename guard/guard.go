@@ -206,7 +206,9 @@ func (g *Guard) ValidateTTL(ttl time.Duration) error {
 	if err := g.limits.CheckTTL(ttl); err != nil {
 		return err
 	}
-	if g.margin > 0 && ttl <= 2*g.margin {
+	// ttl <= 2*margin, without doubling a margin that may be past half the
+	// largest Duration.
+	if g.margin > 0 && ttl-g.margin <= g.margin {
 		return fmt.Errorf("%w: ttl %v is not longer than twice the safety margin %v", ErrInvalidOption, ttl, g.margin)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -508,6 +509,24 @@ func TestGoexitInSectionReleases(t *testing.T) {
 			t.Fatalf("%s not released: %v", k, err)
 		}
 		l.Unlock(context.Background())
+	}
+}
+
+// A safety margin must be shorter than half of every TTL, however large it
+// is: doubling one past half the largest Duration must not wrap it round
+// into a small one that every TTL passes.
+func TestSafetyMarginPastHalfTheLargestDuration(t *testing.T) {
+	for _, margin := range []time.Duration{math.MaxInt64, math.MaxInt64/2 + 1} {
+		if _, err := guard.New(memory.New(), guard.WithSafetyMargin(margin)); !errors.Is(err, guard.ErrInvalidOption) {
+			t.Errorf("WithSafetyMargin(%v) with a TTL of 30s: %v, want ErrInvalidOption", margin, err)
+		}
+	}
+	g := newGuard(t, memory.New(), guard.WithTTL(time.Minute), guard.WithSafetyMargin(29*time.Second))
+	if err := g.ValidateTTL(58 * time.Second); !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("ValidateTTL(58s) with a margin of 29s: %v, want ErrInvalidOption", err)
+	}
+	if err := g.ValidateTTL(58*time.Second + 1); err != nil {
+		t.Errorf("ValidateTTL(58s+1ns) with a margin of 29s: %v", err)
 	}
 }
 
