@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,25 @@ func TestHeldListsThisGuardsLocks(t *testing.T) {
 	b.Unlock(ctx)
 	if h := g.Held(); len(h) != 0 {
 		t.Fatalf("Held after unlocking everything: %+v", h)
+	}
+}
+
+// A prefix or an after that no key could have is bad input, said so, not
+// a page of nothing, nor an error that looks like an outage (PostgreSQL
+// refuses invalid UTF-8 and NUL in its query).
+func TestListRefusesWhatNoKeyCouldBe(t *testing.T) {
+	g := newGuard(t, memory.New())
+	ctx := context.Background()
+	for _, bad := range []string{"\xff", "a\x00b", "jobs\u202e", strings.Repeat("p", guard.MaxKeyLen+1)} {
+		if _, err := g.List(ctx, bad, "", 10); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Errorf("List(prefix %.20q): %v, want ErrInvalidKey", bad, err)
+		}
+		if _, err := g.List(ctx, "", bad, 10); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Errorf("List(after %.20q): %v, want ErrInvalidKey", bad, err)
+		}
+	}
+	if _, err := g.List(ctx, strings.Repeat("p", guard.MaxKeyLen), strings.Repeat("a", guard.MaxKeyLen), 10); err != nil {
+		t.Errorf("List with a prefix and an after of MaxKeyLen bytes: %v", err)
 	}
 }
 
