@@ -51,7 +51,10 @@ func checkElection(election string) error {
 // namespace, which Inspect and ForceRelease take for operators, and which a
 // Lock of that key would contend for: keep lock keys out of "election:".
 // An election's name is 1 to MaxKeyLen-9 bytes, checked as keys are
-// (ErrInvalidKey).
+// (ErrInvalidKey). A ctx that carries this Guard's live term of election
+// (its Context) is refused with ErrInvalidOption, where a lock would be
+// reentered; under any other, a Guard that leads waits behind its own term
+// like any candidate.
 func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOption) (*Leadership, error) {
 	if err := checkElection(election); err != nil {
 		return nil, err
@@ -60,8 +63,18 @@ func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOptio
 	if c.mode != exclusive {
 		return nil, wrapLockErr(election, fmt.Errorf("%w: an election is an exclusive lock", ErrInvalidOption))
 	}
+	key := electionKey(election)
+	if ctx != nil {
+		// A lock's reentrancy would hand out the term ctx carries as a
+		// second Leadership, whose Resign would not end it.
+		for h := heldBy(ctx); h != nil; h = h.outer() {
+			if h.g == g && h.key == key && h.Err() == nil {
+				return nil, fmt.Errorf("warden: election %s: %w: ctx carries this Guard's term of it already", quote(election), ErrInvalidOption)
+			}
+		}
+	}
 	c.detach = true
-	l, err := g.acquire(ctx, electionKey(election), c)
+	l, err := g.acquire(ctx, key, c)
 	if err != nil {
 		return nil, err
 	}

@@ -128,6 +128,36 @@ func TestElectionNameIsChecked(t *testing.T) {
 	ld.Resign(ctx)
 }
 
+// Campaigning again with the term's own context is refused: reentered,
+// as a lock would be, it would be a second Leadership of the same term,
+// whose Resign would give nothing up.
+func TestCampaignWithinItsOwnTermIsRefused(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	g := newGuard(t, mem)
+	ld, err := g.Campaign(ctx, "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := g.Campaign(ld.Context(), "e", guard.NoWait())
+	if !errors.Is(err, guard.ErrInvalidOption) {
+		t.Errorf("Campaign with the term's context: %v, want ErrInvalidOption", err)
+	}
+	if again != nil {
+		if err := again.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if other, err := newGuard(t, mem).Campaign(ctx, "e", guard.NoWait()); err == nil {
+			other.Resign(ctx)
+		} else {
+			t.Errorf("after Resign of the second Leadership, the seat is still taken: %v", err)
+		}
+	}
+	if err := ld.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestLostTermCancelsTheLeader(t *testing.T) {
 	f := newFaulty(t)
 	g := newGuard(t, f, guard.WithTTL(300*time.Millisecond))
