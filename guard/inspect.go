@@ -147,11 +147,15 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 		endSpan(span, outcomeError, err)
 		return nil, wrapLockErr(key, err)
 	}
-	attrs := []any{"key", key, "backend", g.backend, "removed", len(removed)}
-	for _, h := range removed {
-		attrs = append(attrs, "owner", h.Owner, "token", h.Token)
+	// One attribute for each field, whatever the number of holders: a
+	// record with a key twice (shared and semaphore locks have several)
+	// keeps only its last value in most readers of JSON logs.
+	owners, tokens := make([]string, len(removed)), make([]uint64, len(removed))
+	for i, h := range removed {
+		owners[i], tokens[i] = h.Owner, h.Token
 	}
-	g.logger.WarnContext(ctx, "warden: lock released by an operator", attrs...)
+	g.logger.WarnContext(ctx, "warden: lock released by an operator",
+		"key", key, "backend", g.backend, "removed", len(removed), "owners", owners, "tokens", tokens)
 	g.tel.forceReleased.Add(ctx, int64(len(removed)), g.tel.onBackend...)
 	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
 	return removed, nil

@@ -1,9 +1,13 @@
 package guard_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -124,6 +128,47 @@ func TestListRefusesWhatNoKeyCouldBe(t *testing.T) {
 	}
 	if _, err := g.List(ctx, strings.Repeat("p", guard.MaxKeyLen), strings.Repeat("a", guard.MaxKeyLen), 10); err != nil {
 		t.Errorf("List with a prefix and an after of MaxKeyLen bytes: %v", err)
+	}
+}
+
+// The WARN of a forced release names every holding it removed, in a log
+// whose records a JSON reader can take in: one key per attribute, not
+// "owner" and "token" once per holder, of which a reader keeps only the
+// last.
+func TestForceReleaseLogsEveryRemovedHolder(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	var logged bytes.Buffer
+	g := newGuard(t, mem, guard.WithOwner("reader-1"), guard.WithLogger(slog.New(slog.NewJSONHandler(&logged, nil))))
+	other := newGuard(t, mem, guard.WithOwner("reader-2"))
+	var tokens []uint64
+	for _, g := range []*guard.Guard{g, other} {
+		l, err := g.Lock(ctx, "doc", guard.Read())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+		tokens = append(tokens, l.Token())
+	}
+	logged.Reset()
+	removed, err := g.ForceRelease(ctx, "doc", guard.ReleaseTarget{AnyHolder: true})
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("removed %+v, %v; want both readers", removed, err)
+	}
+	var rec struct {
+		Removed int
+		Owners  []string
+		Tokens  []uint64
+	}
+	if err := json.Unmarshal(logged.Bytes(), &rec); err != nil {
+		t.Fatalf("%v in %s", err, logged.String())
+	}
+	slices.Sort(rec.Owners)
+	slices.Sort(rec.Tokens)
+	slices.Sort(tokens)
+	if rec.Removed != 2 || !slices.Equal(rec.Owners, []string{"reader-1", "reader-2"}) || !slices.Equal(rec.Tokens, tokens) {
+		t.Errorf("the record, as a JSON reader takes it in: %+v; want removed 2, owners reader-1 and reader-2, tokens %v (logged %s)",
+			rec, tokens, logged.String())
 	}
 }
 
