@@ -317,9 +317,10 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context,
 // DoAll runs fn while holding every key, all or nothing. Keys are taken in
 // one fixed order (sorted, duplicates removed), so two callers locking
 // overlapping sets cannot deadlock; if any key cannot be had, those already
-// taken are released and the error is returned. fn's ctx is cancelled if any
-// of the locks is lost; the locks are passed in key order. Like Do, DoAll
-// reports a loss of any of them as an error wrapping ErrLockLost.
+// taken are released and the error is returned. Every key is checked
+// (ValidateKey) before any is taken. fn's ctx is cancelled if any of the
+// locks is lost; the locks are passed in key order. Like Do, DoAll reports
+// a loss of any of them as an error wrapping ErrLockLost.
 func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context, locks []*Lock) error, opts ...LockOption) error {
 	if len(keys) == 0 {
 		return fmt.Errorf("warden: %w: no keys", ErrInvalidKey)
@@ -330,6 +331,13 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
+	// A key that cannot be taken is reported before any is: not after
+	// waiting for the keys sorted before it.
+	for _, k := range sorted {
+		if err := ValidateKey(k); err != nil {
+			return wrapLockErr(k, err)
+		}
+	}
 	locks := make([]*Lock, 0, len(sorted))
 	inner := ctx
 	// One wait bound for the whole set: each key waits for what is left of

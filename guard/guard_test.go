@@ -379,6 +379,31 @@ func TestDoAllTakesAllOrNothingWithoutDeadlock(t *testing.T) {
 	}
 }
 
+// A key DoAll cannot take is reported before any is taken: not after
+// waiting, perhaps for ever, for the valid keys sorted before it.
+func TestDoAllChecksEveryKeyFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		mem := memory.New()
+		g := newBubbleGuard(t, mem)
+		held, err := newBubbleGuard(t, mem).Lock(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Unlock(ctx)
+		wctx, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		start := time.Now()
+		err = g.DoAll(wctx, []string{"a", "b\x00"}, func(context.Context, []*guard.Lock) error { return nil })
+		if !errors.Is(err, guard.ErrInvalidKey) || time.Since(start) > 0 {
+			t.Errorf("DoAll with an invalid key after a held one: %v after %v, want ErrInvalidKey at once", err, time.Since(start))
+		}
+		if n := mem.Waiters("warden:a"); n != 0 {
+			t.Errorf("%d waiters left on a", n)
+		}
+	})
+}
+
 func TestErrorSentinels(t *testing.T) {
 	ctx := context.Background()
 	g := newGuard(t, memory.New())
