@@ -23,6 +23,7 @@
 package debugpage
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -158,10 +159,18 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = enc.Encode(v) // the client went away: nothing to do
 		return
 	}
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	if err := page.Execute(w, v); err != nil {
+	// Rendered whole first: what the page shows may hold bytes that are
+	// not UTF-8 (an idempotency key or scope asked for, which are opaque
+	// bytes; a job's error), which html/template passes through, and the
+	// page is declared UTF-8. encoding/json replaces them alike.
+	var out bytes.Buffer
+	if err := page.Execute(&out, v); err != nil {
 		p.g.Logger().Warn("warden/debugpage: rendering failed", "error", err)
+		http.Error(w, "rendering failed", http.StatusInternalServerError)
+		return
 	}
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(bytes.ToValidUTF8(out.Bytes(), []byte("\uFFFD"))) // the client went away: nothing to do
 }
 
 // view gathers the page's data.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/debugpage"
@@ -86,6 +87,26 @@ func TestSecurityHeaders(t *testing.T) {
 		if h.Get("X-Content-Type-Options") != "nosniff" || !strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") ||
 			h.Get("X-Frame-Options") != "DENY" || h.Get("Referrer-Policy") != "no-referrer" {
 			t.Errorf("%s %s: headers %v", r.Method, r.URL, h)
+		}
+	}
+}
+
+// What the page shows is UTF-8, as it is declared, even when what it was
+// asked about is not: idempotency keys and scopes are opaque bytes.
+func TestPageIsUTF8(t *testing.T) {
+	g, err := guard.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := debugpage.New(g, debugpage.WithStore(idempotency.NewMemoryStore()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"?scope=%FF&key=k%FE%00", "?format=json&scope=%FF&key=k%FE%00"} {
+		rec := httptest.NewRecorder()
+		page.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/"+q, nil))
+		if rec.Code != http.StatusOK || !utf8.Valid(rec.Body.Bytes()) {
+			t.Errorf("%s: status %d, valid UTF-8 %v: %q", q, rec.Code, utf8.Valid(rec.Body.Bytes()), rec.Body.String())
 		}
 	}
 }
