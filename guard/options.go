@@ -170,12 +170,21 @@ func Fair() LockOption { return func(c *lockConfig) { c.fair = true } }
 func Read() LockOption { return func(c *lockConfig) { c.mode = read } }
 
 // Write takes the exclusive side of a read/write lock. Needs a backend
-// implementing RWLocker. A read/write lock and a plain lock on the same key
-// are different locks.
+// implementing RWLocker.
+//
+// Whether a plain lock, a read/write lock and a semaphore on the same key
+// exclude one another depends on the backend: on Redis, Consul and the
+// in-process backend they are different locks; on ZooKeeper a writer is the
+// plain lock, and semaphores are apart; on etcd each kind waits for every
+// other (readers share only with readers). Take one kind per key, so that
+// changing backends changes nothing; a context that holds one kind on a
+// key is refused another on it (ErrInvalidOption), which could wait for
+// its own hold.
 func Write() LockOption { return func(c *lockConfig) { c.mode = write } }
 
 // Permits turns the lock into a counting semaphore: up to n holders at once.
-// Needs a backend implementing Semaphorer.
+// Needs a backend implementing Semaphorer. A semaphore and a lock of another
+// kind on the same key may or may not exclude each other: see Write.
 func Permits(n int) LockOption {
 	return func(c *lockConfig) { c.mode, c.permits = semaphore, n }
 }
