@@ -23,9 +23,11 @@ const electionPrefix = "election:"
 
 func electionKey(election string) string { return electionPrefix + election }
 
-// checkElection reports why election cannot name an election: it must make
-// a valid key once electionPrefix is added.
-func checkElection(election string) error {
+// ValidateElection reports why election cannot name an election
+// (ErrInvalidKey): it must make a valid key once the prefix "election:" is
+// added. Campaign and Observe check it; a caller that campaigns later (a
+// scheduler's candidate) can check it up front.
+func ValidateElection(election string) error {
 	if election == "" {
 		return fmt.Errorf("warden: election: %w: empty name", ErrInvalidKey)
 	}
@@ -56,7 +58,7 @@ func checkElection(election string) error {
 // reentered; under any other, a Guard that leads waits behind its own term
 // like any candidate.
 func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOption) (*Leadership, error) {
-	if err := checkElection(election); err != nil {
+	if err := ValidateElection(election); err != nil {
 		return nil, err
 	}
 	c := g.lockConfig(opts, false)
@@ -122,7 +124,7 @@ type Leader struct {
 // implements it; it returns an error wrapping ErrUnsupported otherwise. A
 // reader that falls behind sees only the latest leader, never a stale one.
 func (g *Guard) Observe(ctx context.Context, election string) (<-chan Leader, error) {
-	if err := checkElection(election); err != nil {
+	if err := ValidateElection(election); err != nil {
 		return nil, err
 	}
 	key := electionKey(election)

@@ -46,9 +46,8 @@ type candidate struct {
 }
 
 func newCandidate(g *guard.Guard, election string, logger *slog.Logger) (*candidate, error) {
-	// The election's lock key must be one the Guard accepts.
-	if err := guard.ValidateKey("election:" + election); err != nil || election == "" {
-		return nil, fmt.Errorf("%w: election %q is not a valid name", guard.ErrInvalidOption, election)
+	if err := guard.ValidateElection(election); err != nil {
+		return nil, fmt.Errorf("%w: %w", guard.ErrInvalidOption, err)
 	}
 	return &candidate{g: g, election: election, logger: logger, done: make(chan struct{})}, nil
 }

@@ -169,3 +169,14 @@ func TestErrorNamesWardenOnce(t *testing.T) {
 		t.Errorf("locks show of an invalid key: exit %d, %q; want 2 and the error with one warden: prefix", code, errOut)
 	}
 }
+
+// TestListOfAnInvalidPrefixIsBadInput: a prefix no key could start with
+// (guard.List refuses it with ErrInvalidKey) is the operator's mistake, exit
+// 2, as an invalid key is for locks show.
+func TestListOfAnInvalidPrefixIsBadInput(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	code, _, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "bad\x00prefix")
+	if code != 2 || !strings.Contains(errOut, "invalid key") {
+		t.Errorf("locks ls of an invalid prefix: exit %d, %q; want 2 and the key's error", code, errOut)
+	}
+}

@@ -456,7 +456,7 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 func (c *cli) list(ctx context.Context, prefix string) error {
 	page, err := c.g.List(ctx, prefix, c.after, c.limit)
 	if err != nil {
-		return err
+		return badKeyOr(err)
 	}
 	if c.json {
 		out := make([]inspection, len(page))
