@@ -31,6 +31,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -58,7 +59,12 @@ type Guard struct {
 	// byDeadline: the backend returns once its ctx's deadline has passed
 	// (driver.DeadlineBounded), so guard calls it without a watch when
 	// only a deadline can end the call.
-	byDeadline     bool
+	byDeadline bool
+	// noTriesUntil: a first try on the caller's goroutine (see firstTry)
+	// was cut short at its bound, the backend answering too slowly for
+	// them, so acquisitions go straight to a call goroutine until then
+	// (Unix ns; 0: no try was cut short).
+	noTriesUntil   atomic.Int64
 	backend        string
 	owner          string
 	logger         *slog.Logger

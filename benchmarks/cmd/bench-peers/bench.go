@@ -240,20 +240,13 @@ func (b *bench) measureAll(ctx context.Context) error {
 	}
 	for rep := 0; rep < b.s.reps; rep++ {
 		if slices.Contains(b.s.scenarios, "uncontended") {
-			for _, sub := range rotate(b.subjectsFor("uncontended"), rep) {
-				err := b.attempts(ctx, "uncontended", sub, 1, rep, func(try int) (bool, error) {
-					r, err := b.uncontended(ctx, sub, rep, try)
-					if err == nil {
-						fmt.Fprintf(b.log, "rep %d uncontended  %-26s %s\n", rep+1, sub.label, r)
-						if !r.foreign || try == lastTry {
-							b.res.addCycle(cycleKey{"uncontended", 1, 0, sub.id}, r)
-						}
-					}
-					return r.foreign, err
-				})
-				if err != nil {
-					return err
-				}
+			subs, rs, err := b.uncontended(ctx, rotate(b.subjectsFor("uncontended"), rep), rep)
+			if err != nil {
+				return err
+			}
+			for i, sub := range subs {
+				fmt.Fprintf(b.log, "rep %d uncontended  %-26s %s\n", rep+1, sub.label, rs[i])
+				b.res.addCycle(cycleKey{"uncontended", 1, 0, sub.id}, rs[i])
 			}
 		}
 		if slices.Contains(b.s.scenarios, "contended") {

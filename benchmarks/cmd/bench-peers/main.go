@@ -48,6 +48,7 @@ type settings struct {
 	scenarios   []string
 	reps        int
 	uncontended time.Duration
+	slices      int
 	contended   time.Duration
 	contenders  []int
 	holds       []time.Duration
@@ -77,7 +78,8 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	groups := fs.String("pairs", strings.Join(allGroups, ","), "groups of pairs to measure: "+strings.Join(allGroups, ","))
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run: "+strings.Join(allScenarios, ","))
 	fs.IntVar(&s.reps, "reps", 3, "repetitions of every measurement; the report shows medians")
-	fs.DurationVar(&s.uncontended, "d", 1500*time.Millisecond, "window of one uncontended measurement")
+	fs.DurationVar(&s.uncontended, "d", 1500*time.Millisecond, "window of one subject's uncontended measurement in a repetition")
+	fs.IntVar(&s.slices, "slices", 6, "slices each uncontended window is cut into, run in turns with the other subjects' slices")
 	fs.DurationVar(&s.contended, "cd", 2*time.Second, "window of one contended measurement")
 	contenders := fs.String("contenders", "8,64", "contender counts, each its own clients, on one key")
 	holds := fs.String("holds", "0,1ms", "how long a contender holds the lock, each measured (a sleep; Go's timers on Linux rarely sleep much less than 1ms)")
@@ -102,6 +104,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 		quick := map[string]func(){
 			"reps":       func() { s.reps = 1 },
 			"d":          func() { s.uncontended = 150 * time.Millisecond },
+			"slices":     func() { s.slices = 2 },
 			"cd":         func() { s.contended = 300 * time.Millisecond },
 			"contenders": func() { *contenders = "2,8" },
 			"locks":      func() { *sizes = "50,200" },
@@ -136,6 +139,8 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 		return s, fmt.Errorf("-reps %d: want at least 1", s.reps)
 	case s.uncontended <= 0 || s.contended <= 0:
 		return s, errors.New("-d and -cd must be positive")
+	case s.slices < 1 || s.uncontended/time.Duration(s.slices) < time.Millisecond:
+		return s, fmt.Errorf("-slices %d: want at least 1, and slices of -d %v of 1ms or more", s.slices, s.uncontended)
 	case s.churn < 0:
 		return s, errors.New("-churn must not be negative")
 	case s.renewTTL < 300*time.Millisecond:

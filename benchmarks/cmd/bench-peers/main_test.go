@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"image/png"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -81,7 +82,7 @@ func TestSettings(t *testing.T) {
 	if len(s.holds) != 2 || s.holds[0] != 0 || s.holds[1] != time.Millisecond || s.churn == 0 {
 		t.Errorf("holds %v and churn %d, want 0 and 1ms, and some churn", s.holds, s.churn)
 	}
-	for _, bad := range [][]string{{"-pairs", "mongo"}, {"-contenders", "0"}, {"-reps", "0"}, {"stray"}, {"-holds", "-1ms"}, {"-holds", "soon"}, {"-churn", "-1"}} {
+	for _, bad := range [][]string{{"-pairs", "mongo"}, {"-contenders", "0"}, {"-reps", "0"}, {"stray"}, {"-holds", "-1ms"}, {"-holds", "soon"}, {"-churn", "-1"}, {"-slices", "0"}, {"-d", "5ms", "-slices", "6"}} {
 		if _, err := parseSettings(bad, &strings.Builder{}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -308,4 +309,49 @@ func TestRenewersJudgeLosses(t *testing.T) {
 			t.Errorf("a release that finds the lock gone: lost %d, want 3", n)
 		}
 	})
+}
+
+// turnsWorker notes which subject each cycle was made for, one entry per
+// run of cycles.
+type turnsWorker struct {
+	id    string
+	turns *[]string
+}
+
+func (w turnsWorker) cycle(context.Context, string, func()) error {
+	if n := len(*w.turns); n == 0 || (*w.turns)[n-1] != w.id {
+		*w.turns = append(*w.turns, w.id)
+	}
+	return nil
+}
+
+func (turnsWorker) close() {}
+
+// The uncontended windows of one repetition are cut into slices that run
+// in turns, the subjects' order rotated each turn, and each subject's
+// result is its slices together.
+func TestUncontendedRunsInTurns(t *testing.T) {
+	var turns []string
+	newSubject := func(id string) *subject {
+		return &subject{id: id, label: id, fixture: func(context.Context, *meter) (fixture, error) {
+			return perWorker(func(context.Context) (worker, error) { return turnsWorker{id, &turns}, nil }), nil
+		}}
+	}
+	b := &bench{s: settings{uncontended: 30 * time.Millisecond, slices: 3}, log: io.Discard, id: "turns", res: &results{}}
+	subs, rs, err := b.uncontended(context.Background(), []*subject{newSubject("a"), newSubject("b")}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm-ups a, b; turns a, b; b, a; a, b: runs of one subject merge.
+	if got := strings.Join(turns, ","); got != "a,b,a,b,a,b" {
+		t.Errorf("cycles ran in the order %s, want warm-ups a, b, then turns a, b; b, a; a, b", got)
+	}
+	if len(subs) != 2 || len(rs) != 2 {
+		t.Fatalf("%d subjects measured, want 2", len(subs))
+	}
+	for i, r := range rs {
+		if r.acquiring == 0 || r.ops <= 0 {
+			t.Errorf("%s: %+v, want its slices' cycles", subs[i].id, r)
+		}
+	}
 }

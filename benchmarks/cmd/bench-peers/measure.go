@@ -119,69 +119,164 @@ func (b *bench) meterFor(sub *subject) *meter {
 
 func nop() {}
 
-// uncontended times lock-unlock cycles of one worker on a key nobody else
-// wants.
-func (b *bench) uncontended(ctx context.Context, sub *subject, rep, try int) (cycleResult, error) {
-	m := b.meterFor(sub)
-	fx, err := sub.fixture(ctx, m)
-	if err != nil {
-		return cycleResult{}, err
-	}
-	defer fx.close()
-	w, err := fx.worker(ctx)
-	if err != nil {
-		return cycleResult{}, err
-	}
-	defer w.close()
-	key := b.keyFor("uncontended", sub.id, 1, rep, try)
-	// Connections opened, scripts cached, sessions started: none of that is
-	// part of a cycle in a long-lived process.
-	for range 3 {
-		if err := w.cycle(ctx, key, nop); err != nil {
-			return cycleResult{}, fmt.Errorf("warm-up: %w", err)
-		}
-	}
-	before, err := m.snapshot(ctx)
-	if err != nil {
-		return cycleResult{}, err
-	}
-	batch := max(1, sub.batch)
-	samples := make([]float64, 0, 1<<14)
-	cycles := 0
-	start := time.Now()
-	deadline := start.Add(b.s.uncontended)
-	for {
-		t0 := time.Now()
-		if !t0.Before(deadline) {
-			break
-		}
-		for range batch {
-			if err := w.cycle(ctx, key, nop); err != nil {
-				return cycleResult{}, err
-			}
-		}
-		samples = append(samples, durMS(time.Since(t0))/float64(batch))
-		cycles += batch
-	}
-	elapsed := time.Since(start)
-	after, err := m.snapshot(ctx)
-	if err != nil {
-		return cycleResult{}, err
-	}
-	wk := m.between(before, after)
+// uncontendedRun is one subject's worker in a repetition of the
+// uncontended scenario, and what its slices have measured so far.
+type uncontendedRun struct {
+	sub     *subject
+	m       *meter
+	fx      fixture
+	w       worker
+	key     string
+	samples []float64
+	cycles  int
+	elapsed time.Duration
+	cmds    float64
+	trips   float64
+	foreign bool
+}
+
+func (r *uncontendedRun) close() {
+	r.w.close()
+	r.fx.close()
+}
+
+// result is what r's slices measured, together.
+func (r *uncontendedRun) result() cycleResult {
 	return cycleResult{
-		ops:       float64(cycles) / elapsed.Seconds(),
-		p50:       quantile(samples, 0.50),
-		p99:       quantile(samples, 0.99),
+		ops:       float64(r.cycles) / r.elapsed.Seconds(),
+		p50:       quantile(r.samples, 0.50),
+		p99:       quantile(r.samples, 0.99),
 		hand50:    math.NaN(),
 		hand99:    math.NaN(),
 		back:      math.NaN(),
-		cmds:      wk.cmds / float64(cycles),
-		trips:     wk.trips / float64(cycles),
-		foreign:   wk.foreign,
-		acquiring: cycles,
+		cmds:      r.cmds / float64(r.cycles),
+		trips:     r.trips / float64(r.cycles),
+		foreign:   r.foreign,
+		acquiring: r.cycles,
 		held:      math.NaN(),
-	}, nil
+	}
+}
+
+// uncontended times lock-unlock cycles of one worker per subject, each on a
+// key nobody else wants, in one repetition. Each subject's window is cut
+// into slices, and the slices run in turns, one subject after the other in
+// an order rotated each turn: on a shared machine the speed of a loopback
+// round trip changes for seconds at a time, for every client alike (a
+// 1.5s window of the raw floor ran at 17,800 cycles/s and the next one at
+// 10,000), so a subject measured in one window took the machine's state of
+// that window into its ratio; in turns, every subject meets the same
+// states in about the same shares. It returns the subjects it measured,
+// with their results, and notes the others as failed.
+func (b *bench) uncontended(ctx context.Context, subs []*subject, rep int) ([]*subject, []cycleResult, error) {
+	var runs []*uncontendedRun
+	defer func() {
+		for _, r := range runs {
+			r.close()
+		}
+	}()
+	for _, sub := range subs {
+		r, err := b.startUncontended(ctx, sub, rep)
+		if err != nil {
+			if err := b.note(ctx, err, "uncontended", sub, 1, rep); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		runs = append(runs, r)
+	}
+	slice := b.s.uncontended / time.Duration(b.s.slices)
+	failed := map[*uncontendedRun]bool{}
+	for turn := range b.s.slices {
+		for _, r := range rotate(runs, rep+turn) {
+			if failed[r] {
+				continue
+			}
+			if err := b.uncontendedSlice(ctx, r, slice); err != nil {
+				failed[r] = true
+				if err := b.note(ctx, err, "uncontended", r.sub, 1, rep); err != nil {
+					return nil, nil, err
+				}
+			}
+		}
+	}
+	var (
+		measured []*subject
+		results  []cycleResult
+	)
+	for _, r := range runs {
+		if !failed[r] {
+			measured = append(measured, r.sub)
+			results = append(results, r.result())
+		}
+	}
+	return measured, results, nil
+}
+
+// startUncontended makes sub's worker for a repetition, and warms it up.
+func (b *bench) startUncontended(ctx context.Context, sub *subject, rep int) (*uncontendedRun, error) {
+	m := b.meterFor(sub)
+	fx, err := sub.fixture(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	w, err := fx.worker(ctx)
+	if err != nil {
+		fx.close()
+		return nil, err
+	}
+	r := &uncontendedRun{sub: sub, m: m, fx: fx, w: w, key: b.keyFor("uncontended", sub.id, 1, rep, 0), samples: make([]float64, 0, 1<<14)}
+	// Connections opened, scripts cached, sessions started: none of that is
+	// part of a cycle in a long-lived process.
+	for range 3 {
+		if err := w.cycle(ctx, r.key, nop); err != nil {
+			r.close()
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// uncontendedSlice runs r's cycles for one slice of its window. A slice in
+// which another client used the server is measured again, up to lastTry
+// times, and then kept, marked.
+func (b *bench) uncontendedSlice(ctx context.Context, r *uncontendedRun, slice time.Duration) error {
+	batch := max(1, r.sub.batch)
+	for try := 0; ; try++ {
+		before, err := r.m.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		samples, cycles := r.samples, 0
+		start := time.Now()
+		deadline := start.Add(slice)
+		for {
+			t0 := time.Now()
+			if !t0.Before(deadline) {
+				break
+			}
+			for range batch {
+				if err := r.w.cycle(ctx, r.key, nop); err != nil {
+					return err
+				}
+			}
+			samples = append(samples, durMS(time.Since(t0))/float64(batch))
+			cycles += batch
+		}
+		elapsed := time.Since(start)
+		after, err := r.m.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		wk := r.m.between(before, after)
+		if wk.foreign && try < lastTry {
+			b.res.retries++
+			fmt.Fprintf(b.log, "  another client used the server meanwhile: measuring %s's slice again\n", r.sub.label)
+			continue
+		}
+		r.samples, r.cycles, r.elapsed = samples, r.cycles+cycles, r.elapsed+elapsed
+		r.cmds, r.trips, r.foreign = r.cmds+wk.cmds, r.trips+wk.trips, r.foreign || wk.foreign
+		return nil
+	}
 }
 
 // grant is what a contender notes when it is granted the lock.

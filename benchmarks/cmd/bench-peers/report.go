@@ -223,8 +223,8 @@ func (b *bench) markdown() string {
 	if b.s.note != "" {
 		w("- Note: %s\n", b.s.note)
 	}
-	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v, contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
-		b.s.reps, b.s.uncontended, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, (b.s.renewTTL / 3).Round(time.Millisecond), b.s.periods, b.end.Sub(b.start).Round(time.Second))
+	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v (in %d slices, in turns with the other subjects), contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
+		b.s.reps, b.s.uncontended, b.s.slices, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, (b.s.renewTTL / 3).Round(time.Millisecond), b.s.periods, b.end.Sub(b.start).Round(time.Second))
 	for _, g := range slices.Sorted(maps.Keys(b.skipped)) {
 		w("- Left out: %s (%s)\n", g, b.skipped[g])
 	}
@@ -241,7 +241,7 @@ func (b *bench) markdown() string {
 
 	if ps := b.selected("uncontended"); len(ps) > 0 && b.ran("uncontended") {
 		w("## 1. Uncontended lock and unlock\n\n")
-		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition. Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended)
+		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the other subjects' (so that a change of the machine's speed meets every subject alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
 		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle.\n\n")
 		w("| pair | cycles/s ↑ | p50 ↓ | p99 ↓ | server commands/cycle ↓ | round trips/cycle ↓ |\n|---|---|---|---|---|---|\n")
 		for _, p := range ps {
