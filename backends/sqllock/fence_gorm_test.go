@@ -157,3 +157,59 @@ func TestFencedScope(t *testing.T) {
 		t.Fatalf("row %+v %v, want the second holder's value", got, err)
 	}
 }
+
+// TestFencedScopeRawSQL: raw SQL under the scope (Exec, and Raw read
+// through Scan or Find, which gorm cannot tell from a write such as an
+// UPDATE ... RETURNING) is fenced like a create, update or delete: a stale
+// claim is refused in a transaction and nothing is written, and outside one
+// the statement is refused rather than run unfenced. Reads gorm builds from
+// the model are not fenced.
+func TestFencedScopeRawSQL(t *testing.T) {
+	db := databases()[0] // SQLite: the scope's logic is the same on all three
+	dsn := db.dsn(t)
+	g := migrated(t, db, dsn)
+	if err := g.AutoMigrate(&fenceRow{}); err != nil {
+		t.Fatal(err)
+	}
+	s := newFenceStore(t, g).(fenceStore)
+	ctx := context.Background()
+	r := uniqueKey(t)
+	fresh, stale := fence.Claim{Resource: r, Token: 10}, fence.Claim{Resource: r, Token: 9}
+	if err := s.Set(ctx, fresh, "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	const update = "UPDATE warden_test_fence_data SET value = ? WHERE resource = ?"
+	for name, write := range map[string]func(tx *gorm.DB) error{
+		"Exec": func(tx *gorm.DB) error { return tx.Exec(update, "stale", r).Error },
+		"Raw Scan": func(tx *gorm.DB) error {
+			var v string
+			return tx.Raw(update+" RETURNING value", "stale", r).Scan(&v).Error
+		},
+		"Raw Find": func(tx *gorm.DB) error {
+			var rows []fenceRow
+			return tx.Raw(update+" RETURNING *", "stale", r).Find(&rows).Error
+		},
+	} {
+		err := s.db.Transaction(func(tx *gorm.DB) error { return write(tx.Scopes(sqllock.Fenced(stale))) })
+		if !errors.Is(err, fence.ErrStaleToken) {
+			t.Errorf("%s in a transaction under a stale claim: %v, want ErrStaleToken", name, err)
+		}
+		if err := write(s.db.Scopes(sqllock.Fenced(fresh))); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s outside a transaction: %v, want ErrInvalidOption", name, err)
+		}
+		var got fenceRow
+		if err := s.db.First(&got, "resource = ?", r).Error; err != nil || got.Value != "fresh" {
+			t.Fatalf("after %s: row %+v %v, want value fresh", name, got, err)
+		}
+	}
+	err := s.db.Transaction(func(tx *gorm.DB) error {
+		return tx.Scopes(sqllock.Fenced(fresh)).Exec(update, "again", r).Error
+	})
+	if err != nil {
+		t.Fatalf("Exec in a transaction under the accepted claim: %v", err)
+	}
+	var got fenceRow
+	if err := s.db.Scopes(sqllock.Fenced(stale)).First(&got, "resource = ?", r).Error; err != nil || got.Value != "again" {
+		t.Fatalf("a model read under the scope, outside a transaction: %+v %v, want value again", got, err)
+	}
+}
