@@ -25,9 +25,9 @@ const DefaultFenceRoot = "/warden/fences"
 // not move since it was read and the token was not below it.
 //
 // A resource's fence node is the root (DefaultFenceRoot) followed by the
-// resource's name, path-escaped into one node ("a/b" is "a%2Fb"); its data
-// is the highest token accepted, in decimal, and every accepted multi sets
-// it, so that its version counts the writes it fenced.
+// resource's name, path-escaped into one node ("a/b" is "a%2Fb", ".." is
+// "%2E%2E"); its data is the highest token accepted, in decimal, and every
+// accepted multi sets it, so that its version counts the writes it fenced.
 type Fence struct {
 	conn *zk.Conn
 	root string
@@ -61,7 +61,17 @@ func NewFence(conn *zk.Conn, opts ...FenceOption) (*Fence, error) {
 }
 
 // Path returns the fence node of resource.
-func (f *Fence) Path(resource string) string { return f.root + "/" + url.PathEscape(resource) }
+func (f *Fence) Path(resource string) string { return f.root + "/" + fenceNode(resource) }
+
+// fenceNode is resource's node name: path-escaped, and "." and ".." (which
+// ZooKeeper refuses as names) with their dots escaped too, as "%2E" and
+// "%2E%2E", names the path escape never makes, since it escapes "%".
+func fenceNode(resource string) string {
+	if resource == "." || resource == ".." {
+		return strings.Repeat("%2E", len(resource))
+	}
+	return url.PathEscape(resource)
+}
 
 // Multi applies ops (*zk.CreateRequest, *zk.SetDataRequest,
 // *zk.DeleteRequest, *zk.CheckVersionRequest) under c, in one multi with

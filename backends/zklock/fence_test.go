@@ -157,3 +157,28 @@ func TestFenceMulti(t *testing.T) {
 		t.Errorf("relative root: %v", err)
 	}
 }
+
+// TestFenceOddResources: every resource a claim may name has a fence node of
+// its own, "." and ".." among them (which ZooKeeper refuses as node names),
+// and names that escape alike stay apart.
+func TestFenceOddResources(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	root := "fence-odd-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	f, err := NewFence(s.conn, WithFenceRoot(fenceTestRoot+"/"+root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{".", "..", "%2E", "%2E%2E", "a/b", "a%2Fb", "a ", "a", "a\x00b", "\xff", "..."}
+	for i, r := range names {
+		if err := f.Advance(ctx, fence.Claim{Resource: r, Token: uint64(100 + i)}); err != nil {
+			t.Fatalf("Advance(%q): %v", r, err)
+		}
+	}
+	for i, r := range names {
+		if high, _, err := f.Highest(ctx, r); err != nil || high != uint64(100+i) {
+			t.Errorf("Highest(%q) = %d, %v; want %d, its own", r, high, err, 100+i)
+		}
+	}
+}
