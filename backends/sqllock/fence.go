@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"gorm.io/gorm"
 
@@ -31,7 +32,10 @@ var ErrStaleToken = fence.ErrStaleToken
 // either refused or, if they came first, overwritten, never the reverse. The
 // same token may fence many transactions. tx must be a transaction
 // (db.Transaction or db.Begin); Fence refuses anything else with
-// driver.ErrInvalidOption, since the check would not cover the writes.
+// driver.ErrInvalidOption, since the check would not cover the writes. A
+// resource is a key as the lock table takes it (valid UTF-8, at most 255
+// bytes), without a NUL byte; anything else is refused with
+// driver.ErrInvalidKey.
 func Fence(tx *gorm.DB, resource string, token uint64) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction", driver.ErrInvalidOption)
@@ -41,6 +45,11 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 	}
 	if err := checkKey(resource); err != nil {
 		return err
+	}
+	if strings.IndexByte(resource, 0) >= 0 {
+		// PostgreSQL's text cannot hold it; refused on every database, so
+		// that a resource is fenced the same whichever it is.
+		return fmt.Errorf("%w: resource %q holds a NUL byte", driver.ErrInvalidKey, resource)
 	}
 	if token == 0 || token > math.MaxInt64 {
 		return fmt.Errorf("%w: token %d", driver.ErrInvalidOption, token)

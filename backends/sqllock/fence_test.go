@@ -3,12 +3,14 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -83,6 +85,36 @@ func TestFence(t *testing.T) {
 
 			if err := sqllock.Fence(g, "account/"+acct.ID, fresh.Token()); !errors.Is(err, driver.ErrInvalidOption) {
 				t.Errorf("Fence outside a transaction: got %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+}
+
+// TestFenceOddResources: resources that differ by a trailing space, letter
+// case or Unicode normalisation are fenced apart on every database (each
+// is given a lower token than the one before, refused were it the same
+// row); one holding a NUL byte, which PostgreSQL's text cannot store, or
+// invalid UTF-8 is refused as an invalid key on all three, not reported as
+// the database being unavailable.
+func TestFenceOddResources(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			f, err := sqllock.NewFencer(migrated(t, db, db.dsn(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			k := uniqueKey(t)
+			for i, r := range []string{k, k + " ", k + "  ", strings.ToUpper(k), k + "é", k + "e\u0301", k + "/", k[:len(k)-1]} {
+				if err := f.Advance(ctx, fence.Claim{Resource: r, Token: uint64(100 - i)}); err != nil {
+					t.Errorf("resource %q: %v, want its own fence", r, err)
+				}
+			}
+			for _, r := range []string{k + "\x00", "\x00" + k, k + "\xff"} {
+				if err := f.Advance(ctx, fence.Claim{Resource: r, Token: 1}); !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("resource %q: %v, want ErrInvalidKey", r, err)
+				}
 			}
 		})
 	}
