@@ -28,9 +28,10 @@ var (
 const DefaultFencePrefix = "warden:fence:"
 
 // Fence makes fenced writes to Redis (package fence): each is one Lua script
-// that checks the claim's token against the resource's fence key, advances
-// it, and writes, or refuses with an error wrapping fence.ErrStaleToken and
-// changes nothing.
+// that checks the claim's token against the resource's fence key, writes,
+// and advances it, or refuses with an error wrapping fence.ErrStaleToken and
+// changes nothing. A write Redis refuses (WRONGTYPE, INCRBY of a value that
+// is not an integer) changes nothing either; only Eval differs (see there).
 //
 // A resource's fence key is the prefix (DefaultFencePrefix) followed by the
 // resource's name: a hash of its highest token and the ids of its latest 32
@@ -119,9 +120,10 @@ func (f *Fence) IncrBy(ctx context.Context, c fence.Claim, key string, n int64) 
 // own KEYS and ARGV, and it runs after the fence's check and advance, in the
 // same script, only when the claim is accepted. It returns the script's
 // result, or ErrReplyLost as IncrBy does. The script runs as is: its own
-// errors leave the fence advanced.
+// errors leave the fence advanced, since Redis keeps what a script wrote
+// before its error, and those writes must be fenced.
 func (f *Fence) Eval(ctx context.Context, c fence.Claim, script string, keys []string, args ...any) (any, error) {
-	return f.run(ctx, c, goredis.NewScript(fenceCheckSrc+script), keys, args...)
+	return f.run(ctx, c, goredis.NewScript(fenceCheckSrc+"warden_advance()\n"+script), keys, args...)
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.

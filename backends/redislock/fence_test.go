@@ -173,3 +173,33 @@ func TestFenceReplyLost(t *testing.T) {
 		t.Errorf("Set: %v, want nil", err)
 	}
 }
+
+// TestFenceFailedWriteChangesNothing: a write Redis refuses (INCRBY of a
+// value that is not an integer, HSET of a key that is not a hash) leaves
+// the fence where it was, as a stale one does: the check, the advance and
+// the write are one, and the write did not happen.
+func TestFenceFailedWriteChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-failed/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	k := r + ":k"
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 5}, k, "not a number", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.IncrBy(ctx, fence.Claim{Resource: r, Token: 9}, k, 1); err == nil || errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("IncrBy of a string: %v, want Redis's error", err)
+	}
+	if err := f.HSet(ctx, fence.Claim{Resource: r, Token: 8}, k, "a", "1"); err == nil || errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("HSet of a string: %v, want Redis's error", err)
+	}
+	if high, err := f.Highest(ctx, r); err != nil || high != 5 {
+		t.Fatalf("fence at %d (%v) after two failed writes, want 5", high, err)
+	}
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 6}, k, "six", 0); err != nil {
+		t.Fatalf("a write above the last accepted token: %v", err)
+	}
+}
