@@ -82,9 +82,13 @@ func fenceNode(resource string) string {
 // fence between the read and the multi, Multi reads it again and retries,
 // until ctx ends. A multi whose answer was lost (a broken connection) is not
 // resent: its error wraps guard.ErrUnavailable, and it may have been
-// applied, once.
+// applied, once. An operation of another type, or a nil one, is refused
+// with guard.ErrInvalidOption.
 func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.MultiResponse, error) {
 	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkOps(ops); err != nil {
 		return nil, err
 	}
 	path := f.Path(c.Resource)
@@ -128,6 +132,31 @@ func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.Mult
 		}
 		return nil, f.unavailable(ctx, c, err)
 	}
+}
+
+// checkOps refuses an operation the client cannot send, before any round
+// trip: the client would fail it only once the multi is built, as if the
+// server were unreachable.
+func checkOps(ops []any) error {
+	for i, op := range ops {
+		var isNil bool
+		switch op := op.(type) {
+		case *zk.CreateRequest:
+			isNil = op == nil
+		case *zk.SetDataRequest:
+			isNil = op == nil
+		case *zk.DeleteRequest:
+			isNil = op == nil
+		case *zk.CheckVersionRequest:
+			isNil = op == nil
+		default:
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a %T, not a *zk.CreateRequest, *zk.SetDataRequest, *zk.DeleteRequest or *zk.CheckVersionRequest", driver.ErrInvalidOption, i, op)
+		}
+		if isNil {
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a nil %T", driver.ErrInvalidOption, i, op)
+		}
+	}
+	return nil
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.

@@ -182,3 +182,24 @@ func TestFenceOddResources(t *testing.T) {
 		}
 	}
 }
+
+// TestFenceMultiRefusesBadOps: an operation Multi cannot send (another
+// type, a value rather than a pointer, a nil one) is the caller's mistake,
+// refused with ErrInvalidOption before any round trip, not reported as the
+// server being unavailable.
+func TestFenceMultiRefusesBadOps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	r := "fence-badops/" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	c := fence.Claim{Resource: r, Token: 3}
+	for _, op := range []any{"set", zk.CreateRequest{Path: "/x"}, (*zk.CreateRequest)(nil), (*zk.SetDataRequest)(nil),
+		(*zk.DeleteRequest)(nil), (*zk.CheckVersionRequest)(nil), nil} {
+		if _, err := s.f.Multi(ctx, c, op); !errors.Is(err, driver.ErrInvalidOption) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("op %#v: %v, want ErrInvalidOption", op, err)
+		}
+	}
+	if high, _, err := s.f.Highest(ctx, r); err != nil || high != 0 {
+		t.Errorf("fence at %d (%v) after refused multis, want none", high, err)
+	}
+}
