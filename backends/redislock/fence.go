@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,9 @@ const DefaultFencePrefix = "warden:fence:"
 // resource's name: a hash of its highest token and the ids of its latest 32
 // writes, never expiring. The ids make a call that go-redis resends after a
 // broken connection (its MaxRetries) apply once: the resent call finds its
-// id and does nothing again.
+// id and does nothing again. A write to the fence key itself (a resource
+// named as its data key under WithFencePrefix("")) is refused with
+// driver.ErrInvalidOption.
 //
 // On a Cluster, the fence key and the data keys a script touches must be in
 // one hash slot: give the resource a hash tag and the data keys the same
@@ -162,9 +165,15 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s *goredis.Script, keys 
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	fenceKey := f.Key(c.Resource)
+	if slices.Contains(keys, fenceKey) {
+		// Deleting the fence would let every lower token write again,
+		// overwriting it would break it.
+		return nil, fmt.Errorf("warden: redislock: %w: fenced write to %q, the fence key of %q itself", driver.ErrInvalidOption, fenceKey, c.Resource)
+	}
 	var id [8]byte
 	rand.Read(id[:])
-	r, err := s.Run(ctx, f.client, append([]string{f.Key(c.Resource)}, keys...),
+	r, err := s.Run(ctx, f.client, append([]string{fenceKey}, keys...),
 		append([]any{strconv.FormatUint(c.Token, 10), hex.EncodeToString(id[:])}, args...)...).Result()
 	if errors.Is(err, goredis.Nil) {
 		return nil, nil

@@ -234,3 +234,38 @@ func TestFenceResentAfterManyWrites(t *testing.T) {
 		t.Fatalf("count %d after a resent increment, want 1", n)
 	}
 }
+
+// TestFenceRefusesItsOwnKey: a fenced write to the resource's fence key
+// itself (a resource named as its data key under WithFencePrefix(""), say)
+// is refused before it reaches Redis: deleting the fence would have let
+// every lower token write again, overwriting it would have broken it.
+func TestFenceRefusesItsOwnKey(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c, WithFencePrefix(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-own/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	claim := fence.Claim{Resource: r, Token: 10}
+	if err := f.Set(ctx, claim, r+":other", "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	for what, write := range map[string]func() error{
+		"Set":    func() error { return f.Set(ctx, claim, r, "x", 0) },
+		"Del":    func() error { return f.Del(ctx, claim, r+":other", r) },
+		"HSet":   func() error { return f.HSet(ctx, claim, r, "t", "1") },
+		"IncrBy": func() error { _, err := f.IncrBy(ctx, claim, r, 1); return err },
+		"Eval": func() error {
+			_, err := f.Eval(ctx, claim, "return redis.call('DEL', KEYS[1])", []string{r})
+			return err
+		},
+	} {
+		if err := write(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s of the fence key: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 9}, r+":other", "stale", 0); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused writes: %v, want ErrStaleToken", err)
+	}
+}
