@@ -98,7 +98,9 @@ func (t *FencedTxn) Else(ops ...clientv3.Op) *FencedTxn { t.elses = append(t.els
 // returns an error wrapping fence.ErrStaleToken. When etcd refuses the
 // transaction for what the caller put in it, Commit returns etcd's error
 // (wrapping guard.ErrInvalidOption when the request is malformed), the
-// fence unchanged.
+// fence unchanged. A transaction whose operations put or delete the fence
+// key itself (a resource named as its data key under WithFencePrefix(""), a
+// range delete over the prefix) is refused with guard.ErrInvalidOption.
 //
 // It reads the fence key, then sends one etcd transaction whose guard is
 // that the fence key is unchanged since the read: it holds the caller's
@@ -112,6 +114,10 @@ func (t *FencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		return nil, err
 	}
 	key := t.f.Key(c.Resource)
+	if writes(key, t.thenOps) || writes(key, t.elses) {
+		// Deleting the fence would let every lower token write again.
+		return nil, fmt.Errorf("warden: etcdlock: %w: fenced transaction on %q writes its fence key %q", driver.ErrInvalidOption, c.Resource, key)
+	}
 	resp, err := t.f.kv.Get(ctx, key)
 	if err != nil {
 		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: etcdlock: fence %q: %w", c.Resource, err))
@@ -140,6 +146,37 @@ func (t *FencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		high, rev, err = fenceValue(c.Resource, (*clientv3.GetResponse)(tr.Responses[0].GetResponseRange()))
 	}
 	return nil, err
+}
+
+// writes reports whether one of ops, or of the transactions nested in
+// them, puts or deletes key, alone or in a range.
+func writes(key string, ops []clientv3.Op) bool {
+	for _, op := range ops {
+		if op.IsTxn() {
+			_, then, elses := op.Txn()
+			if writes(key, then) || writes(key, elses) {
+				return true
+			}
+			continue
+		}
+		if !op.IsPut() && !op.IsDelete() {
+			continue
+		}
+		from, end := string(op.KeyBytes()), string(op.RangeBytes())
+		switch {
+		case end == "":
+			if key == from {
+				return true
+			}
+		case end == "\x00": // from the key on
+			if key >= from {
+				return true
+			}
+		case from <= key && key < end:
+			return true
+		}
+	}
+	return false
 }
 
 // txnError is the error of a fenced transaction etcd did not apply. One it

@@ -163,3 +163,39 @@ func TestFenceTxnCallerMistakes(t *testing.T) {
 		t.Errorf("fence at %d (%v) after refused transactions, want none", h, err)
 	}
 }
+
+// TestFenceTxnRefusesItsOwnKey: a fenced transaction that would put or
+// delete the resource's fence key itself (a resource named as its data key
+// under WithFencePrefix(""), a range delete over the fence prefix) is
+// refused before it reaches etcd: deleting the fence would have let every
+// lower token write again.
+func TestFenceTxnRefusesItsOwnKey(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, endpoints(t))
+	f, err := NewFence(c, WithFencePrefix(testPrefix+"fences/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := name("fence-own")
+	key := f.Key(r)
+	claim := fence.Claim{Resource: r, Token: 10}
+	if _, err := f.Txn(ctx, claim).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for what, op := range map[string]clientv3.Op{
+		"a delete of it":         clientv3.OpDelete(key),
+		"a range delete over it": clientv3.OpDelete(testPrefix+"fences/", clientv3.WithPrefix()),
+		"a put of it":            clientv3.OpPut(key, "1"),
+		"a nested delete of it":  clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpDelete(key)}, nil),
+	} {
+		if _, err := f.Txn(ctx, claim).Then(op).Commit(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s in Then: %v, want ErrInvalidOption", what, err)
+		}
+		if _, err := f.Txn(ctx, claim).Else(op).Commit(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s in Else: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	if _, err := f.Txn(ctx, fence.Claim{Resource: r, Token: 9}).Commit(); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused transactions: %v, want ErrStaleToken", err)
+	}
+}
