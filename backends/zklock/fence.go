@@ -82,16 +82,16 @@ func fenceNode(resource string) string {
 // fence between the read and the multi, Multi reads it again and retries,
 // until ctx ends. A multi whose answer was lost (a broken connection) is not
 // resent: its error wraps guard.ErrUnavailable, and it may have been
-// applied, once. An operation of another type, or a nil one, is refused
-// with guard.ErrInvalidOption.
+// applied, once. An operation of another type, a nil one, or one on the
+// fence node itself is refused with guard.ErrInvalidOption.
 func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.MultiResponse, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if err := checkOps(ops); err != nil {
+	path := f.Path(c.Resource)
+	if err := checkOps(path, ops); err != nil {
 		return nil, err
 	}
-	path := f.Path(c.Resource)
 	token := []byte(strconv.FormatUint(c.Token, 10))
 	for {
 		if err := ctx.Err(); err != nil {
@@ -134,29 +134,45 @@ func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.Mult
 	}
 }
 
-// checkOps refuses an operation the client cannot send, before any round
-// trip: the client would fail it only once the multi is built, as if the
-// server were unreachable.
-func checkOps(ops []any) error {
+// checkOps refuses, before any round trip, an operation the client cannot
+// send (it would fail only once the multi is built, as if the server were
+// unreachable) and one on the fence node itself, whose delete would let
+// every lower token write again.
+func checkOps(fenceNode string, ops []any) error {
 	for i, op := range ops {
-		var isNil bool
-		switch op := op.(type) {
-		case *zk.CreateRequest:
-			isNil = op == nil
-		case *zk.SetDataRequest:
-			isNil = op == nil
-		case *zk.DeleteRequest:
-			isNil = op == nil
-		case *zk.CheckVersionRequest:
-			isNil = op == nil
-		default:
-			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a %T, not a *zk.CreateRequest, *zk.SetDataRequest, *zk.DeleteRequest or *zk.CheckVersionRequest", driver.ErrInvalidOption, i, op)
-		}
-		if isNil {
-			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a nil %T", driver.ErrInvalidOption, i, op)
+		path, ok := opPath(op)
+		switch {
+		case !ok:
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a %T, not a non-nil *zk.CreateRequest, *zk.SetDataRequest, *zk.DeleteRequest or *zk.CheckVersionRequest", driver.ErrInvalidOption, i, op)
+		case path == fenceNode:
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is on the fence node %s itself", driver.ErrInvalidOption, i, path)
 		}
 	}
 	return nil
+}
+
+// opPath is the node a multi's operation is on; ok is false for one the
+// client cannot send.
+func opPath(op any) (path string, ok bool) {
+	switch op := op.(type) {
+	case *zk.CreateRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.SetDataRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.DeleteRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.CheckVersionRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	}
+	return "", false
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.

@@ -203,3 +203,27 @@ func TestFenceMultiRefusesBadOps(t *testing.T) {
 		t.Errorf("fence at %d (%v) after refused multis, want none", high, err)
 	}
 }
+
+// TestFenceMultiRefusesItsOwnNode: a multi whose operations would delete or
+// set the resource's fence node itself is refused before it reaches the
+// server: deleting the fence would have let every lower token write again.
+func TestFenceMultiRefusesItsOwnNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	r := "fence-own/" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	claim := fence.Claim{Resource: r, Token: 10}
+	if err := s.f.Advance(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	path := s.f.Path(r)
+	for _, op := range []any{&zk.DeleteRequest{Path: path, Version: -1}, &zk.SetDataRequest{Path: path, Data: []byte("1"), Version: -1},
+		&zk.CreateRequest{Path: path, Acl: zk.WorldACL(zk.PermAll)}} {
+		if _, err := s.f.Multi(ctx, claim, op); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%T of the fence node: %v, want ErrInvalidOption", op, err)
+		}
+	}
+	if err := s.f.Advance(ctx, fence.Claim{Resource: r, Token: 9}); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused multis: %v, want ErrStaleToken", err)
+	}
+}
