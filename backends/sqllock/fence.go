@@ -32,16 +32,19 @@ var ErrStaleToken = fence.ErrStaleToken
 // either refused or, if they came first, overwritten, never the reverse. The
 // same token may fence many transactions. tx must be a transaction
 // (db.Transaction or db.Begin); Fence refuses anything else with
-// driver.ErrInvalidOption, since the check would not cover the writes. A
-// resource is a key as the lock table takes it (valid UTF-8, at most 255
-// bytes), without a NUL byte; anything else is refused with
-// driver.ErrInvalidKey.
+// driver.ErrInvalidOption, since the check would not cover the writes, and
+// a dry-run session too, where it would check nothing. A resource is a key
+// as the lock table takes it (valid UTF-8, at most 255 bytes), without a
+// NUL byte; anything else is refused with driver.ErrInvalidKey.
 func Fence(tx *gorm.DB, resource string, token uint64) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction", driver.ErrInvalidOption)
 	}
 	if _, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok {
 		return fmt.Errorf("%w: Fence needs a transaction, got a plain *gorm.DB", driver.ErrInvalidOption)
+	}
+	if tx.DryRun {
+		return fmt.Errorf("%w: Fence in a dry-run session, whose statements do not run, cannot check the token", driver.ErrInvalidOption)
 	}
 	if err := checkKey(resource); err != nil {
 		return err

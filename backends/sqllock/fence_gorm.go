@@ -54,7 +54,8 @@ func (FencePlugin) Initialize(db *gorm.DB) error {
 // *gorm.DB and a transaction: gorm's default one (unless
 // SkipDefaultTransaction) or the caller's db.Transaction. Raw SQL (Exec,
 // Raw) is fenced too, whether it reads or writes, and needs the caller's
-// transaction; reads gorm builds from the model (Find, First) are not.
+// transaction; reads gorm builds from the model (Find, First) are not, nor
+// is a dry run, which writes nothing.
 //
 //	err := db.WithContext(ctx).Scopes(sqllock.Fenced(claim)).
 //		Model(&Account{ID: 42}).Update("balance", 10).Error
@@ -98,8 +99,8 @@ func fenceRawSQL(db *gorm.DB) {
 }
 
 func fenceStatement(db *gorm.DB) {
-	if db.Error != nil {
-		return
+	if db.Error != nil || db.DryRun {
+		return // a dry run writes nothing: nothing to fence
 	}
 	v, ok := db.Statement.Settings.Load(fenceSetting)
 	if !ok {
