@@ -1,7 +1,6 @@
 package sqllock
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -90,10 +89,12 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		" ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))", resource, tok).Error; err != nil {
 		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
+	// Scan, not Row: Row returns a nil *sql.Row when a callback failed.
 	var current int64
-	err = tx.Raw("SELECT token FROM "+table+" WHERE resource = ? FOR UPDATE", resource).Row().Scan(&current)
-	if errors.Is(err, sql.ErrNoRows) {
-		err = fmt.Errorf("fence row vanished")
+	res := tx.Raw("SELECT token FROM "+table+" WHERE resource = ? FOR UPDATE", resource).Scan(&current)
+	err = res.Error
+	if err == nil && res.RowsAffected == 0 {
+		err = errors.New("fence row vanished")
 	}
 	if err != nil {
 		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))

@@ -119,3 +119,27 @@ func TestFenceOddResources(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceRowRefusedByAPlugin: on MySQL, Fence reads the fence row back;
+// when another plugin's row callback fails that read, Fence returns the
+// error. It panicked reading a nil *sql.Row.
+func TestFenceRowRefusedByAPlugin(t *testing.T) {
+	db := databases()[2]
+	g := migrated(t, db, db.dsn(t))
+	refused := errors.New("refused by a plugin")
+	err := g.Callback().Row().Before("gorm:row").Register("test:refuse", func(tx *gorm.DB) { tx.AddError(refused) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("Fence panicked: %v", p)
+			}
+		}()
+		err = g.Transaction(func(tx *gorm.DB) error { return sqllock.Fence(tx, uniqueKey(t), 5) })
+	}()
+	if !errors.Is(err, refused) {
+		t.Errorf("Fence with its read refused: %v, want the plugin's error", err)
+	}
+}
