@@ -29,7 +29,11 @@
 // advance of the resource's highest token and the write are one atomic
 // operation on the engine, so the highest token only grows and no write
 // lands after a write with a higher token was accepted. A refused write
-// changes nothing.
+// changes nothing. Nor does a write the engine fails (a wrong type, a
+// malformed request), its fence included, except where what was written
+// cannot be undone and must stay fenced: redislock's Eval keeps the fence
+// advanced when the caller's script fails after writing, and a SQL
+// transaction committed after its write failed keeps its fence.
 //
 // # Resources
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warden-go/warden/fence"
@@ -146,7 +147,11 @@ func WriteStaleFence(w http.ResponseWriter, err error) {
 // was given, or fence.WithClaim's) in the Fencing-Token and
 // Fencing-Resource headers, and sends it through base
 // (http.DefaultTransport when nil). A request whose context carries no
-// claim, or that already has a Fencing-Token, goes as it is.
+// claim, or that already has a Fencing-Token, goes as it is. A claim that
+// fails fence.Claim.Validate, or whose resource a header cannot carry as it
+// is (a leading or trailing space or tab, which the server trims, making
+// "a " the resource "a"; a control byte), is not sent: the request fails
+// with an error wrapping guard.ErrInvalidOption.
 //
 //	client := &http.Client{Transport: httpmw.FenceTransport(nil)}
 //	g.Do(ctx, "account/42", func(ctx context.Context, _ *guard.Lock) error {
@@ -168,9 +173,33 @@ func (t fenceTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !ok || r.Header.Get(FencingTokenHeader) != "" {
 		return t.base.RoundTrip(r)
 	}
+	if err := sendable(c); err != nil {
+		if r.Body != nil {
+			r.Body.Close() // a RoundTripper closes the body, even on errors
+		}
+		return nil, err
+	}
 	// A RoundTripper must not change the request it was given.
 	r = r.Clone(r.Context())
 	r.Header.Set(FencingTokenHeader, strconv.FormatUint(c.Token, 10))
 	r.Header.Set(FencingResourceHeader, c.Resource)
 	return t.base.RoundTrip(r)
+}
+
+// sendable reports a claim that cannot reach a service as it is: an invalid
+// one, or one whose resource a header value would change or refuse.
+func sendable(c fence.Claim) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	bad := c.Resource != strings.Trim(c.Resource, " \t")
+	for i := 0; i < len(c.Resource) && !bad; i++ {
+		b := c.Resource[i]
+		bad = b < ' ' && b != '\t' || b == 0x7f
+	}
+	if bad {
+		return fmt.Errorf("warden: httpmw: fence: %w: resource %q cannot travel in the %s header as it is (leading or trailing white space, or a control byte)",
+			guard.ErrInvalidOption, c.Resource, FencingResourceHeader)
+	}
+	return nil
 }

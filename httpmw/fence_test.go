@@ -194,3 +194,54 @@ func TestFenceRefusesBadConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestFenceTransportOddResources: a claim reaches the service on the
+// resource it names, or the request is not sent: a header cannot carry a
+// leading or trailing space or tab (the server trims them, making "a " the
+// resource "a") nor a control byte.
+func TestFenceTransportOddResources(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Header.Get("Fencing-Resource"))
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: httpmw.FenceTransport(nil)}
+	for _, r := range []string{"a", "a b", "a\tb", "/", "\xff\xfe", "é", strings.Repeat("x", fence.MaxResource)} {
+		got = nil
+		ctx := fence.WithClaim(context.Background(), fence.Claim{Resource: r, Token: 7})
+		req, _ := http.NewRequestWithContext(ctx, "PUT", srv.URL, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("resource %q: %v", r, err)
+			continue
+		}
+		resp.Body.Close()
+		if len(got) != 1 || got[0] != r {
+			t.Errorf("resource %q reached the service as %q", r, got)
+		}
+	}
+	for _, c := range []fence.Claim{{Resource: "a", Token: 0}, {Resource: "", Token: 7}} {
+		req, _ := http.NewRequestWithContext(fence.WithClaim(context.Background(), c), "PUT", srv.URL, nil)
+		if resp, err := client.Do(req); err == nil || !errors.Is(err, guard.ErrInvalidOption) {
+			if err == nil {
+				resp.Body.Close()
+			}
+			t.Errorf("invalid claim %+v: %v, want ErrInvalidOption", c, err)
+		}
+	}
+	for _, r := range []string{"a ", " a", "a\t", "\ta", "a\x00b", "a\r\nb", "a\nb", "a\x7fb"} {
+		got = nil
+		ctx := fence.WithClaim(context.Background(), fence.Claim{Resource: r, Token: 7})
+		req, _ := http.NewRequestWithContext(ctx, "PUT", srv.URL, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !errors.Is(err, guard.ErrInvalidOption) || !strings.Contains(err.Error(), strconv.Quote(r)) {
+			t.Errorf("resource %q: %v, want an error wrapping guard.ErrInvalidOption that names it", r, err)
+		}
+		if got != nil {
+			t.Errorf("resource %q was sent, and reached the service as %q", r, got)
+		}
+	}
+}

@@ -2,10 +2,13 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
@@ -92,7 +95,12 @@ func (t *FencedTxn) Else(ops ...clientv3.Op) *FencedTxn { t.elses = append(t.els
 // Commit runs the transaction when the claim is accepted and returns its
 // response, as clientv3's Commit does (Succeeded: the caller's comparisons
 // held). When the resource has accepted a higher token it runs nothing and
-// returns an error wrapping fence.ErrStaleToken.
+// returns an error wrapping fence.ErrStaleToken. When etcd refuses the
+// transaction for what the caller put in it, Commit returns etcd's error
+// (wrapping guard.ErrInvalidOption when the request is malformed), the
+// fence unchanged. A transaction whose operations put or delete the fence
+// key itself (a resource named as its data key under WithFencePrefix(""), a
+// range delete over the prefix) is refused with guard.ErrInvalidOption.
 //
 // It reads the fence key, then sends one etcd transaction whose guard is
 // that the fence key is unchanged since the read: it holds the caller's
@@ -106,6 +114,10 @@ func (t *FencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		return nil, err
 	}
 	key := t.f.Key(c.Resource)
+	if writes(key, t.thenOps) || writes(key, t.elses) {
+		// Deleting the fence would let every lower token write again.
+		return nil, fmt.Errorf("warden: etcdlock: %w: fenced transaction on %q writes its fence key %q", driver.ErrInvalidOption, c.Resource, key)
+	}
 	resp, err := t.f.kv.Get(ctx, key)
 	if err != nil {
 		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: etcdlock: fence %q: %w", c.Resource, err))
@@ -126,7 +138,7 @@ func (t *FencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		var tr *clientv3.TxnResponse
 		tr, err = t.f.kv.Txn(ctx).If(unchanged).Then(then...).Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
-			return nil, driver.Unavailable(ctx, fmt.Errorf("warden: etcdlock: fenced transaction on %q: %w", c.Resource, err))
+			return nil, txnError(ctx, c, err)
 		}
 		if tr.Succeeded {
 			return (*clientv3.TxnResponse)(tr.Responses[0].GetResponseTxn()), nil
@@ -134,6 +146,56 @@ func (t *FencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		high, rev, err = fenceValue(c.Resource, (*clientv3.GetResponse)(tr.Responses[0].GetResponseRange()))
 	}
 	return nil, err
+}
+
+// writes reports whether one of ops, or of the transactions nested in
+// them, puts or deletes key, alone or in a range.
+func writes(key string, ops []clientv3.Op) bool {
+	for _, op := range ops {
+		if op.IsTxn() {
+			_, then, elses := op.Txn()
+			if writes(key, then) || writes(key, elses) {
+				return true
+			}
+			continue
+		}
+		if !op.IsPut() && !op.IsDelete() {
+			continue
+		}
+		from, end := string(op.KeyBytes()), string(op.RangeBytes())
+		switch {
+		case end == "":
+			if key == from {
+				return true
+			}
+		case end == "\x00": // from the key on
+			if key >= from {
+				return true
+			}
+		case from <= key && key < end:
+			return true
+		}
+	}
+	return false
+}
+
+// txnError is the error of a fenced transaction etcd did not apply. One it
+// refused for what the caller put in it (an empty key, a key given twice, a
+// lease that does not exist) would fail again: it is returned as etcd gave
+// it, with driver.ErrInvalidOption for the malformed, rather than as the
+// server being unavailable.
+func txnError(ctx context.Context, c fence.Claim, err error) error {
+	err = fmt.Errorf("warden: etcdlock: fenced transaction on %q: %w", c.Resource, err)
+	var ee rpctypes.EtcdError
+	switch {
+	case !errors.As(err, &ee):
+		return driver.Unavailable(ctx, err)
+	case ee.Code() == codes.InvalidArgument:
+		return fmt.Errorf("%w: %w", driver.ErrInvalidOption, err)
+	case ee.Code() == codes.NotFound:
+		return err
+	}
+	return driver.Unavailable(ctx, err)
 }
 
 // fenceValue is the token and modification revision a fence key's read

@@ -6,10 +6,12 @@ import (
 	"strconv"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/fence/fencetest"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // fenceStore is the suite's register on Fence: the value and count of
@@ -122,5 +124,78 @@ func TestFenceTxn(t *testing.T) {
 		if resp, err := c.Get(ctx, key); err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != want {
 			t.Errorf("%s: %v %v, want %q", key, resp, err, want)
 		}
+	}
+}
+
+// TestFenceTxnCallerMistakes: a transaction etcd refuses for what the
+// caller put in it (an empty key, a key given twice, too many operations,
+// a lease that does not exist) applies nothing and says so, instead of
+// reporting the server unavailable: a retry would fail the same way.
+func TestFenceTxnCallerMistakes(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, endpoints(t))
+	f, err := NewFence(c, WithFencePrefix(testPrefix+"fences/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := name("fence-mistakes")
+	k := fenceDataKey(r, "k")
+	many := make([]clientv3.Op, 1000)
+	for i := range many {
+		many[i] = clientv3.OpPut(fenceDataKey(r, strconv.Itoa(i)), "x")
+	}
+	claim := fence.Claim{Resource: r, Token: 5}
+	for what, ops := range map[string][]clientv3.Op{
+		"an empty key":        {clientv3.OpPut("", "x")},
+		"a key twice":         {clientv3.OpPut(k, "x"), clientv3.OpPut(k, "y")},
+		"the fence key":       {clientv3.OpPut(f.Key(r), "1")},
+		"too many operations": many,
+	} {
+		if _, err := f.Txn(ctx, claim).Then(ops...).Commit(); !errors.Is(err, driver.ErrInvalidOption) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	_, err = f.Txn(ctx, claim).Then(clientv3.OpPut(k, "x", clientv3.WithLease(1))).Commit()
+	if !errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, driver.ErrUnavailable) {
+		t.Errorf("a missing lease: %v, want rpctypes.ErrLeaseNotFound", err)
+	}
+	if h, err := f.Highest(ctx, r); err != nil || h != 0 {
+		t.Errorf("fence at %d (%v) after refused transactions, want none", h, err)
+	}
+}
+
+// TestFenceTxnRefusesItsOwnKey: a fenced transaction that would put or
+// delete the resource's fence key itself (a resource named as its data key
+// under WithFencePrefix(""), a range delete over the fence prefix) is
+// refused before it reaches etcd: deleting the fence would have let every
+// lower token write again.
+func TestFenceTxnRefusesItsOwnKey(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, endpoints(t))
+	f, err := NewFence(c, WithFencePrefix(testPrefix+"fences/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := name("fence-own")
+	key := f.Key(r)
+	claim := fence.Claim{Resource: r, Token: 10}
+	if _, err := f.Txn(ctx, claim).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for what, op := range map[string]clientv3.Op{
+		"a delete of it":         clientv3.OpDelete(key),
+		"a range delete over it": clientv3.OpDelete(testPrefix+"fences/", clientv3.WithPrefix()),
+		"a put of it":            clientv3.OpPut(key, "1"),
+		"a nested delete of it":  clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpDelete(key)}, nil),
+	} {
+		if _, err := f.Txn(ctx, claim).Then(op).Commit(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s in Then: %v, want ErrInvalidOption", what, err)
+		}
+		if _, err := f.Txn(ctx, claim).Else(op).Commit(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s in Else: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	if _, err := f.Txn(ctx, fence.Claim{Resource: r, Token: 9}).Commit(); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused transactions: %v, want ErrStaleToken", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,15 +29,18 @@ var (
 const DefaultFencePrefix = "warden:fence:"
 
 // Fence makes fenced writes to Redis (package fence): each is one Lua script
-// that checks the claim's token against the resource's fence key, advances
-// it, and writes, or refuses with an error wrapping fence.ErrStaleToken and
-// changes nothing.
+// that checks the claim's token against the resource's fence key, writes,
+// and advances it, or refuses with an error wrapping fence.ErrStaleToken and
+// changes nothing. A write Redis refuses (WRONGTYPE, INCRBY of a value that
+// is not an integer) changes nothing either; only Eval differs (see there).
 //
 // A resource's fence key is the prefix (DefaultFencePrefix) followed by the
 // resource's name: a hash of its highest token and the ids of its latest 32
 // writes, never expiring. The ids make a call that go-redis resends after a
 // broken connection (its MaxRetries) apply once: the resent call finds its
-// id and does nothing again.
+// id and does nothing again. A write to the fence key itself (a resource
+// named as its data key under WithFencePrefix("")) is refused with
+// driver.ErrInvalidOption.
 //
 // On a Cluster, the fence key and the data keys a script touches must be in
 // one hash slot: give the resource a hash tag and the data keys the same
@@ -119,9 +123,10 @@ func (f *Fence) IncrBy(ctx context.Context, c fence.Claim, key string, n int64) 
 // own KEYS and ARGV, and it runs after the fence's check and advance, in the
 // same script, only when the claim is accepted. It returns the script's
 // result, or ErrReplyLost as IncrBy does. The script runs as is: its own
-// errors leave the fence advanced.
+// errors leave the fence advanced, since Redis keeps what a script wrote
+// before its error, and those writes must be fenced.
 func (f *Fence) Eval(ctx context.Context, c fence.Claim, script string, keys []string, args ...any) (any, error) {
-	return f.run(ctx, c, goredis.NewScript(fenceCheckSrc+script), keys, args...)
+	return f.run(ctx, c, goredis.NewScript(fenceCheckSrc+"warden_advance()\n"+script), keys, args...)
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.
@@ -160,9 +165,15 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s *goredis.Script, keys 
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	fenceKey := f.Key(c.Resource)
+	if slices.Contains(keys, fenceKey) {
+		// Deleting the fence would let every lower token write again,
+		// overwriting it would break it.
+		return nil, fmt.Errorf("warden: redislock: %w: fenced write to %q, the fence key of %q itself", driver.ErrInvalidOption, fenceKey, c.Resource)
+	}
 	var id [8]byte
 	rand.Read(id[:])
-	r, err := s.Run(ctx, f.client, append([]string{f.Key(c.Resource)}, keys...),
+	r, err := s.Run(ctx, f.client, append([]string{fenceKey}, keys...),
 		append([]any{strconv.FormatUint(c.Token, 10), hex.EncodeToString(id[:])}, args...)...).Result()
 	if errors.Is(err, goredis.Nil) {
 		return nil, nil

@@ -18,8 +18,15 @@ end
 if #warden_token < #warden_high or (#warden_token == #warden_high and warden_token < warden_high) then
   return redis.error_reply('WARDEN_STALE ' .. warden_high)
 end
-warden_ops = warden_ops .. warden_id .. ' '
-if #warden_ops > 1 + 17 * 32 then
-  warden_ops = string.sub(warden_ops, 18)
+-- The claim is accepted. warden_advance records its token and id: the
+-- fence's own writes call it after theirs, each one command that either
+-- applies or fails having changed nothing, so that a write Redis refuses
+-- leaves the fence as it was; a caller's script, which can fail after some
+-- of its writes applied, runs after it.
+local function warden_advance()
+  warden_ops = warden_ops .. warden_id .. ' '
+  if #warden_ops > 1 + 17 * 32 then
+    warden_ops = string.sub(warden_ops, 18)
+  end
+  redis.call('HSET', warden_fence, 't', warden_token, 'ops', warden_ops)
 end
-redis.call('HSET', warden_fence, 't', warden_token, 'ops', warden_ops)

@@ -173,3 +173,99 @@ func TestFenceReplyLost(t *testing.T) {
 		t.Errorf("Set: %v, want nil", err)
 	}
 }
+
+// TestFenceFailedWriteChangesNothing: a write Redis refuses (INCRBY of a
+// value that is not an integer, HSET of a key that is not a hash) leaves
+// the fence where it was, as a stale one does: the check, the advance and
+// the write are one, and the write did not happen.
+func TestFenceFailedWriteChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-failed/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	k := r + ":k"
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 5}, k, "not a number", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.IncrBy(ctx, fence.Claim{Resource: r, Token: 9}, k, 1); err == nil || errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("IncrBy of a string: %v, want Redis's error", err)
+	}
+	if err := f.HSet(ctx, fence.Claim{Resource: r, Token: 8}, k, "a", "1"); err == nil || errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("HSet of a string: %v, want Redis's error", err)
+	}
+	if high, err := f.Highest(ctx, r); err != nil || high != 5 {
+		t.Fatalf("fence at %d (%v) after two failed writes, want 5", high, err)
+	}
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 6}, k, "six", 0); err != nil {
+		t.Fatalf("a write above the last accepted token: %v", err)
+	}
+}
+
+// TestFenceResentAfterManyWrites: a call resent after its connection broke
+// is applied once even when the resource took more writes in between than
+// the fence keeps ids of (32): a busy resource, a resend after go-redis's
+// backoff.
+func TestFenceResentAfterManyWrites(t *testing.T) {
+	t.Skip("defect: the fence remembers the ids of its latest 32 writes only; a resend that 32 other writes of the resource overtook is applied again (count 2)")
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-resent-late/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	keys := []string{f.Key(r), r + ":count"}
+	args := []any{"7", "00112233aabbccdd", "incrby", 1}
+	if err := f.write.Run(ctx, c, keys, args...).Err(); err != nil {
+		t.Fatalf("first send: %v", err)
+	}
+	for i := range 32 {
+		if err := f.Set(ctx, fence.Claim{Resource: r, Token: 7}, r+":other", i, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.write.Run(ctx, c, keys, args...).Err(); err == nil || !strings.HasPrefix(err.Error(), "WARDEN_APPLIED ") {
+		t.Errorf("resent after 32 other writes: %v, want WARDEN_APPLIED", err)
+	}
+	if n, _ := c.Get(ctx, r+":count").Int(); n != 1 {
+		t.Fatalf("count %d after a resent increment, want 1", n)
+	}
+}
+
+// TestFenceRefusesItsOwnKey: a fenced write to the resource's fence key
+// itself (a resource named as its data key under WithFencePrefix(""), say)
+// is refused before it reaches Redis: deleting the fence would have let
+// every lower token write again, overwriting it would have broken it.
+func TestFenceRefusesItsOwnKey(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	f, err := NewFence(c, WithFencePrefix(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-own/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	claim := fence.Claim{Resource: r, Token: 10}
+	if err := f.Set(ctx, claim, r+":other", "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	for what, write := range map[string]func() error{
+		"Set":    func() error { return f.Set(ctx, claim, r, "x", 0) },
+		"Del":    func() error { return f.Del(ctx, claim, r+":other", r) },
+		"HSet":   func() error { return f.HSet(ctx, claim, r, "t", "1") },
+		"IncrBy": func() error { _, err := f.IncrBy(ctx, claim, r, 1); return err },
+		"Eval": func() error {
+			_, err := f.Eval(ctx, claim, "return redis.call('DEL', KEYS[1])", []string{r})
+			return err
+		},
+	} {
+		if err := write(); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s of the fence key: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 9}, r+":other", "stale", 0); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused writes: %v, want ErrStaleToken", err)
+	}
+}

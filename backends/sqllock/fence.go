@@ -1,10 +1,10 @@
 package sqllock
 
 import (
-	"database/sql"
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"gorm.io/gorm"
 
@@ -31,7 +31,10 @@ var ErrStaleToken = fence.ErrStaleToken
 // either refused or, if they came first, overwritten, never the reverse. The
 // same token may fence many transactions. tx must be a transaction
 // (db.Transaction or db.Begin); Fence refuses anything else with
-// driver.ErrInvalidOption, since the check would not cover the writes.
+// driver.ErrInvalidOption, since the check would not cover the writes, and
+// a dry-run session too, where it would check nothing. A resource is a key
+// as the lock table takes it (valid UTF-8, at most 255 bytes), without a
+// NUL byte; anything else is refused with driver.ErrInvalidKey.
 func Fence(tx *gorm.DB, resource string, token uint64) error {
 	if tx == nil {
 		return fmt.Errorf("%w: nil transaction", driver.ErrInvalidOption)
@@ -39,8 +42,16 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 	if _, ok := tx.Statement.ConnPool.(gorm.TxCommitter); !ok {
 		return fmt.Errorf("%w: Fence needs a transaction, got a plain *gorm.DB", driver.ErrInvalidOption)
 	}
+	if tx.DryRun {
+		return fmt.Errorf("%w: Fence in a dry-run session, whose statements do not run, cannot check the token", driver.ErrInvalidOption)
+	}
 	if err := checkKey(resource); err != nil {
 		return err
+	}
+	if strings.IndexByte(resource, 0) >= 0 {
+		// PostgreSQL's text cannot hold it; refused on every database, so
+		// that a resource is fenced the same whichever it is.
+		return fmt.Errorf("%w: resource %q holds a NUL byte", driver.ErrInvalidKey, resource)
 	}
 	if token == 0 || token > math.MaxInt64 {
 		return fmt.Errorf("%w: token %d", driver.ErrInvalidOption, token)
@@ -78,10 +89,12 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		" ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))", resource, tok).Error; err != nil {
 		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
+	// Scan, not Row: Row returns a nil *sql.Row when a callback failed.
 	var current int64
-	err = tx.Raw("SELECT token FROM "+table+" WHERE resource = ? FOR UPDATE", resource).Row().Scan(&current)
-	if errors.Is(err, sql.ErrNoRows) {
-		err = fmt.Errorf("fence row vanished")
+	res := tx.Raw("SELECT token FROM "+table+" WHERE resource = ? FOR UPDATE", resource).Scan(&current)
+	err = res.Error
+	if err == nil && res.RowsAffected == 0 {
+		err = errors.New("fence row vanished")
 	}
 	if err != nil {
 		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))

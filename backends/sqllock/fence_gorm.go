@@ -17,7 +17,8 @@ const fenceSetting = "warden:fence"
 // FencePlugin is the gorm plugin behind Fenced: register it once with
 // db.Use(sqllock.FencePlugin{}). Its callbacks run Fence, in the statement's
 // transaction, before the creates, updates and deletes of the statements
-// Fenced marks, and leave every other statement alone.
+// Fenced marks and before their raw SQL (Exec, Raw), and leave every other
+// statement alone.
 type FencePlugin struct{}
 
 // Name implements gorm.Plugin.
@@ -25,13 +26,19 @@ func (FencePlugin) Name() string { return fenceSetting }
 
 // Initialize implements gorm.Plugin: the fence runs once the statement's
 // transaction has begun (gorm's default transaction, or the caller's), and
-// before the model's Before hooks and the write.
+// before the model's Before hooks and the write. Raw SQL reaches gorm's
+// raw, row and query callbacks, which take no default transaction: it is
+// fenced in the caller's transaction and refused outside one, since an
+// UPDATE ... RETURNING read through Raw writes as much as Exec does.
 func (FencePlugin) Initialize(db *gorm.DB) error {
 	cb := db.Callback()
 	for _, err := range []error{
 		cb.Create().After("gorm:begin_transaction").Before("gorm:before_create").Register(fenceSetting, fenceStatement),
 		cb.Update().After("gorm:begin_transaction").Before("gorm:before_update").Register(fenceSetting, fenceStatement),
 		cb.Delete().After("gorm:begin_transaction").Before("gorm:before_delete").Register(fenceSetting, fenceStatement),
+		cb.Raw().Before("gorm:raw").Register(fenceSetting, fenceStatement),
+		cb.Row().Before("gorm:row").Register(fenceSetting, fenceRawSQL),
+		cb.Query().Before("gorm:query").Register(fenceSetting, fenceRawSQL),
 	} {
 		if err != nil {
 			return fmt.Errorf("warden: sqllock: FencePlugin: %w", err)
@@ -45,7 +52,10 @@ func (FencePlugin) Initialize(db *gorm.DB) error {
 // writes, and rolls back with an error wrapping fence.ErrStaleToken when the
 // resource accepted a higher token. It needs FencePlugin registered on the
 // *gorm.DB and a transaction: gorm's default one (unless
-// SkipDefaultTransaction) or the caller's db.Transaction.
+// SkipDefaultTransaction) or the caller's db.Transaction. Raw SQL (Exec,
+// Raw) is fenced too, whether it reads or writes, and needs the caller's
+// transaction; reads gorm builds from the model (Find, First) are not, nor
+// is a dry run, which writes nothing.
 //
 //	err := db.WithContext(ctx).Scopes(sqllock.Fenced(claim)).
 //		Model(&Account{ID: 42}).Update("balance", 10).Error
@@ -80,9 +90,17 @@ func FencedByContext(db *gorm.DB) *gorm.DB {
 	return Fenced(c)(db)
 }
 
+// fenceRawSQL fences a read callback's statement when it is the caller's
+// SQL (Raw), which may write, and leaves the SELECTs gorm builds alone.
+func fenceRawSQL(db *gorm.DB) {
+	if db.Statement.SQL.Len() > 0 {
+		fenceStatement(db)
+	}
+}
+
 func fenceStatement(db *gorm.DB) {
-	if db.Error != nil {
-		return
+	if db.Error != nil || db.DryRun {
+		return // a dry run writes nothing: nothing to fence
 	}
 	v, ok := db.Statement.Settings.Load(fenceSetting)
 	if !ok {

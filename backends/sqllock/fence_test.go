@@ -3,12 +3,14 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -85,5 +87,59 @@ func TestFence(t *testing.T) {
 				t.Errorf("Fence outside a transaction: got %v, want ErrInvalidOption", err)
 			}
 		})
+	}
+}
+
+// TestFenceOddResources: resources that differ by a trailing space, letter
+// case or Unicode normalisation are fenced apart on every database (each
+// is given a lower token than the one before, refused were it the same
+// row); one holding a NUL byte, which PostgreSQL's text cannot store, or
+// invalid UTF-8 is refused as an invalid key on all three, not reported as
+// the database being unavailable.
+func TestFenceOddResources(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			f, err := sqllock.NewFencer(migrated(t, db, db.dsn(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			k := uniqueKey(t)
+			for i, r := range []string{k, k + " ", k + "  ", strings.ToUpper(k), k + "é", k + "e\u0301", k + "/", k[:len(k)-1]} {
+				if err := f.Advance(ctx, fence.Claim{Resource: r, Token: uint64(100 - i)}); err != nil {
+					t.Errorf("resource %q: %v, want its own fence", r, err)
+				}
+			}
+			for _, r := range []string{k + "\x00", "\x00" + k, k + "\xff"} {
+				if err := f.Advance(ctx, fence.Claim{Resource: r, Token: 1}); !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("resource %q: %v, want ErrInvalidKey", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestFenceRowRefusedByAPlugin: on MySQL, Fence reads the fence row back;
+// when another plugin's row callback fails that read, Fence returns the
+// error. It panicked reading a nil *sql.Row.
+func TestFenceRowRefusedByAPlugin(t *testing.T) {
+	db := databases()[2]
+	g := migrated(t, db, db.dsn(t))
+	refused := errors.New("refused by a plugin")
+	err := g.Callback().Row().Before("gorm:row").Register("test:refuse", func(tx *gorm.DB) { tx.AddError(refused) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("Fence panicked: %v", p)
+			}
+		}()
+		err = g.Transaction(func(tx *gorm.DB) error { return sqllock.Fence(tx, uniqueKey(t), 5) })
+	}()
+	if !errors.Is(err, refused) {
+		t.Errorf("Fence with its read refused: %v, want the plugin's error", err)
 	}
 }

@@ -25,9 +25,9 @@ const DefaultFenceRoot = "/warden/fences"
 // not move since it was read and the token was not below it.
 //
 // A resource's fence node is the root (DefaultFenceRoot) followed by the
-// resource's name, path-escaped into one node ("a/b" is "a%2Fb"); its data
-// is the highest token accepted, in decimal, and every accepted multi sets
-// it, so that its version counts the writes it fenced.
+// resource's name, path-escaped into one node ("a/b" is "a%2Fb", ".." is
+// "%2E%2E"); its data is the highest token accepted, in decimal, and every
+// accepted multi sets it, so that its version counts the writes it fenced.
 type Fence struct {
 	conn *zk.Conn
 	root string
@@ -61,7 +61,17 @@ func NewFence(conn *zk.Conn, opts ...FenceOption) (*Fence, error) {
 }
 
 // Path returns the fence node of resource.
-func (f *Fence) Path(resource string) string { return f.root + "/" + url.PathEscape(resource) }
+func (f *Fence) Path(resource string) string { return f.root + "/" + fenceNode(resource) }
+
+// fenceNode is resource's node name: path-escaped, and "." and ".." (which
+// ZooKeeper refuses as names) with their dots escaped too, as "%2E" and
+// "%2E%2E", names the path escape never makes, since it escapes "%".
+func fenceNode(resource string) string {
+	if resource == "." || resource == ".." {
+		return strings.Repeat("%2E", len(resource))
+	}
+	return url.PathEscape(resource)
+}
 
 // Multi applies ops (*zk.CreateRequest, *zk.SetDataRequest,
 // *zk.DeleteRequest, *zk.CheckVersionRequest) under c, in one multi with
@@ -72,12 +82,16 @@ func (f *Fence) Path(resource string) string { return f.root + "/" + url.PathEsc
 // fence between the read and the multi, Multi reads it again and retries,
 // until ctx ends. A multi whose answer was lost (a broken connection) is not
 // resent: its error wraps guard.ErrUnavailable, and it may have been
-// applied, once.
+// applied, once. An operation of another type, a nil one, or one on the
+// fence node itself is refused with guard.ErrInvalidOption.
 func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.MultiResponse, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	path := f.Path(c.Resource)
+	if err := checkOps(path, ops); err != nil {
+		return nil, err
+	}
 	token := []byte(strconv.FormatUint(c.Token, 10))
 	for {
 		if err := ctx.Err(); err != nil {
@@ -118,6 +132,47 @@ func (f *Fence) Multi(ctx context.Context, c fence.Claim, ops ...any) ([]zk.Mult
 		}
 		return nil, f.unavailable(ctx, c, err)
 	}
+}
+
+// checkOps refuses, before any round trip, an operation the client cannot
+// send (it would fail only once the multi is built, as if the server were
+// unreachable) and one on the fence node itself, whose delete would let
+// every lower token write again.
+func checkOps(fenceNode string, ops []any) error {
+	for i, op := range ops {
+		path, ok := opPath(op)
+		switch {
+		case !ok:
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is a %T, not a non-nil *zk.CreateRequest, *zk.SetDataRequest, *zk.DeleteRequest or *zk.CheckVersionRequest", driver.ErrInvalidOption, i, op)
+		case path == fenceNode:
+			return fmt.Errorf("warden: zklock: %w: fenced operation %d is on the fence node %s itself", driver.ErrInvalidOption, i, path)
+		}
+	}
+	return nil
+}
+
+// opPath is the node a multi's operation is on; ok is false for one the
+// client cannot send.
+func opPath(op any) (path string, ok bool) {
+	switch op := op.(type) {
+	case *zk.CreateRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.SetDataRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.DeleteRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	case *zk.CheckVersionRequest:
+		if op != nil {
+			return op.Path, true
+		}
+	}
+	return "", false
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.

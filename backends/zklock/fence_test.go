@@ -157,3 +157,73 @@ func TestFenceMulti(t *testing.T) {
 		t.Errorf("relative root: %v", err)
 	}
 }
+
+// TestFenceOddResources: every resource a claim may name has a fence node of
+// its own, "." and ".." among them (which ZooKeeper refuses as node names),
+// and names that escape alike stay apart.
+func TestFenceOddResources(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	root := "fence-odd-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	f, err := NewFence(s.conn, WithFenceRoot(fenceTestRoot+"/"+root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{".", "..", "%2E", "%2E%2E", "a/b", "a%2Fb", "a ", "a", "a\x00b", "\xff", "..."}
+	for i, r := range names {
+		if err := f.Advance(ctx, fence.Claim{Resource: r, Token: uint64(100 + i)}); err != nil {
+			t.Fatalf("Advance(%q): %v", r, err)
+		}
+	}
+	for i, r := range names {
+		if high, _, err := f.Highest(ctx, r); err != nil || high != uint64(100+i) {
+			t.Errorf("Highest(%q) = %d, %v; want %d, its own", r, high, err, 100+i)
+		}
+	}
+}
+
+// TestFenceMultiRefusesBadOps: an operation Multi cannot send (another
+// type, a value rather than a pointer, a nil one) is the caller's mistake,
+// refused with ErrInvalidOption before any round trip, not reported as the
+// server being unavailable.
+func TestFenceMultiRefusesBadOps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	r := "fence-badops/" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	c := fence.Claim{Resource: r, Token: 3}
+	for _, op := range []any{"set", zk.CreateRequest{Path: "/x"}, (*zk.CreateRequest)(nil), (*zk.SetDataRequest)(nil),
+		(*zk.DeleteRequest)(nil), (*zk.CheckVersionRequest)(nil), nil} {
+		if _, err := s.f.Multi(ctx, c, op); !errors.Is(err, driver.ErrInvalidOption) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("op %#v: %v, want ErrInvalidOption", op, err)
+		}
+	}
+	if high, _, err := s.f.Highest(ctx, r); err != nil || high != 0 {
+		t.Errorf("fence at %d (%v) after refused multis, want none", high, err)
+	}
+}
+
+// TestFenceMultiRefusesItsOwnNode: a multi whose operations would delete or
+// set the resource's fence node itself is refused before it reaches the
+// server: deleting the fence would have let every lower token write again.
+func TestFenceMultiRefusesItsOwnNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newFenceStore(t, servers(t)).(fenceStore)
+	r := "fence-own/" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	claim := fence.Claim{Resource: r, Token: 10}
+	if err := s.f.Advance(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	path := s.f.Path(r)
+	for _, op := range []any{&zk.DeleteRequest{Path: path, Version: -1}, &zk.SetDataRequest{Path: path, Data: []byte("1"), Version: -1},
+		&zk.CreateRequest{Path: path, Acl: zk.WorldACL(zk.PermAll)}} {
+		if _, err := s.f.Multi(ctx, claim, op); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%T of the fence node: %v, want ErrInvalidOption", op, err)
+		}
+	}
+	if err := s.f.Advance(ctx, fence.Claim{Resource: r, Token: 9}); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("a lower token after the refused multis: %v, want ErrStaleToken", err)
+	}
+}
