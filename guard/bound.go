@@ -138,13 +138,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	ctxEnd, hasEnd := ctx.Deadline()
 	if c.wait < 0 && !hasEnd {
 		// Nothing bounds it but ctx's cancellation, if even that.
-		inline := g.direct || ctx.Done() == nil
-		if !inline {
-			if lease, err := g.firstTry(ctx, full, c); lease != nil || err != nil {
-				return lease, boundNone, err
-			}
-		}
-		lease, err := g.attempt(ctx, full, c, true, inline)
+		lease, err := g.attempt(ctx, full, c, true, g.direct || ctx.Done() == nil)
 		return lease, boundNone, err
 	}
 	inline := g.inline(ctx)
@@ -194,57 +188,6 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	}
 	return lease, kind, err
 }
-
-// firstTry makes one attempt that does not wait, on the caller's goroutine,
-// for a waiting acquisition under a ctx that can be cancelled, over a
-// backend that returns at its ctx's deadline (driver.DeadlineBounded). It
-// returns the lease granted; or, when ctx ended meanwhile, the try's error
-// (errNoAnswer if it had none in time); or neither, and the acquisition
-// then waits on a call goroutine as before. Handing the call to another
-// goroutine and back wakes a thread each way, about two more context
-// switches per cycle (perf: 5.5 against bsm/redislock's 3 on Redis), and a
-// free lock is taken by the first attempt.
-//
-// The try's deadline is handoff.Grace from its start, so that a ctx
-// cancelled meanwhile is answered within Grace, as the watch on a call
-// goroutine answers it; a try the backend does not answer by then leaves
-// nothing behind (Acquire's contract for a ctx that ends), and shows the
-// backend too slow for such tries: the Guard makes none for
-// slowTriesPause. Fair locks are left to their queue, and shared modes to
-// their own scripts.
-func (g *Guard) firstTry(ctx context.Context, full string, c *lockConfig) (driver.Lease, error) {
-	if !g.byDeadline || c.fair || c.mode != exclusive || ctx.Err() != nil {
-		return nil, nil
-	}
-	if until := g.noTriesUntil.Load(); until != 0 && time.Now().UnixNano() < until {
-		return nil, nil
-	}
-	tctx, cancel := context.WithTimeout(ctx, handoff.Grace)
-	defer cancel()
-	lease, err := g.acquireLease(tctx, full, c, false)
-	if err == nil {
-		return lease, nil
-	}
-	end, _ := tctx.Deadline()
-	cut := !errors.Is(err, ErrNotAcquired) && !time.Now().Before(end)
-	if ctx.Err() != nil {
-		if cut {
-			err = errNoAnswer
-		}
-		return nil, err
-	}
-	if cut {
-		g.noTriesUntil.Store(time.Now().Add(slowTriesPause).UnixNano())
-	}
-	return nil, nil
-}
-
-// slowTriesPause is how long a Guard makes no first try after one was cut
-// short: a backend slower than handoff.Grace would otherwise cost every
-// acquisition a try in vain, and the cleanup of what it may have been
-// granted; a pause in the process (a long GC, a starved thread) costs the
-// fast path no longer than this.
-const slowTriesPause = time.Minute
 
 // attempt calls the backend for c (one attempt, or a wait), on the caller's
 // goroutine when inline, and otherwise through call. The watched path

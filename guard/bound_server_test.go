@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +17,6 @@ import (
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
-	"github.com/warden-go/warden/internal/handoff"
 )
 
 // serverSlack is what a call against a real server may take past its bound
@@ -142,10 +138,10 @@ func TestBoundsWithADefaultRedisClient(t *testing.T) {
 
 // With ContextTimeoutEnabled, go-redis ends a call at its context's
 // deadline but not at its cancellation; redislock declares
-// driver.DeadlineBounded then, and guard makes the release, the
-// acquisitions under a context with no cancellation, and a waiting
-// acquisition's first try, on the caller's goroutine. Every bound still
-// holds against a hung server, a release's too.
+// driver.DeadlineBounded then, and guard makes the release, and the
+// acquisitions under a context with no cancellation, on the caller's
+// goroutine. Every bound still holds against a hung server, a release's
+// too.
 func TestBoundsWithADeadlineRedisClient(t *testing.T) {
 	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	redis := func(server string) func(t *testing.T) driver.Locker {
@@ -276,122 +272,4 @@ func TestEtcdTryLockKeepsItsDeadlineWithALiveSession(t *testing.T) {
 		t.Fatalf("the lock after etcd answered again: %v", err)
 	}
 	got.Unlock(context.Background())
-}
-
-// whereAcquired is a redislock.Locker (over a client bounded by its
-// context's deadline) that counts the acquisitions made on one of guard's
-// call goroutines and those made on the caller's.
-type whereAcquired struct {
-	*redislock.Locker
-	handedOff, onCaller atomic.Int32
-}
-
-func (w *whereAcquired) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
-	pc := make([]uintptr, 64)
-	frames := runtime.CallersFrames(pc[:runtime.Callers(1, pc)])
-	handedOff := false
-	for f, more := frames.Next(); more; f, more = frames.Next() {
-		handedOff = handedOff || strings.Contains(f.Function, "internal/handoff.")
-	}
-	if handedOff {
-		w.handedOff.Add(1)
-	} else {
-		w.onCaller.Add(1)
-	}
-	return w.Locker.Acquire(ctx, key, opts)
-}
-
-func deadlineLocker(t *testing.T, addr string) *whereAcquired {
-	l := redisLocker(t, &goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	if !l.BoundedByDeadline() {
-		t.Fatal("redislock over a client with ContextTimeoutEnabled is not DeadlineBounded")
-	}
-	return &whereAcquired{Locker: l}
-}
-
-// A waiting Lock under a context that can be cancelled, over a backend
-// bounded by its context's deadline, takes a free lock on the caller's
-// goroutine: handing it to a call goroutine and back costs a fast client a
-// large share of its cycle.
-func TestFreeLockTakenOnTheCallersGoroutine(t *testing.T) {
-	l := deadlineLocker(t, drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"))
-	g := newGuard(t, l, guard.WithPrefix(fmt.Sprintf("first-try-%d:", time.Now().UnixNano())))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for range 5 {
-		lk, err := g.Lock(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n, m := l.onCaller.Load(), l.handedOff.Load(); n != 5 || m != 0 {
-		t.Errorf("%d acquisitions on the caller's goroutine and %d handed off, want 5 and 0", n, m)
-	}
-}
-
-// The first try on the caller's goroutine keeps the promise of the watched
-// call: a cancelled ctx is answered within the grace, even by a server
-// that hangs, whose client would otherwise hold the caller for its read
-// timeout.
-func TestFirstTryAnswersACancelWithinTheGrace(t *testing.T) {
-	p := drivertest.StartProxy(t, drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379"))
-	l := deadlineLocker(t, p.Addr())
-	g := newGuard(t, l, guard.WithPrefix(fmt.Sprintf("first-try-%d:", time.Now().UnixNano())))
-	if err := g.Ping(context.Background()); err != nil { // a connection open
-		t.Fatal(err)
-	}
-	p.Blackhole()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	start := time.Now()
-	time.AfterFunc(5*time.Millisecond, cancel)
-	_, err := g.Lock(ctx, "k")
-	took := time.Since(start)
-	t.Logf("Lock, hung, cancelled after 5ms: %v, %v", took.Round(time.Millisecond), err)
-	if !errors.Is(err, context.Canceled) || !errors.Is(err, guard.ErrUnavailable) {
-		t.Errorf("Lock, hung, cancelled: %v, want context.Canceled matching ErrUnavailable", err)
-	}
-	if took > 5*time.Millisecond+handoff.Grace+serverSlack {
-		t.Errorf("Lock, hung, cancelled after 5ms, took %v", took)
-	}
-	if n := l.onCaller.Load(); n != 1 {
-		t.Errorf("%d tries on the caller's goroutine, want 1", n)
-	}
-}
-
-// A server slower than the grace cuts the first try short: the lock is
-// taken by the watched waiting call all the same, whatever the try may
-// have been granted is given back, and the Guard makes no more such tries.
-func TestSlowServerEndsFirstTries(t *testing.T) {
-	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
-	p := drivertest.StartProxy(t, addr)
-	l := deadlineLocker(t, p.Addr())
-	prefix := fmt.Sprintf("first-try-%d:", time.Now().UnixNano())
-	g := newGuard(t, l, guard.WithPrefix(prefix), guard.WithTTL(10*time.Second))
-	p.Slow(3 * handoff.Grace)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for i := range 2 {
-		start := time.Now()
-		lk, err := g.Lock(ctx, "k")
-		t.Logf("Lock %d, slow server: %v, %v", i, time.Since(start).Round(time.Millisecond), err)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n, m := l.onCaller.Load(), l.handedOff.Load(); n != 1 || m != 2 {
-		t.Errorf("%d tries on the caller's goroutine and %d acquisitions handed off, want 1 and 2", n, m)
-	}
-	other := newGuard(t, redisLocker(t, &goredis.Options{Addr: addr}), guard.WithPrefix(prefix))
-	lk, err := other.TryLock(context.Background(), "k")
-	if err != nil {
-		t.Fatalf("the key after the slow Guard's cycles: %v, want it free", err)
-	}
-	lk.Unlock(context.Background())
 }

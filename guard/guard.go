@@ -31,7 +31,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -59,12 +58,7 @@ type Guard struct {
 	// byDeadline: the backend returns once its ctx's deadline has passed
 	// (driver.DeadlineBounded), so guard calls it without a watch when
 	// only a deadline can end the call.
-	byDeadline bool
-	// noTriesUntil: a first try on the caller's goroutine (see firstTry)
-	// was cut short at its bound, the backend answering too slowly for
-	// them, so acquisitions go straight to a call goroutine until then
-	// (Unix ns; 0: no try was cut short).
-	noTriesUntil   atomic.Int64
+	byDeadline     bool
 	backend        string
 	owner          string
 	logger         *slog.Logger
