@@ -220,6 +220,10 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []st
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Known not sent, which go-redis's error would not tell.
+		return nil, err
+	}
 	fenceKey := f.Key(c.Resource)
 	if slices.Contains(keys, fenceKey) {
 		// Deleting the fence would let every lower token write again,

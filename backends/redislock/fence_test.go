@@ -297,7 +297,7 @@ func TestFenceResentAfterNewerHolder(t *testing.T) {
 }
 
 // TestFenceUnsentIsNotUnknown: a write that never left the client (no
-// server listens) is unavailable, and known not applied: not
+// server listens, its context ended before) is known not applied: not
 // ErrOutcomeUnknown.
 func TestFenceUnsentIsNotUnknown(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -315,6 +315,12 @@ func TestFenceUnsentIsNotUnknown(t *testing.T) {
 	err = f.Set(context.Background(), fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
 	if !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("write to a closed port: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = f.Set(ctx, fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("write with a cancelled context: %v, want context.Canceled, not ErrOutcomeUnknown", err)
 	}
 }
 
