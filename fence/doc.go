@@ -55,5 +55,9 @@
 // carries the lock, and a request served under httpmw.Fence carries the
 // Claim its client sent (WithClaim). An http.Client whose transport is
 // httpmw.FenceTransport stamps its requests with the Claim of their context,
-// so a lock taken in one service fences the writes another makes.
+// so a lock taken in one service fences the writes another makes. A Claim
+// from a request is its client's word, not a lock's: a client that sends a
+// made-up token far above the real ones advances the resource past every
+// legitimate writer. httpmw.Fence says where to serve it, and how to reset
+// a resource so advanced.
 package fence

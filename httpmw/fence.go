@@ -66,6 +66,28 @@ func WithFenceRetryAfter(d time.Duration) FenceOption {
 // not one the data shows. A nil f checks nothing here and leaves it all to
 // those writes, which then alone decide every acceptance and refusal.
 //
+// Fence trusts the token a request carries: nothing in it tells a token a
+// lock granted from one a client made up, or from a token of another
+// engine, whose tokens can run far above this one's. Any client that
+// reaches the service can send "Fencing-Token: 18446744073709551615" and
+// have the resource's fence advanced to it (by f, or by the handler's
+// fenced writes), after which every legitimate writer of that resource is
+// refused as stale. No bound on a token can be checked here: tokens are
+// the engine's (a revision, a clock in microseconds), and a newer holder's
+// may lie any distance above the last one accepted. So serve Fence only
+// inside the trust boundary of the lock's holders (behind authentication
+// that admits only them, on an internal network), never to the public.
+// An operator recovers a resource so advanced by setting its fence back to
+// the token of the lock's current holder (guard.Guard.Inspect, or the
+// warden CLI's "locks show"), or by deleting it: redislock's fence key
+// (Fence.Key, "warden:fence:" and the resource; the token is its hash
+// field "t"), etcdlock's fence key (Fence.Key, "warden/fence/" and the
+// resource), zklock's fence node (Fence.Path, under "/warden/fences") or
+// the resource's row of sqllock's fence table ("warden_fences"). A deleted
+// fence accepts any token again, a paused holder's older one included,
+// until a fenced write advances it; one set to the current holder's token
+// does not. What was written under the made-up token stays written.
+//
 // Fence refuses a nil option, WithFenceResource(nil) (which would leave the
 // resource to the client after all) and a negative Retry-After.
 func Fence(f fence.Fencer, opts ...FenceOption) (func(http.Handler) http.Handler, error) {

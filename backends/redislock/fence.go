@@ -2,11 +2,10 @@ package redislock
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,12 +34,23 @@ const DefaultFencePrefix = "warden:fence:"
 // is not an integer) changes nothing either; only Eval differs (see there).
 //
 // A resource's fence key is the prefix (DefaultFencePrefix) followed by the
-// resource's name: a hash of its highest token and the ids of its latest 32
-// writes, never expiring. The ids make a call that go-redis resends after a
-// broken connection (its MaxRetries) apply once: the resent call finds its
-// id and does nothing again. A write to the fence key itself (a resource
-// named as its data key under WithFencePrefix("")) is refused with
-// driver.ErrInvalidOption.
+// resource's name: a hash of its highest token (field "t"), never expiring.
+// A write to the fence key itself (a resource named as its data key under
+// WithFencePrefix("")) is refused with driver.ErrInvalidOption.
+//
+// Each write is sent once: go-redis does not resend it after a broken
+// connection or a timed-out read (its MaxRetries), since a resend of a
+// write the server applied would apply it twice, or be refused as stale
+// after a newer holder's write although it was applied. Such a write ends
+// with an error wrapping ErrOutcomeUnknown and driver.ErrUnavailable: it
+// may have been applied, once, or not at all, and the caller finds out by
+// reading the data (with its token still the highest, a fenced write of
+// its own settles the order). A Cluster's redirections (MOVED, ASK) are
+// still followed: the node that answers them ran nothing.
+//
+// With go-redis's default options a write to a server that stopped
+// answering waits out the client's ReadTimeout (3 s), whatever its context
+// says: Locker.BoundedByDeadline lists the options that end it with ctx.
 //
 // On a Cluster, the fence key and the data keys a script touches must be in
 // one hash slot: give the resource a hash tag and the data keys the same
@@ -55,9 +65,15 @@ const DefaultFencePrefix = "warden:fence:"
 // failover to a replica that missed it forgets the latest tokens it
 // accepted (as it forgets the data written with them).
 type Fence struct {
-	client goredis.Cmdable
+	client processor
 	prefix string
-	write  *goredis.Script
+	write  fenceScript
+}
+
+// processor is the part of a go-redis client the Fence uses: its own
+// commands, sent once.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
 }
 
 // FenceOption configures a Fence.
@@ -72,7 +88,11 @@ func NewFence(client goredis.Cmdable, opts ...FenceOption) (*Fence, error) {
 	if client == nil {
 		return nil, fmt.Errorf("warden: redislock: %w: nil client", driver.ErrInvalidOption)
 	}
-	f := &Fence{client: client, prefix: DefaultFencePrefix, write: goredis.NewScript(fenceCheckSrc + fenceWriteSrc)}
+	p, ok := client.(processor)
+	if !ok {
+		return nil, fmt.Errorf("warden: redislock: %w: NewFence of a %T, which cannot send a command of its own", driver.ErrInvalidOption, client)
+	}
+	f := &Fence{client: p, prefix: DefaultFencePrefix, write: newFenceScript(fenceCheckSrc + fenceWriteSrc)}
 	for _, o := range opts {
 		o(f)
 	}
@@ -86,7 +106,7 @@ func (f *Fence) Key(resource string) string { return f.prefix + resource }
 // milliseconds, rounded up), under c.
 func (f *Fence) Set(ctx context.Context, c fence.Claim, key string, value any, ttl time.Duration) error {
 	_, err := f.run(ctx, c, f.write, []string{key}, "set", value, pxOf(max(ttl, 0)))
-	return fenceApplied(err)
+	return err
 }
 
 // Del deletes keys under c.
@@ -95,7 +115,7 @@ func (f *Fence) Del(ctx context.Context, c fence.Claim, keys ...string) error {
 		return fmt.Errorf("warden: redislock: %w: Del of no key", driver.ErrInvalidOption)
 	}
 	_, err := f.run(ctx, c, f.write, keys, "del")
-	return fenceApplied(err)
+	return err
 }
 
 // HSet sets the fields of the hash key under c; values are field, value,
@@ -105,12 +125,10 @@ func (f *Fence) HSet(ctx context.Context, c fence.Claim, key string, values ...a
 		return fmt.Errorf("warden: redislock: %w: HSet takes field, value pairs, got %d values", driver.ErrInvalidOption, len(values))
 	}
 	_, err := f.run(ctx, c, f.write, []string{key}, append([]any{"hset"}, values...)...)
-	return fenceApplied(err)
+	return err
 }
 
-// IncrBy adds n to the integer at key under c and returns the sum. A call
-// resent after a broken connection that finds itself already applied
-// returns ErrReplyLost: it was applied once, its sum is not known.
+// IncrBy adds n to the integer at key under c and returns the sum.
 func (f *Fence) IncrBy(ctx context.Context, c fence.Claim, key string, n int64) (int64, error) {
 	r, err := f.run(ctx, c, f.write, []string{key}, "incrby", n)
 	if err != nil {
@@ -122,22 +140,24 @@ func (f *Fence) IncrBy(ctx context.Context, c fence.Claim, key string, n int64) 
 // Eval runs the caller's Lua script under c: keys and args are the script's
 // own KEYS and ARGV, and it runs after the fence's check and advance, in the
 // same script, only when the claim is accepted. It returns the script's
-// result, or ErrReplyLost as IncrBy does. The script runs as is: its own
+// result. The script runs as is: its own
 // errors leave the fence advanced, since Redis keeps what a script wrote
 // before its error, and those writes must be fenced.
 func (f *Fence) Eval(ctx context.Context, c fence.Claim, script string, keys []string, args ...any) (any, error) {
-	return f.run(ctx, c, goredis.NewScript(fenceCheckSrc+"warden_advance()\n"+script), keys, args...)
+	return f.run(ctx, c, newFenceScript(fenceCheckSrc+"warden_advance()\n"+script), keys, args...)
 }
 
 // Advance checks and advances c's resource without writing: fence.Fencer.
 func (f *Fence) Advance(ctx context.Context, c fence.Claim) error {
 	_, err := f.run(ctx, c, f.write, nil, "advance")
-	return fenceApplied(err)
+	return err
 }
 
 // Highest returns the highest token resource accepted, 0 if none.
 func (f *Fence) Highest(ctx context.Context, resource string) (uint64, error) {
-	s, err := f.client.HGet(ctx, f.Key(resource), "t").Result()
+	cmd := goredis.NewStringCmd(ctx, "hget", f.Key(resource), "t")
+	_ = f.client.Process(ctx, cmd)
+	s, err := cmd.Result()
 	if errors.Is(err, goredis.Nil) {
 		return 0, nil
 	}
@@ -147,22 +167,61 @@ func (f *Fence) Highest(ctx context.Context, resource string) (uint64, error) {
 	return strconv.ParseUint(s, 10, 64)
 }
 
-// ErrReplyLost: a fenced write that returns a result (IncrBy, Eval) was
-// applied, but the reply that carried its result was lost and the call was
-// resent; it was not applied again.
-var ErrReplyLost = errors.New("warden: redislock: the fenced write was applied once, its reply was lost")
+// ErrOutcomeUnknown: a fenced write was sent and no reply came back (the
+// connection broke, a read timed out, the context ended): the server may
+// have applied it, once, or not. It is not sent again. Errors wrapping it
+// wrap driver.ErrUnavailable too.
+var ErrOutcomeUnknown = errors.New("warden: redislock: fenced write sent, no reply: applied once or not at all")
 
-// fenceApplied is err, except that a write without a result that was applied
-// once and resent has nothing more to report.
-func fenceApplied(err error) error {
-	if errors.Is(err, ErrReplyLost) {
-		return nil
-	}
-	return err
+// fenceScript is a script of the Fence, sent by its digest (EVALSHA), and
+// whole when the server answers NOSCRIPT.
+type fenceScript struct{ src, sha string }
+
+func newFenceScript(src string) fenceScript {
+	return fenceScript{src: src, sha: goredis.NewScript(src).Hash()}
 }
 
-func (f *Fence) run(ctx context.Context, c fence.Claim, s *goredis.Script, keys []string, args ...any) (any, error) {
+// onceCmd is a command go-redis sends at most once: it does not resend it
+// after an error that leaves its outcome unknown.
+type onceCmd struct{ *goredis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
+
+// eval runs s once. NOSCRIPT is an answer: the server ran nothing, and the
+// script is sent whole.
+func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []any) (any, error) {
+	send := func(name, script string) (any, error) {
+		argv := make([]any, 0, 3+len(keys)+len(args))
+		argv = append(argv, name, script, len(keys))
+		for _, k := range keys {
+			argv = append(argv, k)
+		}
+		cmd := goredis.NewCmd(ctx, append(argv, args...)...)
+		cmd.SetFirstKeyPos(3)
+		_ = f.client.Process(ctx, onceCmd{cmd})
+		return cmd.Result()
+	}
+	r, err := send("evalsha", s.sha)
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		return send("eval", s.src)
+	}
+	return r, err
+}
+
+// unsent reports a failure that proves the command never left the client:
+// no connection could be made or taken from the pool, or the client is
+// closed.
+func unsent(err error) bool {
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, goredis.ErrPoolTimeout) || errors.Is(err, goredis.ErrClosed)
+}
+
+func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []string, args ...any) (any, error) {
 	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Known not sent, which go-redis's error would not tell.
 		return nil, err
 	}
 	fenceKey := f.Key(c.Resource)
@@ -171,27 +230,22 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s *goredis.Script, keys 
 		// overwriting it would break it.
 		return nil, fmt.Errorf("warden: redislock: %w: fenced write to %q, the fence key of %q itself", driver.ErrInvalidOption, fenceKey, c.Resource)
 	}
-	var id [8]byte
-	rand.Read(id[:])
-	r, err := s.Run(ctx, f.client, append([]string{fenceKey}, keys...),
-		append([]any{strconv.FormatUint(c.Token, 10), hex.EncodeToString(id[:])}, args...)...).Result()
+	r, err := f.eval(ctx, s, append([]string{fenceKey}, keys...), append([]any{strconv.FormatUint(c.Token, 10)}, args...))
 	if errors.Is(err, goredis.Nil) {
 		return nil, nil
 	}
 	var re goredis.Error
-	if errors.As(err, &re) {
-		msg := re.Error()
-		switch {
-		case strings.HasPrefix(msg, "WARDEN_APPLIED "):
-			return nil, ErrReplyLost
-		case strings.HasPrefix(msg, "WARDEN_STALE "):
-			high, _ := strconv.ParseUint(strings.TrimPrefix(msg, "WARDEN_STALE "), 10, 64)
-			return nil, fence.Stale(c, high)
+	switch {
+	case err == nil:
+		return r, nil
+	case errors.As(err, &re):
+		if high, ok := strings.CutPrefix(re.Error(), "WARDEN_STALE "); ok {
+			h, _ := strconv.ParseUint(high, 10, 64)
+			return nil, fence.Stale(c, h)
 		}
 		return nil, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)
-	}
-	if err != nil {
+	case unsent(err):
 		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err))
 	}
-	return r, nil
+	return nil, fmt.Errorf("%w: %w: fenced write on %q: %w", driver.ErrUnavailable, ErrOutcomeUnknown, c.Resource, err)
 }

@@ -3,8 +3,9 @@ package redislock
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,9 +30,6 @@ func (s fenceStore) Set(ctx context.Context, c fence.Claim, value string) error 
 
 func (s fenceStore) Incr(ctx context.Context, c fence.Claim) error {
 	_, err := s.f.IncrBy(ctx, c, c.Resource+":count", 1)
-	if errors.Is(err, ErrReplyLost) {
-		return nil
-	}
 	return err
 }
 
@@ -80,8 +78,8 @@ func TestFenceConformance(t *testing.T) {
 	fencetest.Run(t, fencetest.Backend{
 		New: func(t testing.TB) fencetest.Store { return newFenceStore(t, newClient(t)) },
 		Through: func(t testing.TB, relay string) fencetest.Store {
-			// go-redis's own retries (MaxRetries 3 by default) resend a call
-			// whose connection broke: the fence's write ids must absorb them.
+			// go-redis's own retries (MaxRetries 3 by default) would resend a
+			// call whose connection broke: the Fence's writes must not be.
 			c := goredis.NewClient(&goredis.Options{Addr: relay})
 			t.Cleanup(func() { c.Close() })
 			return newFenceStore(t, c)
@@ -130,50 +128,6 @@ func TestFenceWrites(t *testing.T) {
 	}
 }
 
-// TestFenceResentApplied: the same call sent twice (as go-redis resends one
-// whose connection broke after the server ran it) is applied once.
-// Before the write ids, the count reached 2.
-func TestFenceResentApplied(t *testing.T) {
-	ctx := context.Background()
-	c := newClient(t)
-	f, err := NewFence(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := fenceTag("fence-resent/" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	keys := []string{f.Key(r), r + ":count"}
-	args := []any{"7", "00112233aabbccdd", "incrby", 1}
-	if n, err := f.write.Run(ctx, c, keys, args...).Int64(); err != nil || n != 1 {
-		t.Fatalf("first send: %d %v", n, err)
-	}
-	if err := f.write.Run(ctx, c, keys, args...).Err(); err == nil || !strings.HasPrefix(err.Error(), "WARDEN_APPLIED ") {
-		t.Fatalf("resent: %v, want WARDEN_APPLIED", err)
-	}
-	if n, _ := c.Get(ctx, r+":count").Int(); n != 1 {
-		t.Fatalf("count %d after a resent increment, want 1", n)
-	}
-}
-
-// TestFenceReplyLost: IncrBy resent after a lost reply reports ErrReplyLost,
-// and Set reports success.
-func TestFenceReplyLost(t *testing.T) {
-	ctx := context.Background()
-	c := newClient(t)
-	f, err := NewFence(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := fenceTag("fence-lost/" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	// A script that always finds its id: what a resent call sees.
-	f.write = goredis.NewScript("return redis.error_reply('WARDEN_APPLIED already')")
-	if _, err := f.IncrBy(ctx, fence.Claim{Resource: r, Token: 1}, r+":n", 1); !errors.Is(err, ErrReplyLost) {
-		t.Errorf("IncrBy: %v, want ErrReplyLost", err)
-	}
-	if err := f.Set(ctx, fence.Claim{Resource: r, Token: 1}, r+":v", "x", 0); err != nil {
-		t.Errorf("Set: %v, want nil", err)
-	}
-}
-
 // TestFenceFailedWriteChangesNothing: a write Redis refuses (INCRBY of a
 // value that is not an integer, HSET of a key that is not a hash) leaves
 // the fence where it was, as a stale one does: the check, the advance and
@@ -204,34 +158,169 @@ func TestFenceFailedWriteChangesNothing(t *testing.T) {
 	}
 }
 
-// TestFenceResentAfterManyWrites: a call resent after its connection broke
-// is applied once even when the resource took more writes in between than
-// the fence keeps ids of (32): a busy resource, a resend after go-redis's
-// backoff.
-func TestFenceResentAfterManyWrites(t *testing.T) {
-	t.Skip("defect: the fence remembers the ids of its latest 32 writes only; a resend that 32 other writes of the resource overtook is applied again (count 2)")
-	ctx := context.Background()
-	c := newClient(t)
+// cutReply relays one client's connections to the Redis server at addr.
+// Armed, it holds the next reply the server sends, runs between, and cuts
+// the connection instead of delivering it: a write the server applied
+// whose reply the client never got, with other writes landing before the
+// client could send it again.
+type cutReply struct {
+	ln      net.Listener
+	addr    string
+	between chan func()
+}
+
+func newCutReply(t *testing.T, addr string) *cutReply {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &cutReply{ln: ln, addr: addr, between: make(chan func(), 1)}
+	t.Cleanup(func() { ln.Close() })
+	go r.serve()
+	return r
+}
+
+func (r *cutReply) serve() {
+	for {
+		client, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		go func() { io.Copy(server, client); server.Close() }()
+		go func() {
+			defer client.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := server.Read(buf)
+				if n > 0 {
+					select {
+					case fn := <-r.between:
+						fn()
+						client.(*net.TCPConn).SetLinger(0)
+						return
+					default:
+					}
+					if _, err := client.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// fenceCut returns a Fence whose client reaches Redis through a cutReply,
+// connected and with the fence's script loaded, and a direct client.
+func fenceCut(t *testing.T) (*Fence, *cutReply, *goredis.Client) {
+	direct := newClient(t)
+	cut := newCutReply(t, drivertest.Addr(t, addrEnv, addrDefault))
+	c := goredis.NewClient(&goredis.Options{Addr: cut.ln.Addr().String()})
+	t.Cleanup(func() { c.Close() })
 	f, err := NewFence(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := fenceTag("fence-resent-late/" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	keys := []string{f.Key(r), r + ":count"}
-	args := []any{"7", "00112233aabbccdd", "incrby", 1}
-	if err := f.write.Run(ctx, c, keys, args...).Err(); err != nil {
-		t.Fatalf("first send: %v", err)
+	ctx := context.Background()
+	if err := goredis.NewScript(fenceCheckSrc+fenceWriteSrc).Load(ctx, direct).Err(); err != nil {
+		t.Fatal(err)
 	}
-	for i := range 32 {
-		if err := f.Set(ctx, fence.Claim{Resource: r, Token: 7}, r+":other", i, 0); err != nil {
-			t.Fatal(err)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return f, cut, direct
+}
+
+// TestFenceResentAfterManyWrites: a fenced increment the server applied
+// and whose reply was lost is not applied again, however many writes of
+// the resource land before go-redis would have resent it (32 here: the
+// ids of its latest writes the fence once kept, to recognise a resend,
+// were 32), and the caller learns that its outcome is unknown.
+func TestFenceResentAfterManyWrites(t *testing.T) {
+	ctx := context.Background()
+	f, cut, direct := fenceCut(t)
+	other, err := NewFence(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-resent-late/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	claim := fence.Claim{Resource: r, Token: 7}
+	cut.between <- func() {
+		for i := range 32 {
+			if err := other.Set(ctx, claim, r+":other", i, 0); err != nil {
+				t.Error(err)
+			}
 		}
 	}
-	if err := f.write.Run(ctx, c, keys, args...).Err(); err == nil || !strings.HasPrefix(err.Error(), "WARDEN_APPLIED ") {
-		t.Errorf("resent after 32 other writes: %v, want WARDEN_APPLIED", err)
+	_, err = f.IncrBy(ctx, claim, r+":count", 1)
+	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, driver.ErrUnavailable) {
+		t.Errorf("increment whose reply was cut: %v, want ErrOutcomeUnknown and ErrUnavailable", err)
 	}
-	if n, _ := c.Get(ctx, r+":count").Int(); n != 1 {
-		t.Fatalf("count %d after a resent increment, want 1", n)
+	if n, _ := direct.Get(ctx, r+":count").Int(); n != 1 {
+		t.Fatalf("count %d after an increment whose reply was cut, want 1", n)
+	}
+}
+
+// TestFenceResentAfterNewerHolder: a fenced write the server applied and
+// whose reply was lost is not reported stale when a newer holder wrote (32
+// times, past the fence's former memory of write ids) before it could have
+// been resent: it was applied, and the caller must not take it for refused.
+func TestFenceResentAfterNewerHolder(t *testing.T) {
+	ctx := context.Background()
+	f, cut, direct := fenceCut(t)
+	other, err := NewFence(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := fenceTag("fence-resent-newer/" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	cut.between <- func() {
+		for i := range 32 {
+			if err := other.Set(ctx, fence.Claim{Resource: r, Token: 8}, r+":other", i, 0); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	err = f.Set(ctx, fence.Claim{Resource: r, Token: 7}, r+":value", "seven", 0)
+	if errors.Is(err, fence.ErrStaleToken) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Errorf("write whose reply was cut, then a newer holder's: %v, want ErrOutcomeUnknown, not stale", err)
+	}
+	if v, _ := direct.Get(ctx, r+":value").Result(); v != "seven" {
+		t.Fatalf("value %q, want the write applied (seven)", v)
+	}
+}
+
+// TestFenceUnsentIsNotUnknown: a write that never left the client (no
+// server listens, its context ended before) is known not applied: not
+// ErrOutcomeUnknown.
+func TestFenceUnsentIsNotUnknown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Set(context.Background(), fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
+	if !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("write to a closed port: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = f.Set(ctx, fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("write with a cancelled context: %v, want context.Canceled, not ErrOutcomeUnknown", err)
 	}
 }
 
