@@ -78,8 +78,8 @@ func (l *Locker) holding(ctx context.Context, key string) (driver.Holding, strin
 		version int64
 		micros  int64
 	)
-	err := l.db.WithContext(ctx).Raw("SELECT owner, version, lock_until - "+now+" FROM "+l.table+
-		" WHERE name = ? AND lock_until > "+now, key).Row().Scan(&owner, &version, &micros)
+	err := scanRow(l.db.WithContext(ctx).Raw("SELECT owner, version, lock_until - "+now+" FROM "+l.table+
+		" WHERE name = ? AND lock_until > "+now, key), &owner, &version, &micros)
 	if errors.Is(err, sql.ErrNoRows) || err == nil && micros <= 0 {
 		return driver.Holding{}, "", false, nil
 	}
