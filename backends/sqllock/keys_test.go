@@ -2,7 +2,9 @@ package sqllock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,43 @@ func TestFenceDistinctResources(t *testing.T) {
 			for _, r := range lookalikeResources[1:] {
 				if err := fence(base+r, 1); err != nil {
 					t.Errorf("first fence of %q, after %q was fenced with 5: %v", base+r, base+lookalikeResources[0], err)
+				}
+			}
+		})
+	}
+}
+
+// TestOddKeys: keys that differ by trailing spaces, letter case or Unicode
+// normalisation are locks of their own on every database, each taken while
+// the others are held; a key holding a NUL byte, which PostgreSQL's text
+// cannot store, or invalid UTF-8 is refused as an invalid key by every call
+// that takes one, on all three, not reported as the database being
+// unavailable.
+func TestOddKeys(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			l := newLocker(t, migrated(t, db, db.dsn(t)))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			o := driver.AcquireOptions{TTL: time.Minute}
+			k := uniqueKey(t)
+			for _, key := range []string{k, k + " ", k + "  ", strings.ToUpper(k), k + "\u00e9", k + "e\u0301"} {
+				lease, err := l.Acquire(ctx, key, o)
+				if err != nil {
+					t.Errorf("Acquire(%q) while its lookalikes are held: %v", key, err)
+					continue
+				}
+				defer lease.Release(ctx)
+			}
+			for _, key := range []string{k + "\x00", "\x00" + k, k + "\xff"} {
+				if _, err := l.Acquire(ctx, key, o); !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("Acquire(%q): %v, want ErrInvalidKey", key, err)
+				}
+				if _, err := l.Inspect(ctx, key); !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("Inspect(%q): %v, want ErrInvalidKey", key, err)
+				}
+				if _, err := l.ForceRelease(ctx, key, driver.ReleaseTarget{AnyHolder: true}); !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("ForceRelease(%q): %v, want ErrInvalidKey", key, err)
 				}
 			}
 		})

@@ -423,6 +423,10 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// checkKey refuses a key the lock table cannot hold on every database: one
+// PostgreSQL's text refuses (invalid UTF-8, a NUL byte) would otherwise be
+// reported there as the database being unavailable, and is refused on the
+// others too, so that a key names a lock the same way whichever it is.
 func checkKey(key string) error {
 	switch {
 	case key == "":
@@ -431,6 +435,8 @@ func checkKey(key string) error {
 		return fmt.Errorf("%w: %d bytes, more than the %d the name column holds", driver.ErrInvalidKey, len(key), maxName)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: invalid UTF-8", driver.ErrInvalidKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: %q holds a NUL byte", driver.ErrInvalidKey, key)
 	}
 	return nil
 }
