@@ -93,32 +93,37 @@ func held(owner string, version, micros int64) driver.Holding {
 	return driver.Holding{Owner: labelOf(owner), Token: uint64(version), TTL: time.Duration(micros) * time.Microsecond}
 }
 
-// byteOrder makes the name column compare and sort byte by byte, as Go
-// strings do: PostgreSQL's default collation follows the locale's rules
-// instead. MySQL's utf8mb4_bin (see Tables) and SQLite's BINARY already do.
-func (l *Locker) byteOrder() string {
+// byteOrder is the form of the name column, and of List's bounds, that
+// compares and sorts byte by byte, as Go strings do. On PostgreSQL it is the
+// name's UTF-8 bytes as bytea: the default collation follows the locale's
+// rules instead, and text cannot carry a bound that is not UTF-8 or holds a
+// NUL byte (a prefix cut partway through a character), which a bytea can.
+// MySQL's VARBINARY (see Tables) and SQLite's BINARY collation compare
+// bytes already, and take such bounds as they are.
+func (l *Locker) byteOrder(prefix, after string) (name string, from, past any) {
 	if l.d.name == "postgres" {
-		return ` COLLATE "C"`
+		return "convert_to(name, 'UTF8')", []byte(prefix), []byte(after)
 	}
-	return ""
+	return "name", prefix, after
 }
 
 // List implements driver.Lister with one range read of the lock table in
-// key order. On MySQL and SQLite it walks the primary key; on PostgreSQL the
-// byte-order collation it needs keeps the key's index out unless the column
-// is collated "C" already, so the live rows under prefix are sorted for
-// each page. Waiters is -1 for every key, as for Inspect.
+// key order. On MySQL and SQLite it walks the primary key; on PostgreSQL,
+// where byte order is that of the names' bytes (byteOrder), which no index
+// has, the live rows under prefix are sorted for each page. prefix and after
+// may be any bytes. Waiters is -1 for every key, as for Inspect.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
 	}
-	now, name := l.d.now, "name"+l.byteOrder()
+	name, from, past := l.byteOrder(prefix, after)
+	now := l.d.now
 	// One row more than a page: on MySQL, whose collation pads with spaces,
 	// a key equal to prefix but for its trailing spaces sorts among the
 	// keys under it without being one, and is skipped below.
 	rows, err := l.db.WithContext(ctx).Raw("SELECT name, owner, version, lock_until - "+now+" FROM "+l.table+
 		" WHERE "+name+" >= ? AND "+name+" > ? AND lock_until > "+now+" ORDER BY "+name+" LIMIT ?",
-		prefix, after, limit+1).Rows()
+		from, past, limit+1).Rows()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

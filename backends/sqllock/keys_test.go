@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,14 +59,7 @@ func TestOddKeys(t *testing.T) {
 			defer cancel()
 			o := driver.AcquireOptions{TTL: time.Minute}
 			k := uniqueKey(t)
-			for _, key := range []string{k, k + " ", k + "  ", strings.ToUpper(k), k + "\u00e9", k + "e\u0301"} {
-				lease, err := l.Acquire(ctx, key, o)
-				if err != nil {
-					t.Errorf("Acquire(%q) while its lookalikes are held: %v", key, err)
-					continue
-				}
-				defer lease.Release(ctx)
-			}
+			hold(t, l, k, k+" ", k+"  ", strings.ToUpper(k), k+"\u00e9", k+"e\u0301")
 			for _, key := range []string{k + "\x00", "\x00" + k, k + "\xff"} {
 				if _, err := l.Acquire(ctx, key, o); !errors.Is(err, driver.ErrInvalidKey) {
 					t.Errorf("Acquire(%q): %v, want ErrInvalidKey", key, err)
@@ -140,4 +134,66 @@ func columnType(t *testing.T, g *gorm.DB, table, column string) string {
 		t.Fatal(err)
 	}
 	return typ
+}
+
+// TestListOddBounds: List takes any bytes for its prefix and its after, as
+// a prefix cut partway through a character ("caf\xc3") is, and answers them
+// by byte order on every database: the keys that start with those bytes, or
+// that sort after them. PostgreSQL refused them as invalid text, which
+// List reported as the database being unavailable.
+func TestListOddBounds(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			l := newLocker(t, migrated(t, db, db.dsn(t)))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			base := uniqueKey(t) + "/"
+			// In byte order; é is c3 a9, ÿ c3 bf, Ā c4 80.
+			hold(t, l, base+"caf", base+"cafe", base+"café", base+"cafÿ", base+"cafĀ", base+"cag")
+			for _, c := range []struct {
+				prefix, after string
+				limit         int
+				want          []string
+			}{
+				{"caf\xc3", "", 10, []string{"café", "cafÿ"}},
+				{"caf\xc3", "", 1, []string{"café"}},
+				{"caf\xc3", "café", 10, []string{"cafÿ"}},
+				{"caf\xc3", "caf\xc3\xaa", 10, []string{"cafÿ"}},
+				{"caf\xc3\xa9", "", 10, []string{"café"}},
+				{"", "caf\xc3", 10, []string{"café", "cafÿ", "cafĀ", "cag"}},
+				{"", "caf\x00", 10, []string{"cafe", "café", "cafÿ", "cafĀ", "cag"}},
+				{"", "caf\xff", 10, []string{"cag"}},
+				{"caf\x00", "", 10, nil},
+				{"caf\xff", "", 10, nil},
+				{"\xff", "", 10, nil},
+			} {
+				after := c.after
+				if after != "" {
+					after = base + after
+				}
+				page, err := l.List(ctx, base+c.prefix, after, c.limit)
+				var got []string
+				for _, p := range page {
+					got = append(got, strings.TrimPrefix(p.Key, base))
+				}
+				if err != nil || !slices.Equal(got, c.want) {
+					t.Errorf("List(prefix %q, after %q, %d) = %q, %v; want %q", c.prefix, c.after, c.limit, got, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// hold acquires each of keys on l, every one while the ones before are held,
+// and releases them when t ends.
+func hold(t *testing.T, l *sqllock.Locker, keys ...string) {
+	t.Helper()
+	for i, key := range keys {
+		lease, err := l.Acquire(context.Background(), key, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Errorf("Acquire(%q) while %q are held: %v", key, keys[:i], err)
+			continue
+		}
+		t.Cleanup(func() { lease.Release(context.Background()) })
+	}
 }
