@@ -197,3 +197,49 @@ func hold(t *testing.T, l *sqllock.Locker, keys ...string) {
 		t.Cleanup(func() { lease.Release(context.Background()) })
 	}
 }
+
+// TestBadLeaseOptions: an owner label guard would refuse (a NUL byte, which
+// PostgreSQL's text cannot store, invalid UTF-8, which MariaDB's cannot
+// either, or one longer than driver.MaxOwnerLen) and a TTL that is not
+// positive are refused with ErrInvalidOption on every database, taking
+// nothing. The labels were reported as the database being unavailable on
+// PostgreSQL and MariaDB and stored on SQLite; a TTL of 0 granted a lease
+// already expired, and a Refresh with it ended a held lease and reported
+// success.
+func TestBadLeaseOptions(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			l := newLocker(t, migrated(t, db, db.dsn(t)))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			key := uniqueKey(t)
+			for _, o := range []driver.AcquireOptions{
+				{TTL: time.Minute, Owner: "a\x00b"},
+				{TTL: time.Minute, Owner: "caf\xc3"},
+				{TTL: time.Minute, Owner: strings.Repeat("o", driver.MaxOwnerLen+1)},
+				{TTL: 0},
+				{TTL: -time.Second},
+			} {
+				if lease, err := l.Acquire(ctx, key, o); !errors.Is(err, driver.ErrInvalidOption) {
+					t.Errorf("Acquire with owner %.20q and TTL %v: (%v, %v), want ErrInvalidOption", o.Owner, o.TTL, lease, err)
+				}
+			}
+			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Release(ctx)
+			for _, ttl := range []time.Duration{0, -time.Second} {
+				if err := lease.Refresh(ctx, ttl); !errors.Is(err, driver.ErrInvalidOption) {
+					t.Errorf("Refresh(%v): %v, want ErrInvalidOption", ttl, err)
+				}
+				if errs := l.RefreshBatch(ctx, []driver.Lease{lease}, ttl); !errors.Is(errs[0], driver.ErrInvalidOption) {
+					t.Errorf("RefreshBatch(%v): %v, want ErrInvalidOption", ttl, errs[0])
+				}
+			}
+			if in, err := l.Inspect(ctx, key); err != nil || len(in.Holders) != 1 || in.Holders[0].Token != lease.Token() {
+				t.Errorf("Inspect after the refused refreshes: %+v, %v; want the lease still held", in, err)
+			}
+		})
+	}
+}

@@ -441,6 +441,15 @@ func checkKey(key string) error {
 	return nil
 }
 
+// checkTTL refuses a lease's TTL that is not positive, which would end the
+// lease as it is granted or refreshed.
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: TTL %v", driver.ErrInvalidOption, ttl)
+	}
+	return nil
+}
+
 // Acquire implements driver.Locker. Waiting polls with jittered exponential
 // backoff, never sleeping past the holder's expiry; on PostgreSQL a release
 // notification also ends the pause early (see the package documentation).
@@ -448,6 +457,13 @@ func checkKey(key string) error {
 // so opts.Fair is refused with driver.ErrUnsupported.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	// The label is kept in the owner column, where PostgreSQL and MySQL
+	// refuse invalid text, and the TTL is added to the database's now:
+	// guard passes neither out of range, and a caller of the Locker itself
+	// gets an error, not an outage or a lease already expired.
+	if err := errors.Join(checkTTL(opts.TTL), driver.CheckOwner(opts.Owner)); err != nil {
 		return nil, err
 	}
 	if opts.Fair {
