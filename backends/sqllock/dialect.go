@@ -29,7 +29,13 @@ type dialect struct {
 	greatest string
 }
 
+// dialectOf is the dialect of db, which New and NewStore also refuse in a
+// dry-run session: its statements do not run, while the Locker's own, sent
+// to the pool, would, so that a Locker would take locks it cannot inspect.
 func dialectOf(db *gorm.DB) (dialect, error) {
+	if db.DryRun {
+		return dialect{}, fmt.Errorf("%w: a dry-run session, whose statements do not run", driver.ErrInvalidOption)
+	}
 	switch name := db.Dialector.Name(); name {
 	case "postgres":
 		// clock_timestamp(), not now(): now() is frozen at the start of

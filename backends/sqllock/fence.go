@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 
 	"gorm.io/gorm"
 
@@ -47,11 +46,6 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 	}
 	if err := checkKey(resource); err != nil {
 		return err
-	}
-	if strings.IndexByte(resource, 0) >= 0 {
-		// PostgreSQL's text cannot hold it; refused on every database, so
-		// that a resource is fenced the same whichever it is.
-		return fmt.Errorf("%w: resource %q holds a NUL byte", driver.ErrInvalidKey, resource)
 	}
 	if token == 0 || token > math.MaxInt64 {
 		return fmt.Errorf("%w: token %d", driver.ErrInvalidOption, token)

@@ -235,9 +235,9 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		state                       sql.NullString
 		live                        sql.NullBool
 	)
-	err := s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
-		[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id).
-		Row().Scan(&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+	err := scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
+		[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
+		&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
 	if err != nil || claimed || !live.Bool {
 		return nil, claimed, err
 	}
@@ -255,8 +255,8 @@ func (s *Store) read(ctx context.Context, id string) (*idempotency.Record, strin
 		state, claimID              string
 		live                        bool
 	)
-	err := s.db.WithContext(ctx).Raw("SELECT scope, idem_key, state, fingerprint, owner, response, claim_id, expires_at > "+s.d.now+
-		" FROM "+s.table+" WHERE id = ?", id).Row().Scan(&scope, &key, &state, &fp, &owner, &resp, &claimID, &live)
+	err := scanRow(s.db.WithContext(ctx).Raw("SELECT scope, idem_key, state, fingerprint, owner, response, claim_id, expires_at > "+s.d.now+
+		" FROM "+s.table+" WHERE id = ?", id), &scope, &key, &state, &fp, &owner, &resp, &claimID, &live)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, "", false, nil
 	}
@@ -319,7 +319,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 		// MySQL counts changed rows: an extension to the very same
 		// expires_at reports none. Check the claim itself.
 		var n int64
-		if qerr := s.db.WithContext(ctx).Raw("SELECT count(*) FROM "+s.table+s.owned(), id, []byte(owner)).Row().Scan(&n); qerr != nil {
+		if qerr := scanRow(s.db.WithContext(ctx).Raw("SELECT count(*) FROM "+s.table+s.owned(), id, []byte(owner)), &n); qerr != nil {
 			return storeErr(ctx, "extend", qerr)
 		}
 		if n > 0 {
@@ -371,7 +371,7 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if owner != "" {
 		// Nothing of owner's: another's live record, or none.
 		var n int64
-		if err := db.Raw("SELECT count(*) FROM "+s.table+" WHERE id = ? AND expires_at > "+s.d.now, id).Row().Scan(&n); err != nil {
+		if err := scanRow(db.Raw("SELECT count(*) FROM "+s.table+" WHERE id = ? AND expires_at > "+s.d.now, id), &n); err != nil {
 			return storeErr(ctx, "delete", err)
 		}
 		if n > 0 {

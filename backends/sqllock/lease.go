@@ -72,6 +72,9 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 // Refresh implements driver.Lease. The row is extended only while it is still
 // this owner's and unexpired by the database's clock.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if err := checkTTL(ttl); err != nil {
+		return err
+	}
 	l := ls.l
 	sent := time.Now()
 	held, err := ls.exec(ctx, l.q.refresh, ttl.Microseconds(), ls.key, ls.owner(), ls.version)
@@ -180,6 +183,12 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 // documentation).
 func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl time.Duration) []error {
 	errs := make([]error, len(leases))
+	if err := checkTTL(ttl); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
 	// The positions of this Locker's leases, in key order: a statement
 	// then looks its rows up in the order of the primary key's index,
 	// each lookup reading the pages the last one read, a third less of

@@ -423,6 +423,10 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// checkKey refuses a key the lock table cannot hold on every database: one
+// PostgreSQL's text refuses (invalid UTF-8, a NUL byte) would otherwise be
+// reported there as the database being unavailable, and is refused on the
+// others too, so that a key names a lock the same way whichever it is.
 func checkKey(key string) error {
 	switch {
 	case key == "":
@@ -431,6 +435,17 @@ func checkKey(key string) error {
 		return fmt.Errorf("%w: %d bytes, more than the %d the name column holds", driver.ErrInvalidKey, len(key), maxName)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: invalid UTF-8", driver.ErrInvalidKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: %q holds a NUL byte", driver.ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// checkTTL refuses a lease's TTL that is not positive, which would end the
+// lease as it is granted or refreshed.
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: TTL %v", driver.ErrInvalidOption, ttl)
 	}
 	return nil
 }
@@ -442,6 +457,13 @@ func checkKey(key string) error {
 // so opts.Fair is refused with driver.ErrUnsupported.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	// The label is kept in the owner column, where PostgreSQL and MySQL
+	// refuse invalid text, and the TTL is added to the database's now:
+	// guard passes neither out of range, and a caller of the Locker itself
+	// gets an error, not an outage or a lease already expired.
+	if err := errors.Join(checkTTL(opts.TTL), driver.CheckOwner(opts.Owner)); err != nil {
 		return nil, err
 	}
 	if opts.Fair {

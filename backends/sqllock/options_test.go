@@ -41,3 +41,21 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunRefused: a Locker or a Store on a dry-run session is refused
+// with ErrInvalidOption. The session's statements do not run, but the
+// Locker's acquisitions, sent to the pool, would have: it took real locks
+// and failed to inspect them, and the Store's reads failed as an outage.
+func TestDryRunRefused(t *testing.T) {
+	g, err := gorm.Open(sqlite.Open(t.TempDir()+"/dry.db"), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry := g.Session(&gorm.Session{DryRun: true})
+	if l, err := sqllock.New(dry); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("New on a dry-run session: (%v, %v), want ErrInvalidOption", l, err)
+	}
+	if st, err := sqllock.NewStore(dry); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("NewStore on a dry-run session: (%v, %v), want ErrInvalidOption", st, err)
+	}
+}

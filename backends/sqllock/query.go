@@ -7,7 +7,31 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"gorm.io/gorm"
 )
+
+// scanRow runs q, a read of one row or none, and scans the row into dest;
+// sql.ErrNoRows when there is none. It reads through gorm's Rows, not Row:
+// Row returns a nil *sql.Row when a callback fails the statement (another
+// plugin's, or a dry run's), and scanning that panics.
+func scanRow(q *gorm.DB, dest ...any) error {
+	rows, err := q.Rows()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Close()
+}
 
 // queryRow runs query, which answers one row or none, and scans the row
 // into dest, each a sql.Scanner; sql.ErrNoRows when there is none.
