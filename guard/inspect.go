@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -105,7 +106,7 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	// One attribute for each field, whatever the number of holders: a
 	// record with a key twice (shared and semaphore locks have several)
 	// keeps only its last value in most readers of JSON logs.
-	owners, tokens := make([]string, len(removed)), make([]uint64, len(removed))
+	owners, tokens := make(labels, len(removed)), make([]uint64, len(removed))
 	for i, h := range removed {
 		owners[i], tokens[i] = h.Owner, h.Token
 	}
@@ -115,3 +116,12 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
 	return removed, nil
 }
+
+// labels are owner labels in a log record, written as a JSON array by the
+// text handler too: it printed a []string as [a b c], which cannot tell
+// two owners from one with a space in it.
+type labels []string
+
+func (l labels) MarshalJSON() ([]byte, error) { return json.Marshal([]string(l)) }
+
+func (l labels) MarshalText() ([]byte, error) { return l.MarshalJSON() }

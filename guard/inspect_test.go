@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -158,6 +159,38 @@ func TestListPagesAWiderNamespace(t *testing.T) {
 	}
 	if page, err := all.List(ctx, first[0].Key[:len(first[0].Key)-1], "", 10); err != nil || len(page) != 1 {
 		t.Errorf("List(prefix of a listed key): %v, %v; want that key", page, err)
+	}
+}
+
+// The owners of a forced release's WARN read unambiguously in a text log,
+// where an owner label may hold spaces.
+func TestForceReleaseTextLogQuotesEveryOwner(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	var logged strings.Builder
+	g := newGuard(t, mem, guard.WithOwner("orders svc/7"), guard.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	other := newGuard(t, mem, guard.WithOwner("orders svc/8 x"))
+	for _, g := range []*guard.Guard{g, other} {
+		l, err := g.Lock(ctx, "doc", guard.Read())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	logged.Reset()
+	if _, err := g.ForceRelease(ctx, "doc", guard.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	_, value, ok := strings.Cut(logged.String(), " owners=")
+	quoted, err := strconv.QuotedPrefix(value)
+	var owners []string
+	if ok && err == nil {
+		value, _ = strconv.Unquote(quoted)
+		err = json.Unmarshal([]byte(value), &owners)
+	}
+	slices.Sort(owners)
+	if want := []string{"orders svc/7", "orders svc/8 x"}; err != nil || !slices.Equal(owners, want) {
+		t.Errorf("owners in %q: %q (%v), want %q", logged.String(), owners, err, want)
 	}
 }
 
