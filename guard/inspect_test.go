@@ -162,38 +162,6 @@ func TestListPagesAWiderNamespace(t *testing.T) {
 	}
 }
 
-// The owners of a forced release's WARN read unambiguously in a text log,
-// where an owner label may hold spaces.
-func TestForceReleaseTextLogQuotesEveryOwner(t *testing.T) {
-	ctx := context.Background()
-	mem := memory.New()
-	var logged strings.Builder
-	g := newGuard(t, mem, guard.WithOwner("orders svc/7"), guard.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
-	other := newGuard(t, mem, guard.WithOwner("orders svc/8 x"))
-	for _, g := range []*guard.Guard{g, other} {
-		l, err := g.Lock(ctx, "doc", guard.Read())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Unlock(ctx)
-	}
-	logged.Reset()
-	if _, err := g.ForceRelease(ctx, "doc", guard.ReleaseTarget{AnyHolder: true}); err != nil {
-		t.Fatal(err)
-	}
-	_, value, ok := strings.Cut(logged.String(), " owners=")
-	quoted, err := strconv.QuotedPrefix(value)
-	var owners []string
-	if ok && err == nil {
-		value, _ = strconv.Unquote(quoted)
-		err = json.Unmarshal([]byte(value), &owners)
-	}
-	slices.Sort(owners)
-	if want := []string{"orders svc/7", "orders svc/8 x"}; err != nil || !slices.Equal(owners, want) {
-		t.Errorf("owners in %q: %q (%v), want %q", logged.String(), owners, err, want)
-	}
-}
-
 // strictLister is the memory backend as PostgreSQL lists: a prefix or an
 // after that is not valid UTF-8 is an error.
 type strictLister struct{ *memory.Locker }
@@ -255,13 +223,15 @@ func TestListPartwayThroughARune(t *testing.T) {
 // The WARN of a forced release names every holding it removed, in a log
 // whose records a JSON reader can take in: one key per attribute, not
 // "owner" and "token" once per holder, of which a reader keeps only the
-// last.
+// last; and in a text log, where an owner label may hold spaces, as
+// plainly.
 func TestForceReleaseLogsEveryRemovedHolder(t *testing.T) {
 	ctx := context.Background()
 	mem := memory.New()
-	var logged bytes.Buffer
-	g := newGuard(t, mem, guard.WithOwner("reader-1"), guard.WithLogger(slog.New(slog.NewJSONHandler(&logged, nil))))
-	other := newGuard(t, mem, guard.WithOwner("reader-2"))
+	var logged, text bytes.Buffer
+	both := slog.NewMultiHandler(slog.NewJSONHandler(&logged, nil), slog.NewTextHandler(&text, nil))
+	g := newGuard(t, mem, guard.WithOwner("reader 1"), guard.WithLogger(slog.New(both)))
+	other := newGuard(t, mem, guard.WithOwner("reader 2 x"))
 	var tokens []uint64
 	for _, g := range []*guard.Guard{g, other} {
 		l, err := g.Lock(ctx, "doc", guard.Read())
@@ -287,9 +257,22 @@ func TestForceReleaseLogsEveryRemovedHolder(t *testing.T) {
 	slices.Sort(rec.Owners)
 	slices.Sort(rec.Tokens)
 	slices.Sort(tokens)
-	if rec.Removed != 2 || !slices.Equal(rec.Owners, []string{"reader-1", "reader-2"}) || !slices.Equal(rec.Tokens, tokens) {
-		t.Errorf("the record, as a JSON reader takes it in: %+v; want removed 2, owners reader-1 and reader-2, tokens %v (logged %s)",
-			rec, tokens, logged.String())
+	want := []string{"reader 1", "reader 2 x"}
+	if rec.Removed != 2 || !slices.Equal(rec.Owners, want) || !slices.Equal(rec.Tokens, tokens) {
+		t.Errorf("the record, as a JSON reader takes it in: %+v; want removed 2, owners %q, tokens %v (logged %s)",
+			rec, want, tokens, logged.String())
+	}
+	// The text record's owners: a quoted JSON array.
+	_, value, _ := strings.Cut(text.String(), " owners=")
+	var owners []string
+	quoted, err := strconv.QuotedPrefix(value)
+	if err == nil {
+		value, _ = strconv.Unquote(quoted)
+		err = json.Unmarshal([]byte(value), &owners)
+	}
+	slices.Sort(owners)
+	if err != nil || !slices.Equal(owners, want) {
+		t.Errorf("owners in the text record %q: %q (%v), want %q", text.String(), owners, err, want)
 	}
 }
 
