@@ -377,22 +377,27 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 // Nothing is recovered: Goexit (t.FailNow in a section) unwinds with nothing
 // to recover, and a panic goes on up unchanged, with its stack.
 func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error) {
-	var lost error
-	defer func() { err = withLoss(err, lost) }()
-	defer unlockAll(ctx, locks, &lost)
+	defer func() {
+		var lost error
+		unlockAll(ctx, locks, &lost)
+		err = withLoss(err, lost)
+	}()
 	return fn()
 }
 
-// unlockAll unlocks locks, the last first, each in a deferred call of its
-// own: a panic in one Unlock (a faulty driver) still lets every other run as
-// it unwinds, rather than leaving them held and renewed. It keeps in *lost
-// the first loss it meets.
+// unlockAll unlocks locks, the last first, each before it in a deferred
+// call: a panic in one Unlock (a faulty driver) still lets every other run
+// as it unwinds, rather than leaving them held and renewed. It keeps in
+// *lost the first loss it meets.
 func unlockAll(ctx context.Context, locks []*Lock, lost *error) {
-	if len(locks) == 0 {
+	last := len(locks) - 1
+	if last < 0 {
 		return
 	}
-	defer unlockAll(ctx, locks[:len(locks)-1], lost)
-	if err := locks[len(locks)-1].Unlock(ctx); errors.Is(err, ErrLockLost) && *lost == nil {
+	if last > 0 {
+		defer unlockAll(ctx, locks[:last], lost)
+	}
+	if err := locks[last].Unlock(ctx); errors.Is(err, ErrLockLost) && *lost == nil {
 		*lost = err
 	}
 }
