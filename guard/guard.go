@@ -368,27 +368,37 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 
 // runLocked runs fn and unlocks locks (innermost first) on the way out, even
 // if fn panics or calls runtime.Goexit, and folds a loss into the result.
+// Nothing is recovered: Goexit (t.FailNow in a section) unwinds with nothing
+// to recover, and a panic goes on up unchanged, with its stack.
 func runLocked(ctx context.Context, fn func() error, locks ...*Lock) (err error) {
-	unlock := func() error {
-		var lost error
-		for i := len(locks) - 1; i >= 0; i-- {
-			if uerr := locks[i].Unlock(ctx); errors.Is(uerr, ErrLockLost) && lost == nil {
-				lost = uerr
-			}
-		}
-		return lost
-	}
-	// Not recover: runtime.Goexit (t.FailNow in a section) unwinds with
-	// nothing to recover, and a panic goes on up unchanged, with its stack.
-	returned := false
 	defer func() {
-		if !returned {
-			unlock()
-		}
+		var lost error
+		unlockAll(ctx, locks, &lost)
+		err = withLoss(err, lost)
 	}()
-	err = fn()
-	returned = true
-	lost := unlock()
+	return fn()
+}
+
+// unlockAll unlocks locks, the last first, each before it in a deferred
+// call: a panic in one Unlock (a faulty driver) still lets every other run
+// as it unwinds, rather than leaving them held and renewed. It keeps in
+// *lost the first loss it meets.
+func unlockAll(ctx context.Context, locks []*Lock, lost *error) {
+	last := len(locks) - 1
+	if last < 0 {
+		return
+	}
+	if last > 0 {
+		defer unlockAll(ctx, locks[:last], lost)
+	}
+	if err := locks[last].Unlock(ctx); errors.Is(err, ErrLockLost) && *lost == nil {
+		*lost = err
+	}
+}
+
+// withLoss is a section's result err once its locks are released, lost
+// being the first loss among them.
+func withLoss(err, lost error) error {
 	switch {
 	case lost == nil:
 		return err

@@ -498,6 +498,42 @@ func TestPanicInSectionReleasesAndPropagates(t *testing.T) {
 	l.Unlock(context.Background())
 }
 
+// An Unlock that panics (a faulty driver's Release) in DoAll, whether the
+// section returned or panicked first, leaves the other locks released, not
+// held and renewed for the life of the process; the panic goes on up.
+func TestPanickingUnlockReleasesTheOthers(t *testing.T) {
+	sections := map[string]func(context.Context, []*guard.Lock) error{
+		"returned": func(context.Context, []*guard.Lock) error { return nil },
+		"panicked": func(context.Context, []*guard.Lock) error { panic("section") },
+	}
+	for name, fn := range sections {
+		mem := memory.New()
+		var fired atomic.Bool
+		b := &onRelease{mem: mem, release: func(context.Context) {
+			if fired.CompareAndSwap(false, true) {
+				panic("release") // the first release: the innermost lock's, "b"
+			}
+		}}
+		g := newGuard(t, b)
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			g.DoAll(context.Background(), []string{"a", "b"}, fn)
+		}()
+		if got == nil {
+			t.Errorf("%s: the panic did not go on up", name)
+		}
+		if held := g.Held(); len(held) != 0 {
+			t.Errorf("%s: %d locks still held after an Unlock panicked: %+v", name, len(held), held)
+		}
+		if l, err := newGuard(t, mem).TryLock(context.Background(), "a"); err != nil {
+			t.Errorf("%s: a not released: %v", name, err)
+		} else {
+			l.Unlock(context.Background())
+		}
+	}
+}
+
 // A section that leaves by runtime.Goexit (t.FailNow inside Do, a
 // library calling it) unwinds without a panic to recover: its locks are
 // released all the same.

@@ -2,8 +2,8 @@ package guard
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -50,50 +50,6 @@ func (g *Guard) Inspect(ctx context.Context, key string) (Inspection, error) {
 		return Inspection{}, wrapLockErr(key, err)
 	}
 	return Inspection{Key: key, Holders: got.Holders, Waiters: got.Waiters}, nil
-}
-
-// List pages through the held locks whose keys (in the Guard's namespace)
-// start with prefix, in key order, beginning after the key after ("" for
-// the first page), at most limit of them (1 to 1000). A prefix or after
-// that is not "" must be one a key could be (ValidateKey): anything else
-// is an error wrapping ErrInvalidKey, rather than a question a backend
-// answers with nothing, or with an error that looks like an outage (a SQL
-// database refuses invalid UTF-8). It needs a backend that implements
-// driver.Lister; ErrUnsupported otherwise.
-func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("warden: list: %w: nil context", ErrInvalidOption)
-	}
-	if limit < 1 || limit > 1000 {
-		return nil, fmt.Errorf("warden: list: %w: limit %d, want 1 to 1000", ErrInvalidOption, limit)
-	}
-	for _, arg := range [...]struct{ name, key string }{{"prefix", prefix}, {"after", after}} {
-		if arg.key == "" {
-			continue
-		}
-		if err := ValidateKey(arg.key); err != nil {
-			return nil, fmt.Errorf("warden: list: %s %s: %w", arg.name, quote(arg.key), err)
-		}
-	}
-	ls, ok := g.locker.(driver.Lister)
-	if !ok {
-		return nil, fmt.Errorf("warden: list: %w: listing on %s", ErrUnsupported, g.backend)
-	}
-	from := ""
-	if after != "" {
-		from = g.prefix + after
-	}
-	page, err := bounded(g, ctx, func(lctx context.Context) ([]driver.Listed, error) {
-		return ls.List(lctx, g.prefix+prefix, from, limit)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("warden: list: %w", err)
-	}
-	out := make([]Inspection, len(page))
-	for i, p := range page {
-		out[i] = Inspection{Key: strings.TrimPrefix(p.Key, g.prefix), Holders: p.Holders, Waiters: p.Waiters}
-	}
-	return out, nil
 }
 
 // ReleaseTarget names what ForceRelease removes: the holding an operator
@@ -150,7 +106,7 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	// One attribute for each field, whatever the number of holders: a
 	// record with a key twice (shared and semaphore locks have several)
 	// keeps only its last value in most readers of JSON logs.
-	owners, tokens := make([]string, len(removed)), make([]uint64, len(removed))
+	owners, tokens := make(labels, len(removed)), make([]uint64, len(removed))
 	for i, h := range removed {
 		owners[i], tokens[i] = h.Owner, h.Token
 	}
@@ -160,3 +116,12 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
 	return removed, nil
 }
+
+// labels are owner labels in a log record, written as a JSON array by the
+// text handler too: it printed a []string as [a b c], which cannot tell
+// two owners from one with a space in it.
+type labels []string
+
+func (l labels) MarshalJSON() ([]byte, error) { return json.Marshal([]string(l)) }
+
+func (l labels) MarshalText() ([]byte, error) { return l.MarshalJSON() }

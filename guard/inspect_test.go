@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
@@ -116,9 +118,10 @@ func TestHeldListsThisGuardsLocks(t *testing.T) {
 // a page of nothing, nor an error that looks like an outage (PostgreSQL
 // refuses invalid UTF-8 and NUL in its query).
 func TestListRefusesWhatNoKeyCouldBe(t *testing.T) {
-	g := newGuard(t, memory.New())
+	g := newGuard(t, memory.New()) // prefix "warden:"
 	ctx := context.Background()
-	for _, bad := range []string{"\xff", "a\x00b", "jobs\u202e", strings.Repeat("p", guard.MaxKeyLen+1)} {
+	longest := 2*guard.MaxKeyLen - len("warden:")
+	for _, bad := range []string{"\xff", "\xc3a", "caf\xc3\xa9\xff", "a\x00b", "jobs\u202e", strings.Repeat("p", longest+1)} {
 		if _, err := g.List(ctx, bad, "", 10); !errors.Is(err, guard.ErrInvalidKey) {
 			t.Errorf("List(prefix %.20q): %v, want ErrInvalidKey", bad, err)
 		}
@@ -126,21 +129,109 @@ func TestListRefusesWhatNoKeyCouldBe(t *testing.T) {
 			t.Errorf("List(after %.20q): %v, want ErrInvalidKey", bad, err)
 		}
 	}
-	if _, err := g.List(ctx, strings.Repeat("p", guard.MaxKeyLen), strings.Repeat("a", guard.MaxKeyLen), 10); err != nil {
-		t.Errorf("List with a prefix and an after of MaxKeyLen bytes: %v", err)
+	if _, err := g.List(ctx, strings.Repeat("p", longest), strings.Repeat("a", longest), 10); err != nil {
+		t.Errorf("List with a prefix and an after as long as a prefix and a key: %v", err)
+	}
+}
+
+// A Guard over a wider namespace (WithPrefix("")) lists the keys of every
+// Guard, longer than MaxKeyLen with their prefix: the last key of a page is
+// the after of the next, and its start a prefix.
+func TestListPagesAWiderNamespace(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	g := newGuard(t, mem) // "warden:"
+	for _, k := range []string{strings.Repeat("a", guard.MaxKeyLen), strings.Repeat("b", guard.MaxKeyLen)} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	all := newGuard(t, mem, guard.WithPrefix(""))
+	first, err := all.List(ctx, "", "", 1)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first page: %v, %v", first, err)
+	}
+	next, err := all.List(ctx, "", first[0].Key, 1)
+	if err != nil || len(next) != 1 || next[0].Key != "warden:"+strings.Repeat("b", guard.MaxKeyLen) {
+		t.Errorf("second page, after the first page's key: %v, %v", next, err)
+	}
+	if page, err := all.List(ctx, first[0].Key[:len(first[0].Key)-1], "", 10); err != nil || len(page) != 1 {
+		t.Errorf("List(prefix of a listed key): %v, %v; want that key", page, err)
+	}
+}
+
+// strictLister is the memory backend as PostgreSQL lists: a prefix or an
+// after that is not valid UTF-8 is an error.
+type strictLister struct{ *memory.Locker }
+
+func (s strictLister) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	if !utf8.ValidString(prefix) || !utf8.ValidString(after) {
+		return nil, fmt.Errorf("%w: invalid byte sequence for encoding UTF8", guard.ErrUnavailable)
+	}
+	return s.Locker.List(ctx, prefix, after, limit)
+}
+
+// A prefix or an after may end partway through a rune, as the start of a
+// key does: List answers it, page by page, on a backend that takes invalid
+// UTF-8 and on one that refuses it.
+func TestListPartwayThroughARune(t *testing.T) {
+	ctx := context.Background()
+	keys := []string{"cafe", "caf\u00bf", "caf\u00bfz", "café", "cafée", "caf\u00ff", "caf\u0100", "caf\u4e00", "caf\U0001f600"}
+	for name, locker := range map[string]driver.Locker{"memory": memory.New(), "strict": strictLister{memory.New()}} {
+		g := newGuard(t, locker)
+		for _, k := range keys {
+			l, err := g.Lock(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Unlock(ctx)
+		}
+		for _, c := range []struct {
+			prefix, after string
+			want          []string
+		}{
+			{"caf\xc3", "", []string{"café", "cafée", "caf\u00ff"}},
+			{"caf\xc3", "café", []string{"cafée", "caf\u00ff"}},
+			{"caf\xc3", "caf\xc3\xa9", []string{"cafée", "caf\u00ff"}},
+			{"caf\xe4", "", []string{"caf\u4e00"}},
+			{"caf\xf0\x9f", "", []string{"caf\U0001f600"}},
+			{"caf", "caf\xc3", []string{"café", "cafée", "caf\u00ff", "caf\u0100", "caf\u4e00", "caf\U0001f600"}},
+			{"caf", "caf\xc4", []string{"caf\u0100", "caf\u4e00", "caf\U0001f600"}},
+		} {
+			var got []string
+			after := c.after
+			for range len(keys) + 1 {
+				page, err := g.List(ctx, c.prefix, after, 1)
+				if err != nil {
+					t.Fatalf("%s: List(%q, %q): %v", name, c.prefix, after, err)
+				}
+				if len(page) == 0 {
+					break
+				}
+				got = append(got, page[0].Key)
+				after = page[0].Key
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s: List(%q) after %q, a key a page: %q, want %q", name, c.prefix, c.after, got, c.want)
+			}
+		}
 	}
 }
 
 // The WARN of a forced release names every holding it removed, in a log
 // whose records a JSON reader can take in: one key per attribute, not
 // "owner" and "token" once per holder, of which a reader keeps only the
-// last.
+// last; and in a text log, where an owner label may hold spaces, as
+// plainly.
 func TestForceReleaseLogsEveryRemovedHolder(t *testing.T) {
 	ctx := context.Background()
 	mem := memory.New()
-	var logged bytes.Buffer
-	g := newGuard(t, mem, guard.WithOwner("reader-1"), guard.WithLogger(slog.New(slog.NewJSONHandler(&logged, nil))))
-	other := newGuard(t, mem, guard.WithOwner("reader-2"))
+	var logged, text bytes.Buffer
+	both := slog.NewMultiHandler(slog.NewJSONHandler(&logged, nil), slog.NewTextHandler(&text, nil))
+	g := newGuard(t, mem, guard.WithOwner("reader 1"), guard.WithLogger(slog.New(both)))
+	other := newGuard(t, mem, guard.WithOwner("reader 2 x"))
 	var tokens []uint64
 	for _, g := range []*guard.Guard{g, other} {
 		l, err := g.Lock(ctx, "doc", guard.Read())
@@ -166,9 +257,22 @@ func TestForceReleaseLogsEveryRemovedHolder(t *testing.T) {
 	slices.Sort(rec.Owners)
 	slices.Sort(rec.Tokens)
 	slices.Sort(tokens)
-	if rec.Removed != 2 || !slices.Equal(rec.Owners, []string{"reader-1", "reader-2"}) || !slices.Equal(rec.Tokens, tokens) {
-		t.Errorf("the record, as a JSON reader takes it in: %+v; want removed 2, owners reader-1 and reader-2, tokens %v (logged %s)",
-			rec, tokens, logged.String())
+	want := []string{"reader 1", "reader 2 x"}
+	if rec.Removed != 2 || !slices.Equal(rec.Owners, want) || !slices.Equal(rec.Tokens, tokens) {
+		t.Errorf("the record, as a JSON reader takes it in: %+v; want removed 2, owners %q, tokens %v (logged %s)",
+			rec, want, tokens, logged.String())
+	}
+	// The text record's owners: a quoted JSON array.
+	_, value, _ := strings.Cut(text.String(), " owners=")
+	var owners []string
+	quoted, err := strconv.QuotedPrefix(value)
+	if err == nil {
+		value, _ = strconv.Unquote(quoted)
+		err = json.Unmarshal([]byte(value), &owners)
+	}
+	slices.Sort(owners)
+	if err != nil || !slices.Equal(owners, want) {
+		t.Errorf("owners in the text record %q: %q (%v), want %q", text.String(), owners, err, want)
 	}
 }
 

@@ -23,9 +23,19 @@ func ValidateKey(key string) error {
 	if len(key) > MaxKeyLen {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(key), MaxKeyLen)
 	}
-	for i := 0; i < len(key); {
-		r, size := utf8.DecodeRuneInString(key[i:])
+	return checkText(key, false)
+}
+
+// checkText reports the first byte of s that no key may hold: invalid
+// UTF-8, a control character or a bidirectional control (driver.Unsafe).
+// With open, s may end partway through a rune, as the start of a key may.
+func checkText(s string, open bool) error {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
 		if r == utf8.RuneError && size <= 1 {
+			if open && !utf8.FullRuneInString(s[i:]) {
+				return nil // the first bytes of a rune, and nothing after them
+			}
 			return fmt.Errorf("%w: invalid UTF-8 at byte %d", ErrInvalidKey, i)
 		}
 		if driver.Unsafe(r) {

@@ -53,10 +53,10 @@ func ValidateElection(election string) error {
 // namespace, which Inspect and ForceRelease take for operators, and which a
 // Lock of that key would contend for: keep lock keys out of "election:".
 // An election's name is 1 to MaxKeyLen-9 bytes, checked as keys are
-// (ErrInvalidKey). A ctx that carries this Guard's live term of election
-// (its Context) is refused with ErrInvalidOption, where a lock would be
-// reentered; under any other, a Guard that leads waits behind its own term
-// like any candidate.
+// (ErrInvalidKey). A ctx that holds that lock from this Guard (a term's
+// Context, or a Lock's of the key) is refused with ErrInvalidOption, where
+// a lock would be reentered; under any other, a Guard that leads waits
+// behind its own term like any candidate.
 func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOption) (*Leadership, error) {
 	if err := ValidateElection(election); err != nil {
 		return nil, err
@@ -67,11 +67,13 @@ func (g *Guard) Campaign(ctx context.Context, election string, opts ...LockOptio
 	}
 	key := electionKey(election)
 	if ctx != nil {
-		// A lock's reentrancy would hand out the term ctx carries as a
-		// second Leadership, whose Resign would not end it.
+		// A lock's reentrancy would hand out the lock ctx holds (a term,
+		// or a plain Lock of the key) as a Leadership, whose Resign would
+		// not end the hold.
 		for h := heldBy(ctx); h != nil; h = h.outer() {
 			if h.g == g && h.key == key && h.Err() == nil {
-				return nil, fmt.Errorf("warden: election %s: %w: ctx carries this Guard's term of it already", quote(election), ErrInvalidOption)
+				return nil, fmt.Errorf("warden: election %s: %w: ctx holds its lock %s from this Guard already",
+					quote(election), ErrInvalidOption, quote(key))
 			}
 		}
 	}

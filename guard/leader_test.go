@@ -140,8 +140,8 @@ func TestCampaignWithinItsOwnTermIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := g.Campaign(ld.Context(), "e", guard.NoWait())
-	if !errors.Is(err, guard.ErrInvalidOption) {
-		t.Errorf("Campaign with the term's context: %v, want ErrInvalidOption", err)
+	if !errors.Is(err, guard.ErrInvalidOption) || !strings.Contains(err.Error(), `lock "election:e"`) {
+		t.Errorf("Campaign with the term's context: %v, want ErrInvalidOption naming the lock held", err)
 	}
 	if again != nil {
 		if err := again.Resign(ctx); err != nil {
@@ -155,6 +155,22 @@ func TestCampaignWithinItsOwnTermIsRefused(t *testing.T) {
 	}
 	if err := ld.Resign(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Campaign under a plain Lock of the election's key is refused as within a
+// term is, and the error says what ctx holds: no term exists.
+func TestCampaignWithinALockOfItsKeyIsRefused(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, memory.New())
+	l, err := g.Lock(ctx, "election:e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	_, err = g.Campaign(l.Context(), "e", guard.NoWait())
+	if !errors.Is(err, guard.ErrInvalidOption) || strings.Contains(err.Error(), "term") || !strings.Contains(err.Error(), `lock "election:e"`) {
+		t.Errorf("Campaign within a Lock of election:e: %v, want ErrInvalidOption naming the lock held, and no term", err)
 	}
 }
 

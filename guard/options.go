@@ -175,11 +175,12 @@ func Read() LockOption { return func(c *lockConfig) { c.mode = read } }
 // Whether a plain lock, a read/write lock and a semaphore on the same key
 // exclude one another depends on the backend: on Redis, Consul and the
 // in-process backend they are different locks; on ZooKeeper a writer is the
-// plain lock, and semaphores are apart; on etcd each kind waits for every
-// other (readers share only with readers). Take one kind per key, so that
-// changing backends changes nothing; a context that holds one kind on a
-// key is refused another on it (ErrInvalidOption), which could wait for
-// its own hold.
+// plain lock, and semaphores are apart; on etcd a semaphore held first keeps
+// out every other kind, while a plain lock, a reader or a writer held first
+// takes one of a later semaphore's permits. Take one kind per key, so that
+// changing backends changes nothing. A context that holds a key is refused
+// another kind on it (ErrInvalidOption), which could wait for its own hold,
+// but a Read within a Write returns the write lock.
 func Write() LockOption { return func(c *lockConfig) { c.mode = write } }
 
 // Permits turns the lock into a counting semaphore: up to n holders at once.

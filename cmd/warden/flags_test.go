@@ -180,3 +180,52 @@ func TestListOfAnInvalidPrefixIsBadInput(t *testing.T) {
 		t.Errorf("locks ls of an invalid prefix: exit %d, %q; want 2 and the key's error", code, errOut)
 	}
 }
+
+// TestLsPagesTheWholeBackend: with -prefix "", locks ls lists every
+// Guard's keys, longer than a key with their prefix; the last one of a page
+// is the -after of the next.
+func TestLsPagesTheWholeBackend(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	dir := fmt.Sprintf("ls-whole-%d/", time.Now().UnixNano())
+	var keys []string
+	for _, c := range "ab" {
+		key := dir + strings.Repeat(string(c), guard.MaxKeyLen-len(dir))
+		l, err := g.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+		keys = append(keys, "warden:"+key)
+	}
+	after := ""
+	for _, want := range keys {
+		code, out, errOut := cliRun(t, "", "-lock", url, "-prefix", "", "-json", "-limit", "1", "-after", after, "locks", "ls", "warden:"+dir)
+		var page []struct{ Key string }
+		if code != 0 || json.Unmarshal([]byte(out), &page) != nil || len(page) != 1 || page[0].Key != want {
+			t.Fatalf("locks ls -after %.30q...: exit %d, %.100q, %q; want %.30q...", after, code, out, errOut, want)
+		}
+		after = page[0].Key
+	}
+}
+
+// TestListPartwayThroughARuneOnEveryBackend: a prefix that ends partway
+// through a rune lists the keys it starts on every backend, PostgreSQL,
+// which refuses invalid UTF-8, included.
+func TestListPartwayThroughARuneOnEveryBackend(t *testing.T) {
+	ctx := context.Background()
+	for name, url := range backendURLs(t) {
+		g := serviceGuard(t, url, "svc", 10*time.Second)
+		dir := fmt.Sprintf("ls-rune-%d/", time.Now().UnixNano())
+		l, err := g.Lock(ctx, dir+"café")
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		page, err := g.List(ctx, dir+"caf\xc3", "", 10)
+		if err != nil || len(page) != 1 || page[0].Key != dir+"café" {
+			t.Errorf("%s: List(%q): %v, %v; want the key café", name, dir+"caf\xc3", page, err)
+		}
+		l.Unlock(ctx)
+	}
+}
