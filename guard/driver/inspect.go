@@ -86,8 +86,11 @@ func Unsafe(r rune) bool {
 // operators.
 type Lister interface {
 	// List returns up to limit held locks whose keys start with prefix, in
-	// ascending key order, beginning after the key after ("" for the first
-	// page). A key with no live holder is left out. limit is at least 1.
+	// ascending key order (by bytes), beginning after the key after ("" for
+	// the first page). A key with no live holder is left out. limit is at
+	// least 1. prefix and after are a key's start or a whole key, and may
+	// end partway through a rune ("caf\xc3", the start of "café"): a
+	// backend whose engine refuses invalid UTF-8 compares them as bytes.
 	List(ctx context.Context, prefix, after string, limit int) ([]Listed, error)
 }
 
