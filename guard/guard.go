@@ -339,6 +339,16 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 		}
 	}
 	locks := make([]*Lock, 0, len(sorted))
+	// Until every key is had, the keys taken are released on any way out
+	// (an error, or a panic in a driver), each whatever another's Unlock
+	// does, as runLocked releases them after.
+	taken := false
+	defer func() {
+		if !taken {
+			var lost error
+			unlockAll(ctx, locks, &lost)
+		}
+	}()
 	inner := ctx
 	// One wait bound for the whole set: each key waits for what is left of
 	// it, so that DoAll as a whole keeps the bound.
@@ -355,14 +365,12 @@ func (g *Guard) DoAll(ctx context.Context, keys []string, fn func(ctx context.Co
 		// of them cancels the context fn gets.
 		l, err := g.Lock(inner, k, kopts...)
 		if err != nil {
-			for i := len(locks) - 1; i >= 0; i-- {
-				locks[i].Unlock(ctx)
-			}
 			return err
 		}
 		locks = append(locks, l)
 		inner = l.Context()
 	}
+	taken = true
 	return runLocked(ctx, func() error { return fn(inner, locks) }, locks...)
 }
 

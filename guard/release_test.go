@@ -330,3 +330,38 @@ func TestReleaseContextHidesCauseThroughDetached(t *testing.T) {
 		}
 	})
 }
+
+// DoAll that gives up partway (a later key is held) releases every key it
+// took, even when one of their Unlocks panics: the others are not left held
+// and renewed.
+func TestDoAllGivingUpReleasesWhatItTook(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	c, err := newGuard(t, mem).TryLock(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Unlock(ctx)
+	var fired atomic.Bool
+	g := newGuard(t, &onRelease{mem: mem, release: func(context.Context) {
+		if fired.CompareAndSwap(false, true) {
+			panic("release of b")
+		}
+	}})
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		err = g.DoAll(ctx, []string{"a", "b", "c"}, func(context.Context, []*guard.Lock) error { return nil }, guard.NoWait())
+	}()
+	if recovered != "release of b" {
+		t.Errorf("DoAll: recovered %v, err %v; want the Unlock's panic", recovered, err)
+	}
+	if held := g.Held(); len(held) != 0 {
+		t.Errorf("held after DoAll gave up: %+v", held)
+	}
+	if l, err := newGuard(t, mem).TryLock(ctx, "a"); err != nil {
+		t.Errorf("a not released: %v", err)
+	} else {
+		l.Unlock(ctx)
+	}
+}

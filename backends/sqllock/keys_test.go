@@ -219,6 +219,7 @@ func TestBadLeaseOptions(t *testing.T) {
 				{TTL: time.Minute, Owner: strings.Repeat("o", driver.MaxOwnerLen+1)},
 				{TTL: 0},
 				{TTL: -time.Second},
+				{TTL: 500 * time.Nanosecond}, // 0 in microseconds
 			} {
 				if lease, err := l.Acquire(ctx, key, o); !errors.Is(err, driver.ErrInvalidOption) {
 					t.Errorf("Acquire with owner %.20q and TTL %v: (%v, %v), want ErrInvalidOption", o.Owner, o.TTL, lease, err)
@@ -229,7 +230,7 @@ func TestBadLeaseOptions(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lease.Release(ctx)
-			for _, ttl := range []time.Duration{0, -time.Second} {
+			for _, ttl := range []time.Duration{0, -time.Second, 500 * time.Nanosecond} {
 				if err := lease.Refresh(ctx, ttl); !errors.Is(err, driver.ErrInvalidOption) {
 					t.Errorf("Refresh(%v): %v, want ErrInvalidOption", ttl, err)
 				}

@@ -441,11 +441,12 @@ func checkKey(key string) error {
 	return nil
 }
 
-// checkTTL refuses a lease's TTL that is not positive, which would end the
-// lease as it is granted or refreshed.
+// checkTTL refuses a lease's TTL shorter than the microsecond the
+// statements count in, which would end the lease as it is granted or
+// refreshed.
 func checkTTL(ttl time.Duration) error {
-	if ttl <= 0 {
-		return fmt.Errorf("%w: TTL %v", driver.ErrInvalidOption, ttl)
+	if ttl < time.Microsecond {
+		return fmt.Errorf("%w: TTL %v, want at least 1µs", driver.ErrInvalidOption, ttl)
 	}
 	return nil
 }
