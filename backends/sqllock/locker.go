@@ -441,6 +441,21 @@ func checkKey(key string) error {
 	return nil
 }
 
+// checkOwner refuses an owner label the owner column cannot hold as it
+// is. Other characters (a terminal's controls included) are the label's
+// own, as on every other backend: tools that show them escape them.
+func checkOwner(owner string) error {
+	switch {
+	case len(owner) > driver.MaxOwnerLen:
+		return fmt.Errorf("%w: owner label of %d bytes, more than %d", driver.ErrInvalidOption, len(owner), driver.MaxOwnerLen)
+	case !utf8.ValidString(owner):
+		return fmt.Errorf("%w: owner label %q is not UTF-8", driver.ErrInvalidOption, owner)
+	case strings.IndexByte(owner, 0) >= 0:
+		return fmt.Errorf("%w: owner label %q holds a NUL byte", driver.ErrInvalidOption, owner)
+	}
+	return nil
+}
+
 // checkTTL refuses a lease's TTL shorter than the microsecond the
 // statements count in, which would end the lease as it is granted or
 // refreshed.
@@ -461,10 +476,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		return nil, err
 	}
 	// The label is kept in the owner column, where PostgreSQL and MySQL
-	// refuse invalid text, and the TTL is added to the database's now:
-	// guard passes neither out of range, and a caller of the Locker itself
-	// gets an error, not an outage or a lease already expired.
-	if err := errors.Join(checkTTL(opts.TTL), driver.CheckOwner(opts.Owner)); err != nil {
+	// refuse invalid text, and the TTL is added to the database's now: a
+	// caller of the Locker itself gets an error, not an outage or a lease
+	// already expired.
+	if err := errors.Join(checkTTL(opts.TTL), checkOwner(opts.Owner)); err != nil {
 		return nil, err
 	}
 	if opts.Fair {
