@@ -46,7 +46,11 @@
 // nothing on the other. Each engine keeps a resource's token in a place of
 // its own (a key, a node, a row) named from the resource; its documentation
 // says where, and how to keep it beside the data (Redis Cluster's hash
-// slots).
+// slots). That place is the fence's alone: a fenced write to its own
+// resource's place is refused, but any other write that reaches it (a
+// plain client's, or a fenced write of another resource that names it)
+// can lower or remove the highest token, after which an older holder
+// writes again. Keep data out of the engines' fence prefixes.
 //
 // # Reaching the token
 //

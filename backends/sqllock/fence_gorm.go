@@ -55,7 +55,10 @@ func (FencePlugin) Initialize(db *gorm.DB) error {
 // SkipDefaultTransaction) or the caller's db.Transaction. Raw SQL (Exec,
 // Raw) is fenced too, whether it reads or writes, and needs the caller's
 // transaction; reads gorm builds from the model (Find, First) are not, nor
-// is a dry run, which writes nothing.
+// is a dry run, which writes nothing. Read Raw's rows through Scan, Rows or
+// Find, which return the refusal as an error: gorm's Row returns a nil
+// *sql.Row for a statement a callback refused, as the fence refuses a stale
+// claim's, and its Scan then panics.
 //
 //	err := db.WithContext(ctx).Scopes(sqllock.Fenced(claim)).
 //		Model(&Account{ID: 42}).Update("balance", 10).Error
