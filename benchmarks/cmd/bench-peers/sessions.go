@@ -205,11 +205,36 @@ type zkLockWorker struct {
 func zkRoot(run string) string { return "/bench-peers/" + run }
 
 func newZKLockWorker(servers []string, run string) (worker, error) {
-	conn, _, err := zk.Connect(servers, workerTTL, zk.WithLogger(quietZK{}), zk.WithLogInfo(false))
+	conn, events, err := zk.Connect(servers, workerTTL, zk.WithLogger(quietZK{}), zk.WithLogInfo(false))
 	if err != nil {
 		return nil, err
 	}
+	// Connect returns at once and connects in the background; a request
+	// made before the session is up fails with ErrNoServer when the first
+	// attempt times out, as 64 sessions opening at once on a busy machine
+	// can. A careful user of the recipe waits for the session first, as
+	// zklock.New does.
+	if err := awaitSession(events, workerTTL); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return &zkLockWorker{conn: conn, root: zkRoot(run), locks: map[string]*zk.Lock{}}, nil
+}
+
+// awaitSession waits for events to report the session established, at
+// most for d.
+func awaitSession(events <-chan zk.Event, d time.Duration) error {
+	timeout := time.After(d)
+	for {
+		select {
+		case ev := <-events:
+			if ev.State == zk.StateHasSession {
+				return nil
+			}
+		case <-timeout:
+			return fmt.Errorf("zk: no session within %v", d)
+		}
+	}
 }
 
 func (w *zkLockWorker) cycle(ctx context.Context, key string, section func()) error {
