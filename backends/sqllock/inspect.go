@@ -100,8 +100,9 @@ func held(owner string, version, micros int64) driver.Holding {
 // collated "C"; and a bound text cannot carry (invalid UTF-8, as a prefix
 // cut partway through a character is, or a NUL byte) is compared with the
 // name's UTF-8 bytes as bytea, which sort the same way but cost the server
-// about twice the time per page (measured over 50,000 rows), so only then. MySQL's VARBINARY (see Tables) and SQLite's BINARY collation compare
-// bytes already, and take any bounds as they are.
+// about twice the time per page (measured over 50,000 rows), so only then.
+// MySQL's VARBINARY (see Tables) and SQLite's BINARY collation compare bytes
+// already, and take any bounds as they are.
 func (l *Locker) byteOrder(prefix, after string) (name string, from, past any) {
 	switch {
 	case l.d.name != "postgres":
