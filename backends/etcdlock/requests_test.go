@@ -3,10 +3,13 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -105,4 +108,59 @@ func TestHoldManyUnderLoad(t *testing.T) {
 	}
 	l, _ := newLocker(t, endpoints(t))
 	drivertest.HoldMany(t, l, 10_000, 3*time.Second, 6*time.Second)
+}
+
+// TestCycleRequests takes and releases an uncontended lock through
+// guard.Do, on a context that can end (as a caller's usually can), and
+// counts the unary requests the client sends: per cycle one transaction
+// (the put, with the read of what stood before it) and one delete, the
+// same two concurrency.Mutex sends for its Lock and Unlock, and nothing
+// else. Probes (Status) are left out: a loaded machine that holds a request
+// past probeAfter has its member probed, which is no part of the cycle.
+func TestCycleRequests(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		answered = map[string]int{}
+		failed   = map[string]int{}
+	)
+	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed[method]++
+		} else if method != "/etcdserverpb.Maintenance/Status" {
+			answered[method]++
+		}
+		return err
+	})
+	l := lockerOn(t, newClient(t, endpoints(t), count))
+	g, err := guard.New(l, guard.WithTTL(10*time.Second), guard.WithPrefix(name("cycle")+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cycle := func() {
+		t.Helper()
+		if err := g.Do(ctx, "k", func(context.Context, *guard.Lock) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // starts the session: a grant, not part of a cycle
+	mu.Lock()
+	clear(answered)
+	clear(failed)
+	mu.Unlock()
+
+	const cycles = 20
+	for range cycles {
+		cycle()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]int{"/etcdserverpb.KV/Txn": cycles, "/etcdserverpb.KV/DeleteRange": cycles}
+	if !maps.Equal(answered, want) {
+		t.Errorf("%d cycles sent %v (and %v unanswered), want %v", cycles, answered, failed, want)
+	}
 }
