@@ -277,3 +277,49 @@ func TestFailOpenKeepsKey(t *testing.T) {
 		t.Errorf("KeyFromContext in the handler run unguarded: %q, want %q", k, "order-77")
 	}
 }
+
+// One middleware mounted under two prefixes by http.StripPrefix sees both
+// mounts' requests at the same path: a payment sent with the key an order
+// was sent with is another request, refused 422, not answered with the
+// order while no payment is made.
+func TestStripPrefixMountsAreDifferentRequests(t *testing.T) {
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orders, payments atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("/orders/", http.StripPrefix("/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders.Add(1)
+		io.WriteString(w, "order")
+	}))))
+	mux.Handle("/payments/", http.StripPrefix("/payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments.Add(1)
+		io.WriteString(w, "payment")
+	}))))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	post := func(path string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", "one")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := post("/orders/"); status != http.StatusOK || body != "order" {
+		t.Fatalf("order: %d %q", status, body)
+	}
+	if status, body := post("/payments/"); status != http.StatusUnprocessableEntity || payments.Load() != 0 {
+		t.Errorf("payment with the order's key: %d %q after %d payments, want 422 Key reused", status, body, payments.Load())
+	}
+	if status, body := post("/orders/"); status != http.StatusOK || body != "order" || orders.Load() != 1 {
+		t.Errorf("order retried: %d %q after %d orders, want the order replayed", status, body, orders.Load())
+	}
+}

@@ -237,18 +237,38 @@ func RetryableStorePolicy(status int) bool {
 }
 
 // Fingerprint is the default request fingerprint: the SHA-256 of the method,
-// the path, the raw query and the body, each length-prefixed so that no
-// two different requests run together into the same input.
+// the path the client sent (see requestPath), the raw query and the body,
+// each length-prefixed so that no two different requests run together into
+// the same input.
 func Fingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
-	for _, part := range []string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
+	for _, part := range []string{r.Method, requestPath(r), r.URL.RawQuery} {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
 		io.WriteString(h, part)
 	}
 	h.Write(body)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0]))
+}
+
+// requestPath is the path of the request target as the client sent it,
+// which handlers before the middleware leave alone when they rewrite
+// r.URL: http.StripPrefix cuts its prefix from r.URL's path, and one
+// middleware mounted under /orders/ and /payments/ would otherwise see one
+// request in both mounts' POST /, and answer a payment sent with an order's
+// key with the order, the payment never made. A target in origin form
+// ("/path?query", as servers receive all but proxy requests) whose path
+// r.URL no longer holds gives that path; any other (r.URL as parsed from
+// the target, a target in absolute form, "*", a request made in process
+// with no RequestURI) gives r.URL's escaped path, as releases before this
+// one did for every request, so that their records still match.
+func requestPath(r *http.Request) string {
+	p, _, _ := strings.Cut(r.RequestURI, "?")
+	if !strings.HasPrefix(p, "/") || p == r.URL.RawPath || p == r.URL.Path {
+		return r.URL.EscapedPath()
+	}
+	return p
 }
 
 type keyCtx struct{}
