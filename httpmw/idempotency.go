@@ -544,7 +544,12 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "Invalid_key", "Invalid idempotency key", err.Error(), 0)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, c.maxBody+1))
+	src := r.Body
+	if src == nil {
+		// A request made in process, not by a server, may have none.
+		src = http.NoBody
+	}
+	body, err := io.ReadAll(io.LimitReader(src, c.maxBody+1))
 	var outer *http.MaxBytesError
 	switch {
 	case errors.As(err, &outer):
