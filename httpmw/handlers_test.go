@@ -351,3 +351,43 @@ func TestNilBody(t *testing.T) {
 		t.Errorf("the handler ran %d times, want once", n)
 	}
 }
+
+// The middleware applied twice to a request, by mistake (to the router and
+// again to a route) or as two middlewares on one store, runs the handler
+// once per key as one does: the inner one does not find the outer one's
+// claim "in progress" and answer the 409 the outer one would keep as the
+// key's outcome, with the handler never run.
+func TestNestedIdempotency(t *testing.T) {
+	st := idempotency.NewMemoryStore()
+	mw, err := httpmw.Idempotency(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := httpmw.Idempotency(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, wrap := range map[string]func(http.Handler) http.Handler{
+		"twice":     func(h http.Handler) http.Handler { return mw(mw(h)) },
+		"one-store": func(h http.Handler) http.Handler { return other(mw(h)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			var runs atomic.Int64
+			srv := httptest.NewServer(wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "made")
+			})))
+			defer srv.Close()
+			for i := range 3 {
+				status, body, err := postKeyed(t, srv, "nested-"+name)
+				if err != nil || status != http.StatusCreated || body != "made" {
+					t.Errorf("request %d: %d %q %v, want 201 made", i, status, body, err)
+				}
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times, want once", n)
+			}
+		})
+	}
+}

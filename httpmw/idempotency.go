@@ -273,13 +273,33 @@ func requestPath(r *http.Request) string {
 
 type keyCtx struct{}
 
+// keyed is what the middleware tells the handler it calls, under keyCtx.
+type keyed struct {
+	key string
+	// scope is the stored scope the key was claimed under; "" with guarded
+	// false for WithFailOpen's unguarded runs.
+	scope   string
+	guarded bool
+}
+
 // KeyFromContext returns the idempotency key of the request a handler
 // serves under the Idempotency middleware (WithFailOpen's unguarded runs
 // included), to pass on to downstream services (a payment provider's own
 // idempotency key) so that a retry reaching them is deduplicated there too.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(keyCtx{}).(string)
-	return k, ok
+	k, ok := ctx.Value(keyCtx{}).(keyed)
+	return k.key, ok
+}
+
+// guardedBy reports whether ctx is a handler's run under an Idempotency
+// middleware that claimed key in scope: the same middleware applied twice
+// (to a router and again to a route), or two on the same records, would
+// otherwise have the inner one find the outer one's claim, answer 409 "in
+// progress", and the outer one keep that 409 as the key's outcome, so that
+// the handler never ran and every retry was answered 409 for the retention.
+func guardedBy(ctx context.Context, scope, key string) bool {
+	k, ok := ctx.Value(keyCtx{}).(keyed)
+	return ok && k.guarded && k.scope == scope && k.key == key
 }
 
 // errNotStored tells the executor to release the claim: the store policy
@@ -332,8 +352,10 @@ func storedScope(scope string) string {
 // the allow-listed headers that fit, no body; a retry gets 409 "Response not
 // stored". Only two things free the key for another run: a handler that
 // panics (its claim is released before the panic goes on up) and an outcome
-// WithStorePolicy chooses not to keep. Errors are RFC 9457
-// application/problem+json.
+// WithStorePolicy chooses not to keep. A request whose key an enclosing
+// Idempotency middleware has already claimed, in the same scope, passes
+// through to the handler: that one runs it once and records its answer.
+// Errors are RFC 9457 application/problem+json.
 func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.Handler) http.Handler, error) {
 	c := idemConfig{
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
@@ -567,6 +589,12 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	scope := storedScope(c.scope(r))
+	if guardedBy(r.Context(), scope, key) {
+		// An outer Idempotency claimed this very key: it runs the request
+		// once and records what the handler answers.
+		m.next.ServeHTTP(w, r)
+		return
+	}
 
 	var rec *recorder
 	aborted := false
@@ -599,7 +627,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				out, err = encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 			}
 		}()
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, key)))
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, guarded: true})))
 		status := rec.statusCode()
 		if !c.store(status) {
 			return nil, errNotStored
@@ -646,7 +674,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.String("key_hash", hash()), slog.Any("error", err))
 		// The key goes on with it: a downstream service's deduplication
 		// (KeyFromContext) is all that guards the request now.
-		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, key)))
+		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, keyed{key: key})))
 	case errors.Is(err, idempotency.ErrUnavailable):
 		m.count(r, "unavailable")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",
