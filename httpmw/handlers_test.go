@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -387,6 +388,43 @@ func TestNestedIdempotency(t *testing.T) {
 			}
 			if n := runs.Load(); n != 1 {
 				t.Errorf("the handler ran %d times, want once", n)
+			}
+		})
+	}
+}
+
+// A replay carries the Content-Type its first response had: none when the
+// handler suppressed net/http's sniffing (a nil Content-Type), rather than
+// one sniffed from the body on replay; the sniffed one when the handler set
+// none.
+func TestReplaySniffsAsTheFirstResponse(t *testing.T) {
+	for name, h := range map[string]http.HandlerFunc{
+		"suppressed": func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Type"] = nil
+			io.WriteString(w, "<html>made</html>")
+		},
+		"sniffed": func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "<html>made</html>")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := serveIdempotent(t, h)
+			var types [2][]string
+			for i := range types {
+				req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Idempotency-Key", "sniff")
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				types[i] = resp.Header["Content-Type"]
+			}
+			if !slices.Equal(types[0], types[1]) {
+				t.Errorf("Content-Type %q on the first response, %q on its replay", types[0], types[1])
 			}
 		})
 	}

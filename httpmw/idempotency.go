@@ -722,6 +722,9 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 	for name, values := range resp.header {
 		h[name] = values
 	}
+	if resp.noSniff {
+		h["Content-Type"] = nil
+	}
 	h.Set(ReplayedHeader, "true")
 	for name := range resp.trailers {
 		h.Add("Trailer", name)
