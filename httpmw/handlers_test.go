@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -275,5 +276,195 @@ func TestFailOpenKeepsKey(t *testing.T) {
 	}
 	if k, _ := got.Load().(string); k != "order-77" {
 		t.Errorf("KeyFromContext in the handler run unguarded: %q, want %q", k, "order-77")
+	}
+}
+
+// One middleware mounted under two prefixes by http.StripPrefix sees both
+// mounts' requests at the same path: a payment sent with the key an order
+// was sent with is another request, refused 422, not answered with the
+// order while no payment is made.
+func TestStripPrefixMountsAreDifferentRequests(t *testing.T) {
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orders, payments atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("/orders/", http.StripPrefix("/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders.Add(1)
+		io.WriteString(w, "order")
+	}))))
+	mux.Handle("/payments/", http.StripPrefix("/payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments.Add(1)
+		io.WriteString(w, "payment")
+	}))))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	post := func(path string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", "one")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := post("/orders/"); status != http.StatusOK || body != "order" {
+		t.Fatalf("order: %d %q", status, body)
+	}
+	if status, body := post("/payments/"); status != http.StatusUnprocessableEntity || payments.Load() != 0 {
+		t.Errorf("payment with the order's key: %d %q after %d payments, want 422 Key reused", status, body, payments.Load())
+	}
+	if status, body := post("/orders/"); status != http.StatusOK || body != "order" || orders.Load() != 1 {
+		t.Errorf("order retried: %d %q after %d orders, want the order replayed", status, body, orders.Load())
+	}
+}
+
+// A request made in process may carry no body at all (a nil Body, which
+// http.Client takes for an empty one): it is fingerprinted as empty, not
+// a nil dereference that takes the caller down.
+func TestNilBody(t *testing.T) {
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		io.WriteString(w, "done")
+	}))
+	for range 2 {
+		r := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		r.Body = nil
+		r.Header.Set("Idempotency-Key", "no-body")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusOK || w.Body.String() != "done" {
+			t.Errorf("%d %q, want the handler's 200", w.Code, w.Body.String())
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
+	}
+}
+
+// The middleware applied twice to a request, by mistake (to the router and
+// again to a route) or as two middlewares on one store, runs the handler
+// once per key as one does: the inner one does not find the outer one's
+// claim "in progress" and answer the 409 the outer one would keep as the
+// key's outcome, with the handler never run.
+func TestNestedIdempotency(t *testing.T) {
+	st := idempotency.NewMemoryStore()
+	mw, err := httpmw.Idempotency(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := httpmw.Idempotency(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, wrap := range map[string]func(http.Handler) http.Handler{
+		"twice":     func(h http.Handler) http.Handler { return mw(mw(h)) },
+		"one-store": func(h http.Handler) http.Handler { return other(mw(h)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			var runs atomic.Int64
+			srv := httptest.NewServer(wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "made")
+			})))
+			defer srv.Close()
+			for i := range 3 {
+				status, body, err := postKeyed(t, srv, "nested-"+name)
+				if err != nil || status != http.StatusCreated || body != "made" {
+					t.Errorf("request %d: %d %q %v, want 201 made", i, status, body, err)
+				}
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times, want once", n)
+			}
+		})
+	}
+}
+
+// A replay carries the Content-Type its first response had: none when the
+// handler suppressed net/http's sniffing (a nil Content-Type), rather than
+// one sniffed from the body on replay; the sniffed one when the handler set
+// none.
+func TestReplaySniffsAsTheFirstResponse(t *testing.T) {
+	for name, h := range map[string]http.HandlerFunc{
+		"suppressed": func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Type"] = nil
+			io.WriteString(w, "<html>made</html>")
+		},
+		"sniffed": func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "<html>made</html>")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := serveIdempotent(t, h)
+			var types [2][]string
+			for i := range types {
+				req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Idempotency-Key", "sniff")
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				types[i] = resp.Header["Content-Type"]
+			}
+			if !slices.Equal(types[0], types[1]) {
+				t.Errorf("Content-Type %q on the first response, %q on its replay", types[0], types[1])
+			}
+		})
+	}
+}
+
+// One middleware in front of a mux that routes by host sees tenant a's and
+// tenant b's POST /orders as one request: the default fingerprint leaves
+// the host out, so b's order sent with the key a's was sent with is
+// answered with a's, replayed, and never made.
+func TestHostsAreDifferentRequests(t *testing.T) {
+	t.Skip("defect: Fingerprint leaves out r.Host; putting it in changes every fingerprint, and a retry spanning the upgrade then gets 422")
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	var made atomic.Int64
+	for _, host := range []string{"a.example", "b.example"} {
+		mux.HandleFunc(host+"/orders", func(w http.ResponseWriter, r *http.Request) {
+			made.Add(1)
+			io.WriteString(w, host)
+		})
+	}
+	srv := httptest.NewServer(mw(mux))
+	defer srv.Close()
+	for _, host := range []string{"a.example", "b.example"} {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Idempotency-Key", "tenant")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if host == "b.example" && (resp.StatusCode != http.StatusUnprocessableEntity || made.Load() != 1) {
+			t.Errorf("%s with a.example's key: %d %q after %d orders, want 422 Key reused", host, resp.StatusCode, b, made.Load())
+		}
 	}
 }

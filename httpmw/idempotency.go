@@ -237,12 +237,13 @@ func RetryableStorePolicy(status int) bool {
 }
 
 // Fingerprint is the default request fingerprint: the SHA-256 of the method,
-// the path, the raw query and the body, each length-prefixed so that no
-// two different requests run together into the same input.
+// the path the client sent (see requestPath), the raw query and the body,
+// each length-prefixed so that no two different requests run together into
+// the same input.
 func Fingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
-	for _, part := range []string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
+	for _, part := range []string{r.Method, requestPath(r), r.URL.RawQuery} {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
 		io.WriteString(h, part)
 	}
@@ -251,15 +252,54 @@ func Fingerprint(r *http.Request, body []byte) string {
 	return hex.EncodeToString(h.Sum(sum[:0]))
 }
 
+// requestPath is the path of the request target as the client sent it,
+// which handlers before the middleware leave alone when they rewrite
+// r.URL: http.StripPrefix cuts its prefix from r.URL's path, and one
+// middleware mounted under /orders/ and /payments/ would otherwise see one
+// request in both mounts' POST /, and answer a payment sent with an order's
+// key with the order, the payment never made. A target in origin form
+// ("/path?query", as servers receive all but proxy requests) whose path
+// r.URL no longer holds gives that path; any other (r.URL as parsed from
+// the target, a target in absolute form, "*", a request made in process
+// with no RequestURI) gives r.URL's escaped path, as releases before this
+// one did for every request, so that their records still match.
+func requestPath(r *http.Request) string {
+	p, _, _ := strings.Cut(r.RequestURI, "?")
+	if !strings.HasPrefix(p, "/") || p == r.URL.RawPath || p == r.URL.Path {
+		return r.URL.EscapedPath()
+	}
+	return p
+}
+
 type keyCtx struct{}
+
+// keyed is what the middleware tells the handler it calls, under keyCtx.
+type keyed struct {
+	key string
+	// scope is the stored scope the key was claimed under; "" with guarded
+	// false for WithFailOpen's unguarded runs.
+	scope   string
+	guarded bool
+}
 
 // KeyFromContext returns the idempotency key of the request a handler
 // serves under the Idempotency middleware (WithFailOpen's unguarded runs
 // included), to pass on to downstream services (a payment provider's own
 // idempotency key) so that a retry reaching them is deduplicated there too.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(keyCtx{}).(string)
-	return k, ok
+	k, ok := ctx.Value(keyCtx{}).(keyed)
+	return k.key, ok
+}
+
+// guardedBy reports whether ctx is a handler's run under an Idempotency
+// middleware that claimed key in scope: the same middleware applied twice
+// (to a router and again to a route), or two on the same records, would
+// otherwise have the inner one find the outer one's claim, answer 409 "in
+// progress", and the outer one keep that 409 as the key's outcome, so that
+// the handler never ran and every retry was answered 409 for the retention.
+func guardedBy(ctx context.Context, scope, key string) bool {
+	k, ok := ctx.Value(keyCtx{}).(keyed)
+	return ok && k.guarded && k.scope == scope && k.key == key
 }
 
 // errNotStored tells the executor to release the claim: the store policy
@@ -312,8 +352,10 @@ func storedScope(scope string) string {
 // the allow-listed headers that fit, no body; a retry gets 409 "Response not
 // stored". Only two things free the key for another run: a handler that
 // panics (its claim is released before the panic goes on up) and an outcome
-// WithStorePolicy chooses not to keep. Errors are RFC 9457
-// application/problem+json.
+// WithStorePolicy chooses not to keep. A request whose key an enclosing
+// Idempotency middleware has already claimed, in the same scope, passes
+// through to the handler: that one runs it once and records its answer.
+// Errors are RFC 9457 application/problem+json.
 func Idempotency(store idempotency.Store, opts ...IdempotencyOption) (func(http.Handler) http.Handler, error) {
 	c := idemConfig{
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
@@ -524,7 +566,12 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "Invalid_key", "Invalid idempotency key", err.Error(), 0)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, c.maxBody+1))
+	src := r.Body
+	if src == nil {
+		// A request made in process, not by a server, may have none.
+		src = http.NoBody
+	}
+	body, err := io.ReadAll(io.LimitReader(src, c.maxBody+1))
 	var outer *http.MaxBytesError
 	switch {
 	case errors.As(err, &outer):
@@ -542,6 +589,12 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	scope := storedScope(c.scope(r))
+	if guardedBy(r.Context(), scope, key) {
+		// An outer Idempotency claimed this very key: it runs the request
+		// once and records what the handler answers.
+		m.next.ServeHTTP(w, r)
+		return
+	}
 
 	var rec *recorder
 	aborted := false
@@ -574,7 +627,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				out, err = encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 			}
 		}()
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, key)))
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, guarded: true})))
 		status := rec.statusCode()
 		if !c.store(status) {
 			return nil, errNotStored
@@ -621,7 +674,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.String("key_hash", hash()), slog.Any("error", err))
 		// The key goes on with it: a downstream service's deduplication
 		// (KeyFromContext) is all that guards the request now.
-		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, key)))
+		m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, keyed{key: key})))
 	case errors.Is(err, idempotency.ErrUnavailable):
 		m.count(r, "unavailable")
 		c.logger.LogAttrs(r.Context(), slog.LevelError, "httpmw: idempotency store unavailable",
@@ -668,6 +721,9 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 	h := w.Header()
 	for name, values := range resp.header {
 		h[name] = values
+	}
+	if resp.noSniff {
+		h["Content-Type"] = nil
 	}
 	h.Set(ReplayedHeader, "true")
 	for name := range resp.trailers {

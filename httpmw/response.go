@@ -255,11 +255,33 @@ func allowedFields(fields []field, h http.Header, allowed []string) (_ []field, 
 	return fields, lines, size
 }
 
+// noSniff names a header line of a stored response that went out with no
+// Content-Type because the handler suppressed net/http's sniffing (a nil
+// Content-Type): its replay suppresses sniffing too, rather than add a
+// Content-Type the first response had not. It is no valid field name, so
+// no field of the handler's takes it, and a release that does not know it
+// replays it as a field net/http drops.
+const noSniff = "\x00no-sniff"
+
+// sniffless reports whether body goes out under the header section h with
+// no Content-Type, the handler having suppressed the one net/http would
+// sniff. (A Transfer-Encoding of the handler's own stops HTTP/1's sniffing
+// too, but not HTTP/2's, and a retry may come by either.)
+func sniffless(h http.Header, body []byte) bool {
+	v, ok := h["Content-Type"]
+	return ok && len(v) == 0 && len(body) > 0
+}
+
 // encodeResponse encodes status, the allowed fields of h and of trailers,
 // and body.
 func encodeResponse(status int, h, trailers http.Header, allowed []string, body []byte) []byte {
 	var room [16]field
 	fields, lines, size := allowedFields(room[:0], h, allowed)
+	if sniffless(h, body) {
+		fields = append(fields, field{noSniff, []string{""}})
+		lines++
+		size += 2*binary.MaxVarintLen64 + len(noSniff)
+	}
 	n := len(fields)
 	fields, tlines, tsize := allowedFields(fields, trailers, allowed)
 	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+size+tsize+len(body))
@@ -312,6 +334,9 @@ type storedResponse struct {
 	header   http.Header
 	trailers http.Header // nil without trailers
 	body     []byte
+	// noSniff: the response went out with no Content-Type, net/http
+	// sniffing none (see noSniff).
+	noSniff bool
 }
 
 func decodeResponse(b []byte) (storedResponse, error) {
@@ -329,6 +354,9 @@ func decodeResponse(b []byte) (storedResponse, error) {
 	var ok bool
 	if resp.header, b, ok = readFields(b[n:]); !ok {
 		return storedResponse{}, errBadResponse
+	}
+	if _, resp.noSniff = resp.header[noSniff]; resp.noSniff {
+		delete(resp.header, noSniff)
 	}
 	if version == responseV2 {
 		if resp.trailers, b, ok = readFields(b); !ok || len(resp.trailers) == 0 {

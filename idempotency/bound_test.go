@@ -86,11 +86,12 @@ func (s *hung) Abandon(ctx context.Context, scope, key, owner string) error {
 }
 
 // settled waits until every hung call has answered and what it started
-// (a give-back) has ended: the bubble then holds no goroutine of the
-// Executor's but those of the test, or synctest.Test fails.
+// (a give-back, a completion going on in the background for as long as
+// the claim's default lease) has ended: the bubble then holds no goroutine
+// of the Executor's but those of the test, or synctest.Test fails.
 func (s *hung) settled(t *testing.T) {
 	t.Helper()
-	time.Sleep(hangFor + 5*time.Second)
+	time.Sleep(idempotency.DefaultLease + hangFor + 5*time.Second)
 	synctest.Wait()
 	if n := s.inflight.Load(); n != 0 {
 		t.Errorf("%d store calls still unanswered", n)

@@ -105,6 +105,15 @@ func TestCompleteOutageOutlastsBound(t *testing.T) {
 		if n := st.calls.Load(); n < 5 || n > 25 {
 			t.Errorf("%d Complete calls in 10s; want a bounded few", n)
 		}
+		// The completion goes on in the background until the claim's
+		// lease is over, then gives up.
+		time.Sleep(idempotency.DefaultLease)
+		synctest.Wait()
+		calls := st.calls.Load()
+		time.Sleep(time.Minute)
+		if n := st.calls.Load(); n != calls || n > 50 {
+			t.Errorf("%d Complete calls in the claim's 30s, %d more after it; want a bounded few, and none after", calls, n-calls)
+		}
 	})
 }
 
@@ -169,6 +178,32 @@ func TestCompleteOfRemovedRecord(t *testing.T) {
 		}
 		if d := time.Since(start); d != 0 {
 			t.Errorf("Do returned after %v, want at once", d)
+		}
+	})
+}
+
+// TestCompleteOutageWithinLease: a store down for longer than the caller
+// waits (ten seconds) but back within the claim's lease still gets the
+// result, stored in the background while the claim may be held: the
+// client's retry, once the store is back, replays it rather than find the
+// key in progress until the claim runs out and then run fn a second time.
+func TestCompleteOutageWithinLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.down.Store(true)
+		time.AfterFunc(15*time.Second, func() { st.down.Store(false) })
+		e := newExecutor(t, st) // the default 30s lease
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("order 7"), nil }
+		start := time.Now()
+		if _, err := e.Do(context.Background(), "k", "fp", fn); !errors.Is(err, idempotency.ErrUnavailable) {
+			t.Fatalf("first Do: %v, want ErrUnavailable once the caller stopped waiting", err)
+		}
+		time.Sleep(time.Until(start.Add(20 * time.Second)))
+		res, err := e.Do(context.Background(), "k", "fp", fn)
+		if err != nil || !res.Replayed || string(res.Response) != "order 7" || runs.Load() != 1 {
+			t.Errorf("retry 20s after the first call, the store back for 5s: %q replayed %v, %v after %d runs; want the first result replayed",
+				res.Response, res.Replayed, err, runs.Load())
 		}
 	})
 }

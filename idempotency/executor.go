@@ -106,6 +106,9 @@ type Executor struct {
 	tracer     trace.Tracer
 	// givingBack counts the give-backs running (see giveBack).
 	givingBack atomic.Int32
+	// finishing counts the completions going on in the background (see
+	// finishLater).
+	finishing atomic.Int32
 }
 
 // maxGivingBack bounds the give-backs an Executor runs at once: in an
@@ -113,6 +116,11 @@ type Executor struct {
 // to a store that answers none, and a claim made with no give-back left
 // to spare waits out its lease as it did before give-backs.
 const maxGivingBack = 64
+
+// maxFinishing bounds the completions an Executor goes on with in the
+// background at once (see finishLater), each holding its result: in an
+// outage every call whose fn returned would start one.
+const maxFinishing = 64
 
 // New returns an Executor over store. It returns an error wrapping
 // ErrInvalid, naming the input, when store or an option is nil or an
@@ -181,9 +189,10 @@ func (e *Executor) callers(ctx context.Context) *handoff.Callers {
 // the key for another run: not the caller's cancellation (the claim is
 // renewed until fn returns, and the result stored on a context of its own),
 // nor a result too large to keep. A store that fails when fn has returned
-// is asked again, the caller waiting, for up to ten seconds while the claim
-// may still be held: a result not stored lets a retry run fn again once
-// the claim has run out.
+// is asked again, the caller waiting, for up to ten seconds, and then in
+// the background (64 such at most) for as long as the claim may still be
+// held: only a result not stored by the time the claim runs out lets a
+// retry run fn again.
 //
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
@@ -196,8 +205,9 @@ func (e *Executor) callers(ctx context.Context) *handoff.Callers {
 // is given back; a renewal still waiting when fn returns delays Do by the
 // call timeout at most, and fn is told a tenth of the lease before an
 // unrenewed claim could run out whatever the renewal does; a completion
-// not answered is treated as one that failed (the result not stored, fn's
-// bytes returned with ErrUnavailable, after ten seconds at most).
+// not answered is treated as one that failed (fn's bytes returned with
+// ErrUnavailable after ten seconds at most, the result perhaps stored in
+// the background later).
 // opts override the Executor's options for this call.
 func (e *Executor) Do(ctx context.Context, key, fingerprint string, fn Func, opts ...Option) (Result, error) {
 	if err := CheckContext(ctx); err != nil {
@@ -420,7 +430,8 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 		cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency: result too large for the store; stored as executed, not replayable",
 			slog.String("key_hash", hash.String()), slog.Int("bytes", len(payload)))
 		outcome = outcomeNotReplayable
-		err = e.complete(ctx, cfg, c, encodeNotReplayable(nil), held, finishBy)
+		payload = encodeNotReplayable(nil)
+		err = e.complete(ctx, cfg, c, payload, held, finishBy)
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotOwner) {
@@ -429,13 +440,42 @@ func (e *Executor) run(ctx context.Context, cfg *config, c Claim, sent time.Time
 			return res, outcomeLost, errors.Join(fnErr, fmt.Errorf("idempotency: result not stored: %w", err))
 		}
 		// The store failed for as long as the claim could be held, or
-		// finishTimeout. The claim stays until its lease runs out: a retry
-		// then runs fn again.
-		cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: storing the result failed",
-			slog.String("key_hash", hash.String()), slog.Any("error", err))
+		// finishTimeout, when the rest of the claim's life is left to
+		// finishLater.
+		msg := "idempotency: storing the result failed"
+		if !errors.Is(err, ErrInvalid) && held.After(finishBy) && e.finishLater(ctx, cfg, c, payload, held, hash) {
+			msg = "idempotency: storing the result failed; trying on in the background while the claim may be held"
+		}
+		cfg.logger.LogAttrs(ctx, slog.LevelError, msg, slog.String("key_hash", hash.String()), slog.Any("error", err))
 		return res, outcomeError, errors.Join(fnErr, storeError(ctx, "complete", err))
 	}
 	return res, outcome, fnErr
+}
+
+// finishLater goes on storing payload as c's result in the background once
+// the caller has stopped waiting (finishTimeout), until the claim can no
+// longer be held (held): a store that comes back within the lease then
+// gets the result, and the client's retry replays it, where the claim
+// would otherwise have blocked the key until it ran out and a retry run fn
+// a second time. It reports whether it started: at most maxFinishing run
+// at once, and none once the claim's life is over.
+func (e *Executor) finishLater(ctx context.Context, cfg *config, c Claim, payload []byte, held time.Time, hash *keyHash) bool {
+	if !time.Now().Before(held) {
+		return false
+	}
+	if e.finishing.Add(1) > maxFinishing {
+		e.finishing.Add(-1)
+		return false
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer e.finishing.Add(-1)
+		if err := e.complete(ctx, cfg, c, payload, held, held); err == nil {
+			cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: stored the result in the background",
+				slog.String("key_hash", hash.String()))
+		}
+	}()
+	return true
 }
 
 // complete stores payload as c's result, on a context of its own, by
