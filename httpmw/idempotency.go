@@ -105,11 +105,16 @@ func WithRequireKey() IdempotencyOption { return func(c *idemConfig) { c.require
 // another's stored response. It runs after authentication (place the
 // middleware inside it) and should return the authenticated user or tenant
 // ID. Default: one scope for all, which is only safe when keys cannot be
-// guessed or the service has a single principal. Never scope by something
-// the client says of itself (a header naming the user): that lets anyone
-// reach anyone's responses by naming them. Scopes longer than
-// idempotency.MaxScopeLen are stored as their SHA-256, in a form no scope
-// of that length can take (see storedScope).
+// guessed or the service has a single principal. One middleware in front of
+// several tenants' or services' handlers (a mux routing by host) needs a
+// scope as well, since Fingerprint leaves the host out (a retry may come by
+// another of a service's names): without one, a key used on one host
+// answers the same request sent to another with the first host's response.
+// Never scope by something the client says of itself (a header naming the
+// user, or the host alone): that lets anyone reach anyone's responses by
+// naming them. Scopes longer than idempotency.MaxScopeLen are stored as
+// their SHA-256, in a form no scope of that length can take (see
+// storedScope).
 func WithScope(scope func(*http.Request) string) IdempotencyOption {
 	return func(c *idemConfig) { c.scope = scope }
 }
@@ -239,7 +244,9 @@ func RetryableStorePolicy(status int) bool {
 // Fingerprint is the default request fingerprint: the SHA-256 of the method,
 // the path the client sent (see requestPath), the raw query and the body,
 // each length-prefixed so that no two different requests run together into
-// the same input.
+// the same input. The host is left out, so that a retry sent by another of
+// the service's names replays; WithScope keeps hosts that serve different
+// tenants apart.
 func Fingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
