@@ -557,8 +557,12 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	if !c.yes {
-		yes, err := c.ask(ctx, fmt.Sprintf("delete the %s record of instance %s under scope %s, key %s? The next request with this key runs again. [y/N] ",
-			shown(string(rec.State)), shown(debugpage.Instance(rec.Owner)), shown(scope), shown(key)))
+		of := "" // an owner token may name no instance (an Executor's)
+		if inst := debugpage.Instance(rec.Owner); inst != "" {
+			of = " of instance " + shown(inst)
+		}
+		yes, err := c.ask(ctx, fmt.Sprintf("delete the %s record%s under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), of, shown(scope), shown(key)))
 		if err != nil {
 			return err
 		}
