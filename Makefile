@@ -40,19 +40,10 @@ help:
 	@echo "make fuzz             each fuzz target for FUZZTIME=$(FUZZTIME) (FUZZ=regexp)"
 
 run:
-	@if [[ -d examples/closeorder ]]; then \
-		$(GO) run ./examples/closeorder $(ARGS); \
-	else \
-		echo "make run: examples/closeorder does not exist yet; nothing to run"; \
-	fi
+	$(GO) run ./examples/closeorder $(ARGS)
 
-# Placeholder until the demo runner exists.
 demo:
-	@if [[ -d examples/closeorder/demo ]]; then \
-		$(GO) run ./examples/closeorder/demo $(ARGS); \
-	else \
-		echo "make demo: examples/closeorder/demo does not exist yet; the demo runner is still to be written"; \
-	fi
+	$(GO) run ./examples/closeorder/demo $(ARGS)
 
 services:
 	$(SERVICES) up

@@ -22,7 +22,8 @@ var (
 	// ErrNotHeld: the lock is no longer held by this lease, e.g. an unlock
 	// after the lease expired. A lost lock's error matches it too.
 	ErrNotHeld = driver.ErrNotHeld
-	// ErrInvalidKey: the key is empty, too long, or has control characters.
+	// ErrInvalidKey: the key is empty, longer than MaxKeyLen, not valid
+	// UTF-8, or has control or bidirectional characters (ValidateKey).
 	ErrInvalidKey = driver.ErrInvalidKey
 	// ErrInvalidOption: an option value is out of range or contradicts
 	// another, or the backend cannot honour it (a TTL outside its limits).

@@ -1,13 +1,13 @@
 // Package guard runs critical sections under distributed locks.
 //
 // It has two layers, the way database/sql sits over its drivers. Backends
-// (Redis, RedLock, etcd, ZooKeeper, SQL, in-process memory) implement the
-// small contract of package guard/driver. Users call Guard, which owns the
+// (Redis, RedLock, etcd, ZooKeeper, Consul, SQL, in-process memory)
+// implement the small contract of package guard/driver. Users call Guard, which owns the
 // life of every lease for every backend alike:
 //
 //   - one lease keeper per Guard renews the held leases, many in one request
 //     where the backend batches, and none at all where a backend session
-//     renews them (etcd, ZooKeeper);
+//     renews them (etcd, ZooKeeper, Consul);
 //   - loss on time: a lease not confirmed by a renewal is declared lost a
 //     safety margin before it could expire on the server, on a timer, whatever
 //     a renewal in flight is doing; the critical section's context is then

@@ -26,7 +26,7 @@ type HeldLock struct {
 	// declared lost a safety margin before it unless a renewal moves it.
 	Expiry time.Time
 	// SessionBound: the lease lives as long as the backend session that
-	// keeps it (etcd, ZooKeeper), and Expiry is the session's.
+	// keeps it (etcd, ZooKeeper, Consul), and Expiry is the session's.
 	SessionBound bool
 }
 

@@ -73,8 +73,8 @@ var ErrHolderChanged = driver.ErrHolderChanged
 // The backend first makes the next token greater than every token issued
 // (so fenced storage refuses the old holder's late writes), then removes the
 // holding. The old holder's context is cancelled at its next renewal at the
-// latest, or, for a lease its backend keeps on a session (etcd, ZooKeeper),
-// as soon as the holder's process hears of the removal
+// latest, or, for a lease its backend keeps on a session (etcd, ZooKeeper,
+// Consul), as soon as the holder's process hears of the removal
 // (driver.RevocableLease); a process cut off from the backend learns of it
 // only when its session ends, and until then fenced storage is what stops
 // it. It is logged at WARN and traced as an admin action. It needs a

@@ -38,9 +38,9 @@ import (
 // declared later for it. The stack is emptied whenever it grows past
 // maxYoung, which bounds the unlocked leases it keeps.
 //
-// Leases kept alive by a backend session (etcd, ZooKeeper) are never renewed
-// here: the keeper watches each session once, with one timer and one
-// goroutine per session, and loses all of its leases together.
+// Leases kept alive by a backend session (etcd, ZooKeeper, Consul) are
+// never renewed here: the keeper watches each session once, with one timer
+// and one goroutine per session, and loses all of its leases together.
 type keeper struct {
 	g        *Guard
 	mu       sync.Mutex

@@ -166,11 +166,13 @@ func NoWait() LockOption { return func(c *lockConfig) { c.wait = 0 } }
 func Fair() LockOption { return func(c *lockConfig) { c.fair = true } }
 
 // Read takes the shared side of a read/write lock: many readers may hold the
-// key at once, but no writer. Needs a backend implementing RWLocker.
+// key at once, but no writer. Needs a backend implementing
+// driver.RWLocker (every one but redlock and sqllock); on another, the
+// acquisition fails with ErrUnsupported.
 func Read() LockOption { return func(c *lockConfig) { c.mode = read } }
 
 // Write takes the exclusive side of a read/write lock. Needs a backend
-// implementing RWLocker.
+// implementing driver.RWLocker, as Read does.
 //
 // Whether a plain lock, a read/write lock and a semaphore on the same key
 // exclude one another depends on the backend: on Redis, Consul and the
@@ -184,8 +186,10 @@ func Read() LockOption { return func(c *lockConfig) { c.mode = read } }
 func Write() LockOption { return func(c *lockConfig) { c.mode = write } }
 
 // Permits turns the lock into a counting semaphore: up to n holders at once.
-// Needs a backend implementing Semaphorer. A semaphore and a lock of another
-// kind on the same key may or may not exclude each other: see Write.
+// Needs a backend implementing driver.Semaphorer (every one but redlock
+// and sqllock; on another, the acquisition fails with ErrUnsupported). A
+// semaphore and a lock of another kind on the same key may or may not
+// exclude each other: see Write.
 func Permits(n int) LockOption {
 	return func(c *lockConfig) { c.mode, c.permits = semaphore, n }
 }

@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -65,4 +67,52 @@ func ExampleIdempotency() {
 	// 201 /orders/1 replayed=""
 	// 201 /orders/1 replayed="true"
 	// orders created: 1
+}
+
+// Withdrawals from one account run one at a time, on every server that
+// shares the Guard's backend: a second one that arrives while the first
+// runs waits up to WithLockWait, then gets 409 with Retry-After.
+func ExampleLock() {
+	g, err := guard.New(memory.New()) // a server backend in production
+	if err != nil {
+		panic(err)
+	}
+	lock, err := httpmw.Lock(g, func(r *http.Request) string { return "account:" + r.PathValue("id") },
+		httpmw.WithLockWait(0)) // refused at once here; DefaultLockWait by default
+	if err != nil {
+		panic(err)
+	}
+	running, finish := make(chan struct{}), make(chan struct{})
+	withdraw := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// r.Context() is the lock's: it is cancelled, with cause
+		// guard.ErrLockLost, if the lock is lost.
+		close(running)
+		<-finish
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /accounts/{id}/withdraw", lock(withdraw))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	first := make(chan int)
+	go func() {
+		resp, err := http.Post(srv.URL+"/accounts/42/withdraw", "", nil)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-running
+	resp, err := http.Post(srv.URL+"/accounts/42/withdraw", "", nil)
+	if err != nil {
+		panic(err)
+	}
+	resp.Body.Close()
+	fmt.Println("second withdrawal while the first runs:", resp.StatusCode, resp.Header.Get("Content-Type"))
+	close(finish)
+	fmt.Println("first withdrawal:", <-first)
+	// Output:
+	// second withdrawal while the first runs: 409 application/problem+json
+	// first withdrawal: 200
 }

@@ -115,6 +115,10 @@ func TestLeaderLossEndsTheRunAsLost(t *testing.T) {
 		if !errors.Is(r.Err, guard.ErrLockLost) || r.Term == 0 {
 			t.Fatalf("lost run %+v: want an error wrapping ErrLockLost and its term", r)
 		}
+		// The job returned the loss itself: the record says it once.
+		if msg := r.Err.Error(); strings.Contains(msg, "\n") {
+			t.Errorf("lost run's error %q: the loss is said twice", msg)
+		}
 	})
 }
 

@@ -304,9 +304,9 @@ func (r *running) end(err error) {
 		outcome, reason := Ran, ""
 		switch {
 		case errors.Is(r.lock.Err(), guard.ErrLockLost):
-			outcome, err = Lost, errors.Join(err, r.lock.Err())
+			outcome, err = Lost, withLoss(err, r.lock.Err())
 		case r.term != nil && errors.Is(r.term.Err(), guard.ErrLockLost):
-			outcome, err = Lost, errors.Join(err, r.term.Err())
+			outcome, err = Lost, withLoss(err, r.term.Err())
 		case err != nil:
 			outcome = Failed
 		}
@@ -326,6 +326,16 @@ func (r *running) end(err error) {
 		}
 		r.finish(outcome, reason, err)
 	})
+}
+
+// withLoss is the error of a run whose lock (or term) was lost: the job's
+// own, and the loss, which a job that returned its context's cause
+// returned already and which is then not said twice.
+func withLoss(err, loss error) error {
+	if errors.Is(err, loss) {
+		return err
+	}
+	return errors.Join(err, loss)
 }
 
 // call runs the job under the lock's context, capped at LockAtMostFor, and

@@ -82,14 +82,14 @@ type Scheduler struct {
 // New returns a Scheduler whose jobs run under g's locks.
 func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 	if g == nil {
-		return nil, fmt.Errorf("%w: nil Guard", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: scheduler: nil Guard", guard.ErrInvalidOption)
 	}
 	c := config{clock: time.Now, anchor: time.Unix(0, 0), location: time.Local}
 	if err := c.apply(opts); err != nil {
 		return nil, err
 	}
 	if c.clock == nil || c.location == nil {
-		return nil, fmt.Errorf("%w: nil clock or location", guard.ErrInvalidOption)
+		return nil, fmt.Errorf("%w: scheduler: nil clock or location", guard.ErrInvalidOption)
 	}
 	if c.instance == "" {
 		host, err := os.Hostname()

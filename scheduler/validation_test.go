@@ -277,3 +277,18 @@ func TestAddRefusesTheElectionsLockName(t *testing.T) {
 		}
 	})
 }
+
+// TestNewNamesTheSchedulerInItsRefusals: New's refusals, like its options',
+// say that the scheduler refused, and match guard.ErrInvalidOption.
+func TestNewNamesTheSchedulerInItsRefusals(t *testing.T) {
+	g := newGuard(t, memory.New())
+	for name, f := range map[string]func() error{
+		"nil Guard":     func() error { _, err := scheduler.New(nil); return err },
+		"nil clock":     func() error { _, err := scheduler.New(g, scheduler.WithClock(nil)); return err },
+		"nil slotstore": func() error { _, err := scheduler.New(g, scheduler.WithSlotStore(nil)); return err },
+	} {
+		if err := f(); !errors.Is(err, guard.ErrInvalidOption) || !strings.Contains(err.Error(), "scheduler: ") {
+			t.Errorf("New with a %s: %v; want ErrInvalidOption, naming the scheduler", name, err)
+		}
+	}
+}

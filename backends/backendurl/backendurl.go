@@ -15,7 +15,6 @@
 package backendurl
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -127,7 +126,7 @@ func Parse(s string) (*URL, error) {
 	}
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok || !validScheme(scheme) {
-		return nil, errors.New("not a backend URL (want memory or scheme://...)")
+		return nil, fmt.Errorf("not a backend URL (want memory, or SCHEME://... with SCHEME one of %s)", schemes)
 	}
 	unparseable := fmt.Errorf("%s://%s: not a valid URL (percent-encode reserved characters such as / @ : %% in a password)", scheme, masked)
 	u := &URL{Scheme: scheme}
@@ -154,7 +153,7 @@ func Parse(s string) (*URL, error) {
 		return parseMySQL(u, rest)
 	case "postgres", "postgresql", "redis", "rediss", "redlock", "redlocks", "etcd", "zk", "consul":
 	default:
-		return nil, fmt.Errorf("%s://%s: unknown scheme %q", scheme, masked, scheme)
+		return nil, fmt.Errorf("%s://%s: unknown scheme %q (want one of %s, or memory alone)", scheme, masked, scheme, schemes)
 	}
 	p, err := url.Parse(s)
 	// Where a password with an '@', '/', '?' or '#' that was not
@@ -268,6 +267,9 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	u.shown = "mysql://" + shown.FormatDSN()
 	return u, nil
 }
+
+// schemes lists what Parse reads, for its errors.
+const schemes = "sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul"
 
 // validScheme reports whether s has the shape of a URL scheme, so that it
 // can be printed: a letter, then letters, digits, '+', '-' or '.'.

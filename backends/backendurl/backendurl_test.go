@@ -38,6 +38,7 @@ func TestParse(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"redis":                       "not a backend URL",
+		"127.0.0.1:6379":              "SCHEME one of sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
 		"sqlite://":                   "no file path",
 		"mysql://u@127.0.0.1/db":      "want mysql://",
 		"redis://a:1,b:2":             "one host:port",
@@ -45,6 +46,7 @@ func TestParse(t *testing.T) {
 		"etcd://nohost":               "is not host:port",
 		"consul://a:1,b:2":            "one host:port",
 		"ftp://x":                     "unknown scheme",
+		"http://127.0.0.1:8500":       "want one of sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul, or memory",
 		"postgres://u:secret@[::1/db": "postgres://xxxxx:",
 	} {
 		_, err := Parse(in)

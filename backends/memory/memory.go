@@ -7,6 +7,12 @@
 // waiters queue first-come, first-served and are woken one at a time, and
 // read/write locks and counting semaphores are offered. Exclusive locks,
 // read/write locks and semaphores on the same key are separate locks.
+//
+// To test code that takes locks, give it a Guard on a Locker from New; a
+// second Guard on the same Locker plays another replica. Inside a
+// testing/synctest bubble, with the Guard made there too, leases run out
+// and renewals fall due on the bubble's clock, so a lost lock (an expired
+// lease, Guard.ForceRelease) is tested without waiting.
 package memory
 
 import (

@@ -19,22 +19,30 @@ import (
 // Locker alive; a section's context is cancelled before the session could
 // have expired on the server.
 func Example() {
-	locker, err := zklock.New([]string{"127.0.0.1:2181"}, zklock.WithSessionTimeout(10*time.Second))
+	servers := os.Getenv("WARDEN_ZK_SERVERS") // "10.0.0.5:2181,10.0.0.6:2181,..."
+	if servers == "" {
+		servers = "127.0.0.1:12181"
+	}
+	locker, err := zklock.New(strings.Split(servers, ","), zklock.WithSessionTimeout(10*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer locker.Close()
-	g, err := guard.New(locker, guard.WithTTL(10*time.Second))
+	g, err := guard.New(locker, guard.WithTTL(10*time.Second), guard.WithPrefix("example:"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	err = g.Do(context.Background(), "jobs/nightly-report", func(ctx context.Context, l *guard.Lock) error {
-		fmt.Println("running with fencing token", l.Token())
+		// ctx is cancelled, with cause guard.ErrLockLost, if the session
+		// is lost. l.Token() is the lock node's czxid: pass it with every
+		// write to the protected storage.
+		fmt.Println("running", l.Key())
 		return nil
 	}, guard.WaitAtMost(time.Minute))
 	if err != nil {
-		log.Print(err)
+		fmt.Println("not done:", err)
 	}
+	// Output: running jobs/nightly-report
 }
 
 // An idempotency store on the ensemble: a consumer that may see the same

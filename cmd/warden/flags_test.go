@@ -42,6 +42,24 @@ func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
 	}
 }
 
+// TestFlagErrorSaidOnce: a mistyped flag or a bad flag value prints the
+// usage and then the error, once, as the last line.
+func TestFlagErrorSaidOnce(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bogus", "ping"}, "flag provided but not defined: -bogus"},
+		{[]string{"-lock", "redis://127.0.0.1:1", "locks", "release", "-token", "k"}, `invalid value "k" for flag -token`},
+	} {
+		code, out, errOut := cliRun(t, "", tc.args...)
+		if code != 2 || out != "" || strings.Count(errOut, tc.want) != 1 ||
+			!strings.Contains(errOut, "usage: warden") || !strings.Contains(lastLine(errOut), tc.want) {
+			t.Errorf("warden %q: exit %d, stdout %q, stderr %q; want 2, the usage, then %q once, last", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
 // TestOperands: flags may come before the command, among its words or
 // after them; after --, words that start with '-' are operands.
 func TestOperands(t *testing.T) {

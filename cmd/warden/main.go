@@ -166,9 +166,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("warden", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
+	// The flag package prints a parse error before the usage; run prints
+	// it after, as the last line, like every other error: once is enough.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	printUsage := func() {
 		fmt.Fprint(stderr, usage)
+		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
 	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, prompts: stderr}
@@ -186,6 +190,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.BoolVar(&c.anyHolder, "any-holder", false, "locks release: release whoever holds the key when the release runs")
 	cmd, err := operands(fs, args)
 	if err != nil {
+		printUsage()
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
@@ -193,7 +198,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	fs.Visit(func(f *flag.Flag) { c.tokenSet = c.tokenSet || f.Name == "token" })
 	if len(cmd) == 0 {
-		fs.Usage()
+		printUsage()
 		return badInput("no command")
 	}
 	if *lock == "" {
@@ -552,8 +557,12 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	}
 	if !c.yes {
-		yes, err := c.ask(ctx, fmt.Sprintf("delete the %s record of instance %s under scope %s, key %s? The next request with this key runs again. [y/N] ",
-			shown(string(rec.State)), shown(debugpage.Instance(rec.Owner)), shown(scope), shown(key)))
+		of := "" // an owner token may name no instance (an Executor's)
+		if inst := debugpage.Instance(rec.Owner); inst != "" {
+			of = " of instance " + shown(inst)
+		}
+		yes, err := c.ask(ctx, fmt.Sprintf("delete the %s record%s under scope %s, key %s? The next request with this key runs again. [y/N] ",
+			shown(string(rec.State)), of, shown(scope), shown(key)))
 		if err != nil {
 			return err
 		}

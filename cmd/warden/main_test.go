@@ -355,3 +355,31 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestDeletePromptWithoutInstance: a record whose owner token names no
+// instance (an Executor's, httpmw's) is asked about without one.
+func TestDeletePromptWithoutInstance(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "cli.db")
+	u, err := backendurl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := backendurl.NewOpener()
+	defer o.Close()
+	store, err := o.Store(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const owner = "0123456789abcdef" // random through and through
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: "k", Fingerprint: "fp", Owner: owner, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(ctx, "user-9", "k", owner, []byte("201"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := cliRun(t, "n\n", "-lock", url, "idem", "delete", "user-9", "k")
+	if code != 1 || !strings.Contains(errOut, "delete the completed record under scope user-9, key k?") {
+		t.Errorf("idem delete of a record without an instance: exit %d, %q; want the question naming none, then no", code, errOut)
+	}
+}

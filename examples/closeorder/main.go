@@ -61,7 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "closeorder: %v\n", err)
 		var u *unreachable
-		if errors.As(err, &u) {
+		var bad *usageError
+		if errors.As(err, &u) || errors.As(err, &bad) {
 			return 2
 		}
 		return 1
@@ -125,6 +126,11 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	}
 	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"),
 		guard.WithBackendName(lockURL.Scheme), guard.WithLogger(log), guard.WithTracerProvider(tp), guard.WithMeterProvider(mp))
+	if errors.Is(err, guard.ErrInvalidOption) {
+		// The one option here a user chooses: a TTL the backend does not
+		// honour (Consul's 10 s minimum, etcd's whole seconds).
+		return nil, badFlag("ttl", "%v", err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,8 @@
 //
 // A backend implements Locker, and any of the optional capabilities
 // (RWLocker, Semaphorer, BatchRefresher, Limiter, Inspector, Lister,
-// ForceReleaser, Pinger) it can honour; guard finds
+// ForceReleaser, Pinger, and ContextBounded or DeadlineBounded, which let
+// guard call it on the caller's goroutine) it can honour; guard finds
 // them by type assertion. Its leases implement Lease, or SessionLease when a
 // session of the backend keeps them alive on its own (and RevocableLease
 // when the backend can tell such a lease it was taken from it).

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// TestTTLTheBackendRefuses: a -ttl within the flag's own range that the
+// lock backend does not honour (etcd's leases count whole seconds) is a bad
+// flag: one line naming -ttl and why, exit status 2.
+func TestTTLTheBackendRefuses(t *testing.T) {
+	etcd := "etcd://" + drivertest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379")
+	var stderr strings.Builder
+	code := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-admin-addr", "",
+		"-db", "sqlite://" + filepath.Join(t.TempDir(), "orders.db"), "-lock", etcd, "-ttl", "2500ms"}, io.Discard, &stderr)
+	if msg := stderr.String(); code != 2 || !strings.HasPrefix(msg, "closeorder: -ttl: ") || !strings.Contains(msg, "whole multiple") || strings.Count(msg, "\n") != 1 {
+		t.Fatalf("-ttl 2500ms on etcd: exit %d, %q; want 2 and one line naming -ttl and etcd's unit", code, msg)
+	}
+}
