@@ -19,7 +19,7 @@ import (
 func Example() {
 	addr := os.Getenv("WARDEN_CONSUL_ADDR")
 	if addr == "" {
-		addr = "127.0.0.1:8500"
+		addr = "127.0.0.1:18500"
 	}
 	client, err := api.NewClient(&api.Config{Address: addr})
 	if err != nil {

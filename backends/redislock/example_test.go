@@ -89,5 +89,5 @@ func redisAddr() string {
 	if addr := os.Getenv("WARDEN_REDIS_ADDR"); addr != "" {
 		return addr
 	}
-	return "127.0.0.1:6379"
+	return "127.0.0.1:16379"
 }
