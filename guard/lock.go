@@ -141,11 +141,16 @@ func errNotHeld(key string) error {
 // outermost holder unlocks, on a context detached from ctx and bounded by the
 // Guard's release timeout, so that an already cancelled ctx still unlocks.
 //
-// Unlocking an unlocked Lock returns nil. When the lock had been lost, or the
-// release finds the lease no longer this owner's (it expired, and may have
-// been taken over), Unlock returns an error wrapping ErrLockLost (and
+// Unlocking an unlocked Lock returns nil, and so does unlocking a nil *Lock
+// (what a failed Lock returns), so that an Unlock deferred before the error
+// check releases nothing rather than panic. When the lock had been lost, or
+// the release finds the lease no longer this owner's (it expired, and may
+// have been taken over), Unlock returns an error wrapping ErrLockLost (and
 // ErrNotHeld).
 func (l *Lock) Unlock(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
 	l.mu.Lock()
 	if l.holds == 0 {
 		l.mu.Unlock()

@@ -365,3 +365,29 @@ func TestDoAllGivingUpReleasesWhatItTook(t *testing.T) {
 		l.Unlock(ctx)
 	}
 }
+
+// An Unlock deferred before the error check meets the nil *Lock a failed
+// TryLock returns: it releases nothing and returns nil, not a panic, and
+// the holder's lock stays held.
+func TestUnlockOfAFailedLock(t *testing.T) {
+	g, err := guard.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	held, err := g.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	l, err := g.TryLock(ctx, "k")
+	if !errors.Is(err, guard.ErrNotAcquired) {
+		t.Fatalf("second TryLock: %v, want ErrNotAcquired", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Errorf("Unlock of the failed TryLock's %v: %v, want nil", l, err)
+	}
+	if err := held.Err(); err != nil {
+		t.Errorf("the holder's lock after the failed one's Unlock: %v", err)
+	}
+}
