@@ -97,6 +97,11 @@ const healthEvery = time.Second
 // connection back.
 const maxReconnectPause = 250 * time.Millisecond
 
+// receiveBound is the least time a receive is given: healthEvery of
+// silence, and the dialing of a connection in its place. A receive is given
+// at most maxReconnectPause more (see receive).
+const receiveBound = healthEvery + maxReconnectPause
+
 func newNotifier(client goredis.UniversalClient, lost func()) *notifier {
 	return &notifier{client: client, lost: lost, closed: make(chan struct{}), subs: make(map[string]*subscription)}
 }
@@ -314,14 +319,10 @@ func (n *notifier) write() {
 func (n *notifier) receive(ps *goredis.PubSub) {
 	pause := driver.Backoff{Max: maxReconnectPause}
 	pinged := false
+	var rc receiveContext
+	defer rc.stop()
 	for {
-		// go-redis dials again inside ReceiveTimeout when the connection
-		// failed, before it tells: the deadline bounds that, so that a
-		// loss is told to the waiters even when the node it dials does
-		// not answer.
-		ctx, cancel := context.WithTimeout(context.Background(), healthEvery+maxReconnectPause)
-		m, err := ps.ReceiveTimeout(ctx, healthEvery)
-		cancel()
+		m, err := ps.ReceiveTimeout(rc.next(), healthEvery)
 		if err != nil {
 			if errors.Is(err, goredis.ErrClosed) || !n.current(ps) {
 				return
@@ -361,6 +362,34 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 		case *goredis.Message:
 			n.deliver(ps, m.Channel, m.Payload)
 		}
+	}
+}
+
+// receiveContext is the context of one connection's receives. go-redis
+// dials again inside ReceiveTimeout when the connection failed, before it
+// tells: the context's deadline bounds that, so that a loss is told to the
+// waiters even when the node it dials does not answer. One context serves
+// the receives that follow while it leaves them receiveBound, so that a
+// message costs no timer to make, nor to stop before it is delivered.
+type receiveContext struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+}
+
+// next is the context of the next receive.
+func (r *receiveContext) next() context.Context {
+	if r.ctx == nil || time.Until(r.deadline) < receiveBound {
+		r.stop()
+		r.deadline = time.Now().Add(receiveBound + maxReconnectPause)
+		r.ctx, r.cancel = context.WithDeadline(context.Background(), r.deadline)
+	}
+	return r.ctx
+}
+
+func (r *receiveContext) stop() {
+	if r.cancel != nil {
+		r.cancel()
 	}
 }
 
