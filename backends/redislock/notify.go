@@ -79,8 +79,14 @@ type subscription struct {
 	// carries is "" for a wake-up, or the grant of a lock a release handed
 	// to the waiter (see release.lua).
 	named map[string]chan string
-	// linger drops the subscription a while after its last waiter left.
-	linger *time.Timer
+	// spare is the channel of a named waiter that left, emptied, for the
+	// next one: a channel of strings is two allocations to make.
+	spare chan string
+	// linger drops the subscription a while after its last waiter left
+	// (lingering): made once, and armed again each time, so that a wait
+	// that leaves the subscription without waiters costs no timer to make.
+	linger    *time.Timer
+	lingering bool
 }
 
 // lingerFor keeps a subscription nobody waits on for a while, so that a key
@@ -219,9 +225,9 @@ func (s *subscription) unready() {
 // register counts a waiter in and returns the channel it sleeps on: its own
 // for a named waiter (id != ""), the shared one otherwise.
 func (n *notifier) register(s *subscription, id string) <-chan string {
-	if s.refs == 0 && s.linger != nil {
+	if s.refs == 0 && s.lingering {
+		s.lingering = false
 		s.linger.Stop()
-		s.linger = nil
 		// A release nobody was waiting for: the newcomer tries first anyway.
 		select {
 		case <-s.any:
@@ -232,7 +238,11 @@ func (n *notifier) register(s *subscription, id string) <-chan string {
 	if id == "" {
 		return s.any
 	}
-	c := make(chan string, 1)
+	c := s.spare
+	if c == nil {
+		c = make(chan string, 1)
+	}
+	s.spare = nil
 	s.named[id] = c
 	return c
 }
@@ -243,8 +253,15 @@ func (n *notifier) register(s *subscription, id string) <-chan string {
 func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if id != "" {
+	if c := s.named[id]; c != nil {
 		delete(s.named, id)
+		// A wake-up the waiter did not take is nobody's now: a grant
+		// among them is given back by the waiter's cleanup.
+		select {
+		case <-c:
+		default:
+		}
+		s.spare = c
 	}
 	if passOn {
 		select {
@@ -256,13 +273,22 @@ func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	if s.refs > 0 || n.isClosed {
 		return
 	}
-	s.linger = time.AfterFunc(lingerFor, func() {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		if s.refs == 0 && n.subs[s.channel] == s {
-			n.drop(s)
-		}
-	})
+	s.lingering = true
+	if s.linger == nil {
+		s.linger = time.AfterFunc(lingerFor, func() { n.lingered(s) })
+	} else {
+		s.linger.Reset(lingerFor)
+	}
+}
+
+// lingered drops s when it is still without waiters at the end of its
+// linger.
+func (n *notifier) lingered(s *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s.refs == 0 && s.lingering && n.subs[s.channel] == s {
+		n.drop(s)
+	}
 }
 
 // drop ends a subscription nobody waits on, and the connection with the last.
