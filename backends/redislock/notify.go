@@ -79,8 +79,14 @@ type subscription struct {
 	// carries is "" for a wake-up, or the grant of a lock a release handed
 	// to the waiter (see release.lua).
 	named map[string]chan string
-	// linger drops the subscription a while after its last waiter left.
-	linger *time.Timer
+	// spare is the channel of a named waiter that left, emptied, for the
+	// next one: a channel of strings is two allocations to make.
+	spare chan string
+	// linger drops the subscription a while after its last waiter left
+	// (lingering): made once, and armed again each time, so that a wait
+	// that leaves the subscription without waiters costs no timer to make.
+	linger    *time.Timer
+	lingering bool
 }
 
 // lingerFor keeps a subscription nobody waits on for a while, so that a key
@@ -96,6 +102,11 @@ const healthEvery = time.Second
 // maxReconnectPause caps the pause between attempts to get a failed
 // connection back.
 const maxReconnectPause = 250 * time.Millisecond
+
+// receiveBound is the least time a receive is given: healthEvery of
+// silence, and the dialing of a connection in its place. A receive is given
+// at most maxReconnectPause more (see receive).
+const receiveBound = healthEvery + maxReconnectPause
 
 func newNotifier(client goredis.UniversalClient, lost func()) *notifier {
 	return &notifier{client: client, lost: lost, closed: make(chan struct{}), subs: make(map[string]*subscription)}
@@ -214,9 +225,9 @@ func (s *subscription) unready() {
 // register counts a waiter in and returns the channel it sleeps on: its own
 // for a named waiter (id != ""), the shared one otherwise.
 func (n *notifier) register(s *subscription, id string) <-chan string {
-	if s.refs == 0 && s.linger != nil {
+	if s.refs == 0 && s.lingering {
+		s.lingering = false
 		s.linger.Stop()
-		s.linger = nil
 		// A release nobody was waiting for: the newcomer tries first anyway.
 		select {
 		case <-s.any:
@@ -227,7 +238,11 @@ func (n *notifier) register(s *subscription, id string) <-chan string {
 	if id == "" {
 		return s.any
 	}
-	c := make(chan string, 1)
+	c := s.spare
+	if c == nil {
+		c = make(chan string, 1)
+	}
+	s.spare = nil
 	s.named[id] = c
 	return c
 }
@@ -238,8 +253,15 @@ func (n *notifier) register(s *subscription, id string) <-chan string {
 func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if id != "" {
+	if c := s.named[id]; c != nil {
 		delete(s.named, id)
+		// A wake-up the waiter did not take is nobody's now: a grant
+		// among them is given back by the waiter's cleanup.
+		select {
+		case <-c:
+		default:
+		}
+		s.spare = c
 	}
 	if passOn {
 		select {
@@ -251,13 +273,22 @@ func (n *notifier) leave(s *subscription, id string, passOn bool) {
 	if s.refs > 0 || n.isClosed {
 		return
 	}
-	s.linger = time.AfterFunc(lingerFor, func() {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		if s.refs == 0 && n.subs[s.channel] == s {
-			n.drop(s)
-		}
-	})
+	s.lingering = true
+	if s.linger == nil {
+		s.linger = time.AfterFunc(lingerFor, func() { n.lingered(s) })
+	} else {
+		s.linger.Reset(lingerFor)
+	}
+}
+
+// lingered drops s when it is still without waiters at the end of its
+// linger.
+func (n *notifier) lingered(s *subscription) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s.refs == 0 && s.lingering && n.subs[s.channel] == s {
+		n.drop(s)
+	}
 }
 
 // drop ends a subscription nobody waits on, and the connection with the last.
@@ -314,14 +345,10 @@ func (n *notifier) write() {
 func (n *notifier) receive(ps *goredis.PubSub) {
 	pause := driver.Backoff{Max: maxReconnectPause}
 	pinged := false
+	var rc receiveContext
+	defer rc.stop()
 	for {
-		// go-redis dials again inside ReceiveTimeout when the connection
-		// failed, before it tells: the deadline bounds that, so that a
-		// loss is told to the waiters even when the node it dials does
-		// not answer.
-		ctx, cancel := context.WithTimeout(context.Background(), healthEvery+maxReconnectPause)
-		m, err := ps.ReceiveTimeout(ctx, healthEvery)
-		cancel()
+		m, err := ps.ReceiveTimeout(rc.next(), healthEvery)
 		if err != nil {
 			if errors.Is(err, goredis.ErrClosed) || !n.current(ps) {
 				return
@@ -361,6 +388,34 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 		case *goredis.Message:
 			n.deliver(ps, m.Channel, m.Payload)
 		}
+	}
+}
+
+// receiveContext is the context of one connection's receives. go-redis
+// dials again inside ReceiveTimeout when the connection failed, before it
+// tells: the context's deadline bounds that, so that a loss is told to the
+// waiters even when the node it dials does not answer. One context serves
+// the receives that follow while it leaves them receiveBound, so that a
+// message costs no timer to make, nor to stop before it is delivered.
+type receiveContext struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+}
+
+// next is the context of the next receive.
+func (r *receiveContext) next() context.Context {
+	if r.ctx == nil || time.Until(r.deadline) < receiveBound {
+		r.stop()
+		r.deadline = time.Now().Add(receiveBound + maxReconnectPause)
+		r.ctx, r.cancel = context.WithDeadline(context.Background(), r.deadline)
+	}
+	return r.ctx
+}
+
+func (r *receiveContext) stop() {
+	if r.cancel != nil {
+		r.cancel()
 	}
 }
 
