@@ -113,11 +113,25 @@ type Held struct {
 
 // Job is one scheduler job.
 type Job struct {
-	Name string               `json:"name"`
-	Spec string               `json:"spec"`
-	Next time.Time            `json:"next"`
-	Last *scheduler.RunRecord `json:"last,omitempty"`
-	Err  string               `json:"last_error,omitempty"`
+	Name string    `json:"name"`
+	Spec string    `json:"spec"`
+	Next time.Time `json:"next"`
+	// Last is the job's latest run, nil before its first.
+	Last *Run `json:"last,omitempty"`
+}
+
+// Run is a scheduler.RunRecord as the page shows it: its error as text,
+// which a Go error value does not marshal to.
+type Run struct {
+	Slot     time.Time         `json:"slot"`
+	Instance string            `json:"instance"`
+	Token    uint64            `json:"token,omitempty"`
+	Term     uint64            `json:"term,omitempty"`
+	Started  time.Time         `json:"started"`
+	Finished time.Time         `json:"finished"`
+	Outcome  scheduler.Outcome `json:"outcome"`
+	Reason   string            `json:"reason,omitempty"`
+	Err      string            `json:"error,omitempty"`
 }
 
 // Lookup is the answer to an idempotency record lookup.
@@ -198,9 +212,13 @@ func (p *Page) view(ctx context.Context, r *http.Request) View {
 	}
 	if p.sched != nil {
 		for _, e := range p.sched.Entries() {
-			j := Job{Name: e.Name, Spec: e.Spec, Next: e.Next, Last: e.Last}
-			if e.Last != nil && e.Last.Err != nil {
-				j.Err = e.Last.Err.Error()
+			j := Job{Name: e.Name, Spec: e.Spec, Next: e.Next}
+			if r := e.Last; r != nil {
+				j.Last = &Run{Slot: r.Slot, Instance: r.Instance, Token: r.Token, Term: r.Term,
+					Started: r.Started, Finished: r.Finished, Outcome: r.Outcome, Reason: r.Reason}
+				if r.Err != nil {
+					j.Last.Err = r.Err.Error()
+				}
 			}
 			v.Jobs = append(v.Jobs, j)
 		}

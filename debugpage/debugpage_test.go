@@ -3,6 +3,7 @@ package debugpage_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"image/png"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -224,5 +226,60 @@ func TestInChromium(t *testing.T) {
 		if err := os.WriteFile(filepath.Join("testdata", "debugpage.png"), raw, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A failed run's error reaches the JSON as its text, under the run, and the
+// held locks' fields are named as the rest of the JSON is: a Go error value
+// marshalled to {}, and a HeldLock's fields kept their Go names.
+func TestJSONOfAFailedRun(t *testing.T) {
+	g, err := guard.New(memory.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := g.Lock(context.Background(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	s, err := scheduler.New(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add("@every 200ms", "fails", func(context.Context) error { return errors.New("disk full") }); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	defer s.Stop(context.Background())
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if e := s.Entries(); len(e) == 1 && e[0].Last != nil && e[0].Last.Outcome == scheduler.Failed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job never failed")
+		}
+	}
+	page, err := debugpage.New(g, debugpage.WithScheduler(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(page)
+	defer srv.Close()
+	code, body := get(t, srv.URL+"?format=json")
+	var v struct {
+		Held []map[string]any `json:"held"`
+		Jobs []struct {
+			Last map[string]any `json:"last"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(body), &v); code != http.StatusOK || err != nil {
+		t.Fatalf("status %d, %v: %s", code, err, body)
+	}
+	if len(v.Jobs) != 1 || v.Jobs[0].Last["error"] != "disk full" || v.Jobs[0].Last["outcome"] != string(scheduler.Failed) {
+		t.Errorf("jobs in %s, want the failed run with its error as text", body)
+	}
+	// The job's own lock may be among them, held for its LockAtLeastFor.
+	if !slices.ContainsFunc(v.Held, func(h map[string]any) bool { return h["key"] == "held" && h["token"] != nil }) {
+		t.Errorf("held in %s, want the lock under key and token", body)
 	}
 }

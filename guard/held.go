@@ -10,24 +10,24 @@ import (
 // it.
 type HeldLock struct {
 	// Key is the key as it was passed to Lock, without the Guard's prefix.
-	Key string
+	Key string `json:"key"`
 	// Mode is "exclusive", "read", "write" or "semaphore".
-	Mode string
+	Mode string `json:"mode"`
 	// Token is the lease's fencing token.
-	Token uint64
+	Token uint64 `json:"token"`
 	// Acquired is when the lease was granted (the send time of the request
 	// that took it, by this process's clock).
-	Acquired time.Time
+	Acquired time.Time `json:"acquired"`
 	// Renewed is the send time of the latest renewal the backend confirmed,
 	// or Acquired when there was none. Zero for a lease kept by a backend
 	// session, which is renewed as a whole.
-	Renewed time.Time
+	Renewed time.Time `json:"renewed"`
 	// Expiry is the lease's conservative expiry (Lock.Expiry): the lock is
 	// declared lost a safety margin before it unless a renewal moves it.
-	Expiry time.Time
+	Expiry time.Time `json:"expiry"`
 	// SessionBound: the lease lives as long as the backend session that
 	// keeps it (etcd, ZooKeeper, Consul), and Expiry is the session's.
-	SessionBound bool
+	SessionBound bool `json:"session_bound"`
 }
 
 // Held lists the locks this Guard holds now, by key: what an operator or a

@@ -16,13 +16,13 @@ import (
 type Inspection struct {
 	// Key is the key as it was passed to Inspect, without the Guard's
 	// prefix.
-	Key string
+	Key string `json:"key"`
 	// Holders are the live holders, oldest grant first; none when the lock
 	// is free.
-	Holders []Holder
+	Holders []Holder `json:"holders"`
 	// Waiters counts the contenders queued on the server, or is -1 where the
 	// backend's waiters poll or listen instead of queueing.
-	Waiters int
+	Waiters int `json:"waiters"`
 }
 
 // Holder is one live holder of a lock. Its TTL is what was left of its lease

@@ -156,7 +156,7 @@ func TestKeyBytesInJSON(t *testing.T) {
 	code, out, errOut := cliRun(t, "", "-lock", url, "-json", "locks", "ls", base)
 	var page []struct {
 		guard.Inspection
-		KeyBase64 string
+		KeyBase64 string `json:"key_base64"`
 	}
 	if err := json.Unmarshal([]byte(out), &page); code != 0 || err != nil || len(page) != 2 {
 		t.Fatalf("-json locks ls: exit %d, %q, %q, %v; want two locks", code, out, errOut, err)

@@ -23,7 +23,7 @@
 // included (without it, every name is taken as it is, as -json prints
 // names, so that a key that starts with a quote names itself). A key that
 // is not UTF-8 (another client wrote it; guard refuses such keys) is given
-// in JSON as KeyBase64 too, its bytes exactly, since JSON shows each
+// in JSON as key_base64 too, its bytes exactly, since JSON shows each
 // invalid byte as U+FFFD, and so are an idempotency record's scope, key and
 // fingerprint (scope_base64, key_base64, fingerprint_base64). URLs, in
 // usage and errors too, are printed redacted (backendurl).
@@ -659,12 +659,12 @@ func escapeUnprintable(js []byte) []byte {
 	return out
 }
 
-// inspection is a guard.Inspection as JSON prints it: with KeyBase64, the
+// inspection is a guard.Inspection as JSON prints it: with key_base64, the
 // key's bytes exactly, when the key is not UTF-8 (another client wrote it),
 // since JSON turns each invalid byte into U+FFFD.
 type inspection struct {
 	guard.Inspection
-	KeyBase64 string `json:",omitempty"`
+	KeyBase64 string `json:"key_base64,omitempty"`
 }
 
 func inspected(in guard.Inspection) inspection {

@@ -33,17 +33,17 @@ type Inspection struct {
 type Holding struct {
 	// Owner is the label the holder acquired with (AcquireOptions.Owner),
 	// empty when it gave none.
-	Owner string
+	Owner string `json:"owner"`
 	// Token is the holder's fencing token.
-	Token uint64
+	Token uint64 `json:"token"`
 	// TTL is what was left of the lease on the server's clock when it
 	// answered. It is 0 for a lease that lives as long as its holder's
 	// session (SessionBound).
-	TTL time.Duration
+	TTL time.Duration `json:"ttl_ns"`
 	// SessionBound: the lease ends with its holder's session (a ZooKeeper
 	// ephemeral node, an etcd session lease, a database connection), not at
 	// a time of its own.
-	SessionBound bool
+	SessionBound bool `json:"session_bound"`
 }
 
 // MaxOwnerLen bounds AcquireOptions.Owner, so that backends can keep it
