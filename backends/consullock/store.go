@@ -163,11 +163,23 @@ type storeConfig struct {
 // WithStorePrefix puts the records under prefix (a trailing '/' is implied),
 // so that stores meant to share records use the same prefix and other
 // applications' keys stay apart. Default DefaultStorePrefix.
+//
+// The prefix's elements between '/' must not be empty, "." or "..": the
+// Store reaches some keys by their path in a URL (reads, chunks, Purge's
+// listing) and others inside transactions, and Consul's HTTP server cleans
+// a path before it serves it, so a prefix such as "a/../b", "a//b" or
+// "/a" would put a record's chunks, and Purge's listing, under other keys
+// than its record.
 func WithStorePrefix(prefix string) StoreOption {
 	return func(c *storeConfig) error {
 		p := strings.TrimSuffix(prefix, "/")
 		if p == "" {
 			return fmt.Errorf("%w: empty consul store prefix", driver.ErrInvalidOption)
+		}
+		for e := range strings.SplitSeq(p, "/") {
+			if e == "" || e == "." || e == ".." {
+				return fmt.Errorf("%w: consul store prefix %q has an element %q, which an HTTP path does not keep", driver.ErrInvalidOption, prefix, e)
+			}
 		}
 		p += "/"
 		if strings.HasPrefix(RevokedPrefix, p) || strings.HasPrefix(p, RevokedPrefix) {
