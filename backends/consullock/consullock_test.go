@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -254,6 +255,38 @@ func TestNameOf(t *testing.T) {
 	for _, k := range []string{"a", "a.rw", "a.rw/", "a.sem", "a%2fb.lock", RevokedPrefix + "s/a.lock/7", "a/b.lock"} {
 		if got, ok := nameOf(k); ok {
 			t.Errorf("nameOf(%q) = %q, want no name", k, got)
+		}
+	}
+}
+
+// TestDotNames: the locks named "." and "..", whose escapes are a URL
+// path's dot segments, are inspected, listed and force-released like any
+// other. Both names are the same for every run, so each run waits for the
+// lock, and looks only for its own label.
+func TestDotNames(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner := fmt.Sprintf("dots-%d", time.Now().UnixNano())
+	for _, k := range []string{".", ".."} {
+		le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: owner, Wait: true})
+		if err != nil {
+			t.Fatalf("%q: %v", k, err)
+		}
+		mine := driver.Holding{Owner: owner, Token: le.Token(), SessionBound: true}
+		if in, err := l.Inspect(ctx, k); err != nil || !slices.Equal(in.Holders, []driver.Holding{mine}) {
+			t.Errorf("Inspect(%q) = %+v, %v; want the holder %+v", k, in, err, mine)
+		}
+		ls, err := l.List(ctx, k, "", 1)
+		if err != nil || len(ls) != 1 || ls[0].Key != k || !slices.Equal(ls[0].Holders, []driver.Holding{mine}) {
+			t.Errorf("List(%q) = %+v, %v; want %q held by %+v", k, ls, err, k, mine)
+		}
+		removed, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{Token: le.Token(), Owner: owner})
+		if err != nil || !slices.Equal(removed, []driver.Holding{mine}) {
+			t.Errorf("ForceRelease(%q) = %+v, %v; want %+v removed", k, removed, err, mine)
+		}
+		if err := le.Release(ctx); err == nil && len(removed) == 1 {
+			t.Errorf("Release(%q) after ForceRelease: nil", k)
 		}
 	}
 }

@@ -29,13 +29,23 @@ var (
 // its first attempt). Each holding is SessionBound, with
 // TTL 0: it lives as long as the session that keeps it.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
+	mine, err := l.keysOf(ctx, key)
+	if err != nil {
+		return driver.Inspection{}, err
+	}
+	holders, waiters := judge(key, mine)
+	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
+}
+
+// keysOf reads every key of the name key in one consistent read. Every key
+// of the name starts with its escape and a '.'; so do the keys of names
+// that continue it, which nameOf tells apart.
+func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	// Every key of the name starts with its escape and a '.'; so do the
-	// keys of names that continue it, which nameOf tells apart.
-	pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
+	pairs, _, err := l.client.KV().List(listed(url.PathEscape(key)+"."), queryOpts(rctx))
 	if err != nil {
-		return driver.Inspection{}, l.fail(ctx, rctx, err)
+		return nil, l.fail(ctx, rctx, err)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -43,8 +53,20 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 			mine = append(mine, kv)
 		}
 	}
-	holders, waiters := judge(key, mine)
-	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
+	return mine, nil
+}
+
+// listed is the prefix to list the keys starting with prefix, an escaped
+// name's start (no '/' in it), by. A read names its prefix in the URL's
+// path, which Consul's HTTP server cleans before it serves it: "." would
+// list the whole store anyway, and ".." would leave the KV API, whose 404
+// the client reads as no keys at all, as if the lock "." were free. Both
+// read the whole store instead, which the caller filters.
+func listed(prefix string) string {
+	if prefix == "." || prefix == ".." {
+		return ""
+	}
+	return prefix
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -133,7 +155,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	}
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	pairs, _, err := l.client.KV().List(url.PathEscape(prefix), queryOpts(rctx))
+	pairs, _, err := l.client.KV().List(listed(url.PathEscape(prefix)), queryOpts(rctx))
 	if err != nil {
 		return nil, l.fail(ctx, rctx, err)
 	}
@@ -172,18 +194,9 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // every other lock that session holds, so ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	for {
-		rctx, cancel := l.rctx(ctx)
-		pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
-		err = l.fail(ctx, rctx, err)
-		cancel()
+		mine, err := l.keysOf(ctx, key)
 		if err != nil {
 			return nil, err
-		}
-		var mine []*api.KVPair
-		for _, kv := range pairs {
-			if name, ok := nameOf(kv.Key); ok && name == key {
-				mine = append(mine, kv)
-			}
 		}
 		holders, _ := judge(key, mine)
 		if len(holders) == 0 {
@@ -203,7 +216,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 		if len(removed) == 0 {
 			return nil, driver.HolderChanged(hs)
 		}
-		rctx, cancel = l.rctx(ctx)
+		rctx, cancel := l.rctx(ctx)
 		ok, _, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
 		err = l.fail(ctx, rctx, err)
 		cancel()
