@@ -205,10 +205,12 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 		hs := holdings(holders)
 		var ops api.KVTxnOps
 		var removed []driver.Holding
+		var checks []int // the ops that check a holding's index
 		for i, kv := range holders {
 			if !target.AnyHolder && !target.Matches(hs[i]) {
 				continue
 			}
+			checks = append(checks, len(ops))
 			ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
 			ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
 			removed = append(removed, hs[i])
@@ -217,7 +219,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 			return nil, driver.HolderChanged(hs)
 		}
 		rctx, cancel := l.rctx(ctx)
-		ok, _, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
+		ok, resp, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
 		err = l.fail(ctx, rctx, err)
 		cancel()
 		if err != nil {
@@ -225,6 +227,17 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 		}
 		if ok {
 			return removed, nil
+		}
+		// A holding that left or changed since the read fails its check,
+		// and the keys are judged anew. A transaction refused otherwise
+		// (an ACL that denies a delete or a marker) would be refused
+		// again at every try.
+		if !slices.ContainsFunc(resp.Errors, func(e *api.TxnError) bool { return slices.Contains(checks, e.OpIndex) }) {
+			var why []string
+			for _, e := range resp.Errors {
+				why = append(why, e.What)
+			}
+			return nil, fmt.Errorf("%w: consul refused the forced release: %s", driver.ErrUnavailable, strings.Join(why, "; "))
 		}
 	}
 }
