@@ -115,8 +115,38 @@ func TestACLRefusals(t *testing.T) {
 		noMarkers  = all + ` key_prefix "warden/revoked/" { policy = "deny" }`
 		refusedErr = "Permission denied"
 	)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+
+	// Refused at every try, a waiting acquisition went on until ctx
+	// ended, and one that does not wait reported the lock held.
+	t.Run("acquisition without rights to the key", func(t *testing.T) {
+		readOnly := `key_prefix "" { policy = "read" } key_prefix "warden/revoked/" { policy = "write" } session_prefix "" { policy = "write" }`
+		for _, c := range []struct {
+			name   string
+			client *api.Client
+			want   string
+		}{
+			{"read-only token", allowed(t, a, root, readOnly), refusedErr},
+			{"no session rights", allowed(t, a, root, `key_prefix "" { policy = "write" }`), refusedErr},
+			{"unknown token", tokenClient(t, a, "no/such token"), "ACL not found"},
+		} {
+			l := lockerOn(t, c.client)
+			for _, opts := range []driver.AcquireOptions{{}, {Wait: true}, {Wait: true, Fair: true}} {
+				opts.TTL = MinTTL
+				for what, acquire := range map[string]func(context.Context, string, driver.AcquireOptions) (driver.Lease, error){
+					"Acquire": l.Acquire, "AcquireRead": l.AcquireRead,
+				} {
+					actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					le, err := acquire(actx, name("acl-acquire"), opts)
+					cancel()
+					if le != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), c.want) {
+						t.Errorf("%s, %s(%+v): %v; want ErrUnavailable saying %q", c.name, what, opts, err, c.want)
+					}
+				}
+			}
+		}
+	})
 
 	t.Run("forced release without rights to the markers", func(t *testing.T) {
 		holder := lockerOn(t, allowed(t, a, root, all))
