@@ -148,6 +148,25 @@ func TestACLRefusals(t *testing.T) {
 		}
 	})
 
+	// A holder that could not read its markers kept its section running
+	// while the lock went to another.
+	t.Run("holder without rights to its markers", func(t *testing.T) {
+		l := lockerOn(t, allowed(t, a, root, noMarkers))
+		for _, opts := range []driver.AcquireOptions{{}, {Wait: true}} {
+			opts.TTL = MinTTL
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			le, err := l.Acquire(actx, name("acl-markers"), opts)
+			cancel()
+			if le != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || !strings.Contains(err.Error(), RevokedPrefix) {
+				t.Errorf("Acquire(%+v): %v; want ErrUnavailable saying %q on %s", opts, err, refusedErr, RevokedPrefix)
+			}
+		}
+		sessions, _, err := root.Session().List(nil)
+		if err != nil || len(sessions) != 0 {
+			t.Errorf("sessions left: %d, %v; want none", len(sessions), err)
+		}
+	})
+
 	t.Run("forced release without rights to the markers", func(t *testing.T) {
 		holder := lockerOn(t, allowed(t, a, root, all))
 		op := lockerOn(t, allowed(t, a, root, noMarkers))
