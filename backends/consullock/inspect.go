@@ -41,11 +41,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // of the name starts with its escape and a '.'; so do the keys of names
 // that continue it, which nameOf tells apart.
 func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	pairs, _, err := l.client.KV().List(listed(url.PathEscape(key)+"."), queryOpts(rctx))
+	pairs, err := l.tree(ctx, url.PathEscape(key)+".")
 	if err != nil {
-		return nil, l.fail(ctx, rctx, err)
+		return nil, err
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -56,17 +54,31 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 	return mine, nil
 }
 
-// listed is the prefix to list the keys starting with prefix, an escaped
-// name's start (no '/' in it), by. A read names its prefix in the URL's
-// path, which Consul's HTTP server cleans before it serves it: "." would
-// list the whole store anyway, and ".." would leave the KV API, whose 404
-// the client reads as no keys at all, as if the lock "." were free. Both
-// read the whole store instead, which the caller filters.
-func listed(prefix string) string {
-	if prefix == "." || prefix == ".." {
-		return ""
+// tree reads every key starting with prefix, the start of an escaped name
+// (no '/' in it), in one consistent read. A read names its prefix in the
+// URL's path, which Consul's HTTP server cleans before it serves it: "."
+// would read the whole store, and ".." would leave the KV API, whose 404
+// the client reads as no keys, as if the lock "." were free. Those two are
+// read by a transaction, which names the prefix in its body (and refuses
+// an empty one).
+func (l *Locker) tree(ctx context.Context, prefix string) ([]*api.KVPair, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	if prefix != "." && prefix != ".." {
+		pairs, _, err := l.client.KV().List(prefix, queryOpts(rctx))
+		return pairs, l.fail(ctx, rctx, err)
 	}
-	return prefix
+	ok, resp, _, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, queryOpts(rctx))
+	switch {
+	case err != nil:
+		return nil, l.fail(ctx, rctx, err)
+	case !ok:
+		if err := denied(resp); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: consul refused the read of %q", driver.ErrUnavailable, prefix)
+	}
+	return resp.Results, nil
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -153,11 +165,9 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
 	}
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	pairs, _, err := l.client.KV().List(listed(url.PathEscape(prefix)), queryOpts(rctx))
+	pairs, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
-		return nil, l.fail(ctx, rctx, err)
+		return nil, err
 	}
 	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
