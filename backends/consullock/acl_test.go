@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // aclAgent starts a Consul dev agent of the test's own, with ACLs on and
@@ -164,6 +165,35 @@ func TestACLRefusals(t *testing.T) {
 		sessions, _, err := root.Session().List(nil)
 		if err != nil || len(sessions) != 0 {
 			t.Errorf("sessions left: %d, %v; want none", len(sessions), err)
+		}
+	})
+
+	// A Store that could read its records but not write them sent its
+	// claim again until ctx ended, and reported an abandon refused as
+	// ErrNotOwner.
+	t.Run("store without write on its records", func(t *testing.T) {
+		const prefix = "warden-test/acl-store/"
+		owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+		readOnly := storeOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "warden/revoked/" { policy = "write" } session_prefix "" { policy = "write" }`), WithStorePrefix(prefix))
+		scope, key := "tenant", name("order")
+		c := idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "o", Lease: time.Minute}
+		if rec, err := owner.Claim(ctx, c); rec != nil || err != nil {
+			t.Fatalf("Claim: %v, %v", rec, err)
+		}
+		enc := strings.TrimPrefix(owner.recordKey(scope, key), prefix)
+		check := func(op string, err error) {
+			t.Helper()
+			if !errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || strings.Contains(err.Error(), enc) {
+				t.Errorf("%s: %v; want ErrUnavailable saying %q, without the record's path", op, err, refusedErr)
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := readOnly.Claim(cctx, idempotency.Claim{Scope: scope, Key: name("other"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+		cancel()
+		check("Claim", err)
+		check("Abandon", readOnly.Abandon(ctx, scope, key, "o"))
+		if err := owner.Complete(ctx, scope, key, "o", []byte("done"), time.Hour); err != nil {
+			t.Errorf("Complete by the owner after the refused Abandon: %v", err)
 		}
 	})
 

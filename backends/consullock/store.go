@@ -122,9 +122,11 @@ const DefaultStorePrefix = "warden/idem/"
 // Every request is bounded by the request timeout (WithStoreRequestTimeout):
 // one that gets no answer in time fails with an error wrapping
 // idempotency.ErrUnavailable, while the caller's own cancellation is
-// reported as ctx's error. A Claim whose outcome is unknown (no answer)
-// is deleted again by the Store as soon as Consul answers, since its caller
-// was told that it failed.
+// reported as ctx's error. A request Consul refuses for want of ACL rights
+// fails the same way, at once, with Consul's reason (the record's path
+// taken out), never as a record taken or not owned. A Claim whose outcome
+// is unknown (no answer) is deleted again by the Store as soon as Consul
+// answers, since its caller was told that it failed.
 type Store struct {
 	client  *api.Client
 	dir     string
@@ -897,10 +899,11 @@ func (s *Store) dropChunks(ctx context.Context, dir string) {
 	_, _ = s.client.KV().DeleteTree(dir, writeOpts(rctx))
 }
 
-// txn runs ops in one transaction and reports whether Consul applied it. A
-// write (detached) runs to completion even when ctx is cancelled, since a
-// request cancelled in flight may be applied all the same; ctx's error is
-// then returned after it.
+// txn runs ops, on one record (ops[0]'s key) and the keys under it, in one
+// transaction and reports whether Consul applied it; a refusal for want of
+// ACL rights is an error. A write (detached) runs to completion even when
+// ctx is cancelled, since a request cancelled in flight may be applied all
+// the same; ctx's error is then returned after it.
 func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool, *api.KVTxnResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return false, nil, err
@@ -914,6 +917,15 @@ func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool,
 	ok, resp, _, err := s.client.KV().Txn(ops, queryOpts(rctx))
 	if err != nil {
 		return false, nil, s.unavailable(ctx, rctx, err)
+	}
+	if !ok {
+		// Refused for want of ACL rights, it would be refused again: an
+		// error, not a check that failed (a record taken or changed).
+		// Consul names the key it refused, which is the record's or
+		// under it.
+		if err := denied(resp); err != nil {
+			return false, nil, s.hidePath(err, ops[0].Key)
+		}
 	}
 	return ok, resp, nil
 }
