@@ -290,3 +290,29 @@ func TestDotNames(t *testing.T) {
 		}
 	}
 }
+
+// TestForceReleaseManyHolders: a forced release of every holder of a
+// semaphore removes them all, past the 128 operations Consul takes in one
+// transaction (three per holding).
+func TestForceReleaseManyHolders(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("many")
+	const n = 2*maxForced + 1
+	var want []driver.Holding
+	for range n {
+		le, err := l.AcquireSemaphore(ctx, k, n, driver.AcquireOptions{TTL: MinTTL, Owner: "me"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, driver.Holding{Owner: "me", Token: le.Token(), SessionBound: true})
+	}
+	removed, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
+	if err != nil || !slices.Equal(removed, want) {
+		t.Fatalf("ForceRelease: %d removed, %v; want the %d holders", len(removed), err, n)
+	}
+	if in, err := l.Inspect(ctx, k); err != nil || len(in.Holders) != 0 || in.Waiters != 0 {
+		t.Errorf("after ForceRelease: %+v, %v; want no holder", in, err)
+	}
+}

@@ -193,7 +193,10 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // each key's index (the label, the key's value, cannot change without it),
 // so a holding that left after the read, and any later one, is never
 // touched; when the transaction fails, the keys are read again and judged
-// anew. The next holder acquires a key at a later Raft index, so its token
+// anew. Consul takes at most 128 operations in a transaction, 42
+// holdings: more (a semaphore's or a read lock's every holder, with
+// target.AnyHolder) are removed by as many transactions as they need, each
+// atomic, in order of grant. The next holder acquires a key at a later Raft index, so its token
 // is greater than every token issued before.
 //
 // The same transaction acquires a marker under RevokedPrefix by each
@@ -203,51 +206,79 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // query returns. Destroying the holder's session instead would also take
 // every other lock that session holds, so ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
+	var removed []driver.Holding
 	for {
 		mine, err := l.keysOf(ctx, key)
 		if err != nil {
-			return nil, err
+			return removed, err
 		}
 		holders, _ := judge(key, mine)
-		if len(holders) == 0 {
-			return nil, nil
-		}
 		hs := holdings(holders)
-		var ops api.KVTxnOps
-		var removed []driver.Holding
-		var checks []int // the ops that check a holding's index
-		for i, kv := range holders {
-			if !target.AnyHolder && !target.Matches(hs[i]) {
-				continue
+		var targets []int // indexes in holders
+		for i := range holders {
+			if target.AnyHolder || target.Matches(hs[i]) {
+				targets = append(targets, i)
 			}
-			checks = append(checks, len(ops))
-			ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
-			ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
-			removed = append(removed, hs[i])
 		}
-		if len(removed) == 0 {
+		switch {
+		case len(targets) == 0 && (removed != nil || len(holders) == 0):
+			return removed, nil
+		case len(targets) == 0:
 			return nil, driver.HolderChanged(hs)
 		}
-		rctx, cancel := l.rctx(ctx)
-		ok, resp, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
-		err = l.fail(ctx, rctx, err)
-		cancel()
-		if err != nil {
-			return nil, err
+		for len(targets) > 0 {
+			batch := targets[:min(len(targets), maxForced)]
+			ok, err := l.forceRemove(ctx, holders, batch)
+			if err != nil {
+				return removed, err
+			}
+			if !ok {
+				break // a holding left or changed: judged anew
+			}
+			for _, i := range batch {
+				removed = append(removed, hs[i])
+			}
+			targets = targets[len(batch):]
 		}
-		if ok {
+		if len(targets) == 0 {
 			return removed, nil
 		}
-		// A holding that left or changed since the read fails its check,
-		// and the keys are judged anew. A transaction refused otherwise
-		// (an ACL that denies a delete or a marker) would be refused
-		// again at every try.
-		if !slices.ContainsFunc(resp.Errors, func(e *api.TxnError) bool { return slices.Contains(checks, e.OpIndex) }) {
-			var why []string
-			for _, e := range resp.Errors {
-				why = append(why, e.What)
-			}
-			return nil, fmt.Errorf("%w: consul refused the forced release: %s", driver.ErrUnavailable, strings.Join(why, "; "))
-		}
 	}
+}
+
+// maxForced is how many holdings one transaction of ForceRelease removes
+// at most: Consul refuses a transaction of more than 128 operations, and
+// each holding takes 3.
+const maxForced = 128 / 3
+
+// forceRemove deletes the holders at the indexes batch, and acquires their
+// markers, in one transaction that checks each key's index; it reports
+// false when a check failed.
+func (l *Locker) forceRemove(ctx context.Context, holders []*api.KVPair, batch []int) (bool, error) {
+	var ops api.KVTxnOps
+	var checks []int // the ops that check a holding's index
+	for _, i := range batch {
+		kv := holders[i]
+		checks = append(checks, len(ops))
+		ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
+		ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
+	}
+	rctx, cancel := l.rctx(ctx)
+	ok, resp, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
+	err = l.fail(ctx, rctx, err)
+	cancel()
+	if err != nil || ok {
+		return ok, err
+	}
+	// A holding that left or changed since the read fails its check. A
+	// transaction refused otherwise (an ACL that denies a delete or a
+	// marker) would be refused again at every try.
+	if !slices.ContainsFunc(resp.Errors, func(e *api.TxnError) bool { return slices.Contains(checks, e.OpIndex) }) {
+		var why []string
+		for _, e := range resp.Errors {
+			why = append(why, e.What)
+		}
+		return false, fmt.Errorf("%w: consul refused the forced release: %s", driver.ErrUnavailable, strings.Join(why, "; "))
+	}
+	return false, nil
 }
