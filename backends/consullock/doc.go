@@ -47,7 +47,11 @@
 //     notices before the server can act (its Expiry is earlier than any
 //     server-side invalidation), and the fencing token protects storage from
 //     one that does not, so the delay would only add 15 s to every takeover
-//     after a crash.
+//     after a crash. That holds for a session whose TTL runs out, not for
+//     one an operator destroys: Consul deletes its keys at once and may
+//     grant them to a waiter before the holder learns of the loss, a round
+//     trip later (see below); only the fencing token then keeps the holder's
+//     late writes out.
 //
 // # Keys and tokens
 //
