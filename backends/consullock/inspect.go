@@ -28,6 +28,11 @@ var (
 // and the other contenders (a waiter is counted once it has queued, after
 // its first attempt). Each holding is SessionBound, with
 // TTL 0: it lives as long as the session that keeps it.
+//
+// With Consul's ACLs on, a read leaves out the keys its token may not
+// read, and Consul does not say that it did: a token without read on a
+// name's keys sees the name free (Inspect, List), and ForceRelease finds
+// nothing to remove.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
