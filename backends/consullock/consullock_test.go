@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -314,5 +315,28 @@ func TestForceReleaseManyHolders(t *testing.T) {
 	}
 	if in, err := l.Inspect(ctx, k); err != nil || len(in.Holders) != 0 || in.Waiters != 0 {
 		t.Errorf("after ForceRelease: %+v, %v; want no holder", in, err)
+	}
+}
+
+// TestSemaphorePermitsBound: a semaphore of more permits than a contender
+// key's Flags hold is refused; Inspect read one of 1<<56 permits as 0, and
+// reported its holder as a waiter.
+func TestSemaphorePermitsBound(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx := context.Background()
+	for _, permits := range []int{maxPermits + 1, 1 << 57, math.MaxInt} {
+		if le, err := l.AcquireSemaphore(ctx, name("permits"), permits, driver.AcquireOptions{TTL: MinTTL}); le != nil || !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%d permits: %v; want ErrInvalidOption", permits, err)
+		}
+	}
+	k := name("permits")
+	le, err := l.AcquireSemaphore(ctx, k, maxPermits, driver.AcquireOptions{TTL: MinTTL, Owner: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	want := []driver.Holding{{Owner: "me", Token: le.Token(), SessionBound: true}}
+	if in, err := l.Inspect(ctx, k); err != nil || !slices.Equal(in.Holders, want) || in.Waiters != 0 {
+		t.Errorf("Inspect: %+v, %v; want %+v", in, err, want)
 	}
 }
