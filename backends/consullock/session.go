@@ -96,9 +96,9 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 		exited:   make(chan struct{}),
 	}
 	if err := s.anchor(ctx); err != nil {
-		// It holds nothing yet: destroyed at once, best effort, rather
-		// than left to expire.
-		rctx, cancel := l.rctx(context.WithoutCancel(ctx))
+		// It holds nothing yet: destroyed, best effort and within ctx,
+		// rather than left to expire.
+		rctx, cancel := l.rctx(ctx)
 		_, _ = l.client.Session().Destroy(s.id, writeOpts(rctx))
 		cancel()
 		return nil, err
