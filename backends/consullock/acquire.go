@@ -59,7 +59,8 @@ type attempt struct {
 
 // retry runs one attempt, with a session that is alive, and when opts.Wait
 // is set starts over after every failure to reach Consul, with backoff,
-// until ctx is done.
+// until ctx is done; a refusal for want of ACL rights (errDenied) is
+// returned at once.
 func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func(*attempt) (driver.Lease, error)) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
@@ -68,7 +69,7 @@ func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func
 		if err == nil {
 			lease, err = try(&attempt{l: l, s: s, label: opts.Owner, fair: opts.Fair})
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || errors.Is(err, errDenied) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
@@ -200,6 +201,9 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 		// Consul reports every op that failed. The check failing means
 		// the lock is held (the lock verb then fails too); the lock verb
 		// failing alone means the session is gone.
+		if err := denied(resp); err != nil {
+			return nil, err
+		}
 		what := "transaction refused"
 		for _, e := range resp.Errors {
 			if e.OpIndex == 0 {
@@ -402,6 +406,9 @@ func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([
 		return nil, a.l.fail(ctx, rctx, err)
 	}
 	if !ok {
+		if err := denied(resp); err != nil {
+			return nil, err
+		}
 		return nil, errSessionLost
 	}
 	return resp.Results, nil

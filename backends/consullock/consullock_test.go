@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -255,5 +257,86 @@ func TestNameOf(t *testing.T) {
 		if got, ok := nameOf(k); ok {
 			t.Errorf("nameOf(%q) = %q, want no name", k, got)
 		}
+	}
+}
+
+// TestDotNames: the locks named "." and "..", whose escapes are a URL
+// path's dot segments, are inspected, listed and force-released like any
+// other. Both names are the same for every run, so each run waits for the
+// lock, and looks only for its own label.
+func TestDotNames(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner := fmt.Sprintf("dots-%d", time.Now().UnixNano())
+	for _, k := range []string{".", ".."} {
+		le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: owner, Wait: true})
+		if err != nil {
+			t.Fatalf("%q: %v", k, err)
+		}
+		mine := driver.Holding{Owner: owner, Token: le.Token(), SessionBound: true}
+		if in, err := l.Inspect(ctx, k); err != nil || !slices.Equal(in.Holders, []driver.Holding{mine}) {
+			t.Errorf("Inspect(%q) = %+v, %v; want the holder %+v", k, in, err, mine)
+		}
+		ls, err := l.List(ctx, k, "", 1)
+		if err != nil || len(ls) != 1 || ls[0].Key != k || !slices.Equal(ls[0].Holders, []driver.Holding{mine}) {
+			t.Errorf("List(%q) = %+v, %v; want %q held by %+v", k, ls, err, k, mine)
+		}
+		removed, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{Token: le.Token(), Owner: owner})
+		if err != nil || !slices.Equal(removed, []driver.Holding{mine}) {
+			t.Errorf("ForceRelease(%q) = %+v, %v; want %+v removed", k, removed, err, mine)
+		}
+		if err := le.Release(ctx); err == nil && len(removed) == 1 {
+			t.Errorf("Release(%q) after ForceRelease: nil", k)
+		}
+	}
+}
+
+// TestForceReleaseManyHolders: a forced release of every holder of a
+// semaphore removes them all, past the 128 operations Consul takes in one
+// transaction (three per holding).
+func TestForceReleaseManyHolders(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("many")
+	const n = 2*maxForced + 1
+	var want []driver.Holding
+	for range n {
+		le, err := l.AcquireSemaphore(ctx, k, n, driver.AcquireOptions{TTL: MinTTL, Owner: "me"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, driver.Holding{Owner: "me", Token: le.Token(), SessionBound: true})
+	}
+	removed, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
+	if err != nil || !slices.Equal(removed, want) {
+		t.Fatalf("ForceRelease: %d removed, %v; want the %d holders", len(removed), err, n)
+	}
+	if in, err := l.Inspect(ctx, k); err != nil || len(in.Holders) != 0 || in.Waiters != 0 {
+		t.Errorf("after ForceRelease: %+v, %v; want no holder", in, err)
+	}
+}
+
+// TestSemaphorePermitsBound: a semaphore of more permits than a contender
+// key's Flags hold is refused; Inspect read one of 1<<56 permits as 0, and
+// reported its holder as a waiter.
+func TestSemaphorePermitsBound(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx := context.Background()
+	for _, permits := range []int{maxPermits + 1, 1 << 57, math.MaxInt} {
+		if le, err := l.AcquireSemaphore(ctx, name("permits"), permits, driver.AcquireOptions{TTL: MinTTL}); le != nil || !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%d permits: %v; want ErrInvalidOption", permits, err)
+		}
+	}
+	k := name("permits")
+	le, err := l.AcquireSemaphore(ctx, k, maxPermits, driver.AcquireOptions{TTL: MinTTL, Owner: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	want := []driver.Holding{{Owner: "me", Token: le.Token(), SessionBound: true}}
+	if in, err := l.Inspect(ctx, k); err != nil || !slices.Equal(in.Holders, want) || in.Waiters != 0 {
+		t.Errorf("Inspect: %+v, %v; want %+v", in, err, want)
 	}
 }

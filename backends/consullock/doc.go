@@ -47,7 +47,11 @@
 //     notices before the server can act (its Expiry is earlier than any
 //     server-side invalidation), and the fencing token protects storage from
 //     one that does not, so the delay would only add 15 s to every takeover
-//     after a crash.
+//     after a crash. That holds for a session whose TTL runs out, not for
+//     one an operator destroys: Consul deletes its keys at once and may
+//     grant them to a waiter before the holder learns of the loss, a round
+//     trip later (see below); only the fencing token then keeps the holder's
+//     late writes out.
 //
 // # Keys and tokens
 //
@@ -150,7 +154,11 @@
 // read, sent again until answered (see Waiting).
 // A waiting acquisition keeps its place through reads that fail (see
 // Waiting), and starts over after any other such failure, with backoff,
-// until its context is done.
+// until its context is done. A request Consul refuses for want of ACL
+// rights (or for a token it does not know) fails at once, waiting or not,
+// with an error wrapping driver.ErrUnavailable that gives Consul's reason:
+// the same token would be refused again, and the refusal is never taken
+// for a lock held by another.
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be

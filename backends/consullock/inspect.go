@@ -28,14 +28,27 @@ var (
 // and the other contenders (a waiter is counted once it has queued, after
 // its first attempt). Each holding is SessionBound, with
 // TTL 0: it lives as long as the session that keeps it.
+//
+// With Consul's ACLs on, a read leaves out the keys its token may not
+// read, and Consul does not say that it did: a token without read on a
+// name's keys sees the name free (Inspect, List), and ForceRelease finds
+// nothing to remove.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	// Every key of the name starts with its escape and a '.'; so do the
-	// keys of names that continue it, which nameOf tells apart.
-	pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
+	mine, err := l.keysOf(ctx, key)
 	if err != nil {
-		return driver.Inspection{}, l.fail(ctx, rctx, err)
+		return driver.Inspection{}, err
+	}
+	holders, waiters := judge(key, mine)
+	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
+}
+
+// keysOf reads every key of the name key in one consistent read. Every key
+// of the name starts with its escape and a '.'; so do the keys of names
+// that continue it, which nameOf tells apart.
+func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
+	pairs, err := l.tree(ctx, url.PathEscape(key)+".")
+	if err != nil {
+		return nil, err
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -43,8 +56,34 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 			mine = append(mine, kv)
 		}
 	}
-	holders, waiters := judge(key, mine)
-	return driver.Inspection{Holders: holdings(holders), Waiters: waiters}, nil
+	return mine, nil
+}
+
+// tree reads every key starting with prefix, the start of an escaped name
+// (no '/' in it), in one consistent read. A read names its prefix in the
+// URL's path, which Consul's HTTP server cleans before it serves it: "."
+// would read the whole store, and ".." would leave the KV API, whose 404
+// the client reads as no keys, as if the lock "." were free. Those two are
+// read by a transaction, which names the prefix in its body (and refuses
+// an empty one).
+func (l *Locker) tree(ctx context.Context, prefix string) ([]*api.KVPair, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	if prefix != "." && prefix != ".." {
+		pairs, _, err := l.client.KV().List(prefix, queryOpts(rctx))
+		return pairs, l.fail(ctx, rctx, err)
+	}
+	ok, resp, _, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, queryOpts(rctx))
+	switch {
+	case err != nil:
+		return nil, l.fail(ctx, rctx, err)
+	case !ok:
+		if err := denied(resp); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: consul refused the read of %q", driver.ErrUnavailable, prefix)
+	}
+	return resp.Results, nil
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -131,11 +170,9 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
 	}
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	pairs, _, err := l.client.KV().List(url.PathEscape(prefix), queryOpts(rctx))
+	pairs, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
-		return nil, l.fail(ctx, rctx, err)
+		return nil, err
 	}
 	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
@@ -161,7 +198,10 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // each key's index (the label, the key's value, cannot change without it),
 // so a holding that left after the read, and any later one, is never
 // touched; when the transaction fails, the keys are read again and judged
-// anew. The next holder acquires a key at a later Raft index, so its token
+// anew. Consul takes at most 128 operations in a transaction, 42
+// holdings: more (a semaphore's or a read lock's every holder, with
+// target.AnyHolder) are removed by as many transactions as they need, each
+// atomic, in order of grant. The next holder acquires a key at a later Raft index, so its token
 // is greater than every token issued before.
 //
 // The same transaction acquires a marker under RevokedPrefix by each
@@ -171,47 +211,79 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // query returns. Destroying the holder's session instead would also take
 // every other lock that session holds, so ForceRelease does not.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
+	var removed []driver.Holding
 	for {
-		rctx, cancel := l.rctx(ctx)
-		pairs, _, err := l.client.KV().List(url.PathEscape(key)+".", queryOpts(rctx))
-		err = l.fail(ctx, rctx, err)
-		cancel()
+		mine, err := l.keysOf(ctx, key)
 		if err != nil {
-			return nil, err
-		}
-		var mine []*api.KVPair
-		for _, kv := range pairs {
-			if name, ok := nameOf(kv.Key); ok && name == key {
-				mine = append(mine, kv)
-			}
+			return removed, err
 		}
 		holders, _ := judge(key, mine)
-		if len(holders) == 0 {
-			return nil, nil
-		}
 		hs := holdings(holders)
-		var ops api.KVTxnOps
-		var removed []driver.Holding
-		for i, kv := range holders {
-			if !target.AnyHolder && !target.Matches(hs[i]) {
-				continue
+		var targets []int // indexes in holders
+		for i := range holders {
+			if target.AnyHolder || target.Matches(hs[i]) {
+				targets = append(targets, i)
 			}
-			ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
-			ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
-			removed = append(removed, hs[i])
 		}
-		if len(removed) == 0 {
+		switch {
+		case len(targets) == 0 && (removed != nil || len(holders) == 0):
+			return removed, nil
+		case len(targets) == 0:
 			return nil, driver.HolderChanged(hs)
 		}
-		rctx, cancel = l.rctx(ctx)
-		ok, _, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
-		err = l.fail(ctx, rctx, err)
-		cancel()
-		if err != nil {
-			return nil, err
+		for len(targets) > 0 {
+			batch := targets[:min(len(targets), maxForced)]
+			ok, err := l.forceRemove(ctx, holders, batch)
+			if err != nil {
+				return removed, err
+			}
+			if !ok {
+				break // a holding left or changed: judged anew
+			}
+			for _, i := range batch {
+				removed = append(removed, hs[i])
+			}
+			targets = targets[len(batch):]
 		}
-		if ok {
+		if len(targets) == 0 {
 			return removed, nil
 		}
 	}
+}
+
+// maxForced is how many holdings one transaction of ForceRelease removes
+// at most: Consul refuses a transaction of more than 128 operations, and
+// each holding takes 3.
+const maxForced = 128 / 3
+
+// forceRemove deletes the holders at the indexes batch, and acquires their
+// markers, in one transaction that checks each key's index; it reports
+// false when a check failed.
+func (l *Locker) forceRemove(ctx context.Context, holders []*api.KVPair, batch []int) (bool, error) {
+	var ops api.KVTxnOps
+	var checks []int // the ops that check a holding's index
+	for _, i := range batch {
+		kv := holders[i]
+		checks = append(checks, len(ops))
+		ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
+		ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
+	}
+	rctx, cancel := l.rctx(ctx)
+	ok, resp, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
+	err = l.fail(ctx, rctx, err)
+	cancel()
+	if err != nil || ok {
+		return ok, err
+	}
+	// A holding that left or changed since the read fails its check. A
+	// transaction refused otherwise (an ACL that denies a delete or a
+	// marker) would be refused again at every try.
+	if !slices.ContainsFunc(resp.Errors, func(e *api.TxnError) bool { return slices.Contains(checks, e.OpIndex) }) {
+		var why []string
+		for _, e := range resp.Errors {
+			why = append(why, e.What)
+		}
+		return false, fmt.Errorf("%w: consul refused the forced release: %s", driver.ErrUnavailable, strings.Join(why, "; "))
+	}
+	return false, nil
 }

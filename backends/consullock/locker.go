@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,7 +239,28 @@ func (l *Locker) fail(ctx, rctx context.Context, err error) error {
 	if ctx.Err() == nil && rctx.Err() != nil {
 		return fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, l.timeout)
 	}
+	if se := (api.StatusError{}); ctx.Err() == nil && errors.As(err, &se) && se.Code == http.StatusForbidden {
+		return fmt.Errorf("%w: %s", errDenied, se.Body)
+	}
 	return driver.Unavailable(ctx, fmt.Errorf("consul: %w", err))
+}
+
+// errDenied: Consul refused a request for want of ACL rights (or knows no
+// such token). An acquisition returns it at once, where it tries again
+// after other failures: the same token would be refused again, and a
+// refusal must not read as a lock held by someone else.
+var errDenied = fmt.Errorf("%w: consul refused the request for want of ACL rights", driver.ErrUnavailable)
+
+// denied returns errDenied with Consul's reason when the refused
+// transaction resp failed an ACL check, nil otherwise. Consul reports such
+// a failure as "Permission denied", which is how its own code tells them.
+func denied(resp *api.KVTxnResponse) error {
+	for _, e := range resp.Errors {
+		if strings.Contains(e.What, "Permission denied") {
+			return fmt.Errorf("%w: %s", errDenied, e.What)
+		}
+	}
+	return nil
 }
 
 // writeOpts and queryOpts carry ctx to the client.

@@ -17,8 +17,10 @@ import (
 // <RevokedPrefix><session id>/<lock key>/<token>. The marker is acquired
 // by the holder's own session, so it never outlives that session (Behavior
 // delete), and the session deletes it once it has seen it. A lock key has
-// no '/' before its ".lock" suffix, so none lies under this prefix; with
-// Consul's ACLs on, the users of a Locker need read and write access to it.
+// no '/' before its ".lock" suffix, so none lies under this prefix. With
+// Consul's ACLs on, the users of a Locker need read and write access to
+// it: without it, every acquisition fails with Consul's refusal, since
+// its holder would not learn of a forced release.
 const RevokedPrefix = "warden/revoked/"
 
 var _ driver.RevocableLease = (*lease)(nil)
@@ -102,6 +104,21 @@ func (s *session) revoke(r revocation) {
 	}
 }
 
+// anchor acquires the key of the session's marker directory by the
+// session (see watchRevocations).
+func (s *session) anchor(ctx context.Context) error {
+	rctx, cancel := s.l.rctx(ctx)
+	defer cancel()
+	ok, _, err := s.l.client.KV().Acquire(&api.KVPair{Key: revokedDir(s.id), Session: s.id}, writeOpts(rctx))
+	switch {
+	case err != nil:
+		return s.l.fail(ctx, rctx, err)
+	case !ok:
+		return errSessionLost
+	}
+	return nil
+}
+
 // revocationWait is how long the session's query on its markers waits on
 // the server before it is sent again.
 const revocationWait = 5 * time.Minute
@@ -111,8 +128,9 @@ const revocationWait = 5 * time.Minute
 // deleting it. The first query, without an index, reads what is there
 // already.
 //
-// The directory's own key is acquired first, by the session, and stays
-// until the session ends, when Consul deletes it: the query then returns,
+// The directory's own key is acquired first, by the session (newSession
+// does, before any lock is acquired by it), and stays until the session
+// ends, when Consul deletes it: the query then returns,
 // and has the session renewed at once, which finds it gone, so that its
 // sections are cancelled within a round trip of its end rather than at
 // the next renewal. Without that anchor, too, Consul would answer a blocking query on a prefix with
@@ -121,9 +139,7 @@ const revocationWait = 5 * time.Minute
 // to the store, from every session.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
-	rctx, cancel := s.l.rctx(s.ctx)
-	anchored, _, _ := s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
-	cancel()
+	anchored := true // by newSession
 	var index uint64
 	for {
 		// Bounded like every request, so that a query sent to a server
@@ -160,9 +176,7 @@ func (s *session) watchRevocations() {
 			default:
 			}
 			// Anchored again if the session lives on.
-			rctx, cancel := s.l.rctx(s.ctx)
-			anchored, _, _ = s.l.client.KV().Acquire(&api.KVPair{Key: dir, Session: s.id}, writeOpts(rctx))
-			cancel()
+			anchored = s.anchor(s.ctx) == nil
 		}
 		for _, p := range pairs {
 			rest := strings.TrimPrefix(p.Key, dir)

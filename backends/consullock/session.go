@@ -58,7 +58,11 @@ var _ driver.Session = (*session)(nil)
 // loss deadline, not the number of attempts, decides when to give up.
 const retryDelay = 200 * time.Millisecond
 
-// newSession creates a session of ttl and starts renewing it.
+// newSession creates a session of ttl, acquires its anchor (see
+// watchRevocations) and starts renewing it. A session whose anchor is
+// refused, as by an ACL token without write on RevokedPrefix, is destroyed
+// and its error returned: its holders would not learn that ForceRelease
+// took their locks.
 //
 // The request is sent raw because the client's Session().Create leaves out
 // a zero LockDelay (the server then applies its 15 s default) and empty
@@ -90,6 +94,14 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 		renewNow: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		exited:   make(chan struct{}),
+	}
+	if err := s.anchor(ctx); err != nil {
+		// It holds nothing yet: destroyed, best effort and within ctx,
+		// rather than left to expire.
+		rctx, cancel := l.rctx(ctx)
+		_, _ = l.client.Session().Destroy(s.id, writeOpts(rctx))
+		cancel()
+		return nil, err
 	}
 	s.expiry.Store(int64(ttl))
 	s.ctx, s.stop = context.WithCancel(context.Background())

@@ -35,6 +35,10 @@ func contender(kv *api.KVPair) (kind, int) {
 	return kind(kv.Flags & 0xff), int(kv.Flags >> 8)
 }
 
+// maxPermits is the most permits the 56 bits of Flags above the kind hold:
+// a semaphore of more is refused, since its keys would tell Inspect fewer.
+const maxPermits = 1<<56 - 1
+
 // RWDir and SemaphoreDir return the Consul KV directories under which the
 // contender keys of the read/write lock, and of the semaphore, named key
 // live: each contender acquires a key of its own there, by its session,
@@ -64,8 +68,8 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 // semaphore waiters all block on the semaphore's whole directory: a release
 // wakes every waiter of that semaphore.
 func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
-	if permits < 1 {
-		return nil, fmt.Errorf("%w: %d semaphore permits", driver.ErrInvalidOption, permits)
+	if permits < 1 || uint64(permits) > maxPermits {
+		return nil, fmt.Errorf("%w: %d semaphore permits (1 to %d)", driver.ErrInvalidOption, permits, uint64(maxPermits))
 	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		return a.contend(ctx, SemaphoreDir(key), opts.Wait, permit, permits)

@@ -122,9 +122,11 @@ const DefaultStorePrefix = "warden/idem/"
 // Every request is bounded by the request timeout (WithStoreRequestTimeout):
 // one that gets no answer in time fails with an error wrapping
 // idempotency.ErrUnavailable, while the caller's own cancellation is
-// reported as ctx's error. A Claim whose outcome is unknown (no answer)
-// is deleted again by the Store as soon as Consul answers, since its caller
-// was told that it failed.
+// reported as ctx's error. A request Consul refuses for want of ACL rights
+// fails the same way, at once, with Consul's reason (the record's path
+// taken out), never as a record taken or not owned. A Claim whose outcome
+// is unknown (no answer) is deleted again by the Store as soon as Consul
+// answers, since its caller was told that it failed.
 type Store struct {
 	client  *api.Client
 	dir     string
@@ -163,11 +165,23 @@ type storeConfig struct {
 // WithStorePrefix puts the records under prefix (a trailing '/' is implied),
 // so that stores meant to share records use the same prefix and other
 // applications' keys stay apart. Default DefaultStorePrefix.
+//
+// The prefix's elements between '/' must not be empty, "." or "..": the
+// Store reaches some keys by their path in a URL (reads, chunks, Purge's
+// listing) and others inside transactions, and Consul's HTTP server cleans
+// a path before it serves it, so a prefix such as "a/../b", "a//b" or
+// "/a" would put a record's chunks, and Purge's listing, under other keys
+// than its record.
 func WithStorePrefix(prefix string) StoreOption {
 	return func(c *storeConfig) error {
 		p := strings.TrimSuffix(prefix, "/")
 		if p == "" {
 			return fmt.Errorf("%w: empty consul store prefix", driver.ErrInvalidOption)
+		}
+		for e := range strings.SplitSeq(p, "/") {
+			if e == "" || e == "." || e == ".." {
+				return fmt.Errorf("%w: consul store prefix %q has an element %q, which an HTTP path does not keep", driver.ErrInvalidOption, prefix, e)
+			}
 		}
 		p += "/"
 		if strings.HasPrefix(RevokedPrefix, p) || strings.HasPrefix(p, RevokedPrefix) {
@@ -885,10 +899,11 @@ func (s *Store) dropChunks(ctx context.Context, dir string) {
 	_, _ = s.client.KV().DeleteTree(dir, writeOpts(rctx))
 }
 
-// txn runs ops in one transaction and reports whether Consul applied it. A
-// write (detached) runs to completion even when ctx is cancelled, since a
-// request cancelled in flight may be applied all the same; ctx's error is
-// then returned after it.
+// txn runs ops, on one record (ops[0]'s key) and the keys under it, in one
+// transaction and reports whether Consul applied it; a refusal for want of
+// ACL rights is an error. A write (detached) runs to completion even when
+// ctx is cancelled, since a request cancelled in flight may be applied all
+// the same; ctx's error is then returned after it.
 func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool, *api.KVTxnResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return false, nil, err
@@ -902,6 +917,15 @@ func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool,
 	ok, resp, _, err := s.client.KV().Txn(ops, queryOpts(rctx))
 	if err != nil {
 		return false, nil, s.unavailable(ctx, rctx, err)
+	}
+	if !ok {
+		// Refused for want of ACL rights, it would be refused again: an
+		// error, not a check that failed (a record taken or changed).
+		// Consul names the key it refused, which is the record's or
+		// under it.
+		if err := denied(resp); err != nil {
+			return false, nil, s.hidePath(err, ops[0].Key)
+		}
 	}
 	return ok, resp, nil
 }

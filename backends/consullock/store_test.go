@@ -60,6 +60,16 @@ func TestStoreOptions(t *testing.T) {
 		want string
 	}{
 		{WithStorePrefix("/"), "prefix"},
+		// Elements an HTTP path does not keep: the chunks of a long
+		// response, and Purge's listing, would be elsewhere than the
+		// records (and Purge slices keys shorter than the prefix).
+		{WithStorePrefix("/app"), `element ""`},
+		{WithStorePrefix("app//x"), `element ""`},
+		{WithStorePrefix("app//"), `element ""`},
+		{WithStorePrefix("app/./x"), `element "."`},
+		{WithStorePrefix("./app"), `element "."`},
+		{WithStorePrefix("app/.."), `element ".."`},
+		{WithStorePrefix("app/../x"), `element ".."`},
 		{WithStorePrefix("warden"), "overlaps"},
 		{WithStorePrefix(RevokedPrefix + "x"), "overlaps"},
 		{WithStoreRequestTimeout(0), "request timeout"},

@@ -1,0 +1,217 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// aclAgent starts a Consul dev agent of the test's own, with ACLs on and
+// denying whatever a token's policies do not allow (the shared agent has
+// no ACLs), and returns its address and a client with its management
+// token.
+func aclAgent(t *testing.T) (string, *api.Client) {
+	t.Helper()
+	addr(t) // skips with the other server tests
+	bin, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "services.sh"), "bin", "consul").Output()
+	if err != nil {
+		t.Fatalf("scripts/services.sh bin consul: %v", err)
+	}
+	var ports []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		ln.Close()
+	}
+	const management = "00000000-0000-4000-8000-0000000000a1"
+	cmd := exec.Command(strings.TrimSpace(string(bin)), "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
+		"-node", "warden-acl", "-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
+		"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
+		"-hcl", `acl { enabled = true default_policy = "deny" tokens { initial_management = "`+management+`" } }`,
+		"-log-level", "error")
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	// Killed with the test process, should the test time out.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	a := "127.0.0.1:" + ports[0]
+	root := tokenClient(t, a, management)
+	for deadline := time.Now().Add(time.Minute); ; {
+		// A leader, and the management token bootstrapped with it.
+		if _, _, err := root.ACL().TokenReadSelf(nil); err == nil {
+			return a, root
+		}
+		select {
+		case <-exited:
+			t.Fatalf("the ACL agent exited: %s", log.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ACL agent did not serve within a minute: %s", log.String())
+		}
+	}
+}
+
+// tokenClient returns a client of its own to a, with token.
+func tokenClient(t *testing.T, a, token string) *api.Client {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = a, token
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cfg.Transport.CloseIdleConnections)
+	return c
+}
+
+// allowed returns a client to the agent at a, whose management client is
+// root, with a new token of its own that the ACL policy rules allow.
+func allowed(t *testing.T, a string, root *api.Client, rules string) *api.Client {
+	t.Helper()
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "p" + strconv.FormatInt(time.Now().UnixNano(), 36), Rules: rules}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokenClient(t, a, tok.SecretID)
+}
+
+// TestACLRefusals: a request Consul refuses for want of rights is an
+// error that says so, at once, and never reads as a lock held, free or
+// released.
+func TestACLRefusals(t *testing.T) {
+	a, root := aclAgent(t)
+	const (
+		all        = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+		noMarkers  = all + ` key_prefix "warden/revoked/" { policy = "deny" }`
+		refusedErr = "Permission denied"
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// Refused at every try, a waiting acquisition went on until ctx
+	// ended, and one that does not wait reported the lock held.
+	t.Run("acquisition without rights to the key", func(t *testing.T) {
+		readOnly := `key_prefix "" { policy = "read" } key_prefix "warden/revoked/" { policy = "write" } session_prefix "" { policy = "write" }`
+		for _, c := range []struct {
+			name   string
+			client *api.Client
+			want   string
+		}{
+			{"read-only token", allowed(t, a, root, readOnly), refusedErr},
+			{"no session rights", allowed(t, a, root, `key_prefix "" { policy = "write" }`), refusedErr},
+			{"unknown token", tokenClient(t, a, "no/such token"), "ACL not found"},
+		} {
+			l := lockerOn(t, c.client)
+			for _, opts := range []driver.AcquireOptions{{}, {Wait: true}, {Wait: true, Fair: true}} {
+				opts.TTL = MinTTL
+				for what, acquire := range map[string]func(context.Context, string, driver.AcquireOptions) (driver.Lease, error){
+					"Acquire": l.Acquire, "AcquireRead": l.AcquireRead,
+				} {
+					actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					le, err := acquire(actx, name("acl-acquire"), opts)
+					cancel()
+					if le != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), c.want) {
+						t.Errorf("%s, %s(%+v): %v; want ErrUnavailable saying %q", c.name, what, opts, err, c.want)
+					}
+				}
+			}
+		}
+	})
+
+	// A holder that could not read its markers kept its section running
+	// while the lock went to another.
+	t.Run("holder without rights to its markers", func(t *testing.T) {
+		l := lockerOn(t, allowed(t, a, root, noMarkers))
+		for _, opts := range []driver.AcquireOptions{{}, {Wait: true}} {
+			opts.TTL = MinTTL
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			le, err := l.Acquire(actx, name("acl-markers"), opts)
+			cancel()
+			if le != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || !strings.Contains(err.Error(), RevokedPrefix) {
+				t.Errorf("Acquire(%+v): %v; want ErrUnavailable saying %q on %s", opts, err, refusedErr, RevokedPrefix)
+			}
+		}
+		sessions, _, err := root.Session().List(nil)
+		if err != nil || len(sessions) != 0 {
+			t.Errorf("sessions left: %d, %v; want none", len(sessions), err)
+		}
+	})
+
+	// A Store that could read its records but not write them sent its
+	// claim again until ctx ended, and reported an abandon refused as
+	// ErrNotOwner.
+	t.Run("store without write on its records", func(t *testing.T) {
+		const prefix = "warden-test/acl-store/"
+		owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+		readOnly := storeOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "warden/revoked/" { policy = "write" } session_prefix "" { policy = "write" }`), WithStorePrefix(prefix))
+		scope, key := "tenant", name("order")
+		c := idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "o", Lease: time.Minute}
+		if rec, err := owner.Claim(ctx, c); rec != nil || err != nil {
+			t.Fatalf("Claim: %v, %v", rec, err)
+		}
+		enc := strings.TrimPrefix(owner.recordKey(scope, key), prefix)
+		check := func(op string, err error) {
+			t.Helper()
+			if !errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || strings.Contains(err.Error(), enc) {
+				t.Errorf("%s: %v; want ErrUnavailable saying %q, without the record's path", op, err, refusedErr)
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := readOnly.Claim(cctx, idempotency.Claim{Scope: scope, Key: name("other"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+		cancel()
+		check("Claim", err)
+		check("Abandon", readOnly.Abandon(ctx, scope, key, "o"))
+		if err := owner.Complete(ctx, scope, key, "o", []byte("done"), time.Hour); err != nil {
+			t.Errorf("Complete by the owner after the refused Abandon: %v", err)
+		}
+	})
+
+	t.Run("forced release without rights to the markers", func(t *testing.T) {
+		holder := lockerOn(t, allowed(t, a, root, all))
+		op := lockerOn(t, allowed(t, a, root, noMarkers))
+		k := name("acl-force")
+		le, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Refused at every try, it was sent again until ctx ended.
+		removed, err := op.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
+		if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || removed != nil {
+			t.Errorf("ForceRelease: %v, %v; want ErrUnavailable saying %q", removed, err, refusedErr)
+		}
+		if in, err := holder.Inspect(ctx, k); err != nil || len(in.Holders) != 1 || in.Holders[0].Token != le.Token() {
+			t.Errorf("after the refused ForceRelease: %+v, %v; want the holder", in, err)
+		}
+	})
+}
