@@ -393,6 +393,44 @@ func TestNestedIdempotency(t *testing.T) {
 	}
 }
 
+// A handler that passes its request's key and context on to another route
+// guarded on the same records (an in-process call to /payments from
+// /checkout) makes another request under the key: it is not the outer
+// claim's, so it is refused as a reuse of the key, not run unguarded, and
+// its retry runs nothing either.
+func TestNestedIdempotencyOtherRequest(t *testing.T) {
+	st := idempotency.NewMemoryStore()
+	mw, err := httpmw.Idempotency(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payments atomic.Int64
+	pay := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	var statuses []int
+	checkout := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := httpmw.KeyFromContext(r.Context())
+		for range 2 { // the call and its retry
+			req := httptest.NewRequestWithContext(r.Context(), http.MethodPost, "/payments", strings.NewReader(`{"amount":5}`))
+			req.Header.Set("Idempotency-Key", key)
+			rec := httptest.NewRecorder()
+			pay.ServeHTTP(rec, req)
+			statuses = append(statuses, rec.Code)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(checkout)
+	defer srv.Close()
+	if status, _, err := postKeyed(t, srv, "checkout-1"); err != nil || status != http.StatusCreated {
+		t.Fatalf("checkout: %d, %v", status, err)
+	}
+	if n := payments.Load(); n != 0 || len(statuses) != 2 || statuses[0] != http.StatusUnprocessableEntity || statuses[1] != http.StatusUnprocessableEntity {
+		t.Errorf("the payment under the checkout's key ran %d times, answered %v; want 0 runs, 422 twice", n, statuses)
+	}
+}
+
 // A replay carries the Content-Type its first response had: none when the
 // handler suppressed net/http's sniffing (a nil Content-Type), rather than
 // one sniffed from the body on replay; the sniffed one when the handler set

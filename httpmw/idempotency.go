@@ -285,8 +285,11 @@ type keyed struct {
 	key string
 	// scope is the stored scope the key was claimed under; "" with guarded
 	// false for WithFailOpen's unguarded runs.
-	scope   string
-	guarded bool
+	scope string
+	// fingerprint is the request's, as the middleware that claimed the key
+	// made it.
+	fingerprint string
+	guarded     bool
 }
 
 // KeyFromContext returns the idempotency key of the request a handler
@@ -299,14 +302,18 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 }
 
 // guardedBy reports whether ctx is a handler's run under an Idempotency
-// middleware that claimed key in scope: the same middleware applied twice
-// (to a router and again to a route), or two on the same records, would
-// otherwise have the inner one find the outer one's claim, answer 409 "in
-// progress", and the outer one keep that 409 as the key's outcome, so that
-// the handler never ran and every retry was answered 409 for the retention.
-func guardedBy(ctx context.Context, scope, key string) bool {
+// middleware that claimed key in scope for this very request (its
+// fingerprint): the same middleware applied twice (to a router and again to
+// a route), or two on the same records, would otherwise have the inner one
+// find the outer one's claim, answer 409 "in progress", and the outer one
+// keep that 409 as the key's outcome, so that the handler never ran and
+// every retry was answered 409 for the retention. Another request under
+// the key (a handler's own call to another guarded route, passing the key
+// on with the request's context) is no part of the outer claim: it is
+// claimed, or refused, as any other.
+func guardedBy(ctx context.Context, scope, key, fingerprint string) bool {
 	k, ok := ctx.Value(keyCtx{}).(keyed)
-	return ok && k.guarded && k.scope == scope && k.key == key
+	return ok && k.guarded && k.scope == scope && k.key == key && k.fingerprint == fingerprint
 }
 
 // errNotStored tells the executor to release the claim: the store policy
@@ -596,7 +603,8 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	scope := storedScope(c.scope(r))
-	if guardedBy(r.Context(), scope, key) {
+	fp := c.fingerprint(r, body)
+	if guardedBy(r.Context(), scope, key, fp) {
 		// An outer Idempotency claimed this very key: it runs the request
 		// once and records what the handler answers.
 		m.next.ServeHTTP(w, r)
@@ -605,7 +613,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rec *recorder
 	aborted := false
-	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) (out []byte, err error) {
+	res, err := m.exec.Do(r.Context(), key, fp, func(ctx context.Context) (out []byte, err error) {
 		hctx, done := m.handlerContext(r, ctx)
 		defer done()
 		rec = &recorder{w: w, limit: c.maxResponse}
@@ -634,7 +642,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				out, err = encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 			}
 		}()
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, guarded: true})))
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, fingerprint: fp, guarded: true})))
 		status := rec.statusCode()
 		if !c.store(status) {
 			return nil, errNotStored
