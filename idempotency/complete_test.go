@@ -1,8 +1,12 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -206,4 +210,45 @@ func TestCompleteOutageWithinLease(t *testing.T) {
 				res.Response, res.Replayed, err, runs.Load())
 		}
 	})
+}
+
+// A store down for the whole of the claim's life: the background
+// completion gives up when the claim runs out, and says so (the caller
+// heard only that the store failed), so that the retry's second run of fn
+// is explained in the log.
+func TestCompleteOutageOutlastsLeaseIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
+		st.down.Store(true)
+		var log lockedBuffer
+		e := newExecutor(t, st, idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		fn := func(context.Context) ([]byte, error) { return []byte("order 7"), nil }
+		if _, err := e.Do(context.Background(), "k", "fp", fn); !errors.Is(err, idempotency.ErrUnavailable) {
+			t.Fatalf("Do: %v, want ErrUnavailable", err)
+		}
+		time.Sleep(time.Minute) // past the default 30s lease
+		synctest.Wait()
+		if s := log.String(); !strings.Contains(s, "level=ERROR") || !strings.Contains(s, "result lost") {
+			t.Errorf("log after the claim ran out:\n%s\nwant an ERROR saying the result was lost", s)
+		}
+	})
+}
+
+// lockedBuffer is a bytes.Buffer for a logger written from several
+// goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

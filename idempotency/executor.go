@@ -192,7 +192,9 @@ func (e *Executor) callers(ctx context.Context) *handoff.Callers {
 // is asked again, the caller waiting, for up to ten seconds, and then in
 // the background (64 such at most) for as long as the claim may still be
 // held: only a result not stored by the time the claim runs out lets a
-// retry run fn again.
+// retry run fn again (logged at level ERROR). Nothing waits for those
+// background completions: a process that exits meanwhile leaves the claim
+// to run out, and a retry then runs fn again.
 //
 // When the claim was lost while fn ran, the result is not stored (a newer
 // owner's record is never overwritten) and Do returns fn's bytes with an
@@ -470,7 +472,12 @@ func (e *Executor) finishLater(ctx context.Context, cfg *config, c Claim, payloa
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		defer e.finishing.Add(-1)
-		if err := e.complete(ctx, cfg, c, payload, held, held); err == nil {
+		if err := e.complete(ctx, cfg, c, payload, held, held); err != nil {
+			// Said, since the caller was told only that the store failed:
+			// a retry after the claim runs out runs fn again.
+			cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: result lost: the store failed until the claim ran out",
+				slog.String("key_hash", hash.String()), slog.Any("error", err))
+		} else {
 			cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: stored the result in the background",
 				slog.String("key_hash", hash.String()))
 		}
