@@ -120,8 +120,12 @@ func (l *Lock) Expiry() time.Time {
 func (l *Lock) Context() context.Context { return (*lockContext)(l) }
 
 // Err returns nil while the lock is held, an error wrapping ErrLockLost once
-// the lock has been lost, and an error wrapping ErrNotHeld after Unlock.
+// the lock has been lost, and an error wrapping ErrNotHeld after Unlock, or
+// on a nil *Lock (what a failed Lock returns), which holds nothing.
 func (l *Lock) Err() error {
+	if l == nil {
+		return errNotHeld("")
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lostErr != nil {

@@ -368,7 +368,7 @@ func TestDoAllGivingUpReleasesWhatItTook(t *testing.T) {
 
 // An Unlock deferred before the error check meets the nil *Lock a failed
 // TryLock returns: it releases nothing and returns nil, not a panic, and
-// the holder's lock stays held.
+// the holder's lock stays held; its Err says it holds nothing.
 func TestUnlockOfAFailedLock(t *testing.T) {
 	g, err := guard.New(memory.New())
 	if err != nil {
@@ -386,6 +386,9 @@ func TestUnlockOfAFailedLock(t *testing.T) {
 	}
 	if err := l.Unlock(ctx); err != nil {
 		t.Errorf("Unlock of the failed TryLock's %v: %v, want nil", l, err)
+	}
+	if err := l.Err(); !errors.Is(err, guard.ErrNotHeld) {
+		t.Errorf("Err of the failed TryLock's %v: %v, want ErrNotHeld", l, err)
 	}
 	if err := held.Err(); err != nil {
 		t.Errorf("the holder's lock after the failed one's Unlock: %v", err)

@@ -269,7 +269,7 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 }
 
 // schemes lists what Parse reads, for its errors.
-const schemes = "sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul"
+const schemes = "sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul"
 
 // validScheme reports whether s has the shape of a URL scheme, so that it
 // can be printed: a letter, then letters, digits, '+', '-' or '.'.

@@ -38,7 +38,7 @@ func TestParse(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"redis":                       "not a backend URL",
-		"127.0.0.1:6379":              "SCHEME one of sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
+		"127.0.0.1:6379":              "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
 		"sqlite://":                   "no file path",
 		"mysql://u@127.0.0.1/db":      "want mysql://",
 		"redis://a:1,b:2":             "one host:port",
@@ -46,7 +46,7 @@ func TestParse(t *testing.T) {
 		"etcd://nohost":               "is not host:port",
 		"consul://a:1,b:2":            "one host:port",
 		"ftp://x":                     "unknown scheme",
-		"http://127.0.0.1:8500":       "want one of sqlite, postgres, mysql, redis, rediss, redlock, redlocks, etcd, zk, consul, or memory",
+		"http://127.0.0.1:8500":       "want one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul, or memory",
 		"postgres://u:secret@[::1/db": "postgres://xxxxx:",
 	} {
 		_, err := Parse(in)
