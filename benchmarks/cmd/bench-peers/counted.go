@@ -154,7 +154,7 @@ func (b *bench) tablesSection(w func(string, ...any)) {
 		return
 	}
 	w("## PostgreSQL lock tables\n\n")
-	w("Each lock table as the server's statistics (pg_stat_user_tables) saw it: before the run aged it, after each subject served %d lock cycles over %d keys from %d workers (the state its figures were measured in), and at the end of the run. ", b.s.churn, agingWorkers*agingKeys, agingWorkers)
+	w("Each lock table as the server's statistics (pg_stat_user_tables) saw it: before the run aged it, after each subject served %d lock cycles over %d keys from %d workers, once vacuumed (the state its figures were measured in: the aging packs hours of churn into minutes, faster than autovacuum's rounds follow), and at the end of the run. ", b.s.churn, agingWorkers*agingKeys, agingWorkers)
 	w("Dead rows are row versions a vacuum has yet to reclaim, which every statement on the table steps over; a HOT update writes no index entry. The statistics are the server's estimates, gathered as connections report them.\n\n")
 	w("| phase | table | live rows | dead rows | row updates (HOT) | vacuums | heap | indexes |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range b.tables {
