@@ -68,7 +68,9 @@ var ErrHolderChanged = driver.ErrHolderChanged
 // it still holds; if the lock changed hands meanwhile, nothing is removed
 // and the error matches ErrHolderChanged, naming who holds it now. Only
 // target.AnyHolder removes whoever holds the key when the backend answers.
-// It returns the holders removed, none when the lock was free.
+// It returns the holders removed, none when the lock was free; with an
+// error, those a backend that removes many holders in several steps
+// (consullock) had removed when a later step failed.
 //
 // The backend first makes the next token greater than every token issued
 // (so fenced storage refuses the old holder's late writes), then removes the
@@ -99,7 +101,7 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 		_, span = g.tel.startSpan(ctx, tracer, "warden.force_release", key)
 	}
 	removed, err := bounded(g, ctx, func(fctx context.Context) ([]driver.Holding, error) { return fr.ForceRelease(fctx, full, target) })
-	if err != nil {
+	if err != nil && len(removed) == 0 {
 		endSpan(span, outcomeError, err)
 		return nil, wrapLockErr(key, err)
 	}
@@ -110,9 +112,16 @@ func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarg
 	for i, h := range removed {
 		owners[i], tokens[i] = h.Owner, h.Token
 	}
+	g.tel.forceReleased.Add(ctx, int64(len(removed)), g.tel.onBackend...)
+	if err != nil {
+		// Removed in part: those holders are gone all the same.
+		g.logger.WarnContext(ctx, "warden: lock released in part by an operator",
+			"key", key, "backend", g.backend, "removed", len(removed), "owners", owners, "tokens", tokens, "error", err)
+		endSpan(span, outcomeError, err, attribute.Int("warden.removed", len(removed)))
+		return removed, wrapLockErr(key, err)
+	}
 	g.logger.WarnContext(ctx, "warden: lock released by an operator",
 		"key", key, "backend", g.backend, "removed", len(removed), "owners", owners, "tokens", tokens)
-	g.tel.forceReleased.Add(ctx, int64(len(removed)), g.tel.onBackend...)
 	endSpan(span, "force_released", nil, attribute.Int("warden.removed", len(removed)))
 	return removed, nil
 }

@@ -3,6 +3,7 @@ package consullock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -194,6 +196,63 @@ func TestACLRefusals(t *testing.T) {
 		check("Abandon", readOnly.Abandon(ctx, scope, key, "o"))
 		if err := owner.Complete(ctx, scope, key, "o", []byte("done"), time.Hour); err != nil {
 			t.Errorf("Complete by the owner after the refused Abandon: %v", err)
+		}
+	})
+
+	// A refusal is an answer: nothing landed, and nothing is left to take
+	// back (a token that cannot read the record either had the taking back
+	// tried, every second, until the Store closed).
+	t.Run("store without rights to its records", func(t *testing.T) {
+		none := storeOn(t, allowed(t, a, root, `session_prefix "" { policy = "write" }`), WithStorePrefix("warden-test/acl-store-none/"))
+		_, err := none.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("order"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+		none.mu.Lock()
+		left := len(none.claims)
+		none.mu.Unlock()
+		if !errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || left != 0 {
+			t.Errorf("Claim: %v, with %d claims kept to be taken back; want the refusal, none kept", err, left)
+		}
+	})
+
+	// A Store's session holds no locks: its token needs no write on the
+	// sessions' markers, which every Claim failed for.
+	t.Run("store without rights to the markers", func(t *testing.T) {
+		const prefix = "warden-test/acl-store-own/"
+		st := storeOn(t, allowed(t, a, root, `key_prefix "`+prefix+`" { policy = "write" } session_prefix "" { policy = "write" }`), WithStorePrefix(prefix))
+		scope, key := "tenant", name("order")
+		if rec, err := st.Claim(ctx, idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+			t.Fatalf("Claim: %v, %v", rec, err)
+		}
+		if err := st.Complete(ctx, scope, key, "o", []byte("done"), time.Hour); err != nil {
+			t.Errorf("Complete: %v", err)
+		}
+	})
+
+	// A forced release of many holders goes in batches: one refused after
+	// another removed its holders returns those with the error, and guard
+	// tells of them (it answered none, and logged nothing).
+	t.Run("forced release refused partway", func(t *testing.T) {
+		ha, hb := lockerOn(t, root), lockerOn(t, root)
+		k := name("acl-force-part")
+		for range maxForced {
+			if _, err := ha.AcquireSemaphore(ctx, k, 100, driver.AcquireOptions{TTL: MinTTL, Owner: "A"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := hb.AcquireSemaphore(ctx, k, 100, driver.AcquireOptions{TTL: MinTTL, Owner: "B"}); err != nil {
+			t.Fatal(err)
+		}
+		hb.mu.Lock()
+		sb := hb.sessions[MinTTL].id
+		hb.mu.Unlock()
+		op := lockerOn(t, allowed(t, a, root, all+` key_prefix "warden/revoked/`+sb+`/" { policy = "deny" }`))
+		var logs strings.Builder
+		g, err := guard.New(op, guard.WithTTL(MinTTL), guard.WithPrefix(""), guard.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		removed, err := g.ForceRelease(ctx, k, guard.ReleaseTarget{AnyHolder: true})
+		if !errors.Is(err, guard.ErrUnavailable) || len(removed) != maxForced || !strings.Contains(logs.String(), "removed="+strconv.Itoa(maxForced)) {
+			t.Errorf("ForceRelease: %d removed, %v, log %q; want the first batch's %d with the refusal, logged", len(removed), err, logs.String(), maxForced)
 		}
 	})
 

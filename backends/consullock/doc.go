@@ -155,10 +155,12 @@
 // A waiting acquisition keeps its place through reads that fail (see
 // Waiting), and starts over after any other such failure, with backoff,
 // until its context is done. A request Consul refuses for want of ACL
-// rights (or for a token it does not know) fails at once, waiting or not,
-// with an error wrapping driver.ErrUnavailable that gives Consul's reason:
-// the same token would be refused again, and the refusal is never taken
-// for a lock held by another.
+// rights (or for a token it does not know) fails at once, with an error
+// wrapping driver.ErrUnavailable that gives Consul's reason: the same token
+// would be refused again, and the refusal is never taken for a lock held
+// by another. A waiter whose token is deleted while it waits is the
+// exception: its reads are sent again until answered (see Waiting), and it
+// fails when its session is declared lost, within the session's TTL.
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be

@@ -56,6 +56,9 @@ type Locker struct {
 	// quit is closed by Close: lost sessions stop retrying their
 	// destruction then.
 	quit chan struct{}
+	// anchorOptional lets a session whose anchor is refused live on
+	// unanchored (see newSession): a Store's, which holds no locks.
+	anchorOptional bool
 }
 
 var (
@@ -253,10 +256,11 @@ var errDenied = fmt.Errorf("%w: consul refused the request for want of ACL right
 
 // denied returns errDenied with Consul's reason when the refused
 // transaction resp failed an ACL check, nil otherwise. Consul reports such
-// a failure as "Permission denied", which is how its own code tells them.
+// a failure as "Permission denied" first, which is how its own code tells
+// them (other failures name their key, which may hold those words).
 func denied(resp *api.KVTxnResponse) error {
 	for _, e := range resp.Errors {
-		if strings.Contains(e.What, "Permission denied") {
+		if strings.HasPrefix(e.What, "Permission denied") {
 			return fmt.Errorf("%w: %s", errDenied, e.What)
 		}
 	}

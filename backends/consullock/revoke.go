@@ -139,7 +139,7 @@ const revocationWait = 5 * time.Minute
 // to the store, from every session.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
-	anchored := true // by newSession
+	anchored := s.anchored
 	var index uint64
 	for {
 		// Bounded like every request, so that a query sent to a server

@@ -24,6 +24,8 @@ type session struct {
 	// reading. Zero once lost.
 	born   time.Time
 	expiry atomic.Int64
+	// anchored: newSession acquired the anchor (see watchRevocations).
+	anchored bool
 
 	ctx  context.Context // cancelled when the session is given up or closed
 	stop context.CancelFunc
@@ -62,7 +64,10 @@ const retryDelay = 200 * time.Millisecond
 // watchRevocations) and starts renewing it. A session whose anchor is
 // refused, as by an ACL token without write on RevokedPrefix, is destroyed
 // and its error returned: its holders would not learn that ForceRelease
-// took their locks.
+// took their locks. A Store's session, which holds no locks, lives on
+// without its anchor instead (Locker.anchorOptional). Its first renewal
+// is due a third of the TTL after the creation was sent, however long
+// the anchor took.
 //
 // The request is sent raw because the client's Session().Create leaves out
 // a zero LockDelay (the server then applies its 15 s default) and empty
@@ -95,7 +100,9 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 		done:     make(chan struct{}),
 		exited:   make(chan struct{}),
 	}
-	if err := s.anchor(ctx); err != nil {
+	err := s.anchor(ctx)
+	s.anchored = err == nil
+	if err != nil && !l.anchorOptional {
 		// It holds nothing yet: destroyed, best effort and within ctx,
 		// rather than left to expire.
 		rctx, cancel := l.rctx(ctx)
@@ -158,7 +165,9 @@ func (s *session) run() {
 // session, and the keys it holds, would then stay until its TTL ran out.
 func (s *session) renew() (mayLive bool) {
 	interval := s.ttl / 3
-	next := time.NewTimer(interval)
+	// Due from the creation, which the Expiry counts from, not from when
+	// newSession was done with the anchor.
+	next := time.NewTimer(time.Until(s.born.Add(interval)))
 	defer next.Stop()
 	for {
 		select {

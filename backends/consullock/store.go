@@ -241,6 +241,9 @@ func NewStore(client *api.Client, opts ...StoreOption) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The Store's session holds no lock for ForceRelease to take, so its
+	// token needs no write on RevokedPrefix.
+	l.anchorOptional = true
 	return &Store{
 		client: client, dir: c.prefix, timeout: c.timeout, ttl: c.ttl,
 		sessions: l,
@@ -376,8 +379,14 @@ func (s *Store) claim(ctx context.Context, k string, free uint64, value []byte, 
 		})
 		if err != nil {
 			// The claim may have landed: it is taken back as soon as
-			// Consul answers, since the caller is told it failed.
-			s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess}, time.Time{})
+			// Consul answers, since the caller is told it failed. A
+			// refusal for want of rights is an answer: nothing landed,
+			// and a token that cannot write the record may not read it
+			// either, which would have the taking back tried until the
+			// Store closed.
+			if !errors.Is(err, errDenied) {
+				s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess}, time.Time{})
+			}
 			return false, err
 		}
 		if ok {

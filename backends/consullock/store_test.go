@@ -574,3 +574,23 @@ func TestStoreErrorsHideRecordPaths(t *testing.T) {
 	_, _, err := st.read(ctx, st.recordKey(scope, key))
 	check("read", err)
 }
+
+// A failed check names its key, which may hold the words Consul starts an
+// ACL refusal with: a Store under such a prefix answered the second Claim
+// of a taken record as refused for want of rights, not with the record.
+func TestStorePrefixWithRefusalWords(t *testing.T) {
+	c := newClient(t, addr(t))
+	prefix := fmt.Sprintf("warden-test/Permission denied %d/", time.Now().UnixNano())
+	defer c.KV().DeleteTree(prefix, nil)
+	a := storeOn(t, c, WithStorePrefix(prefix))
+	b := storeOn(t, newClient(t, addr(t)), WithStorePrefix(prefix))
+	ctx := context.Background()
+	cl := idempotency.Claim{Scope: "s", Key: "k", Fingerprint: "fp", Owner: "a", Lease: time.Minute}
+	if rec, err := a.Claim(ctx, cl); rec != nil || err != nil {
+		t.Fatalf("first Claim: %v, %v", rec, err)
+	}
+	cl.Owner = "b"
+	if rec, err := b.Claim(ctx, cl); err != nil || rec == nil {
+		t.Errorf("second Claim of a taken record: %v, %v; want the record", rec, err)
+	}
+}

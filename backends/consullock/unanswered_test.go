@@ -685,3 +685,50 @@ func TestWaiterYieldsToBarger(t *testing.T) {
 		})
 	})
 }
+
+// slowAnchor delays the acquisition of a session's anchor.
+type slowAnchor struct {
+	base  http.RoundTripper
+	delay time.Duration
+}
+
+func (s slowAnchor) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix) && strings.Contains(r.URL.RawQuery, "acquire") {
+		time.Sleep(s.delay)
+	}
+	return s.base.RoundTrip(r)
+}
+
+// A slow anchor (6 s, within a 10 s request timeout) does not cost the
+// session its lock: its first renewal is due a third of the TTL after the
+// creation, as its Expiry counts, where it came that long after the
+// anchor, past the loss deadline, and the session was declared lost with
+// nothing failing.
+func TestSlowAnchorKeepsTheSession(t *testing.T) {
+	cfg := api.DefaultConfig()
+	cfg.Address = addr(t)
+	cfg.HttpClient = &http.Client{Transport: slowAnchor{cfg.Transport, 6 * time.Second}}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lockerOn(t, c, WithRequestTimeout(10*time.Second))
+	ctx := context.Background()
+	le, err := l.Acquire(ctx, name("slow-anchor"), driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	s := le.(*lease).s
+	// Renewed once its Expiry is past the creation's TTL.
+	for deadline := time.Now().Add(MinTTL); !s.Expiry().After(s.born.Add(MinTTL)); time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-s.Done():
+			t.Fatalf("session declared lost %v after its creation, with nothing failing", time.Since(s.born).Round(time.Millisecond))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal within a TTL of the grant")
+		}
+	}
+}

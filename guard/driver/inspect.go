@@ -115,7 +115,10 @@ type ForceReleaser interface {
 	// *HolderChangedError naming the holders it found, which matches
 	// ErrHolderChanged; when the key is free, it returns none and no error.
 	// With target.AnyHolder it removes every holder Inspect would report
-	// when the server answers, whoever they are.
+	// when the server answers, whoever they are, in one step, or in
+	// several where the server bounds a step (Consul's transactions): a
+	// step that fails then returns the holdings the steps before it
+	// removed, with its error.
 	//
 	// It first makes sure the next grant's token is greater than every token
 	// issued so far, so that fenced storage refuses the removed holder's
