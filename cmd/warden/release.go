@@ -111,14 +111,19 @@ func (r release) release(ctx context.Context, target guard.ReleaseTarget) error 
 	if errors.As(err, &hc) {
 		return r.refused(hc)
 	}
-	if err != nil {
+	if err != nil && len(removed) == 0 {
 		return err
 	}
+	// With an error, what a backend removing many holders in several
+	// steps removed before a step failed: gone all the same.
 	if r.json {
-		return r.printJSON(struct {
+		if perr := r.printJSON(struct {
 			Key     string         `json:"key"`
 			Removed []guard.Holder `json:"removed"`
-		}{r.key, nonNil(removed)})
+		}{r.key, nonNil(removed)}); perr != nil {
+			return perr
+		}
+		return err
 	}
 	for _, h := range removed {
 		fmt.Fprintf(r.stdout, "released %s from %s (token %d)\n", strconv.Quote(r.key), ownerText(h), h.Token)
@@ -126,7 +131,7 @@ func (r release) release(ctx context.Context, target guard.ReleaseTarget) error 
 	if len(removed) == 0 {
 		fmt.Fprintf(r.stdout, "%s was freed meanwhile: nothing released\n", strconv.Quote(r.key))
 	}
-	return nil
+	return err
 }
 
 // target is what the release asks the backend to remove, given the holders

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +13,9 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // answerAfter is an operator's terminal: the answer is typed only once the
@@ -223,6 +227,47 @@ func TestReleaseBadFlags(t *testing.T) {
 		code, _, errOut := cliRun(t, "", tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("warden %q: exit %d, %q; want 2 and an error naming %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
+
+// partialRelease is the memory backend whose forced release fails after it
+// removed what it removed, as a backend that removes many holders in
+// several steps does when a later step is refused (consullock past 42
+// holders).
+type partialRelease struct{ *memory.Locker }
+
+func (p partialRelease) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
+	removed, err := p.Locker.ForceRelease(ctx, key, target)
+	if err != nil {
+		return removed, err
+	}
+	return removed, fmt.Errorf("%w: a later step was refused", driver.ErrUnavailable)
+}
+
+// A release that fails partway says which holders it removed, and fails:
+// it said only the error, while those holders were gone.
+func TestReleasedInPartIsSaid(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	holder, err := guard.New(mem, guard.WithOwner("worker-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := guard.New(partialRelease{mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, asJSON := range []bool{false, true} {
+		key := fmt.Sprint("report-json-", asJSON)
+		if _, err := holder.Lock(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		c := &cli{stdin: bufio.NewReader(strings.NewReader("")), stdout: &gate{w: &out}, prompts: io.Discard, timeout: time.Minute, g: g, json: asJSON}
+		err := release{cli: c, key: key, any: true}.release(ctx, guard.ReleaseTarget{AnyHolder: true})
+		if !errors.Is(err, guard.ErrUnavailable) || !strings.Contains(out.String(), "worker-1") {
+			t.Errorf("json %v: %v, printed %q; want the refusal, and the holder removed printed", asJSON, err, out.String())
 		}
 	}
 }
