@@ -368,9 +368,23 @@ func TestNestedIdempotency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A route's own middleware that fingerprints the body alone.
+	bodyOnly, err := httpmw.Idempotency(st, httpmw.WithFingerprint(func(_ *http.Request, body []byte) string { return string(body) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A middleware between the two that rewrites the body (a decoder).
+	rewrite := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.Body = io.NopCloser(strings.NewReader(`{"decoded":true}`))
+			h.ServeHTTP(w, r)
+		})
+	}
 	for name, wrap := range map[string]func(http.Handler) http.Handler{
-		"twice":     func(h http.Handler) http.Handler { return mw(mw(h)) },
-		"one-store": func(h http.Handler) http.Handler { return other(mw(h)) },
+		"twice":             func(h http.Handler) http.Handler { return mw(mw(h)) },
+		"one-store":         func(h http.Handler) http.Handler { return other(mw(h)) },
+		"other-fingerprint": func(h http.Handler) http.Handler { return mw(bodyOnly(h)) },
+		"body-rewritten":    func(h http.Handler) http.Handler { return mw(rewrite(mw(h))) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			var runs atomic.Int64
@@ -399,8 +413,18 @@ func TestNestedIdempotency(t *testing.T) {
 // claim's, so it is refused as a reuse of the key, not run unguarded, and
 // its retry runs nothing either.
 func TestNestedIdempotencyOtherRequest(t *testing.T) {
+	for name, opts := range map[string][]httpmw.IdempotencyOption{
+		"default fingerprint": nil,
+		// Equal for the checkout and the payment, which carry one body.
+		"body alone": {httpmw.WithFingerprint(func(_ *http.Request, body []byte) string { return "same" })},
+	} {
+		t.Run(name, func(t *testing.T) { nestedOtherRequest(t, opts) })
+	}
+}
+
+func nestedOtherRequest(t *testing.T, opts []httpmw.IdempotencyOption) {
 	st := idempotency.NewMemoryStore()
-	mw, err := httpmw.Idempotency(st)
+	mw, err := httpmw.Idempotency(st, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,8 +450,13 @@ func TestNestedIdempotencyOtherRequest(t *testing.T) {
 	if status, _, err := postKeyed(t, srv, "checkout-1"); err != nil || status != http.StatusCreated {
 		t.Fatalf("checkout: %d, %v", status, err)
 	}
-	if n := payments.Load(); n != 0 || len(statuses) != 2 || statuses[0] != http.StatusUnprocessableEntity || statuses[1] != http.StatusUnprocessableEntity {
-		t.Errorf("the payment under the checkout's key ran %d times, answered %v; want 0 runs, 422 twice", n, statuses)
+	// Refused as a reuse of the key (422), or as the checkout's claim in
+	// progress (409) when the fingerprints are equal.
+	refused := func(code int) bool {
+		return code == http.StatusUnprocessableEntity || code == http.StatusConflict
+	}
+	if n := payments.Load(); n != 0 || len(statuses) != 2 || !refused(statuses[0]) || !refused(statuses[1]) {
+		t.Errorf("the payment under the checkout's key ran %d times, answered %v; want 0 runs, refused twice", n, statuses)
 	}
 }
 

@@ -286,10 +286,10 @@ type keyed struct {
 	// scope is the stored scope the key was claimed under; "" with guarded
 	// false for WithFailOpen's unguarded runs.
 	scope string
-	// fingerprint is the request's, as the middleware that claimed the key
-	// made it.
-	fingerprint string
-	guarded     bool
+	// w is the ResponseWriter the middleware that claimed the key handed
+	// the handler: what the response of the claimed request goes to.
+	w       http.ResponseWriter
+	guarded bool
 }
 
 // KeyFromContext returns the idempotency key of the request a handler
@@ -301,20 +301,41 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	return k.key, ok
 }
 
-// guardedBy reports whether ctx is a handler's run under an Idempotency
-// middleware that claimed key in scope for this very request (its
-// fingerprint): the same middleware applied twice (to a router and again to
-// a route), or two on the same records, would otherwise have the inner one
-// find the outer one's claim, answer 409 "in progress", and the outer one
-// keep that 409 as the key's outcome, so that the handler never ran and
-// every retry was answered 409 for the retention. Another request under
-// the key (a handler's own call to another guarded route, passing the key
-// on with the request's context) is no part of the outer claim: it is
-// claimed, or refused, as any other.
-func guardedBy(ctx context.Context, scope, key, fingerprint string) bool {
-	k, ok := ctx.Value(keyCtx{}).(keyed)
-	return ok && k.guarded && k.scope == scope && k.key == key && k.fingerprint == fingerprint
+// guardedBy reports whether r, answered on w, is the very request an
+// Idempotency middleware around this one claimed key in scope for: r's
+// context says the key was claimed, and w is the writer that middleware
+// handed on (or wraps it, as a ResponseWriter with an Unwrap method does).
+// The same middleware applied twice (to a router and again to a route), or
+// two on the same records, would otherwise have the inner one find the
+// outer one's claim and answer 409 "in progress" (or 422, when the two
+// fingerprint the request differently, or a middleware between them
+// decodes its body), and the outer one keep that as the key's outcome, so
+// that the handler never ran and every retry got it for the retention.
+// Another request under the key, such as a handler's own in-process call to
+// another guarded route with the request's context, answers to a writer of
+// its own: it is no part of the outer claim, and is claimed, or refused, as
+// any other, whatever its fingerprint.
+func guardedBy(w http.ResponseWriter, r *http.Request, scope, key string) bool {
+	k, ok := r.Context().Value(keyCtx{}).(keyed)
+	if !ok || !k.guarded || k.scope != scope || k.key != key {
+		return false
+	}
+	// Bounded: a writer whose Unwrap returns itself would loop.
+	for range maxUnwrap {
+		if w == k.w {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
+	return false
 }
+
+// maxUnwrap bounds the ResponseWriter wrappers guardedBy looks through.
+const maxUnwrap = 32
 
 // errNotStored tells the executor to release the claim: the store policy
 // does not keep the outcome.
@@ -603,8 +624,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	scope := storedScope(c.scope(r))
-	fp := c.fingerprint(r, body)
-	if guardedBy(r.Context(), scope, key, fp) {
+	if guardedBy(w, r, scope, key) {
 		// An outer Idempotency claimed this very key: it runs the request
 		// once and records what the handler answers.
 		m.next.ServeHTTP(w, r)
@@ -613,7 +633,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rec *recorder
 	aborted := false
-	res, err := m.exec.Do(r.Context(), key, fp, func(ctx context.Context) (out []byte, err error) {
+	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) (out []byte, err error) {
 		hctx, done := m.handlerContext(r, ctx)
 		defer done()
 		rec = &recorder{w: w, limit: c.maxResponse}
@@ -642,7 +662,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				out, err = encodeResponse(status, fitHeaders(rec.header(), c.replay, summaryHeaderLimit), nil, c.replay, nil), errNotReplayable
 			}
 		}()
-		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, fingerprint: fp, guarded: true})))
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(hctx, keyCtx{}, keyed{key: key, scope: scope, w: rec, guarded: true})))
 		status := rec.statusCode()
 		if !c.store(status) {
 			return nil, errNotStored

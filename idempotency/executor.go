@@ -473,9 +473,10 @@ func (e *Executor) finishLater(ctx context.Context, cfg *config, c Claim, payloa
 	go func() {
 		defer e.finishing.Add(-1)
 		if err := e.complete(ctx, cfg, c, payload, held, held); err != nil {
-			// Said, since the caller was told only that the store failed:
-			// a retry after the claim runs out runs fn again.
-			cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: result lost: the store failed until the claim ran out",
+			// Said, since the caller was told only that the store failed
+			// (it failed on, or the claim was found taken over): a retry
+			// after the claim runs out runs fn again.
+			cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency: result lost: not stored before the claim ran out",
 				slog.String("key_hash", hash.String()), slog.Any("error", err))
 		} else {
 			cfg.logger.LogAttrs(ctx, slog.LevelInfo, "idempotency: stored the result in the background",
