@@ -56,8 +56,9 @@ type Locker struct {
 	// quit is closed by Close: lost sessions stop retrying their
 	// destruction then.
 	quit chan struct{}
-	// anchorOptional lets a session whose anchor is refused live on
-	// unanchored (see newSession): a Store's, which holds no locks.
+	// anchorOptional lets a session whose anchor is refused for want of
+	// rights live on unanchored (see newSession): a Store's, which holds
+	// no locks.
 	anchorOptional bool
 }
 

@@ -65,7 +65,9 @@ const retryDelay = 200 * time.Millisecond
 // refused, as by an ACL token without write on RevokedPrefix, is destroyed
 // and its error returned: its holders would not learn that ForceRelease
 // took their locks. A Store's session, which holds no locks, lives on
-// without its anchor instead (Locker.anchorOptional). Its first renewal
+// without its anchor instead when it is refused (Locker.anchorOptional);
+// any other failure fails the session as it fails a Locker's, rather than
+// leave it unanchored for its life. Its first renewal
 // is due a third of the TTL after the creation was sent, however long
 // the anchor took.
 //
@@ -102,7 +104,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	}
 	err := s.anchor(ctx)
 	s.anchored = err == nil
-	if err != nil && !l.anchorOptional {
+	if err != nil && !(l.anchorOptional && errors.Is(err, errDenied)) {
 		// It holds nothing yet: destroyed, best effort and within ctx,
 		// rather than left to expire.
 		rctx, cancel := l.rctx(ctx)
