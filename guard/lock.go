@@ -86,19 +86,34 @@ type section struct {
 	since time.Time
 }
 
-// Key returns the key as it was passed to Lock (without the Guard's prefix).
-func (l *Lock) Key() string { return l.key }
+// Key returns the key as it was passed to Lock (without the Guard's prefix),
+// or "" on a nil *Lock.
+func (l *Lock) Key() string {
+	if l == nil {
+		return ""
+	}
+	return l.key
+}
 
 // Token returns the lease's fencing token. It is greater than the token of
 // every earlier holder of the key, so storage guarded by the lock can reject a
 // write that carries an older token: see the fencing helpers of the backends.
-func (l *Lock) Token() uint64 { return l.lease.Token() }
+// A nil *Lock's token is 0, which every fence refuses.
+func (l *Lock) Token() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.lease.Token()
+}
 
 // Expiry returns the lease's conservative expiry as last confirmed: the send
 // time of the request that granted or last renewed it plus its TTL, on this
 // process's clock. The lock is declared lost a safety margin before it
-// unless a renewal moves it.
+// unless a renewal moves it. A nil *Lock's is the zero time.
 func (l *Lock) Expiry() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
 	k := &l.g.keeper
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -117,7 +132,18 @@ func (l *Lock) Expiry() time.Time {
 // carrying the lock (nested acquisitions of the same key with it are
 // reentrant) and cancelled when the lock is lost, with cause ErrLockLost
 // (context.Cause), or when it is unlocked.
-func (l *Lock) Context() context.Context { return (*lockContext)(l) }
+//
+// A nil *Lock (what a failed Lock returns) guards nothing: its context is
+// already cancelled, with a cause wrapping ErrNotHeld, so that work started
+// on it despite the error stops rather than run unguarded.
+func (l *Lock) Context() context.Context {
+	if l == nil {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errNotHeld(""))
+		return ctx
+	}
+	return (*lockContext)(l)
+}
 
 // Err returns nil while the lock is held, an error wrapping ErrLockLost once
 // the lock has been lost, and an error wrapping ErrNotHeld after Unlock, or

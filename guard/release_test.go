@@ -393,4 +393,17 @@ func TestUnlockOfAFailedLock(t *testing.T) {
 	if err := held.Err(); err != nil {
 		t.Errorf("the holder's lock after the failed one's Unlock: %v", err)
 	}
+	if k, tok, exp := l.Key(), l.Token(), l.Expiry(); k != "" || tok != 0 || !exp.IsZero() {
+		t.Errorf("the failed TryLock's Key, Token, Expiry: %q, %d, %v; want \"\", 0, zero", k, tok, exp)
+	}
+	// Work started on its context despite the error must not run.
+	lctx := l.Context()
+	select {
+	case <-lctx.Done():
+	default:
+		t.Fatal("the failed TryLock's context is not done")
+	}
+	if cause := context.Cause(lctx); !errors.Is(cause, guard.ErrNotHeld) {
+		t.Errorf("the failed TryLock's context's cause: %v, want ErrNotHeld", cause)
+	}
 }
