@@ -615,3 +615,41 @@ func TestCatchUpRunsASlotStopCutShort(t *testing.T) {
 		}
 	})
 }
+
+// A node's clock stepped 45s back while it runs a minute's slot (an NTP
+// correction, here through WithClock): the node runs no slot twice. It
+// named the slot it had just fired again once its clock showed a time
+// before it, and ran it a second time 45s later: without a slot store
+// nothing else stands between a node and its own slot.
+func TestClockSteppedBackRunsNoSlotTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var step atomic.Int64
+		clock := func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+		var o outcomes
+		s := bubbleScheduler(t, newGuard(t, memory.New()), "a", &o, scheduler.WithClock(clock))
+		stepped := make(chan struct{})
+		var runs atomic.Int32
+		err := s.Add("0 * * * * *", "minutely", func(ctx context.Context) error {
+			if runs.Add(1) == 2 {
+				step.Store(int64(-45 * time.Second))
+				close(stepped)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := time.Now()
+		s.Start()
+		<-stepped
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		// The step comes during the run of 2m, after the timer was set for
+		// 3m, which fires on time (its clock showing 2m15s); 4m fires when
+		// the stepped clock shows it, 45s late.
+		want := []string{"1m0s ran", "2m0s ran", "3m0s ran", "4m0s ran"}
+		if got := o.summary(base); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("outcomes %v, want %v", got, want)
+		}
+	})
+}
