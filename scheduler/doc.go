@@ -51,6 +51,18 @@
 // early), and the others skip it as done. Keep the nodes' clocks
 // synchronised. The slot store's contract has no clock to check them by.
 //
+// A node ahead by a whole number of intervals, give or take a run's length,
+// leaves slots unrun: its run of a later slot and another node's run of an
+// earlier one (which the fast node gave back, having found the lock held)
+// start together and meet at the job's lock, and the one that finds it held
+// skips its slot, as step 3 says. Skipped on the last node to fire it, a
+// slot runs nowhere; every node records it skipped ("lock held"). With one
+// node of three 10 minutes ahead, a minutely job of 10ms left 4 to 7 of its
+// first 30 slots unrun, and 10 of 598 over ten hours; one node 2s ahead
+// left 2 of 598 slots of "@every 1s" unrun. WaitForLock, longer than a
+// run, makes such a run wait for the other instead: no slot was left unrun
+// in the same runs with WaitForLock(10*time.Second).
+//
 // Across daylight saving changes a job at fixed times of day (no '*'
 // leading its seconds, minute or hour field; any descriptor but @hourly)
 // keeps cron's rule: a time the clocks repeat runs once, at its first

@@ -653,3 +653,53 @@ func TestClockSteppedBackRunsNoSlotTwice(t *testing.T) {
 		}
 	})
 }
+
+// A node whose clock is a whole number of intervals ahead (10 minutes, on a
+// minutely job) runs a later slot at the instant another node runs an
+// earlier one that the fast node gave back, having found the lock held by a
+// run of a still earlier slot. The two runs meet at the job's lock, and
+// when the fast node's comes first the other's slot is skipped on the last
+// node to fire it: it runs nowhere, recorded skipped ("lock held") on
+// every node.
+func TestClockAheadByIntervalsLeavesNoSlotUnrun(t *testing.T) {
+	t.Skip("defect: a node ahead by whole intervals leaves slots unrun, 4 to 7 of the first 30 here (the package documentation says so; WaitForLock avoids it)")
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		var mu sync.Mutex
+		ran := map[time.Time]int{}
+		for _, inst := range []string{"a", "b", "ahead"} {
+			opts := []scheduler.Option{scheduler.WithSlotStore(store)}
+			if inst == "ahead" {
+				opts = append(opts, scheduler.WithClock(func() time.Time { return time.Now().Add(10 * time.Minute) }))
+			}
+			s := bubbleScheduler(t, newGuard(t, locker), inst, &o, opts...)
+			err := s.Add("0 * * * * *", "minutely", func(ctx context.Context) error {
+				run, _ := scheduler.RunFrom(ctx)
+				mu.Lock()
+				ran[run.Slot]++
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+		}
+		base := time.Now()
+		time.Sleep(31 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		var unrun []string
+		for i := 1; i <= 30; i++ {
+			if ran[base.Add(time.Duration(i)*time.Minute)] == 0 {
+				unrun = append(unrun, fmt.Sprint(time.Duration(i)*time.Minute))
+			}
+		}
+		if len(unrun) > 0 {
+			t.Errorf("of the first 30 slots, %v ran nowhere", unrun)
+		}
+	})
+}
