@@ -90,12 +90,15 @@
 // leader's term number (its lease's fencing token) is in Run and RunRecord,
 // and a job's context is cancelled when the term is lost. Scheduler.Elector
 // offers the same election to go-co-op/gocron/v2 (gocron.WithDistributedElector).
+// A CatchUp job's followers keep each slot in view until it is MisfireAfter
+// old, and the one that comes to lead by then runs it if nobody finished it
+// (see CatchUp).
 //
 // Slots fall due on each node's clock, the leader's included: a new leader
 // whose clock is ahead of the old one's never runs the slots between the
 // two clocks, which fell due on it while it followed and were skipped
 // everywhere (a new leader 10 minutes ahead: the 10 slots of a minutely job
-// in between).
+// in between; none of a CatchUp job's with MisfireAfter(20*time.Minute)).
 //
 // For programs that keep their own scheduler, Scheduler.Wrap guards a
 // robfig/cron job and Scheduler.Locker serves as a go-co-op/gocron/v2

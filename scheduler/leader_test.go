@@ -246,3 +246,50 @@ func TestNewLeaderAheadLeavesNoSlotUnrun(t *testing.T) {
 		}
 	})
 }
+
+// A leader's run of a CatchUp job cut short by Stop gives its slot back,
+// and the node that leads next runs it, within MisfireAfter, as a node
+// watching the claim does without leader mode
+// (TestCatchUpRunsASlotStopCutShort).
+func TestNewLeaderCatchesUpASlotStopCutShort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		started := make(chan scheduler.Run, 1)
+		ranElsewhere := make(chan scheduler.Run, 1)
+		var ss []*scheduler.Scheduler
+		for _, inst := range []string{"leader", "next"} {
+			s := bubbleScheduler(t, newGuard(t, locker, guard.WithTTL(2*time.Second)), inst, &o,
+				scheduler.WithSlotStore(store), scheduler.WithLeaderElection("e"))
+			err := s.Add("@every 1m", "report", func(ctx context.Context) error {
+				run, _ := scheduler.RunFrom(ctx)
+				if run.Instance == "leader" {
+					started <- run
+					<-ctx.Done()
+					return context.Cause(ctx)
+				}
+				ranElsewhere <- run
+				return nil
+			}, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss = append(ss, s)
+		}
+		ss[0].Start()
+		// The first node is elected before the second campaigns.
+		time.Sleep(time.Second)
+		ss[1].Start()
+		cut := <-started
+		time.Sleep(5 * time.Second)
+		ss[0].Stop(context.Background())
+		select {
+		case run := <-ranElsewhere:
+			if !run.Slot.Equal(cut.Slot) {
+				t.Errorf("the next leader ran slot %v, want %v", run.Slot, cut.Slot)
+			}
+		case <-time.After(40 * time.Second):
+			t.Errorf("the slot cut short was not caught up: %v", o.summary(cut.Slot))
+		}
+	})
+}

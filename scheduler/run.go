@@ -187,6 +187,8 @@ type running struct {
 // go ahead.
 func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	s := j.s
+	// tookOver: the run waited, as a follower, for its node to lead.
+	tookOver := false
 	r = &running{j: j, rec: RunRecord{Job: j.name, Slot: slot, Instance: s.instance, Started: s.clock()}}
 	r.ctx, r.span = s.tel.start(s.ctx, &r.rec)
 	defer func() {
@@ -213,7 +215,17 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	if s.cand != nil {
 		// Followers skip before touching the store or the lock: sparing
 		// them that is what leadership is for.
-		if r.term = s.cand.leading(); r.term == nil {
+		r.term = s.cand.leading()
+		if tookOver = r.term == nil && j.cfg.catchUp; tookOver {
+			// No follower watches the claim of a CatchUp slot, as nodes
+			// do without leader mode: a follower keeps the slot in view
+			// instead, until it is MisfireAfter old. Should it lead by
+			// then (its leader died or was stopped mid-run), it claims
+			// the slot as a leader does, and catches it up if nobody
+			// finished it.
+			r.term = s.cand.await(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
+		}
+		if r.term == nil {
 			r.finish(Skipped, "not the leader", nil)
 			return r, false
 		}
@@ -234,11 +246,14 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	r.claim = claim
 	r.claim.keep(r.ctx)
 	lockOpts := j.lockOpts
-	if claim.caughtUp != "" {
-		// The dead runner's lock lapses about when its claim did: wait for
+	if claim.caughtUp != "" || tookOver {
+		// The dead runner's lock lapses about when its claim did, and a
+		// stopped one's goes just after it gave the claim back: wait for
 		// it, within the slot's window.
 		left := max(slot.Add(j.cfg.misfireAfter).Sub(s.clock()), 0)
 		lockOpts = append(lockOpts[:len(lockOpts):len(lockOpts)], guard.WaitAtMost(left))
+	}
+	if claim.caughtUp != "" {
 		s.logger.WarnContext(r.ctx, "warden/scheduler: catching up a slot whose runner did not finish it",
 			"job", j.name, "slot", slot, "previous", claim.caughtUp)
 	}
