@@ -293,3 +293,44 @@ func TestNewLeaderCatchesUpASlotStopCutShort(t *testing.T) {
 		}
 	})
 }
+
+// A follower keeps only the latest 64 slots of a CatchUp job in view: of a
+// per-second job with MisfireAfter(10*time.Minute), followed for 100s, the
+// slots before those have been let go, skipped as "not the leader". It
+// kept every slot waiting for its 10 minutes, and would have kept 86,400
+// with a MisfireAfter of a day.
+func TestFollowerKeepsItsLatestSlotsInView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		for _, inst := range []string{"leader", "follower"} {
+			s := bubbleScheduler(t, newGuard(t, locker), inst, &o, scheduler.WithSlotStore(store), scheduler.WithLeaderElection("e"))
+			err := s.Add("@every 1s", "tick", func(context.Context) error { return nil },
+				scheduler.CatchUp(), scheduler.MisfireAfter(10*time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+			// The first node is elected before the second campaigns.
+			time.Sleep(500 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Second)
+		synctest.Wait()
+		var fired, let []time.Time
+		for _, r := range o.all() {
+			if r.Instance == "follower" {
+				if r.Outcome != scheduler.Skipped || r.Reason != "not the leader" {
+					t.Fatalf("follower's run %+v, want skipped as not the leader", r)
+				}
+				let = append(let, r.Slot)
+			}
+			if r.Instance == "leader" {
+				fired = append(fired, r.Slot)
+			}
+		}
+		// The follower fired the slots the leader ran.
+		if want := len(fired) - 64; len(let) != want {
+			t.Errorf("of %d slots, the follower let %d go, want all but the latest 64: %d", len(fired), len(let), want)
+		}
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -98,6 +99,36 @@ type job struct {
 
 	mu   sync.Mutex
 	last *RunRecord
+	// inView ends the waits of the follower runs keeping a slot of a
+	// CatchUp job in view (keepInView), oldest first.
+	inView []*context.CancelFunc
+}
+
+// maxInView bounds the slots of a CatchUp job a follower keeps in view at
+// once: a newer slot lets the oldest go. Without it a follower of a
+// per-second job with a MisfireAfter of a day would keep 86,400 runs
+// waiting; the slots a leader's death leaves unfinished are its last ones.
+const maxInView = 64
+
+// keepInView waits, as a follower, for this node to lead within wait, and
+// returns the term, or nil when it does not lead by then, ctx is done, or
+// maxInView newer slots of the job came to be kept in view meanwhile.
+func (j *job) keepInView(ctx context.Context, wait time.Duration) *guard.Leadership {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	j.mu.Lock()
+	if len(j.inView) == maxInView {
+		(*j.inView[0])()
+		j.inView = j.inView[1:]
+	}
+	j.inView = append(j.inView, &cancel)
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		j.inView = slices.DeleteFunc(j.inView, func(c *context.CancelFunc) bool { return c == &cancel })
+		j.mu.Unlock()
+	}()
+	return j.s.cand.await(ctx, wait)
 }
 
 func (j *job) lastRun() *RunRecord {
@@ -223,7 +254,7 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 			// then (its leader died or was stopped mid-run), it claims
 			// the slot as a leader does, and catches it up if nobody
 			// finished it.
-			r.term = s.cand.await(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
+			r.term = j.keepInView(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
 		}
 		if r.term == nil {
 			r.finish(Skipped, "not the leader", nil)
