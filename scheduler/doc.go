@@ -90,9 +90,9 @@
 // leader's term number (its lease's fencing token) is in Run and RunRecord,
 // and a job's context is cancelled when the term is lost. Scheduler.Elector
 // offers the same election to go-co-op/gocron/v2 (gocron.WithDistributedElector).
-// A CatchUp job's followers keep each slot in view until it is MisfireAfter
-// old, and the one that comes to lead by then runs it if nobody finished it
-// (see CatchUp).
+// A CatchUp job's followers keep its latest slots in view until they are
+// MisfireAfter old, and the one that comes to lead by then runs those nobody
+// finished (see CatchUp).
 //
 // Slots fall due on each node's clock, the leader's included: a new leader
 // whose clock is ahead of the old one's never runs the slots between the
