@@ -51,6 +51,18 @@
 // early), and the others skip it as done. Keep the nodes' clocks
 // synchronised. The slot store's contract has no clock to check them by.
 //
+// A node ahead by a whole number of intervals, give or take a run's length,
+// leaves slots unrun: its run of a later slot and another node's run of an
+// earlier one (which the fast node gave back, having found the lock held)
+// start together and meet at the job's lock, and the one that finds it held
+// skips its slot, as step 3 says. Skipped on the last node to fire it, a
+// slot runs nowhere; every node records it skipped ("lock held"). With one
+// node of three 10 minutes ahead, a minutely job of 10ms left 5 to 9 of its
+// first 30 slots unrun in 30 tries, and 10 of 598 over ten hours; one 2s ahead
+// left 2 of 598 slots of "@every 1s" unrun. WaitForLock, longer than a
+// run, makes such a run wait for the other instead: no slot was left unrun
+// in the same runs with WaitForLock(10*time.Second).
+//
 // Across daylight saving changes a job at fixed times of day (no '*'
 // leading its seconds, minute or hour field; any descriptor but @hourly)
 // keeps cron's rule: a time the clocks repeat runs once, at its first
@@ -78,6 +90,15 @@
 // leader's term number (its lease's fencing token) is in Run and RunRecord,
 // and a job's context is cancelled when the term is lost. Scheduler.Elector
 // offers the same election to go-co-op/gocron/v2 (gocron.WithDistributedElector).
+// A CatchUp job's followers keep its latest slots in view until they are
+// MisfireAfter old, and the one that comes to lead by then runs those nobody
+// finished (see CatchUp).
+//
+// Slots fall due on each node's clock, the leader's included: a new leader
+// whose clock is ahead of the old one's never runs the slots between the
+// two clocks, which fell due on it while it followed and were skipped
+// everywhere (a new leader 10 minutes ahead: the 10 slots of a minutely job
+// in between; none of a CatchUp job's with MisfireAfter(20*time.Minute)).
 //
 // For programs that keep their own scheduler, Scheduler.Wrap guards a
 // robfig/cron job and Scheduler.Locker serves as a go-co-op/gocron/v2

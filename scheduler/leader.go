@@ -19,7 +19,9 @@ var ErrNotLeader = errors.New("warden/scheduler: not the leader")
 // WithLeaderElection makes only the leader of election run jobs: the
 // Scheduler campaigns from Start until Stop (guard.Guard.Campaign), and a
 // node that does not lead skips every slot with the reason "not the
-// leader", without touching the job locks or the slot store. The leader
+// leader", without touching the job locks or the slot store (a CatchUp
+// job's slot once it is MisfireAfter old, or let go for newer ones, having
+// not come to lead by then: see CatchUp). The leader
 // still takes each job's lock (runs of a job never overlap, even across a
 // change of leader) and its slot claims; a job's context is also cancelled
 // when the leadership is lost, and such a run ends as lost.
@@ -41,6 +43,8 @@ type candidate struct {
 
 	mu   sync.Mutex
 	term *guard.Leadership // nil while not leading
+	// won is closed when a term begins, and replaced for the next one.
+	won chan struct{}
 
 	done chan struct{}
 }
@@ -49,7 +53,7 @@ func newCandidate(g *guard.Guard, election string, logger *slog.Logger) (*candid
 	if err := guard.ValidateElection(election); err != nil {
 		return nil, fmt.Errorf("%w: %w", guard.ErrInvalidOption, err)
 	}
-	return &candidate{g: g, election: election, logger: logger, done: make(chan struct{})}, nil
+	return &candidate{g: g, election: election, logger: logger, won: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // leading returns the current term, or nil.
@@ -65,7 +69,33 @@ func (c *candidate) leading() *guard.Leadership {
 func (c *candidate) set(ld *guard.Leadership) {
 	c.mu.Lock()
 	c.term = ld
+	if ld != nil {
+		close(c.won)
+		c.won = make(chan struct{})
+	}
 	c.mu.Unlock()
+}
+
+// await returns the current term, or the next one to begin within wait,
+// or nil when none does or ctx is done first.
+func (c *candidate) await(ctx context.Context, wait time.Duration) *guard.Leadership {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		term, won := c.term, c.won
+		c.mu.Unlock()
+		if term != nil && term.Err() == nil {
+			return term
+		}
+		select {
+		case <-won:
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // run campaigns until ctx is done, then resigns the term it holds.

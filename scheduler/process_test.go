@@ -553,6 +553,21 @@ func TestKilledLeaderIsReplaced(t *testing.T) {
 // greater fencing token, and every other slot runs once.
 func TestCatchUpAfterKill(t *testing.T) {
 	t.Parallel()
+	catchUpAfterKill(t)
+}
+
+// TestCatchUpAfterKillingTheLeader is TestCatchUpAfterKill in leader mode:
+// the process killed is the leader, and the one that leads next runs the
+// slot again. No follower watched the slot's claim, and it was never run
+// again.
+func TestCatchUpAfterKillingTheLeader(t *testing.T) {
+	t.Parallel()
+	catchUpAfterKill(t, leaderEnv+"="+uniqueName("election"))
+}
+
+// catchUpAfterKill is the body of TestCatchUpAfterKill, its processes
+// started with env besides the job's.
+func catchUpAfterKill(t *testing.T, env ...string) {
 	eachBackend(t, processBackends, func(t *testing.T, b backend) {
 		c := b.setup(t)
 		job := uniqueName("catchup")
@@ -564,7 +579,7 @@ func TestCatchUpAfterKill(t *testing.T) {
 		// Long enough to be killed mid-run, short enough to fit the
 		// catch-up run into the slot's window after the dead claim lapses.
 		work := 1500 * time.Millisecond
-		env := []string{everyEnv + "=@every " + every.String(), catchUpEnv + "=" + misfire.String()}
+		env := append([]string{everyEnv + "=@every " + every.String(), catchUpEnv + "=" + misfire.String()}, env...)
 		var ps []*process
 		for _, inst := range []string{"c1", "c2", "c3"} {
 			ps = append(ps, startProcess(t, c, job, inst, work, c.ttl, 60*time.Second, env...))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -98,6 +99,36 @@ type job struct {
 
 	mu   sync.Mutex
 	last *RunRecord
+	// inView ends the waits of the follower runs keeping a slot of a
+	// CatchUp job in view (keepInView), oldest first.
+	inView []*context.CancelFunc
+}
+
+// maxInView bounds the slots of a CatchUp job a follower keeps in view at
+// once: a newer slot lets the oldest go. Without it a follower of a
+// per-second job with a MisfireAfter of a day would keep 86,400 runs
+// waiting; the slots a leader's death leaves unfinished are its last ones.
+const maxInView = 64
+
+// keepInView waits, as a follower, for this node to lead within wait, and
+// returns the term, or nil when it does not lead by then, ctx is done, or
+// maxInView newer slots of the job came to be kept in view meanwhile.
+func (j *job) keepInView(ctx context.Context, wait time.Duration) *guard.Leadership {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	j.mu.Lock()
+	if len(j.inView) == maxInView {
+		(*j.inView[0])()
+		j.inView = j.inView[1:]
+	}
+	j.inView = append(j.inView, &cancel)
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		j.inView = slices.DeleteFunc(j.inView, func(c *context.CancelFunc) bool { return c == &cancel })
+		j.mu.Unlock()
+	}()
+	return j.s.cand.await(ctx, wait)
 }
 
 func (j *job) lastRun() *RunRecord {
@@ -187,6 +218,8 @@ type running struct {
 // go ahead.
 func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	s := j.s
+	// tookOver: the run waited, as a follower, for its node to lead.
+	tookOver := false
 	r = &running{j: j, rec: RunRecord{Job: j.name, Slot: slot, Instance: s.instance, Started: s.clock()}}
 	r.ctx, r.span = s.tel.start(s.ctx, &r.rec)
 	defer func() {
@@ -213,7 +246,17 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	if s.cand != nil {
 		// Followers skip before touching the store or the lock: sparing
 		// them that is what leadership is for.
-		if r.term = s.cand.leading(); r.term == nil {
+		r.term = s.cand.leading()
+		if tookOver = r.term == nil && j.cfg.catchUp; tookOver {
+			// No follower watches the claim of a CatchUp slot, as nodes
+			// do without leader mode: a follower keeps the slot in view
+			// instead, until it is MisfireAfter old. Should it lead by
+			// then (its leader died or was stopped mid-run), it claims
+			// the slot as a leader does, and catches it up if nobody
+			// finished it.
+			r.term = j.keepInView(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
+		}
+		if r.term == nil {
 			r.finish(Skipped, "not the leader", nil)
 			return r, false
 		}
@@ -234,11 +277,14 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	r.claim = claim
 	r.claim.keep(r.ctx)
 	lockOpts := j.lockOpts
-	if claim.caughtUp != "" {
-		// The dead runner's lock lapses about when its claim did: wait for
+	if claim.caughtUp != "" || tookOver {
+		// The dead runner's lock lapses about when its claim did, and a
+		// stopped one's goes just after it gave the claim back: wait for
 		// it, within the slot's window.
 		left := max(slot.Add(j.cfg.misfireAfter).Sub(s.clock()), 0)
 		lockOpts = append(lockOpts[:len(lockOpts):len(lockOpts)], guard.WaitAtMost(left))
+	}
+	if claim.caughtUp != "" {
 		s.logger.WarnContext(r.ctx, "warden/scheduler: catching up a slot whose runner did not finish it",
 			"job", j.name, "slot", slot, "previous", claim.caughtUp)
 	}

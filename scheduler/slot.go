@@ -266,11 +266,20 @@ func (s *slotSchedule) next() time.Time {
 func (s *slotSchedule) Next(t time.Time) time.Time {
 	wall := time.Now()
 	offset := s.clock().Sub(wall)
+	s.mu.Lock()
 	slot := s.after(t.Add(offset))
+	// A clock stepped back since the last slot was handed out would name
+	// that slot, or an earlier one, again, and the node would run it a
+	// second time. robfig/cron on a machine whose clock is stepped back
+	// does not: it asks for the slot after the instant it fired, read
+	// before the step. Slots are handed out in order, each once.
+	if !s.handed.IsZero() && !slot.IsZero() && !slot.After(s.handed) {
+		slot = s.after(s.handed)
+	}
 	if slot.IsZero() {
+		s.mu.Unlock()
 		return slot // the spec never fires again
 	}
-	s.mu.Lock()
 	// The queue stays short: a Scheduler starts its cron once, so every
 	// value handed out is fired, in order, except the last one at Stop.
 	s.pending = append(s.pending, slot)

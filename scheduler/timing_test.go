@@ -615,3 +615,109 @@ func TestCatchUpRunsASlotStopCutShort(t *testing.T) {
 		}
 	})
 }
+
+// A node's clock stepped 45s back while it runs a minute's slot (an NTP
+// correction, here through WithClock): the node runs no slot twice. It
+// named the slot it had just fired again once its clock showed a time
+// before it, and ran it a second time 45s later: without a slot store
+// nothing else stands between a node and its own slot.
+func TestClockSteppedBackRunsNoSlotTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var step atomic.Int64
+		clock := func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+		var o outcomes
+		s := bubbleScheduler(t, newGuard(t, memory.New()), "a", &o, scheduler.WithClock(clock))
+		stepped := make(chan struct{})
+		var runs atomic.Int32
+		err := s.Add("0 * * * * *", "minutely", func(ctx context.Context) error {
+			if runs.Add(1) == 2 {
+				step.Store(int64(-45 * time.Second))
+				close(stepped)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := time.Now()
+		s.Start()
+		<-stepped
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		// The step comes during the run of 2m, after the timer was set for
+		// 3m, which fires on time (its clock showing 2m15s); 4m fires when
+		// the stepped clock shows it, 45s late.
+		want := []string{"1m0s ran", "2m0s ran", "3m0s ran", "4m0s ran"}
+		if got := o.summary(base); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("outcomes %v, want %v", got, want)
+		}
+	})
+}
+
+// A node whose clock is a whole number of intervals ahead (10 minutes, on a
+// minutely job) runs a later slot at the instant another node runs an
+// earlier one that the fast node gave back, having found the lock held by a
+// run of a still earlier slot. The two runs meet at the job's lock, and
+// when the fast node's comes first the other's slot is skipped on the last
+// node to fire it: it runs nowhere, recorded skipped ("lock held") on
+// every node.
+func TestClockAheadByIntervalsLeavesNoSlotUnrun(t *testing.T) {
+	t.Skip("defect: a node ahead by whole intervals leaves slots unrun, 5 to 9 of the first 30 here (the package documentation says so; WaitForLock avoids it)")
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var o outcomes
+		var m minuteRuns
+		for _, inst := range []string{"a", "b", "ahead"} {
+			opts := []scheduler.Option{scheduler.WithSlotStore(store)}
+			if inst == "ahead" {
+				opts = append(opts, scheduler.WithClock(func() time.Time { return time.Now().Add(10 * time.Minute) }))
+			}
+			s := bubbleScheduler(t, newGuard(t, locker), inst, &o, opts...)
+			err := s.Add("0 * * * * *", "minutely", func(ctx context.Context) error {
+				time.Sleep(10 * time.Millisecond)
+				return m.job(ctx)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+		}
+		base := time.Now()
+		time.Sleep(31 * time.Minute)
+		synctest.Wait()
+		if unrun := m.unrun(base, 30); len(unrun) > 0 {
+			t.Errorf("of the first 30 slots, %v ran nowhere", unrun)
+		}
+	})
+}
+
+// minuteRuns counts the runs of each slot of a minutely job.
+type minuteRuns struct {
+	mu  sync.Mutex
+	ran map[time.Time]int
+}
+
+// job records its run's slot.
+func (m *minuteRuns) job(ctx context.Context) error {
+	run, _ := scheduler.RunFrom(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ran == nil {
+		m.ran = map[time.Time]int{}
+	}
+	m.ran[run.Slot]++
+	return nil
+}
+
+// unrun lists the slots of the n minutes after base that ran nowhere.
+func (m *minuteRuns) unrun(base time.Time, n int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for i := 1; i <= n; i++ {
+		if d := time.Duration(i) * time.Minute; m.ran[base.Add(d)] == 0 {
+			out = append(out, fmt.Sprint(d))
+		}
+	}
+	return out
+}

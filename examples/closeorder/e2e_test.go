@@ -21,6 +21,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	consulapi "github.com/hashicorp/consul/api"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/backends/zklock"
@@ -173,6 +176,16 @@ func buildService(t *testing.T) string {
 
 func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 	t.Helper()
+	r, listening := launchReplica(t, bin, name, args...)
+	listening(t)
+	return r
+}
+
+// launchReplica starts a replica and returns it with the function that
+// waits for it to listen and learns its addresses, so that several may be
+// started at once.
+func launchReplica(t *testing.T, bin, name string, args ...string) (*replica, func(*testing.T)) {
+	t.Helper()
 	r := &replica{name: name}
 	r.cmd = exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-admin-addr", "127.0.0.1:0", "-instance", name}, args...)...)
 	stdout, err := r.cmd.StdoutPipe()
@@ -213,17 +226,19 @@ func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 		}
 		close(found)
 	}()
-	select {
-	case u, ok := <-found:
-		if !ok {
-			t.Fatalf("%s exited before listening", name)
+	return r, func(t *testing.T) {
+		t.Helper()
+		select {
+		case u, ok := <-found:
+			if !ok {
+				t.Fatalf("%s exited before listening", name)
+			}
+			r.url, r.admin, r.banner = u[0], u[1], u[2]
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s did not start listening within 60s", name)
 		}
-		r.url, r.admin, r.banner = u[0], u[1], u[2]
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not start listening within 60s", name)
+		go io.Copy(io.Discard, stdout)
 	}
-	go io.Copy(io.Discard, stdout)
-	return r
 }
 
 func tail(b []byte, n int) []byte {
@@ -548,5 +563,49 @@ func TestOrdersAreTheCallersOwn(t *testing.T) {
 	}
 	if err := getJSONAs(t, one, "", &struct{}{}); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("an anonymous read: %v, want 401", err)
+	}
+}
+
+// TestReplicasStartTogether starts three replicas at once on a PostgreSQL
+// schema nobody has migrated, as a new deployment does, five times: every
+// replica must come up. Each creates the tables it finds missing; without
+// the migration under the cluster's lock, two of three replicas failed to
+// start in about one round of three ("relation \"orders\" already exists",
+// or a duplicate key in pg_type).
+func TestReplicasStartTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test")
+	}
+	const env = "WARDEN_POSTGRES_DSN"
+	dsn := os.Getenv(env)
+	if dsn == "" {
+		dsn = "postgres://warden:warden@127.0.0.1:15432/warden?sslmode=disable"
+	}
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err == nil {
+		err = db.Exec("SELECT 1").Error
+	}
+	if err != nil {
+		drivertest.Unreachable(t, env, dsn, err)
+	}
+	redis := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	bin := buildService(t)
+	for round := range 5 {
+		schema := fmt.Sprintf("closeorder_start_%d_%d", os.Getpid(), round)
+		if err := db.Exec("CREATE SCHEMA " + schema).Error; err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Exec("DROP SCHEMA " + schema + " CASCADE") })
+		// The job never fires while the replicas live: only their start
+		// is tested.
+		args := []string{"-db", dsn + "&search_path=" + schema, "-lock", "redis://" + redis + "/5", "-schedule", "@every 1h"}
+		var waits []func(*testing.T)
+		for i := range 3 {
+			_, listening := launchReplica(t, bin, fmt.Sprintf("round-%d-replica-%d", round, i+1), args...)
+			waits = append(waits, listening)
+		}
+		for _, listening := range waits {
+			listening(t)
+		}
 	}
 }

@@ -36,6 +36,9 @@ import (
 
 const closeJob = "close-unpaid-orders"
 
+// migrateLock is the lock the replicas migrate the orders database under.
+const migrateLock = "migrate"
+
 func main() {
 	// go-redis prints each failed dial of its pool to stderr, outside the
 	// service's log; what fails is reported once, by the error it causes.
@@ -101,9 +104,6 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 		return nil, &unreachable{"db", dbURL, err}
 	}
 	a.orders = &orders{db: db}
-	if err := a.orders.migrate(ctx); err != nil {
-		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
-	}
 
 	lockURL, _ := backendurl.Parse(cfg.lock)
 	locker, err := a.backends.Locker(ctx, lockURL, cfg.ttl)
@@ -133,6 +133,15 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	// The replicas of a new deployment start together, and each creates the
+	// tables it finds missing: one at a time, or all but one fail on a
+	// table another has just created. A replica that died migrating lets
+	// the lock go one TTL later.
+	err = g.Do(ctx, migrateLock, func(ctx context.Context, _ *guard.Lock) error { return a.orders.migrate(ctx) },
+		guard.WaitAtMost(time.Minute))
+	if err != nil {
+		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
 	}
 
 	a.sched, err = scheduler.New(g,
