@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -47,7 +49,8 @@ type attempt struct {
 
 // acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore. A
 // waiting acquisition starts over, with a new key and a session that is
-// alive, after every failure to reach etcd, until ctx is done. One that
+// alive, after every failure to reach etcd, until ctx is done, but not
+// after a refusal for want of rights, which would be refused again. One that
 // does not wait starts over only when its put was cut short because the
 // member it went to stopped answering (at most twice): the attempt never
 // reached the cluster, and the next goes to another member.
@@ -59,7 +62,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOp
 			moved++
 			continue
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || code(err) == codes.PermissionDenied {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
@@ -131,7 +134,12 @@ func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.
 			return err
 		})
 		if err != nil {
-			a.s.giveUp()
+			// A put the member refused was not applied, and leaves
+			// nothing behind: the session's other locks are kept, unless
+			// the refusal says the session's lease is gone.
+			if !refused(err) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				a.s.giveUp()
+			}
 			return nil, err
 		}
 		return resp, nil

@@ -1,0 +1,84 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// authEtcd starts a private etcd with authentication on, and a user whose
+// password holds the characters a URL must escape, allowed to read and
+// write only the keys from "ok" to "ol" and the revocation markers. It
+// returns the member's endpoint, the user and the password.
+func authEtcd(t *testing.T) (ep, user, password string) {
+	t.Helper()
+	ep = privateEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	root := newClient(t, []string{ep})
+	user, password = "limited", "p/@%:w?#"
+	steps := []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "locks"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "locks", "ok", "ol", clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "locks", RevokedPrefix, clientv3.GetPrefixRangeEnd(RevokedPrefix), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserAdd(ctx, user, password); return err },
+		func() error { _, err := root.UserGrantRole(ctx, user, "locks"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ep, user, password
+}
+
+// TestRefusedForWantOfRights: a user without rights on a lock's keys gets
+// etcd's refusal at once, waiting or not, and the session's other locks,
+// on keys the user may write, are kept.
+func TestRefusedForWantOfRights(t *testing.T) {
+	ep, user, password := authEtcd(t)
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, Username: user, Password: password, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := lockerOn(t, c)
+	ctx := context.Background()
+	held, err := l.Acquire(ctx, "ok/held", opts(MinTTL, false))
+	if err != nil {
+		t.Fatalf("a lock the user may take: %v", err)
+	}
+	for _, wait := range []bool{false, true} {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		_, err := l.Acquire(wctx, "forbidden", opts(MinTTL, wait))
+		cancel()
+		t.Logf("wait=%v: %v after %v", wait, err, time.Since(start))
+		if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrNotAcquired) {
+			t.Errorf("wait=%v: got %v, want etcd's refusal", wait, err)
+		}
+		select {
+		case <-held.(driver.SessionLease).Session().Done():
+			t.Fatalf("wait=%v: the session holding another lock ended", wait)
+		default:
+		}
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Errorf("release of the lock held meanwhile: %v", err)
+	}
+}
