@@ -114,12 +114,15 @@ func (s *session) release(le *lease, own string) {
 }
 
 // forget drops le: it was released, or never granted. A revocation found
-// later is not reported.
-func (s *session) forget(le *lease) {
+// later is not reported. It reports whether le was still tracked, that
+// is neither forgotten before nor revoked.
+func (s *session) forget(le *lease) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	tracked := s.isTracked(le)
 	s.unlink(le)
 	le.onRevoke = nil
+	return tracked
 }
 
 // OnRevoke implements driver.RevocableLease. A forced release (ForceRelease)
