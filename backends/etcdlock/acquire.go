@@ -9,7 +9,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
 
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -62,7 +61,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOp
 			moved++
 			continue
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || code(err) == codes.PermissionDenied {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || denied(err) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {

@@ -345,6 +345,13 @@ func refused(err error) bool {
 	return false
 }
 
+// denied reports whether err is a refusal for want of rights. A watch
+// refused so carries the refusal as text alone: clientv3 makes an error of
+// the reason the server gave, the refusal's text in full.
+func denied(err error) bool {
+	return code(err) == codes.PermissionDenied || err != nil && err.Error() == rpctypes.ErrGRPCPermissionDenied.Error()
+}
+
 // code is the gRPC code err carries, as an etcd error or as a status;
 // codes.Unknown when it carries neither, codes.OK for nil.
 func code(err error) codes.Code {

@@ -48,6 +48,10 @@ type session struct {
 	// by directory (see track).
 	idle map[string]uint64
 
+	// watching is offered the first outcome of each watch of the
+	// session's revocation markers; watchStarted takes the first.
+	watching chan error
+
 	// done is closed when the lease is lost, revoked or given up.
 	done   chan struct{}
 	exited chan struct{}
@@ -62,7 +66,11 @@ var _ driver.Session = (*session)(nil)
 // deadline, not the number of attempts, decides when to give up.
 const retryDelay = 100 * time.Millisecond
 
-// newSession grants a lease of ttl and starts keeping it alive.
+// newSession grants a lease of ttl and starts keeping it alive, and
+// watching its revocation markers: a session whose watch etcd refuses for
+// want of rights is revoked, and its acquisition fails with etcd's
+// reason, rather than hold locks whose forced release it would never hear
+// of (see watchStarted).
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
 	timeout := l.timeout
 	var (
@@ -82,22 +90,27 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	}
 	kctx, stop := context.WithCancel(context.Background())
 	s := &session{
-		l:       l,
-		timeout: timeout,
-		id:      resp.ID,
-		ttl:     ttl,
-		born:    sent,
-		kctx:    kctx,
-		stop:    stop,
-		idle:    make(map[string]uint64),
-		done:    make(chan struct{}),
-		exited:  make(chan struct{}),
+		l:        l,
+		timeout:  timeout,
+		id:       resp.ID,
+		ttl:      ttl,
+		born:     sent,
+		kctx:     kctx,
+		stop:     stop,
+		idle:     make(map[string]uint64),
+		watching: make(chan error, 1),
+		done:     make(chan struct{}),
+		exited:   make(chan struct{}),
 	}
 	// The server started counting no earlier than the request was sent, and
 	// may have raised the TTL to its minimum, never lowered it.
 	s.expiry.Store(int64(time.Duration(resp.TTL) * time.Second))
 	go s.run()
 	s.wg.Go(s.watchRevocations)
+	if err := s.watchStarted(ctx); err != nil {
+		s.close(true)
+		return nil, err
+	}
 	return s, nil
 }
 
