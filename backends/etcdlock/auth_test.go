@@ -113,3 +113,21 @@ func TestMarkersRefused(t *testing.T) {
 		t.Errorf("leases left: %v", leases.Leases)
 	}
 }
+
+// TestPingWithRightsOnItsKeysAlone: a user with rights on its locks' keys
+// alone, and none on the key a ping reads, has a cluster that answers
+// pinged as answering, by a Locker and by a Store.
+func TestPingWithRightsOnItsKeysAlone(t *testing.T) {
+	c := authEtcd(t, true)
+	s, err := NewStore(c, WithStorePrefix("ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for what, p := range map[string]driver.Pinger{"Locker": lockerOn(t, c), "Store": s} {
+		if err := p.Ping(ctx); err != nil {
+			t.Errorf("%s.Ping: %v", what, err)
+		}
+	}
+}
