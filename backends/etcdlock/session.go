@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,10 +188,14 @@ func (s *session) spareHolders(expiry time.Time) {
 // attempt is not enough: a lease outlives an outage, since etcd restarts
 // every lease's TTL when a new leader is elected, so the keys of a session
 // this process already knows lost would block their locks for a whole TTL
-// after etcd comes back.
+// after etcd comes back. Once the client is closed, nothing can be sent:
+// it gives up then too.
 func (s *session) revokeUntilGone() error {
 	pause := driver.Backoff{Min: retryDelay, Max: 500 * time.Millisecond}
 	for {
+		if s.l.client.Ctx().Err() != nil {
+			return errClientClosed
+		}
 		err := s.revokeLease()
 		if err == nil || !errors.Is(err, driver.ErrUnavailable) {
 			return err
@@ -204,6 +209,9 @@ func (s *session) revokeUntilGone() error {
 		}
 	}
 }
+
+// errClientClosed is the revocation's error once the client is closed.
+var errClientClosed = fmt.Errorf("%w: etcd client closed", driver.ErrUnavailable)
 
 // revokeLease revokes the lease, so that its keys disappear at once instead
 // of at its expiry.
@@ -353,6 +361,10 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 		case <-ctx.Done():
 			return false
 		case <-lostTimer.C:
+			return true
+		case <-s.l.client.Ctx().Done():
+			// Closed: nothing renews the lease any more, and its
+			// holders are told now rather than at the loss deadline.
 			return true
 		case <-s.l.members.changes():
 			// Requests have moved to another member, the one this
