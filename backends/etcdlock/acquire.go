@@ -51,13 +51,15 @@ type attempt struct {
 // alive, after every failure to reach etcd, until ctx is done, but not
 // after a refusal for want of rights, which would be refused again. One that
 // does not wait starts over only when its put was cut short because the
-// member it went to stopped answering (at most twice): the attempt never
-// reached the cluster, and the next goes to another member.
+// member it went to stopped answering, or was refused because the session's
+// lease was gone (revoked by an operator, before the keepalive noticed), at
+// most twice: the attempt put nothing, and the next goes to another member,
+// or on a new session.
 func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for moved := 0; ; {
 		lease, err := l.attempt(ctx, name, opts, k, permits)
-		if errors.Is(err, errAvoided) && moved < 2 && ctx.Err() == nil {
+		if (errors.Is(err, errAvoided) || errors.Is(err, rpctypes.ErrLeaseNotFound)) && moved < 2 && ctx.Err() == nil {
 			moved++
 			continue
 		}

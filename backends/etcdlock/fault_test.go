@@ -865,3 +865,34 @@ func TestSlowOnlyMemberKeepsSession(t *testing.T) {
 	}
 	slow.Slow(0)
 }
+
+// TestSessionRevokedByOperator: once an operator revokes a session's etcd
+// lease, the holder of a lock on it is told at the session's next request
+// at the latest, and an acquisition that does not wait, made before the
+// keepalive noticed, takes its lock on a new session rather than fail.
+func TestSessionRevokedByOperator(t *testing.T) {
+	eps := endpoints(t)
+	l, c := newLocker(t, eps)
+	ctx := context.Background()
+	k := name("operator-revoked")
+	held, err := l.Acquire(ctx, k, opts(60*time.Second, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Revoke(ctx, held.(*lease).s.id); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Acquire(ctx, k+"/next", opts(60*time.Second, false))
+	if err != nil {
+		t.Fatalf("Acquire after the session's lease was revoked: %v", err)
+	}
+	defer next.Release(ctx)
+	select {
+	case <-held.(driver.SessionLease).Session().Done():
+	default:
+		t.Error("the revoked session's holder was not told")
+	}
+	if next.(driver.SessionLease).Session() == held.(driver.SessionLease).Session() {
+		t.Error("the lock was granted on the revoked session")
+	}
+}
