@@ -896,3 +896,23 @@ func TestSessionRevokedByOperator(t *testing.T) {
 		t.Error("the lock was granted on the revoked session")
 	}
 }
+
+// TestSessionStartNotStalledByFrozenWatch: a member that froze between
+// answering a session's grant and confirming its watch of the session's
+// revocation markers holds the acquisition no longer than a probe and a
+// move to the next member, not for the request timeout.
+func TestSessionStartNotStalledByFrozenWatch(t *testing.T) {
+	proxy := drivertest.StartProxy(t, endpoints(t)[0])
+	l := lockerOn(t, newClient(t, []string{proxy.Addr(), endpoints(t)[0]}), WithRequestTimeout(time.Minute))
+	m := pinTo(l, 0)
+	m.client.Watcher = &freezeOnWatch{Watcher: m.client.Watcher, prefix: RevokedPrefix, freeze: proxy.Blackhole}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	le, err := l.Acquire(ctx, name("frozen-session-watch"), opts(time.Minute, false))
+	if err != nil {
+		t.Fatalf("Acquire, its member frozen after the grant: %v", err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -206,21 +206,33 @@ func (s *session) watchRevocations() {
 // created or refused, and returns its refusal for want of rights: the
 // session's holders could never be told of a forced release. Any other
 // failure is retried by the watch itself, and ctx ending, the session
-// ending or the bound passing end the wait with nil.
+// ending or the bound passing end the wait with nil. A watch still
+// unconfirmed after probeAfter has its member probed, as an unanswered
+// request does: a member that froze after answering the grant confirms
+// nothing, and the watch moves with the Locker to the next one.
 func (s *session) watchStarted(ctx context.Context) error {
 	t := time.NewTimer(time.Duration(s.timeout))
 	defer t.Stop()
-	select {
-	case err := <-s.watching:
-		if denied(err) {
-			return fmt.Errorf("%w: etcd refused to watch %s, where a forced release tells holders so (the user needs read and write access to it): %w",
-				driver.ErrUnavailable, RevokedPrefix, rpctypes.ErrPermissionDenied)
+	probe := time.NewTimer(probeAfter)
+	defer probe.Stop()
+	for {
+		select {
+		case err := <-s.watching:
+			if denied(err) {
+				return fmt.Errorf("%w: etcd refused to watch %s, where a forced release tells holders so (the user needs read and write access to it): %w",
+					driver.ErrUnavailable, RevokedPrefix, rpctypes.ErrPermissionDenied)
+			}
+			return nil
+		case <-probe.C:
+			s.l.members.probe(s.l.members.pick())
+		case <-ctx.Done():
+			return nil
+		case <-s.done:
+			return nil
+		case <-t.C:
+			return nil
 		}
-	case <-ctx.Done():
-	case <-s.done:
-	case <-t.C:
 	}
-	return nil
 }
 
 // watchRevocationsOnce runs one watch of the marker directory dir, on the
