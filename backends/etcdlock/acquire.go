@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -47,19 +48,22 @@ type attempt struct {
 
 // acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore. A
 // waiting acquisition starts over, with a new key and a session that is
-// alive, after every failure to reach etcd, until ctx is done. One that
+// alive, after every failure to reach etcd, until ctx is done, but not
+// after a refusal for want of rights, which would be refused again. One that
 // does not wait starts over only when its put was cut short because the
-// member it went to stopped answering (at most twice): the attempt never
-// reached the cluster, and the next goes to another member.
+// member it went to stopped answering, or was refused because the session's
+// lease was gone (revoked by an operator, before the keepalive noticed), at
+// most twice: the attempt put nothing, and the next goes to another member,
+// or on a new session.
 func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for moved := 0; ; {
 		lease, err := l.attempt(ctx, name, opts, k, permits)
-		if errors.Is(err, errAvoided) && moved < 2 && ctx.Err() == nil {
+		if (errors.Is(err, errAvoided) || errors.Is(err, rpctypes.ErrLeaseNotFound)) && moved < 2 && ctx.Err() == nil {
 			moved++
 			continue
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || denied(err) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
@@ -131,7 +135,12 @@ func (a *attempt) put(ctx context.Context, cmps []clientv3.Cmp, ops ...clientv3.
 			return err
 		})
 		if err != nil {
-			a.s.giveUp()
+			// A put the member refused was not applied, and leaves
+			// nothing behind: the session's other locks are kept, unless
+			// the refusal says the session's lease is gone.
+			if !refused(err) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				a.s.giveUp()
+			}
 			return nil, err
 		}
 		return resp, nil

@@ -285,3 +285,18 @@ func TestNestedNames(t *testing.T) {
 		held.Release(ctx)
 	}
 }
+
+// TestClientClosedEndsSessions: closing the client under a Locker that
+// holds a lock (a process shutting down in the wrong order) ends its
+// session within the TTL, and nothing of it runs on: the revocation it
+// would send has nowhere to go.
+func TestClientClosedEndsSessions(t *testing.T) {
+	l, c := newLocker(t, endpoints(t))
+	le, err := l.Acquire(context.Background(), name("client-closed"), opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := le.(*lease).s
+	c.Close()
+	waitFor(t, "the session has exited", s.exitedYet)
+}

@@ -865,3 +865,54 @@ func TestSlowOnlyMemberKeepsSession(t *testing.T) {
 	}
 	slow.Slow(0)
 }
+
+// TestSessionRevokedByOperator: once an operator revokes a session's etcd
+// lease, the holder of a lock on it is told at the session's next request
+// at the latest, and an acquisition that does not wait, made before the
+// keepalive noticed, takes its lock on a new session rather than fail.
+func TestSessionRevokedByOperator(t *testing.T) {
+	eps := endpoints(t)
+	l, c := newLocker(t, eps)
+	ctx := context.Background()
+	k := name("operator-revoked")
+	held, err := l.Acquire(ctx, k, opts(60*time.Second, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Revoke(ctx, held.(*lease).s.id); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Acquire(ctx, k+"/next", opts(60*time.Second, false))
+	if err != nil {
+		t.Fatalf("Acquire after the session's lease was revoked: %v", err)
+	}
+	defer next.Release(ctx)
+	select {
+	case <-held.(driver.SessionLease).Session().Done():
+	case <-time.After(10 * time.Second):
+		t.Error("the revoked session's holder was not told")
+	}
+	if next.(driver.SessionLease).Session() == held.(driver.SessionLease).Session() {
+		t.Error("the lock was granted on the revoked session")
+	}
+}
+
+// TestSessionStartNotStalledByFrozenWatch: a member that froze between
+// answering a session's grant and confirming its watch of the session's
+// revocation markers holds the acquisition no longer than a probe and a
+// move to the next member, not for the request timeout.
+func TestSessionStartNotStalledByFrozenWatch(t *testing.T) {
+	proxy := drivertest.StartProxy(t, endpoints(t)[0])
+	l := lockerOn(t, newClient(t, []string{proxy.Addr(), endpoints(t)[0]}), WithRequestTimeout(time.Minute))
+	m := pinTo(l, 0)
+	m.client.Watcher = &freezeOnWatch{Watcher: m.client.Watcher, prefix: RevokedPrefix, freeze: proxy.Blackhole}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	le, err := l.Acquire(ctx, name("frozen-session-watch"), opts(time.Minute, false))
+	if err != nil {
+		t.Fatalf("Acquire, its member frozen after the grant: %v", err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/backends/internal/idemrecord"
@@ -201,20 +202,18 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		return nil, err
 	}
 	ttl := ttlSeconds(c.Lease)
-	id, err := s.lease(ctx, ttl)
-	if err != nil {
-		return nil, err
-	}
 	k := s.recordKey(c.Scope, c.Key)
 	st := stored{state: idempotency.StateInProgress, ttl: ttl, fingerprint: c.Fingerprint, owner: c.Owner}
 	v := encodeRecord(st)
 	sent := time.Now()
-	resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
-		return s.client.Txn(rctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-			Then(clientv3.OpPut(k, v, clientv3.WithLease(id))).
-			Else(clientv3.OpGet(k)).
-			Commit()
+	resp, err := s.onLease(ctx, ttl, func(id clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+		return call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+			return s.client.Txn(rctx).
+				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+				Then(clientv3.OpPut(k, v, clientv3.WithLease(id))).
+				Else(clientv3.OpGet(k)).
+				Commit()
+		})
 	})
 	if err != nil {
 		// The put may have landed: take back this claim, and no other
@@ -388,13 +387,6 @@ func (s *Store) rewrite(ctx context.Context, k, key, owner, opName string, op fu
 	if err := ctx.Err(); err != nil {
 		return claim{}, err
 	}
-	var id clientv3.LeaseID
-	if ttl > 0 {
-		var err error
-		if id, err = s.lease(ctx, ttl); err != nil {
-			return claim{}, err
-		}
-	}
 	cur, ok := s.remembered(k, owner)
 	if !ok {
 		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.GetResponse, error) {
@@ -408,12 +400,14 @@ func (s *Store) rewrite(ctx context.Context, k, key, owner, opName string, op fu
 		}
 	}
 	for range 3 {
-		resp, err := call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
-			return s.client.Txn(rctx).
-				If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
-				Then(op(id, cur)).
-				Else(clientv3.OpGet(k)).
-				Commit()
+		resp, err := s.onLease(ctx, ttl, func(id clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+			return call(ctx, s.timeout, func(rctx context.Context) (*clientv3.TxnResponse, error) {
+				return s.client.Txn(rctx).
+					If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.rev)).
+					Then(op(id, cur)).
+					Else(clientv3.OpGet(k)).
+					Commit()
+			})
 		})
 		if err != nil {
 			return claim{}, err
@@ -482,6 +476,38 @@ func (s *Store) lease(ctx context.Context, ttl int64) (clientv3.LeaseID, error) 
 		if sl.err == nil && (!sl.sent.Before(came) || time.Since(sl.sent) < leaseReuse) {
 			return sl.id, nil
 		}
+	}
+}
+
+// onLease commits txn on the shared lease of ttl seconds (on none when ttl
+// is 0). etcd refuses, and applies nothing of, a transaction that puts a
+// key on a lease it no longer has: a shared lease cannot run out while
+// records still attach to it, but an operator may have revoked it. That
+// lease is then forgotten, and txn committed once more, on a new one.
+func (s *Store) onLease(ctx context.Context, ttl int64, txn func(clientv3.LeaseID) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+	if ttl == 0 {
+		return txn(0)
+	}
+	for retried := false; ; retried = true {
+		id, err := s.lease(ctx, ttl)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := txn(id)
+		if retried || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return resp, err
+		}
+		s.mu.Lock()
+		if sl := s.leases[ttl]; sl != nil {
+			select {
+			case <-sl.ready:
+				if sl.id == id {
+					delete(s.leases, ttl)
+				}
+			default: // a new grant, in flight
+			}
+		}
+		s.mu.Unlock()
 	}
 }
 

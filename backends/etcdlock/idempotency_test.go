@@ -211,3 +211,56 @@ func TestStoreRecordFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreLeaseRevoked: a shared lease an operator revoked takes its
+// records with it, but the records written next, within the half second
+// the store would have attached them to it, go on a new lease: a Claim
+// and a Complete succeed, and their records live.
+func TestStoreLeaseRevoked(t *testing.T) {
+	eps := endpoints(t)
+	s := newStore(t, eps)
+	admin := newClient(t, eps)
+	ctx := context.Background()
+	key := name("lease-revoked")
+	revoke := func(ttl time.Duration) {
+		t.Helper()
+		s.mu.Lock()
+		sl := s.leases[ttlSeconds(ttl)]
+		s.mu.Unlock()
+		if sl == nil {
+			t.Fatalf("no shared lease of %v", ttl)
+		}
+		<-sl.ready
+		if _, err := admin.Revoke(ctx, sl.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(k string) idempotency.Claim {
+		return idempotency.Claim{Key: k, Fingerprint: "f", Owner: "owner of " + k, Lease: time.Minute}
+	}
+	for _, k := range []string{key + "/1", key + "/2"} {
+		if _, err := s.Claim(ctx, claim(k)); err != nil {
+			t.Fatal(err)
+		}
+		revoke(time.Minute)
+	}
+	if err := s.Complete(ctx, "", key+"/2", "owner of "+key+"/2", []byte("done"), time.Hour); !errors.Is(err, idempotency.ErrNotOwner) {
+		t.Errorf("Complete of a claim whose lease was revoked: %v, want ErrNotOwner", err)
+	}
+	if _, err := s.Claim(ctx, claim(key+"/3")); err != nil {
+		t.Fatalf("Claim just after its shared lease was revoked: %v", err)
+	}
+	if err := s.Complete(ctx, "", key+"/3", "owner of "+key+"/3", []byte("done"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	revoke(time.Hour)
+	if _, err := s.Claim(ctx, claim(key+"/4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, "", key+"/4", "owner of "+key+"/4", []byte("done"), time.Hour); err != nil {
+		t.Fatalf("Complete just after its shared lease was revoked: %v", err)
+	}
+	if rec, err := s.Get(ctx, "", key+"/4"); err != nil || rec.State != idempotency.StateCompleted {
+		t.Errorf("the completed record: %+v, %v", rec, err)
+	}
+}

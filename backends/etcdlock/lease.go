@@ -130,6 +130,10 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // key is this lease's alone, and only its own delete (or an operator's
 // forced release) removes it under a live session.
 //
+// A lease released before, or taken by a forced release, is not sent
+// anything either: its key may be another holder's by now. Release
+// returns ErrNotHeld.
+//
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: the loss is already known, the session's
 // lease is revoked or expiring with every key on it, and its connections may
@@ -142,7 +146,11 @@ func (le *lease) verify(resp *clientv3.GetResponse) error {
 // session's other locks are lost with it; later acquisitions start a new
 // session.
 func (le *lease) Release(ctx context.Context) error {
-	le.s.forget(le)
+	if !le.s.forget(le) {
+		// Released already, its key perhaps put again since by another
+		// holder of the session, or taken by a forced release.
+		return fmt.Errorf("%w: etcd lock released already or taken", driver.ErrNotHeld)
+	}
 	if le.s.lost() {
 		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
 	}

@@ -69,7 +69,9 @@ var (
 // The Locker dials the client's endpoints itself (client.Dial, with the
 // client's credentials and dial options), one at a time, so that it can stop
 // sending to a member that does not answer (see the package documentation);
-// those connections close with the Locker or the client. A client whose KV
+// those connections close with the Locker or the client. Closing the
+// client ends the Locker's sessions at once (their Done channels close,
+// and nothing is sent any more), as a crash of the process would. A client whose KV
 // or Watcher was replaced (namespace.NewKV) is used as it is instead, with
 // the client's own balancing, so that the replacement still applies.
 func New(client *clientv3.Client, opts ...Option) (*Locker, error) {

@@ -329,15 +329,40 @@ func (ms *members) repeat(ctx context.Context, b bound, detached bool, f func(co
 // unreachable reports whether err is the failure of a request that could
 // not reach its member, or that the member could not serve (it knows no
 // leader).
-func unreachable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
+func unreachable(err error) bool { return code(err) == codes.Unavailable }
+
+// refused reports whether err is the member's answer refusing a request,
+// which it therefore did not apply: want of rights (codes.PermissionDenied),
+// a request etcd finds invalid or too large, a lease it does not know, a
+// revision out of range. A refusal of a message too large for the client
+// to receive (codes.ResourceExhausted) is not among them: the server may
+// have applied the request whose answer that was.
+func refused(err error) bool {
+	switch code(err) {
+	case codes.PermissionDenied, codes.InvalidArgument, codes.NotFound, codes.OutOfRange:
 		return true
 	}
+	return false
+}
+
+// denied reports whether err is a refusal for want of rights. A watch
+// refused so carries the refusal as text alone: clientv3 makes an error of
+// the reason the server gave, the refusal's text in full.
+func denied(err error) bool {
+	return code(err) == codes.PermissionDenied || err != nil && err.Error() == rpctypes.ErrGRPCPermissionDenied.Error()
+}
+
+// code is the gRPC code err carries, as an etcd error or as a status;
+// codes.Unknown when it carries neither, codes.OK for nil.
+func code(err error) codes.Code {
 	var ee rpctypes.EtcdError
-	return errors.As(err, &ee) && ee.Code() == codes.Unavailable
+	if errors.As(err, &ee) {
+		return ee.Code()
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Code()
+	}
+	return codes.Unknown
 }
 
 // changes returns a channel closed when another member is pinned.

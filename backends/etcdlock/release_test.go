@@ -74,3 +74,37 @@ func TestReleaseUnansweredAsSessionEnds(t *testing.T) {
 		t.Errorf("keys left after the release: %v", keys)
 	}
 }
+
+// TestReleaseTwice: a lease released a second time, after its session put
+// its key again for a semaphore holder (the same name, the same key), is
+// refused with ErrNotHeld and deletes nothing: the semaphore's holder keeps
+// its permit, and its key.
+func TestReleaseTwice(t *testing.T) {
+	l, c := newLocker(t, endpoints(t))
+	ctx := context.Background()
+	key := name("release-twice")
+	first, err := l.AcquireSemaphore(ctx, key, 2, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.AcquireSemaphore(ctx, key, 2, opts(MinTTL, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(ctx)
+	if next.(*lease).key() != first.(*lease).key() {
+		t.Fatalf("the session put %q, not the released key %q again", next.(*lease).key(), first.(*lease).key())
+	}
+	if err := first.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+		t.Errorf("second release: %v, want ErrNotHeld", err)
+	}
+	if keys := keysUnder(t, c, key); len(keys) != 1 {
+		t.Errorf("keys after the second release: %v, want the holder's", keys)
+	}
+	if err := next.(*lease).Refresh(ctx, MinTTL); err != nil {
+		t.Errorf("the holder after another lease's second release: %v", err)
+	}
+}

@@ -2,9 +2,12 @@ package etcdlock
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -16,7 +19,9 @@ import (
 // etcd lease, so it never outlives that session, and the session deletes it
 // once it has seen it. An escaped lock name cannot contain '/', so no lock
 // directory (KeyDir) lies under it, and List skips it; with etcd's
-// authentication on, the users of a Locker need read and write access to it.
+// authentication on, the users of a Locker need read and write access to it
+// (an acquisition whose session etcd refuses the watch of it fails, with
+// etcd's refusal).
 const RevokedPrefix = "warden/revoked/"
 
 var _ driver.RevocableLease = (*lease)(nil)
@@ -114,12 +119,15 @@ func (s *session) release(le *lease, own string) {
 }
 
 // forget drops le: it was released, or never granted. A revocation found
-// later is not reported.
-func (s *session) forget(le *lease) {
+// later is not reported. It reports whether le was still tracked, that
+// is neither forgotten before nor revoked.
+func (s *session) forget(le *lease) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	tracked := s.isTracked(le)
 	s.unlink(le)
 	le.onRevoke = nil
+	return tracked
 }
 
 // OnRevoke implements driver.RevocableLease. A forced release (ForceRelease)
@@ -179,21 +187,60 @@ func (s *session) revoked(own string) {
 // session ends, reporting each marker once it appears and then deleting it.
 // A watch that fails (a member that loses its leader cancels it, since it
 // is required) is created again; each new watch is followed by a read of
-// the directory, so that a marker put while no watch ran is not missed.
+// the directory, so that a marker put while no watch ran is not missed. A
+// watch refused for want of rights is not: it would be refused again,
+// every retryDelay for as long as the session lives (newSession refuses
+// a session whose first watch is refused so; one refused later, the
+// user's rights changed, lives on unwatched).
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	for {
-		s.watchRevocationsOnce(dir)
-		if driver.Sleep(s.kctx, retryDelay, s.done) != nil || s.lost() {
+		err := s.watchRevocationsOnce(dir)
+		if denied(err) || driver.Sleep(s.kctx, retryDelay, s.done) != nil || s.lost() {
 			return
+		}
+	}
+}
+
+// watchStarted waits until the session's first watch of its markers is
+// created or refused, and returns its refusal for want of rights: the
+// session's holders could never be told of a forced release. Any other
+// failure is retried by the watch itself, and ctx ending, the session
+// ending or the bound passing end the wait with nil. A watch still
+// unconfirmed after probeAfter has its member probed, as an unanswered
+// request does: a member that froze after answering the grant confirms
+// nothing, and the watch moves with the Locker to the next one.
+func (s *session) watchStarted(ctx context.Context) error {
+	t := time.NewTimer(time.Duration(s.timeout))
+	defer t.Stop()
+	probe := time.NewTimer(probeAfter)
+	defer probe.Stop()
+	for {
+		select {
+		case err := <-s.watching:
+			if denied(err) {
+				return fmt.Errorf("%w: etcd refused to watch %s, where a forced release tells holders so (the user needs read and write access to it): %w",
+					driver.ErrUnavailable, RevokedPrefix, rpctypes.ErrPermissionDenied)
+			}
+			return nil
+		case <-probe.C:
+			s.l.members.probe(s.l.members.pick())
+		case <-ctx.Done():
+			return nil
+		case <-s.done:
+			return nil
+		case <-t.C:
+			return nil
 		}
 	}
 }
 
 // watchRevocationsOnce runs one watch of the marker directory dir, on the
 // member the Locker sends its requests to, until it fails, that member is
-// no longer the one, or the session ends.
-func (s *session) watchRevocationsOnce(dir string) {
+// no longer the one, or the session ends. It returns the watch's error, if
+// it failed. Each watch's first outcome, its creation (nil) or its
+// failure, is offered to s.watching, for watchStarted.
+func (s *session) watchRevocationsOnce(dir string) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.kctx))
 	defer cancel()
 	moved := s.l.members.changes()
@@ -202,14 +249,22 @@ func (s *session) watchRevocationsOnce(dir string) {
 	for {
 		select {
 		case <-s.done:
-			return
+			return nil
 		case <-moved:
-			return
+			return nil
 		case wch = <-created:
 			created = nil
 		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				return
+			if !ok {
+				return nil
+			}
+			err := wr.Err()
+			select {
+			case s.watching <- err:
+			default:
+			}
+			if err != nil {
+				return err
 			}
 			var keys []string
 			if wr.Created {
@@ -220,7 +275,7 @@ func (s *session) watchRevocationsOnce(dir string) {
 					return err
 				})
 				if err != nil {
-					return
+					return err
 				}
 				for _, kv := range resp.Kvs {
 					keys = append(keys, string(kv.Key))

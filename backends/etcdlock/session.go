@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,10 @@ type session struct {
 	// by directory (see track).
 	idle map[string]uint64
 
+	// watching is offered the first outcome of each watch of the
+	// session's revocation markers; watchStarted takes the first.
+	watching chan error
+
 	// done is closed when the lease is lost, revoked or given up.
 	done   chan struct{}
 	exited chan struct{}
@@ -62,7 +67,11 @@ var _ driver.Session = (*session)(nil)
 // deadline, not the number of attempts, decides when to give up.
 const retryDelay = 100 * time.Millisecond
 
-// newSession grants a lease of ttl and starts keeping it alive.
+// newSession grants a lease of ttl and starts keeping it alive, and
+// watching its revocation markers: a session whose watch etcd refuses for
+// want of rights is revoked, and its acquisition fails with etcd's
+// reason, rather than hold locks whose forced release it would never hear
+// of (see watchStarted).
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
 	timeout := l.timeout
 	var (
@@ -82,22 +91,27 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	}
 	kctx, stop := context.WithCancel(context.Background())
 	s := &session{
-		l:       l,
-		timeout: timeout,
-		id:      resp.ID,
-		ttl:     ttl,
-		born:    sent,
-		kctx:    kctx,
-		stop:    stop,
-		idle:    make(map[string]uint64),
-		done:    make(chan struct{}),
-		exited:  make(chan struct{}),
+		l:        l,
+		timeout:  timeout,
+		id:       resp.ID,
+		ttl:      ttl,
+		born:     sent,
+		kctx:     kctx,
+		stop:     stop,
+		idle:     make(map[string]uint64),
+		watching: make(chan error, 1),
+		done:     make(chan struct{}),
+		exited:   make(chan struct{}),
 	}
 	// The server started counting no earlier than the request was sent, and
 	// may have raised the TTL to its minimum, never lowered it.
 	s.expiry.Store(int64(time.Duration(resp.TTL) * time.Second))
 	go s.run()
 	s.wg.Go(s.watchRevocations)
+	if err := s.watchStarted(ctx); err != nil {
+		s.close(true)
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -174,10 +188,14 @@ func (s *session) spareHolders(expiry time.Time) {
 // attempt is not enough: a lease outlives an outage, since etcd restarts
 // every lease's TTL when a new leader is elected, so the keys of a session
 // this process already knows lost would block their locks for a whole TTL
-// after etcd comes back.
+// after etcd comes back. Once the client is closed, nothing can be sent:
+// it gives up then too.
 func (s *session) revokeUntilGone() error {
 	pause := driver.Backoff{Min: retryDelay, Max: 500 * time.Millisecond}
 	for {
+		if s.l.client.Ctx().Err() != nil {
+			return errClientClosed
+		}
 		err := s.revokeLease()
 		if err == nil || !errors.Is(err, driver.ErrUnavailable) {
 			return err
@@ -191,6 +209,9 @@ func (s *session) revokeUntilGone() error {
 		}
 	}
 }
+
+// errClientClosed is the revocation's error once the client is closed.
+var errClientClosed = fmt.Errorf("%w: etcd client closed", driver.ErrUnavailable)
 
 // revokeLease revokes the lease, so that its keys disappear at once instead
 // of at its expiry.
@@ -340,6 +361,10 @@ func (s *session) keepAlive(ctx context.Context) (unanswered bool) {
 		case <-ctx.Done():
 			return false
 		case <-lostTimer.C:
+			return true
+		case <-s.l.client.Ctx().Done():
+			// Closed: nothing renews the lease any more, and its
+			// holders are told now rather than at the loss deadline.
 			return true
 		case <-s.l.members.changes():
 			// Requests have moved to another member, the one this
