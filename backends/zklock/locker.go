@@ -194,7 +194,14 @@ func checkRoot(path string) error {
 }
 
 // WithACL sets the ACL of every node the Locker creates (default: world
-// readable and writable, zk.WorldACL(zk.PermAll)).
+// readable and writable, zk.WorldACL(zk.PermAll)). It must let the Locker's
+// session read, create and delete: a request the ACL refuses fails the
+// call at once, a waiting Acquire too, with an error wrapping
+// driver.ErrUnavailable and zk.ErrNoAuth (zk.ErrInvalidACL for an ACL the
+// server will not set, such as zk.AuthACL on a session without
+// credentials). Without read, a lock is granted only to a contender found
+// alone in its queue, and its lease hears nothing of a forced release.
+// Write is not needed (see create).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if len(acl) == 0 {
@@ -642,7 +649,9 @@ func (l *Locker) watch(le *lease) {
 		if errors.Is(err, zk.ErrNoNode) {
 			l.revoke(le.node)
 		}
-		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
+		// A read the ACL refuses would be refused again: the lease goes
+		// without its watch (see WithACL).
+		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth)
 	})
 }
 
@@ -901,13 +910,24 @@ func serverAnswered(err error) bool {
 }
 
 // unavailable wraps a client or server failure as driver.ErrUnavailable,
-// keeping the zk error reachable with errors.Is.
+// keeping the zk error reachable with errors.Is; a refusal for want of
+// rights wraps errDenied.
 func unavailable(op string, err error) error {
 	if errors.Is(err, driver.ErrUnavailable) {
 		return err
 	}
+	if errors.Is(err, zk.ErrNoAuth) || errors.Is(err, zk.ErrInvalidACL) {
+		return fmt.Errorf("%w: zookeeper %s: %w", errDenied, op, err)
+	}
 	return fmt.Errorf("%w: zookeeper %s: %w", driver.ErrUnavailable, op, err)
 }
+
+// errDenied: the ensemble refused a request for want of rights (the ACL of
+// the node it touches does not allow it to the session), or refused the ACL
+// the Locker creates nodes with (the "auth" scheme on a session without
+// credentials). A waiting Acquire does not retry it: the same request would
+// be refused again until its context ended, which would say nothing of why.
+var errDenied = fmt.Errorf("%w: refused by the ACL", driver.ErrUnavailable)
 
 // background runs f as a cleanup the Locker waits for on Close. It reports
 // false, without running f, once the Locker is closed (the session's end

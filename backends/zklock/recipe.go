@@ -87,9 +87,10 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		switch {
 		case errors.Is(err, errRequeue):
 			continue
-		case opts.Wait && errors.Is(err, driver.ErrUnavailable):
+		case opts.Wait && errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, errDenied):
 			// A waiting Acquire goes on through an unreachable ensemble
-			// until its context ends.
+			// until its context ends; a refusal by the ACL would only
+			// come again.
 			if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
 				return nil, err
 			}
