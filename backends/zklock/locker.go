@@ -24,7 +24,9 @@
 // Leases are driver.SessionLeases: guard sends nothing per lock and watches
 // the session instead. The TTL given to guard only sizes guard's safety
 // margin (a tenth of it), so the Locker accepts TTLs up to twice the session
-// timeout (Limits), which keeps that margin within the session's slack.
+// timeout (Limits), which keeps that margin within the session's slack; a
+// server that grants less than asked makes an acquisition refuse a TTL
+// Limits allowed but over twice the granted timeout (ErrInvalidOption).
 //
 // # When a lease is lost
 //
@@ -115,6 +117,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -228,16 +231,22 @@ func WithLogger(l zk.Logger) Option {
 // for (default DefaultSessionTimeout; the server may adjust it to its
 // minSessionTimeout..maxSessionTimeout range, and the Locker follows what it
 // grants). It is the TTL of every lease: how long a crashed holder keeps its
-// locks.
+// locks. A server grants at most its maxSessionTimeout (by default twenty
+// ticks, 40s), and an acquisition whose TTL Limits allowed but is over
+// twice what it granted fails (see Limits).
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) error {
-		if d < 100*time.Millisecond {
-			return fmt.Errorf("%w: zookeeper session timeout %v, want at least 100ms", driver.ErrInvalidOption, d)
+		if d < 100*time.Millisecond || d > maxSessionTimeout {
+			return fmt.Errorf("%w: zookeeper session timeout %v, want 100ms to %v", driver.ErrInvalidOption, d, maxSessionTimeout)
 		}
 		c.sessionTimeout = d
 		return nil
 	}
 }
+
+// maxSessionTimeout is the longest session timeout the protocol can ask
+// for: it counts milliseconds in 32 bits.
+const maxSessionTimeout = math.MaxInt32 * time.Millisecond
 
 // WithRequestTimeout bounds each request to the ensemble (default: the
 // session timeout), so that an unreachable ensemble fails calls with
@@ -289,6 +298,9 @@ type Locker struct {
 	runners runners // make the requests of calls (see send)
 
 	quit chan struct{}
+	// retimed tells the monitor that the server granted a session timeout
+	// other than the one its sleep was timed with.
+	retimed chan struct{}
 }
 
 // epoch groups the leases that share a fate: those granted on one session
@@ -329,7 +341,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		cfg.requestTimeout = cfg.sessionTimeout
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
-		leases: map[string]*lease{}, quit: make(chan struct{})}
+		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
 	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
@@ -367,7 +379,23 @@ func (l *Locker) BoundedByContext() bool { return true }
 // Limits implements driver.Limiter: the TTL given to guard sizes only its
 // safety margin here (the session keeps the leases), so it may be at most
 // twice the session timeout, which keeps that margin under a fifth of it.
+// It is the timeout asked for: the server may grant less, which only the
+// session's first connection tells, and an acquisition then refuses a TTL
+// within Limits but over twice what it granted (see checkTTL).
 func (l *Locker) Limits() driver.Limits { return driver.Limits{MaxTTL: 2 * l.timeout} }
+
+// checkTTL refuses ttl, with driver.ErrInvalidOption, when Limits allowed
+// it but it is over twice the session timeout the server granted: guard's
+// margin, a tenth of the TTL, would then be more than the session's Expiry
+// ever lies ahead, and guard would declare every lease lost as soon as it
+// was granted. A TTL past Limits is guard's to refuse; the Locker itself
+// keeps a lease by its session whatever the TTL.
+func (l *Locker) checkTTL(ttl time.Duration) error {
+	if t := l.sessionTimeout(); ttl > 2*t && ttl <= 2*l.timeout {
+		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout)", driver.ErrInvalidOption, ttl, t, l.timeout)
+	}
+	return nil
+}
 
 // Close ends the session: every lease of the Locker is released at once (the
 // server deletes its ephemeral nodes) and the session is reported lost.
@@ -413,8 +441,11 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		return nil, err
 	}
 	return newSniffConn(c, l.timeout/6, l.hosts.slow, func(ms int32) {
-		if ms > 0 {
-			l.negotiated.Store(int64(ms))
+		if ms > 0 && l.negotiated.Swap(int64(ms)) != int64(ms) {
+			select {
+			case l.retimed <- struct{}{}:
+			default:
+			}
 		}
 	}), nil
 }
@@ -780,6 +811,9 @@ func (l *Locker) monitor() {
 			return
 		case <-beat:
 			beating = false
+		case <-l.retimed:
+			// Asleep for a sixth of the timeout asked for, which may be
+			// longer than the granted one's Expiry lies ahead.
 		case <-timer.C:
 		}
 		due, next := l.check(time.Now())

@@ -82,6 +82,11 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		c, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
 		var lease driver.Lease
 		if err == nil {
+			// Checked once the create has been answered, which tells the
+			// session timeout the server granted.
+			if err = l.checkTTL(opts.TTL); err != nil {
+				return nil, l.leave(ctx, c.node, err)
+			}
 			lease, err = l.contend(ctx, parent, c, k, permits, opts.Wait)
 		}
 		switch {
