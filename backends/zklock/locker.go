@@ -315,10 +315,12 @@ type epoch struct {
 	lost    bool
 }
 
-// New connects to the ZooKeeper ensemble servers (host:port each). It does
+// New connects to the ZooKeeper ensemble servers (host:port each, a host
+// alone meaning port 2181; a chroot is given with WithRoot). It does
 // not wait for the session: operations wait for it, up to the request
-// timeout, or fail with driver.ErrUnavailable. An invalid option is an error
-// wrapping driver.ErrInvalidOption. Close the Locker to end its session.
+// timeout, or fail with driver.ErrUnavailable. An invalid option or address
+// is an error wrapping driver.ErrInvalidOption. Close the Locker to end its
+// session.
 func New(servers []string, opts ...Option) (*Locker, error) {
 	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger, sessionTimeout: DefaultSessionTimeout}
 	for _, o := range opts {
@@ -335,6 +337,9 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	for _, s := range servers {
 		if strings.TrimSpace(s) == "" {
 			return nil, fmt.Errorf("%w: empty zookeeper server address in %q", driver.ErrInvalidOption, servers)
+		}
+		if err := checkServer(s); err != nil {
+			return nil, fmt.Errorf("%w: zookeeper server address %q: %w", driver.ErrInvalidOption, s, err)
 		}
 	}
 	if cfg.requestTimeout == 0 {
@@ -357,6 +362,24 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	l.bg.Add(1)
 	go l.monitor()
 	return l, nil
+}
+
+// checkServer says why addr, a server's address as New takes it, could
+// never be dialed: the client library splits it into a host and a port (a
+// host alone means port 2181) and dials that, so a bad port would fail
+// every connection attempt, as an outage.
+func checkServer(addr string) error {
+	_, port, err := net.SplitHostPort(zk.FormatServers([]string{addr})[0])
+	if err != nil {
+		return err
+	}
+	if _, path, ok := strings.Cut(port, "/"); ok {
+		return fmt.Errorf("a chroot (/%s after the port) is not supported: give the path to WithRoot", path)
+	}
+	if n, err := net.LookupPort("tcp", port); err != nil || n == 0 {
+		return fmt.Errorf("port %q, want 1 to 65535 or a service's name", port)
+	}
+	return nil
 }
 
 var (
