@@ -810,9 +810,15 @@ func (ep *epoch) Expiry() time.Time {
 // Done implements driver.Session.
 func (ep *epoch) Done() <-chan struct{} { return ep.done }
 
-func (l *Locker) dropHeld(ep *epoch) {
+// dropHeld takes le, being released, off its epoch's count of held leases,
+// once however often it is released: a count taken down by a lease released
+// twice would stop the heartbeats of the leases still held.
+func (l *Locker) dropHeld(le *lease) {
 	l.mu.Lock()
-	ep.held--
+	if !le.released {
+		le.released = true
+		le.ep.held--
+	}
 	l.mu.Unlock()
 }
 
