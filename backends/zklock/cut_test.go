@@ -19,13 +19,28 @@ import (
 // swallows the next answer to a request (a frame with a positive xid) and
 // closes the connection instead: the server applied the request, and the
 // client never hears of it.
+//
+// Frozen, it accepts connections and sends nothing either way, as a frozen
+// server does.
 type cutProxy struct {
 	addr   string
 	target string
 	armed  atomic.Bool
 	cuts   atomic.Int32
+	frozen atomic.Bool
+	held   atomic.Int32 // connections accepted while frozen
 	mu     sync.Mutex
 	conns  []net.Conn
+}
+
+// kick closes every connection relayed so far.
+func (p *cutProxy) kick() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }
 
 func startCutProxy(t *testing.T, target string) *cutProxy {
@@ -51,6 +66,13 @@ func startCutProxy(t *testing.T, target string) *cutProxy {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if p.frozen.Load() {
+				p.held.Add(1)
+				p.mu.Lock()
+				p.conns = append(p.conns, c)
+				p.mu.Unlock()
+				continue
 			}
 			s, err := net.Dial("tcp", target)
 			if err != nil {
@@ -183,4 +205,41 @@ func TestStoreLostAnswers(t *testing.T) {
 	if err != nil || rec == nil || rec.Owner != "a" {
 		t.Fatalf("another owner's Claim: %+v, %v; want a's claim", rec, err)
 	}
+}
+
+// TestFrozenServerAfterShorterGrant: a Locker that asked for a longer
+// session than the server grants gives up a connection attempt to a frozen
+// server, and waits before trying it again, by the granted timeout, not
+// the one asked for: it reconnects once the server thaws, before its
+// lease is declared lost, where a handshake allowed a sixth of the asked
+// timeout outlived the session.
+func TestFrozenServerAfterShorterGrant(t *testing.T) {
+	const granted = 12 * time.Second
+	s := startServerUpTo(t, granted)
+	p := startCutProxy(t, s.addr)
+	l := dial(t, []string{p.addr}, WithSessionTimeout(2*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Waiting: a JVM just started may turn the first connection away.
+	held, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: granted, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	if got := l.sessionTimeout(); got != granted {
+		t.Fatalf("session timeout %v, want the %v granted", got, granted)
+	}
+	p.frozen.Store(true)
+	p.kick()
+	frozen := time.Now()
+	eventually(t, "a connection attempt to the frozen server", func() bool { return p.held.Load() > 0 })
+	p.frozen.Store(false)
+	eventually(t, "connected again, or the lease lost", func() bool {
+		up, _ := l.hosts.link()
+		return closed(up) || closed(sessionDone(held))
+	})
+	if closed(sessionDone(held)) {
+		t.Fatal("the lease was lost before the Locker reconnected to the thawed server")
+	}
+	t.Logf("connected again %v after the server froze (session %v)", time.Since(frozen), granted)
 }

@@ -114,6 +114,13 @@ type zkServer struct {
 // properties are -D flags for its JVM.
 func startServer(t *testing.T, properties ...string) *zkServer {
 	t.Helper()
+	return startServerUpTo(t, time.Minute, properties...)
+}
+
+// startServerUpTo is startServer for a server that grants sessions of at
+// most maxSession (its maxSessionTimeout).
+func startServerUpTo(t *testing.T, maxSession time.Duration, properties ...string) *zkServer {
+	t.Helper()
 	java, err := exec.LookPath("java")
 	if err != nil {
 		drivertest.Unreachable(t, "java", "PATH", err)
@@ -128,9 +135,9 @@ func startServer(t *testing.T, properties ...string) *zkServer {
 	ln.Close()
 	cfg := filepath.Join(dir, "zoo.cfg")
 	data := filepath.Join(dir, "data")
-	conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=60000\ndataDir=%s\n"+
+	conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=%d\ndataDir=%s\n"+
 		"clientPort=%d\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n",
-		data, port)
+		maxSession.Milliseconds(), data, port)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -450,8 +450,9 @@ func (l *Locker) isClosed() bool {
 // dial connects like net.DialTimeout, once hosts lets the attempt go, and
 // reads, from the connect response that starts every connection, the
 // session timeout the server granted: the client library keeps it to
-// itself, and the loss rule must use the server's figure, not the one asked
-// for.
+// itself, and the loss rule, the handshake's limit and the time a frozen
+// server is passed over for must use the server's figure, not the one
+// asked for, which may be longer than the session lives.
 func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn, error) {
 	if !l.hosts.wait() {
 		return nil, errClosed
@@ -463,8 +464,9 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		}
 		return nil, err
 	}
-	return newSniffConn(c, l.timeout/6, l.hosts.slow, func(ms int32) {
+	return newSniffConn(c, l.sessionTimeout()/6, l.hosts.slow, func(ms int32) {
 		if ms > 0 && l.negotiated.Swap(int64(ms)) != int64(ms) {
+			l.hosts.retime(time.Duration(ms) * time.Millisecond)
 			select {
 			case l.retimed <- struct{}{}:
 			default:
