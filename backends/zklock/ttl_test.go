@@ -12,16 +12,19 @@ import (
 )
 
 // TestTTLOverGrantedSession: a Locker that asked for a longer session than
-// the server grants (the test server's maxSessionTimeout is a minute)
-// refuses a TTL over twice the granted timeout with ErrInvalidOption and
-// leaves no node queued: guard's margin, a tenth of the TTL, would exceed
-// what the session can vouch for, and every lock would be lost as soon as
-// it was granted. A TTL within twice the granted timeout is held.
+// the server grants (its maxSessionTimeout) refuses a TTL over twice the
+// granted timeout with ErrInvalidOption and leaves no node queued: guard's
+// margin, a tenth of the TTL, would exceed what the session can vouch for,
+// and every lock would be lost as soon as it was granted. A TTL within
+// twice the granted timeout is held, its session kept by heartbeats timed
+// by the granted timeout.
 func TestTTLOverGrantedSession(t *testing.T) {
-	srv := servers(t)
-	l := dial(t, srv, WithSessionTimeout(10*time.Minute))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s := startServerUpTo(t, 3*time.Second)
+	l := dial(t, []string{s.addr}, WithSessionTimeout(10*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
 	k := testKey(t)
 	for range 2 { // before the session is known, and after
 		lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: 10 * time.Minute})
@@ -43,10 +46,10 @@ func TestTTLOverGrantedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk.Unlock(ctx)
-	// The first heartbeat, a sixth of the session timeout after the grant,
-	// moves the session's expiry; a lease guard judged lost at its grant
-	// would have been cancelled before it.
-	eventually(t, "a heartbeat", func() bool { return l.heartbeats.Load() > 0 })
+	// Heartbeats, a sixth of the session timeout apart, move the session's
+	// expiry; without them guard would take the lease for lost two thirds
+	// of the session timeout, less its margin, after the grant.
+	eventually(t, "heartbeats past the session's first expiry", func() bool { return l.heartbeats.Load() >= 6 })
 	if err := context.Cause(lk.Context()); err != nil {
 		t.Fatalf("a lock with a TTL of twice the granted session timeout was lost: %v", err)
 	}
