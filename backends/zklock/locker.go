@@ -249,8 +249,9 @@ func WithSessionTimeout(d time.Duration) Option {
 const maxSessionTimeout = math.MaxInt32 * time.Millisecond
 
 // WithRequestTimeout bounds each request to the ensemble (default: the
-// session timeout), so that an unreachable ensemble fails calls with
-// driver.ErrUnavailable instead of blocking them until their context ends.
+// session timeout in force, the server's once a connection has told it),
+// so that an unreachable ensemble fails calls with driver.ErrUnavailable
+// instead of blocking them until their context ends.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -270,7 +271,7 @@ type Locker struct {
 	root           string
 	acl            []zk.ACL
 	timeout        time.Duration // as asked at New
-	requestTimeout time.Duration
+	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
 
 	hosts      *hosts
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
@@ -341,9 +342,6 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		if err := checkServer(s); err != nil {
 			return nil, fmt.Errorf("%w: zookeeper server address %q: %w", driver.ErrInvalidOption, s, err)
 		}
-	}
-	if cfg.requestTimeout == 0 {
-		cfg.requestTimeout = cfg.sessionTimeout
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
 		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
@@ -558,6 +556,16 @@ func (f readFunc) Read(p []byte) (int, error) { return f(p) }
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// requestLimit bounds each request: WithRequestTimeout's, or else the
+// session timeout in force, past which an unanswered request is no use to
+// a session that has ended.
+func (l *Locker) requestLimit() time.Duration {
+	if l.requestTimeout > 0 {
+		return l.requestTimeout
+	}
+	return l.sessionTimeout()
 }
 
 // sessionTimeout is the session timeout in force: the server's when known.
@@ -927,7 +935,7 @@ func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time
 	case <-round:
 		return unavailable(op, zk.ErrNoServer)
 	case <-timeout:
-		return unavailable(op, fmt.Errorf("no connection within %v", l.requestTimeout))
+		return unavailable(op, fmt.Errorf("no connection within %v", l.requestLimit()))
 	case <-ctx.Done():
 		return ctx.Err()
 	}

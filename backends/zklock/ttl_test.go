@@ -9,6 +9,7 @@ import (
 
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestTTLOverGrantedSession: a Locker that asked for a longer session than
@@ -70,4 +71,26 @@ func TestSessionTimeoutBounds(t *testing.T) {
 	if got := l.Limits().MaxTTL; got <= 0 {
 		t.Errorf("Limits().MaxTTL = %v", got)
 	}
+}
+
+// TestDefaultRequestTimeoutIsGranted: without WithRequestTimeout, a request
+// is bounded by the session timeout the server granted, not the longer one
+// asked for: a server that acts on requests but whose answers are lost
+// fails a call with driver.ErrUnavailable once the session has had its
+// time, not when the caller's context ends.
+func TestDefaultRequestTimeoutIsGranted(t *testing.T) {
+	s := startServerUpTo(t, 3*time.Second)
+	p := drivertest.StartProxy(t, s.addr)
+	l := dial(t, []string{p.Addr()}, WithSessionTimeout(10*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	p.LoseReplies()
+	start := time.Now()
+	_, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession})
+	if ctx.Err() != nil || !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("Acquire with its answers lost: %v (context: %v), want ErrUnavailable before the context ended", err, ctx.Err())
+	}
+	t.Logf("failed after %v with a %v session: %v", time.Since(start), l.sessionTimeout(), err)
 }
