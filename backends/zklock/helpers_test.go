@@ -103,6 +103,9 @@ func children(t testing.TB, l *Locker, key string) []string {
 type zkServer struct {
 	addr string
 	cmd  *exec.Cmd
+	args []string // of the JVM
+	data string   // the data directory
+	log  *os.File
 }
 
 // startServer starts a standalone ZooKeeper on a free port with its data in
@@ -110,6 +113,13 @@ type zkServer struct {
 // started skips the test, or fails it when WARDEN_REQUIRE_SERVERS=1.
 // properties are -D flags for its JVM.
 func startServer(t *testing.T, properties ...string) *zkServer {
+	t.Helper()
+	return startServerUpTo(t, time.Minute, properties...)
+}
+
+// startServerUpTo is startServer for a server that grants sessions of at
+// most maxSession (its maxSessionTimeout).
+func startServerUpTo(t *testing.T, maxSession time.Duration, properties ...string) *zkServer {
 	t.Helper()
 	java, err := exec.LookPath("java")
 	if err != nil {
@@ -124,9 +134,10 @@ func startServer(t *testing.T, properties ...string) *zkServer {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	cfg := filepath.Join(dir, "zoo.cfg")
-	conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=60000\ndataDir=%s\n"+
+	data := filepath.Join(dir, "data")
+	conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=%d\ndataDir=%s\n"+
 		"clientPort=%d\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n",
-		filepath.Join(dir, "data"), port)
+		maxSession.Milliseconds(), data, port)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -134,31 +145,57 @@ func startServer(t *testing.T, properties ...string) *zkServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"}, properties...)
-	cmd := exec.Command(java, append(args, "-cp", "/usr/share/java/*:/etc/zookeeper/conf",
-		"org.apache.zookeeper.server.ZooKeeperServerMain", cfg)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		drivertest.Unreachable(t, "java ZooKeeperServerMain", cfg, err)
-		return nil
-	}
-	s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	args := append([]string{java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"}, properties...)
+	s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), data: data, log: logf,
+		args: append(args, "-cp", "/usr/share/java/*:/etc/zookeeper/conf", "org.apache.zookeeper.server.ZooKeeperServerMain", cfg)}
 	t.Cleanup(func() {
 		s.Kill()
 		logf.Close()
 	})
+	if !s.start(t) {
+		return nil
+	}
+	return s
+}
+
+// start runs the server's JVM and waits until it serves, reporting whether
+// it does.
+func (s *zkServer) start(t *testing.T) bool {
+	t.Helper()
+	s.cmd = exec.Command(s.args[0], s.args[1:]...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		drivertest.Unreachable(t, "java ZooKeeperServerMain", s.addr, err)
+		return false
+	}
 	// A JVM on a loaded machine takes a while; the deadline only bounds a
 	// server that will never come up.
 	deadline := time.Now().Add(60 * time.Second)
 	for !s.ok() {
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logf.Name())
+			log, _ := os.ReadFile(s.log.Name())
 			drivertest.Unreachable(t, "own ZooKeeper", s.addr, fmt.Errorf("not answering after 60s; log:\n%s", log))
-			return nil
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return s
+	return true
+}
+
+// restart kills the server and starts it again on the same port, with its
+// data directory emptied first when wipe is set, as a server that lost its
+// disk.
+func (s *zkServer) restart(t *testing.T, wipe bool) {
+	t.Helper()
+	s.Kill()
+	if wipe {
+		if err := os.RemoveAll(s.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.start(t) {
+		t.FailNow()
+	}
 }
 
 // ok reports whether the server serves clients: "imok" to "ruok" comes too

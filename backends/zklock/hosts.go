@@ -30,10 +30,10 @@ import (
 // and when a round of attempts has failed, which fails them instead (see
 // Locker.linked).
 type hosts struct {
-	quit    <-chan struct{} // the Locker's: closed by Close
-	slowFor time.Duration
+	quit <-chan struct{} // the Locker's: closed by Close
 
 	mu      sync.Mutex
+	slowFor time.Duration // a sixth of the session timeout (see retime)
 	servers []*host
 	last    *host // returned by the latest Next
 	held    bool  // last got a session (Connected) since
@@ -184,6 +184,14 @@ func (h *hosts) wait() bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// retime sets how long a server that timed out is passed over for from
+// the session timeout the server granted, once known.
+func (h *hosts) retime(sessionTimeout time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.slowFor = sessionTimeout / 6
 }
 
 // slow records that the latest attempt, or its connection, timed out.

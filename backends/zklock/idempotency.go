@@ -132,13 +132,13 @@ func invalidOption(format string, args ...any) error {
 	return fmt.Errorf("%w: %w: zookeeper store: %s", driver.ErrInvalidOption, idempotency.ErrInvalid, fmt.Sprintf(format, args...))
 }
 
-// WithStoreRoot sets the node under which the records live: an absolute
-// ZooKeeper path other than "/", without a trailing slash. Stores meant to
-// share records use the same root. It is created on first use.
+// WithStoreRoot sets the node under which the records live: a path
+// ZooKeeper accepts, as WithRoot's. Stores meant to share records use the
+// same root. It is created on first use.
 func WithStoreRoot(path string) StoreOption {
 	return func(c *storeConfig) error {
-		if path == "/" || !strings.HasPrefix(path, "/") || strings.HasSuffix(path, "/") || strings.Contains(path, "//") {
-			return invalidOption("root %q, want an absolute path other than / without a trailing or doubled slash", path)
+		if err := checkRoot(path); err != nil {
+			return invalidOption("root %q: %v", path, err)
 		}
 		c.root = path
 		return nil

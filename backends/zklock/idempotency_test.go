@@ -121,6 +121,12 @@ func TestStoreOptions(t *testing.T) {
 		{"relative root", WithStoreRoot("warden/idem"), "root"},
 		{"trailing slash", WithStoreRoot("/warden/idem/"), "root"},
 		{"doubled slash", WithStoreRoot("/warden//idem"), "root"},
+		// Paths ZooKeeper refuses, which would fail every request.
+		{"dot-dot element", WithStoreRoot("/warden/../idem"), "root"},
+		{"dot element", WithStoreRoot("/warden/./idem"), "root"},
+		{"NUL", WithStoreRoot("/warden/i\x00dem"), "root"},
+		{"control character", WithStoreRoot("/warden/i\x01dem"), "root"},
+		{"not UTF-8", WithStoreRoot("/warden/i\xffdem"), "root"},
 		{"empty ACL", WithStoreACL(), "ACL"},
 		{"zero timeout", WithStoreRequestTimeout(0), "timeout"},
 		{"negative timeout", WithStoreRequestTimeout(-time.Second), "timeout"},

@@ -26,6 +26,8 @@ type lease struct {
 	revoke  func()    // OnRevoke's f, until it is called or forgotten
 	revoked bool      // the node was deleted by someone else while the lease was live
 	watchAt time.Time // when its delayed watch is due (see watchAfter); zero when none waits
+	// released: Release has taken the lease off its epoch's held count.
+	released bool
 }
 
 var _ driver.RevocableLease = (*lease)(nil)
@@ -99,13 +101,13 @@ func (le *lease) Release(ctx context.Context) error {
 	// Forgotten before the delete, whose watch event is no revocation.
 	le.l.untrack(le)
 	if le.l.isClosed() {
-		le.l.dropHeld(le.ep)
+		le.l.dropHeld(le)
 		return fmt.Errorf("%w: the Locker was closed before release", driver.ErrNotHeld)
 	}
 	_, err := call(ctx, le.l, "release", func() (struct{}, error) {
 		return struct{}{}, le.l.conn.Delete(le.node, -1)
 	})
-	le.l.dropHeld(le.ep)
+	le.l.dropHeld(le)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		node := le.node
 		le.l.background(func() { le.l.retry(func() bool { return le.l.remove(node) }) })

@@ -24,7 +24,9 @@
 // Leases are driver.SessionLeases: guard sends nothing per lock and watches
 // the session instead. The TTL given to guard only sizes guard's safety
 // margin (a tenth of it), so the Locker accepts TTLs up to twice the session
-// timeout (Limits), which keeps that margin within the session's slack.
+// timeout (Limits), which keeps that margin within the session's slack; a
+// server that grants less than asked makes an acquisition refuse a TTL
+// Limits allowed but over twice the granted timeout (ErrInvalidOption).
 //
 // # When a lease is lost
 //
@@ -115,6 +117,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -194,7 +197,14 @@ func checkRoot(path string) error {
 }
 
 // WithACL sets the ACL of every node the Locker creates (default: world
-// readable and writable, zk.WorldACL(zk.PermAll)).
+// readable and writable, zk.WorldACL(zk.PermAll)). It must let the Locker's
+// session read, create and delete: a request the ACL refuses fails the
+// call at once, a waiting Acquire too, with an error wrapping
+// driver.ErrUnavailable and zk.ErrNoAuth (zk.ErrInvalidACL for an ACL the
+// server will not set, such as zk.AuthACL on a session without
+// credentials). Without read, a lock is granted only to a contender found
+// alone in its queue, and its lease hears nothing of a forced release.
+// Write is not needed (see create).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if len(acl) == 0 {
@@ -221,20 +231,27 @@ func WithLogger(l zk.Logger) Option {
 // for (default DefaultSessionTimeout; the server may adjust it to its
 // minSessionTimeout..maxSessionTimeout range, and the Locker follows what it
 // grants). It is the TTL of every lease: how long a crashed holder keeps its
-// locks.
+// locks. A server grants at most its maxSessionTimeout (by default twenty
+// ticks, 40s), and an acquisition whose TTL Limits allowed but is over
+// twice what it granted fails (see Limits).
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) error {
-		if d < 100*time.Millisecond {
-			return fmt.Errorf("%w: zookeeper session timeout %v, want at least 100ms", driver.ErrInvalidOption, d)
+		if d < 100*time.Millisecond || d > maxSessionTimeout {
+			return fmt.Errorf("%w: zookeeper session timeout %v, want 100ms to %v", driver.ErrInvalidOption, d, maxSessionTimeout)
 		}
 		c.sessionTimeout = d
 		return nil
 	}
 }
 
+// maxSessionTimeout is the longest session timeout the protocol can ask
+// for: it counts milliseconds in 32 bits.
+const maxSessionTimeout = math.MaxInt32 * time.Millisecond
+
 // WithRequestTimeout bounds each request to the ensemble (default: the
-// session timeout), so that an unreachable ensemble fails calls with
-// driver.ErrUnavailable instead of blocking them until their context ends.
+// session timeout in force, the server's once a connection has told it),
+// so that an unreachable ensemble fails calls with driver.ErrUnavailable
+// instead of blocking them until their context ends.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -254,7 +271,7 @@ type Locker struct {
 	root           string
 	acl            []zk.ACL
 	timeout        time.Duration // as asked at New
-	requestTimeout time.Duration
+	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
 
 	hosts      *hosts
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
@@ -282,6 +299,9 @@ type Locker struct {
 	runners runners // make the requests of calls (see send)
 
 	quit chan struct{}
+	// retimed tells the monitor that the server granted a session timeout
+	// other than the one its sleep was timed with.
+	retimed chan struct{}
 }
 
 // epoch groups the leases that share a fate: those granted on one session
@@ -296,10 +316,12 @@ type epoch struct {
 	lost    bool
 }
 
-// New connects to the ZooKeeper ensemble servers (host:port each). It does
+// New connects to the ZooKeeper ensemble servers (host:port each, a host
+// alone meaning port 2181; a chroot is given with WithRoot). It does
 // not wait for the session: operations wait for it, up to the request
-// timeout, or fail with driver.ErrUnavailable. An invalid option is an error
-// wrapping driver.ErrInvalidOption. Close the Locker to end its session.
+// timeout, or fail with driver.ErrUnavailable. An invalid option or address
+// is an error wrapping driver.ErrInvalidOption. Close the Locker to end its
+// session.
 func New(servers []string, opts ...Option) (*Locker, error) {
 	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger, sessionTimeout: DefaultSessionTimeout}
 	for _, o := range opts {
@@ -317,12 +339,12 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 		if strings.TrimSpace(s) == "" {
 			return nil, fmt.Errorf("%w: empty zookeeper server address in %q", driver.ErrInvalidOption, servers)
 		}
-	}
-	if cfg.requestTimeout == 0 {
-		cfg.requestTimeout = cfg.sessionTimeout
+		if err := checkServer(s); err != nil {
+			return nil, fmt.Errorf("%w: zookeeper server address %q: %w", driver.ErrInvalidOption, s, err)
+		}
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
-		leases: map[string]*lease{}, quit: make(chan struct{})}
+		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
 	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
@@ -338,6 +360,24 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	l.bg.Add(1)
 	go l.monitor()
 	return l, nil
+}
+
+// checkServer says why addr, a server's address as New takes it, could
+// never be dialed: the client library splits it into a host and a port (a
+// host alone means port 2181) and dials that, so a bad port would fail
+// every connection attempt, as an outage.
+func checkServer(addr string) error {
+	_, port, err := net.SplitHostPort(zk.FormatServers([]string{addr})[0])
+	if err != nil {
+		return err
+	}
+	if _, path, ok := strings.Cut(port, "/"); ok {
+		return fmt.Errorf("a chroot (/%s after the port) is not supported: give the path to WithRoot", path)
+	}
+	if n, err := net.LookupPort("tcp", port); err != nil || n == 0 {
+		return fmt.Errorf("port %q, want 1 to 65535 or a service's name", port)
+	}
+	return nil
 }
 
 var (
@@ -360,7 +400,23 @@ func (l *Locker) BoundedByContext() bool { return true }
 // Limits implements driver.Limiter: the TTL given to guard sizes only its
 // safety margin here (the session keeps the leases), so it may be at most
 // twice the session timeout, which keeps that margin under a fifth of it.
+// It is the timeout asked for: the server may grant less, which only the
+// session's first connection tells, and an acquisition then refuses a TTL
+// within Limits but over twice what it granted (see checkTTL).
 func (l *Locker) Limits() driver.Limits { return driver.Limits{MaxTTL: 2 * l.timeout} }
+
+// checkTTL refuses ttl, with driver.ErrInvalidOption, when Limits allowed
+// it but it is over twice the session timeout the server granted: guard's
+// margin, a tenth of the TTL, would then be more than the session's Expiry
+// ever lies ahead, and guard would declare every lease lost as soon as it
+// was granted. A TTL past Limits is guard's to refuse; the Locker itself
+// keeps a lease by its session whatever the TTL.
+func (l *Locker) checkTTL(ttl time.Duration) error {
+	if t := l.sessionTimeout(); ttl > 2*t && ttl <= 2*l.timeout {
+		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout)", driver.ErrInvalidOption, ttl, t, l.timeout)
+	}
+	return nil
+}
 
 // Close ends the session: every lease of the Locker is released at once (the
 // server deletes its ephemeral nodes) and the session is reported lost.
@@ -392,8 +448,9 @@ func (l *Locker) isClosed() bool {
 // dial connects like net.DialTimeout, once hosts lets the attempt go, and
 // reads, from the connect response that starts every connection, the
 // session timeout the server granted: the client library keeps it to
-// itself, and the loss rule must use the server's figure, not the one asked
-// for.
+// itself, and the loss rule, the handshake's limit and the time a frozen
+// server is passed over for must use the server's figure, not the one
+// asked for, which may be longer than the session lives.
 func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn, error) {
 	if !l.hosts.wait() {
 		return nil, errClosed
@@ -405,9 +462,13 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		}
 		return nil, err
 	}
-	return newSniffConn(c, l.timeout/6, l.hosts.slow, func(ms int32) {
-		if ms > 0 {
-			l.negotiated.Store(int64(ms))
+	return newSniffConn(c, l.sessionTimeout()/6, l.hosts.slow, func(ms int32) {
+		if ms > 0 && l.negotiated.Swap(int64(ms)) != int64(ms) {
+			l.hosts.retime(time.Duration(ms) * time.Millisecond)
+			select {
+			case l.retimed <- struct{}{}:
+			default:
+			}
 		}
 	}), nil
 }
@@ -495,6 +556,16 @@ func (f readFunc) Read(p []byte) (int, error) { return f(p) }
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// requestLimit bounds each request: WithRequestTimeout's, or else the
+// session timeout in force, past which an unanswered request is no use to
+// a session that has ended.
+func (l *Locker) requestLimit() time.Duration {
+	if l.requestTimeout > 0 {
+		return l.requestTimeout
+	}
+	return l.sessionTimeout()
 }
 
 // sessionTimeout is the session timeout in force: the server's when known.
@@ -642,7 +713,9 @@ func (l *Locker) watch(le *lease) {
 		if errors.Is(err, zk.ErrNoNode) {
 			l.revoke(le.node)
 		}
-		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
+		// A read the ACL refuses would be refused again: the lease goes
+		// without its watch (see WithACL).
+		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth)
 	})
 }
 
@@ -747,9 +820,15 @@ func (ep *epoch) Expiry() time.Time {
 // Done implements driver.Session.
 func (ep *epoch) Done() <-chan struct{} { return ep.done }
 
-func (l *Locker) dropHeld(ep *epoch) {
+// dropHeld takes le, being released, off its epoch's count of held leases,
+// once however often it is released: a count taken down by a lease released
+// twice would stop the heartbeats of the leases still held.
+func (l *Locker) dropHeld(le *lease) {
 	l.mu.Lock()
-	ep.held--
+	if !le.released {
+		le.released = true
+		le.ep.held--
+	}
 	l.mu.Unlock()
 }
 
@@ -771,6 +850,9 @@ func (l *Locker) monitor() {
 			return
 		case <-beat:
 			beating = false
+		case <-l.retimed:
+			// Asleep for a sixth of the timeout asked for, which may be
+			// longer than the granted one's Expiry lies ahead.
 		case <-timer.C:
 		}
 		due, next := l.check(time.Now())
@@ -853,7 +935,7 @@ func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time
 	case <-round:
 		return unavailable(op, zk.ErrNoServer)
 	case <-timeout:
-		return unavailable(op, fmt.Errorf("no connection within %v", l.requestTimeout))
+		return unavailable(op, fmt.Errorf("no connection within %v", l.requestLimit()))
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -901,13 +983,24 @@ func serverAnswered(err error) bool {
 }
 
 // unavailable wraps a client or server failure as driver.ErrUnavailable,
-// keeping the zk error reachable with errors.Is.
+// keeping the zk error reachable with errors.Is; a refusal for want of
+// rights wraps errDenied.
 func unavailable(op string, err error) error {
 	if errors.Is(err, driver.ErrUnavailable) {
 		return err
 	}
+	if errors.Is(err, zk.ErrNoAuth) || errors.Is(err, zk.ErrInvalidACL) {
+		return fmt.Errorf("%w: zookeeper %s: %w", errDenied, op, err)
+	}
 	return fmt.Errorf("%w: zookeeper %s: %w", driver.ErrUnavailable, op, err)
 }
+
+// errDenied: the ensemble refused a request for want of rights (the ACL of
+// the node it touches does not allow it to the session), or refused the ACL
+// the Locker creates nodes with (the "auth" scheme on a session without
+// credentials). A waiting Acquire does not retry it: the same request would
+// be refused again until its context ended, which would say nothing of why.
+var errDenied = fmt.Errorf("%w: refused by the ACL", driver.ErrUnavailable)
 
 // background runs f as a cleanup the Locker waits for on Close. It reports
 // false, without running f, once the Locker is closed (the session's end

@@ -38,3 +38,34 @@ func TestNewRefusesBadRoot(t *testing.T) {
 		t.Errorf("New with an empty server address: %v, want ErrInvalidOption", err)
 	}
 }
+
+// TestNewRefusesBadServers: a server address the client library could
+// never dial is refused by New, naming it, instead of failing every call
+// as an outage; a chroot after the port, as the Java client's connect
+// string has it, is told apart.
+func TestNewRefusesBadServers(t *testing.T) {
+	for _, addr := range []string{
+		"127.0.0.1:2181/app", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:zk", "127.0.0.1:", "zk://127.0.0.1:2181", "[::1:2181",
+	} {
+		l, err := New([]string{"127.0.0.1:2181", addr}, WithLogger(discard{}))
+		if err == nil {
+			l.Close()
+			t.Errorf("New with server %q succeeded", addr)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), strconv.Quote(addr)) {
+			t.Errorf("New with server %q: %v, want ErrInvalidOption naming the address", addr, err)
+		}
+	}
+	if _, err := New([]string{"127.0.0.1:2181/app"}, WithLogger(discard{})); err == nil || !strings.Contains(err.Error(), "WithRoot") {
+		t.Errorf("New with a chroot: %v, want an error that points to WithRoot", err)
+	}
+	for _, addr := range []string{"127.0.0.1", "127.0.0.1:2181", "[::1]:2181", "localhost:2181"} {
+		l, err := New([]string{addr}, WithLogger(discard{}))
+		if err != nil {
+			t.Errorf("New with server %q: %v", addr, err)
+			continue
+		}
+		l.Close()
+	}
+}

@@ -82,14 +82,20 @@ func (l *Locker) acquire(ctx context.Context, key string, k kind, permits int, o
 		c, err := l.enqueue(ctx, parent, k, []byte(opts.Owner))
 		var lease driver.Lease
 		if err == nil {
+			// Checked once the create has been answered, which tells the
+			// session timeout the server granted.
+			if err = l.checkTTL(opts.TTL); err != nil {
+				return nil, l.leave(ctx, c.node, err)
+			}
 			lease, err = l.contend(ctx, parent, c, k, permits, opts.Wait)
 		}
 		switch {
 		case errors.Is(err, errRequeue):
 			continue
-		case opts.Wait && errors.Is(err, driver.ErrUnavailable):
+		case opts.Wait && errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, errDenied):
 			// A waiting Acquire goes on through an unreachable ensemble
-			// until its context ends.
+			// until its context ends; a refusal by the ACL would only
+			// come again.
 			if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
 				return nil, err
 			}

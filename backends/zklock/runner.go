@@ -42,10 +42,11 @@ func stopTimer(t *time.Timer) {
 // caller, and is abandoned once it returns.
 func (l *Locker) send(ctx context.Context, op string, req request) error {
 	r := l.runners.Get()
+	limit := l.requestLimit()
 	if r.Local == nil {
-		r.Local = time.NewTimer(l.requestTimeout)
+		r.Local = time.NewTimer(limit)
 	} else {
-		r.Local.Reset(l.requestTimeout)
+		r.Local.Reset(limit)
 	}
 	timer := r.Local
 	if err := l.linked(ctx, op, timer.C); err != nil {
@@ -61,7 +62,7 @@ func (l *Locker) send(ctx context.Context, op string, req request) error {
 		l.runners.Put(r)
 		return nil
 	case <-timer.C:
-		cut = unavailable(op, fmt.Errorf("no answer within %v", l.requestTimeout))
+		cut = unavailable(op, fmt.Errorf("no answer within %v", limit))
 	case <-ctx.Done():
 		stopTimer(timer)
 		cut = ctx.Err()

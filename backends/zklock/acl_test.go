@@ -1,0 +1,94 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// TestACLRefusalFailsAtOnce: a waiting Acquire that ZooKeeper refuses for
+// want of rights (a root under a node the Locker may not write, nodes made
+// with a digest ACL the session has no credentials for, a queue it may not
+// list) or for an ACL it cannot set (the "auth" scheme on a session with no
+// credentials) fails at once, with an error that says so, rather than
+// retrying the same refused request until its context ends.
+func TestACLRefusalFailsAtOnce(t *testing.T) {
+	srv := servers(t)
+	admin := connect(t, srv)
+	base := fmt.Sprintf("/warden-test/acl-%d", time.Now().UnixNano())
+	for _, p := range []string{"/warden-test", base} {
+		if _, err := admin.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Create(base+"/readonly", nil, zk.FlagPersistent, zk.WorldACL(zk.PermRead)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeTree(admin, base) })
+
+	noRead := zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)
+	cases := []struct {
+		name    string
+		opts    []Option
+		holder  bool // another contender holds the lock first
+		refusal error
+	}{
+		{"root under a read-only node", []Option{WithRoot(base + "/readonly/locks")}, false, zk.ErrNoAuth},
+		{"digest ACL without credentials", []Option{WithRoot(base + "/digest"), WithACL(zk.DigestACL(zk.PermAll, "user", "secret")...)}, false, zk.ErrNoAuth},
+		{"auth ACL without credentials", []Option{WithRoot(base + "/auth"), WithACL(zk.AuthACL(zk.PermAll)...)}, false, zk.ErrInvalidACL},
+		{"queue it may not list", []Option{WithRoot(base + "/noread"), WithACL(noRead...)}, true, zk.ErrNoAuth},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := dial(t, srv, tc.opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if tc.holder {
+				held, err := dial(t, srv, tc.opts...).Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession})
+				if err != nil {
+					t.Fatalf("holder: %v", err)
+				}
+				defer held.Release(context.Background())
+			}
+			lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
+			if err == nil {
+				lease.Release(ctx)
+				t.Fatal("acquired a lock ZooKeeper refuses")
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the refused Acquire waited until its context ended: %v", err)
+			}
+			if !errors.Is(err, driver.ErrUnavailable) || !errors.Is(err, tc.refusal) || !errors.Is(err, errDenied) {
+				t.Fatalf("error %v, want one wrapping driver.ErrUnavailable, %v and errDenied", err, tc.refusal)
+			}
+		})
+	}
+}
+
+// TestUnreadableLeaseSendsNoWatchLoop: a lease whose node the Locker's ACL
+// does not let it read goes without its revocation watch, rather than
+// sending the refused read again and again for as long as it is held.
+func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
+	srv := servers(t)
+	root := fmt.Sprintf("/warden-test/acl-%d/noread", time.Now().UnixNano())
+	l := dial(t, srv, WithRoot(root), WithACL(zk.WorldACL(zk.PermCreate|zk.PermWrite|zk.PermDelete)...))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	// Without read, the watch's read is refused; retried, it would stay
+	// under way for as long as the lease is held.
+	eventually(t, "the refused watch is given up", func() bool { return l.watching.Load() == 0 })
+	if _, _, err := l.conn.Get(held.(*lease).node); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("read of the lease's node: %v, want zk.ErrNoAuth", err)
+	}
+}
