@@ -158,18 +158,8 @@ func retryable(err error) bool {
 }
 
 // undefinedColumn reports whether err is PostgreSQL's undefined_column
-// (SQLSTATE 42703). The state is read through the SQLState method that
-// pgx's *pgconn.PgError and lib/pq's *pq.Error share, so that the package
-// links neither driver.
-func undefinedColumn(err error) bool {
-	if err == nil {
-		// Before the variable errors.As needs, which escapes: a lock
-		// cycle asks twice, with no error.
-		return false
-	}
-	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "42703"
-}
+// (SQLSTATE 42703).
+func undefinedColumn(err error) bool { return sqlState(err) == "42703" }
 
 // noWaitingColumn explains err, a PostgreSQL statement's undefined_column,
 // by the lock table's missing waiting_until column, as a table made by an

@@ -147,6 +147,32 @@
 // that programs on MySQL or SQLite do not link pgx. WithoutNotify turns the
 // whole mechanism off. MySQL and SQLite always poll.
 //
+// # Connection poolers
+//
+// Behind PgBouncer in session pooling mode the package works as on a
+// direct connection. In transaction pooling mode (each transaction, and so
+// each of the package's statements, on whichever server connection is
+// free), two things of a session do not carry over:
+//
+//   - pgx's prepared statements (its default statement cache) and gorm's
+//     PrepareStmt, which name a statement on one server connection and run it
+//     by that name later, on another: PgBouncer before 1.21, or with
+//     max_prepared_statements = 0, lets the server refuse it (SQLSTATE
+//     26000 or 42P05) on statements at random. Such an error is
+//     reported wrapping driver.ErrInvalidOption, naming the fix, not as the
+//     database being unavailable: a waiting Acquire returns it at once
+//     rather than retry until its deadline, and a lease keeper gives the
+//     lease up. Add default_query_exec_mode=exec to the DSN (or set
+//     PreferSimpleProtocol in gorm's postgres.Config), and leave PrepareStmt
+//     off.
+//   - LISTEN: the listener's server connection goes back to the pool, so
+//     its notifications reach no one, and waiters learn of a release at
+//     their next poll (WithMaxBackoff, 250ms by default, later). Leave the
+//     Listener out there: its waiters' marks would only make releases send
+//     notifications that no one hears.
+//
+// The package sets nothing on a session, so nothing else depends on it.
+//
 // # No session locks
 //
 // Database session locks (pg_advisory_lock, GET_LOCK) are not offered: the

@@ -130,7 +130,7 @@ func recordID(scope, key string) string {
 }
 
 func storeErr(ctx context.Context, op string, err error) error {
-	return driver.Unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+	return unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
 }
 
 // Claim implements idempotency.Store.

@@ -84,7 +84,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 		held, err = ls.stillHeld(ctx)
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, err)
+		return unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
@@ -133,7 +133,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, err)
+		return unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
@@ -226,7 +226,7 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 			for j, i := range chunk.order {
 				switch {
 				case err != nil:
-					errs[i] = driver.Unavailable(ctx, err)
+					errs[i] = unavailable(ctx, err)
 				case missed == nil || !missed[j]:
 					chunk.at(j).renewed(sent, ttl)
 				default:

@@ -601,7 +601,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		if unanswered(err) && !errors.As(err, new(takesNothing)) {
 			l.giveBackLater(ctx, key, owner)
 		}
-		return nil, unknown, driver.Unavailable(ctx, err)
+		return nil, unknown, unavailable(ctx, err)
 	}
 	if !a.taken {
 		return nil, a.left, nil
@@ -777,7 +777,7 @@ func (l *Locker) remaining(ctx context.Context, key string) (time.Duration, erro
 		return 0, nil
 	}
 	if err != nil {
-		return 0, driver.Unavailable(ctx, err)
+		return 0, unavailable(ctx, err)
 	}
 	return micros(n.Int64), nil
 }

@@ -7,8 +7,6 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
-
-	"github.com/warden-go/warden/guard/driver"
 )
 
 // Migrate creates or updates the lock table and the fence table with gorm's
@@ -60,7 +58,7 @@ func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) e
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
 	if err := db.WithContext(ctx).Exec(alter).Error; err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
 	}
 	return nil
 }
@@ -119,7 +117,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
 		schemaName, name, column).Scan(&types).Error
 	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: reading the type of %s: %w", table, column, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: reading the type of %s: %w", table, column, err))
 	}
 	if len(types) == 1 && strings.EqualFold(types[0], "varbinary") {
 		return nil
@@ -132,7 +130,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 	db.Dialector.QuoteTo(&col, column)
 	alter := fmt.Sprintf("ALTER TABLE %s MODIFY %s VARBINARY(%d) NOT NULL", quoted, col.String(), maxName)
 	if err := tx.Exec(alter).Error; err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s (keys must compare byte for byte): %w", table, alter, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %s (keys must compare byte for byte): %w", table, alter, err))
 	}
 	return nil
 }
@@ -154,7 +152,7 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 		err = run()
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
 	return nil
 }
