@@ -173,6 +173,18 @@
 //
 // The package sets nothing on a session, so nothing else depends on it.
 //
+// # Replicas
+//
+// Every statement goes to the primary: those of a lock's life go to the
+// *gorm.DB's own connection pool, bypassing gorm, and the others (batch
+// renewals, inspection, Purge, the idempotency Store) carry the setting
+// by which gorm's dbresolver plugin sends a statement to its sources, so
+// that a resolver that sends reads to a replica does not send them there.
+// A replica that lags would answer an owner check with the row as it was:
+// on MySQL, where a renewal that changed no row is checked by a SELECT, a
+// lease force-released and taken by another process was renewed all the
+// same, and a Store could not read back the claim it had just written.
+//
 // # No session locks
 //
 // Database session locks (pg_advisory_lock, GET_LOCK) are not offered: the

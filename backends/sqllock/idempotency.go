@@ -97,6 +97,7 @@ func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 		return nil, err
 	}
 	s.bounded = boundedPool(db.Statement.ConnPool)
+	s.db = primary(db)
 	return s, nil
 }
 

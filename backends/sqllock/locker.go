@@ -170,6 +170,7 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if l.pool = db.Statement.ConnPool; l.pool == nil {
 		return nil, fmt.Errorf("%w: the *gorm.DB has no connection pool", driver.ErrInvalidOption)
 	}
+	l.db = primary(db)
 	l.bounded = boundedPool(l.pool)
 	return l, nil
 }
