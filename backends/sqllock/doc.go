@@ -265,4 +265,12 @@
 // failing:
 //
 //	sqlite.Open("locks.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+//
+// An in-memory database (":memory:") is one per connection of the pool:
+// locks taken on one connection are not seen on another. Migrate refuses
+// it, with driver.ErrInvalidOption, unless the pool is limited to one
+// connection (SetMaxOpenConns(1)) or the database is shared
+// (file:name?mode=memory&cache=shared); before, a Migrate that ran on a
+// second connection made a second lock table there, and a lock was
+// granted on both.
 package sqllock

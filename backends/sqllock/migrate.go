@@ -154,5 +154,5 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
-	return nil
+	return oneDatabase(ctx, db, d, table)
 }
