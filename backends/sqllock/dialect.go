@@ -141,12 +141,21 @@ func isIdentifier(s string) bool {
 // retryable reports whether err is a conflict the database resolved by
 // aborting this statement, so running it again is correct. InnoDB can pick
 // an INSERT ... ON DUPLICATE KEY UPDATE as a deadlock victim when several
-// clients insert the same new key at once.
+// clients insert the same new key at once. PostgreSQL refuses a statement
+// whose transaction runs at REPEATABLE READ or SERIALIZABLE (a database's
+// or a role's default_transaction_isolation) when a row it would update
+// was updated since its snapshot, which every contended acquisition,
+// release and renewal risks: run again, with a new snapshot, it decides on
+// the row as it is.
 //
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
 func retryable(err error) bool {
+	switch sqlState(err) {
+	case "40001", "40P01": // serialization_failure, deadlock_detected
+		return true
+	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout
 			if rest, ok := strings.CutPrefix(e.Error(), code); ok && (strings.HasPrefix(rest, " (") || strings.HasPrefix(rest, ":")) {

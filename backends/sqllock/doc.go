@@ -201,6 +201,13 @@
 // resource, so a holder that paused past its lease cannot overwrite the newer
 // holder's data.
 //
+// The package's own statements run again when PostgreSQL refuses them for
+// a row updated since their snapshot (SQLSTATE 40001, under a
+// default_transaction_isolation of REPEATABLE READ or SERIALIZABLE), and
+// when a database picks them as a deadlock's victim; Fence, in the
+// caller's transaction, cannot: its error wraps the database's, which the
+// caller retries as it retries that transaction.
+//
 // Leases and tokens are only as durable as the database's commits. A
 // PostgreSQL running with synchronous_commit=off (or MySQL with
 // innodb_flush_log_at_trx_commit other than 1) that crashes forgets its

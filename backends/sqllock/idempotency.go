@@ -236,9 +236,15 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		state                       sql.NullString
 		live                        sql.NullBool
 	)
-	err := scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
-		[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
-		&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+	var err error
+	for range retries {
+		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
+			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
+			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+		if !retryable(err) {
+			break
+		}
+	}
 	if err != nil || claimed || !live.Bool {
 		return nil, claimed, err
 	}

@@ -1,0 +1,93 @@
+package sqllock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// TestStricterIsolation runs contended locks and claims on PostgreSQL
+// sessions whose transactions default to REPEATABLE READ or SERIALIZABLE,
+// as a database or role may set (default_transaction_isolation): each
+// statement is then refused (SQLSTATE 40001) when a row it updates was
+// updated since its snapshot. That is a conflict the database resolved by
+// running nothing, so the statement runs again; it never reaches the
+// caller as the database being unavailable, a release that failed, a
+// renewal that failed, or a claim that failed.
+func TestStricterIsolation(t *testing.T) {
+	db := databases()[1]
+	dsn := db.dsn(t)
+	migrated(t, db, dsn)
+	store, err := sqllock.NewStore(openDB(t, db, dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, level := range []string{"repeatable%20read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			strict := dsn + "&default_transaction_isolation=" + level
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			k := uniqueKey(t)
+			var (
+				wg     sync.WaitGroup
+				mu     sync.Mutex
+				failed []error
+			)
+			fail := func(err error) {
+				mu.Lock()
+				failed = append(failed, err)
+				mu.Unlock()
+			}
+			for w := range 8 {
+				l := newLocker(t, openDB(t, db, strict))
+				st, err := sqllock.NewStore(openDB(t, db, strict))
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() {
+					for i := range 40 {
+						lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+						if errors.Is(err, driver.ErrNotAcquired) {
+							continue
+						}
+						if err != nil {
+							fail(fmt.Errorf("Acquire: %w", err))
+							continue
+						}
+						if errs := l.RefreshBatch(ctx, []driver.Lease{lease}, time.Minute); errs[0] != nil {
+							fail(fmt.Errorf("RefreshBatch: %w", errs[0]))
+						}
+						if err := lease.Refresh(ctx, time.Minute); err != nil {
+							fail(fmt.Errorf("Refresh: %w", err))
+						}
+						if err := lease.Release(ctx); err != nil {
+							fail(fmt.Errorf("Release: %w", err))
+						}
+						c := idempotency.Claim{Scope: k, Key: fmt.Sprint(i), Fingerprint: "f", Owner: fmt.Sprint(w), Lease: time.Minute}
+						if _, err := st.Claim(ctx, c); err != nil {
+							fail(fmt.Errorf("Claim: %w", err))
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for i, err := range failed {
+				if i == 5 {
+					t.Errorf("and %d more", len(failed)-i)
+					break
+				}
+				t.Error(err)
+			}
+		})
+	}
+}
