@@ -68,6 +68,19 @@
 // connection, say) returns only after that handler's delays, which guard's
 // bound then includes.
 //
+// Renewals take their connections from the pool that acquisitions use,
+// and database/sql hands a freed connection to a waiting request picked
+// at random, not to the oldest: while more calls wait for a connection
+// than the pool holds, a renewal waits its turn among them. With
+// connections kept open that costs little: a lease of 600ms TTL held for
+// 3s was kept in 9 runs of 9 on PostgreSQL, with a pool of one connection
+// and 4 or 16 Acquire calls waiting for other keys' locks, or of four and
+// 64. With a ConnMaxLifetime so short that every statement dials a new
+// connection (1ms; PostgreSQL's SCRAM login on a loaded 2-core machine),
+// it was lost, its work cancelled in time, in 7 of 9 runs with 4 to 16
+// waiters (and kept in 6 of 6 with none or one). Keep connections open,
+// and size the pool above the number of Acquire calls that wait at once.
+//
 // # Waiting
 //
 // A waiting Acquire polls with jittered exponential backoff (WithMaxBackoff),
