@@ -175,12 +175,42 @@ func retryable(err error) bool {
 // (SQLSTATE 42703).
 func undefinedColumn(err error) bool { return sqlState(err) == "42703" }
 
-// noWaitingColumn explains err, a PostgreSQL statement's undefined_column,
-// by the lock table's missing waiting_until column, as a table made by an
-// earlier version lacks: no retry would find it, so it is an
-// ErrInvalidOption (the table, WithTable's or the default, does not fit
-// this version), not an ErrUnavailable.
-func (l *Locker) noWaitingColumn(err error) error {
-	return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
-		driver.ErrInvalidOption, l.table, err)
+// notFit explains err when the lock table does not fit the package: it is
+// missing (Migrate never ran), or lacks a column its statements name
+// (another table of the same name; PostgreSQL's waiting_until, which a
+// table made by an earlier version lacks alone). No retry would find the
+// table or the column, so it is an ErrInvalidOption (the table, WithTable's
+// or the default, does not fit), not an ErrUnavailable that a waiting
+// Acquire would retry until its context ended. It is nil for any other
+// err.
+func (l *Locker) notFit(err error) error {
+	switch {
+	case undefinedColumn(err) && strings.Contains(err.Error(), "waiting_until"):
+		return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
+			driver.ErrInvalidOption, l.table, err)
+	case missingSchema(err):
+		return fmt.Errorf("%w: the lock table %s is missing, or lacks a column of the package's: run Locker.Migrate, or create it with the DDL of the package documentation: %w",
+			driver.ErrInvalidOption, l.table, err)
+	}
+	return nil
+}
+
+// missingSchema reports whether err is a database's refusal of a table or a
+// column that does not exist: PostgreSQL's undefined_table and
+// undefined_column, MySQL's errors 1146 and 1054, SQLite's "no such table",
+// "no such column" and "has no column named", the last two read from
+// their text as retryable reads MySQL's.
+func missingSchema(err error) bool {
+	switch sqlState(err) {
+	case "42P01", "42703":
+		return true
+	}
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		msg := e.Error()
+		if strings.HasPrefix(msg, "Error 1146") || strings.HasPrefix(msg, "Error 1054") ||
+			strings.Contains(msg, "no such table: ") || strings.Contains(msg, "no such column: ") || strings.Contains(msg, " has no column named ") {
+			return true
+		}
+	}
+	return false
 }

@@ -85,8 +85,11 @@
 //
 // A waiting Acquire polls with jittered exponential backoff (WithMaxBackoff),
 // never sleeping past the holder's recorded expiry, and goes on through
-// database errors until its context is done. It is not fair: Fair is
-// refused with driver.ErrUnsupported.
+// database errors until its context is done, but for a lock table missing
+// or lacking a column (Migrate not run, or another table of that name),
+// and prepared statements lost by a pooler (Connection poolers, below),
+// which it returns at once wrapping driver.ErrInvalidOption. It is not
+// fair: Fair is refused with driver.ErrUnsupported.
 //
 // An attempt whose answer is lost (its context ended, or its connection
 // broke, once it was sent) may still take the lock on the server: the

@@ -129,7 +129,7 @@ func (ls *lease) Release(ctx context.Context) error {
 		missing := err
 		waited = sql.NullBool{}
 		if held, err = ls.exec(ctx, l.q.release, ls.key, owner, ls.version); err != nil {
-			return l.noWaitingColumn(missing)
+			return l.notFit(missing)
 		}
 	}
 	if err != nil {

@@ -470,8 +470,11 @@ func checkTTL(ttl time.Duration) error {
 // Acquire implements driver.Locker. Waiting polls with jittered exponential
 // backoff, never sleeping past the holder's expiry; on PostgreSQL a release
 // notification also ends the pause early (see the package documentation).
-// It goes on through database errors until ctx is done. It cannot be fair,
-// so opts.Fair is refused with driver.ErrUnsupported.
+// It goes on through database errors until ctx is done, but for those no
+// retry mends, which it returns at once wrapping driver.ErrInvalidOption: a
+// lock table missing or lacking a column, and a connection pooler that
+// loses prepared statements (see the package documentation). It cannot be
+// fair, so opts.Fair is refused with driver.ErrUnsupported.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -595,8 +598,8 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 			break
 		}
 	}
-	if undefinedColumn(err) {
-		return nil, unknown, l.noWaitingColumn(err)
+	if notFit := l.notFit(err); notFit != nil {
+		return nil, unknown, notFit
 	}
 	if err != nil {
 		if unanswered(err) && !errors.As(err, new(takesNothing)) {
