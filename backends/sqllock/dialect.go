@@ -146,19 +146,22 @@ func isIdentifier(s string) bool {
 // or a role's default_transaction_isolation) when a row it would update
 // was updated since its snapshot, which every contended acquisition,
 // release and renewal risks: run again, with a new snapshot, it decides on
-// the row as it is. A connection whose server process was terminated
-// (pg_terminate_backend, by an administrator, a pooler or a failover's
-// fencing) while idle in the pool answers the next statement with the
-// FATAL error (57P01) the process left behind, the statement unread: it
-// runs again on another connection, where it failed the call, a release
-// then leaving the lock taken until its TTL ran out.
+// the row as it is. Its lock_timeout (a role's or a database's), like
+// MySQL's lock wait timeout, refuses a statement that waited longer for a
+// row lock, as behind a batch renewal of many rows, having run nothing.
+// A connection whose server process was terminated (pg_terminate_backend,
+// by an administrator, a pooler or a failover's fencing) while idle in the
+// pool answers the next statement with the FATAL error (57P01) the process
+// left behind, the statement unread: it runs again on another connection,
+// where it failed the call, a release then leaving the lock taken until
+// its TTL ran out.
 //
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
 func retryable(err error) bool {
 	switch sqlState(err) {
-	case "40001", "40P01", "57P01": // serialization_failure, deadlock_detected, admin_shutdown
+	case "40001", "40P01", "55P03", "57P01": // serialization_failure, deadlock_detected, lock_not_available, admin_shutdown
 		return true
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
