@@ -156,10 +156,22 @@ func isIdentifier(s string) bool {
 // where it failed the call, a release then leaving the lock taken until
 // its TTL ran out.
 //
+// Not on pool a transaction (a *gorm.DB bound to the caller's): the
+// database aborted the whole transaction, which running the statement again
+// cannot mend (PostgreSQL refuses it, and MySQL, having rolled the
+// transaction back, would run it outside); the caller, who retries its
+// transactions, is given the error.
+//
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
-func retryable(err error) bool {
+func retryable(pool gorm.ConnPool, err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, tx := pool.(gorm.TxCommitter); tx {
+		return false
+	}
 	switch sqlState(err) {
 	case "40001", "40P01", "55P03", "57P01": // serialization_failure, deadlock_detected, lock_not_available, admin_shutdown
 		return true

@@ -202,7 +202,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		for range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
-			if !retryable(res.Error) {
+			if !retryable(s.db.Statement.ConnPool, res.Error) {
 				break
 			}
 		}
@@ -241,7 +241,7 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
 			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
-		if !retryable(err) {
+		if !retryable(s.db.Statement.ConnPool, err) {
 			break
 		}
 	}
@@ -302,7 +302,7 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 	var res *gorm.DB
 	for range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
-		if !retryable(res.Error) {
+		if !retryable(s.db.Statement.ConnPool, res.Error) {
 			break
 		}
 	}

@@ -594,7 +594,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 	)
 	for range retries {
 		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft, pause, poll)
-		if err == nil || !retryable(err) {
+		if err == nil || !retryable(l.pool, err) {
 			break
 		}
 	}

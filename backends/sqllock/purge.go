@@ -65,7 +65,7 @@ func (l *Locker) Purge(ctx context.Context, idle time.Duration) (int64, error) {
 				deleted += res.RowsAffected
 				break
 			}
-			if !retryable(err) {
+			if !retryable(l.pool, err) {
 				break
 			}
 		}
