@@ -158,9 +158,9 @@ func isIdentifier(s string) bool {
 //
 // Not on pool a transaction (a *gorm.DB bound to the caller's): the
 // database aborted the whole transaction, which running the statement again
-// cannot mend (PostgreSQL refuses it, and MySQL, having rolled the
-// transaction back, would run it outside); the caller, who retries its
-// transactions, is given the error.
+// cannot mend (PostgreSQL refuses it, and MySQL, having rolled a
+// deadlocked transaction back, would run it outside, in autocommit); the
+// caller, who retries its transactions, is given the error.
 //
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps

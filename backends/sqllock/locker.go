@@ -33,7 +33,7 @@ const (
 	// run nothing (see retryable) is run again before the error is
 	// reported. Each run is a new snapshot, which a contender's write may
 	// overtake again: at SERIALIZABLE, with eight processes cycling one
-	// lock, five runs were all refused once in 6,400 acquisitions.
+	// lock, five runs were all refused once in 6,400 attempts.
 	retries = 10
 )
 
