@@ -148,6 +148,9 @@ missing_packages() {
 	{ have runuser && have setsid && have flock; } || echo util-linux
 	# Not a server: the debug page's test renders it in headless Chromium.
 	have chromium || echo chromium
+	# Not a shared server: sqllock's test starts a PgBouncer of its own in
+	# front of PostgreSQL.
+	have pgbouncer || echo pgbouncer
 }
 
 install_missing() {

@@ -141,12 +141,41 @@ func isIdentifier(s string) bool {
 // retryable reports whether err is a conflict the database resolved by
 // aborting this statement, so running it again is correct. InnoDB can pick
 // an INSERT ... ON DUPLICATE KEY UPDATE as a deadlock victim when several
-// clients insert the same new key at once.
+// clients insert the same new key at once. PostgreSQL refuses a statement
+// whose transaction runs at REPEATABLE READ or SERIALIZABLE (a database's
+// or a role's default_transaction_isolation) when a row it would update
+// was updated since its snapshot, which every contended acquisition,
+// release and renewal risks: run again, with a new snapshot, it decides on
+// the row as it is. Its lock_timeout (a role's or a database's), like
+// MySQL's lock wait timeout, refuses a statement that waited longer for a
+// row lock, as behind a batch renewal of many rows, having run nothing.
+// A connection whose server process was terminated (pg_terminate_backend,
+// by an administrator, a pooler or a failover's fencing) while idle in the
+// pool answers the next statement with the FATAL error (57P01) the process
+// left behind, the statement unread: it runs again on another connection,
+// where it failed the call, a release then leaving the lock taken until
+// its TTL ran out.
+//
+// Not on pool a transaction (a *gorm.DB bound to the caller's): the
+// database aborted the whole transaction, which running the statement again
+// cannot mend (PostgreSQL refuses it, and MySQL, having rolled a
+// deadlocked transaction back, would run it outside, in autocommit); the
+// caller, who retries its transactions, is given the error.
 //
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
-func retryable(err error) bool {
+func retryable(pool gorm.ConnPool, err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, tx := pool.(gorm.TxCommitter); tx {
+		return false
+	}
+	switch sqlState(err) {
+	case "40001", "40P01", "55P03", "57P01": // serialization_failure, deadlock_detected, lock_not_available, admin_shutdown
+		return true
+	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout
 			if rest, ok := strings.CutPrefix(e.Error(), code); ok && (strings.HasPrefix(rest, " (") || strings.HasPrefix(rest, ":")) {
@@ -158,25 +187,45 @@ func retryable(err error) bool {
 }
 
 // undefinedColumn reports whether err is PostgreSQL's undefined_column
-// (SQLSTATE 42703). The state is read through the SQLState method that
-// pgx's *pgconn.PgError and lib/pq's *pq.Error share, so that the package
-// links neither driver.
-func undefinedColumn(err error) bool {
-	if err == nil {
-		// Before the variable errors.As needs, which escapes: a lock
-		// cycle asks twice, with no error.
-		return false
+// (SQLSTATE 42703).
+func undefinedColumn(err error) bool { return sqlState(err) == "42703" }
+
+// notFit explains err when the lock table does not fit the package: it is
+// missing (Migrate never ran), or lacks a column its statements name
+// (another table of the same name; PostgreSQL's waiting_until, which a
+// table made by an earlier version lacks alone). No retry would find the
+// table or the column, so it is an ErrInvalidOption (the table, WithTable's
+// or the default, does not fit), not an ErrUnavailable that a waiting
+// Acquire would retry until its context ended. It is nil for any other
+// err.
+func (l *Locker) notFit(err error) error {
+	switch {
+	case undefinedColumn(err) && strings.Contains(err.Error(), "waiting_until"):
+		return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
+			driver.ErrInvalidOption, l.table, err)
+	case missingSchema(err):
+		return fmt.Errorf("%w: the lock table %s is missing, or lacks a column of the package's: run Locker.Migrate, or create it with the DDL of the package documentation: %w",
+			driver.ErrInvalidOption, l.table, err)
 	}
-	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "42703"
+	return nil
 }
 
-// noWaitingColumn explains err, a PostgreSQL statement's undefined_column,
-// by the lock table's missing waiting_until column, as a table made by an
-// earlier version lacks: no retry would find it, so it is an
-// ErrInvalidOption (the table, WithTable's or the default, does not fit
-// this version), not an ErrUnavailable.
-func (l *Locker) noWaitingColumn(err error) error {
-	return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
-		driver.ErrInvalidOption, l.table, err)
+// missingSchema reports whether err is a database's refusal of a table or a
+// column that does not exist: PostgreSQL's undefined_table and
+// undefined_column, MySQL's errors 1146 and 1054, SQLite's "no such table",
+// "no such column" and "has no column named", the last two read from
+// their text as retryable reads MySQL's.
+func missingSchema(err error) bool {
+	switch sqlState(err) {
+	case "42P01", "42703":
+		return true
+	}
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		msg := e.Error()
+		if strings.HasPrefix(msg, "Error 1146") || strings.HasPrefix(msg, "Error 1054") ||
+			strings.Contains(msg, "no such table: ") || strings.Contains(msg, "no such column: ") || strings.Contains(msg, " has no column named ") {
+			return true
+		}
+	}
+	return false
 }

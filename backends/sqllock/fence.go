@@ -68,7 +68,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		res := tx.Exec("INSERT INTO "+table+" AS f (resource, token) VALUES (?, ?) ON CONFLICT (resource)"+
 			" DO UPDATE SET token = excluded.token WHERE f.token <= excluded.token", resource, tok)
 		if res.Error != nil {
-			return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, res.Error))
+			return unavailable(ctx, fmt.Errorf("fence %q: %w", resource, res.Error))
 		}
 		if res.RowsAffected == 0 {
 			return fence.Stale(fence.Claim{Resource: resource, Token: token}, 0)
@@ -81,7 +81,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 	// transaction's snapshot.
 	if err := tx.Exec("INSERT INTO "+table+" (resource, token) VALUES (?, ?)"+
 		" ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))", resource, tok).Error; err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
+		return unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
 	// Scan, not Row: Row returns a nil *sql.Row when a callback failed.
 	var current int64
@@ -91,7 +91,7 @@ func Fence(tx *gorm.DB, resource string, token uint64) error {
 		err = errors.New("fence row vanished")
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
+		return unavailable(ctx, fmt.Errorf("fence %q: %w", resource, err))
 	}
 	if current != tok {
 		return fence.Stale(fence.Claim{Resource: resource, Token: token}, uint64(current))

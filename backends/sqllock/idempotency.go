@@ -97,6 +97,7 @@ func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 		return nil, err
 	}
 	s.bounded = boundedPool(db.Statement.ConnPool)
+	s.db = primary(db)
 	return s, nil
 }
 
@@ -130,7 +131,7 @@ func recordID(scope, key string) string {
 }
 
 func storeErr(ctx context.Context, op string, err error) error {
-	return driver.Unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+	return unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
 }
 
 // Claim implements idempotency.Store.
@@ -201,7 +202,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		for range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
-			if !retryable(res.Error) {
+			if !retryable(s.db.Statement.ConnPool, res.Error) {
 				break
 			}
 		}
@@ -235,9 +236,15 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		state                       sql.NullString
 		live                        sql.NullBool
 	)
-	err := scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
-		[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
-		&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+	var err error
+	for range retries {
+		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
+			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
+			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
+		if !retryable(s.db.Statement.ConnPool, err) {
+			break
+		}
+	}
 	if err != nil || claimed || !live.Bool {
 		return nil, claimed, err
 	}
@@ -295,7 +302,7 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 	var res *gorm.DB
 	for range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
-		if !retryable(res.Error) {
+		if !retryable(s.db.Statement.ConnPool, res.Error) {
 			break
 		}
 	}

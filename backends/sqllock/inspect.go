@@ -85,7 +85,7 @@ func (l *Locker) holding(ctx context.Context, key string) (driver.Holding, strin
 		return driver.Holding{}, "", false, nil
 	}
 	if err != nil {
-		return driver.Holding{}, "", false, driver.Unavailable(ctx, err)
+		return driver.Holding{}, "", false, unavailable(ctx, err)
 	}
 	return held(owner, version, micros), owner, true, nil
 }
@@ -137,7 +137,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		" WHERE "+name+" >= ? AND "+name+" > ? AND lock_until > "+now+" ORDER BY "+name+" LIMIT ?",
 		from, past, limit+1).Rows()
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, unavailable(ctx, err)
 	}
 	defer rows.Close()
 	var out []driver.Listed
@@ -147,7 +147,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 			version, micros int64
 		)
 		if err := rows.Scan(&key, &owner, &version, &micros); err != nil {
-			return nil, driver.Unavailable(ctx, err)
+			return nil, unavailable(ctx, err)
 		}
 		if key <= after || key < prefix || micros <= 0 {
 			continue
@@ -161,7 +161,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		}})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, unavailable(ctx, err)
 	}
 	return out, nil
 }
@@ -215,12 +215,12 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 				taken = res.RowsAffected > 0
 				break
 			}
-			if !retryable(err) {
+			if !retryable(l.pool, err) {
 				break
 			}
 		}
 		if err != nil {
-			return nil, driver.Unavailable(ctx, err)
+			return nil, unavailable(ctx, err)
 		}
 		if taken {
 			return []driver.Holding{h}, nil

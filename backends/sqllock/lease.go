@@ -84,7 +84,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 		held, err = ls.stillHeld(ctx)
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, err)
+		return unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
@@ -129,11 +129,11 @@ func (ls *lease) Release(ctx context.Context) error {
 		missing := err
 		waited = sql.NullBool{}
 		if held, err = ls.exec(ctx, l.q.release, ls.key, owner, ls.version); err != nil {
-			return l.noWaitingColumn(missing)
+			return l.notFit(missing)
 		}
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, err)
+		return unavailable(ctx, err)
 	}
 	if !held {
 		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
@@ -160,7 +160,7 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 			n, err := res.RowsAffected()
 			return n > 0, err
 		}
-		if !retryable(err) {
+		if !retryable(ls.l.pool, err) {
 			break
 		}
 	}
@@ -226,7 +226,7 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 			for j, i := range chunk.order {
 				switch {
 				case err != nil:
-					errs[i] = driver.Unavailable(ctx, err)
+					errs[i] = unavailable(ctx, err)
 				case missed == nil || !missed[j]:
 					chunk.at(j).renewed(sent, ttl)
 				default:
@@ -330,7 +330,7 @@ func (l *Locker) refreshChunk(ctx context.Context, leases batch, ttl time.Durati
 			l.noJSONTable.Store(true)
 			return l.refreshChunk(ctx, leases, ttl)
 		}
-		if err == nil || !retryable(err) {
+		if err == nil || !retryable(l.pool, err) {
 			break
 		}
 	}

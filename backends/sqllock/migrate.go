@@ -3,12 +3,11 @@ package sqllock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
-
-	"github.com/warden-go/warden/guard/driver"
 )
 
 // Migrate creates or updates the lock table and the fence table with gorm's
@@ -60,7 +59,7 @@ func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) e
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
 	if err := db.WithContext(ctx).Exec(alter).Error; err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
 	}
 	return nil
 }
@@ -119,7 +118,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
 		schemaName, name, column).Scan(&types).Error
 	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: reading the type of %s: %w", table, column, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: reading the type of %s: %w", table, column, err))
 	}
 	if len(types) == 1 && strings.EqualFold(types[0], "varbinary") {
 		return nil
@@ -132,7 +131,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 	db.Dialector.QuoteTo(&col, column)
 	alter := fmt.Sprintf("ALTER TABLE %s MODIFY %s VARBINARY(%d) NOT NULL", quoted, col.String(), maxName)
 	if err := tx.Exec(alter).Error; err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %s (keys must compare byte for byte): %w", table, alter, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %s (keys must compare byte for byte): %w", table, alter, err))
 	}
 	return nil
 }
@@ -145,16 +144,75 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 			// databases; key columns are binary besides (keyColumn).
 			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
 		}
+		if qualifiedMySQL(d, table) {
+			exists, err := hasTable(ctx, db, d, table)
+			if err != nil {
+				return err
+			}
+			if exists {
+				return addColumns(ctx, tx, table, model)
+			}
+		}
 		return tx.Table(table).AutoMigrate(model)
 	}
 	err := run()
-	if err != nil && ctx.Err() == nil && db.WithContext(ctx).Migrator().HasTable(table) {
-		// Another process created the table between AutoMigrate's check
-		// and its CREATE TABLE: run it again to apply the rest.
-		err = run()
+	if err != nil && ctx.Err() == nil {
+		if exists, _ := hasTable(ctx, db, d, table); exists {
+			// Another process created the table between AutoMigrate's
+			// check and its CREATE TABLE: run it again to apply the rest.
+			err = run()
+		}
 	}
 	if err != nil {
-		return driver.Unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
+		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
+	}
+	return oneDatabase(ctx, db, d, table)
+}
+
+// qualifiedMySQL reports whether table names its database on MySQL
+// ("db.table"). gorm's MySQL migrator looks such a table up in the
+// connection's own database, missing it there, so that AutoMigrate tried to
+// create it again when it existed, and failed.
+func qualifiedMySQL(d dialect, table string) bool {
+	return d.name == "mysql" && strings.Contains(table, ".")
+}
+
+// hasTable reports whether table exists, looking a MySQL table that names
+// its database up in that database (see qualifiedMySQL).
+func hasTable(ctx context.Context, db *gorm.DB, d dialect, table string) (bool, error) {
+	tx := db.WithContext(ctx)
+	if !qualifiedMySQL(d, table) {
+		return tx.Migrator().HasTable(table), nil
+	}
+	schemaName, name, _ := strings.Cut(table, ".")
+	var n int64
+	err := tx.Raw("SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", schemaName, name).Scan(&n).Error
+	return n > 0, err
+}
+
+// addColumns adds to table, a MySQL table that names its database (see
+// qualifiedMySQL), the columns of model it lacks, as AutoMigrate does to a
+// table of an earlier version (waiting_until). gorm's migrator looks the
+// columns up in the connection's own database too, so they are read here.
+func addColumns(ctx context.Context, db *gorm.DB, table string, model any) error {
+	tx := db.WithContext(ctx).Table(table)
+	stmt := &gorm.Statement{DB: tx}
+	if err := stmt.Parse(model); err != nil {
+		return err
+	}
+	schemaName, name, _ := strings.Cut(table, ".")
+	var have []string
+	err := tx.Raw("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", schemaName, name).Scan(&have).Error
+	if err != nil {
+		return err
+	}
+	for _, f := range stmt.Schema.Fields {
+		if f.DBName == "" || slices.ContainsFunc(have, func(c string) bool { return strings.EqualFold(c, f.DBName) }) {
+			continue
+		}
+		if err := tx.Migrator().AddColumn(model, f.Name); err != nil {
+			return err
+		}
 	}
 	return nil
 }

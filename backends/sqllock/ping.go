@@ -29,7 +29,7 @@ func ping(ctx context.Context, db *gorm.DB) error {
 	select {
 	case err := <-answer:
 		if err != nil {
-			return driver.Unavailable(ctx, fmt.Errorf("sql: %w", err))
+			return unavailable(ctx, fmt.Errorf("sql: %w", err))
 		}
 		return nil
 	case <-ctx.Done():

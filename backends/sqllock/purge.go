@@ -54,7 +54,7 @@ func (l *Locker) Purge(ctx context.Context, idle time.Duration) (int64, error) {
 		err := db.Raw("SELECT name FROM "+l.table+" WHERE name > ? AND "+stale+" ORDER BY name LIMIT ?",
 			after, us, us, purgePage).Scan(&names).Error
 		if err != nil {
-			return deleted, driver.Unavailable(ctx, fmt.Errorf("purge %s: %w", l.rawTable, err))
+			return deleted, unavailable(ctx, fmt.Errorf("purge %s: %w", l.rawTable, err))
 		}
 		if len(names) == 0 {
 			return deleted, nil
@@ -65,12 +65,12 @@ func (l *Locker) Purge(ctx context.Context, idle time.Duration) (int64, error) {
 				deleted += res.RowsAffected
 				break
 			}
-			if !retryable(err) {
+			if !retryable(l.pool, err) {
 				break
 			}
 		}
 		if err != nil {
-			return deleted, driver.Unavailable(ctx, fmt.Errorf("purge %s: %w", l.rawTable, err))
+			return deleted, unavailable(ctx, fmt.Errorf("purge %s: %w", l.rawTable, err))
 		}
 		after = names[len(names)-1]
 	}

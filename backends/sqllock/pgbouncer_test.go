@@ -1,0 +1,183 @@
+package sqllock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// pgBouncer starts a PgBouncer of the test's own in front of dsn, a
+// PostgreSQL URL, in the given pool mode, and returns dsn through it. The
+// test is skipped where pgbouncer is not installed (scripts/services.sh
+// installs it).
+func pgBouncer(t *testing.T, dsn, mode string) string {
+	t.Helper()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		t.Skip("pgbouncer is not installed (apt-get install pgbouncer): no pooler to run behind")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass, _ := u.User.Password()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	// PgBouncer refuses to run as root; then it runs as nobody, which
+	// must read its files.
+	dir, err := os.MkdirTemp("", "warden-pgbouncer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	db := strings.TrimPrefix(u.Path, "/")
+	ini := fmt.Sprintf("[databases]\n%s = host=%s port=%s dbname=%s\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %d\n"+
+		"unix_socket_dir =\nauth_type = plain\nauth_file = %s\npool_mode = %s\ndefault_pool_size = 4\nignore_startup_parameters = extra_float_digits\n",
+		db, u.Hostname(), u.Port(), db, port, filepath.Join(dir, "users.txt"), mode)
+	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": fmt.Sprintf("%q %q\n", u.User.Username(), pass)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	if os.Geteuid() == 0 {
+		args = append([]string{"-u", "nobody"}, args...)
+	}
+	cmd := exec.Command(bin, args...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("pgbouncer's log:\n%s", log.String())
+		}
+	})
+	u.Host = fmt.Sprintf("127.0.0.1:%d", port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", u.Host)
+		if err == nil {
+			c.Close()
+			return u.String()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgbouncer not listening on %s: %v", u.Host, err) // its log follows
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPgBouncerTransactionPooling runs Lockers behind PgBouncer in
+// transaction pooling mode, where pgx's prepared statements reach server
+// connections that did not prepare them. Every error then says so and how
+// to fix it, rather than pass for the database being unavailable, which a
+// waiting Acquire would retry until its deadline; with the fix in the DSN
+// the Lockers work.
+func TestPgBouncerTransactionPooling(t *testing.T) {
+	db := databases()[1]
+	direct := db.dsn(t)
+	pooled := pgBouncer(t, direct, "transaction")
+	migrated(t, db, direct)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("default", func(t *testing.T) {
+		a := newLocker(t, openDB(t, db, pooled))
+		b := newLocker(t, openDB(t, db, pooled))
+		k := uniqueKey(t)
+		calls, refused := 0, 0
+		check := func(what string, err error) {
+			t.Helper()
+			calls++
+			switch {
+			case err == nil, errors.Is(err, driver.ErrNotAcquired):
+			case errors.Is(err, driver.ErrInvalidOption) && strings.Contains(err.Error(), "default_query_exec_mode=exec"):
+				refused++
+			default:
+				t.Fatalf("%s: %v, want success, ErrNotAcquired, or ErrInvalidOption naming the fix", what, err)
+			}
+		}
+		// A waiting Acquire that the pooler refuses returns at once with
+		// the cause, not at its deadline. Where the pooler keeps prepared
+		// statements (PgBouncer 1.21 and later, configured so), nothing
+		// is refused, and the waiter takes the lock when the holder's
+		// short lease runs out, well before its deadline.
+		for i := range 10 {
+			lease, err := a.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Second})
+			check("Acquire", err)
+			if lease == nil {
+				continue
+			}
+			wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+			other, err := b.Acquire(wctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: i%2 == 0})
+			wcancel()
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a waiting Acquire behind the pooler ran to its deadline")
+			}
+			check("Acquire of a held lock", err)
+			if other != nil {
+				// The holder's lease ran out while the other waited.
+				check("Release", other.Release(ctx))
+				continue
+			}
+			check("Release", lease.Release(ctx))
+		}
+		t.Logf("%d of %d calls refused with the cause", refused, calls)
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		fixed := pooled + "&default_query_exec_mode=exec"
+		a := newLocker(t, openDB(t, db, fixed))
+		b := newLocker(t, openDB(t, db, fixed))
+		k := uniqueKey(t)
+		var last uint64
+		for range 10 {
+			lease, err := a.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if lease.Token() <= last {
+				t.Fatalf("token %d after %d", lease.Token(), last)
+			}
+			if _, err := b.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("Acquire of a held lock: %v, want ErrNotAcquired", err)
+			}
+			if errs := a.RefreshBatch(ctx, []driver.Lease{lease}, time.Minute); errs[0] != nil {
+				t.Fatalf("RefreshBatch: %v", errs[0])
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			got, err := b.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+			if err != nil {
+				t.Fatalf("Acquire of a released lock: %v", err)
+			}
+			last = got.Token()
+			if err := got.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		}
+	})
+}

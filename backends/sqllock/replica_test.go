@@ -1,0 +1,117 @@
+package sqllock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/plugin/dbresolver"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// staleReplica returns a client of dsn, a MariaDB DSN, whose reads gorm's
+// dbresolver sends to a replica that lags: another database of the same
+// server, holding copies of the tables tables that do not change unless
+// copy is called, which copies the rows where cond holds as they are now.
+func staleReplica(t *testing.T, db database, dsn string, tables ...string) (g *gorm.DB, copyRows func(table, cond string, args ...any)) {
+	t.Helper()
+	primary := openDB(t, db, dsn)
+	var current string
+	if err := primary.Raw("SELECT DATABASE()").Scan(&current).Error; err != nil {
+		t.Fatal(err)
+	}
+	stale := fmt.Sprintf("warden_stale_%d", time.Now().UnixNano())
+	if err := primary.Exec("CREATE DATABASE " + stale).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { primary.Exec("DROP DATABASE " + stale) })
+	for _, table := range tables {
+		if err := primary.Exec("CREATE TABLE " + stale + "." + table + " LIKE " + current + "." + table).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	g = openDB(t, db, dsn)
+	replica := strings.Replace(dsn, "/"+current+"?", "/"+stale+"?", 1)
+	if err := g.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{mysql.Open(replica)}})); err != nil {
+		t.Fatal(err)
+	}
+	return g, func(table, cond string, args ...any) {
+		t.Helper()
+		if err := primary.Exec("REPLACE INTO "+stale+"."+table+" SELECT * FROM "+current+"."+table+" WHERE "+cond, args...).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOwnerChecksSkipReplicas: on MariaDB behind gorm's dbresolver, a lease
+// force-released and taken by another holder is not renewed by a batch
+// renewal, and a claim deleted and claimed again is not extended, whatever
+// the lagging replica still shows: MySQL counts the rows an UPDATE changed,
+// so when one changed none the owner is checked by a read, which must see
+// the primary's rows.
+func TestOwnerChecksSkipReplicas(t *testing.T) {
+	db := databases()[2]
+	dsn := db.dsn(t)
+	plain := migrated(t, db, dsn)
+	store, err := sqllock.NewStore(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g, copyRows := staleReplica(t, db, dsn, sqllock.DefaultTable, sqllock.DefaultIdempotencyTable)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("RefreshBatch", func(t *testing.T) {
+		l := newLocker(t, g)
+		other := newLocker(t, plain)
+		k := uniqueKey(t)
+		lease, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		copyRows(sqllock.DefaultTable, "name = ?", k)
+		if _, err := other.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if errs := l.RefreshBatch(ctx, []driver.Lease{lease}, time.Minute); !errors.Is(errs[0], driver.ErrNotHeld) {
+			t.Fatalf("batch renewal of a lease force-released and taken by another: %v, want ErrNotHeld", errs[0])
+		}
+	})
+
+	t.Run("Extend", func(t *testing.T) {
+		s, err := sqllock.NewStore(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := idempotency.Claim{Scope: "s", Key: uniqueKey(t), Fingerprint: "f", Owner: "first", Lease: time.Minute}
+		if rec, err := s.Claim(ctx, c); err != nil || rec != nil {
+			t.Fatalf("Claim: %v, %v", rec, err)
+		}
+		copyRows(sqllock.DefaultIdempotencyTable, "1 = 1")
+		if err := store.Delete(ctx, c.Scope, c.Key, ""); err != nil {
+			t.Fatal(err)
+		}
+		second := c
+		second.Owner = "second"
+		if rec, err := store.Claim(ctx, second); err != nil || rec != nil {
+			t.Fatalf("Claim by another: %v, %v", rec, err)
+		}
+		if err := s.Extend(ctx, c.Scope, c.Key, c.Owner, time.Minute); !errors.Is(err, idempotency.ErrNotOwner) {
+			t.Fatalf("Extend of a claim deleted and claimed by another: %v, want ErrNotOwner", err)
+		}
+	})
+}
