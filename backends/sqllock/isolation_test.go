@@ -120,7 +120,7 @@ func TestConflictInTransaction(t *testing.T) {
 	if err := tx.Exec("SELECT 1").Error; err != nil {
 		t.Fatal(err)
 	}
-	if lease, err = other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Millisecond}); err != nil {
+	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	l, err := sqllock.New(tx)
