@@ -1,6 +1,7 @@
 // Package backendurl opens warden's backends from URLs, the way a service
-// takes them from flags or the environment: memory, sqlite://PATH,
-// postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
+// takes them from flags or the environment: memory, sqlite://PATH (a file,
+// with SQLite's parameters if any; never an in-memory database, which
+// would be one per pooled connection), postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
 // rediss://... (TLS), redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for
 // TLS), etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
 // consul://host:port (an agent's HTTP address). The
@@ -136,6 +137,12 @@ func Parse(s string) (*URL, error) {
 		if rest == "" {
 			return nil, fmt.Errorf("%s: no file path", u)
 		}
+		if sqliteInMemory(rest) {
+			// Each connection of the pool would open a database of its
+			// own: a lock taken on one is not seen on the next, whose
+			// database has no lock table at all.
+			return nil, fmt.Errorf("%s: an in-memory or temporary SQLite database is one per connection, and a pool holds several: use memory for an in-process backend, or a file", u)
+		}
 		if strings.ContainsAny(rest, "@?") {
 			// Paths are no secret, but user info or parameters may be,
 			// and an error may quote any part of the path.
@@ -266,6 +273,17 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	}
 	u.shown = "mysql://" + shown.FormatDSN()
 	return u, nil
+}
+
+// sqliteInMemory reports whether an SQLite path, as SQLite reads it with
+// its parameters, names a database private to the connection that opens
+// it: :memory:, a file: URI with mode=memory, or no file name (a
+// temporary database).
+func sqliteInMemory(path string) bool {
+	name, params, _ := strings.Cut(path, "?")
+	name = strings.TrimPrefix(name, "file:")
+	q, _ := url.ParseQuery(params)
+	return name == "" || name == ":memory:" || q.Get("mode") == "memory"
 }
 
 // schemes lists what Parse reads, for its errors.

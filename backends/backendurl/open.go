@@ -110,13 +110,20 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	switch u.Scheme {
 	case "sqlite":
 		// SQLite reports a missing directory as "out of memory (14)".
-		if dir := filepath.Dir(u.Path); !strings.HasPrefix(u.Path, "file:") && u.Path != ":memory:" {
+		name, _, hasParams := strings.Cut(u.Path, "?")
+		if dir := filepath.Dir(name); !strings.HasPrefix(name, "file:") {
 			if _, err := os.Stat(dir); err != nil {
 				return nil, fmt.Errorf("the directory of %s: %w", u.Path, err)
 			}
 		}
-		// WAL and a busy timeout let several replicas share one file.
-		d = sqlite.Open(u.Path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+		// WAL and a busy timeout let several replicas share one file;
+		// they join the path's own parameters, if it has some (a second
+		// '?' would make them part of the value before it).
+		sep := "?"
+		if hasParams {
+			sep = "&"
+		}
+		d = sqlite.Open(u.Path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
 	case "postgres":
 		d = postgres.Open(u.DSN)
 	case "mysql":
