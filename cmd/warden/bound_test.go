@@ -149,7 +149,7 @@ func TestPromptTimeNotCounted(t *testing.T) {
 			var out bytes.Buffer
 			// The operator reads the prompt for twice the bound.
 			stdin := &answerAfter{answer: strings.NewReader("y\n"), meanwhile: func() { time.Sleep(2 * timeout) }}
-			c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: &out}, prompts: io.Discard, timeout: timeout, g: g,
+			c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: &out}, stderr: io.Discard, timeout: timeout, g: g,
 				store: func(context.Context) (idempotency.Store, error) { return store, nil }}
 			do, err := c.command(cmd)
 			if err != nil {
@@ -229,7 +229,7 @@ func TestInterruptAtPrompt(t *testing.T) {
 	defer typing.Close()
 	prompted := make(chan struct{})
 	out := &promptWatch{prompted: prompted}
-	c := &cli{stdin: bufio.NewReader(terminal), stdout: &gate{w: io.Discard}, prompts: out, timeout: time.Minute, g: g}
+	c := &cli{stdin: bufio.NewReader(terminal), stdout: &gate{w: io.Discard}, stderr: out, timeout: time.Minute, g: g}
 	do, err := c.command([]string{"locks", "release", "report"})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,43 @@ func TestListPartwayThroughARuneOnEveryBackend(t *testing.T) {
 			t.Errorf("%s: List(%q): %v, %v; want the key café", name, dir+"caf\xc3", page, err)
 		}
 		l.Unlock(ctx)
+	}
+}
+
+// TestLsSaysMoreFollow: a page that stops at -limit with more locks after
+// it says so on stderr, naming the -after of the next page (quoted when
+// the key is, to be given back with -quoted); the page that holds the last
+// lock says nothing, and stdout is the page alone, JSON included.
+func TestLsSaysMoreFollow(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	dir := fmt.Sprintf("ls-more-%d/", time.Now().UnixNano())
+	keys := []string{dir + "a", dir + "b c ", dir + "d"}
+	for _, key := range keys {
+		l, err := g.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	for _, tc := range []struct {
+		args []string
+		note string // on stderr, "" for none
+	}{
+		{[]string{"-limit", "1"}, "warden: more locks follow; the next page is -after " + dir + "a\n"},
+		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
+		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
+		{[]string{"-limit", "3"}, ""},
+		{[]string{"-limit", "2", "-after", dir + "a"}, ""},
+	} {
+		args := append([]string{"-lock", url, "locks", "ls", dir}, tc.args...)
+		code, out, errOut := cliRun(t, "", args...)
+		if code != 0 || errOut != tc.note {
+			t.Errorf("locks ls %q: exit %d, stderr %q; want 0 and %q", tc.args, code, errOut, tc.note)
+		}
+		if slices.Contains(tc.args, "-json") && !json.Valid([]byte(out)) {
+			t.Errorf("locks ls %q: stdout %q is not JSON alone", tc.args, out)
+		}
 	}
 }

@@ -15,6 +15,8 @@
 // URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
+// locks ls lists a page of at most -limit locks; when more follow, a note
+// on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
@@ -120,9 +122,9 @@ func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(fo
 type cli struct {
 	stdin  *bufio.Reader
 	stdout *gate
-	// prompts is where questions go: stderr, so that stdout holds only
+	// stderr is where questions and notes go, so that stdout holds only
 	// the output, JSON alone with -json when a script pipes its answer in.
-	prompts   io.Writer
+	stderr    io.Writer
 	json      bool
 	yes       bool
 	limit     int
@@ -175,7 +177,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
-	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, prompts: stderr}
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, stderr: stderr}
 	// Not $WARDEN_LOCK as the default: the usage would print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
 	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
@@ -183,7 +185,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
-	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
+	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000); when more follow, stderr names the next page's -after")
 	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
 	fs.BoolVar(&c.quoted, "quoted", false, "every PREFIX, KEY, SCOPE and -after is a Go-quoted string, as a table shows the names it quotes")
 	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
@@ -349,11 +351,11 @@ func (c *cli) close(o *backendurl.Opener) {
 	}
 }
 
-// ask prints question on c.prompts and reports whether the operator
+// ask prints question on c.stderr and reports whether the operator
 // answered yes. The answer is awaited without a bound, but Ctrl-C ends the
 // wait.
 func (c *cli) ask(ctx context.Context, question string) (bool, error) {
-	io.WriteString(c.prompts, question)
+	io.WriteString(c.stderr, question)
 	answer := make(chan string, 1)
 	go func() {
 		a, _ := c.stdin.ReadString('\n')
@@ -432,7 +434,19 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if len(cmd) == 3 {
 			prefix = cmd[2]
 		}
-		return bounded(func(ctx context.Context) error { return c.list(ctx, prefix) }), nil
+		return func(ctx context.Context) error {
+			var next string
+			if err := c.bounded(ctx, func(ctx context.Context) (err error) {
+				next, err = c.list(ctx, prefix)
+				return err
+			}); err != nil {
+				return err
+			}
+			if next != "" {
+				c.nextPage(next)
+			}
+			return nil
+		}, nil
 	case "locks show":
 		if err := want(3, "KEY"); err != nil {
 			return nil, err
@@ -458,17 +472,32 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
 }
 
-func (c *cli) list(ctx context.Context, prefix string) error {
+// list prints a page of the held locks whose keys start with prefix, and
+// returns the last key listed when more locks follow it, "" otherwise.
+func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	page, err := c.g.List(ctx, prefix, c.after, c.limit)
 	if err != nil {
-		return badKeyOr(err)
+		return "", badKeyOr(err)
+	}
+	// A full page may be all there is, or the first of many; an operator
+	// told nothing would take the first hundred for all of them.
+	next := ""
+	if len(page) == c.limit {
+		last := page[len(page)-1].Key
+		more, err := c.g.List(ctx, prefix, last, 1)
+		if err != nil {
+			return "", err
+		}
+		if len(more) > 0 {
+			next = last
+		}
 	}
 	if c.json {
 		out := make([]inspection, len(page))
 		for i, in := range page {
 			out[i] = inspected(in)
 		}
-		return c.printJSON(out)
+		return next, c.printJSON(out)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
@@ -476,7 +505,20 @@ func (c *cli) list(ctx context.Context, prefix string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
-	return tw.Flush()
+	return next, tw.Flush()
+}
+
+// nextPage says on stderr, after a page of locks ls, that more locks follow
+// last, the last one listed, and how to ask for them: -after as a table
+// shows the key, with -quoted when it is quoted.
+func (c *cli) nextPage(last string) {
+	after := shown(last)
+	if after != last {
+		after = "-quoted -after " + after
+	} else {
+		after = "-after " + after
+	}
+	fmt.Fprintf(c.stderr, "warden: more locks follow; the next page is %s\n", after)
 }
 
 func (c *cli) show(ctx context.Context, key string) error {

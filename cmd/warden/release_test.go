@@ -264,7 +264,7 @@ func TestReleasedInPartIsSaid(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
-		c := &cli{stdin: bufio.NewReader(strings.NewReader("")), stdout: &gate{w: &out}, prompts: io.Discard, timeout: time.Minute, g: g, json: asJSON}
+		c := &cli{stdin: bufio.NewReader(strings.NewReader("")), stdout: &gate{w: &out}, stderr: io.Discard, timeout: time.Minute, g: g, json: asJSON}
 		err := release{cli: c, key: key, any: true}.release(ctx, guard.ReleaseTarget{AnyHolder: true})
 		if !errors.Is(err, guard.ErrUnavailable) || !strings.Contains(out.String(), "worker-1") {
 			t.Errorf("json %v: %v, printed %q; want the refusal, and the holder removed printed", asJSON, err, out.String())
