@@ -137,12 +137,6 @@ func Parse(s string) (*URL, error) {
 		if rest == "" {
 			return nil, fmt.Errorf("%s: no file path", u)
 		}
-		if sqliteInMemory(rest) {
-			// Each connection of the pool would open a database of its
-			// own: a lock taken on one is not seen on the next, whose
-			// database has no lock table at all.
-			return nil, fmt.Errorf("%s: an in-memory or temporary SQLite database is one per connection, and a pool holds several: use memory for an in-process backend, or a file", u)
-		}
 		if strings.ContainsAny(rest, "@?") {
 			// Paths are no secret, but user info or parameters may be,
 			// and an error may quote any part of the path.
@@ -153,6 +147,17 @@ func Parse(s string) (*URL, error) {
 			if _, q, ok := strings.Cut(rest, "?"); ok {
 				u.secrets = append(u.secrets, q)
 			}
+		}
+		if strings.Contains(rest, "@/") {
+			// USER:PASS@/path: SQLite has no users, and would take the
+			// text up to a '?' in the password for a file to create.
+			return nil, fmt.Errorf("%s: sqlite:// takes a file path, and no user info", u)
+		}
+		if sqliteInMemory(rest) {
+			// Each connection of the pool would open a database of its
+			// own: a lock taken on one is not seen on the next, whose
+			// database has no lock table at all.
+			return nil, fmt.Errorf("%s: an in-memory or temporary SQLite database is one per connection, and a pool holds several: use memory for an in-process backend, or a file", u)
 		}
 		u.Path = rest
 		return u, nil

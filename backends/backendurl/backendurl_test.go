@@ -40,6 +40,8 @@ func TestParse(t *testing.T) {
 		"redis":                       "not a backend URL",
 		"127.0.0.1:6379":              "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
 		"sqlite://":                   "no file path",
+		"sqlite://u:secret@/tmp/x.db": "no user info",
+		"sqlite://u:s?ecret@/x.db":    "no user info",
 		"mysql://u@127.0.0.1/db":      "want mysql://",
 		"redis://a:1,b:2":             "one host:port",
 		"redlock://a:1,b:2":           "odd number of nodes",
