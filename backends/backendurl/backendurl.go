@@ -120,7 +120,8 @@ func (e *redacted) Unwrap() error { return e.err }
 // etcd://[user:pass@]host:port[,...], zk://host:port[,...] or
 // consul://host:port. Redis URLs take
 // go-redis's query options (redis.ParseURL), applied to every RedLock
-// master. Its errors name what is wrong and never quote a secret.
+// master. A query option given twice is refused, rather than one of the
+// two ignored. Its errors name what is wrong and never quote a secret.
 func Parse(s string) (*URL, error) {
 	if s == "memory" {
 		return &URL{Scheme: "memory", shown: s}, nil
@@ -178,6 +179,11 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
+	if name := repeatedOption(p.RawQuery); name != "" {
+		// One of them would be ignored without a word (go-redis and pgx
+		// take the last): an sslmode=require before a disable, say.
+		return nil, fmt.Errorf("%s: option %q given twice", u, name)
+	}
 	if _, hasPassword := p.User.Password(); p.User != nil && !hasPassword && (strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "redlock")) {
 		// go-redis reads it as a user name and, with no password, sends no
 		// credentials at all: the server's NOAUTH would be the first sign.
@@ -354,6 +360,20 @@ func secretsOf(p *url.URL) []string {
 		}
 	}
 	return s
+}
+
+// repeatedOption returns the name of the first query parameter of
+// rawQuery given a second time, or "".
+func repeatedOption(rawQuery string) string {
+	seen := map[string]bool{}
+	for kv := range strings.SplitSeq(rawQuery, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k = unescape(k); k != "" && seen[k] {
+			return k
+		}
+		seen[k] = true
+	}
+	return ""
 }
 
 func unescape(s string) string {

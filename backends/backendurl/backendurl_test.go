@@ -37,19 +37,23 @@ func TestParse(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"redis":                       "not a backend URL",
-		"127.0.0.1:6379":              "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
-		"sqlite://":                   "no file path",
-		"sqlite://u:secret@/tmp/x.db": "no user info",
-		"sqlite://u:s?ecret@/x.db":    "no user info",
-		"mysql://u@127.0.0.1/db":      "want mysql://",
-		"redis://a:1,b:2":             "one host:port",
-		"redlock://a:1,b:2":           "odd number of nodes",
-		"etcd://nohost":               "is not host:port",
-		"consul://a:1,b:2":            "one host:port",
-		"ftp://x":                     "unknown scheme",
-		"http://127.0.0.1:8500":       "want one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul, or memory",
-		"postgres://u:secret@[::1/db": "postgres://xxxxx:",
+		"redis":                           "not a backend URL",
+		"127.0.0.1:6379":                  "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
+		"sqlite://":                       "no file path",
+		"sqlite://u:secret@/tmp/x.db":     "no user info",
+		"redis://127.0.0.1:1/0?db=1&db=2": `option "db" given twice`,
+		"redlock://a:1,b:2,c:3?dial_timeout=1s&dial_timeout=9s":      `option "dial_timeout" given twice`,
+		"postgres://h:1/db?sslmode=require&sslmode=disable":          `option "sslmode" given twice`,
+		"postgres://h:1/db?password=secret&password=secret2&x=1&x=2": `option "password" given twice`,
+		"sqlite://u:s?ecret@/x.db":                                   "no user info",
+		"mysql://u@127.0.0.1/db":                                     "want mysql://",
+		"redis://a:1,b:2":                                            "one host:port",
+		"redlock://a:1,b:2":                                          "odd number of nodes",
+		"etcd://nohost":                                              "is not host:port",
+		"consul://a:1,b:2":                                           "one host:port",
+		"ftp://x":                                                    "unknown scheme",
+		"http://127.0.0.1:8500":                                      "want one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul, or memory",
+		"postgres://u:secret@[::1/db":                                "postgres://xxxxx:",
 	} {
 		_, err := Parse(in)
 		if err == nil || !strings.Contains(err.Error(), want) {
