@@ -16,6 +16,7 @@
 package backendurl
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -168,12 +169,12 @@ func Parse(s string) (*URL, error) {
 	default:
 		return nil, fmt.Errorf("%s://%s: unknown scheme %q (want one of %s, or memory alone)", scheme, masked, scheme, schemes)
 	}
-	p, err := url.Parse(s)
+	authority, _, _ := strings.Cut(rest, "/")
+	authority, _, _ = strings.Cut(authority, "?")
+	p, err := parseHosts(s, scheme, rest, authority)
 	// Where a password with an '@', '/', '?' or '#' that was not
 	// percent-encoded ends cannot be told (client libraries tell it
 	// differently): two '@' in the authority, an '@' past it, or a '#'.
-	authority, _, _ := strings.Cut(rest, "/")
-	authority, _, _ = strings.Cut(authority, "?")
 	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.Path+p.RawQuery, "@") || strings.Contains(s, "#") {
 		return nil, unparseable
 	}
@@ -249,6 +250,32 @@ func Parse(s string) (*URL, error) {
 		}
 	}
 	return u, nil
+}
+
+// parseHosts is url.Parse(s) for a URL whose authority may list several
+// hosts, which url.Parse reads as one host and refuses as soon as one of
+// them is an IPv6 literal: a list is parsed host by host, and its hosts,
+// as url.Parse reads each, are joined again in Host.
+func parseHosts(s, scheme, rest, authority string) (*url.URL, error) {
+	at := strings.LastIndex(authority, "@") + 1
+	list := authority[at:]
+	if !strings.Contains(list, ",") {
+		return url.Parse(s)
+	}
+	p, err := url.Parse(scheme + "://" + authority[:at] + "host" + rest[len(authority):])
+	if err != nil {
+		return nil, err
+	}
+	var hosts []string
+	for h := range strings.SplitSeq(list, ",") {
+		hp, err := url.Parse("//" + h)
+		if err != nil || hp.Host == "" || hp.User != nil || hp.Path != "" || hp.RawQuery != "" || hp.ForceQuery {
+			return nil, errors.New("not a list of hosts")
+		}
+		hosts = append(hosts, hp.Host)
+	}
+	p.Host = strings.Join(hosts, ",")
+	return p, nil
 }
 
 // parseMySQL reads a go-sql-driver DSN after mysql://.

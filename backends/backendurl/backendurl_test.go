@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,49 @@ func TestParse(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "secret") {
 			t.Errorf("Parse(%q) shows the password: %v", in, err)
+		}
+	}
+}
+
+// TestSeveralHostsWithIPv6: a list of hosts may hold IPv6 literals, as
+// one host may; each is a host:port of Hosts, and of a RedLock master.
+func TestSeveralHostsWithIPv6(t *testing.T) {
+	for in, want := range map[string][]string{
+		"redlock://[::1]:1,[::1]:2,[::1]:3":             {"[::1]:1", "[::1]:2", "[::1]:3"},
+		"redlocks://u:pw@127.0.0.1:1,[::1]:2,[::1]:3/2": {"127.0.0.1:1", "[::1]:2", "[::1]:3"},
+		"etcd://root:pw@127.0.0.1:1,[::1]:2":            {"127.0.0.1:1", "[::1]:2"},
+		"zk://[::1]:1,[fe80::1%25eth0]:2":               {"[::1]:1", "[fe80::1%eth0]:2"},
+		"etcd://[2001:db8::1]:2379,[2001:db8::2]:2379":  {"[2001:db8::1]:2379", "[2001:db8::2]:2379"},
+	} {
+		u, err := Parse(in)
+		if err != nil || !slices.Equal(u.Hosts, want) {
+			t.Errorf("Parse(%q): %v, %v; want hosts %q", in, u, err, want)
+			continue
+		}
+		for i, o := range u.redis {
+			if o.Addr != want[i] || o.DB != map[bool]int{true: 2}[strings.HasSuffix(in, "/2")] {
+				t.Errorf("Parse(%q): master %d at %s, db %d", in, i, o.Addr, o.DB)
+			}
+		}
+		if strings.Contains(u.String(), "pw") {
+			t.Errorf("Parse(%q) prints as %s", in, u)
+		}
+	}
+	for in, want := range map[string]string{
+		"postgres://u:pw@[::1]:1,[::1]:2/db": "postgres://xxxxx@[::1]:1,[::1]:2/db",
+		"redis://[::1]:1,[::1]:2":            "one host:port",
+		"consul://[::1]:1,[::1]:2":           "one host:port",
+		"etcd://[::1]:1,[::1]":               `"[::1]" is not host:port`,
+		"etcd://[::1]:1,[::1]:2/x":           "hosts only",
+		"zk://[::1]:1,[::1:2":                "not a valid URL",
+	} {
+		u, err := Parse(in)
+		got := fmt.Sprint(err)
+		if err == nil {
+			got = u.String()
+		}
+		if !strings.Contains(got, want) {
+			t.Errorf("Parse(%q): %v, %v; want %q", in, u, err, want)
 		}
 	}
 }
