@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -184,6 +185,33 @@ func TestOpenConsul(t *testing.T) {
 	for _, ping := range o.Pings() {
 		if err := ping.Check(ctx); err != nil {
 			t.Fatalf("ping: %v", err)
+		}
+	}
+}
+
+// TestEtcdFirstEndpointDown: an etcd URL lists the cluster's members so
+// that one of them may be down; the first being the one down, the store
+// opens on the others, and its health check passes.
+func TestEtcdFirstEndpointDown(t *testing.T) {
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close()
+	u, err := Parse("etcd://" + down + "," + drivertest.Addr(t, "WARDEN_ETCD_ENDPOINTS", "127.0.0.1:12379"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := NewOpener()
+	defer o.Close()
+	if _, err := o.Store(ctx, u); err != nil {
+		t.Fatalf("Store with the first endpoint down: %v", err)
+	}
+	for _, ping := range o.Pings() {
+		if err := ping.Check(ctx); err != nil {
+			t.Errorf("ping %s: %v", ping.Backend, err)
 		}
 	}
 }

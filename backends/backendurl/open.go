@@ -1,6 +1,7 @@
 package backendurl
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -213,14 +214,39 @@ func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := c.Status(pctx, hosts[0]); err != nil {
+	if err := anyMemberAnswers(pctx, c, hosts); err != nil {
 		c.Close()
 		return nil, driver.Unavailable(ctx, err)
 	}
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err }})
+	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { return anyMemberAnswers(ctx, c, hosts) }})
 	return c, nil
+}
+
+// anyMemberAnswers returns nil as soon as one of the etcd members at hosts
+// answers, or the first error to arrive once none has: a URL lists the
+// members so that some may be down, the first one listed as well as any
+// other.
+func anyMemberAnswers(ctx context.Context, c *clientv3.Client, hosts []string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(hosts))
+	for _, h := range hosts {
+		go func() {
+			_, err := c.Status(ctx, h)
+			errs <- err
+		}()
+	}
+	var first error
+	for range hosts {
+		err := <-errs
+		if err == nil {
+			return nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return first
 }
 
 // openZK connects to a ZooKeeper ensemble for the idempotency store. A
