@@ -39,11 +39,13 @@
 // A question (release or delete, unless -yes) is asked on stderr, and
 // the answer read from stdin: stdout holds the output alone.
 //
-// Exit status 0 on success, 1 when the backend fails or the answer is no,
-// 2 for bad input (with a one-line error), 3 when a release is refused
-// because the lock changed hands after its holder was shown (nothing is
-// released; the new holder is named), or a delete because another request
-// claimed the key after its record was shown (nothing is deleted).
+// Exit status 0 on success; 1 when the backend fails, the answer is no, or
+// there is nothing to release or delete (a release or delete whose answer
+// never came says that it may have been done); 2 for bad input (with a
+// one-line error); 3 when a release is refused because the lock changed
+// hands after its holder was shown (nothing is released; the new holder is
+// named), or a delete because another request claimed the key after its
+// record was shown (nothing is deleted).
 package main
 
 import (
@@ -613,7 +615,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		}
 		c.restartBound()
 	}
-	return c.bounded(ctx, func(ctx context.Context) error {
+	err = c.bounded(ctx, func(ctx context.Context) error {
 		// Only the record shown: one claimed or completed by another
 		// request since (the claim shown lapsed while the prompt waited)
 		// is left, and so is a claim shown in progress that its owner
@@ -640,6 +642,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
 		return nil
 	})
+	return mayBeDone(ctx, err, fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells", scope, key))
 }
 
 func (c *cli) ping(ctx context.Context) error {

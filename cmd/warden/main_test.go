@@ -361,16 +361,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestDeletePromptWithoutInstance(t *testing.T) {
 	ctx := context.Background()
 	url := "sqlite://" + filepath.Join(t.TempDir(), "cli.db")
-	u, err := backendurl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := backendurl.NewOpener()
-	defer o.Close()
-	store, err := o.Store(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t, url)
 	const owner = "0123456789abcdef" // random through and through
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: "k", Fingerprint: "fp", Owner: owner, Lease: time.Minute}); err != nil {
 		t.Fatal(err)
