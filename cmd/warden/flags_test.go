@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,15 +18,17 @@ import (
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
-// TestUsageShowsNoPasswordFromEnv: with the backend URL in WARDEN_LOCK, as
-// the usage suggests, asking for help, giving no command or mistyping a
-// flag prints the usage, and a command that fails prints an error; neither
-// shows the password, though the URL was read.
+// TestUsageShowsNoPasswordFromEnv: with the backend URLs in WARDEN_LOCK and
+// WARDEN_STORE, as the usage suggests, asking for help, giving no command
+// or mistyping a flag prints the usage, and a command that fails prints an
+// error; neither shows the password, though the URL was read.
 func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
 	const secret = "TopS3cretPw"
 	t.Setenv("WARDEN_LOCK", "redis://:"+secret+"@127.0.0.1:1/0")
+	t.Setenv("WARDEN_STORE", "redis://:"+secret+"@127.0.0.1:1/1")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -40,6 +43,26 @@ func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
 		if s := out + errOut; strings.Contains(s, secret) || !strings.Contains(s, tc.want) {
 			t.Errorf("warden %q: exit %d, %q %q; want %q, and not the password", tc.args, code, out, errOut, tc.want)
 		}
+	}
+}
+
+// TestStoreFromEnv: the store's URL, which may hold a password as the lock
+// backend's does, can come from WARDEN_STORE rather than argv, which ps
+// shows; -store still wins.
+func TestStoreFromEnv(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "store.db")
+	store := openStore(t, url)
+	const owner = "api-1:o"
+	if _, err := store.Claim(context.Background(), idempotency.Claim{Scope: "s", Key: "k", Owner: owner, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WARDEN_STORE", url)
+	lock := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	if code, out, errOut := cliRun(t, "", "-lock", lock, "idem", "show", "s", "k"); code != 0 || !strings.Contains(out, "in_progress") {
+		t.Errorf("idem show with WARDEN_STORE: exit %d, %q, %q; want the record", code, out, errOut)
+	}
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "-store", lock, "idem", "show", "s", "k"); code != 1 || !strings.Contains(errOut, "no record") {
+		t.Errorf("idem show with -store and WARDEN_STORE: exit %d, %q; want -store's answer", code, errOut)
 	}
 }
 

@@ -13,7 +13,9 @@
 // --, every word is an operand, even one that starts with '-' (locks show
 // -- -key). Backend
 // URLs are those of backendurl (and of the example service); -lock
-// defaults to $WARDEN_LOCK. Keys are named as the services name them, under
+// defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
+// password need not be in the command's arguments, which ps shows to
+// every user of the machine. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
 // locks ls lists a page of at most -limit locks; when more follow, a note
 // on stderr names the -after of the next page.
@@ -180,9 +182,10 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fs.PrintDefaults()
 	}
 	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, stderr: stderr}
-	// Not $WARDEN_LOCK as the default: the usage would print its password.
+	// Not $WARDEN_LOCK or $WARDEN_STORE as the default: the usage would
+	// print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
-	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
+	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store)")
 	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
@@ -227,6 +230,9 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return badInput("-lock memory: an in-process backend holds nothing another process can see")
 	}
 	sURL := lockURL
+	if *storeURL == "" {
+		*storeURL = os.Getenv("WARDEN_STORE")
+	}
 	if *storeURL != "" {
 		if sURL, err = backendurl.Parse(*storeURL); err != nil {
 			return badInput("-store: %v", err)

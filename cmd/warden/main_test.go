@@ -315,8 +315,10 @@ func lastLine(s string) string {
 }
 
 func TestMain(m *testing.M) {
-	// The CLI reads WARDEN_LOCK; the tests give -lock or expect its absence.
+	// The CLI reads WARDEN_LOCK and WARDEN_STORE; the tests give -lock and
+	// -store, or expect their absence.
 	os.Unsetenv("WARDEN_LOCK")
+	os.Unsetenv("WARDEN_STORE")
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
