@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	goredis "github.com/redis/go-redis/v9"
@@ -204,6 +205,9 @@ func Parse(s string) (*URL, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
 		}
+		if err := negativeTimeout(timeout{"dial_timeout", o.DialTimeout}, timeout{"pool_timeout", o.PoolTimeout}); err != nil {
+			return nil, fmt.Errorf("%s: %w", u, err)
+		}
 		u.Hosts, u.redis = []string{o.Addr}, []*goredis.Options{o}
 		return u, nil
 	}
@@ -229,6 +233,9 @@ func Parse(s string) (*URL, error) {
 			o, err := goredis.ParseURL(master.String())
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
+			}
+			if err := negativeTimeout(timeout{"dial_timeout", o.DialTimeout}, timeout{"pool_timeout", o.PoolTimeout}); err != nil {
+				return nil, fmt.Errorf("%s: %w", u, err)
 			}
 			u.redis = append(u.redis, o)
 		}
@@ -291,6 +298,9 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	if cfg.Passwd != "" {
 		u.secrets = append(u.secrets, cfg.Passwd, url.QueryEscape(cfg.Passwd))
 	}
+	if err := negativeTimeout(timeout{"timeout", cfg.Timeout}, timeout{"readTimeout", cfg.ReadTimeout}, timeout{"writeTimeout", cfg.WriteTimeout}); err != nil {
+		return nil, fmt.Errorf("mysql://%s: %w", masked, err)
+	}
 	u.DSN = rest
 	if !strings.Contains(rest, "parseTime=") {
 		sep := "?"
@@ -322,6 +332,27 @@ func sqliteInMemory(path string) bool {
 	name = strings.TrimPrefix(name, "file:")
 	q, _ := url.ParseQuery(params)
 	return name == "" || name == ":memory:" || q.Get("mode") == "memory"
+}
+
+// timeout is a client's timeout option, by its name in the URL.
+type timeout struct {
+	name string
+	d    time.Duration
+}
+
+// negativeTimeout returns an error naming the first of options that is
+// negative, or nil. The client would set a deadline already past: every
+// dial (or read, or wait for a pooled connection) would fail at once as a
+// timeout, which reads as a server that does not answer. (Redis's
+// read_timeout and write_timeout of -1 and -2 mean no timeout and no
+// deadline: those are not asked about.)
+func negativeTimeout(options ...timeout) error {
+	for _, o := range options {
+		if o.d < 0 {
+			return fmt.Errorf("%s is negative: every attempt would time out at once", o.name)
+		}
+	}
+	return nil
 }
 
 // schemes lists what Parse reads, for its errors.

@@ -39,11 +39,16 @@ func TestParse(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"redis":                           "not a backend URL",
-		"127.0.0.1:6379":                  "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
-		"sqlite://":                       "no file path",
-		"sqlite://u:secret@/tmp/x.db":     "no user info",
-		"redis://127.0.0.1:1/0?db=1&db=2": `option "db" given twice`,
+		"redis":                                                      "not a backend URL",
+		"127.0.0.1:6379":                                             "SCHEME one of sqlite, postgres (or postgresql), mysql, redis, rediss, redlock, redlocks, etcd, zk, consul",
+		"sqlite://":                                                  "no file path",
+		"sqlite://u:secret@/tmp/x.db":                                "no user info",
+		"redis://127.0.0.1:1?dial_timeout=-1s":                       "dial_timeout is negative",
+		"redlock://a:1,b:2,c:3?pool_timeout=-2s":                     "pool_timeout is negative",
+		"mysql://u:p@tcp(h:1)/db?timeout=-1s":                        "timeout is negative",
+		"mysql://u:p@tcp(h:1)/db?readTimeout=-5ms":                   "readTimeout is negative",
+		"mysql://u:p@tcp(h:1)/db?writeTimeout=-1s":                   "writeTimeout is negative",
+		"redis://127.0.0.1:1/0?db=1&db=2":                            `option "db" given twice`,
 		"redlock://a:1,b:2,c:3?dial_timeout=1s&dial_timeout=9s":      `option "dial_timeout" given twice`,
 		"postgres://h:1/db?sslmode=require&sslmode=disable":          `option "sslmode" given twice`,
 		"postgres://h:1/db?password=secret&password=secret2&x=1&x=2": `option "password" given twice`,
