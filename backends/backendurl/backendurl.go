@@ -175,8 +175,9 @@ func Parse(s string) (*URL, error) {
 	p, err := parseHosts(s, scheme, rest, authority)
 	// Where a password with an '@', '/', '?' or '#' that was not
 	// percent-encoded ends cannot be told (client libraries tell it
-	// differently): two '@' in the authority, an '@' past it, or a '#'.
-	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.Path+p.RawQuery, "@") || strings.Contains(s, "#") {
+	// differently): two '@' in the authority, an '@' past it (as written:
+	// a database name may hold a percent-encoded one), or a '#'.
+	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.EscapedPath()+p.RawQuery, "@") || strings.Contains(s, "#") {
 		return nil, unparseable
 	}
 	u.shown = redactParsed(p)

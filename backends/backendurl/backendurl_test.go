@@ -26,6 +26,7 @@ func TestParse(t *testing.T) {
 		{"sqlite:///tmp/x.db", "sqlite", 0},
 		{"postgres://u:p@127.0.0.1:5432/db?sslmode=disable", "postgres", 0},
 		{"postgresql://127.0.0.1/db", "postgres", 0},
+		{"postgres://u:p@127.0.0.1:5432/db%40x", "postgres", 0},
 		{"mysql://u:p@tcp(127.0.0.1:3306)/db", "mysql", 0},
 		{"redis://127.0.0.1:6379", "redis", 1},
 		{"redlock://a:1,b:2,c:3", "redlock", 3},
