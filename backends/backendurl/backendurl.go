@@ -303,9 +303,12 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 		return nil, fmt.Errorf("mysql://%s: %w", masked, err)
 	}
 	u.DSN = rest
-	if !strings.Contains(rest, "parseTime=") {
+	// The parameters are what follows a '?' after the last '/', as the
+	// driver reads them: a password may hold a '?' or "parseTime=".
+	_, params, hasParams := strings.Cut(rest[strings.LastIndex(rest, "/")+1:], "?")
+	if !strings.Contains("&"+params, "&parseTime=") {
 		sep := "?"
-		if strings.Contains(rest, "?") {
+		if hasParams {
 			sep = "&"
 		}
 		u.DSN += sep + "parseTime=true"

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/warden-go/warden/backends/consullock"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -218,6 +220,28 @@ func TestEtcdFirstEndpointDown(t *testing.T) {
 	for _, ping := range o.Pings() {
 		if err := ping.Check(ctx); err != nil {
 			t.Errorf("ping %s: %v", ping.Backend, err)
+		}
+	}
+}
+
+// TestMySQLPasswordWithQuestionMark: a MySQL password may hold a '?' (the
+// driver takes the password as it is written): parseTime joins the DSN's
+// own parameters, or starts them after the database name, and never
+// lands in the database name.
+func TestMySQLPasswordWithQuestionMark(t *testing.T) {
+	for _, s := range []string{
+		"mysql://u:p?w@tcp(127.0.0.1:1)/warden",
+		"mysql://u:p?w@tcp(127.0.0.1:1)/warden?timeout=1s",
+		"mysql://u:p?parseTime=false@tcp(127.0.0.1:1)/warden",
+	} {
+		u, err := Parse(s)
+		if err != nil {
+			t.Errorf("Parse(%s): %v", Redact(s), err)
+			continue
+		}
+		cfg, err := mysql.ParseDSN(u.DSN)
+		if err != nil || cfg.DBName != "warden" || !cfg.ParseTime || !strings.HasPrefix(cfg.Passwd, "p?") {
+			t.Errorf("Parse(%s): the driver reads the database %q, parseTime %t (%v); want warden, true and the password", Redact(s), cfg.DBName, cfg.ParseTime, err)
 		}
 	}
 }
