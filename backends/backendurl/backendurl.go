@@ -1,18 +1,23 @@
 // Package backendurl opens warden's backends from URLs, the way a service
 // takes them from flags or the environment: memory, sqlite://PATH (a file,
 // with SQLite's parameters if any; never an in-memory database, which
-// would be one per pooled connection), postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
-// rediss://... (TLS), redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for
-// TLS), etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
-// consul://host:port (an agent's HTTP address). The
-// example service and the warden CLI both use it; it links every backend and
-// its client, so a program that needs one backend imports that backend
-// instead.
+// would be one per pooled connection), postgres://..., mysql://...,
+// redis://[user:pass@]host:port[/db], rediss://... (TLS),
+// redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for TLS),
+// etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
+// consul://host:port (an agent's HTTP address); a host may be an IPv6
+// literal, [::1]:2379. The example service and the warden CLI both use it;
+// it links every backend and its client, so a program that needs one
+// backend imports that backend instead.
 //
 // A URL prints redacted (String): its user info, the values of its query
 // parameters whose names say "pass" (pgx reads ?password=), and the whole
 // of anything it cannot parse unambiguously are replaced by xxxxx. Errors
-// this package returns are redacted the same way.
+// this package returns show none of those secrets either; a user name may
+// appear in them, as the server's refusal quotes it (PostgreSQL's
+// "password authentication failed for user", MySQL's "Access denied for
+// user"): a user name is not scrubbed from messages, where a common one
+// (postgres, root) would mask every other use of the word.
 package backendurl
 
 import (
