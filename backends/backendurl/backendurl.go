@@ -217,6 +217,11 @@ func Parse(s string) (*URL, error) {
 		u.Hosts, u.redis = []string{o.Addr}, []*goredis.Options{o}
 		return u, nil
 	}
+	if p.Path == "/" && (scheme == "etcd" || scheme == "zk" || scheme == "consul") {
+		// A trailing slash, as an agent's address is often copied
+		// (http://127.0.0.1:8500/), names no path.
+		p.Path = ""
+	}
 	for h := range strings.SplitSeq(p.Host, ",") {
 		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
 			return nil, fmt.Errorf("%s: %q is not host:port", u, h)

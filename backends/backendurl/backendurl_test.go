@@ -35,6 +35,9 @@ func TestParse(t *testing.T) {
 		{"etcd://a:1,b:2", "etcd", 2},
 		{"zk://a:1", "zk", 1},
 		{"consul://127.0.0.1:8500", "consul", 1},
+		{"etcd://a:1,b:2/", "etcd", 2},
+		{"zk://a:1/", "zk", 1},
+		{"consul://127.0.0.1:8500/", "consul", 1},
 	} {
 		u, err := Parse(tc.in)
 		if err != nil || u.Scheme != tc.scheme || len(u.Hosts) != tc.hosts {
