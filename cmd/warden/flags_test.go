@@ -309,3 +309,29 @@ func TestLsSaysMoreFollow(t *testing.T) {
 		}
 	}
 }
+
+// TestShowOfAPrefixedName: an operator who names a key as the backend
+// stores it, the Guard's prefix included (as redis-cli lists it), is told
+// the key is free, which it is, and also that the key without the prefix
+// is held: "free" alone would be read as the lock being free.
+func TestShowOfAPrefixedName(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	key := fmt.Sprintf("show-prefixed-%d", time.Now().UnixNano())
+	l, err := g.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	for _, args := range [][]string{{"locks", "show", "warden:" + key}, {"-json", "locks", "show", "warden:" + key}} {
+		code, out, errOut := cliRun(t, "", append([]string{"-lock", url}, args...)...)
+		want := fmt.Sprintf("warden: %s is held: keys are named without the Guard's prefix (-prefix %q)\n", key, "warden:")
+		if code != 0 || errOut != want || strings.Contains(out, "svc") {
+			t.Errorf("%q: exit %d, %q, %q; want the key free on stdout, and %q", args, code, out, errOut, want)
+		}
+	}
+	if code, _, errOut := cliRun(t, "", "-lock", url, "locks", "show", "warden:"+key+"-not"); code != 0 || errOut != "" {
+		t.Errorf("show of a prefixed name whose key is free too: exit %d, %q; want no note", code, errOut)
+	}
+}

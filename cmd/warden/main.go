@@ -16,7 +16,9 @@
 // defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
 // password need not be in the command's arguments, which ps shows to
 // every user of the machine. Keys are named as the services name them, under
-// their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
+// their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
+// not as the backend stores them: locks show of a free name that starts
+// with the prefix says so on stderr when the name without it is held.
 // locks ls lists a page of at most -limit locks; when more follow, a note
 // on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
@@ -134,6 +136,7 @@ type cli struct {
 	limit     int
 	after     string
 	quoted    bool   // names given Go-quoted (-quoted)
+	prefix    string // the services' Guard prefix (-prefix)
 	token     uint64 // locks release -token
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
@@ -186,7 +189,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	// print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
 	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store)")
-	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
+	fs.StringVar(&c.prefix, "prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
@@ -249,7 +252,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c.restartBound()
 	o := backendurl.NewOpener()
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL, *prefix) }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL) }); err != nil {
 		return err
 	}
 	return do(ctx)
@@ -277,14 +280,14 @@ func operands(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // open opens the lock backend and, when a command asks for it, the store.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL, prefix string) error {
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL) error {
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("%s: %w", lockURL, err)
 	}
 	// The command's own output is the record of what it did.
-	opts := []guard.Option{guard.WithPrefix(prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
+	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
 		guard.WithLogger(slog.New(slog.DiscardHandler))}
 	if lockURL.Scheme == "etcd" {
 		opts = append(opts, guard.WithTTL(60*time.Second))
@@ -442,24 +445,12 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if len(cmd) == 3 {
 			prefix = cmd[2]
 		}
-		return func(ctx context.Context) error {
-			var next string
-			if err := c.bounded(ctx, func(ctx context.Context) (err error) {
-				next, err = c.list(ctx, prefix)
-				return err
-			}); err != nil {
-				return err
-			}
-			if next != "" {
-				c.nextPage(next)
-			}
-			return nil
-		}, nil
+		return c.noted(func(ctx context.Context) (string, error) { return c.list(ctx, prefix) }), nil
 	case "locks show":
 		if err := want(3, "KEY"); err != nil {
 			return nil, err
 		}
-		return bounded(func(ctx context.Context) error { return c.show(ctx, cmd[2]) }), nil
+		return c.noted(func(ctx context.Context) (string, error) { return c.show(ctx, cmd[2]) }), nil
 	case "locks release":
 		return c.releaseCommand(cmd[2:])
 	case "idem show", "idem delete":
@@ -480,8 +471,27 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
 }
 
+// noted is f as a command: f runs within the bound, and the note it
+// returns, if any, is printed on stderr after its output (never by a call
+// the bound abandoned).
+func (c *cli) noted(f func(context.Context) (string, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var note string
+		if err := c.bounded(ctx, func(ctx context.Context) (err error) {
+			note, err = f(ctx)
+			return err
+		}); err != nil {
+			return err
+		}
+		if note != "" {
+			fmt.Fprintln(c.stderr, "warden: "+note)
+		}
+		return nil
+	}
+}
+
 // list prints a page of the held locks whose keys start with prefix, and
-// returns the last key listed when more locks follow it, "" otherwise.
+// returns a note naming the next page when more locks follow it.
 func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	page, err := c.g.List(ctx, prefix, c.after, c.limit)
 	if err != nil {
@@ -497,7 +507,7 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 			return "", err
 		}
 		if len(more) > 0 {
-			next = last
+			next = nextPage(last)
 		}
 	}
 	if c.json {
@@ -516,36 +526,43 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	return next, tw.Flush()
 }
 
-// nextPage says on stderr, after a page of locks ls, that more locks follow
-// last, the last one listed, and how to ask for them: -after as a table
+// nextPage is the note after a page of locks ls that more locks follow
+// last, the last one listed, saying how to ask for them: -after as a table
 // shows the key, with -quoted when it is quoted.
-func (c *cli) nextPage(last string) {
-	after := shown(last)
-	if after != last {
-		after = "-quoted -after " + after
-	} else {
-		after = "-after " + after
+func nextPage(last string) string {
+	if after := shown(last); after != last {
+		return "more locks follow; the next page is -quoted -after " + after
 	}
-	fmt.Fprintf(c.stderr, "warden: more locks follow; the next page is %s\n", after)
+	return "more locks follow; the next page is -after " + last
 }
 
-func (c *cli) show(ctx context.Context, key string) error {
+// show prints who holds key; and returns, when key is free but starts with
+// the Guard's prefix and the key without it is held, a note saying so: an
+// operator who copied the name the backend stores would read "free" as the
+// lock being free.
+func (c *cli) show(ctx context.Context, key string) (string, error) {
 	in, err := c.g.Inspect(ctx, key)
 	if err != nil {
-		return badKeyOr(err)
+		return "", badKeyOr(err)
+	}
+	note := ""
+	if bare, ok := strings.CutPrefix(key, c.prefix); ok && len(in.Holders) == 0 && c.prefix != "" {
+		if other, err := c.g.Inspect(ctx, bare); err == nil && len(other.Holders) > 0 {
+			note = fmt.Sprintf("%s is held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+		}
 	}
 	if c.json {
-		return c.printJSON(inspected(in))
+		return note, c.printJSON(inspected(in))
 	}
 	if len(in.Holders) == 0 {
 		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", shown(key), waiters(in.Waiters))
-		return nil
+		return note, nil
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, h := range in.Holders {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 	}
-	return tw.Flush()
+	return note, tw.Flush()
 }
 
 func (c *cli) idem(ctx context.Context, scope, key string) error {
