@@ -248,3 +248,34 @@ func TestMySQLPasswordWithQuestionMark(t *testing.T) {
 		}
 	}
 }
+
+// TestRedLockWithAMasterDown: a RedLock needs a majority of its masters,
+// not every one: with one of three down, the Locker opens, locks, and its
+// health check passes.
+func TestRedLockWithAMasterDown(t *testing.T) {
+	ctx := context.Background()
+	addrs := strings.Split(envOr("WARDEN_REDLOCK_ADDRS", "127.0.0.1:16380,127.0.0.1:16381,127.0.0.1:16382"), ",")
+	if len(addrs) < 2 {
+		t.Fatalf("WARDEN_REDLOCK_ADDRS %q: want two masters at least", addrs)
+	}
+	u, err := Parse("redlock://" + addrs[0] + "," + addrs[1] + "," + drivertest.ClosedAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := NewOpener()
+	defer o.Close()
+	l, err := o.Locker(ctx, u, 10*time.Second)
+	if err != nil {
+		t.Fatalf("RedLock with one master of three down: %v", err)
+	}
+	lease, err := l.Acquire(ctx, fmt.Sprint("backendurl-redlock-", time.Now().UnixNano()), driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("lock on two masters of three: %v", err)
+	}
+	defer lease.Release(ctx)
+	for _, ping := range o.Pings() {
+		if err := ping.Check(ctx); err != nil {
+			t.Errorf("ping %s: %v", ping.Backend, err)
+		}
+	}
+}

@@ -173,10 +173,47 @@ func pingSQL(ctx context.Context, db *sql.DB) error {
 }
 
 func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.UniversalClient, error) {
-	key := fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%t", o.Addr, o.Username, o.Password, o.DB, o.TLSConfig != nil)
-	if c, ok := b.redis[key]; ok {
+	if c, ok := b.redis[redisKey(o)]; ok {
 		return c, nil
 	}
+	c := newRedis(o)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", o.Addr, err))
+	}
+	b.keepRedis(o, c)
+	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
+	return c, nil
+}
+
+// redlockMaster returns the client of a RedLock master, whether the master
+// answers now or not: a RedLock needs a majority of its masters, not every
+// one, which the Locker's own Ping checks (and the health check after it).
+func (b *Opener) redlockMaster(o *goredis.Options) goredis.UniversalClient {
+	if c, ok := b.redis[redisKey(o)]; ok {
+		return c
+	}
+	c := newRedis(o)
+	b.keepRedis(o, c)
+	return c
+}
+
+// redisKey tells apart the Redis clients an Opener makes: one per server,
+// user, password, database and TLS.
+func redisKey(o *goredis.Options) string {
+	return fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%t", o.Addr, o.Username, o.Password, o.DB, o.TLSConfig != nil)
+}
+
+// keepRedis keeps c, the client for o, to be used again and closed.
+func (b *Opener) keepRedis(o *goredis.Options, c goredis.UniversalClient) {
+	b.redis[redisKey(o)] = c
+	b.closers = append(b.closers, func() { c.Close() })
+}
+
+// newRedis makes a client for o.
+func newRedis(o *goredis.Options) *goredis.Client {
 	opts := *o // ParseURL's answer, kept for the next node of a RedLock
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 2 * time.Second
@@ -186,17 +223,7 @@ func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.Uni
 	// or an operator's command against a server that stopped answering
 	// would outlast the caller's bound.
 	opts.ContextTimeoutEnabled = true
-	c := goredis.NewClient(&opts)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", o.Addr, err))
-	}
-	b.redis[key] = c
-	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
-	return c, nil
+	return goredis.NewClient(&opts)
 }
 
 func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error) {
@@ -336,11 +363,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 	case "redlock":
 		var nodes []goredis.UniversalClient
 		for _, o := range u.redis {
-			c, err := b.openRedis(ctx, o)
-			if err != nil {
-				return nil, err
-			}
-			nodes = append(nodes, c)
+			nodes = append(nodes, b.redlockMaster(o))
 		}
 		return redlock.New(nodes)
 	case "etcd":
