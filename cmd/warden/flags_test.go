@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -333,5 +336,31 @@ func TestShowOfAPrefixedName(t *testing.T) {
 	}
 	if code, _, errOut := cliRun(t, "", "-lock", url, "locks", "show", "warden:"+key+"-not"); code != 0 || errOut != "" {
 		t.Errorf("show of a prefixed name whose key is free too: exit %d, %q; want no note", code, errOut)
+	}
+}
+
+// TestMissingSQLiteFile: a SQLite file that is not there (a typo in its
+// path) is an error naming it, not an empty database made on the spot,
+// whose empty listing would read as no lock held.
+func TestMissingSQLiteFile(t *testing.T) {
+	dir := t.TempDir()
+	lock := "sqlite://" + filepath.Join(dir, "locks.db")
+	serviceGuard(t, lock, "svc", 10*time.Second) // a service made the lock file
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 0 {
+		t.Fatalf("locks ls on the service's file: exit %d, %q", code, errOut)
+	}
+	for _, args := range [][]string{
+		{"-lock", "sqlite://" + filepath.Join(dir, "lcoks.db"), "locks", "ls"},
+		{"-lock", lock, "-store", "sqlite://" + filepath.Join(dir, "idem.db"), "idem", "show", "s", "k"},
+	} {
+		code, out, errOut := cliRun(t, "", args...)
+		if code != 2 || !strings.Contains(errOut, "does not exist") || out != "" {
+			t.Errorf("%q: exit %d, %q, %q; want 2 and the file named missing", args, code, out, errOut)
+		}
+	}
+	for _, name := range []string{"lcoks.db", "idem.db"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: %v; want it not made", name, err)
+		}
 	}
 }

@@ -62,6 +62,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -232,6 +233,9 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if lockURL.Scheme == "memory" {
 		return badInput("-lock memory: an in-process backend holds nothing another process can see")
 	}
+	if err := sqliteMissing("-lock", lockURL); err != nil {
+		return err
+	}
 	sURL := lockURL
 	if *storeURL == "" {
 		*storeURL = os.Getenv("WARDEN_STORE")
@@ -296,11 +300,29 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *bac
 		return badInput("%v", err)
 	}
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
+		if err := sqliteMissing("-store", sURL); err != nil {
+			return nil, err
+		}
 		s, err := o.Store(ctx, sURL)
 		if errors.Is(err, backendurl.ErrNoStore) {
 			return nil, badInput("%s has no idempotency store: give -store URL", sURL)
 		}
 		return s, err
+	}
+	return nil
+}
+
+// sqliteMissing returns a usage error when u, given with flag, names a
+// SQLite file that is not there (a typo in its path): opening it would make
+// an empty database, whose answers would read as no lock held and no
+// record kept.
+func sqliteMissing(flag string, u *backendurl.URL) error {
+	if u.Scheme != "sqlite" {
+		return nil
+	}
+	name, _, _ := strings.Cut(u.Path, "?")
+	if _, err := os.Stat(strings.TrimPrefix(name, "file:")); errors.Is(err, fs.ErrNotExist) {
+		return badInput("%s %s: the file does not exist (warden reads what services wrote; it makes no database)", flag, u)
 	}
 	return nil
 }
