@@ -15,7 +15,8 @@
 // URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
 // password need not be in the command's arguments, which ps shows to
-// every user of the machine. Keys are named as the services name them, under
+// every user of the machine. A sqlite:// file must exist: the command
+// makes no database. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
 // not as the backend stores them: locks show of a free name that starts
 // with the prefix says so on stderr when the name without it is held.
