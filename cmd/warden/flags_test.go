@@ -337,6 +337,18 @@ func TestShowOfAPrefixedName(t *testing.T) {
 	if code, _, errOut := cliRun(t, "", "-lock", url, "locks", "show", "warden:"+key+"-not"); code != 0 || errOut != "" {
 		t.Errorf("show of a prefixed name whose key is free too: exit %d, %q; want no note", code, errOut)
 	}
+	// So do ls, whose page is empty, and release, which has nothing to
+	// release.
+	code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "warden:"+key)
+	want := fmt.Sprintf("warden: locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)\n", key, "warden:")
+	if code != 0 || errOut != want || strings.Contains(out, "svc") {
+		t.Errorf("ls of a prefixed name: exit %d, %q, %q; want an empty page, and %q", code, out, errOut, want)
+	}
+	code, _, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", "warden:"+key)
+	want = fmt.Sprintf("nothing to release (%s is held: keys are named without the Guard's prefix (-prefix %q))\n", key, "warden:")
+	if code != 1 || !strings.HasSuffix(errOut, want) || l.Err() != nil {
+		t.Errorf("release of a prefixed name: exit %d, %q; want 1, %q, and the lock kept", code, errOut, want)
+	}
 }
 
 // TestMissingSQLiteFile: a SQLite file that is not there (a typo in its

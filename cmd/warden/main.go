@@ -18,8 +18,9 @@
 // every user of the machine. A sqlite:// file must exist: the command
 // makes no database. Keys are named as the services name them, under
 // their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
-// not as the backend stores them: locks show of a free name that starts
-// with the prefix says so on stderr when the name without it is held.
+// not as the backend stores them: locks show, ls and release of a name
+// that starts with the prefix, and names no lock, say on stderr when the
+// name without it does.
 // locks ls lists a page of at most -limit locks; when more follow, a note
 // on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
@@ -514,15 +515,23 @@ func (c *cli) noted(f func(context.Context) (string, error)) func(context.Contex
 }
 
 // list prints a page of the held locks whose keys start with prefix, and
-// returns a note naming the next page when more locks follow it.
+// returns a note naming the next page when more locks follow it, or, for
+// an empty page, saying when the prefix without the Guard's is held.
 func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	page, err := c.g.List(ctx, prefix, c.after, c.limit)
 	if err != nil {
 		return "", badKeyOr(err)
 	}
+	note := ""
+	if bare, ok := strings.CutPrefix(prefix, c.prefix); ok && len(page) == 0 && c.after == "" && c.prefix != "" {
+		// No lock under a prefix copied from the backend, the Guard's
+		// included.
+		if held, err := c.g.List(ctx, bare, "", 1); err == nil && len(held) > 0 {
+			note = fmt.Sprintf("locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+		}
+	}
 	// A full page may be all there is, or the first of many; an operator
 	// told nothing would take the first hundred for all of them.
-	next := ""
 	if len(page) == c.limit {
 		last := page[len(page)-1].Key
 		more, err := c.g.List(ctx, prefix, last, 1)
@@ -530,7 +539,7 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 			return "", err
 		}
 		if len(more) > 0 {
-			next = nextPage(last)
+			note = nextPage(last)
 		}
 	}
 	if c.json {
@@ -538,7 +547,7 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 		for i, in := range page {
 			out[i] = inspected(in)
 		}
-		return next, c.printJSON(out)
+		return note, c.printJSON(out)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
@@ -546,7 +555,7 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
-	return next, tw.Flush()
+	return note, tw.Flush()
 }
 
 // nextPage is the note after a page of locks ls that more locks follow
@@ -559,6 +568,20 @@ func nextPage(last string) string {
 	return "more locks follow; the next page is -after " + last
 }
 
+// heldUnprefixed returns, when key starts with the Guard's prefix (as the
+// backend stores a key, and an operator may have copied it from there) and
+// the key without it is held, a note saying so; "" otherwise.
+func (c *cli) heldUnprefixed(ctx context.Context, key string) string {
+	bare, ok := strings.CutPrefix(key, c.prefix)
+	if !ok || c.prefix == "" {
+		return ""
+	}
+	if in, err := c.g.Inspect(ctx, bare); err != nil || len(in.Holders) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s is held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+}
+
 // show prints who holds key; and returns, when key is free but starts with
 // the Guard's prefix and the key without it is held, a note saying so: an
 // operator who copied the name the backend stores would read "free" as the
@@ -569,10 +592,8 @@ func (c *cli) show(ctx context.Context, key string) (string, error) {
 		return "", badKeyOr(err)
 	}
 	note := ""
-	if bare, ok := strings.CutPrefix(key, c.prefix); ok && len(in.Holders) == 0 && c.prefix != "" {
-		if other, err := c.g.Inspect(ctx, bare); err == nil && len(other.Holders) > 0 {
-			note = fmt.Sprintf("%s is held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
-		}
+	if len(in.Holders) == 0 {
+		note = c.heldUnprefixed(ctx, key)
 	}
 	if c.json {
 		return note, c.printJSON(inspected(in))

@@ -87,6 +87,9 @@ func (r release) run(ctx context.Context) error {
 			return badKeyOr(err)
 		}
 		if len(in.Holders) == 0 {
+			if note := r.heldUnprefixed(ctx, r.key); note != "" {
+				return fmt.Errorf("%s is not held: nothing to release (%s)", strconv.Quote(r.key), note)
+			}
 			return fmt.Errorf("%s is not held: nothing to release", strconv.Quote(r.key))
 		}
 		target, shown, err = r.target(in.Holders)
