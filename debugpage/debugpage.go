@@ -51,8 +51,9 @@ func WithScheduler(s *scheduler.Scheduler) Option { return func(p *Page) { p.sch
 func WithStore(s idempotency.Store) Option { return func(p *Page) { p.store = s } }
 
 // WithInspectTimeout bounds the backend calls one page view makes to count
-// the waiters of the held locks (default 1s); a backend that does not
-// answer in time leaves the counts out instead of hanging the page.
+// the waiters of the held locks (default 1s), and separately its
+// idempotency record lookup; a backend that does not answer in time leaves
+// the counts (or the record) out instead of hanging the page.
 func WithInspectTimeout(d time.Duration) Option { return func(p *Page) { p.timeout = d } }
 
 // Page is the debug page, an http.Handler.
@@ -224,7 +225,11 @@ func (p *Page) view(ctx context.Context, r *http.Request) View {
 		}
 	}
 	if q := r.URL.Query(); p.store != nil && q.Get("key") != "" {
-		v.Lookup = p.lookup(ictx, q.Get("scope"), q.Get("key"))
+		// A bound of its own: a lock backend that stopped answering has
+		// used up the count's, and the store may be another server.
+		lctx, cancel := context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+		v.Lookup = p.lookup(lctx, q.Get("scope"), q.Get("key"))
 	}
 	return v
 }

@@ -1,25 +1,33 @@
 // Package backendurl opens warden's backends from URLs, the way a service
-// takes them from flags or the environment: memory, sqlite://PATH,
-// postgres://..., mysql://..., redis://[user:pass@]host:port[/db],
-// rediss://... (TLS), redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for
-// TLS), etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
-// consul://host:port (an agent's HTTP address). The
-// example service and the warden CLI both use it; it links every backend and
-// its client, so a program that needs one backend imports that backend
-// instead.
+// takes them from flags or the environment: memory, sqlite://PATH (a file,
+// with SQLite's parameters if any; never an in-memory database, which
+// would be one per pooled connection), postgres://..., mysql://...,
+// redis://[user:pass@]host:port[/db], rediss://... (TLS),
+// redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for TLS),
+// etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
+// consul://host:port (an agent's HTTP address); a host may be an IPv6
+// literal, [::1]:2379. The example service and the warden CLI both use it;
+// it links every backend and its client, so a program that needs one
+// backend imports that backend instead.
 //
 // A URL prints redacted (String): its user info, the values of its query
 // parameters whose names say "pass" (pgx reads ?password=), and the whole
 // of anything it cannot parse unambiguously are replaced by xxxxx. Errors
-// this package returns are redacted the same way.
+// this package returns show none of those secrets either; a user name may
+// appear in them, as the server's refusal quotes it (PostgreSQL's
+// "password authentication failed for user", MySQL's "Access denied for
+// user"): a user name is not scrubbed from messages, where a common one
+// (postgres, root) would mask every other use of the word.
 package backendurl
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	goredis "github.com/redis/go-redis/v9"
@@ -119,7 +127,8 @@ func (e *redacted) Unwrap() error { return e.err }
 // etcd://[user:pass@]host:port[,...], zk://host:port[,...] or
 // consul://host:port. Redis URLs take
 // go-redis's query options (redis.ParseURL), applied to every RedLock
-// master. Its errors name what is wrong and never quote a secret.
+// master. A query option given twice is refused, rather than one of the
+// two ignored. Its errors name what is wrong and never quote a secret.
 func Parse(s string) (*URL, error) {
 	if s == "memory" {
 		return &URL{Scheme: "memory", shown: s}, nil
@@ -147,6 +156,17 @@ func Parse(s string) (*URL, error) {
 				u.secrets = append(u.secrets, q)
 			}
 		}
+		if strings.Contains(rest, "@/") {
+			// USER:PASS@/path: SQLite has no users, and would take the
+			// text up to a '?' in the password for a file to create.
+			return nil, fmt.Errorf("%s: sqlite:// takes a file path, and no user info", u)
+		}
+		if sqliteInMemory(rest) {
+			// Each connection of the pool would open a database of its
+			// own: a lock taken on one is not seen on the next, whose
+			// database has no lock table at all.
+			return nil, fmt.Errorf("%s: an in-memory or temporary SQLite database is one per connection, and a pool holds several: use memory for an in-process backend, or a file", u)
+		}
 		u.Path = rest
 		return u, nil
 	case "mysql":
@@ -155,17 +175,23 @@ func Parse(s string) (*URL, error) {
 	default:
 		return nil, fmt.Errorf("%s://%s: unknown scheme %q (want one of %s, or memory alone)", scheme, masked, scheme, schemes)
 	}
-	p, err := url.Parse(s)
-	// Where a password with an '@', '/', '?' or '#' that was not
-	// percent-encoded ends cannot be told (client libraries tell it
-	// differently): two '@' in the authority, an '@' past it, or a '#'.
 	authority, _, _ := strings.Cut(rest, "/")
 	authority, _, _ = strings.Cut(authority, "?")
-	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.Path+p.RawQuery, "@") || strings.Contains(s, "#") {
+	p, err := parseHosts(s, scheme, rest, authority)
+	// Where a password with an '@', '/', '?' or '#' that was not
+	// percent-encoded ends cannot be told (client libraries tell it
+	// differently): two '@' in the authority, an '@' past it (as written:
+	// a database name may hold a percent-encoded one), or a '#'.
+	if err != nil || p.Opaque != "" || strings.Count(authority, "@") > 1 || strings.Contains(p.EscapedPath()+p.RawQuery, "@") || strings.Contains(s, "#") {
 		return nil, unparseable
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
+	if name := repeatedOption(p.RawQuery); name != "" {
+		// One of them would be ignored without a word (go-redis and pgx
+		// take the last): an sslmode=require before a disable, say.
+		return nil, fmt.Errorf("%s: option %q given twice", u, name)
+	}
 	if _, hasPassword := p.User.Password(); p.User != nil && !hasPassword && (strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "redlock")) {
 		// go-redis reads it as a user name and, with no password, sends no
 		// credentials at all: the server's NOAUTH would be the first sign.
@@ -185,8 +211,16 @@ func Parse(s string) (*URL, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
 		}
+		if err := negativeTimeout(timeout{"dial_timeout", o.DialTimeout}, timeout{"pool_timeout", o.PoolTimeout}); err != nil {
+			return nil, fmt.Errorf("%s: %w", u, err)
+		}
 		u.Hosts, u.redis = []string{o.Addr}, []*goredis.Options{o}
 		return u, nil
+	}
+	if p.Path == "/" && (scheme == "etcd" || scheme == "zk" || scheme == "consul") {
+		// A trailing slash, as an agent's address is often copied
+		// (http://127.0.0.1:8500/), names no path.
+		p.Path = ""
 	}
 	for h := range strings.SplitSeq(p.Host, ",") {
 		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
@@ -211,6 +245,9 @@ func Parse(s string) (*URL, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", u, u.RedactError(err))
 			}
+			if err := negativeTimeout(timeout{"dial_timeout", o.DialTimeout}, timeout{"pool_timeout", o.PoolTimeout}); err != nil {
+				return nil, fmt.Errorf("%s: %w", u, err)
+			}
 			u.redis = append(u.redis, o)
 		}
 	case "etcd":
@@ -233,6 +270,32 @@ func Parse(s string) (*URL, error) {
 	return u, nil
 }
 
+// parseHosts is url.Parse(s) for a URL whose authority may list several
+// hosts, which url.Parse reads as one host and refuses as soon as one of
+// them is an IPv6 literal: a list is parsed host by host, and its hosts,
+// as url.Parse reads each, are joined again in Host.
+func parseHosts(s, scheme, rest, authority string) (*url.URL, error) {
+	at := strings.LastIndex(authority, "@") + 1
+	list := authority[at:]
+	if !strings.Contains(list, ",") {
+		return url.Parse(s)
+	}
+	p, err := url.Parse(scheme + "://" + authority[:at] + "host" + rest[len(authority):])
+	if err != nil {
+		return nil, err
+	}
+	var hosts []string
+	for h := range strings.SplitSeq(list, ",") {
+		hp, err := url.Parse("//" + h)
+		if err != nil || hp.Host == "" || hp.User != nil || hp.Path != "" || hp.RawQuery != "" || hp.ForceQuery {
+			return nil, errors.New("not a list of hosts")
+		}
+		hosts = append(hosts, hp.Host)
+	}
+	p.Host = strings.Join(hosts, ",")
+	return p, nil
+}
+
 // parseMySQL reads a go-sql-driver DSN after mysql://.
 func parseMySQL(u *URL, rest string) (*URL, error) {
 	if !strings.Contains(rest, "@tcp(") && !strings.Contains(rest, "@unix(") {
@@ -246,10 +309,16 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	if cfg.Passwd != "" {
 		u.secrets = append(u.secrets, cfg.Passwd, url.QueryEscape(cfg.Passwd))
 	}
+	if err := negativeTimeout(timeout{"timeout", cfg.Timeout}, timeout{"readTimeout", cfg.ReadTimeout}, timeout{"writeTimeout", cfg.WriteTimeout}); err != nil {
+		return nil, fmt.Errorf("mysql://%s: %w", masked, err)
+	}
 	u.DSN = rest
-	if !strings.Contains(rest, "parseTime=") {
+	// The parameters are what follows a '?' after the last '/', as the
+	// driver reads them: a password may hold a '?' or "parseTime=".
+	_, params, hasParams := strings.Cut(rest[strings.LastIndex(rest, "/")+1:], "?")
+	if !strings.Contains("&"+params, "&parseTime=") {
 		sep := "?"
-		if strings.Contains(rest, "?") {
+		if hasParams {
 			sep = "&"
 		}
 		u.DSN += sep + "parseTime=true"
@@ -266,6 +335,38 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	}
 	u.shown = "mysql://" + shown.FormatDSN()
 	return u, nil
+}
+
+// sqliteInMemory reports whether an SQLite path, as SQLite reads it with
+// its parameters, names a database private to the connection that opens
+// it: :memory:, a file: URI with mode=memory, or no file name (a
+// temporary database).
+func sqliteInMemory(path string) bool {
+	name, params, _ := strings.Cut(path, "?")
+	name = strings.TrimPrefix(name, "file:")
+	q, _ := url.ParseQuery(params)
+	return name == "" || name == ":memory:" || q.Get("mode") == "memory"
+}
+
+// timeout is a client's timeout option, by its name in the URL.
+type timeout struct {
+	name string
+	d    time.Duration
+}
+
+// negativeTimeout returns an error naming the first of options that is
+// negative, or nil. The client would set a deadline already past: every
+// dial (or read, or wait for a pooled connection) would fail at once as a
+// timeout, which reads as a server that does not answer. (Redis's
+// read_timeout and write_timeout of -1 and -2 mean no timeout and no
+// deadline: those are not asked about.)
+func negativeTimeout(options ...timeout) error {
+	for _, o := range options {
+		if o.d < 0 {
+			return fmt.Errorf("%s is negative: every attempt would time out at once", o.name)
+		}
+	}
+	return nil
 }
 
 // schemes lists what Parse reads, for its errors.
@@ -331,6 +432,20 @@ func secretsOf(p *url.URL) []string {
 		}
 	}
 	return s
+}
+
+// repeatedOption returns the name of the first query parameter of
+// rawQuery given a second time, or "".
+func repeatedOption(rawQuery string) string {
+	seen := map[string]bool{}
+	for kv := range strings.SplitSeq(rawQuery, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k = unescape(k); k != "" && seen[k] {
+			return k
+		}
+		seen[k] = true
+	}
+	return ""
 }
 
 func unescape(s string) string {

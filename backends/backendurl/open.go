@@ -1,6 +1,7 @@
 package backendurl
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -110,13 +111,20 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	switch u.Scheme {
 	case "sqlite":
 		// SQLite reports a missing directory as "out of memory (14)".
-		if dir := filepath.Dir(u.Path); !strings.HasPrefix(u.Path, "file:") && u.Path != ":memory:" {
+		name, _, hasParams := strings.Cut(u.Path, "?")
+		if dir := filepath.Dir(name); !strings.HasPrefix(name, "file:") {
 			if _, err := os.Stat(dir); err != nil {
 				return nil, fmt.Errorf("the directory of %s: %w", u.Path, err)
 			}
 		}
-		// WAL and a busy timeout let several replicas share one file.
-		d = sqlite.Open(u.Path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+		// WAL and a busy timeout let several replicas share one file;
+		// they join the path's own parameters, if it has some (a second
+		// '?' would make them part of the value before it).
+		sep := "?"
+		if hasParams {
+			sep = "&"
+		}
+		d = sqlite.Open(u.Path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
 	case "postgres":
 		d = postgres.Open(u.DSN)
 	case "mysql":
@@ -165,10 +173,47 @@ func pingSQL(ctx context.Context, db *sql.DB) error {
 }
 
 func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.UniversalClient, error) {
-	key := fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%t", o.Addr, o.Username, o.Password, o.DB, o.TLSConfig != nil)
-	if c, ok := b.redis[key]; ok {
+	if c, ok := b.redis[redisKey(o)]; ok {
 		return c, nil
 	}
+	c := newRedis(o)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", o.Addr, err))
+	}
+	b.keepRedis(o, c)
+	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
+	return c, nil
+}
+
+// redlockMaster returns the client of a RedLock master, whether the master
+// answers now or not: a RedLock needs a majority of its masters, not every
+// one, which the Locker's own Ping checks (and the health check after it).
+func (b *Opener) redlockMaster(o *goredis.Options) goredis.UniversalClient {
+	if c, ok := b.redis[redisKey(o)]; ok {
+		return c
+	}
+	c := newRedis(o)
+	b.keepRedis(o, c)
+	return c
+}
+
+// redisKey tells apart the Redis clients an Opener makes: one per server,
+// user, password, database and TLS.
+func redisKey(o *goredis.Options) string {
+	return fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%t", o.Addr, o.Username, o.Password, o.DB, o.TLSConfig != nil)
+}
+
+// keepRedis keeps c, the client for o, to be used again and closed.
+func (b *Opener) keepRedis(o *goredis.Options, c goredis.UniversalClient) {
+	b.redis[redisKey(o)] = c
+	b.closers = append(b.closers, func() { c.Close() })
+}
+
+// newRedis makes a client for o.
+func newRedis(o *goredis.Options) *goredis.Client {
 	opts := *o // ParseURL's answer, kept for the next node of a RedLock
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 2 * time.Second
@@ -178,17 +223,7 @@ func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.Uni
 	// or an operator's command against a server that stopped answering
 	// would outlast the caller's bound.
 	opts.ContextTimeoutEnabled = true
-	c := goredis.NewClient(&opts)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		return nil, driver.Unavailable(ctx, fmt.Errorf("%s: %w", o.Addr, err))
-	}
-	b.redis[key] = c
-	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"redis", func(ctx context.Context) error { return c.Ping(ctx).Err() }})
-	return c, nil
+	return goredis.NewClient(&opts)
 }
 
 func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error) {
@@ -206,14 +241,39 @@ func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := c.Status(pctx, hosts[0]); err != nil {
+	if err := anyMemberAnswers(pctx, c, hosts); err != nil {
 		c.Close()
 		return nil, driver.Unavailable(ctx, err)
 	}
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { _, err := c.Status(ctx, hosts[0]); return err }})
+	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { return anyMemberAnswers(ctx, c, hosts) }})
 	return c, nil
+}
+
+// anyMemberAnswers returns nil as soon as one of the etcd members at hosts
+// answers, or the first error to arrive once none has: a URL lists the
+// members so that some may be down, the first one listed as well as any
+// other.
+func anyMemberAnswers(ctx context.Context, c *clientv3.Client, hosts []string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(hosts))
+	for _, h := range hosts {
+		go func() {
+			_, err := c.Status(ctx, h)
+			errs <- err
+		}()
+	}
+	var first error
+	for range hosts {
+		err := <-errs
+		if err == nil {
+			return nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return first
 }
 
 // openZK connects to a ZooKeeper ensemble for the idempotency store. A
@@ -303,11 +363,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 	case "redlock":
 		var nodes []goredis.UniversalClient
 		for _, o := range u.redis {
-			c, err := b.openRedis(ctx, o)
-			if err != nil {
-				return nil, err
-			}
-			nodes = append(nodes, c)
+			nodes = append(nodes, b.redlockMaster(o))
 		}
 		return redlock.New(nodes)
 	case "etcd":

@@ -125,7 +125,7 @@ func testSecret(t *testing.T, secret, redisAddr, pg, etcdAddr, zkAddr, myAddr st
 
 // TestErrorsAreOneLine: a backend that is not there is one line of stderr,
 // whatever its client library logs; a SQLite file in a missing directory
-// is reported with its path.
+// is reported with its path, as bad input (the CLI makes no database).
 func TestErrorsAreOneLine(t *testing.T) {
 	for _, lock := range []string{"redis://127.0.0.1:1", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "etcd://127.0.0.1:1", "zk://127.0.0.1:1",
 		"postgres://warden:warden@127.0.0.1:1/warden?sslmode=disable", "mysql://warden:warden@tcp(127.0.0.1:1)/warden"} {
@@ -136,7 +136,7 @@ func TestErrorsAreOneLine(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "no-such-dir")
 	code, _, errOut := warden(t, "-lock", "sqlite://"+filepath.Join(dir, "x.db"), "ping")
-	if code != 1 || !strings.Contains(errOut, dir) || strings.Contains(errOut, "out of memory") {
-		t.Errorf("sqlite in a missing directory: exit %d, %q; want 1 and the directory named", code, errOut)
+	if code != 2 || !strings.Contains(errOut, dir) || strings.Contains(errOut, "out of memory") {
+		t.Errorf("sqlite in a missing directory: exit %d, %q; want 2 and the directory named", code, errOut)
 	}
 }

@@ -5,10 +5,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,15 +21,17 @@ import (
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
-// TestUsageShowsNoPasswordFromEnv: with the backend URL in WARDEN_LOCK, as
-// the usage suggests, asking for help, giving no command or mistyping a
-// flag prints the usage, and a command that fails prints an error; neither
-// shows the password, though the URL was read.
+// TestUsageShowsNoPasswordFromEnv: with the backend URLs in WARDEN_LOCK and
+// WARDEN_STORE, as the usage suggests, asking for help, giving no command
+// or mistyping a flag prints the usage, and a command that fails prints an
+// error; neither shows the password, though the URL was read.
 func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
 	const secret = "TopS3cretPw"
 	t.Setenv("WARDEN_LOCK", "redis://:"+secret+"@127.0.0.1:1/0")
+	t.Setenv("WARDEN_STORE", "redis://:"+secret+"@127.0.0.1:1/1")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -39,6 +46,26 @@ func TestUsageShowsNoPasswordFromEnv(t *testing.T) {
 		if s := out + errOut; strings.Contains(s, secret) || !strings.Contains(s, tc.want) {
 			t.Errorf("warden %q: exit %d, %q %q; want %q, and not the password", tc.args, code, out, errOut, tc.want)
 		}
+	}
+}
+
+// TestStoreFromEnv: the store's URL, which may hold a password as the lock
+// backend's does, can come from WARDEN_STORE rather than argv, which ps
+// shows; -store still wins.
+func TestStoreFromEnv(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "store.db")
+	store := openStore(t, url)
+	const owner = "api-1:o"
+	if _, err := store.Claim(context.Background(), idempotency.Claim{Scope: "s", Key: "k", Owner: owner, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WARDEN_STORE", url)
+	lock := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	if code, out, errOut := cliRun(t, "", "-lock", lock, "idem", "show", "s", "k"); code != 0 || !strings.Contains(out, "in_progress") {
+		t.Errorf("idem show with WARDEN_STORE: exit %d, %q, %q; want the record", code, out, errOut)
+	}
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "-store", lock, "idem", "show", "s", "k"); code != 1 || !strings.Contains(errOut, "no record") {
+		t.Errorf("idem show with -store and WARDEN_STORE: exit %d, %q; want -store's answer", code, errOut)
 	}
 }
 
@@ -245,5 +272,107 @@ func TestListPartwayThroughARuneOnEveryBackend(t *testing.T) {
 			t.Errorf("%s: List(%q): %v, %v; want the key café", name, dir+"caf\xc3", page, err)
 		}
 		l.Unlock(ctx)
+	}
+}
+
+// TestLsSaysMoreFollow: a page that stops at -limit with more locks after
+// it says so on stderr, naming the -after of the next page (quoted when
+// the key is, to be given back with -quoted); the page that holds the last
+// lock says nothing, and stdout is the page alone, JSON included.
+func TestLsSaysMoreFollow(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	dir := fmt.Sprintf("ls-more-%d/", time.Now().UnixNano())
+	keys := []string{dir + "a", dir + "b c ", dir + "d"}
+	for _, key := range keys {
+		l, err := g.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	for _, tc := range []struct {
+		args []string
+		note string // on stderr, "" for none
+	}{
+		{[]string{"-limit", "1"}, "warden: more locks follow; the next page is -after " + dir + "a\n"},
+		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
+		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
+		{[]string{"-limit", "3"}, ""},
+		{[]string{"-limit", "2", "-after", dir + "a"}, ""},
+	} {
+		args := append([]string{"-lock", url, "locks", "ls", dir}, tc.args...)
+		code, out, errOut := cliRun(t, "", args...)
+		if code != 0 || errOut != tc.note {
+			t.Errorf("locks ls %q: exit %d, stderr %q; want 0 and %q", tc.args, code, errOut, tc.note)
+		}
+		if slices.Contains(tc.args, "-json") && !json.Valid([]byte(out)) {
+			t.Errorf("locks ls %q: stdout %q is not JSON alone", tc.args, out)
+		}
+	}
+}
+
+// TestShowOfAPrefixedName: an operator who names a key as the backend
+// stores it, the Guard's prefix included (as redis-cli lists it), is told
+// the key is free, which it is, and also that the key without the prefix
+// is held: "free" alone would be read as the lock being free.
+func TestShowOfAPrefixedName(t *testing.T) {
+	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	key := fmt.Sprintf("show-prefixed-%d", time.Now().UnixNano())
+	l, err := g.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	for _, args := range [][]string{{"locks", "show", "warden:" + key}, {"-json", "locks", "show", "warden:" + key}} {
+		code, out, errOut := cliRun(t, "", append([]string{"-lock", url}, args...)...)
+		want := fmt.Sprintf("warden: %s is held: keys are named without the Guard's prefix (-prefix %q)\n", key, "warden:")
+		if code != 0 || errOut != want || strings.Contains(out, "svc") {
+			t.Errorf("%q: exit %d, %q, %q; want the key free on stdout, and %q", args, code, out, errOut, want)
+		}
+	}
+	if code, _, errOut := cliRun(t, "", "-lock", url, "locks", "show", "warden:"+key+"-not"); code != 0 || errOut != "" {
+		t.Errorf("show of a prefixed name whose key is free too: exit %d, %q; want no note", code, errOut)
+	}
+	// So do ls, whose page is empty, and release, which has nothing to
+	// release.
+	code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "warden:"+key)
+	want := fmt.Sprintf("warden: locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)\n", key, "warden:")
+	if code != 0 || errOut != want || strings.Contains(out, "svc") {
+		t.Errorf("ls of a prefixed name: exit %d, %q, %q; want an empty page, and %q", code, out, errOut, want)
+	}
+	code, _, errOut = cliRun(t, "y\n", "-lock", url, "locks", "release", "warden:"+key)
+	want = fmt.Sprintf("nothing to release (%s is held: keys are named without the Guard's prefix (-prefix %q))\n", key, "warden:")
+	if code != 1 || !strings.HasSuffix(errOut, want) || l.Err() != nil {
+		t.Errorf("release of a prefixed name: exit %d, %q; want 1, %q, and the lock kept", code, errOut, want)
+	}
+}
+
+// TestMissingSQLiteFile: a SQLite file that is not there (a typo in its
+// path) is an error naming it, not an empty database made on the spot,
+// whose empty listing would read as no lock held.
+func TestMissingSQLiteFile(t *testing.T) {
+	dir := t.TempDir()
+	lock := "sqlite://" + filepath.Join(dir, "locks.db")
+	serviceGuard(t, lock, "svc", 10*time.Second) // a service made the lock file
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 0 {
+		t.Fatalf("locks ls on the service's file: exit %d, %q", code, errOut)
+	}
+	for _, args := range [][]string{
+		{"-lock", "sqlite://" + filepath.Join(dir, "lcoks.db"), "locks", "ls"},
+		{"-lock", lock, "-store", "sqlite://" + filepath.Join(dir, "idem.db"), "idem", "show", "s", "k"},
+	} {
+		code, out, errOut := cliRun(t, "", args...)
+		if code != 2 || !strings.Contains(errOut, "does not exist") || out != "" {
+			t.Errorf("%q: exit %d, %q, %q; want 2 and the file named missing", args, code, out, errOut)
+		}
+	}
+	for _, name := range []string{"lcoks.db", "idem.db"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: %v; want it not made", name, err)
+		}
 	}
 }

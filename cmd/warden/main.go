@@ -13,8 +13,16 @@
 // --, every word is an operand, even one that starts with '-' (locks show
 // -- -key). Backend
 // URLs are those of backendurl (and of the example service); -lock
-// defaults to $WARDEN_LOCK. Keys are named as the services name them, under
-// their Guard's prefix (-prefix, "warden:" by default, like guard.New's).
+// defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
+// password need not be in the command's arguments, which ps shows to
+// every user of the machine. A sqlite:// file must exist: the command
+// makes no database. Keys are named as the services name them, under
+// their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
+// not as the backend stores them: locks show, ls and release of a name
+// that starts with the prefix, and names no lock, say on stderr when the
+// name without it does.
+// locks ls lists a page of at most -limit locks; when more follow, a note
+// on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
 // or value with a character a terminal would obey or reorder (controls,
 // bidirectional marks), or a space at either end, is printed quoted and
@@ -37,11 +45,13 @@
 // A question (release or delete, unless -yes) is asked on stderr, and
 // the answer read from stdin: stdout holds the output alone.
 //
-// Exit status 0 on success, 1 when the backend fails or the answer is no,
-// 2 for bad input (with a one-line error), 3 when a release is refused
-// because the lock changed hands after its holder was shown (nothing is
-// released; the new holder is named), or a delete because another request
-// claimed the key after its record was shown (nothing is deleted).
+// Exit status 0 on success; 1 when the backend fails, the answer is no, or
+// there is nothing to release or delete (a release or delete whose answer
+// never came says that it may have been done); 2 for bad input (with a
+// one-line error); 3 when a release is refused because the lock changed
+// hands after its holder was shown (nothing is released; the new holder is
+// named), or a delete because another request claimed the key after its
+// record was shown (nothing is deleted).
 package main
 
 import (
@@ -54,6 +64,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -120,14 +131,15 @@ func badInput(format string, args ...any) error { return errUsage{fmt.Sprintf(fo
 type cli struct {
 	stdin  *bufio.Reader
 	stdout *gate
-	// prompts is where questions go: stderr, so that stdout holds only
+	// stderr is where questions and notes go, so that stdout holds only
 	// the output, JSON alone with -json when a script pipes its answer in.
-	prompts   io.Writer
+	stderr    io.Writer
 	json      bool
 	yes       bool
 	limit     int
 	after     string
 	quoted    bool   // names given Go-quoted (-quoted)
+	prefix    string // the services' Guard prefix (-prefix)
 	token     uint64 // locks release -token
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
@@ -175,15 +187,16 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
-	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, prompts: stderr}
-	// Not $WARDEN_LOCK as the default: the usage would print its password.
+	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, stderr: stderr}
+	// Not $WARDEN_LOCK or $WARDEN_STORE as the default: the usage would
+	// print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
-	storeURL := fs.String("store", "", "idempotency store URL (default: the lock backend's own store)")
-	prefix := fs.String("prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
+	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store)")
+	fs.StringVar(&c.prefix, "prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&c.yes, "yes", false, "release or delete without asking")
-	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000)")
+	fs.IntVar(&c.limit, "limit", 100, "locks ls: at most this many locks (1 to 1000); when more follow, stderr names the next page's -after")
 	fs.StringVar(&c.after, "after", "", "locks ls: start after this key (for the next page)")
 	fs.BoolVar(&c.quoted, "quoted", false, "every PREFIX, KEY, SCOPE and -after is a Go-quoted string, as a table shows the names it quotes")
 	fs.Uint64Var(&c.token, "token", 0, "locks release: the token of the holding to release, as locks show printed it")
@@ -222,7 +235,13 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if lockURL.Scheme == "memory" {
 		return badInput("-lock memory: an in-process backend holds nothing another process can see")
 	}
+	if err := sqliteMissing("-lock", lockURL); err != nil {
+		return err
+	}
 	sURL := lockURL
+	if *storeURL == "" {
+		*storeURL = os.Getenv("WARDEN_STORE")
+	}
 	if *storeURL != "" {
 		if sURL, err = backendurl.Parse(*storeURL); err != nil {
 			return badInput("-store: %v", err)
@@ -239,7 +258,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c.restartBound()
 	o := backendurl.NewOpener()
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL, *prefix) }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL) }); err != nil {
 		return err
 	}
 	return do(ctx)
@@ -267,14 +286,14 @@ func operands(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // open opens the lock backend and, when a command asks for it, the store.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL, prefix string) error {
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL) error {
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("%s: %w", lockURL, err)
 	}
 	// The command's own output is the record of what it did.
-	opts := []guard.Option{guard.WithPrefix(prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
+	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
 		guard.WithLogger(slog.New(slog.DiscardHandler))}
 	if lockURL.Scheme == "etcd" {
 		opts = append(opts, guard.WithTTL(60*time.Second))
@@ -283,11 +302,29 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *bac
 		return badInput("%v", err)
 	}
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
+		if err := sqliteMissing("-store", sURL); err != nil {
+			return nil, err
+		}
 		s, err := o.Store(ctx, sURL)
 		if errors.Is(err, backendurl.ErrNoStore) {
 			return nil, badInput("%s has no idempotency store: give -store URL", sURL)
 		}
 		return s, err
+	}
+	return nil
+}
+
+// sqliteMissing returns a usage error when u, given with flag, names a
+// SQLite file that is not there (a typo in its path): opening it would make
+// an empty database, whose answers would read as no lock held and no
+// record kept.
+func sqliteMissing(flag string, u *backendurl.URL) error {
+	if u.Scheme != "sqlite" {
+		return nil
+	}
+	name, _, _ := strings.Cut(u.Path, "?")
+	if _, err := os.Stat(strings.TrimPrefix(name, "file:")); errors.Is(err, fs.ErrNotExist) {
+		return badInput("%s %s: the file does not exist (warden reads what services wrote; it makes no database)", flag, u)
 	}
 	return nil
 }
@@ -349,11 +386,11 @@ func (c *cli) close(o *backendurl.Opener) {
 	}
 }
 
-// ask prints question on c.prompts and reports whether the operator
+// ask prints question on c.stderr and reports whether the operator
 // answered yes. The answer is awaited without a bound, but Ctrl-C ends the
 // wait.
 func (c *cli) ask(ctx context.Context, question string) (bool, error) {
-	io.WriteString(c.prompts, question)
+	io.WriteString(c.stderr, question)
 	answer := make(chan string, 1)
 	go func() {
 		a, _ := c.stdin.ReadString('\n')
@@ -432,12 +469,12 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 		if len(cmd) == 3 {
 			prefix = cmd[2]
 		}
-		return bounded(func(ctx context.Context) error { return c.list(ctx, prefix) }), nil
+		return c.noted(func(ctx context.Context) (string, error) { return c.list(ctx, prefix) }), nil
 	case "locks show":
 		if err := want(3, "KEY"); err != nil {
 			return nil, err
 		}
-		return bounded(func(ctx context.Context) error { return c.show(ctx, cmd[2]) }), nil
+		return c.noted(func(ctx context.Context) (string, error) { return c.show(ctx, cmd[2]) }), nil
 	case "locks release":
 		return c.releaseCommand(cmd[2:])
 	case "idem show", "idem delete":
@@ -458,17 +495,59 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
 }
 
-func (c *cli) list(ctx context.Context, prefix string) error {
+// noted is f as a command: f runs within the bound, and the note it
+// returns, if any, is printed on stderr after its output (never by a call
+// the bound abandoned).
+func (c *cli) noted(f func(context.Context) (string, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var note string
+		if err := c.bounded(ctx, func(ctx context.Context) (err error) {
+			note, err = f(ctx)
+			return err
+		}); err != nil {
+			return err
+		}
+		if note != "" {
+			fmt.Fprintln(c.stderr, "warden: "+note)
+		}
+		return nil
+	}
+}
+
+// list prints a page of the held locks whose keys start with prefix, and
+// returns a note naming the next page when more locks follow it, or, for
+// an empty page, saying when the prefix without the Guard's is held.
+func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	page, err := c.g.List(ctx, prefix, c.after, c.limit)
 	if err != nil {
-		return badKeyOr(err)
+		return "", badKeyOr(err)
+	}
+	note := ""
+	if bare, ok := strings.CutPrefix(prefix, c.prefix); ok && len(page) == 0 && c.after == "" && c.prefix != "" {
+		// No lock under a prefix copied from the backend, the Guard's
+		// included.
+		if held, err := c.g.List(ctx, bare, "", 1); err == nil && len(held) > 0 {
+			note = fmt.Sprintf("locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+		}
+	}
+	// A full page may be all there is, or the first of many; an operator
+	// told nothing would take the first hundred for all of them.
+	if len(page) == c.limit {
+		last := page[len(page)-1].Key
+		more, err := c.g.List(ctx, prefix, last, 1)
+		if err != nil {
+			return "", err
+		}
+		if len(more) > 0 {
+			note = nextPage(last)
+		}
 	}
 	if c.json {
 		out := make([]inspection, len(page))
 		for i, in := range page {
 			out[i] = inspected(in)
 		}
-		return c.printJSON(out)
+		return note, c.printJSON(out)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
@@ -476,26 +555,58 @@ func (c *cli) list(ctx context.Context, prefix string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
-	return tw.Flush()
+	return note, tw.Flush()
 }
 
-func (c *cli) show(ctx context.Context, key string) error {
+// nextPage is the note after a page of locks ls that more locks follow
+// last, the last one listed, saying how to ask for them: -after as a table
+// shows the key, with -quoted when it is quoted.
+func nextPage(last string) string {
+	if after := shown(last); after != last {
+		return "more locks follow; the next page is -quoted -after " + after
+	}
+	return "more locks follow; the next page is -after " + last
+}
+
+// heldUnprefixed returns, when key starts with the Guard's prefix (as the
+// backend stores a key, and an operator may have copied it from there) and
+// the key without it is held, a note saying so; "" otherwise.
+func (c *cli) heldUnprefixed(ctx context.Context, key string) string {
+	bare, ok := strings.CutPrefix(key, c.prefix)
+	if !ok || c.prefix == "" {
+		return ""
+	}
+	if in, err := c.g.Inspect(ctx, bare); err != nil || len(in.Holders) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s is held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+}
+
+// show prints who holds key; and returns, when key is free but starts with
+// the Guard's prefix and the key without it is held, a note saying so: an
+// operator who copied the name the backend stores would read "free" as the
+// lock being free.
+func (c *cli) show(ctx context.Context, key string) (string, error) {
 	in, err := c.g.Inspect(ctx, key)
 	if err != nil {
-		return badKeyOr(err)
+		return "", badKeyOr(err)
+	}
+	note := ""
+	if len(in.Holders) == 0 {
+		note = c.heldUnprefixed(ctx, key)
 	}
 	if c.json {
-		return c.printJSON(inspected(in))
+		return note, c.printJSON(inspected(in))
 	}
 	if len(in.Holders) == 0 {
 		fmt.Fprintf(c.stdout, "%s is free (waiters: %s)\n", shown(key), waiters(in.Waiters))
-		return nil
+		return note, nil
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, h := range in.Holders {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 	}
-	return tw.Flush()
+	return note, tw.Flush()
 }
 
 func (c *cli) idem(ctx context.Context, scope, key string) error {
@@ -571,7 +682,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		}
 		c.restartBound()
 	}
-	return c.bounded(ctx, func(ctx context.Context) error {
+	err = c.bounded(ctx, func(ctx context.Context) error {
 		// Only the record shown: one claimed or completed by another
 		// request since (the claim shown lapsed while the prompt waited)
 		// is left, and so is a claim shown in progress that its owner
@@ -598,6 +709,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
 		return nil
 	})
+	return mayBeDone(ctx, err, fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells", scope, key))
 }
 
 func (c *cli) ping(ctx context.Context) error {

@@ -315,8 +315,10 @@ func lastLine(s string) string {
 }
 
 func TestMain(m *testing.M) {
-	// The CLI reads WARDEN_LOCK; the tests give -lock or expect its absence.
+	// The CLI reads WARDEN_LOCK and WARDEN_STORE; the tests give -lock and
+	// -store, or expect their absence.
 	os.Unsetenv("WARDEN_LOCK")
+	os.Unsetenv("WARDEN_STORE")
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -361,16 +363,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestDeletePromptWithoutInstance(t *testing.T) {
 	ctx := context.Background()
 	url := "sqlite://" + filepath.Join(t.TempDir(), "cli.db")
-	u, err := backendurl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := backendurl.NewOpener()
-	defer o.Close()
-	store, err := o.Store(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openStore(t, url)
 	const owner = "0123456789abcdef" // random through and through
 	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "user-9", Key: "k", Fingerprint: "fp", Owner: owner, Lease: time.Minute}); err != nil {
 		t.Fatal(err)

@@ -87,6 +87,9 @@ func (r release) run(ctx context.Context) error {
 			return badKeyOr(err)
 		}
 		if len(in.Holders) == 0 {
+			if note := r.heldUnprefixed(ctx, r.key); note != "" {
+				return fmt.Errorf("%s is not held: nothing to release (%s)", strconv.Quote(r.key), note)
+			}
 			return fmt.Errorf("%s is not held: nothing to release", strconv.Quote(r.key))
 		}
 		target, shown, err = r.target(in.Holders)
@@ -101,7 +104,20 @@ func (r release) run(ctx context.Context) error {
 		}
 		r.restartBound()
 	}
-	return r.bounded(ctx, func(ctx context.Context) error { return r.release(ctx, target) })
+	err = r.bounded(ctx, func(ctx context.Context) error { return r.release(ctx, target) })
+	return mayBeDone(ctx, err, strconv.Quote(r.key)+" may have been released; warden locks show tells")
+}
+
+// mayBeDone is err, the failure of a release or delete that may have
+// reached the backend, saying first that it may have been done (as done
+// puts it) when its answer never came: no answer within the bound, a
+// Ctrl-C, a backend that stopped answering. The operator would read a bare
+// "no answer" as "nothing changed".
+func mayBeDone(ctx context.Context, err error, done string) error {
+	if err == nil || !errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return err
+	}
+	return fmt.Errorf("%s: %w", done, err)
 }
 
 // release asks the backend to remove target, and says what it removed.

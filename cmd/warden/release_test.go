@@ -16,6 +16,8 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // answerAfter is an operator's terminal: the answer is typed only once the
@@ -264,10 +266,61 @@ func TestReleasedInPartIsSaid(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
-		c := &cli{stdin: bufio.NewReader(strings.NewReader("")), stdout: &gate{w: &out}, prompts: io.Discard, timeout: time.Minute, g: g, json: asJSON}
+		c := &cli{stdin: bufio.NewReader(strings.NewReader("")), stdout: &gate{w: &out}, stderr: io.Discard, timeout: time.Minute, g: g, json: asJSON}
 		err := release{cli: c, key: key, any: true}.release(ctx, guard.ReleaseTarget{AnyHolder: true})
 		if !errors.Is(err, guard.ErrUnavailable) || !strings.Contains(out.String(), "worker-1") {
 			t.Errorf("json %v: %v, printed %q; want the refusal, and the holder removed printed", asJSON, err, out.String())
 		}
+	}
+}
+
+// TestReleaseWithAnswerLost: the release confirmed reaches the server,
+// which removes the holder, but its answer is lost. The command fails, as
+// it must, yet does not leave the operator to read "no answer" as "nothing
+// was released": it says the release may have been done, and how to tell.
+func TestReleaseWithAnswerLost(t *testing.T) {
+	ctx := context.Background()
+	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	g := serviceGuard(t, "redis://"+addr, "orders-svc/7", 30*time.Second)
+	key := fmt.Sprintf("cli-release-lost/%d", time.Now().UnixNano())
+	l, err := g.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	proxy := drivertest.StartProxy(t, addr)
+	stdin := &answerAfter{answer: strings.NewReader("y\n"), meanwhile: proxy.LoseReplies}
+	code, out, errOut := cliRunWith(stdin, "-lock", "redis://"+proxy.Addr(), "-timeout", "1s", "locks", "release", key)
+	if in, err := g.Inspect(ctx, key); err != nil || len(in.Holders) != 0 {
+		t.Fatalf("the release whose answer was lost: %+v, %v; want it done on the server", in, err)
+	}
+	want := fmt.Sprintf("%q may have been released; warden locks show tells: no answer", key)
+	if code != 1 || !strings.Contains(errOut, want) || strings.Contains(out, "released") {
+		t.Errorf("release with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
+	}
+}
+
+// TestDeleteWithAnswerLost: as TestReleaseWithAnswerLost, for an
+// idempotency record's delete.
+func TestDeleteWithAnswerLost(t *testing.T) {
+	ctx := context.Background()
+	addr := drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	store := openStore(t, "redis://"+addr)
+	key := fmt.Sprintf("cli-delete-lost-%d", time.Now().UnixNano())
+	if _, err := store.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "api-1:o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(ctx, "s", key, "api-1:o", []byte("done"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	proxy := drivertest.StartProxy(t, addr)
+	stdin := &answerAfter{answer: strings.NewReader("y\n"), meanwhile: proxy.LoseReplies}
+	code, out, errOut := cliRunWith(stdin, "-lock", "redis://"+proxy.Addr(), "-timeout", "1s", "idem", "delete", "s", key)
+	if _, err := store.Get(ctx, "s", key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("the delete whose answer was lost: %v; want it done on the server", err)
+	}
+	want := fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells: no answer", "s", key)
+	if code != 1 || !strings.Contains(errOut, want) || strings.Contains(out, "deleted") {
+		t.Errorf("delete with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
 	}
 }
