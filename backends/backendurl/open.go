@@ -124,7 +124,15 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 		if hasParams {
 			sep = "&"
 		}
-		d = sqlite.Open(u.Path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+		dsn := u.Path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+		var err error
+		if sqlDB, err = sql.Open(sqlite.DriverName, dsn); err != nil {
+			return nil, err
+		}
+		if err := pingSQL(ctx, sqlDB); err != nil {
+			return nil, err
+		}
+		d = &sqlite.Dialector{DSN: dsn, Conn: sqlDB}
 	case "postgres":
 		d = postgres.Open(u.DSN)
 	case "mysql":
@@ -162,14 +170,36 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 
 // pingSQL checks that db's server answers within ctx, and at most 5s, and
 // closes db if it does not.
+//
+// An SQLite file another process is writing in its rollback journal (a
+// replica creating its tables in a fresh file) refuses the switch to WAL
+// that each connection makes on opening with SQLITE_BUSY at once: that
+// switch waits for no busy timeout. The ping tries again until the writer
+// is done, within the same bound.
 func pingSQL(ctx context.Context, db *sql.DB) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return driver.Unavailable(ctx, err)
+	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		err := db.PingContext(pctx)
+		if err == nil {
+			return nil
+		}
+		if !sqliteBusy(err) || pctx.Err() != nil {
+			db.Close()
+			return driver.Unavailable(ctx, err)
+		}
+		select {
+		case <-time.After(pause):
+		case <-pctx.Done():
+		}
 	}
-	return nil
+}
+
+// sqliteBusy says whether err is SQLite's SQLITE_BUSY (5), or one of its
+// extended codes.
+func sqliteBusy(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 5
 }
 
 func (b *Opener) openRedis(ctx context.Context, o *goredis.Options) (goredis.UniversalClient, error) {
