@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/backends/internal/redisstate"
 	"github.com/warden-go/warden/backends/internal/redistag"
 	"github.com/warden-go/warden/guard/driver"
@@ -190,7 +191,9 @@ func (l *Locker) Limits() driver.Limits {
 // (driver.ErrUnsupported). A waiting Acquire retries after a jittered pause
 // that grows to WithMaxBackoff and never past it however long the wait, is
 // never longer than the holder's remaining TTL as the nodes report it, and
-// goes on through nodes that fail (ErrUnavailable) until ctx is done.
+// goes on through nodes that fail (ErrUnavailable) until ctx is done,
+// unless so many refuse the vote for good (see redisrefusal) that no
+// majority can grant it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
@@ -234,7 +237,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		if err == nil {
 			return ls, nil
 		}
-		if !opts.Wait || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
+		if !opts.Wait || errors.Is(err, errRefused) || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
 		held = errors.Is(err, driver.ErrNotAcquired)
@@ -335,6 +338,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		return hint, err
 	}
 	if len(granted) < l.quorum {
+		if n, err := refusals(votes); n > len(l.nodes)-l.quorum {
+			return fail(fmt.Errorf("%w (%d of %d): %w", errRefused, n, len(l.nodes), err))
+		}
 		return fail(l.shortfall(failed, firstErr(votes)))
 	}
 	token := proposal
@@ -666,6 +672,25 @@ func (fl *flight) finished() {
 	if fl.left.Add(-1) == 0 {
 		fl.cancel()
 	}
+}
+
+// errRefused: so many nodes refused a vote for good (an ACL without the
+// scripts or the key, a wrong password, EVALSHA renamed away; see
+// redisrefusal) that no majority can grant it until an operator steps in.
+// A waiting Acquire returns it at once.
+var errRefused = fmt.Errorf("%w: nodes refused the vote for good", driver.ErrUnavailable)
+
+// refusals counts the results that are refusals only an operator mends,
+// and returns the first.
+func refusals(rs []result) (n int, first error) {
+	for _, r := range rs {
+		if r.err != nil && redisrefusal.Permanent(r.err) {
+			if n++; n == 1 {
+				first = r.err
+			}
+		}
+	}
+	return n, first
 }
 
 func firstErr(rs []result) error {
