@@ -58,7 +58,10 @@
 // fsync lagging, appendfsync everysec) forgets its votes; if enough do, two
 // holders may overlap. Run the nodes with appendonly yes and appendfsync
 // always, or keep a restarted node out of service for longer than the
-// largest TTL (delayed restart). Tokens still grow when counters are lost:
+// largest TTL (delayed restart). A node whose maxmemory-policy evicts keys
+// forgets votes the same way under memory pressure (every vote's key has an
+// expiry, so volatile-* policies evict them too): run the nodes with
+// noeviction, or no maxmemory. Tokens still grow when counters are lost:
 // a node that votes takes the greater of its counter and its clock in
 // microseconds as its fence, so a token issued after nodes forgot their
 // counters is past every earlier one unless their clocks run behind by more
