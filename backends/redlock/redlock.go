@@ -116,7 +116,9 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. The caller keeps ownership of the clients.
+// recommended count. A server listed twice (one client, or two clients of
+// one address) is an error wrapping driver.ErrInvalidOption. The caller
+// keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
@@ -140,10 +142,25 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	}
 	l.all = l.ring[:len(nodes)]
 	l.silent = make([]atomic.Bool, len(nodes))
+	// A server listed twice casts two votes: a minority of the servers
+	// would then make a majority of the nodes, and one server's restart
+	// without persistence would lose the lock. Clients are told apart by
+	// the address they dial (whatever their database: eviction, restarts
+	// and replication are a server's), or, for Sentinel's failover client,
+	// which names no address, by themselves.
+	seen := make(map[any]int, len(nodes))
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
 		}
+		var server any = n
+		if c, ok := n.(*goredis.Client); ok && c.Options().Addr != "FailoverClient" {
+			server = c.Options().Network + "/" + c.Options().Addr
+		}
+		if j, ok := seen[server]; ok {
+			return nil, fmt.Errorf("%w: nodes %d and %d are one server", driver.ErrInvalidOption, j, i)
+		}
+		seen[server] = i
 	}
 	for _, o := range opts {
 		if o == nil {
