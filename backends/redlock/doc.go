@@ -58,7 +58,13 @@
 // fsync lagging, appendfsync everysec) forgets its votes; if enough do, two
 // holders may overlap. Run the nodes with appendonly yes and appendfsync
 // always, or keep a restarted node out of service for longer than the
-// largest TTL (delayed restart). A node whose maxmemory-policy evicts keys
+// largest TTL (delayed restart). The Locker does not enforce the delay: a
+// node restarted empty votes at once. So a rolling restart without
+// persistence, one node after another with no delay, is enough: once a
+// majority has restarted within one TTL, another process takes a lock its
+// holder still holds (TestRollingRestartForgetsTheLock: 2 of 3 nodes
+// restarted, a lock with a minute left taken again). A node whose
+// maxmemory-policy evicts keys
 // forgets votes the same way under memory pressure (every vote's key has an
 // expiry, so volatile-* policies evict them too): run the nodes with
 // noeviction, or no maxmemory. Tokens still grow when counters are lost:
