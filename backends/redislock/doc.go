@@ -166,5 +166,8 @@
 // server refuses for good (NOPERM, NOAUTH, WRONGPASS, an unknown command
 // such as an EVALSHA renamed away) fails at once with the server's words,
 // in a waiting acquisition too, which tries again after failures that may
-// pass (no answer, OOM, a failover).
+// pass (no answer, OOM, a failover). A user without the channels loses
+// only the wake-ups: releases send them by pcall, so a refused message
+// fails nothing the release wrote, and waiters whose subscription the
+// server refused poll every eighth of a second instead (see the README).
 package redislock
