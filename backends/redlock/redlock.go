@@ -487,7 +487,7 @@ func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, whic
 	}
 	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
 	rs, over := l.round(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
+		return evalshaOnce(ctx, l.nodes[i], releaseSrc, cmd).Int64()
 	}, judge, which, ctx.Done())
 	if ctx.Err() != nil {
 		l.recordWithdrawal(lock, over)
@@ -545,19 +545,47 @@ func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
 // cmd, in parallel, so they only read it: on NOSCRIPT (a restarted node,
 // SCRIPT FLUSH) the body goes in a copy.
 func evalsha(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
-	c := goredis.NewCmd(ctx, cmd...)
-	c.SetFirstKeyPos(3)
-	_ = node.Process(ctx, c)
+	return run(ctx, node, src, cmd, false)
+}
+
+// evalshaOnce is evalsha for a withdrawal, which go-redis must not send
+// again after an error that leaves its outcome unknown (an answer later
+// than the client's read timeout but within the node timeout, a connection
+// broken after the write), as it does with its default options: sent again,
+// it finds the vote withdrawn by the first and answers that it was not
+// held, and a majority of such answers made the release ErrNotHeld, which
+// guard takes for a lock lost during the section. Sent once, it fails as a
+// node that did not answer.
+func evalshaOnce(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
+	return run(ctx, node, src, cmd, true)
+}
+
+func run(ctx context.Context, node goredis.UniversalClient, src string, cmd []any, once bool) *goredis.Cmd {
+	send := func(cmd []any) *goredis.Cmd {
+		c := goredis.NewCmd(ctx, cmd...)
+		c.SetFirstKeyPos(3)
+		if once {
+			_ = node.Process(ctx, onceCmd{c})
+		} else {
+			_ = node.Process(ctx, c)
+		}
+		return c
+	}
+	c := send(cmd)
 	// HasErrorPrefix allocates even for no error.
 	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 		full := slices.Clone(cmd)
 		full[0], full[1] = "eval", src
-		c = goredis.NewCmd(ctx, full...)
-		c.SetFirstKeyPos(3)
-		_ = node.Process(ctx, c)
+		c = send(full)
 	}
 	return c
 }
+
+// onceCmd is a command go-redis sends at most once: it does not send it
+// again after an error that leaves its outcome unknown.
+type onceCmd struct{ *goredis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 type result struct {
 	val any
