@@ -9,7 +9,8 @@ import goredis "github.com/redis/go-redis/v9"
 // would refuse again however long the caller waited: its ACL denies the
 // user a command, a key or a channel (NOPERM), the client's credentials
 // are missing or wrong (NOAUTH, WRONGPASS), or the server does not know a
-// command warden sends (EVALSHA renamed away with rename-command). A
+// command warden sends, or one its scripts call (EVALSHA or TIME renamed
+// away with rename-command). A
 // waiting acquisition returns such an error at once, where it tries again
 // after a failure that may pass (a server out of reach, out of memory,
 // loading, a failover): waiting would turn an operator's setting into a
@@ -17,5 +18,6 @@ import goredis "github.com/redis/go-redis/v9"
 // end, with no word of the cause.
 func Permanent(err error) bool {
 	return goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "NOAUTH") ||
-		goredis.HasErrorPrefix(err, "WRONGPASS") || goredis.HasErrorPrefix(err, "unknown command")
+		goredis.HasErrorPrefix(err, "WRONGPASS") || goredis.HasErrorPrefix(err, "unknown command") ||
+		goredis.HasErrorPrefix(err, "Unknown Redis command called from script")
 }
