@@ -163,10 +163,11 @@
 // With Redis ACLs, the user needs EVALSHA and EVAL, the keys (which start
 // with '{', the hash tag: a pattern ~{warden:* for guard's default
 // prefix, not ~warden:*) and the channels (see the README). A request the
-// server refuses for good (NOPERM, NOAUTH, WRONGPASS, an unknown command
-// such as an EVALSHA renamed away) fails at once with the server's words,
-// in a waiting acquisition too, which tries again after failures that may
-// pass (no answer, OOM, a failover). A user without the channels loses
+// server refuses for good (NOPERM, an unknown command such as an EVALSHA
+// renamed away) fails at once with the server's words, in a waiting
+// acquisition too, which tries again after failures that may pass (no
+// answer, OOM, a failover, an authentication error, which a credentials
+// provider of short-lived tokens mends). A user without the channels loses
 // only the wake-ups: releases send them by pcall, so a refused message
 // fails nothing the release wrote, and waiters whose subscription the
 // server refused poll every eighth of a second instead (see the README).

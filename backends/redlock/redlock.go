@@ -720,7 +720,7 @@ func (fl *flight) finished() {
 }
 
 // errRefused: so many nodes refused a vote for good (an ACL without the
-// scripts or the key, a wrong password, EVALSHA renamed away; see
+// scripts or the key, EVALSHA renamed away; see
 // redisrefusal) that no majority can grant it until an operator steps in.
 // A waiting Acquire returns it at once.
 var errRefused = fmt.Errorf("%w: nodes refused the vote for good", driver.ErrUnavailable)
