@@ -50,10 +50,29 @@ func newScripter(c goredis.UniversalClient) *scripter {
 // restarted server, SCRIPT FLUSH) it sends the script's body once, in cmd
 // for that call only.
 func (s *scripter) evalsha(ctx context.Context, src any, cmd []any) *goredis.Cmd {
+	return s.run(ctx, src, cmd, false)
+}
+
+// evalshaOnce is evalsha for a release, which go-redis must not send again
+// after an error that leaves its outcome unknown (a reply later than the
+// read timeout, a connection broken after the write), as it does with its
+// default options: the release sent again finds the lock released, or
+// handed to a waiter, by the first, and answers that the lease was not
+// held, which guard takes for a lock lost during the section. Sent once,
+// such a release fails as unavailable instead.
+func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis.Cmd {
+	return s.run(ctx, src, cmd, true)
+}
+
+func (s *scripter) run(ctx context.Context, src any, cmd []any, once bool) *goredis.Cmd {
 	send := func() *goredis.Cmd {
 		c := goredis.NewCmd(ctx, cmd...)
 		c.SetFirstKeyPos(3)
-		_ = s.client.Process(ctx, c)
+		if once {
+			_ = s.client.Process(ctx, onceCmd{c})
+		} else {
+			_ = s.client.Process(ctx, c)
+		}
 		return c
 	}
 	c := s.retry(ctx, send)

@@ -139,4 +139,36 @@
 // two held, whether it is or not, so they wait until they are upgraded. A
 // rollback meets the same wait: stop this version's processes, then delete
 // the names' {key}:lock keys (see the README).
+//
+// # The server's memory policy and rights
+//
+// A lock is only as safe as its key. A server whose maxmemory-policy
+// evicts keys (allkeys-*, and volatile-* as well: every key warden writes
+// has an expiry) drops held locks under memory pressure, and another
+// process then takes them while their holders still hold them, as after a
+// restart without persistence: with allkeys-lru and a maxmemory of 4 MB,
+// 20 MB of cache keys written beside 100 held locks had 98-99 of them
+// taken again by another process, in three runs (TestEvictionLosesLocks).
+// The tokens stay ahead, and each holder's next renewal fails with
+// ErrNotHeld, which cancels its section, but the two overlap until then.
+// The LFU policies and volatile-ttl pick by the data's use and expiry, not
+// by what it is: they spare the locks only while other keys are colder or
+// expire sooner. Give warden a server with maxmemory-policy noeviction (or
+// no maxmemory); a database of its own on a shared server is not enough,
+// since eviction picks from every database. There, a server out of memory
+// refuses every acquisition, renewal and release with its OOM error
+// (ErrUnavailable): a lease whose renewals it refuses until the lease runs
+// out is lost with that error as the cause.
+//
+// With Redis ACLs, the user needs EVALSHA and EVAL, the keys (which start
+// with '{', the hash tag: a pattern ~{warden:* for guard's default
+// prefix, not ~warden:*) and the channels (see the README). A request the
+// server refuses for good (NOPERM, an unknown command such as an EVALSHA
+// renamed away) fails at once with the server's words, in a waiting
+// acquisition too, which tries again after failures that may pass (no
+// answer, OOM, a failover, an authentication error, which a credentials
+// provider of short-lived tokens mends). A user without the channels loses
+// only the wake-ups: releases send them by pcall, so a refused message
+// fails nothing the release wrote, and waiters whose subscription the
+// server refused poll every eighth of a second instead (see the README).
 package redislock

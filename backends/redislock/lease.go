@@ -175,27 +175,36 @@ func (ls *lease) releaseOn(ctx context.Context, sc goredis.Scripter) (int64, err
 				} else {
 					cmd = []any{"evalsha", s.releaseSha, 2, &p.lock, &p.waiters, &ls.owner, &ls.token, ls.day.Load(), "1"}
 				}
-				if r, err := ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
+				if r, err := ls.l.sc.evalshaOnce(ctx, s.releaseSrc, cmd).Int64(); err != nil || r != -1 {
 					return r, err
 				}
 			}
 			n := mutexNamesOf(ls.key)
 			cmd := []any{"evalsha", s.releaseSha, 4, n.lock, n.queue, n.deadlines, n.waiters,
 				ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)}
-			return ls.l.sc.evalsha(ctx, s.releaseSrc, cmd).Int64()
+			return ls.l.sc.evalshaOnce(ctx, s.releaseSrc, cmd).Int64()
 		}
 		n := mutexNamesOf(ls.key)
 		return s.release.Run(ctx, sc, n.releaseKeys(), ls.owner, ls.token, ls.day.Load(), n.channel, waitingFlag(ls.waiting)).Int64()
 	}
 	n := namesOf(ls.key)
+	// A read lease or a permit is a member of a sorted set, a write lease
+	// a key of its own.
+	script, src := s.zrelease, zreleaseSrc
+	keys, args := []string{n.permits()}, []any{ls.owner, n.channel(), "1"}
 	switch ls.kind {
 	case kindRead:
-		return s.zrelease.Run(ctx, sc, []string{n.readers()}, ls.owner, n.channel(), "0").Int64()
+		keys[0], args[2] = n.readers(), "0"
 	case kindWrite:
-		return s.writeRelease.Run(ctx, sc, []string{n.writer()}, ls.owner, n.channel()).Int64()
-	default:
-		return s.zrelease.Run(ctx, sc, []string{n.permits()}, ls.owner, n.channel(), "1").Int64()
+		script, src = s.writeRelease, writeReleaseSrc
+		keys[0], args = n.writer(), args[:2]
 	}
+	if sc != goredis.Scripter(ls.l.sc) {
+		// The connection of a WithWaitReplicas acquisition, which gives
+		// the lease back after a failed WAIT and reads no answer.
+		return script.Run(ctx, sc, keys, args...).Int64()
+	}
+	return ls.l.sc.evalshaOnce(ctx, src, append([]any{"evalsha", script.Hash(), 1, keys[0]}, args...)).Int64()
 }
 
 // waitingFlag is a waiting flag as a script reads it.

@@ -38,12 +38,16 @@ end
 -- and before a newline and the owner: the message goes there, to the one
 -- connection that waits for it, rather than to every process subscribed to
 -- the lock's channel. Records without one (an earlier version's), and the
--- empty name, go to the lock's channel.
+-- empty name, go to the lock's channel. The message is only a wake-up,
+-- which a waiter makes up for by trying again (see the README): it is
+-- sent by pcall, so that a server that refuses it (an ACL user without
+-- the channel) undoes nothing, since a script is not rolled back, and
+-- fails nothing that the script wrote.
 local function wake(channel, next)
   local own = string.match(next, '^%d*:?([^\n]*)\n')
   if own then
-    redis.call('publish', own, next)
+    redis.pcall('publish', own, next)
   else
-    redis.call('publish', channel, next)
+    redis.pcall('publish', channel, next)
   end
 end

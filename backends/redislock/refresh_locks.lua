@@ -17,7 +17,13 @@ for i, key in ipairs(KEYS) do
   local mine, token = ARGV[2 * i], ARGV[2 * i + 1]
   local old = redis.pcall('set', key, string.format('%.0f:%s:%d:0:%s', deadline, token, day, mine), 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
-    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+    -- A server older than 6.2 knows no GET for SET: a syntax error. Any
+    -- other refusal (OOM under noeviction, a replica's READONLY) is
+    -- the server's own, and says so.
+    if string.find(old.err, 'syntax error', 1, true) then
+      error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+    end
+    error(old)
   end
   local d, held, old_day, waiting, owner
   if old then

@@ -66,7 +66,8 @@ if handing then
       if #day < #new_day or (#day == #new_day and day < new_day) then
         redis.call('pexpireat', KEYS[1], new_day * 86400000)
       end
-      redis.call('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
+      -- By pcall, as wake sends it (see next_waiter.lua).
+      redis.pcall('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
       return now
     end
     redis.call('set', KEYS[1], free, 'KEEPTTL')
@@ -129,7 +130,8 @@ if score then
     if tonumber(day) < new_day then
       redis.call('pexpireat', KEYS[1], new_day * 86400000)
     end
-    redis.call('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
+    -- By pcall, as wake sends it (see next_waiter.lua).
+    redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
   end
   -- Its waiter takes it out when it gets the lock. (Put back as above.)

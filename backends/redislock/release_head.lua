@@ -53,7 +53,13 @@ local old
 if not handing then
   old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
-    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+    -- A server older than 6.2 knows no GET for SET: a syntax error. Any
+    -- other refusal (OOM under noeviction, a replica's READONLY) is
+    -- the server's own, and says so.
+    if string.find(old.err, 'syntax error', 1, true) then
+      error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+    end
+    error(old)
   end
 end
 if given == '0' and old then

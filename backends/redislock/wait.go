@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -132,7 +133,7 @@ const attemptBound = 250 * time.Millisecond
 // place, until it is time to renew it, and never longer than lostWakeup (so
 // a lost message costs at most that), nor than pollEvery while its
 // subscription is not confirmed; an unreachable server is tried again,
-// backing off, until ctx is done.
+// backing off, until ctx is done, and a refusal only an operator mends (see redisrefusal) ends it.
 func (l *Locker) acquire(ctx context.Context, channel string, opts driver.AcquireOptions, ls *lease, w waiter) (_ driver.Lease, err error) {
 	var (
 		sub    *subscription
@@ -191,7 +192,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			}
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
-		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable):
+		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable) && !redisrefusal.Permanent(err):
 			if msg, err = l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
 				return nil, err
 			}

@@ -58,7 +58,20 @@
 // fsync lagging, appendfsync everysec) forgets its votes; if enough do, two
 // holders may overlap. Run the nodes with appendonly yes and appendfsync
 // always, or keep a restarted node out of service for longer than the
-// largest TTL (delayed restart). Tokens still grow when counters are lost:
+// largest TTL (delayed restart). The Locker does not enforce the delay: a
+// node restarted empty votes at once. So a rolling restart without
+// persistence, one node after another with no delay, is enough: once a
+// majority has restarted within one TTL, another process takes a lock its
+// holder still holds (TestRollingRestartForgetsTheLock: 2 of 3 nodes
+// restarted, a lock with a minute left taken again). A node whose
+// maxmemory-policy evicts keys forgets votes the same way under memory
+// pressure (every vote's key has an expiry, so volatile-* policies evict
+// them too): run the nodes with noeviction, or no maxmemory. The nodes must
+// be independent masters: New refuses one server listed twice, but cannot
+// tell a node that is another's replica, which refuses every vote
+// (READONLY): the Locker then tolerates one node's failure fewer, and Ping,
+// which asks for answers, not roles, does not tell.
+// Tokens still grow when counters are lost:
 // a node that votes takes the greater of its counter and its clock in
 // microseconds as its fence, so a token issued after nodes forgot their
 // counters is past every earlier one unless their clocks run behind by more

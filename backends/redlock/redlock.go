@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/backends/internal/redisstate"
 	"github.com/warden-go/warden/backends/internal/redistag"
 	"github.com/warden-go/warden/guard/driver"
@@ -115,7 +116,9 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. The caller keeps ownership of the clients.
+// recommended count. A server listed twice (one client, or two clients of
+// one address) is an error wrapping driver.ErrInvalidOption. The caller
+// keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
@@ -139,10 +142,25 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	}
 	l.all = l.ring[:len(nodes)]
 	l.silent = make([]atomic.Bool, len(nodes))
+	// A server listed twice casts two votes: a minority of the servers
+	// would then make a majority of the nodes, and one server's restart
+	// without persistence would lose the lock. Clients are told apart by
+	// the address they dial (whatever their database: eviction, restarts
+	// and replication are a server's), or, for Sentinel's failover client,
+	// which names no address, by themselves.
+	seen := make(map[any]int, len(nodes))
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
 		}
+		var server any = n
+		if c, ok := n.(*goredis.Client); ok && c.Options().Addr != "FailoverClient" {
+			server = c.Options().Network + "/" + c.Options().Addr
+		}
+		if j, ok := seen[server]; ok {
+			return nil, fmt.Errorf("%w: nodes %d and %d are one server", driver.ErrInvalidOption, j, i)
+		}
+		seen[server] = i
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -190,7 +208,9 @@ func (l *Locker) Limits() driver.Limits {
 // (driver.ErrUnsupported). A waiting Acquire retries after a jittered pause
 // that grows to WithMaxBackoff and never past it however long the wait, is
 // never longer than the holder's remaining TTL as the nodes report it, and
-// goes on through nodes that fail (ErrUnavailable) until ctx is done.
+// goes on through nodes that fail (ErrUnavailable) until ctx is done,
+// unless so many refuse the vote for good (see redisrefusal) that no
+// majority can grant it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
@@ -234,7 +254,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		if err == nil {
 			return ls, nil
 		}
-		if !opts.Wait || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
+		if !opts.Wait || errors.Is(err, errRefused) || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
 		held = errors.Is(err, driver.ErrNotAcquired)
@@ -335,6 +355,9 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		return hint, err
 	}
 	if len(granted) < l.quorum {
+		if n, err := refusals(votes); n > len(l.nodes)-l.quorum {
+			return fail(fmt.Errorf("%w (%d of %d): %w", errRefused, n, len(l.nodes), err))
+		}
 		return fail(l.shortfall(failed, firstErr(votes)))
 	}
 	token := proposal
@@ -464,7 +487,7 @@ func (l *Locker) withdraw(ctx context.Context, lock, owner, token, day any, whic
 	}
 	cmd := []any{"evalsha", l.releaseSha, 1, lock, owner, token, day}
 	rs, over := l.round(context.WithoutCancel(ctx), func(ctx context.Context, i int) (any, error) {
-		return evalsha(ctx, l.nodes[i], releaseSrc, cmd).Int64()
+		return evalshaOnce(ctx, l.nodes[i], releaseSrc, cmd).Int64()
 	}, judge, which, ctx.Done())
 	if ctx.Err() != nil {
 		l.recordWithdrawal(lock, over)
@@ -522,19 +545,47 @@ func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
 // cmd, in parallel, so they only read it: on NOSCRIPT (a restarted node,
 // SCRIPT FLUSH) the body goes in a copy.
 func evalsha(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
-	c := goredis.NewCmd(ctx, cmd...)
-	c.SetFirstKeyPos(3)
-	_ = node.Process(ctx, c)
+	return run(ctx, node, src, cmd, false)
+}
+
+// evalshaOnce is evalsha for a withdrawal, which go-redis must not send
+// again after an error that leaves its outcome unknown (an answer later
+// than the client's read timeout but within the node timeout, a connection
+// broken after the write), as it does with its default options: sent again,
+// it finds the vote withdrawn by the first and answers that it was not
+// held, and a majority of such answers made the release ErrNotHeld, which
+// guard takes for a lock lost during the section. Sent once, it fails as a
+// node that did not answer.
+func evalshaOnce(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
+	return run(ctx, node, src, cmd, true)
+}
+
+func run(ctx context.Context, node goredis.UniversalClient, src string, cmd []any, once bool) *goredis.Cmd {
+	send := func(cmd []any) *goredis.Cmd {
+		c := goredis.NewCmd(ctx, cmd...)
+		c.SetFirstKeyPos(3)
+		if once {
+			_ = node.Process(ctx, onceCmd{c})
+		} else {
+			_ = node.Process(ctx, c)
+		}
+		return c
+	}
+	c := send(cmd)
 	// HasErrorPrefix allocates even for no error.
 	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 		full := slices.Clone(cmd)
 		full[0], full[1] = "eval", src
-		c = goredis.NewCmd(ctx, full...)
-		c.SetFirstKeyPos(3)
-		_ = node.Process(ctx, c)
+		c = send(full)
 	}
 	return c
 }
+
+// onceCmd is a command go-redis sends at most once: it does not send it
+// again after an error that leaves its outcome unknown.
+type onceCmd struct{ *goredis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 type result struct {
 	val any
@@ -666,6 +717,25 @@ func (fl *flight) finished() {
 	if fl.left.Add(-1) == 0 {
 		fl.cancel()
 	}
+}
+
+// errRefused: so many nodes refused a vote for good (an ACL without the
+// scripts or the key, EVALSHA renamed away; see
+// redisrefusal) that no majority can grant it until an operator steps in.
+// A waiting Acquire returns it at once.
+var errRefused = fmt.Errorf("%w: nodes refused the vote for good", driver.ErrUnavailable)
+
+// refusals counts the results that are refusals only an operator mends,
+// and returns the first.
+func refusals(rs []result) (n int, first error) {
+	for _, r := range rs {
+		if r.err != nil && redisrefusal.Permanent(r.err) {
+			if n++; n == 1 {
+				first = r.err
+			}
+		}
+	}
+	return n, first
 }
 
 func firstErr(rs []result) error {

@@ -83,6 +83,27 @@ func TestNewRejectsEvenOrFewNodes(t *testing.T) {
 	}
 }
 
+// TestNewRejectsANodeListedTwice: one server listed twice (the same client,
+// or two clients of one address) casts two votes, so a minority of the
+// servers makes a majority of the nodes, and one server's restart without
+// persistence loses the lock: New refuses it.
+func TestNewRejectsANodeListedTwice(t *testing.T) {
+	a := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	b := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:2"})
+	again := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	for _, c := range []*goredis.Client{a, b, again} {
+		t.Cleanup(func() { c.Close() })
+	}
+	for name, nodes := range map[string][]goredis.UniversalClient{
+		"same client":  {a, b, a},
+		"same address": {a, b, again},
+	} {
+		if _, err := New(nodes); !errors.Is(err, driver.ErrInvalidOption) {
+			t.Errorf("%s: got %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
 // startServers starts n redis-servers of the test's own, for faults
 // (killing, freezing, restarting empty) the shared servers must not see.
 func startServers(t *testing.T, n int) []*drivertest.RedisServer {

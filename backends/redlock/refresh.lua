@@ -12,7 +12,13 @@ local dhi = math.floor(deadline / 1000000)
 local dlo = deadline - dhi * 1000000
 local old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
-  error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  -- A server older than 6.2 knows no GET for SET: a syntax error. Any
+  -- other refusal (OOM under noeviction, a replica's READONLY) is
+  -- the server's own, and says so.
+  if string.find(old.err, 'syntax error', 1, true) then
+    error({err = 'warden needs Redis 6.2 or newer (SET with KEEPTTL and GET): ' .. old.err})
+  end
+  error(old)
 end
 local d, fence, old_day, owner
 if old then

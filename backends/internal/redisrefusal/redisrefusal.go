@@ -1,0 +1,24 @@
+// Package redisrefusal tells, for the Redis and RedLock backends, a
+// server's refusal that only an operator mends from a failure that may
+// pass.
+package redisrefusal
+
+import goredis "github.com/redis/go-redis/v9"
+
+// Permanent reports whether err is a server's refusal of a request that it
+// would refuse again however long the caller waited: its ACL denies the
+// user a command, a key or a channel (NOPERM), or the server does not know
+// a command warden sends, or one its scripts call (EVALSHA or TIME renamed
+// away with rename-command). A waiting acquisition returns such an error
+// at once, where it tries again after a failure that may pass (a server
+// out of reach, out of memory, loading, a failover): waiting would turn an
+// operator's setting into a wait until the caller's context ends, forever
+// for a context with no end, with no word of the cause. Authentication
+// errors (NOAUTH, WRONGPASS) are not among them: a client whose
+// credentials provider hands out short-lived tokens (IAM authentication)
+// may be refused an expired one on a connection, and get a fresh one on
+// the next.
+func Permanent(err error) bool {
+	return goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command") ||
+		goredis.HasErrorPrefix(err, "Unknown Redis command called from script")
+}
