@@ -131,6 +131,16 @@ func (j *job) keepInView(ctx context.Context, wait time.Duration) *guard.Leaders
 	return j.s.cand.await(ctx, wait)
 }
 
+// inViewUntil is when a follower lets slot go: once it is MisfireAfter
+// old, and before its record may have expired from the store. A leader
+// records a slot it finished for SlotRetention from when it finished it,
+// no earlier than the slot on its own clock; a follower that claimed the
+// slot after the record had gone would run it again. Half the retention
+// leaves the other half for the nodes' clocks to be apart.
+func (j *job) inViewUntil(slot time.Time) time.Time {
+	return slot.Add(min(j.cfg.misfireAfter, j.cfg.retention/2))
+}
+
 func (j *job) lastRun() *RunRecord {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -250,11 +260,10 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		if tookOver = r.term == nil && j.cfg.catchUp; tookOver {
 			// No follower watches the claim of a CatchUp slot, as nodes
 			// do without leader mode: a follower keeps the slot in view
-			// instead, until it is MisfireAfter old. Should it lead by
-			// then (its leader died or was stopped mid-run), it claims
-			// the slot as a leader does, and catches it up if nobody
-			// finished it.
-			r.term = j.keepInView(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
+			// instead (inViewUntil). Should it lead by then (its leader
+			// died or was stopped mid-run), it claims the slot as a
+			// leader does, and catches it up if nobody finished it.
+			r.term = j.keepInView(r.ctx, j.inViewUntil(slot).Sub(s.clock()))
 		}
 		if r.term == nil {
 			r.finish(Skipped, "not the leader", nil)

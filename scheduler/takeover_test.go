@@ -1,0 +1,110 @@
+package scheduler_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/warden-go/warden/backends/memory"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/scheduler"
+)
+
+// The slots a follower of a CatchUp job keeps in view, and what the one
+// that comes to lead does with them, in leader mode.
+
+// slotRuns counts the runs of each slot, by instance.
+type slotRuns struct {
+	mu  sync.Mutex
+	ran map[time.Time][]string
+}
+
+func (m *slotRuns) add(run scheduler.Run) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ran == nil {
+		m.ran = map[time.Time][]string{}
+	}
+	m.ran[run.Slot] = append(m.ran[run.Slot], run.Instance)
+}
+
+// job records each run and takes took, or until its context ends.
+func (m *slotRuns) job(took time.Duration) func(context.Context) error {
+	return func(ctx context.Context) error {
+		run, _ := scheduler.RunFrom(ctx)
+		m.add(run)
+		select {
+		case <-time.After(took):
+		case <-ctx.Done():
+		}
+		return nil
+	}
+}
+
+// twice fails t for each slot that ran more than once.
+func (m *slotRuns) twice(t *testing.T) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for slot, who := range m.ran {
+		if len(who) > 1 {
+			t.Errorf("slot %v ran %d times: on %v", slot.Format("Jan 2 15:04:05"), len(who), who)
+		}
+	}
+}
+
+// leaderPair adds the job "report" to two schedulers, "old" and "new",
+// in leader mode on one lock backend and slot store, and starts "old",
+// then "new" once "old" leads.
+func leaderPair(t *testing.T, o *outcomes, spec string, fn func(context.Context) error, opts ...scheduler.JobOption) []*scheduler.Scheduler {
+	t.Helper()
+	locker, store := memory.New(), idempotency.NewMemoryStore()
+	var ss []*scheduler.Scheduler
+	for _, inst := range []string{"old", "new"} {
+		s := bubbleScheduler(t, newGuard(t, locker, guard.WithTTL(2*time.Second)), inst, o,
+			scheduler.WithSlotStore(store), scheduler.WithLeaderElection("e"))
+		if err := s.Add(spec, "report", fn, opts...); err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	ss[0].Start()
+	time.Sleep(time.Second)
+	ss[1].Start()
+	return ss
+}
+
+// A follower lets a slot go before the old leader's record of it may have
+// expired: with SlotRetention(5*time.Minute) and MisfireAfter(30*time.Minute),
+// the follower kept the last 30 minutes of slots in view, and on coming to
+// lead ran again those whose records had gone (15 of the 20 slots the old
+// leader ran).
+func TestNewLeaderRunsNoSlotWhoseRecordExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var o outcomes
+		var m slotRuns
+		ss := leaderPair(t, &o, "@every 1m", m.job(0), scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Minute), scheduler.SlotRetention(5*time.Minute))
+		time.Sleep(20 * time.Minute)
+		ss[0].Stop(context.Background())
+		time.Sleep(5 * time.Minute)
+		m.twice(t)
+	})
+}
+
+// The same with the default SlotRetention of a day: a daily job with
+// MisfireAfter(36*time.Hour), its leader stopped the next morning; the new
+// leader ran the day's slot again.
+func TestNewLeaderRunsNoDailySlotTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var o outcomes
+		var m slotRuns
+		ss := leaderPair(t, &o, "@daily", m.job(time.Minute), scheduler.CatchUp(), scheduler.MisfireAfter(36*time.Hour))
+		time.Sleep(54 * time.Hour)
+		ss[0].Stop(context.Background())
+		time.Sleep(time.Hour)
+		m.twice(t)
+	})
+}
