@@ -238,9 +238,10 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // it finished must still be there when the follower claims it), and should
 // it come to lead by then, it claims the slot as a leader does, and runs it
 // if nobody finished it: a slot its dead or stopped leader did not finish,
-// or one that fell due while no node led. A follower keeps the latest 64
-// slots of a job in view at most, each on a goroutine of its own, and lets
-// older ones go.
+// or one that fell due while no node led. A slot the leader skipped because
+// the job's lock was held is recorded as done, and stays skipped. A
+// follower keeps the latest 64 slots of a job in view at most, each on a
+// goroutine of its own, and lets older ones go.
 func CatchUp() JobOption { return func(c *jobConfig) { c.catchUp = true } }
 
 // minBound is the shortest non-zero bound a job accepts: anything shorter is

@@ -306,10 +306,10 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		if r.leave != nil {
 			r.leave()
 		}
-		r.claim.abandon(r.ctx)
 		if errors.Is(err, guard.ErrNotAcquired) {
-			r.finish(Skipped, "lock held", nil)
+			r.skipHeld()
 		} else {
+			r.claim.abandon(r.ctx)
 			r.finish(Failed, "lock", err)
 		}
 		return r, false
@@ -342,6 +342,21 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		return r, false
 	}
 	return r, true
+}
+
+// skipHeld ends a run that found its job's lock held. Without leader mode
+// it gives the slot back, for a node that fires later for it. A leader
+// records it skipped instead: no other node fires for it, and a follower
+// that comes to lead while keeping the slot in view must tell it from a
+// slot its leader left unfinished, which it catches up (the held lock is
+// a skip on the next leader as on this one).
+func (r *running) skipHeld() {
+	if r.term != nil {
+		r.claim.complete(r.ctx, "skipped: lock held")
+	} else {
+		r.claim.abandon(r.ctx)
+	}
+	r.finish(Skipped, "lock held", nil)
 }
 
 // end records the job's result err, completes or gives back the slot, and

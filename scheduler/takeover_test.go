@@ -108,3 +108,36 @@ func TestNewLeaderRunsNoDailySlotTwice(t *testing.T) {
 		m.twice(t)
 	})
 }
+
+// A slot the leader skipped because the job's lock was held (its previous
+// run overran) stays skipped when another node comes to lead: the new
+// leader ran them all, late and out of order, while skipping its own
+// current slots for the lock its catch-ups held (5 slots of a minutely
+// job that takes 90s).
+func TestNewLeaderRunsNoSlotSkippedForAHeldLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var o outcomes
+		var m slotRuns
+		ss := leaderPair(t, &o, "@every 1m", m.job(90*time.Second), scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Minute))
+		time.Sleep(10*time.Minute + 30*time.Second)
+		ss[0].Stop(context.Background())
+		time.Sleep(10 * time.Minute)
+		m.twice(t)
+		var held []time.Time
+		for _, r := range o.all() {
+			if r.Instance == "old" && r.Reason == "lock held" {
+				held = append(held, r.Slot)
+			}
+		}
+		if len(held) == 0 {
+			t.Fatalf("the old leader skipped no slot for a held lock: %v", o.summary(time.Time{}))
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, slot := range held {
+			if who := m.ran[slot]; len(who) > 0 {
+				t.Errorf("slot %v, which the old leader skipped for a held lock, ran on %v", slot.Format("15:04:05"), who)
+			}
+		}
+	})
+}
