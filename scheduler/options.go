@@ -241,7 +241,9 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // or one that fell due while no node led. A slot the leader skipped because
 // the job's lock was held is recorded as done, and stays skipped. A
 // follower keeps the latest 64 slots of a job in view at most, each on a
-// goroutine of its own, and lets older ones go.
+// goroutine of its own, and lets older ones go. Jobs of Wrap and Locker
+// keep none in view: their runs fire in the caller's goroutine, and a
+// follower's return at once.
 func CatchUp() JobOption { return func(c *jobConfig) { c.catchUp = true } }
 
 // minBound is the shortest non-zero bound a job accepts: anything shorter is

@@ -257,7 +257,10 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		// Followers skip before touching the store or the lock: sparing
 		// them that is what leadership is for.
 		r.term = s.cand.leading()
-		if tookOver = r.term == nil && j.cfg.catchUp; tookOver {
+		// Only the Scheduler's own timer (j.slots) fires a run on a
+		// goroutine of its own: Wrap and Locker fire in their caller's
+		// (robfig/cron's, gocron's), which must not wait for a term.
+		if tookOver = r.term == nil && j.cfg.catchUp && j.slots != nil; tookOver {
 			// No follower watches the claim of a CatchUp slot, as nodes
 			// do without leader mode: a follower keeps the slot in view
 			// instead (inViewUntil). Should it lead by then (its leader

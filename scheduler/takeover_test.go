@@ -7,6 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/idempotency"
@@ -138,6 +140,44 @@ func TestNewLeaderRunsNoSlotSkippedForAHeldLock(t *testing.T) {
 			if who := m.ran[slot]; len(who) > 0 {
 				t.Errorf("slot %v, which the old leader skipped for a held lock, ran on %v", slot.Format("15:04:05"), who)
 			}
+		}
+	})
+}
+
+// A follower's Locker (gocron) and Wrap (robfig/cron) runs of a CatchUp job
+// return at once, as every follower run did: they fire in their caller's
+// goroutine, which waited for the whole MisfireAfter (an hour) for the
+// node to lead, gocron's Lock ignoring its context, robfig/cron's Stop
+// waiting for them.
+func TestFollowerLockerAndWrapReturnAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var o outcomes
+		ss := leaderPair(t, &o, "@every 1m", func(context.Context) error { return nil },
+			scheduler.CatchUp(), scheduler.MisfireAfter(time.Minute))
+		time.Sleep(time.Second)
+		follower := ss[1]
+		opts := []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(time.Hour)}
+
+		l, err := follower.Locker(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := l.Lock(context.Background(), "gocron-job"); err == nil {
+			t.Error("a follower's Lock succeeded")
+		}
+		if took := time.Since(start); took > 0 {
+			t.Errorf("a follower's Lock took %v", took)
+		}
+
+		w, err := follower.Wrap("robfig-job", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start = time.Now()
+		w(cron.FuncJob(func() { t.Error("a follower ran a Wrap'd job") })).Run()
+		if took := time.Since(start); took > 0 {
+			t.Errorf("a follower's Wrap'd run took %v", took)
 		}
 	})
 }
