@@ -77,8 +77,9 @@ type RunRecord struct {
 	// Term is the leader's term the run went ahead under, with
 	// WithLeaderElection; 0 otherwise.
 	Term uint64
-	// Started is when the run began, on the scheduler's clock; Finished
-	// when the job returned (or the run was given up).
+	// Started is when the run began, on the scheduler's clock (before any
+	// wait for the lock, or, on a follower, for its node to lead);
+	// Finished when the job returned (or the run was given up).
 	Started, Finished time.Time
 	Outcome           Outcome
 	// Reason says why a run was skipped or misfired.
@@ -215,6 +216,10 @@ type running struct {
 	claim  slotClaim
 	lock   *guard.Lock
 	locked time.Time
+	// began is when the lock was taken and the job could start, on the
+	// scheduler's clock: what it ran is measured from there, not from
+	// rec.Started, which also counts the waits for a term and the lock.
+	began time.Time
 	// term is the leadership the run went ahead under (WithLeaderElection),
 	// and leave detaches the lock's context from it once the lock is gone.
 	term  *guard.Leadership
@@ -317,7 +322,7 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		}
 		return r, false
 	}
-	r.lock, r.locked = l, time.Now()
+	r.lock, r.locked, r.began = l, time.Now(), s.clock()
 	r.rec.Token = l.Token()
 	// Waiting for the lock may have made the run late.
 	if lag := s.clock().Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
@@ -383,7 +388,7 @@ func (r *running) end(err error) {
 		case err != nil:
 			outcome = Failed
 		}
-		if took := r.rec.Finished.Sub(r.rec.Started); took > j.cfg.atMost {
+		if took := r.rec.Finished.Sub(r.began); took > j.cfg.atMost {
 			reason = fmt.Sprintf("overran LockAtMostFor %v: ran %v", j.cfg.atMost, took)
 		}
 		// A run Stop cut short did not finish its slot: under CatchUp,

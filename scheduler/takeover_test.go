@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -178,6 +179,45 @@ func TestFollowerLockerAndWrapReturnAtOnce(t *testing.T) {
 		w(cron.FuncJob(func() { t.Error("a follower ran a Wrap'd job") })).Run()
 		if took := time.Since(start); took > 0 {
 			t.Errorf("a follower's Wrap'd run took %v", took)
+		}
+	})
+}
+
+// A run the new leader took over is measured from when it took its lock,
+// not from when it fired as a follower: the 5s the slot was kept in view
+// and the wait for the old leader's lock were reported as an overrun of
+// LockAtMostFor(2*time.Second) by a run that took no time.
+func TestTakenOverRunIsNotAnOverrun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var o outcomes
+		started, cut := make(chan time.Time, 1), make(chan struct{})
+		ss := leaderPair(t, &o, "@every 1m", func(ctx context.Context) error {
+			run, _ := scheduler.RunFrom(ctx)
+			if run.Instance == "old" {
+				// It outlives LockAtMostFor, to be cut short by Stop.
+				started <- run.Slot
+				<-cut
+				return errors.New("cut short")
+			}
+			return nil
+		}, scheduler.CatchUp(), scheduler.MisfireAfter(30*time.Second), scheduler.LockAtMostFor(2*time.Second))
+		slot := <-started
+		time.Sleep(5 * time.Second)
+		go ss[0].Stop(context.Background())
+		synctest.Wait()
+		close(cut)
+		time.Sleep(30 * time.Second)
+		caughtUp := false
+		for _, r := range o.all() {
+			if r.Instance == "new" && r.Slot.Equal(slot) && r.Outcome == scheduler.Ran {
+				caughtUp = true
+				if r.Reason != "" {
+					t.Errorf("the run caught up was reported: %s", r.Reason)
+				}
+			}
+		}
+		if !caughtUp {
+			t.Errorf("slot %v was not caught up: %v", slot, o.summary(slot))
 		}
 	})
 }
