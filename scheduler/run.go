@@ -648,6 +648,10 @@ func (c *slotClaim) keep(ctx context.Context) {
 		return
 	}
 	s, lease := c.j.s, c.j.claimLease()
+	// A renewal may outlive stop (bounded leaves a call that does not
+	// answer in time behind), and drop clears c.owner: the renewals keep
+	// their own copy.
+	key, owner := c.key, c.owner
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	// Each renewal is bounded (Scheduler.bounded): the run's end, which
@@ -666,11 +670,11 @@ func (c *slotClaim) keep(ctx context.Context) {
 			case <-t.C:
 			}
 			err := s.bounded(ctx, lease/3, func(ctx context.Context) error {
-				return s.store.Extend(ctx, slotScope, c.key, c.owner, lease)
+				return s.store.Extend(ctx, slotScope, key, owner, lease)
 			}, nil)
 			if err != nil && ctx.Err() == nil {
-				c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
-					"job", c.j.name, "slot", c.key, "error", err)
+				s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
+					"job", c.j.name, "slot", key, "error", err)
 			}
 		}
 	}()
