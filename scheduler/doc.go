@@ -91,8 +91,10 @@
 // and a job's context is cancelled when the term is lost. Scheduler.Elector
 // offers the same election to go-co-op/gocron/v2 (gocron.WithDistributedElector).
 // A CatchUp job's followers keep its latest slots in view until they are
-// MisfireAfter old, and the one that comes to lead by then runs those nobody
-// finished (see CatchUp).
+// MisfireAfter old (half its SlotRetention, if sooner), and the one that
+// comes to lead by then runs those its leader left unfinished or that fell
+// due while no node led; a slot the leader skipped for a held lock stays
+// skipped (see CatchUp).
 //
 // Slots fall due on each node's clock, the leader's included: a new leader
 // whose clock is ahead of the old one's never runs the slots between the

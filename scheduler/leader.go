@@ -20,11 +20,11 @@ var ErrNotLeader = errors.New("warden/scheduler: not the leader")
 // Scheduler campaigns from Start until Stop (guard.Guard.Campaign), and a
 // node that does not lead skips every slot with the reason "not the
 // leader", without touching the job locks or the slot store (a CatchUp
-// job's slot once it is MisfireAfter old, or let go for newer ones, having
-// not come to lead by then: see CatchUp). The leader
-// still takes each job's lock (runs of a job never overlap, even across a
-// change of leader) and its slot claims; a job's context is also cancelled
-// when the leadership is lost, and such a run ends as lost.
+// job's slot once the follower lets it go, having not come to lead by
+// then: see CatchUp). The leader still takes each job's lock (runs of a
+// job never overlap, even across a change of leader) and its slot claims,
+// and records a slot it skips for a held lock as done; a job's context is
+// also cancelled when the leadership is lost, and such a run ends as lost.
 //
 // Leadership saves the followers their lock attempts and keeps every job of
 // the cluster on one node. Once per slot across a change of leader still

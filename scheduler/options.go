@@ -233,12 +233,17 @@ func RetryFailedSlots() JobOption { return func(c *jobConfig) { c.retryFailed = 
 // from overlapping.
 //
 // With WithLeaderElection the followers watch no claim: a follower keeps
-// each slot in view until it is MisfireAfter old instead, and should it
-// come to lead by then, it claims the slot as a leader does, and runs it if
-// nobody finished it: a slot its dead or stopped leader did not finish, or
-// one that fell due while no node led. A follower keeps the latest 64 slots
-// of a job in view at most, each on a goroutine of its own, and lets older
-// ones go.
+// each slot in view instead, until it is MisfireAfter old or half its
+// SlotRetention old, whichever comes first (the leader's record of a slot
+// it finished must still be there when the follower claims it), and should
+// it come to lead by then, it claims the slot as a leader does, and runs it
+// if nobody finished it: a slot its dead or stopped leader did not finish,
+// or one that fell due while no node led. A slot the leader skipped because
+// the job's lock was held is recorded as done, and stays skipped. A
+// follower keeps the latest 64 slots of a job in view at most, each on a
+// goroutine of its own, and lets older ones go. Jobs of Wrap and Locker
+// keep none in view: their runs fire in the caller's goroutine, and a
+// follower's return at once.
 func CatchUp() JobOption { return func(c *jobConfig) { c.catchUp = true } }
 
 // minBound is the shortest non-zero bound a job accepts: anything shorter is

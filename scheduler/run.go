@@ -77,8 +77,9 @@ type RunRecord struct {
 	// Term is the leader's term the run went ahead under, with
 	// WithLeaderElection; 0 otherwise.
 	Term uint64
-	// Started is when the run began, on the scheduler's clock; Finished
-	// when the job returned (or the run was given up).
+	// Started is when the run began, on the scheduler's clock (before any
+	// wait for the lock, or, on a follower, for its node to lead);
+	// Finished when the job returned (or the run was given up).
 	Started, Finished time.Time
 	Outcome           Outcome
 	// Reason says why a run was skipped or misfired.
@@ -129,6 +130,16 @@ func (j *job) keepInView(ctx context.Context, wait time.Duration) *guard.Leaders
 		j.mu.Unlock()
 	}()
 	return j.s.cand.await(ctx, wait)
+}
+
+// inViewUntil is when a follower lets slot go: once it is MisfireAfter
+// old, and before its record may have expired from the store. A leader
+// records a slot it finished for SlotRetention from when it finished it,
+// no earlier than the slot on its own clock; a follower that claimed the
+// slot after the record had gone would run it again. Half the retention
+// leaves the other half for the nodes' clocks to be apart.
+func (j *job) inViewUntil(slot time.Time) time.Time {
+	return slot.Add(min(j.cfg.misfireAfter, j.cfg.retention/2))
 }
 
 func (j *job) lastRun() *RunRecord {
@@ -205,6 +216,10 @@ type running struct {
 	claim  slotClaim
 	lock   *guard.Lock
 	locked time.Time
+	// began is when the lock was taken and the job could start, on the
+	// scheduler's clock: what it ran is measured from there, not from
+	// rec.Started, which also counts the waits for a term and the lock.
+	began time.Time
 	// term is the leadership the run went ahead under (WithLeaderElection),
 	// and leave detaches the lock's context from it once the lock is gone.
 	term  *guard.Leadership
@@ -247,14 +262,16 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		// Followers skip before touching the store or the lock: sparing
 		// them that is what leadership is for.
 		r.term = s.cand.leading()
-		if tookOver = r.term == nil && j.cfg.catchUp; tookOver {
+		// Only the Scheduler's own timer (j.slots) fires a run on a
+		// goroutine of its own: Wrap and Locker fire in their caller's
+		// (robfig/cron's, gocron's), which must not wait for a term.
+		if tookOver = r.term == nil && j.cfg.catchUp && j.slots != nil; tookOver {
 			// No follower watches the claim of a CatchUp slot, as nodes
 			// do without leader mode: a follower keeps the slot in view
-			// instead, until it is MisfireAfter old. Should it lead by
-			// then (its leader died or was stopped mid-run), it claims
-			// the slot as a leader does, and catches it up if nobody
-			// finished it.
-			r.term = j.keepInView(r.ctx, slot.Add(j.cfg.misfireAfter).Sub(s.clock()))
+			// instead (inViewUntil). Should it lead by then (its leader
+			// died or was stopped mid-run), it claims the slot as a
+			// leader does, and catches it up if nobody finished it.
+			r.term = j.keepInView(r.ctx, j.inViewUntil(slot).Sub(s.clock()))
 		}
 		if r.term == nil {
 			r.finish(Skipped, "not the leader", nil)
@@ -297,15 +314,15 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 		if r.leave != nil {
 			r.leave()
 		}
-		r.claim.abandon(r.ctx)
 		if errors.Is(err, guard.ErrNotAcquired) {
-			r.finish(Skipped, "lock held", nil)
+			r.skipHeld()
 		} else {
+			r.claim.abandon(r.ctx)
 			r.finish(Failed, "lock", err)
 		}
 		return r, false
 	}
-	r.lock, r.locked = l, time.Now()
+	r.lock, r.locked, r.began = l, time.Now(), s.clock()
 	r.rec.Token = l.Token()
 	// Waiting for the lock may have made the run late.
 	if lag := s.clock().Sub(slot); j.cfg.misfireAfter > 0 && lag > j.cfg.misfireAfter {
@@ -335,6 +352,21 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	return r, true
 }
 
+// skipHeld ends a run that found its job's lock held. Without leader mode
+// it gives the slot back, for a node that fires later for it. A leader
+// records it skipped instead: no other node fires for it, and a follower
+// that comes to lead while keeping the slot in view must tell it from a
+// slot its leader left unfinished, which it catches up (the held lock is
+// a skip on the next leader as on this one).
+func (r *running) skipHeld() {
+	if r.term != nil {
+		r.claim.complete(r.ctx, "skipped: lock held")
+	} else {
+		r.claim.abandon(r.ctx)
+	}
+	r.finish(Skipped, "lock held", nil)
+}
+
 // end records the job's result err, completes or gives back the slot, and
 // releases the lock once LockAtLeastFor has passed.
 func (r *running) end(err error) {
@@ -356,7 +388,7 @@ func (r *running) end(err error) {
 		case err != nil:
 			outcome = Failed
 		}
-		if took := r.rec.Finished.Sub(r.rec.Started); took > j.cfg.atMost {
+		if took := r.rec.Finished.Sub(r.began); took > j.cfg.atMost {
 			reason = fmt.Sprintf("overran LockAtMostFor %v: ran %v", j.cfg.atMost, took)
 		}
 		// A run Stop cut short did not finish its slot: under CatchUp,
@@ -616,6 +648,10 @@ func (c *slotClaim) keep(ctx context.Context) {
 		return
 	}
 	s, lease := c.j.s, c.j.claimLease()
+	// A renewal may outlive stop (bounded leaves a call that does not
+	// answer in time behind), and drop clears c.owner: the renewals keep
+	// their own copy.
+	key, owner := c.key, c.owner
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	// Each renewal is bounded (Scheduler.bounded): the run's end, which
@@ -634,11 +670,11 @@ func (c *slotClaim) keep(ctx context.Context) {
 			case <-t.C:
 			}
 			err := s.bounded(ctx, lease/3, func(ctx context.Context) error {
-				return s.store.Extend(ctx, slotScope, c.key, c.owner, lease)
+				return s.store.Extend(ctx, slotScope, key, owner, lease)
 			}, nil)
 			if err != nil && ctx.Err() == nil {
-				c.j.s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
-					"job", c.j.name, "slot", c.key, "error", err)
+				s.logger.WarnContext(ctx, "warden/scheduler: could not renew the slot claim; once it lapses the slot may be caught up elsewhere after this run",
+					"job", c.j.name, "slot", key, "error", err)
 			}
 		}
 	}()

@@ -90,6 +90,28 @@ type app struct {
 	shutdown func(context.Context) error // tracing
 }
 
+// migrate migrates the orders database under the lock migrateLock. The
+// replicas of a new deployment start together, and each creates the
+// tables it finds missing: one at a time, or all but one fail on a table
+// another has just created. A replica waits for the lock for as long as
+// the one holding it migrates, however long that takes, or until it is
+// told to stop: a replica that died migrating lets the lock go one -ttl
+// later. A failure names the flag of the backend that failed.
+func (a *app) migrate(ctx context.Context, g *guard.Guard, dbURL, lockURL *backendurl.URL) error {
+	var migrated error
+	err := g.Do(ctx, migrateLock, func(ctx context.Context, _ *guard.Lock) error {
+		migrated = a.orders.migrate(ctx)
+		return migrated
+	})
+	switch {
+	case migrated != nil:
+		return fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
+	case err != nil:
+		return fmt.Errorf("-lock %s: taking the lock %q to migrate the orders database: %w", lockURL, migrateLock, lockURL.RedactError(err))
+	}
+	return nil
+}
+
 func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	a := &app{cfg: cfg, log: log, backends: backendurl.NewOpener()}
 	ok := false
@@ -134,14 +156,8 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The replicas of a new deployment start together, and each creates the
-	// tables it finds missing: one at a time, or all but one fail on a
-	// table another has just created. A replica that died migrating lets
-	// the lock go one TTL later.
-	err = g.Do(ctx, migrateLock, func(ctx context.Context, _ *guard.Lock) error { return a.orders.migrate(ctx) },
-		guard.WaitAtMost(time.Minute))
-	if err != nil {
-		return nil, fmt.Errorf("-db %s: migrating: %w", dbURL, dbURL.RedactError(err))
+	if err := a.migrate(ctx, g, dbURL, lockURL); err != nil {
+		return nil, err
 	}
 
 	a.sched, err = scheduler.New(g,
