@@ -2,6 +2,7 @@ package zklock
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -58,17 +59,102 @@ func TestWipedServer(t *testing.T) {
 }
 
 // TestWipedServerLockerReconnects: a Locker whose server lost its data is
-// usable again once the server is back.
+// usable again once the server is back, on a new session, and the lease it
+// held on the old one was declared lost before the new grant.
 func TestWipedServerLockerReconnects(t *testing.T) {
-	t.Skip("defect: a Locker that had a session never connects again to a server that lost its data: " +
-		"the server refuses a client that has seen a later transaction than its own last one, " +
-		"and the client library keeps that transaction id until a server says its session expired")
-	_, l, _, _ := wipedHolder(t)
+	_, l, held, _ := wipedHolder(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
+	next, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
 	if err != nil {
 		t.Fatalf("Acquire on the Locker after its server lost its data: %v", err)
 	}
-	lease.Release(ctx)
+	defer next.Release(ctx)
+	select {
+	case <-sessionDone(held):
+	default:
+		t.Error("granted on the new session while the old session's lease was not declared lost")
+	}
+	if old, now := held.(*lease).ep.session, next.(*lease).ep.session; now == old {
+		t.Errorf("the new lease is on session %#x, the old one", now)
+	}
+}
+
+// heldThroughProxy has a Locker of a long session, through a proxy to a
+// server of the test's own, hold a lock.
+func heldThroughProxy(t *testing.T) (*zkServer, *cutProxy, *Locker, driver.Lease) {
+	t.Helper()
+	s := startServer(t)
+	p := startCutProxy(t, s.addr)
+	// A session long enough for the holder to outlive a restart.
+	l := dial(t, []string{p.addr}, WithSessionTimeout(40*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Waiting: a JVM just started may turn the first connection away.
+	held, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, p, l, held
+}
+
+// keptSession checks that held, granted on session sid of l through p,
+// outlived a fault: its node is still there and its session's, it was
+// never declared lost, and the session was taken up again with the
+// transaction id the client had seen.
+func keptSession(t *testing.T, p *cutProxy, l *Locker, held driver.Lease, sid int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		err := held.Refresh(ctx, testSession)
+		if err == nil {
+			break
+		}
+		// Calls made before the Locker is connected again fail as an
+		// outage.
+		if !errors.Is(err, driver.ErrUnavailable) || ctx.Err() != nil {
+			t.Fatalf("Refresh after the fault: %v", err)
+		}
+	}
+	if closed(sessionDone(held)) {
+		t.Fatal("the holder's session was declared lost over a fault shorter than it")
+	}
+	if got := l.conn.SessionID(); got != sid {
+		t.Errorf("session %#x after the fault, want %#x, the one before", got, sid)
+	}
+	if n := p.blind.Load(); n > 0 {
+		t.Errorf("%d connections took the live session up without the transaction id the client had seen", n)
+	}
+}
+
+// TestRestartedServerKeepsSession: a server stopped and started again with
+// its data (an outage, not a wipe), which closes handshakes unanswered
+// until it serves, leaves the Locker its session and its holder.
+func TestRestartedServerKeepsSession(t *testing.T) {
+	s, p, l, held := heldThroughProxy(t)
+	sid := l.conn.SessionID()
+	const turnedAway = 6
+	p.turnAway.Store(turnedAway)
+	s.restart(t, false)
+	keptSession(t, p, l, held, sid)
+	if left := p.turnAway.Load(); left != 0 {
+		t.Errorf("%d of the %d handshakes to turn away were not sent", left, turnedAway)
+	}
+}
+
+// TestServerBehindKeepsSession: a server behind the client (a follower
+// catching up) closes handshakes that carry a later transaction id than
+// its own unanswered, as a server that lost its data does, but the session
+// lives: the Locker keeps it, and its holder.
+func TestServerBehindKeepsSession(t *testing.T) {
+	_, p, l, held := heldThroughProxy(t)
+	sid := l.conn.SessionID()
+	const behind = 4
+	p.behind.Store(behind)
+	p.kick()
+	keptSession(t, p, l, held, sid)
+	if left := p.behind.Load(); left != 0 {
+		t.Errorf("%d of the %d handshakes to turn away were not sent", left, behind)
+	}
 }
