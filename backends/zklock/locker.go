@@ -475,7 +475,7 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		l.last.Close()
 		l.last = nil
 	}
-	l.rollback.check(network, address, l.sessionTimeout()/6)
+	l.rollback.check(network, address, l.sessionTimeout())
 	c, err := net.DialTimeout(network, address, timeout)
 	if err != nil {
 		if isTimeout(err) {

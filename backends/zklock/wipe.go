@@ -37,6 +37,16 @@ import (
 // yet serving, in an election, over its connection limit) gets no answer
 // to the probe either, and a server down or frozen closes nothing: an
 // outage keeps the session as before.
+//
+// A probe that finds the session takes it up, as any handshake does, so
+// the server counts its session timeout from then. A server restored from
+// an older copy of its data knows the session but not the transactions
+// the client saw since, and would turn the library away for as long as
+// probes kept the session alive: after a probe found it living, the
+// Locker sends none for twice the session timeout, longer than the
+// server lets a session it hears nothing of live (the timeout, rounded up
+// to the server's tick, at most half of it), and the next probe finds it
+// expired.
 type rollback struct {
 	mu sync.Mutex
 	// refused is the handshake, lastZxidSeen zeroed, that a server closed
@@ -45,6 +55,8 @@ type rollback struct {
 	// gone: a server said the session does not live; handshakes go with
 	// lastZxidSeen 0 until the library has heard the session expired.
 	gone bool
+	// quiet: a probe found the session living; none is sent before then.
+	quiet time.Time
 }
 
 // The connect request a handshake sends: its length, then the protocol
@@ -102,19 +114,27 @@ func (r *rollback) expired() {
 
 // check runs before a connection attempt to address: after a handshake
 // closed without an answer, it asks that server whether the session
-// lives, waiting at most limit.
-func (r *rollback) check(network, address string, limit time.Duration) {
+// lives, waiting at most the handshake's limit (see sniffConn), a sixth
+// of the session timeout.
+func (r *rollback) check(network, address string, sessionTimeout time.Duration) {
 	r.mu.Lock()
 	probe := r.refused
 	r.refused = nil
+	quiet := time.Now().Before(r.quiet)
 	r.mu.Unlock()
-	if probe == nil {
+	if probe == nil || quiet {
 		return
 	}
-	if gone, err := sessionGone(network, address, probe, limit); err == nil && gone {
-		r.mu.Lock()
+	gone, err := sessionGone(network, address, probe, sessionTimeout/6)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if gone {
 		r.gone = true
-		r.mu.Unlock()
+	} else {
+		r.quiet = time.Now().Add(2 * sessionTimeout)
 	}
 }
 

@@ -3,6 +3,8 @@ package zklock
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,10 +19,19 @@ func wipedHolder(t *testing.T) (*zkServer, *Locker, driver.Lease, time.Time) {
 	t.Helper()
 	s := startServer(t)
 	l := dial(t, []string{s.addr})
+	held := acquisitions(t, l, 20)
+	s.restart(t, true)
+	return s, l, held, time.Now()
+}
+
+// acquisitions acquires the lock "k" on l n times, releasing each lease
+// but the last, which it returns.
+func acquisitions(t *testing.T, l *Locker, n int) driver.Lease {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var held driver.Lease
-	for range 20 {
+	for range n {
 		if held != nil {
 			held.Release(ctx)
 		}
@@ -30,8 +41,27 @@ func wipedHolder(t *testing.T) (*zkServer, *Locker, driver.Lease, time.Time) {
 			t.Fatal(err)
 		}
 	}
-	s.restart(t, true)
-	return s, l, held, time.Now()
+	return held
+}
+
+// acquireAgain acquires "k" on l, whose server lost held's session, and
+// checks that the grant is on a new session and came after held was
+// declared lost.
+func acquireAgain(t *testing.T, l *Locker, held driver.Lease) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	next, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err != nil {
+		t.Fatalf("Acquire on the Locker after its server lost the session: %v", err)
+	}
+	defer next.Release(ctx)
+	if !closed(sessionDone(held)) {
+		t.Error("granted on the new session while the old session's lease was not declared lost")
+	}
+	if old, now := held.(*lease).ep.session, next.(*lease).ep.session; now == old {
+		t.Errorf("the new lease is on session %#x, the old one", now)
+	}
 }
 
 // TestWipedServer: a server that comes back without its data has no
@@ -63,21 +93,7 @@ func TestWipedServer(t *testing.T) {
 // held on the old one was declared lost before the new grant.
 func TestWipedServerLockerReconnects(t *testing.T) {
 	_, l, held, _ := wipedHolder(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	next, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
-	if err != nil {
-		t.Fatalf("Acquire on the Locker after its server lost its data: %v", err)
-	}
-	defer next.Release(ctx)
-	select {
-	case <-sessionDone(held):
-	default:
-		t.Error("granted on the new session while the old session's lease was not declared lost")
-	}
-	if old, now := held.(*lease).ep.session, next.(*lease).ep.session; now == old {
-		t.Errorf("the new lease is on session %#x, the old one", now)
-	}
+	acquireAgain(t, l, held)
 }
 
 // heldThroughProxy has a Locker of a long session, through a proxy to a
@@ -157,4 +173,34 @@ func TestServerBehindKeepsSession(t *testing.T) {
 	if left := p.behind.Load(); left != 0 {
 		t.Errorf("%d of the %d handshakes to turn away were not sent", left, behind)
 	}
+}
+
+// TestRestoredServerLockerReconnects: a server restored from a copy of its
+// data taken while the Locker's session lived knows that session, but not
+// the Locker's later transactions, so it turns the Locker's handshakes away
+// until the session expires. The Locker's probes must not keep the session
+// alive: it connects again, on a new session, once the server expired the
+// old one.
+func TestRestoredServerLockerReconnects(t *testing.T) {
+	s := startServer(t)
+	l := dial(t, []string{s.addr})
+	acquisitions(t, l, 1).Release(context.Background())
+	backup := filepath.Join(t.TempDir(), "data")
+	if err := os.CopyFS(backup, os.DirFS(s.data)); err != nil {
+		t.Fatal(err)
+	}
+	held := acquisitions(t, l, 10)
+	s.Kill()
+	if err := os.RemoveAll(s.data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(backup, s.data); err != nil {
+		t.Fatal(err)
+	}
+	if !s.start(t) {
+		t.FailNow()
+	}
+	back := time.Now()
+	acquireAgain(t, l, held)
+	t.Logf("granted %v after the restored server served", time.Since(back))
 }
