@@ -476,6 +476,12 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		l.last = nil
 	}
 	l.rollback.check(network, address, l.sessionTimeout())
+	select {
+	case <-l.quit:
+		// Closed while a probe was out.
+		return nil, errClosed
+	default:
+	}
 	c, err := net.DialTimeout(network, address, timeout)
 	if err != nil {
 		if isTimeout(err) {
