@@ -72,12 +72,13 @@ const (
 	answerMinBytes = 20
 )
 
-// handshake returns p, the first write of a connection, to be written
-// instead: with lastZxidSeen zeroed once the session is known gone. It
-// also returns the handshake to probe with when the server closes the
-// connection without an answer, nil when that cannot mean the server is
-// behind (no session or no transaction seen, or a write that is not a
-// whole connect request).
+// handshake takes p, the first write of a connection, and returns what
+// to write instead: p, or p with lastZxidSeen zeroed once the session is
+// known gone. It also returns the handshake to probe with should the
+// server close the connection without an answer, nil when that cannot
+// mean the server is behind the client (no session or no transaction
+// seen, the session known gone, or a write that is not a whole connect
+// request).
 func (r *rollback) handshake(p []byte) (out, probe []byte) {
 	if len(p) < helloMin || int(binary.BigEndian.Uint32(p)) != len(p)-4 {
 		return p, nil
@@ -113,9 +114,10 @@ func (r *rollback) expired() {
 }
 
 // check runs before a connection attempt to address: after a handshake
-// closed without an answer, it asks that server whether the session
-// lives, waiting at most the handshake's limit (see sniffConn), a sixth
-// of the session timeout.
+// closed without an answer, it asks the server at address whether the
+// session lives, waiting at most the handshake's limit (see sniffConn), a
+// sixth of sessionTimeout, unless a probe found the session living less
+// than twice sessionTimeout ago.
 func (r *rollback) check(network, address string, sessionTimeout time.Duration) {
 	r.mu.Lock()
 	probe := r.refused
