@@ -21,7 +21,12 @@ import (
 // client never hears of it.
 //
 // Frozen, it accepts connections and sends nothing either way, as a frozen
-// server does.
+// server does. It closes, unanswered, the next turnAway handshakes, as a
+// server not yet serving does, and the next behind handshakes that carry a
+// transaction id (lastZxidSeen), as a server behind the client does. It
+// counts the connections that resumed a session without a transaction id
+// and went on after their handshake (blind): a client library's, which the
+// server may then answer from data older than the client saw.
 type cutProxy struct {
 	addr   string
 	target string
@@ -29,8 +34,11 @@ type cutProxy struct {
 	cuts   atomic.Int32
 	frozen atomic.Bool
 	held   atomic.Int32 // connections accepted while frozen
-	mu     sync.Mutex
-	conns  []net.Conn
+	// handshakes to close unanswered: any, and those with a lastZxidSeen
+	turnAway, behind atomic.Int32
+	blind            atomic.Int32
+	mu               sync.Mutex
+	conns            []net.Conn
 }
 
 // kick closes every connection relayed so far.
@@ -74,22 +82,73 @@ func startCutProxy(t *testing.T, target string) *cutProxy {
 				p.mu.Unlock()
 				continue
 			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go func() {
-				io.Copy(s, c)
-				s.Close()
-			}()
-			go p.answers(c, s)
+			go p.relay(c)
 		}
 	}()
 	return p
+}
+
+// relay reads c's handshake and forwards c to the target, unless the
+// handshake is to be turned away.
+func (p *cutProxy) relay(c net.Conn) {
+	p.mu.Lock()
+	p.conns = append(p.conns, c)
+	p.mu.Unlock()
+	var head [4]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		c.Close()
+		return
+	}
+	hello := make([]byte, 4+binary.BigEndian.Uint32(head[:]))
+	copy(hello, head[:])
+	if _, err := io.ReadFull(c, hello[4:]); err != nil {
+		c.Close()
+		return
+	}
+	zxid := len(hello) >= 16 && binary.BigEndian.Uint64(hello[8:16]) != 0
+	if takeOne(&p.turnAway) || zxid && takeOne(&p.behind) {
+		c.Close()
+		return
+	}
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, s)
+	p.mu.Unlock()
+	if _, err := s.Write(hello); err != nil {
+		c.Close()
+		s.Close()
+		return
+	}
+	blind := !zxid && len(hello) >= 28 && binary.BigEndian.Uint64(hello[20:28]) != 0
+	go func() {
+		if blind {
+			var b [1]byte
+			if n, _ := c.Read(b[:]); n > 0 {
+				p.blind.Add(1)
+				s.Write(b[:])
+			}
+		}
+		io.Copy(s, c)
+		s.Close()
+	}()
+	p.answers(c, s)
+}
+
+// takeOne takes one from n, reporting false when it was 0.
+func takeOne(n *atomic.Int32) bool {
+	for {
+		v := n.Load()
+		if v <= 0 {
+			return false
+		}
+		if n.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
 }
 
 // answers copies the server's frames to the client, the first of them (the

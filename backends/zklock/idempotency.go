@@ -173,7 +173,11 @@ func WithStoreRequestTimeout(d time.Duration) StoreOption {
 // connected to. The connection stays the caller's (close it after the last
 // call); the store holds no resources of its own and makes no request until
 // it is used. A Locker keeps its own session, which is not shared: connect
-// once more with zk.Connect. Errors wrap driver.ErrInvalidOption and
+// once more with zk.Connect. Unlike a Locker's, a zk.Conn of the caller's
+// never connects again to an ensemble that lost its data (it keeps
+// offering the last transaction id it saw, which such a server refuses;
+// see wipe.go): the store's calls then fail as unavailable, and a store on
+// a new connection is needed. Errors wrap driver.ErrInvalidOption and
 // idempotency.ErrInvalid.
 func NewStore(conn *zk.Conn, opts ...StoreOption) (*Store, error) {
 	if conn == nil {

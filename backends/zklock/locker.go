@@ -105,6 +105,16 @@
 // driver.ErrUnavailable when a round of attempts has failed meanwhile, as
 // they did with the library's rotation.
 //
+// An ensemble that lost its data (a server, or every server, restarted with
+// an emptied data directory) turns away the handshake of a client that has
+// seen later transactions than its own, which the library would retry
+// forever. When a server closes a handshake unanswered, the Locker asks the
+// server of the next attempt, on a connection of its own, whether the
+// session lives, and only when it says no does the library start a new
+// session, as after an expiry: the leases of the old one are declared lost
+// first. An outage, a frozen server or a follower catching up keeps the
+// session (see wipe.go).
+//
 // Fencing tokens are the czxid of the contender's node: ZooKeeper's
 // transaction ids grow across the whole ensemble, and the holders of a lock
 // are granted in creation order.
@@ -273,7 +283,11 @@ type Locker struct {
 	timeout        time.Duration // as asked at New
 	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
 
-	hosts      *hosts
+	hosts    *hosts
+	rollback rollback // the session of a server that lost its data (see wipe.go)
+	// last is the latest connection dial made; only the client library's
+	// connection loop, which calls dial, touches it.
+	last       net.Conn
 	negotiated atomic.Int64 // session timeout the server granted, in ms; 0 until known
 	requests   atomic.Int64 // requests sent for lock operations (heartbeats not counted)
 	heartbeats atomic.Int64
@@ -455,6 +469,19 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 	if !l.hosts.wait() {
 		return nil, errClosed
 	}
+	if l.last != nil {
+		// The library leaves open a connection whose server answered
+		// that the session expired.
+		l.last.Close()
+		l.last = nil
+	}
+	l.rollback.check(network, address, l.sessionTimeout())
+	select {
+	case <-l.quit:
+		// Closed while a probe was out.
+		return nil, errClosed
+	default:
+	}
 	c, err := net.DialTimeout(network, address, timeout)
 	if err != nil {
 		if isTimeout(err) {
@@ -462,7 +489,7 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		}
 		return nil, err
 	}
-	return newSniffConn(c, l.sessionTimeout()/6, l.hosts.slow, func(ms int32) {
+	sc := newSniffConn(c, l.sessionTimeout()/6, l.hosts.slow, func(ms int32) {
 		if ms > 0 && l.negotiated.Swap(int64(ms)) != int64(ms) {
 			l.hosts.retime(time.Duration(ms) * time.Millisecond)
 			select {
@@ -470,7 +497,10 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 			default:
 			}
 		}
-	}), nil
+	})
+	sc.rb = &l.rollback
+	l.last = sc
+	return sc, nil
 }
 
 // connBuffer is the size of a connection's read buffer: the client library
@@ -490,7 +520,9 @@ const connBuffer = 4096
 // client for longer than the session lives, instead of letting it try the
 // next server while its session can still be saved. It reports a read or
 // write that timed out, so that hosts passes the server over for a while.
-// It reads through a buffer (see connBuffer).
+// It reads through a buffer (see connBuffer). With a rollback, it hands
+// it the handshake, the connection's first write, and tells it when the
+// server closed the connection without answering (see wipe.go).
 type sniffConn struct {
 	net.Conn
 	in        *bufio.Reader // over fill
@@ -498,6 +530,9 @@ type sniffConn struct {
 	handshake time.Duration
 	granted   func(ms int32)
 	timedOut  func()
+	rb        *rollback
+	wrote     bool   // the handshake was written
+	probe     []byte // what rb probes with when the handshake gets no answer
 }
 
 // newSniffConn watches c, capping its deadlines at handshake until the
@@ -524,6 +559,10 @@ func (c *sniffConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWrite
 func (c *sniffConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.capped(t)) }
 
 func (c *sniffConn) Write(p []byte) (int, error) {
+	if !c.wrote && c.rb != nil {
+		c.wrote = true
+		p, c.probe = c.rb.handshake(p)
+	}
 	n, err := c.Conn.Write(p)
 	if err != nil && isTimeout(err) {
 		c.timedOut()
@@ -538,6 +577,10 @@ func (c *sniffConn) fill(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if err != nil && isTimeout(err) {
 		c.timedOut()
+	}
+	if err != nil && len(c.head) == 0 && c.probe != nil && !isTimeout(err) {
+		c.rb.closed(c.probe)
+		c.probe = nil
 	}
 	if len(c.head) < 12 && n > 0 {
 		c.head = append(c.head, p[:min(n, 12-len(c.head))]...)
@@ -587,6 +630,7 @@ func (l *Locker) onEvent(ev zk.Event) {
 			l.hosts.down()
 		}
 		if ev.State == zk.StateExpired {
+			l.rollback.expired()
 			l.mu.Lock()
 			if l.ep != nil {
 				l.loseLocked(l.ep)
