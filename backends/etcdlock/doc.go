@@ -68,7 +68,12 @@
 // ForceRelease therefore also puts a marker under RevokedPrefix, on the
 // holder's etcd lease, and every session keeps one watch on its own markers:
 // the lease, a driver.RevocableLease, reports the revocation to guard, which
-// cancels the section. That is one watch per session, not per lock.
+// cancels the section. That is one watch per session, not per lock. A
+// session whose watch etcd refuses for want of rights on RevokedPrefix, at
+// its start or whenever the watch is made again (after a move to another
+// member), is given up as below, since a forced release of its locks would
+// go unheard: its holders are told by its Done channel, requests on its
+// leases and the next acquisition fail with etcd's refusal.
 //
 // # Failures
 //
