@@ -283,6 +283,14 @@ func (s *session) watchRevocationsOnce(dir string) error {
 				return nil
 			}
 			err := wr.Err()
+			// clientv3 keeps a refusal of one watch as the error of its
+			// whole stream, and hands it to the stream's other watches
+			// that the server closes later; but etcd closes a watch only
+			// at its creation, in answer to the client's cancel of a
+			// watch whose context ended (which is not handed it), or at
+			// a compaction (reported first as such). A refusal seen here
+			// is this watch's own: its creation's, or its re-creation's
+			// when clientv3 resumed it on a new stream.
 			if denied(err) {
 				err = errMarkersRefused
 			}
