@@ -218,9 +218,9 @@ func (s *session) watchRevocations() {
 	}
 }
 
-// refused returns the refusal that gave the session up, if etcd refused
+// watchRefusal returns the refusal that gave the session up, if etcd refused
 // the watch of its markers; nil otherwise.
-func (s *session) refused() error {
+func (s *session) watchRefusal() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.refusal
@@ -231,10 +231,10 @@ func (s *session) refused() error {
 // (errMarkersRefused): the session's holders could never be told of a
 // forced release. Any other failure is retried by the watch itself, and
 // ctx ending, the session ending (for another cause) or the bound passing
-// end the wait with nil. A watch still
-// unconfirmed after probeAfter has its member probed, as an unanswered
-// request does: a member that froze after answering the grant confirms
-// nothing, and the watch moves with the Locker to the next one.
+// end the wait with nil. A watch still unconfirmed after probeAfter has
+// its member probed, as an unanswered request does: a member that froze
+// after answering the grant confirms nothing, and the watch moves with the
+// Locker to the next one.
 func (s *session) watchStarted(ctx context.Context) error {
 	t := time.NewTimer(time.Duration(s.timeout))
 	defer t.Stop()
@@ -252,7 +252,7 @@ func (s *session) watchStarted(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-s.done:
-			return s.refused()
+			return s.watchRefusal()
 		case <-t.C:
 			return nil
 		}

@@ -144,7 +144,7 @@ func (s *session) lost() bool {
 // ended: ErrNotHeld, saying what (and giving etcd's refusal when it was
 // given up because etcd refused the watch of its markers).
 func (s *session) lostErr(what string) error {
-	if err := s.refused(); err != nil {
+	if err := s.watchRefusal(); err != nil {
 		return fmt.Errorf("%w: %s: %v", driver.ErrNotHeld, what, err)
 	}
 	return fmt.Errorf("%w: %s", driver.ErrNotHeld, what)
