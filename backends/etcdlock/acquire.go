@@ -49,7 +49,7 @@ type attempt struct {
 // acquire is Acquire, AcquireRead, AcquireWrite and AcquireSemaphore. A
 // waiting acquisition starts over, with a new key and a session that is
 // alive, after every failure to reach etcd, until ctx is done, but not
-// after a refusal for want of rights, which would be refused again. One that
+// after a refusal that would come again (see refusedAgain). One that
 // does not wait starts over only when its put was cut short because the
 // member it went to stopped answering, or was refused because the session's
 // lease was gone (revoked by an operator, before the keepalive noticed), at
@@ -63,7 +63,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOp
 			moved++
 			continue
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || denied(err) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || refusedAgain(err) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {

@@ -11,36 +11,65 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
-// authEtcd starts a private etcd with authentication on, and a user whose
-// password holds the characters a URL must escape, allowed to read and
-// write only the keys from "ok" to "ol" and, if markers is set, the
-// revocation markers. It returns a client of that user.
+// The users authEtcd creates: root, and a user whose password holds the
+// characters a URL must escape, allowed to read and write only the keys
+// from "ok" to "ol" (and perhaps the revocation markers) through the role
+// lockRole.
+const (
+	rootPassword    = "rootpw"
+	limitedUser     = "limited"
+	limitedPassword = "p/@%:w?#"
+	lockRole        = "locks"
+)
+
+// authEtcd starts a private etcd with authentication on, and limitedUser,
+// allowed to read and write only the keys from "ok" to "ol" and, if
+// markers is set, the revocation markers. It returns a client of that user.
 func authEtcd(t *testing.T, markers bool) *clientv3.Client {
+	t.Helper()
+	return authClient(t, limitedUser, limitedPassword, authServer(t, markers))
+}
+
+// authClient returns a client of user on endpoints, closed at cleanup.
+func authClient(t *testing.T, user, password string, endpoints ...string) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Username: user, Password: password, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// authServer is authEtcd's private etcd, set up as authEtcd says; it
+// returns its endpoint.
+func authServer(t *testing.T, markers bool) string {
 	t.Helper()
 	ep := privateEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	root := newClient(t, []string{ep})
-	user, password := "limited", "p/@%:w?#"
+	user, password := limitedUser, limitedPassword
 	steps := []func() error{
-		func() error { _, err := root.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := root.UserAdd(ctx, "root", rootPassword); return err },
 		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
-		func() error { _, err := root.RoleAdd(ctx, "locks"); return err },
+		func() error { _, err := root.RoleAdd(ctx, lockRole); return err },
 		func() error {
-			_, err := root.RoleGrantPermission(ctx, "locks", "ok", "ol", clientv3.PermissionType(clientv3.PermReadWrite))
+			_, err := root.RoleGrantPermission(ctx, lockRole, "ok", "ol", clientv3.PermissionType(clientv3.PermReadWrite))
 			return err
 		},
 		func() error {
 			if !markers {
 				return nil
 			}
-			_, err := root.RoleGrantPermission(ctx, "locks", RevokedPrefix, clientv3.GetPrefixRangeEnd(RevokedPrefix), clientv3.PermissionType(clientv3.PermReadWrite))
+			_, err := root.RoleGrantPermission(ctx, lockRole, RevokedPrefix, clientv3.GetPrefixRangeEnd(RevokedPrefix), clientv3.PermissionType(clientv3.PermReadWrite))
 			return err
 		},
 		func() error { _, err := root.UserAdd(ctx, user, password); return err },
-		func() error { _, err := root.UserGrantRole(ctx, user, "locks"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, user, lockRole); return err },
 		func() error { _, err := root.AuthEnable(ctx); return err },
 	}
 	for _, step := range steps {
@@ -48,12 +77,7 @@ func authEtcd(t *testing.T, markers bool) *clientv3.Client {
 			t.Fatal(err)
 		}
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, Username: user, Password: password, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return ep
 }
 
 // TestRefusedForWantOfRights: a user without rights on a lock's keys gets
@@ -111,6 +135,42 @@ func TestMarkersRefused(t *testing.T) {
 	}
 	if len(leases.Leases) != 0 {
 		t.Errorf("leases left: %v", leases.Leases)
+	}
+}
+
+// TestMarkersRefusedLater: a session whose watch of the revocation markers
+// etcd refuses once it has started (the user's rights on them withdrawn,
+// and the watch made again on the other member the Locker moved to) is
+// given up: its holder is told at once, before an operator's forced
+// release could give the lock to another; a request on its lease names
+// the refusal, and so does the next acquisition. The session lived on
+// unwatched, and a forced release of its lock went unheard while the next
+// holder held it.
+func TestMarkersRefusedLater(t *testing.T) {
+	ep := authServer(t, true)
+	proxy := drivertest.StartProxy(t, ep)
+	admin := authClient(t, "root", rootPassword, ep)
+	l := lockerOn(t, authClient(t, limitedUser, limitedPassword, ep, proxy.Addr()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, err := l.Acquire(ctx, "ok/lock", opts(10*time.Second, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RoleRevokePermission(ctx, lockRole, RevokedPrefix, clientv3.GetPrefixRangeEnd(RevokedPrefix)); err != nil {
+		t.Fatal(err)
+	}
+	l.members.avoid(l.members.pick())
+	select {
+	case <-held.(driver.SessionLease).Session().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's session lives on with its revocation markers unwatched")
+	}
+	if err := held.Release(ctx); !errors.Is(err, driver.ErrNotHeld) || !strings.Contains(err.Error(), RevokedPrefix) {
+		t.Errorf("release: got %v, want ErrNotHeld naming the refusal to watch %s", err, RevokedPrefix)
+	}
+	if _, err := l.Acquire(ctx, "ok/next", opts(10*time.Second, false)); !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), RevokedPrefix) {
+		t.Errorf("next acquisition: got %v, want etcd's refusal to watch %s", err, RevokedPrefix)
 	}
 }
 

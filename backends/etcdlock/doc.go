@@ -68,7 +68,12 @@
 // ForceRelease therefore also puts a marker under RevokedPrefix, on the
 // holder's etcd lease, and every session keeps one watch on its own markers:
 // the lease, a driver.RevocableLease, reports the revocation to guard, which
-// cancels the section. That is one watch per session, not per lock.
+// cancels the section. That is one watch per session, not per lock. A
+// session whose watch etcd refuses for want of rights on RevokedPrefix, at
+// its start or whenever the watch is made again (after a move to another
+// member), is given up as below, since a forced release of its locks would
+// go unheard: its holders are told by its Done channel, requests on its
+// leases and the next acquisition fail with etcd's refusal.
 //
 // # Failures
 //
@@ -79,11 +84,13 @@
 // error wrapping driver.ErrUnavailable, unless the caller's context ended
 // first, which is then reported as such. A waiting acquisition starts over
 // after such a failure, with backoff, until its context is done. A request
-// etcd refuses (for want of rights on the lock's keys, say) fails with an
-// error wrapping driver.ErrUnavailable that gives etcd's reason; a waiting
-// acquisition refused for want of rights fails at once, since it would be
-// refused again. A refused put was not applied: it leaves no key behind,
-// and the session's other locks are kept.
+// etcd refuses (for want of rights on the lock's keys, say), or that the
+// client refuses to send (over its send limit: a lock name of some hundred
+// KiB), fails with an error wrapping driver.ErrUnavailable that gives the
+// reason; a waiting acquisition refused for want of rights, or for a
+// request too large, fails at once, since it would be refused again. A
+// refused put was not applied: it leaves no key behind, and the session's
+// other locks are kept.
 //
 // The client balances its requests over every member, and a member whose
 // process is frozen keeps its connection open while answering nothing, so

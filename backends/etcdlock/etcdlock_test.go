@@ -300,3 +300,50 @@ func TestClientClosedEndsSessions(t *testing.T) {
 	c.Close()
 	waitFor(t, "the session has exited", s.exitedYet)
 }
+
+// TestOverlongName: a lock name too long for a put to be sent (over the
+// client's send limit, 64 KiB here, 2 MiB by default) or taken (over the
+// member's request limit, 1.5 MiB by default) fails at once, waiting or
+// not, and the session's other locks are kept: the put was not applied.
+// The client's refusal gave the session up, as a put whose outcome is
+// unknown does, and a waiting acquisition tried again, refused again and
+// again, until its context ended.
+func TestOverlongName(t *testing.T) {
+	for _, tc := range []struct {
+		what      string
+		sendLimit int
+		nameLen   int
+	}{
+		{"the client's", 64 << 10, 32 << 10},
+		{"the member's", 0, 600 << 10},
+	} {
+		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints(t), MaxCallSendMsgSize: tc.sendLimit, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		l := lockerOn(t, c)
+		ctx := context.Background()
+		held, err := l.Acquire(ctx, name("overlong-held"), opts(MinTTL, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, wait := range []bool{false, true} {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := l.Acquire(wctx, name("overlong-")+strings.Repeat("n", tc.nameLen), opts(MinTTL, wait))
+			cancel()
+			if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrNotAcquired) {
+				t.Errorf("%s limit, wait=%v: got %v, want a refusal", tc.what, wait, err)
+			}
+			// Given up, the session is lost at once; its Done closes
+			// once its keepalive has stopped.
+			if held.(*lease).s.lost() {
+				t.Errorf("%s limit, wait=%v: the session holding another lock ended", tc.what, wait)
+				break
+			}
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Errorf("%s limit: release of the lock held meanwhile: %v", tc.what, err)
+		}
+	}
+}

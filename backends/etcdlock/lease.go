@@ -101,7 +101,7 @@ func (le *lease) checkRefresh(ttl time.Duration) error {
 			driver.ErrInvalidOption, ttl, le.s.ttl)
 	}
 	if le.s.lost() {
-		return fmt.Errorf("%w: etcd session lost", driver.ErrNotHeld)
+		return le.s.lostErr("etcd session lost")
 	}
 	return nil
 }
@@ -152,7 +152,7 @@ func (le *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: etcd lock released already or taken", driver.ErrNotHeld)
 	}
 	if le.s.lost() {
-		return fmt.Errorf("%w: etcd session lost before release", driver.ErrNotHeld)
+		return le.s.lostErr("etcd session lost before release")
 	}
 	own := le.key()
 	// The attempts together get one request timeout, within the caller's.

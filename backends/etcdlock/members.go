@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -331,18 +332,44 @@ func (ms *members) repeat(ctx context.Context, b bound, detached bool, f func(co
 // leader).
 func unreachable(err error) bool { return code(err) == codes.Unavailable }
 
-// refused reports whether err is the member's answer refusing a request,
-// which it therefore did not apply: want of rights (codes.PermissionDenied),
-// a request etcd finds invalid or too large, a lease it does not know, a
-// revision out of range. A refusal of a message too large for the client
-// to receive (codes.ResourceExhausted) is not among them: the server may
-// have applied the request whose answer that was.
+// refused reports whether err is a refusal of a request, which was
+// therefore not applied: the member's answer refusing it (want of rights,
+// codes.PermissionDenied; a request etcd finds invalid or too large; a
+// lease it does not know; a revision out of range), or the client's
+// refusal to send it at all (see unsent). An answer too large for the
+// client to receive (codes.ResourceExhausted too) is not among them: the
+// server may have applied the request whose answer that was.
 func refused(err error) bool {
 	switch code(err) {
 	case codes.PermissionDenied, codes.InvalidArgument, codes.NotFound, codes.OutOfRange:
 		return true
+	case codes.ResourceExhausted:
+		return unsent(err)
 	}
 	return false
+}
+
+// unsent reports whether err is gRPC's refusal to send a request larger
+// than the client's send limit (clientv3.Config.MaxCallSendMsgSize, 2 MiB
+// by default): a lock name of a few hundred KiB makes one, since a put
+// carries the lock's directory three times. That refusal, made before
+// anything is sent, carries nothing to tell it apart but its text, which
+// lacks the "grpc: " that starts the server's own refusal to send an
+// answer too large (a request it did apply). Should gRPC reword it, such
+// a request counts as one whose outcome is unknown again: its session is
+// given up, which loses locks but never holds one twice.
+func unsent(err error) bool {
+	var se interface{ GRPCStatus() *status.Status }
+	return errors.As(err, &se) && se.GRPCStatus().Code() == codes.ResourceExhausted &&
+		strings.HasPrefix(se.GRPCStatus().Message(), "trying to send message larger than max")
+}
+
+// refusedAgain reports whether err is a refusal that a new attempt at the
+// same acquisition would meet again: want of rights, or a request too
+// large for the member or for the client to send (the lock's name is too
+// long).
+func refusedAgain(err error) bool {
+	return denied(err) || unsent(err) || errors.Is(err, rpctypes.ErrRequestTooLarge)
 }
 
 // denied reports whether err is a refusal for want of rights. A watch

@@ -19,10 +19,18 @@ import (
 // etcd lease, so it never outlives that session, and the session deletes it
 // once it has seen it. An escaped lock name cannot contain '/', so no lock
 // directory (KeyDir) lies under it, and List skips it; with etcd's
-// authentication on, the users of a Locker need read and write access to it
-// (an acquisition whose session etcd refuses the watch of it fails, with
-// etcd's refusal).
+// authentication on, the users of a Locker need read and write access to it.
+// A session whose watch of it etcd refuses is given up, whether the refusal
+// comes at its start or later (the user's rights withdrawn, and the watch
+// made again on another member): its Done channel closes, its keys go with
+// its etcd lease, and its acquisition, or the next one, fails with etcd's
+// refusal, since its holders could never hear of a forced release.
 const RevokedPrefix = "warden/revoked/"
+
+// errMarkersRefused is the error of a session whose watch of its
+// revocation markers etcd refused for want of rights.
+var errMarkersRefused = fmt.Errorf("%w: etcd refused to watch %s, where a forced release tells holders so (the user needs read and write access to it): %w",
+	driver.ErrUnavailable, RevokedPrefix, rpctypes.ErrPermissionDenied)
 
 var _ driver.RevocableLease = (*lease)(nil)
 
@@ -188,28 +196,45 @@ func (s *session) revoked(own string) {
 // A watch that fails (a member that loses its leader cancels it, since it
 // is required) is created again; each new watch is followed by a read of
 // the directory, so that a marker put while no watch ran is not missed. A
-// watch refused for want of rights is not: it would be refused again,
-// every retryDelay for as long as the session lives (newSession refuses
-// a session whose first watch is refused so; one refused later, the
-// user's rights changed, lives on unwatched).
+// watch refused for want of rights gives the session up instead, at its
+// start (newSession then fails with the refusal) as later (the user's
+// rights withdrawn, and the watch made again on another member): a
+// session left unwatched would keep locks that an operator's forced
+// release gave to others, its holders never told.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	for {
 		err := s.watchRevocationsOnce(dir)
-		if denied(err) || driver.Sleep(s.kctx, retryDelay, s.done) != nil || s.lost() {
+		if err == errMarkersRefused {
+			s.mu.Lock()
+			s.refusal = err
+			s.mu.Unlock()
+			s.giveUp()
+			return
+		}
+		if driver.Sleep(s.kctx, retryDelay, s.done) != nil || s.lost() {
 			return
 		}
 	}
 }
 
+// watchRefusal returns the refusal that gave the session up, if etcd refused
+// the watch of its markers; nil otherwise.
+func (s *session) watchRefusal() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refusal
+}
+
 // watchStarted waits until the session's first watch of its markers is
-// created or refused, and returns its refusal for want of rights: the
-// session's holders could never be told of a forced release. Any other
-// failure is retried by the watch itself, and ctx ending, the session
-// ending or the bound passing end the wait with nil. A watch still
-// unconfirmed after probeAfter has its member probed, as an unanswered
-// request does: a member that froze after answering the grant confirms
-// nothing, and the watch moves with the Locker to the next one.
+// created or refused, and returns its refusal for want of rights
+// (errMarkersRefused): the session's holders could never be told of a
+// forced release. Any other failure is retried by the watch itself, and
+// ctx ending, the session ending (for another cause) or the bound passing
+// end the wait with nil. A watch still unconfirmed after probeAfter has
+// its member probed, as an unanswered request does: a member that froze
+// after answering the grant confirms nothing, and the watch moves with the
+// Locker to the next one.
 func (s *session) watchStarted(ctx context.Context) error {
 	t := time.NewTimer(time.Duration(s.timeout))
 	defer t.Stop()
@@ -218,9 +243,8 @@ func (s *session) watchStarted(ctx context.Context) error {
 	for {
 		select {
 		case err := <-s.watching:
-			if denied(err) {
-				return fmt.Errorf("%w: etcd refused to watch %s, where a forced release tells holders so (the user needs read and write access to it): %w",
-					driver.ErrUnavailable, RevokedPrefix, rpctypes.ErrPermissionDenied)
+			if err == errMarkersRefused {
+				return err
 			}
 			return nil
 		case <-probe.C:
@@ -228,7 +252,7 @@ func (s *session) watchStarted(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-s.done:
-			return nil
+			return s.watchRefusal()
 		case <-t.C:
 			return nil
 		}
@@ -259,6 +283,17 @@ func (s *session) watchRevocationsOnce(dir string) error {
 				return nil
 			}
 			err := wr.Err()
+			// clientv3 keeps a refusal of one watch as the error of its
+			// whole stream, and hands it to the stream's other watches
+			// that the server closes later; but etcd closes a watch only
+			// at its creation, in answer to the client's cancel of a
+			// watch whose context ended (which is not handed it), or at
+			// a compaction (reported first as such). A refusal seen here
+			// is this watch's own: its creation's, or its re-creation's
+			// when clientv3 resumed it on a new stream.
+			if denied(err) {
+				err = errMarkersRefused
+			}
 			select {
 			case s.watching <- err:
 			default:

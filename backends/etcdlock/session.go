@@ -37,8 +37,8 @@ type session struct {
 	// revokeErr is the exit's revocation error; read after exited.
 	revokeErr error
 
-	// mu guards tracked, and the list and revocation state of each lease
-	// on it.
+	// mu guards tracked, the list and revocation state of each lease on
+	// it, and refusal.
 	mu sync.Mutex
 	// tracked is the first of the session's contenders, on a list through
 	// their leases, from before their key is put until they are released,
@@ -48,6 +48,9 @@ type session struct {
 	// idle are the sequence numbers of the keys the session may put again,
 	// by directory (see track).
 	idle map[string]uint64
+	// refusal is errMarkersRefused once etcd refused the watch of the
+	// session's revocation markers, which gave the session up.
+	refusal error
 
 	// watching is offered the first outcome of each watch of the
 	// session's revocation markers; watchStarted takes the first.
@@ -71,7 +74,7 @@ const retryDelay = 100 * time.Millisecond
 // watching its revocation markers: a session whose watch etcd refuses for
 // want of rights is revoked, and its acquisition fails with etcd's
 // reason, rather than hold locks whose forced release it would never hear
-// of (see watchStarted).
+// of (see watchRevocations).
 func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, error) {
 	timeout := l.timeout
 	var (
@@ -135,6 +138,16 @@ func (s *session) lost() bool {
 	default:
 		return false
 	}
+}
+
+// lostErr is the error of a request on a lease of the session once it has
+// ended: ErrNotHeld, saying what (and giving etcd's refusal when it was
+// given up because etcd refused the watch of its markers).
+func (s *session) lostErr(what string) error {
+	if err := s.watchRefusal(); err != nil {
+		return fmt.Errorf("%w: %s: %v", driver.ErrNotHeld, what, err)
+	}
+	return fmt.Errorf("%w: %s", driver.ErrNotHeld, what)
 }
 
 // margin is how long before the earliest possible server-side expiry the
