@@ -96,8 +96,15 @@ type app struct {
 // another has just created. A replica waits for the lock for as long as
 // the one holding it migrates, however long that takes, or until it is
 // told to stop: a replica that died migrating lets the lock go one -ttl
-// later. A failure names the flag of the backend that failed.
+// later. A replica that finds the lock held says who holds it before it
+// waits, so that a deploy stuck behind a migration that hangs tells its
+// operator why. A failure names the flag of the backend that failed.
 func (a *app) migrate(ctx context.Context, g *guard.Guard, dbURL, lockURL *backendurl.URL) error {
+	if in, err := g.Inspect(ctx, migrateLock); err == nil && len(in.Holders) > 0 {
+		h := in.Holders[0]
+		a.log.Info("waiting for the replica that holds the lock to migrate the orders database",
+			"lock", migrateLock, "holder", h.Owner, "token", h.Token)
+	}
 	var migrated error
 	err := g.Do(ctx, migrateLock, func(ctx context.Context, _ *guard.Lock) error {
 		migrated = a.orders.migrate(ctx)

@@ -56,8 +56,15 @@ func TestMigrateLockFailureNamesLock(t *testing.T) {
 	defer cancel()
 	var stderr strings.Builder
 	code := run(ctx, []string{"-addr", "127.0.0.1:0", "-admin-addr", "", "-db", db, "-lock", db}, io.Discard, &stderr)
-	if msg := stderr.String(); code != 1 || !strings.HasPrefix(msg, "closeorder: -lock "+db+": ") || !strings.Contains(msg, `"migrate"`) {
-		t.Fatalf("a replica that could not take the migrate lock: exit %d, %q; want 1 and a line naming -lock and the lock", code, msg)
+	lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+	last := lines[len(lines)-1]
+	if code != 1 || !strings.HasPrefix(last, "closeorder: -lock "+db+": ") || !strings.Contains(last, `"migrate"`) {
+		t.Fatalf("a replica that could not take the migrate lock: exit %d, %q; want 1 and a last line naming -lock and the lock", code, stderr.String())
+	}
+	// Before it waited, it said whom it waited for: a deploy stuck
+	// behind a migration that hangs waited without a word.
+	if !strings.Contains(lines[0], "waiting for the replica that holds the lock") || !strings.Contains(lines[0], "holder=") {
+		t.Errorf("first line %q; want a line saying it waits for the lock's holder, naming it", lines[0])
 	}
 }
 
