@@ -200,6 +200,14 @@
 // on MySQL, where a renewal that changed no row is checked by a SELECT, a
 // lease force-released and taken by another process was renewed all the
 // same, and a Store could not read back the claim it had just written.
+// New refuses (ErrInvalidOption) a *gorm.DB on which gorm sends the lock
+// table's statements to another connection pool than its own, as
+// dbresolver registered with Sources does: the lock's life would be in one
+// database and its batch renewals in another, and every lease lost at its
+// first batch renewal. Register the resolver with Replicas alone (its
+// sources are then the *gorm.DB's own pool), or give New a *gorm.DB opened
+// on the primary without it. A Store sends all its statements through
+// gorm, so to the resolver's sources, all in one database.
 //
 // # No session locks
 //

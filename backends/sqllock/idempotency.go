@@ -77,7 +77,9 @@ func WithStoreTable(name string) StoreOption {
 }
 
 // NewStore returns a store on db. Like New, it does not touch the
-// database: run Migrate or create the table first.
+// database: run Migrate or create the table first. Settings of db (its
+// Logger, its plugins' callbacks) are read when NewStore is called: a
+// Logger set on db later does not reach the Store's statements.
 func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)

@@ -120,6 +120,10 @@ type queries struct {
 // connection pool (its ConnPool) directly, not through gorm: gorm's logger,
 // callbacks and plugins see only the others (Migrate, batch renewals,
 // inspection, Purge). A db bound to a transaction makes them run in it.
+// New refuses a db on which gorm would send the others to another
+// connection pool (see Replicas in the package documentation). Settings
+// of db (its Logger, its plugins' callbacks) are read when New is called:
+// a Logger set on db later does not reach the Locker's statements.
 func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
@@ -172,6 +176,9 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	l.q = buildQueries(d, table, l.channel)
 	if l.pool = db.Statement.ConnPool; l.pool == nil {
 		return nil, fmt.Errorf("%w: the *gorm.DB has no connection pool", driver.ErrInvalidOption)
+	}
+	if err := onePool(db, table, c.table); err != nil {
+		return nil, err
 	}
 	l.db = primary(db)
 	l.bounded = boundedPool(l.pool)
