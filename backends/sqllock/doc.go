@@ -300,8 +300,11 @@
 // An in-memory database (":memory:") is one per connection of the pool:
 // locks taken on one connection are not seen on another. Migrate refuses
 // it, with driver.ErrInvalidOption, unless the pool is limited to one
-// connection (SetMaxOpenConns(1)) or the database is shared
-// (file:name?mode=memory&cache=shared); before, a Migrate that ran on a
-// second connection made a second lock table there, and a lock was
-// granted on both.
+// connection (SetMaxOpenConns(1)) or the dialector's DSN opens the
+// database shared (file:name?mode=memory&cache=shared); before, a Migrate
+// that ran on a second connection made a second lock table there, and a
+// lock was granted on both. A table that names its schema (main.locks) is
+// checked in that schema: a temporary or attached in-memory one is one per
+// connection too, as is a database the dialector was given as a Conn,
+// whose DSN cannot be read.
 package sqllock
