@@ -174,13 +174,17 @@
 //     PrepareStmt, which name a statement on one server connection and run it
 //     by that name later, on another: PgBouncer before 1.21, or with
 //     max_prepared_statements = 0, lets the server refuse it (SQLSTATE
-//     26000 or 42P05) on statements at random. Such an error is
-//     reported wrapping driver.ErrInvalidOption, naming the fix, not as the
-//     database being unavailable: a waiting Acquire returns it at once
-//     rather than retry until its deadline, and a lease keeper gives the
-//     lease up. Add default_query_exec_mode=exec to the DSN (or set
-//     PreferSimpleProtocol in gorm's postgres.Config), and leave PrepareStmt
-//     off.
+//     26000 or 42P05) on statements at random. A statement so refused
+//     runs again once at once, which mends what pgx's cache alone caused
+//     (an application's DEALLOCATE ALL: pgx prepares the statement again);
+//     refused twice, it is reported wrapping driver.ErrInvalidOption,
+//     naming the fix, not as the database being unavailable: a waiting
+//     Acquire returns it at once rather than retry until its deadline. A
+//     lease keeper retries a renewal so refused, as any error but
+//     driver.ErrNotHeld, until the lease's loss deadline, and loses the
+//     lease if every renewal until then is refused. Add
+//     default_query_exec_mode=exec to the DSN (or set PreferSimpleProtocol
+//     in gorm's postgres.Config), and leave PrepareStmt off.
 //   - LISTEN: the listener's server connection goes back to the pool, so
 //     its notifications reach no one, and waiters learn of a release at
 //     their next poll (WithMaxBackoff, 250ms by default, later). Leave the

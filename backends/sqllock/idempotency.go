@@ -201,10 +201,10 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			continue
 		}
 		var res *gorm.DB
-		for range retries {
+		for attempt := range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
-			if !retryable(s.db.Statement.ConnPool, res.Error) {
+			if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
 				break
 			}
 		}
@@ -239,11 +239,11 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		live                        sql.NullBool
 	)
 	var err error
-	for range retries {
+	for attempt := range retries {
 		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
 			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
-		if !retryable(s.db.Statement.ConnPool, err) {
+		if !retryable(s.db.Statement.ConnPool, err, attempt) {
 			break
 		}
 	}
@@ -302,9 +302,9 @@ func (s *Store) owned() string {
 // write runs an owner-checked statement; no row matched means ErrNotOwner.
 func (s *Store) write(ctx context.Context, op, query string, args ...any) error {
 	var res *gorm.DB
-	for range retries {
+	for attempt := range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
-		if !retryable(s.db.Statement.ConnPool, res.Error) {
+		if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
 			break
 		}
 	}

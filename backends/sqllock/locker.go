@@ -602,9 +602,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		a   attempt
 		err error
 	)
-	for range retries {
+	for attempt := range retries {
 		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft, pause, poll)
-		if err == nil || !retryable(l.pool, err) {
+		if err == nil || !retryable(l.pool, err, attempt) {
 			break
 		}
 	}
