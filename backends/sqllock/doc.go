@@ -88,8 +88,9 @@
 // database errors until its context is done, but for a lock table missing
 // or lacking a column (Migrate not run, or another table of that name),
 // and prepared statements lost by a pooler (Connection poolers, below),
-// which it returns at once wrapping driver.ErrInvalidOption. It is not
-// fair: Fair is refused with driver.ErrUnsupported.
+// which it returns at once wrapping driver.ErrInvalidOption. Bound to the
+// caller's transaction it returns any error at once (Fencing, below). It
+// is not fair: Fair is refused with driver.ErrUnsupported.
 //
 // An attempt whose answer is lost (its context ended, or its connection
 // broke, once it was sent) may still take the lock on the server: the
@@ -234,7 +235,12 @@
 // default_transaction_isolation of REPEATABLE READ or SERIALIZABLE), and
 // when a database picks them as a deadlock's victim; Fence, in the
 // caller's transaction, cannot: its error wraps the database's, which the
-// caller retries as it retries that transaction.
+// caller retries as it retries that transaction. Nor can a Locker or a
+// Store on a *gorm.DB bound to the caller's transaction, which the
+// database aborted with the statement: they too leave the retry to the
+// caller and return the database's error, and a waiting Acquire returns
+// any error at once rather than try again in the aborted transaction
+// (which PostgreSQL refuses, 25P02) until its context ends.
 //
 // Leases and tokens are only as durable as the database's commits. A
 // PostgreSQL running with synchronous_commit=off (or MySQL with

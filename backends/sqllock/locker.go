@@ -75,6 +75,8 @@ type Locker struct {
 	bounded bool
 	// givingBack counts the give-backs running (see giveBack).
 	givingBack atomic.Int32
+	// inTransaction: db is bound to the caller's transaction.
+	inTransaction bool
 }
 
 // queries are the lease-mode statements, built once per Locker because the
@@ -182,6 +184,7 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	}
 	l.db = primary(db)
 	l.bounded = boundedPool(l.pool)
+	_, l.inTransaction = l.pool.(gorm.TxCommitter)
 	return l, nil
 }
 
@@ -483,8 +486,9 @@ func checkTTL(ttl time.Duration) error {
 // It goes on through database errors until ctx is done, but for those no
 // retry mends, which it returns at once wrapping driver.ErrInvalidOption: a
 // lock table missing or lacking a column, and a connection pooler that
-// loses prepared statements (see the package documentation). It cannot be
-// fair, so opts.Fair is refused with driver.ErrUnsupported.
+// loses prepared statements (see the package documentation). A Locker
+// bound to the caller's transaction returns any database error at once. It
+// cannot be fair, so opts.Fair is refused with driver.ErrUnsupported.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -532,7 +536,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}
 			return nil, driver.ErrNotAcquired
 		}
-		if err != nil && !errors.Is(err, driver.ErrUnavailable) {
+		// Bound to the caller's transaction, any error ends the wait: the
+		// database aborted the transaction (PostgreSQL refuses every
+		// statement after an error, 25P02), which no later attempt in it
+		// mends, and the caller, who retries its transactions, is given
+		// the error itself.
+		if err != nil && (l.inTransaction || !errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
 		if !waiting {
