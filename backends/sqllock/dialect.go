@@ -154,7 +154,12 @@ func isIdentifier(s string) bool {
 // pool answers the next statement with the FATAL error (57P01) the process
 // left behind, the statement unread: it runs again on another connection,
 // where it failed the call, a release then leaving the lock taken until
-// its TTL ran out.
+// its TTL ran out. A statement pgx had prepared and the server no longer
+// knows (26000, or 42P05 for a name taken) runs again once, at its first
+// attempt (attempt 0): pgx drops the statement from its cache on the
+// error and prepares it anew, so that a DEALLOCATE ALL of the application's
+// refuses one run; refused again, the statement is taken to be behind a
+// transaction pooler, where no rerun mends it (see pooledStatements).
 //
 // Not on pool a transaction (a *gorm.DB bound to the caller's): the
 // database aborted the whole transaction, which running the statement again
@@ -165,7 +170,7 @@ func isIdentifier(s string) bool {
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
-func retryable(pool gorm.ConnPool, err error) bool {
+func retryable(pool gorm.ConnPool, err error, attempt int) bool {
 	if err == nil {
 		return false
 	}
@@ -175,6 +180,8 @@ func retryable(pool gorm.ConnPool, err error) bool {
 	switch sqlState(err) {
 	case "40001", "40P01", "55P03", "57P01": // serialization_failure, deadlock_detected, lock_not_available, admin_shutdown
 		return true
+	case "26000", "42P05": // invalid_sql_statement_name, duplicate_prepared_statement
+		return attempt == 0
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout

@@ -88,8 +88,9 @@
 // database errors until its context is done, but for a lock table missing
 // or lacking a column (Migrate not run, or another table of that name),
 // and prepared statements lost by a pooler (Connection poolers, below),
-// which it returns at once wrapping driver.ErrInvalidOption. It is not
-// fair: Fair is refused with driver.ErrUnsupported.
+// which it returns at once wrapping driver.ErrInvalidOption. Bound to the
+// caller's transaction it returns any error at once (Fencing, below). It
+// is not fair: Fair is refused with driver.ErrUnsupported.
 //
 // An attempt whose answer is lost (its context ended, or its connection
 // broke, once it was sent) may still take the lock on the server: the
@@ -174,13 +175,17 @@
 //     PrepareStmt, which name a statement on one server connection and run it
 //     by that name later, on another: PgBouncer before 1.21, or with
 //     max_prepared_statements = 0, lets the server refuse it (SQLSTATE
-//     26000 or 42P05) on statements at random. Such an error is
-//     reported wrapping driver.ErrInvalidOption, naming the fix, not as the
-//     database being unavailable: a waiting Acquire returns it at once
-//     rather than retry until its deadline, and a lease keeper gives the
-//     lease up. Add default_query_exec_mode=exec to the DSN (or set
-//     PreferSimpleProtocol in gorm's postgres.Config), and leave PrepareStmt
-//     off.
+//     26000 or 42P05) on statements at random. A statement so refused
+//     runs again once at once, which mends what pgx's cache alone caused
+//     (an application's DEALLOCATE ALL: pgx prepares the statement again);
+//     refused twice, it is reported wrapping driver.ErrInvalidOption,
+//     naming the fix, not as the database being unavailable: a waiting
+//     Acquire returns it at once rather than retry until its deadline. A
+//     lease keeper retries a renewal so refused, as any error but
+//     driver.ErrNotHeld, until the lease's loss deadline, and loses the
+//     lease if every renewal until then is refused. Add
+//     default_query_exec_mode=exec to the DSN (or set PreferSimpleProtocol
+//     in gorm's postgres.Config), and leave PrepareStmt off.
 //   - LISTEN: the listener's server connection goes back to the pool, so
 //     its notifications reach no one, and waiters learn of a release at
 //     their next poll (WithMaxBackoff, 250ms by default, later). Leave the
@@ -200,6 +205,14 @@
 // on MySQL, where a renewal that changed no row is checked by a SELECT, a
 // lease force-released and taken by another process was renewed all the
 // same, and a Store could not read back the claim it had just written.
+// New refuses (ErrInvalidOption) a *gorm.DB on which gorm sends the lock
+// table's statements to another connection pool than its own, as
+// dbresolver registered with Sources does: the lock's life would be in one
+// database and its batch renewals in another, and every lease lost at its
+// first batch renewal. Register the resolver with Replicas alone (its
+// sources are then the *gorm.DB's own pool), or give New a *gorm.DB opened
+// on the primary without it. A Store sends all its statements through
+// gorm, so to the resolver's sources, all in one database.
 //
 // # No session locks
 //
@@ -222,7 +235,12 @@
 // default_transaction_isolation of REPEATABLE READ or SERIALIZABLE), and
 // when a database picks them as a deadlock's victim; Fence, in the
 // caller's transaction, cannot: its error wraps the database's, which the
-// caller retries as it retries that transaction.
+// caller retries as it retries that transaction. Nor can a Locker or a
+// Store on a *gorm.DB bound to the caller's transaction, which the
+// database aborted with the statement: they too leave the retry to the
+// caller and return the database's error, and a waiting Acquire returns
+// any error at once rather than try again in the aborted transaction
+// (which PostgreSQL refuses, 25P02) until its context ends.
 //
 // Leases and tokens are only as durable as the database's commits. A
 // PostgreSQL running with synchronous_commit=off (or MySQL with
@@ -292,8 +310,11 @@
 // An in-memory database (":memory:") is one per connection of the pool:
 // locks taken on one connection are not seen on another. Migrate refuses
 // it, with driver.ErrInvalidOption, unless the pool is limited to one
-// connection (SetMaxOpenConns(1)) or the database is shared
-// (file:name?mode=memory&cache=shared); before, a Migrate that ran on a
-// second connection made a second lock table there, and a lock was
-// granted on both.
+// connection (SetMaxOpenConns(1)) or the dialector's DSN opens the
+// database shared (file:name?mode=memory&cache=shared); before, a Migrate
+// that ran on a second connection made a second lock table there, and a
+// lock was granted on both. A table that names its schema (main.locks) is
+// checked in that schema: a temporary or attached in-memory one is one per
+// connection too, as is a database the dialector was given as a Conn,
+// whose DSN cannot be read.
 package sqllock

@@ -77,7 +77,9 @@ func WithStoreTable(name string) StoreOption {
 }
 
 // NewStore returns a store on db. Like New, it does not touch the
-// database: run Migrate or create the table first.
+// database: run Migrate or create the table first. Settings of db (its
+// Logger, its plugins' callbacks) are read when NewStore is called: a
+// Logger set on db later does not reach the Store's statements.
 func NewStore(db *gorm.DB, opts ...StoreOption) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
@@ -199,10 +201,10 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			continue
 		}
 		var res *gorm.DB
-		for range retries {
+		for attempt := range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
-			if !retryable(s.db.Statement.ConnPool, res.Error) {
+			if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
 				break
 			}
 		}
@@ -237,11 +239,11 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		live                        sql.NullBool
 	)
 	var err error
-	for range retries {
+	for attempt := range retries {
 		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
 			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
-		if !retryable(s.db.Statement.ConnPool, err) {
+		if !retryable(s.db.Statement.ConnPool, err, attempt) {
 			break
 		}
 	}
@@ -300,9 +302,9 @@ func (s *Store) owned() string {
 // write runs an owner-checked statement; no row matched means ErrNotOwner.
 func (s *Store) write(ctx context.Context, op, query string, args ...any) error {
 	var res *gorm.DB
-	for range retries {
+	for attempt := range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
-		if !retryable(s.db.Statement.ConnPool, res.Error) {
+		if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
 			break
 		}
 	}

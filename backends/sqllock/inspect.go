@@ -207,7 +207,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 			args = append(args, l.channel)
 		}
 		var taken bool
-		for range retries {
+		for attempt := range retries {
 			res := l.db.WithContext(ctx).Exec(q, args...)
 			if err = res.Error; err == nil {
 				// The version changes, so even MySQL, which counts
@@ -215,7 +215,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 				taken = res.RowsAffected > 0
 				break
 			}
-			if !retryable(l.pool, err) {
+			if !retryable(l.pool, err, attempt) {
 				break
 			}
 		}

@@ -99,41 +99,48 @@ func TestStricterIsolation(t *testing.T) {
 // the statement alone cannot mend, and the caller, who retries its
 // transactions on that error, is given it (SQLSTATE 40001), not the
 // refusal of the statement run again in an aborted transaction (25P02).
+// A waiting Acquire returns it at once too, rather than try again in the
+// aborted transaction until its deadline.
 func TestConflictInTransaction(t *testing.T) {
 	db := databases()[1]
 	dsn := db.dsn(t)
 	g := migrated(t, db, dsn)
 	other := newLocker(t, openDB(t, db, dsn))
-	ctx := context.Background()
-	k := uniqueKey(t)
-	lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx := g.Begin(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
-	defer tx.Rollback()
-	// The transaction's snapshot, taken before another acquisition
-	// updates the row.
-	if err := tx.Exec("SELECT 1").Error; err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	l, err := sqllock.New(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the other lease's end", func() bool {
-		in, err := other.Inspect(ctx, k)
-		return err == nil && len(in.Holders) == 0
-	})
-	_, err = l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
-	var coded interface{ SQLState() string }
-	if !errors.As(err, &coded) || coded.SQLState() != "40001" {
-		t.Fatalf("Acquire in a transaction whose snapshot predates the row: %v, want the serialization failure (40001)", err)
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Wait=%v", wait), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			k := uniqueKey(t)
+			lease, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx := g.Begin(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+			defer tx.Rollback()
+			// The transaction's snapshot, taken before another
+			// acquisition updates the row.
+			if err := tx.Exec("SELECT 1").Error; err != nil {
+				t.Fatal(err)
+			}
+			if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Millisecond}); err != nil {
+				t.Fatal(err)
+			}
+			l, err := sqllock.New(tx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the other lease's end", func() bool {
+				in, err := other.Inspect(ctx, k)
+				return err == nil && len(in.Holders) == 0
+			})
+			_, err = l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: wait})
+			var coded interface{ SQLState() string }
+			if !errors.As(err, &coded) || coded.SQLState() != "40001" {
+				t.Fatalf("Acquire in a transaction whose snapshot predates the row: %v, want the serialization failure (40001)", err)
+			}
+		})
 	}
 }

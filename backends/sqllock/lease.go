@@ -154,13 +154,13 @@ func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 // running it again when the database aborted it to break a deadlock.
 func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, error) {
 	var err error
-	for range retries {
+	for attempt := range retries {
 		var res sql.Result
 		if res, err = ls.l.pool.ExecContext(ctx, query, args...); err == nil {
 			n, err := res.RowsAffected()
 			return n > 0, err
 		}
-		if !retryable(ls.l.pool, err) {
+		if !retryable(ls.l.pool, err, attempt) {
 			break
 		}
 	}
@@ -296,7 +296,7 @@ func (l *Locker) refreshChunk(ctx context.Context, leases batch, ttl time.Durati
 		missed []bool
 		err    error
 	)
-	for range retries {
+	for attempt := range retries {
 		var r refreshing
 		switch {
 		case l.d.name == "postgres":
@@ -330,7 +330,7 @@ func (l *Locker) refreshChunk(ctx context.Context, leases batch, ttl time.Durati
 			l.noJSONTable.Store(true)
 			return l.refreshChunk(ctx, leases, ttl)
 		}
-		if err == nil || !retryable(l.pool, err) {
+		if err == nil || !retryable(l.pool, err, attempt) {
 			break
 		}
 	}

@@ -75,6 +75,8 @@ type Locker struct {
 	bounded bool
 	// givingBack counts the give-backs running (see giveBack).
 	givingBack atomic.Int32
+	// inTransaction: db is bound to the caller's transaction.
+	inTransaction bool
 }
 
 // queries are the lease-mode statements, built once per Locker because the
@@ -120,6 +122,10 @@ type queries struct {
 // connection pool (its ConnPool) directly, not through gorm: gorm's logger,
 // callbacks and plugins see only the others (Migrate, batch renewals,
 // inspection, Purge). A db bound to a transaction makes them run in it.
+// New refuses a db on which gorm would send the others to another
+// connection pool (see Replicas in the package documentation). Settings
+// of db (its Logger, its plugins' callbacks) are read when New is called:
+// a Logger set on db later does not reach the Locker's statements.
 func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", driver.ErrInvalidOption)
@@ -173,8 +179,12 @@ func New(db *gorm.DB, opts ...Option) (*Locker, error) {
 	if l.pool = db.Statement.ConnPool; l.pool == nil {
 		return nil, fmt.Errorf("%w: the *gorm.DB has no connection pool", driver.ErrInvalidOption)
 	}
+	if err := onePool(db, table, c.table); err != nil {
+		return nil, err
+	}
 	l.db = primary(db)
 	l.bounded = boundedPool(l.pool)
+	_, l.inTransaction = l.pool.(gorm.TxCommitter)
 	return l, nil
 }
 
@@ -476,8 +486,9 @@ func checkTTL(ttl time.Duration) error {
 // It goes on through database errors until ctx is done, but for those no
 // retry mends, which it returns at once wrapping driver.ErrInvalidOption: a
 // lock table missing or lacking a column, and a connection pooler that
-// loses prepared statements (see the package documentation). It cannot be
-// fair, so opts.Fair is refused with driver.ErrUnsupported.
+// loses prepared statements (see the package documentation). A Locker
+// bound to the caller's transaction returns any database error at once. It
+// cannot be fair, so opts.Fair is refused with driver.ErrUnsupported.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (lease driver.Lease, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -525,7 +536,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			}
 			return nil, driver.ErrNotAcquired
 		}
-		if err != nil && !errors.Is(err, driver.ErrUnavailable) {
+		// Bound to the caller's transaction, any error ends the wait: the
+		// database aborted the transaction (PostgreSQL refuses every
+		// statement after an error, 25P02), which no later attempt in it
+		// mends, and the caller, who retries its transactions, is given
+		// the error itself.
+		if err != nil && (l.inTransaction || !errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
 		if !waiting {
@@ -595,9 +611,9 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 		a   attempt
 		err error
 	)
-	for range retries {
+	for attempt := range retries {
 		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft, pause, poll)
-		if err == nil || !retryable(l.pool, err) {
+		if err == nil || !retryable(l.pool, err, attempt) {
 			break
 		}
 	}

@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,9 +19,11 @@ import (
 
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
-// accepts one with a pool of one connection, or a shared one.
+// accepts one with a pool of one connection, or a shared one. A table that
+// names its schema (main.locks) is checked as well, and the check needs no
+// second connection at once.
 func TestInMemorySQLite(t *testing.T) {
-	open := func(t *testing.T, dsn string, conns int) (*sqllock.Locker, *sqllock.Store) {
+	open := func(t *testing.T, dsn string, conns int, table string) (*sql.DB, *sqllock.Locker, *sqllock.Store) {
 		g, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
 		if err != nil {
 			t.Fatal(err)
@@ -31,20 +34,43 @@ func TestInMemorySQLite(t *testing.T) {
 		}
 		t.Cleanup(func() { pool.Close() })
 		pool.SetMaxOpenConns(conns)
-		st, err := sqllock.NewStore(g)
+		var lopts []sqllock.Option
+		var sopts []sqllock.StoreOption
+		if table != "" {
+			lopts = append(lopts, sqllock.WithTable(table+"_locks"))
+			sopts = append(sopts, sqllock.WithStoreTable(table+"_idem"))
+		}
+		st, err := sqllock.NewStore(g, sopts...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return newLocker(t, g), st
+		return pool, newLocker(t, g, lopts...), st
 	}
 	ctx := context.Background()
 
-	t.Run("private", func(t *testing.T) {
-		l, st := open(t, ":memory:", 0)
-		for what, err := range map[string]error{"Locker": l.Migrate(ctx), "Store": st.Migrate(ctx)} {
-			if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "SetMaxOpenConns(1)") {
-				t.Errorf("%s.Migrate of :memory: on a pool of many connections: %v, want ErrInvalidOption naming the fix", what, err)
+	for name, table := range map[string]string{"private": "", "private, qualified": "main.warden"} {
+		t.Run(name, func(t *testing.T) {
+			_, l, st := open(t, ":memory:", 0, table)
+			for what, err := range map[string]error{"Locker": l.Migrate(ctx), "Store": st.Migrate(ctx)} {
+				if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "SetMaxOpenConns(1)") {
+					t.Errorf("%s.Migrate of :memory: on a pool of many connections: %v, want ErrInvalidOption naming the fix", what, err)
+				}
 			}
+		})
+	}
+	t.Run("shared, one of two connections in use", func(t *testing.T) {
+		pool, l, st := open(t, fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano()), 2, "")
+		busy, err := pool.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		// Bounded, for the failure's sake: the check used to wait for a
+		// second connection until its ctx ended.
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := errors.Join(l.Migrate(mctx), st.Migrate(mctx)); err != nil {
+			t.Fatalf("Migrate: %v", err)
 		}
 	})
 	for name, c := range map[string]struct {
@@ -55,7 +81,7 @@ func TestInMemorySQLite(t *testing.T) {
 		"shared":         {fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano()), 0},
 	} {
 		t.Run(name, func(t *testing.T) {
-			l, st := open(t, c.dsn, c.conns)
+			_, l, st := open(t, c.dsn, c.conns, "")
 			if err := errors.Join(l.Migrate(ctx), st.Migrate(ctx)); err != nil {
 				t.Fatalf("Migrate: %v", err)
 			}

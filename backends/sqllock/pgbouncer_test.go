@@ -181,3 +181,61 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 		}
 	})
 }
+
+// TestDeallocatedStatements: without a pooler, the statements pgx prepared
+// and the server no longer knows (an application's DEALLOCATE ALL) are
+// prepared again and run: a renewal, and a waiting Acquire, succeed, where
+// the first refusal (SQLSTATE 26000) failed the renewal and ended the wait
+// at once with an error about poolers.
+func TestDeallocatedStatements(t *testing.T) {
+	db := databases()[1]
+	dsn := db.dsn(t)
+	migrated(t, db, dsn)
+	g := openDB(t, db, dsn)
+	pool, err := g.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.SetMaxOpenConns(1) // DEALLOCATE ALL reaches the Locker's connection
+	l := newLocker(t, g)
+	other := newLocker(t, openDB(t, db, dsn))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	lease, err := l.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Fatalf("Refresh after DEALLOCATE ALL: %v", err)
+	}
+
+	k := uniqueKey(t)
+	held, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	// A short wait prepares a waiter's statements.
+	wctx, wcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = l.Acquire(wctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	wcancel()
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("a short wait for a held lock: %v", err)
+	}
+	if _, err := pool.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	if err != nil {
+		t.Fatalf("waiting Acquire after DEALLOCATE ALL: %v", err)
+	}
+	got.Release(ctx)
+}

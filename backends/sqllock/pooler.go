@@ -36,7 +36,10 @@ const pooledStatementsFix = "prepared statements do not survive the connection p
 // error is safe, but it comes back on any statement, at random: left an
 // ErrUnavailable, a waiting Acquire would go on trying until its context
 // ended, and a lease keeper would retry its renewals until the lease ran
-// out, with no word of the cause. The package's own statements prepare
+// out, with no word of the cause. Without a pooler the error is pgx's
+// cache outliving the statement (an application's DEALLOCATE ALL), and the
+// statement, run again once (see retryable), succeeds: the error reaching
+// the caller is the pooler's. The package's own statements prepare
 // nothing by name.
 func pooledStatements(err error) bool {
 	switch sqlState(err) {

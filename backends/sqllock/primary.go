@@ -1,6 +1,14 @@
 package sqllock
 
-import "gorm.io/gorm"
+import (
+	"fmt"
+	"reflect"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/warden-go/warden/guard/driver"
+)
 
 // toPrimary is the setting by which gorm's dbresolver plugin
 // (gorm.io/plugin/dbresolver, its dbresolver.Write clause) sends a
@@ -21,4 +29,54 @@ const toPrimary = "gorm:db_resolver:write"
 // starts from its settings, not from the last call's statement).
 func primary(db *gorm.DB) *gorm.DB {
 	return db.Set(toPrimary, true).Session(&gorm.Session{})
+}
+
+// onePool refuses a db on which gorm would send the statements of the lock
+// table (table, quoted as the statements quote it, and raw, as Migrate
+// names it) to another connection pool than db's own: a resolver such as
+// dbresolver registered with Sources. A lock's life goes to db's own pool
+// (bypassing gorm), so batch renewals, inspection, Purge and Migrate would
+// then read and write another lock table in another database, and every
+// lease would be lost at its first batch renewal. A resolver with Replicas
+// alone sends the statements primary marks to db's own pool, as does one
+// within a transaction. The statements are built in a dry run, which sends
+// nothing to the database, logs nothing, and shows which pool gorm's
+// callbacks chose.
+func onePool(db *gorm.DB, table, raw string) error {
+	own := unprepared(db.Statement.ConnPool)
+	dry := primary(db).Session(&gorm.Session{DryRun: true, Logger: logger.Discard})
+	for _, tx := range []*gorm.DB{
+		dry.Exec("UPDATE " + table + " SET owner = owner"),
+		dry.Table(raw).Exec("UPDATE " + table + " SET owner = owner"),
+	} {
+		if tx.Error == nil && !samePool(unprepared(tx.Statement.ConnPool), own) {
+			return fmt.Errorf("%w: gorm sends statements on %s to another database than the *gorm.DB's own connection pool"+
+				" (a resolver such as gorm's dbresolver registered with Sources), and a lock table must be one:"+
+				" pass a *gorm.DB opened on the primary without the resolver, or register the resolver with Replicas alone",
+				driver.ErrInvalidOption, raw)
+		}
+	}
+	return nil
+}
+
+// unprepared is pool without gorm's prepared-statement wrapper, which a
+// resolver makes anew for each statement.
+func unprepared(pool gorm.ConnPool) gorm.ConnPool {
+	if p, ok := pool.(*gorm.PreparedStmtDB); ok {
+		return p.ConnPool
+	}
+	return pool
+}
+
+// samePool reports whether a and b are the same connection pool, without
+// comparing values whose type cannot be compared (which would panic).
+func samePool(a, b gorm.ConnPool) bool {
+	ta := reflect.TypeOf(a)
+	if ta != reflect.TypeOf(b) {
+		return false
+	}
+	if ta == nil || !ta.Comparable() {
+		return true // nothing to tell them apart by: not a resolver's switch
+	}
+	return a == b
 }

@@ -59,13 +59,13 @@ func (l *Locker) Purge(ctx context.Context, idle time.Duration) (int64, error) {
 		if len(names) == 0 {
 			return deleted, nil
 		}
-		for range retries {
+		for attempt := range retries {
 			res := db.Exec("DELETE FROM "+l.table+" WHERE name IN ? AND "+stale, names, us, us)
 			if err = res.Error; err == nil {
 				deleted += res.RowsAffected
 				break
 			}
-			if !retryable(l.pool, err) {
+			if !retryable(l.pool, err, attempt) {
 				break
 			}
 		}

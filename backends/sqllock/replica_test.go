@@ -17,6 +17,22 @@ import (
 	"github.com/warden-go/warden/idempotency"
 )
 
+// anotherDatabase creates another database on the MariaDB server of dsn,
+// dropped when t ends, and returns the names of dsn's database and of the
+// new one, and a DSN of the new one.
+func anotherDatabase(t *testing.T, primary *gorm.DB, dsn, prefix string) (current, name, nameDSN string) {
+	t.Helper()
+	if err := primary.Raw("SELECT DATABASE()").Scan(&current).Error; err != nil {
+		t.Fatal(err)
+	}
+	name = fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
+	if err := primary.Exec("CREATE DATABASE " + name).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { primary.Exec("DROP DATABASE " + name) })
+	return current, name, strings.Replace(dsn, "/"+current+"?", "/"+name+"?", 1)
+}
+
 // staleReplica returns a client of dsn, a MariaDB DSN, whose reads gorm's
 // dbresolver sends to a replica that lags: another database of the same
 // server, holding copies of the tables tables that do not change unless
@@ -24,22 +40,13 @@ import (
 func staleReplica(t *testing.T, db database, dsn string, tables ...string) (g *gorm.DB, copyRows func(table, cond string, args ...any)) {
 	t.Helper()
 	primary := openDB(t, db, dsn)
-	var current string
-	if err := primary.Raw("SELECT DATABASE()").Scan(&current).Error; err != nil {
-		t.Fatal(err)
-	}
-	stale := fmt.Sprintf("warden_stale_%d", time.Now().UnixNano())
-	if err := primary.Exec("CREATE DATABASE " + stale).Error; err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Exec("DROP DATABASE " + stale) })
+	current, stale, replica := anotherDatabase(t, primary, dsn, "warden_stale")
 	for _, table := range tables {
 		if err := primary.Exec("CREATE TABLE " + stale + "." + table + " LIKE " + current + "." + table).Error; err != nil {
 			t.Fatal(err)
 		}
 	}
 	g = openDB(t, db, dsn)
-	replica := strings.Replace(dsn, "/"+current+"?", "/"+stale+"?", 1)
 	if err := g.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{mysql.Open(replica)}})); err != nil {
 		t.Fatal(err)
 	}
@@ -114,4 +121,34 @@ func TestOwnerChecksSkipReplicas(t *testing.T) {
 			t.Fatalf("Extend of a claim deleted and claimed by another: %v, want ErrNotOwner", err)
 		}
 	})
+}
+
+// TestResolverSourcesRefused: New refuses a *gorm.DB whose dbresolver sends
+// writes to Sources, another database than the one it was opened on (the
+// plugin's own first example). A Locker on it acquired in the database it
+// was opened on and renewed in batches, inspected and migrated in the
+// other: a batch renewal of a lease just acquired found no lease.
+func TestResolverSourcesRefused(t *testing.T) {
+	db := databases()[2]
+	dsn := db.dsn(t)
+	_, _, sources := anotherDatabase(t, migrated(t, db, dsn), dsn, "warden_sources")
+	g := openDB(t, db, dsn)
+	if err := g.Use(dbresolver.Register(dbresolver.Config{Sources: []gorm.Dialector{mysql.Open(sources)}})); err != nil {
+		t.Fatal(err)
+	}
+	l, err := sqllock.New(g)
+	if errors.Is(err, driver.ErrInvalidOption) {
+		t.Log(err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("New behind a resolver with Sources: %v, want ErrInvalidOption", err)
+	}
+	ctx := context.Background()
+	lease, err := l.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err == nil {
+		err = l.RefreshBatch(ctx, []driver.Lease{lease}, time.Minute)[0]
+		lease.Release(ctx)
+	}
+	t.Fatalf("New behind a resolver with Sources returned a Locker, want ErrInvalidOption (a batch renewal of a lease just acquired: %v)", err)
 }
