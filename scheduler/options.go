@@ -206,7 +206,11 @@ func LockTTL(d time.Duration) JobOption { return func(c *jobConfig) { c.ttl = d 
 
 // SlotRetention is how long a finished slot stays in the slot store
 // (default 24 hours); a node whose timer fires later than that for the same
-// slot would run it again.
+// slot would run it again. With WithLeaderElection and CatchUp it also
+// bounds the catch-up: a follower keeps a slot in view for half of it at
+// most, so a slot whose leader died later than that into the slot (a run
+// longer than half the retention) is not caught up. Keep it above twice
+// the longest run and MisfireAfter.
 func SlotRetention(d time.Duration) JobOption { return func(c *jobConfig) { c.retention = d } }
 
 // RetryFailedSlots lets a slot whose run failed, panicked or lost its lock
