@@ -427,7 +427,8 @@ func (l *Locker) Limits() driver.Limits { return driver.Limits{MaxTTL: 2 * l.tim
 // keeps a lease by its session whatever the TTL.
 func (l *Locker) checkTTL(ttl time.Duration) error {
 	if t := l.sessionTimeout(); ttl > 2*t && ttl <= 2*l.timeout {
-		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout)", driver.ErrInvalidOption, ttl, t, l.timeout)
+		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout): lower the ttl to at most %v, or raise the server's maxSessionTimeout to at least %v",
+			driver.ErrInvalidOption, ttl, t, l.timeout, 2*t, (ttl+1)/2)
 	}
 	return nil
 }
