@@ -331,11 +331,11 @@ type epoch struct {
 }
 
 // New connects to the ZooKeeper ensemble servers (host:port each, a host
-// alone meaning port 2181; a chroot is given with WithRoot). It does
-// not wait for the session: operations wait for it, up to the request
-// timeout, or fail with driver.ErrUnavailable. An invalid option or address
-// is an error wrapping driver.ErrInvalidOption. Close the Locker to end its
-// session.
+// alone meaning port 2181, one element a server; a chroot is given with
+// WithRoot). It does not wait for the session: operations wait for it, up
+// to the request timeout, or fail with driver.ErrUnavailable. An invalid
+// option or address is an error wrapping driver.ErrInvalidOption. Close the
+// Locker to end its session.
 func New(servers []string, opts ...Option) (*Locker, error) {
 	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger, sessionTimeout: DefaultSessionTimeout}
 	for _, o := range opts {
@@ -381,6 +381,9 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 // host alone means port 2181) and dials that, so a bad port would fail
 // every connection attempt, as an outage.
 func checkServer(addr string) error {
+	if strings.Contains(addr, ",") {
+		return commaList(addr)
+	}
 	_, port, err := net.SplitHostPort(zk.FormatServers([]string{addr})[0])
 	if err != nil {
 		return err
@@ -392,6 +395,18 @@ func checkServer(addr string) error {
 		return fmt.Errorf("port %q, want 1 to 65535 or a service's name", port)
 	}
 	return nil
+}
+
+// commaList is the error for addr, a list of servers in one string, as
+// the Java client's connect string has them: the client library would take
+// it for one host and fail every connection attempt.
+func commaList(addr string) error {
+	list, chroot, ok := strings.Cut(addr, "/")
+	hint := ""
+	if ok {
+		hint = fmt.Sprintf(", and the chroot (/%s) to WithRoot", chroot)
+	}
+	return fmt.Errorf("a comma-separated list: give each server as its own element (%q)%s", strings.Split(list, ","), hint)
 }
 
 var (
