@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,3 +94,62 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 		t.Fatalf("read of the lease's node: %v, want zk.ErrNoAuth", err)
 	}
 }
+
+// TestRefusedDeleteGivesUp: a delete that the ACL of the node's parent
+// refuses (another client set it) is not retried, since it would be
+// refused every time until the Locker closed: the Locker logs it once and
+// sends nothing more, and the lock stays taken until the session ends,
+// which frees it.
+func TestRefusedDeleteGivesUp(t *testing.T) {
+	s := startServer(t)
+	srv := []string{s.addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var logs [2]recorder
+	l := dial(t, srv, WithLogger(&logs[0]))
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(t, srv).SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Release(ctx); !errors.Is(err, errDenied) || !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("Release: %v, want errDenied wrapping zk.ErrNoAuth", err)
+	}
+	eventually(t, "the refused delete is logged", func() bool { return logs[0].count() == 1 })
+	sent := l.requests.Load()
+
+	// The lock is still taken, and another Locker's contender, which
+	// cannot delete its node either, gives up as well.
+	other := dial(t, srv, WithLogger(&logs[1]))
+	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("Acquire while the refused Release's node stays: %v, want ErrNotAcquired", err)
+	}
+	eventually(t, "the other contender's refused delete is logged", func() bool { return logs[1].count() == 1 })
+	if n := l.requests.Load() - sent; n != 0 || logs[0].count() != 1 {
+		t.Fatalf("%d more requests and %d log lines after the refused delete, want none and one", n, logs[0].count())
+	}
+
+	l.Close()
+	other.Close()
+	lease, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatalf("Acquire once the sessions ended: %v", err)
+	}
+	lease.Release(ctx)
+}
+
+// recorder is a zk.Logger that counts the Locker's lines about deletes.
+type recorder struct{ n atomic.Int64 }
+
+func (r *recorder) Printf(format string, args ...any) {
+	if strings.HasPrefix(fmt.Sprintf(format, args...), "zklock: delete of ") {
+		r.n.Add(1)
+	}
+}
+
+func (r *recorder) count() int64 { return r.n.Load() }

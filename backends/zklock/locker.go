@@ -225,8 +225,9 @@ func WithACL(acl ...zk.ACL) Option {
 	}
 }
 
-// WithLogger sets where the ZooKeeper client logs connection errors (default
-// zk.DefaultLogger, the standard log package).
+// WithLogger sets where the ZooKeeper client logs connection errors, and the
+// Locker a node it may not delete (default zk.DefaultLogger, the standard
+// log package).
 func WithLogger(l zk.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -280,6 +281,7 @@ type Locker struct {
 	conn           *zk.Conn
 	root           string
 	acl            []zk.ACL
+	logger         zk.Logger
 	timeout        time.Duration // as asked at New
 	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
 
@@ -357,7 +359,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 			return nil, fmt.Errorf("%w: zookeeper server address %q: %w", driver.ErrInvalidOption, s, err)
 		}
 	}
-	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
+	l := &Locker{root: cfg.root, acl: cfg.acl, logger: cfg.logger, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
 		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
 	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)

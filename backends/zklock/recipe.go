@@ -344,10 +344,17 @@ func (l *Locker) sweep(parent, guid string) bool {
 	return name == "" || l.remove(parent+"/"+name)
 }
 
-// remove deletes node and reports whether it is gone.
+// remove deletes node and reports whether it is done: the node is gone, or
+// the ACL of its parent refuses the delete, as it would every time after
+// (another client may have set it). The node then stays, and the lock with
+// it, until the session ends, which is logged.
 func (l *Locker) remove(node string) bool {
 	l.requests.Add(1)
 	err := l.conn.Delete(node, -1)
+	if errors.Is(err, zk.ErrNoAuth) {
+		l.logger.Printf("zklock: delete of %s refused by the ACL of its parent (%v): it stays until the session ends", node, err)
+		return true
+	}
 	// An expired session took its ephemeral nodes with it.
 	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
 }
