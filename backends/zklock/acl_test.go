@@ -95,6 +95,40 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 	}
 }
 
+// TestNewRefusesACLWithoutDelete: an ACL whose entry grants create but not
+// delete is refused by New, naming the entry and the right it lacks: the
+// Locker would make nodes it could not delete, its locks granted but never
+// released while its session lived.
+func TestNewRefusesACLWithoutDelete(t *testing.T) {
+	for _, acl := range [][]zk.ACL{
+		zk.WorldACL(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin),
+		zk.WorldACL(zk.PermCreate),
+		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead|zk.PermCreate)...),
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		if err == nil {
+			l.Close()
+			t.Errorf("New with ACL %v succeeded", acl)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "world:anyone is granted create without delete") {
+			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming world:anyone and delete", acl, err)
+		}
+	}
+	for _, acl := range [][]zk.ACL{
+		zk.WorldACL(zk.PermAll),
+		zk.WorldACL(zk.PermCreate | zk.PermDelete),
+		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead)...),
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		if err != nil {
+			t.Errorf("New with ACL %v: %v", acl, err)
+			continue
+		}
+		l.Close()
+	}
+}
+
 // TestRefusedDeleteGivesUp: a delete that the ACL of the node's parent
 // refuses (another client set it) is not retried, since it would be
 // refused every time until the Locker closed: the Locker logs it once and

@@ -214,15 +214,34 @@ func checkRoot(path string) error {
 // server will not set, such as zk.AuthACL on a session without
 // credentials). Without read, a lock is granted only to a contender found
 // alone in its queue, and its lease hears nothing of a forced release.
-// Write is not needed (see create).
+// Write is not needed (see create). An entry that grants create without
+// delete is refused (see checkACL).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
-		if len(acl) == 0 {
-			return fmt.Errorf("%w: empty zookeeper ACL", driver.ErrInvalidOption)
+		if err := checkACL(acl); err != nil {
+			return fmt.Errorf("%w: zookeeper ACL: %w", driver.ErrInvalidOption, err)
 		}
 		c.acl = acl
 		return nil
 	}
+}
+
+// checkACL says why acl cannot be the ACL of the nodes a Locker creates.
+// ZooKeeper checks a delete against the ACL of the node's parent, which the
+// first Locker to need it creates with its own ACL: an identity granted
+// create but not delete could make contender nodes it could not remove, so
+// that a lock it released would stay taken until its session ended, and
+// the contenders queued behind it would wait until then.
+func checkACL(acl []zk.ACL) error {
+	if len(acl) == 0 {
+		return errors.New("empty")
+	}
+	for _, e := range acl {
+		if e.Perms&zk.PermCreate != 0 && e.Perms&zk.PermDelete == 0 {
+			return fmt.Errorf("%s:%s is granted create without delete: every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+		}
+	}
+	return nil
 }
 
 // WithLogger sets where the ZooKeeper client logs connection errors, and the

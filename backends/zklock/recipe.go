@@ -346,7 +346,8 @@ func (l *Locker) sweep(parent, guid string) bool {
 
 // remove deletes node and reports whether it is done: the node is gone, or
 // the ACL of its parent refuses the delete, as it would every time after
-// (another client may have set it). The node then stays, and the lock with
+// (checkACL keeps the Locker's own ACL from refusing it, but another client
+// may have set the parent's). The node then stays, and the lock with
 // it, until the session ends, which is logged.
 func (l *Locker) remove(node string) bool {
 	l.requests.Add(1)
