@@ -12,6 +12,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestACLRefusalFailsAtOnce: a waiting Acquire that ZooKeeper refuses for
@@ -177,13 +178,52 @@ func TestRefusedDeleteGivesUp(t *testing.T) {
 	lease.Release(ctx)
 }
 
-// recorder is a zk.Logger that counts the Locker's lines about deletes.
+// recorder is a zk.Logger that counts the Locker's own lines (the client
+// library's are not counted).
 type recorder struct{ n atomic.Int64 }
 
 func (r *recorder) Printf(format string, args ...any) {
-	if strings.HasPrefix(fmt.Sprintf(format, args...), "zklock: delete of ") {
+	if strings.HasPrefix(fmt.Sprintf(format, args...), "zklock: ") {
 		r.n.Add(1)
 	}
 }
 
 func (r *recorder) count() int64 { return r.n.Load() }
+
+// TestRefusedSweepGivesUp: the search for a node that a create whose
+// answer was lost may have made, which lists the queue, is not retried
+// when the ACL refuses the listing: it would be refused every time until
+// the Locker closed. The Locker logs it once, and whatever node the create
+// made stays until the session ends.
+func TestRefusedSweepGivesUp(t *testing.T) {
+	s := startServer(t)
+	p := drivertest.StartProxy(t, s.addr)
+	noRead := WithACL(zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)...)
+	var log recorder
+	l := dial(t, []string{p.Addr()}, WithLogger(&log), noRead)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	// A holder keeps the queue's parent, which the create then finds.
+	held, err := dial(t, []string{s.addr}, noRead).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	p.LoseReplies()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = l.Acquire(short, k, driver.AcquireOptions{TTL: testSession})
+	cancelShort()
+	if err == nil {
+		t.Fatal("acquired with the server's answers lost")
+	}
+	// The connection's reset fails the create as lost: the Locker looks
+	// for its node, over a new connection, and is refused the listing.
+	p.Reset()
+	eventually(t, "the refused listing is logged", func() bool { return log.count() == 1 })
+	if _, _, err := connect(t, []string{s.addr}).Children(l.lockPath(k)); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("listing of the queue: %v, want zk.ErrNoAuth", err)
+	}
+}

@@ -335,9 +335,15 @@ func (l *Locker) find(parent, guid string) (string, error) {
 }
 
 // sweep deletes any node a create with guid left under parent. It reports
-// whether it is done.
+// whether it is done: it is also when the ACL of parent refuses the
+// listing, as it would every time after; a node the create made then stays
+// until the session ends, which is logged.
 func (l *Locker) sweep(parent, guid string) bool {
 	name, err := l.find(parent, guid)
+	if errors.Is(err, errDenied) {
+		l.logger.Printf("zklock: listing of %s refused (%v): a node a create whose answer was lost may have made there stays until the session ends", parent, err)
+		return true
+	}
 	if err != nil {
 		return false
 	}
