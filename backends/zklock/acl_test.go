@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestACLRefusalFailsAtOnce: a waiting Acquire that ZooKeeper refuses for
@@ -90,5 +93,137 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 	eventually(t, "the refused watch is given up", func() bool { return l.watching.Load() == 0 })
 	if _, _, err := l.conn.Get(held.(*lease).node); !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("read of the lease's node: %v, want zk.ErrNoAuth", err)
+	}
+}
+
+// TestNewRefusesACLWithoutDelete: an ACL whose entry grants create but not
+// delete is refused by New, naming the entry and the right it lacks: the
+// Locker would make nodes it could not delete, its locks granted but never
+// released while its session lived.
+func TestNewRefusesACLWithoutDelete(t *testing.T) {
+	for _, acl := range [][]zk.ACL{
+		zk.WorldACL(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin),
+		zk.WorldACL(zk.PermCreate),
+		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead|zk.PermCreate)...),
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		if err == nil {
+			l.Close()
+			t.Errorf("New with ACL %v succeeded", acl)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "world:anyone is granted create without delete") {
+			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming world:anyone and delete", acl, err)
+		}
+	}
+	for _, acl := range [][]zk.ACL{
+		zk.WorldACL(zk.PermAll),
+		zk.WorldACL(zk.PermCreate | zk.PermDelete),
+		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead)...),
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		if err != nil {
+			t.Errorf("New with ACL %v: %v", acl, err)
+			continue
+		}
+		l.Close()
+	}
+}
+
+// TestRefusedDeleteGivesUp: a delete that the ACL of the node's parent
+// refuses (another client set it) is not retried, since it would be
+// refused every time until the Locker closed: the Locker logs it once and
+// sends nothing more, and the lock stays taken until the session ends,
+// which frees it.
+func TestRefusedDeleteGivesUp(t *testing.T) {
+	s := startServer(t)
+	srv := []string{s.addr}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var logs [2]recorder
+	l := dial(t, srv, WithLogger(&logs[0]))
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connect(t, srv).SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Release(ctx); !errors.Is(err, errDenied) || !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("Release: %v, want errDenied wrapping zk.ErrNoAuth", err)
+	}
+	eventually(t, "the refused delete is logged", func() bool { return logs[0].count() == 1 })
+	sent := l.requests.Load()
+
+	// The lock is still taken, and another Locker's contender, which
+	// cannot delete its node either, gives up as well.
+	other := dial(t, srv, WithLogger(&logs[1]))
+	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("Acquire while the refused Release's node stays: %v, want ErrNotAcquired", err)
+	}
+	eventually(t, "the other contender's refused delete is logged", func() bool { return logs[1].count() == 1 })
+	if n := l.requests.Load() - sent; n != 0 || logs[0].count() != 1 {
+		t.Fatalf("%d more requests and %d log lines after the refused delete, want none and one", n, logs[0].count())
+	}
+
+	l.Close()
+	other.Close()
+	lease, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatalf("Acquire once the sessions ended: %v", err)
+	}
+	lease.Release(ctx)
+}
+
+// recorder is a zk.Logger that counts the Locker's own lines (the client
+// library's are not counted).
+type recorder struct{ n atomic.Int64 }
+
+func (r *recorder) Printf(format string, args ...any) {
+	if strings.HasPrefix(fmt.Sprintf(format, args...), "zklock: ") {
+		r.n.Add(1)
+	}
+}
+
+func (r *recorder) count() int64 { return r.n.Load() }
+
+// TestRefusedSweepGivesUp: the search for a node that a create whose
+// answer was lost may have made, which lists the queue, is not retried
+// when the ACL refuses the listing: it would be refused every time until
+// the Locker closed. The Locker logs it once, and whatever node the create
+// made stays until the session ends.
+func TestRefusedSweepGivesUp(t *testing.T) {
+	s := startServer(t)
+	p := drivertest.StartProxy(t, s.addr)
+	noRead := WithACL(zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)...)
+	var log recorder
+	l := dial(t, []string{p.Addr()}, WithLogger(&log), noRead)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	// A holder keeps the queue's parent, which the create then finds.
+	held, err := dial(t, []string{s.addr}, noRead).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	p.LoseReplies()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = l.Acquire(short, k, driver.AcquireOptions{TTL: testSession})
+	cancelShort()
+	if err == nil {
+		t.Fatal("acquired with the server's answers lost")
+	}
+	// The connection's reset fails the create as lost: the Locker looks
+	// for its node, over a new connection, and is refused the listing.
+	p.Reset()
+	eventually(t, "the refused listing is logged", func() bool { return log.count() == 1 })
+	if _, _, err := connect(t, []string{s.addr}).Children(l.lockPath(k)); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("listing of the queue: %v, want zk.ErrNoAuth", err)
 	}
 }

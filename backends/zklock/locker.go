@@ -214,19 +214,39 @@ func checkRoot(path string) error {
 // server will not set, such as zk.AuthACL on a session without
 // credentials). Without read, a lock is granted only to a contender found
 // alone in its queue, and its lease hears nothing of a forced release.
-// Write is not needed (see create).
+// Write is not needed (see create). An entry that grants create without
+// delete is refused (see checkACL).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
-		if len(acl) == 0 {
-			return fmt.Errorf("%w: empty zookeeper ACL", driver.ErrInvalidOption)
+		if err := checkACL(acl); err != nil {
+			return fmt.Errorf("%w: zookeeper ACL: %w", driver.ErrInvalidOption, err)
 		}
 		c.acl = acl
 		return nil
 	}
 }
 
-// WithLogger sets where the ZooKeeper client logs connection errors (default
-// zk.DefaultLogger, the standard log package).
+// checkACL says why acl cannot be the ACL of the nodes a Locker creates.
+// ZooKeeper checks a delete against the ACL of the node's parent, which the
+// first Locker to need it creates with its own ACL: an identity granted
+// create but not delete could make contender nodes it could not remove, so
+// that a lock it released would stay taken until its session ended, and
+// the contenders queued behind it would wait until then.
+func checkACL(acl []zk.ACL) error {
+	if len(acl) == 0 {
+		return errors.New("empty")
+	}
+	for _, e := range acl {
+		if e.Perms&zk.PermCreate != 0 && e.Perms&zk.PermDelete == 0 {
+			return fmt.Errorf("%s:%s is granted create without delete: every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+		}
+	}
+	return nil
+}
+
+// WithLogger sets where the ZooKeeper client logs connection errors, and the
+// Locker a node it may not delete (default zk.DefaultLogger, the standard
+// log package).
 func WithLogger(l zk.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -280,6 +300,7 @@ type Locker struct {
 	conn           *zk.Conn
 	root           string
 	acl            []zk.ACL
+	logger         zk.Logger
 	timeout        time.Duration // as asked at New
 	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
 
@@ -331,11 +352,11 @@ type epoch struct {
 }
 
 // New connects to the ZooKeeper ensemble servers (host:port each, a host
-// alone meaning port 2181; a chroot is given with WithRoot). It does
-// not wait for the session: operations wait for it, up to the request
-// timeout, or fail with driver.ErrUnavailable. An invalid option or address
-// is an error wrapping driver.ErrInvalidOption. Close the Locker to end its
-// session.
+// alone meaning port 2181, one element a server; a chroot is given with
+// WithRoot). It does not wait for the session: operations wait for it, up
+// to the request timeout, or fail with driver.ErrUnavailable. An invalid
+// option or address is an error wrapping driver.ErrInvalidOption. Close the
+// Locker to end its session.
 func New(servers []string, opts ...Option) (*Locker, error) {
 	cfg := config{root: DefaultRoot, acl: zk.WorldACL(zk.PermAll), logger: zk.DefaultLogger, sessionTimeout: DefaultSessionTimeout}
 	for _, o := range opts {
@@ -357,7 +378,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 			return nil, fmt.Errorf("%w: zookeeper server address %q: %w", driver.ErrInvalidOption, s, err)
 		}
 	}
-	l := &Locker{root: cfg.root, acl: cfg.acl, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
+	l := &Locker{root: cfg.root, acl: cfg.acl, logger: cfg.logger, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
 		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
 	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
@@ -381,6 +402,9 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 // host alone means port 2181) and dials that, so a bad port would fail
 // every connection attempt, as an outage.
 func checkServer(addr string) error {
+	if strings.Contains(addr, ",") {
+		return commaList(addr)
+	}
 	_, port, err := net.SplitHostPort(zk.FormatServers([]string{addr})[0])
 	if err != nil {
 		return err
@@ -392,6 +416,18 @@ func checkServer(addr string) error {
 		return fmt.Errorf("port %q, want 1 to 65535 or a service's name", port)
 	}
 	return nil
+}
+
+// commaList is the error for addr, a list of servers in one string, as
+// the Java client's connect string has them: the client library would take
+// it for one host and fail every connection attempt.
+func commaList(addr string) error {
+	list, chroot, ok := strings.Cut(addr, "/")
+	hint := ""
+	if ok {
+		hint = fmt.Sprintf(", and the chroot (/%s) to WithRoot", chroot)
+	}
+	return fmt.Errorf("a comma-separated list: give each server as its own element (%q)%s", strings.Split(list, ","), hint)
 }
 
 var (
@@ -427,7 +463,8 @@ func (l *Locker) Limits() driver.Limits { return driver.Limits{MaxTTL: 2 * l.tim
 // keeps a lease by its session whatever the TTL.
 func (l *Locker) checkTTL(ttl time.Duration) error {
 	if t := l.sessionTimeout(); ttl > 2*t && ttl <= 2*l.timeout {
-		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout)", driver.ErrInvalidOption, ttl, t, l.timeout)
+		return fmt.Errorf("%w: ttl %v is over twice the zookeeper session timeout %v the server granted (%v asked; it grants at most its maxSessionTimeout): lower the ttl to at most %v, or raise the server's maxSessionTimeout to at least %v",
+			driver.ErrInvalidOption, ttl, t, l.timeout, 2*t, (ttl+1)/2)
 	}
 	return nil
 }

@@ -69,3 +69,27 @@ func TestNewRefusesBadServers(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestNewRefusesServerList: the Java client's connect string given as one
+// server address, a list of servers with commas between them and perhaps a
+// chroot after, is refused by New with an error that says to give each
+// server as its own element and, for a chroot, to use WithRoot.
+func TestNewRefusesServerList(t *testing.T) {
+	for addr, want := range map[string][]string{
+		"h1:2181,h2:2181":     {`["h1:2181" "h2:2181"]`, "its own element"},
+		"h1,h2":               {`["h1" "h2"]`, "its own element"},
+		"h1:2181,h2:2181/app": {`["h1:2181" "h2:2181"]`, "its own element", "(/app) to WithRoot"},
+	} {
+		l, err := New([]string{addr}, WithLogger(discard{}))
+		if err == nil {
+			l.Close()
+			t.Errorf("New with server %q succeeded", addr)
+			continue
+		}
+		for _, w := range want {
+			if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), w) {
+				t.Errorf("New with server %q: %v, want ErrInvalidOption saying %s", addr, err, w)
+			}
+		}
+	}
+}

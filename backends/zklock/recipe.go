@@ -335,19 +335,33 @@ func (l *Locker) find(parent, guid string) (string, error) {
 }
 
 // sweep deletes any node a create with guid left under parent. It reports
-// whether it is done.
+// whether it is done: it is also when the ACL of parent refuses the
+// listing, as it would every time after; a node the create made then stays
+// until the session ends, which is logged.
 func (l *Locker) sweep(parent, guid string) bool {
 	name, err := l.find(parent, guid)
+	if errors.Is(err, errDenied) {
+		l.logger.Printf("zklock: listing of %s refused (%v): a node a create whose answer was lost may have made there stays until the session ends", parent, err)
+		return true
+	}
 	if err != nil {
 		return false
 	}
 	return name == "" || l.remove(parent+"/"+name)
 }
 
-// remove deletes node and reports whether it is gone.
+// remove deletes node and reports whether it is done: the node is gone, or
+// the ACL of its parent refuses the delete, as it would every time after
+// (checkACL keeps the Locker's own ACL from refusing it, but another client
+// may have set the parent's). The node then stays, and the lock with
+// it, until the session ends, which is logged.
 func (l *Locker) remove(node string) bool {
 	l.requests.Add(1)
 	err := l.conn.Delete(node, -1)
+	if errors.Is(err, zk.ErrNoAuth) {
+		l.logger.Printf("zklock: delete of %s refused by the ACL of its parent (%v): it stays until the session ends", node, err)
+		return true
+	}
 	// An expired session took its ephemeral nodes with it.
 	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
 }

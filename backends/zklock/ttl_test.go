@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,13 @@ func TestTTLOverGrantedSession(t *testing.T) {
 		}
 		if !errors.Is(err, driver.ErrInvalidOption) {
 			t.Fatalf("TTL of 10m on a session of %v: %v, want ErrInvalidOption", l.sessionTimeout(), err)
+		}
+		// The error says what to do: lower the TTL, or raise the server's
+		// limit.
+		for _, remedy := range []string{"lower the ttl to at most " + (2 * l.sessionTimeout()).String(), "raise the server's maxSessionTimeout to at least 5m0s"} {
+			if !strings.Contains(err.Error(), remedy) {
+				t.Fatalf("TTL of 10m on a session of %v: %v, want an error that says to %s", l.sessionTimeout(), err, remedy)
+			}
 		}
 		eventually(t, "the refused contender's node is gone", func() bool { return len(children(t, l, k)) == 0 })
 	}
