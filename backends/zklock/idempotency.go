@@ -146,11 +146,14 @@ func WithStoreRoot(path string) StoreOption {
 }
 
 // WithStoreACL sets the ACL of every node the store creates (default: world
-// readable and writable, zk.WorldACL(zk.PermAll)).
+// readable and writable, zk.WorldACL(zk.PermAll)). An entry that grants
+// create without delete is refused, as WithACL refuses it.
 func WithStoreACL(acl ...zk.ACL) StoreOption {
 	return func(c *storeConfig) error {
-		if len(acl) == 0 {
-			return invalidOption("empty ACL")
+		// The records' parent is made with it too, and a record must
+		// be deletable by whoever may create one (Delete, Purge).
+		if err := checkACL(acl); err != nil {
+			return invalidOption("ACL: %v", err)
 		}
 		c.acl = acl
 		return nil

@@ -128,6 +128,7 @@ func TestStoreOptions(t *testing.T) {
 		{"control character", WithStoreRoot("/warden/i\x01dem"), "root"},
 		{"not UTF-8", WithStoreRoot("/warden/i\xffdem"), "root"},
 		{"empty ACL", WithStoreACL(), "ACL"},
+		{"ACL granting create without delete", WithStoreACL(zk.ACL{Perms: zk.PermCreate | zk.PermRead | zk.PermWrite, Scheme: "world", ID: "anyone"}), "without delete"},
 		{"zero timeout", WithStoreRequestTimeout(0), "timeout"},
 		{"negative timeout", WithStoreRequestTimeout(-time.Second), "timeout"},
 		{"nil option", nil, "nil option"},
