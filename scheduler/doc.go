@@ -57,8 +57,8 @@
 // start together and meet at the job's lock, and the one that finds it held
 // skips its slot, as step 3 says. Skipped on the last node to fire it, a
 // slot runs nowhere; every node records it skipped ("lock held"). With one
-// node of three 10 minutes ahead, a minutely job of 10ms left 5 to 9 of its
-// first 30 slots unrun in 30 tries, and 10 of 598 over ten hours; one 2s ahead
+// node of three 10 minutes ahead, a minutely job of 10ms left 3 to 10 of its
+// first 30 slots unrun in 60 tries, and 10 of 598 over ten hours; one 2s ahead
 // left 2 of 598 slots of "@every 1s" unrun. WaitForLock, longer than a
 // run, makes such a run wait for the other instead: no slot was left unrun
 // in the same runs with WaitForLock(10*time.Second).

@@ -662,7 +662,7 @@ func TestClockSteppedBackRunsNoSlotTwice(t *testing.T) {
 // node to fire it: it runs nowhere, recorded skipped ("lock held") on
 // every node.
 func TestClockAheadByIntervalsLeavesNoSlotUnrun(t *testing.T) {
-	t.Skip("defect: a node ahead by whole intervals leaves slots unrun, 5 to 9 of the first 30 here (the package documentation says so; WaitForLock avoids it)")
+	t.Skip("defect: a node ahead by whole intervals leaves slots unrun, 3 to 10 of the first 30 here in 60 tries (the package documentation says so; WaitForLock avoids it)")
 	synctest.Test(t, func(t *testing.T) {
 		locker, store := memory.New(), idempotency.NewMemoryStore()
 		var o outcomes
