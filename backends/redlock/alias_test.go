@@ -154,3 +154,36 @@ func TestACLNeedsInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnknownServerDoesNotCount: a node whose run_id is unknown (its ACL
+// user lacks INFO) may be another node's server under a second address,
+// so neither its vote nor its refreshes count: with the only other server
+// down, a refresh counted on one server twice would keep a lock that a
+// Locker on distinct servers can take.
+func TestUnknownServerDoesNotCount(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 2)
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	if err := c.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	a := servers[0].Addr()
+	n := 0
+	l, err := New(clients(t, []string{a, respell(t, a, "localhost"), servers[1].Addr()}, func(o *goredis.Options) {
+		if n++; n == 1 {
+			o.Username, o.Password = "noinfo", "pw"
+		}
+	}), WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("two known servers of three nodes: %v", err)
+	}
+	servers[1].Kill(t)
+	if err := lease.Refresh(ctx, 10*time.Second); err == nil {
+		t.Error("refreshed with one server up, counted twice")
+	}
+}

@@ -408,7 +408,10 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	ls.owner = ownerArg
 	ls.token = uint64(token)
 	ls.day = expiryDay(time.Now(), ttl)
-	ls.votes = mine
+	ls.votes, ls.counted = mine, mine
+	if unknown := slices.ContainsFunc(mine, func(i int) bool { return ids.ids[i] == "" }); unknown {
+		ls.counted = slices.DeleteFunc(slices.Clone(mine), func(i int) bool { return ids.ids[i] == "" })
+	}
 	ls.setExpiry(expiry)
 	return 0, nil
 }
