@@ -28,21 +28,11 @@ const (
 type identities struct {
 	ids  []string
 	errs []error // by node, why its identity is unknown
-	at   time.Time
+	// until is when they are to be read again (see identityReuse).
+	until time.Time
 	// err, when two nodes answered with one run_id: ErrInvalidOption
 	// naming them.
 	err error
-}
-
-func (s *identities) fresh(now time.Time) bool {
-	reuse := identityReuse
-	for _, id := range s.ids {
-		if id == "" {
-			reuse = incompleteReuse
-			break
-		}
-	}
-	return now.Sub(s.at) < reuse
 }
 
 // identify returns the nodes' identities, reading them again, in one round
@@ -52,7 +42,7 @@ func (s *identities) fresh(now time.Time) bool {
 // would count that server twice. One call reads at a time; the others wait
 // for it, or for ctx.
 func (l *Locker) identify(ctx context.Context) (*identities, error) {
-	if s := l.ids.Load(); s != nil && s.fresh(time.Now()) {
+	if s := l.ids.Load(); s != nil && time.Now().Before(s.until) {
 		return s, s.err
 	}
 	select {
@@ -61,7 +51,7 @@ func (l *Locker) identify(ctx context.Context) (*identities, error) {
 		return nil, ctx.Err()
 	}
 	defer func() { <-l.reading }()
-	if s := l.ids.Load(); s != nil && s.fresh(time.Now()) {
+	if s := l.ids.Load(); s != nil && time.Now().Before(s.until) {
 		return s, s.err
 	}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
@@ -70,11 +60,12 @@ func (l *Locker) identify(ctx context.Context) (*identities, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s := &identities{ids: make([]string, len(l.nodes)), errs: make([]error, len(l.nodes)), at: time.Now()}
+	s := &identities{ids: make([]string, len(l.nodes)), errs: make([]error, len(l.nodes)), until: time.Now().Add(identityReuse)}
 	first := make(map[string]int, len(l.nodes))
 	for i, r := range rs {
 		if r.err != nil {
 			s.errs[i] = r.err
+			s.until = time.Now().Add(incompleteReuse)
 			continue
 		}
 		id := r.val.(string)
