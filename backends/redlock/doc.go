@@ -67,10 +67,21 @@
 // maxmemory-policy evicts keys forgets votes the same way under memory
 // pressure (every vote's key has an expiry, so volatile-* policies evict
 // them too): run the nodes with noeviction, or no maxmemory. The nodes must
-// be independent masters: New refuses one server listed twice, but cannot
-// tell a node that is another's replica, which refuses every vote
-// (READONLY): the Locker then tolerates one node's failure fewer, and Ping,
-// which asks for answers, not roles, does not tell.
+// be independent masters. One server listed twice would count twice toward
+// a majority: New refuses one client or one address listed twice, and one
+// server under two spellings of its address (127.0.0.1 and localhost) is
+// found by its run_id (INFO server), which the Locker reads from every
+// node in one round on first use (an acquisition, a Ping) and again a
+// minute later, or a second later while a node's is unknown: the
+// acquisition and Ping then fail with driver.ErrInvalidOption naming the
+// two addresses. A node whose run_id is unknown (no answer, no INFO in its
+// ACL user's rights) has its vote withdrawn and not counted. The reads go
+// to all the nodes at once, so that a restart, which changes the run_id,
+// can make one server look like two only when it falls within a round,
+// and until the next. The Locker cannot tell a node that is another's
+// replica, which refuses every vote (READONLY): the Locker then tolerates
+// one node's failure fewer, and Ping, which asks for answers, not roles,
+// does not tell.
 // Tokens still grow when counters are lost:
 // a node that votes takes the greater of its counter and its clock in
 // microseconds as its fence, so a token issued after nodes forgot their
@@ -132,6 +143,19 @@
 // waits for such withdrawals (or releases so cut short) to be over, within
 // the node timeout, so that it does not find its own earlier votes and take
 // the lock for held.
+//
+// # ACLs
+//
+// With Redis ACLs, the user needs EVALSHA and EVAL, the commands the
+// scripts run (GET, SET, TIME), INFO, for the run_id, PING for Ping, and
+// the keys, which start with '{' (the hash tag): for guard's default
+// prefix,
+//
+//	ACL SETUSER warden on >password ~{warden:* +evalsha +eval +get +set +time +info +ping
+//
+// A node that refuses INFO is refused a vote, as one that refuses EVALSHA:
+// an acquisition whose majority refuses ends at once with ErrUnavailable
+// and the servers' words (NOPERM).
 //
 // # Waiting
 //

@@ -26,6 +26,10 @@ type lease struct {
 	// granted it or did not answer. The others refused it, holding another
 	// owner's, so it cannot be there; refreshes and the release skip them.
 	votes []int
+	// counted are the votes a refresh extends and counts: those of nodes
+	// whose server was known at the acquisition (see identify). One
+	// unknown may be another node's server under a second address.
+	counted []int
 	// expiry is Expiry in nanoseconds after epoch: a refresh moves it while
 	// guard reads it.
 	expiry atomic.Int64
@@ -46,7 +50,8 @@ func (ls *lease) Token() uint64 { return ls.token }
 func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.Load())) }
 
 // Refresh implements driver.Lease: it extends the owner's votes on the nodes
-// that may hold them, and succeeds only when a majority extended them
+// that may hold them and whose server was known at the acquisition, and
+// succeeds only when a majority extended them
 // before the new expiry.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
@@ -54,7 +59,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	cmd := []any{"evalsha", l.refreshSha, 1, ls.lockArg, ls.owner, ttl.Milliseconds(), ls.token}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return evalsha(ctx, l.nodes[i], refreshSrc, cmd).Int64()
-	}, ones, ls.votes, nil)
+	}, ones, ls.counted, nil)
 	held, failed := count(rs)
 	expiry := l.expiry(ttl, start)
 	if held >= l.quorum && time.Now().Before(expiry) {

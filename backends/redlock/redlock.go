@@ -70,6 +70,11 @@ type Locker struct {
 	// monotonic time (µs since epoch) at which the round that read it was
 	// sent: the base of token proposals (see propose). 0 until known.
 	fenceBase atomic.Int64
+
+	// ids are the nodes' servers as last read (see identify); reading
+	// holds the one read under way.
+	ids     atomic.Pointer[identities]
+	reading chan struct{}
 }
 
 // Option configures a Locker.
@@ -117,8 +122,11 @@ func WithMaxBackoff(d time.Duration) Option {
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
 // recommended count. A server listed twice (one client, or two clients of
-// one address) is an error wrapping driver.ErrInvalidOption. The caller
-// keeps ownership of the clients.
+// one address) is an error wrapping driver.ErrInvalidOption. So is one
+// server under two addresses (127.0.0.1 and localhost), which New, making
+// no request, cannot see: the first acquisition or Ping reads
+// each node's run_id (INFO server) and fails with that error, naming the
+// two addresses. The caller keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
@@ -134,6 +142,7 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		fence:       goredis.NewScript(stateSrc + fenceSrc),
 		release:     goredis.NewScript(releaseSrc),
 		refresh:     goredis.NewScript(refreshSrc),
+		reading:     make(chan struct{}, 1),
 	}
 	l.acquireSha, l.releaseSha, l.refreshSha = l.acquire.Hash(), l.release.Hash(), l.refresh.Hash()
 	l.ring = make([]int, 2*len(nodes))
@@ -144,10 +153,11 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	l.silent = make([]atomic.Bool, len(nodes))
 	// A server listed twice casts two votes: a minority of the servers
 	// would then make a majority of the nodes, and one server's restart
-	// without persistence would lose the lock. Clients are told apart by
-	// the address they dial (whatever their database: eviction, restarts
+	// without persistence would lose the lock. Clients are told apart here
+	// by the address they dial (whatever their database: eviction, restarts
 	// and replication are a server's), or, for Sentinel's failover client,
-	// which names no address, by themselves.
+	// which names no address, by themselves; one server under two
+	// spellings of its address is found on first use (see identify).
 	seen := make(map[any]int, len(nodes))
 	for i, n := range nodes {
 		if n == nil {
@@ -274,6 +284,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 // background, and returns how long the holder's votes still last, as a
 // hint for the next attempt. It hands out no lease once ctx is done.
 func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held bool) (time.Duration, error) {
+	ids, err := l.identify(ctx)
+	if err != nil {
+		return 0, err
+	}
 	// An owner id of its own for every attempt: a withdrawal of an earlier
 	// attempt that is still under way on a slow node can then never remove
 	// a vote this attempt counts. The calls of this attempt that may outlive
@@ -306,6 +320,13 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 		failed   int
 		hint     time.Duration
 	)
+	for i := range votes {
+		// A node whose server is unknown may be another's under a
+		// second address: its vote does not count.
+		if ids.ids[i] == "" && votes[i].err == nil {
+			votes[i].err = ids.errs[i]
+		}
+	}
 	for i, v := range votes {
 		l.silent[i].Store(v.err != nil)
 		if v.err != nil {
@@ -387,7 +408,10 @@ func (l *Locker) try(ctx context.Context, ls *lease, ttl time.Duration, held boo
 	ls.owner = ownerArg
 	ls.token = uint64(token)
 	ls.day = expiryDay(time.Now(), ttl)
-	ls.votes = mine
+	ls.votes, ls.counted = mine, mine
+	if unknown := slices.ContainsFunc(mine, func(i int) bool { return ids.ids[i] == "" }); unknown {
+		ls.counted = slices.DeleteFunc(slices.Clone(mine), func(i int) bool { return ids.ids[i] == "" })
+	}
 	ls.setExpiry(expiry)
 	return 0, nil
 }
@@ -752,8 +776,14 @@ func firstErr(rs []result) error {
 func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock" }
 
 // Ping implements driver.Pinger: nil when a majority of the nodes answer
-// PING within the node timeout, which is what a lock needs.
+// PING within the node timeout, which is what a lock needs, and an error
+// wrapping driver.ErrInvalidOption when two nodes are one server (see
+// identify). When it reads the nodes' identities, it waits for every node,
+// within the node timeout.
 func (l *Locker) Ping(ctx context.Context) error {
+	if _, err := l.identify(ctx); err != nil {
+		return err
+	}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return nil, l.nodes[i].Ping(ctx).Err()
 	}, answered, nil, nil)

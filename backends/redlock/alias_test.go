@@ -1,0 +1,189 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+)
+
+// respell names the server at addr (127.0.0.1:port) by another spelling.
+func respell(t *testing.T, addr, host string) string {
+	t.Helper()
+	rest, ok := strings.CutPrefix(addr, "127.0.0.1:")
+	if !ok {
+		t.Skipf("%s is not on 127.0.0.1", addr)
+	}
+	return host + ":" + rest
+}
+
+// TestOneServerUnderTwoAddresses: a server listed under two spellings of
+// its address (localhost, an IPv4-mapped IPv6 address) would count twice
+// toward a majority: with the third node down, a lock granted by one
+// server; beside a Locker on three servers, a lock held twice. New cannot
+// tell without a request; the acquisition and Ping refuse it with
+// ErrInvalidOption naming both addresses, and write no vote that stays.
+func TestOneServerUnderTwoAddresses(t *testing.T) {
+	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
+	ctx := context.Background()
+	for _, host := range []string{"localhost", "[::ffff:127.0.0.1]"} {
+		alias := respell(t, addrs[0], host)
+		for name, nodes := range map[string][]string{
+			"third down":   {addrs[0], alias, drivertest.ClosedAddr(t)},
+			"third up":     {addrs[0], alias, addrs[1]},
+			"aliases last": {addrs[1], addrs[0], alias},
+		} {
+			l, err := New(clients(t, nodes, nil), WithNodeTimeout(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "alias/" + host + "/" + name
+			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+			if lease != nil {
+				lease.Release(ctx)
+			}
+			if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), addrs[0]) || !strings.Contains(err.Error(), alias) {
+				t.Errorf("%s, %s: Acquire got %v, want ErrInvalidOption naming %s and %s", host, name, err, addrs[0], alias)
+			}
+			if err := l.Ping(ctx); !errors.Is(err, driver.ErrInvalidOption) {
+				t.Errorf("%s, %s: Ping got %v, want ErrInvalidOption", host, name, err)
+			}
+			// Nothing was written: a Locker on three servers takes the key.
+			other := sharedLocker(t)
+			held, err := other.Acquire(ctx, key, driver.AcquireOptions{TTL: 10 * time.Second})
+			if err != nil {
+				t.Fatalf("%s, %s: a Locker on distinct servers: %v", host, name, err)
+			}
+			held.Release(ctx)
+		}
+	}
+}
+
+// TestAliasesStayOneServerAfterRestart: a server restarted has a new
+// run_id; two nodes naming it under two addresses are refused before the
+// restart and after it alike, and distinct nodes, one restarted, still
+// grant the lock.
+func TestAliasesStayOneServerAfterRestart(t *testing.T) {
+	servers := startServers(t, 3)
+	ctx := context.Background()
+	opts := driver.AcquireOptions{TTL: 10 * time.Second}
+	a := servers[0].Addr()
+	aliased, err := New(clients(t, []string{a, respell(t, a, "localhost"), servers[1].Addr()}, nil), WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	distinct := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+	if _, err := aliased.Acquire(ctx, "k", opts); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Fatalf("before the restart: %v, want ErrInvalidOption", err)
+	}
+	lease, err := distinct.Acquire(ctx, "k", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	servers[0].Restart(t)
+	// As once the identities read before the restart are too old.
+	aliased.ids.Store(nil)
+	distinct.ids.Store(nil)
+	if _, err := aliased.Acquire(ctx, "k", opts); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Fatalf("after the restart: %v, want ErrInvalidOption", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		lease, err := distinct.Acquire(ctx, "k", opts)
+		if err == nil {
+			lease.Release(ctx)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("distinct nodes, one restarted: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestACLNeedsInfo: a node is told apart from the others by its INFO
+// run_id, so an ACL user without INFO is refused there for good: a
+// majority of such nodes ends an acquisition at once with NOPERM, waiting
+// or not. The user doc.go documents takes the lock.
+func TestACLNeedsInfo(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	for _, s := range servers {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+		for _, rules := range [][]any{
+			{"noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"},
+			{"warden", "on", ">pw", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+time", "+info", "+ping"},
+		} {
+			if err := c.Do(ctx, append([]any{"acl", "setuser"}, rules...)...).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Close()
+	}
+	login := func(user string) func(*goredis.Options) {
+		return func(o *goredis.Options) { o.Username, o.Password = user, "pw" }
+	}
+	noInfo := privateLocker(t, servers, login("noinfo"), WithNodeTimeout(time.Second))
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	lease, err := noInfo.Acquire(wctx, "warden:k", driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	cancel()
+	if lease != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("without INFO, waiting: got %v, want ErrUnavailable saying NOPERM", err)
+	}
+	l := privateLocker(t, servers, login("warden"), WithNodeTimeout(time.Second))
+	lease, err = l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("the documented ACL user: %v", err)
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnknownServerDoesNotCount: a node whose run_id is unknown (its ACL
+// user lacks INFO) may be another node's server under a second address,
+// so neither its vote nor its refreshes count: with the only other server
+// down, a refresh counted on one server twice would keep a lock that a
+// Locker on distinct servers can take.
+func TestUnknownServerDoesNotCount(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 2)
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	if err := c.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	a := servers[0].Addr()
+	n := 0
+	l, err := New(clients(t, []string{a, respell(t, a, "localhost"), servers[1].Addr()}, func(o *goredis.Options) {
+		if n++; n == 1 {
+			o.Username, o.Password = "noinfo", "pw"
+		}
+	}), WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("two known servers of three nodes: %v", err)
+	}
+	servers[1].Kill(t)
+	if err := lease.Refresh(ctx, 10*time.Second); err == nil {
+		t.Error("refreshed with one server up, counted twice")
+	}
+}
