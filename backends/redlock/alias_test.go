@@ -32,7 +32,7 @@ func respell(t *testing.T, addr, host string) string {
 func TestOneServerUnderTwoAddresses(t *testing.T) {
 	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
 	ctx := context.Background()
-	for _, host := range []string{"localhost", "[::ffff:127.0.0.1]"} {
+	for _, host := range []string{"127.0.0.1", "localhost", "[::ffff:127.0.0.1]"} {
 		alias := respell(t, addrs[0], host)
 		for name, nodes := range map[string][]string{
 			"third down":   {addrs[0], alias, drivertest.ClosedAddr(t)},

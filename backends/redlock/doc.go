@@ -68,9 +68,10 @@
 // pressure (every vote's key has an expiry, so volatile-* policies evict
 // them too): run the nodes with noeviction, or no maxmemory. The nodes must
 // be independent masters. One server listed twice would count twice toward
-// a majority: New refuses one client or one address listed twice, and one
-// server under two spellings of its address (127.0.0.1 and localhost) is
-// found by its run_id (INFO server), which the Locker reads from every
+// a majority: New refuses one client listed twice, and one server behind
+// two clients (one address twice, two spellings of it such as 127.0.0.1
+// and localhost, two dialers of their own) is found by its run_id (INFO
+// server), which the Locker reads from every
 // node in one round on first use (an acquisition, a Ping) and again a
 // minute later, or a second later while a node's is unknown: the
 // acquisition and Ping then fail with driver.ErrInvalidOption naming the

@@ -121,12 +121,12 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. A server listed twice (one client, or two clients of
-// one address) is an error wrapping driver.ErrInvalidOption. So is one
-// server under two addresses (127.0.0.1 and localhost), which New, making
-// no request, cannot see: the first acquisition or Ping reads
-// each node's run_id (INFO server) and fails with that error, naming the
-// two addresses. The caller keeps ownership of the clients.
+// recommended count. One client listed twice is an error wrapping
+// driver.ErrInvalidOption. So is one server behind two clients (one address
+// twice, 127.0.0.1 and localhost, two dialers of their own), which New,
+// making no request, cannot see: the first acquisition or Ping reads each
+// node's run_id (INFO server) and fails with that error, naming the two
+// addresses. The caller keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
@@ -153,24 +153,21 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	l.silent = make([]atomic.Bool, len(nodes))
 	// A server listed twice casts two votes: a minority of the servers
 	// would then make a majority of the nodes, and one server's restart
-	// without persistence would lose the lock. Clients are told apart here
-	// by the address they dial (whatever their database: eviction, restarts
-	// and replication are a server's), or, for Sentinel's failover client,
-	// which names no address, by themselves; one server under two
-	// spellings of its address is found on first use (see identify).
-	seen := make(map[any]int, len(nodes))
+	// without persistence would lose the lock. One client listed twice is
+	// refused here; two clients of one server, whatever they dial (one
+	// address twice, two spellings of it, two dialers of their own that
+	// go-redis gives the same default address), are found on first use
+	// by the server's identity (see identify): an address says too little
+	// to refuse them here.
+	seen := make(map[goredis.UniversalClient]int, len(nodes))
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
 		}
-		var server any = n
-		if c, ok := n.(*goredis.Client); ok && c.Options().Addr != "FailoverClient" {
-			server = c.Options().Network + "/" + c.Options().Addr
+		if j, ok := seen[n]; ok {
+			return nil, fmt.Errorf("%w: nodes %d and %d are one client", driver.ErrInvalidOption, j, i)
 		}
-		if j, ok := seen[server]; ok {
-			return nil, fmt.Errorf("%w: nodes %d and %d are one server", driver.ErrInvalidOption, j, i)
-		}
-		seen[server] = i
+		seen[n] = i
 	}
 	for _, o := range opts {
 		if o == nil {

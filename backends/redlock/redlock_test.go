@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,10 +84,9 @@ func TestNewRejectsEvenOrFewNodes(t *testing.T) {
 	}
 }
 
-// TestNewRejectsANodeListedTwice: one server listed twice (the same client,
-// or two clients of one address) casts two votes, so a minority of the
-// servers makes a majority of the nodes, and one server's restart without
-// persistence loses the lock: New refuses it.
+// TestNewRejectsANodeListedTwice: one client listed twice casts two votes,
+// so a minority of the servers makes a majority of the nodes, and one
+// server's restart without persistence loses the lock: New refuses it.
 func TestNewRejectsANodeListedTwice(t *testing.T) {
 	a := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
 	b := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:2"})
@@ -94,13 +94,47 @@ func TestNewRejectsANodeListedTwice(t *testing.T) {
 	for _, c := range []*goredis.Client{a, b, again} {
 		t.Cleanup(func() { c.Close() })
 	}
-	for name, nodes := range map[string][]goredis.UniversalClient{
-		"same client":  {a, b, a},
-		"same address": {a, b, again},
-	} {
-		if _, err := New(nodes); !errors.Is(err, driver.ErrInvalidOption) {
-			t.Errorf("%s: got %v, want ErrInvalidOption", name, err)
-		}
+	if _, err := New([]goredis.UniversalClient{a, b, a}); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("one client twice: got %v, want ErrInvalidOption", err)
+	}
+	// Two clients of one address are found on first use, by the server's
+	// identity (TestOneServerUnderTwoAddresses): an address alone cannot
+	// tell (TestNewTakesClientsWithDialers).
+	if _, err := New([]goredis.UniversalClient{a, b, again}); err != nil {
+		t.Errorf("two clients of one address: New got %v, want nil", err)
+	}
+}
+
+// Clients that reach their servers through a Dialer of their own name no
+// address (go-redis fills in localhost:6379 for each): New takes them as
+// distinct, and the first acquisition tells their servers apart by their
+// identity. New refused them as one server.
+func TestNewTakesClientsWithDialers(t *testing.T) {
+	addrs := strings.Split(drivertest.Addr(t, addrsEnv, addrsDefault), ",")
+	nodes := make([]goredis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		var d net.Dialer
+		c := goredis.NewClient(&goredis.Options{
+			Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, "tcp", a)
+			},
+			MaxRetries: -1, ContextTimeoutEnabled: true,
+		})
+		t.Cleanup(func() { c.Close() })
+		nodes[i] = c
+	}
+	l, err := New(nodes)
+	if err != nil {
+		t.Fatalf("New of clients with their own dialers: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, "dialers-"+strconv.FormatInt(time.Now().UnixNano(), 36), driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire through them: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
