@@ -17,6 +17,21 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
+// openSQLite opens d with a pool of at most conns connections (0: no limit).
+func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
+	g, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := g.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	pool.SetMaxOpenConns(conns)
+	return g, pool
+}
+
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
 // accepts one with a pool of one connection, or a shared one. A table that
@@ -24,16 +39,7 @@ import (
 // second connection at once.
 func TestInMemorySQLite(t *testing.T) {
 	open := func(t *testing.T, dsn string, conns int, table string) (*sql.DB, *sqllock.Locker, *sqllock.Store) {
-		g, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := g.DB()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pool.Close() })
-		pool.SetMaxOpenConns(conns)
+		g, pool := openSQLite(t, sqlite.Open(dsn), conns)
 		var lopts []sqllock.Option
 		var sopts []sqllock.StoreOption
 		if table != "" {
@@ -92,6 +98,51 @@ func TestInMemorySQLite(t *testing.T) {
 			defer lease.Release(ctx)
 			if _, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
 				t.Fatalf("Acquire of a held lock: %v, want ErrNotAcquired", err)
+			}
+		})
+	}
+}
+
+// TestInMemorySQLiteDSN: whether an in-memory SQLite database is shared is
+// as SQLite reads the DSN, not as a URL parser does: of a repeated cache
+// parameter the last counts, and nothing after a '#'. An accepted database is one for every connection: a lock held
+// on one is held on another.
+func TestInMemorySQLiteDSN(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		query  string
+		shared bool
+	}{
+		"cache shared, then private": {query: "mode=memory&cache=shared&cache=private"},
+		"cache private, then shared": {query: "mode=memory&cache=private&cache=shared", shared: true},
+		"cache after a '#'":          {query: "mode=memory#&cache=shared"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g, pool := openSQLite(t, sqlite.Open(fmt.Sprintf("file:warden%d?%s", time.Now().UnixNano(), c.query)), 2)
+			l := newLocker(t, g)
+			err := l.Migrate(ctx)
+			if !c.shared {
+				if !errors.Is(err, driver.ErrInvalidOption) {
+					t.Fatalf("Migrate of a database per connection: %v, want ErrInvalidOption", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Migrate of a shared database: %v", err)
+			}
+			lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Release(ctx)
+			// The second Acquire runs on the other connection.
+			busy, err := pool.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Close()
+			if _, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("Acquire of a held lock on another connection: %v, want ErrNotAcquired", err)
 			}
 		})
 	}
