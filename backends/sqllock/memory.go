@@ -53,7 +53,7 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 	case file != "":
 		return nil
 	case strings.EqualFold(schema, "main"):
-		shared, err := sharedMain(ctx, conn, dialectorDSN(db))
+		shared, err := sharedMain(ctx, conn, dialectorDSN(reflect.ValueOf(db.Dialector), 0))
 		if err != nil {
 			return unavailable(ctx, err)
 		}
@@ -93,16 +93,36 @@ func sharedMain(ctx context.Context, conn *sql.Conn, dsn string) (bool, error) {
 	return false, nil
 }
 
-// dialectorDSN is the DSN field of db's dialector (gorm.io/driver/sqlite's
-// and github.com/glebarez/sqlite's have one), read by reflection so that
-// the package links neither, or "".
-func dialectorDSN(db *gorm.DB) string {
-	v := reflect.Indirect(reflect.ValueOf(db.Dialector))
-	if v.Kind() != reflect.Struct {
+// dialectorDSN is the DSN string field of the dialector v (gorm.io/driver/
+// sqlite's and github.com/glebarez/sqlite's have one), read by reflection so
+// that the package links neither, or "". It looks through pointers and
+// into embedded fields, interfaces included, so that a dialector wrapping
+// another by embedding it is read too; a nil one is skipped, not followed
+// (reflect's FieldByName panics there). depth bounds a type that embeds a
+// pointer to itself.
+func dialectorDSN(v reflect.Value, depth int) string {
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return ""
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct || depth > 8 {
 		return ""
 	}
-	if f := v.FieldByName("DSN"); f.Kind() == reflect.String {
-		return f.String()
+	t := v.Type()
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Name == "DSN" && f.Type.Kind() == reflect.String {
+			return v.Field(i).String()
+		}
+	}
+	for i := range t.NumField() {
+		if !t.Field(i).Anonymous {
+			continue
+		}
+		if dsn := dialectorDSN(v.Field(i), depth+1); dsn != "" {
+			return dsn
+		}
 	}
 	return ""
 }

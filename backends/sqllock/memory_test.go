@@ -103,22 +103,46 @@ func TestInMemorySQLite(t *testing.T) {
 	}
 }
 
+// wrappedDialector is an application's dialector around another, which it
+// embeds as the interface.
+type wrappedDialector struct{ gorm.Dialector }
+
+// extraDialector embeds, beside the dialector, a pointer (here nil) to a
+// struct with a DSN field of its own.
+type extraDialector struct {
+	gorm.Dialector
+	*dialectorExtra
+}
+
+type dialectorExtra struct{ DSN string }
+
 // TestInMemorySQLiteDSN: whether an in-memory SQLite database is shared is
 // as SQLite reads the DSN, not as a URL parser does: of a repeated cache
-// parameter the last counts, and nothing after a '#'. An accepted database is one for every connection: a lock held
+// parameter the last counts, and nothing after a '#'. A dialector that
+// wraps the SQLite one is read through, without a panic on a nil embedded
+// pointer. An accepted database is one for every connection: a lock held
 // on one is held on another.
 func TestInMemorySQLiteDSN(t *testing.T) {
 	ctx := context.Background()
 	for name, c := range map[string]struct {
 		query  string
+		wrap   func(gorm.Dialector) gorm.Dialector
 		shared bool
 	}{
 		"cache shared, then private": {query: "mode=memory&cache=shared&cache=private"},
 		"cache private, then shared": {query: "mode=memory&cache=private&cache=shared", shared: true},
 		"cache after a '#'":          {query: "mode=memory#&cache=shared"},
+		"wrapped": {query: "mode=memory&cache=shared", shared: true,
+			wrap: func(d gorm.Dialector) gorm.Dialector { return wrappedDialector{d} }},
+		"wrapped, nil embedded pointer": {query: "mode=memory&cache=shared", shared: true,
+			wrap: func(d gorm.Dialector) gorm.Dialector { return extraDialector{Dialector: d} }},
 	} {
 		t.Run(name, func(t *testing.T) {
-			g, pool := openSQLite(t, sqlite.Open(fmt.Sprintf("file:warden%d?%s", time.Now().UnixNano(), c.query)), 2)
+			var d gorm.Dialector = sqlite.Open(fmt.Sprintf("file:warden%d?%s", time.Now().UnixNano(), c.query))
+			if c.wrap != nil {
+				d = c.wrap(d)
+			}
+			g, pool := openSQLite(t, d, 2)
 			l := newLocker(t, g)
 			err := l.Migrate(ctx)
 			if !c.shared {
