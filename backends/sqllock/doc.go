@@ -311,9 +311,13 @@
 // locks taken on one connection are not seen on another. Migrate refuses
 // it, with driver.ErrInvalidOption, unless the pool is limited to one
 // connection (SetMaxOpenConns(1)) or the dialector's DSN opens the
-// database shared (file:name?mode=memory&cache=shared); before, a Migrate
-// that ran on a second connection made a second lock table there, and a
-// lock was granted on both. A table that names its schema (main.locks) is
+// database shared (file:name?mode=memory&cache=shared) as SQLite reads it
+// (of a repeated cache parameter the last counts, and nothing after a
+// '#'): SQLite is asked, by attaching the DSN on the connection, which it
+// refuses for a shared database the connection has already. A dialector
+// that wraps the SQLite one by embedding it is read through. Before, a
+// Migrate that ran on a second connection made a second lock table there,
+// and a lock was granted on both. A table that names its schema (main.locks) is
 // checked in that schema: a temporary or attached in-memory one is one per
 // connection too, as is a database the dialector was given as a Conn,
 // whose DSN cannot be read.
