@@ -19,15 +19,7 @@ import (
 
 // openSQLite opens d with a pool of at most conns connections (0: no limit).
 func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
-	g, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := g.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
+	g, pool := openConfig(t, d, &gorm.Config{Logger: logger.Discard})
 	pool.SetMaxOpenConns(conns)
 	return g, pool
 }

@@ -161,15 +161,7 @@ func TestResolverSourcesRefused(t *testing.T) {
 func TestResolverReplicasPrepared(t *testing.T) {
 	db := databases()[2]
 	dsn := db.dsn(t)
-	g, err := gorm.Open(db.open(dsn), &gorm.Config{Logger: logger.Discard, PrepareStmt: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := g.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
+	g, _ := openConfig(t, db.open(dsn), &gorm.Config{Logger: logger.Discard, PrepareStmt: true})
 	if err := g.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{mysql.Open(dsn)}})); err != nil {
 		t.Fatal(err)
 	}
