@@ -177,8 +177,11 @@
 //     max_prepared_statements = 0, lets the server refuse it (SQLSTATE
 //     26000 or 42P05) on statements at random. A statement so refused
 //     runs again once at once, which mends what pgx's cache alone caused
-//     (an application's DEALLOCATE ALL: pgx prepares the statement again);
-//     refused twice, it is reported wrapping driver.ErrInvalidOption,
+//     (an application's DEALLOCATE ALL: pgx prepares the statement again),
+//     but not what gorm's PrepareStmt caused, pooler or not: gorm keeps
+//     the statement, dead on its connection, so that after a DEALLOCATE
+//     ALL every Refresh and RefreshBatch run there is refused. Refused
+//     twice, a statement is reported wrapping driver.ErrInvalidOption,
 //     naming the fix, not as the database being unavailable: a waiting
 //     Acquire returns it at once rather than retry until its deadline. A
 //     lease keeper retries a renewal so refused, as any error but
