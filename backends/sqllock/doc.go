@@ -177,8 +177,11 @@
 //     max_prepared_statements = 0, lets the server refuse it (SQLSTATE
 //     26000 or 42P05) on statements at random. A statement so refused
 //     runs again once at once, which mends what pgx's cache alone caused
-//     (an application's DEALLOCATE ALL: pgx prepares the statement again);
-//     refused twice, it is reported wrapping driver.ErrInvalidOption,
+//     (an application's DEALLOCATE ALL: pgx prepares the statement again),
+//     but not what gorm's PrepareStmt caused, pooler or not: gorm keeps
+//     the statement, dead on its connection, so that after a DEALLOCATE
+//     ALL every Refresh and RefreshBatch run there is refused. Refused
+//     twice, a statement is reported wrapping driver.ErrInvalidOption,
 //     naming the fix, not as the database being unavailable: a waiting
 //     Acquire returns it at once rather than retry until its deadline. A
 //     lease keeper retries a renewal so refused, as any error but
@@ -311,9 +314,13 @@
 // locks taken on one connection are not seen on another. Migrate refuses
 // it, with driver.ErrInvalidOption, unless the pool is limited to one
 // connection (SetMaxOpenConns(1)) or the dialector's DSN opens the
-// database shared (file:name?mode=memory&cache=shared); before, a Migrate
-// that ran on a second connection made a second lock table there, and a
-// lock was granted on both. A table that names its schema (main.locks) is
+// database shared (file:name?mode=memory&cache=shared) as SQLite reads it
+// (of a repeated cache parameter the last counts, and nothing after a
+// '#'): SQLite is asked, by attaching the DSN on the connection, which it
+// refuses for a shared database the connection has already. A dialector
+// that wraps the SQLite one by embedding it is read through. Before, a
+// Migrate that ran on a second connection made a second lock table there,
+// and a lock was granted on both. A table that names its schema (main.locks) is
 // checked in that schema: a temporary or attached in-memory one is one per
 // connection too, as is a database the dialector was given as a Conn,
 // whose DSN cannot be read.

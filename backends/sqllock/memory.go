@@ -3,8 +3,8 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"fmt"
-	"net/url"
 	"reflect"
 	"strings"
 
@@ -20,12 +20,12 @@ import (
 // Migrate there made a second lock table, and the lock was granted twice).
 // table's schema (main, or the one it names, as in "main.locks") is
 // accepted when it is a file, when the pool holds one connection, or when
-// it is main and the dialector's DSN opened it shared (cache=shared, as in
-// file:name?mode=memory&cache=shared). The check asks one connection, so
-// that it does not wait for a second one that the application holds. A
-// temporary or attached in-memory schema is one per connection whatever
-// the DSN, as is a database opened without a DSN (a dialector given a
-// Conn), whose sharing cannot be read.
+// it is main and SQLite itself says that the dialector's DSN names it
+// shared (see sharedMain). The check asks one connection, so that it does
+// not wait for a second one that the application holds. A temporary or
+// attached in-memory schema is one per connection whatever the DSN, as is
+// a database opened without a DSN (a dialector given a Conn), whose
+// sharing cannot be asked.
 func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "sqlite" {
 		return nil
@@ -38,8 +38,13 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 	if !qualified {
 		schema = "main"
 	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return unavailable(ctx, err)
+	}
+	defer conn.Close()
 	var file string
-	err = pool.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = ? COLLATE NOCASE", schema).Scan(&file)
+	err = conn.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = ? COLLATE NOCASE", schema).Scan(&file)
 	switch {
 	case err == sql.ErrNoRows:
 		// Attached on another connection only.
@@ -47,36 +52,77 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 		return unavailable(ctx, err)
 	case file != "":
 		return nil
-	case strings.EqualFold(schema, "main") && sharedCache(dialectorDSN(db)):
-		return nil
+	case strings.EqualFold(schema, "main"):
+		shared, err := sharedMain(ctx, conn, dialectorDSN(reflect.ValueOf(db.Dialector), 0))
+		if err != nil {
+			return unavailable(ctx, err)
+		}
+		if shared {
+			return nil
+		}
 	}
 	return fmt.Errorf("%w: an in-memory SQLite database (:memory:) is one per connection, and the pool may open several,"+
 		" whose locks would not exclude each other: limit the pool to one connection (SetMaxOpenConns(1) on db.DB()),"+
 		" or open a file, or a shared one by the dialector's DSN (file:name?mode=memory&cache=shared)", driver.ErrInvalidOption)
 }
 
-// dialectorDSN is the DSN field of db's dialector (gorm.io/driver/sqlite's
-// and github.com/glebarez/sqlite's have one), read by reflection so that
-// the package links neither, or "".
-func dialectorDSN(db *gorm.DB) string {
-	v := reflect.Indirect(reflect.ValueOf(db.Dialector))
-	if v.Kind() != reflect.Struct {
-		return ""
+// sharedMain reports whether dsn opens the database that conn has as main
+// in shared-cache mode, which makes every connection of the process that
+// opens dsn share it. SQLite decides, not a reading of dsn here (which went
+// wrong on a repeated cache parameter, where SQLite takes the last, and on
+// a '#', after which SQLite reads nothing): conn attaches dsn, and SQLite
+// refuses to attach a shared-cache database to a connection that has it
+// already. A URI alone can ask for shared cache; a DSN that is not one is
+// not attached, so that a file it names is not created.
+func sharedMain(ctx context.Context, conn *sql.Conn, dsn string) (bool, error) {
+	if !strings.HasPrefix(dsn, "file:") {
+		return false, nil
 	}
-	if f := v.FieldByName("DSN"); f.Kind() == reflect.String {
-		return f.String()
+	_, err := conn.ExecContext(ctx, "ATTACH DATABASE ? AS warden_probe", dsn)
+	if err != nil {
+		// "database is already attached" when shared; any other refusal
+		// (an alias in use, too many attached) proves nothing.
+		return ctx.Err() == nil && strings.Contains(err.Error(), "already attached"), ctx.Err()
 	}
-	return ""
+	// Another database: detach it, or drop the connection, so that it is
+	// not left attached on a connection of the application's pool.
+	if _, err := conn.ExecContext(ctx, "DETACH DATABASE warden_probe"); err != nil {
+		conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+		return false, err
+	}
+	return false, nil
 }
 
-// sharedCache reports whether dsn, an SQLite URI filename, opens its
-// database in shared-cache mode, which makes the connections of a process
-// that name one in-memory database share it.
-func sharedCache(dsn string) bool {
-	if len(dsn) < 5 || !strings.EqualFold(dsn[:5], "file:") {
-		return false // not a URI: its parameters are part of a file name
+// dialectorDSN is the DSN string field of the dialector v (gorm.io/driver/
+// sqlite's and github.com/glebarez/sqlite's have one), read by reflection so
+// that the package links neither, or "". It looks through pointers and
+// into embedded fields, interfaces included, so that a dialector wrapping
+// another by embedding it is read too; a nil one is skipped, not followed
+// (reflect's FieldByName panics there). depth bounds a type that embeds a
+// pointer to itself.
+func dialectorDSN(v reflect.Value, depth int) string {
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return ""
+		}
+		v = v.Elem()
 	}
-	_, query, _ := strings.Cut(dsn, "?")
-	v, err := url.ParseQuery(query)
-	return err == nil && v.Get("cache") == "shared"
+	if v.Kind() != reflect.Struct || depth > 8 {
+		return ""
+	}
+	t := v.Type()
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Name == "DSN" && f.Type.Kind() == reflect.String {
+			return v.Field(i).String()
+		}
+	}
+	for i := range t.NumField() {
+		if !t.Field(i).Anonymous {
+			continue
+		}
+		if dsn := dialectorDSN(v.Field(i), depth+1); dsn != "" {
+			return dsn
+		}
+	}
+	return ""
 }

@@ -17,6 +17,13 @@ import (
 	"github.com/warden-go/warden/guard/driver"
 )
 
+// openSQLite opens d with a pool of at most conns connections (0: no limit).
+func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
+	g, pool := openConfig(t, d, &gorm.Config{Logger: logger.Discard})
+	pool.SetMaxOpenConns(conns)
+	return g, pool
+}
+
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
 // accepts one with a pool of one connection, or a shared one. A table that
@@ -24,16 +31,7 @@ import (
 // second connection at once.
 func TestInMemorySQLite(t *testing.T) {
 	open := func(t *testing.T, dsn string, conns int, table string) (*sql.DB, *sqllock.Locker, *sqllock.Store) {
-		g, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := g.DB()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pool.Close() })
-		pool.SetMaxOpenConns(conns)
+		g, pool := openSQLite(t, sqlite.Open(dsn), conns)
 		var lopts []sqllock.Option
 		var sopts []sqllock.StoreOption
 		if table != "" {
@@ -92,6 +90,75 @@ func TestInMemorySQLite(t *testing.T) {
 			defer lease.Release(ctx)
 			if _, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
 				t.Fatalf("Acquire of a held lock: %v, want ErrNotAcquired", err)
+			}
+		})
+	}
+}
+
+// wrappedDialector is an application's dialector around another, which it
+// embeds as the interface.
+type wrappedDialector struct{ gorm.Dialector }
+
+// extraDialector embeds, beside the dialector, a pointer (here nil) to a
+// struct with a DSN field of its own.
+type extraDialector struct {
+	gorm.Dialector
+	*dialectorExtra
+}
+
+type dialectorExtra struct{ DSN string }
+
+// TestInMemorySQLiteDSN: whether an in-memory SQLite database is shared is
+// as SQLite reads the DSN, not as a URL parser does: of a repeated cache
+// parameter the last counts, and nothing after a '#'. A dialector that
+// wraps the SQLite one is read through, without a panic on a nil embedded
+// pointer. An accepted database is one for every connection: a lock held
+// on one is held on another.
+func TestInMemorySQLiteDSN(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		query  string
+		wrap   func(gorm.Dialector) gorm.Dialector
+		shared bool
+	}{
+		"cache shared, then private": {query: "mode=memory&cache=shared&cache=private"},
+		"cache private, then shared": {query: "mode=memory&cache=private&cache=shared", shared: true},
+		"cache after a '#'":          {query: "mode=memory#&cache=shared"},
+		"wrapped": {query: "mode=memory&cache=shared", shared: true,
+			wrap: func(d gorm.Dialector) gorm.Dialector { return wrappedDialector{d} }},
+		"wrapped, nil embedded pointer": {query: "mode=memory&cache=shared", shared: true,
+			wrap: func(d gorm.Dialector) gorm.Dialector { return extraDialector{Dialector: d} }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var d gorm.Dialector = sqlite.Open(fmt.Sprintf("file:warden%d?%s", time.Now().UnixNano(), c.query))
+			if c.wrap != nil {
+				d = c.wrap(d)
+			}
+			g, pool := openSQLite(t, d, 2)
+			l := newLocker(t, g)
+			err := l.Migrate(ctx)
+			if !c.shared {
+				if !errors.Is(err, driver.ErrInvalidOption) {
+					t.Fatalf("Migrate of a database per connection: %v, want ErrInvalidOption", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Migrate of a shared database: %v", err)
+			}
+			lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Release(ctx)
+			// The second Acquire runs on the other connection.
+			busy, err := pool.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Close()
+			if _, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("Acquire of a held lock on another connection: %v, want ErrNotAcquired", err)
 			}
 		})
 	}

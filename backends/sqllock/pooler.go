@@ -23,7 +23,7 @@ func unavailable(ctx context.Context, err error) error {
 const pooledStatementsFix = "prepared statements do not survive the connection pooler in front of the database" +
 	" (PgBouncer in transaction or statement pooling mode, before 1.21 or with max_prepared_statements = 0):" +
 	" add default_query_exec_mode=exec to the DSN (or set PreferSimpleProtocol in gorm's postgres.Config)," +
-	" and do not set gorm's PrepareStmt"
+	" and do not set gorm's PrepareStmt (whose statements a DEALLOCATE ALL on their connection leaves refused for good, pooler or not)"
 
 // pooledStatements reports whether err is PostgreSQL's
 // duplicate_prepared_statement (SQLSTATE 42P05) or
@@ -36,11 +36,14 @@ const pooledStatementsFix = "prepared statements do not survive the connection p
 // error is safe, but it comes back on any statement, at random: left an
 // ErrUnavailable, a waiting Acquire would go on trying until its context
 // ended, and a lease keeper would retry its renewals until the lease ran
-// out, with no word of the cause. Without a pooler the error is pgx's
-// cache outliving the statement (an application's DEALLOCATE ALL), and the
-// statement, run again once (see retryable), succeeds: the error reaching
-// the caller is the pooler's. The package's own statements prepare
-// nothing by name.
+// out, with no word of the cause. Without a pooler the error is a cache
+// outliving the statement (an application's DEALLOCATE ALL). pgx's cache
+// drops the statement, which, run again once (see retryable), succeeds.
+// gorm's PrepareStmt cache does not: it keeps the *sql.Stmt, dead on that
+// connection, and every later run of the statement there is refused again
+// (gorm drops a statement on driver.ErrBadConn alone), so that the error
+// reaching the caller is a pooler's or that one, and the fix names both.
+// The package's own statements prepare nothing by name.
 func pooledStatements(err error) bool {
 	switch sqlState(err) {
 	case "42P05", "26000":

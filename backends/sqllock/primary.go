@@ -59,13 +59,17 @@ func onePool(db *gorm.DB, table, raw string) error {
 	return nil
 }
 
-// unprepared is pool without gorm's prepared-statement wrapper, which a
-// resolver makes anew for each statement.
+// unprepared is pool without gorm's prepared-statement wrappers, which a
+// resolver makes anew for each statement, and of which a Session with
+// PrepareStmt on a *gorm.DB that prepares already adds another.
 func unprepared(pool gorm.ConnPool) gorm.ConnPool {
-	if p, ok := pool.(*gorm.PreparedStmtDB); ok {
-		return p.ConnPool
+	for {
+		p, ok := pool.(*gorm.PreparedStmtDB)
+		if !ok || p == nil {
+			return pool
+		}
+		pool = p.ConnPool
 	}
-	return pool
 }
 
 // samePool reports whether a and b are the same connection pool, without

@@ -10,6 +10,7 @@ import (
 
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 	"gorm.io/plugin/dbresolver"
 
 	"github.com/warden-go/warden/backends/sqllock"
@@ -151,4 +152,22 @@ func TestResolverSourcesRefused(t *testing.T) {
 		lease.Release(ctx)
 	}
 	t.Fatalf("New behind a resolver with Sources returned a Locker, want ErrInvalidOption (a batch renewal of a lease just acquired: %v)", err)
+}
+
+// TestResolverReplicasPrepared: New accepts a *gorm.DB behind a dbresolver
+// with Replicas alone, whose writes stay on its own pool, also when gorm
+// prepares statements twice over (PrepareStmt in the Config, and again in a
+// Session): each layer wraps the pool once more.
+func TestResolverReplicasPrepared(t *testing.T) {
+	db := databases()[2]
+	dsn := db.dsn(t)
+	g, _ := openConfig(t, db.open(dsn), &gorm.Config{Logger: logger.Discard, PrepareStmt: true})
+	if err := g.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{mysql.Open(dsn)}})); err != nil {
+		t.Fatal(err)
+	}
+	for name, g := range map[string]*gorm.DB{"Config": g, "Config and Session": g.Session(&gorm.Session{PrepareStmt: true})} {
+		if _, err := sqllock.New(g); err != nil {
+			t.Errorf("New behind a resolver with Replicas alone, PrepareStmt in the %s: %v", name, err)
+		}
+	}
 }

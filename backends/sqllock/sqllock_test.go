@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -97,16 +98,23 @@ func env(name, def string) string {
 // closed when t ends.
 func openDB(t testing.TB, db database, dsn string) *gorm.DB {
 	t.Helper()
-	g, err := gorm.Open(db.open(dsn), &gorm.Config{Logger: logger.Discard})
+	g, _ := openConfig(t, db.open(dsn), &gorm.Config{Logger: logger.Discard})
+	return g
+}
+
+// openConfig opens d with cfg, and closes its pool when t ends.
+func openConfig(t testing.TB, d gorm.Dialector, cfg *gorm.Config) (*gorm.DB, *sql.DB) {
+	t.Helper()
+	g, err := gorm.Open(d, cfg)
 	if err != nil {
-		t.Fatalf("open %s: %v", db.name, err)
+		t.Fatalf("open %s: %v", d.Name(), err)
 	}
 	pool, err := g.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	return g
+	return g, pool
 }
 
 // newLocker returns a Locker on g whose waiters, on PostgreSQL, listen for
