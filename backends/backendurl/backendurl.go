@@ -21,6 +21,7 @@
 package backendurl
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -187,7 +188,7 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
-	if name := repeatedOption(p.RawQuery); name != "" {
+	if name := repeatedOption(p.RawQuery, scheme == "postgres" || scheme == "postgresql"); name != "" {
 		// One of them would be ignored without a word (go-redis and pgx
 		// take the last): an sslmode=require before a disable, say.
 		return nil, fmt.Errorf("%s: option %q given twice", u, name)
@@ -435,18 +436,29 @@ func secretsOf(p *url.URL) []string {
 }
 
 // repeatedOption returns the name of the first query parameter of
-// rawQuery given a second time, or "".
-func repeatedOption(rawQuery string) string {
+// rawQuery given a second time, or "". Names compare as the clients read
+// them: spaces around a name are dropped (pgx, like libpq, reads
+// "& sslmode" as sslmode), and for PostgreSQL (postgres) the names that
+// set the same thing are one: ssl=true is sslmode=require, dbname is
+// database.
+func repeatedOption(rawQuery string, postgres bool) string {
 	seen := map[string]bool{}
 	for kv := range strings.SplitSeq(rawQuery, "&") {
 		k, _, _ := strings.Cut(kv, "=")
-		if k = unescape(k); k != "" && seen[k] {
+		k = strings.Trim(unescape(k), " ")
+		if postgres {
+			k = cmp.Or(pgSynonyms[k], k)
+		}
+		if k != "" && seen[k] {
 			return k
 		}
 		seen[k] = true
 	}
 	return ""
 }
+
+// pgSynonyms maps PostgreSQL URL parameters to the one they set.
+var pgSynonyms = map[string]string{"ssl": "sslmode", "database": "dbname"}
 
 func unescape(s string) string {
 	if v, err := url.QueryUnescape(s); err == nil {
