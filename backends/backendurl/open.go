@@ -1,7 +1,6 @@
 package backendurl
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -256,7 +255,7 @@ func newRedis(o *goredis.Options) *goredis.Client {
 	return goredis.NewClient(&opts)
 }
 
-func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error) {
+func (b *Opener) openEtcd(u *URL) (*clientv3.Client, error) {
 	hosts := u.Hosts
 	key := strings.Join(hosts, ",") + "\x00" + u.username + "\x00" + u.password
 	if c, ok := b.etcd[key]; ok {
@@ -269,41 +268,12 @@ func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := anyMemberAnswers(pctx, c, hosts); err != nil {
-		c.Close()
-		return nil, driver.Unavailable(ctx, err)
-	}
+	// No check here: the Locker's and the Store's Pings, which their
+	// opens call, read linearizably, which needs the cluster's leader and a
+	// quorum; a member that has lost them still answers its status.
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { return anyMemberAnswers(ctx, c, hosts) }})
 	return c, nil
-}
-
-// anyMemberAnswers returns nil as soon as one of the etcd members at hosts
-// answers, or the first error to arrive once none has: a URL lists the
-// members so that some may be down, the first one listed as well as any
-// other.
-func anyMemberAnswers(ctx context.Context, c *clientv3.Client, hosts []string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(hosts))
-	for _, h := range hosts {
-		go func() {
-			_, err := c.Status(ctx, h)
-			errs <- err
-		}()
-	}
-	var first error
-	for range hosts {
-		err := <-errs
-		if err == nil {
-			return nil
-		}
-		first = cmp.Or(first, err)
-	}
-	return first
 }
 
 // openZK connects to a ZooKeeper ensemble for the idempotency store. A
@@ -397,7 +367,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		}
 		return redlock.New(nodes)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u)
+		c, err := b.openEtcd(u)
 		if err != nil {
 			return nil, err
 		}
@@ -460,11 +430,21 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		return redislock.NewStore(c)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u)
+		c, err := b.openEtcd(u)
 		if err != nil {
 			return nil, err
 		}
-		return etcdlock.NewStore(c)
+		s, err := etcdlock.NewStore(c)
+		if err != nil {
+			return nil, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.Ping(pctx); err != nil {
+			return nil, err
+		}
+		b.pings = append(b.pings, Ping{"etcd", s.Ping})
+		return s, nil
 	case "zk":
 		c, err := b.openZK(u.Hosts)
 		if err != nil {
