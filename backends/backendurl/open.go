@@ -319,14 +319,23 @@ func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		return nil, u.RedactError(err)
 	}
 	if p, ok := l.(driver.Pinger); ok {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := p.Ping(pctx); err != nil {
+		if err := b.check(ctx, u.Scheme, p.Ping); err != nil {
 			return nil, u.RedactError(err)
 		}
-		b.pings = append(b.pings, Ping{u.Scheme, p.Ping})
 	}
 	return l, nil
+}
+
+// check calls ping within ctx, and at most 5 s, and keeps it for the
+// health endpoint (Pings) if it passes.
+func (b *Opener) check(ctx context.Context, backend string, ping func(context.Context) error) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := ping(pctx); err != nil {
+		return err
+	}
+	b.pings = append(b.pings, Ping{backend, ping})
+	return nil
 }
 
 func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
@@ -438,13 +447,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.Ping(pctx); err != nil {
-			return nil, err
-		}
-		b.pings = append(b.pings, Ping{"etcd", s.Ping})
-		return s, nil
+		return s, b.check(ctx, "etcd", s.Ping)
 	case "zk":
 		c, err := b.openZK(u.Hosts)
 		if err != nil {
@@ -456,13 +459,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		// The client connects in the background: only a request tells
 		// whether the ensemble is there.
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.Ping(pctx); err != nil {
-			return nil, err
-		}
-		b.pings = append(b.pings, Ping{"zk", s.Ping})
-		return s, nil
+		return s, b.check(ctx, "zk", s.Ping)
 	case "consul":
 		c, err := b.openConsul(u.Hosts[0])
 		if err != nil {
@@ -476,13 +473,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		// at once rather than when the session's TTL runs out.
 		b.closers = append(b.closers, func() { s.Close() })
 		// The client makes no request until asked.
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.Ping(pctx); err != nil {
-			return nil, err
-		}
-		b.pings = append(b.pings, Ping{"consul", s.Ping})
-		return s, nil
+		return s, b.check(ctx, "consul", s.Ping)
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)
 }
