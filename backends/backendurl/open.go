@@ -170,26 +170,32 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 // pingSQL checks that db's server answers within ctx, and at most 5s, and
 // closes db if it does not.
 //
-// An SQLite file another process is writing in its rollback journal (a
+// An SQLite file another connection is writing in its rollback journal (a
 // replica creating its tables in a fresh file) refuses the switch to WAL
 // that each connection makes on opening with SQLITE_BUSY at once: that
 // switch waits for no busy timeout. The ping tries again until the writer
-// is done, within the same bound.
+// is done, within the same bound; a file still locked then is reported as
+// such, with SQLite's last SQLITE_BUSY.
 func pingSQL(ctx context.Context, db *sql.DB) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	var busy error
 	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		err := db.PingContext(pctx)
 		if err == nil {
 			return nil
 		}
-		if !sqliteBusy(err) || pctx.Err() != nil {
+		if sqliteBusy(err) {
+			busy = err
+		} else if busy == nil || pctx.Err() == nil {
 			db.Close()
 			return driver.Unavailable(ctx, err)
 		}
 		select {
 		case <-time.After(pause):
 		case <-pctx.Done():
+			db.Close()
+			return driver.Unavailable(ctx, fmt.Errorf("the SQLite file stayed locked by another connection's write: %w", busy))
 		}
 	}
 }
