@@ -92,17 +92,7 @@ func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
 	const replicas = 3
 	dir := t.TempDir()
 	path := filepath.Join(dir, "fresh.db")
-	writer, err := gorm.Open(sqlite.Open(path), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := writer.Exec("CREATE TABLE orders (id integer)").Error; err != nil {
-		t.Fatal(err)
-	}
-	tx := writer.Begin()
-	if err := tx.Exec("INSERT INTO orders VALUES (1)").Error; err != nil {
-		t.Fatal(err)
-	}
+	tx := writing(t, path)
 	cmds := make([]*exec.Cmd, replicas)
 	outs := make([]*bytes.Buffer, replicas)
 	for i := range cmds {
@@ -142,18 +132,7 @@ func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
 // exceeded".
 func TestSQLiteStaysLocked(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "locked.db")
-	writer, err := gorm.Open(sqlite.Open(path), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := writer.Exec("CREATE TABLE orders (id integer)").Error; err != nil {
-		t.Fatal(err)
-	}
-	tx := writer.Begin()
-	defer tx.Rollback()
-	if err := tx.Exec("INSERT INTO orders VALUES (1)").Error; err != nil {
-		t.Fatal(err)
-	}
+	defer writing(t, path).Rollback()
 	u, err := Parse("sqlite://" + path)
 	if err != nil {
 		t.Fatal(err)
@@ -164,4 +143,23 @@ func TestSQLiteStaysLocked(t *testing.T) {
 	if !errors.Is(err, driver.ErrUnavailable) || !sqliteBusy(err) || !strings.Contains(err.Error(), "stayed locked") {
 		t.Errorf("open of a file that stays locked: %v; want ErrUnavailable saying the file stayed locked, with SQLITE_BUSY", err)
 	}
+}
+
+// writing creates the SQLite file at path with a table, and returns a
+// transaction that has written to it in its rollback journal: the file is
+// locked until the transaction ends.
+func writing(t *testing.T, path string) *gorm.DB {
+	t.Helper()
+	writer, err := gorm.Open(sqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Exec("CREATE TABLE orders (id integer)").Error; err != nil {
+		t.Fatal(err)
+	}
+	tx := writer.Begin()
+	if err := tx.Exec("INSERT INTO orders VALUES (1)").Error; err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
