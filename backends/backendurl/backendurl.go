@@ -224,8 +224,14 @@ func Parse(s string) (*URL, error) {
 		p.Path = ""
 	}
 	for h := range strings.SplitSeq(p.Host, ",") {
-		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || port == "" {
 			return nil, fmt.Errorf("%s: %q is not host:port", u, h)
+		}
+		if strings.Contains(host, "%") && (scheme == "etcd" || scheme == "consul") {
+			// The etcd and Consul clients read the address as a URL, where
+			// the zone's '%' is an invalid escape: every dial would fail.
+			return nil, fmt.Errorf("%s: %q: the %s client takes no IPv6 zone (%%25...) in an address", u, h, scheme)
 		}
 		u.Hosts = append(u.Hosts, h)
 	}

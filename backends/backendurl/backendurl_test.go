@@ -91,6 +91,7 @@ func TestSeveralHostsWithIPv6(t *testing.T) {
 		"redlocks://u:pw@127.0.0.1:1,[::1]:2,[::1]:3/2": {"127.0.0.1:1", "[::1]:2", "[::1]:3"},
 		"etcd://root:pw@127.0.0.1:1,[::1]:2":            {"127.0.0.1:1", "[::1]:2"},
 		"zk://[::1]:1,[fe80::1%25eth0]:2":               {"[::1]:1", "[fe80::1%eth0]:2"},
+		"redlock://[fe80::1%25lo]:1,[::1]:2,[::1]:3":    {"[fe80::1%lo]:1", "[::1]:2", "[::1]:3"},
 		"etcd://[2001:db8::1]:2379,[2001:db8::2]:2379":  {"[2001:db8::1]:2379", "[2001:db8::2]:2379"},
 	} {
 		u, err := Parse(in)
@@ -113,6 +114,8 @@ func TestSeveralHostsWithIPv6(t *testing.T) {
 		"consul://[::1]:1,[::1]:2":           "one host:port",
 		"etcd://[::1]:1,[::1]":               `"[::1]" is not host:port`,
 		"etcd://[::1]:1,[::1]:2/x":           "hosts only",
+		"etcd://[fe80::1%25lo]:1,[::1]:2":    "takes no IPv6 zone",
+		"consul://[fe80::1%25lo]:8500":       "takes no IPv6 zone",
 		"zk://[::1]:1,[::1:2":                "not a valid URL",
 	} {
 		u, err := Parse(in)
