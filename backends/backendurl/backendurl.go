@@ -178,6 +178,9 @@ func Parse(s string) (*URL, error) {
 	}
 	authority, _, _ := strings.Cut(rest, "/")
 	authority, _, _ = strings.Cut(authority, "?")
+	if list := authority[strings.LastIndex(authority, "@")+1:]; strings.Contains(list, ",") && slices.Contains(strings.Split(list, ","), "") {
+		return nil, fmt.Errorf("%s://%s: an empty host in the list of hosts (two commas, or one at an end)", scheme, masked)
+	}
 	p, err := parseHosts(s, scheme, rest, authority)
 	// Where a password with an '@', '/', '?' or '#' that was not
 	// percent-encoded ends cannot be told (client libraries tell it

@@ -117,6 +117,8 @@ func TestSeveralHostsWithIPv6(t *testing.T) {
 		"etcd://[fe80::1%25lo]:1,[::1]:2":    "takes no IPv6 zone",
 		"consul://[fe80::1%25lo]:8500":       "takes no IPv6 zone",
 		"zk://[::1]:1,[::1:2":                "not a valid URL",
+		"redlock://h1:1,,h3:3":               "an empty host in the list",
+		"etcd://u:p@h1:1,h2:2,":              "an empty host in the list",
 	} {
 		u, err := Parse(in)
 		got := fmt.Sprint(err)
