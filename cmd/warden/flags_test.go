@@ -376,3 +376,33 @@ func TestMissingSQLiteFile(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreFromEnvOnlyForTheStore: $WARDEN_STORE concerns the commands
+// that use the store: a bad one fails none of the others, -store "" sets
+// it aside for the lock backend's own store, memory is refused as it is
+// for -lock, and a store that fails is named, redacted, with where it was
+// given.
+func TestStoreFromEnvOnlyForTheStore(t *testing.T) {
+	lock := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	t.Setenv("WARDEN_STORE", "bogus")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-lock", lock, "locks", "ls", "no-such-prefix-"}, 0, ""},
+		{[]string{"-lock", lock, "idem", "show", "s", "k"}, 2, "$WARDEN_STORE: not a backend URL"},
+		{[]string{"-lock", lock, "-store", "", "idem", "show", "no-such-scope", "k"}, 1, "no record"},
+		{[]string{"-lock", lock, "-store", "memory", "idem", "show", "s", "k"}, 2, "-store memory: an in-process store"},
+		{[]string{"-lock", lock, "-store", "redis://:TopS3cretPw@127.0.0.1:1/1", "-timeout", "2s", "idem", "show", "s", "k"}, 1, "-store redis://xxxxx@127.0.0.1:1/1: "},
+	} {
+		code, _, errOut := cliRun(t, "", tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "TopS3cretPw") {
+			t.Errorf("warden %q with WARDEN_STORE=bogus: exit %d, %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+	}
+	t.Setenv("WARDEN_STORE", "memory")
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "idem", "show", "s", "k"); code != 2 || !strings.Contains(errOut, "$WARDEN_STORE memory: an in-process store") {
+		t.Errorf("idem show with WARDEN_STORE=memory: exit %d, %q; want 2 and a refusal", code, errOut)
+	}
+}

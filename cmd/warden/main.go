@@ -15,12 +15,13 @@
 // URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
 // password need not be in the command's arguments, which ps shows to
-// every user of the machine. A sqlite:// file must exist: the command
-// makes no database. Keys are named as the services name them, under
-// their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
-// not as the backend stores them: locks show, ls and release of a name
-// that starts with the prefix, and names no lock, say on stderr when the
-// name without it does.
+// every user of the machine (-store "" names the lock backend's own
+// store over $WARDEN_STORE, which only the idem commands read). A
+// sqlite:// file must exist: the command makes no database. Keys are
+// named as the services name them, under their Guard's prefix (-prefix,
+// "warden:" by default, like guard.New's), not as the backend stores
+// them: locks show, ls and release of a name that starts with the prefix,
+// and names no lock, say on stderr when the name without it does.
 // locks ls lists a page of at most -limit locks; when more follow, a note
 // on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
@@ -191,7 +192,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	// Not $WARDEN_LOCK or $WARDEN_STORE as the default: the usage would
 	// print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
-	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store)")
+	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store, which -store '' names)")
 	fs.StringVar(&c.prefix, "prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
@@ -209,7 +210,11 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 		return errUsage{err.Error()}
 	}
-	fs.Visit(func(f *flag.Flag) { c.tokenSet = c.tokenSet || f.Name == "token" })
+	storeSet := false
+	fs.Visit(func(f *flag.Flag) {
+		c.tokenSet = c.tokenSet || f.Name == "token"
+		storeSet = storeSet || f.Name == "store"
+	})
 	if len(cmd) == 0 {
 		printUsage()
 		return badInput("no command")
@@ -238,15 +243,16 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err := sqliteMissing("-lock", lockURL); err != nil {
 		return err
 	}
-	sURL := lockURL
-	if *storeURL == "" {
+	// -store "" names the lock backend's own store, over $WARDEN_STORE.
+	st := store{flag: "-lock", url: lockURL}
+	if !storeSet {
 		*storeURL = os.Getenv("WARDEN_STORE")
 	}
 	if *storeURL != "" {
-		if sURL, err = backendurl.Parse(*storeURL); err != nil {
-			return badInput("-store: %v", err)
+		st = parseStore(storeSet, *storeURL)
+		if st.url != nil {
+			defer func() { err = st.url.RedactError(err) }()
 		}
-		defer func() { err = sURL.RedactError(err) }()
 	}
 	// The command is checked before anything is opened: a typo must not
 	// wait for a connection.
@@ -258,7 +264,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c.restartBound()
 	o := backendurl.NewOpener()
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL) }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st) }); err != nil {
 		return err
 	}
 	return do(ctx)
@@ -285,8 +291,36 @@ func operands(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// store is the idempotency store's URL, and where it was given: -store,
+// $WARDEN_STORE, or -lock for the lock backend's own.
+type store struct {
+	flag string
+	url  *backendurl.URL
+	err  error // what is wrong with the URL, said to the commands that use it
+}
+
+// parseStore reads the store's URL, given with -store (flagged) or in
+// $WARDEN_STORE. A URL that is wrong fails only the commands that use the
+// store: a bad $WARDEN_STORE must not stop locks ls.
+func parseStore(flagged bool, s string) store {
+	st := store{flag: "$WARDEN_STORE"}
+	if flagged {
+		st.flag = "-store"
+	}
+	u, err := backendurl.Parse(s)
+	switch {
+	case err != nil:
+		st.err = badInput("%s: %v", st.flag, err)
+	case u.Scheme == "memory":
+		st.err = badInput("%s memory: an in-process store holds nothing another process wrote", st.flag)
+	default:
+		st.url = u
+	}
+	return st
+}
+
 // open opens the lock backend and, when a command asks for it, the store.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL) error {
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store) error {
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
@@ -302,14 +336,20 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *bac
 		return badInput("%v", err)
 	}
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
-		if err := sqliteMissing("-store", sURL); err != nil {
+		if st.err != nil {
+			return nil, st.err
+		}
+		if err := sqliteMissing(st.flag, st.url); err != nil {
 			return nil, err
 		}
-		s, err := o.Store(ctx, sURL)
+		s, err := o.Store(ctx, st.url)
 		if errors.Is(err, backendurl.ErrNoStore) {
-			return nil, badInput("%s has no idempotency store: give -store URL", sURL)
+			return nil, badInput("%s %s has no idempotency store: give -store URL", st.flag, st.url)
 		}
-		return s, err
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, err)
+		}
+		return s, nil
 	}
 	return nil
 }
