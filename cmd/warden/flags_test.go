@@ -277,14 +277,15 @@ func TestListPartwayThroughARuneOnEveryBackend(t *testing.T) {
 
 // TestLsSaysMoreFollow: a page that stops at -limit with more locks after
 // it says so on stderr, naming the -after of the next page (quoted when
-// the key is, to be given back with -quoted); the page that holds the last
+// the key is, to be given back with -quoted; and quoted for a shell when a
+// character of it means something there); the page that holds the last
 // lock says nothing, and stdout is the page alone, JSON included.
 func TestLsSaysMoreFollow(t *testing.T) {
 	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	g := serviceGuard(t, url, "svc", 10*time.Second)
 	ctx := context.Background()
 	dir := fmt.Sprintf("ls-more-%d/", time.Now().UnixNano())
-	keys := []string{dir + "a", dir + "b c ", dir + "d"}
+	keys := []string{dir + "a", dir + "b c ", dir + "b it's", dir + "d"}
 	for _, key := range keys {
 		l, err := g.Lock(ctx, key)
 		if err != nil {
@@ -297,10 +298,11 @@ func TestLsSaysMoreFollow(t *testing.T) {
 		note string // on stderr, "" for none
 	}{
 		{[]string{"-limit", "1"}, "warden: more locks follow; the next page is -after " + dir + "a\n"},
-		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
-		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
-		{[]string{"-limit", "3"}, ""},
-		{[]string{"-limit", "2", "-after", dir + "a"}, ""},
+		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after '" + strconv.Quote(dir+"b c ") + "'\n"},
+		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after '" + strconv.Quote(dir+"b c ") + "'\n"},
+		{[]string{"-limit", "3"}, "warden: more locks follow; the next page is -after '" + dir + "b it'\\''s'\n"},
+		{[]string{"-limit", "4"}, ""},
+		{[]string{"-limit", "3", "-after", dir + "a"}, ""},
 	} {
 		args := append([]string{"-lock", url, "locks", "ls", dir}, tc.args...)
 		code, out, errOut := cliRun(t, "", args...)
@@ -348,6 +350,25 @@ func TestShowOfAPrefixedName(t *testing.T) {
 	want = fmt.Sprintf("nothing to release (%s is held: keys are named without the Guard's prefix (-prefix %q))\n", key, "warden:")
 	if code != 1 || !strings.HasSuffix(errOut, want) || l.Err() != nil {
 		t.Errorf("release of a prefixed name: exit %d, %q; want 1, %q, and the lock kept", code, errOut, want)
+	}
+}
+
+// TestLsOfTheGuardPrefixAlone: ls of the Guard's prefix alone, as the
+// backend stores keys, lists nothing, and says that locks are held, named
+// without it.
+func TestLsOfTheGuardPrefixAlone(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "locks.db")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	l, err := g.Lock(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "warden:")
+	want := fmt.Sprintf("warden: locks are held: keys are named without the Guard's prefix (-prefix %q)\n", "warden:")
+	if code != 0 || errOut != want || strings.Contains(out, "svc") {
+		t.Errorf("ls of the Guard's prefix: exit %d, %q, %q; want an empty page, and %q", code, out, errOut, want)
 	}
 }
 

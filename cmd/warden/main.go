@@ -567,7 +567,11 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 		// No lock under a prefix copied from the backend, the Guard's
 		// included.
 		if held, err := c.g.List(ctx, bare, "", 1); err == nil && len(held) > 0 {
-			note = fmt.Sprintf("locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+			held := "locks are held" // under the empty prefix: any lock
+			if bare != "" {
+				held = "locks whose keys start with " + shown(bare) + " are held"
+			}
+			note = fmt.Sprintf("%s: keys are named without the Guard's prefix (-prefix %q)", held, c.prefix)
 		}
 	}
 	// A full page may be all there is, or the first of many; an operator
@@ -600,12 +604,24 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 
 // nextPage is the note after a page of locks ls that more locks follow
 // last, the last one listed, saying how to ask for them: -after as a table
-// shows the key, with -quoted when it is quoted.
+// shows the key, with -quoted when it is quoted, written as one word for a
+// shell so that it can be pasted.
 func nextPage(last string) string {
 	if after := shown(last); after != last {
-		return "more locks follow; the next page is -quoted -after " + after
+		return "more locks follow; the next page is -quoted -after " + shellWord(after)
 	}
-	return "more locks follow; the next page is -after " + last
+	return "more locks follow; the next page is -after " + shellWord(last)
+}
+
+// shellWord is s as one word for a POSIX shell: as it is when no character
+// of it means anything to the shell, else single-quoted.
+func shellWord(s string) string {
+	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+,=", r))
+	}) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // heldUnprefixed returns, when key starts with the Guard's prefix (as the
