@@ -372,6 +372,33 @@ func TestLsOfTheGuardPrefixAlone(t *testing.T) {
 	}
 }
 
+// TestSQLiteFileURI: a file: URI naming a file that is there is read as
+// SQLite reads it (its path percent-decoded, an authority of localhost
+// dropped), not refused as missing; one naming no file is refused.
+func TestSQLiteFileURI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "my dir")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "locks.db")
+	g := serviceGuard(t, "sqlite://"+path, "svc", 10*time.Second)
+	l, err := g.Lock(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	escaped := strings.ReplaceAll(path, " ", "%20")
+	for _, lock := range []string{"sqlite://file:" + escaped, "sqlite://file://localhost" + escaped, "sqlite://file://" + escaped + "?mode=rw"} {
+		if code, out, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 0 || !strings.Contains(out, "orders") {
+			t.Errorf("locks ls with -lock %s: exit %d, %q, %q; want 0 and the lock held", lock, code, out, errOut)
+		}
+	}
+	lock := "sqlite://file:" + strings.ReplaceAll(filepath.Join(dir, "lcoks.db"), " ", "%20")
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 2 || !strings.Contains(errOut, "does not exist") {
+		t.Errorf("locks ls with -lock %s: exit %d, %q; want 2 and the file named missing", lock, code, errOut)
+	}
+}
+
 // TestMissingSQLiteFile: a SQLite file that is not there (a typo in its
 // path) is an error naming it, not an empty database made on the spot,
 // whose empty listing would read as no lock held.

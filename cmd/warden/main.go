@@ -67,6 +67,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -362,11 +363,35 @@ func sqliteMissing(flag string, u *backendurl.URL) error {
 	if u.Scheme != "sqlite" {
 		return nil
 	}
-	name, _, _ := strings.Cut(u.Path, "?")
-	if _, err := os.Stat(strings.TrimPrefix(name, "file:")); errors.Is(err, fs.ErrNotExist) {
+	name, ok := sqliteFile(u.Path)
+	if !ok {
+		return nil // SQLite says what is wrong with it
+	}
+	if _, err := os.Stat(name); errors.Is(err, fs.ErrNotExist) {
 		return badInput("%s %s: the file does not exist (warden reads what services wrote; it makes no database)", flag, u)
 	}
 	return nil
+}
+
+// sqliteFile returns the file an SQLite path names, as SQLite reads it: a
+// plain path as it is, a file: URI's path percent-decoded, its authority
+// (empty or localhost) dropped; ok is false for a URI SQLite would refuse.
+func sqliteFile(path string) (name string, ok bool) {
+	name, _, _ = strings.Cut(path, "?")
+	uri, isURI := strings.CutPrefix(name, "file:")
+	if !isURI {
+		return name, true
+	}
+	uri, _, _ = strings.Cut(uri, "#")
+	if rest, hasAuthority := strings.CutPrefix(uri, "//"); hasAuthority {
+		authority, p, _ := strings.Cut(rest, "/")
+		if authority != "" && authority != "localhost" {
+			return "", false
+		}
+		uri = "/" + p
+	}
+	name, err := url.PathUnescape(uri)
+	return name, err == nil
 }
 
 // restartBound starts the bound on the backend's part of the command: at
