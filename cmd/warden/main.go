@@ -427,7 +427,7 @@ func (c *cli) bounded(ctx context.Context, f func(context.Context) error) error 
 		// Ctrl-C: say so, rather than what a client made of it.
 		return context.Cause(ctx)
 	case errors.Is(err, context.DeadlineExceeded) && fctx.Err() != nil:
-		return fmt.Errorf("no answer within -timeout %v: %w", c.timeout, err)
+		return about(fmt.Sprintf("no answer within -timeout %v", c.timeout), err)
 	}
 	return err
 }
