@@ -21,7 +21,6 @@
 package backendurl
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -456,7 +455,7 @@ func repeatedOption(rawQuery string, postgres bool) string {
 		k, _, _ := strings.Cut(kv, "=")
 		k = strings.Trim(unescape(k), " ")
 		if postgres {
-			k = cmp.Or(pgSynonyms[k], k)
+			k = pgOption(k)
 		}
 		if k != "" && seen[k] {
 			return k
@@ -466,8 +465,17 @@ func repeatedOption(rawQuery string, postgres bool) string {
 	return ""
 }
 
-// pgSynonyms maps PostgreSQL URL parameters to the one they set.
-var pgSynonyms = map[string]string{"ssl": "sslmode", "database": "dbname"}
+// pgOption is the PostgreSQL URL parameter that name sets: ssl (=true)
+// sets sslmode, database sets dbname; any other, itself.
+func pgOption(name string) string {
+	switch name {
+	case "ssl":
+		return "sslmode"
+	case "database":
+		return "dbname"
+	}
+	return name
+}
 
 func unescape(s string) string {
 	if v, err := url.QueryUnescape(s); err == nil {
