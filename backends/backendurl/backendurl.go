@@ -177,6 +177,9 @@ func Parse(s string) (*URL, error) {
 	}
 	authority, _, _ := strings.Cut(rest, "/")
 	authority, _, _ = strings.Cut(authority, "?")
+	if list := authority[strings.LastIndex(authority, "@")+1:]; strings.Contains(list, ",") && slices.Contains(strings.Split(list, ","), "") {
+		return nil, fmt.Errorf("%s://%s: an empty host in the list of hosts (two commas, or one at an end)", scheme, masked)
+	}
 	p, err := parseHosts(s, scheme, rest, authority)
 	// Where a password with an '@', '/', '?' or '#' that was not
 	// percent-encoded ends cannot be told (client libraries tell it
@@ -187,7 +190,7 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
-	if name := repeatedOption(p.RawQuery); name != "" {
+	if name := repeatedOption(p.RawQuery, scheme == "postgres" || scheme == "postgresql"); name != "" {
 		// One of them would be ignored without a word (go-redis and pgx
 		// take the last): an sslmode=require before a disable, say.
 		return nil, fmt.Errorf("%s: option %q given twice", u, name)
@@ -223,8 +226,14 @@ func Parse(s string) (*URL, error) {
 		p.Path = ""
 	}
 	for h := range strings.SplitSeq(p.Host, ",") {
-		if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || port == "" {
 			return nil, fmt.Errorf("%s: %q is not host:port", u, h)
+		}
+		if strings.Contains(host, "%") && (scheme == "etcd" || scheme == "consul") {
+			// The etcd and Consul clients read the address as a URL, where
+			// the zone's '%' is an invalid escape: every dial would fail.
+			return nil, fmt.Errorf("%s: %q: the %s client takes no IPv6 zone (%%25...) in an address", u, h, scheme)
 		}
 		u.Hosts = append(u.Hosts, h)
 	}
@@ -435,17 +444,37 @@ func secretsOf(p *url.URL) []string {
 }
 
 // repeatedOption returns the name of the first query parameter of
-// rawQuery given a second time, or "".
-func repeatedOption(rawQuery string) string {
+// rawQuery given a second time, or "". Names compare as the clients read
+// them: spaces around a name are dropped (pgx, like libpq, reads
+// "& sslmode" as sslmode), and for PostgreSQL (postgres) the names that
+// set the same thing are one: ssl=true is sslmode=require, dbname is
+// database.
+func repeatedOption(rawQuery string, postgres bool) string {
 	seen := map[string]bool{}
 	for kv := range strings.SplitSeq(rawQuery, "&") {
 		k, _, _ := strings.Cut(kv, "=")
-		if k = unescape(k); k != "" && seen[k] {
+		k = strings.Trim(unescape(k), " ")
+		if postgres {
+			k = pgOption(k)
+		}
+		if k != "" && seen[k] {
 			return k
 		}
 		seen[k] = true
 	}
 	return ""
+}
+
+// pgOption is the PostgreSQL URL parameter that name sets: ssl (=true)
+// sets sslmode, database sets dbname; any other, itself.
+func pgOption(name string) string {
+	switch name {
+	case "ssl":
+		return "sslmode"
+	case "database":
+		return "dbname"
+	}
+	return name
 }
 
 func unescape(s string) string {

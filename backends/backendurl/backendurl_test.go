@@ -58,6 +58,11 @@ func TestParse(t *testing.T) {
 		"redlock://a:1,b:2,c:3?dial_timeout=1s&dial_timeout=9s":      `option "dial_timeout" given twice`,
 		"postgres://h:1/db?sslmode=require&sslmode=disable":          `option "sslmode" given twice`,
 		"postgres://h:1/db?password=secret&password=secret2&x=1&x=2": `option "password" given twice`,
+		"postgres://h:1/db?sslmode=require& sslmode=disable":         `option "sslmode" given twice`,
+		"postgres://h:1/db?sslmode=require&sslmode =disable":         `option "sslmode" given twice`,
+		"postgres://h:1/db?ssl=true&sslmode=disable":                 `option "sslmode" given twice`,
+		"postgres://h:1/db?dbname=a&database=b":                      `option "dbname" given twice`,
+		"redis://127.0.0.1:1/0?db=1&%20db=2":                         `option "db" given twice`,
 		"sqlite://u:s?ecret@/x.db":                                   "no user info",
 		"mysql://u@127.0.0.1/db":                                     "want mysql://",
 		"redis://a:1,b:2":                                            "one host:port",
@@ -86,6 +91,7 @@ func TestSeveralHostsWithIPv6(t *testing.T) {
 		"redlocks://u:pw@127.0.0.1:1,[::1]:2,[::1]:3/2": {"127.0.0.1:1", "[::1]:2", "[::1]:3"},
 		"etcd://root:pw@127.0.0.1:1,[::1]:2":            {"127.0.0.1:1", "[::1]:2"},
 		"zk://[::1]:1,[fe80::1%25eth0]:2":               {"[::1]:1", "[fe80::1%eth0]:2"},
+		"redlock://[fe80::1%25lo]:1,[::1]:2,[::1]:3":    {"[fe80::1%lo]:1", "[::1]:2", "[::1]:3"},
 		"etcd://[2001:db8::1]:2379,[2001:db8::2]:2379":  {"[2001:db8::1]:2379", "[2001:db8::2]:2379"},
 	} {
 		u, err := Parse(in)
@@ -108,7 +114,11 @@ func TestSeveralHostsWithIPv6(t *testing.T) {
 		"consul://[::1]:1,[::1]:2":           "one host:port",
 		"etcd://[::1]:1,[::1]":               `"[::1]" is not host:port`,
 		"etcd://[::1]:1,[::1]:2/x":           "hosts only",
+		"etcd://[fe80::1%25lo]:1,[::1]:2":    "takes no IPv6 zone",
+		"consul://[fe80::1%25lo]:8500":       "takes no IPv6 zone",
 		"zk://[::1]:1,[::1:2":                "not a valid URL",
+		"redlock://h1:1,,h3:3":               "an empty host in the list",
+		"etcd://u:p@h1:1,h2:2,":              "an empty host in the list",
 	} {
 		u, err := Parse(in)
 		got := fmt.Sprint(err)

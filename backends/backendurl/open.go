@@ -1,7 +1,6 @@
 package backendurl
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -171,26 +170,32 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 // pingSQL checks that db's server answers within ctx, and at most 5s, and
 // closes db if it does not.
 //
-// An SQLite file another process is writing in its rollback journal (a
+// An SQLite file another connection is writing in its rollback journal (a
 // replica creating its tables in a fresh file) refuses the switch to WAL
 // that each connection makes on opening with SQLITE_BUSY at once: that
 // switch waits for no busy timeout. The ping tries again until the writer
-// is done, within the same bound.
+// is done, within the same bound; a file still locked then is reported as
+// such, with SQLite's last SQLITE_BUSY.
 func pingSQL(ctx context.Context, db *sql.DB) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	var busy error
 	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		err := db.PingContext(pctx)
 		if err == nil {
 			return nil
 		}
-		if !sqliteBusy(err) || pctx.Err() != nil {
+		if sqliteBusy(err) {
+			busy = err
+		} else if busy == nil || pctx.Err() == nil {
 			db.Close()
 			return driver.Unavailable(ctx, err)
 		}
 		select {
 		case <-time.After(pause):
 		case <-pctx.Done():
+			db.Close()
+			return driver.Unavailable(ctx, fmt.Errorf("the SQLite file stayed locked by another connection's write: %w", busy))
 		}
 	}
 }
@@ -256,7 +261,7 @@ func newRedis(o *goredis.Options) *goredis.Client {
 	return goredis.NewClient(&opts)
 }
 
-func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error) {
+func (b *Opener) openEtcd(u *URL) (*clientv3.Client, error) {
 	hosts := u.Hosts
 	key := strings.Join(hosts, ",") + "\x00" + u.username + "\x00" + u.password
 	if c, ok := b.etcd[key]; ok {
@@ -269,41 +274,12 @@ func (b *Opener) openEtcd(ctx context.Context, u *URL) (*clientv3.Client, error)
 	if err != nil {
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := anyMemberAnswers(pctx, c, hosts); err != nil {
-		c.Close()
-		return nil, driver.Unavailable(ctx, err)
-	}
+	// No check here: the Locker's and the Store's Pings, which their
+	// opens call, read linearizably, which needs the cluster's leader and a
+	// quorum; a member that has lost them still answers its status.
 	b.etcd[key] = c
 	b.closers = append(b.closers, func() { c.Close() })
-	b.pings = append(b.pings, Ping{"etcd", func(ctx context.Context) error { return anyMemberAnswers(ctx, c, hosts) }})
 	return c, nil
-}
-
-// anyMemberAnswers returns nil as soon as one of the etcd members at hosts
-// answers, or the first error to arrive once none has: a URL lists the
-// members so that some may be down, the first one listed as well as any
-// other.
-func anyMemberAnswers(ctx context.Context, c *clientv3.Client, hosts []string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(hosts))
-	for _, h := range hosts {
-		go func() {
-			_, err := c.Status(ctx, h)
-			errs <- err
-		}()
-	}
-	var first error
-	for range hosts {
-		err := <-errs
-		if err == nil {
-			return nil
-		}
-		first = cmp.Or(first, err)
-	}
-	return first
 }
 
 // openZK connects to a ZooKeeper ensemble for the idempotency store. A
@@ -349,14 +325,23 @@ func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		return nil, u.RedactError(err)
 	}
 	if p, ok := l.(driver.Pinger); ok {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := p.Ping(pctx); err != nil {
+		if err := b.check(ctx, u.Scheme, p.Ping); err != nil {
 			return nil, u.RedactError(err)
 		}
-		b.pings = append(b.pings, Ping{u.Scheme, p.Ping})
 	}
 	return l, nil
+}
+
+// check calls ping within ctx, and at most 5 s, and keeps it for the
+// health endpoint (Pings) if it passes.
+func (b *Opener) check(ctx context.Context, backend string, ping func(context.Context) error) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := ping(pctx); err != nil {
+		return err
+	}
+	b.pings = append(b.pings, Ping{backend, ping})
+	return nil
 }
 
 func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
@@ -397,7 +382,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		}
 		return redlock.New(nodes)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u)
+		c, err := b.openEtcd(u)
 		if err != nil {
 			return nil, err
 		}
@@ -460,11 +445,15 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		return redislock.NewStore(c)
 	case "etcd":
-		c, err := b.openEtcd(ctx, u)
+		c, err := b.openEtcd(u)
 		if err != nil {
 			return nil, err
 		}
-		return etcdlock.NewStore(c)
+		s, err := etcdlock.NewStore(c)
+		if err != nil {
+			return nil, err
+		}
+		return s, b.check(ctx, "etcd", s.Ping)
 	case "zk":
 		c, err := b.openZK(u.Hosts)
 		if err != nil {
@@ -476,13 +465,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		// The client connects in the background: only a request tells
 		// whether the ensemble is there.
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.Ping(pctx); err != nil {
-			return nil, err
-		}
-		b.pings = append(b.pings, Ping{"zk", s.Ping})
-		return s, nil
+		return s, b.check(ctx, "zk", s.Ping)
 	case "consul":
 		c, err := b.openConsul(u.Hosts[0])
 		if err != nil {
@@ -496,13 +479,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		// at once rather than when the session's TTL runs out.
 		b.closers = append(b.closers, func() { s.Close() })
 		// The client makes no request until asked.
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.Ping(pctx); err != nil {
-			return nil, err
-		}
-		b.pings = append(b.pings, Ping{"consul", s.Ping})
-		return s, nil
+		return s, b.check(ctx, "consul", s.Ping)
 	}
 	return nil, fmt.Errorf("%s: %w", u, ErrNoStore)
 }

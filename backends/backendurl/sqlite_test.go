@@ -3,6 +3,7 @@ package backendurl
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"github.com/glebarez/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // TestSQLiteParametersKeepPragmas: a path with parameters of its own (a
@@ -67,8 +70,9 @@ func TestSQLiteInMemoryRefused(t *testing.T) {
 // connection does on opening, needs the file to itself and waits for no
 // busy timeout: a replica that met the other's lock failed at once with
 // SQLITE_BUSY, and must wait instead. The replicas are processes of their
-// own (this test binary, run again), since SQLite's file locks do not part
-// connections of one process.
+// own (this test binary, run again), as replicas are; SQLite parts the
+// connections of one process as well (TestSQLiteStaysLocked's writer is in
+// the process that opens).
 func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
 	if path := os.Getenv("WARDEN_TEST_OPEN_SQLITE"); path != "" {
 		u, err := Parse("sqlite://" + path)
@@ -88,17 +92,7 @@ func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
 	const replicas = 3
 	dir := t.TempDir()
 	path := filepath.Join(dir, "fresh.db")
-	writer, err := gorm.Open(sqlite.Open(path), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := writer.Exec("CREATE TABLE orders (id integer)").Error; err != nil {
-		t.Fatal(err)
-	}
-	tx := writer.Begin()
-	if err := tx.Exec("INSERT INTO orders VALUES (1)").Error; err != nil {
-		t.Fatal(err)
-	}
+	tx := writing(t, path)
 	cmds := make([]*exec.Cmd, replicas)
 	outs := make([]*bytes.Buffer, replicas)
 	for i := range cmds {
@@ -130,4 +124,42 @@ func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
 			t.Errorf("a replica's open: %v\n%s", err, outs[i])
 		}
 	}
+}
+
+// TestSQLiteStaysLocked: an SQLite file whose writer never finishes fails
+// the open once its bound has passed, saying the file stayed locked, with
+// SQLite's SQLITE_BUSY rather than the bound's "context deadline
+// exceeded".
+func TestSQLiteStaysLocked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "locked.db")
+	defer writing(t, path).Rollback()
+	u, err := Parse("sqlite://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := NewOpener()
+	defer o.Close()
+	_, err = o.Locker(context.Background(), u, time.Second)
+	if !errors.Is(err, driver.ErrUnavailable) || !sqliteBusy(err) || !strings.Contains(err.Error(), "stayed locked") {
+		t.Errorf("open of a file that stays locked: %v; want ErrUnavailable saying the file stayed locked, with SQLITE_BUSY", err)
+	}
+}
+
+// writing creates the SQLite file at path with a table, and returns a
+// transaction that has written to it in its rollback journal: the file is
+// locked until the transaction ends.
+func writing(t *testing.T, path string) *gorm.DB {
+	t.Helper()
+	writer, err := gorm.Open(sqlite.Open(path), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Exec("CREATE TABLE orders (id integer)").Error; err != nil {
+		t.Fatal(err)
+	}
+	tx := writer.Begin()
+	if err := tx.Exec("INSERT INTO orders VALUES (1)").Error; err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

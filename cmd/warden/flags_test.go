@@ -277,14 +277,15 @@ func TestListPartwayThroughARuneOnEveryBackend(t *testing.T) {
 
 // TestLsSaysMoreFollow: a page that stops at -limit with more locks after
 // it says so on stderr, naming the -after of the next page (quoted when
-// the key is, to be given back with -quoted); the page that holds the last
+// the key is, to be given back with -quoted; and quoted for a shell when a
+// character of it means something there); the page that holds the last
 // lock says nothing, and stdout is the page alone, JSON included.
 func TestLsSaysMoreFollow(t *testing.T) {
 	url := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
 	g := serviceGuard(t, url, "svc", 10*time.Second)
 	ctx := context.Background()
 	dir := fmt.Sprintf("ls-more-%d/", time.Now().UnixNano())
-	keys := []string{dir + "a", dir + "b c ", dir + "d"}
+	keys := []string{dir + "a", dir + "b c ", dir + "b it's", dir + "d"}
 	for _, key := range keys {
 		l, err := g.Lock(ctx, key)
 		if err != nil {
@@ -297,10 +298,11 @@ func TestLsSaysMoreFollow(t *testing.T) {
 		note string // on stderr, "" for none
 	}{
 		{[]string{"-limit", "1"}, "warden: more locks follow; the next page is -after " + dir + "a\n"},
-		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
-		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after " + strconv.Quote(dir+"b c ") + "\n"},
-		{[]string{"-limit", "3"}, ""},
-		{[]string{"-limit", "2", "-after", dir + "a"}, ""},
+		{[]string{"-limit", "2"}, "warden: more locks follow; the next page is -quoted -after '" + strconv.Quote(dir+"b c ") + "'\n"},
+		{[]string{"-limit", "2", "-json"}, "warden: more locks follow; the next page is -quoted -after '" + strconv.Quote(dir+"b c ") + "'\n"},
+		{[]string{"-limit", "3"}, "warden: more locks follow; the next page is -after '" + dir + "b it'\\''s'\n"},
+		{[]string{"-limit", "4"}, ""},
+		{[]string{"-limit", "3", "-after", dir + "a"}, ""},
 	} {
 		args := append([]string{"-lock", url, "locks", "ls", dir}, tc.args...)
 		code, out, errOut := cliRun(t, "", args...)
@@ -351,6 +353,52 @@ func TestShowOfAPrefixedName(t *testing.T) {
 	}
 }
 
+// TestLsOfTheGuardPrefixAlone: ls of the Guard's prefix alone, as the
+// backend stores keys, lists nothing, and says that locks are held, named
+// without it.
+func TestLsOfTheGuardPrefixAlone(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "locks.db")
+	g := serviceGuard(t, url, "svc", 10*time.Second)
+	ctx := context.Background()
+	l, err := g.Lock(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	code, out, errOut := cliRun(t, "", "-lock", url, "locks", "ls", "warden:")
+	want := fmt.Sprintf("warden: locks are held: keys are named without the Guard's prefix (-prefix %q)\n", "warden:")
+	if code != 0 || errOut != want || strings.Contains(out, "svc") {
+		t.Errorf("ls of the Guard's prefix: exit %d, %q, %q; want an empty page, and %q", code, out, errOut, want)
+	}
+}
+
+// TestSQLiteFileURI: a file: URI naming a file that is there is read as
+// SQLite reads it (its path percent-decoded, an authority of localhost
+// dropped), not refused as missing; one naming no file is refused.
+func TestSQLiteFileURI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "my dir")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "locks.db")
+	g := serviceGuard(t, "sqlite://"+path, "svc", 10*time.Second)
+	l, err := g.Lock(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	escaped := strings.ReplaceAll(path, " ", "%20")
+	for _, lock := range []string{"sqlite://file:" + escaped, "sqlite://file://localhost" + escaped, "sqlite://file://" + escaped + "?mode=rw"} {
+		if code, out, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 0 || !strings.Contains(out, "orders") {
+			t.Errorf("locks ls with -lock %s: exit %d, %q, %q; want 0 and the lock held", lock, code, out, errOut)
+		}
+	}
+	lock := "sqlite://file:" + strings.ReplaceAll(filepath.Join(dir, "lcoks.db"), " ", "%20")
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "locks", "ls"); code != 2 || !strings.Contains(errOut, "does not exist") {
+		t.Errorf("locks ls with -lock %s: exit %d, %q; want 2 and the file named missing", lock, code, errOut)
+	}
+}
+
 // TestMissingSQLiteFile: a SQLite file that is not there (a typo in its
 // path) is an error naming it, not an empty database made on the spot,
 // whose empty listing would read as no lock held.
@@ -374,5 +422,35 @@ func TestMissingSQLiteFile(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("%s: %v; want it not made", name, err)
 		}
+	}
+}
+
+// TestStoreFromEnvOnlyForTheStore: $WARDEN_STORE concerns the commands
+// that use the store: a bad one fails none of the others, -store "" sets
+// it aside for the lock backend's own store, memory is refused as it is
+// for -lock, and a store that fails is named, redacted, with where it was
+// given.
+func TestStoreFromEnvOnlyForTheStore(t *testing.T) {
+	lock := "redis://" + drivertest.Addr(t, "WARDEN_REDIS_ADDR", "127.0.0.1:16379")
+	t.Setenv("WARDEN_STORE", "bogus")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-lock", lock, "locks", "ls", "no-such-prefix-"}, 0, ""},
+		{[]string{"-lock", lock, "idem", "show", "s", "k"}, 2, "$WARDEN_STORE: not a backend URL"},
+		{[]string{"-lock", lock, "-store", "", "idem", "show", "no-such-scope", "k"}, 1, "no record"},
+		{[]string{"-lock", lock, "-store", "memory", "idem", "show", "s", "k"}, 2, "-store memory: an in-process store"},
+		{[]string{"-lock", lock, "-store", "redis://:TopS3cretPw@127.0.0.1:1/1", "-timeout", "2s", "idem", "show", "s", "k"}, 1, "-store redis://xxxxx@127.0.0.1:1/1: "},
+	} {
+		code, _, errOut := cliRun(t, "", tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "TopS3cretPw") {
+			t.Errorf("warden %q with WARDEN_STORE=bogus: exit %d, %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+	}
+	t.Setenv("WARDEN_STORE", "memory")
+	if code, _, errOut := cliRun(t, "", "-lock", lock, "idem", "show", "s", "k"); code != 2 || !strings.Contains(errOut, "$WARDEN_STORE memory: an in-process store") {
+		t.Errorf("idem show with WARDEN_STORE=memory: exit %d, %q; want 2 and a refusal", code, errOut)
 	}
 }

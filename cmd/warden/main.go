@@ -15,12 +15,13 @@
 // URLs are those of backendurl (and of the example service); -lock
 // defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
 // password need not be in the command's arguments, which ps shows to
-// every user of the machine. A sqlite:// file must exist: the command
-// makes no database. Keys are named as the services name them, under
-// their Guard's prefix (-prefix, "warden:" by default, like guard.New's),
-// not as the backend stores them: locks show, ls and release of a name
-// that starts with the prefix, and names no lock, say on stderr when the
-// name without it does.
+// every user of the machine (-store "" names the lock backend's own
+// store over $WARDEN_STORE, which only the idem commands read). A
+// sqlite:// file must exist: the command makes no database. Keys are
+// named as the services name them, under their Guard's prefix (-prefix,
+// "warden:" by default, like guard.New's), not as the backend stores
+// them: locks show, ls and release of a name that starts with the prefix,
+// and names no lock, say on stderr when the name without it does.
 // locks ls lists a page of at most -limit locks; when more follow, a note
 // on stderr names the -after of the next page.
 // Output is a table for people, or JSON with -json for scripts; a key, owner
@@ -66,6 +67,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -191,7 +193,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	// Not $WARDEN_LOCK or $WARDEN_STORE as the default: the usage would
 	// print its password.
 	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
-	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store)")
+	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store, which -store '' names)")
 	fs.StringVar(&c.prefix, "prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
@@ -209,7 +211,11 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		}
 		return errUsage{err.Error()}
 	}
-	fs.Visit(func(f *flag.Flag) { c.tokenSet = c.tokenSet || f.Name == "token" })
+	storeSet := false
+	fs.Visit(func(f *flag.Flag) {
+		c.tokenSet = c.tokenSet || f.Name == "token"
+		storeSet = storeSet || f.Name == "store"
+	})
 	if len(cmd) == 0 {
 		printUsage()
 		return badInput("no command")
@@ -238,15 +244,16 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err := sqliteMissing("-lock", lockURL); err != nil {
 		return err
 	}
-	sURL := lockURL
-	if *storeURL == "" {
+	// -store "" names the lock backend's own store, over $WARDEN_STORE.
+	st := store{flag: "-lock", url: lockURL}
+	if !storeSet {
 		*storeURL = os.Getenv("WARDEN_STORE")
 	}
 	if *storeURL != "" {
-		if sURL, err = backendurl.Parse(*storeURL); err != nil {
-			return badInput("-store: %v", err)
+		st = parseStore(storeSet, *storeURL)
+		if st.url != nil {
+			defer func() { err = st.url.RedactError(err) }()
 		}
-		defer func() { err = sURL.RedactError(err) }()
 	}
 	// The command is checked before anything is opened: a typo must not
 	// wait for a connection.
@@ -258,7 +265,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c.restartBound()
 	o := backendurl.NewOpener()
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, sURL) }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st) }); err != nil {
 		return err
 	}
 	return do(ctx)
@@ -285,8 +292,36 @@ func operands(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// store is the idempotency store's URL, and where it was given: -store,
+// $WARDEN_STORE, or -lock for the lock backend's own.
+type store struct {
+	flag string
+	url  *backendurl.URL
+	err  error // what is wrong with the URL, said to the commands that use it
+}
+
+// parseStore reads the store's URL, given with -store (flagged) or in
+// $WARDEN_STORE. A URL that is wrong fails only the commands that use the
+// store: a bad $WARDEN_STORE must not stop locks ls.
+func parseStore(flagged bool, s string) store {
+	st := store{flag: "$WARDEN_STORE"}
+	if flagged {
+		st.flag = "-store"
+	}
+	u, err := backendurl.Parse(s)
+	switch {
+	case err != nil:
+		st.err = badInput("%s: %v", st.flag, err)
+	case u.Scheme == "memory":
+		st.err = badInput("%s memory: an in-process store holds nothing another process wrote", st.flag)
+	default:
+		st.url = u
+	}
+	return st
+}
+
 // open opens the lock backend and, when a command asks for it, the store.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *backendurl.URL) error {
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store) error {
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
@@ -302,14 +337,20 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL, sURL *bac
 		return badInput("%v", err)
 	}
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
-		if err := sqliteMissing("-store", sURL); err != nil {
+		if st.err != nil {
+			return nil, st.err
+		}
+		if err := sqliteMissing(st.flag, st.url); err != nil {
 			return nil, err
 		}
-		s, err := o.Store(ctx, sURL)
+		s, err := o.Store(ctx, st.url)
 		if errors.Is(err, backendurl.ErrNoStore) {
-			return nil, badInput("%s has no idempotency store: give -store URL", sURL)
+			return nil, badInput("%s %s has no idempotency store: give -store URL", st.flag, st.url)
 		}
-		return s, err
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, err)
+		}
+		return s, nil
 	}
 	return nil
 }
@@ -322,11 +363,35 @@ func sqliteMissing(flag string, u *backendurl.URL) error {
 	if u.Scheme != "sqlite" {
 		return nil
 	}
-	name, _, _ := strings.Cut(u.Path, "?")
-	if _, err := os.Stat(strings.TrimPrefix(name, "file:")); errors.Is(err, fs.ErrNotExist) {
+	name, ok := sqliteFile(u.Path)
+	if !ok {
+		return nil // SQLite says what is wrong with it
+	}
+	if _, err := os.Stat(name); errors.Is(err, fs.ErrNotExist) {
 		return badInput("%s %s: the file does not exist (warden reads what services wrote; it makes no database)", flag, u)
 	}
 	return nil
+}
+
+// sqliteFile returns the file an SQLite path names, as SQLite reads it: a
+// plain path as it is, a file: URI's path percent-decoded, its authority
+// (empty or localhost) dropped; ok is false for a URI SQLite would refuse.
+func sqliteFile(path string) (name string, ok bool) {
+	name, _, _ = strings.Cut(path, "?")
+	uri, isURI := strings.CutPrefix(name, "file:")
+	if !isURI {
+		return name, true
+	}
+	uri, _, _ = strings.Cut(uri, "#")
+	if rest, hasAuthority := strings.CutPrefix(uri, "//"); hasAuthority {
+		authority, p, _ := strings.Cut(rest, "/")
+		if authority != "" && authority != "localhost" {
+			return "", false
+		}
+		uri = "/" + p
+	}
+	name, err := url.PathUnescape(uri)
+	return name, err == nil
 }
 
 // restartBound starts the bound on the backend's part of the command: at
@@ -362,7 +427,7 @@ func (c *cli) bounded(ctx context.Context, f func(context.Context) error) error 
 		// Ctrl-C: say so, rather than what a client made of it.
 		return context.Cause(ctx)
 	case errors.Is(err, context.DeadlineExceeded) && fctx.Err() != nil:
-		return fmt.Errorf("no answer within -timeout %v: %w", c.timeout, err)
+		return about(fmt.Sprintf("no answer within -timeout %v", c.timeout), err)
 	}
 	return err
 }
@@ -527,7 +592,11 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 		// No lock under a prefix copied from the backend, the Guard's
 		// included.
 		if held, err := c.g.List(ctx, bare, "", 1); err == nil && len(held) > 0 {
-			note = fmt.Sprintf("locks whose keys start with %s are held: keys are named without the Guard's prefix (-prefix %q)", shown(bare), c.prefix)
+			held := "locks are held" // under the empty prefix: any lock
+			if bare != "" {
+				held = "locks whose keys start with " + shown(bare) + " are held"
+			}
+			note = fmt.Sprintf("%s: keys are named without the Guard's prefix (-prefix %q)", held, c.prefix)
 		}
 	}
 	// A full page may be all there is, or the first of many; an operator
@@ -560,12 +629,24 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 
 // nextPage is the note after a page of locks ls that more locks follow
 // last, the last one listed, saying how to ask for them: -after as a table
-// shows the key, with -quoted when it is quoted.
+// shows the key, with -quoted when it is quoted, written as one word for a
+// shell so that it can be pasted.
 func nextPage(last string) string {
 	if after := shown(last); after != last {
-		return "more locks follow; the next page is -quoted -after " + after
+		return "more locks follow; the next page is -quoted -after " + shellWord(after)
 	}
-	return "more locks follow; the next page is -after " + last
+	return "more locks follow; the next page is -after " + shellWord(last)
+}
+
+// shellWord is s as one word for a POSIX shell: as it is when no character
+// of it means anything to the shell, else single-quoted.
+func shellWord(s string) string {
+	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+,=", r))
+	}) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // heldUnprefixed returns, when key starts with the Guard's prefix (as the

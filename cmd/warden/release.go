@@ -117,8 +117,23 @@ func mayBeDone(ctx context.Context, err error, done string) error {
 	if err == nil || !errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		return err
 	}
-	return fmt.Errorf("%s: %w", done, err)
+	return about(done, err)
 }
+
+// about is err said after what, "what: err"; guard's "warden: " at the
+// start of err's message is dropped, since the command's error line
+// starts with it already.
+func about(what string, err error) error {
+	return &aboutError{what + ": " + strings.TrimPrefix(err.Error(), "warden: "), err}
+}
+
+type aboutError struct {
+	msg string
+	err error
+}
+
+func (e *aboutError) Error() string { return e.msg }
+func (e *aboutError) Unwrap() error { return e.err }
 
 // release asks the backend to remove target, and says what it removed.
 func (r release) release(ctx context.Context, target guard.ReleaseTarget) error {

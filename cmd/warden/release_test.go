@@ -295,7 +295,7 @@ func TestReleaseWithAnswerLost(t *testing.T) {
 		t.Fatalf("the release whose answer was lost: %+v, %v; want it done on the server", in, err)
 	}
 	want := fmt.Sprintf("%q may have been released; warden locks show tells: no answer", key)
-	if code != 1 || !strings.Contains(errOut, want) || strings.Contains(out, "released") {
+	if code != 1 || !strings.Contains(errOut, want) || strings.Count(errOut, "warden: ") != 1 || strings.Contains(out, "released") {
 		t.Errorf("release with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
 	}
 }
@@ -320,7 +320,7 @@ func TestDeleteWithAnswerLost(t *testing.T) {
 		t.Fatalf("the delete whose answer was lost: %v; want it done on the server", err)
 	}
 	want := fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells: no answer", "s", key)
-	if code != 1 || !strings.Contains(errOut, want) || strings.Contains(out, "deleted") {
+	if code != 1 || !strings.Contains(errOut, want) || strings.Count(errOut, "warden: ") != 1 || strings.Contains(out, "deleted") {
 		t.Errorf("delete with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
 	}
 }
