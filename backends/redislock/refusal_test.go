@@ -14,8 +14,8 @@ import (
 )
 
 // TestRefusalEndsTheWait: a request the server refuses whatever happens
-// meanwhile (an ACL user without EVALSHA or without the lock's keys,
-// EVALSHA or TIME renamed away) ends a waiting acquisition at once with
+// meanwhile (an ACL user without EVALSHA, without the lock's keys or
+// without the commands the scripts call, EVALSHA or TIME renamed away) ends a waiting acquisition at once with
 // the server's words, as it does one that does not wait, rather than wait
 // out the caller's context and say only that it ended.
 func TestRefusalEndsTheWait(t *testing.T) {
@@ -26,6 +26,10 @@ func TestRefusalEndsTheWait(t *testing.T) {
 	for user, rules := range map[string][]any{
 		"noevalsha": {"~*", "&*", "+@all", "-evalsha"},
 		"nokeys":    {"~other:*", "&*", "+@all"},
+		// Scripts only: every script is refused from inside, at its first
+		// call (Redis 7.0: "The user executing the script can't run this
+		// command", 7.2: "ACL failure in script").
+		"scriptsonly": {"~*", "&*", "+evalsha", "+eval"},
 	} {
 		if err := admin.Do(ctx, append([]any{"acl", "setuser", user, "on", ">pw"}, rules...)...).Err(); err != nil {
 			t.Fatal(err)
@@ -40,6 +44,7 @@ func TestRefusalEndsTheWait(t *testing.T) {
 	}{
 		{"user without evalsha", goredis.Options{Addr: s.Addr(), Username: "noevalsha", Password: "pw"}, "NOPERM"},
 		{"user without the keys", goredis.Options{Addr: s.Addr(), Username: "nokeys", Password: "pw"}, "NOPERM"},
+		{"user without the scripts' commands", goredis.Options{Addr: s.Addr(), Username: "scriptsonly", Password: "pw"}, "script"},
 		{"evalsha renamed", goredis.Options{Addr: renamed.Addr()}, "unknown command"},
 		{"time renamed", goredis.Options{Addr: noTime.Addr()}, "Unknown Redis command called from script"},
 	}

@@ -7,9 +7,12 @@ import goredis "github.com/redis/go-redis/v9"
 
 // Permanent reports whether err is a server's refusal of a request that it
 // would refuse again however long the caller waited: its ACL denies the
-// user a command, a key or a channel (NOPERM), or the server does not know
-// a command warden sends, or one its scripts call (EVALSHA or TIME renamed
-// away with rename-command). A waiting acquisition returns such an error
+// user a command, a key or a channel (NOPERM), or a command one of
+// warden's scripts calls (a script's own calls are checked against the
+// user's rights too: Redis 7.0 words that "The user executing the script
+// can't ...", 7.2 and Valkey "ACL failure in script: ..."), or the server
+// does not know a command warden sends, or one its scripts call (EVALSHA
+// or TIME renamed away with rename-command). A waiting acquisition returns such an error
 // at once, where it tries again after a failure that may pass (a server
 // out of reach, out of memory, loading, a failover): waiting would turn an
 // operator's setting into a wait until the caller's context ends, forever
@@ -20,5 +23,7 @@ import goredis "github.com/redis/go-redis/v9"
 // the next.
 func Permanent(err error) bool {
 	return goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command") ||
-		goredis.HasErrorPrefix(err, "Unknown Redis command called from script")
+		goredis.HasErrorPrefix(err, "Unknown Redis command called from script") ||
+		goredis.HasErrorPrefix(err, "The user executing the script can't") ||
+		goredis.HasErrorPrefix(err, "ACL failure in script")
 }
