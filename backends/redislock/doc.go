@@ -160,14 +160,28 @@
 // (ErrUnavailable): a lease whose renewals it refuses until the lease runs
 // out is lost with that error as the cause.
 //
-// With Redis ACLs, the user needs EVALSHA and EVAL, the keys (which start
-// with '{', the hash tag: a pattern ~{warden:* for guard's default
-// prefix, not ~warden:*) and the channels (see the README). A request the
-// server refuses for good (NOPERM, an unknown command such as an EVALSHA
-// renamed away) fails at once with the server's words, in a waiting
-// acquisition too, which tries again after failures that may pass (no
-// answer, OOM, a failover, an authentication error, which a credentials
-// provider of short-lived tokens mends). A user without the channels loses
+// With Redis ACLs, the user needs EVALSHA and EVAL, every command the
+// scripts call (a script's own calls are checked against the user's
+// rights), PING, SUBSCRIBE and UNSUBSCRIBE, SCAN and GET for List, the
+// lock keys (which start with '{', the hash tag: a pattern ~{warden:* for
+// guard's default prefix), the Fence's and the Store's keys (warden:fence:
+// and warden:idem:) and the channels; under the default prefixes (see the
+// README for what fails without each part; TestDocumentedACL proves it):
+//
+//	ACL SETUSER warden on >secret +evalsha +eval +ping +subscribe +unsubscribe
+//	  +scan +get +set +del +exists +pexpire +pexpireat +pttl +time +publish
+//	  +hget +hmget +hset +incrby +lindex +llen +lpop +lrange +lrem +rpush
+//	  +zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem
+//	  +zremrangebyscore +zscore ~{warden:* ~warden:fence:* ~warden:idem:*
+//	  &warden:wake:* &{warden:*
+//
+// plus the keys the Fence's writes touch, which are the application's. A
+// request the server refuses for good (NOPERM, a script's call refused,
+// an unknown command such as an EVALSHA renamed away) fails at once with
+// the server's words, in a waiting acquisition too, which tries again
+// after failures that may pass (no answer, OOM, a failover, an
+// authentication error, which a credentials provider of short-lived tokens
+// mends). A user without the channels loses
 // only the wake-ups: releases send them by pcall, so a refused message
 // fails nothing the release wrote, and waiters whose subscription the
 // server refused poll every eighth of a second instead (see the README).

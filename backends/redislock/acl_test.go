@@ -1,0 +1,212 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// aclRules are the ACL rules the documentation gives a Redis user of
+// warden under guard's, the Fence's and the Store's default prefixes: the
+// commands sent and the ones the scripts call (a script's own calls are
+// checked against the user's rights), the lock keys (each starts with its
+// hash tag's '{'), the fence and idempotency keys, and the wake-up
+// channels. TestDocumentedACL proves them, and that each is needed.
+var aclRules = strings.Fields(`+evalsha +eval +ping +subscribe +unsubscribe +scan +get +set +del +exists
+	+pexpire +pexpireat +pttl +time +publish +hget +hmget +hset +incrby
+	+lindex +llen +lpop +lrange +lrem +rpush
+	+zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem +zremrangebyscore +zscore
+	~{warden:* ~warden:fence:* ~warden:idem:* &warden:wake:* &{warden:*`)
+
+// TestDocumentedACL runs every operation of the Locker, the Fence and the
+// Store as a user with aclRules alone (and the keys of the fenced writes,
+// which are the application's): each succeeds, and the server denies
+// nothing on the way, which its ACL LOG would show: not a release's
+// wake-up (sent by pcall, so a refused one fails nothing) nor a waiter's
+// subscription (refused, the waiter polls). Then, with each rule left out
+// in turn, something fails or is denied.
+func TestDocumentedACL(t *testing.T) {
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	run := func(t *testing.T, rules []string) []string {
+		args := []any{"acl", "setuser", "w", "reset", "on", ">pw", "~app:*"}
+		for _, r := range rules {
+			args = append(args, r)
+		}
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Do(ctx, "acl", "log", "reset").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		problems := exerciseAsUser(t, admin, s.Addr())
+		denied, err := admin.Do(ctx, "acl", "log").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range denied {
+			if e, ok := d.(map[any]any); ok {
+				d = fmt.Sprintf("%v %v %v", e["reason"], e["context"], e["object"])
+			}
+			problems = append(problems, fmt.Sprintf("ACL LOG: %v", d))
+		}
+		return problems
+	}
+	for _, p := range run(t, aclRules) {
+		t.Error(p)
+	}
+	if testing.Short() {
+		return
+	}
+	for i, r := range aclRules {
+		t.Run("without "+r, func(t *testing.T) {
+			problems := run(t, slices.Delete(slices.Clone(aclRules), i, i+1))
+			if len(problems) == 0 {
+				t.Errorf("nothing failed nor was denied without %s", r)
+			}
+		})
+	}
+}
+
+// exerciseAsUser runs every operation as user w, password pw, and returns
+// what failed.
+func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fail := func(what string, err error) bool {
+		if err != nil {
+			problems = append(problems, what+": "+err.Error())
+		}
+		return err != nil
+	}
+	newGuard := func() *guard.Guard {
+		c := goredis.NewClient(&goredis.Options{Addr: addr, Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		l := newLocker(t, c)
+		g, err := guard.New(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	holder := newGuard()
+	fail("Ping", holder.Ping(ctx))
+	for _, m := range []struct {
+		name       string
+		hold, wait []guard.LockOption
+	}{
+		{"plain", nil, nil},
+		{"fair", []guard.LockOption{guard.Fair()}, []guard.LockOption{guard.Fair()}},
+		{"read", []guard.LockOption{guard.Read()}, []guard.LockOption{guard.Write()}},
+		{"write", []guard.LockOption{guard.Write()}, []guard.LockOption{guard.Read()}},
+		{"semaphore", []guard.LockOption{guard.Permits(1)}, []guard.LockOption{guard.Permits(1)}},
+	} {
+		key := "acl/" + m.name
+		lk, err := holder.Lock(ctx, key, append([]guard.LockOption{guard.NoWait(), guard.TTL(2 * time.Second)}, m.hold...)...)
+		if fail(m.name+" Lock", err) {
+			continue
+		}
+		// The waiter's own Locker subscribes to a channel of its own
+		// (plain, fair) or to the key's: it is waiting, announced, once a
+		// new channel has a subscriber, or once the server refused it.
+		before := admin.PubSubChannels(ctx, "*").Val()
+		waiter := newGuard()
+		got := make(chan error, 1)
+		go func() {
+			l2, err := waiter.Lock(ctx, key, append([]guard.LockOption{guard.WaitAtMost(20 * time.Second), guard.TTL(2 * time.Second)}, m.wait...)...)
+			if err == nil {
+				err = l2.Unlock(ctx)
+			}
+			got <- err
+		}()
+		for {
+			chans := admin.PubSubChannels(ctx, "*").Val()
+			denied, _ := admin.Do(ctx, "acl", "log").Slice()
+			if len(denied) > 0 || slices.ContainsFunc(chans, func(c string) bool { return !slices.Contains(before, c) }) {
+				break
+			}
+			if ctx.Err() != nil {
+				problems = append(problems, m.name+" waiter neither subscribed nor refused")
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if m.name == "fair" {
+			// A fair waiter that gives up leaves the queue (dequeue.lua).
+			_, _ = waiter.Lock(ctx, key, guard.Fair(), guard.WaitAtMost(50*time.Millisecond))
+		}
+		_, err = holder.Inspect(ctx, key)
+		fail(m.name+" Inspect", err)
+		fail(m.name+" Unlock", lk.Unlock(ctx))
+		fail(m.name+" waiter", <-got)
+	}
+	lk, err := holder.Lock(ctx, "acl/force", guard.NoWait())
+	if !fail("Lock", err) {
+		_, err = holder.ForceRelease(ctx, "acl/force", guard.ReleaseTarget{AnyHolder: true})
+		fail("ForceRelease", err)
+		_ = lk.Unlock(ctx)
+	}
+	_, err = holder.List(ctx, "acl/", "", 10)
+	fail("List", err)
+
+	c := goredis.NewClient(&goredis.Options{Addr: addr, Username: "w", Password: "pw"})
+	defer c.Close()
+	f, err := NewFence(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err = holder.Lock(ctx, "acl/fence", guard.NoWait())
+	if !fail("fenced Lock", err) {
+		cl := fence.Of(lk)
+		fail("Fence.Set", f.Set(ctx, cl, "app:s", "v", time.Minute))
+		fail("Fence.HSet", f.HSet(ctx, cl, "app:h", "f", "v"))
+		_, err = f.IncrBy(ctx, cl, "app:n", 1)
+		fail("Fence.IncrBy", err)
+		fail("Fence.Del", f.Del(ctx, cl, "app:s"))
+		fail("Fence.Advance", f.Advance(ctx, cl))
+		_, err = f.Highest(ctx, cl.Resource)
+		fail("Fence.Highest", err)
+		fail("fenced Unlock", lk.Unlock(ctx))
+	}
+
+	st, err := NewStore(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail("Store.Ping", st.Ping(ctx))
+	const owner = "owner-0123456789abcdef"
+	for _, k := range []string{"done", "abandoned"} {
+		_, err := st.Claim(ctx, idempotency.Claim{Scope: "acl", Key: k, Fingerprint: "f", Owner: owner, Lease: time.Minute})
+		if fail("Store.Claim", err) {
+			continue
+		}
+		fail("Store.Extend", st.Extend(ctx, "acl", k, owner, time.Minute))
+		if k == "abandoned" {
+			fail("Store.Abandon", st.Abandon(ctx, "acl", k, owner))
+			continue
+		}
+		fail("Store.Complete", st.Complete(ctx, "acl", k, owner, []byte("r"), time.Minute))
+		_, err = st.Get(ctx, "acl", k)
+		fail("Store.Get", err)
+		fail("Store.Delete", st.Delete(ctx, "acl", k, owner))
+	}
+	return problems
+}
