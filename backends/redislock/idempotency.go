@@ -133,7 +133,12 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.update.Run(ctx, s.sc, []string{s.recordKey(scope, key)}, owner, op, d, response).Int64()
+	// Complete and Abandon are sent once, as releases are (see
+	// scripter.evalshaOnce): sent again after an answer lost, each would
+	// find its own change made and answer ErrNotOwner. An extension sent
+	// again only extends again.
+	cmd := []any{"evalsha", s.update.Hash(), 1, s.recordKey(scope, key), owner, op, d, response}
+	n, err := s.sc.run(ctx, idemUpdateSrc, cmd, op != "extend").Int64()
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
@@ -170,7 +175,9 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.remove.Run(ctx, s.sc, []string{s.recordKey(scope, key)}, owner).Int64()
+	// Sent once, as Complete is: sent again after an answer lost, it would
+	// find the record gone and answer ErrNotFound.
+	n, err := s.sc.evalshaOnce(ctx, idemDeleteSrc, []any{"evalsha", s.remove.Hash(), 1, s.recordKey(scope, key), owner}).Int64()
 	switch {
 	case err != nil:
 		return driver.Unavailable(ctx, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // TestReleaseSentOnce: a release whose answer is lost with its
@@ -83,6 +84,64 @@ func TestReleaseSentOnce(t *testing.T) {
 			p.Reset()
 			if err := <-done; errors.Is(err, driver.ErrNotHeld) || !errors.Is(err, driver.ErrUnavailable) {
 				t.Errorf("release answered late: got %v, want ErrUnavailable", err)
+			}
+		})
+	}
+}
+
+// TestStoreChangeSentOnce: the Store's Complete, Abandon and Delete whose
+// answer is lost, as in TestReleaseSentOnce, are not sent again: sent
+// again, each found its own change made and answered ErrNotOwner (Delete
+// ErrNotFound), as if another owner had the record. They fail as
+// unavailable, the change made all the same.
+func TestStoreChangeSentOnce(t *testing.T) {
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	const owner = "owner-0123456789abcdef"
+	for _, op := range []string{"complete", "abandon", "delete"} {
+		t.Run(op, func(t *testing.T) {
+			p := drivertest.StartProxy(t, s.Addr())
+			c := goredis.NewClient(&goredis.Options{Addr: p.Addr()})
+			defer c.Close()
+			st, err := NewStore(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A cycle first, so that the scripts are loaded and a
+			// connection is idle: the change goes out at once.
+			change := func(k string) error {
+				switch op {
+				case "abandon":
+					return st.Abandon(ctx, "s", k, owner)
+				case "delete":
+					return st.Delete(ctx, "s", k, owner)
+				}
+				return st.Complete(ctx, "s", k, owner, []byte("r"), time.Minute)
+			}
+			warm, k := "warm-"+op, "k-"+op
+			for _, k := range []string{warm, k} {
+				if _, err := st.Claim(ctx, idempotency.Claim{Scope: "s", Key: k, Fingerprint: "f", Owner: owner, Lease: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := change(warm); err != nil {
+				t.Fatal(err)
+			}
+			rk := st.recordKey("s", k)
+			made := func() bool { return admin.Exists(ctx, rk).Val() == 0 }
+			if op == "complete" {
+				made = func() bool { return admin.HGet(ctx, rk, "state").Val() == string(idempotency.StateCompleted) }
+			}
+			p.LoseReplies()
+			defer p.Reset()
+			done := make(chan error, 1)
+			go func() { done <- change(k) }()
+			eventually(t, "the server made the change", made)
+			p.Reset()
+			if err := <-done; errors.Is(err, idempotency.ErrNotOwner) || errors.Is(err, idempotency.ErrNotFound) || !errors.Is(err, idempotency.ErrUnavailable) {
+				t.Errorf("%s answered late: got %v, want ErrUnavailable", op, err)
 			}
 		})
 	}
