@@ -34,13 +34,15 @@ var aclRules = strings.Fields(`+evalsha +eval +ping +subscribe +unsubscribe +sca
 // nothing on the way, which its ACL LOG would show: not a release's
 // wake-up (sent by pcall, so a refused one fails nothing) nor a waiter's
 // subscription (refused, the waiter polls). Then, with each rule left out
-// in turn, something fails or is denied.
+// in turn (but UNSUBSCRIBE, see below), something fails or is denied.
 func TestDocumentedACL(t *testing.T) {
 	s := drivertest.StartRedis(t)
 	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 	defer admin.Close()
 	ctx := context.Background()
+	runs := 0
 	run := func(t *testing.T, rules []string) []string {
+		runs++
 		args := []any{"acl", "setuser", "w", "reset", "on", ">pw", "~app:*"}
 		for _, r := range rules {
 			args = append(args, r)
@@ -57,7 +59,7 @@ func TestDocumentedACL(t *testing.T) {
 		if err := admin.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		problems := exerciseAsUser(t, admin, s.Addr())
+		problems := exerciseAsUser(t, admin, s.Addr(), fmt.Sprintf("acl/%d/", runs))
 		denied, err := admin.Do(ctx, "acl", "log").Slice()
 		if err != nil {
 			t.Fatal(err)
@@ -77,6 +79,12 @@ func TestDocumentedACL(t *testing.T) {
 		return
 	}
 	for i, r := range aclRules {
+		if r == "+unsubscribe" {
+			// Sent only when a Locker drops, after it lingered, one of
+			// several channels on its connection (the last one closes
+			// the connection instead): no run here does.
+			continue
+		}
 		t.Run("without "+r, func(t *testing.T) {
 			problems := run(t, slices.Delete(slices.Clone(aclRules), i, i+1))
 			if len(problems) == 0 {
@@ -86,9 +94,10 @@ func TestDocumentedACL(t *testing.T) {
 	}
 }
 
-// exerciseAsUser runs every operation as user w, password pw, and returns
-// what failed.
-func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems []string) {
+// exerciseAsUser runs every operation as user w, password pw, on keys
+// under prefix, and returns what failed. Its own keys and Lockers keep
+// one run's subscriptions from being taken for the next's.
+func exerciseAsUser(t *testing.T, admin *goredis.Client, addr, prefix string) (problems []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fail := func(what string, err error) bool {
@@ -97,10 +106,19 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems 
 		}
 		return err != nil
 	}
+	var defers []func()
+	defer func() {
+		for _, f := range defers {
+			f()
+		}
+	}()
 	newGuard := func() *guard.Guard {
 		c := goredis.NewClient(&goredis.Options{Addr: addr, Username: "w", Password: "pw"})
-		t.Cleanup(func() { c.Close() })
-		l := newLocker(t, c)
+		l, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defers = append(defers, func() { l.Close(); c.Close() })
 		g, err := guard.New(l)
 		if err != nil {
 			t.Fatal(err)
@@ -119,7 +137,7 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems 
 		{"write", []guard.LockOption{guard.Write()}, []guard.LockOption{guard.Read()}},
 		{"semaphore", []guard.LockOption{guard.Permits(1)}, []guard.LockOption{guard.Permits(1)}},
 	} {
-		key := "acl/" + m.name
+		key := prefix + m.name
 		lk, err := holder.Lock(ctx, key, append([]guard.LockOption{guard.NoWait(), guard.TTL(2 * time.Second)}, m.hold...)...)
 		if fail(m.name+" Lock", err) {
 			continue
@@ -158,13 +176,13 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems 
 		fail(m.name+" Unlock", lk.Unlock(ctx))
 		fail(m.name+" waiter", <-got)
 	}
-	lk, err := holder.Lock(ctx, "acl/force", guard.NoWait())
+	lk, err := holder.Lock(ctx, prefix+"force", guard.NoWait())
 	if !fail("Lock", err) {
-		_, err = holder.ForceRelease(ctx, "acl/force", guard.ReleaseTarget{AnyHolder: true})
+		_, err = holder.ForceRelease(ctx, prefix+"force", guard.ReleaseTarget{AnyHolder: true})
 		fail("ForceRelease", err)
 		_ = lk.Unlock(ctx)
 	}
-	_, err = holder.List(ctx, "acl/", "", 10)
+	_, err = holder.List(ctx, prefix, "", 10)
 	fail("List", err)
 
 	c := goredis.NewClient(&goredis.Options{Addr: addr, Username: "w", Password: "pw"})
@@ -173,7 +191,7 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr string) (problems 
 	if err != nil {
 		t.Fatal(err)
 	}
-	lk, err = holder.Lock(ctx, "acl/fence", guard.NoWait())
+	lk, err = holder.Lock(ctx, prefix+"fence", guard.NoWait())
 	if !fail("fenced Lock", err) {
 		cl := fence.Of(lk)
 		fail("Fence.Set", f.Set(ctx, cl, "app:s", "v", time.Minute))
