@@ -147,12 +147,18 @@
 //
 // # ACLs
 //
-// With Redis ACLs, the user needs EVALSHA and EVAL, the commands the
-// scripts run (GET, SET, TIME), INFO, for the run_id, PING for Ping, and
-// the keys, which start with '{' (the hash tag): for guard's default
-// prefix,
+// With Redis ACLs, the user needs EVALSHA and EVAL, every command the
+// scripts run (GET, SET, DEL, TIME, PTTL, PEXPIREAT: a script's own calls
+// are checked against the user's rights, and a node that refuses one
+// inside a script is refused a vote for good, as one that refuses
+// EVALSHA), INFO, for the run_id, PING for Ping, and the keys, which start
+// with '{' (the hash tag): for guard's default prefix,
 //
-//	ACL SETUSER warden on >password ~{warden:* +evalsha +eval +get +set +time +info +ping
+//	ACL SETUSER warden on >password ~{warden:* +evalsha +eval +get +set +del
+//	  +time +pttl +pexpireat +info +ping
+//
+// Without PEXPIREAT, every acquisition was refused from inside its script
+// on Redis 7.0 ("The user executing the script can't run this command").
 //
 // A node that refuses INFO is refused a vote, as one that refuses EVALSHA:
 // an acquisition whose majority refuses ends at once with ErrUnavailable
