@@ -121,7 +121,7 @@ func TestACLNeedsInfo(t *testing.T) {
 		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 		for _, rules := range [][]any{
 			{"noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"},
-			{"warden", "on", ">pw", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+time", "+info", "+ping"},
+			{"warden", "on", ">pw", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+del", "+time", "+pttl", "+pexpireat", "+info", "+ping"},
 		} {
 			if err := c.Do(ctx, append([]any{"acl", "setuser"}, rules...)...).Err(); err != nil {
 				t.Fatal(err)
