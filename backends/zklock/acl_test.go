@@ -130,18 +130,18 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 	}
 }
 
-// TestRefusedDeleteGivesUp: a delete that the ACL of the node's parent
-// refuses (another client set it) is not retried, since it would be
-// refused every time until the Locker closed: the Locker logs it once and
-// sends nothing more, and the lock stays taken until the session ends,
-// which frees it.
-func TestRefusedDeleteGivesUp(t *testing.T) {
+// TestRefusedDeleteRetriedSlowly: a delete that the ACL of the node's
+// parent refuses (another client set it) is tried again once per session
+// timeout, not in a tight loop, and logged once; once another client
+// restores the ACL, the next try deletes the node, which frees the lock
+// while the Locker is still open, and that is logged too.
+func TestRefusedDeleteRetriedSlowly(t *testing.T) {
 	s := startServer(t)
 	srv := []string{s.addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var logs [2]recorder
-	l := dial(t, srv, WithLogger(&logs[0]))
+	var log recorder
+	l := dial(t, srv, WithLogger(&log))
 	// A JVM just started may turn the first connection away.
 	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
 	k := testKey(t)
@@ -149,33 +149,39 @@ func TestRefusedDeleteGivesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := connect(t, srv).SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
+	admin := connect(t, srv)
+	if _, err := admin.SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
 		t.Fatal(err)
 	}
 	if err := held.Release(ctx); !errors.Is(err, errDenied) || !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("Release: %v, want errDenied wrapping zk.ErrNoAuth", err)
 	}
-	eventually(t, "the refused delete is logged", func() bool { return logs[0].count() == 1 })
-	sent := l.requests.Load()
+	eventually(t, "the refused delete is logged", func() bool { return log.count() == 1 })
 
-	// The lock is still taken, and another Locker's contender, which
-	// cannot delete its node either, gives up as well.
-	other := dial(t, srv, WithLogger(&logs[1]))
-	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
-		t.Fatalf("Acquire while the refused Release's node stays: %v, want ErrNotAcquired", err)
+	// Over three session timeouts, the retry sends a delete per session
+	// timeout: three, two to four with the timers' slack (a tight loop
+	// sends one every 20-200 ms).
+	sent, window := l.requests.Load(), 3*l.sessionTimeout()
+	time.Sleep(window)
+	if n := l.requests.Load() - sent; n < 2 || n > 4 || log.count() != 1 {
+		t.Fatalf("%d requests and %d log lines in %v after the refused delete, want 2 to 4 and one", n, log.count(), window)
 	}
-	eventually(t, "the other contender's refused delete is logged", func() bool { return logs[1].count() == 1 })
-	if n := l.requests.Load() - sent; n != 0 || logs[0].count() != 1 {
-		t.Fatalf("%d more requests and %d log lines after the refused delete, want none and one", n, logs[0].count())
+	node := held.(*lease).node
+	if ok, _, err := admin.Exists(node); err != nil || !ok {
+		t.Fatalf("the refused Release's node %s: exists %v, %v; want it kept", node, ok, err)
 	}
 
-	l.Close()
-	other.Close()
-	lease, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if _, err := admin.SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll), -1); err != nil {
+		t.Fatal(err)
+	}
+	restored := time.Now()
+	eventually(t, "the retried delete succeeds and is logged", func() bool { return log.count() == 2 })
+	t.Logf("the lock was freed %v after the ACL was restored", time.Since(restored))
+	got, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
 	if err != nil {
-		t.Fatalf("Acquire once the sessions ended: %v", err)
+		t.Fatalf("Acquire once the ACL was restored, the first Locker still open: %v", err)
 	}
-	lease.Release(ctx)
+	got.Release(ctx)
 }
 
 // recorder is a zk.Logger that counts the Locker's own lines (the client
@@ -190,12 +196,12 @@ func (r *recorder) Printf(format string, args ...any) {
 
 func (r *recorder) count() int64 { return r.n.Load() }
 
-// TestRefusedSweepGivesUp: the search for a node that a create whose
-// answer was lost may have made, which lists the queue, is not retried
-// when the ACL refuses the listing: it would be refused every time until
-// the Locker closed. The Locker logs it once, and whatever node the create
-// made stays until the session ends.
-func TestRefusedSweepGivesUp(t *testing.T) {
+// TestRefusedSweepRetriedSlowly: the search for a node that a create whose
+// answer was lost may have made, which lists the queue, is refused when the
+// ACL grants no read (which WithACL allows): it is tried again once per
+// session timeout (see TestRefusedDeleteRetriedSlowly), not in a tight loop,
+// and the refusal is logged once.
+func TestRefusedSweepRetriedSlowly(t *testing.T) {
 	s := startServer(t)
 	p := drivertest.StartProxy(t, s.addr)
 	noRead := WithACL(zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)...)

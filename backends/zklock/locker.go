@@ -782,12 +782,12 @@ func (l *Locker) watchDue() {
 // whose watch was used up. It retries through connection errors while the
 // lease is tracked; a node already gone was revoked.
 func (l *Locker) watch(le *lease) {
-	l.retry(func() bool {
+	l.retry("watch of "+le.node, func() error {
 		l.mu.Lock()
 		live := l.leases[le.node] == le && !le.revoked
 		l.mu.Unlock()
 		if !live {
-			return true
+			return nil
 		}
 		l.requests.Add(1)
 		_, _, _, err := l.conn.GetW(le.node)
@@ -796,7 +796,10 @@ func (l *Locker) watch(le *lease) {
 		}
 		// A read the ACL refuses would be refused again: the lease goes
 		// without its watch (see WithACL).
-		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth)
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth) {
+			return nil
+		}
+		return err
 	})
 }
 
@@ -1100,16 +1103,37 @@ func (l *Locker) background(f func()) bool {
 	return true
 }
 
-// retry calls f until it reports done, backing off between attempts, and
-// gives up when the Locker closes. The pause stays short: what f retries is
-// a node that keeps a lock taken, and the ensemble may be back any moment.
-func (l *Locker) retry(f func() bool) {
+// retry calls f until it returns nil, and gives up when the Locker closes.
+// What it retries is mostly a node that keeps a lock taken, so a failure of
+// the ensemble, which may be back any moment, is tried again soon. A
+// refusal by the ACL (an error wrapping errDenied; another client may have
+// changed a parent's ACL, and checkACL keeps only the Locker's own from
+// refusing a delete) is tried again once per session timeout: the Locker
+// cannot add credentials to its session, so only a client that mends the
+// ACL ends it, which an operator may do at any time. The refusal is logged
+// once, as what, and so is a success after it.
+func (l *Locker) retry(what string, f func() error) {
 	backoff := driver.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
-	for !f() {
+	refused := false
+	for {
+		err := f()
+		if err == nil {
+			if refused {
+				l.logger.Printf("zklock: %s succeeded after the ACL's refusal", what)
+			}
+			return
+		}
+		wait := backoff.Next()
+		if errors.Is(err, errDenied) {
+			if !refused {
+				l.logger.Printf("zklock: %s refused by the ACL (%v): tried again every %v until the ACL allows it or the Locker closes, and the lock stays taken until then", what, err, l.sessionTimeout())
+			}
+			refused, wait = true, l.sessionTimeout()
+		}
 		select {
 		case <-l.quit:
 			return
-		case <-time.After(backoff.Next()):
+		case <-time.After(wait):
 		}
 	}
 }
