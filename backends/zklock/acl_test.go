@@ -96,30 +96,46 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 	}
 }
 
-// TestNewRefusesACLWithoutDelete: an ACL whose entry grants create but not
-// delete is refused by New, naming the entry and the right it lacks: the
-// Locker would make nodes it could not delete, its locks granted but never
-// released while its session lived.
+// TestNewRefusesACLWithoutDelete: an ACL that grants an identity create
+// but whose entries matching that identity grant no delete is refused by
+// New, naming the identity: the Locker would make nodes it could not
+// delete, its locks granted but never released while its session lived.
+// ZooKeeper combines the entries matching an identity, so create and delete
+// granted by two entries are taken, as are entries whose match New cannot
+// judge (ip ranges, "auth").
 func TestNewRefusesACLWithoutDelete(t *testing.T) {
-	for _, acl := range [][]zk.ACL{
-		zk.WorldACL(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin),
-		zk.WorldACL(zk.PermCreate),
-		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead|zk.PermCreate)...),
+	digest := func(perms int32, user string) zk.ACL { return zk.DigestACL(perms, user, "secret")[0] }
+	world := func(perms int32) zk.ACL { return zk.WorldACL(perms)[0] }
+	ip := func(perms int32, id string) zk.ACL { return zk.ACL{Perms: perms, Scheme: "ip", ID: id} }
+	for _, tc := range []struct {
+		acl  []zk.ACL
+		name string // the identity the error names
+	}{
+		{[]zk.ACL{world(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin)}, "world:anyone"},
+		{[]zk.ACL{world(zk.PermCreate)}, "world:anyone"},
+		{[]zk.ACL{digest(zk.PermAll, "user"), world(zk.PermRead | zk.PermCreate)}, "world:anyone"},
+		{[]zk.ACL{digest(zk.PermCreate|zk.PermRead, "user"), digest(zk.PermDelete, "other")}, digest(0, "user").Scheme + ":" + digest(0, "user").ID},
+		{[]zk.ACL{ip(zk.PermCreate, "10.1.2.3"), digest(zk.PermDelete, "user")}, "ip:10.1.2.3"},
 	} {
-		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(tc.acl...), WithLogger(discard{}))
 		if err == nil {
 			l.Close()
-			t.Errorf("New with ACL %v succeeded", acl)
+			t.Errorf("New with ACL %v succeeded", tc.acl)
 			continue
 		}
-		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "world:anyone is granted create without delete") {
-			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming world:anyone and delete", acl, err)
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.name+" is granted create without delete") {
+			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming %s and delete", tc.acl, err, tc.name)
 		}
 	}
 	for _, acl := range [][]zk.ACL{
-		zk.WorldACL(zk.PermAll),
-		zk.WorldACL(zk.PermCreate | zk.PermDelete),
-		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead)...),
+		{world(zk.PermAll)},
+		{world(zk.PermCreate | zk.PermDelete)},
+		{digest(zk.PermAll, "user"), world(zk.PermRead)},
+		{world(zk.PermCreate | zk.PermRead), world(zk.PermDelete)},
+		{digest(zk.PermCreate|zk.PermRead, "user"), world(zk.PermDelete)},
+		{digest(zk.PermCreate, "user"), digest(zk.PermDelete, "user")},
+		{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "10.0.0.0/8")},
+		{zk.AuthACL(zk.PermCreate)[0], digest(zk.PermDelete, "user")},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
 		if err != nil {
@@ -127,6 +143,34 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 			continue
 		}
 		l.Close()
+	}
+}
+
+// TestSplitGrantsRelease: with create and delete granted to world:anyone by
+// two entries, which New takes, the Locker acquires and releases, and its
+// release deletes the node.
+func TestSplitGrantsRelease(t *testing.T) {
+	s := startServer(t)
+	srv := []string{s.addr}
+	acl := []zk.ACL{{Perms: zk.PermCreate | zk.PermRead, Scheme: "world", ID: "anyone"}, {Perms: zk.PermDelete, Scheme: "world", ID: "anyone"}}
+	l := dial(t, srv, WithACL(acl...))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	admin := connect(t, srv)
+	for i := range 2 {
+		held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+		if ok, _, err := admin.Exists(held.(*lease).node); err != nil || ok {
+			t.Fatalf("node of released lease %d: exists %v, %v", i, ok, err)
+		}
 	}
 }
 

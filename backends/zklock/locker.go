@@ -214,8 +214,8 @@ func checkRoot(path string) error {
 // server will not set, such as zk.AuthACL on a session without
 // credentials). Without read, a lock is granted only to a contender found
 // alone in its queue, and its lease hears nothing of a forced release.
-// Write is not needed (see create). An entry that grants create without
-// delete is refused (see checkACL).
+// Write is not needed (see create). An ACL that grants create to an
+// identity no entry matching it grants delete is refused (see checkACL).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if err := checkACL(acl); err != nil {
@@ -231,17 +231,41 @@ func WithACL(acl ...zk.ACL) Option {
 // first Locker to need it creates with its own ACL: an identity granted
 // create but not delete could make contender nodes it could not remove, so
 // that a lock it released would stay taken until its session ended, and
-// the contenders queued behind it would wait until then.
+// the contenders queued behind it would wait until then. An identity has
+// the rights of every entry that matches it, so create and delete may come
+// from different entries.
 func checkACL(acl []zk.ACL) error {
 	if len(acl) == 0 {
 		return errors.New("empty")
 	}
 	for _, e := range acl {
-		if e.Perms&zk.PermCreate != 0 && e.Perms&zk.PermDelete == 0 {
-			return fmt.Errorf("%s:%s is granted create without delete: every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+		if e.Perms&zk.PermCreate != 0 && !mayDelete(acl, e) {
+			return fmt.Errorf("%s:%s is granted create without delete (by no entry that matches it): every node a Locker creates must be deletable by it", e.Scheme, e.ID)
 		}
 	}
 	return nil
+}
+
+// mayDelete reports whether an entry of acl grants delete to the identity
+// e names, or may: only a refusal that is sure is worth making. world:anyone
+// matches everyone, and a scheme:id itself; a digest entry matches its own
+// id alone, and world's only id is anyone. Whether an ip, x509 or sasl
+// entry matches another of its scheme depends on the server (an address
+// range, a provider's rules), and "auth" stands for the creating session's
+// credentials, whatever their scheme: those are taken to match.
+func mayDelete(acl []zk.ACL, e zk.ACL) bool {
+	for _, d := range acl {
+		switch {
+		case d.Perms&zk.PermDelete == 0:
+		case d.Scheme == "world" && d.ID == "anyone", d.Scheme == e.Scheme && d.ID == e.ID:
+			return true
+		case d.Scheme == "auth" || e.Scheme == "auth":
+			return true
+		case d.Scheme == e.Scheme && d.Scheme != "world" && d.Scheme != "digest":
+			return true
+		}
+	}
+	return false
 }
 
 // WithLogger sets where the ZooKeeper client logs connection errors, and the
