@@ -215,6 +215,19 @@ func TestRefusedDeleteRetriedSlowly(t *testing.T) {
 		t.Fatalf("the refused Release's node %s: exists %v, %v; want it kept", node, ok, err)
 	}
 
+	// Another Locker's contender, which loses and whose delete is refused
+	// too, returns on the refusal rather than wait for the delete until
+	// its context or a session timeout ends.
+	other := dial(t, srv, WithSessionTimeout(40*time.Second))
+	short, cancelShort := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelShort()
+	if _, err := other.Acquire(short, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) || short.Err() != nil {
+		t.Fatalf("Acquire while the refused Release's node stays: %v (context: %v), want ErrNotAcquired before the context ends", err, short.Err())
+	}
+	// Its node goes with its session (its refused delete is tried again
+	// only every 40 s).
+	other.Close()
+
 	if _, err := admin.SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll), -1); err != nil {
 		t.Fatal(err)
 	}

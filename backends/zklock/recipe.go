@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -362,31 +363,43 @@ func (l *Locker) remove(node string) error {
 }
 
 // removeLater removes node in the background (see retry), and reports
-// false, doing nothing, once the Locker is closed; done, if not nil, is
-// closed when the retries end.
-func (l *Locker) removeLater(node string, done chan<- struct{}) bool {
+// false, doing nothing, once the Locker is closed. answered, if not nil, is
+// closed once a try deleted the node or the ACL refused it: waiting longer
+// for a refused delete, retried slowly, would tell nothing more.
+func (l *Locker) removeLater(node string, answered chan<- struct{}) bool {
 	return l.background(func() {
-		if done != nil {
-			defer close(done)
+		var once sync.Once
+		answer := func() {
+			if answered != nil {
+				once.Do(func() { close(answered) })
+			}
 		}
-		l.retry("delete of "+node, func() error { return l.remove(node) })
+		defer answer()
+		l.retry("delete of "+node, func() error {
+			err := l.remove(node)
+			if err == nil || errors.Is(err, errDenied) {
+				answer()
+			}
+			return err
+		})
 	})
 }
 
 // leave withdraws a contender that will not hold: its node must go, or the
-// next contender would queue behind it forever. It waits for the delete
-// while ctx lasts, up to a session timeout (far longer than a healthy server
-// needs), and leaves it to the background after, and returns cause. A
+// next contender would queue behind it forever. It waits for the delete's
+// answer while ctx lasts, up to a session timeout (far longer than a healthy
+// server needs), and leaves the delete to the background after, and returns
+// cause. A
 // contender that gives up because ctx ended thus returns at once.
 func (l *Locker) leave(ctx context.Context, node string, cause error) error {
-	done := make(chan struct{})
-	if !l.removeLater(node, done) {
+	answered := make(chan struct{})
+	if !l.removeLater(node, answered) {
 		return cause
 	}
 	timeout := time.NewTimer(l.sessionTimeout())
 	defer timeout.Stop()
 	select {
-	case <-done:
+	case <-answered:
 	case <-ctx.Done():
 	case <-timeout.C:
 	}
