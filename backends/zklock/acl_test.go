@@ -289,4 +289,11 @@ func TestRefusedSweepRetriedSlowly(t *testing.T) {
 	if _, _, err := connect(t, []string{s.addr}).Children(l.lockPath(k)); !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("listing of the queue: %v, want zk.ErrNoAuth", err)
 	}
+	// One listing per session timeout: three in three, two to four with
+	// the timers' slack (a tight loop sends one every 20-200 ms).
+	sent, window := l.requests.Load(), 3*l.sessionTimeout()
+	time.Sleep(window)
+	if n := l.requests.Load() - sent; n < 2 || n > 4 || log.count() != 1 {
+		t.Fatalf("%d requests and %d log lines in %v after the refused listing, want 2 to 4 and one", n, log.count(), window)
+	}
 }
