@@ -1150,7 +1150,7 @@ func (l *Locker) retry(what string, f func() error) {
 		wait := backoff.Next()
 		if errors.Is(err, errDenied) {
 			if !refused {
-				l.logger.Printf("zklock: %s refused by the ACL (%v): tried again every %v until the ACL allows it or the Locker closes, and the lock stays taken until then", what, err, l.sessionTimeout())
+				l.logger.Printf("zklock: %s refused by the ACL (%v): tried again every %v until the ACL allows it or the Locker closes (whose session's end removes the node), and a lock the node holds stays taken until then", what, err, l.sessionTimeout())
 			}
 			refused, wait = true, l.sessionTimeout()
 		}
