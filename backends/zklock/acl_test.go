@@ -96,30 +96,46 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 	}
 }
 
-// TestNewRefusesACLWithoutDelete: an ACL whose entry grants create but not
-// delete is refused by New, naming the entry and the right it lacks: the
-// Locker would make nodes it could not delete, its locks granted but never
-// released while its session lived.
+// TestNewRefusesACLWithoutDelete: an ACL that grants an identity create
+// but whose entries matching that identity grant no delete is refused by
+// New, naming the identity: the Locker would make nodes it could not
+// delete, its locks granted but never released while its session lived.
+// ZooKeeper combines the entries matching an identity, so create and delete
+// granted by two entries are taken, as are entries whose match New cannot
+// judge (ip ranges, "auth").
 func TestNewRefusesACLWithoutDelete(t *testing.T) {
-	for _, acl := range [][]zk.ACL{
-		zk.WorldACL(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin),
-		zk.WorldACL(zk.PermCreate),
-		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead|zk.PermCreate)...),
+	digest := func(perms int32, user string) zk.ACL { return zk.DigestACL(perms, user, "secret")[0] }
+	world := func(perms int32) zk.ACL { return zk.WorldACL(perms)[0] }
+	ip := func(perms int32, id string) zk.ACL { return zk.ACL{Perms: perms, Scheme: "ip", ID: id} }
+	for _, tc := range []struct {
+		acl  []zk.ACL
+		name string // the identity the error names
+	}{
+		{[]zk.ACL{world(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin)}, "world:anyone"},
+		{[]zk.ACL{world(zk.PermCreate)}, "world:anyone"},
+		{[]zk.ACL{digest(zk.PermAll, "user"), world(zk.PermRead | zk.PermCreate)}, "world:anyone"},
+		{[]zk.ACL{digest(zk.PermCreate|zk.PermRead, "user"), digest(zk.PermDelete, "other")}, digest(0, "user").Scheme + ":" + digest(0, "user").ID},
+		{[]zk.ACL{ip(zk.PermCreate, "10.1.2.3"), digest(zk.PermDelete, "user")}, "ip:10.1.2.3"},
 	} {
-		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(tc.acl...), WithLogger(discard{}))
 		if err == nil {
 			l.Close()
-			t.Errorf("New with ACL %v succeeded", acl)
+			t.Errorf("New with ACL %v succeeded", tc.acl)
 			continue
 		}
-		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "world:anyone is granted create without delete") {
-			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming world:anyone and delete", acl, err)
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.name+" is granted create without delete") {
+			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming %s and delete", tc.acl, err, tc.name)
 		}
 	}
 	for _, acl := range [][]zk.ACL{
-		zk.WorldACL(zk.PermAll),
-		zk.WorldACL(zk.PermCreate | zk.PermDelete),
-		append(zk.DigestACL(zk.PermAll, "user", "secret"), zk.WorldACL(zk.PermRead)...),
+		{world(zk.PermAll)},
+		{world(zk.PermCreate | zk.PermDelete)},
+		{digest(zk.PermAll, "user"), world(zk.PermRead)},
+		{world(zk.PermCreate | zk.PermRead), world(zk.PermDelete)},
+		{digest(zk.PermCreate|zk.PermRead, "user"), world(zk.PermDelete)},
+		{digest(zk.PermCreate, "user"), digest(zk.PermDelete, "user")},
+		{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "10.0.0.0/8")},
+		{zk.AuthACL(zk.PermCreate)[0], digest(zk.PermDelete, "user")},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
 		if err != nil {
@@ -130,18 +146,46 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 	}
 }
 
-// TestRefusedDeleteGivesUp: a delete that the ACL of the node's parent
-// refuses (another client set it) is not retried, since it would be
-// refused every time until the Locker closed: the Locker logs it once and
-// sends nothing more, and the lock stays taken until the session ends,
-// which frees it.
-func TestRefusedDeleteGivesUp(t *testing.T) {
+// TestSplitGrantsRelease: with create and delete granted to world:anyone by
+// two entries, which New takes, the Locker acquires and releases, and its
+// release deletes the node.
+func TestSplitGrantsRelease(t *testing.T) {
+	s := startServer(t)
+	srv := []string{s.addr}
+	acl := []zk.ACL{{Perms: zk.PermCreate | zk.PermRead, Scheme: "world", ID: "anyone"}, {Perms: zk.PermDelete, Scheme: "world", ID: "anyone"}}
+	l := dial(t, srv, WithACL(acl...))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A JVM just started may turn the first connection away.
+	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
+	k := testKey(t)
+	admin := connect(t, srv)
+	for i := range 2 {
+		held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+		if ok, _, err := admin.Exists(held.(*lease).node); err != nil || ok {
+			t.Fatalf("node of released lease %d: exists %v, %v", i, ok, err)
+		}
+	}
+}
+
+// TestRefusedDeleteRetriedSlowly: a delete that the ACL of the node's
+// parent refuses (another client set it) is tried again once per session
+// timeout, not in a tight loop, and logged once; once another client
+// restores the ACL, the next try deletes the node, which frees the lock
+// while the Locker is still open, and that is logged too.
+func TestRefusedDeleteRetriedSlowly(t *testing.T) {
 	s := startServer(t)
 	srv := []string{s.addr}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var logs [2]recorder
-	l := dial(t, srv, WithLogger(&logs[0]))
+	var log recorder
+	l := dial(t, srv, WithLogger(&log))
 	// A JVM just started may turn the first connection away.
 	eventually(t, "the server answers", func() bool { return l.Ping(ctx) == nil })
 	k := testKey(t)
@@ -149,33 +193,52 @@ func TestRefusedDeleteGivesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := connect(t, srv).SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
+	admin := connect(t, srv)
+	if _, err := admin.SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
 		t.Fatal(err)
 	}
 	if err := held.Release(ctx); !errors.Is(err, errDenied) || !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("Release: %v, want errDenied wrapping zk.ErrNoAuth", err)
 	}
-	eventually(t, "the refused delete is logged", func() bool { return logs[0].count() == 1 })
-	sent := l.requests.Load()
+	eventually(t, "the refused delete is logged", func() bool { return log.count() == 1 })
 
-	// The lock is still taken, and another Locker's contender, which
-	// cannot delete its node either, gives up as well.
-	other := dial(t, srv, WithLogger(&logs[1]))
-	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
-		t.Fatalf("Acquire while the refused Release's node stays: %v, want ErrNotAcquired", err)
+	// Over three session timeouts, the retry sends a delete per session
+	// timeout: three, two to four with the timers' slack (a tight loop
+	// sends one every 20-200 ms).
+	sent, window := l.requests.Load(), 3*l.sessionTimeout()
+	time.Sleep(window)
+	if n := l.requests.Load() - sent; n < 2 || n > 4 || log.count() != 1 {
+		t.Fatalf("%d requests and %d log lines in %v after the refused delete, want 2 to 4 and one", n, log.count(), window)
 	}
-	eventually(t, "the other contender's refused delete is logged", func() bool { return logs[1].count() == 1 })
-	if n := l.requests.Load() - sent; n != 0 || logs[0].count() != 1 {
-		t.Fatalf("%d more requests and %d log lines after the refused delete, want none and one", n, logs[0].count())
+	node := held.(*lease).node
+	if ok, _, err := admin.Exists(node); err != nil || !ok {
+		t.Fatalf("the refused Release's node %s: exists %v, %v; want it kept", node, ok, err)
 	}
 
-	l.Close()
+	// Another Locker's contender, which loses and whose delete is refused
+	// too, returns on the refusal rather than wait for the delete until
+	// its context or a session timeout ends.
+	other := dial(t, srv, WithSessionTimeout(40*time.Second))
+	short, cancelShort := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelShort()
+	if _, err := other.Acquire(short, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) || short.Err() != nil {
+		t.Fatalf("Acquire while the refused Release's node stays: %v (context: %v), want ErrNotAcquired before the context ends", err, short.Err())
+	}
+	// Its node goes with its session (its refused delete is tried again
+	// only every 40 s).
 	other.Close()
-	lease, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
-	if err != nil {
-		t.Fatalf("Acquire once the sessions ended: %v", err)
+
+	if _, err := admin.SetACL(l.lockPath(k), zk.WorldACL(zk.PermAll), -1); err != nil {
+		t.Fatal(err)
 	}
-	lease.Release(ctx)
+	restored := time.Now()
+	eventually(t, "the retried delete succeeds and is logged", func() bool { return log.count() == 2 })
+	t.Logf("the lock was freed %v after the ACL was restored", time.Since(restored))
+	got, err := dial(t, srv).Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatalf("Acquire once the ACL was restored, the first Locker still open: %v", err)
+	}
+	got.Release(ctx)
 }
 
 // recorder is a zk.Logger that counts the Locker's own lines (the client
@@ -190,12 +253,12 @@ func (r *recorder) Printf(format string, args ...any) {
 
 func (r *recorder) count() int64 { return r.n.Load() }
 
-// TestRefusedSweepGivesUp: the search for a node that a create whose
-// answer was lost may have made, which lists the queue, is not retried
-// when the ACL refuses the listing: it would be refused every time until
-// the Locker closed. The Locker logs it once, and whatever node the create
-// made stays until the session ends.
-func TestRefusedSweepGivesUp(t *testing.T) {
+// TestRefusedSweepRetriedSlowly: the search for a node that a create whose
+// answer was lost may have made, which lists the queue, is refused when the
+// ACL grants no read (which WithACL allows): it is tried again once per
+// session timeout (see TestRefusedDeleteRetriedSlowly), not in a tight loop,
+// and the refusal is logged once.
+func TestRefusedSweepRetriedSlowly(t *testing.T) {
 	s := startServer(t)
 	p := drivertest.StartProxy(t, s.addr)
 	noRead := WithACL(zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)...)
@@ -225,5 +288,12 @@ func TestRefusedSweepGivesUp(t *testing.T) {
 	eventually(t, "the refused listing is logged", func() bool { return log.count() == 1 })
 	if _, _, err := connect(t, []string{s.addr}).Children(l.lockPath(k)); !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("listing of the queue: %v, want zk.ErrNoAuth", err)
+	}
+	// One listing per session timeout: three in three, two to four with
+	// the timers' slack (a tight loop sends one every 20-200 ms).
+	sent, window := l.requests.Load(), 3*l.sessionTimeout()
+	time.Sleep(window)
+	if n := l.requests.Load() - sent; n < 2 || n > 4 || log.count() != 1 {
+		t.Fatalf("%d requests and %d log lines in %v after the refused listing, want 2 to 4 and one", n, log.count(), window)
 	}
 }

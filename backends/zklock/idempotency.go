@@ -146,8 +146,9 @@ func WithStoreRoot(path string) StoreOption {
 }
 
 // WithStoreACL sets the ACL of every node the store creates (default: world
-// readable and writable, zk.WorldACL(zk.PermAll)). An entry that grants
-// create without delete is refused, as WithACL refuses it.
+// readable and writable, zk.WorldACL(zk.PermAll)). An ACL that grants
+// create to an identity no entry matching it grants delete is refused, as
+// WithACL refuses it.
 func WithStoreACL(acl ...zk.ACL) StoreOption {
 	return func(c *storeConfig) error {
 		// The records' parent is made with it too, and a record must

@@ -155,6 +155,11 @@ func TestStoreOptions(t *testing.T) {
 	if s.root != DefaultStoreRoot || s.timeout != DefaultStoreRequestTimeout {
 		t.Errorf("defaults: root %q, timeout %v", s.root, s.timeout)
 	}
+	// Create and delete granted to one identity by two entries.
+	split := []zk.ACL{{Perms: zk.PermCreate | zk.PermRead, Scheme: "world", ID: "anyone"}, {Perms: zk.PermDelete, Scheme: "world", ID: "anyone"}}
+	if _, err := NewStore(conn, WithStoreACL(split...)); err != nil {
+		t.Errorf("ACL %v: %v", split, err)
+	}
 
 	// Arguments out of range are refused before any request: this
 	// connection has no server.

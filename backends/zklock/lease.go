@@ -109,8 +109,7 @@ func (le *lease) Release(ctx context.Context) error {
 	})
 	le.l.dropHeld(le)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
-		node := le.node
-		le.l.background(func() { le.l.retry(func() bool { return le.l.remove(node) }) })
+		le.l.removeLater(le.node, nil)
 		return err
 	}
 	if err != nil || le.lost() {

@@ -214,8 +214,8 @@ func checkRoot(path string) error {
 // server will not set, such as zk.AuthACL on a session without
 // credentials). Without read, a lock is granted only to a contender found
 // alone in its queue, and its lease hears nothing of a forced release.
-// Write is not needed (see create). An entry that grants create without
-// delete is refused (see checkACL).
+// Write is not needed (see create). An ACL that grants create to an
+// identity no entry matching it grants delete is refused (see checkACL).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if err := checkACL(acl); err != nil {
@@ -231,17 +231,41 @@ func WithACL(acl ...zk.ACL) Option {
 // first Locker to need it creates with its own ACL: an identity granted
 // create but not delete could make contender nodes it could not remove, so
 // that a lock it released would stay taken until its session ended, and
-// the contenders queued behind it would wait until then.
+// the contenders queued behind it would wait until then. An identity has
+// the rights of every entry that matches it, so create and delete may come
+// from different entries.
 func checkACL(acl []zk.ACL) error {
 	if len(acl) == 0 {
 		return errors.New("empty")
 	}
 	for _, e := range acl {
-		if e.Perms&zk.PermCreate != 0 && e.Perms&zk.PermDelete == 0 {
-			return fmt.Errorf("%s:%s is granted create without delete: every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+		if e.Perms&zk.PermCreate != 0 && !mayDelete(acl, e) {
+			return fmt.Errorf("%s:%s is granted create without delete (by no entry that matches it): every node a Locker creates must be deletable by it", e.Scheme, e.ID)
 		}
 	}
 	return nil
+}
+
+// mayDelete reports whether an entry of acl grants delete to the identity
+// e names, or may: only a refusal that is sure is worth making. world:anyone
+// matches everyone, and a scheme:id itself; a digest entry matches its own
+// id alone, and world's only id is anyone. Whether an ip, x509 or sasl
+// entry matches another of its scheme depends on the server (an address
+// range, a provider's rules), and "auth" stands for the creating session's
+// credentials, whatever their scheme: those are taken to match.
+func mayDelete(acl []zk.ACL, e zk.ACL) bool {
+	for _, d := range acl {
+		switch {
+		case d.Perms&zk.PermDelete == 0:
+		case d.Scheme == "world" && d.ID == "anyone", d.Scheme == e.Scheme && d.ID == e.ID:
+			return true
+		case d.Scheme == "auth" || e.Scheme == "auth":
+			return true
+		case d.Scheme == e.Scheme && d.Scheme != "world" && d.Scheme != "digest":
+			return true
+		}
+	}
+	return false
 }
 
 // WithLogger sets where the ZooKeeper client logs connection errors, and the
@@ -782,12 +806,12 @@ func (l *Locker) watchDue() {
 // whose watch was used up. It retries through connection errors while the
 // lease is tracked; a node already gone was revoked.
 func (l *Locker) watch(le *lease) {
-	l.retry(func() bool {
+	l.retry("watch of "+le.node, func() error {
 		l.mu.Lock()
 		live := l.leases[le.node] == le && !le.revoked
 		l.mu.Unlock()
 		if !live {
-			return true
+			return nil
 		}
 		l.requests.Add(1)
 		_, _, _, err := l.conn.GetW(le.node)
@@ -796,7 +820,10 @@ func (l *Locker) watch(le *lease) {
 		}
 		// A read the ACL refuses would be refused again: the lease goes
 		// without its watch (see WithACL).
-		return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth)
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoAuth) {
+			return nil
+		}
+		return err
 	})
 }
 
@@ -1100,16 +1127,37 @@ func (l *Locker) background(f func()) bool {
 	return true
 }
 
-// retry calls f until it reports done, backing off between attempts, and
-// gives up when the Locker closes. The pause stays short: what f retries is
-// a node that keeps a lock taken, and the ensemble may be back any moment.
-func (l *Locker) retry(f func() bool) {
+// retry calls f until it returns nil, and gives up when the Locker closes.
+// What it retries is mostly a node that keeps a lock taken, so a failure of
+// the ensemble, which may be back any moment, is tried again soon. A
+// refusal by the ACL (an error wrapping errDenied; another client may have
+// changed a parent's ACL, and checkACL keeps only the Locker's own from
+// refusing a delete) is tried again once per session timeout: the Locker
+// cannot add credentials to its session, so only a client that mends the
+// ACL ends it, which an operator may do at any time. The refusal is logged
+// once, as what, and so is a success after it.
+func (l *Locker) retry(what string, f func() error) {
 	backoff := driver.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
-	for !f() {
+	refused := false
+	for {
+		err := f()
+		if err == nil {
+			if refused {
+				l.logger.Printf("zklock: %s succeeded after the ACL's refusal", what)
+			}
+			return
+		}
+		wait := backoff.Next()
+		if errors.Is(err, errDenied) {
+			if !refused {
+				l.logger.Printf("zklock: %s refused by the ACL (%v): tried again every %v until the ACL allows it or the Locker closes (whose session's end removes the node), and a lock the node holds stays taken until then", what, err, l.sessionTimeout())
+			}
+			refused, wait = true, l.sessionTimeout()
+		}
 		select {
 		case <-l.quit:
 			return
-		case <-time.After(backoff.Next()):
+		case <-time.After(wait):
 		}
 	}
 }

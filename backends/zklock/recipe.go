@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -160,7 +161,7 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 		return created{}, err
 	}
 	if cr.err != nil && cr.maybe {
-		l.background(func() { l.retry(func() bool { return l.sweep(parent, cr.guid) }) })
+		l.sweepLater(parent, cr.guid)
 	}
 	return cr.c, cr.err
 }
@@ -204,9 +205,9 @@ func (cr *creation) Abandoned() {
 	l := cr.l
 	switch {
 	case cr.err == nil:
-		l.background(func() { l.retry(func() bool { return l.remove(cr.c.node) }) })
+		l.removeLater(cr.c.node, nil)
 	case cr.maybe:
-		l.background(func() { l.retry(func() bool { return l.sweep(cr.parent, cr.guid) }) })
+		l.sweepLater(cr.parent, cr.guid)
 	}
 }
 
@@ -334,55 +335,71 @@ func (l *Locker) find(parent, guid string) (string, error) {
 	return "", nil
 }
 
-// sweep deletes any node a create with guid left under parent. It reports
-// whether it is done: it is also when the ACL of parent refuses the
-// listing, as it would every time after; a node the create made then stays
-// until the session ends, which is logged.
-func (l *Locker) sweep(parent, guid string) bool {
+// sweep deletes any node a create with guid left under parent.
+func (l *Locker) sweep(parent, guid string) error {
 	name, err := l.find(parent, guid)
-	if errors.Is(err, errDenied) {
-		l.logger.Printf("zklock: listing of %s refused (%v): a node a create whose answer was lost may have made there stays until the session ends", parent, err)
-		return true
+	if err != nil || name == "" {
+		return err
 	}
-	if err != nil {
-		return false
-	}
-	return name == "" || l.remove(parent+"/"+name)
+	return l.remove(parent + "/" + name)
 }
 
-// remove deletes node and reports whether it is done: the node is gone, or
-// the ACL of its parent refuses the delete, as it would every time after
-// (checkACL keeps the Locker's own ACL from refusing it, but another client
-// may have set the parent's). The node then stays, and the lock with
-// it, until the session ends, which is logged.
-func (l *Locker) remove(node string) bool {
+// sweepLater sweeps in the background (see sweep and retry).
+func (l *Locker) sweepLater(parent, guid string) {
+	l.background(func() {
+		l.retry("search of "+parent+" for the node of a create whose answer was lost", func() error { return l.sweep(parent, guid) })
+	})
+}
+
+// remove deletes node; a node already gone, or gone with its expired
+// session, needs nothing more.
+func (l *Locker) remove(node string) error {
 	l.requests.Add(1)
 	err := l.conn.Delete(node, -1)
-	if errors.Is(err, zk.ErrNoAuth) {
-		l.logger.Printf("zklock: delete of %s refused by the ACL of its parent (%v): it stays until the session ends", node, err)
-		return true
+	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) {
+		return nil
 	}
-	// An expired session took its ephemeral nodes with it.
-	return err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired)
+	return unavailable("delete", err)
+}
+
+// removeLater removes node in the background (see retry), and reports
+// false, doing nothing, once the Locker is closed. answered, if not nil, is
+// closed once a try deleted the node or the ACL refused it: waiting longer
+// for a refused delete, retried slowly, would tell nothing more.
+func (l *Locker) removeLater(node string, answered chan<- struct{}) bool {
+	return l.background(func() {
+		var once sync.Once
+		answer := func() {
+			if answered != nil {
+				once.Do(func() { close(answered) })
+			}
+		}
+		defer answer()
+		l.retry("delete of "+node, func() error {
+			err := l.remove(node)
+			if err == nil || errors.Is(err, errDenied) {
+				answer()
+			}
+			return err
+		})
+	})
 }
 
 // leave withdraws a contender that will not hold: its node must go, or the
-// next contender would queue behind it forever. It waits for the delete
-// while ctx lasts, up to a session timeout (far longer than a healthy server
-// needs), and leaves it to the background after, and returns cause. A
+// next contender would queue behind it forever. It waits for the delete's
+// answer while ctx lasts, up to a session timeout (far longer than a healthy
+// server needs), and leaves the delete to the background after, and returns
+// cause. A
 // contender that gives up because ctx ended thus returns at once.
 func (l *Locker) leave(ctx context.Context, node string, cause error) error {
-	done := make(chan struct{})
-	if !l.background(func() {
-		defer close(done)
-		l.retry(func() bool { return l.remove(node) })
-	}) {
+	answered := make(chan struct{})
+	if !l.removeLater(node, answered) {
 		return cause
 	}
 	timeout := time.NewTimer(l.sessionTimeout())
 	defer timeout.Stop()
 	select {
-	case <-done:
+	case <-answered:
 	case <-ctx.Done():
 	case <-timeout.C:
 	}
