@@ -116,6 +116,10 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		{[]zk.ACL{digest(zk.PermAll, "user"), world(zk.PermRead | zk.PermCreate)}, "world:anyone"},
 		{[]zk.ACL{digest(zk.PermCreate|zk.PermRead, "user"), digest(zk.PermDelete, "other")}, digest(0, "user").Scheme + ":" + digest(0, "user").ID},
 		{[]zk.ACL{ip(zk.PermCreate, "10.1.2.3"), digest(zk.PermDelete, "user")}, "ip:10.1.2.3"},
+		// Two addresses, or ranges, that share none match no client in
+		// common: a lock taken from one could never be released.
+		{[]zk.ACL{ip(zk.PermCreate|zk.PermRead, "127.0.0.1"), ip(zk.PermDelete, "10.9.9.9")}, "ip:127.0.0.1"},
+		{[]zk.ACL{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "192.168.0.0/16")}, "ip:10.1.2.3"},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, WithACL(tc.acl...), WithLogger(discard{}))
 		if err == nil {
@@ -135,6 +139,8 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		{digest(zk.PermCreate|zk.PermRead, "user"), world(zk.PermDelete)},
 		{digest(zk.PermCreate, "user"), digest(zk.PermDelete, "user")},
 		{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "10.0.0.0/8")},
+		{ip(zk.PermCreate, "10.0.0.0/8"), ip(zk.PermDelete, "10.1.0.0/16")},
+		{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "not-an-address")},
 		{zk.AuthACL(zk.PermCreate)[0], digest(zk.PermDelete, "user")},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))

@@ -129,6 +129,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,10 +250,12 @@ func checkACL(acl []zk.ACL) error {
 // mayDelete reports whether an entry of acl grants delete to the identity
 // e names, or may: only a refusal that is sure is worth making. world:anyone
 // matches everyone, and a scheme:id itself; a digest entry matches its own
-// id alone, and world's only id is anyone. Whether an ip, x509 or sasl
-// entry matches another of its scheme depends on the server (an address
-// range, a provider's rules), and "auth" stands for the creating session's
-// credentials, whatever their scheme: those are taken to match.
+// id alone, and world's only id is anyone; two ip entries match a client
+// in common when their addresses or ranges share an address. Whether an
+// x509 or sasl entry (or an ip entry this cannot read) matches another of
+// its scheme depends on the server (a provider's rules), and "auth" stands
+// for the creating session's credentials, whatever their scheme: those are
+// taken to match.
 func mayDelete(acl []zk.ACL, e zk.ACL) bool {
 	for _, d := range acl {
 		switch {
@@ -261,11 +264,38 @@ func mayDelete(acl []zk.ACL, e zk.ACL) bool {
 			return true
 		case d.Scheme == "auth" || e.Scheme == "auth":
 			return true
+		case d.Scheme == "ip" && e.Scheme == "ip":
+			if ipsMeet(d.ID, e.ID) {
+				return true
+			}
 		case d.Scheme == e.Scheme && d.Scheme != "world" && d.Scheme != "digest":
 			return true
 		}
 	}
 	return false
+}
+
+// ipsMeet reports whether two ip scheme ids (an address, or an address and
+// a prefix length, "10.0.0.0/8") may match one client: whether their ranges
+// share an address, or, when either cannot be read, true.
+func ipsMeet(a, b string) bool {
+	pa, okA := ipRange(a)
+	pb, okB := ipRange(b)
+	if !okA || !okB {
+		return true
+	}
+	return pa.Overlaps(pb)
+}
+
+// ipRange reads an ip scheme id as a prefix: an address alone is its own.
+func ipRange(id string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(id); err == nil {
+		return p.Masked(), true
+	}
+	if a, err := netip.ParseAddr(id); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	return netip.Prefix{}, false
 }
 
 // WithLogger sets where the ZooKeeper client logs connection errors, and the
