@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -53,8 +54,19 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 // that may hold them and whose server was known at the acquisition, and
 // succeeds only when a majority extended them
 // before the new expiry.
+//
+// It fails with ErrNotHeld once the nodes' identities, read again, show two
+// of them to be one server (a failover behind an address, onto another
+// node's server): the lease's majority may have counted that server twice,
+// and renewing it would keep it so for as long as it lived.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
+	if _, err := l.identify(ctx); err != nil {
+		if errors.Is(err, driver.ErrInvalidOption) {
+			return fmt.Errorf("%w: %w", driver.ErrNotHeld, err)
+		}
+		return err
+	}
 	start := time.Now()
 	cmd := []any{"evalsha", l.refreshSha, 1, ls.lockArg, ls.owner, ttl.Milliseconds(), ls.token}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {

@@ -122,7 +122,9 @@ func WithMaxBackoff(d time.Duration) Option {
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
 // recommended count. One client listed twice is an error wrapping
-// driver.ErrInvalidOption. So is one server behind two clients (one address
+// driver.ErrInvalidOption, as is a cluster or ring client (its INFO goes to
+// any of its servers, so its server cannot be known). So is one server
+// behind two clients (one address
 // twice, 127.0.0.1 and localhost, two dialers of their own), which New,
 // making no request, cannot see: the first acquisition or Ping reads each
 // node's run_id (INFO server) and fails with that error, naming the two
@@ -163,6 +165,12 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	for i, n := range nodes {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
+		}
+		switch n.(type) {
+		case *goredis.ClusterClient, *goredis.Ring:
+			// INFO, naming no key, goes to any of their servers, not the
+			// one that holds a lock's vote: their identity cannot be read.
+			return nil, fmt.Errorf("%w: node %d is a %T: each node must be a client of one server", driver.ErrInvalidOption, i, n)
 		}
 		if j, ok := seen[n]; ok {
 			return nil, fmt.Errorf("%w: nodes %d and %d are one client", driver.ErrInvalidOption, j, i)
@@ -773,13 +781,27 @@ func firstErr(rs []result) error {
 func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock" }
 
 // Ping implements driver.Pinger: nil when a majority of the nodes answer
-// PING within the node timeout, which is what a lock needs, and an error
-// wrapping driver.ErrInvalidOption when two nodes are one server (see
-// identify). When it reads the nodes' identities, it waits for every node,
+// PING within the node timeout and told their server (INFO), which is what
+// a lock needs, and an error wrapping driver.ErrInvalidOption when two
+// nodes are one server (see identify). When it reads the nodes' identities, it waits for every node,
 // within the node timeout.
 func (l *Locker) Ping(ctx context.Context) error {
-	if _, err := l.identify(ctx); err != nil {
+	ids, err := l.identify(ctx)
+	if err != nil {
 		return err
+	}
+	// A node whose server is unknown casts no vote that counts (see
+	// identify), so a majority of them cannot grant a lock, however well
+	// they answer PING.
+	known := 0
+	for _, id := range ids.ids {
+		if id != "" {
+			known++
+		}
+	}
+	if known < l.quorum {
+		return fmt.Errorf("%w: redlock: the servers of %d of %d nodes are known (INFO server), %d needed: %w",
+			driver.ErrUnavailable, known, len(l.nodes), l.quorum, errors.Join(ids.errs...))
 	}
 	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
 		return nil, l.nodes[i].Ping(ctx).Err()

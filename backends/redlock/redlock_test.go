@@ -97,6 +97,13 @@ func TestNewRejectsANodeListedTwice(t *testing.T) {
 	if _, err := New([]goredis.UniversalClient{a, b, a}); !errors.Is(err, driver.ErrInvalidOption) {
 		t.Errorf("one client twice: got %v, want ErrInvalidOption", err)
 	}
+	// A cluster client's INFO goes to any of its servers: its identity
+	// cannot be read, and its votes would be counted blind.
+	cluster := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { cluster.Close() })
+	if _, err := New([]goredis.UniversalClient{a, b, cluster}); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("a cluster client as a node: got %v, want ErrInvalidOption", err)
+	}
 	// Two clients of one address are found on first use, by the server's
 	// identity (TestOneServerUnderTwoAddresses): an address alone cannot
 	// tell (TestNewTakesClientsWithDialers).
