@@ -161,6 +161,13 @@ func Parse(s string) (*URL, error) {
 			// text up to a '?' in the password for a file to create.
 			return nil, fmt.Errorf("%s: sqlite:// takes a file path, and no user info", u)
 		}
+		if _, q, ok := strings.Cut(rest, "?"); ok {
+			// SQLite takes the last of an option given twice, and
+			// sqliteInMemory the first.
+			if err := repeatedOption(u, q); err != nil {
+				return nil, err
+			}
+		}
 		if sqliteInMemory(rest) {
 			// Each connection of the pool would open a database of its
 			// own: a lock taken on one is not seen on the next, whose
@@ -190,10 +197,8 @@ func Parse(s string) (*URL, error) {
 	}
 	u.shown = redactParsed(p)
 	u.secrets = secretsOf(p)
-	if name := repeatedOption(p.RawQuery, scheme == "postgres" || scheme == "postgresql"); name != "" {
-		// One of them would be ignored without a word (go-redis and pgx
-		// take the last): an sslmode=require before a disable, say.
-		return nil, fmt.Errorf("%s: option %q given twice", u, name)
+	if err := repeatedOption(u, p.RawQuery); err != nil {
+		return nil, err
 	}
 	if _, hasPassword := p.User.Password(); p.User != nil && !hasPassword && (strings.HasPrefix(scheme, "redis") || strings.HasPrefix(scheme, "redlock")) {
 		// go-redis reads it as a user name and, with no password, sends no
@@ -343,6 +348,9 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 		}
 	}
 	u.shown = "mysql://" + shown.FormatDSN()
+	if err := repeatedOption(u, params); err != nil {
+		return nil, err
+	}
 	return u, nil
 }
 
@@ -443,36 +451,38 @@ func secretsOf(p *url.URL) []string {
 	return s
 }
 
-// repeatedOption returns the name of the first query parameter of
-// rawQuery given a second time, or "". Names compare as the clients read
-// them: spaces around a name are dropped (pgx, like libpq, reads
-// "& sslmode" as sslmode), and for PostgreSQL (postgres) the names that
-// set the same thing are one: ssl=true is sslmode=require, dbname is
-// database.
-func repeatedOption(rawQuery string, postgres bool) string {
+// repeatedOption returns an error naming the first option of rawQuery,
+// the query of u, given a second time, or nil. One of the two would be
+// ignored without a word: an sslmode=require before a disable, say, or a
+// tls=true before a false (go-redis, pgx, the MySQL driver and SQLite
+// take the last). Names compare as the clients read them: spaces around
+// a name are dropped (pgx, like libpq, reads "& sslmode" as sslmode), and
+// the names that set the same thing are one (see option).
+func repeatedOption(u *URL, rawQuery string) error {
 	seen := map[string]bool{}
 	for kv := range strings.SplitSeq(rawQuery, "&") {
 		k, _, _ := strings.Cut(kv, "=")
-		k = strings.Trim(unescape(k), " ")
-		if postgres {
-			k = pgOption(k)
-		}
+		k = option(u.Scheme, strings.Trim(unescape(k), " "))
 		if k != "" && seen[k] {
-			return k
+			return fmt.Errorf("%s: option %q given twice", u, k)
 		}
 		seen[k] = true
 	}
-	return ""
+	return nil
 }
 
-// pgOption is the PostgreSQL URL parameter that name sets: ssl (=true)
-// sets sslmode, database sets dbname; any other, itself.
-func pgOption(name string) string {
-	switch name {
-	case "ssl":
+// option is the option that the URL parameter name sets for scheme's
+// client, or "" for a parameter that may be given more than once. For
+// PostgreSQL, ssl (=true) sets sslmode and database sets dbname; for
+// SQLite, each _pragma runs a pragma of its own.
+func option(scheme, name string) string {
+	switch {
+	case (scheme == "postgres" || scheme == "postgresql") && name == "ssl":
 		return "sslmode"
-	case "database":
+	case (scheme == "postgres" || scheme == "postgresql") && name == "database":
 		return "dbname"
+	case scheme == "sqlite" && name == "_pragma":
+		return ""
 	}
 	return name
 }

@@ -26,6 +26,7 @@ func TestParse(t *testing.T) {
 	}{
 		{"memory", "memory", 0},
 		{"sqlite:///tmp/x.db", "sqlite", 0},
+		{"sqlite://file:/tmp/x.db?_pragma=foreign_keys(1)&_pragma=synchronous(1)", "sqlite", 0},
 		{"postgres://u:p@127.0.0.1:5432/db?sslmode=disable", "postgres", 0},
 		{"postgresql://127.0.0.1/db", "postgres", 0},
 		{"postgres://u:p@127.0.0.1:5432/db%40x", "postgres", 0},
@@ -57,6 +58,9 @@ func TestParse(t *testing.T) {
 		"redis://127.0.0.1:1/0?db=1&db=2":                            `option "db" given twice`,
 		"redlock://a:1,b:2,c:3?dial_timeout=1s&dial_timeout=9s":      `option "dial_timeout" given twice`,
 		"postgres://h:1/db?sslmode=require&sslmode=disable":          `option "sslmode" given twice`,
+		"mysql://u:p@tcp(h:1)/db?tls=true&tls=false":                 `option "tls" given twice`,
+		"sqlite://file:/tmp/x.db?mode=rwc&mode=memory&cache=shared":  `option "mode" given twice`,
+		"sqlite://file:/tmp/x.db?mode=memory&mo%64e=rwc":             `option "mode" given twice`,
 		"postgres://h:1/db?password=secret&password=secret2&x=1&x=2": `option "password" given twice`,
 		"postgres://h:1/db?sslmode=require& sslmode=disable":         `option "sslmode" given twice`,
 		"postgres://h:1/db?sslmode=require&sslmode =disable":         `option "sslmode" given twice`,

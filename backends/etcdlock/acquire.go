@@ -59,7 +59,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOp
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for moved := 0; ; {
 		lease, err := l.attempt(ctx, name, opts, k, permits)
-		if (errors.Is(err, errAvoided) || errors.Is(err, rpctypes.ErrLeaseNotFound)) && moved < 2 && ctx.Err() == nil {
+		if movesOn(ctx, err, moved, rpctypes.ErrLeaseNotFound) {
 			moved++
 			continue
 		}

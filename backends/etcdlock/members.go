@@ -110,6 +110,27 @@ type member struct {
 // answering: it would get no answer in time either.
 var errAvoided = errors.New("etcd: the member stopped answering")
 
+// movesOn reports whether a call that failed with err, having moved moved
+// times already, starts over: when its request was cut short because its
+// member stopped answering (errAvoided), or failed with one of also, at
+// most twice, and not once ctx is done. The pin has moved by then, so the
+// call starts over on another member, and two moves reach a third: with
+// one member down, the call fails only when the others fail it too.
+func movesOn(ctx context.Context, err error, moved int, also ...error) bool {
+	if moved >= 2 || ctx.Err() != nil {
+		return false
+	}
+	if errors.Is(err, errAvoided) {
+		return true
+	}
+	for _, e := range also {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // errNoAnswer ends a request cut short at its bound.
 var errNoAnswer = errors.New("etcd: no answer in time")
 

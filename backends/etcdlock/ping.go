@@ -10,12 +10,20 @@ import (
 
 var _ driver.Pinger = (*Locker)(nil)
 
-// Ping implements driver.Pinger.
+// Ping implements driver.Pinger. The read goes to the pinned member and,
+// when that member is found not answering, starts over on the member
+// pinned next, as an acquisition does: Ping fails when the cluster does
+// not answer, not when one listed member is down.
 func (l *Locker) Ping(ctx context.Context) error {
-	return answered(l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
-		_, err := c.Get(rctx, pingKey, clientv3.WithCountOnly())
-		return err
-	}))
+	for moved := 0; ; moved++ {
+		err := l.members.do(ctx, l.timeout, false, func(rctx context.Context, c *clientv3.Client) error {
+			_, err := c.Get(rctx, pingKey, clientv3.WithCountOnly())
+			return err
+		})
+		if !movesOn(ctx, err, moved) {
+			return answered(err)
+		}
+	}
 }
 
 // Ping reports whether the store's etcd cluster answers, as Locker.Ping

@@ -1,7 +1,9 @@
 package etcdlock
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
@@ -24,4 +26,25 @@ func TestPing(t *testing.T) {
 		}
 		drivertest.CheckPing(t, s, c)
 	})
+}
+
+// TestPingMovesOn: a Locker pins one of its endpoints at random, and when
+// the member pinned does not answer, Ping moves on to the next, as an
+// acquisition does: a Locker listing the live server and an address nothing
+// listens on, in either order, answers every Ping.
+func TestPingMovesOn(t *testing.T) {
+	live, dead := endpoints(t)[0], closedAddr(t)
+	for _, eps := range [][]string{{live, dead}, {dead, live}} {
+		for range 8 {
+			l := lockerOn(t, newClient(t, eps))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			for range 3 {
+				if err := l.Ping(ctx); err != nil {
+					t.Errorf("Ping of a Locker on %v: %v", eps, err)
+				}
+			}
+			cancel()
+			l.Close()
+		}
+	}
 }
