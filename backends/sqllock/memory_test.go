@@ -27,7 +27,8 @@ func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
 
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
-// accepts one with a pool of one connection, or a shared one. A table that
+// accepts one with a pool of one connection, or a shared one; a refused
+// Migrate makes no table. A table that
 // names its schema (main.locks) is checked as well, and the check needs no
 // second connection at once.
 func TestInMemorySQLite(t *testing.T) {
@@ -54,6 +55,12 @@ func TestInMemorySQLite(t *testing.T) {
 				if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "SetMaxOpenConns(1)") {
 					t.Errorf("%s.Migrate of :memory: on a pool of many connections: %v, want ErrInvalidOption naming the fix", what, err)
 				}
+			}
+			// The refused Migrate left no table that an application going
+			// on despite the refusal would lock in, one per connection.
+			if lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); err == nil {
+				lease.Release(ctx)
+				t.Errorf("Acquire after a refused Migrate granted a lease, want the table missing")
 			}
 		})
 	}
