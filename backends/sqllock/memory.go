@@ -24,8 +24,10 @@ import (
 // shared (see sharedMain). The check asks one connection, so that it does
 // not wait for a second one that the application holds. A temporary or
 // attached in-memory schema is one per connection whatever the DSN, as is
-// a database opened without a DSN (a dialector given a Conn), whose
-// sharing cannot be asked.
+// a database opened without a DSN (a dialector given a Conn, whatever DSN
+// it has besides), whose sharing cannot be asked. A schema that the
+// connection has not is refused as such: Migrate checks before it makes
+// the table, so that AutoMigrate's own error does not come first.
 func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "sqlite" {
 		return nil
@@ -47,7 +49,9 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 	err = conn.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = ? COLLATE NOCASE", schema).Scan(&file)
 	switch {
 	case err == sql.ErrNoRows:
-		// Attached on another connection only.
+		// Not attached on this connection: none, or another only.
+		return fmt.Errorf("%w: SQLite has no schema %q on a connection of the pool, which table %q names:"+
+			" attach it on every connection (as by the driver's connect hook)", driver.ErrInvalidOption, schema, table)
 	case err != nil:
 		return unavailable(ctx, err)
 	case file != "":

@@ -28,7 +28,8 @@ func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
 // accepts one with a pool of one connection, or a shared one; a refused
-// Migrate makes no table. A table that
+// Migrate makes no table, and one in a schema not attached is refused as
+// such. A table that
 // names its schema (main.locks) is checked as well, and the check needs no
 // second connection at once.
 func TestInMemorySQLite(t *testing.T) {
@@ -64,6 +65,13 @@ func TestInMemorySQLite(t *testing.T) {
 			}
 		})
 	}
+	t.Run("schema not attached", func(t *testing.T) {
+		g, _ := openSQLite(t, sqlite.Open(t.TempDir()+"/warden.db"), 2)
+		err := newLocker(t, g, sqllock.WithTable("nosuch.locks")).Migrate(ctx)
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), `"nosuch"`) {
+			t.Errorf("Migrate of a table in a schema not attached: %v, want ErrInvalidOption naming the schema", err)
+		}
+	})
 	t.Run("shared, one of two connections in use", func(t *testing.T) {
 		pool, l, st := open(t, fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano()), 2, "")
 		busy, err := pool.Conn(ctx)
