@@ -317,11 +317,14 @@
 // database shared (file:name?mode=memory&cache=shared) as SQLite reads it
 // (of a repeated cache parameter the last counts, and nothing after a
 // '#'): SQLite is asked, by attaching the DSN on the connection, which it
-// refuses for a shared database the connection has already. A dialector
+// refuses for a shared database the connection has already. Only a URI
+// that SQLite opens in memory is attached (its last mode parameter is
+// memory, or its path :memory:; one with a '%' is not read), so that the
+// check creates no file; a pool it refuses is left without a table. A dialector
 // that wraps the SQLite one by embedding it is read through. Before, a
 // Migrate that ran on a second connection made a second lock table there,
 // and a lock was granted on both. A table that names its schema (main.locks) is
 // checked in that schema: a temporary or attached in-memory one is one per
 // connection too, as is a database the dialector was given as a Conn,
-// whose DSN cannot be read.
+// whatever DSN it has besides (gorm does not open that one).
 package sqllock

@@ -24,8 +24,10 @@ import (
 // shared (see sharedMain). The check asks one connection, so that it does
 // not wait for a second one that the application holds. A temporary or
 // attached in-memory schema is one per connection whatever the DSN, as is
-// a database opened without a DSN (a dialector given a Conn), whose
-// sharing cannot be asked.
+// a database opened without a DSN (a dialector given a Conn, whatever DSN
+// it has besides), whose sharing cannot be asked. A schema that the
+// connection has not is refused as such: Migrate checks before it makes
+// the table, so that AutoMigrate's own error does not come first.
 func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "sqlite" {
 		return nil
@@ -47,13 +49,16 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 	err = conn.QueryRowContext(ctx, "SELECT file FROM pragma_database_list WHERE name = ? COLLATE NOCASE", schema).Scan(&file)
 	switch {
 	case err == sql.ErrNoRows:
-		// Attached on another connection only.
+		// Not attached on this connection: none, or another only.
+		return fmt.Errorf("%w: SQLite has no schema %q on a connection of the pool, which table %q names:"+
+			" attach it on every connection (as by the driver's connect hook)", driver.ErrInvalidOption, schema, table)
 	case err != nil:
 		return unavailable(ctx, err)
 	case file != "":
 		return nil
 	case strings.EqualFold(schema, "main"):
-		shared, err := sharedMain(ctx, conn, dialectorDSN(reflect.ValueOf(db.Dialector), 0))
+		dsn, _ := dialectorDSN(reflect.ValueOf(db.Dialector), 0)
+		shared, err := sharedMain(ctx, conn, dsn)
 		if err != nil {
 			return unavailable(ctx, err)
 		}
@@ -72,17 +77,15 @@ func oneDatabase(ctx context.Context, db *gorm.DB, d dialect, table string) erro
 // wrong on a repeated cache parameter, where SQLite takes the last, and on
 // a '#', after which SQLite reads nothing): conn attaches dsn, and SQLite
 // refuses to attach a shared-cache database to a connection that has it
-// already. A URI alone can ask for shared cache; a DSN that is not one is
-// not attached, so that a file it names is not created.
+// already. Only a DSN that SQLite opens in memory is attached (see
+// inMemoryURI), so that the check never creates a file, whatever dsn names.
 func sharedMain(ctx context.Context, conn *sql.Conn, dsn string) (bool, error) {
-	if !strings.HasPrefix(dsn, "file:") {
+	if !inMemoryURI(dsn) {
 		return false, nil
 	}
 	_, err := conn.ExecContext(ctx, "ATTACH DATABASE ? AS warden_probe", dsn)
 	if err != nil {
-		// "database is already attached" when shared; any other refusal
-		// (an alias in use, too many attached) proves nothing.
-		return ctx.Err() == nil && strings.Contains(err.Error(), "already attached"), ctx.Err()
+		return ctx.Err() == nil && alreadyAttached(err), ctx.Err()
 	}
 	// Another database: detach it, or drop the connection, so that it is
 	// not left attached on a connection of the application's pool.
@@ -93,36 +96,74 @@ func sharedMain(ctx context.Context, conn *sql.Conn, dsn string) (bool, error) {
 	return false, nil
 }
 
+// alreadyAttached reports whether err is SQLite's refusal to attach a
+// shared-cache database to a connection that has it already, and nothing
+// else: the whole message is compared, bare (mattn/go-sqlite3) or with the
+// code's name and number around it (modernc.org/sqlite), because other
+// refusals quote the DSN ("unable to open database: <name>", "no such vfs:
+// <vfs>"), and a DSN may contain the words.
+func alreadyAttached(err error) bool {
+	msg := strings.TrimPrefix(err.Error(), "SQL logic error: ")
+	msg = strings.TrimSuffix(msg, " (1)")
+	return msg == "database is already attached"
+}
+
+// inMemoryURI reports whether SQLite opens the URI filename dsn in memory:
+// its path is ":memory:", or the last mode parameter of its query (which
+// ends at a '#') is memory. A DSN with a '%' is not read (SQLite decodes
+// it, and "mod%65=rwc" is a mode), nor one that is not a URI; either is
+// taken as not in memory, which refuses the pool rather than risk creating
+// the file it names.
+func inMemoryURI(dsn string) bool {
+	rest, ok := strings.CutPrefix(dsn, "file:")
+	rest, _, _ = strings.Cut(rest, "#")
+	if !ok || strings.Contains(rest, "%") {
+		return false
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	mode := ""
+	for _, p := range strings.Split(query, "&") {
+		if k, v, _ := strings.Cut(p, "="); k == "mode" {
+			mode = v
+		}
+	}
+	return path == ":memory:" || mode == "memory"
+}
+
 // dialectorDSN is the DSN string field of the dialector v (gorm.io/driver/
 // sqlite's and github.com/glebarez/sqlite's have one), read by reflection so
-// that the package links neither, or "". It looks through pointers and
-// into embedded fields, interfaces included, so that a dialector wrapping
-// another by embedding it is read too; a nil one is skipped, not followed
-// (reflect's FieldByName panics there). depth bounds a type that embeds a
+// that the package links neither; found reports that v has one. It looks
+// through pointers and into embedded fields, interfaces included, so that a
+// dialector wrapping another by embedding it is read too; a nil one is
+// skipped, not followed (reflect's FieldByName panics there). The first
+// dialector found is the answer: one whose Conn is set has no DSN to ask
+// (gorm uses the Conn, whatever database the DSN names), and its "" is not
+// passed over for a DSN found further on. depth bounds a type that embeds a
 // pointer to itself.
-func dialectorDSN(v reflect.Value, depth int) string {
+func dialectorDSN(v reflect.Value, depth int) (dsn string, found bool) {
 	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
 		if v.IsNil() {
-			return ""
+			return "", false
 		}
 		v = v.Elem()
 	}
 	if v.Kind() != reflect.Struct || depth > 8 {
-		return ""
+		return "", false
 	}
 	t := v.Type()
-	for i := range t.NumField() {
-		if f := t.Field(i); f.Name == "DSN" && f.Type.Kind() == reflect.String {
-			return v.Field(i).String()
+	if f, ok := t.FieldByName("DSN"); ok && len(f.Index) == 1 && f.Type.Kind() == reflect.String {
+		if c, ok := t.FieldByName("Conn"); ok && len(c.Index) == 1 && !v.Field(c.Index[0]).IsZero() {
+			return "", true
 		}
+		return v.Field(f.Index[0]).String(), true
 	}
 	for i := range t.NumField() {
 		if !t.Field(i).Anonymous {
 			continue
 		}
-		if dsn := dialectorDSN(v.Field(i), depth+1); dsn != "" {
-			return dsn
+		if dsn, found := dialectorDSN(v.Field(i), depth+1); found {
+			return dsn, true
 		}
 	}
-	return ""
+	return "", false
 }

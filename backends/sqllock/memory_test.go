@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,9 @@ func openSQLite(t *testing.T, d gorm.Dialector, conns int) (*gorm.DB, *sql.DB) {
 
 // TestInMemorySQLite: Migrate refuses a private in-memory SQLite database
 // that the pool may open more than once, a database per connection, and
-// accepts one with a pool of one connection, or a shared one. A table that
+// accepts one with a pool of one connection, or a shared one; a refused
+// Migrate makes no table, and one in a schema not attached is refused as
+// such. A table that
 // names its schema (main.locks) is checked as well, and the check needs no
 // second connection at once.
 func TestInMemorySQLite(t *testing.T) {
@@ -54,8 +57,21 @@ func TestInMemorySQLite(t *testing.T) {
 					t.Errorf("%s.Migrate of :memory: on a pool of many connections: %v, want ErrInvalidOption naming the fix", what, err)
 				}
 			}
+			// The refused Migrate left no table that an application going
+			// on despite the refusal would lock in, one per connection.
+			if lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: time.Minute}); err == nil {
+				lease.Release(ctx)
+				t.Errorf("Acquire after a refused Migrate granted a lease, want the table missing")
+			}
 		})
 	}
+	t.Run("schema not attached", func(t *testing.T) {
+		g, _ := openSQLite(t, sqlite.Open(t.TempDir()+"/warden.db"), 2)
+		err := newLocker(t, g, sqllock.WithTable("nosuch.locks")).Migrate(ctx)
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), `"nosuch"`) {
+			t.Errorf("Migrate of a table in a schema not attached: %v, want ErrInvalidOption naming the schema", err)
+		}
+	})
 	t.Run("shared, one of two connections in use", func(t *testing.T) {
 		pool, l, st := open(t, fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano()), 2, "")
 		busy, err := pool.Conn(ctx)
@@ -161,5 +177,107 @@ func TestInMemorySQLiteDSN(t *testing.T) {
 				t.Fatalf("Acquire of a held lock on another connection: %v, want ErrNotAcquired", err)
 			}
 		})
+	}
+}
+
+// reopenDialector is an application's dialector around the SQLite one
+// whose Initialize opens the pool given, not the embedded dialector's DSN.
+type reopenDialector struct {
+	*sqlite.Dialector
+	pool *sql.DB
+}
+
+func (d reopenDialector) Initialize(db *gorm.DB) error {
+	return (&sqlite.Dialector{Conn: d.pool}).Initialize(db)
+}
+
+// TestInMemorySQLiteNotTheDSN: a private in-memory database opened otherwise
+// than by the dialector's DSN (a dialector given a Conn, which gorm uses
+// whatever the DSN names, or a wrapper that opens its own pool) is refused,
+// however the DSN reads: a shared database that it names, attached to the
+// pool's connections, is not their main; its words in SQLite's refusal to
+// attach it ("no such vfs: database is already attached") are not SQLite's
+// sign of a shared database; and the check creates no file that it names.
+func TestInMemorySQLiteNotTheDSN(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		dsn  func(dir string) string
+		open func(dsn string, pool *sql.DB) gorm.Dialector
+		// attach, when set, attaches dsn to both connections of the pool.
+		attach bool
+	}{
+		"Conn, DSN of a shared database attached to it": {
+			dsn: func(string) string {
+				return fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano())
+			},
+			open:   func(dsn string, pool *sql.DB) gorm.Dialector { return &sqlite.Dialector{DSN: dsn, Conn: pool} },
+			attach: true,
+		},
+		"Conn, DSN with the words": {
+			dsn:  func(dir string) string { return "file:" + dir + "/missing/database is already attached.db" },
+			open: func(dsn string, pool *sql.DB) gorm.Dialector { return &sqlite.Dialector{DSN: dsn, Conn: pool} },
+		},
+		"Conn, DSN of a file": {
+			dsn:  func(dir string) string { return "file:" + dir + "/warden.db" },
+			open: func(dsn string, pool *sql.DB) gorm.Dialector { return &sqlite.Dialector{DSN: dsn, Conn: pool} },
+		},
+		"wrapped Conn, DSN of a file": {
+			dsn: func(dir string) string { return "file:" + dir + "/warden.db" },
+			open: func(dsn string, pool *sql.DB) gorm.Dialector {
+				return wrappedDialector{&sqlite.Dialector{DSN: dsn, Conn: pool}}
+			},
+		},
+		"own pool, DSN with the words": {
+			dsn: func(string) string { return "file:warden?mode=memory&vfs=database is already attached" },
+			open: func(dsn string, pool *sql.DB) gorm.Dialector {
+				return reopenDialector{sqlite.Open(dsn).(*sqlite.Dialector), pool}
+			},
+		},
+		"own pool, DSN of a file": {
+			dsn: func(dir string) string { return "file:" + dir + "/warden.db" },
+			open: func(dsn string, pool *sql.DB) gorm.Dialector {
+				return reopenDialector{sqlite.Open(dsn).(*sqlite.Dialector), pool}
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			mem, err := sql.Open("sqlite", ":memory:")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mem.Close()
+			dsn := c.dsn(dir)
+			if c.attach {
+				attachTwice(t, mem, dsn)
+			}
+			g, _ := openSQLite(t, c.open(dsn, mem), 2)
+			l := newLocker(t, g)
+			if err := l.Migrate(ctx); !errors.Is(err, driver.ErrInvalidOption) {
+				t.Fatalf("Migrate of a database per connection: %v, want ErrInvalidOption", err)
+			}
+			if names, _ := os.ReadDir(dir); len(names) != 0 {
+				t.Errorf("the check created %s in %s", names[0].Name(), dir)
+			}
+		})
+	}
+}
+
+// attachTwice attaches dsn to two connections of pool, and leaves both idle.
+func attachTwice(t *testing.T, pool *sql.DB, dsn string) {
+	ctx := context.Background()
+	var conns []*sql.Conn
+	for range 2 {
+		c, err := pool.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := c.ExecContext(ctx, "ATTACH DATABASE ? AS other", dsn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		c.Close()
 	}
 }

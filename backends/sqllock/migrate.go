@@ -137,6 +137,11 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 }
 
 func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
+	// Before the table is made: a refused pool is left without one, which
+	// an application that goes on despite the refusal would use.
+	if err := oneDatabase(ctx, db, d, table); err != nil {
+		return err
+	}
 	run := func() error {
 		tx := db.WithContext(ctx)
 		if d.name == "mysql" {
@@ -166,7 +171,7 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
-	return oneDatabase(ctx, db, d, table)
+	return nil
 }
 
 // qualifiedMySQL reports whether table names its database on MySQL

@@ -73,14 +73,15 @@ func unprepared(pool gorm.ConnPool) gorm.ConnPool {
 }
 
 // samePool reports whether a and b are the same connection pool, without
-// comparing values whose type cannot be compared (which would panic).
+// comparing values that cannot be compared (which would panic): a value is
+// asked, not its type, because a comparable type may hold an uncomparable
+// value in an interface field (a struct embedding gorm.ConnPool).
 func samePool(a, b gorm.ConnPool) bool {
-	ta := reflect.TypeOf(a)
-	if ta != reflect.TypeOf(b) {
+	if reflect.TypeOf(a) != reflect.TypeOf(b) {
 		return false
 	}
-	if ta == nil || !ta.Comparable() {
-		return true // nothing to tell them apart by: not a resolver's switch
+	if !reflect.ValueOf(a).Comparable() || !reflect.ValueOf(b).Comparable() {
+		return true // nothing to tell them apart by (nil included): not a resolver's switch
 	}
 	return a == b
 }

@@ -2,12 +2,14 @@ package sqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/glebarez/sqlite"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -169,5 +171,37 @@ func TestResolverReplicasPrepared(t *testing.T) {
 		if _, err := sqllock.New(g); err != nil {
 			t.Errorf("New behind a resolver with Replicas alone, PrepareStmt in the %s: %v", name, err)
 		}
+	}
+}
+
+// taggedPool is an application's pool: a comparable type, whose value is
+// not comparable once the embedded interface holds an uncomparable one.
+type taggedPool struct{ gorm.ConnPool }
+
+type poolWithTags struct {
+	*sql.DB
+	tags []string
+}
+
+// TestUncomparablePool: New accepts a *gorm.DB on its own pool of a
+// comparable type whose value cannot be compared; the check that gorm sends
+// the lock table's statements to that pool compared it, and panicked.
+func TestUncomparablePool(t *testing.T) {
+	raw, err := sql.Open("sqlite", t.TempDir()+"/warden.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	g, err := gorm.Open(&sqlite.Dialector{Conn: taggedPool{poolWithTags{raw, nil}}}, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("New panicked: %v", r)
+		}
+	}()
+	if _, err := sqllock.New(g); err != nil {
+		t.Fatalf("New on its own pool: %v", err)
 	}
 }
