@@ -1,10 +1,13 @@
 package sqllock
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -167,10 +170,17 @@ func isIdentifier(s string) bool {
 // deadlocked transaction back, would run it outside, in autocommit); the
 // caller, who retries its transactions, is given the error.
 //
+// A statement refused for contention (a serialization failure or a
+// deadlock) runs again after a pause, random and growing with attempt
+// (see rerunPause): rerun at once, processes cycling one lock met the same
+// contention again, and under SERIALIZABLE all ten runs were refused now
+// and then on a busy machine. The pause ends with ctx, and the statement is
+// then not run again.
+//
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
-func retryable(pool gorm.ConnPool, err error, attempt int) bool {
+func retryable(ctx context.Context, pool gorm.ConnPool, err error, attempt int) bool {
 	if err == nil {
 		return false
 	}
@@ -178,7 +188,9 @@ func retryable(pool gorm.ConnPool, err error, attempt int) bool {
 		return false
 	}
 	switch sqlState(err) {
-	case "40001", "40P01", "55P03", "57P01": // serialization_failure, deadlock_detected, lock_not_available, admin_shutdown
+	case "40001", "40P01": // serialization_failure, deadlock_detected
+		return rerunPause(ctx, attempt)
+	case "55P03", "57P01": // lock_not_available, admin_shutdown
 		return true
 	case "26000", "42P05": // invalid_sql_statement_name, duplicate_prepared_statement
 		return attempt == 0
@@ -186,11 +198,25 @@ func retryable(pool gorm.ConnPool, err error, attempt int) bool {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout
 			if rest, ok := strings.CutPrefix(e.Error(), code); ok && (strings.HasPrefix(rest, " (") || strings.HasPrefix(rest, ":")) {
-				return true
+				return code == "Error 1205" || rerunPause(ctx, attempt)
 			}
 		}
 	}
 	return false
+}
+
+// rerunPause waits a random moment of up to 100µs << attempt (6.4ms at
+// most), so that the processes a contention refused do not run again in
+// step; false when ctx ended first.
+func rerunPause(ctx context.Context, attempt int) bool {
+	t := time.NewTimer(rand.N(100 * time.Microsecond << min(attempt, 6)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // undefinedColumn reports whether err is PostgreSQL's undefined_column

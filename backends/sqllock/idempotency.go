@@ -204,7 +204,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		for attempt := range retries {
 			res = s.db.WithContext(ctx).Exec(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 				[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds())
-			if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
+			if !retryable(ctx, s.db.Statement.ConnPool, res.Error, attempt) {
 				break
 			}
 		}
@@ -243,7 +243,7 @@ func (s *Store) claimOrRead(ctx context.Context, query, id string, c idempotency
 		err = scanRow(s.db.WithContext(ctx).Raw(query, id, []byte(c.Scope), []byte(c.Key), string(idempotency.StateInProgress),
 			[]byte(c.Fingerprint), []byte(c.Owner), claimID, c.Lease.Microseconds(), id),
 			&claimed, &scope, &key, &state, &fp, &owner, &resp, &live)
-		if !retryable(s.db.Statement.ConnPool, err, attempt) {
+		if !retryable(ctx, s.db.Statement.ConnPool, err, attempt) {
 			break
 		}
 	}
@@ -304,7 +304,7 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 	var res *gorm.DB
 	for attempt := range retries {
 		res = s.db.WithContext(ctx).Exec(query, args...)
-		if !retryable(s.db.Statement.ConnPool, res.Error, attempt) {
+		if !retryable(ctx, s.db.Statement.ConnPool, res.Error, attempt) {
 			break
 		}
 	}

@@ -215,7 +215,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 				taken = res.RowsAffected > 0
 				break
 			}
-			if !retryable(l.pool, err, attempt) {
+			if !retryable(ctx, l.pool, err, attempt) {
 				break
 			}
 		}

@@ -160,7 +160,7 @@ func (ls *lease) exec(ctx context.Context, query string, args ...any) (bool, err
 			n, err := res.RowsAffected()
 			return n > 0, err
 		}
-		if !retryable(ls.l.pool, err, attempt) {
+		if !retryable(ctx, ls.l.pool, err, attempt) {
 			break
 		}
 	}
@@ -330,7 +330,7 @@ func (l *Locker) refreshChunk(ctx context.Context, leases batch, ttl time.Durati
 			l.noJSONTable.Store(true)
 			return l.refreshChunk(ctx, leases, ttl)
 		}
-		if err == nil || !retryable(l.pool, err, attempt) {
+		if err == nil || !retryable(ctx, l.pool, err, attempt) {
 			break
 		}
 	}

@@ -613,7 +613,7 @@ func (l *Locker) try(ctx context.Context, key string, ttl time.Duration, label s
 	)
 	for attempt := range retries {
 		a, err = l.tryOnce(ctx, key, owner, ttl, readLeft, pause, poll)
-		if err == nil || !retryable(l.pool, err, attempt) {
+		if err == nil || !retryable(ctx, l.pool, err, attempt) {
 			break
 		}
 	}

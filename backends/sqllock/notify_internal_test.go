@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -82,7 +83,7 @@ func TestRetryable(t *testing.T) {
 		&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"},
 		fmt.Errorf("acquire: %w", &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}),
 	} {
-		if !retryable(nil, err, 0) {
+		if !retryable(context.Background(), nil, err, 0) {
 			t.Errorf("%v: not retried", err)
 		}
 	}
@@ -91,7 +92,7 @@ func TestRetryable(t *testing.T) {
 		&mysql.MySQLError{Number: 12130, Message: "not a deadlock"},
 		errors.New("Error 1213 is what this is not"),
 	} {
-		if retryable(nil, err, 0) {
+		if retryable(context.Background(), nil, err, 0) {
 			t.Errorf("%v: retried", err)
 		}
 	}

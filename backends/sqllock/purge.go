@@ -65,7 +65,7 @@ func (l *Locker) Purge(ctx context.Context, idle time.Duration) (int64, error) {
 				deleted += res.RowsAffected
 				break
 			}
-			if !retryable(l.pool, err, attempt) {
+			if !retryable(ctx, l.pool, err, attempt) {
 				break
 			}
 		}
