@@ -56,10 +56,11 @@ func (s *scripter) evalsha(ctx context.Context, src any, cmd []any) *goredis.Cmd
 // evalshaOnce is evalsha for a release (and the Store's Complete, Abandon
 // and Delete, alike), which go-redis must not send again after an error
 // that leaves its outcome unknown (a reply later than the read timeout, a
-// connection broken after the write), as it does with its default options: the release sent again finds the lock released, or
-// handed to a waiter, by the first, and answers that the lease was not
-// held, which guard takes for a lock lost during the section. Sent once,
-// such a release fails as unavailable instead.
+// connection broken after the write), as it does with its default
+// options: the release sent again finds the lock released, or handed to a
+// waiter, by the first, and answers that the lease was not held, which
+// guard takes for a lock lost during the section. Sent once, such a
+// release fails as unavailable instead.
 func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis.Cmd {
 	return s.run(ctx, src, cmd, true)
 }
