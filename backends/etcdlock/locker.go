@@ -71,9 +71,10 @@ var (
 // sending to a member that does not answer (see the package documentation);
 // those connections close with the Locker or the client. Closing the
 // client ends the Locker's sessions at once (their Done channels close,
-// and nothing is sent any more), as a crash of the process would. A client whose KV
-// or Watcher was replaced (namespace.NewKV) is used as it is instead, with
-// the client's own balancing, so that the replacement still applies.
+// and nothing is sent any more), as a crash of the process would. A
+// client whose KV or Watcher was replaced (namespace.NewKV) is used as it
+// is instead, with the client's own balancing, so that the replacement
+// still applies.
 func New(client *clientv3.Client, opts ...Option) (*Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalidOption)

@@ -133,7 +133,8 @@ const attemptBound = 250 * time.Millisecond
 // place, until it is time to renew it, and never longer than lostWakeup (so
 // a lost message costs at most that), nor than pollEvery while its
 // subscription is not confirmed; an unreachable server is tried again,
-// backing off, until ctx is done, and a refusal only an operator mends (see redisrefusal) ends it.
+// backing off, until ctx is done, and a refusal only an operator mends
+// (see redisrefusal) ends it.
 func (l *Locker) acquire(ctx context.Context, channel string, opts driver.AcquireOptions, ls *lease, w waiter) (_ driver.Lease, err error) {
 	var (
 		sub    *subscription

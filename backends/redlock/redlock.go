@@ -783,8 +783,8 @@ func lockKeyOf(key string) string { return "{" + redistag.Escape(key) + "}:lock"
 // Ping implements driver.Pinger: nil when a majority of the nodes answer
 // PING within the node timeout and told their server (INFO), which is what
 // a lock needs, and an error wrapping driver.ErrInvalidOption when two
-// nodes are one server (see identify). When it reads the nodes' identities, it waits for every node,
-// within the node timeout.
+// nodes are one server (see identify). When it reads the nodes'
+// identities, it waits for every node, within the node timeout.
 func (l *Locker) Ping(ctx context.Context) error {
 	ids, err := l.identify(ctx)
 	if err != nil {

@@ -12,15 +12,15 @@ import goredis "github.com/redis/go-redis/v9"
 // user's rights too: Redis 7.0 words that "The user executing the script
 // can't ...", 7.2 and Valkey "ACL failure in script: ..."), or the server
 // does not know a command warden sends, or one its scripts call (EVALSHA
-// or TIME renamed away with rename-command). A waiting acquisition returns such an error
-// at once, where it tries again after a failure that may pass (a server
-// out of reach, out of memory, loading, a failover): waiting would turn an
-// operator's setting into a wait until the caller's context ends, forever
-// for a context with no end, with no word of the cause. Authentication
-// errors (NOAUTH, WRONGPASS) are not among them: a client whose
-// credentials provider hands out short-lived tokens (IAM authentication)
-// may be refused an expired one on a connection, and get a fresh one on
-// the next.
+// or TIME renamed away with rename-command). A waiting acquisition returns
+// such an error at once, where it tries again after a failure that may
+// pass (a server out of reach, out of memory, loading, a failover):
+// waiting would turn an operator's setting into a wait until the caller's
+// context ends, forever for a context with no end, with no word of the
+// cause. Authentication errors (NOAUTH, WRONGPASS) are not among them: a
+// client whose credentials provider hands out short-lived tokens (IAM
+// authentication) may be refused an expired one on a connection, and get a
+// fresh one on the next.
 func Permanent(err error) bool {
 	return goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command") ||
 		goredis.HasErrorPrefix(err, "Unknown Redis command called from script") ||
