@@ -169,21 +169,8 @@ func TestACLNeedsInfo(t *testing.T) {
 func TestUnknownServerDoesNotCount(t *testing.T) {
 	ctx := context.Background()
 	servers := startServers(t, 2)
-	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
-	if err := c.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
 	a := servers[0].Addr()
-	n := 0
-	l, err := New(clients(t, []string{a, respell(t, a, "localhost"), servers[1].Addr()}, func(o *goredis.Options) {
-		if n++; n == 1 {
-			o.Username, o.Password = "noinfo", "pw"
-		}
-	}), WithNodeTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := firstWithoutInfo(t, servers[0], a, respell(t, a, "localhost"), servers[1].Addr())
 	lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("two known servers of three nodes: %v", err)
@@ -230,4 +217,61 @@ func TestRefreshAfterFailoverOntoAnotherNode(t *testing.T) {
 	if err := held.Refresh(ctx, opts.TTL); !errors.Is(err, driver.ErrNotHeld) || !errors.Is(err, driver.ErrInvalidOption) {
 		t.Errorf("refresh with node 0 failed over onto node 2's server, the others down: %v, want ErrNotHeld naming one server", err)
 	}
+}
+
+// TestRefreshReadsNoIncompleteIdentities: while a node's server is unknown
+// (its user lacks INFO here; a node that does not answer alike), an
+// acquisition reads the identities again every second, but a refresh does
+// not: it would wait the node timeout for a node that does not answer,
+// every second, and a lease renewed late is lost. It reads them once they
+// are identityReuse old.
+func TestRefreshReadsNoIncompleteIdentities(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	l := firstWithoutInfo(t, servers[0], servers[0].Addr(), servers[1].Addr(), servers[2].Addr())
+	lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := l.ids.Load()
+	if ids == nil || ids.ids[0] != "" {
+		t.Fatalf("node 0's server known (%v), want unknown", ids)
+	}
+	// Due to be read again by an acquisition, not by a refresh.
+	ids.until = time.Now()
+	if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if l.ids.Load() != ids {
+		t.Error("a refresh read the identities again while one was unknown")
+	}
+	// Once they are identityReuse old, it reads them.
+	ids.read = time.Now().Add(-identityReuse)
+	if err := lease.Refresh(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if l.ids.Load() == ids {
+		t.Error("a refresh did not read identities identityReuse old")
+	}
+}
+
+// firstWithoutInfo returns a Locker on addrs whose first node logs in to
+// first, its server, as a user without INFO, so that its server is unknown.
+func firstWithoutInfo(t *testing.T, first *drivertest.RedisServer, addrs ...string) *Locker {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: first.Addr()})
+	defer c.Close()
+	if err := c.Do(context.Background(), "acl", "setuser", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	l, err := New(clients(t, addrs, func(o *goredis.Options) {
+		if n++; n == 1 {
+			o.Username, o.Password = "noinfo", "pw"
+		}
+	}), WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

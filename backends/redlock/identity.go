@@ -28,8 +28,9 @@ const (
 type identities struct {
 	ids  []string
 	errs []error // by node, why its identity is unknown
-	// until is when they are to be read again (see identityReuse).
-	until time.Time
+	// read is when they were read, and until when they are to be read
+	// again (see identityReuse).
+	read, until time.Time
 	// err, when two nodes answered with one run_id: ErrInvalidOption
 	// naming them.
 	err error
@@ -60,7 +61,8 @@ func (l *Locker) identify(ctx context.Context) (*identities, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s := &identities{ids: make([]string, len(l.nodes)), errs: make([]error, len(l.nodes)), until: time.Now().Add(identityReuse)}
+	now := time.Now()
+	s := &identities{ids: make([]string, len(l.nodes)), errs: make([]error, len(l.nodes)), read: now, until: now.Add(identityReuse)}
 	first := make(map[string]int, len(l.nodes))
 	for i, r := range rs {
 		if r.err != nil {

@@ -58,14 +58,21 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 // It fails with ErrNotHeld once the nodes' identities, read again, show two
 // of them to be one server (a failover behind an address, onto another
 // node's server): the lease's majority may have counted that server twice,
-// and renewing it would keep it so for as long as it lived.
+// and renewing it would keep it so for as long as it lived. A refresh
+// reads them itself only once those read last are identityReuse old, not
+// every second while a node's is unknown as an acquisition does: a node
+// that does not answer would hold every refresh for the node timeout.
 func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l := ls.l
-	if _, err := l.identify(ctx); err != nil {
-		if errors.Is(err, driver.ErrInvalidOption) {
-			return fmt.Errorf("%w: %w", driver.ErrNotHeld, err)
+	ids := l.ids.Load()
+	if ids == nil || time.Since(ids.read) >= identityReuse {
+		var err error
+		if ids, err = l.identify(ctx); err != nil && !errors.Is(err, driver.ErrInvalidOption) {
+			return err
 		}
-		return err
+	}
+	if ids.err != nil {
+		return fmt.Errorf("%w: %w", driver.ErrNotHeld, ids.err)
 	}
 	start := time.Now()
 	cmd := []any{"evalsha", l.refreshSha, 1, ls.lockArg, ls.owner, ttl.Milliseconds(), ls.token}
