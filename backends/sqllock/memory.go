@@ -83,6 +83,14 @@ func sharedMain(ctx context.Context, conn *sql.Conn, dsn string) (bool, error) {
 	if !inMemoryURI(dsn) {
 		return false, nil
 	}
+	// SQLite refuses the attachment when the connection has the database
+	// under any name: with another in-memory schema attached (which may be
+	// dsn's database, while main is the connection's own), the refusal
+	// would not say it is main.
+	var others int
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM pragma_database_list WHERE file = '' AND name NOT IN ('main', 'temp')").Scan(&others); err != nil || others > 0 {
+		return false, err
+	}
 	_, err := conn.ExecContext(ctx, "ATTACH DATABASE ? AS warden_probe", dsn)
 	if err != nil {
 		return ctx.Err() == nil && alreadyAttached(err), ctx.Err()

@@ -239,6 +239,17 @@ func TestInMemorySQLiteNotTheDSN(t *testing.T) {
 				return reopenDialector{sqlite.Open(dsn).(*sqlite.Dialector), pool}
 			},
 		},
+		// The probe's attachment is refused because the DSN's database is
+		// attached under another name, not because it is main.
+		"own pool, DSN of a shared database attached to it": {
+			dsn: func(string) string {
+				return fmt.Sprintf("file:warden%d?mode=memory&cache=shared", time.Now().UnixNano())
+			},
+			open: func(dsn string, pool *sql.DB) gorm.Dialector {
+				return reopenDialector{sqlite.Open(dsn).(*sqlite.Dialector), pool}
+			},
+			attach: true,
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
