@@ -294,7 +294,10 @@ func TestReleaseWithAnswerLost(t *testing.T) {
 	if in, err := g.Inspect(ctx, key); err != nil || len(in.Holders) != 0 {
 		t.Fatalf("the release whose answer was lost: %+v, %v; want it done on the server", in, err)
 	}
-	want := fmt.Sprintf("%q may have been released; warden locks show tells: no answer", key)
+	// What follows is the client's error: no answer within the bound, or
+	// the read timeout that the bound set on the connection, whichever
+	// ends first.
+	want := fmt.Sprintf("%q may have been released; warden locks show tells: ", key)
 	if code != 1 || !strings.Contains(errOut, want) || strings.Count(errOut, "warden: ") != 1 || strings.Contains(out, "released") {
 		t.Errorf("release with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
 	}
@@ -319,7 +322,8 @@ func TestDeleteWithAnswerLost(t *testing.T) {
 	if _, err := store.Get(ctx, "s", key); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("the delete whose answer was lost: %v; want it done on the server", err)
 	}
-	want := fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells: no answer", "s", key)
+	// The client's error follows, as for a release.
+	want := fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells: ", "s", key)
 	if code != 1 || !strings.Contains(errOut, want) || strings.Count(errOut, "warden: ") != 1 || strings.Contains(out, "deleted") {
 		t.Errorf("delete with its answer lost: exit %d, %q, %q; want 1 and %q", code, out, errOut, want)
 	}
