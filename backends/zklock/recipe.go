@@ -389,8 +389,7 @@ func (l *Locker) removeLater(node string, answered chan<- struct{}) bool {
 // next contender would queue behind it forever. It waits for the delete's
 // answer while ctx lasts, up to a session timeout (far longer than a healthy
 // server needs), and leaves the delete to the background after, and returns
-// cause. A
-// contender that gives up because ctx ended thus returns at once.
+// cause. A contender that gives up because ctx ended thus returns at once.
 func (l *Locker) leave(ctx context.Context, node string, cause error) error {
 	answered := make(chan struct{})
 	if !l.removeLater(node, answered) {
