@@ -790,6 +790,21 @@ func (l *Locker) Ping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
+		return nil, l.nodes[i].Ping(ctx).Err()
+	}, answered, nil, nil)
+	up := 0
+	for _, r := range rs {
+		if r.err == nil {
+			up++
+		}
+	}
+	if up < l.quorum {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: redlock: %d of %d nodes answered, %d needed: %w", driver.ErrUnavailable, up, len(l.nodes), l.quorum, firstErr(rs))
+	}
 	// A node whose server is unknown casts no vote that counts (see
 	// identify), so a majority of them cannot grant a lock, however well
 	// they answer PING.
@@ -803,20 +818,5 @@ func (l *Locker) Ping(ctx context.Context) error {
 		return fmt.Errorf("%w: redlock: the servers of %d of %d nodes are known (INFO server), %d needed: %w",
 			driver.ErrUnavailable, known, len(l.nodes), l.quorum, errors.Join(ids.errs...))
 	}
-	rs := l.gather(ctx, func(ctx context.Context, i int) (any, error) {
-		return nil, l.nodes[i].Ping(ctx).Err()
-	}, answered, nil, nil)
-	up := 0
-	for _, r := range rs {
-		if r.err == nil {
-			up++
-		}
-	}
-	if up >= l.quorum {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return fmt.Errorf("%w: redlock: %d of %d nodes answered, %d needed: %w", driver.ErrUnavailable, up, len(l.nodes), l.quorum, firstErr(rs))
+	return nil
 }
