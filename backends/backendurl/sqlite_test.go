@@ -1,13 +1,9 @@
 package backendurl
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,68 +56,6 @@ func TestSQLiteInMemoryRefused(t *testing.T) {
 		_, err := Parse(s)
 		if err == nil || !strings.Contains(err.Error(), "memory for") {
 			t.Errorf("Parse(%q): %v; want a refusal pointing to the memory backend", s, err)
-		}
-	}
-}
-
-// TestSQLiteOpenedWhileAnotherWrites: replicas started together on a new
-// SQLite file open it while another is writing to it in its rollback
-// journal (creating its tables). Switching the journal to WAL, which each
-// connection does on opening, needs the file to itself and waits for no
-// busy timeout: a replica that met the other's lock failed at once with
-// SQLITE_BUSY, and must wait instead. The replicas are processes of their
-// own (this test binary, run again), as replicas are; SQLite parts the
-// connections of one process as well (TestSQLiteStaysLocked's writer is in
-// the process that opens).
-func TestSQLiteOpenedWhileAnotherWrites(t *testing.T) {
-	if path := os.Getenv("WARDEN_TEST_OPEN_SQLITE"); path != "" {
-		u, err := Parse("sqlite://" + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path+"."+strconv.Itoa(os.Getpid()), nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		o := NewOpener()
-		defer o.Close()
-		if _, err := o.Locker(context.Background(), u, time.Second); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	const replicas = 3
-	dir := t.TempDir()
-	path := filepath.Join(dir, "fresh.db")
-	tx := writing(t, path)
-	cmds := make([]*exec.Cmd, replicas)
-	outs := make([]*bytes.Buffer, replicas)
-	for i := range cmds {
-		cmds[i] = exec.Command(os.Args[0], "-test.run=^TestSQLiteOpenedWhileAnotherWrites$", "-test.count=1")
-		cmds[i].Env = append(os.Environ(), "WARDEN_TEST_OPEN_SQLITE="+path)
-		outs[i] = new(bytes.Buffer)
-		cmds[i].Stdout, cmds[i].Stderr = outs[i], outs[i]
-		if err := cmds[i].Start(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Each replica leaves a mark just before it opens the file; the
-	// write goes on a moment after the last, so that they open it while
-	// it is locked.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		marks, _ := filepath.Glob(path + ".*")
-		if len(marks) == replicas || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if err := tx.Commit().Error; err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range cmds {
-		if err := c.Wait(); err != nil {
-			t.Errorf("a replica's open: %v\n%s", err, outs[i])
 		}
 	}
 }

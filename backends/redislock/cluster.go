@@ -9,6 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/rediseval"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -50,32 +51,19 @@ func newScripter(c goredis.UniversalClient) *scripter {
 // restarted server, SCRIPT FLUSH) it sends the script's body once, in cmd
 // for that call only.
 func (s *scripter) evalsha(ctx context.Context, src any, cmd []any) *goredis.Cmd {
-	return s.run(ctx, src, cmd, false)
+	return s.run(ctx, src, cmd, rediseval.Eval)
 }
 
 // evalshaOnce is evalsha for a release (and the Store's Complete, Abandon
 // and Delete, alike), which go-redis must not send again after an error
-// that leaves its outcome unknown (a reply later than the read timeout, a
-// connection broken after the write), as it does with its default
-// options: the release sent again finds the lock released, or handed to a
-// waiter, by the first, and answers that the lease was not held, which
-// guard takes for a lock lost during the section. Sent once, such a
-// release fails as unavailable instead.
+// that leaves its outcome unknown (see rediseval.EvalOnce): sent once, such
+// a release fails as unavailable.
 func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis.Cmd {
-	return s.run(ctx, src, cmd, true)
+	return s.run(ctx, src, cmd, rediseval.EvalOnce)
 }
 
-func (s *scripter) run(ctx context.Context, src any, cmd []any, once bool) *goredis.Cmd {
-	send := func() *goredis.Cmd {
-		c := goredis.NewCmd(ctx, cmd...)
-		c.SetFirstKeyPos(3)
-		if once {
-			_ = s.client.Process(ctx, onceCmd{c})
-		} else {
-			_ = s.client.Process(ctx, c)
-		}
-		return c
-	}
+func (s *scripter) run(ctx context.Context, src any, cmd []any, eval func(context.Context, rediseval.Client, ...any) *goredis.Cmd) *goredis.Cmd {
+	send := func() *goredis.Cmd { return eval(ctx, s.client, cmd...) }
 	c := s.retry(ctx, send)
 	// HasErrorPrefix allocates even for no error.
 	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {

@@ -13,6 +13,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/rediseval"
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -65,15 +66,9 @@ const DefaultFencePrefix = "warden:fence:"
 // failover to a replica that missed it forgets the latest tokens it
 // accepted (as it forgets the data written with them).
 type Fence struct {
-	client processor
+	client rediseval.Client
 	prefix string
 	write  fenceScript
-}
-
-// processor is the part of a go-redis client the Fence uses: its own
-// commands, sent once.
-type processor interface {
-	Process(ctx context.Context, cmd goredis.Cmder) error
 }
 
 // FenceOption configures a Fence.
@@ -88,7 +83,7 @@ func NewFence(client goredis.Cmdable, opts ...FenceOption) (*Fence, error) {
 	if client == nil {
 		return nil, fmt.Errorf("warden: redislock: %w: nil client", driver.ErrInvalidOption)
 	}
-	p, ok := client.(processor)
+	p, ok := client.(rediseval.Client)
 	if !ok {
 		return nil, fmt.Errorf("warden: redislock: %w: NewFence of a %T, which cannot send a command of its own", driver.ErrInvalidOption, client)
 	}
@@ -181,12 +176,6 @@ func newFenceScript(src string) fenceScript {
 	return fenceScript{src: src, sha: goredis.NewScript(src).Hash()}
 }
 
-// onceCmd is a command go-redis sends at most once: it does not resend it
-// after an error that leaves its outcome unknown.
-type onceCmd struct{ *goredis.Cmd }
-
-func (onceCmd) NoRetry() bool { return true }
-
 // eval runs s once. NOSCRIPT is an answer: the server ran nothing, and the
 // script is sent whole.
 func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []any) (any, error) {
@@ -196,10 +185,7 @@ func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []a
 		for _, k := range keys {
 			argv = append(argv, k)
 		}
-		cmd := goredis.NewCmd(ctx, append(argv, args...)...)
-		cmd.SetFirstKeyPos(3)
-		_ = f.client.Process(ctx, onceCmd{cmd})
-		return cmd.Result()
+		return rediseval.EvalOnce(ctx, f.client, append(argv, args...)...).Result()
 	}
 	r, err := send("evalsha", s.sha)
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {

@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/rediseval"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -138,7 +139,11 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 	// find its own change made and answer ErrNotOwner. An extension sent
 	// again only extends again.
 	cmd := []any{"evalsha", s.update.Hash(), 1, s.recordKey(scope, key), owner, op, d, response}
-	n, err := s.sc.run(ctx, idemUpdateSrc, cmd, op != "extend").Int64()
+	eval := rediseval.EvalOnce
+	if op == "extend" {
+		eval = rediseval.Eval
+	}
+	n, err := s.sc.run(ctx, idemUpdateSrc, cmd, eval).Int64()
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}

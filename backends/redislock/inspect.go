@@ -198,8 +198,12 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	if target.Owner != "" {
 		withLabel = "1"
 	}
-	r, err := l.s.forceRelease.Run(ctx, l.sc, n.releaseKeys(),
-		n.channel, anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner).Slice()
+	// Sent once, as a release is (scripter.evalshaOnce): sent again after
+	// its answer was lost, it found the lock freed by the first, or handed
+	// to a waiter, and answered that nothing was removed, or that the lock
+	// had changed hands.
+	r, err := l.sc.evalshaOnce(ctx, l.s.forceReleaseBody, []any{"evalsha", l.s.forceRelease.Hash(), 4, n.lock, n.queue, n.deadlines, n.waiters,
+		n.channel, anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner}).Slice()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

@@ -146,3 +146,49 @@ func TestStoreChangeSentOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestForceReleaseSentOnce: an operator's ForceRelease whose answer is
+// lost, as in TestReleaseSentOnce, is not sent again: sent again, it found
+// the lock freed by the first and answered that nothing was removed (or,
+// had a waiter been handed the lock, that it had changed hands). It fails
+// as unavailable, the holder removed all the same.
+func TestForceReleaseSentOnce(t *testing.T) {
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	p := drivertest.StartProxy(t, s.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr()})
+	defer c.Close()
+	holder, operator := newLocker(t, admin), newLocker(t, c)
+	const key = "once/force"
+	anyHolder := driver.ReleaseTarget{AnyHolder: true}
+	// A forced release first, so that the script is loaded and a
+	// connection is idle: the second goes out at once.
+	if _, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := operator.ForceRelease(ctx, key, anyHolder); err != nil || len(removed) != 1 {
+		t.Fatalf("first forced release: %v, %v; want one holder removed", removed, err)
+	}
+	if _, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	state := admin.Get(ctx, lockKeyOf(key)).Val()
+	p.LoseReplies()
+	defer p.Reset()
+	type answer struct {
+		removed []driver.Holding
+		err     error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		removed, err := operator.ForceRelease(ctx, key, anyHolder)
+		done <- answer{removed, err}
+	}()
+	eventually(t, "the server ran the forced release", func() bool { return admin.Get(ctx, lockKeyOf(key)).Val() != state })
+	p.Reset()
+	if a := <-done; !errors.Is(a.err, driver.ErrUnavailable) || errors.Is(a.err, driver.ErrHolderChanged) {
+		t.Errorf("forced release answered late: got %v, %v; want ErrUnavailable", a.removed, a.err)
+	}
+}

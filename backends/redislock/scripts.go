@@ -76,6 +76,9 @@ type scripts struct {
 	// The digests and bodies of the scripts on every plain lock's path, as
 	// interface values for scripter.evalsha, converted once.
 	acquireSha, acquireSrc, releaseSha, releaseSrc, rewaitSha, rewaitSrc any
+	// forceReleaseBody is forceRelease's body, which ForceRelease sends
+	// once (scripter.evalshaOnce) on NOSCRIPT.
+	forceReleaseBody string
 }
 
 func newScripts() *scripts {
@@ -102,5 +105,6 @@ func newScripts() *scripts {
 	s.acquireSha, s.acquireSrc = s.acquire.Hash(), acquireSrc
 	s.releaseSha, s.releaseSrc = s.release.Hash(), releaseHeadSrc+nextWaiterSrc+releaseSrc
 	s.rewaitSha, s.rewaitSrc = goredis.NewScript(rewaitSrc).Hash(), rewaitSrc
+	s.forceReleaseBody = stateSrc + nextWaiterSrc + forceReleaseSrc
 	return s
 }

@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/rediseval"
 	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/backends/internal/redisstate"
 	"github.com/warden-go/warden/backends/internal/redistag"
@@ -574,47 +575,31 @@ func (l *Locker) awaitWithdrawals(ctx context.Context, lock string) error {
 // cmd, in parallel, so they only read it: on NOSCRIPT (a restarted node,
 // SCRIPT FLUSH) the body goes in a copy.
 func evalsha(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
-	return run(ctx, node, src, cmd, false)
+	return run(ctx, node, src, cmd, rediseval.Eval)
 }
 
 // evalshaOnce is evalsha for a withdrawal, which go-redis must not send
 // again after an error that leaves its outcome unknown (an answer later
 // than the client's read timeout but within the node timeout, a connection
-// broken after the write), as it does with its default options: sent again,
-// it finds the vote withdrawn by the first and answers that it was not
-// held, and a majority of such answers made the release ErrNotHeld, which
-// guard takes for a lock lost during the section. Sent once, it fails as a
-// node that did not answer.
+// broken after the write; see rediseval.EvalOnce): sent again, it finds the
+// vote withdrawn by the first and answers that it was not held, and a
+// majority of such answers made the release ErrNotHeld, which guard takes
+// for a lock lost during the section. Sent once, it fails as a node that
+// did not answer.
 func evalshaOnce(ctx context.Context, node goredis.UniversalClient, src string, cmd []any) *goredis.Cmd {
-	return run(ctx, node, src, cmd, true)
+	return run(ctx, node, src, cmd, rediseval.EvalOnce)
 }
 
-func run(ctx context.Context, node goredis.UniversalClient, src string, cmd []any, once bool) *goredis.Cmd {
-	send := func(cmd []any) *goredis.Cmd {
-		c := goredis.NewCmd(ctx, cmd...)
-		c.SetFirstKeyPos(3)
-		if once {
-			_ = node.Process(ctx, onceCmd{c})
-		} else {
-			_ = node.Process(ctx, c)
-		}
-		return c
-	}
-	c := send(cmd)
+func run(ctx context.Context, node goredis.UniversalClient, src string, cmd []any, eval func(context.Context, rediseval.Client, ...any) *goredis.Cmd) *goredis.Cmd {
+	c := eval(ctx, node, cmd...)
 	// HasErrorPrefix allocates even for no error.
 	if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 		full := slices.Clone(cmd)
 		full[0], full[1] = "eval", src
-		c = send(full)
+		c = eval(ctx, node, full...)
 	}
 	return c
 }
-
-// onceCmd is a command go-redis sends at most once: it does not send it
-// again after an error that leaves its outcome unknown.
-type onceCmd struct{ *goredis.Cmd }
-
-func (onceCmd) NoRetry() bool { return true }
 
 type result struct {
 	val any

@@ -175,13 +175,15 @@ func isIdentifier(s string) bool {
 // (see rerunPause): rerun at once, processes cycling one lock met the same
 // contention again, and under SERIALIZABLE all ten runs were refused now
 // and then on a busy machine. The pause ends with ctx, and the statement is
-// then not run again.
+// then not run again. attempt counts the runs from 0, and the last of
+// retries is followed by none: its refusal is reported at once, without a
+// pause that would only delay the error (by up to 6.4ms).
 //
 // The MySQL driver's errors read "Error <number> (<state>): <message>" or
 // "Error <number>: <message>"; matching that text rather than its type keeps
 // programs on other databases from linking the driver.
 func retryable(ctx context.Context, pool gorm.ConnPool, err error, attempt int) bool {
-	if err == nil {
+	if err == nil || attempt >= retries-1 {
 		return false
 	}
 	if _, tx := pool.(gorm.TxCommitter); tx {

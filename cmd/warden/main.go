@@ -47,12 +47,14 @@
 // the answer read from stdin: stdout holds the output alone.
 //
 // Exit status 0 on success; 1 when the backend fails, the answer is no, or
-// there is nothing to release or delete (a release or delete whose answer
-// never came says that it may have been done); 2 for bad input (with a
-// one-line error); 3 when a release is refused because the lock changed
-// hands after its holder was shown (nothing is released; the new holder is
-// named), or a delete because another request claimed the key after its
-// record was shown (nothing is deleted).
+// there is nothing to release or delete (a release or delete that failed
+// says that it was not done when its request was never sent, the backend
+// out of reach, and that it may have been done when its answer never
+// came); 2 for bad input (with a one-line error); 3 when a release is
+// refused because the lock changed hands after its holder was shown
+// (nothing is released; the new holder is named), or a delete because
+// another request claimed the key after its record was shown (nothing is
+// deleted).
 package main
 
 import (
@@ -150,6 +152,7 @@ type cli struct {
 	abandoned bool      // a call outlived its bound, and may still use the clients
 	g         *guard.Guard
 	store     func(context.Context) (idempotency.Store, error)
+	change    *change // what a release or delete says when it fails; nil for the other commands
 }
 
 // grace is how long past its bound a call is waited for before it is
@@ -266,7 +269,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	o := backendurl.NewOpener()
 	defer c.close(o)
 	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st) }); err != nil {
-		return err
+		return c.change.before(ctx, err)
 	}
 	return do(ctx)
 }
@@ -550,6 +553,11 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 			return nil, badInput("%v", err)
 		}
 		if cmd[1] == "delete" {
+			record := fmt.Sprintf("the record under scope %q, key %q", cmd[2], cmd[3])
+			c.change = &change{
+				notDone:   record + " was not deleted",
+				mayBeDone: record + " may have been deleted; warden idem show tells",
+			}
 			return func(ctx context.Context) error { return c.idemDelete(ctx, cmd[2], cmd[3]) }, nil
 		}
 		return bounded(func(ctx context.Context) error { return c.idem(ctx, cmd[2], cmd[3]) }), nil
@@ -746,7 +754,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return c.change.before(ctx, err)
 	}
 	if !c.yes {
 		of := "" // an owner token may name no instance (an Executor's)
@@ -778,7 +786,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 			if errors.Is(err, idempotency.ErrNotOwner) {
 				return recordChanged{scope, key}
 			}
-			return err
+			return notSentOr(err)
 		}
 		if c.json {
 			return c.printJSON(struct {
@@ -790,7 +798,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		fmt.Fprintf(c.stdout, "deleted the record under scope %q, key %q\n", scope, key)
 		return nil
 	})
-	return mayBeDone(ctx, err, fmt.Sprintf("the record under scope %q, key %q may have been deleted; warden idem show tells", scope, key))
+	return c.change.sent(ctx, err)
 }
 
 func (c *cli) ping(ctx context.Context) error {

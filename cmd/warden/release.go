@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
@@ -63,6 +67,10 @@ func (c *cli) releaseCommand(keys []string) (func(context.Context) error, error)
 		return nil, badInput("locks release: -yes needs -token N or -any-holder, so that what is released is what was meant")
 	}
 	r := release{cli: c, key: keys[0], token: c.token, any: c.anyHolder}
+	c.change = &change{
+		notDone:   strconv.Quote(r.key) + " was not released",
+		mayBeDone: strconv.Quote(r.key) + " may have been released; warden locks show tells",
+	}
 	return r.run, nil
 }
 
@@ -96,7 +104,7 @@ func (r release) run(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return r.change.before(ctx, err)
 	}
 	if !r.yes {
 		if err := r.confirm(ctx, shown); err != nil {
@@ -105,19 +113,72 @@ func (r release) run(ctx context.Context) error {
 		r.restartBound()
 	}
 	err = r.bounded(ctx, func(ctx context.Context) error { return r.release(ctx, target) })
-	return mayBeDone(ctx, err, strconv.Quote(r.key)+" may have been released; warden locks show tells")
+	return r.change.sent(ctx, err)
 }
 
-// mayBeDone is err, the failure of a release or delete that may have
-// reached the backend, saying first that it may have been done (as done
-// puts it) when its answer never came: no answer within the bound, a
-// Ctrl-C, a backend that stopped answering. The operator would read a bare
-// "no answer" as "nothing changed".
-func mayBeDone(ctx context.Context, err error, done string) error {
-	if err == nil || !errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+// change is what a release or a delete says of itself when the backend's
+// answer never came (no answer within the bound, a Ctrl-C, a backend out
+// of reach): the operator would read a bare "no answer" either way, as
+// "nothing changed" or as "done".
+type change struct {
+	notDone   string // `"k" was not released`
+	mayBeDone string // `"k" may have been released; warden locks show tells`
+}
+
+// before is err, a failure before the change's request was sent (opening
+// the backend, reading what the prompt shows), saying first that nothing
+// was done.
+func (ch *change) before(ctx context.Context, err error) error {
+	if ch == nil || !unanswered(ctx, err) {
 		return err
 	}
-	return about(done, err)
+	return about(ch.notDone, err)
+}
+
+// sent is err, the failure of the change's request, saying first that
+// nothing was done when the request never left (notSent), and otherwise
+// that it may have been done.
+func (ch *change) sent(ctx context.Context, err error) error {
+	switch {
+	case errors.As(err, new(notSent)):
+		return about(ch.notDone, err)
+	case unanswered(ctx, err):
+		return about(ch.mayBeDone, err)
+	}
+	return err
+}
+
+// notSent is the failure of a change's request that never left the
+// client, which changed nothing.
+type notSent struct{ error }
+
+func (e notSent) Unwrap() error { return e.error }
+
+// notSentOr is err, the failure of a change's request that changed nothing
+// before it, as a notSent when it proves that the request never left: no
+// connection could be made for it (a dial refused, or timed out; the
+// clients of Redis, PostgreSQL, MySQL and Consul connect to one server),
+// pgx failed before it wrote a byte of it (pgconn.SafeToRetry: a write on
+// a connection the server had reset), or ZooKeeper's client tried every
+// server of the ensemble, in vain, while the request waited
+// (zk.ErrNoServer). The backends send a release, and a record's delete,
+// once, or again only after an answer that it ran nothing, so that failure
+// is the request's own. No other error proves it: a request written on a
+// connection that then broke may have run. etcd's client waits for a
+// member until the bound ends, with an error that does not say whether
+// one was reached: etcd's stay "may have been".
+func notSentOr(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || pgconn.SafeToRetry(err) || errors.Is(err, zk.ErrNoServer) {
+		return notSent{err}
+	}
+	return err
+}
+
+// unanswered reports whether err is a failure in which the backend's answer
+// never came.
+func unanswered(ctx context.Context, err error) bool {
+	return err != nil && (errors.Is(err, driver.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil)
 }
 
 // about is err said after what, "what: err"; guard's "warden: " at the
@@ -143,7 +204,7 @@ func (r release) release(ctx context.Context, target guard.ReleaseTarget) error 
 		return r.refused(hc)
 	}
 	if err != nil && len(removed) == 0 {
-		return err
+		return notSentOr(err)
 	}
 	// With an error, what a backend removing many holders in several
 	// steps removed before a step failed: gone all the same.

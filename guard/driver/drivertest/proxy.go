@@ -163,8 +163,16 @@ func (p *Proxy) Reset() {
 	p.slow.Store(0)
 }
 
+// Down takes the server away for good, as a stopped server whose port is
+// closed: the listener is closed, so that connecting is refused, and every
+// relayed connection is torn down with a TCP reset, which fails the
+// client's next write on it with nothing written.
+func (p *Proxy) Down() { p.shut(abort) }
+
 // Cut closes the listener and every relayed connection, for good.
-func (p *Proxy) Cut() {
+func (p *Proxy) Cut() { p.shut(func(c net.Conn) { c.Close() }) }
+
+func (p *Proxy) shut(closeConn func(net.Conn)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cut {
@@ -173,6 +181,6 @@ func (p *Proxy) Cut() {
 	p.cut = true
 	p.ln.Close()
 	for c := range p.conns {
-		c.Close()
+		closeConn(c)
 	}
 }

@@ -1,0 +1,53 @@
+// Package rediseval sends the scripts of the Redis and RedLock backends as
+// commands they build themselves ("evalsha" or "eval", the digest or the
+// body, the number of keys, the keys, the arguments), and sends once those
+// that must not be sent twice.
+package rediseval
+
+import (
+	"context"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Client is the part of a go-redis client that sends a command.
+type Client interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
+// Eval sends the script command args on client, which may send it again
+// after an error, as its options say, and returns it answered. args is
+// the command's, kept until the answer has been read.
+func Eval(ctx context.Context, client Client, args ...any) *goredis.Cmd {
+	c := newCmd(ctx, args)
+	_ = client.Process(ctx, c)
+	return c
+}
+
+// EvalOnce is Eval for a script that changes what a caller holds (a
+// release, a withdrawal of a vote, an idempotency record's completion, a
+// fenced write): client sends it at most once. With its default options,
+// go-redis sends a command again after an error that leaves its outcome
+// unknown (an answer later than the read timeout, a connection broken
+// after the write); a release sent again finds the lock released, or
+// handed to a waiter, by the first, and answers that it was not held,
+// which guard takes for a lock lost during its section. Sent once, it
+// fails as unanswered instead, its outcome unknown.
+func EvalOnce(ctx context.Context, client Client, args ...any) *goredis.Cmd {
+	c := newCmd(ctx, args)
+	_ = client.Process(ctx, once{c})
+	return c
+}
+
+// newCmd is args as a command whose first key is args[3], which a Cluster
+// client routes by.
+func newCmd(ctx context.Context, args []any) *goredis.Cmd {
+	c := goredis.NewCmd(ctx, args...)
+	c.SetFirstKeyPos(3)
+	return c
+}
+
+// once is a command go-redis does not send again.
+type once struct{ *goredis.Cmd }
+
+func (once) NoRetry() bool { return true }
