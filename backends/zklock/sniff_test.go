@@ -115,6 +115,9 @@ func TestSniffConnSendsCredentials(t *testing.T) {
 			client, server := net.Pipe()
 			defer client.Close()
 			defer server.Close()
+			// A read that waits for what never comes fails the test.
+			client.SetDeadline(time.Now().Add(10 * time.Second))
+			server.SetDeadline(time.Now().Add(10 * time.Second))
 			var creds credentials
 			creds.set([]credential{{scheme: "digest", auth: []byte("u:s3cretpw")}})
 			sc := newSniffConn(client, time.Second, func() {}, func(int32) {})
