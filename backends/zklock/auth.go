@@ -24,9 +24,9 @@ import (
 //
 // The Locker sends them on every connection it makes, as soon as the
 // server has answered the handshake and before any request of its own, so
-// that a session is never seen without them: on its first connection, on each that takes the
-// session up again after an outage, and on those of a new session after an
-// expiry or a server that lost its data. An ensemble that refuses them
+// that a session is never seen without them: on its first connection, on
+// each that takes the session up again after an outage, and on those of a
+// new session after an expiry or a server that lost its data. An ensemble that refuses them
 // (AUTH_FAILED: no provider for the scheme, or one that says no) closes
 // the connection: the Locker then makes no further connection, as
 // ZooKeeper's own client stops, and every call fails at once with an error
