@@ -4,11 +4,13 @@
 // would be one per pooled connection), postgres://..., mysql://...,
 // redis://[user:pass@]host:port[/db], rediss://... (TLS),
 // redlock://[user:pass@]h1,h2,h3[/db] (redlocks:// for TLS),
-// etcd://[user:pass@]host:port[,...], zk://host:port[,...] and
-// consul://host:port (an agent's HTTP address); a host may be an IPv6
-// literal, [::1]:2379. The example service and the warden CLI both use it;
-// it links every backend and its client, so a program that needs one
-// backend imports that backend instead.
+// etcd://[user:pass@]host:port[,...], zk://[user:pass@]host:port[,...]
+// (a ZooKeeper digest user's credentials: the Locker and the store
+// authenticate as that user, and the nodes they create are that user's
+// alone) and consul://host:port (an agent's HTTP address); a host may be
+// an IPv6 literal, [::1]:2379. The example service and the warden CLI
+// both use it; it links every backend and its client, so a program that
+// needs one backend imports that backend instead.
 //
 // A URL prints redacted (String): its user info, the values of its query
 // parameters whose names say "pass" (pgx reads ?password=), and the whole
@@ -47,7 +49,7 @@ type URL struct {
 	Hosts []string
 
 	redis              []*goredis.Options // redis: one; redlock: one per master
-	username, password string             // etcd
+	username, password string             // etcd, zk (a digest user's)
 	shown              string             // String's answer
 	secrets            []string           // what Redact removes from text
 }
@@ -124,7 +126,7 @@ func (e *redacted) Unwrap() error { return e.err }
 // Parse reads a backend URL: memory, sqlite://PATH, postgres://...,
 // mysql://user:pass@tcp(host:port)/db, redis://[user:pass@]host:port[/db],
 // rediss://..., redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db], redlocks://...,
-// etcd://[user:pass@]host:port[,...], zk://host:port[,...] or
+// etcd://[user:pass@]host:port[,...], zk://[user:pass@]host:port[,...] or
 // consul://host:port. Redis URLs take
 // go-redis's query options (redis.ParseURL), applied to every RedLock
 // master. A query option given twice is refused, rather than one of the
@@ -273,8 +275,15 @@ func Parse(s string) (*URL, error) {
 			u.password, _ = p.User.Password()
 		}
 	case "zk":
-		if p.User != nil || p.Path != "" || p.RawQuery != "" {
-			return nil, fmt.Errorf("%s: zk:// takes hosts only", u)
+		if p.Path != "" || p.RawQuery != "" {
+			return nil, fmt.Errorf("%s: zk:// takes a digest user's credentials and hosts only (a chroot is not supported)", u)
+		}
+		if p.User != nil {
+			if err := zkDigest(p.User); err != nil {
+				return nil, fmt.Errorf("%s: %w", u, err)
+			}
+			u.username = p.User.Username()
+			u.password, _ = p.User.Password()
 		}
 	case "consul":
 		if p.User != nil || p.Path != "" || p.RawQuery != "" || len(u.Hosts) != 1 {
@@ -282,6 +291,18 @@ func Parse(s string) (*URL, error) {
 		}
 	}
 	return u, nil
+}
+
+// zkDigest says why user cannot be a ZooKeeper digest user's credentials,
+// which ZooKeeper reads as user:password, the user up to the first ':'.
+func zkDigest(user *url.Userinfo) error {
+	if _, ok := user.Password(); !ok || user.Username() == "" {
+		return errors.New("zk:// takes a digest user's credentials as user:password")
+	}
+	if strings.Contains(user.Username(), ":") {
+		return errors.New("a ZooKeeper digest user name has no ':'")
+	}
+	return nil
 }
 
 // parseHosts is url.Parse(s) for a URL whose authority may list several

@@ -282,21 +282,55 @@ func (b *Opener) openEtcd(u *URL) (*clientv3.Client, error) {
 	return c, nil
 }
 
-// openZK connects to a ZooKeeper ensemble for the idempotency store. A
-// zklock.Locker keeps a session of its own, so this is a second connection to
-// the same servers, not a second system.
-func (b *Opener) openZK(hosts []string) (*zk.Conn, error) {
-	key := strings.Join(hosts, ",")
+// openZK connects to the ZooKeeper ensemble u names for the idempotency
+// store, with u's digest credentials if it has some. A zklock.Locker keeps
+// a session of its own, so this is a second connection to the same
+// servers, not a second system.
+func (b *Opener) openZK(ctx context.Context, u *URL) (*zk.Conn, error) {
+	key := strings.Join(u.Hosts, ",") + "\x00" + u.username + "\x00" + u.password
 	if c, ok := b.zk[key]; ok {
 		return c, nil
 	}
-	c, _, err := zk.Connect(hosts, 10*time.Second, zk.WithLogger(quietZK{}))
+	c, _, err := zk.Connect(u.Hosts, 10*time.Second, zk.WithLogger(quietZK{}))
 	if err != nil {
 		return nil, err
+	}
+	if u.username != "" {
+		if err := addDigest(ctx, c, u); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	b.zk[key] = c
 	b.closers = append(b.closers, c.Close)
 	return c, nil
+}
+
+// digest is u's digest credentials, as ZooKeeper takes them.
+func (u *URL) digest() []byte { return []byte(u.username + ":" + u.password) }
+
+// digestACL is the ACL of the nodes made with u's digest credentials:
+// theirs alone, as the ensemble that asks for them would have it.
+func (u *URL) digestACL() []zk.ACL { return zk.DigestACL(zk.PermAll, u.username, u.password) }
+
+// addDigest adds u's digest credentials to c. Conn.AddAuth waits for the
+// session and takes no context: it is waited for within ctx, and at most
+// 5 s, as the Opener's checks are. go-zookeeper sends the credentials
+// again on each connection after.
+func addDigest(ctx context.Context, c *zk.Conn, u *URL) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.AddAuth("digest", u.digest()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("zookeeper digest credentials of user %q: %w", u.username, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("zookeeper digest credentials of user %q: no answer: %w", u.username, ctx.Err())
+	}
 }
 
 // openConsul returns a client of the Consul agent at host, one per agent:
@@ -393,7 +427,11 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		b.closers = append(b.closers, func() { l.Close() })
 		return l, nil
 	case "zk":
-		l, err := zklock.New(u.Hosts, zklock.WithSessionTimeout(ttl), zklock.WithLogger(quietZK{}))
+		opts := []zklock.Option{zklock.WithSessionTimeout(ttl), zklock.WithLogger(quietZK{})}
+		if u.username != "" {
+			opts = append(opts, zklock.WithAuth("digest", u.digest()), zklock.WithACL(u.digestACL()...))
+		}
+		l, err := zklock.New(u.Hosts, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -455,11 +493,15 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		return s, b.check(ctx, "etcd", s.Ping)
 	case "zk":
-		c, err := b.openZK(u.Hosts)
+		c, err := b.openZK(ctx, u)
 		if err != nil {
 			return nil, err
 		}
-		s, err := zklock.NewStore(c)
+		var opts []zklock.StoreOption
+		if u.username != "" {
+			opts = append(opts, zklock.WithStoreACL(u.digestACL()...))
+		}
+		s, err := zklock.NewStore(c, opts...)
 		if err != nil {
 			return nil, err
 		}

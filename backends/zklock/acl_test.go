@@ -16,11 +16,11 @@ import (
 )
 
 // TestACLRefusalFailsAtOnce: a waiting Acquire that ZooKeeper refuses for
-// want of rights (a root under a node the Locker may not write, nodes made
-// with a digest ACL the session has no credentials for, a queue it may not
-// list) or for an ACL it cannot set (the "auth" scheme on a session with no
-// credentials) fails at once, with an error that says so, rather than
-// retrying the same refused request until its context ends.
+// want of rights (a root under a node the Locker may not write, or under
+// one with a digest ACL the session has no credentials for, a queue it may
+// not list) fails at once, with an error that says so, rather than
+// retrying the same refused request until its context ends. (An ACL of
+// the Locker's own that its session could not use, New refuses.)
 func TestACLRefusalFailsAtOnce(t *testing.T) {
 	srv := servers(t)
 	admin := connect(t, srv)
@@ -33,6 +33,9 @@ func TestACLRefusalFailsAtOnce(t *testing.T) {
 	if _, err := admin.Create(base+"/readonly", nil, zk.FlagPersistent, zk.WorldACL(zk.PermRead)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := admin.Create(base+"/digest", nil, zk.FlagPersistent, zk.DigestACL(zk.PermAll, "user", "secret")); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { removeTree(admin, base) })
 
 	noRead := zk.WorldACL(zk.PermCreate | zk.PermWrite | zk.PermDelete)
@@ -43,8 +46,7 @@ func TestACLRefusalFailsAtOnce(t *testing.T) {
 		refusal error
 	}{
 		{"root under a read-only node", []Option{WithRoot(base + "/readonly/locks")}, false, zk.ErrNoAuth},
-		{"digest ACL without credentials", []Option{WithRoot(base + "/digest"), WithACL(zk.DigestACL(zk.PermAll, "user", "secret")...)}, false, zk.ErrNoAuth},
-		{"auth ACL without credentials", []Option{WithRoot(base + "/auth"), WithACL(zk.AuthACL(zk.PermAll)...)}, false, zk.ErrInvalidACL},
+		{"root under a digest ACL without credentials", []Option{WithRoot(base + "/digest/locks")}, false, zk.ErrNoAuth},
 		{"queue it may not list", []Option{WithRoot(base + "/noread"), WithACL(noRead...)}, true, zk.ErrNoAuth},
 	}
 	for _, tc := range cases {
@@ -143,7 +145,9 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		{ip(zk.PermCreate, "10.1.2.3"), ip(zk.PermDelete, "not-an-address")},
 		{zk.AuthACL(zk.PermCreate)[0], digest(zk.PermDelete, "user")},
 	} {
-		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithLogger(discard{}))
+		// With the digest user's credentials, which a Locker needs to use
+		// an ACL of that user's (see TestNewJudgesACLWithCredentials).
+		l, err := New([]string{"127.0.0.1:1"}, WithACL(acl...), WithAuth("digest", []byte("user:secret")), WithLogger(discard{}))
 		if err != nil {
 			t.Errorf("New with ACL %v: %v", acl, err)
 			continue

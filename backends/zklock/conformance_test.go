@@ -4,13 +4,27 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t) }
+
+// TestConformanceWithCredentials runs the suite under a root only a
+// digest user may use, every Locker with that user's credentials and
+// making its nodes that user's: every request of every path (watches,
+// revocations, semaphores, read/write locks, releases) goes with them.
+func TestConformanceWithCredentials(t *testing.T) {
+	secure, _ := secureRoot(t, servers(t))
+	conformance(t, WithRoot(secure+"/locks"), digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...))
+}
+
+// conformance runs drivertest's suite on Lockers with opts.
+func conformance(t *testing.T, opts ...Option) {
 	srv := servers(t)
-	probe := dial(t, srv)
+	probe := dial(t, srv, opts...)
 	var (
 		mu      sync.Mutex
 		proxies = map[driver.Locker]*drivertest.Proxy{}
@@ -21,7 +35,7 @@ func TestConformance(t *testing.T) {
 		// which a Close (it ends the session at once) would not show.
 		NewLocker: func(t testing.TB) driver.Locker {
 			p := drivertest.StartProxy(t, srv[0])
-			l := dial(t, []string{p.Addr()})
+			l := dial(t, []string{p.Addr()}, opts...)
 			mu.Lock()
 			proxies[l] = p
 			mu.Unlock()
@@ -37,7 +51,7 @@ func TestConformance(t *testing.T) {
 		Waiters: func(t testing.TB, key string) int { return waiters(t, probe, key) },
 		Silence: func(t testing.TB) (driver.Locker, func()) {
 			p := drivertest.StartProxy(t, srv[0])
-			l := dial(t, []string{p.Addr()})
+			l := dial(t, []string{p.Addr()}, opts...)
 			// The silence ends first at cleanup, so that the Locker's
 			// Close ends its session at once.
 			t.Cleanup(p.Reset)

@@ -37,6 +37,7 @@ type cutProxy struct {
 	// handshakes to close unanswered: any, and those with a lastZxidSeen
 	turnAway, behind atomic.Int32
 	blind            atomic.Int32
+	accepted         atomic.Int32 // connections from clients
 	mu               sync.Mutex
 	conns            []net.Conn
 }
@@ -75,6 +76,7 @@ func startCutProxy(t *testing.T, target string) *cutProxy {
 			if err != nil {
 				return
 			}
+			p.accepted.Add(1)
 			if p.frozen.Load() {
 				p.held.Add(1)
 				p.mu.Lock()

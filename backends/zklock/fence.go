@@ -45,7 +45,11 @@ func WithFenceRoot(root string) FenceOption { return func(f *Fence) { f.root = r
 func WithFenceACL(acl []zk.ACL) FenceOption { return func(f *Fence) { f.acl = acl } }
 
 // NewFence returns a Fence on conn, the caller's ZooKeeper connection (the
-// one its own operations go through).
+// one its own operations go through). On an ensemble whose ACLs ask for
+// credentials, the caller adds them to conn (conn.AddAuth) before the
+// Fence's first call, as it does for its own operations; an ACL given to
+// WithFenceACL must grant conn's identity what its multis need: read the
+// fence node, write it, and create it under the root.
 func NewFence(conn *zk.Conn, opts ...FenceOption) (*Fence, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("warden: zklock: %w: nil connection", driver.ErrInvalidOption)

@@ -183,6 +183,14 @@ func WithStoreRequestTimeout(d time.Duration) StoreOption {
 // see wipe.go): the store's calls then fail as unavailable, and a store on
 // a new connection is needed. Errors wrap driver.ErrInvalidOption and
 // idempotency.ErrInvalid.
+//
+// On an ensemble whose ACLs ask for credentials, the caller adds them to
+// conn (conn.AddAuth("digest", []byte("user:password")), which waits for
+// the session) before the store's first call; go-zookeeper sends them
+// again on each connection it makes after. The store cannot see them, so
+// WithStoreACL judges an ACL without them: a digest ACL for conn's own
+// user, or zk.AuthACL, makes nodes conn may use, and one for another user
+// nodes it may not, whose requests fail with zk.ErrNoAuth.
 func NewStore(conn *zk.Conn, opts ...StoreOption) (*Store, error) {
 	if conn == nil {
 		return nil, invalidOption("nil *zk.Conn")

@@ -115,6 +115,28 @@
 // first. An outage, a frozen server or a follower catching up keeps the
 // session (see wipe.go).
 //
+// # A secured ensemble
+//
+// An ensemble shared by several teams protects its nodes with ACLs, most
+// often digest ones: a node only user alice may use has the ACL
+// zk.DigestACL(zk.PermAll, "alice", password). A Locker locks under such
+// a root when its session has alice's credentials and its own nodes get an
+// ACL that lets it use them:
+//
+//	l, err := zklock.New(servers,
+//		zklock.WithRoot("/team/locks"),
+//		zklock.WithAuth("digest", []byte("alice:"+password)),
+//		zklock.WithACL(zk.DigestACL(zk.PermAll, "alice", password)...))
+//
+// (zk.AuthACL(zk.PermAll) is the same ACL, named by the session's
+// credentials.) The credentials go with every connection the Locker makes,
+// before any request (see WithAuth); New refuses an ACL under which they
+// could not create and delete the Locker's nodes. A session without them
+// (or with a wrong password) is refused by the root's ACL: its calls fail
+// at once with an error wrapping zk.ErrNoAuth, a waiting Acquire's too.
+// The idempotency Store and the Fence use a connection of the caller's,
+// to which the caller adds the credentials (Conn.AddAuth).
+//
 // Fencing tokens are the czxid of the contender's node: ZooKeeper's
 // transaction ids grow across the whole ensemble, and the holders of a lock
 // are granted in creation order.
@@ -159,6 +181,7 @@ type config struct {
 	logger         zk.Logger
 	sessionTimeout time.Duration
 	requestTimeout time.Duration
+	creds          []credential
 }
 
 // WithRoot sets the persistent node under which lock nodes are created. It
@@ -212,11 +235,15 @@ func checkRoot(path string) error {
 // session read, create and delete: a request the ACL refuses fails the
 // call at once, a waiting Acquire too, with an error wrapping
 // driver.ErrUnavailable and zk.ErrNoAuth (zk.ErrInvalidACL for an ACL the
-// server will not set, such as zk.AuthACL on a session without
-// credentials). Without read, a lock is granted only to a contender found
-// alone in its queue, and its lease hears nothing of a forced release.
-// Write is not needed (see create). An ACL that grants create to an
-// identity no entry matching it grants delete is refused (see checkACL).
+// server will not set). Without read, a lock is granted only to a
+// contender found alone in its queue, and its lease hears nothing of a
+// forced release. Write is not needed (see create). An ACL that grants
+// create to an identity no entry matching it grants delete is refused
+// (see checkACL), and so is one under which the Locker's own session, with
+// the credentials WithAuth gives it, could not create and delete (see
+// checkOwnACL): a digest ACL needs the digest credentials of its user,
+// and zk.AuthACL, which stands for the session's credentials, some
+// credentials.
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if err := checkACL(acl); err != nil {
@@ -357,6 +384,7 @@ type Locker struct {
 	logger         zk.Logger
 	timeout        time.Duration // as asked at New
 	requestTimeout time.Duration // WithRequestTimeout's; 0 for the default (see requestLimit)
+	creds          credentials   // WithAuth's, sent on every connection (see auth.go)
 
 	hosts    *hosts
 	rollback rollback // the session of a server that lost its data (see wipe.go)
@@ -421,6 +449,9 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 			return nil, err
 		}
 	}
+	if err := checkOwnACL(cfg.acl, cfg.creds); err != nil {
+		return nil, fmt.Errorf("%w: zookeeper ACL: %w", driver.ErrInvalidOption, err)
+	}
 	if len(servers) == 0 {
 		return nil, fmt.Errorf("%w: no zookeeper servers", driver.ErrInvalidOption)
 	}
@@ -434,6 +465,7 @@ func New(servers []string, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{root: cfg.root, acl: cfg.acl, logger: cfg.logger, timeout: cfg.sessionTimeout, requestTimeout: cfg.requestTimeout,
 		leases: map[string]*lease{}, quit: make(chan struct{}), retimed: make(chan struct{}, 1)}
+	l.creds.set(cfg.creds)
 	rand.Read(l.hints.seed[:])
 	l.hosts = newHosts(l.quit, cfg.sessionTimeout)
 	conn, _, err := zk.Connect(servers, cfg.sessionTimeout,
@@ -557,6 +589,12 @@ func (l *Locker) isClosed() bool {
 // server is passed over for must use the server's figure, not the one
 // asked for, which may be longer than the session lives.
 func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	if l.creds.refusal() != nil {
+		// Refused credentials would be refused on every connection: as
+		// ZooKeeper's own client, the Locker makes no more.
+		<-l.quit
+		return nil, errClosed
+	}
 	if !l.hosts.wait() {
 		return nil, errClosed
 	}
@@ -590,6 +628,9 @@ func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn,
 		}
 	})
 	sc.rb = &l.rollback
+	if len(l.creds.list) > 0 {
+		sc.creds, sc.helloLeft = &l.creds, -1
+	}
 	l.last = sc
 	return sc, nil
 }
@@ -613,7 +654,9 @@ const connBuffer = 4096
 // write that timed out, so that hosts passes the server over for a while.
 // It reads through a buffer (see connBuffer). With a rollback, it hands
 // it the handshake, the connection's first write, and tells it when the
-// server closed the connection without answering (see wipe.go).
+// server closed the connection without answering (see wipe.go). With
+// credentials, it sends their setAuth requests and reads their answers
+// itself (see auth.go): the client library neither sends nor expects them.
 type sniffConn struct {
 	net.Conn
 	in        *bufio.Reader // over fill
@@ -624,6 +667,12 @@ type sniffConn struct {
 	rb        *rollback
 	wrote     bool   // the handshake was written
 	probe     []byte // what rb probes with when the handshake gets no answer
+	// creds are sent once the connect response is read, and their
+	// answers then read before anything else is passed on; nil once done,
+	// or when the response carries no session.
+	creds     *credentials
+	helloLeft int   // bytes of the connect response to pass on; -1 until known
+	authErr   error // the credentials could not be sent
 }
 
 // newSniffConn watches c, capping its deadlines at handshake until the
@@ -661,7 +710,58 @@ func (c *sniffConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *sniffConn) Read(p []byte) (int, error) { return c.in.Read(p) }
+// Read passes the connect response on. With credentials, and a session in
+// the response, it sends the credentials as the response's last bytes are
+// read: the client library, reading them, sends nothing yet, so no
+// request of its own goes before them, and the handshake went alone, as
+// ZooKeeper's own client sends it (a server that closes the connection on
+// its answer, to a client whose session expired, would otherwise close it
+// on unread bytes, which resets it and may lose the answer). It then
+// reads their answers, which come next, itself.
+func (c *sniffConn) Read(p []byte) (int, error) {
+	if c.creds == nil {
+		return c.in.Read(p)
+	}
+	if c.authErr != nil {
+		return 0, c.authErr
+	}
+	if c.helloLeft < 0 {
+		h, err := c.in.Peek(answerMinBytes)
+		if err != nil {
+			return 0, err
+		}
+		c.helloLeft = 4 + int(binary.BigEndian.Uint32(h))
+		if binary.BigEndian.Uint64(h[answerSession:]) == 0 {
+			// No session: the server closes the connection.
+			c.creds = nil
+			return c.in.Read(p)
+		}
+	}
+	if c.helloLeft == 0 {
+		err := c.creds.readAnswers(c.in)
+		c.creds = nil
+		if err != nil {
+			return 0, err
+		}
+		return c.in.Read(p)
+	}
+	n, err := c.in.Read(p[:min(len(p), c.helloLeft)])
+	if c.helloLeft -= n; c.helloLeft == 0 && err == nil {
+		c.authErr = c.sendCreds()
+	}
+	return n, err
+}
+
+// sendCreds writes the setAuth requests of the credentials.
+func (c *sniffConn) sendCreds() error {
+	c.Conn.SetWriteDeadline(time.Now().Add(c.handshake))
+	_, err := c.Conn.Write(c.creds.requests)
+	c.Conn.SetWriteDeadline(time.Time{})
+	if err != nil && isTimeout(err) {
+		c.timedOut()
+	}
+	return err
+}
 
 // fill reads from the connection itself, for the buffer.
 func (c *sniffConn) fill(p []byte) (int, error) {
@@ -722,6 +822,10 @@ func (l *Locker) onEvent(ev zk.Event) {
 		}
 		if ev.State == zk.StateExpired {
 			l.rollback.expired()
+		}
+		if ev.State == zk.StateExpired || ev.State == zk.StateDisconnected && l.creds.refusal() != nil {
+			// An expired session took its nodes with it; one whose
+			// credentials were refused is not reached again.
 			l.mu.Lock()
 			if l.ep != nil {
 				l.loseLocked(l.ep)
@@ -1056,9 +1160,12 @@ var errClosed = errors.New("zklock: the Locker is closed")
 // queue, from where it would go out, however stale, on the next connection.
 // It fails as the library would have failed the queued request when a
 // round of connection attempts fails, with ctx's error when ctx ends first,
-// and when timeout fires. Once the Locker is closed it lets the request go,
-// for the library to fail it.
+// when timeout fires, and when the ensemble refused the credentials. Once
+// the Locker is closed it lets the request go, for the library to fail it.
 func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time) error {
+	if err := l.creds.refusal(); err != nil {
+		return err
+	}
 	up, round := l.hosts.link()
 	select {
 	case <-up:
@@ -1066,6 +1173,8 @@ func (l *Locker) linked(ctx context.Context, op string, timeout <-chan time.Time
 	default:
 	}
 	select {
+	case <-l.creds.refused:
+		return l.creds.err
 	case <-up:
 		return nil
 	case <-l.quit:
@@ -1090,9 +1199,22 @@ func call[T any](ctx context.Context, l *Locker, op string, fn func() (T, error)
 		return zero, err
 	}
 	if a.err != nil && !serverAnswered(a.err) {
-		return a.v, unavailable(op, a.err)
+		return a.v, l.failed(unavailable(op, a.err))
 	}
 	return a.v, a.err
+}
+
+// failed is err, the failure of a request, as its caller sees it: once the
+// ensemble refused the credentials, that refusal, which closed the
+// connection; a refusal by the ACL names the session's credentials.
+func (l *Locker) failed(err error) error {
+	if refused := l.creds.refusal(); refused != nil {
+		return refused
+	}
+	if errors.Is(err, errDenied) && len(l.creds.list) > 0 {
+		return fmt.Errorf("%w (the session has the credentials of %s)", err, describe(l.creds.list))
+	}
+	return err
 }
 
 // answer is the request of a call, and its result.
@@ -1162,10 +1284,12 @@ func (l *Locker) background(f func()) bool {
 // the ensemble, which may be back any moment, is tried again soon. A
 // refusal by the ACL (an error wrapping errDenied; another client may have
 // changed a parent's ACL, and checkACL keeps only the Locker's own from
-// refusing a delete) is tried again once per session timeout: the Locker
-// cannot add credentials to its session, so only a client that mends the
-// ACL ends it, which an operator may do at any time. The refusal is logged
-// once, as what, and so is a success after it.
+// refusing a delete) is tried again once per session timeout: the
+// session's credentials are set once for all (WithAuth), so only a client
+// that mends the ACL ends it, which an operator may do at any time. The
+// refusal is logged once, as what, and so is a success after it. Refused
+// credentials end it: no request goes out again, and the session's end
+// removes the node.
 func (l *Locker) retry(what string, f func() error) {
 	backoff := driver.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 	refused := false
@@ -1175,6 +1299,9 @@ func (l *Locker) retry(what string, f func() error) {
 			if refused {
 				l.logger.Printf("zklock: %s succeeded after the ACL's refusal", what)
 			}
+			return
+		}
+		if l.creds.refusal() != nil {
 			return
 		}
 		wait := backoff.Next()

@@ -160,10 +160,13 @@ func (l *Locker) enqueue(ctx context.Context, parent string, k kind, data []byte
 	if err := l.send(ctx, "create", cr); err != nil {
 		return created{}, err
 	}
-	if cr.err != nil && cr.maybe {
+	if cr.err == nil {
+		return cr.c, nil
+	}
+	if cr.maybe {
 		l.sweepLater(parent, cr.guid)
 	}
-	return cr.c, cr.err
+	return cr.c, l.failed(cr.err)
 }
 
 // contenderPrefix is the path, under parent, of a new contender node of

@@ -66,6 +66,11 @@ func (l *Locker) send(ctx context.Context, op string, req request) error {
 	case <-ctx.Done():
 		stopTimer(timer)
 		cut = ctx.Err()
+	case <-l.creds.refused:
+		// A request still queued would wait for a connection that the
+		// Locker no longer makes.
+		stopTimer(timer)
+		cut = l.creds.err
 	}
 	if r.Abandon() {
 		return cut

@@ -2,10 +2,14 @@ package zklock
 
 import (
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // readCounter counts the reads of the connection it wraps.
@@ -63,5 +67,94 @@ func TestSniffConnReadsFramesBuffered(t *testing.T) {
 	}
 	if granted != 4000 {
 		t.Errorf("negotiated timeout sniffed as %d ms, want 4000", granted)
+	}
+}
+
+// TestSniffConnSendsCredentials: the credentials' setAuth requests are
+// written once the connect response has been read, before the client
+// library can write a request, and their answers are read and not passed
+// on; an AUTH_FAILED answer fails the read with the refusal, which names
+// the scheme and not the credential; a connect response without a session
+// (it expired) sends nothing.
+func TestSniffConnSendsCredentials(t *testing.T) {
+	frame := func(body []byte) []byte {
+		return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
+	}
+	hello := func(session uint64) []byte {
+		b := binary.BigEndian.AppendUint32(nil, 0)
+		b = binary.BigEndian.AppendUint32(b, 4000)
+		b = binary.BigEndian.AppendUint64(b, session)
+		b = binary.BigEndian.AppendUint32(b, 16)
+		return frame(append(b, make([]byte, 16)...))
+	}
+	answer := func(xid, code int32) []byte {
+		b := binary.BigEndian.AppendUint32(nil, uint32(xid))
+		b = binary.BigEndian.AppendUint64(b, 0)
+		return frame(binary.BigEndian.AppendUint32(b, uint32(code)))
+	}
+	next := answer(7, 0)
+	readFrame := func(r io.Reader) ([]byte, error) {
+		var head [4]byte
+		if _, err := io.ReadFull(r, head[:]); err != nil {
+			return nil, err
+		}
+		body := make([]byte, binary.BigEndian.Uint32(head[:]))
+		_, err := io.ReadFull(r, body)
+		return append(head[:], body...), err
+	}
+	for _, tc := range []struct {
+		name    string
+		session uint64
+		code    int32
+	}{
+		{"accepted", 0x1234, 0},
+		{"refused", 0x1234, authFailCode},
+		{"no session", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := net.Pipe()
+			defer client.Close()
+			defer server.Close()
+			// A read that waits for what never comes fails the test.
+			client.SetDeadline(time.Now().Add(10 * time.Second))
+			server.SetDeadline(time.Now().Add(10 * time.Second))
+			var creds credentials
+			creds.set([]credential{{scheme: "digest", auth: []byte("u:s3cretpw")}})
+			sc := newSniffConn(client, time.Second, func() {}, func(int32) {})
+			sc.creds, sc.helloLeft = &creds, -1
+			sent := make(chan []byte, 1)
+			go func() {
+				server.Write(hello(tc.session))
+				got := make([]byte, len(creds.requests))
+				n, _ := io.ReadFull(server, got)
+				sent <- got[:n]
+				if n == len(got) {
+					server.Write(append(answer(authXid, tc.code), next...))
+				}
+			}()
+			if f, err := readFrame(sc); err != nil || string(f) != string(hello(tc.session)) {
+				t.Fatalf("connect response: %x, %v", f, err)
+			}
+			if tc.session == 0 {
+				client.Close()
+				if got := <-sent; len(got) != 0 {
+					t.Fatalf("sent %x after a response without a session", got)
+				}
+				return
+			}
+			f, err := readFrame(sc)
+			if got := <-sent; string(got) != string(creds.requests) {
+				t.Fatalf("sent %x, want the setAuth requests %x", got, creds.requests)
+			}
+			if tc.code == 0 {
+				if err != nil || string(f) != string(next) {
+					t.Fatalf("frame after the credentials' answer: %x, %v; want %x", f, err, next)
+				}
+				return
+			}
+			if !errors.Is(err, zk.ErrAuthFailed) || !strings.Contains(err.Error(), `"u"`) || strings.Contains(err.Error(), "s3cret") || creds.refusal() == nil {
+				t.Fatalf("read after AUTH_FAILED: %v, want the refusal naming the user and not the password", err)
+			}
+		})
 	}
 }

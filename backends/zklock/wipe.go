@@ -47,6 +47,9 @@ import (
 // server lets a session it hears nothing of live (the timeout, rounded up
 // to the server's tick, at most half of it), and the next probe finds it
 // expired.
+//
+// A probe sends the handshake alone: it makes no request, so it needs none
+// of the credentials (WithAuth) the Locker's connections send after it.
 type rollback struct {
 	mu sync.Mutex
 	// refused is the handshake, lastZxidSeen zeroed, that a server closed

@@ -1,0 +1,400 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/warden-go/warden/fence"
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// The credentials of the tests' digest user: a password with the
+// characters a URL or a log line would mangle.
+const (
+	authUser     = "alice"
+	authPassword = "p@ss/w:rd%42"
+	wrongPass    = "wr0ng-pa55"
+)
+
+func digestAuth(password string) Option {
+	return WithAuth("digest", []byte(authUser+":"+password))
+}
+
+// lines is a zk.Logger that keeps every line, the client library's too.
+type lines struct {
+	mu  sync.Mutex
+	all []string
+}
+
+func (l *lines) Printf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, fmt.Sprintf(format, args...))
+}
+
+// showing returns the lines that show one of secrets.
+func (l *lines) showing(secrets ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.all {
+		for _, s := range secrets {
+			if strings.Contains(line, s) {
+				out = append(out, line)
+			}
+		}
+	}
+	return out
+}
+
+// secureRoot creates, on the servers srv, a node that only authUser may
+// use (a digest ACL), under a parent of the test's own, and returns it
+// with a connection that has authUser's credentials.
+func secureRoot(t *testing.T, srv []string) (string, *zk.Conn) {
+	t.Helper()
+	admin := connect(t, srv)
+	if err := admin.AddAuth("digest", []byte(authUser+":"+authPassword)); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("/warden-test/auth-%d", time.Now().UnixNano())
+	for _, p := range []string{"/warden-test", base} {
+		if _, err := admin.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	secure := base + "/secure"
+	if _, err := admin.Create(secure, nil, zk.FlagPersistent, zk.DigestACL(zk.PermAll, authUser, authPassword)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeTree(admin, base) })
+	return secure, admin
+}
+
+// TestWithAuth: WithAuth refuses a scheme that names no provider and
+// digest credentials without a user, and quotes no credential in its
+// error.
+func TestWithAuth(t *testing.T) {
+	for _, tc := range []struct {
+		scheme, auth string
+	}{
+		{"", "s3cretpw"},
+		{"di gest", "s3cretpw"},
+		{"digest:x", "s3cretpw"},
+		{"digest", "s3cretpw"},
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, WithAuth(tc.scheme, []byte(tc.auth)))
+		if err == nil {
+			l.Close()
+			t.Errorf("WithAuth(%q, %q) taken", tc.scheme, tc.auth)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("WithAuth(%q, ...): %v, want ErrInvalidOption quoting no credential", tc.scheme, err)
+		}
+	}
+}
+
+// TestNewJudgesACLWithCredentials: New refuses an ACL under which the
+// Locker's session, with the credentials WithAuth gives it, could not
+// create and delete its nodes (a digest ACL for a user it has no
+// credentials of, or for a password other than its own; zk.AuthACL
+// without credentials), naming the credentials and none of their secrets,
+// and takes those it may use.
+func TestNewJudgesACLWithCredentials(t *testing.T) {
+	alice := zk.DigestACL(zk.PermAll, authUser, authPassword)
+	world := zk.WorldACL(zk.PermRead)
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		mention string
+	}{
+		{"digest ACL without credentials", []Option{WithACL(alice...)}, "without credentials"},
+		{"digest ACL with another user's credentials", []Option{WithAuth("digest", []byte("bob:"+wrongPass)), WithACL(alice...)}, `digest user "bob"`},
+		{"digest ACL with a wrong password", []Option{WithACL(alice...), digestAuth(wrongPass)}, `digest user "alice"`},
+		{"digest ACL beside the world's create and delete", []Option{WithACL(alice[0], zk.WorldACL(zk.PermCreate | zk.PermDelete)[0], world[0])}, ""},
+		{"auth ACL without credentials", []Option{WithACL(zk.AuthACL(zk.PermAll)...)}, "WithAuth"},
+		{"read only to the world", []Option{WithACL(append(world, zk.DigestACL(zk.PermAll, "bob", authPassword)...)...), digestAuth(authPassword)}, `digest user "alice"`},
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, append(tc.opts, WithLogger(discard{}))...)
+		if tc.mention == "" {
+			// Taken: world grants create and delete.
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			} else {
+				l.Close()
+			}
+			continue
+		}
+		if err == nil {
+			l.Close()
+			t.Errorf("%s: New took it", tc.name)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.mention) {
+			t.Errorf("%s: %v, want ErrInvalidOption naming %s", tc.name, err, tc.mention)
+		}
+		if msg := err.Error(); strings.Contains(msg, authPassword) || strings.Contains(msg, wrongPass) {
+			t.Errorf("%s: %v shows a password", tc.name, err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"digest ACL with its user's credentials", []Option{WithACL(alice...), digestAuth(authPassword)}},
+		{"auth ACL with credentials", []Option{WithACL(zk.AuthACL(zk.PermAll)...), digestAuth(authPassword)}},
+		{"auth ACL with credentials of another scheme", []Option{WithACL(zk.AuthACL(zk.PermAll)...), WithAuth("custom", []byte("token"))}},
+		{"digest ACL with several credentials", []Option{WithAuth("digest", []byte("bob:"+wrongPass)), digestAuth(authPassword), WithACL(alice...)}},
+	} {
+		l, err := New([]string{"127.0.0.1:1"}, append(tc.opts, WithLogger(discard{}))...)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		l.Close()
+	}
+}
+
+// refusedAtOnce makes a waiting Acquire on l, which must fail before ctx
+// ends, and returns its error.
+func refusedAtOnce(ctx context.Context, t *testing.T, l *Locker) error {
+	t.Helper()
+	lease, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err == nil {
+		lease.Release(ctx)
+		t.Fatal("acquired on a session the ensemble refuses")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the refused Acquire waited until its context ended: %v", err)
+	}
+	return err
+}
+
+// TestDigestRoot: under a root only a digest user may use, a Locker with
+// that user's credentials, and an ACL of that user's on its nodes, locks
+// and releases; one without credentials, or with a wrong password, is
+// refused at once, a waiting Acquire too, with an error that says so and
+// names the credentials but not their password. No log line shows a
+// password.
+func TestDigestRoot(t *testing.T) {
+	srv := servers(t)
+	secure, admin := secureRoot(t, srv)
+	root := WithRoot(secure + "/locks")
+	log := &lines{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	l := dial(t, srv, root, digestAuth(authPassword), WithACL(zk.DigestACL(zk.PermAll, authUser, authPassword)...), WithLogger(log))
+	other := dial(t, srv, root, digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...), WithLogger(log))
+	k := testKey(t)
+	held, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err != nil {
+		t.Fatalf("Acquire with the root's user's credentials: %v", err)
+	}
+	if _, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession}); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("a second Acquire of a held lock: %v, want ErrNotAcquired", err)
+	}
+	node := held.(*lease).node
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if ok, _, err := admin.Exists(node); ok || err != nil {
+		t.Fatalf("the released lease's node: exists %v, %v", ok, err)
+	}
+	again, err := other.Acquire(ctx, k, driver.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatalf("Acquire after the release: %v", err)
+	}
+	again.Release(ctx)
+
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		mention string
+	}{
+		{"without credentials", nil, "refused by the ACL"},
+		{"with a wrong password", []Option{digestAuth(wrongPass)}, `digest user "alice"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := refusedAtOnce(ctx, t, dial(t, srv, append(tc.opts, root, WithLogger(log))...))
+			if !errors.Is(err, errDenied) || !errors.Is(err, zk.ErrNoAuth) || !strings.Contains(err.Error(), tc.mention) {
+				t.Fatalf("error %v, want one wrapping errDenied and zk.ErrNoAuth, naming %s", err, tc.mention)
+			}
+			if strings.Contains(err.Error(), wrongPass) || strings.Contains(err.Error(), authPassword) {
+				t.Fatalf("error %v shows a password", err)
+			}
+		})
+	}
+	if shown := log.showing(authPassword, wrongPass); len(shown) > 0 {
+		t.Errorf("log lines show a password: %q", shown)
+	}
+}
+
+// TestRefusedCredentials: credentials the ensemble refuses (a scheme it
+// has no provider for) fail the first call at once, a waiting Acquire's
+// too, with an error that wraps zk.ErrAuthFailed and names the scheme but
+// not the credential, and so do the calls after it; the Locker does not
+// connect again, which would be refused again, forever.
+func TestRefusedCredentials(t *testing.T) {
+	p := startCutProxy(t, servers(t)[0])
+	log := &lines{}
+	const secret = "s3cret-token"
+	l := dial(t, []string{p.addr}, WithAuth("nosuchscheme", []byte(secret)), WithLogger(log))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := refusedAtOnce(ctx, t, l)
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, zk.ErrAuthFailed) || !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), `"nosuchscheme"`) || strings.Contains(err.Error(), secret) {
+			t.Errorf("%s: %v, want an error wrapping zk.ErrAuthFailed and driver.ErrInvalidOption, naming the scheme and not the credential", what, err)
+		}
+	}
+	check("Acquire", err)
+	check("Ping after", l.Ping(ctx))
+	// A Locker that connected again would be refused within the backoff
+	// after a fast failure, at most a twelfth of the session timeout:
+	// ten times that passes without a second connection.
+	quiet := time.Now().Add(10 * testSession / 12)
+	for time.Now().Before(quiet) {
+		if n := p.accepted.Load(); n != 1 {
+			t.Fatalf("%d connections, want 1: the Locker connected again after its credentials were refused", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if shown := log.showing(secret); len(shown) > 0 {
+		t.Errorf("log lines show the credential: %q", shown)
+	}
+}
+
+// TestCredentialsKeptOnReconnect: the credentials go with every
+// connection of the Locker: after a restart of its server, the session
+// taken up again releases a lease under a root only its user may use;
+// after the server lost its data, the new session (started as after an
+// expiry, see wipe.go) is granted a lock there. A connection of the
+// caller's, to which AddAuth added them, has them after the restart too.
+func TestCredentialsKeptOnReconnect(t *testing.T) {
+	s := startServer(t)
+	srv := []string{s.addr}
+	secure, admin := secureRoot(t, srv)
+	opts := []Option{WithRoot(secure + "/locks"), digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...),
+		// A session long enough for the holder to outlive a restart.
+		WithSessionTimeout(40 * time.Second)}
+	l := dial(t, srv, opts...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	held, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := l.conn.SessionID()
+
+	s.restart(t, false)
+	// Exists, which Ping sends, asks for no right: it says only that the
+	// Locker is connected again.
+	eventually(t, "the Locker is connected again", func() bool { return l.Ping(ctx) == nil })
+	if got := l.conn.SessionID(); got != sid {
+		t.Fatalf("session %#x after the restart, want %#x: the test needs the session kept", got, sid)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release on the session taken up again: %v", err)
+	}
+	// A connection of the caller's, as a Store or a Fence uses: the
+	// client library sends the credentials AddAuth gave it again.
+	eventually(t, "the caller's connection is back", func() bool {
+		_, _, err := admin.Children(secure)
+		if errors.Is(err, zk.ErrNoAuth) {
+			t.Fatalf("listing %s on the caller's connection after the restart: %v", secure, err)
+		}
+		return err == nil
+	})
+
+	s.restart(t, true)
+	// The server lost the root with its data: a connection of its own
+	// makes it again.
+	admin = connect(t, srv)
+	if err := admin.AddAuth("digest", []byte(authUser+":"+authPassword)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/warden-test", secure[:strings.LastIndex(secure, "/")]} {
+		if _, err := admin.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Create(secure, nil, zk.FlagPersistent, zk.DigestACL(zk.PermAll, authUser, authPassword)); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession, Wait: true})
+	if err != nil {
+		t.Fatalf("Acquire on the new session: %v", err)
+	}
+	if got := l.conn.SessionID(); got == sid {
+		t.Fatal("granted on the old session: the test needs a new one")
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatalf("Release on the new session: %v", err)
+	}
+}
+
+// TestStoreAndFenceWithCredentials: a Store and a Fence on a connection
+// the caller added credentials to work under a root only that user may
+// use, with a digest ACL of that user's on their nodes; on a connection
+// without them, they are refused.
+func TestStoreAndFenceWithCredentials(t *testing.T) {
+	srv := servers(t)
+	secure, admin := secureRoot(t, srv)
+	ctx := testCtx(t)
+	acl := zk.DigestACL(zk.PermAll, authUser, authPassword)
+
+	s, err := NewStore(admin, WithStoreRoot(secure+"/idem"), WithStoreACL(acl...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); err != nil || rec != nil {
+		t.Fatalf("Claim: %v, %v", rec, err)
+	}
+	if err := s.Complete(ctx, "", "k", "o", []byte("done"), time.Minute); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if rec, err := s.Get(ctx, "", "k"); err != nil || rec == nil || string(rec.Response) != "done" {
+		t.Fatalf("Get: %v, %v", rec, err)
+	}
+	f, err := NewFence(admin, WithFenceRoot(secure+"/fence"), WithFenceACL(acl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Advance(ctx, fence.Claim{Resource: "r", Token: 7}); err != nil {
+		t.Fatalf("Advance: %v", err)
+	}
+	if top, _, err := f.Highest(ctx, "r"); err != nil || top != 7 {
+		t.Fatalf("Highest: %d, %v", top, err)
+	}
+
+	anon := connect(t, srv)
+	if _, err := newTestStoreOn(t, anon, secure).Get(ctx, "", "k"); !errors.Is(err, zk.ErrNoAuth) {
+		t.Errorf("Get on a connection without credentials: %v, want zk.ErrNoAuth", err)
+	}
+	af, err := NewFence(anon, WithFenceRoot(secure+"/fence"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := af.Advance(ctx, fence.Claim{Resource: "r", Token: 8}); !errors.Is(err, zk.ErrNoAuth) {
+		t.Errorf("Advance on a connection without credentials: %v, want zk.ErrNoAuth", err)
+	}
+}
+
+func newTestStoreOn(t *testing.T, conn *zk.Conn, secure string) *Store {
+	t.Helper()
+	s, err := NewStore(conn, WithStoreRoot(secure+"/idem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
