@@ -242,3 +242,49 @@ func TestReshardWithoutRedirects(t *testing.T) {
 		t.Fatalf("Release once the slot settled: %v", err)
 	}
 }
+
+// TestReshardReleaseOfLastMember: a read lease or a permit, the only member
+// of its sorted set, released on the source node of a slot being moved.
+// Its removal empties the set, which Redis deletes, and there a command on
+// the set after that fails the script (the key is no longer local to the
+// node, as Redis counts a migrating slot's keys), after the removal and
+// before the wake-up: the release must answer that it released, and wake.
+func TestReshardReleaseOfLastMember(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx := context.Background()
+	const ttl = 20 * time.Second
+	for _, m := range reshardModes(ttl) {
+		if m.name != "read" && m.name != "semaphore" {
+			continue
+		}
+		t.Run(m.name, func(t *testing.T) {
+			l := newLocker(t, c.client())
+			key := "reshard/last/" + m.name
+			lease, err := m.acquire(ctx, l, key, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slot := c.slot(lockKeyOf(key))
+			src := c.owner(slot)
+			first := true
+			c.moveSlot(slot, src, c.other(src), 10, func() {
+				if first {
+					first = false
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("a release on the source of its open slot: %v", err)
+					}
+				}
+			})
+			next, err := m.acquire(ctx, l, key, false)
+			if err != nil {
+				t.Fatalf("an acquisition after the move: %v", err)
+			}
+			if next.Token() <= lease.Token() {
+				t.Errorf("token %d after %d", next.Token(), lease.Token())
+			}
+			if err := next.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
