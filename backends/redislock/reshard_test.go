@@ -264,17 +264,7 @@ func TestReshardReleaseOfLastMember(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			slot := c.slot(lockKeyOf(key))
-			src := c.owner(slot)
-			first := true
-			c.moveSlot(slot, src, c.other(src), 10, func() {
-				if first {
-					first = false
-					if err := lease.Release(ctx); err != nil {
-						t.Errorf("a release on the source of its open slot: %v", err)
-					}
-				}
-			})
+			releaseOnSource(t, c, key, lease)
 			next, err := m.acquire(ctx, l, key, false)
 			if err != nil {
 				t.Fatalf("an acquisition after the move: %v", err)
@@ -287,4 +277,59 @@ func TestReshardReleaseOfLastMember(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReshardReleaseWithLapsedWaiter: a plain lock whose waiter announced
+// itself is released on the source node of a slot being moved, with only a
+// lapsed waiter's record left (its process died). The release takes the
+// record out, which empties the set, which Redis deletes, and there a
+// command on the set after that fails the script, after the lock was freed
+// and before the wake-up: the release must answer that it released.
+func TestReshardReleaseWithLapsedWaiter(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx := context.Background()
+	l, w := newLocker(t, c.client()), newLocker(t, c.client())
+	key := "reshard/lapsed"
+	lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter announces itself in the lock's state, and gives up.
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if _, err := w.Acquire(wctx, key, driver.AcquireOptions{TTL: time.Second, Wait: true}); err == nil {
+		t.Fatal("the waiter was granted a held lock")
+	}
+	cancel()
+	// The record of a waiter that died, long lapsed.
+	_, waiters := lockWaitersOf(key)
+	eventually(t, "the waiter's own record taken out", func() bool {
+		n, err := w.client.ZCard(ctx, waiters).Result()
+		return err == nil && n == 0
+	})
+	if err := w.client.ZAdd(ctx, waiters, goredis.Z{Score: 1, Member: "warden:wake:gone\n1000\nghost"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	releaseOnSource(t, c, key, lease)
+	next, err := w.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second})
+	if err != nil {
+		t.Fatalf("an acquisition after the move: %v", err)
+	}
+	next.Release(ctx)
+}
+
+// releaseOnSource moves the slot of key to another master, releasing lease
+// once the slot is open, its keys still on the source.
+func releaseOnSource(t *testing.T, c *reshardCluster, key string, lease driver.Lease) {
+	t.Helper()
+	slot := c.slot(lockKeyOf(key))
+	src := c.owner(slot)
+	first := true
+	c.moveSlot(slot, src, c.other(src), 10, func() {
+		if first {
+			first = false
+			if err := lease.Release(context.Background()); err != nil {
+				t.Errorf("a release on the source of its open slot: %v", err)
+			}
+		}
+	})
 }
