@@ -28,6 +28,11 @@ import (
 //     answer from the server makes the client reload the slot map at once
 //     (at most every reloadEvery), so locks come back as soon as a replica
 //     has been promoted.
+//   - After a master is emptied and removed (redis-cli --cluster
+//     del-node), a client whose slot map still names it, or was loaded
+//     from it, sends it commands it answers "CLUSTERDOWN Hash slot not
+//     served", having run nothing: the map is reloaded, and the command
+//     sent again, as for a migration.
 type scripter struct {
 	goredis.Scripter
 	client   goredis.UniversalClient
@@ -91,7 +96,7 @@ func (s *scripter) retry(ctx context.Context, send func() *goredis.Cmd) *goredis
 	for {
 		cmd := send()
 		err := cmd.Err()
-		if err != nil && !isReply(err) {
+		if err != nil && (!isReply(err) || unserved(err)) {
 			s.reload()
 		}
 		if err == nil || !migrating(err) {
@@ -106,10 +111,19 @@ func (s *scripter) retry(ctx context.Context, send func() *goredis.Cmd) *goredis
 // migrating reports an answer that a slot migration gives and that comes
 // right once it is over: TRYAGAIN for a script whose keys are split between
 // the two nodes, and the ASK or MOVED redirection go-redis gives up following
-// after its few redirects.
+// after its few redirects; or that a node out of the cluster gives (see
+// unserved), which comes right once the client's slot map is reloaded. The
+// node that answers runs nothing.
 func migrating(err error) bool {
 	msg := err.Error()
-	return strings.HasPrefix(msg, "TRYAGAIN") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "MOVED ")
+	return strings.HasPrefix(msg, "TRYAGAIN") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "MOVED ") || unserved(err)
+}
+
+// unserved reports the answer of a node that knows no master for the
+// command's slot: a master emptied and removed from the cluster, which the
+// client's slot map still names.
+func unserved(err error) bool {
+	return strings.HasPrefix(err.Error(), "CLUSTERDOWN Hash slot not served")
 }
 
 // reload asks the Cluster client to load the slot map again; without one it

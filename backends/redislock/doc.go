@@ -128,6 +128,52 @@
 // clock was stepped back by more than a day meanwhile; across a restart or
 // a failover, the assumption above holds as it did.
 //
+// # Resharding a Cluster
+//
+// A lock's keys share one slot, and Redis moves a slot's keys to another
+// master (redis-cli --cluster reshard, rebalance, del-node) a few at a time,
+// each whole with its expiry: the state, the token and the records move
+// with the lock, and a script runs on the one node that has every key it
+// names, never on a mix. While the slot is open, a script whose keys are
+// split between the two nodes, or not all written (a free lock's records,
+// a read/write lock's writer: mostly), is answered TRYAGAIN, having run
+// nothing, and sent again, with pauses of up to 100ms, until the slot
+// settles or its ctx ends (then it fails as unavailable); so are the
+// Fence's writes. Most acquisitions and releases of the locks in a slot
+// being moved wait for the move to end; renewals, and a plain lock's
+// attempts that do not wait, which name one key, do not.
+// Moved this way under load (TestReshardContention: six processes taking a
+// plain, a fair, a read/write lock and a semaphore of two permits in turns,
+// their slots moved a key at a time 20 times, onto a master added and off
+// it before its removal), 8,000 to 61,000 grants a run (four runs) saw no
+// overlap, no token that was not past the one before, and no fenced write
+// refused. Move slots as redis-cli does, which settles a slot as soon as its
+// keys are moved, and finish an interrupted reshard (redis-cli --cluster
+// fix): a release that waits past guard's release timeout fails as
+// unavailable, and its lock stays taken until its TTL ends. A client that
+// follows no redirection (MaxRedirects -1) does not reach the moved keys of
+// an open slot: its calls on them fail as unavailable until it settles.
+//
+// A master emptied and removed (del-node: forgotten by the others, reset)
+// keeps the waiters' subscriptions made on it, and hears no release: the
+// Locker's probe of its connection finds it deaf and replaces it (see the
+// README: its waiter had the lock 2 s after the release, against 15 s, a
+// quarter of its TTL, before). A client that still counts it among its
+// seeds may load its slot map from it, which serves nothing: its answer,
+// "CLUSTERDOWN Hash slot not served", makes the client load the map again.
+//
+// Redis deletes a set or a list that a command empties, and on the source
+// node of an open slot, a command of a script on a key the node no longer
+// has fails the script there, after what it wrote (a script is not rolled
+// back), with an error that is not retried. The releases name no set
+// after emptying it (the last permit or read lease), or read it again by
+// pcall (the last lapsed record of a waiter, the fair queue's dead heads),
+// so that they answer what they did. A script that writes again to a key
+// it emptied still fails so, and answers unavailable: a release that puts
+// back the only record it took, having found the lock's state not as its
+// grant left it; the acquisitions, whose failure a waiting one tries again
+// and a cleanup follows, have not all been read for it.
+//
 // # Redis versions
 //
 // Redis 6.2 or newer: the state is swapped with SET ... KEEPTTL GET. On an

@@ -47,7 +47,12 @@ const DefaultFencePrefix = "warden:fence:"
 // may have been applied, once, or not at all, and the caller finds out by
 // reading the data (with its token still the highest, a fenced write of
 // its own settles the order). A Cluster's redirections (MOVED, ASK) are
-// still followed: the node that answers them ran nothing.
+// still followed: the node that answers them ran nothing. So is a slot
+// migration's TRYAGAIN, which a write gets while its keys are split
+// between the two nodes, or while some of them are not yet written (a new
+// data key, a resource's first fence): the write is sent again, with
+// growing pauses, until the slot settles, and fails as unavailable, not
+// applied, when ctx ends first.
 //
 // With go-redis's default options a write to a server that stopped
 // answering waits out the client's ReadTimeout (3 s), whatever its context
@@ -177,7 +182,9 @@ func newFenceScript(src string) fenceScript {
 }
 
 // eval runs s once. NOSCRIPT is an answer: the server ran nothing, and the
-// script is sent whole.
+// script is sent whole. So are the answers of a slot migration (see
+// migrating): the script is sent again, with growing pauses, until the slot
+// settles or ctx ends.
 func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []any) (any, error) {
 	send := func(name, script string) (any, error) {
 		argv := make([]any, 0, 3+len(keys)+len(args))
@@ -185,7 +192,14 @@ func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []a
 		for _, k := range keys {
 			argv = append(argv, k)
 		}
-		return rediseval.EvalOnce(ctx, f.client, append(argv, args...)...).Result()
+		argv = append(argv, args...)
+		pause := driver.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Millisecond}
+		for {
+			r, err := rediseval.EvalOnce(ctx, f.client, argv...).Result()
+			if err == nil || !migrating(err) || driver.Sleep(ctx, pause.Next(), nil) != nil {
+				return r, err
+			}
+		}
 	}
 	r, err := send("evalsha", s.sha)
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -224,6 +238,9 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []st
 	switch {
 	case err == nil:
 		return r, nil
+	case migrating(err):
+		// Sent again until ctx ended, and never run.
+		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err))
 	case errors.As(err, &re):
 		if high, ok := strings.CutPrefix(re.Error(), "WARDEN_STALE "); ok {
 			h, _ := strconv.ParseUint(high, 10, 64)

@@ -122,7 +122,7 @@ func New(client goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	}
 	sc := newScripter(client)
 	return &Locker{client: client, sc: sc, cfg: c, s: newScripts(), notify: newNotifier(client, sc.reload),
-		wake: "warden:wake:" + rand.Text(), waitArg: c.waiterTimeout.Milliseconds()}, nil
+		wake: wakePrefix + rand.Text(), waitArg: c.waiterTimeout.Milliseconds()}, nil
 }
 
 // BoundedByDeadline implements driver.DeadlineBounded. It is true on a
@@ -508,6 +508,9 @@ func flagArg(b bool) any {
 	}
 	return "0"
 }
+
+// wakePrefix starts the name of a Locker's own channel (Locker.wake).
+const wakePrefix = "warden:wake:"
 
 // errClosed ends the waits of a closed Locker. It does not wrap
 // driver.ErrUnavailable, which a waiting Acquire would retry forever.

@@ -7,27 +7,34 @@
 -- to hand the lock to, and its score comes second, to put it back with
 -- (nil for the queue's head or nobody); the server's clock, in ms and us,
 -- comes third and fourth.
+--
+-- The queue, the deadlines and the waiters are read by pcall, and an error
+-- taken for an empty one: a dead head or record taken out may have been the
+-- last, and Redis deletes an emptied list or set; on the source node of a
+-- slot being moved to another, a command on a key it no longer has fails
+-- the script there, after what it wrote (a script is not rolled back) and
+-- before the wake-up.
 local function next_waiter(queue, deadlines, waiters, nonfair_only, pop)
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while not nonfair_only do
-    local head = redis.call('lindex', queue, 0)
-    if not head then
+    local head = redis.pcall('lindex', queue, 0)
+    if type(head) ~= 'string' then
       break
     end
-    local deadline = redis.call('zscore', deadlines, head)
-    if deadline and tonumber(deadline) > now then
+    local deadline = redis.pcall('zscore', deadlines, head)
+    if type(deadline) == 'string' and tonumber(deadline) > now then
       return head, nil, now, t[1] * 1000000 + t[2]
     end
     redis.call('lpop', queue)
-    redis.call('zrem', deadlines, head)
+    redis.pcall('zrem', deadlines, head)
   end
   -- Records sort by deadline, so any dead ones come first: pruning only
   -- when the first is dead saves a command on most releases.
-  local oldest = (pop and redis.call('zpopmin', waiters)) or redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
+  local oldest = (pop and redis.pcall('zpopmin', waiters)) or redis.pcall('zrange', waiters, 0, 0, 'WITHSCORES')
   if oldest[1] and tonumber(oldest[2]) <= now then
-    redis.call('zremrangebyscore', waiters, '-inf', now)
-    oldest = (pop and redis.call('zpopmin', waiters)) or redis.call('zrange', waiters, 0, 0, 'WITHSCORES')
+    redis.pcall('zremrangebyscore', waiters, '-inf', now)
+    oldest = (pop and redis.pcall('zpopmin', waiters)) or redis.pcall('zrange', waiters, 0, 0, 'WITHSCORES')
   end
   return oldest[1] or '', pop and oldest[2], now, t[1] * 1000000 + t[2]
 end

@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -22,7 +23,8 @@ import (
 // the connection is down (a Cluster client subscribes through one node, the
 // master of the first channel's slot, and a dead node takes the
 // subscriptions of every key with it), or when the connection is dead
-// without saying so (a frozen node). So the notifier tells its waiters
+// without saying so (a frozen node), or deaf (its node removed from the
+// Cluster, see probe). So the notifier tells its waiters
 // whether their subscription is confirmed: one that is not makes them poll
 // (see Locker.sleep), its loss wakes them to start polling, and its
 // confirmation, again after a reconnection, wakes them, since messages may
@@ -32,6 +34,9 @@ import (
 // that serves now.
 type notifier struct {
 	client goredis.UniversalClient
+	// probeScript, on a Cluster's client only, publishes the probe of
+	// the connection (see probe).
+	probeScript *goredis.Script
 	// lost is called when the connection failed.
 	lost func()
 
@@ -94,10 +99,15 @@ type subscription struct {
 // connection when it was the only one) for every wait.
 const lingerFor = 2 * time.Second
 
-// healthEvery is how long the connection may stay silent before it is sent
-// a PING, and how long the PING may go unanswered before the connection is
-// taken for dead and replaced: a frozen or cut-off node closes nothing.
+// healthEvery is how long the connection may stay silent before it is
+// probed (see probe), and how long the probe may go unanswered before the
+// connection is taken for dead and replaced: a frozen or cut-off node
+// closes nothing.
 const healthEvery = time.Second
+
+// probeMessage is what a probe publishes: no waiter's name, so that it
+// wakes nobody (see deliver).
+const probeMessage = "warden:probe"
 
 // maxReconnectPause caps the pause between attempts to get a failed
 // connection back.
@@ -109,7 +119,13 @@ const maxReconnectPause = 250 * time.Millisecond
 const receiveBound = healthEvery + maxReconnectPause
 
 func newNotifier(client goredis.UniversalClient, lost func()) *notifier {
-	return &notifier{client: client, lost: lost, closed: make(chan struct{}), subs: make(map[string]*subscription)}
+	n := &notifier{client: client, lost: lost, closed: make(chan struct{}), subs: make(map[string]*subscription)}
+	if _, ok := client.(*goredis.ClusterClient); ok {
+		// KEYS[1] is a key of the slot the script must run in, which it
+		// does not touch.
+		n.probeScript = goredis.NewScript("return redis.call('publish', ARGV[1], ARGV[2])")
+	}
+	return n
 }
 
 // close ends the Pub/Sub connection and every wait on it.
@@ -344,7 +360,7 @@ func (n *notifier) write() {
 // closed or replaced, and watches its health.
 func (n *notifier) receive(ps *goredis.PubSub) {
 	pause := driver.Backoff{Max: maxReconnectPause}
-	pinged := false
+	probed := false
 	var rc receiveContext
 	defer rc.stop()
 	for {
@@ -355,15 +371,13 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				if !pinged {
-					pinged = true
-					pctx, cancel := context.WithTimeout(context.Background(), healthEvery)
-					_ = ps.Ping(pctx)
-					cancel()
+				if !probed {
+					probed = true
+					n.probe(ps)
 					continue
 				}
-				// Silent through a whole period after a PING: the
-				// connection is dead without knowing it.
+				// Silent through a whole period after a probe: the
+				// connection is dead without knowing it, or deaf.
 				n.replace(ps)
 				return
 			}
@@ -379,7 +393,7 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 			continue
 		}
 		pause.Reset()
-		pinged = false
+		probed = false
 		switch m := m.(type) {
 		case *goredis.Subscription:
 			if m.Kind == "subscribe" {
@@ -389,6 +403,67 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 			n.deliver(ps, m.Channel, m.Payload)
 		}
 	}
+}
+
+// probe asks for a sign of life on ps: a PING, which its node answers on
+// ps. On a Cluster, that proves the node lives, not that it is still a
+// member: a master emptied and removed (redis-cli --cluster del-node: the
+// others forget it, it is reset) keeps its subscribers and answers their
+// PINGs, but no release's PUBLISH reaches it any more. There the probe is a
+// message that one of ps's confirmed channels carries from a member: a
+// script publishes it on the node that serves a key of the channel's slot
+// (a removed node serves none, and a PUBLISH alone may be sent to any node
+// the client knows, it too), and the cluster relays it to every member, so
+// that ps receives it only if its node is one. A probe the server refuses
+// for good (see redisrefusal: a user without the right to the key, to
+// EVALSHA or to PUBLISH) is followed by a PING.
+func (n *notifier) probe(ps *goredis.PubSub) {
+	channel := n.probeChannel(ps)
+	if channel == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
+		defer cancel()
+		_ = ps.Ping(ctx)
+		return
+	}
+	key := channel
+	if !strings.HasPrefix(key, "{") {
+		// The Locker's own channel has no hash tag: the key takes the
+		// channel's name for one, which keeps it under the ACL pattern
+		// of lock keys for guard's default prefix ({warden:*).
+		key = "{" + key + "}"
+	}
+	// Off the receiving goroutine, which counts the probe's healthEvery
+	// from now: a probe sent to a frozen master waits out its context.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
+		defer cancel()
+		err := n.probeScript.Run(ctx, n.client, []string{key}, channel, probeMessage).Err()
+		if err != nil && redisrefusal.Permanent(err) {
+			_ = ps.Ping(ctx)
+		}
+	}()
+}
+
+// probeChannel is the channel to probe ps on, or "" when ps is not a
+// Cluster's or has no confirmed channel: the Locker's own channel, which
+// only this process hears, when it is confirmed, or another.
+func (n *notifier) probeChannel(ps *goredis.PubSub) string {
+	if n.probeScript == nil {
+		return ""
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var found string
+	for channel, s := range n.subs {
+		if s.ps != ps || !s.isReady {
+			continue
+		}
+		if strings.HasPrefix(channel, wakePrefix) {
+			return channel
+		}
+		found = channel
+	}
+	return found
 }
 
 // receiveContext is the context of one connection's receives. go-redis

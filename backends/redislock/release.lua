@@ -27,12 +27,14 @@ if handing then
   local usec = t[2]
   local us = t[1] .. string.sub('00000', #usec) .. usec
   local ms = string.sub(us, 1, -4)
-  -- Records sort by deadline, so any dead ones come first.
-  local oldest = redis.call('zpopmin', waiters)
+  -- Records sort by deadline, so any dead ones come first. By pcall, an
+  -- error an empty set, as in next_waiter: a dead record taken out may
+  -- have been the last.
+  local oldest = redis.pcall('zpopmin', waiters)
   local s = oldest[2]
   if s and (#s < #ms or (#s == #ms and s <= ms)) then
-    redis.call('zremrangebyscore', waiters, '-inf', ms)
-    oldest = redis.call('zpopmin', waiters)
+    redis.pcall('zremrangebyscore', waiters, '-inf', ms)
+    oldest = redis.pcall('zpopmin', waiters)
   end
   local next, score = oldest[1] or '', oldest[2]
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
