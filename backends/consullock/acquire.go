@@ -59,7 +59,7 @@ type attempt struct {
 
 // retry runs one attempt, with a session that is alive, and when opts.Wait
 // is set starts over after every failure to reach Consul, with backoff,
-// until ctx is done; a refusal for want of ACL rights (errDenied) is
+// until ctx is done; a refusal (errRefused, as for want of ACL rights) is
 // returned at once.
 func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func(*attempt) (driver.Lease, error)) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
@@ -69,7 +69,7 @@ func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func
 		if err == nil {
 			lease, err = try(&attempt{l: l, s: s, label: opts.Owner, fair: opts.Fair})
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || errors.Is(err, errDenied) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || errors.Is(err, errRefused) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
@@ -292,7 +292,8 @@ func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPai
 // (untilAnswered), until ctx ends or the session does: a waiter keeps its
 // place (its key, which its session keeps) through a leader election,
 // rather than giving it up, which would take a write that an election may
-// leave unanswered too.
+// leave unanswered too. A refusal (errRefused: a token deleted or stripped
+// of its rights while it waits) is an answer, returned at once.
 func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.QueryOptions) (T, *api.QueryMeta, error)) (T, uint64, error) {
 	wctx, cancel := a.s.whileAlive(ctx)
 	defer cancel()
@@ -308,24 +309,31 @@ func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.Que
 		}
 	}
 	var (
-		mu  sync.Mutex
-		got bool
-		v   T
-		idx uint64
+		mu      sync.Mutex
+		got     bool
+		v       T
+		idx     uint64
+		refused error
 	)
 	err := untilAnswered(wctx, a.l.timeout, func(rctx context.Context) error {
 		r, meta, err := do((&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
-		if err != nil {
+		no := refusal(err)
+		if err != nil && no == nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if !got {
-			got, v, idx = true, r, max(meta.LastIndex, 1)
+			got, v, idx, refused = true, r, 0, no
+			if meta != nil {
+				idx = max(meta.LastIndex, 1)
+			}
 		}
 		return nil
 	})
 	switch {
+	case err == nil && refused != nil:
+		return v, 0, refused
 	case err == nil:
 		return v, idx, nil
 	case ctx.Err() == nil && a.s.lost():

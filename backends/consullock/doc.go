@@ -154,13 +154,19 @@
 // read, sent again until answered (see Waiting).
 // A waiting acquisition keeps its place through reads that fail (see
 // Waiting), and starts over after any other such failure, with backoff,
-// until its context is done. A request Consul refuses for want of ACL
-// rights (or for a token it does not know) fails at once, with an error
-// wrapping driver.ErrUnavailable that gives Consul's reason: the same token
-// would be refused again, and the refusal is never taken for a lock held
-// by another. A waiter whose token is deleted while it waits is the
-// exception: its reads are sent again until answered (see Waiting), and it
-// fails when its session is declared lost, within the session's TTL.
+// until its context is done. A request Consul refuses for good (a 4xx
+// status but 408 and 429: a token without the rights, or one it does not
+// know, a namespace on a Consul without Enterprise, a body over its
+// limits.txn_max_req_len) fails at once, with an error wrapping
+// driver.ErrUnavailable that gives Consul's reason: the same request would
+// be refused again, and the refusal is never taken for a lock held by
+// another. A waiter whose token is deleted while it waits fails so at its
+// next read. A release refused so gives its session up, which deletes the
+// key (and the session's other locks, whose releases would be refused
+// too). A holder whose token is deleted, or loses session:write, has its
+// renewals refused: its session is declared lost, and its sections
+// cancelled, a tenth of the TTL before Consul may end the session, which
+// then ends by its TTL (its destruction is refused too).
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be

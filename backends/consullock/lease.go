@@ -69,7 +69,9 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 
 // Release deletes the lock key if it is still this lease's (the same
 // ModifyIndex), so a stale or retried release never deletes a newer
-// holder's key.
+// holder's key. A release that Consul refuses (errRefused, as for a token
+// stripped of its rights) gives the session up, which deletes the key with
+// it.
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
@@ -101,7 +103,7 @@ func (le *lease) Release(ctx context.Context) error {
 	// the background (see untilAnswered).
 	bound := min(l.timeout, resendAfter)
 	rctx, cancel := context.WithTimeout(ctx, bound)
-	ok, _, _, err := l.client.KV().Txn(release(le.key, le.token), queryOpts(rctx))
+	ok, err := l.sendRelease(rctx, le.key, le.token)
 	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
 		err = fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, bound)
 	} else {
@@ -113,6 +115,13 @@ func (le *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
 	case err == nil:
 		return nil
+	case errors.Is(err, errRefused):
+		// The key stays, kept by the session's renewal for as long as the
+		// session lives, and a release sent again would be refused again
+		// (as every release of its other locks would be): the session is
+		// given up, which deletes the key with it.
+		s.giveUp()
+		return fmt.Errorf("%w; consul session given up, which deletes the key", err)
 	}
 	// The loss deadline as of the failure: had Consul answered nothing
 	// since, the session would be lost then anyway, with every lock it
@@ -149,7 +158,7 @@ func (s *session) resendRelease(key string, token uint64, deadline time.Time) er
 	ctx, cancel2 := context.WithDeadline(ctx, deadline)
 	defer cancel2()
 	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
-		_, _, _, err := l.client.KV().Txn(release(key, token), queryOpts(rctx))
+		_, err := l.sendRelease(rctx, key, token)
 		return err
 	})
 	switch {
@@ -254,6 +263,17 @@ const resendAfter = 500 * time.Millisecond
 
 // resendPause caps the pause before sending again after a send failed.
 const resendPause = 200 * time.Millisecond
+
+// sendRelease sends release(key, token), and reports whether Consul
+// applied it; a transaction refused for want of rights, which Consul
+// reports as one that failed, is errDenied.
+func (l *Locker) sendRelease(ctx context.Context, key string, token uint64) (bool, error) {
+	ok, resp, _, err := l.client.KV().Txn(release(key, token), queryOpts(ctx))
+	if err == nil && !ok {
+		err = denied(resp)
+	}
+	return ok, err
+}
 
 // release is the transaction that deletes lockKey if its ModifyIndex is
 // still token. Not delete-cas: Consul reports a delete-cas of a key that is
