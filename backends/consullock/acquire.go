@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -213,19 +214,20 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 		}
 		return nil, fmt.Errorf("%w: %s", errSessionLost, what)
 	}
-	var token uint64
-	for _, kv := range resp.Results {
+	// The read is the last op: a check-index before it returns the key as
+	// it was before the acquisition.
+	for _, kv := range slices.Backward(resp.Results) {
 		if kv.Key == a.key {
-			token = kv.ModifyIndex
+			return a.granted(ctx, kv)
 		}
 	}
-	return a.granted(ctx, a.key, token)
+	return a.granted(ctx, &api.KVPair{Key: a.key})
 }
 
-// granted returns the lease of key, just acquired with token, unless ctx
-// ended meanwhile (the key is then released) or the session was lost.
-func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver.Lease, error) {
-	le := &lease{s: a.s, key: key, token: token}
+// granted returns the lease of kv, a read of the key just acquired, unless
+// ctx ended meanwhile (the key is then released) or the session was lost.
+func (a *attempt) granted(ctx context.Context, kv *api.KVPair) (driver.Lease, error) {
+	le := &lease{s: a.s, key: kv.Key, token: kv.ModifyIndex, created: kv.CreateIndex}
 	if err := ctx.Err(); err != nil {
 		// Bounded: a release that gets no answer goes on in the
 		// background.

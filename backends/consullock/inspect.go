@@ -112,7 +112,7 @@ func judge(key string, kvs []*api.KVPair) ([]*api.KVPair, int) {
 	}{{rw, rwTree}, {sem, semTree}} {
 		for _, kv := range c.tree {
 			k, permits := contender(kv)
-			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == nil {
+			if _, blocker := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == nil {
 				holders = append(holders, kv)
 			} else {
 				waiters++

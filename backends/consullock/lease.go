@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,8 @@ type lease struct {
 	s     *session
 	key   string // the lock key
 	token uint64 // the key's ModifyIndex when it was acquired
+	// created is the key's CreateIndex when it was acquired (see holds).
+	created uint64
 
 	// Guarded by s.mu: whether a forced release's marker was seen, and
 	// what to call when it is.
@@ -61,17 +64,27 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return l.fail(ctx, rctx, err)
 	}
-	if kv == nil || kv.Session != le.s.id || kv.ModifyIndex != le.token {
+	if !le.holds(kv) {
 		return fmt.Errorf("%w: key gone", driver.ErrNotHeld)
 	}
 	return nil
 }
 
+// holds reports whether kv, a read of the lease's key, is still the
+// lease's holding: the key its acquisition created or took, acquired by
+// its session. A write over the key (consul kv put) keeps both, while it
+// changes the key's ModifyIndex, the token; a release or a forced release
+// deletes the key, and a later acquisition creates it anew.
+func (le *lease) holds(kv *api.KVPair) bool {
+	return kv != nil && kv.Session == le.s.id && kv.CreateIndex == le.created
+}
+
 // Release deletes the lock key if it is still this lease's (the same
 // ModifyIndex), so a stale or retried release never deletes a newer
-// holder's key. A release that Consul refuses (errRefused, as for a token
-// stripped of its rights) gives the session up, which deletes the key with
-// it.
+// holder's key; a key written over since (consul kv put), still acquired
+// by the session, is deleted too (see releaseWrittenOver). A release that
+// Consul refuses (errRefused, as for a token stripped of its rights) gives
+// the session up, which deletes the key with it.
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
@@ -112,7 +125,7 @@ func (le *lease) Release(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil && !ok:
-		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		return le.releaseWrittenOver(ctx)
 	case err == nil:
 		return nil
 	case errors.Is(err, errRefused):
@@ -139,6 +152,39 @@ func (le *lease) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("%w: consul: release unanswered (%w); resent in the background until %s, when the session is given up",
 			driver.ErrUnavailable, err, deadline.Format(time.RFC3339Nano))
+	}
+}
+
+// releaseWrittenOver releases the holding after its release found the
+// key's ModifyIndex changed: the key is gone (a forced release, or an
+// operator deleted it), and Release returns ErrNotHeld, or it was written
+// over (consul kv put), which changes its ModifyIndex but keeps it
+// acquired by the session, whose renewal would keep it, and the lock, for
+// as long as the session lives. A key that is still the lease's holding
+// (holds) is deleted, checked on its new ModifyIndex. Its requests run to
+// completion even when ctx is cancelled, since one that fails leaves such
+// a key in doubt: the session is then given up, and the key goes with it.
+func (le *lease) releaseWrittenOver(ctx context.Context) error {
+	l := le.s.l
+	for {
+		rctx, cancel := l.detached(ctx)
+		kv, _, err := l.client.KV().Get(le.key, queryOpts(rctx))
+		ok := false
+		if err == nil && le.holds(kv) {
+			ok, err = l.sendRelease(rctx, le.key, kv.ModifyIndex)
+		}
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		switch {
+		case err == nil && !le.holds(kv):
+			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		case err == nil && ok:
+			return nil
+		case err == nil && ctx.Err() == nil:
+			continue // written over again since the read
+		}
+		le.s.giveUp()
+		return fmt.Errorf("%w; consul session given up, which deletes the key", cmp.Or(err, ctx.Err()))
 	}
 }
 

@@ -88,12 +88,12 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	// it; the first read after the transaction has none.
 	var dirIndex uint64
 	for {
-		mine, blocker, found := blocking(dir, own, tree, k, permits)
-		if !found {
+		mine, blocker := blocking(dir, own, tree, k, permits)
+		if mine == nil {
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
 		if blocker == nil {
-			return a.granted(ctx, own, mine)
+			return a.granted(ctx, mine)
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
@@ -109,20 +109,19 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	}
 }
 
-// blocking finds own in tree (a read of its directory dir) and returns its
-// ModifyIndex, and what it waits for: the latest earlier writer for a
-// reader, the latest earlier key for a writer, a pair with dir's name for
-// a permit with permits or more keys before it; nil when nothing blocks
-// it. found is false when own is not in tree (its session ended).
-func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index uint64, blocker *api.KVPair, found bool) {
-	var mine *api.KVPair
+// blocking finds own in tree (a read of its directory dir) and returns it,
+// and what it waits for: the latest earlier writer for a reader, the
+// latest earlier key for a writer, a pair with dir's name for a permit
+// with permits or more keys before it; nil when nothing blocks it. mine is
+// nil when own is not in tree (its session ended).
+func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, blocker *api.KVPair) {
 	for _, kv := range tree {
 		if kv.Key == own {
 			mine = kv
 		}
 	}
 	if mine == nil {
-		return 0, nil, false
+		return nil, nil
 	}
 	var latest *api.KVPair
 	earlier := 0
@@ -137,11 +136,11 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index u
 	}
 	switch {
 	case k == permit && earlier >= permits:
-		return mine.ModifyIndex, &api.KVPair{Key: dir}, true
+		return mine, &api.KVPair{Key: dir}
 	case k != permit && latest != nil:
-		return mine.ModifyIndex, latest, true
+		return mine, latest
 	}
-	return mine.ModifyIndex, nil, true
+	return mine, nil
 }
 
 // waitGone waits, with blocking queries, until the key of kv, as read in
