@@ -29,6 +29,9 @@ const waitTime = time.Second
 // Acquire implements driver.Locker. opts.TTL is the TTL of the session the
 // lock's key is acquired by.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		a.key = LockKey(key)
 		switch {

@@ -166,7 +166,9 @@
 // too). A holder whose token is deleted, or loses session:write, has its
 // renewals refused: its session is declared lost, and its sections
 // cancelled, a tenth of the TTL before Consul may end the session, which
-// then ends by its TTL (its destruction is refused too).
+// then ends by its TTL (its destruction is refused too). A name whose
+// escape is longer than 2048 bytes, which Consul's limits could refuse, is
+// refused with driver.ErrInvalidKey.
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be

@@ -209,6 +209,22 @@ func LockKey(key string) string {
 	return url.PathEscape(key) + ".lock"
 }
 
+// maxEscaped bounds the escape of a name (url.PathEscape), with which
+// every key of the name starts: Consul refuses a transaction's body over
+// limits.txn_max_req_len (512 KiB by default), and a forced release names
+// up to 42 holdings' keys, thrice each, in one. Any name guard makes (a
+// key of 200 bytes after a prefix of as many) fits.
+const maxEscaped = 2048
+
+// checkName refuses, with driver.ErrInvalidKey, a name whose keys would be
+// too long for Consul to take.
+func checkName(key string) error {
+	if n := len(url.PathEscape(key)); n > maxEscaped {
+		return fmt.Errorf("%w: %d bytes once escaped for a consul key, more than %d", driver.ErrInvalidKey, n, maxEscaped)
+	}
+	return nil
+}
+
 // queueDir is the directory of the lock's waiters.
 func queueDir(lockKey string) string { return lockKey + "/" }
 

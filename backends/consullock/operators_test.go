@@ -3,6 +3,7 @@ package consullock
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,66 @@ func acquirers(l *Locker) map[string]func(context.Context, string, driver.Acquir
 		"AcquireSemaphore": func(ctx context.Context, k string, opts driver.AcquireOptions) (driver.Lease, error) {
 			return l.AcquireSemaphore(ctx, k, 1, opts)
 		},
+	}
+}
+
+// TestNames: names that differ only in a trailing space or slash, in case,
+// in dot segments or a NUL byte are locks of their own; a name too long
+// for Consul's keys is refused with ErrInvalidKey by every method at once.
+// It was sent: Consul refused the transaction (413), and a waiting
+// acquisition sent it again until its context ended.
+func TestNames(t *testing.T) {
+	l := lockerOn(t, newClient(t, addr(t)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	base := name("names")
+	tokens := map[uint64]string{}
+	for _, k := range []string{base, base + " ", base + "/", base + "//", base + "/.", base + "/..", base + "/../x", base + "\x00",
+		strings.ToUpper(base), base + "/a", base + "/A", base + "%2F", base + ".lock", base + "/" + strings.Repeat("é", 200)} {
+		le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: k})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v; want every name its own lock", k, err)
+		}
+		if prev, ok := tokens[le.Token()]; ok {
+			t.Fatalf("%q and %q share the token %d", k, prev, le.Token())
+		}
+		tokens[le.Token()] = k
+		if in, err := l.Inspect(ctx, k); err != nil || len(in.Holders) != 1 || in.Holders[0].Owner != k {
+			t.Errorf("Inspect(%q): %+v, %v; want its own holder", k, in, err)
+		}
+	}
+
+	// The longest name fits a forced release's largest transaction.
+	longest := name("longest")
+	longest += strings.Repeat("k", maxEscaped-len(url.PathEscape(longest)))
+	for range maxForced + 1 {
+		if _, err := l.AcquireSemaphore(ctx, longest, maxForced+1, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+			t.Fatalf("the longest name: %v", err)
+		}
+	}
+	if removed, err := l.ForceRelease(ctx, longest, driver.ReleaseTarget{AnyHolder: true}); err != nil || len(removed) != maxForced+1 {
+		t.Errorf("ForceRelease of the longest name: %d removed, %v; want %d", len(removed), err, maxForced+1)
+	}
+	for _, k := range []string{longest + "k", strings.Repeat("\x00", maxEscaped/3+1), strings.Repeat("k", 1<<20)} {
+		for _, opts := range []driver.AcquireOptions{{TTL: MinTTL}, {TTL: MinTTL, Wait: true}} {
+			for what, acquire := range acquirers(l) {
+				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				le, err := acquire(actx, k, opts)
+				cancel()
+				if le != nil || !errors.Is(err, driver.ErrInvalidKey) {
+					t.Errorf("%s of %d bytes, wait %v: %v; want ErrInvalidKey", what, len(k), opts.Wait, err)
+				}
+			}
+		}
+		if _, err := l.Inspect(ctx, k); !errors.Is(err, driver.ErrInvalidKey) {
+			t.Errorf("Inspect of %d bytes: %v; want ErrInvalidKey", len(k), err)
+		}
+		if _, err := l.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); !errors.Is(err, driver.ErrInvalidKey) {
+			t.Errorf("ForceRelease of %d bytes: %v; want ErrInvalidKey", len(k), err)
+		}
+		if _, err := l.List(ctx, k, "", 1); !errors.Is(err, driver.ErrInvalidKey) {
+			t.Errorf("List of a prefix of %d bytes: %v; want ErrInvalidKey", len(k), err)
+		}
 	}
 }
 

@@ -54,12 +54,18 @@ func SemaphoreDir(key string) string { return url.PathEscape(key) + ".sem/" }
 // came before it, so readers share the lock, and a reader that comes after
 // a waiting writer waits for that writer (writers are not starved).
 func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, reader, 0) })
 }
 
 // AcquireWrite implements driver.RWLocker: it waits for every reader and
 // writer that came before it.
 func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, writer, 0) })
 }
 
@@ -70,6 +76,9 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
 	if permits < 1 || uint64(permits) > maxPermits {
 		return nil, fmt.Errorf("%w: %d semaphore permits (1 to %d)", driver.ErrInvalidOption, permits, uint64(maxPermits))
+	}
+	if err := checkName(key); err != nil {
+		return nil, err
 	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		return a.contend(ctx, SemaphoreDir(key), opts.Wait, permit, permits)
