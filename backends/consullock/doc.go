@@ -132,6 +132,33 @@
 // blocking query on its markers. The lease, a driver.RevocableLease,
 // reports the revocation to guard, which cancels the section.
 //
+// Consul's own tools go around that, and tell no holder:
+//
+//   - consul kv delete of a held key (or of a prefix over it) frees the
+//     lock at once: another process may acquire it, with a greater token,
+//     while its holder goes on until its release finds the key gone
+//     (ErrNotHeld). ForceRelease (the warden CLI's release) is the way to
+//     take a lock from its holder. A session's anchor deleted so is
+//     acquired again within a round trip.
+//   - consul kv put over a held key leaves it held by its session (Consul
+//     keeps a key's session through a plain write) with a new ModifyIndex,
+//     which Inspect reports as its token; its holder's release, which
+//     tells the key apart by its CreateIndex and session, still deletes it.
+//   - consul snapshot restore puts every key back as the snapshot had it:
+//     a lock acquired since is free while its holder goes on, unless its
+//     session is younger than the snapshot (the session is then gone, and
+//     its holders told within a round trip), and a lock released since is
+//     held again by its old session, which its Locker renews, until the
+//     Locker is closed or ForceRelease removes it. Tokens still grow: the
+//     Raft index goes on past a restore. Close the Lockers that held locks
+//     across a restore (restart their processes).
+//   - Lock-delay: warden's sessions have none, so Consul never holds back
+//     one of its keys after a session ends, unless another tool acquired
+//     the key by a session of its own with one (Consul's default is 15 s):
+//     until it ends, an acquisition that does not wait fails with an error
+//     wrapping driver.ErrUnavailable that names the delay, and a waiting
+//     one tries again with backoff, up to a second apart.
+//
 // # Idempotency store
 //
 // NewStore returns an idempotency.Store on Consul KV, for
@@ -188,6 +215,12 @@
 // session would have been lost anyway had Consul answered nothing since,
 // so it is given up then (see below), and the lock comes back no later
 // than had its holder crashed.
+//
+// Each session keeps a blocking query open on its markers, and each waiter
+// one on what blocks it, each on a connection of its own: a client whose
+// transport allows fewer connections to the agent than those and one more
+// (http.Transport.MaxConnsPerHost) has its renewals wait behind them, and
+// its sessions are lost (with a limit of 1, within the TTL).
 //
 // Applications talk to their node's agent, which forwards each request to
 // a server it picks. A server that freezes (a long pause, a stalled VM)

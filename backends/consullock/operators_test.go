@@ -157,3 +157,50 @@ func TestNamespaceRefusedAtOnce(t *testing.T) {
 		t.Errorf("Inspect: %v; want the refusal", err)
 	}
 }
+
+// TestSnapshotRestore: a snapshot restored (consul snapshot restore) puts
+// Consul's keys back as they were when it was taken, and tells no
+// holder: a lock released since comes back held by its old session, which
+// its Locker renews for as long as it lives, and a lock acquired since,
+// by a session older than the snapshot, is free for another process while
+// its holder goes on.
+func TestSnapshotRestore(t *testing.T) {
+	t.Skip("defect: a restored snapshot is not detected; see the package documentation (Operators)")
+	_, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, other := lockerOn(t, root), lockerOn(t, root)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	released, held := name("restore-released"), name("restore-held")
+	le, err := l.Acquire(ctx, released, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := root.Snapshot().Save(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if le, err = l.Acquire(ctx, held, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Snapshot().Restore(nil, snap); err != nil {
+		t.Fatal(err)
+	}
+	s := le.(*lease).s
+	eventually(t, 10*time.Second, "the holder of the lock the restore took told of its loss", func() bool {
+		select {
+		case <-s.Done():
+			return true
+		default:
+			return false
+		}
+	})
+	eventually(t, 2*MinTTL, "the lock released before the restore free again", func() bool {
+		le, err := other.Acquire(ctx, released, opts)
+		return le != nil && err == nil
+	})
+}
