@@ -204,7 +204,10 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	if !ok {
 		// Consul reports every op that failed. The check failing means
 		// the lock is held (the lock verb then fails too); the lock verb
-		// failing alone means the session is gone.
+		// failing alone means the session is gone, or that the key is in
+		// the lock-delay of another tool's session (see the package
+		// documentation), which Consul checks before the rest and says
+		// so last (an escaped key holds no space).
 		if err := denied(resp); err != nil {
 			return nil, err
 		}
@@ -214,6 +217,9 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 				return nil, nil
 			}
 			what = e.What
+		}
+		if strings.HasSuffix(what, " due to lock delay") {
+			return nil, fmt.Errorf("%w: consul: %s", driver.ErrUnavailable, what)
 		}
 		return nil, fmt.Errorf("%w: %s", errSessionLost, what)
 	}

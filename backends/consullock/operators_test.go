@@ -204,3 +204,34 @@ func TestSnapshotRestore(t *testing.T) {
 		return le != nil && err == nil
 	})
 }
+
+// TestLockDelay: a key in the lock-delay of another tool's session fails
+// an acquisition that does not wait with an error that names the delay,
+// and a waiting one takes it once the delay is over. The error said that
+// the acquiring session was lost.
+func TestLockDelay(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("lock-delay")
+	id, _, err := c.Session().Create(&api.SessionEntry{LockDelay: 5 * time.Second, Behavior: api.SessionBehaviorDelete}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := c.KV().Acquire(&api.KVPair{Key: LockKey(k), Session: id}, nil); !ok || err != nil {
+		t.Fatalf("acquiring the key by the other session: %v, %v", ok, err)
+	}
+	if _, err := c.Session().Destroy(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL})
+	if le != nil || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errSessionLost) || !strings.Contains(err.Error(), "lock delay") {
+		t.Errorf("Acquire in the lock-delay: %v; want ErrUnavailable naming the delay", err)
+	}
+	if le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Wait: true}); err != nil {
+		t.Errorf("waiting Acquire: %v; want the lock once the delay is over", err)
+	} else {
+		le.Release(ctx)
+	}
+}
