@@ -203,8 +203,10 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	}
 	if !ok {
 		// Consul reports every op that failed. The check failing means
-		// the lock is held (the lock verb then fails too); the lock verb
-		// failing alone means the session is gone, or that the key is in
+		// the key exists: held by another session when the lock verb
+		// fails too, else without a session or held by this one (see
+		// lockSessionless). The lock verb failing alone means the
+		// session is gone, or that the key is in
 		// the lock-delay of another tool's session (see the package
 		// documentation), which Consul checks before the rest and says
 		// so last (an escaped key holds no space).
@@ -212,13 +214,24 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 			return nil, err
 		}
 		what := "transaction refused"
+		checked, locked := true, true
 		for _, e := range resp.Errors {
-			if e.OpIndex == 0 {
-				return nil, nil
+			switch e.OpIndex {
+			case 0:
+				checked = false
+			case 1:
+				locked = false
+				what = e.What
+			default:
+				what = e.What
 			}
-			what = e.What
 		}
-		if strings.HasSuffix(what, " due to lock delay") {
+		switch {
+		case !checked && locked && free == 0:
+			return a.lockSessionless(ctx, queued)
+		case !checked:
+			return nil, nil
+		case strings.HasSuffix(what, " due to lock delay"):
 			return nil, fmt.Errorf("%w: consul: %s", driver.ErrUnavailable, what)
 		}
 		return nil, fmt.Errorf("%w: %s", errSessionLost, what)
@@ -231,6 +244,27 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 		}
 	}
 	return a.granted(ctx, &api.KVPair{Key: a.key})
+}
+
+// lockSessionless follows an attempt on a key believed absent that found
+// the key, but whose lock verb alone would have taken it: the key has no
+// session (written by hand, or left behind by another tool, which Inspect
+// reports as free), or it is this session's (another acquisition of this
+// Locker holds it). It reads the key, and acquires it, checked on its
+// ModifyIndex, in the first case; without that, an acquisition that does
+// not wait would find such a key held for as long as it stood.
+func (a *attempt) lockSessionless(ctx context.Context, queued string) (driver.Lease, error) {
+	rctx, cancel := a.l.rctx(ctx)
+	kv, _, err := a.l.client.KV().Get(a.key, queryOpts(rctx))
+	err = a.l.fail(ctx, rctx, err)
+	cancel()
+	switch {
+	case err != nil:
+		return nil, err
+	case kv == nil || kv.Session != "":
+		return nil, nil
+	}
+	return a.lock(ctx, kv.ModifyIndex, queued)
 }
 
 // granted returns the lease of kv, a read of the key just acquired, unless

@@ -144,6 +144,10 @@
 //     keeps a key's session through a plain write) with a new ModifyIndex,
 //     which Inspect reports as its token; its holder's release, which
 //     tells the key apart by its CreateIndex and session, still deletes it.
+//     A lock key written where no lock is held has no session: Inspect
+//     reports the lock free, and the next acquisition takes the key, at
+//     the cost of a read (as it does when another acquisition by the same
+//     Locker holds the lock, which the transaction cannot tell apart).
 //   - consul snapshot restore puts every key back as the snapshot had it:
 //     a lock acquired since is free while its holder goes on, unless its
 //     session is younger than the snapshot (the session is then gone, and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -233,5 +234,42 @@ func TestLockDelay(t *testing.T) {
 		t.Errorf("waiting Acquire: %v; want the lock once the delay is over", err)
 	} else {
 		le.Release(ctx)
+	}
+}
+
+// TestSessionlessKeyTaken: a lock key written by hand where no lock is
+// held (consul kv put), which Inspect reports free, is taken by an
+// acquisition that does not wait, as by a waiting one; it was found held
+// for as long as the key stood. The session's own key stays held for the
+// Locker's other acquisitions.
+func TestSessionlessKeyTaken(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("sessionless")
+	if _, err := c.KV().Put(&api.KVPair{Key: LockKey(k), Value: []byte("by hand")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	opts := driver.AcquireOptions{TTL: MinTTL, Owner: "me"}
+	le, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatalf("Acquire of the key written by hand: %v", err)
+	}
+	if kv, _, err := c.KV().Get(LockKey(k), nil); err != nil || kv == nil || kv.ModifyIndex != le.Token() {
+		t.Errorf("the key after the acquisition: %+v, %v; want the token %d its ModifyIndex", kv, err, le.Token())
+	}
+	if again, err := l.Acquire(ctx, k, opts); again != nil || !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("Acquire by the holder's Locker: %v, %v; want ErrNotAcquired", again, err)
+	}
+	want := []driver.Holding{{Owner: "me", Token: le.Token(), SessionBound: true}}
+	if in, err := l.Inspect(ctx, k); err != nil || !slices.Equal(in.Holders, want) {
+		t.Errorf("Inspect: %+v, %v; want %+v", in, err, want)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if kv, _, err := c.KV().Get(LockKey(k), nil); err != nil || kv != nil {
+		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
 	}
 }
