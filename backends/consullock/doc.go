@@ -20,11 +20,13 @@
 // renewal has been answered by a tenth of the TTL before that moment, or the
 // server no longer knows the session, the session is lost: its Done channel
 // is closed, and every section it kept is cancelled at once. A session that
-// the server ends (an operator destroys it, a server restores a snapshot
-// without it) is found out within a round trip, not at the next renewal: the
-// session holds an anchor key, deleted with it, under the directory its one
-// blocking query watches (see Operators), and a renewal is sent as soon as
-// the anchor goes. The next acquisition creates a new session.
+// the server ends (an operator destroys it) is found out within a round
+// trip, not at the next renewal: the session holds an anchor key, deleted
+// with it, under the directory its one blocking query watches (see
+// Operators), and a renewal is sent as soon as the anchor goes. A session
+// that a restored snapshot does not have is found out at its next renewal:
+// Consul answers the query that a restore wakes with what it read before.
+// The next acquisition creates a new session.
 //
 // The session is created with Behavior "delete", no health checks and a
 // LockDelay of 0, none of which are Consul's defaults:
@@ -151,7 +153,7 @@
 //   - consul snapshot restore puts every key back as the snapshot had it:
 //     a lock acquired since is free while its holder goes on, unless its
 //     session is younger than the snapshot (the session is then gone, and
-//     its holders told within a round trip), and a lock released since is
+//     its holders told at its next renewal), and a lock released since is
 //     held again by its old session, which its Locker renews, until the
 //     Locker is closed or ForceRelease removes it. Tokens still grow: the
 //     Raft index goes on past a restore. Close the Lockers that held locks
