@@ -5,10 +5,12 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -97,6 +99,14 @@ func tokenClient(t *testing.T, a, token string) *api.Client {
 // root, with a new token of its own that the ACL policy rules allow.
 func allowed(t *testing.T, a string, root *api.Client, rules string) *api.Client {
 	t.Helper()
+	tok, _ := grant(t, root, rules)
+	return tokenClient(t, a, tok.SecretID)
+}
+
+// grant creates a token of its own, and its policy, which rules allow, by
+// the management client root.
+func grant(t *testing.T, root *api.Client, rules string) (*api.ACLToken, *api.ACLPolicy) {
+	t.Helper()
 	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "p" + strconv.FormatInt(time.Now().UnixNano(), 36), Rules: rules}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +115,7 @@ func allowed(t *testing.T, a string, root *api.Client, rules string) *api.Client
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tokenClient(t, a, tok.SecretID)
+	return tok, p
 }
 
 // TestACLRefusals: a request Consul refuses for want of rights is an
@@ -272,5 +282,113 @@ func TestACLRefusals(t *testing.T) {
 		if in, err := holder.Inspect(ctx, k); err != nil || len(in.Holders) != 1 || in.Holders[0].Token != le.Token() {
 			t.Errorf("after the refused ForceRelease: %+v, %v; want the holder", in, err)
 		}
+	})
+}
+
+// TestACLChangesWhileHeld: a token deleted, or stripped of its rights,
+// while its Locker holds locks or waits for one.
+func TestACLChangesWhileHeld(t *testing.T) {
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+
+	// The session is declared lost, its locks' work cancelled, before
+	// Consul may end it, and its renewal stops; its destruction, refused,
+	// was sent again every 200 ms until the Locker closed.
+	t.Run("holder's token deleted", func(t *testing.T) {
+		tok, _ := grant(t, root, all)
+		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
+		le, err := l.Acquire(ctx, name("acl-deleted"), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := le.(*lease).s
+		if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		select {
+		case <-s.Done():
+		case <-time.After(2 * MinTTL):
+			t.Fatal("the session was not declared lost")
+		}
+		lost := time.Since(deleted)
+		if info, _, err := root.Session().Info(s.id, nil); err != nil || info == nil {
+			t.Fatalf("Consul's session when its holder declared it lost: %+v, %v; want it still there", info, err)
+		}
+		eventually(t, 10*time.Second, "the renewal's exit, its session's destruction refused", s.exitedYet)
+		t.Logf("declared lost %v after the token's deletion, Consul still having the session", lost.Round(time.Millisecond))
+	})
+
+	// A waiter whose token is deleted fails with Consul's refusal after a
+	// read or two; its reads were sent again, some twenty a second, until
+	// its session was declared lost.
+	t.Run("waiter's token deleted", func(t *testing.T) {
+		for _, fair := range []bool{false, true} {
+			k := name("acl-waiter")
+			held, err := lockerOn(t, root).Acquire(ctx, k, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok, _ := grant(t, root, all)
+			cfg := api.DefaultConfig()
+			cfg.Address, cfg.Token = a, tok.SecretID
+			var reads atomic.Int64
+			base := cfg.Transport
+			cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/") {
+					reads.Add(1)
+				}
+				return base.RoundTrip(r)
+			})}
+			c, err := api.NewClient(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(base.CloseIdleConnections)
+			w := lockerOn(t, c)
+			done := make(chan error, 1)
+			go func() {
+				_, err := w.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Wait: true, Fair: fair})
+				done <- err
+			}()
+			eventually(t, 10*time.Second, "the waiter queued", func() bool { return queued(t, root, k) > 0 })
+			if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+				t.Fatal(err)
+			}
+			before := reads.Load()
+			err = <-done
+			if n := reads.Load() - before; !errors.Is(err, errDenied) || n > 5 {
+				t.Errorf("fair %v: %v after %d reads; want the refusal after a few", fair, err, n)
+			}
+			held.Release(ctx)
+		}
+	})
+
+	// A release Consul refuses (the token lost its write on the keys)
+	// gives the session up, which deletes the key; it was sent again
+	// until the session's loss deadline, Release waiting as long, and
+	// reported unanswered.
+	t.Run("holder's write on the keys taken", func(t *testing.T) {
+		tok, p := grant(t, root, all)
+		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
+		k := name("acl-stripped")
+		le, err := l.Acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Rules = `key_prefix "" { policy = "read" } key_prefix "` + RevokedPrefix + `" { policy = "write" } session_prefix "" { policy = "write" }`
+		if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(ctx); !errors.Is(err, errDenied) {
+			t.Errorf("Release: %v; want Consul's refusal", err)
+		}
+		eventually(t, 10*time.Second, "the key gone with the session", func() bool {
+			kv, _, err := root.KV().Get(LockKey(k), nil)
+			return err == nil && kv == nil
+		})
 	})
 }

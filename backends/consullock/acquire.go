@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,9 @@ const waitTime = time.Second
 // Acquire implements driver.Locker. opts.TTL is the TTL of the session the
 // lock's key is acquired by.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		a.key = LockKey(key)
 		switch {
@@ -59,7 +63,7 @@ type attempt struct {
 
 // retry runs one attempt, with a session that is alive, and when opts.Wait
 // is set starts over after every failure to reach Consul, with backoff,
-// until ctx is done; a refusal for want of ACL rights (errDenied) is
+// until ctx is done; a refusal (errRefused, as for want of ACL rights) is
 // returned at once.
 func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func(*attempt) (driver.Lease, error)) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
@@ -69,7 +73,7 @@ func (l *Locker) retry(ctx context.Context, opts driver.AcquireOptions, try func
 		if err == nil {
 			lease, err = try(&attempt{l: l, s: s, label: opts.Owner, fair: opts.Fair})
 		}
-		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || errors.Is(err, errDenied) {
+		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || errors.Is(err, errRefused) {
 			return lease, err
 		}
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
@@ -199,33 +203,74 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	}
 	if !ok {
 		// Consul reports every op that failed. The check failing means
-		// the lock is held (the lock verb then fails too); the lock verb
-		// failing alone means the session is gone.
+		// the key exists: held by another session when the lock verb
+		// fails too, else without a session or held by this one (see
+		// lockSessionless). The lock verb failing alone means the
+		// session is gone, or that the key is in
+		// the lock-delay of another tool's session (see the package
+		// documentation), which Consul checks before the rest and says
+		// so last (an escaped key holds no space).
 		if err := denied(resp); err != nil {
 			return nil, err
 		}
 		what := "transaction refused"
+		checked, locked := true, true
 		for _, e := range resp.Errors {
-			if e.OpIndex == 0 {
-				return nil, nil
+			switch e.OpIndex {
+			case 0:
+				checked = false
+			case 1:
+				locked = false
+				what = e.What
+			default:
+				what = e.What
 			}
-			what = e.What
+		}
+		switch {
+		case !checked && locked && free == 0:
+			return a.lockSessionless(ctx, queued)
+		case !checked:
+			return nil, nil
+		case strings.HasSuffix(what, " due to lock delay"):
+			return nil, fmt.Errorf("%w: consul: %s", driver.ErrUnavailable, what)
 		}
 		return nil, fmt.Errorf("%w: %s", errSessionLost, what)
 	}
-	var token uint64
-	for _, kv := range resp.Results {
+	// The read is the last op: a check-index before it returns the key as
+	// it was before the acquisition.
+	for _, kv := range slices.Backward(resp.Results) {
 		if kv.Key == a.key {
-			token = kv.ModifyIndex
+			return a.granted(ctx, kv)
 		}
 	}
-	return a.granted(ctx, a.key, token)
+	return a.granted(ctx, &api.KVPair{Key: a.key})
 }
 
-// granted returns the lease of key, just acquired with token, unless ctx
-// ended meanwhile (the key is then released) or the session was lost.
-func (a *attempt) granted(ctx context.Context, key string, token uint64) (driver.Lease, error) {
-	le := &lease{s: a.s, key: key, token: token}
+// lockSessionless follows an attempt on a key believed absent that found
+// the key, but whose lock verb alone would have taken it: the key has no
+// session (written by hand, or left behind by another tool, which Inspect
+// reports as free), or it is this session's (another acquisition of this
+// Locker holds it). It reads the key, and acquires it, checked on its
+// ModifyIndex, in the first case; without that, an acquisition that does
+// not wait would find such a key held for as long as it stood.
+func (a *attempt) lockSessionless(ctx context.Context, queued string) (driver.Lease, error) {
+	rctx, cancel := a.l.rctx(ctx)
+	kv, _, err := a.l.client.KV().Get(a.key, queryOpts(rctx))
+	err = a.l.fail(ctx, rctx, err)
+	cancel()
+	switch {
+	case err != nil:
+		return nil, err
+	case kv == nil || kv.Session != "":
+		return nil, nil
+	}
+	return a.lock(ctx, kv.ModifyIndex, queued)
+}
+
+// granted returns the lease of kv, a read of the key just acquired, unless
+// ctx ended meanwhile (the key is then released) or the session was lost.
+func (a *attempt) granted(ctx context.Context, kv *api.KVPair) (driver.Lease, error) {
+	le := &lease{s: a.s, key: kv.Key, token: kv.ModifyIndex, created: kv.CreateIndex}
 	if err := ctx.Err(); err != nil {
 		// Bounded: a release that gets no answer goes on in the
 		// background.
@@ -292,7 +337,8 @@ func (a *attempt) get(ctx context.Context, key string, index uint64) (*api.KVPai
 // (untilAnswered), until ctx ends or the session does: a waiter keeps its
 // place (its key, which its session keeps) through a leader election,
 // rather than giving it up, which would take a write that an election may
-// leave unanswered too.
+// leave unanswered too. A refusal (errRefused: a token deleted or stripped
+// of its rights while it waits) is an answer, returned at once.
 func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.QueryOptions) (T, *api.QueryMeta, error)) (T, uint64, error) {
 	wctx, cancel := a.s.whileAlive(ctx)
 	defer cancel()
@@ -308,24 +354,31 @@ func read[T any](ctx context.Context, a *attempt, index uint64, do func(*api.Que
 		}
 	}
 	var (
-		mu  sync.Mutex
-		got bool
-		v   T
-		idx uint64
+		mu      sync.Mutex
+		got     bool
+		v       T
+		idx     uint64
+		refused error
 	)
 	err := untilAnswered(wctx, a.l.timeout, func(rctx context.Context) error {
 		r, meta, err := do((&api.QueryOptions{RequireConsistent: true}).WithContext(rctx))
-		if err != nil {
+		no := refusal(err)
+		if err != nil && no == nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if !got {
-			got, v, idx = true, r, max(meta.LastIndex, 1)
+			got, v, idx, refused = true, r, 0, no
+			if meta != nil {
+				idx = max(meta.LastIndex, 1)
+			}
 		}
 		return nil
 	})
 	switch {
+	case err == nil && refused != nil:
+		return v, 0, refused
 	case err == nil:
 		return v, idx, nil
 	case ctx.Err() == nil && a.s.lost():

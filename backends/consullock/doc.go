@@ -20,11 +20,13 @@
 // renewal has been answered by a tenth of the TTL before that moment, or the
 // server no longer knows the session, the session is lost: its Done channel
 // is closed, and every section it kept is cancelled at once. A session that
-// the server ends (an operator destroys it, a server restores a snapshot
-// without it) is found out within a round trip, not at the next renewal: the
-// session holds an anchor key, deleted with it, under the directory its one
-// blocking query watches (see Operators), and a renewal is sent as soon as
-// the anchor goes. The next acquisition creates a new session.
+// the server ends (an operator destroys it) is found out within a round
+// trip, not at the next renewal: the session holds an anchor key, deleted
+// with it, under the directory its one blocking query watches (see
+// Operators), and a renewal is sent as soon as the anchor goes. A session
+// that a restored snapshot does not have is found out at its next renewal:
+// Consul answers the query that a restore wakes with what it read before.
+// The next acquisition creates a new session.
 //
 // The session is created with Behavior "delete", no health checks and a
 // LockDelay of 0, none of which are Consul's defaults:
@@ -132,6 +134,37 @@
 // blocking query on its markers. The lease, a driver.RevocableLease,
 // reports the revocation to guard, which cancels the section.
 //
+// Consul's own tools go around that, and tell no holder:
+//
+//   - consul kv delete of a held key (or of a prefix over it) frees the
+//     lock at once: another process may acquire it, with a greater token,
+//     while its holder goes on until its release finds the key gone
+//     (ErrNotHeld). ForceRelease (the warden CLI's release) is the way to
+//     take a lock from its holder. A session's anchor deleted so is
+//     acquired again within a round trip.
+//   - consul kv put over a held key leaves it held by its session (Consul
+//     keeps a key's session through a plain write) with a new ModifyIndex,
+//     which Inspect reports as its token; its holder's release, which
+//     tells the key apart by its CreateIndex and session, still deletes it.
+//     A lock key written where no lock is held has no session: Inspect
+//     reports the lock free, and the next acquisition takes the key, at
+//     the cost of a read (as it does when another acquisition by the same
+//     Locker holds the lock, which the transaction cannot tell apart).
+//   - consul snapshot restore puts every key back as the snapshot had it:
+//     a lock acquired since is free while its holder goes on, unless its
+//     session is younger than the snapshot (the session is then gone, and
+//     its holders told at its next renewal), and a lock released since is
+//     held again by its old session, which its Locker renews, until the
+//     Locker is closed or ForceRelease removes it. Tokens still grow: the
+//     Raft index goes on past a restore. Close the Lockers that held locks
+//     across a restore (restart their processes).
+//   - Lock-delay: warden's sessions have none, so Consul never holds back
+//     one of its keys after a session ends, unless another tool acquired
+//     the key by a session of its own with one (Consul's default is 15 s):
+//     until it ends, an acquisition that does not wait fails with an error
+//     wrapping driver.ErrUnavailable that names the delay, and a waiting
+//     one tries again with backoff, up to a second apart.
+//
 // # Idempotency store
 //
 // NewStore returns an idempotency.Store on Consul KV, for
@@ -154,13 +187,21 @@
 // read, sent again until answered (see Waiting).
 // A waiting acquisition keeps its place through reads that fail (see
 // Waiting), and starts over after any other such failure, with backoff,
-// until its context is done. A request Consul refuses for want of ACL
-// rights (or for a token it does not know) fails at once, with an error
-// wrapping driver.ErrUnavailable that gives Consul's reason: the same token
-// would be refused again, and the refusal is never taken for a lock held
-// by another. A waiter whose token is deleted while it waits is the
-// exception: its reads are sent again until answered (see Waiting), and it
-// fails when its session is declared lost, within the session's TTL.
+// until its context is done. A request Consul refuses for good (a 4xx
+// status but 408 and 429: a token without the rights, or one it does not
+// know, a namespace on a Consul without Enterprise, a body over its
+// limits.txn_max_req_len) fails at once, with an error wrapping
+// driver.ErrUnavailable that gives Consul's reason: the same request would
+// be refused again, and the refusal is never taken for a lock held by
+// another. A waiter whose token is deleted while it waits fails so at its
+// next read. A release refused so gives its session up, which deletes the
+// key (and the session's other locks, whose releases would be refused
+// too). A holder whose token is deleted, or loses session:write, has its
+// renewals refused: its session is declared lost, and its sections
+// cancelled, a tenth of the TTL before Consul may end the session, which
+// then ends by its TTL (its destruction is refused too). A name whose
+// escape is longer than 2048 bytes, which Consul's limits could refuse, is
+// refused with driver.ErrInvalidKey.
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be
@@ -180,6 +221,12 @@
 // session would have been lost anyway had Consul answered nothing since,
 // so it is given up then (see below), and the lock comes back no later
 // than had its holder crashed.
+//
+// Each session keeps a blocking query open on its markers, and each waiter
+// one on what blocks it, each on a connection of its own: a client whose
+// transport allows fewer connections to the agent than those and one more
+// (http.Transport.MaxConnsPerHost) has its renewals wait behind them, and
+// its sessions are lost (with a limit of 1, within the TTL).
 //
 // Applications talk to their node's agent, which forwards each request to
 // a server it picks. A server that freezes (a long pause, a stalled VM)

@@ -46,6 +46,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // of the name starts with its escape and a '.'; so do the keys of names
 // that continue it, which nameOf tells apart.
 func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	pairs, err := l.tree(ctx, url.PathEscape(key)+".")
 	if err != nil {
 		return nil, err
@@ -112,7 +115,7 @@ func judge(key string, kvs []*api.KVPair) ([]*api.KVPair, int) {
 	}{{rw, rwTree}, {sem, semTree}} {
 		for _, kv := range c.tree {
 			k, permits := contender(kv)
-			if _, blocker, _ := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == nil {
+			if _, blocker := blocking(c.dir, kv.Key, c.tree, k, permits); blocker == nil {
 				holders = append(holders, kv)
 			} else {
 				waiters++
@@ -169,6 +172,9 @@ func nameOf(k string) (string, bool) {
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
+	}
+	if err := checkName(prefix); err != nil {
+		return nil, err
 	}
 	pairs, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {

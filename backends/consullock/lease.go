@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,8 @@ type lease struct {
 	s     *session
 	key   string // the lock key
 	token uint64 // the key's ModifyIndex when it was acquired
+	// created is the key's CreateIndex when it was acquired (see holds).
+	created uint64
 
 	// Guarded by s.mu: whether a forced release's marker was seen, and
 	// what to call when it is.
@@ -61,15 +64,27 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return l.fail(ctx, rctx, err)
 	}
-	if kv == nil || kv.Session != le.s.id || kv.ModifyIndex != le.token {
+	if !le.holds(kv) {
 		return fmt.Errorf("%w: key gone", driver.ErrNotHeld)
 	}
 	return nil
 }
 
+// holds reports whether kv, a read of the lease's key, is still the
+// lease's holding: the key its acquisition created or took, acquired by
+// its session. A write over the key (consul kv put) keeps both, while it
+// changes the key's ModifyIndex, the token; a release or a forced release
+// deletes the key, and a later acquisition creates it anew.
+func (le *lease) holds(kv *api.KVPair) bool {
+	return kv != nil && kv.Session == le.s.id && kv.CreateIndex == le.created
+}
+
 // Release deletes the lock key if it is still this lease's (the same
 // ModifyIndex), so a stale or retried release never deletes a newer
-// holder's key.
+// holder's key; a key written over since (consul kv put), still acquired
+// by the session, is deleted too (see releaseWrittenOver). A release that
+// Consul refuses (errRefused, as for a token stripped of its rights) gives
+// the session up, which deletes the key with it.
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
@@ -101,7 +116,7 @@ func (le *lease) Release(ctx context.Context) error {
 	// the background (see untilAnswered).
 	bound := min(l.timeout, resendAfter)
 	rctx, cancel := context.WithTimeout(ctx, bound)
-	ok, _, _, err := l.client.KV().Txn(release(le.key, le.token), queryOpts(rctx))
+	ok, err := l.sendRelease(rctx, le.key, le.token)
 	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
 		err = fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, bound)
 	} else {
@@ -110,9 +125,16 @@ func (le *lease) Release(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil && !ok:
-		return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		return le.releaseWrittenOver(ctx)
 	case err == nil:
 		return nil
+	case errors.Is(err, errRefused):
+		// The key stays, kept by the session's renewal for as long as the
+		// session lives, and a release sent again would be refused again
+		// (as every release of its other locks would be): the session is
+		// given up, which deletes the key with it.
+		s.giveUp()
+		return fmt.Errorf("%w; consul session given up, which deletes the key", err)
 	}
 	// The loss deadline as of the failure: had Consul answered nothing
 	// since, the session would be lost then anyway, with every lock it
@@ -133,6 +155,39 @@ func (le *lease) Release(ctx context.Context) error {
 	}
 }
 
+// releaseWrittenOver releases the holding after its release found the
+// key's ModifyIndex changed: the key is gone (a forced release, or an
+// operator deleted it), and Release returns ErrNotHeld, or it was written
+// over (consul kv put), which changes its ModifyIndex but keeps it
+// acquired by the session, whose renewal would keep it, and the lock, for
+// as long as the session lives. A key that is still the lease's holding
+// (holds) is deleted, checked on its new ModifyIndex. Its requests run to
+// completion even when ctx is cancelled, since one that fails leaves such
+// a key in doubt: the session is then given up, and the key goes with it.
+func (le *lease) releaseWrittenOver(ctx context.Context) error {
+	l := le.s.l
+	for {
+		rctx, cancel := l.detached(ctx)
+		kv, _, err := l.client.KV().Get(le.key, queryOpts(rctx))
+		ok := false
+		if err == nil && le.holds(kv) {
+			ok, err = l.sendRelease(rctx, le.key, kv.ModifyIndex)
+		}
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		switch {
+		case err == nil && !le.holds(kv):
+			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		case err == nil && ok:
+			return nil
+		case err == nil && ctx.Err() == nil:
+			continue // written over again since the read
+		}
+		le.s.giveUp()
+		return fmt.Errorf("%w; consul session given up, which deletes the key", cmp.Or(err, ctx.Err()))
+	}
+}
+
 // resendRelease sends the release of the holding (key, token) again,
 // after a send whose outcome is unknown, until Consul answers: the check on
 // the ModifyIndex keeps any send from deleting a newer holder's key, and a
@@ -149,7 +204,7 @@ func (s *session) resendRelease(key string, token uint64, deadline time.Time) er
 	ctx, cancel2 := context.WithDeadline(ctx, deadline)
 	defer cancel2()
 	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
-		_, _, _, err := l.client.KV().Txn(release(key, token), queryOpts(rctx))
+		_, err := l.sendRelease(rctx, key, token)
 		return err
 	})
 	switch {
@@ -254,6 +309,17 @@ const resendAfter = 500 * time.Millisecond
 
 // resendPause caps the pause before sending again after a send failed.
 const resendPause = 200 * time.Millisecond
+
+// sendRelease sends release(key, token), and reports whether Consul
+// applied it; a transaction refused for want of rights, which Consul
+// reports as one that failed, is errDenied.
+func (l *Locker) sendRelease(ctx context.Context, key string, token uint64) (bool, error) {
+	ok, resp, _, err := l.client.KV().Txn(release(key, token), queryOpts(ctx))
+	if err == nil && !ok {
+		err = denied(resp)
+	}
+	return ok, err
+}
 
 // release is the transaction that deletes lockKey if its ModifyIndex is
 // still token. Not delete-cas: Consul reports a delete-cas of a key that is

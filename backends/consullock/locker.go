@@ -209,6 +209,22 @@ func LockKey(key string) string {
 	return url.PathEscape(key) + ".lock"
 }
 
+// maxEscaped bounds the escape of a name (url.PathEscape), with which
+// every key of the name starts: Consul refuses a transaction's body over
+// limits.txn_max_req_len (512 KiB by default), and a forced release names
+// up to 42 holdings' keys, thrice each, in one. Any name guard makes (a
+// key of 200 bytes after a prefix of as many) fits.
+const maxEscaped = 2048
+
+// checkName refuses, with driver.ErrInvalidKey, a name whose keys would be
+// too long for Consul to take.
+func checkName(key string) error {
+	if n := len(url.PathEscape(key)); n > maxEscaped {
+		return fmt.Errorf("%w: %d bytes once escaped for a consul key, more than %d", driver.ErrInvalidKey, n, maxEscaped)
+	}
+	return nil
+}
+
 // queueDir is the directory of the lock's waiters.
 func queueDir(lockKey string) string { return lockKey + "/" }
 
@@ -243,17 +259,43 @@ func (l *Locker) fail(ctx, rctx context.Context, err error) error {
 	if ctx.Err() == nil && rctx.Err() != nil {
 		return fmt.Errorf("%w: consul: no answer within %v", driver.ErrUnavailable, l.timeout)
 	}
-	if se := (api.StatusError{}); ctx.Err() == nil && errors.As(err, &se) && se.Code == http.StatusForbidden {
-		return fmt.Errorf("%w: %s", errDenied, se.Body)
+	if ctx.Err() == nil {
+		if err := refusal(err); err != nil {
+			return err
+		}
 	}
 	return driver.Unavailable(ctx, fmt.Errorf("consul: %w", err))
 }
 
-// errDenied: Consul refused a request for want of ACL rights (or knows no
-// such token). An acquisition returns it at once, where it tries again
-// after other failures: the same token would be refused again, and a
+// errRefused: Consul answered a request with a refusal that the same
+// request would get again (a 4xx status but 408 and 429): a namespace on
+// a Consul without them, a body over its txn_max_req_len, or a token
+// without the rights (errDenied). An acquisition returns it at once, where
+// it tries again after other failures, and a read sent until answered
+// takes it as the answer: sending again would be refused again, and a
 // refusal must not read as a lock held by someone else.
-var errDenied = fmt.Errorf("%w: consul refused the request for want of ACL rights", driver.ErrUnavailable)
+var errRefused = fmt.Errorf("%w: consul refused the request", driver.ErrUnavailable)
+
+// errDenied: Consul refused a request for want of ACL rights (or knows no
+// such token).
+var errDenied = fmt.Errorf("%w for want of ACL rights", errRefused)
+
+// refusal returns err, the failure of a request, as errRefused (errDenied
+// for a 403) with Consul's reason when Consul refused the request for
+// good, nil otherwise.
+func refusal(err error) error {
+	se := api.StatusError{}
+	switch {
+	case errors.Is(err, errRefused):
+		return err
+	case !errors.As(err, &se) || se.Code < 400 || se.Code > 499 ||
+		se.Code == http.StatusRequestTimeout || se.Code == http.StatusTooManyRequests:
+		return nil
+	case se.Code == http.StatusForbidden:
+		return fmt.Errorf("%w: %s", errDenied, se.Body)
+	}
+	return fmt.Errorf("%w: %d %s", errRefused, se.Code, se.Body)
+}
 
 // denied returns errDenied with Consul's reason when the refused
 // transaction resp failed an ACL check, nil otherwise. Consul reports such

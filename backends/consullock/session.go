@@ -207,10 +207,13 @@ func (s *session) renew() (mayLive bool) {
 }
 
 // destroyUntilGone destroys the session, again while Consul cannot be
-// reached, until it is gone or the Locker is closed: the server would
-// otherwise keep its keys, and its locks, until its TTL runs out. The
-// attempts are as close as a release's resends (resendPause), so that the
-// locks come back soon after a new leader serves.
+// reached, until it is gone, Consul refuses the destruction (errRefused: a
+// token deleted or stripped of its rights would be refused again, and the
+// session expires by its TTL, which nothing renews any more) or the Locker
+// is closed: the server would otherwise keep its keys, and its locks,
+// until its TTL runs out. The attempts are as close as a release's resends
+// (resendPause), so that the locks come back soon after a new leader
+// serves.
 func (s *session) destroyUntilGone() error {
 	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
 	for {
@@ -218,7 +221,7 @@ func (s *session) destroyUntilGone() error {
 		_, err := s.l.client.Session().Destroy(s.id, writeOpts(rctx))
 		err = s.l.fail(context.Background(), rctx, err)
 		cancel()
-		if err == nil || !errors.Is(err, driver.ErrUnavailable) {
+		if err == nil || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errRefused) {
 			return err
 		}
 		t := time.NewTimer(pause.Next())

@@ -54,12 +54,18 @@ func SemaphoreDir(key string) string { return url.PathEscape(key) + ".sem/" }
 // came before it, so readers share the lock, and a reader that comes after
 // a waiting writer waits for that writer (writers are not starved).
 func (l *Locker) AcquireRead(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, reader, 0) })
 }
 
 // AcquireWrite implements driver.RWLocker: it waits for every reader and
 // writer that came before it.
 func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
+	if err := checkName(key); err != nil {
+		return nil, err
+	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) { return a.contend(ctx, RWDir(key), opts.Wait, writer, 0) })
 }
 
@@ -70,6 +76,9 @@ func (l *Locker) AcquireWrite(ctx context.Context, key string, opts driver.Acqui
 func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, opts driver.AcquireOptions) (driver.Lease, error) {
 	if permits < 1 || uint64(permits) > maxPermits {
 		return nil, fmt.Errorf("%w: %d semaphore permits (1 to %d)", driver.ErrInvalidOption, permits, uint64(maxPermits))
+	}
+	if err := checkName(key); err != nil {
+		return nil, err
 	}
 	return l.retry(ctx, opts, func(a *attempt) (driver.Lease, error) {
 		return a.contend(ctx, SemaphoreDir(key), opts.Wait, permit, permits)
@@ -88,12 +97,12 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	// it; the first read after the transaction has none.
 	var dirIndex uint64
 	for {
-		mine, blocker, found := blocking(dir, own, tree, k, permits)
-		if !found {
+		mine, blocker := blocking(dir, own, tree, k, permits)
+		if mine == nil {
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
 		if blocker == nil {
-			return a.granted(ctx, own, mine)
+			return a.granted(ctx, mine)
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
@@ -109,20 +118,19 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	}
 }
 
-// blocking finds own in tree (a read of its directory dir) and returns its
-// ModifyIndex, and what it waits for: the latest earlier writer for a
-// reader, the latest earlier key for a writer, a pair with dir's name for
-// a permit with permits or more keys before it; nil when nothing blocks
-// it. found is false when own is not in tree (its session ended).
-func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index uint64, blocker *api.KVPair, found bool) {
-	var mine *api.KVPair
+// blocking finds own in tree (a read of its directory dir) and returns it,
+// and what it waits for: the latest earlier writer for a reader, the
+// latest earlier key for a writer, a pair with dir's name for a permit
+// with permits or more keys before it; nil when nothing blocks it. mine is
+// nil when own is not in tree (its session ended).
+func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, blocker *api.KVPair) {
 	for _, kv := range tree {
 		if kv.Key == own {
 			mine = kv
 		}
 	}
 	if mine == nil {
-		return 0, nil, false
+		return nil, nil
 	}
 	var latest *api.KVPair
 	earlier := 0
@@ -137,11 +145,11 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (index u
 	}
 	switch {
 	case k == permit && earlier >= permits:
-		return mine.ModifyIndex, &api.KVPair{Key: dir}, true
+		return mine, &api.KVPair{Key: dir}
 	case k != permit && latest != nil:
-		return mine.ModifyIndex, latest, true
+		return mine, latest
 	}
-	return mine.ModifyIndex, nil, true
+	return mine, nil
 }
 
 // waitGone waits, with blocking queries, until the key of kv, as read in

@@ -380,11 +380,11 @@ func (s *Store) claim(ctx context.Context, k string, free uint64, value []byte, 
 		if err != nil {
 			// The claim may have landed: it is taken back as soon as
 			// Consul answers, since the caller is told it failed. A
-			// refusal for want of rights is an answer: nothing landed,
+			// refusal (as for want of rights) is an answer: nothing landed,
 			// and a token that cannot write the record may not read it
 			// either, which would have the taking back tried until the
 			// Store closed.
-			if !errors.Is(err, errDenied) {
+			if !errors.Is(err, errRefused) {
 				s.track(&claim{key: k, owner: c.Owner, fingerprint: c.Fingerprint, s: sess}, time.Time{})
 			}
 			return false, err

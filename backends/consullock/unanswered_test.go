@@ -601,7 +601,8 @@ func consulAnswer(r *http.Request, status int, index, body string) (*http.Respon
 // at once.
 func TestWaiterYieldsToBarger(t *testing.T) {
 	lost := func(r *http.Request) (*http.Response, error) {
-		return consulAnswer(r, http.StatusConflict, "0", `{"Errors":[{"OpIndex":0,"What":"key exists"}]}`)
+		return consulAnswer(r, http.StatusConflict, "0",
+			`{"Errors":[{"OpIndex":0,"What":"key exists"},{"OpIndex":1,"What":"failed to lock key \"k.lock\", lock is already held"}]}`)
 	}
 	gone := func(index string) func(*http.Request) (*http.Response, error) {
 		return func(r *http.Request) (*http.Response, error) { return consulAnswer(r, http.StatusNotFound, index, "") }
