@@ -213,15 +213,20 @@ func (c *reshardCluster) owner(slot int) *shard {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ranges, err := c.shards[0].admin.ClusterSlots(ctx).Result()
+	shards, err := c.shards[0].admin.ClusterShards(ctx).Result()
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	for _, r := range ranges {
-		if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 {
-			for _, s := range c.shards {
-				if s.id == r.Nodes[0].ID {
-					return s
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if slot < int(r.Start) || slot > int(r.End) {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				for _, s := range c.shards {
+					if n.Role == "master" && s.id == n.ID {
+						return s
+					}
 				}
 			}
 		}
