@@ -53,6 +53,28 @@ func looks(t *testing.T, lockURL, key string) {
 	}
 }
 
+// refusesChanges asks, on lockURL, which may not write, for key's release
+// and its record's delete: each must fail saying that it was not done, not
+// that it may have been, and key must still be held.
+func refusesChanges(t *testing.T, g *guard.Guard, lockURL, key string) {
+	t.Helper()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-yes", "-any-holder", "locks", "release", key}, "was not released"},
+		{[]string{"-yes", "idem", "delete", "s", key}, "was not deleted"},
+	} {
+		code, out, errOut := cliRun(t, "", append([]string{"-lock", lockURL}, tc.args...)...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q with %s: exit %d, %q, %q; want 1, saying it %s", tc.args, lockURL, code, out, errOut, tc.want)
+		}
+	}
+	if in, err := g.Inspect(context.Background(), key); err != nil || len(in.Holders) != 1 {
+		t.Errorf("%s after a refused release: %+v, %v; want it held", key, in, err)
+	}
+}
+
 // changes releases key and deletes its record on lockURL, which must
 // succeed.
 func changes(t *testing.T, g *guard.Guard, lockURL, key string) {
@@ -120,7 +142,8 @@ func mustExec(t *testing.T, db *gorm.DB, statements ...string) {
 // TestReadOnlyPostgres: a role granted SELECT alone on the tables (an
 // auditor's), and a connection whose transactions are read-only (a
 // replica's, default_transaction_read_only=on), list and show locks and
-// show records; a role that may write the rows but not change the schema
+// show records, and a release or a delete they ask for is refused, said
+// not done; a role that may write the rows but not change the schema
 // releases a lock and deletes a record. The open ran sqllock's migration,
 // whose ALTER TABLE neither may run. A database without the tables is
 // refused, and given none.
@@ -141,8 +164,10 @@ func TestReadOnlyPostgres(t *testing.T) {
 	mustExec(t, admin, "GRANT SELECT ON "+tables+" TO "+reader,
 		"GRANT SELECT, UPDATE, DELETE ON "+tables+" TO "+writer)
 
-	looks(t, withPostgres(t, pg, reader, ""), key)
-	looks(t, withPostgres(t, pg, "", "default_transaction_read_only=on"), key)
+	for _, readOnly := range []string{withPostgres(t, pg, reader, ""), withPostgres(t, pg, "", "default_transaction_read_only=on")} {
+		looks(t, readOnly, key)
+		refusesChanges(t, g, readOnly, key)
+	}
 	changes(t, g, withPostgres(t, pg, writer, ""), key)
 
 	schema := "warden_empty_" + suffix
@@ -176,8 +201,9 @@ func withPostgres(t *testing.T, pg, role, param string) string {
 }
 
 // TestReadOnlyMariaDB: a session whose transactions are read-only
-// (tx_read_only=1, a replica's) lists and shows locks and shows records;
-// a database without the tables is refused, and given none. (The shared
+// (tx_read_only=1, a replica's) lists and shows locks and shows records,
+// and says that a release or a delete it asks for was not done; a
+// database without the tables is refused, and given none. (The shared
 // server's user may not grant: a role of SELECT alone is tried on
 // PostgreSQL.)
 func TestReadOnlyMariaDB(t *testing.T) {
@@ -185,8 +211,9 @@ func TestReadOnlyMariaDB(t *testing.T) {
 	dsn := strings.TrimPrefix(my, "mysql://")
 	admin := sqlDB(t, mysql.Open(dsn))
 	key := fmt.Sprintf("cli-ro/%d", time.Now().UnixNano())
-	heldAndRecorded(t, my, key)
+	g := heldAndRecorded(t, my, key)
 	looks(t, my+"&tx_read_only=1", key)
+	refusesChanges(t, g, my+"&tx_read_only=1", key)
 
 	database := fmt.Sprintf("warden_empty_%d", time.Now().UnixNano())
 	mustExec(t, admin, "CREATE DATABASE "+database)
@@ -201,15 +228,16 @@ func TestReadOnlyMariaDB(t *testing.T) {
 }
 
 // TestReadOnlySQLite: a file opened read-only (mode=ro) is listed and
-// shown, whichever journal its writers use: the open's switch to WAL,
-// which a read-only connection may not make, is not asked for there. A
-// file without the tables is refused, and given none.
+// shown, whichever journal its writers use (the open's switch to WAL,
+// which a read-only connection may not make, is not asked for there), and
+// a release or a delete asked there is said not done. A file without the tables is refused, and given none.
 func TestReadOnlySQLite(t *testing.T) {
 	dir := t.TempDir()
 	key := fmt.Sprintf("cli-ro/%d", time.Now().UnixNano())
 	wal := filepath.Join(dir, "wal.db")
-	heldAndRecorded(t, "sqlite://"+wal, key)
+	walHolder := heldAndRecorded(t, "sqlite://"+wal, key)
 	looks(t, "sqlite://file:"+wal+"?mode=ro", key)
+	refusesChanges(t, walHolder, "sqlite://file:"+wal+"?mode=ro", key)
 
 	// A service that opened the file with gorm itself, in SQLite's
 	// rollback journal.
@@ -243,6 +271,7 @@ func TestReadOnlySQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	looks(t, "sqlite://file:"+rollback+"?mode=ro", key)
+	refusesChanges(t, g, "sqlite://file:"+rollback+"?mode=ro", key)
 	var mode string
 	db.Raw("PRAGMA journal_mode").Scan(&mode)
 	if mode != "delete" {
