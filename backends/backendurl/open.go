@@ -129,14 +129,15 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 		// WAL and a busy timeout let several replicas share one file;
 		// they join the path's own parameters, if it has some (a second
 		// '?' would make them part of the value before it). A read-only
-		// connection (mode=ro) cannot switch the file's journal, and
-		// need not: it reads the file in whichever its writers use.
+		// connection (a file: URI's mode=ro; SQLite reads no mode from
+		// a plain path's parameters) cannot switch the file's journal,
+		// and need not: it reads the file in whichever its writers use.
 		sep := "?"
 		if hasParams {
 			sep = "&"
 		}
 		pragmas := "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
-		if q, _ := url.ParseQuery(params); q.Get("mode") == "ro" {
+		if q, _ := url.ParseQuery(params); strings.HasPrefix(name, "file:") && q.Get("mode") == "ro" {
 			pragmas = "_pragma=busy_timeout(10000)"
 		}
 		dsn := u.Path + sep + pragmas
