@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,15 @@ import (
 // check or a command on a server that stopped answering ends with its
 // caller's bound rather than go-redis's read timeout and retries.
 type Opener struct {
+	// KeepSchema, set before the first open, has the SQL opens change no
+	// schema: they migrate no table, and fail, saying so, when the table
+	// the Locker or the Store reads is not there. A tool that only looks
+	// at what services wrote, or changes their rows (an operator's), then
+	// needs no right but to read (and write) rows, and works on a
+	// read-only connection: a replica, a role granted SELECT alone, a
+	// read-only SQLite file.
+	KeepSchema bool
+
 	sql     map[string]*gorm.DB
 	redis   map[string]goredis.UniversalClient
 	etcd    map[string]*clientv3.Client
@@ -110,7 +120,7 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 	switch u.Scheme {
 	case "sqlite":
 		// SQLite reports a missing directory as "out of memory (14)".
-		name, _, hasParams := strings.Cut(u.Path, "?")
+		name, params, hasParams := strings.Cut(u.Path, "?")
 		if dir := filepath.Dir(name); !strings.HasPrefix(name, "file:") {
 			if _, err := os.Stat(dir); err != nil {
 				return nil, fmt.Errorf("the directory of %s: %w", u.Path, err)
@@ -118,12 +128,19 @@ func (b *Opener) openSQL(ctx context.Context, u *URL) (*gorm.DB, error) {
 		}
 		// WAL and a busy timeout let several replicas share one file;
 		// they join the path's own parameters, if it has some (a second
-		// '?' would make them part of the value before it).
+		// '?' would make them part of the value before it). A read-only
+		// connection (a file: URI's mode=ro; SQLite reads no mode from
+		// a plain path's parameters) cannot switch the file's journal,
+		// and need not: it reads the file in whichever its writers use.
 		sep := "?"
 		if hasParams {
 			sep = "&"
 		}
-		dsn := u.Path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+		pragmas := "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+		if q, _ := url.ParseQuery(params); strings.HasPrefix(name, "file:") && q.Get("mode") == "ro" {
+			pragmas = "_pragma=busy_timeout(10000)"
+		}
+		dsn := u.Path + sep + pragmas
 		var err error
 		if sqlDB, err = sql.Open(sqlite.DriverName, dsn); err != nil {
 			return nil, err
@@ -351,8 +368,9 @@ func (b *Opener) openConsul(host string) (*consulapi.Client, error) {
 
 // Locker opens the lock backend u names, and checks that it answers (a
 // client that connects in the background would otherwise fail only at the
-// first lock). ttl is the lock TTL the program will use; ZooKeeper's
-// session timeout is set to it.
+// first lock), and migrates its tables on SQL, unless KeepSchema is set.
+// ttl is the lock TTL the program will use; ZooKeeper's session timeout is
+// set to it.
 func (b *Opener) Locker(ctx context.Context, u *URL, ttl time.Duration) (driver.Locker, error) {
 	l, err := b.locker(ctx, u, ttl)
 	if err != nil {
@@ -397,6 +415,9 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 			return nil, err
 		}
 		b.closers = append(b.closers, func() { l.Close() })
+		if b.KeepSchema {
+			return l, existing(ctx, db, "lock", sqllock.DefaultTable)
+		}
 		return l, l.Migrate(ctx)
 	case "redis":
 		c, err := b.openRedis(ctx, u.redis[0])
@@ -455,8 +476,25 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 // ErrNoStore: the backend has no idempotency store (RedLock).
 var ErrNoStore = errors.New("no idempotency store on this backend")
 
+// existing checks that table, the what table, is there and can be read,
+// for an Opener that keeps the schema: on a database no service has used
+// (a URL naming another one), every read would otherwise fail with the
+// driver's words alone.
+func existing(ctx context.Context, db *gorm.DB, what, table string) error {
+	tx := db.WithContext(ctx)
+	err := tx.Exec("SELECT 1 FROM " + tx.Statement.Quote(table) + " WHERE 1 = 0").Error
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() == nil && !tx.Migrator().HasTable(table) {
+		return fmt.Errorf("no %s table %s on this database that this user may see (no service has used the database, or the URL names another one; the schema is left as it is): %w",
+			what, table, err)
+	}
+	return driver.Unavailable(ctx, fmt.Errorf("reading the %s table %s: %w", what, table, err))
+}
+
 // Store opens the idempotency store u names (and migrates its table on
-// SQL), or returns an error wrapping ErrNoStore.
+// SQL, unless KeepSchema is set), or returns an error wrapping ErrNoStore.
 func (b *Opener) Store(ctx context.Context, u *URL) (idempotency.Store, error) {
 	s, err := b.store(ctx, u)
 	return s, u.RedactError(err)
@@ -474,6 +512,9 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		s, err := sqllock.NewStore(db)
 		if err != nil {
 			return nil, err
+		}
+		if b.KeepSchema {
+			return s, existing(ctx, db, "idempotency", sqllock.DefaultIdempotencyTable)
 		}
 		return s, s.Migrate(ctx)
 	case "redis":

@@ -17,12 +17,15 @@ import (
 
 // TestSQLiteParametersKeepPragmas: a path with parameters of its own (a
 // file: URI, ?cache=shared) still gets the WAL journal and the busy
-// timeout that let several processes share the file, and opens.
+// timeout that let several processes share the file, and opens; so does a
+// plain path with ?mode=ro, from which SQLite reads no mode (only a file:
+// URI's is read, and makes the connection read-only).
 func TestSQLiteParametersKeepPragmas(t *testing.T) {
 	dir := t.TempDir()
 	for _, path := range []string{
 		filepath.Join(dir, "plain.db"),
 		filepath.Join(dir, "shared.db") + "?cache=shared",
+		filepath.Join(dir, "plain-ro.db") + "?mode=ro",
 		"file:" + filepath.Join(dir, "uri.db") + "?mode=rwc",
 	} {
 		u, err := Parse("sqlite://" + path)

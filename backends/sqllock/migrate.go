@@ -11,7 +11,9 @@ import (
 )
 
 // Migrate creates or updates the lock table and the fence table with gorm's
-// AutoMigrate. It is safe to run from several processes at once.
+// AutoMigrate. It is safe to run from several processes at once. On tables
+// that are up to date it only reads, so that a role that may read and
+// write their rows, and not alter them, can run it at every start.
 //
 // On MySQL and MariaDB it also converts the key columns (the lock table's
 // name, the fence table's resource) of tables created by earlier versions
@@ -49,6 +51,14 @@ const lockFillfactor = 50
 // 600-950ms without on the machine this was measured on. The setting only
 // takes a lock that lets reads and writes go on, and governs the pages
 // written from then on: rows move into such pages as they are updated.
+//
+// The setting is read first (pg_class.reloptions, which every role may
+// read), and set only when it differs: ALTER TABLE needs the table's
+// owner, and a read-only transaction refuses it, so that setting it at
+// every start kept a service whose role may only read and write the rows
+// (the owner being another, which made the table) from starting, and made
+// each start wait for a VACUUM of the table, whose lock its lock conflicts
+// with.
 func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "postgres" {
 		return nil
@@ -57,8 +67,18 @@ func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) e
 	if err != nil {
 		return err
 	}
+	tx := db.WithContext(ctx)
+	var set int64
+	err = tx.Raw("SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND ? = ANY(reloptions)",
+		quoted, fmt.Sprintf("fillfactor=%d", lockFillfactor)).Scan(&set).Error
+	if err != nil {
+		return unavailable(ctx, fmt.Errorf("migrate %s: reading its fillfactor: %w", table, err))
+	}
+	if set > 0 {
+		return nil
+	}
 	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
-	if err := db.WithContext(ctx).Exec(alter).Error; err != nil {
+	if err := tx.Exec(alter).Error; err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
 	}
 	return nil

@@ -17,7 +17,10 @@
 // password need not be in the command's arguments, which ps shows to
 // every user of the machine (-store "" names the lock backend's own
 // store over $WARDEN_STORE, which only the idem commands read). A
-// sqlite:// file must exist: the command makes no database. Keys are
+// sqlite:// file must exist, and a SQL backend's tables too: the command
+// makes no database and changes no schema, so that a user that may only
+// read the tables (a replica, a read-only SQLite file) can look, and one
+// that may write their rows can release and delete. Keys are
 // named as the services name them, under their Guard's prefix (-prefix,
 // "warden:" by default, like guard.New's), not as the backend stores
 // them: locks show, ls and release of a name that starts with the prefix,
@@ -148,9 +151,9 @@ type cli struct {
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
 	timeout   time.Duration
-	deadline  time.Time // the end of the current bound on the backend's part
-	abandoned bool      // a call outlived its bound, and may still use the clients
-	g         *guard.Guard
+	deadline  time.Time    // the end of the current bound on the backend's part
+	abandoned bool         // a call outlived its bound, and may still use the clients
+	g         *guard.Guard // nil for the idem commands, which need no lock backend
 	store     func(context.Context) (idempotency.Store, error)
 	change    *change // what a release or delete says when it fails; nil for the other commands
 }
@@ -267,8 +270,12 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 
 	c.restartBound()
 	o := backendurl.NewOpener()
+	// Looking needs no right to change the schema, nor does a release (a
+	// replica, an auditor's role); a database no service has used is
+	// refused rather than given tables.
+	o.KeepSchema = true
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st) }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st, cmd[0] == "idem") }); err != nil {
 		return c.change.before(ctx, err)
 	}
 	return do(ctx)
@@ -323,22 +330,11 @@ func parseStore(flagged bool, s string) store {
 	return st
 }
 
-// open opens the lock backend and, when a command asks for it, the store.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store) error {
-	// The TTL only sizes ZooKeeper's session; nothing is locked here.
-	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
-	if err != nil {
-		return fmt.Errorf("%s: %w", lockURL, err)
-	}
-	// The command's own output is the record of what it did.
-	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
-		guard.WithLogger(slog.New(slog.DiscardHandler))}
-	if lockURL.Scheme == "etcd" {
-		opts = append(opts, guard.WithTTL(60*time.Second))
-	}
-	if c.g, err = guard.New(locker, opts...); err != nil {
-		return badInput("%v", err)
-	}
+// open opens the lock backend, unless idem is set, and, when a command
+// asks for it, the store. The idem commands leave the lock backend alone:
+// a database whose services keep idempotency records and take no locks has
+// no lock table, which would fail the open.
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store, idem bool) error {
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
 		if st.err != nil {
 			return nil, st.err
@@ -354,6 +350,23 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, err)
 		}
 		return s, nil
+	}
+	if idem {
+		return nil
+	}
+	// The TTL only sizes ZooKeeper's session; nothing is locked here.
+	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("%s: %w", lockURL, err)
+	}
+	// The command's own output is the record of what it did.
+	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
+		guard.WithLogger(slog.New(slog.DiscardHandler))}
+	if lockURL.Scheme == "etcd" {
+		opts = append(opts, guard.WithTTL(60*time.Second))
+	}
+	if c.g, err = guard.New(locker, opts...); err != nil {
+		return badInput("%v", err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/go-zookeeper/zk"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -148,8 +149,8 @@ func (ch *change) sent(ctx context.Context, err error) error {
 	return err
 }
 
-// notSent is the failure of a change's request that never left the
-// client, which changed nothing.
+// notSent is the failure of a change's request that changed nothing: it
+// never left the client, or the database refused it before running it.
 type notSent struct{ error }
 
 func (e notSent) Unwrap() error { return e.error }
@@ -166,13 +167,35 @@ func (e notSent) Unwrap() error { return e.error }
 // is the request's own. No other error proves it: a request written on a
 // connection that then broke may have run. etcd's client waits for a
 // member until the bound ends, with an error that does not say whether
-// one was reached: etcd's stay "may have been".
+// one was reached: etcd's stay "may have been". A SQL database's refusal
+// of the write for the connection's or the user's sake (refusedWrite) is
+// treated alike: it ran nothing.
 func notSentOr(err error) error {
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" || pgconn.SafeToRetry(err) || errors.Is(err, zk.ErrNoServer) {
+	if errors.As(err, &op) && op.Op == "dial" || pgconn.SafeToRetry(err) || errors.Is(err, zk.ErrNoServer) || refusedWrite(err) {
 		return notSent{err}
 	}
 	return err
+}
+
+// refusedWrite reports whether err is a SQL database's refusal to run a
+// write on a read-only connection (a replica, a read-only transaction or
+// server, an SQLite file opened read-only) or for a user not granted it:
+// checked before the statement runs, it changed nothing.
+func refusedWrite(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		// read_only_sql_transaction, insufficient_privilege
+		return pg.Code == "25006" || pg.Code == "42501"
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		// a read-only transaction, a command denied, --read-only
+		return my.Number == 1792 || my.Number == 1142 || my.Number == 1290
+	}
+	// SQLite's driver: SQLITE_READONLY, or one of its extended codes.
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 8
 }
 
 // unanswered reports whether err is a failure in which the backend's answer

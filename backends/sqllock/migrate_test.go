@@ -1,0 +1,68 @@
+package sqllock_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/backends/sqllock"
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// TestMigrateAsRowWriter: on PostgreSQL, Migrate on tables that are up to
+// date changes nothing, so that a service whose role may read and write
+// the rows, and not alter the tables it does not own, starts: it set the
+// lock table's fillfactor at every run, which only the owner may. A
+// fillfactor another changed is set again, by the owner.
+func TestMigrateAsRowWriter(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("rowwriter_%d", time.Now().UnixNano())
+	owner := migrated(t, db, dsn, sqllock.WithTable(table))
+	t.Cleanup(func() { owner.Exec("DROP TABLE " + table) })
+	role := table + "_role"
+	tables := table + ", " + sqllock.DefaultFenceTable
+	for _, s := range []string{
+		"CREATE ROLE " + role + " LOGIN PASSWORD 'rw-Pass-3'",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + tables + " TO " + role,
+	} {
+		if err := owner.Exec(s).Error; err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	t.Cleanup(func() {
+		owner.Exec("REVOKE ALL ON " + tables + " FROM " + role)
+		owner.Exec("DROP ROLE " + role)
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "rw-Pass-3")
+	ctx := context.Background()
+	l := newLocker(t, openDB(t, db, u.String()), sqllock.WithTable(table))
+	if err := l.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate as a role that may write the rows of up-to-date tables: %v", err)
+	}
+	lease, err := l.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := owner.Exec("ALTER TABLE " + table + " SET (fillfactor = 70)").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := newLocker(t, owner, sqllock.WithTable(table)).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var options string
+	owner.Raw("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = to_regclass(?)", table).Scan(&options)
+	if options != "fillfactor=50" {
+		t.Errorf("the lock table's options after Migrate: %q; want fillfactor=50", options)
+	}
+}
