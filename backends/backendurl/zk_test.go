@@ -48,23 +48,11 @@ func TestZKCredentialsParsed(t *testing.T) {
 	}
 }
 
-// TestZKCredentials opens a Locker and a Store from a zk:// URL with a
-// digest user's credentials on the test server: their nodes are that
-// user's alone, which a connection without the credentials may not read,
-// and a Locker with a wrong password is refused a lock whose nodes they
-// are, with an error that does not show the password.
-func TestZKCredentials(t *testing.T) {
-	hosts := drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	anon, _, err := zk.Connect(strings.Split(hosts, ","), 10*time.Second, zk.WithLogger(quietZK{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer anon.Close()
-	// The roots, and the store's buckets, the first user to need them
-	// makes with its own ACL: made here with the world's, they stay open
-	// to the tests that run without credentials.
+// sharedRoots makes the roots, and the store's buckets, which the first
+// user to need them makes with its own ACL: made with the world's, they
+// stay open to the tests that run without credentials, or as another user.
+func sharedRoots(t *testing.T, anon *zk.Conn) {
+	t.Helper()
 	shared := []string{"/warden", "/warden/locks", "/warden/idem"}
 	for i := range 256 {
 		shared = append(shared, fmt.Sprintf("/warden/idem/%02x", i))
@@ -74,8 +62,34 @@ func TestZKCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
 
-	u, err := Parse("zk://alice:" + url.QueryEscape(zkPassword) + "@" + hosts)
+// TestZKCredentials opens a Locker and a Store from a zk:// URL with a
+// digest user's credentials on the test server: their nodes are that
+// user's alone, which a connection without the credentials may not read,
+// and a Locker with a wrong password is refused a lock whose nodes they
+// are, with an error that does not show the password. So it goes with a
+// password the server hashes otherwise than the client would: not UTF-8,
+// which the server decodes with its charset, so that the bytes it hashes
+// are not the URL's.
+func TestZKCredentials(t *testing.T) {
+	for name, password := range map[string]string{"url characters": url.QueryEscape(zkPassword), "not UTF-8": "p%FFw%FE"} {
+		t.Run(name, func(t *testing.T) { testZKCredentials(t, password) })
+	}
+}
+
+func testZKCredentials(t *testing.T, password string) {
+	hosts := drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	anon, _, err := zk.Connect(strings.Split(hosts, ","), 10*time.Second, zk.WithLogger(quietZK{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	sharedRoots(t, anon)
+
+	u, err := Parse("zk://alice:" + password + "@" + hosts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,22 +54,20 @@ type credential struct {
 	auth   []byte
 }
 
-// digestID is the id a digest credential gives a session ("user:" and the
-// base64 of the SHA-1 of user:password), as a digest ACL names it; "" for
-// a credential of another scheme.
-func (c credential) digestID() string {
+// digestUser is the user of a digest credential, and "" for a credential
+// of another scheme.
+func (c credential) digestUser() string {
 	if c.scheme != "digest" {
 		return ""
 	}
-	user, password, _ := strings.Cut(string(c.auth), ":")
-	return zk.DigestACL(0, user, password)[0].ID
+	user, _, _ := strings.Cut(string(c.auth), ":")
+	return user
 }
 
 // String names the credential without its secret: the scheme, and a
 // digest's user.
 func (c credential) String() string {
-	if c.scheme == "digest" {
-		user, _, _ := strings.Cut(string(c.auth), ":")
+	if user := c.digestUser(); user != "" {
 		return fmt.Sprintf("digest user %q", user)
 	}
 	return fmt.Sprintf("scheme %q", c.scheme)
@@ -178,6 +176,14 @@ func (c *credentials) readAnswers(in *bufio.Reader) error {
 // identity world:anyone, its address's (ip), and its credentials'; an ACL
 // is judged as the server enforces it for a user who is not its super
 // user, on a server whose ACLs are not switched off (skipACL).
+//
+// A digest entry is judged by its user alone: its hash is the server's to
+// compute (SHA-1 or, with digestAlg, another algorithm, over the password
+// as the JVM's default charset decodes it), which the client cannot
+// reproduce. An entry for a user none of the credentials name is refused;
+// one for a credential's user is taken, and a password that does not give
+// its hash (a wrong one) is found out at the first request, which fails
+// with zk.ErrNoAuth.
 func checkOwnACL(acl []zk.ACL, creds []credential) error {
 	var create, del bool
 	for _, e := range acl {
@@ -202,8 +208,8 @@ func checkOwnACL(acl []zk.ACL, creds []credential) error {
 }
 
 // mayMatch reports whether ACL entry e may match a session with
-// credentials creds: a digest entry matches the id a digest credential
-// gives, "auth" any credentials; an ip entry may match the session's
+// credentials creds: a digest entry may match a digest credential of its
+// user, "auth" any credentials; an ip entry may match the session's
 // address, and whether an entry of another scheme (x509, sasl, a
 // provider of the server's own) matches is the server's to say.
 func mayMatch(e zk.ACL, creds []credential) bool {
@@ -213,7 +219,8 @@ func mayMatch(e zk.ACL, creds []credential) bool {
 	case "auth":
 		return len(creds) > 0
 	case "digest":
-		return slices.ContainsFunc(creds, func(c credential) bool { return c.digestID() == e.ID })
+		user, _, _ := strings.Cut(e.ID, ":")
+		return slices.ContainsFunc(creds, func(c credential) bool { return c.scheme == "digest" && c.digestUser() == user })
 	}
 	return true
 }

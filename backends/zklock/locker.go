@@ -126,10 +126,15 @@
 //	l, err := zklock.New(servers,
 //		zklock.WithRoot("/team/locks"),
 //		zklock.WithAuth("digest", []byte("alice:"+password)),
-//		zklock.WithACL(zk.DigestACL(zk.PermAll, "alice", password)...))
+//		zklock.WithACL(zk.AuthACL(zk.PermAll)...))
 //
-// (zk.AuthACL(zk.PermAll) is the same ACL, named by the session's
-// credentials.) The credentials go with every connection the Locker makes,
+// zk.AuthACL stands for the session's own credentials: the server writes
+// alice's digest ACL as it computes it. zk.DigestACL(zk.PermAll, "alice",
+// password) names the same user with a hash computed by the client (SHA-1
+// over the password's bytes), which is the server's only for a server
+// that uses SHA-1 (not digestAlg=SHA-256) and decodes the password to the
+// same bytes (an ASCII one, or UTF-8 on a server whose charset is UTF-8):
+// otherwise it grants no one, the Locker itself included. The credentials go with every connection the Locker makes,
 // before any request (see WithAuth); New refuses an ACL under which they
 // could not create and delete the Locker's nodes. A session without them
 // (or with a wrong password) is refused by the root's ACL: its calls fail
