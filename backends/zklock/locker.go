@@ -273,10 +273,21 @@ func checkACL(acl []zk.ACL) error {
 	}
 	for _, e := range acl {
 		if e.Perms&zk.PermCreate != 0 && !mayDelete(acl, e) {
-			return fmt.Errorf("%s:%s is granted create without delete (by no entry that matches it): every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+			return fmt.Errorf("%s is granted create without delete (by no entry that matches it): every node made with the ACL must be deletable by whoever may create it", entryName(e))
 		}
 	}
 	return nil
+}
+
+// entryName names ACL entry e's identity for an error: scheme:id, or for
+// a digest entry its user alone, whose id's hash (an unsalted one of the
+// password) an error must not show.
+func entryName(e zk.ACL) string {
+	if e.Scheme == "digest" {
+		user, _, _ := strings.Cut(e.ID, ":")
+		return fmt.Sprintf("digest user %q", user)
+	}
+	return e.Scheme + ":" + e.ID
 }
 
 // mayDelete reports whether an entry of acl grants delete to the identity
