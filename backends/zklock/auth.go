@@ -64,6 +64,13 @@ func (c credential) digestUser() string {
 	return user
 }
 
+// authenticated reports whether c gives the session an identity the
+// server writes in place of an "auth" entry: one its provider calls
+// authenticated. The ip provider's is not (it names the client's address,
+// which every session has); a provider the Locker does not know (sasl,
+// x509, the server's own) is taken to give one.
+func (c credential) authenticated() bool { return c.scheme != "ip" }
+
 // String names the credential without its secret: the scheme, and a
 // digest's user.
 func (c credential) String() string {
@@ -187,10 +194,14 @@ func (c *credentials) readAnswers(in *bufio.Reader) error {
 func checkOwnACL(acl []zk.ACL, creds []credential) error {
 	var create, del bool
 	for _, e := range acl {
-		if e.Scheme == "auth" && len(creds) == 0 {
-			// The server replaces "auth" by the session's identities,
-			// and refuses the ACL when there are none.
-			return errors.New(`the "auth" scheme (zk.AuthACL) stands for the session's credentials, and the Locker has none: add them with WithAuth`)
+		if e.Scheme == "auth" && !slices.ContainsFunc(creds, credential.authenticated) {
+			// The server replaces "auth" by the session's authenticated
+			// identities, and refuses the ACL (zk.ErrInvalidACL) when
+			// there are none.
+			if len(creds) == 0 {
+				return errors.New(`the "auth" scheme (zk.AuthACL) stands for the session's credentials, and the Locker has none: add them with WithAuth`)
+			}
+			return fmt.Errorf(`the "auth" scheme (zk.AuthACL) stands for the session's authenticated identities, and the credentials of %s give none (ip names the client's address, which "auth" does not stand for): add a user's with WithAuth, or name the address in an ip entry`, describe(creds))
 		}
 		if mayMatch(e, creds) {
 			create = create || e.Perms&zk.PermCreate != 0
@@ -217,7 +228,7 @@ func mayMatch(e zk.ACL, creds []credential) bool {
 	case "world":
 		return e.ID == "anyone"
 	case "auth":
-		return len(creds) > 0
+		return slices.ContainsFunc(creds, credential.authenticated)
 	case "digest":
 		user, _, _ := strings.Cut(e.ID, ":")
 		return slices.ContainsFunc(creds, func(c credential) bool { return c.scheme == "digest" && c.digestUser() == user })

@@ -114,7 +114,8 @@ func TestWithAuth(t *testing.T) {
 // TestNewJudgesACLWithCredentials: New refuses an ACL under which the
 // Locker's session, with the credentials WithAuth gives it, could not
 // create and delete its nodes (a digest ACL for a user it has no
-// credentials of; zk.AuthACL without credentials), naming the credentials
+// credentials of; zk.AuthACL without credentials, or with ip ones, which
+// give no authenticated identity), naming the credentials
 // and none of their secrets, and takes those it may use: a digest ACL of
 // a credential's user is taken whatever its hash, which the server
 // computes (SHA-256 with digestAlg).
@@ -130,6 +131,9 @@ func TestNewJudgesACLWithCredentials(t *testing.T) {
 		{"digest ACL with another user's credentials", []Option{WithAuth("digest", []byte("bob:"+wrongPass)), WithACL(alice...)}, `digest user "bob"`},
 		{"digest ACL beside the world's create and delete", []Option{WithACL(alice[0], zk.WorldACL(zk.PermCreate | zk.PermDelete)[0], world[0])}, ""},
 		{"auth ACL without credentials", []Option{WithACL(zk.AuthACL(zk.PermAll)...)}, "WithAuth"},
+		// The ip provider gives no authenticated identity: the server
+		// would refuse every node's ACL (zk.ErrInvalidACL).
+		{"auth ACL with ip credentials", []Option{WithAuth("ip", []byte("127.0.0.1")), WithACL(zk.AuthACL(zk.PermAll)...)}, `scheme "ip"`},
 		{"read only to the world", []Option{WithACL(append(world, zk.DigestACL(zk.PermAll, "bob", authPassword)...)...), digestAuth(authPassword)}, `digest user "alice"`},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, append(tc.opts, WithLogger(discard{}))...)

@@ -247,8 +247,8 @@ func checkRoot(path string) error {
 // (see checkACL), and so is one under which the Locker's own session, with
 // the credentials WithAuth gives it, could not create and delete (see
 // checkOwnACL): a digest ACL needs the digest credentials of its user,
-// and zk.AuthACL, which stands for the session's credentials, some
-// credentials.
+// and zk.AuthACL, which stands for the session's authenticated
+// identities, credentials that give one (a digest user's, not ip).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if err := checkACL(acl); err != nil {
