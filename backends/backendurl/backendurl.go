@@ -285,8 +285,11 @@ func Parse(s string) (*URL, error) {
 			u.password, _ = p.User.Password()
 		}
 	case "zk":
-		if p.Path != "" || p.RawQuery != "" {
+		if p.Path != "" {
 			return nil, fmt.Errorf("%s: zk:// takes a digest user's credentials and hosts only (a chroot is not supported)", u)
+		}
+		if p.RawQuery != "" {
+			return nil, fmt.Errorf("%s: zk:// takes a digest user's credentials and hosts only, no query parameters", u)
 		}
 		if p.User != nil {
 			if err := zkDigest(p.User); err != nil {
@@ -305,9 +308,11 @@ func Parse(s string) (*URL, error) {
 
 // zkDigest says why user cannot be a ZooKeeper digest user's credentials,
 // which ZooKeeper reads as user:password, the user up to the first ':'.
+// An empty password, which a URL gets by a stray ':', is refused as a
+// missing one.
 func zkDigest(user *url.Userinfo) error {
-	if _, ok := user.Password(); !ok || user.Username() == "" {
-		return errors.New("zk:// takes a digest user's credentials as user:password")
+	if password, _ := user.Password(); password == "" || user.Username() == "" {
+		return errors.New("zk:// takes a digest user's credentials as user:password, neither empty")
 	}
 	if strings.Contains(user.Username(), ":") {
 		return errors.New("a ZooKeeper digest user name has no ':'")

@@ -21,8 +21,9 @@ const zkPassword = "p@ss/w:rd%42"
 
 // TestZKCredentialsParsed: zk://user:password@hosts gives a digest user's
 // credentials, percent-decoded, and prints without them; a user without a
-// password, or whose name has a ':' (ZooKeeper would read the password
-// from there), is refused.
+// password or with an empty one, or whose name has a ':' (ZooKeeper would
+// read the password from there), is refused, and so are a path (a chroot)
+// and query parameters, each for what it is.
 func TestZKCredentialsParsed(t *testing.T) {
 	in := "zk://alice:" + url.QueryEscape(zkPassword) + "@127.0.0.1:1,[::1]:2"
 	u, err := Parse(in)
@@ -36,10 +37,14 @@ func TestZKCredentialsParsed(t *testing.T) {
 		t.Errorf("Parse(%q) prints as %s", in, got)
 	}
 	for in, want := range map[string]string{
-		"zk://alice@127.0.0.1:1":              "user:password",
-		"zk://:pw@127.0.0.1:1":                "user:password",
-		"zk://al%3Aice:s3cretpw@127.0.0.1:1":  "no ':'",
-		"zk://alice:s3cretpw@127.0.0.1:1/app": "chroot",
+		"zk://alice@127.0.0.1:1":                "user:password",
+		"zk://alice:@127.0.0.1:1":               "user:password",
+		"zk://:pw@127.0.0.1:1":                  "user:password",
+		"zk://al%3Aice:s3cretpw@127.0.0.1:1":    "no ':'",
+		"zk://alice:s3cretpw@127.0.0.1:1/app":   "chroot",
+		"zk://alice:s3cretpw@127.0.0.1:1?x=1":   "no query parameters",
+		"zk://alice:s3cretpw@127.0.0.1:1/?x=1":  "no query parameters",
+		"zk://alice:s3cretpw@127.0.0.1:1/a?x=1": "chroot",
 	} {
 		_, err := Parse(in)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
