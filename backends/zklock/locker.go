@@ -768,13 +768,19 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// sendCreds writes the setAuth requests of the credentials.
+// sendCreds writes the setAuth requests of the credentials. A write that
+// failed may have sent part of them: the connection is closed, so that the
+// client library's next request cannot follow a half-written packet, which
+// the server would read as its rest.
 func (c *sniffConn) sendCreds() error {
 	c.Conn.SetWriteDeadline(time.Now().Add(c.handshake))
 	_, err := c.Conn.Write(c.creds.requests)
 	c.Conn.SetWriteDeadline(time.Time{})
-	if err != nil && isTimeout(err) {
-		c.timedOut()
+	if err != nil {
+		if isTimeout(err) {
+			c.timedOut()
+		}
+		c.Conn.Close()
 	}
 	return err
 }
