@@ -291,6 +291,36 @@ func TestRefusedCredentials(t *testing.T) {
 	}
 }
 
+// TestRefusedOnReconnect: a Locker holding a lease whose credentials the
+// server refuses when it connects again (a server that lost their
+// provider) declares the lease lost at once, as its session is not
+// reached again, and its calls fail with the refusal.
+func TestRefusedOnReconnect(t *testing.T) {
+	srv := servers(t)
+	secure, _ := secureRoot(t, srv)
+	p := startCutProxy(t, srv[0])
+	l := dial(t, []string{p.addr}, WithRoot(secure+"/locks"), digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...),
+		// A session that outlives the test: only the refusal ends the
+		// lease.
+		WithSessionTimeout(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.refuseAuth.Store(true)
+	p.kick()
+	select {
+	case <-sessionDone(held):
+	case <-ctx.Done():
+		t.Fatal("the lease was not declared lost after the credentials were refused")
+	}
+	if err := l.Ping(ctx); !errors.Is(err, zk.ErrAuthFailed) {
+		t.Errorf("Ping after the refusal: %v, want zk.ErrAuthFailed", err)
+	}
+}
+
 // TestCredentialsKeptOnReconnect: the credentials go with every
 // connection of the Locker: after a restart of its server, the session
 // taken up again releases a lease under a root only its user may use;
