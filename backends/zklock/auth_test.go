@@ -195,6 +195,32 @@ func refusedAtOnce(ctx context.Context, t *testing.T, l *Locker) error {
 	return err
 }
 
+// TestServerHashedDigestACL: on a server whose digest provider uses
+// SHA-256, a Locker locks and releases with a digest ACL of its user as
+// the server hashes it, which New takes, and with zk.AuthACL; one with a
+// wrong password, which New takes too, is refused at its first request.
+func TestServerHashedDigestACL(t *testing.T) {
+	srv := []string{startServer(t, "-Dzookeeper.DigestAuthenticationProvider.digestAlg=SHA-256").addr}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sha256ACL := zk.ACL{Perms: zk.PermAll, Scheme: "digest", ID: authUser + ":" + sha256Digest(authUser+":"+authPassword)}
+	for name, acl := range map[string]zk.ACL{"sha256": sha256ACL, "auth": zk.AuthACL(zk.PermAll)[0]} {
+		root := WithRoot("/" + name)
+		l := dial(t, srv, root, digestAuth(authPassword), WithACL(acl))
+		held, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("%s ACL: Acquire: %v", name, err)
+		}
+		wrong := dial(t, srv, root, digestAuth(wrongPass), WithACL(acl))
+		if err := refusedAtOnce(ctx, t, wrong); !errors.Is(err, zk.ErrNoAuth) {
+			t.Errorf("%s ACL: Acquire with a wrong password: %v, want zk.ErrNoAuth", name, err)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Errorf("%s ACL: Release: %v", name, err)
+		}
+	}
+}
+
 // TestDigestRoot: under a root only a digest user may use, a Locker with
 // that user's credentials, and an ACL of that user's on its nodes, locks
 // and releases; one without credentials, or with a wrong password, is
