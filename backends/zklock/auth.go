@@ -220,9 +220,9 @@ func checkOwnACL(acl []zk.ACL, creds []credential) error {
 
 // mayMatch reports whether ACL entry e may match a session with
 // credentials creds: a digest entry may match a digest credential of its
-// user, "auth" any credentials; an ip entry may match the session's
-// address, and whether an entry of another scheme (x509, sasl, a
-// provider of the server's own) matches is the server's to say.
+// user, "auth" credentials that authenticate; an ip entry may match the
+// session's address, and whether an entry of another scheme (x509, sasl,
+// a provider of the server's own) matches is the server's to say.
 func mayMatch(e zk.ACL, creds []credential) bool {
 	switch e.Scheme {
 	case "world":
