@@ -7,10 +7,20 @@
 // etcd://[user:pass@]host:port[,...], zk://[user:pass@]host:port[,...]
 // (a ZooKeeper digest user's credentials: the Locker and the store
 // authenticate as that user, and the nodes they create are that user's
-// alone) and consul://host:port (an agent's HTTP address); a host may be
-// an IPv6 literal, [::1]:2379. The example service and the warden CLI
-// both use it; it links every backend and its client, so a program that
-// needs one backend imports that backend instead.
+// alone, zk.AuthACL) and consul://host:port (an agent's HTTP address); a
+// host may be an IPv6 literal, [::1]:2379. The example service and the
+// warden CLI both use it; it links every backend and its client, so a
+// program that needs one backend imports that backend instead.
+//
+// The nodes a zk:// URL's user creates first are the roots too (/warden,
+// /warden/locks, /warden/idem and the store's buckets): another user, or a
+// URL without credentials, is refused every lock and record under them
+// (zk.ErrNoAuth), and the warden CLI's locks ls fails as a whole on one
+// lock of another user's. Every service and operator sharing these locks
+// uses the same user. Several users sharing them need an ACL naming them
+// all, which a URL cannot give: zklock.WithACL and zklock.WithStoreACL in
+// code (with the roots created with it), or zklock.WithRoot and
+// zklock.WithStoreRoot for a root per user.
 //
 // A URL prints redacted (String): its user info, the values of its query
 // parameters whose names say "pass" (pgx reads ?password=), and the whole
@@ -275,8 +285,11 @@ func Parse(s string) (*URL, error) {
 			u.password, _ = p.User.Password()
 		}
 	case "zk":
-		if p.Path != "" || p.RawQuery != "" {
+		if p.Path != "" {
 			return nil, fmt.Errorf("%s: zk:// takes a digest user's credentials and hosts only (a chroot is not supported)", u)
+		}
+		if p.RawQuery != "" {
+			return nil, fmt.Errorf("%s: zk:// takes a digest user's credentials and hosts only, no query parameters", u)
 		}
 		if p.User != nil {
 			if err := zkDigest(p.User); err != nil {
@@ -295,9 +308,11 @@ func Parse(s string) (*URL, error) {
 
 // zkDigest says why user cannot be a ZooKeeper digest user's credentials,
 // which ZooKeeper reads as user:password, the user up to the first ':'.
+// An empty password, which a URL gets by a stray ':', is refused as a
+// missing one.
 func zkDigest(user *url.Userinfo) error {
-	if _, ok := user.Password(); !ok || user.Username() == "" {
-		return errors.New("zk:// takes a digest user's credentials as user:password")
+	if password, _ := user.Password(); password == "" || user.Username() == "" {
+		return errors.New("zk:// takes a digest user's credentials as user:password, neither empty")
 	}
 	if strings.Contains(user.Username(), ":") {
 		return errors.New("a ZooKeeper digest user name has no ':'")

@@ -326,9 +326,14 @@ func (b *Opener) openZK(ctx context.Context, u *URL) (*zk.Conn, error) {
 // digest is u's digest credentials, as ZooKeeper takes them.
 func (u *URL) digest() []byte { return []byte(u.username + ":" + u.password) }
 
-// digestACL is the ACL of the nodes made with u's digest credentials:
-// theirs alone, as the ensemble that asks for them would have it.
-func (u *URL) digestACL() []zk.ACL { return zk.DigestACL(zk.PermAll, u.username, u.password) }
+// userACL is the ACL of the nodes made with u's digest credentials: their
+// user's alone, as the ensemble that asks for them would have it. It is
+// zk.AuthACL, which the server writes as the user's digest ACL with the
+// hash it computes itself: zk.DigestACL's, SHA-1 over the password's
+// bytes, differs from it on a server with another algorithm (digestAlg)
+// or that decodes the password otherwise (a non-ASCII one under a charset
+// other than UTF-8), and would lock every session out, the creator's too.
+func userACL() []zk.ACL { return zk.AuthACL(zk.PermAll) }
 
 // addDigest adds u's digest credentials to c. Conn.AddAuth waits for the
 // session and takes no context: it is waited for within ctx, and at most
@@ -450,7 +455,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 	case "zk":
 		opts := []zklock.Option{zklock.WithSessionTimeout(ttl), zklock.WithLogger(quietZK{})}
 		if u.username != "" {
-			opts = append(opts, zklock.WithAuth("digest", u.digest()), zklock.WithACL(u.digestACL()...))
+			opts = append(opts, zklock.WithAuth("digest", u.digest()), zklock.WithACL(userACL()...))
 		}
 		l, err := zklock.New(u.Hosts, opts...)
 		if err != nil {
@@ -540,7 +545,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 		}
 		var opts []zklock.StoreOption
 		if u.username != "" {
-			opts = append(opts, zklock.WithStoreACL(u.digestACL()...))
+			opts = append(opts, zklock.WithStoreACL(userACL()...))
 		}
 		s, err := zklock.NewStore(c, opts...)
 		if err != nil {

@@ -21,8 +21,9 @@ const zkPassword = "p@ss/w:rd%42"
 
 // TestZKCredentialsParsed: zk://user:password@hosts gives a digest user's
 // credentials, percent-decoded, and prints without them; a user without a
-// password, or whose name has a ':' (ZooKeeper would read the password
-// from there), is refused.
+// password or with an empty one, or whose name has a ':' (ZooKeeper would
+// read the password from there), is refused, and so are a path (a chroot)
+// and query parameters, each for what it is.
 func TestZKCredentialsParsed(t *testing.T) {
 	in := "zk://alice:" + url.QueryEscape(zkPassword) + "@127.0.0.1:1,[::1]:2"
 	u, err := Parse(in)
@@ -36,10 +37,14 @@ func TestZKCredentialsParsed(t *testing.T) {
 		t.Errorf("Parse(%q) prints as %s", in, got)
 	}
 	for in, want := range map[string]string{
-		"zk://alice@127.0.0.1:1":              "user:password",
-		"zk://:pw@127.0.0.1:1":                "user:password",
-		"zk://al%3Aice:s3cretpw@127.0.0.1:1":  "no ':'",
-		"zk://alice:s3cretpw@127.0.0.1:1/app": "chroot",
+		"zk://alice@127.0.0.1:1":                "user:password",
+		"zk://alice:@127.0.0.1:1":               "user:password",
+		"zk://:pw@127.0.0.1:1":                  "user:password",
+		"zk://al%3Aice:s3cretpw@127.0.0.1:1":    "no ':'",
+		"zk://alice:s3cretpw@127.0.0.1:1/app":   "chroot",
+		"zk://alice:s3cretpw@127.0.0.1:1?x=1":   "no query parameters",
+		"zk://alice:s3cretpw@127.0.0.1:1/?x=1":  "no query parameters",
+		"zk://alice:s3cretpw@127.0.0.1:1/a?x=1": "chroot",
 	} {
 		_, err := Parse(in)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
@@ -48,23 +53,11 @@ func TestZKCredentialsParsed(t *testing.T) {
 	}
 }
 
-// TestZKCredentials opens a Locker and a Store from a zk:// URL with a
-// digest user's credentials on the test server: their nodes are that
-// user's alone, which a connection without the credentials may not read,
-// and a Locker with a wrong password is refused a lock whose nodes they
-// are, with an error that does not show the password.
-func TestZKCredentials(t *testing.T) {
-	hosts := drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	anon, _, err := zk.Connect(strings.Split(hosts, ","), 10*time.Second, zk.WithLogger(quietZK{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer anon.Close()
-	// The roots, and the store's buckets, the first user to need them
-	// makes with its own ACL: made here with the world's, they stay open
-	// to the tests that run without credentials.
+// sharedRoots makes the roots, and the store's buckets, which the first
+// user to need them makes with its own ACL: made with the world's, they
+// stay open to the tests that run without credentials, or as another user.
+func sharedRoots(t *testing.T, anon *zk.Conn) {
+	t.Helper()
 	shared := []string{"/warden", "/warden/locks", "/warden/idem"}
 	for i := range 256 {
 		shared = append(shared, fmt.Sprintf("/warden/idem/%02x", i))
@@ -74,8 +67,34 @@ func TestZKCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
 
-	u, err := Parse("zk://alice:" + url.QueryEscape(zkPassword) + "@" + hosts)
+// TestZKCredentials opens a Locker and a Store from a zk:// URL with a
+// digest user's credentials on the test server: their nodes are that
+// user's alone, which a connection without the credentials may not read,
+// and a Locker with a wrong password is refused a lock whose nodes they
+// are, with an error that does not show the password. So it goes with a
+// password the server hashes otherwise than the client would: not UTF-8,
+// which the server decodes with its charset, so that the bytes it hashes
+// are not the URL's.
+func TestZKCredentials(t *testing.T) {
+	for name, password := range map[string]string{"url characters": url.QueryEscape(zkPassword), "not UTF-8": "p%FFw%FE"} {
+		t.Run(name, func(t *testing.T) { testZKCredentials(t, password) })
+	}
+}
+
+func testZKCredentials(t *testing.T, password string) {
+	hosts := drivertest.Addr(t, "WARDEN_ZK_SERVERS", "127.0.0.1:12181")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	anon, _, err := zk.Connect(strings.Split(hosts, ","), 10*time.Second, zk.WithLogger(quietZK{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	sharedRoots(t, anon)
+
+	u, err := Parse("zk://alice:" + password + "@" + hosts)
 	if err != nil {
 		t.Fatal(err)
 	}

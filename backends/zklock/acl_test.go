@@ -100,8 +100,9 @@ func TestUnreadableLeaseSendsNoWatchLoop(t *testing.T) {
 
 // TestNewRefusesACLWithoutDelete: an ACL that grants an identity create
 // but whose entries matching that identity grant no delete is refused by
-// New, naming the identity: the Locker would make nodes it could not
-// delete, its locks granted but never released while its session lived.
+// New, naming the identity (a digest entry's by its user, without the
+// hash of its password): the Locker would make nodes it could not delete,
+// its locks granted but never released while its session lived.
 // ZooKeeper combines the entries matching an identity, so create and delete
 // granted by two entries are taken, as are entries whose match New cannot
 // judge (ip ranges, "auth").
@@ -116,7 +117,7 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		{[]zk.ACL{world(zk.PermRead | zk.PermCreate | zk.PermWrite | zk.PermAdmin)}, "world:anyone"},
 		{[]zk.ACL{world(zk.PermCreate)}, "world:anyone"},
 		{[]zk.ACL{digest(zk.PermAll, "user"), world(zk.PermRead | zk.PermCreate)}, "world:anyone"},
-		{[]zk.ACL{digest(zk.PermCreate|zk.PermRead, "user"), digest(zk.PermDelete, "other")}, digest(0, "user").Scheme + ":" + digest(0, "user").ID},
+		{[]zk.ACL{digest(zk.PermCreate|zk.PermRead, "user"), digest(zk.PermDelete, "other")}, `digest user "user"`},
 		{[]zk.ACL{ip(zk.PermCreate, "10.1.2.3"), digest(zk.PermDelete, "user")}, "ip:10.1.2.3"},
 		// Two addresses, or ranges, that share none match no client in
 		// common: a lock taken from one could never be released.
@@ -131,6 +132,9 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		}
 		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.name+" is granted create without delete") {
 			t.Errorf("New with ACL %v: %v, want ErrInvalidOption naming %s and delete", tc.acl, err, tc.name)
+		}
+		if hash := shownHash(err, tc.acl); hash != "" {
+			t.Errorf("New with ACL %v: %v shows the digest hash %s", tc.acl, err, hash)
 		}
 	}
 	for _, acl := range [][]zk.ACL{
@@ -154,6 +158,17 @@ func TestNewRefusesACLWithoutDelete(t *testing.T) {
 		}
 		l.Close()
 	}
+}
+
+// shownHash returns the hash of a digest entry of acl that err shows, or
+// "".
+func shownHash(err error, acl []zk.ACL) string {
+	for _, e := range acl {
+		if _, hash, _ := strings.Cut(e.ID, ":"); e.Scheme == "digest" && strings.Contains(err.Error(), hash) {
+			return hash
+		}
+	}
+	return ""
 }
 
 // TestSplitGrantsRelease: with create and delete granted to world:anyone by

@@ -54,22 +54,27 @@ type credential struct {
 	auth   []byte
 }
 
-// digestID is the id a digest credential gives a session ("user:" and the
-// base64 of the SHA-1 of user:password), as a digest ACL names it; "" for
-// a credential of another scheme.
-func (c credential) digestID() string {
+// digestUser is the user of a digest credential, and "" for a credential
+// of another scheme.
+func (c credential) digestUser() string {
 	if c.scheme != "digest" {
 		return ""
 	}
-	user, password, _ := strings.Cut(string(c.auth), ":")
-	return zk.DigestACL(0, user, password)[0].ID
+	user, _, _ := strings.Cut(string(c.auth), ":")
+	return user
 }
+
+// authenticated reports whether c gives the session an identity the
+// server writes in place of an "auth" entry: one its provider calls
+// authenticated. The ip provider's is not (it names the client's address,
+// which every session has); a provider the Locker does not know (sasl,
+// x509, the server's own) is taken to give one.
+func (c credential) authenticated() bool { return c.scheme != "ip" }
 
 // String names the credential without its secret: the scheme, and a
 // digest's user.
 func (c credential) String() string {
-	if c.scheme == "digest" {
-		user, _, _ := strings.Cut(string(c.auth), ":")
+	if user := c.digestUser(); user != "" {
 		return fmt.Sprintf("digest user %q", user)
 	}
 	return fmt.Sprintf("scheme %q", c.scheme)
@@ -178,13 +183,25 @@ func (c *credentials) readAnswers(in *bufio.Reader) error {
 // identity world:anyone, its address's (ip), and its credentials'; an ACL
 // is judged as the server enforces it for a user who is not its super
 // user, on a server whose ACLs are not switched off (skipACL).
+//
+// A digest entry is judged by its user alone: its hash is the server's to
+// compute (SHA-1 or, with digestAlg, another algorithm, over the password
+// as the JVM's default charset decodes it), which the client cannot
+// reproduce. An entry for a user none of the credentials name is refused;
+// one for a credential's user is taken, and a password that does not give
+// its hash (a wrong one) is found out at the first request, which fails
+// with zk.ErrNoAuth.
 func checkOwnACL(acl []zk.ACL, creds []credential) error {
 	var create, del bool
 	for _, e := range acl {
-		if e.Scheme == "auth" && len(creds) == 0 {
-			// The server replaces "auth" by the session's identities,
-			// and refuses the ACL when there are none.
-			return errors.New(`the "auth" scheme (zk.AuthACL) stands for the session's credentials, and the Locker has none: add them with WithAuth`)
+		if e.Scheme == "auth" && !slices.ContainsFunc(creds, credential.authenticated) {
+			// The server replaces "auth" by the session's authenticated
+			// identities, and refuses the ACL (zk.ErrInvalidACL) when
+			// there are none.
+			if len(creds) == 0 {
+				return errors.New(`the "auth" scheme (zk.AuthACL) stands for the session's credentials, and the Locker has none: add them with WithAuth`)
+			}
+			return fmt.Errorf(`the "auth" scheme (zk.AuthACL) stands for the session's authenticated identities, and the credentials of %s give none (ip names the client's address, which "auth" does not stand for): add a user's with WithAuth, or name the address in an ip entry`, describe(creds))
 		}
 		if mayMatch(e, creds) {
 			create = create || e.Perms&zk.PermCreate != 0
@@ -202,18 +219,19 @@ func checkOwnACL(acl []zk.ACL, creds []credential) error {
 }
 
 // mayMatch reports whether ACL entry e may match a session with
-// credentials creds: a digest entry matches the id a digest credential
-// gives, "auth" any credentials; an ip entry may match the session's
-// address, and whether an entry of another scheme (x509, sasl, a
-// provider of the server's own) matches is the server's to say.
+// credentials creds: a digest entry may match a digest credential of its
+// user, "auth" credentials that authenticate; an ip entry may match the
+// session's address, and whether an entry of another scheme (x509, sasl,
+// a provider of the server's own) matches is the server's to say.
 func mayMatch(e zk.ACL, creds []credential) bool {
 	switch e.Scheme {
 	case "world":
 		return e.ID == "anyone"
 	case "auth":
-		return len(creds) > 0
+		return slices.ContainsFunc(creds, credential.authenticated)
 	case "digest":
-		return slices.ContainsFunc(creds, func(c credential) bool { return c.digestID() == e.ID })
+		user, _, _ := strings.Cut(e.ID, ":")
+		return slices.ContainsFunc(creds, func(c credential) bool { return c.scheme == "digest" && c.digestUser() == user })
 	}
 	return true
 }

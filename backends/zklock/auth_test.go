@@ -2,6 +2,8 @@ package zklock
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,6 +28,13 @@ const (
 
 func digestAuth(password string) Option {
 	return WithAuth("digest", []byte(authUser+":"+password))
+}
+
+// sha256Digest is the hash of a digest ACL's id on a server whose digest
+// provider uses SHA-256 (digestAlg).
+func sha256Digest(userPassword string) string {
+	sum := sha256.Sum256([]byte(userPassword))
+	return base64.StdEncoding.EncodeToString(sum[:])
 }
 
 // lines is a zk.Logger that keeps every line, the client library's too.
@@ -105,9 +114,11 @@ func TestWithAuth(t *testing.T) {
 // TestNewJudgesACLWithCredentials: New refuses an ACL under which the
 // Locker's session, with the credentials WithAuth gives it, could not
 // create and delete its nodes (a digest ACL for a user it has no
-// credentials of, or for a password other than its own; zk.AuthACL
-// without credentials), naming the credentials and none of their secrets,
-// and takes those it may use.
+// credentials of; zk.AuthACL without credentials, or with ip ones, which
+// give no authenticated identity), naming the credentials
+// and none of their secrets, and takes those it may use: a digest ACL of
+// a credential's user is taken whatever its hash, which the server
+// computes (SHA-256 with digestAlg).
 func TestNewJudgesACLWithCredentials(t *testing.T) {
 	alice := zk.DigestACL(zk.PermAll, authUser, authPassword)
 	world := zk.WorldACL(zk.PermRead)
@@ -118,9 +129,11 @@ func TestNewJudgesACLWithCredentials(t *testing.T) {
 	}{
 		{"digest ACL without credentials", []Option{WithACL(alice...)}, "without credentials"},
 		{"digest ACL with another user's credentials", []Option{WithAuth("digest", []byte("bob:"+wrongPass)), WithACL(alice...)}, `digest user "bob"`},
-		{"digest ACL with a wrong password", []Option{WithACL(alice...), digestAuth(wrongPass)}, `digest user "alice"`},
 		{"digest ACL beside the world's create and delete", []Option{WithACL(alice[0], zk.WorldACL(zk.PermCreate | zk.PermDelete)[0], world[0])}, ""},
 		{"auth ACL without credentials", []Option{WithACL(zk.AuthACL(zk.PermAll)...)}, "WithAuth"},
+		// The ip provider gives no authenticated identity: the server
+		// would refuse every node's ACL (zk.ErrInvalidACL).
+		{"auth ACL with ip credentials", []Option{WithAuth("ip", []byte("127.0.0.1")), WithACL(zk.AuthACL(zk.PermAll)...)}, `scheme "ip"`},
 		{"read only to the world", []Option{WithACL(append(world, zk.DigestACL(zk.PermAll, "bob", authPassword)...)...), digestAuth(authPassword)}, `digest user "alice"`},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, append(tc.opts, WithLogger(discard{}))...)
@@ -153,6 +166,10 @@ func TestNewJudgesACLWithCredentials(t *testing.T) {
 		{"auth ACL with credentials", []Option{WithACL(zk.AuthACL(zk.PermAll)...), digestAuth(authPassword)}},
 		{"auth ACL with credentials of another scheme", []Option{WithACL(zk.AuthACL(zk.PermAll)...), WithAuth("custom", []byte("token"))}},
 		{"digest ACL with several credentials", []Option{WithAuth("digest", []byte("bob:"+wrongPass)), digestAuth(authPassword), WithACL(alice...)}},
+		// The server's hash, which the client does not compute alike: a
+		// wrong password is found out at the first request.
+		{"digest ACL with another hash of its user's", []Option{WithACL(zk.ACL{Perms: zk.PermAll, Scheme: "digest", ID: authUser + ":" + sha256Digest(authUser+":"+authPassword)}), digestAuth(authPassword)}},
+		{"digest ACL with a wrong password", []Option{WithACL(alice...), digestAuth(wrongPass)}},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, append(tc.opts, WithLogger(discard{}))...)
 		if err != nil {
@@ -176,6 +193,32 @@ func refusedAtOnce(ctx context.Context, t *testing.T, l *Locker) error {
 		t.Fatalf("the refused Acquire waited until its context ended: %v", err)
 	}
 	return err
+}
+
+// TestServerHashedDigestACL: on a server whose digest provider uses
+// SHA-256, a Locker locks and releases with a digest ACL of its user as
+// the server hashes it, which New takes, and with zk.AuthACL; one with a
+// wrong password, which New takes too, is refused at its first request.
+func TestServerHashedDigestACL(t *testing.T) {
+	srv := []string{startServer(t, "-Dzookeeper.DigestAuthenticationProvider.digestAlg=SHA-256").addr}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sha256ACL := zk.ACL{Perms: zk.PermAll, Scheme: "digest", ID: authUser + ":" + sha256Digest(authUser+":"+authPassword)}
+	for name, acl := range map[string]zk.ACL{"sha256": sha256ACL, "auth": zk.AuthACL(zk.PermAll)[0]} {
+		root := WithRoot("/" + name)
+		l := dial(t, srv, root, digestAuth(authPassword), WithACL(acl))
+		held, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatalf("%s ACL: Acquire: %v", name, err)
+		}
+		wrong := dial(t, srv, root, digestAuth(wrongPass), WithACL(acl))
+		if err := refusedAtOnce(ctx, t, wrong); !errors.Is(err, zk.ErrNoAuth) {
+			t.Errorf("%s ACL: Acquire with a wrong password: %v, want zk.ErrNoAuth", name, err)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Errorf("%s ACL: Release: %v", name, err)
+		}
+	}
 }
 
 // TestDigestRoot: under a root only a digest user may use, a Locker with
@@ -271,6 +314,36 @@ func TestRefusedCredentials(t *testing.T) {
 	}
 	if shown := log.showing(secret); len(shown) > 0 {
 		t.Errorf("log lines show the credential: %q", shown)
+	}
+}
+
+// TestRefusedOnReconnect: a Locker holding a lease whose credentials the
+// server refuses when it connects again (a server that lost their
+// provider) declares the lease lost at once, as its session is not
+// reached again, and its calls fail with the refusal.
+func TestRefusedOnReconnect(t *testing.T) {
+	srv := servers(t)
+	secure, _ := secureRoot(t, srv)
+	p := startCutProxy(t, srv[0])
+	l := dial(t, []string{p.addr}, WithRoot(secure+"/locks"), digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...),
+		// A session that outlives the test: only the refusal ends the
+		// lease.
+		WithSessionTimeout(time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, err := l.Acquire(ctx, testKey(t), driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.refuseAuth.Store(true)
+	p.kick()
+	select {
+	case <-sessionDone(held):
+	case <-ctx.Done():
+		t.Fatal("the lease was not declared lost after the credentials were refused")
+	}
+	if err := l.Ping(ctx); !errors.Is(err, zk.ErrAuthFailed) {
+		t.Errorf("Ping after the refusal: %v, want zk.ErrAuthFailed", err)
 	}
 }
 

@@ -26,14 +26,17 @@ import (
 // transaction id (lastZxidSeen), as a server behind the client does. It
 // counts the connections that resumed a session without a transaction id
 // and went on after their handshake (blind): a client library's, which the
-// server may then answer from data older than the client saw.
+// server may then answer from data older than the client saw. With
+// refuseAuth, it answers the credentials of every connection with
+// AUTH_FAILED and closes it, as a server without their provider does.
 type cutProxy struct {
-	addr   string
-	target string
-	armed  atomic.Bool
-	cuts   atomic.Int32
-	frozen atomic.Bool
-	held   atomic.Int32 // connections accepted while frozen
+	addr       string
+	target     string
+	armed      atomic.Bool
+	refuseAuth atomic.Bool
+	cuts       atomic.Int32
+	frozen     atomic.Bool
+	held       atomic.Int32 // connections accepted while frozen
 	// handshakes to close unanswered: any, and those with a lastZxidSeen
 	turnAway, behind atomic.Int32
 	blind            atomic.Int32
@@ -172,6 +175,12 @@ func (p *cutProxy) answers(c, s net.Conn) {
 		}
 		if !first && n >= 4 && int32(binary.BigEndian.Uint32(frame[4:8])) > 0 && p.armed.CompareAndSwap(true, false) {
 			p.cuts.Add(1)
+			return
+		}
+		if !first && n >= replyHeader && int32(binary.BigEndian.Uint32(frame[4:8])) == authXid && p.refuseAuth.Load() {
+			code := int32(authFailCode)
+			binary.BigEndian.PutUint32(frame[4+12:], uint32(code))
+			c.Write(frame)
 			return
 		}
 		first = false

@@ -129,6 +129,7 @@ func TestStoreOptions(t *testing.T) {
 		{"not UTF-8", WithStoreRoot("/warden/i\xffdem"), "root"},
 		{"empty ACL", WithStoreACL(), "ACL"},
 		{"ACL granting create without delete", WithStoreACL(zk.ACL{Perms: zk.PermCreate | zk.PermRead | zk.PermWrite, Scheme: "world", ID: "anyone"}), "without delete"},
+		{"digest ACL granting create without delete", WithStoreACL(zk.DigestACL(zk.PermCreate|zk.PermRead, "user", "secret")...), `digest user "user" is granted create without delete`},
 		{"zero timeout", WithStoreRequestTimeout(0), "timeout"},
 		{"negative timeout", WithStoreRequestTimeout(-time.Second), "timeout"},
 		{"nil option", nil, "nil option"},
@@ -138,6 +139,9 @@ func TestStoreOptions(t *testing.T) {
 			t.Errorf("%s: got a store", c.what)
 		}
 		bad(c.what, err, c.mention)
+		if err != nil && (shownHash(err, zk.DigestACL(0, "user", "secret")) != "" || strings.Contains(err.Error(), "Locker")) {
+			t.Errorf("%s: %v shows the digest hash, or speaks of a Locker", c.what, err)
+		}
 	}
 
 	acl := zk.DigestACL(zk.PermAll, "user", "password")

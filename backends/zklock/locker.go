@@ -126,10 +126,15 @@
 //	l, err := zklock.New(servers,
 //		zklock.WithRoot("/team/locks"),
 //		zklock.WithAuth("digest", []byte("alice:"+password)),
-//		zklock.WithACL(zk.DigestACL(zk.PermAll, "alice", password)...))
+//		zklock.WithACL(zk.AuthACL(zk.PermAll)...))
 //
-// (zk.AuthACL(zk.PermAll) is the same ACL, named by the session's
-// credentials.) The credentials go with every connection the Locker makes,
+// zk.AuthACL stands for the session's own credentials: the server writes
+// alice's digest ACL as it computes it. zk.DigestACL(zk.PermAll, "alice",
+// password) names the same user with a hash computed by the client (SHA-1
+// over the password's bytes), which is the server's only for a server
+// that uses SHA-1 (not digestAlg=SHA-256) and decodes the password to the
+// same bytes (an ASCII one, or UTF-8 on a server whose charset is UTF-8):
+// otherwise it grants no one, the Locker itself included. The credentials go with every connection the Locker makes,
 // before any request (see WithAuth); New refuses an ACL under which they
 // could not create and delete the Locker's nodes. A session without them
 // (or with a wrong password) is refused by the root's ACL: its calls fail
@@ -242,8 +247,8 @@ func checkRoot(path string) error {
 // (see checkACL), and so is one under which the Locker's own session, with
 // the credentials WithAuth gives it, could not create and delete (see
 // checkOwnACL): a digest ACL needs the digest credentials of its user,
-// and zk.AuthACL, which stands for the session's credentials, some
-// credentials.
+// and zk.AuthACL, which stands for the session's authenticated
+// identities, credentials that give one (a digest user's, not ip).
 func WithACL(acl ...zk.ACL) Option {
 	return func(c *config) error {
 		if err := checkACL(acl); err != nil {
@@ -268,10 +273,21 @@ func checkACL(acl []zk.ACL) error {
 	}
 	for _, e := range acl {
 		if e.Perms&zk.PermCreate != 0 && !mayDelete(acl, e) {
-			return fmt.Errorf("%s:%s is granted create without delete (by no entry that matches it): every node a Locker creates must be deletable by it", e.Scheme, e.ID)
+			return fmt.Errorf("%s is granted create without delete (by no entry that matches it): every node made with the ACL must be deletable by whoever may create it", entryName(e))
 		}
 	}
 	return nil
+}
+
+// entryName names ACL entry e's identity for an error: scheme:id, or for
+// a digest entry its user alone, whose id's hash (an unsalted one of the
+// password) an error must not show.
+func entryName(e zk.ACL) string {
+	if e.Scheme == "digest" {
+		user, _, _ := strings.Cut(e.ID, ":")
+		return fmt.Sprintf("digest user %q", user)
+	}
+	return e.Scheme + ":" + e.ID
 }
 
 // mayDelete reports whether an entry of acl grants delete to the identity
@@ -752,13 +768,19 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// sendCreds writes the setAuth requests of the credentials.
+// sendCreds writes the setAuth requests of the credentials. A write that
+// failed may have sent part of them: the connection is closed, so that the
+// client library's next request cannot follow a half-written packet, which
+// the server would read as its rest.
 func (c *sniffConn) sendCreds() error {
 	c.Conn.SetWriteDeadline(time.Now().Add(c.handshake))
 	_, err := c.Conn.Write(c.creds.requests)
 	c.Conn.SetWriteDeadline(time.Time{})
-	if err != nil && isTimeout(err) {
-		c.timedOut()
+	if err != nil {
+		if isTimeout(err) {
+			c.timedOut()
+		}
+		c.Conn.Close()
 	}
 	return err
 }

@@ -70,6 +70,21 @@ func TestSniffConnReadsFramesBuffered(t *testing.T) {
 	}
 }
 
+// frame is body as a frame of ZooKeeper's protocol, after its length.
+func frame(body []byte) []byte {
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
+}
+
+// hello is a connect response: protocol version, a 4000 ms timeout,
+// session and password.
+func hello(session uint64) []byte {
+	b := binary.BigEndian.AppendUint32(nil, 0)
+	b = binary.BigEndian.AppendUint32(b, 4000)
+	b = binary.BigEndian.AppendUint64(b, session)
+	b = binary.BigEndian.AppendUint32(b, 16)
+	return frame(append(b, make([]byte, 16)...))
+}
+
 // TestSniffConnSendsCredentials: the credentials' setAuth requests are
 // written once the connect response has been read, before the client
 // library can write a request, and their answers are read and not passed
@@ -77,16 +92,6 @@ func TestSniffConnReadsFramesBuffered(t *testing.T) {
 // the scheme and not the credential; a connect response without a session
 // (it expired) sends nothing.
 func TestSniffConnSendsCredentials(t *testing.T) {
-	frame := func(body []byte) []byte {
-		return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
-	}
-	hello := func(session uint64) []byte {
-		b := binary.BigEndian.AppendUint32(nil, 0)
-		b = binary.BigEndian.AppendUint32(b, 4000)
-		b = binary.BigEndian.AppendUint64(b, session)
-		b = binary.BigEndian.AppendUint32(b, 16)
-		return frame(append(b, make([]byte, 16)...))
-	}
 	answer := func(xid, code int32) []byte {
 		b := binary.BigEndian.AppendUint32(nil, uint32(xid))
 		b = binary.BigEndian.AppendUint64(b, 0)
@@ -156,5 +161,43 @@ func TestSniffConnSendsCredentials(t *testing.T) {
 				t.Fatalf("read after AUTH_FAILED: %v, want the refusal naming the user and not the password", err)
 			}
 		})
+	}
+}
+
+// TestSniffConnClosesOnHalfSentCredentials: when the credentials' setAuth
+// requests could not be written whole (the server stopped reading until
+// the write timed out), the connection is closed, so that no request of
+// the client library's goes after a half-written packet, which the server
+// would read as a part of it.
+func TestSniffConnClosesOnHalfSentCredentials(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	server.SetDeadline(time.Now().Add(10 * time.Second))
+	var creds credentials
+	creds.set([]credential{{scheme: "digest", auth: []byte("u:s3cretpw")}})
+	timedOut := make(chan struct{})
+	sc := newSniffConn(client, 50*time.Millisecond, func() { close(timedOut) }, func(int32) {})
+	sc.creds, sc.helloLeft = &creds, -1
+	after := make(chan []byte, 1)
+	go func() {
+		server.Write(hello(0x1234))
+		io.ReadFull(server, make([]byte, len(creds.requests)/2))
+		<-timedOut
+		// What the server reads once the write gave up.
+		rest, _ := io.ReadAll(server)
+		after <- rest
+	}()
+	if _, err := io.ReadFull(sc, make([]byte, len(hello(0x1234)))); err != nil {
+		t.Fatalf("connect response: %v", err)
+	}
+	if _, err := sc.Read(make([]byte, 4)); err == nil {
+		t.Fatal("read after a half-written setAuth succeeded")
+	}
+	if _, err := sc.Write(frame([]byte("next request"))); err == nil {
+		t.Error("a write after the half-written setAuth went through")
+	}
+	if got := <-after; len(got) != 0 {
+		t.Errorf("the server read %q after the half-written setAuth", got)
 	}
 }
