@@ -26,12 +26,12 @@ import (
 // server has answered the handshake and before any request of its own, so
 // that a session is never seen without them: on its first connection, on
 // each that takes the session up again after an outage, and on those of a
-// new session after an expiry or a server that lost its data. An ensemble that refuses them
-// (AUTH_FAILED: no provider for the scheme, or one that says no) closes
-// the connection: the Locker then makes no further connection, as
-// ZooKeeper's own client stops, and every call fails at once with an error
-// wrapping driver.ErrInvalidOption and zk.ErrAuthFailed that names the
-// scheme. A digest provider refuses nothing: a wrong password gives an
+// new session after an expiry or a server that lost its data. An ensemble
+// that refuses them (AUTH_FAILED: no provider for the scheme, or one that
+// says no) closes the connection: the Locker then makes no further
+// connection, as ZooKeeper's own client stops, and every call fails at
+// once with an error wrapping driver.ErrInvalidOption and zk.ErrAuthFailed
+// that names the scheme. A digest provider refuses nothing: a wrong password gives an
 // identity the ACL does not grant, and the requests it refuses fail with
 // zk.ErrNoAuth (see WithACL). Neither the credentials nor any part of them
 // but a digest user name appear in an error or a log line.
