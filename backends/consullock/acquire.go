@@ -182,6 +182,7 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	defer a.s.pending(a.key)()
 	check := &api.KVTxnOp{Verb: api.KVCheckNotExists, Key: a.key}
 	if free != 0 {
 		check = &api.KVTxnOp{Verb: api.KVCheckIndex, Key: a.key, Index: free}

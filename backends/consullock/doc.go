@@ -150,6 +150,11 @@
 //     reports the lock free, and the next acquisition takes the key, at
 //     the cost of a read (as it does when another acquisition by the same
 //     Locker holds the lock, which the transaction cannot tell apart).
+//   - consul kv put -release -session=<id> (an unlock by the holder's
+//     session id) leaves the key without a session, so the lock is free
+//     while its holder goes on, as after a delete; when the holder's own
+//     Locker takes the key again, the earlier lease is revoked (its section
+//     cancelled) and its release leaves the later lease's key alone.
 //   - consul snapshot restore puts every key back as the snapshot had it:
 //     a lock acquired since is free while its holder goes on, unless its
 //     session is younger than the snapshot (the session is then gone, and

@@ -64,8 +64,11 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return l.fail(ctx, rctx, err)
 	}
-	if !le.holds(kv) {
-		return fmt.Errorf("%w: key gone", driver.ErrNotHeld)
+	le.s.mu.Lock()
+	revoked := le.revoked
+	le.s.mu.Unlock()
+	if !le.holds(kv) || revoked {
+		return fmt.Errorf("%w: key gone, or taken by a later acquisition", driver.ErrNotHeld)
 	}
 	return nil
 }
@@ -161,23 +164,28 @@ func (le *lease) Release(ctx context.Context) error {
 // over (consul kv put), which changes its ModifyIndex but keeps it
 // acquired by the session, whose renewal would keep it, and the lock, for
 // as long as the session lives. A key that is still the lease's holding
-// (holds) is deleted, checked on its new ModifyIndex. Its requests run to
-// completion even when ctx is cancelled, since one that fails leaves such
-// a key in doubt: the session is then given up, and the key goes with it.
+// (holds) is deleted, checked on its new ModifyIndex, unless a later
+// acquisition of the session holds it, or may (superseded): an operator's
+// unlock (consul kv put -release) keeps the key and its CreateIndex, and
+// the Locker's next acquisition takes it as it stands. The check follows
+// the read: a grant after it changes the key's ModifyIndex, which fails
+// the delete. Its requests run to completion even when ctx is cancelled,
+// since one that fails leaves such a key in doubt: the session is then
+// given up, and the key goes with it.
 func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	l := le.s.l
 	for {
 		rctx, cancel := l.detached(ctx)
 		kv, _, err := l.client.KV().Get(le.key, queryOpts(rctx))
-		ok := false
-		if err == nil && le.holds(kv) {
+		ok, mine := false, err == nil && le.holds(kv) && !le.s.superseded(le)
+		if mine {
 			ok, err = l.sendRelease(rctx, le.key, kv.ModifyIndex)
 		}
 		err = l.fail(ctx, rctx, err)
 		cancel()
 		switch {
-		case err == nil && !le.holds(kv):
-			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		case err == nil && !mine:
+			return fmt.Errorf("%w: key gone before release, or taken by a later acquisition", driver.ErrNotHeld)
 		case err == nil && ok:
 			return nil
 		case err == nil && ctx.Err() == nil:

@@ -273,3 +273,48 @@ func TestSessionlessKeyTaken(t *testing.T) {
 		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
 	}
 }
+
+// TestUnlockedKeyRetaken: a key unlocked with its session's id (consul kv
+// put -release -session=<id>) keeps its CreateIndex and loses its session,
+// and the same Locker's next acquisition takes it by the same session,
+// with the same CreateIndex. The first lease's claim ends with that grant
+// (it is revoked), and its release never deletes the key the second lease
+// holds: it did, and another Locker then took the lock the second held.
+func TestUnlockedKeyRetaken(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("retaken")
+	first, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := make(chan struct{})
+	first.(driver.RevocableLease).OnRevoke(func() { close(revoked) })
+	if ok, _, err := c.KV().Release(&api.KVPair{Key: LockKey(k), Session: first.(*lease).s.id}, nil); !ok || err != nil {
+		t.Fatalf("unlocking the key: %v, %v", ok, err)
+	}
+	second, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatalf("Acquire of the unlocked key: %v", err)
+	}
+	if first.(*lease).created != second.(*lease).created {
+		t.Fatalf("CreateIndex %d then %d: the key was not taken over as it stood", first.(*lease).created, second.(*lease).created)
+	}
+	select {
+	case <-revoked:
+	default:
+		t.Error("the first lease was not revoked by the second grant of its key")
+	}
+	if err := first.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+		t.Errorf("Release of the first lease: %v; want ErrNotHeld", err)
+	}
+	if le, err := other.Acquire(ctx, k, opts); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("another Locker's Acquire while the second lease holds: %v, %v; want ErrNotAcquired", le, err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Errorf("Release of the second lease: %v", err)
+	}
+}

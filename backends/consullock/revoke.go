@@ -41,17 +41,57 @@ func marker(id, lockKey string, token uint64) string {
 }
 
 // track registers le, just granted, so that a marker naming it finds it;
-// one that arrived first is applied at once.
+// one that arrived first is applied at once. An earlier lease of the
+// session on the same key is revoked: the key was taken from it (a forced
+// release, or an operator's unlock) before this grant, which took the key
+// anew or as it stood (see lockSessionless), with the same CreateIndex.
 func (s *session) track(le *lease) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	old := s.leases[le.key]
+	var f func()
+	if old != nil {
+		delete(s.leases, le.key)
+		old.revoked = true
+		f, old.onRevoke = old.onRevoke, nil
+	}
 	r := revocation{le.key, le.token}
 	if s.revoked[r] {
 		delete(s.revoked, r)
 		le.revoked = true
-		return
+	} else {
+		s.leases[le.key] = le
 	}
-	s.leases[le.key] = le
+	s.mu.Unlock()
+	if f != nil && !s.lost() {
+		f()
+	}
+}
+
+// pending marks an acquisition of key by the session under way until the
+// function it returns is called, after the acquisition was granted (and
+// tracked) or failed.
+func (s *session) pending(key string) (done func()) {
+	s.mu.Lock()
+	s.acquiring[key]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acquiring[key]--; s.acquiring[key] == 0 {
+			delete(s.acquiring, key)
+		}
+	}
+}
+
+// superseded reports whether the session may have granted le's key to a
+// later acquisition, which then holds it with the same CreateIndex: le was
+// revoked, or another lease of the key is tracked or under way. Only the
+// latest grant holds the key.
+func (s *session) superseded(le *lease) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.leases[le.key]
+	return le.revoked || (cur != nil && cur != le) || s.acquiring[le.key] > 0
 }
 
 // forget drops le: it was released. A revocation found later is not
