@@ -146,6 +146,9 @@
 //     keeps a key's session through a plain write) with a new ModifyIndex,
 //     which Inspect reports as its token; its holder's release, which
 //     tells the key apart by its CreateIndex and session, still deletes it.
+//     The put sets the key's Flags to 0: a read/write lock's or semaphore's
+//     key so written over still counts against every later contender, as a
+//     writer's would.
 //     A lock key written where no lock is held has no session: Inspect
 //     reports the lock free, and the next acquisition takes the key, at
 //     the cost of a read (as it does when another acquisition by the same

@@ -318,3 +318,28 @@ func TestUnlockedKeyRetaken(t *testing.T) {
 		t.Errorf("Release of the second lease: %v", err)
 	}
 }
+
+// TestWrittenOverWriterBlocksReaders: a writer's key written over (consul
+// kv put sets its Flags to 0) still blocks readers: a key of unknown kind
+// blocks every other kind. A reader was granted while the writer held.
+func TestWrittenOverWriterBlocksReaders(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("written-over-writer")
+	w, err := l.AcquireWrite(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Put(&api.KVPair{Key: w.(*lease).key, Value: []byte("an operator's")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := other.AcquireRead(ctx, k, opts); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("AcquireRead while the writer holds: %v, %v; want ErrNotAcquired", r, err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Errorf("Release of the writer: %v", err)
+	}
+}

@@ -21,7 +21,9 @@ type kind uint64
 const (
 	// writer: blocked by every earlier key of its read/write lock.
 	writer kind = iota + 1
-	// reader: blocked only by earlier writers.
+	// reader: blocked by every earlier key but readers'. A key of
+	// another kind than these three (its Flags written over, as consul kv
+	// put sets them to 0) blocks it too: it may be a writer's.
 	reader
 	// permit: a semaphore permit, held while fewer than permits keys are
 	// earlier.
@@ -119,10 +121,10 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 }
 
 // blocking finds own in tree (a read of its directory dir) and returns it,
-// and what it waits for: the latest earlier writer for a reader, the
-// latest earlier key for a writer, a pair with dir's name for a permit
-// with permits or more keys before it; nil when nothing blocks it. mine is
-// nil when own is not in tree (its session ended).
+// and what it waits for: the latest earlier key not a reader's for a
+// reader, the latest earlier key for a writer, a pair with dir's name for
+// a permit with permits or more keys before it; nil when nothing blocks
+// it. mine is nil when own is not in tree (its session ended).
 func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, blocker *api.KVPair) {
 	for _, kv := range tree {
 		if kv.Key == own {
@@ -135,7 +137,7 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, b
 	var latest *api.KVPair
 	earlier := 0
 	for _, kv := range tree {
-		if other, _ := contender(kv); kv.CreateIndex >= mine.CreateIndex || (k == reader && other != writer) {
+		if other, _ := contender(kv); kv.CreateIndex >= mine.CreateIndex || (k == reader && other == reader) {
 			continue
 		}
 		earlier++
