@@ -343,3 +343,69 @@ func TestWrittenOverWriterBlocksReaders(t *testing.T) {
 		t.Errorf("Release of the writer: %v", err)
 	}
 }
+
+// TestForceReleaseAfterPut: ForceRelease of a key written over (consul kv
+// put, which changes its ModifyIndex) reaches its holder. The marker was
+// named after the key's ModifyIndex, which the holder's lease, with the
+// token of its acquisition, never matched: the holder was never told, and
+// its session lived on, while another Locker took the lock.
+func TestForceReleaseAfterPut(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL, Owner: "holder"}
+	for what, acquire := range acquirers(l) {
+		k := name("forced-after-put")
+		le, err := acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		revoked := make(chan struct{})
+		le.(driver.RevocableLease).OnRevoke(func() { close(revoked) })
+		if _, err := c.KV().Put(&api.KVPair{Key: le.(*lease).key, Value: []byte("an operator's")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if removed, err := other.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil || len(removed) != 1 {
+			t.Fatalf("%s: ForceRelease: %v, %v; want one holding removed", what, removed, err)
+		}
+		select {
+		case <-revoked:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s: the holder was not told of the forced release within 5 s", what)
+		}
+	}
+}
+
+// TestStrayMarkerForgotten: a marker that names no holding of the session
+// (its lease released meanwhile, or written by hand) is deleted and not
+// kept: the session kept it for ever, for an acquisition that would never
+// come.
+func TestStrayMarkerForgotten(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	le, err := l.Acquire(ctx, name("stray-marker"), driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := le.(*lease).s
+	stray := marker(s.id, LockKey(name("nothing-held")), 1)
+	if _, err := c.KV().Put(&api.KVPair{Key: stray}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the stray marker deleted", func() bool {
+		kv, _, err := c.KV().Get(stray, nil)
+		return err == nil && kv == nil
+	})
+	s.mu.Lock()
+	kept := len(s.revoked)
+	s.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("%d revocations kept that match nothing", kept)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}

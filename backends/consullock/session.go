@@ -41,8 +41,8 @@ type session struct {
 	// acquiring counts the session's acquisitions under way by key: one
 	// may hold the key before it is granted (see pending).
 	acquiring map[string]int
-	// revoked are forced releases seen for holdings not (yet) in leases: a
-	// marker can arrive before the acquisition that it names returns.
+	// revoked are forced releases seen for keys with acquisitions under
+	// way (see revoke), kept until the last of those ends.
 	revoked map[revocation]bool
 	// closing is set by close, which then waits for wg: nothing joins wg
 	// after it.

@@ -91,6 +91,7 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 // same transaction, and waits until nothing earlier blocks it.
 func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, permits int) (driver.Lease, error) {
 	own := dir + a.l.queueName(a.s)
+	defer a.s.pending(own)()
 	tree, err := a.enqueue(ctx, dir, own, uint64(k)|uint64(permits)<<8)
 	if err != nil {
 		return nil, err
