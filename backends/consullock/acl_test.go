@@ -367,10 +367,10 @@ func TestACLChangesWhileHeld(t *testing.T) {
 		}
 	})
 
-	// A release Consul refuses (the token lost its write on the keys)
-	// gives the session up, which deletes the key; it was sent again
-	// until the session's loss deadline, Release waiting as long, and
-	// reported unanswered.
+	// A release Consul refuses for good (the token lost its write on the
+	// keys) is sent again until the session's loss deadline, Release
+	// waiting as long, and then gives the session up, which deletes the
+	// key.
 	t.Run("holder's write on the keys taken", func(t *testing.T) {
 		tok, p := grant(t, root, all)
 		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
@@ -391,4 +391,52 @@ func TestACLChangesWhileHeld(t *testing.T) {
 			return err == nil && kv == nil
 		})
 	})
+}
+
+// TestReleaseRefusedForAMoment: a release refused for a moment (the
+// token's policy loses its write on the keys, then gets it back, as a
+// token not yet replicated to a secondary datacenter, or acl.down_policy,
+// would have it) is sent again until Consul takes it, and the session's
+// other lock is kept. The refusal gave the session up at once, with every
+// lock it kept.
+func TestReleaseRefusedForAMoment(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, p := grant(t, root, all)
+	l := lockerOn(t, tokenClient(t, a, tok.SecretID))
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	released, kept := name("refused-moment"), name("refused-moment-other")
+	le, err := l.Acquire(ctx, released, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctx, kept, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Rules = `key_prefix "" { policy = "read" } key_prefix "` + RevokedPrefix + `" { policy = "write" } session_prefix "" { policy = "write" }`
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	defer rcancel()
+	if err := le.Release(rctx); !errors.Is(err, errDenied) {
+		t.Errorf("Release while refused: %v; want Consul's refusal", err)
+	}
+	p.Rules = all
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the released key gone", func() bool {
+		kv, _, err := root.KV().Get(LockKey(released), nil)
+		return err == nil && kv == nil
+	})
+	if s := other.(*lease).s; s.lost() {
+		t.Error("the session's other lock was lost with the refused release")
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Errorf("Release of the other lock: %v", err)
+	}
 }

@@ -202,9 +202,12 @@
 // driver.ErrUnavailable that gives Consul's reason: the same request would
 // be refused again, and the refusal is never taken for a lock held by
 // another. A waiter whose token is deleted while it waits fails so at its
-// next read. A release refused so gives its session up, which deletes the
-// key (and the session's other locks, whose releases would be refused
-// too). A holder whose token is deleted, or loses session:write, has its
+// next read. A release refused so is sent again, as one that gets no
+// answer is, until its session's loss deadline as of the refusal, when the
+// session is given up, which deletes the key (and its other locks, which
+// the refused renewals would lose by then anyway): a refusal lasting a
+// moment, or a policy refusing one key, costs the session's other locks
+// nothing. A holder whose token is deleted, or loses session:write, has its
 // renewals refused: its session is declared lost, and its sections
 // cancelled, a tenth of the TTL before Consul may end the session, which
 // then ends by its TTL (its destruction is refused too). A name whose

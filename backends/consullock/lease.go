@@ -85,9 +85,7 @@ func (le *lease) holds(kv *api.KVPair) bool {
 // Release deletes the lock key if it is still this lease's (the same
 // ModifyIndex), so a stale or retried release never deletes a newer
 // holder's key; a key written over since (consul kv put), still acquired
-// by the session, is deleted too (see releaseWrittenOver). A release that
-// Consul refuses (errRefused, as for a token stripped of its rights) gives
-// the session up, which deletes the key with it.
+// by the session, is deleted too (see releaseWrittenOver).
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
@@ -97,7 +95,12 @@ func (le *lease) holds(kv *api.KVPair) bool {
 // lock, forever: it is sent again (see resendRelease) while the session
 // keeps every other lock, and Release waits for that no longer than ctx,
 // returning an error wrapping driver.ErrUnavailable when ctx ends first;
-// the resend then goes on in the background.
+// the resend then goes on in the background. A delete that Consul refuses
+// (errRefused, as for a token stripped of its rights, or not yet known to
+// a secondary datacenter's servers) is sent again the same way: a refusal
+// may last a moment or cover this key alone, and giving the session up at
+// once would cost every other lock it keeps, as the renewals, which ride
+// out a refusal until the loss deadline, do not.
 //
 // A resend that finds the key gone or changed counts it as released by an
 // earlier send, and Release returns nil, though a forced release
@@ -131,19 +134,12 @@ func (le *lease) Release(ctx context.Context) error {
 		return le.releaseWrittenOver(ctx)
 	case err == nil:
 		return nil
-	case errors.Is(err, errRefused):
-		// The key stays, kept by the session's renewal for as long as the
-		// session lives, and a release sent again would be refused again
-		// (as every release of its other locks would be): the session is
-		// given up, which deletes the key with it.
-		s.giveUp()
-		return fmt.Errorf("%w; consul session given up, which deletes the key", err)
 	}
 	// The loss deadline as of the failure: had Consul answered nothing
-	// since, the session would be lost then anyway, with every lock it
-	// keeps, so giving it up then costs its other locks nothing the same
-	// outage would not have, and the lock comes back no later than had
-	// its holder crashed.
+	// since, or refused everything (the renewals too), the session would
+	// be lost then anyway, with every lock it keeps, so giving it up then
+	// costs its other locks nothing the same outage would not have, and
+	// the lock comes back no later than had its holder crashed.
 	deadline := s.Expiry().Add(-s.margin())
 	done := make(chan error, 1)
 	if !s.spawn(func() { done <- s.resendRelease(le.key, le.token, deadline) }) {
@@ -153,7 +149,7 @@ func (le *lease) Release(ctx context.Context) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: consul: release unanswered (%w); resent in the background until %s, when the session is given up",
+		return fmt.Errorf("%w: consul: release unanswered or refused (%w); resent in the background until %s, when the session is given up",
 			driver.ErrUnavailable, err, deadline.Format(time.RFC3339Nano))
 	}
 }
@@ -197,7 +193,8 @@ func (le *lease) releaseWrittenOver(ctx context.Context) error {
 }
 
 // resendRelease sends the release of the holding (key, token) again,
-// after a send whose outcome is unknown, until Consul answers: the check on
+// after a send whose outcome is unknown or that Consul refused, until
+// Consul answers, and applies it or finds it already applied: the check on
 // the ModifyIndex keeps any send from deleting a newer holder's key, and a
 // key found gone or changed counts as released by an earlier send. When
 // no send is answered by deadline (the session's loss deadline as of the
