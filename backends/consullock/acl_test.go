@@ -440,3 +440,44 @@ func TestReleaseRefusedForAMoment(t *testing.T) {
 		t.Errorf("Release of the other lock: %v", err)
 	}
 }
+
+// TestAcquisitionRefusedForAMoment: an acquisition transaction refused
+// outright (HTTP 403: a token Consul does not know for a moment, as one
+// not yet replicated to a secondary datacenter) applied nothing, and is
+// reported as Consul's refusal; it costs the Locker's other locks
+// nothing. The client's Txn gives such an answer without its status: it
+// read as an outage, and the session was given up with the lock it held.
+// A Store's claim is refused alike.
+func TestAcquisitionRefusedForAMoment(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, _ := grant(t, root, all)
+	c := tokenClient(t, a, tok.SecretID)
+	l := lockerOn(t, c)
+	st := storeOn(t, c)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	held, err := l.Acquire(ctx, name("refused-acquisition-held"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("first"), Fingerprint: "fp", Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+		t.Fatal(err)
+	}
+	for what, acquire := range acquirers(l) {
+		if le, err := acquire(ctx, name("refused-acquisition"), opts); !errors.Is(err, errDenied) {
+			t.Errorf("%s with the token unknown: %v, %v; want Consul's refusal", what, le, err)
+		}
+	}
+	_, err = st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("second"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+	if !errors.Is(err, errDenied) {
+		t.Errorf("Claim with the token unknown: %v; want Consul's refusal", err)
+	}
+	if s := held.(*lease).s; s.lost() {
+		t.Error("the held lock's session was given up for a refused acquisition")
+	}
+}

@@ -177,7 +177,8 @@ const yieldFor = 30 * time.Millisecond
 // is then released before lock returns ctx's error), because a request
 // cancelled in flight could still be applied; when its outcome stays
 // unknown, the session is given up, so that a key it may have acquired goes
-// with it.
+// with it. A transaction Consul refused (errRefused) applied nothing, and
+// costs the session's other locks nothing.
 func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -197,9 +198,12 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	ops = append(ops, &api.KVTxnOp{Verb: api.KVGet, Key: a.key})
 	rctx, cancel := a.l.detached(ctx)
 	defer cancel()
-	ok, resp, _, err := a.l.client.KV().Txn(ops, queryOpts(rctx))
+	ok, resp, err := txn(rctx, a.l.client, ops)
 	if err != nil {
-		a.s.giveUp()
+		// A refusal applied nothing; any other failure may have.
+		if refusal(err) == nil {
+			a.s.giveUp()
+		}
 		return nil, a.l.fail(ctx, rctx, err)
 	}
 	if !ok {
@@ -451,12 +455,15 @@ func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([
 	}
 	rctx, cancel := a.l.detached(ctx)
 	defer cancel()
-	ok, resp, _, err := a.l.client.KV().Txn(api.KVTxnOps{
+	ok, resp, err := txn(rctx, a.l.client, api.KVTxnOps{
 		{Verb: api.KVLock, Key: own, Value: []byte(a.label), Flags: flags, Session: a.s.id},
 		{Verb: api.KVGetTree, Key: dir},
-	}, queryOpts(rctx))
+	})
 	if err != nil {
-		a.s.giveUp()
+		// A refusal applied nothing; any other failure may have.
+		if refusal(err) == nil {
+			a.s.giveUp()
+		}
 		return nil, a.l.fail(ctx, rctx, err)
 	}
 	if !ok {

@@ -319,7 +319,7 @@ const resendPause = 200 * time.Millisecond
 // applied it; a transaction refused for want of rights, which Consul
 // reports as one that failed, is errDenied.
 func (l *Locker) sendRelease(ctx context.Context, key string, token uint64) (bool, error) {
-	ok, resp, _, err := l.client.KV().Txn(release(key, token), queryOpts(ctx))
+	ok, resp, err := txn(ctx, l.client, release(key, token))
 	if err == nil && !ok {
 		err = denied(resp)
 	}
