@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -102,8 +103,8 @@ func (le *lease) holds(kv *api.KVPair) bool {
 // once would cost every other lock it keeps, as the renewals, which ride
 // out a refusal until the loss deadline, do not.
 //
-// A resend that finds the key gone or changed counts it as released by an
-// earlier send, and Release returns nil, though a forced release
+// A resend that finds the key gone counts it as released by an earlier
+// send, and Release returns nil, though a forced release
 // (ForceRelease) may have taken the key instead, before the first send or
 // while its outcome was unknown: Release cannot tell the two apart, and
 // returns nil where ErrNotHeld would be true. The revocation watch
@@ -142,7 +143,7 @@ func (le *lease) Release(ctx context.Context) error {
 	// the lock comes back no later than had its holder crashed.
 	deadline := s.Expiry().Add(-s.margin())
 	done := make(chan error, 1)
-	if !s.spawn(func() { done <- s.resendRelease(le.key, le.token, deadline) }) {
+	if !s.spawn(func() { done <- le.resendRelease(deadline) }) {
 		return fmt.Errorf("%w: consul session lost before release", driver.ErrNotHeld)
 	}
 	select {
@@ -192,28 +193,42 @@ func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	}
 }
 
-// resendRelease sends the release of the holding (key, token) again,
-// after a send whose outcome is unknown or that Consul refused, until
-// Consul answers, and applies it or finds it already applied: the check on
-// the ModifyIndex keeps any send from deleting a newer holder's key, and a
-// key found gone or changed counts as released by an earlier send. When
-// no send is answered by deadline (the session's loss deadline as of the
-// first failure), the session is given up, and the key goes with it; when
-// the session ends first, the key goes with it too. It returns nil once
-// the key is known released, an error wrapping driver.ErrUnavailable
-// otherwise.
-func (s *session) resendRelease(key string, token uint64, deadline time.Time) error {
+// resendRelease sends the lease's release again, after a send whose
+// outcome is unknown or that Consul refused, until Consul answers, and
+// applies it or finds it already applied: the check on the ModifyIndex
+// keeps any send from deleting a newer holder's key. A send that finds the
+// key's ModifyIndex changed hands over to releaseWrittenOver, which tells
+// a key released by an earlier send (gone) from one written over since
+// (consul kv put), still the lease's holding and kept by the session, which
+// it deletes. When no send is answered by deadline (the session's loss
+// deadline as of the first failure), the session is given up, and the key
+// goes with it; when the session ends first, the key goes with it too. It
+// returns nil once the key is known released, an error wrapping
+// driver.ErrUnavailable otherwise.
+func (le *lease) resendRelease(deadline time.Time) error {
+	s := le.s
 	l := s.l
 	ctx, cancel := s.whileAlive(context.Background())
 	defer cancel()
 	ctx, cancel2 := context.WithDeadline(ctx, deadline)
 	defer cancel2()
+	var applied atomic.Bool
 	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
-		_, err := l.sendRelease(rctx, key, token)
+		ok, err := l.sendRelease(rctx, le.key, le.token)
+		if ok {
+			applied.Store(true)
+		}
 		return err
 	})
 	switch {
+	case err == nil && applied.Load():
+		return nil
 	case err == nil:
+		if err := le.releaseWrittenOver(ctx); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+			return err
+		}
+		// Gone: released by an earlier send, or by a forced release
+		// (which Release cannot tell apart; see Release).
 		return nil
 	case s.lost():
 		return fmt.Errorf("%w: consul: release unanswered until its session ended, which takes the key: %w", driver.ErrUnavailable, err)

@@ -3,9 +3,11 @@ package consullock
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,5 +409,52 @@ func TestStrayMarkerForgotten(t *testing.T) {
 	}
 	if err := le.Release(ctx); err != nil {
 		t.Errorf("Release: %v", err)
+	}
+}
+
+// TestWrittenOverKeyReleasedByResend: a release of a key written over
+// (consul kv put) whose first send goes unanswered within resendAfter is
+// sent again, and the key, still the lease's, is deleted. The resend
+// counted the changed ModifyIndex as an earlier send's release, and
+// Release returned nil while the session kept the key, and the lock.
+func TestWrittenOverKeyReleasedByResend(t *testing.T) {
+	a := addr(t)
+	root := newClient(t, a)
+	cfg := api.DefaultConfig()
+	cfg.Address = a
+	base := cfg.Transport
+	var delay atomic.Bool
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := base.RoundTrip(r)
+		if err == nil && r.URL.Path == "/v1/txn" && delay.CompareAndSwap(true, false) {
+			// Sent, and its answer lost: the send times out.
+			resp.Body.Close()
+			<-r.Context().Done()
+			return nil, r.Context().Err()
+		}
+		return resp, err
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("written-over-resent")
+	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.KV().Put(&api.KVPair{Key: LockKey(k), Value: []byte("an operator's")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	delay.Store(true)
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if kv, _, err := root.KV().Get(LockKey(k), nil); err != nil || kv != nil {
+		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
 	}
 }
