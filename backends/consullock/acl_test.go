@@ -67,9 +67,13 @@ func aclAgent(t *testing.T) (string, *api.Client) {
 	a := "127.0.0.1:" + ports[0]
 	root := tokenClient(t, a, management)
 	for deadline := time.Now().Add(time.Minute); ; {
-		// A leader, and the management token bootstrapped with it.
+		// A leader, the management token bootstrapped with it, and the
+		// agent's node registered: a session created before that is
+		// refused with "Missing node registration".
 		if _, _, err := root.ACL().TokenReadSelf(nil); err == nil {
-			return a, root
+			if n, _, err := root.Catalog().Node("warden-acl", nil); err == nil && n != nil && n.Node != nil {
+				return a, root
+			}
 		}
 		select {
 		case <-exited:
