@@ -164,8 +164,11 @@
 //     its holders told at its next renewal), and a lock released since is
 //     held again by its old session, which its Locker renews, until the
 //     Locker is closed or ForceRelease removes it. Tokens still grow: the
-//     Raft index goes on past a restore. Close the Lockers that held locks
-//     across a restore (restart their processes).
+//     Raft index goes on past a restore. Stop the processes that hold
+//     locks (or close their Lockers) before restoring, and start them
+//     again after: a lock acquired since the snapshot is free from the
+//     moment of the restore, while its holder goes on, so closing them
+//     afterwards leaves two holders in the meantime.
 //   - Lock-delay: warden's sessions have none, so Consul never holds back
 //     one of its keys after a session ends, unless another tool acquired
 //     the key by a session of its own with one (Consul's default is 15 s):
