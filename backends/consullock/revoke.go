@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -73,21 +74,21 @@ func (s *session) track(le *lease) {
 }
 
 // pending marks an acquisition of key by the session under way until the
-// function it returns is called, after the acquisition was granted (and
-// tracked) or failed. The forced releases seen for key meanwhile are
+// function it returns is first called, after the acquisition was granted
+// (and tracked) or failed. The forced releases seen for key meanwhile are
 // forgotten then: none can name a later acquisition.
 func (s *session) pending(key string) (done func()) {
 	s.mu.Lock()
 	s.acquiring[key]++
 	s.mu.Unlock()
-	return func() {
+	return sync.OnceFunc(func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.acquiring[key]--; s.acquiring[key] == 0 {
 			delete(s.acquiring, key)
 			maps.DeleteFunc(s.revoked, func(r revocation, _ bool) bool { return r.key == key })
 		}
-	}
+	})
 }
 
 // superseded reports whether the session may have granted le's key to a

@@ -91,7 +91,8 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 // same transaction, and waits until nothing earlier blocks it.
 func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, permits int) (driver.Lease, error) {
 	own := dir + a.l.queueName(a.s)
-	defer a.s.pending(own)()
+	done := a.s.pending(own)
+	defer done()
 	tree, err := a.enqueue(ctx, dir, own, uint64(k)|uint64(permits)<<8)
 	if err != nil {
 		return nil, err
@@ -105,7 +106,7 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
 		if blocker == nil {
-			return a.granted(ctx, mine)
+			return a.granted(ctx, mine, done)
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
