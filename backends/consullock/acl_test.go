@@ -67,9 +67,13 @@ func aclAgent(t *testing.T) (string, *api.Client) {
 	a := "127.0.0.1:" + ports[0]
 	root := tokenClient(t, a, management)
 	for deadline := time.Now().Add(time.Minute); ; {
-		// A leader, and the management token bootstrapped with it.
+		// A leader, the management token bootstrapped with it, and the
+		// agent's node registered: a session created before that is
+		// refused with "Missing node registration".
 		if _, _, err := root.ACL().TokenReadSelf(nil); err == nil {
-			return a, root
+			if n, _, err := root.Catalog().Node("warden-acl", nil); err == nil && n != nil && n.Node != nil {
+				return a, root
+			}
 		}
 		select {
 		case <-exited:
@@ -367,10 +371,10 @@ func TestACLChangesWhileHeld(t *testing.T) {
 		}
 	})
 
-	// A release Consul refuses (the token lost its write on the keys)
-	// gives the session up, which deletes the key; it was sent again
-	// until the session's loss deadline, Release waiting as long, and
-	// reported unanswered.
+	// A release Consul refuses for good (the token lost its write on the
+	// keys) is sent again until the session's loss deadline, Release
+	// waiting as long, and then gives the session up, which deletes the
+	// key.
 	t.Run("holder's write on the keys taken", func(t *testing.T) {
 		tok, p := grant(t, root, all)
 		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
@@ -391,4 +395,93 @@ func TestACLChangesWhileHeld(t *testing.T) {
 			return err == nil && kv == nil
 		})
 	})
+}
+
+// TestReleaseRefusedForAMoment: a release refused for a moment (the
+// token's policy loses its write on the keys, then gets it back, as a
+// token not yet replicated to a secondary datacenter, or acl.down_policy,
+// would have it) is sent again until Consul takes it, and the session's
+// other lock is kept. The refusal gave the session up at once, with every
+// lock it kept.
+func TestReleaseRefusedForAMoment(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, p := grant(t, root, all)
+	l := lockerOn(t, tokenClient(t, a, tok.SecretID))
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	released, kept := name("refused-moment"), name("refused-moment-other")
+	le, err := l.Acquire(ctx, released, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.Acquire(ctx, kept, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Rules = `key_prefix "" { policy = "read" } key_prefix "` + RevokedPrefix + `" { policy = "write" } session_prefix "" { policy = "write" }`
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	defer rcancel()
+	if err := le.Release(rctx); !errors.Is(err, errDenied) {
+		t.Errorf("Release while refused: %v; want Consul's refusal", err)
+	}
+	p.Rules = all
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the released key gone", func() bool {
+		kv, _, err := root.KV().Get(LockKey(released), nil)
+		return err == nil && kv == nil
+	})
+	if s := other.(*lease).s; s.lost() {
+		t.Error("the session's other lock was lost with the refused release")
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Errorf("Release of the other lock: %v", err)
+	}
+}
+
+// TestAcquisitionRefusedForAMoment: an acquisition transaction refused
+// outright (HTTP 403: a token Consul does not know for a moment, as one
+// not yet replicated to a secondary datacenter) applied nothing, and is
+// reported as Consul's refusal; it costs the Locker's other locks
+// nothing. The client's Txn gives such an answer without its status: it
+// read as an outage, and the session was given up with the lock it held.
+// A Store's claim is refused alike.
+func TestAcquisitionRefusedForAMoment(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, _ := grant(t, root, all)
+	c := tokenClient(t, a, tok.SecretID)
+	l := lockerOn(t, c)
+	st := storeOn(t, c)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	held, err := l.Acquire(ctx, name("refused-acquisition-held"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("first"), Fingerprint: "fp", Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+		t.Fatal(err)
+	}
+	for what, acquire := range acquirers(l) {
+		if le, err := acquire(ctx, name("refused-acquisition"), opts); !errors.Is(err, errDenied) {
+			t.Errorf("%s with the token unknown: %v, %v; want Consul's refusal", what, le, err)
+		}
+	}
+	_, err = st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("second"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+	if !errors.Is(err, errDenied) {
+		t.Errorf("Claim with the token unknown: %v; want Consul's refusal", err)
+	}
+	if s := held.(*lease).s; s.lost() {
+		t.Error("the held lock's session was given up for a refused acquisition")
+	}
 }

@@ -177,8 +177,16 @@ const yieldFor = 30 * time.Millisecond
 // is then released before lock returns ctx's error), because a request
 // cancelled in flight could still be applied; when its outcome stays
 // unknown, the session is given up, so that a key it may have acquired goes
-// with it.
+// with it. A transaction Consul refused (errRefused) applied nothing, and
+// costs the session's other locks nothing.
 func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.Lease, error) {
+	done := a.s.pending(a.key)
+	defer done()
+	return a.lockAt(ctx, free, queued, done)
+}
+
+// lockAt is lock, within the acquisition under way that done ends.
+func (a *attempt) lockAt(ctx context.Context, free uint64, queued string, done func()) (driver.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -196,9 +204,12 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	ops = append(ops, &api.KVTxnOp{Verb: api.KVGet, Key: a.key})
 	rctx, cancel := a.l.detached(ctx)
 	defer cancel()
-	ok, resp, _, err := a.l.client.KV().Txn(ops, queryOpts(rctx))
+	ok, resp, err := txn(rctx, a.l.client, ops)
 	if err != nil {
-		a.s.giveUp()
+		// A refusal applied nothing; any other failure may have.
+		if refusal(err) == nil {
+			a.s.giveUp()
+		}
 		return nil, a.l.fail(ctx, rctx, err)
 	}
 	if !ok {
@@ -228,7 +239,7 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 		}
 		switch {
 		case !checked && locked && free == 0:
-			return a.lockSessionless(ctx, queued)
+			return a.lockSessionless(ctx, queued, done)
 		case !checked:
 			return nil, nil
 		case strings.HasSuffix(what, " due to lock delay"):
@@ -240,10 +251,10 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 	// it was before the acquisition.
 	for _, kv := range slices.Backward(resp.Results) {
 		if kv.Key == a.key {
-			return a.granted(ctx, kv)
+			return a.granted(ctx, kv, done)
 		}
 	}
-	return a.granted(ctx, &api.KVPair{Key: a.key})
+	return a.granted(ctx, &api.KVPair{Key: a.key}, done)
 }
 
 // lockSessionless follows an attempt on a key believed absent that found
@@ -253,7 +264,7 @@ func (a *attempt) lock(ctx context.Context, free uint64, queued string) (driver.
 // Locker holds it). It reads the key, and acquires it, checked on its
 // ModifyIndex, in the first case; without that, an acquisition that does
 // not wait would find such a key held for as long as it stood.
-func (a *attempt) lockSessionless(ctx context.Context, queued string) (driver.Lease, error) {
+func (a *attempt) lockSessionless(ctx context.Context, queued string, done func()) (driver.Lease, error) {
 	rctx, cancel := a.l.rctx(ctx)
 	kv, _, err := a.l.client.KV().Get(a.key, queryOpts(rctx))
 	err = a.l.fail(ctx, rctx, err)
@@ -264,14 +275,19 @@ func (a *attempt) lockSessionless(ctx context.Context, queued string) (driver.Le
 	case kv == nil || kv.Session != "":
 		return nil, nil
 	}
-	return a.lock(ctx, kv.ModifyIndex, queued)
+	return a.lockAt(ctx, kv.ModifyIndex, queued, done)
 }
 
 // granted returns the lease of kv, a read of the key just acquired, unless
 // ctx ended meanwhile (the key is then released) or the session was lost.
-func (a *attempt) granted(ctx context.Context, kv *api.KVPair) (driver.Lease, error) {
+// done ends the acquisition under way (see session.pending); a grant
+// whose ctx ended ends it before its release, which would otherwise count
+// it as another acquisition that may hold the key (see superseded), and
+// leave a key written over meanwhile to the session.
+func (a *attempt) granted(ctx context.Context, kv *api.KVPair, done func()) (driver.Lease, error) {
 	le := &lease{s: a.s, key: kv.Key, token: kv.ModifyIndex, created: kv.CreateIndex}
 	if err := ctx.Err(); err != nil {
+		done()
 		// Bounded: a release that gets no answer goes on in the
 		// background.
 		rctx, cancel := a.l.detached(ctx)
@@ -450,12 +466,15 @@ func (a *attempt) enqueue(ctx context.Context, dir, own string, flags uint64) ([
 	}
 	rctx, cancel := a.l.detached(ctx)
 	defer cancel()
-	ok, resp, _, err := a.l.client.KV().Txn(api.KVTxnOps{
+	ok, resp, err := txn(rctx, a.l.client, api.KVTxnOps{
 		{Verb: api.KVLock, Key: own, Value: []byte(a.label), Flags: flags, Session: a.s.id},
 		{Verb: api.KVGetTree, Key: dir},
-	}, queryOpts(rctx))
+	})
 	if err != nil {
-		a.s.giveUp()
+		// A refusal applied nothing; any other failure may have.
+		if refusal(err) == nil {
+			a.s.giveUp()
+		}
 		return nil, a.l.fail(ctx, rctx, err)
 	}
 	if !ok {

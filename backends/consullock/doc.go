@@ -146,18 +146,29 @@
 //     keeps a key's session through a plain write) with a new ModifyIndex,
 //     which Inspect reports as its token; its holder's release, which
 //     tells the key apart by its CreateIndex and session, still deletes it.
+//     The put sets the key's Flags to 0: a read/write lock's or semaphore's
+//     key so written over still counts against every later contender, as a
+//     writer's would.
 //     A lock key written where no lock is held has no session: Inspect
 //     reports the lock free, and the next acquisition takes the key, at
 //     the cost of a read (as it does when another acquisition by the same
 //     Locker holds the lock, which the transaction cannot tell apart).
+//   - consul kv put -release -session=<id> (an unlock by the holder's
+//     session id) leaves the key without a session, so the lock is free
+//     while its holder goes on, as after a delete; when the holder's own
+//     Locker takes the key again, the earlier lease is revoked (its section
+//     cancelled) and its release leaves the later lease's key alone.
 //   - consul snapshot restore puts every key back as the snapshot had it:
 //     a lock acquired since is free while its holder goes on, unless its
 //     session is younger than the snapshot (the session is then gone, and
 //     its holders told at its next renewal), and a lock released since is
 //     held again by its old session, which its Locker renews, until the
 //     Locker is closed or ForceRelease removes it. Tokens still grow: the
-//     Raft index goes on past a restore. Close the Lockers that held locks
-//     across a restore (restart their processes).
+//     Raft index goes on past a restore. Stop the processes that hold
+//     locks (or close their Lockers) before restoring, and start them
+//     again after: a lock acquired since the snapshot is free from the
+//     moment of the restore, while its holder goes on, so closing them
+//     afterwards leaves two holders in the meantime.
 //   - Lock-delay: warden's sessions have none, so Consul never holds back
 //     one of its keys after a session ends, unless another tool acquired
 //     the key by a session of its own with one (Consul's default is 15 s):
@@ -194,9 +205,12 @@
 // driver.ErrUnavailable that gives Consul's reason: the same request would
 // be refused again, and the refusal is never taken for a lock held by
 // another. A waiter whose token is deleted while it waits fails so at its
-// next read. A release refused so gives its session up, which deletes the
-// key (and the session's other locks, whose releases would be refused
-// too). A holder whose token is deleted, or loses session:write, has its
+// next read. A release refused so is sent again, as one that gets no
+// answer is, until its session's loss deadline as of the refusal, when the
+// session is given up, which deletes the key (and its other locks, which
+// the refused renewals would lose by then anyway): a refusal lasting a
+// moment, or a policy refusing one key, costs the session's other locks
+// nothing. A holder whose token is deleted, or loses session:write, has its
 // renewals refused: its session is declared lost, and its sections
 // cancelled, a tenth of the TTL before Consul may end the session, which
 // then ends by its TTL (its destruction is refused too). A name whose

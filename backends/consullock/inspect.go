@@ -272,10 +272,10 @@ func (l *Locker) forceRemove(ctx context.Context, holders []*api.KVPair, batch [
 		kv := holders[i]
 		checks = append(checks, len(ops))
 		ops = append(ops, release(kv.Key, kv.ModifyIndex)...)
-		ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.ModifyIndex), Session: kv.Session})
+		ops = append(ops, &api.KVTxnOp{Verb: api.KVLock, Key: marker(kv.Session, kv.Key, kv.CreateIndex), Session: kv.Session})
 	}
 	rctx, cancel := l.rctx(ctx)
-	ok, resp, _, err := l.client.KV().Txn(ops, queryOpts(rctx))
+	ok, resp, err := txn(rctx, l.client, ops)
 	err = l.fail(ctx, rctx, err)
 	cancel()
 	if err != nil || ok {

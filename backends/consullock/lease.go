@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -64,8 +65,11 @@ func (le *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return l.fail(ctx, rctx, err)
 	}
-	if !le.holds(kv) {
-		return fmt.Errorf("%w: key gone", driver.ErrNotHeld)
+	le.s.mu.Lock()
+	revoked := le.revoked
+	le.s.mu.Unlock()
+	if !le.holds(kv) || revoked {
+		return fmt.Errorf("%w: key gone, or taken by a later acquisition", driver.ErrNotHeld)
 	}
 	return nil
 }
@@ -82,9 +86,7 @@ func (le *lease) holds(kv *api.KVPair) bool {
 // Release deletes the lock key if it is still this lease's (the same
 // ModifyIndex), so a stale or retried release never deletes a newer
 // holder's key; a key written over since (consul kv put), still acquired
-// by the session, is deleted too (see releaseWrittenOver). A release that
-// Consul refuses (errRefused, as for a token stripped of its rights) gives
-// the session up, which deletes the key with it.
+// by the session, is deleted too (see releaseWrittenOver).
 //
 // A lease whose session has ended (lost, given up, or closed with the
 // Locker) is not sent anything: its key went, or goes, with the session.
@@ -94,10 +96,15 @@ func (le *lease) holds(kv *api.KVPair) bool {
 // lock, forever: it is sent again (see resendRelease) while the session
 // keeps every other lock, and Release waits for that no longer than ctx,
 // returning an error wrapping driver.ErrUnavailable when ctx ends first;
-// the resend then goes on in the background.
+// the resend then goes on in the background. A delete that Consul refuses
+// (errRefused, as for a token stripped of its rights, or not yet known to
+// a secondary datacenter's servers) is sent again the same way: a refusal
+// may last a moment or cover this key alone, and giving the session up at
+// once would cost every other lock it keeps, as the renewals, which ride
+// out a refusal until the loss deadline, do not.
 //
-// A resend that finds the key gone or changed counts it as released by an
-// earlier send, and Release returns nil, though a forced release
+// A resend that finds the key gone counts it as released by an earlier
+// send, and Release returns nil, though a forced release
 // (ForceRelease) may have taken the key instead, before the first send or
 // while its outcome was unknown: Release cannot tell the two apart, and
 // returns nil where ErrNotHeld would be true. The revocation watch
@@ -128,29 +135,22 @@ func (le *lease) Release(ctx context.Context) error {
 		return le.releaseWrittenOver(ctx)
 	case err == nil:
 		return nil
-	case errors.Is(err, errRefused):
-		// The key stays, kept by the session's renewal for as long as the
-		// session lives, and a release sent again would be refused again
-		// (as every release of its other locks would be): the session is
-		// given up, which deletes the key with it.
-		s.giveUp()
-		return fmt.Errorf("%w; consul session given up, which deletes the key", err)
 	}
 	// The loss deadline as of the failure: had Consul answered nothing
-	// since, the session would be lost then anyway, with every lock it
-	// keeps, so giving it up then costs its other locks nothing the same
-	// outage would not have, and the lock comes back no later than had
-	// its holder crashed.
+	// since, or refused everything (the renewals too), the session would
+	// be lost then anyway, with every lock it keeps, so giving it up then
+	// costs its other locks nothing the same outage would not have, and
+	// the lock comes back no later than had its holder crashed.
 	deadline := s.Expiry().Add(-s.margin())
 	done := make(chan error, 1)
-	if !s.spawn(func() { done <- s.resendRelease(le.key, le.token, deadline) }) {
+	if !s.spawn(func() { done <- le.resendRelease(deadline) }) {
 		return fmt.Errorf("%w: consul session lost before release", driver.ErrNotHeld)
 	}
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: consul: release unanswered (%w); resent in the background until %s, when the session is given up",
+		return fmt.Errorf("%w: consul: release unanswered or refused (%w); resent in the background until %s, when the session is given up",
 			driver.ErrUnavailable, err, deadline.Format(time.RFC3339Nano))
 	}
 }
@@ -161,23 +161,28 @@ func (le *lease) Release(ctx context.Context) error {
 // over (consul kv put), which changes its ModifyIndex but keeps it
 // acquired by the session, whose renewal would keep it, and the lock, for
 // as long as the session lives. A key that is still the lease's holding
-// (holds) is deleted, checked on its new ModifyIndex. Its requests run to
-// completion even when ctx is cancelled, since one that fails leaves such
-// a key in doubt: the session is then given up, and the key goes with it.
+// (holds) is deleted, checked on its new ModifyIndex, unless a later
+// acquisition of the session holds it, or may (superseded): an operator's
+// unlock (consul kv put -release) keeps the key and its CreateIndex, and
+// the Locker's next acquisition takes it as it stands. The check follows
+// the read: a grant after it changes the key's ModifyIndex, which fails
+// the delete. Its requests run to completion even when ctx is cancelled,
+// since one that fails leaves such a key in doubt: the session is then
+// given up, and the key goes with it.
 func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	l := le.s.l
 	for {
 		rctx, cancel := l.detached(ctx)
 		kv, _, err := l.client.KV().Get(le.key, queryOpts(rctx))
-		ok := false
-		if err == nil && le.holds(kv) {
+		ok, mine := false, err == nil && le.holds(kv) && !le.s.superseded(le)
+		if mine {
 			ok, err = l.sendRelease(rctx, le.key, kv.ModifyIndex)
 		}
 		err = l.fail(ctx, rctx, err)
 		cancel()
 		switch {
-		case err == nil && !le.holds(kv):
-			return fmt.Errorf("%w: key gone before release", driver.ErrNotHeld)
+		case err == nil && !mine:
+			return fmt.Errorf("%w: key gone before release, or taken by a later acquisition", driver.ErrNotHeld)
 		case err == nil && ok:
 			return nil
 		case err == nil && ctx.Err() == nil:
@@ -188,27 +193,42 @@ func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	}
 }
 
-// resendRelease sends the release of the holding (key, token) again,
-// after a send whose outcome is unknown, until Consul answers: the check on
-// the ModifyIndex keeps any send from deleting a newer holder's key, and a
-// key found gone or changed counts as released by an earlier send. When
-// no send is answered by deadline (the session's loss deadline as of the
-// first failure), the session is given up, and the key goes with it; when
-// the session ends first, the key goes with it too. It returns nil once
-// the key is known released, an error wrapping driver.ErrUnavailable
-// otherwise.
-func (s *session) resendRelease(key string, token uint64, deadline time.Time) error {
+// resendRelease sends the lease's release again, after a send whose
+// outcome is unknown or that Consul refused, until Consul answers, and
+// applies it or finds it already applied: the check on the ModifyIndex
+// keeps any send from deleting a newer holder's key. A send that finds the
+// key's ModifyIndex changed hands over to releaseWrittenOver, which tells
+// a key released by an earlier send (gone) from one written over since
+// (consul kv put), still the lease's holding and kept by the session, which
+// it deletes. When no send is answered by deadline (the session's loss
+// deadline as of the first failure), the session is given up, and the key
+// goes with it; when the session ends first, the key goes with it too. It
+// returns nil once the key is known released, an error wrapping
+// driver.ErrUnavailable otherwise.
+func (le *lease) resendRelease(deadline time.Time) error {
+	s := le.s
 	l := s.l
 	ctx, cancel := s.whileAlive(context.Background())
 	defer cancel()
 	ctx, cancel2 := context.WithDeadline(ctx, deadline)
 	defer cancel2()
+	var applied atomic.Bool
 	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
-		_, err := l.sendRelease(rctx, key, token)
+		ok, err := l.sendRelease(rctx, le.key, le.token)
+		if ok {
+			applied.Store(true)
+		}
 		return err
 	})
 	switch {
+	case err == nil && applied.Load():
+		return nil
 	case err == nil:
+		if err := le.releaseWrittenOver(ctx); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+			return err
+		}
+		// Gone: released by an earlier send, or by a forced release
+		// (which Release cannot tell apart; see Release).
 		return nil
 	case s.lost():
 		return fmt.Errorf("%w: consul: release unanswered until its session ended, which takes the key: %w", driver.ErrUnavailable, err)
@@ -314,7 +334,7 @@ const resendPause = 200 * time.Millisecond
 // applied it; a transaction refused for want of rights, which Consul
 // reports as one that failed, is errDenied.
 func (l *Locker) sendRelease(ctx context.Context, key string, token uint64) (bool, error) {
-	ok, resp, _, err := l.client.KV().Txn(release(key, token), queryOpts(ctx))
+	ok, resp, err := txn(ctx, l.client, release(key, token))
 	if err == nil && !ok {
 		err = denied(resp)
 	}

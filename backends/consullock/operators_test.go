@@ -3,9 +3,11 @@ package consullock
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,6 +272,189 @@ func TestSessionlessKeyTaken(t *testing.T) {
 		t.Errorf("Release: %v", err)
 	}
 	if kv, _, err := c.KV().Get(LockKey(k), nil); err != nil || kv != nil {
+		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
+	}
+}
+
+// TestUnlockedKeyRetaken: a key unlocked with its session's id (consul kv
+// put -release -session=<id>) keeps its CreateIndex and loses its session,
+// and the same Locker's next acquisition takes it by the same session,
+// with the same CreateIndex. The first lease's claim ends with that grant
+// (it is revoked), and its release never deletes the key the second lease
+// holds: it did, and another Locker then took the lock the second held.
+func TestUnlockedKeyRetaken(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("retaken")
+	first, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := make(chan struct{})
+	first.(driver.RevocableLease).OnRevoke(func() { close(revoked) })
+	if ok, _, err := c.KV().Release(&api.KVPair{Key: LockKey(k), Session: first.(*lease).s.id}, nil); !ok || err != nil {
+		t.Fatalf("unlocking the key: %v, %v", ok, err)
+	}
+	second, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatalf("Acquire of the unlocked key: %v", err)
+	}
+	if first.(*lease).created != second.(*lease).created {
+		t.Fatalf("CreateIndex %d then %d: the key was not taken over as it stood", first.(*lease).created, second.(*lease).created)
+	}
+	select {
+	case <-revoked:
+	default:
+		t.Error("the first lease was not revoked by the second grant of its key")
+	}
+	if err := first.Release(ctx); !errors.Is(err, driver.ErrNotHeld) {
+		t.Errorf("Release of the first lease: %v; want ErrNotHeld", err)
+	}
+	if le, err := other.Acquire(ctx, k, opts); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("another Locker's Acquire while the second lease holds: %v, %v; want ErrNotAcquired", le, err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Errorf("Release of the second lease: %v", err)
+	}
+}
+
+// TestWrittenOverWriterBlocksReaders: a writer's key written over (consul
+// kv put sets its Flags to 0) still blocks readers: a key of unknown kind
+// blocks every other kind. A reader was granted while the writer held.
+func TestWrittenOverWriterBlocksReaders(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("written-over-writer")
+	w, err := l.AcquireWrite(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Put(&api.KVPair{Key: w.(*lease).key, Value: []byte("an operator's")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := other.AcquireRead(ctx, k, opts); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("AcquireRead while the writer holds: %v, %v; want ErrNotAcquired", r, err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Errorf("Release of the writer: %v", err)
+	}
+}
+
+// TestForceReleaseAfterPut: ForceRelease of a key written over (consul kv
+// put, which changes its ModifyIndex) reaches its holder. The marker was
+// named after the key's ModifyIndex, which the holder's lease, with the
+// token of its acquisition, never matched: the holder was never told, and
+// its session lived on, while another Locker took the lock.
+func TestForceReleaseAfterPut(t *testing.T) {
+	c := newClient(t, addr(t))
+	l, other := lockerOn(t, c), lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL, Owner: "holder"}
+	for what, acquire := range acquirers(l) {
+		k := name("forced-after-put")
+		le, err := acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		revoked := make(chan struct{})
+		le.(driver.RevocableLease).OnRevoke(func() { close(revoked) })
+		if _, err := c.KV().Put(&api.KVPair{Key: le.(*lease).key, Value: []byte("an operator's")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if removed, err := other.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil || len(removed) != 1 {
+			t.Fatalf("%s: ForceRelease: %v, %v; want one holding removed", what, removed, err)
+		}
+		select {
+		case <-revoked:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s: the holder was not told of the forced release within 5 s", what)
+		}
+	}
+}
+
+// TestStrayMarkerForgotten: a marker that names no holding of the session
+// (its lease released meanwhile, or written by hand) is deleted and not
+// kept: the session kept it for ever, for an acquisition that would never
+// come.
+func TestStrayMarkerForgotten(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	le, err := l.Acquire(ctx, name("stray-marker"), driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := le.(*lease).s
+	stray := marker(s.id, LockKey(name("nothing-held")), 1)
+	if _, err := c.KV().Put(&api.KVPair{Key: stray}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the stray marker deleted", func() bool {
+		kv, _, err := c.KV().Get(stray, nil)
+		return err == nil && kv == nil
+	})
+	s.mu.Lock()
+	kept := len(s.revoked)
+	s.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("%d revocations kept that match nothing", kept)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// TestWrittenOverKeyReleasedByResend: a release of a key written over
+// (consul kv put) whose first send goes unanswered within resendAfter is
+// sent again, and the key, still the lease's, is deleted. The resend
+// counted the changed ModifyIndex as an earlier send's release, and
+// Release returned nil while the session kept the key, and the lock.
+func TestWrittenOverKeyReleasedByResend(t *testing.T) {
+	a := addr(t)
+	root := newClient(t, a)
+	cfg := api.DefaultConfig()
+	cfg.Address = a
+	base := cfg.Transport
+	var delay atomic.Bool
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := base.RoundTrip(r)
+		if err == nil && r.URL.Path == "/v1/txn" && delay.CompareAndSwap(true, false) {
+			// Sent, and its answer lost: the send times out.
+			resp.Body.Close()
+			<-r.Context().Done()
+			return nil, r.Context().Err()
+		}
+		return resp, err
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := name("written-over-resent")
+	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.KV().Put(&api.KVPair{Key: LockKey(k), Value: []byte("an operator's")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	delay.Store(true)
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if kv, _, err := root.KV().Get(LockKey(k), nil); err != nil || kv != nil {
 		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
 	}
 }

@@ -2,9 +2,11 @@ package consullock
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -14,7 +16,9 @@ import (
 
 // RevokedPrefix is the Consul KV prefix under which ForceRelease tells a
 // holder's session that its lock was taken:
-// <RevokedPrefix><session id>/<lock key>/<token>. The marker is acquired
+// <RevokedPrefix><session id>/<lock key>/<CreateIndex>, the key's
+// CreateIndex, which a write over the key (consul kv put) keeps, where it
+// changes the ModifyIndex, the holder's token. The marker is acquired
 // by the holder's own session, so it never outlives that session (Behavior
 // delete), and the session deletes it once it has seen it. A lock key has
 // no '/' before its ".lock" suffix, so none lies under this prefix. With
@@ -25,33 +29,77 @@ const RevokedPrefix = "warden/revoked/"
 
 var _ driver.RevocableLease = (*lease)(nil)
 
-// revocation names one removed holding: its lock key and token.
+// revocation names one removed holding of a session: its lock key and
+// CreateIndex. Of the session's leases, only the latest granted of a key
+// holds it (see track), so that names one lease.
 type revocation struct {
-	key   string
-	token uint64
+	key     string
+	created uint64
 }
 
 // revokedDir is the directory of the markers of session id.
 func revokedDir(id string) string { return RevokedPrefix + id + "/" }
 
-// marker is the key of the marker of a forced release of the holding
-// (lockKey, token) of session id.
-func marker(id, lockKey string, token uint64) string {
-	return revokedDir(id) + lockKey + "/" + strconv.FormatUint(token, 10)
+// marker is the key of the marker of a forced release of the holding of
+// session id of lockKey, created at index created.
+func marker(id, lockKey string, created uint64) string {
+	return revokedDir(id) + lockKey + "/" + strconv.FormatUint(created, 10)
 }
 
 // track registers le, just granted, so that a marker naming it finds it;
-// one that arrived first is applied at once.
+// one that arrived first is applied at once. An earlier lease of the
+// session on the same key is revoked: the key was taken from it (a forced
+// release, or an operator's unlock) before this grant, which took the key
+// anew or as it stood (see lockSessionless), with the same CreateIndex.
 func (s *session) track(le *lease) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := revocation{le.key, le.token}
+	old := s.leases[le.key]
+	var f func()
+	if old != nil {
+		delete(s.leases, le.key)
+		old.revoked = true
+		f, old.onRevoke = old.onRevoke, nil
+	}
+	r := revocation{le.key, le.created}
 	if s.revoked[r] {
 		delete(s.revoked, r)
 		le.revoked = true
-		return
+	} else {
+		s.leases[le.key] = le
 	}
-	s.leases[le.key] = le
+	s.mu.Unlock()
+	if f != nil && !s.lost() {
+		f()
+	}
+}
+
+// pending marks an acquisition of key by the session under way until the
+// function it returns is first called, after the acquisition was granted
+// (and tracked) or failed. The forced releases seen for key meanwhile are
+// forgotten then: none can name a later acquisition.
+func (s *session) pending(key string) (done func()) {
+	s.mu.Lock()
+	s.acquiring[key]++
+	s.mu.Unlock()
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.acquiring[key]--; s.acquiring[key] == 0 {
+			delete(s.acquiring, key)
+			maps.DeleteFunc(s.revoked, func(r revocation, _ bool) bool { return r.key == key })
+		}
+	})
+}
+
+// superseded reports whether the session may have granted le's key to a
+// later acquisition, which then holds it with the same CreateIndex: le was
+// revoked, or another lease of the key is tracked or under way. Only the
+// latest grant holds the key.
+func (s *session) superseded(le *lease) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.leases[le.key]
+	return le.revoked || (cur != nil && cur != le) || s.acquiring[le.key] > 0
 }
 
 // forget drops le: it was released. A revocation found later is not
@@ -86,17 +134,21 @@ func (le *lease) OnRevoke(f func()) {
 	}
 }
 
-// revoke reports the forced release r.
+// revoke reports the forced release r to the lease it names, and keeps it
+// for an acquisition of its key under way, whose grant it may name: a
+// marker can arrive before the acquisition returns. A marker that names
+// neither (its lease released) is dropped.
 func (s *session) revoke(r revocation) {
 	s.mu.Lock()
 	le := s.leases[r.key]
 	var f func()
-	if le != nil && le.token == r.token {
+	if le != nil && le.created == r.created {
 		delete(s.leases, r.key)
 		le.revoked = true
 		f, le.onRevoke = le.onRevoke, nil
-	} else if le == nil || le.token < r.token {
-		s.revoked[r] = true // its acquisition has not returned yet
+	}
+	if s.acquiring[r.key] > 0 {
+		s.revoked[r] = true
 	}
 	s.mu.Unlock()
 	if f != nil && !s.lost() {

@@ -33,13 +33,16 @@ type session struct {
 	destroy    atomic.Bool
 	destroyErr error // read after exited
 
-	// mu guards leases, revoked and closing, and the revocation state of
-	// each lease.
+	// mu guards leases, acquiring, revoked and closing, and the revocation
+	// state of each lease.
 	mu sync.Mutex
 	// leases are the session's granted leases by lock key.
 	leases map[string]*lease
-	// revoked are forced releases seen for holdings not (yet) in leases: a
-	// marker can arrive before the acquisition that it names returns.
+	// acquiring counts the session's acquisitions under way by key: one
+	// may hold the key before it is granted (see pending).
+	acquiring map[string]int
+	// revoked are forced releases seen for keys with acquisitions under
+	// way (see revoke), kept until the last of those ends.
 	revoked map[revocation]bool
 	// closing is set by close, which then waits for wg: nothing joins wg
 	// after it.
@@ -96,11 +99,12 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	}
 	s := &session{
 		l: l, id: out.ID, ttl: ttl, born: born,
-		leases:   make(map[string]*lease),
-		revoked:  make(map[revocation]bool),
-		renewNow: make(chan struct{}, 1),
-		done:     make(chan struct{}),
-		exited:   make(chan struct{}),
+		leases:    make(map[string]*lease),
+		acquiring: make(map[string]int),
+		revoked:   make(map[revocation]bool),
+		renewNow:  make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		exited:    make(chan struct{}),
 	}
 	err := s.anchor(ctx)
 	s.anchored = err == nil

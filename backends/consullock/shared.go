@@ -21,7 +21,9 @@ type kind uint64
 const (
 	// writer: blocked by every earlier key of its read/write lock.
 	writer kind = iota + 1
-	// reader: blocked only by earlier writers.
+	// reader: blocked by every earlier key but readers'. A key of
+	// another kind than these three (its Flags written over, as consul kv
+	// put sets them to 0) blocks it too: it may be a writer's.
 	reader
 	// permit: a semaphore permit, held while fewer than permits keys are
 	// earlier.
@@ -89,6 +91,8 @@ func (l *Locker) AcquireSemaphore(ctx context.Context, key string, permits int, 
 // same transaction, and waits until nothing earlier blocks it.
 func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, permits int) (driver.Lease, error) {
 	own := dir + a.l.queueName(a.s)
+	done := a.s.pending(own)
+	defer done()
 	tree, err := a.enqueue(ctx, dir, own, uint64(k)|uint64(permits)<<8)
 	if err != nil {
 		return nil, err
@@ -102,7 +106,7 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
 		if blocker == nil {
-			return a.granted(ctx, mine)
+			return a.granted(ctx, mine, done)
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
@@ -119,10 +123,10 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 }
 
 // blocking finds own in tree (a read of its directory dir) and returns it,
-// and what it waits for: the latest earlier writer for a reader, the
-// latest earlier key for a writer, a pair with dir's name for a permit
-// with permits or more keys before it; nil when nothing blocks it. mine is
-// nil when own is not in tree (its session ended).
+// and what it waits for: the latest earlier key not a reader's for a
+// reader, the latest earlier key for a writer, a pair with dir's name for
+// a permit with permits or more keys before it; nil when nothing blocks
+// it. mine is nil when own is not in tree (its session ended).
 func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, blocker *api.KVPair) {
 	for _, kv := range tree {
 		if kv.Key == own {
@@ -135,7 +139,7 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, b
 	var latest *api.KVPair
 	earlier := 0
 	for _, kv := range tree {
-		if other, _ := contender(kv); kv.CreateIndex >= mine.CreateIndex || (k == reader && other != writer) {
+		if other, _ := contender(kv); kv.CreateIndex >= mine.CreateIndex || (k == reader && other == reader) {
 			continue
 		}
 		earlier++

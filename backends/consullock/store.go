@@ -923,7 +923,7 @@ func (s *Store) txn(ctx context.Context, detached bool, ops api.KVTxnOps) (bool,
 	}
 	rctx, cancel := context.WithTimeout(base, s.timeout)
 	defer cancel()
-	ok, resp, _, err := s.client.KV().Txn(ops, queryOpts(rctx))
+	ok, resp, err := txn(rctx, s.client, ops)
 	if err != nil {
 		return false, nil, s.unavailable(ctx, rctx, err)
 	}
