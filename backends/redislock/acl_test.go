@@ -12,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -227,4 +228,48 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr, prefix string) (p
 		fail("Store.Delete", st.Delete(ctx, "acl", k, owner))
 	}
 	return problems
+}
+
+// TestRefusedRecordKeepsHolder: a waiting contender's first attempt
+// writes its grant and reads the state in one SET GET, finds the lock
+// held, and records itself. When the record is refused (here a user
+// without ZADD), the script fails there, and is not rolled back: the
+// holder's state must have been written back before, so that the holder
+// keeps the lock and nobody else is granted it.
+func TestRefusedRecordKeepsHolder(t *testing.T) {
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
+	for _, r := range aclRules {
+		if r != "+zadd" {
+			args = append(args, r)
+		}
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	user := func() *Locker {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c)
+	}
+	holder, waiter := user(), user()
+	const key = "warden:refused/record" // within the rules' keys
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if w, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true}); err == nil {
+		t.Fatalf("the waiter was granted token %d over the holder's %d", w.Token(), lease.Token())
+	}
+	if n, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err == nil {
+		t.Errorf("a newcomer was granted token %d over the holder's %d", n.Token(), lease.Token())
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Errorf("the holder's refresh after the refused record: %v", err)
+	}
 }
