@@ -237,24 +237,8 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr, prefix string) (p
 // holder's state must have been written back before, so that the holder
 // keeps the lock and nobody else is granted it.
 func TestRefusedRecordKeepsHolder(t *testing.T) {
-	s := drivertest.StartRedis(t)
-	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
-	defer admin.Close()
 	ctx := context.Background()
-	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
-	for _, r := range aclRules {
-		if r != "+zadd" {
-			args = append(args, r)
-		}
-	}
-	if err := admin.Do(ctx, args...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	user := func() *Locker {
-		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
-		t.Cleanup(func() { c.Close() })
-		return newLocker(t, c)
-	}
+	_, user := serverWithout(t, "+zadd")
 	holder, waiter := user(), user()
 	const key = "warden:refused/record" // within the rules' keys
 	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
@@ -271,5 +255,56 @@ func TestRefusedRecordKeepsHolder(t *testing.T) {
 	}
 	if err := lease.Refresh(ctx, time.Minute); err != nil {
 		t.Errorf("the holder's refresh after the refused record: %v", err)
+	}
+}
+
+// TestReleaseRefusedWithoutRule: a release that hands the lock to a
+// recorded waiter takes the waiter's record by pcall, where a moving
+// slot's "non local key" is taken for an empty set; any other refusal (a
+// user without ZPOPMIN) must fail the release, as a call would, rather
+// than pass for nobody waiting.
+func TestReleaseRefusedWithoutRule(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, user := serverWithout(t, "+zpopmin")
+	holder, waiter := user(), user()
+	const key = "warden:refused/release" // within the rules' keys
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if w, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true}); err == nil {
+			w.Release(context.Background())
+		}
+	}()
+	_, waiters := lockWaitersOf(key)
+	eventually(t, "the waiter recorded", func() bool { return admin.ZCard(ctx, waiters).Val() == 1 })
+	if err := lease.Release(ctx); err == nil {
+		t.Error("a release that could not take the waiter's record answered that it released")
+	}
+}
+
+// serverWithout starts a server of the test's own with user w given
+// aclRules but the one rule left out, and returns a client of its
+// default user and a maker of Lockers of w.
+func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func() *Locker) {
+	t.Helper()
+	s := drivertest.StartRedis(t)
+	admin = goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
+	for _, r := range aclRules {
+		if r != rule {
+			args = append(args, r)
+		}
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return admin, func() *Locker {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c)
 	}
 }

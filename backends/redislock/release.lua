@@ -14,16 +14,12 @@
 -- over another holder.
 local waiters = KEYS[4] or KEYS[2]
 -- put_back returns a record a release took out of the waiters and did not
--- grant. By pcall: on the source node of a slot being moved, a set that the
--- record's taking emptied is a key the node no longer has, and the command
--- fails there; the record is then lost (its waiter comes back within its
--- lost wake-up's bound, see wait.go), which costs a wait, not the lock.
+-- grant, through here (see next_waiter.lua): on the source node of a slot
+-- being moved, a set that the record's taking emptied is gone, and the
+-- record is then lost (its waiter comes back within its lost wake-up's
+-- bound, see wait.go), which costs a wait, not the lock.
 local function put_back(score, record)
-  local r = redis.pcall('zadd', waiters, score, record)
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, 'non local key', 1, true) then
-      error(r)
-    end
+  if not here(redis.pcall('zadd', waiters, score, record)) then
     return
   end
   -- A ZPOPMIN that emptied the key took its expiry with it, and the
@@ -55,14 +51,13 @@ if handing then
   local usec = t[2]
   local us = t[1] .. string.sub('00000', #usec) .. usec
   local ms = string.sub(us, 1, -4)
-  -- Records sort by deadline, so any dead ones come first. By pcall, an
-  -- error an empty set, as in next_waiter: a dead record taken out may
-  -- have been the last.
-  local oldest = redis.pcall('zpopmin', waiters)
+  -- Records sort by deadline, so any dead ones come first. Through here,
+  -- as in next_waiter: a dead record taken out may have been the last.
+  local oldest = here(redis.pcall('zpopmin', waiters)) or {}
   local s = oldest[2]
   if s and (#s < #ms or (#s == #ms and s <= ms)) then
-    redis.pcall('zremrangebyscore', waiters, '-inf', ms)
-    oldest = redis.pcall('zpopmin', waiters)
+    here(redis.pcall('zremrangebyscore', waiters, '-inf', ms))
+    oldest = here(redis.pcall('zpopmin', waiters)) or {}
   end
   local next, score = oldest[1] or '', oldest[2]
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
