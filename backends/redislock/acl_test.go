@@ -308,3 +308,60 @@ func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func(
 		return newLocker(t, c)
 	}
 }
+
+// TestDocumentedACLCluster: on a Cluster, the documented rules with
+// +cluster|slots and +command, which a ClusterClient sends to load its slot
+// map and its commands' key positions, let a lock be taken, waited for and
+// released, with no denial in any master's ACL LOG; without
+// +cluster|slots, the acquisition fails.
+func TestDocumentedACLCluster(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, rules := range [][]string{append(slices.Clone(aclRules), "+cluster|slots", "+command"), append(slices.Clone(aclRules), "+command")} {
+		for _, s := range c.shards {
+			args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
+			for _, r := range rules {
+				args = append(args, r)
+			}
+			c.must(s, args...)
+			c.must(s, "acl", "log", "reset")
+		}
+		user := func() *Locker {
+			return newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.Username, o.Password = "w", "pw" }))
+		}
+		key := fmt.Sprintf("warden:acl/cluster/%d", i)
+		lease, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+		if i == 1 {
+			if err == nil {
+				t.Error("an acquisition without +cluster|slots succeeded")
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			w, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+			if err == nil {
+				err = w.Release(ctx)
+			}
+			got <- err
+		}()
+		_, waiters := lockWaitersOf(key)
+		owner := c.owner(c.slot(waiters))
+		eventually(t, "the waiter recorded", func() bool { n, err := c.do(owner, "ZCARD", waiters).Int64(); return err == nil && n == 1 })
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("the waiter: %v", err)
+		}
+		for _, s := range c.shards {
+			if denied, _ := c.do(s, "acl", "log").Slice(); len(denied) > 0 {
+				t.Errorf("%s ACL LOG: %v", s.addr, denied)
+			}
+		}
+	}
+}
