@@ -12,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -227,4 +228,140 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr, prefix string) (p
 		fail("Store.Delete", st.Delete(ctx, "acl", k, owner))
 	}
 	return problems
+}
+
+// TestRefusedRecordKeepsHolder: a waiting contender's first attempt
+// writes its grant and reads the state in one SET GET, finds the lock
+// held, and records itself. When the record is refused (here a user
+// without ZADD), the script fails there, and is not rolled back: the
+// holder's state must have been written back before, so that the holder
+// keeps the lock and nobody else is granted it.
+func TestRefusedRecordKeepsHolder(t *testing.T) {
+	ctx := context.Background()
+	_, user := serverWithout(t, "+zadd")
+	holder, waiter := user(), user()
+	const key = "warden:refused/record" // within the rules' keys
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if w, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true}); err == nil {
+		t.Fatalf("the waiter was granted token %d over the holder's %d", w.Token(), lease.Token())
+	}
+	if n, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err == nil {
+		t.Errorf("a newcomer was granted token %d over the holder's %d", n.Token(), lease.Token())
+	}
+	if err := lease.Refresh(ctx, time.Minute); err != nil {
+		t.Errorf("the holder's refresh after the refused record: %v", err)
+	}
+}
+
+// TestReleaseRefusedWithoutRule: a release that hands the lock to a
+// recorded waiter takes the waiter's record by pcall, where a moving
+// slot's "non local key" is taken for an empty set; any other refusal (a
+// user without ZPOPMIN) must fail the release, as a call would, rather
+// than pass for nobody waiting.
+func TestReleaseRefusedWithoutRule(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, user := serverWithout(t, "+zpopmin")
+	holder, waiter := user(), user()
+	const key = "warden:refused/release" // within the rules' keys
+	lease, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if w, err := waiter.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true}); err == nil {
+			w.Release(context.Background())
+		}
+	}()
+	_, waiters := lockWaitersOf(key)
+	eventually(t, "the waiter recorded", func() bool { return admin.ZCard(ctx, waiters).Val() == 1 })
+	if err := lease.Release(ctx); err == nil {
+		t.Error("a release that could not take the waiter's record answered that it released")
+	}
+}
+
+// serverWithout starts a server of the test's own with user w given
+// aclRules but the one rule left out, and returns a client of its
+// default user and a maker of Lockers of w.
+func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func() *Locker) {
+	t.Helper()
+	s := drivertest.StartRedis(t)
+	admin = goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
+	for _, r := range aclRules {
+		if r != rule {
+			args = append(args, r)
+		}
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return admin, func() *Locker {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c)
+	}
+}
+
+// TestDocumentedACLCluster: on a Cluster, the documented rules with
+// +cluster|slots and +command, which a ClusterClient sends to load its slot
+// map and its commands' key positions, let a lock be taken, waited for and
+// released, with no denial in any master's ACL LOG; without
+// +cluster|slots, the acquisition fails.
+func TestDocumentedACLCluster(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, rules := range [][]string{append(slices.Clone(aclRules), "+cluster|slots", "+command"), append(slices.Clone(aclRules), "+command")} {
+		for _, s := range c.shards {
+			args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
+			for _, r := range rules {
+				args = append(args, r)
+			}
+			c.must(s, args...)
+			c.must(s, "acl", "log", "reset")
+		}
+		user := func() *Locker {
+			return newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.Username, o.Password = "w", "pw" }))
+		}
+		key := fmt.Sprintf("warden:acl/cluster/%d", i)
+		lease, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+		if i == 1 {
+			if err == nil {
+				t.Error("an acquisition without +cluster|slots succeeded")
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			w, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+			if err == nil {
+				err = w.Release(ctx)
+			}
+			got <- err
+		}()
+		_, waiters := lockWaitersOf(key)
+		owner := c.owner(c.slot(waiters))
+		eventually(t, "the waiter recorded", func() bool { n, err := c.do(owner, "ZCARD", waiters).Int64(); return err == nil && n == 1 })
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("the waiter: %v", err)
+		}
+		for _, s := range c.shards {
+			if denied, _ := c.do(s, "acl", "log").Slice(); len(denied) > 0 {
+				t.Errorf("%s ACL LOG: %v", s.addr, denied)
+			}
+		}
+	}
 }

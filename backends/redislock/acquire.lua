@@ -123,35 +123,38 @@ if free or mine then
   end
   return {1, tk, day, (waiting == '1' and 1) or 2}
 end
+-- Held by another: the holder's state is written back (with the waiting
+-- flag) as the next write, before the record: a script is not rolled back,
+-- and a command that fails it after the SET GET (a record refused) must
+-- not leave this contender's grant over the holder's.
 local flag = waiting
-if mode ~= '0' then
-  if mode ~= '3' then
-    local nl = string.find(ARGV[4], '\n', 1, true)
-    local timeout = tonumber(string.sub(ARGV[4], 1, nl - 1))
-    redis.call('zadd', KEYS[2], now + timeout, string.sub(ARGV[4], nl + 1))
-    -- The records outlive no waiter that renews its own; an expiry moved
-    -- to twice the timeout lasts through the records of the timeout that
-    -- follows, so that most records cost no PEXPIRE.
-    if redis.call('pttl', KEYS[2]) < timeout then
-      redis.call('pexpire', KEYS[2], 2 * timeout)
-    end
-  end
+if mode ~= '0' and waiting ~= '2' then
   -- Announced: '1' for a non-fair waiter, unless a fair one did ('2').
-  if waiting ~= '2' then
-    flag = '1'
-  end
+  flag = '1'
 end
 if not d then
   -- Another format: an earlier warden's lock, with its own expiry.
   if swapped then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
   end
-  return {0, redis.call('pttl', KEYS[1])}
-end
-if flag ~= waiting then
+elseif flag ~= waiting then
   redis.call('set', KEYS[1], string.format('%.0f:%s:%s:%s:%s', d, token, old_day, flag, owner), 'KEEPTTL')
 elseif swapped then
   redis.call('set', KEYS[1], old, 'KEEPTTL')
+end
+if mode ~= '0' and mode ~= '3' then
+  local nl = string.find(ARGV[4], '\n', 1, true)
+  local timeout = tonumber(string.sub(ARGV[4], 1, nl - 1))
+  redis.call('zadd', KEYS[2], now + timeout, string.sub(ARGV[4], nl + 1))
+  -- The records outlive no waiter that renews its own; an expiry moved
+  -- to twice the timeout lasts through the records of the timeout that
+  -- follows, so that most records cost no PEXPIRE.
+  if redis.call('pttl', KEYS[2]) < timeout then
+    redis.call('pexpire', KEYS[2], 2 * timeout)
+  end
+end
+if not d then
+  return {0, redis.call('pttl', KEYS[1])}
 end
 -- The holder's token tells a waiter whether a grant it hears of later was
 -- made after this attempt ran (see handedOver in wait.go).

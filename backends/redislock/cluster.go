@@ -35,7 +35,13 @@ import (
 //     sent again, as for a migration.
 type scripter struct {
 	goredis.Scripter
-	client   goredis.UniversalClient
+	client goredis.UniversalClient
+	resender
+}
+
+// resender sends a script again, and reloads a Cluster client's slot map,
+// as scripter says; the Fence's writes go through one too.
+type resender struct {
 	cluster  *goredis.ClusterClient // nil when the client is not a Cluster's
 	reloaded atomic.Int64           // unix nanos of the last reload asked for
 }
@@ -43,8 +49,9 @@ type scripter struct {
 const reloadEvery = 250 * time.Millisecond
 
 func newScripter(c goredis.UniversalClient) *scripter {
-	cc, _ := c.(*goredis.ClusterClient)
-	return &scripter{Scripter: c, client: c, cluster: cc}
+	s := &scripter{Scripter: c, client: c}
+	s.cluster, _ = c.(*goredis.ClusterClient)
+	return s
 }
 
 // evalsha runs a script by its digest as go-redis's Script.Run does, but
@@ -88,7 +95,7 @@ func (s *scripter) EvalSha(ctx context.Context, sha1 string, keys []string, args
 	return s.retry(ctx, func() *goredis.Cmd { return s.Scripter.EvalSha(ctx, sha1, keys, args...) })
 }
 
-func (s *scripter) retry(ctx context.Context, send func() *goredis.Cmd) *goredis.Cmd {
+func (s *resender) retry(ctx context.Context, send func() *goredis.Cmd) *goredis.Cmd {
 	if s.cluster == nil {
 		return send()
 	}
@@ -128,7 +135,7 @@ func unserved(err error) bool {
 
 // reload asks the Cluster client to load the slot map again; without one it
 // does nothing.
-func (s *scripter) reload() {
+func (s *resender) reload() {
 	if s.cluster == nil {
 		return
 	}

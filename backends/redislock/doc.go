@@ -222,7 +222,15 @@
 //	  +zremrangebyscore +zscore ~{warden:* ~warden:fence:* ~warden:idem:*
 //	  &warden:wake:* &{warden:*
 //
-// plus the keys the Fence's writes touch, which are the application's. A
+// plus the keys the Fence's writes touch, which are the application's. On
+// a Cluster, add +cluster|slots and +command, which a go-redis
+// ClusterClient sends to load its slot map and its commands' key
+// positions. Under another prefix (guard.WithPrefix("app:")),
+// ~{app:* and &{app:* take the place of ~{warden:* and &{warden:*, and on a
+// Cluster ~{warden:wake:* stays: the notifier probes a waiter's
+// subscription by a script on a key {warden:wake:<id>} whatever the
+// prefix, and, refused, falls back to a PING, which does not find out a
+// subscription on a master removed from the cluster. A
 // request the server refuses for good (NOPERM, a script's call refused,
 // an unknown command such as an EVALSHA renamed away) fails at once with
 // the server's words, in a waiting acquisition too, which tries again

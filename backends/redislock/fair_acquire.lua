@@ -28,6 +28,11 @@
 -- ARGV[8] '1' when an earlier attempt of the contender got no answer
 -- Returns {1, token, day, waiting flag} or {0, ms until the holder's lease or the head's
 -- window ends (negative when unknown)}.
+-- Checks and writes: the state is read first, and a grant written only
+-- once the lock is found free (or the contender's), after the queue's
+-- writes: a command that fails the script (which is not rolled back), e.g.
+-- on a queue or deadlines key that a pruning emptied on the source node of
+-- a slot being moved, leaves no grant over a holder.
 local us, now = clock()
 local old = redis.call('get', KEYS[1])
 local d, token, old_day, waiting, owner = parse(old)

@@ -74,6 +74,9 @@ type Fence struct {
 	client rediseval.Client
 	prefix string
 	write  fenceScript
+	// slots sends a write again while its slot moves, reloading a Cluster
+	// client's slot map as the Locker's scripts do.
+	slots resender
 }
 
 // FenceOption configures a Fence.
@@ -93,6 +96,7 @@ func NewFence(client goredis.Cmdable, opts ...FenceOption) (*Fence, error) {
 		return nil, fmt.Errorf("warden: redislock: %w: NewFence of a %T, which cannot send a command of its own", driver.ErrInvalidOption, client)
 	}
 	f := &Fence{client: p, prefix: DefaultFencePrefix, write: newFenceScript(fenceCheckSrc + fenceWriteSrc)}
+	f.slots.cluster, _ = client.(*goredis.ClusterClient)
 	for _, o := range opts {
 		o(f)
 	}
@@ -184,7 +188,8 @@ func newFenceScript(src string) fenceScript {
 // eval runs s once. NOSCRIPT is an answer: the server ran nothing, and the
 // script is sent whole. So are the answers of a slot migration (see
 // migrating): the script is sent again, with growing pauses, until the slot
-// settles or ctx ends.
+// settles or ctx ends, and a node's answer that it serves the slot no more
+// has a Cluster client's slot map reloaded first (see resender).
 func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []any) (any, error) {
 	send := func(name, script string) (any, error) {
 		argv := make([]any, 0, 3+len(keys)+len(args))
@@ -193,13 +198,7 @@ func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []a
 			argv = append(argv, k)
 		}
 		argv = append(argv, args...)
-		pause := driver.Backoff{Min: 2 * time.Millisecond, Max: 100 * time.Millisecond}
-		for {
-			r, err := rediseval.EvalOnce(ctx, f.client, argv...).Result()
-			if err == nil || !migrating(err) || driver.Sleep(ctx, pause.Next(), nil) != nil {
-				return r, err
-			}
-		}
+		return f.slots.retry(ctx, func() *goredis.Cmd { return rediseval.EvalOnce(ctx, f.client, argv...) }).Result()
 	}
 	r, err := send("evalsha", s.sha)
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {

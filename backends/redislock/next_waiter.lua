@@ -1,3 +1,20 @@
+-- here passes on what a pcall answered for a key the script may have
+-- emptied: Redis deletes an emptied list or set, and on the source node of
+-- a slot being moved to another, a command on a key the node no longer has
+-- fails the script there, after what it wrote (a script is not rolled
+-- back). That error alone gives false, which its callers take for an empty
+-- key; any other (a user without the command, the cluster down) is raised,
+-- as a call would have.
+local function here(r)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'non local key', 1, true) then
+      return false
+    end
+    error(r)
+  end
+  return r
+end
+
 -- next_waiter names whom a free lock's message should wake: the head of
 -- the fair queue if it is still alive (dead heads are dropped), else the
 -- live non-fair waiter whose record is oldest, else nobody (''), which
@@ -8,33 +25,36 @@
 -- (nil for the queue's head or nobody); the server's clock, in ms and us,
 -- comes third and fourth.
 --
--- The queue, the deadlines and the waiters are read by pcall, and an error
--- taken for an empty one: a dead head or record taken out may have been the
--- last, and Redis deletes an emptied list or set; on the source node of a
--- slot being moved to another, a command on a key it no longer has fails
--- the script there, after what it wrote (a script is not rolled back) and
--- before the wake-up.
+-- The queue, the deadlines and the waiters are read through here: a dead
+-- head or record taken out may have been the last, and the wake-up is yet
+-- to come.
 local function next_waiter(queue, deadlines, waiters, nonfair_only, pop)
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while not nonfair_only do
-    local head = redis.pcall('lindex', queue, 0)
+    local head = here(redis.pcall('lindex', queue, 0))
     if type(head) ~= 'string' then
       break
     end
-    local deadline = redis.pcall('zscore', deadlines, head)
+    local deadline = here(redis.pcall('zscore', deadlines, head))
     if type(deadline) == 'string' and tonumber(deadline) > now then
       return head, nil, now, t[1] * 1000000 + t[2]
     end
     redis.call('lpop', queue)
-    redis.pcall('zrem', deadlines, head)
+    here(redis.pcall('zrem', deadlines, head))
   end
   -- Records sort by deadline, so any dead ones come first: pruning only
   -- when the first is dead saves a command on most releases.
-  local oldest = (pop and redis.pcall('zpopmin', waiters)) or redis.pcall('zrange', waiters, 0, 0, 'WITHSCORES')
+  local function first()
+    if pop then
+      return here(redis.pcall('zpopmin', waiters)) or {}
+    end
+    return here(redis.pcall('zrange', waiters, 0, 0, 'WITHSCORES')) or {}
+  end
+  local oldest = first()
   if oldest[1] and tonumber(oldest[2]) <= now then
-    redis.pcall('zremrangebyscore', waiters, '-inf', now)
-    oldest = (pop and redis.pcall('zpopmin', waiters)) or redis.pcall('zrange', waiters, 0, 0, 'WITHSCORES')
+    here(redis.pcall('zremrangebyscore', waiters, '-inf', now))
+    oldest = first()
   end
   return oldest[1] or '', pop and oldest[2], now, t[1] * 1000000 + t[2]
 end

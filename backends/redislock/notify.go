@@ -360,7 +360,10 @@ func (n *notifier) write() {
 // closed or replaced, and watches its health.
 func (n *notifier) receive(ps *goredis.PubSub) {
 	pause := driver.Backoff{Max: maxReconnectPause}
-	probed := false
+	// probed is the answer of the probe sent after a silence (nil before
+	// one); pinged, that the connection's own node was pinged after it.
+	var probed <-chan bool
+	pinged := false
 	var rc receiveContext
 	defer rc.stop()
 	for {
@@ -371,13 +374,20 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				if !probed {
-					probed = true
-					n.probe(ps)
+				if probed == nil {
+					probed = n.probe(ps)
 					continue
 				}
-				// Silent through a whole period after a probe: the
-				// connection is dead without knowing it, or deaf.
+				// Silent through a whole period after a probe. When the
+				// node that was to publish it did not take it (paused,
+				// refused, another master than ps's), the silence says
+				// nothing of ps's node: it is pinged, and judged by that.
+				if !pinged && !<-probed {
+					pinged = true
+					go n.ping(ps)
+					continue
+				}
+				// The connection is dead without knowing it, or deaf.
 				n.replace(ps)
 				return
 			}
@@ -393,7 +403,7 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 			continue
 		}
 		pause.Reset()
-		probed = false
+		probed, pinged = nil, false
 		switch m := m.(type) {
 		case *goredis.Subscription:
 			if m.Kind == "subscribe" {
@@ -405,25 +415,28 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 	}
 }
 
-// probe asks for a sign of life on ps: a PING, which its node answers on
-// ps. On a Cluster, that proves the node lives, not that it is still a
-// member: a master emptied and removed (redis-cli --cluster del-node: the
-// others forget it, it is reset) keeps its subscribers and answers their
-// PINGs, but no release's PUBLISH reaches it any more. There the probe is a
+// probe asks for a sign of life on ps, and answers on the channel it
+// returns whether the node meant to send it took the request. Without a
+// channel to probe on, that is a PING, which ps's node answers on ps. On a
+// Cluster, that proves the node lives, not that it is still a member: a
+// master emptied and removed (redis-cli --cluster del-node: the others
+// forget it, it is reset) keeps its subscribers and answers their PINGs,
+// but no release's PUBLISH reaches it any more. There the probe is a
 // message that one of ps's confirmed channels carries from a member: a
 // script publishes it on the node that serves a key of the channel's slot
 // (a removed node serves none, and a PUBLISH alone may be sent to any node
 // the client knows, it too), and the cluster relays it to every member, so
-// that ps receives it only if its node is one. A probe the server refuses
+// that ps receives it only if its node is one. That node is often another
+// master than ps's: one that does not answer (paused, frozen) or refuses
 // for good (see redisrefusal: a user without the right to the key, to
-// EVALSHA or to PUBLISH) is followed by a PING.
-func (n *notifier) probe(ps *goredis.PubSub) {
+// EVALSHA or to PUBLISH) tells nothing of ps, which receive then pings.
+func (n *notifier) probe(ps *goredis.PubSub) <-chan bool {
+	answered := make(chan bool, 1)
 	channel := n.probeChannel(ps)
 	if channel == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
-		defer cancel()
-		_ = ps.Ping(ctx)
-		return
+		n.ping(ps)
+		answered <- true
+		return answered
 	}
 	key := channel
 	if !strings.HasPrefix(key, "{") {
@@ -438,10 +451,18 @@ func (n *notifier) probe(ps *goredis.PubSub) {
 		ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
 		defer cancel()
 		err := n.probeScript.Run(ctx, n.client, []string{key}, channel, probeMessage).Err()
-		if err != nil && redisrefusal.Permanent(err) {
-			_ = ps.Ping(ctx)
-		}
+		// Any other answer (a stale slot map's CLUSTERDOWN or MOVED) is
+		// the silence of a connection that may be deaf.
+		answered <- err == nil || (isReply(err) && !redisrefusal.Permanent(err))
 	}()
+	return answered
+}
+
+// ping sends a PING on ps, which its node answers on ps.
+func (n *notifier) ping(ps *goredis.PubSub) {
+	ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
+	defer cancel()
+	_ = ps.Ping(ctx)
 }
 
 // probeChannel is the channel to probe ps on, or "" when ps is not a

@@ -5,6 +5,10 @@
 -- KEYS[4] fence
 -- ARGV[1] owner  ARGV[2] ttl (ms)
 -- Returns {1, token} or {0, ms until the blocking writer's lease or place lapses}.
+-- Checks and writes: lapsed members are pruned, then the writer and the
+-- waiting writers are read before the reader's member is written: a command
+-- that fails the script (which is not rolled back) leaves no grant over a
+-- writer.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)

@@ -4,6 +4,9 @@
 -- extended.
 -- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] its token
 -- Returns the key's day when extended, 0 when the lock was not owner's.
+-- The SET GET that extends is also the check: a state that was not the
+-- owner's is written back as the next write, with no command between that
+-- could fail the script (which is not rolled back) and leave the extension.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]

@@ -8,6 +8,8 @@
 -- Returns {day, flags}: the day every extended key now has, and one
 -- character per key, '1' when it was extended, '0' when the lock was not
 -- its owner's or had expired.
+-- Each key as in refresh_lock.lua: a state that was not the owner's is
+-- written back as the next write after the SET GET that read it.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[1]

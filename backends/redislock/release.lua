@@ -4,7 +4,31 @@
 -- it wrote, and my_owner, my_token and my_day, the owner's, which it
 -- parsed from the client's tail when the client packed them, my_owner
 -- false when that tail was not as the client makes it).
+--
+-- Checks and writes: the SET GET that writes the free state or a grant is
+-- also the owner check. A state that was not the owner's is written back
+-- as the next write, and only then is a waiter's record taken for the
+-- grant put back: a script is not rolled back, and a command that fails it
+-- at any point (on the source node of a slot being moved, see put_back)
+-- leaves the state as it was, or free in the owner's name, never granted
+-- over another holder.
 local waiters = KEYS[4] or KEYS[2]
+-- put_back returns a record a release took out of the waiters and did not
+-- grant, through here (see next_waiter.lua): on the source node of a slot
+-- being moved, a set that the record's taking emptied is gone, and the
+-- record is then lost (its waiter comes back within its lost wake-up's
+-- bound, see wait.go), which costs a wait, not the lock.
+local function put_back(score, record)
+  if not here(redis.pcall('zadd', waiters, score, record)) then
+    return
+  end
+  -- A ZPOPMIN that emptied the key took its expiry with it, and the
+  -- record's deadline is when the key may go.
+  if redis.call('pttl', waiters) < 0 then
+    redis.call('pexpireat', waiters, score)
+  end
+end
+local popped, popped_score, wrote
 if handing then
   -- The oldest live waiter's record is taken first, and the grant in its
   -- name written over the owner's state in one SET GET, which is checked
@@ -27,14 +51,13 @@ if handing then
   local usec = t[2]
   local us = t[1] .. string.sub('00000', #usec) .. usec
   local ms = string.sub(us, 1, -4)
-  -- Records sort by deadline, so any dead ones come first. By pcall, an
-  -- error an empty set, as in next_waiter: a dead record taken out may
-  -- have been the last.
-  local oldest = redis.pcall('zpopmin', waiters)
+  -- Records sort by deadline, so any dead ones come first. Through here,
+  -- as in next_waiter: a dead record taken out may have been the last.
+  local oldest = here(redis.pcall('zpopmin', waiters)) or {}
   local s = oldest[2]
   if s and (#s < #ms or (#s == #ms and s <= ms)) then
-    redis.pcall('zremrangebyscore', waiters, '-inf', ms)
-    oldest = redis.pcall('zpopmin', waiters)
+    here(redis.pcall('zremrangebyscore', waiters, '-inf', ms))
+    oldest = here(redis.pcall('zpopmin', waiters)) or {}
   end
   local next, score = oldest[1] or '', oldest[2]
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
@@ -72,31 +95,42 @@ if handing then
       redis.pcall('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
       return now
     end
-    redis.call('set', KEYS[1], free, 'KEEPTTL')
   else
     old = redis.call('set', KEYS[1], free, 'KEEPTTL', 'GET')
   end
-  if score then
-    -- Put back as it was: a ZPOPMIN that emptied the key took its expiry
-    -- with it, and the record's deadline is when the key may go.
-    redis.call('zadd', waiters, score, next)
-    if redis.call('pttl', waiters) < 0 then
-      redis.call('pexpireat', waiters, score)
-    end
-  end
+  -- The record taken is put back below, after the state is put right: a
+  -- command that fails the script between them must leave the state as it
+  -- was or free in the owner's name, never a grant over another holder's.
+  popped, popped_score, wrote = next, score, state
 end
 local token, day, waiting, owner
 if old then
   token, day, waiting, owner = string.match(old, '^%d+:(%d+):(%d+):([012]):(.*)$')
 end
 if owner ~= my_owner then
-  -- Not the owner's (or another format): what was there is written back.
+  -- Not the owner's (or another format): what was there is written back,
+  -- as the first write after the check.
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
   else
     redis.call('del', KEYS[1])
   end
+  if popped_score then
+    put_back(popped_score, popped)
+  end
   return 0
+end
+if handing then
+  -- The owner's, with another token, day or flag: what the SET GET wrote
+  -- (a grant in a waiter's name, or the free state without the flag)
+  -- gives way to the free state, which the rest goes on from as from
+  -- release_head.lua's SET GET.
+  if wrote then
+    redis.call('set', KEYS[1], free, 'KEEPTTL')
+  end
+  if popped_score then
+    put_back(popped_score, popped)
+  end
 end
 if waiting == '2' and not KEYS[4] then
   redis.call('set', KEYS[1], old, 'KEEPTTL')
@@ -136,11 +170,8 @@ if score then
     redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
   end
-  -- Its waiter takes it out when it gets the lock. (Put back as above.)
-  redis.call('zadd', waiters, score, next)
-  if redis.call('pttl', waiters) < 0 then
-    redis.call('pexpireat', waiters, score)
-  end
+  -- Its waiter takes it out when it gets the lock.
+  put_back(score, next)
 end
 if token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')

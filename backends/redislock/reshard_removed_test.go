@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/fence"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -38,5 +39,35 @@ func TestReshardRemovedMasterInView(t *testing.T) {
 		if err != nil {
 			t.Fatalf("client %d, with the removed master among its seeds: %v", i, err)
 		}
+	}
+}
+
+// TestReshardFenceAfterRemoval: a Fence whose client's slot map still
+// names a master that the resource's slot left before it was removed
+// sends its write there, and is answered "CLUSTERDOWN Hash slot not
+// served": the map is reloaded, and the write done on the slot's master
+// within a fraction of the client's minute between its own reloads.
+func TestReshardFenceAfterRemoval(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	d := c.add()
+	ctx := context.Background()
+	const res = "{reshard/fence-removed}"
+	slot := c.slot(res)
+	c.moveSlot(slot, c.owner(slot), d, 10, nil)
+	f, err := NewFence(c.client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client's map names d for the slot, and is not reloaded while the
+	// slot leaves d and d is removed.
+	if err := f.Set(ctx, fence.Claim{Resource: res, Token: 1}, res+":a", "1", 0); err != nil {
+		t.Fatal(err)
+	}
+	c.moveSlot(slot, d, c.shards[0], 10, nil)
+	c.remove(d)
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := f.Set(fctx, fence.Claim{Resource: res, Token: 2}, res+":a", "2", 0); err != nil {
+		t.Fatalf("a fenced write after the removal: %v", err)
 	}
 }

@@ -333,3 +333,70 @@ func releaseOnSource(t *testing.T, c *reshardCluster, key string, lease driver.L
 		}
 	})
 }
+
+// TestReshardLateReleaseOfTakenLock: a plain lock whose lease lapsed and
+// was taken by a waiter (B), another waiter recorded, is released late by
+// its former holder on the source node of its slot being moved. The
+// release takes the other waiter's record, the last, to hand the lock to,
+// which empties the set, which Redis deletes; its grant finds B's state,
+// and a command on the set after that fails there: the script must have
+// put B's state back before, and no newcomer may be granted the lock.
+func TestReshardLateReleaseOfTakenLock(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := "reshard/late"
+	lock, waiters := lockWaitersOf(key)
+	slot := c.slot(lock)
+	src := c.owner(slot)
+	recorded := func() bool { n, err := c.do(src, "ZCARD", waiters).Int64(); return err == nil && n == 1 }
+	first, err := newLocker(t, c.client()).Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waits, and is handed the lock with a lease of a second.
+	gotA := make(chan acquired, 1)
+	go func() {
+		le, err := newLocker(t, c.client()).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second, Wait: true})
+		gotA <- acquired{le, err}
+	}()
+	eventually(t, "A recorded", recorded)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-gotA
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	// Two more wait; A's lease lapses, one of them (B) takes the lock, the
+	// other stays recorded.
+	got := make(chan acquired, 2)
+	for range 2 {
+		go func() {
+			le, err := newLocker(t, c.client()).Acquire(ctx, key, driver.AcquireOptions{TTL: 30 * time.Second, Wait: true})
+			got <- acquired{le, err}
+		}()
+	}
+	b := <-got
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	eventually(t, "the other waiter recorded", recorded)
+	newcomer := newLocker(t, c.client())
+	once := true
+	c.moveSlot(slot, src, c.other(src), 10, func() {
+		if !once {
+			return
+		}
+		once = false
+		if err := a.lease.Release(ctx); err == nil {
+			t.Error("the release of a lapsed lease, which B holds, answered that it released")
+		}
+		if n, err := newcomer.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Second}); err == nil {
+			t.Errorf("a newcomer was granted token %d while B holds token %d", n.Token(), b.lease.Token())
+		}
+	})
+	if err := b.lease.Refresh(ctx, 30*time.Second); err != nil {
+		t.Errorf("B's refresh once the slot moved: %v", err)
+	}
+}

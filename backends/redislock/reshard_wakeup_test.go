@@ -162,3 +162,64 @@ func woken(t *testing.T, what string, got <-chan acquired, since time.Time, ttl 
 	}
 	return nil
 }
+
+// TestProbeThroughPausedMaster: a Locker's waiters share one Pub/Sub
+// connection, on the master of the first channel's slot; after a silence
+// the notifier probes it by a message published through the master of its
+// own channel's slot, another one here. While that other master is paused,
+// the probe is not sent, which says nothing of the connection: it must be
+// kept (replacing it would lose the messages of the gap), its own node
+// pinged instead.
+func TestProbeThroughPausedMaster(t *testing.T) {
+	c := startReshardCluster(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := newLocker(t, c.client())
+	probeNode := c.owner(c.slot(l.wake))
+	var key string
+	for i := 0; ; i++ {
+		key = fmt.Sprintf("reshard/probe/%d", i)
+		if c.owner(c.slot(lockKeyOf(key))) != probeNode {
+			break
+		}
+	}
+	holder := newLocker(t, c.client())
+	// A writer holds key, whose reader subscribes first (the connection
+	// goes to key's master); a plain lock's waiter adds the Locker's own
+	// channel, the probe's.
+	if _, err := holder.AcquireWrite(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	go l.AcquireRead(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	ready := func(n int) func() bool {
+		return func() bool {
+			l.notify.mu.Lock()
+			defer l.notify.mu.Unlock()
+			k := 0
+			for _, s := range l.notify.subs {
+				if s.isReady {
+					k++
+				}
+			}
+			return k == n
+		}
+	}
+	eventually(t, "the reader subscribed", ready(1))
+	go l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	eventually(t, "the plain waiter subscribed", ready(2))
+	l.notify.mu.Lock()
+	ps := l.notify.ps
+	l.notify.mu.Unlock()
+	c.must(probeNode, "CLIENT", "PAUSE", 4000, "ALL")
+	// Answered once the pause is over.
+	c.must(probeNode, "PING")
+	l.notify.mu.Lock()
+	kept := l.notify.ps == ps
+	l.notify.mu.Unlock()
+	if !kept {
+		t.Error("the connection was replaced while another master than its own was paused")
+	}
+}

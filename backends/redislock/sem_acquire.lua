@@ -3,6 +3,9 @@
 -- KEYS[1] holders (zset)  KEYS[2] fence
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] permits
 -- Returns {1, token} or {0, ms until the earliest permit lapses}.
+-- Checks and writes: lapsed permits are pruned, then counted before the
+-- permit is written: a command that fails the script (which is not rolled
+-- back) leaves no permit past the limit.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)

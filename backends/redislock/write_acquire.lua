@@ -6,6 +6,10 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to record the wait
 -- ARGV[4] waiter timeout (ms)
 -- Returns {1, token} or {0, ms until the earliest blocking lease lapses}.
+-- Checks and writes: lapsed members are pruned, then the writer and the
+-- readers are read before the writer's key is written: a command that
+-- fails the script (which is not rolled back) leaves no grant over a
+-- holder.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
