@@ -157,6 +157,9 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 }
 
 func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
+	if err := autocommits(ctx, db, d); err != nil {
+		return err
+	}
 	// Before the table is made: a refused pool is left without one, which
 	// an application that goes on despite the refusal would use.
 	if err := oneDatabase(ctx, db, d, table); err != nil {

@@ -2,8 +2,10 @@ package sqllock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,5 +66,30 @@ func TestMigrateAsRowWriter(t *testing.T) {
 	owner.Raw("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = to_regclass(?)", table).Scan(&options)
 	if options != "fillfactor=50" {
 		t.Errorf("the lock table's options after Migrate: %q; want fillfactor=50", options)
+	}
+}
+
+// TestMigrateRefusesAutocommitOff: on MySQL, a session with autocommit off
+// (a DSN parameter the driver sets on every connection) would leave every
+// acquisition and release uncommitted; Migrate, of the Locker and of the
+// Store, refuses it, naming the setting.
+func TestMigrateRefusesAutocommitOff(t *testing.T) {
+	db := mariaDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("noautocommit_%d", time.Now().UnixNano())
+	g := openDB(t, db, dsn+"&autocommit=0")
+	t.Cleanup(func() { openDB(t, db, dsn).Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_idem") })
+	ctx := context.Background()
+	err := newLocker(t, g, sqllock.WithTable(table)).Migrate(ctx)
+	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "autocommit") {
+		t.Errorf("Locker.Migrate with autocommit=0: %v; want an ErrInvalidOption naming autocommit", err)
+	}
+	s, err := sqllock.NewStore(g, sqllock.WithStoreTable(table+"_idem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Migrate(ctx)
+	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "autocommit") {
+		t.Errorf("Store.Migrate with autocommit=0: %v; want an ErrInvalidOption naming autocommit", err)
 	}
 }
