@@ -8,6 +8,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // Migrate creates or updates the lock table and the fence table with gorm's
@@ -128,11 +130,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 		return nil
 	}
 	tx := db.WithContext(ctx)
-	var schemaName any // nil: the connection's database
-	name := table
-	if s, t, ok := strings.Cut(table, "."); ok {
-		schemaName, name = s, t
-	}
+	schemaName, name := tableSchema(table)
 	var types []string
 	err := tx.Raw("SELECT DATA_TYPE FROM information_schema.COLUMNS"+
 		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
@@ -165,12 +163,20 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 	if err := oneDatabase(ctx, db, d, table); err != nil {
 		return err
 	}
+	// Before the table is altered too, and again after: another process
+	// may have made it meanwhile, or the server put another engine in
+	// InnoDB's place.
+	if err := transactional(ctx, db, d, table); err != nil {
+		return err
+	}
 	run := func() error {
 		tx := db.WithContext(ctx)
 		if d.name == "mysql" {
-			// Text compares case-sensitively, as on the other
-			// databases; key columns are binary besides (keyColumn).
-			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+			// InnoDB whatever the server's default engine: see
+			// transactional. Text compares case-sensitively, as on the
+			// other databases; key columns are binary besides
+			// (keyColumn).
+			tx = tx.Set("gorm:table_options", "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
 		}
 		if qualifiedMySQL(d, table) {
 			exists, err := hasTable(ctx, db, d, table)
@@ -194,7 +200,45 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
+	return transactional(ctx, db, d, table)
+}
+
+// transactional refuses a MySQL table whose engine has no transactions
+// (MyISAM, Aria, MEMORY: one made by hand, or by an earlier version on a
+// server whose default engine was one of those). A statement such an
+// engine refuses midway, as a trigger may, keeps the rows it had already
+// written, so that a release or a takeover could be half done, or done
+// and reported refused; on a transactional engine each statement, run
+// alone in autocommit, is done whole or not at all.
+func transactional(ctx context.Context, db *gorm.DB, d dialect, table string) error {
+	if d.name != "mysql" {
+		return nil
+	}
+	schemaName, name := tableSchema(table)
+	var engines []struct{ Engine, Transactions string }
+	err := db.WithContext(ctx).Raw("SELECT t.ENGINE AS engine, COALESCE(e.TRANSACTIONS, 'NO') AS transactions"+
+		" FROM information_schema.TABLES t LEFT JOIN information_schema.ENGINES e ON e.ENGINE = t.ENGINE"+
+		" WHERE t.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND t.TABLE_NAME = ? AND t.ENGINE IS NOT NULL",
+		schemaName, name).Scan(&engines).Error
+	if err != nil {
+		return unavailable(ctx, fmt.Errorf("migrate %s: reading its engine: %w", table, err))
+	}
+	for _, e := range engines {
+		if !strings.EqualFold(e.Transactions, "YES") {
+			return fmt.Errorf("%w: table %s uses the %s engine, which has no transactions: a statement refused midway keeps what it wrote;"+
+				" convert it (ALTER TABLE %s ENGINE=InnoDB) or drop it for Migrate to make anew", driver.ErrInvalidOption, table, e.Engine, table)
+		}
+	}
 	return nil
+}
+
+// tableSchema splits table into the database it names, nil for the
+// connection's own (for COALESCE(?, DATABASE())), and its name.
+func tableSchema(table string) (any, string) {
+	if s, t, ok := strings.Cut(table, "."); ok {
+		return s, t
+	}
+	return nil, table
 }
 
 // qualifiedMySQL reports whether table names its database on MySQL

@@ -93,3 +93,51 @@ func TestMigrateRefusesAutocommitOff(t *testing.T) {
 		t.Errorf("Store.Migrate with autocommit=0: %v; want an ErrInvalidOption naming autocommit", err)
 	}
 }
+
+// TestMigrateMakesInnoDBTables: on MySQL, Migrate makes its tables InnoDB
+// whatever the session's default engine (MyISAM here, as a DSN parameter),
+// and refuses a table of the same name on an engine without transactions,
+// on which a statement refused midway keeps what it wrote.
+func TestMigrateMakesInnoDBTables(t *testing.T) {
+	db := mariaDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("engine_%d", time.Now().UnixNano())
+	idem, myisam := table+"_idem", table+"_myisam"
+	admin := openDB(t, db, dsn)
+	t.Cleanup(func() { admin.Exec("DROP TABLE IF EXISTS " + table + ", " + idem + ", " + myisam) })
+	g := openDB(t, db, dsn+"&default_storage_engine=MyISAM")
+	ctx := context.Background()
+	if err := newLocker(t, g, sqllock.WithTable(table)).Migrate(ctx); err != nil {
+		t.Fatalf("Locker.Migrate: %v", err)
+	}
+	s, err := sqllock.NewStore(g, sqllock.WithStoreTable(idem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Store.Migrate: %v", err)
+	}
+	for _, name := range []string{table, idem} {
+		var engine string
+		admin.Raw("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", name).Scan(&engine)
+		if engine != "InnoDB" {
+			t.Errorf("Migrate made %s with the engine %q; want InnoDB", name, engine)
+		}
+	}
+
+	if err := admin.Exec("CREATE TABLE " + myisam + " (name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=MyISAM").Error; err != nil {
+		t.Fatal(err)
+	}
+	err = newLocker(t, admin, sqllock.WithTable(myisam)).Migrate(ctx)
+	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "MyISAM engine, which has no transactions") {
+		t.Errorf("Locker.Migrate on a MyISAM lock table: %v; want an ErrInvalidOption naming the engine", err)
+	}
+	s, err = sqllock.NewStore(admin, sqllock.WithStoreTable(myisam))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Migrate(ctx)
+	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "MyISAM engine, which has no transactions") {
+		t.Errorf("Store.Migrate on a MyISAM idempotency table: %v; want an ErrInvalidOption naming the engine", err)
+	}
+}
