@@ -3,7 +3,9 @@ package sqllock
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
@@ -60,7 +62,11 @@ const lockFillfactor = 50
 // every start kept a service whose role may only read and write the rows
 // (the owner being another, which made the table) from starting, and made
 // each start wait for a VACUUM of the table, whose lock its lock conflicts
-// with.
+// with. The setting is compared as the number PostgreSQL reads from it
+// (pgInteger): the text is stored as it was written ('50.0'), and none at
+// all (RESET) is PostgreSQL's default, 100. A role that may not set it
+// (not the owner, or on a read-only connection) is refused for good, told
+// what to do, rather than told that the database is unavailable.
 func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "postgres" {
 		return nil
@@ -70,20 +76,45 @@ func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) e
 		return err
 	}
 	tx := db.WithContext(ctx)
-	var set int64
-	err = tx.Raw("SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND ? = ANY(reloptions)",
-		quoted, fmt.Sprintf("fillfactor=%d", lockFillfactor)).Scan(&set).Error
+	var values []string
+	err = tx.Raw("SELECT option_value FROM pg_class, pg_options_to_table(reloptions)"+
+		" WHERE oid = to_regclass(?) AND option_name = 'fillfactor'", quoted).Scan(&values).Error
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: reading its fillfactor: %w", table, err))
 	}
-	if set > 0 {
+	if len(values) == 1 && pgInteger(values[0]) == lockFillfactor {
 		return nil
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
 	if err := tx.Exec(alter).Error; err != nil {
+		switch sqlState(err) {
+		case "42501", "25006": // insufficient_privilege, read_only_sql_transaction
+			return fmt.Errorf("%w: migrate %s: its fillfactor is not %d, and only the table's owner, on a writable connection, may set it:"+
+				" run Migrate once as the owner, or have the owner run %s: %w", driver.ErrInvalidOption, table, lockFillfactor, alter, err)
+		}
 		return unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
 	}
 	return nil
+}
+
+// pgInteger is the value PostgreSQL reads from text it accepted for an
+// integer option, as it was stored: in decimal, octal with a leading 0, or
+// hexadecimal with 0x ("050" is 40), or with a fraction or an exponent,
+// rounded to the nearest, halves to even. It is -1 for text it would not
+// have accepted.
+func pgInteger(s string) int64 {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "_") {
+		return -1 // Go reads digits separated by _, PostgreSQL does not
+	}
+	if n, err := strconv.ParseInt(s, 0, 64); err == nil {
+		return n
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return -1
+	}
+	return int64(math.RoundToEven(f))
 }
 
 // lockRow is the lock table's schema, for AutoMigrate.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -22,29 +24,9 @@ func TestMigrateAsRowWriter(t *testing.T) {
 	db := postgresDB()
 	dsn := db.dsn(t)
 	table := fmt.Sprintf("rowwriter_%d", time.Now().UnixNano())
-	owner := migrated(t, db, dsn, sqllock.WithTable(table))
-	t.Cleanup(func() { owner.Exec("DROP TABLE " + table) })
-	role := table + "_role"
-	tables := table + ", " + sqllock.DefaultFenceTable
-	for _, s := range []string{
-		"CREATE ROLE " + role + " LOGIN PASSWORD 'rw-Pass-3'",
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + tables + " TO " + role,
-	} {
-		if err := owner.Exec(s).Error; err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	t.Cleanup(func() {
-		owner.Exec("REVOKE ALL ON " + tables + " FROM " + role)
-		owner.Exec("DROP ROLE " + role)
-	})
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, "rw-Pass-3")
+	owner, writer := rowWriter(t, db, dsn, table)
 	ctx := context.Background()
-	l := newLocker(t, openDB(t, db, u.String()), sqllock.WithTable(table))
+	l := newLocker(t, writer, sqllock.WithTable(table))
 	if err := l.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate as a role that may write the rows of up-to-date tables: %v", err)
 	}
@@ -66,6 +48,85 @@ func TestMigrateAsRowWriter(t *testing.T) {
 	owner.Raw("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = to_regclass(?)", table).Scan(&options)
 	if options != "fillfactor=50" {
 		t.Errorf("the lock table's options after Migrate: %q; want fillfactor=50", options)
+	}
+}
+
+// rowWriter migrates table on PostgreSQL, and returns its owner's client
+// and that of a role that may read and write the rows of the table and
+// the fence table, and not alter them. Both tables are dropped, and the
+// role, when t ends.
+func rowWriter(t *testing.T, db database, dsn, table string) (owner, writer *gorm.DB) {
+	t.Helper()
+	owner = migrated(t, db, dsn, sqllock.WithTable(table))
+	t.Cleanup(func() { owner.Exec("DROP TABLE " + table) })
+	role := table + "_role"
+	tables := table + ", " + sqllock.DefaultFenceTable
+	for _, s := range []string{
+		"CREATE ROLE " + role + " LOGIN PASSWORD 'rw-Pass-3'",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + tables + " TO " + role,
+	} {
+		if err := owner.Exec(s).Error; err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	t.Cleanup(func() {
+		owner.Exec("REVOKE ALL ON " + tables + " FROM " + role)
+		owner.Exec("DROP ROLE " + role)
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "rw-Pass-3")
+	return owner, openDB(t, db, u.String())
+}
+
+// TestMigrateReadsFillfactor: Migrate compares the lock table's fillfactor
+// as the number PostgreSQL reads from its text, not the text: one written
+// otherwise ('50.0', '0x32') is 50, and Migrate as a role that may not
+// alter the table passes; one that is not 50 (none, after RESET, or '050',
+// octal) is set by the owner's Migrate, and refused to the other role for
+// good (ErrInvalidOption), saying that the owner must set it.
+func TestMigrateReadsFillfactor(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("fillfactor_%d", time.Now().UnixNano())
+	owner, writer := rowWriter(t, db, dsn, table)
+	ctx := context.Background()
+	options := func() string {
+		var o string
+		owner.Raw("SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass(?)", table).Scan(&o)
+		return o
+	}
+	for _, v := range []string{"'50.0'", "' 50 '", "'0x32'", "'50.4'", "'5e1'"} {
+		mustSet(t, owner, "ALTER TABLE "+table+" SET (fillfactor = "+v+")")
+		before := options()
+		if err := newLocker(t, writer, sqllock.WithTable(table)).Migrate(ctx); err != nil {
+			t.Errorf("Migrate as a row writer with fillfactor %s: %v", v, err)
+		}
+		if after := options(); after != before {
+			t.Errorf("fillfactor %s: options %q after Migrate; want them left as %q", v, after, before)
+		}
+	}
+	for _, change := range []string{"RESET (fillfactor)", "SET (fillfactor = '050')"} {
+		mustSet(t, owner, "ALTER TABLE "+table+" "+change)
+		err := newLocker(t, writer, sqllock.WithTable(table)).Migrate(ctx)
+		if !errors.Is(err, driver.ErrInvalidOption) || errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "owner") {
+			t.Errorf("Migrate as a row writer after %s: %v; want an ErrInvalidOption saying the owner must set it", change, err)
+		}
+		if err := newLocker(t, owner, sqllock.WithTable(table)).Migrate(ctx); err != nil {
+			t.Fatalf("Migrate as the owner after %s: %v", change, err)
+		}
+		if o := options(); o != "fillfactor=50" {
+			t.Errorf("the owner's Migrate after %s: options %q; want fillfactor=50", change, o)
+		}
+	}
+}
+
+func mustSet(t *testing.T, db *gorm.DB, statement string) {
+	t.Helper()
+	if err := db.Exec(statement).Error; err != nil {
+		t.Fatalf("%s: %v", statement, err)
 	}
 }
 
