@@ -421,7 +421,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		}
 		b.closers = append(b.closers, func() { l.Close() })
 		if b.KeepSchema {
-			return l, existing(ctx, db, "lock", sqllock.DefaultTable)
+			return l, existing(ctx, db, "lock", sqllock.DefaultTable, l.Check)
 		}
 		return l, l.Migrate(ctx)
 	case "redis":
@@ -485,12 +485,14 @@ var ErrNoStore = errors.New("no idempotency store on this backend")
 // for an Opener that keeps the schema: on a database no service has used
 // (a URL naming another one), every read would otherwise fail with the
 // driver's words alone. The table is said missing only when the database
-// says so; a read that fails otherwise is given as it is.
-func existing(ctx context.Context, db *gorm.DB, what, table string) error {
+// says so; a read that fails otherwise is given as it is. check (the
+// Locker's or the Store's) then checks, as Migrate would have, that the
+// table and the session fit.
+func existing(ctx context.Context, db *gorm.DB, what, table string, check func(context.Context) error) error {
 	tx := db.WithContext(ctx)
 	err := tx.Exec("SELECT 1 FROM " + tx.Statement.Quote(table) + " WHERE 1 = 0").Error
 	if err == nil {
-		return nil
+		return check(ctx)
 	}
 	if absent, _ := tableAbsent(ctx, db, table); absent {
 		return fmt.Errorf("no %s table %s on this database that this user may see (no service has used the database, or the URL names another one; the schema is left as it is): %w",
@@ -554,7 +556,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 			return nil, err
 		}
 		if b.KeepSchema {
-			return s, existing(ctx, db, "idempotency", sqllock.DefaultIdempotencyTable)
+			return s, existing(ctx, db, "idempotency", sqllock.DefaultIdempotencyTable, s.Check)
 		}
 		return s, s.Migrate(ctx)
 	case "redis":

@@ -252,7 +252,7 @@ func transactional(ctx context.Context, db *gorm.DB, d dialect, table string) er
 		" WHERE t.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND t.TABLE_NAME = ? AND t.ENGINE IS NOT NULL",
 		schemaName, name).Scan(&engines).Error
 	if err != nil {
-		return unavailable(ctx, fmt.Errorf("migrate %s: reading its engine: %w", table, err))
+		return unavailable(ctx, fmt.Errorf("reading the engine of %s: %w", table, err))
 	}
 	for _, e := range engines {
 		if !strings.EqualFold(e.Transactions, "YES") {

@@ -132,8 +132,8 @@ func mustSet(t *testing.T, db *gorm.DB, statement string) {
 
 // TestMigrateRefusesAutocommitOff: on MySQL, a session with autocommit off
 // (a DSN parameter the driver sets on every connection) would leave every
-// acquisition and release uncommitted; Migrate, of the Locker and of the
-// Store, refuses it, naming the setting.
+// acquisition and release uncommitted; Migrate and Check, of the Locker
+// and of the Store, refuse it, naming the setting.
 func TestMigrateRefusesAutocommitOff(t *testing.T) {
 	db := mariaDB()
 	dsn := db.dsn(t)
@@ -141,17 +141,17 @@ func TestMigrateRefusesAutocommitOff(t *testing.T) {
 	g := openDB(t, db, dsn+"&autocommit=0")
 	t.Cleanup(func() { openDB(t, db, dsn).Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_idem") })
 	ctx := context.Background()
-	err := newLocker(t, g, sqllock.WithTable(table)).Migrate(ctx)
-	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "autocommit") {
-		t.Errorf("Locker.Migrate with autocommit=0: %v; want an ErrInvalidOption naming autocommit", err)
-	}
+	l := newLocker(t, g, sqllock.WithTable(table))
 	s, err := sqllock.NewStore(g, sqllock.WithStoreTable(table+"_idem"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Migrate(ctx)
-	if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "autocommit") {
-		t.Errorf("Store.Migrate with autocommit=0: %v; want an ErrInvalidOption naming autocommit", err)
+	for name, call := range map[string]func(context.Context) error{
+		"Locker.Migrate": l.Migrate, "Store.Migrate": s.Migrate, "Locker.Check": l.Check, "Store.Check": s.Check,
+	} {
+		if err := call(ctx); !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), "autocommit") {
+			t.Errorf("%s with autocommit=0: %v; want an ErrInvalidOption naming autocommit", name, err)
+		}
 	}
 }
 

@@ -183,9 +183,9 @@ func notSentOr(err error) error {
 // server, an SQLite file opened read-only) or for a user not granted it.
 // Such a refusal may come midway, as from a trigger that writes another
 // table, and still changed nothing: the write is one statement, run alone
-// in autocommit (backendurl refuses a MySQL DSN that turns it off), on a
-// transactional table (sqllock's Migrate makes and accepts no other), and
-// such a statement is undone whole when it fails.
+// in autocommit, on a transactional table (the open refuses, on MySQL, a
+// session that does not autocommit and a table of another engine, by
+// sqllock's Check), and such a statement is undone whole when it fails.
 func refusedWrite(err error) bool {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
