@@ -362,6 +362,9 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 	if err := negativeTimeout(timeout{"timeout", cfg.Timeout}, timeout{"readTimeout", cfg.ReadTimeout}, timeout{"writeTimeout", cfg.WriteTimeout}); err != nil {
 		return nil, fmt.Errorf("mysql://%s: %w", masked, err)
 	}
+	if err := autocommitOff(cfg.Params); err != nil {
+		return nil, fmt.Errorf("mysql://%s: %w", masked, err)
+	}
 	u.DSN = rest
 	// The parameters are what follows a '?' after the last '/', as the
 	// driver reads them: a password may hold a '?' or "parseTime=".
@@ -388,6 +391,25 @@ func parseMySQL(u *URL, rest string) (*URL, error) {
 		return nil, err
 	}
 	return u, nil
+}
+
+// autocommitOff refuses a DSN parameter that turns autocommit off, which the
+// driver sets on every connection: each statement would then open a
+// transaction that nothing commits, so that a release or a delete said
+// done would be undone when the connection closes (sqllock's Migrate
+// refuses such a session too, whatever set it).
+func autocommitOff(params map[string]string) error {
+	for k, v := range params {
+		if !strings.EqualFold(k, "autocommit") {
+			continue
+		}
+		switch strings.ToLower(strings.Trim(v, "'\"")) {
+		case "1", "on", "true":
+		default:
+			return fmt.Errorf("%s=%s: the statements would stay uncommitted; leave autocommit on", k, v)
+		}
+	}
+	return nil
 }
 
 // sqliteInMemory reports whether an SQLite path, as SQLite reads it with

@@ -421,7 +421,7 @@ func (b *Opener) locker(ctx context.Context, u *URL, ttl time.Duration) (driver.
 		}
 		b.closers = append(b.closers, func() { l.Close() })
 		if b.KeepSchema {
-			return l, existing(ctx, db, "lock", sqllock.DefaultTable)
+			return l, existing(ctx, db, "lock", sqllock.DefaultTable, l.Check)
 		}
 		return l, l.Migrate(ctx)
 	case "redis":
@@ -484,18 +484,55 @@ var ErrNoStore = errors.New("no idempotency store on this backend")
 // existing checks that table, the what table, is there and can be read,
 // for an Opener that keeps the schema: on a database no service has used
 // (a URL naming another one), every read would otherwise fail with the
-// driver's words alone.
-func existing(ctx context.Context, db *gorm.DB, what, table string) error {
+// driver's words alone. The table is said missing only when the database
+// says so; a read that fails otherwise is given as it is. check (the
+// Locker's or the Store's) then checks, as Migrate would have, that the
+// table and the session fit.
+func existing(ctx context.Context, db *gorm.DB, what, table string, check func(context.Context) error) error {
 	tx := db.WithContext(ctx)
 	err := tx.Exec("SELECT 1 FROM " + tx.Statement.Quote(table) + " WHERE 1 = 0").Error
 	if err == nil {
-		return nil
+		return check(ctx)
 	}
-	if ctx.Err() == nil && !tx.Migrator().HasTable(table) {
+	if absent, _ := tableAbsent(ctx, db, table); absent {
 		return fmt.Errorf("no %s table %s on this database that this user may see (no service has used the database, or the URL names another one; the schema is left as it is): %w",
 			what, table, err)
 	}
+	if sqliteReadOnlyDirectory(err) {
+		return fmt.Errorf("reading the %s table %s: a read-only open of an SQLite file in WAL mode needs its -shm file, or a directory it may write to make one (or immutable=1, when nothing writes the file): %w",
+			what, table, err)
+	}
 	return driver.Unavailable(ctx, fmt.Errorf("reading the %s table %s: %w", what, table, err))
+}
+
+// tableAbsent reports whether the database says that it has no table of
+// that name in the connection's schema (one the user may see, on MySQL).
+// gorm's HasTable is false on any error too, which told a read that
+// failed for another reason (a read-only SQLite file it cannot map) as a
+// missing table.
+func tableAbsent(ctx context.Context, db *gorm.DB, table string) (bool, error) {
+	var q string
+	switch db.Dialector.Name() {
+	case "postgres":
+		q = "SELECT count(*) FROM pg_catalog.pg_class WHERE oid = to_regclass(?)"
+	case "mysql":
+		q = "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?"
+	default:
+		q = "SELECT count(*) FROM sqlite_master WHERE name = ?"
+	}
+	var n int64
+	if err := db.WithContext(ctx).Raw(q, table).Scan(&n).Error; err != nil {
+		return false, err
+	}
+	return n == 0, nil
+}
+
+// sqliteReadOnlyDirectory says whether err is SQLITE_READONLY_DIRECTORY:
+// a read-only connection to a file in WAL mode found no -shm file beside
+// it, and may not create one.
+func sqliteReadOnlyDirectory(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code() == 1544 // SQLITE_READONLY | 6<<8
 }
 
 // Store opens the idempotency store u names (and migrates its table on
@@ -519,7 +556,7 @@ func (b *Opener) store(ctx context.Context, u *URL) (idempotency.Store, error) {
 			return nil, err
 		}
 		if b.KeepSchema {
-			return s, existing(ctx, db, "idempotency", sqllock.DefaultIdempotencyTable)
+			return s, existing(ctx, db, "idempotency", sqllock.DefaultIdempotencyTable, s.Check)
 		}
 		return s, s.Migrate(ctx)
 	case "redis":

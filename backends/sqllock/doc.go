@@ -252,6 +252,16 @@
 // and the lock's version, which is the token, may be issued again. Run the
 // lock table on a database that commits durably, as it does by default.
 //
+// Every statement must commit on its own. A MySQL session with autocommit
+// off (autocommit=0 in the DSN, or the server's default) would leave each
+// acquisition and release in a transaction nothing commits, undone when
+// the connection closes: Migrate refuses such a pool. On MySQL the tables
+// must be on a transactional engine, on which a statement refused midway
+// (as by a trigger) has written nothing: Migrate makes them InnoDB
+// whatever the server's default engine, and refuses a table of another
+// engine (MyISAM, Aria, MEMORY), to be converted with ALTER TABLE ...
+// ENGINE=InnoDB. PostgreSQL and SQLite have no such settings.
+//
 // # Tables
 //
 // Locker.Migrate creates the tables with gorm's AutoMigrate. To create them

@@ -3,11 +3,15 @@ package sqllock
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // Migrate creates or updates the lock table and the fence table with gorm's
@@ -58,7 +62,11 @@ const lockFillfactor = 50
 // every start kept a service whose role may only read and write the rows
 // (the owner being another, which made the table) from starting, and made
 // each start wait for a VACUUM of the table, whose lock its lock conflicts
-// with.
+// with. The setting is compared as the number PostgreSQL reads from it
+// (pgInteger): the text is stored as it was written ('50.0'), and none at
+// all (RESET) is PostgreSQL's default, 100. A role that may not set it
+// (not the owner, or on a read-only connection) is refused for good, told
+// what to do, rather than told that the database is unavailable.
 func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) error {
 	if d.name != "postgres" {
 		return nil
@@ -68,20 +76,45 @@ func roomForUpdates(ctx context.Context, db *gorm.DB, d dialect, table string) e
 		return err
 	}
 	tx := db.WithContext(ctx)
-	var set int64
-	err = tx.Raw("SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND ? = ANY(reloptions)",
-		quoted, fmt.Sprintf("fillfactor=%d", lockFillfactor)).Scan(&set).Error
+	var values []string
+	err = tx.Raw("SELECT option_value FROM pg_class, pg_options_to_table(reloptions)"+
+		" WHERE oid = to_regclass(?) AND option_name = 'fillfactor'", quoted).Scan(&values).Error
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: reading its fillfactor: %w", table, err))
 	}
-	if set > 0 {
+	if len(values) == 1 && pgInteger(values[0]) == lockFillfactor {
 		return nil
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s SET (fillfactor = %d)", quoted, lockFillfactor)
 	if err := tx.Exec(alter).Error; err != nil {
+		switch sqlState(err) {
+		case "42501", "25006": // insufficient_privilege, read_only_sql_transaction
+			return fmt.Errorf("%w: migrate %s: its fillfactor is not %d, and only the table's owner, on a writable connection, may set it:"+
+				" run Migrate once as the owner, or have the owner run %s: %w", driver.ErrInvalidOption, table, lockFillfactor, alter, err)
+		}
 		return unavailable(ctx, fmt.Errorf("migrate %s: %s: %w", table, alter, err))
 	}
 	return nil
+}
+
+// pgInteger is the value PostgreSQL reads from text it accepted for an
+// integer option, as it was stored: in decimal, octal with a leading 0, or
+// hexadecimal with 0x ("050" is 40), or with a fraction or an exponent,
+// rounded to the nearest, halves to even. It is -1 for text it would not
+// have accepted.
+func pgInteger(s string) int64 {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "_") {
+		return -1 // Go reads digits separated by _, PostgreSQL does not
+	}
+	if n, err := strconv.ParseInt(s, 0, 64); err == nil {
+		return n
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return -1
+	}
+	return int64(math.RoundToEven(f))
 }
 
 // lockRow is the lock table's schema, for AutoMigrate.
@@ -128,11 +161,7 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 		return nil
 	}
 	tx := db.WithContext(ctx)
-	var schemaName any // nil: the connection's database
-	name := table
-	if s, t, ok := strings.Cut(table, "."); ok {
-		schemaName, name = s, t
-	}
+	schemaName, name := tableSchema(table)
 	var types []string
 	err := tx.Raw("SELECT DATA_TYPE FROM information_schema.COLUMNS"+
 		" WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
@@ -157,17 +186,28 @@ func binaryKeys(ctx context.Context, db *gorm.DB, d dialect, table, column strin
 }
 
 func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model any) error {
+	if err := autocommits(ctx, db, d); err != nil {
+		return err
+	}
 	// Before the table is made: a refused pool is left without one, which
 	// an application that goes on despite the refusal would use.
 	if err := oneDatabase(ctx, db, d, table); err != nil {
 		return err
 	}
+	// Before the table is altered too, and again after: another process
+	// may have made it meanwhile, or the server put another engine in
+	// InnoDB's place.
+	if err := transactional(ctx, db, d, table); err != nil {
+		return err
+	}
 	run := func() error {
 		tx := db.WithContext(ctx)
 		if d.name == "mysql" {
-			// Text compares case-sensitively, as on the other
-			// databases; key columns are binary besides (keyColumn).
-			tx = tx.Set("gorm:table_options", "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+			// InnoDB whatever the server's default engine: see
+			// transactional. Text compares case-sensitively, as on the
+			// other databases; key columns are binary besides
+			// (keyColumn).
+			tx = tx.Set("gorm:table_options", "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
 		}
 		if qualifiedMySQL(d, table) {
 			exists, err := hasTable(ctx, db, d, table)
@@ -191,7 +231,45 @@ func migrate(ctx context.Context, db *gorm.DB, d dialect, table string, model an
 	if err != nil {
 		return unavailable(ctx, fmt.Errorf("migrate %s: %w", table, err))
 	}
+	return transactional(ctx, db, d, table)
+}
+
+// transactional refuses a MySQL table whose engine has no transactions
+// (MyISAM, Aria, MEMORY: one made by hand, or by an earlier version on a
+// server whose default engine was one of those). A statement such an
+// engine refuses midway, as a trigger may, keeps the rows it had already
+// written, so that a release or a takeover could be half done, or done
+// and reported refused; on a transactional engine each statement, run
+// alone in autocommit, is done whole or not at all.
+func transactional(ctx context.Context, db *gorm.DB, d dialect, table string) error {
+	if d.name != "mysql" {
+		return nil
+	}
+	schemaName, name := tableSchema(table)
+	var engines []struct{ Engine, Transactions string }
+	err := db.WithContext(ctx).Raw("SELECT t.ENGINE AS engine, COALESCE(e.TRANSACTIONS, 'NO') AS transactions"+
+		" FROM information_schema.TABLES t LEFT JOIN information_schema.ENGINES e ON e.ENGINE = t.ENGINE"+
+		" WHERE t.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND t.TABLE_NAME = ? AND t.ENGINE IS NOT NULL",
+		schemaName, name).Scan(&engines).Error
+	if err != nil {
+		return unavailable(ctx, fmt.Errorf("reading the engine of %s: %w", table, err))
+	}
+	for _, e := range engines {
+		if !strings.EqualFold(e.Transactions, "YES") {
+			return fmt.Errorf("%w: table %s uses the %s engine, which has no transactions: a statement refused midway keeps what it wrote;"+
+				" convert it (ALTER TABLE %s ENGINE=InnoDB) or drop it for Migrate to make anew", driver.ErrInvalidOption, table, e.Engine, table)
+		}
+	}
 	return nil
+}
+
+// tableSchema splits table into the database it names, nil for the
+// connection's own (for COALESCE(?, DATABASE())), and its name.
+func tableSchema(table string) (any, string) {
+	if s, t, ok := strings.Cut(table, "."); ok {
+		return s, t
+	}
+	return nil, table
 }
 
 // qualifiedMySQL reports whether table names its database on MySQL

@@ -454,3 +454,34 @@ func TestStoreFromEnvOnlyForTheStore(t *testing.T) {
 		t.Errorf("idem show with WARDEN_STORE=memory: exit %d, %q; want 2 and a refusal", code, errOut)
 	}
 }
+
+// TestRecordsOnlyDatabase: on a database whose services keep idempotency
+// records and take no locks (no lock table), ping says the database
+// answers, and the idem commands, given the store by -store or
+// $WARDEN_STORE, need no -lock; a lock command still does.
+func TestRecordsOnlyDatabase(t *testing.T) {
+	t.Setenv("WARDEN_LOCK", "")
+	t.Setenv("WARDEN_STORE", "")
+	url := "sqlite://" + filepath.Join(t.TempDir(), "records.db")
+	if _, err := openStore(t, url).Claim(context.Background(), idempotency.Claim{Scope: "s", Key: "k", Owner: "api-1:o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := cliRun(t, "", "-lock", url, "ping"); code != 0 || !strings.Contains(out, "sqlite answered") {
+		t.Errorf("ping on a database without a lock table: exit %d, %q, %q; want it answered", code, out, errOut)
+	}
+	if code, out, errOut := cliRun(t, "", "-store", url, "idem", "show", "s", "k"); code != 0 || !strings.Contains(out, "api-1") {
+		t.Errorf("idem show with -store alone: exit %d, %q, %q; want the record", code, out, errOut)
+	}
+	for _, args := range [][]string{{"idem", "show", "s", "k"}, {"-store", "", "idem", "show", "s", "k"}} {
+		if code, _, errOut := cliRun(t, "", args...); code != 2 || !strings.Contains(errOut, "no backend: give -store URL or -lock URL") {
+			t.Errorf("%q with neither backend: exit %d, %q; want 2, asking for one", args, code, errOut)
+		}
+	}
+	t.Setenv("WARDEN_STORE", url)
+	if code, out, errOut := cliRun(t, "", "idem", "show", "s", "k"); code != 0 || !strings.Contains(out, "api-1") {
+		t.Errorf("idem show with $WARDEN_STORE alone: exit %d, %q, %q; want the record", code, out, errOut)
+	}
+	if code, _, errOut := cliRun(t, "", "locks", "ls"); code != 2 || !strings.Contains(errOut, "no backend: give -lock URL") {
+		t.Errorf("locks ls with $WARDEN_STORE alone: exit %d, %q; want 2, asking for -lock", code, errOut)
+	}
+}

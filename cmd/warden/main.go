@@ -16,7 +16,9 @@
 // defaults to $WARDEN_LOCK, and -store to $WARDEN_STORE, so that a URL's
 // password need not be in the command's arguments, which ps shows to
 // every user of the machine (-store "" names the lock backend's own
-// store over $WARDEN_STORE, which only the idem commands read). A
+// store over $WARDEN_STORE, which only the idem commands read; given a
+// store, they need no -lock). ping says whether the backend answers: on
+// SQL it reads no table, so that a database of records alone answers. A
 // sqlite:// file must exist, and a SQL backend's tables too: the command
 // makes no database and changes no schema, so that a user that may only
 // read the tables (a replica, a read-only SQLite file) can look, and one
@@ -153,9 +155,13 @@ type cli struct {
 	timeout   time.Duration
 	deadline  time.Time    // the end of the current bound on the backend's part
 	abandoned bool         // a call outlived its bound, and may still use the clients
-	g         *guard.Guard // nil for the idem commands, which need no lock backend
-	store     func(context.Context) (idempotency.Store, error)
-	change    *change // what a release or delete says when it fails; nil for the other commands
+	g         *guard.Guard // nil for the idem commands, which need no lock backend, and ping on SQL
+	// backend names what ping asks, and pinger asks it: the Guard's
+	// backend, or a SQL database's connection pool.
+	backend string
+	pinger  func(context.Context) error
+	store   func(context.Context) (idempotency.Store, error)
+	change  *change // what a release or delete says when it fails; nil for the other commands
 }
 
 // grace is how long past its bound a call is waited for before it is
@@ -198,7 +204,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c := &cli{stdin: bufio.NewReader(stdin), stdout: &gate{w: stdout}, stderr: stderr}
 	// Not $WARDEN_LOCK or $WARDEN_STORE as the default: the usage would
 	// print its password.
-	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK)")
+	lock := fs.String("lock", "", "lock backend URL (default $WARDEN_LOCK; the idem commands need it only for its own store)")
 	storeURL := fs.String("store", "", "idempotency store URL (default $WARDEN_STORE, or the lock backend's own store, which -store '' names)")
 	fs.StringVar(&c.prefix, "prefix", "warden:", "the services' Guard prefix (guard.WithPrefix)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on the backend's part of the command (an operator's answer to a prompt starts it again)")
@@ -229,7 +235,16 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if *lock == "" {
 		*lock = os.Getenv("WARDEN_LOCK")
 	}
-	if *lock == "" {
+	if !storeSet {
+		*storeURL = os.Getenv("WARDEN_STORE")
+	}
+	// The idem commands open the store alone: given one, they need no
+	// lock backend.
+	idem := cmd[0] == "idem"
+	if *lock == "" && (!idem || *storeURL == "") {
+		if idem {
+			return badInput("no backend: give -store URL or -lock URL, or set WARDEN_STORE or WARDEN_LOCK")
+		}
 		return badInput("no backend: give -lock URL or set WARDEN_LOCK")
 	}
 	if c.timeout <= 0 {
@@ -238,23 +253,23 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if c.limit < 1 || c.limit > 1000 {
 		return badInput("-limit %d: want 1 to 1000", c.limit)
 	}
-	lockURL, err := backendurl.Parse(*lock)
-	if err != nil {
-		return badInput("-lock: %v", err)
-	}
-	// Whatever a client library put in an error, no password leaves here.
-	defer func() { err = lockURL.RedactError(err) }()
-	if lockURL.Scheme == "memory" {
-		return badInput("-lock memory: an in-process backend holds nothing another process can see")
-	}
-	if err := sqliteMissing("-lock", lockURL); err != nil {
-		return err
+	var lockURL *backendurl.URL
+	if *lock != "" {
+		if lockURL, err = backendurl.Parse(*lock); err != nil {
+			return badInput("-lock: %v", err)
+		}
+		// Whatever a client library put in an error, no password
+		// leaves here.
+		defer func() { err = lockURL.RedactError(err) }()
+		if lockURL.Scheme == "memory" {
+			return badInput("-lock memory: an in-process backend holds nothing another process can see")
+		}
+		if err := sqliteMissing("-lock", lockURL); err != nil {
+			return err
+		}
 	}
 	// -store "" names the lock backend's own store, over $WARDEN_STORE.
 	st := store{flag: "-lock", url: lockURL}
-	if !storeSet {
-		*storeURL = os.Getenv("WARDEN_STORE")
-	}
 	if *storeURL != "" {
 		st = parseStore(storeSet, *storeURL)
 		if st.url != nil {
@@ -275,7 +290,7 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	// refused rather than given tables.
 	o.KeepSchema = true
 	defer c.close(o)
-	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st, cmd[0] == "idem") }); err != nil {
+	if err := c.bounded(ctx, func(ctx context.Context) error { return c.open(ctx, o, lockURL, st, cmd[0]) }); err != nil {
 		return c.change.before(ctx, err)
 	}
 	return do(ctx)
@@ -330,11 +345,12 @@ func parseStore(flagged bool, s string) store {
 	return st
 }
 
-// open opens the lock backend, unless idem is set, and, when a command
-// asks for it, the store. The idem commands leave the lock backend alone:
-// a database whose services keep idempotency records and take no locks has
-// no lock table, which would fail the open.
-func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store, idem bool) error {
+// open opens what command (its first word) needs: the lock backend, and,
+// when a command asks for it, the store. The idem commands leave the lock
+// backend alone, and ping only opens a SQL database, reading no table: a
+// database whose services keep idempotency records and take no locks has
+// no lock table, which would fail the Locker's open.
+func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store, command string) error {
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
 		if st.err != nil {
 			return nil, st.err
@@ -351,7 +367,19 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 		}
 		return s, nil
 	}
-	if idem {
+	if command == "idem" {
+		return nil
+	}
+	if command == "ping" && lockURL.SQL() {
+		db, err := o.SQL(ctx, lockURL)
+		if err != nil {
+			return fmt.Errorf("%s: %w", lockURL, err)
+		}
+		pool, err := db.DB()
+		if err != nil {
+			return err
+		}
+		c.backend, c.pinger = lockURL.Scheme, pool.PingContext
 		return nil
 	}
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
@@ -368,6 +396,7 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 	if c.g, err = guard.New(locker, opts...); err != nil {
 		return badInput("%v", err)
 	}
+	c.backend, c.pinger = c.g.Backend(), c.g.Ping
 	return nil
 }
 
@@ -816,7 +845,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 
 func (c *cli) ping(ctx context.Context) error {
 	start := time.Now()
-	if err := c.g.Ping(ctx); err != nil {
+	if err := c.pinger(ctx); err != nil {
 		return err
 	}
 	took := time.Since(start)
@@ -824,9 +853,9 @@ func (c *cli) ping(ctx context.Context) error {
 		return c.printJSON(struct {
 			Backend string  `json:"backend"`
 			Ms      float64 `json:"ms"`
-		}{c.g.Backend(), float64(took.Microseconds()) / 1000})
+		}{c.backend, float64(took.Microseconds()) / 1000})
 	}
-	fmt.Fprintf(c.stdout, "%s answered in %v\n", c.g.Backend(), took.Round(10*time.Microsecond))
+	fmt.Fprintf(c.stdout, "%s answered in %v\n", c.backend, took.Round(10*time.Microsecond))
 	return nil
 }
 

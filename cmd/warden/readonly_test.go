@@ -287,3 +287,34 @@ func TestReadOnlySQLite(t *testing.T) {
 		return n
 	})
 }
+
+// TestMyISAMTables: on MariaDB tables of an engine without transactions,
+// on which a release or a delete refused midway may have written, the
+// commands refuse to work, naming the engine, rather than say what they
+// cannot know.
+func TestMyISAMTables(t *testing.T) {
+	my := backendURLs(t)["mysql"]
+	admin := sqlDB(t, mysql.Open(strings.TrimPrefix(my, "mysql://")))
+	database := fmt.Sprintf("warden_myisam_%d", time.Now().UnixNano())
+	mustExec(t, admin, "CREATE DATABASE "+database)
+	t.Cleanup(func() { mustExec(t, admin, "DROP DATABASE "+database) })
+	mustExec(t, admin,
+		"CREATE TABLE "+database+"."+sqllock.DefaultTable+" (name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARCHAR(255) NOT NULL,"+
+			" version BIGINT NOT NULL, lock_until BIGINT NOT NULL, locked_at BIGINT NOT NULL, waiting_until BIGINT NOT NULL DEFAULT 0) ENGINE=MyISAM",
+		"CREATE TABLE "+database+"."+sqllock.DefaultIdempotencyTable+" (id VARCHAR(64) NOT NULL PRIMARY KEY, scope LONGBLOB, idem_key LONGBLOB,"+
+			" state VARCHAR(16) NOT NULL, fingerprint LONGBLOB, owner LONGBLOB, claim_id VARCHAR(32) NOT NULL, response LONGBLOB,"+
+			" expires_at BIGINT NOT NULL) ENGINE=MyISAM")
+	before, params, _ := strings.Cut(my, "?")
+	lockURL := before[:strings.LastIndex(before, "/")+1] + database + "?" + params
+	for _, args := range [][]string{
+		{"locks", "ls"},
+		{"-yes", "-any-holder", "locks", "release", "k"},
+		{"idem", "show", "s", "k"},
+		{"-yes", "idem", "delete", "s", "k"},
+	} {
+		code, out, errOut := cliRun(t, "", append([]string{"-lock", lockURL}, args...)...)
+		if code != 1 || !strings.Contains(errOut, "MyISAM engine, which has no transactions") {
+			t.Errorf("%q on MyISAM tables: exit %d, %q, %q; want 1, naming the engine", args, code, out, errOut)
+		}
+	}
+}

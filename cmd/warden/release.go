@@ -180,8 +180,12 @@ func notSentOr(err error) error {
 
 // refusedWrite reports whether err is a SQL database's refusal to run a
 // write on a read-only connection (a replica, a read-only transaction or
-// server, an SQLite file opened read-only) or for a user not granted it:
-// checked before the statement runs, it changed nothing.
+// server, an SQLite file opened read-only) or for a user not granted it.
+// Such a refusal may come midway, as from a trigger that writes another
+// table, and still changed nothing: the write is one statement, run alone
+// in autocommit, on a transactional table (the open refuses, on MySQL, a
+// session that does not autocommit and a table of another engine, by
+// sqllock's Check), and such a statement is undone whole when it fails.
 func refusedWrite(err error) bool {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
