@@ -208,9 +208,10 @@
 // next read. A release refused so is sent again, as one that gets no
 // answer is, until its session's loss deadline as of the refusal, when the
 // session is given up, which deletes the key (and its other locks, which
-// the refused renewals would lose by then anyway): a refusal lasting a
-// moment, or a policy refusing one key, costs the session's other locks
-// nothing. A holder whose token is deleted, or loses session:write, has its
+// refused renewals would lose by then anyway): a refusal lasting a moment
+// costs the session's other locks nothing, but a policy refusing one key
+// for good costs them at that deadline (about nine tenths of the TTL after
+// the refusal), and the refused key stays taken until then. A holder whose token is deleted, or loses session:write, has its
 // renewals refused: its session is declared lost, and its sections
 // cancelled, a tenth of the TTL before Consul may end the session, which
 // then ends by its TTL (its destruction is refused too). A name whose

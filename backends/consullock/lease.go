@@ -162,19 +162,30 @@ func (le *lease) Release(ctx context.Context) error {
 // acquired by the session, whose renewal would keep it, and the lock, for
 // as long as the session lives. A key that is still the lease's holding
 // (holds) is deleted, checked on its new ModifyIndex, unless a later
-// acquisition of the session holds it, or may (superseded): an operator's
-// unlock (consul kv put -release) keeps the key and its CreateIndex, and
-// the Locker's next acquisition takes it as it stands. The check follows
-// the read: a grant after it changes the key's ModifyIndex, which fails
-// the delete. Its requests run to completion even when ctx is cancelled,
-// since one that fails leaves such a key in doubt: the session is then
-// given up, and the key goes with it.
+// acquisition of the session holds it (superseded): an operator's unlock
+// (consul kv put -release) keeps the key and its CreateIndex, and the
+// Locker's next acquisition takes it as it stands. An acquisition under
+// way at the read may have been granted the key before it, and not be
+// tracked yet: the release waits for those to end before it judges (not
+// giving up on the key for their sake, since one that finds the key held
+// by its own session gives up too, and the key would be left to no one).
+// The check follows the read: a grant after it changes the key's
+// ModifyIndex, which fails the delete. Its requests run to completion even when ctx is
+// cancelled, since one that fails leaves such a key in doubt: the session
+// is then given up, and the key goes with it.
 func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	l := le.s.l
 	for {
 		rctx, cancel := l.detached(ctx)
 		kv, _, err := l.client.KV().Get(le.key, queryOpts(rctx))
-		ok, mine := false, err == nil && le.holds(kv) && !le.s.superseded(le)
+		held := err == nil && le.holds(kv)
+		later, underWay := le.s.superseded(le)
+		if held && !later && underWay != 0 {
+			if err = le.s.settled(rctx, le.key, underWay); err == nil {
+				later, _ = le.s.superseded(le)
+			}
+		}
+		ok, mine := false, err == nil && held && !later
 		if mine {
 			ok, err = l.sendRelease(rctx, le.key, kv.ModifyIndex)
 		}

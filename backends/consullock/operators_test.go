@@ -458,3 +458,62 @@ func TestWrittenOverKeyReleasedByResend(t *testing.T) {
 		t.Errorf("the key after the release: %+v, %v; want it gone", kv, err)
 	}
 }
+
+// TestWrittenOverKeyReleasedDuringAcquisition: a key written over while
+// held (consul kv put) is released by its holder even while the same
+// Locker tries the key again. The try finds the key held by its own
+// session and gives up, and the release, which took the try for a later
+// grant that may hold the key, gave up too: the session kept the key, and
+// the lock, for as long as it lived (15 of 15 rounds). The release now
+// waits for the try to end and reads the key again.
+func TestWrittenOverKeyReleasedDuringAcquisition(t *testing.T) {
+	c := newClient(t, addr(t))
+	l := lockerOn(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	for round := range 10 {
+		k := name("written-over-tried")
+		le, err := l.Acquire(ctx, k, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.KV().Put(&api.KVPair{Key: LockKey(k), Value: []byte("an operator's")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		tried := make(chan []driver.Lease)
+		go func() {
+			var got []driver.Lease
+			defer func() { tried <- got }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				g, err := l.Acquire(ctx, k, opts)
+				switch {
+				case err == nil:
+					got = append(got, g)
+				case !errors.Is(err, driver.ErrNotAcquired):
+					t.Errorf("round %d: a try: %v", round, err)
+					return
+				}
+			}
+		}()
+		rerr := le.Release(ctx)
+		close(stop)
+		for _, g := range <-tried {
+			if err := g.Release(ctx); err != nil {
+				t.Errorf("round %d: release of a later grant: %v", round, err)
+			}
+		}
+		if rerr != nil && !errors.Is(rerr, driver.ErrNotHeld) {
+			t.Errorf("round %d: Release of the key written over: %v", round, rerr)
+		}
+		if kv, _, err := c.KV().Get(LockKey(k), nil); err != nil || kv != nil {
+			t.Fatalf("round %d: the key after every release: %+v, %v; want it gone (Release: %v)", round, kv, err, rerr)
+		}
+	}
+}

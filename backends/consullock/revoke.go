@@ -76,30 +76,63 @@ func (s *session) track(le *lease) {
 // pending marks an acquisition of key by the session under way until the
 // function it returns is first called, after the acquisition was granted
 // (and tracked) or failed. The forced releases seen for key meanwhile are
-// forgotten then: none can name a later acquisition.
+// forgotten once the last such acquisition ended: none can name a later
+// one.
 func (s *session) pending(key string) (done func()) {
 	s.mu.Lock()
-	s.acquiring[key]++
+	s.seq++
+	id := s.seq
+	s.acquiring[key] = append(s.acquiring[key], id)
 	s.mu.Unlock()
 	return sync.OnceFunc(func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if s.acquiring[key]--; s.acquiring[key] == 0 {
+		s.acquiring[key] = slices.DeleteFunc(s.acquiring[key], func(i uint64) bool { return i == id })
+		if len(s.acquiring[key]) == 0 {
 			delete(s.acquiring, key)
 			maps.DeleteFunc(s.revoked, func(r revocation, _ bool) bool { return r.key == key })
 		}
 	})
 }
 
-// superseded reports whether the session may have granted le's key to a
-// later acquisition, which then holds it with the same CreateIndex: le was
-// revoked, or another lease of the key is tracked or under way. Only the
-// latest grant holds the key.
-func (s *session) superseded(le *lease) bool {
+// superseded reports whether the session granted le's key to a later
+// acquisition, which then holds it with the same CreateIndex (le was
+// revoked, or another lease of the key is tracked), and the latest of its
+// acquisitions of the key under way (0 for none), any of which may have
+// been granted it and not be tracked yet. Only the latest grant holds the
+// key.
+func (s *session) superseded(le *lease) (later bool, underWay uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.leases[le.key]
-	return le.revoked || (cur != nil && cur != le) || s.acquiring[le.key] > 0
+	if ids := s.acquiring[le.key]; len(ids) > 0 {
+		underWay = slices.Max(ids)
+	}
+	return le.revoked || (cur != nil && cur != le), underWay
+}
+
+// settled waits until the session's acquisitions of key up to the one
+// numbered upTo have ended (each is one transaction, bounded by the
+// Locker's request timeout): those begun later are not waited for, so
+// that a Locker trying the key without a pause cannot keep the wait going.
+// It fails when the session ended (errSessionLost: its keys go with it) or
+// ctx did first.
+func (s *session) settled(ctx context.Context, key string, upTo uint64) error {
+	pause := driver.Backoff{Min: time.Millisecond, Max: 50 * time.Millisecond}
+	for {
+		if s.lost() {
+			return errSessionLost
+		}
+		s.mu.Lock()
+		ended := !slices.ContainsFunc(s.acquiring[key], func(i uint64) bool { return i <= upTo })
+		s.mu.Unlock()
+		if ended {
+			return nil
+		}
+		if err := driver.Sleep(ctx, pause.Next(), s.done); err != nil {
+			return err
+		}
+	}
 }
 
 // forget drops le: it was released. A revocation found later is not
@@ -147,7 +180,7 @@ func (s *session) revoke(r revocation) {
 		le.revoked = true
 		f, le.onRevoke = le.onRevoke, nil
 	}
-	if s.acquiring[r.key] > 0 {
+	if len(s.acquiring[r.key]) > 0 {
 		s.revoked[r] = true
 	}
 	s.mu.Unlock()

@@ -38,9 +38,10 @@ type session struct {
 	mu sync.Mutex
 	// leases are the session's granted leases by lock key.
 	leases map[string]*lease
-	// acquiring counts the session's acquisitions under way by key: one
-	// may hold the key before it is granted (see pending).
-	acquiring map[string]int
+	// acquiring numbers the session's acquisitions under way by key, from
+	// seq: one may hold the key before it is granted (see pending).
+	acquiring map[string][]uint64
+	seq       uint64
 	// revoked are forced releases seen for keys with acquisitions under
 	// way (see revoke), kept until the last of those ends.
 	revoked map[revocation]bool
@@ -100,7 +101,7 @@ func newSession(ctx context.Context, l *Locker, ttl time.Duration) (*session, er
 	s := &session{
 		l: l, id: out.ID, ttl: ttl, born: born,
 		leases:    make(map[string]*lease),
-		acquiring: make(map[string]int),
+		acquiring: make(map[string][]uint64),
 		revoked:   make(map[revocation]bool),
 		renewNow:  make(chan struct{}, 1),
 		done:      make(chan struct{}),

@@ -505,7 +505,7 @@ func stubAttempt(t *testing.T, rt http.RoundTripper) *attempt {
 	sctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	s := &session{l: l, ctx: sctx, stop: stop, done: make(chan struct{}),
-		leases: make(map[string]*lease), acquiring: make(map[string]int), revoked: make(map[revocation]bool)}
+		leases: make(map[string]*lease), acquiring: make(map[string][]uint64), revoked: make(map[revocation]bool)}
 	return &attempt{l: l, s: s, key: "k.lock"}
 }
 
