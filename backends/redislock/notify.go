@@ -380,12 +380,22 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 				}
 				// Silent through a whole period after a probe. When the
 				// node that was to publish it did not take it (paused,
-				// refused, another master than ps's), the silence says
-				// nothing of ps's node: it is pinged, and judged by that.
-				if !pinged && !<-probed {
-					pinged = true
-					go n.ping(ps)
-					continue
+				// refused, another master than ps's), or has not answered
+				// yet (a client that ignores the probe's deadline waits
+				// out its read timeout, and ps is not left unread
+				// meanwhile), the silence says nothing of ps's node: it is
+				// pinged, and judged by that.
+				if !pinged {
+					took := false
+					select {
+					case took = <-probed:
+					default:
+					}
+					if !took {
+						pinged = true
+						go n.ping(ps)
+						continue
+					}
 				}
 				// The connection is dead without knowing it, or deaf.
 				n.replace(ps)
