@@ -205,18 +205,18 @@
 // driver.ErrUnavailable that gives Consul's reason: the same request would
 // be refused again, and the refusal is never taken for a lock held by
 // another. A waiter whose token is deleted while it waits fails so at its
-// next read. A release refused so is sent again, as one that gets no
-// answer is, until its session's loss deadline as of the refusal, when the
-// session is given up, which deletes the key (and its other locks, which
-// refused renewals would lose by then anyway): a refusal lasting a moment
-// costs the session's other locks nothing, but a policy refusing one key
-// for good costs them at that deadline (about nine tenths of the TTL after
-// the refusal), and the refused key stays taken until then. A holder whose token is deleted, or loses session:write, has its
-// renewals refused: its session is declared lost, and its sections
-// cancelled, a tenth of the TTL before Consul may end the session, which
-// then ends by its TTL (its destruction is refused too). A name whose
-// escape is longer than 2048 bytes, which Consul's limits could refuse, is
-// refused with driver.ErrInvalidKey.
+// next read. A release refused so is sent again, as one that gets no answer
+// is, until its session's loss deadline as of the refusal, when the session
+// is given up, which deletes the key (and its other locks, which refused
+// renewals would lose by then anyway): a refusal lasting a moment costs the
+// session's other locks nothing, but a policy refusing one key for good
+// costs them at that deadline (about nine tenths of the TTL after the
+// refusal), and the refused key stays taken until then. A holder whose token
+// is deleted, or loses session:write, has its renewals refused: its session
+// is declared lost, and its sections cancelled, a tenth of the TTL before
+// Consul may end the session, which then ends by its TTL (its destruction is
+// refused too). A name whose escape is longer than 2048 bytes, which
+// Consul's limits could refuse, is refused with driver.ErrInvalidKey.
 //
 // A release that gets no answer (a leader killed or frozen with it in
 // flight) may or may not have been applied, and a key it missed would be

@@ -167,12 +167,12 @@ func (le *lease) Release(ctx context.Context) error {
 // Locker's next acquisition takes it as it stands. An acquisition under
 // way at the read may have been granted the key before it, and not be
 // tracked yet: the release waits for those to end before it judges (not
-// giving up on the key for their sake, since one that finds the key held
-// by its own session gives up too, and the key would be left to no one).
-// The check follows the read: a grant after it changes the key's
-// ModifyIndex, which fails the delete. Its requests run to completion even when ctx is
-// cancelled, since one that fails leaves such a key in doubt: the session
-// is then given up, and the key goes with it.
+// giving up on the key for their sake, since one that finds the key held by
+// its own session gives up too, and the key would be left to no one). The
+// check follows the read: a grant after it changes the key's ModifyIndex,
+// which fails the delete. Its requests run to completion even when ctx is
+// cancelled, since one that fails leaves such a key in doubt: the session is
+// then given up, and the key goes with it.
 func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	l := le.s.l
 	for {

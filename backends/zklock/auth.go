@@ -31,10 +31,10 @@ import (
 // says no) closes the connection: the Locker then makes no further
 // connection, as ZooKeeper's own client stops, and every call fails at
 // once with an error wrapping driver.ErrInvalidOption and zk.ErrAuthFailed
-// that names the scheme. A digest provider refuses nothing: a wrong password gives an
-// identity the ACL does not grant, and the requests it refuses fail with
-// zk.ErrNoAuth (see WithACL). Neither the credentials nor any part of them
-// but a digest user name appear in an error or a log line.
+// that names the scheme. A digest provider refuses nothing: a wrong password
+// gives an identity the ACL does not grant, and the requests it refuses fail
+// with zk.ErrNoAuth (see WithACL). Neither the credentials nor any part of
+// them but a digest user name appear in an error or a log line.
 func WithAuth(scheme string, auth []byte) Option {
 	return func(c *config) error {
 		switch {

@@ -131,16 +131,17 @@
 // zk.AuthACL stands for the session's own credentials: the server writes
 // alice's digest ACL as it computes it. zk.DigestACL(zk.PermAll, "alice",
 // password) names the same user with a hash computed by the client (SHA-1
-// over the password's bytes), which is the server's only for a server
-// that uses SHA-1 (not digestAlg=SHA-256) and decodes the password to the
-// same bytes (an ASCII one, or UTF-8 on a server whose charset is UTF-8):
-// otherwise it grants no one, the Locker itself included. The credentials go with every connection the Locker makes,
-// before any request (see WithAuth); New refuses an ACL under which they
-// could not create and delete the Locker's nodes. A session without them
-// (or with a wrong password) is refused by the root's ACL: its calls fail
-// at once with an error wrapping zk.ErrNoAuth, a waiting Acquire's too.
-// The idempotency Store and the Fence use a connection of the caller's,
-// to which the caller adds the credentials (Conn.AddAuth).
+// over the password's bytes), which is the server's only for a server that
+// uses SHA-1 (not digestAlg=SHA-256) and decodes the password to the same
+// bytes (an ASCII one, or UTF-8 on a server whose charset is UTF-8):
+// otherwise it grants no one, the Locker itself included. The credentials go
+// with every connection the Locker makes, before any request (see WithAuth);
+// New refuses an ACL under which they could not create and delete the
+// Locker's nodes. A session without them (or with a wrong password) is
+// refused by the root's ACL: its calls fail at once with an error wrapping
+// zk.ErrNoAuth, a waiting Acquire's too. The idempotency Store and the Fence
+// use a connection of the caller's, to which the caller adds the credentials
+// (Conn.AddAuth).
 //
 // Fencing tokens are the czxid of the contender's node: ZooKeeper's
 // transaction ids grow across the whole ensemble, and the holders of a lock
