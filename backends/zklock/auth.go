@@ -17,7 +17,9 @@ import (
 // WithAuth adds credentials to the Locker's session, as ZooKeeper's
 // addauth does: scheme is the server's authentication provider ("digest"
 // for the user:password credentials of a digest ACL), auth what it takes
-// ("alice:secret"). Given several times, every credential is added, and
+// ("alice:secret"; a digest credential with no ':', an empty user or an
+// empty password is refused with driver.ErrInvalidOption, as the zk://
+// URL refuses it). Given several times, every credential is added, and
 // the session has the identities of all of them. They are the arguments
 // of go-zookeeper's Conn.AddAuth, which a connection given to NewStore or
 // NewFence takes.
@@ -40,12 +42,32 @@ func WithAuth(scheme string, auth []byte) Option {
 		switch {
 		case scheme == "" || strings.ContainsFunc(scheme, func(r rune) bool { return r <= ' ' || r == ':' || r >= 0x7f }):
 			return fmt.Errorf("%w: zookeeper credentials: scheme %q, want a provider's name (digest)", driver.ErrInvalidOption, scheme)
-		case scheme == "digest" && !strings.Contains(string(auth), ":"):
-			return fmt.Errorf("%w: zookeeper digest credentials: want user:password", driver.ErrInvalidOption)
+		case scheme == "digest":
+			if err := checkDigest(string(auth)); err != nil {
+				return fmt.Errorf("%w: zookeeper digest credentials: %s", driver.ErrInvalidOption, err)
+			}
 		}
 		c.creds = append(c.creds, credential{scheme: scheme, auth: slices.Clone(auth)})
 		return nil
 	}
+}
+
+// checkDigest says why auth cannot be a digest user's credentials, which
+// the server reads as user:password, the user up to the first ':'. Neither
+// may be empty: an empty password, which a stray ':' gives, is refused as a
+// missing one, as the zk:// URL refuses it, rather than sent as a password
+// no ACL entry was likely made for. The message quotes no part of auth.
+func checkDigest(auth string) error {
+	user, password, ok := strings.Cut(auth, ":")
+	switch {
+	case !ok:
+		return errors.New("no ':' between the user and the password, want user:password")
+	case user == "":
+		return errors.New("empty user, want user:password")
+	case password == "":
+		return errors.New("empty password, want user:password")
+	}
+	return nil
 }
 
 // credential is one of WithAuth's.

@@ -88,16 +88,19 @@ func secureRoot(t *testing.T, srv []string) (string, *zk.Conn) {
 }
 
 // TestWithAuth: WithAuth refuses a scheme that names no provider and
-// digest credentials without a user, and quotes no credential in its
-// error.
+// digest credentials that are not user:password with neither empty, says
+// which, and quotes no credential in its error.
 func TestWithAuth(t *testing.T) {
 	for _, tc := range []struct {
-		scheme, auth string
+		scheme, auth, why string
 	}{
-		{"", "s3cretpw"},
-		{"di gest", "s3cretpw"},
-		{"digest:x", "s3cretpw"},
-		{"digest", "s3cretpw"},
+		{"", "s3cretpw", "scheme"},
+		{"di gest", "s3cretpw", "scheme"},
+		{"digest:x", "s3cretpw", "scheme"},
+		{"digest", "s3cretpw", "no ':'"},
+		{"digest", "s3cretpw:", "empty password"},
+		{"digest", ":s3cretpw", "empty user"},
+		{"digest", ":", "empty user"},
 	} {
 		l, err := New([]string{"127.0.0.1:1"}, WithAuth(tc.scheme, []byte(tc.auth)))
 		if err == nil {
@@ -105,8 +108,8 @@ func TestWithAuth(t *testing.T) {
 			t.Errorf("WithAuth(%q, %q) taken", tc.scheme, tc.auth)
 			continue
 		}
-		if !errors.Is(err, driver.ErrInvalidOption) || strings.Contains(err.Error(), "s3cret") {
-			t.Errorf("WithAuth(%q, ...): %v, want ErrInvalidOption quoting no credential", tc.scheme, err)
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), tc.why) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("WithAuth(%q, ...): %v, want ErrInvalidOption saying %q, quoting no credential", tc.scheme, err, tc.why)
 		}
 	}
 }
