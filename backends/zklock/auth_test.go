@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,6 +48,13 @@ func (l *lines) Printf(format string, args ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.all = append(l.all, fmt.Sprintf(format, args...))
+}
+
+// has reports whether a line contains s.
+func (l *lines) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.ContainsFunc(l.all, func(line string) bool { return strings.Contains(line, s) })
 }
 
 // showing returns the lines that show one of secrets.
@@ -288,7 +296,8 @@ func TestDigestRoot(t *testing.T) {
 // has no provider for) fail the first call at once, a waiting Acquire's
 // too, with an error that wraps zk.ErrAuthFailed and names the scheme but
 // not the credential, and so do the calls after it; the Locker does not
-// connect again, which would be refused again, forever.
+// connect again, which would be refused again, forever: when the client
+// library asks it for the next connection, which it logs, it makes none.
 func TestRefusedCredentials(t *testing.T) {
 	p := startCutProxy(t, servers(t)[0])
 	log := &lines{}
@@ -305,15 +314,22 @@ func TestRefusedCredentials(t *testing.T) {
 	}
 	check("Acquire", err)
 	check("Ping after", l.Ping(ctx))
-	// A Locker that connected again would be refused within the backoff
-	// after a fast failure, at most a twelfth of the session timeout:
-	// ten times that passes without a second connection.
-	quiet := time.Now().Add(10 * testSession / 12)
-	for time.Now().Before(quiet) {
+	// The client library asks for a connection again as soon as the
+	// refused one ends: the Locker logs that it makes none, and keeps the
+	// library waiting until Close, so that the count is final once the
+	// line is there.
+	for !log.has("zklock: no further connection") {
 		if n := p.accepted.Load(); n != 1 {
 			t.Fatalf("%d connections, want 1: the Locker connected again after its credentials were refused", n)
 		}
+		if ctx.Err() != nil {
+			t.Fatal("the Locker was not asked for a connection after the refusal, or did not say that it made none")
+		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	l.Close()
+	if n := p.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1: the Locker connected again after its credentials were refused", n)
 	}
 	if shown := log.showing(secret); len(shown) > 0 {
 		t.Errorf("log lines show the credential: %q", shown)

@@ -343,8 +343,8 @@ func ipRange(id string) (netip.Prefix, bool) {
 }
 
 // WithLogger sets where the ZooKeeper client logs connection errors, and the
-// Locker a node it may not delete (default zk.DefaultLogger, the standard
-// log package).
+// Locker a node it may not delete and credentials the ensemble refused
+// (default zk.DefaultLogger, the standard log package).
 func WithLogger(l zk.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -606,9 +606,12 @@ func (l *Locker) isClosed() bool {
 // server is passed over for must use the server's figure, not the one
 // asked for, which may be longer than the session lives.
 func (l *Locker) dial(network, address string, timeout time.Duration) (net.Conn, error) {
-	if l.creds.refusal() != nil {
+	if err := l.creds.refusal(); err != nil {
 		// Refused credentials would be refused on every connection: as
-		// ZooKeeper's own client, the Locker makes no more.
+		// ZooKeeper's own client, the Locker makes no more. The client
+		// library asks once, and waits here until Close; the line says
+		// why the Locker then stays disconnected.
+		l.logger.Printf("zklock: no further connection: %v", err)
 		<-l.quit
 		return nil, errClosed
 	}
