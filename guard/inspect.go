@@ -23,6 +23,10 @@ type Inspection struct {
 	// Waiters counts the contenders queued on the server, or is -1 where the
 	// backend's waiters poll or listen instead of queueing.
 	Waiters int `json:"waiters"`
+	// Err is set by List alone, for a lock it found but could not read
+	// (see List): the error Inspect of Key would return. Holders and
+	// Waiters then say nothing.
+	Err error `json:"-"`
 }
 
 // Holder is one live holder of a lock. Its TTL is what was left of its lease

@@ -351,3 +351,51 @@ func TestPing(t *testing.T) {
 
 // withoutInspect shows only the memory backend's Locker methods.
 type withoutInspect struct{ driver.Locker }
+
+// TestListShowsUnreadableLocks: a lock the backend lists as unreadable is
+// in the Guard's page under its key without the prefix, with an Err that
+// names the key and matches the backend's error, and the page's other
+// locks are listed as they are.
+func TestListShowsUnreadableLocks(t *testing.T) {
+	ctx := context.Background()
+	denied := fmt.Errorf("%w: refused by the ACL", driver.ErrUnavailable)
+	mem := memory.New()
+	g := newGuard(t, unreadable{Locker: mem, key: "warden:b", err: denied})
+	for _, k := range []string{"a", "b", "c"} {
+		l, err := g.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+	}
+	page, err := g.List(ctx, "", "", 10)
+	if err != nil || len(page) != 3 {
+		t.Fatalf("List: %+v, %v; want three locks", page, err)
+	}
+	for _, in := range page {
+		switch {
+		case in.Key == "b" && (!errors.Is(in.Err, denied) || !strings.Contains(fmt.Sprint(in.Err), `lock "b"`) || len(in.Holders) != 0):
+			t.Errorf("unreadable lock: %+v, want no holders and an Err naming it that matches the backend's", in)
+		case in.Key != "b" && (in.Err != nil || len(in.Holders) != 1):
+			t.Errorf("lock %q: %+v, want its holder and no Err", in.Key, in)
+		}
+	}
+}
+
+// unreadable is the memory backend with one lock listed as a backend lists
+// one it may not read.
+type unreadable struct {
+	*memory.Locker
+	key string
+	err error
+}
+
+func (u unreadable) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	page, err := u.Locker.List(ctx, prefix, after, limit)
+	for i := range page {
+		if page[i].Key == u.key {
+			page[i] = driver.Listed{Key: u.key, Err: u.err}
+		}
+	}
+	return page, err
+}

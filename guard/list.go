@@ -22,6 +22,15 @@ import (
 // with nothing, or with an error that looks like an outage; a backend
 // takes any bytes that pass (driver.Lister). It needs a backend that
 // implements driver.Lister; ErrUnsupported otherwise.
+//
+// A lock the backend shows to exist but refuses to let this Guard's client
+// read (another user's, under a ZooKeeper ACL that lets it list the lock
+// parents but not read that one) does not fail the page: it is listed in
+// its place, counted in limit, with Err set to the error Inspect of its
+// key would return (for ZooKeeper, one wrapping ErrUnavailable and
+// zk.ErrNoAuth) and no holders, which says nothing of whether it is held.
+// A failure that is not one lock's (the backend out of reach) fails the
+// page.
 func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("warden: list: %w: nil context", ErrInvalidOption)
@@ -50,7 +59,11 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 	}
 	out := make([]Inspection, len(page))
 	for i, p := range page {
-		out[i] = Inspection{Key: strings.TrimPrefix(p.Key, g.prefix), Holders: p.Holders, Waiters: p.Waiters}
+		key := strings.TrimPrefix(p.Key, g.prefix)
+		out[i] = Inspection{Key: key, Holders: p.Holders, Waiters: p.Waiters}
+		if p.Err != nil {
+			out[i].Err = wrapLockErr(key, p.Err)
+		}
 	}
 	return out, nil
 }

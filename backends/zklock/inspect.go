@@ -115,7 +115,10 @@ func holdings(hs []holder) []driver.Holding {
 // million bytes of names by default), and then inspects the candidates in
 // key order until limit of them are held: parents that outlive their last
 // contender for a while (container nodes are removed by the server's
-// periodic check) are skipped at the cost of one request each.
+// periodic check) are skipped at the cost of one request each. A lock whose
+// parent or holder node the session may not read (another user's ACL) is
+// listed with an Err wrapping zk.ErrNoAuth, since the root's listing shows
+// that it exists.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -140,14 +143,16 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	var out []driver.Listed
 	for _, key := range keys {
 		hs, waiters, err := l.holders(ctx, l.lockPath(key))
-		if err != nil {
+		switch {
+		case errors.Is(err, errDenied):
+			out = append(out, driver.Listed{Key: key, Err: err})
+		case err != nil:
 			return nil, err
-		}
-		if len(hs) > 0 {
+		case len(hs) > 0:
 			out = append(out, driver.Listed{Key: key, Inspection: driver.Inspection{Holders: holdings(hs), Waiters: waiters}})
-			if len(out) == limit {
-				break
-			}
+		}
+		if len(out) == limit {
+			break
 		}
 	}
 	return out, nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -111,6 +113,53 @@ func TestListOrder(t *testing.T) {
 		after = page[len(page)-1].Key
 	}
 	if want := slices.Sorted(slices.Values(keys)); !slices.Equal(got, want) {
+		t.Fatalf("listed %q, want %q", got, want)
+	}
+}
+
+// TestListUnreadable: a lock under another user's ACL, which the session
+// may not read, is listed in its place with an Err wrapping zk.ErrNoAuth,
+// counted in the limit, and the locks around it are listed as they are.
+func TestListUnreadable(t *testing.T) {
+	srv := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The plain Locker acquires first: the root it creates, if none is
+	// there, must not be alice's alone.
+	plain, alice := dial(t, srv), dial(t, srv, digestAuth(authPassword), WithACL(zk.AuthACL(zk.PermAll)...))
+	prefix := testKey(t) + "/"
+	for _, acquire := range []struct {
+		l   *Locker
+		key string
+	}{{plain, "a"}, {alice, "b"}, {plain, "c"}} {
+		lease, err := acquire.l.Acquire(ctx, prefix+acquire.key, driver.AcquireOptions{TTL: testSession})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(ctx)
+	}
+	var got []string
+	for after := ""; ; {
+		page, err := plain.List(ctx, prefix, after, 2)
+		if err != nil {
+			t.Fatalf("List after %q: %v", after, err)
+		}
+		for _, p := range page {
+			key := p.Key[len(prefix):]
+			switch {
+			case key == "b" && (!errors.Is(p.Err, zk.ErrNoAuth) || len(p.Holders) != 0):
+				t.Errorf("alice's lock: %+v, want no holders and an Err wrapping zk.ErrNoAuth", p)
+			case key != "b" && (p.Err != nil || len(p.Holders) != 1):
+				t.Errorf("lock %q: %+v, want one holder and no Err", key, p)
+			}
+			got = append(got, key)
+		}
+		if len(page) < 2 {
+			break
+		}
+		after = page[len(page)-1].Key
+	}
+	if want := []string{"a", "b", "c"}; !slices.Equal(got, want) {
 		t.Fatalf("listed %q, want %q", got, want)
 	}
 }

@@ -91,14 +91,26 @@ type Lister interface {
 	// least 1. prefix and after are a key's start or a whole key, and may
 	// end partway through a rune ("caf\xc3", the start of "café"): a
 	// backend whose engine refuses invalid UTF-8 compares them as bytes.
+	//
+	// A lock the server shows to exist but refuses to let the caller read
+	// (another user's, under an ACL that lets the caller list the keys but
+	// not read that one) is on the page with Err set, in its place in key
+	// order and counted in limit, rather than failing the whole page: an
+	// operator must see the others, and see that it is there. An error
+	// that is not the one key's (the server out of reach) fails the page.
 	List(ctx context.Context, prefix, after string, limit int) ([]Listed, error)
 }
 
-// Listed is one held lock in a List page.
+// Listed is one held lock in a List page, or one that could not be read.
 type Listed struct {
 	// Key is the lock key, as Acquire got it.
 	Key string
 	Inspection
+	// Err, when not nil, says why the lock under Key could not be
+	// inspected, with the server's own error (a ZooKeeper zk.ErrNoAuth)
+	// wrapped for errors.Is; the Inspection is then empty, and says
+	// nothing of whether the lock is held.
+	Err error
 }
 
 // ForceReleaser is an optional capability: an operator taking a lock away
