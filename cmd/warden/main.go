@@ -59,7 +59,10 @@
 // refused because the lock changed hands after its holder was shown
 // (nothing is released; the new holder is named), or a delete because
 // another request claimed the key after its record was shown (nothing is
-// deleted).
+// deleted); 4 when locks ls found locks it could not read (another user's,
+// under the backend's access control, such as a ZooKeeper ACL): the page
+// is printed with a "?" row for each (-json: an "error" field), and the
+// error names the first.
 package main
 
 import (
@@ -616,16 +619,19 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 func (c *cli) noted(f func(context.Context) (string, error)) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var note string
-		if err := c.bounded(ctx, func(ctx context.Context) (err error) {
+		err := c.bounded(ctx, func(ctx context.Context) (err error) {
 			note, err = f(ctx)
 			return err
-		}); err != nil {
+		})
+		if err != nil && !errors.As(err, new(unreadable)) {
 			return err
 		}
+		// f returned (locks it could not read are its answer, not the
+		// bound's): its note stands.
 		if note != "" {
 			fmt.Fprintln(c.stderr, "warden: "+note)
 		}
-		return nil
+		return err
 	}
 }
 
@@ -666,16 +672,68 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 		for i, in := range page {
 			out[i] = inspected(in)
 		}
-		return note, c.printJSON(out)
+		if err := c.printJSON(out); err != nil {
+			return note, err
+		}
+		return note, unreadableIn(page)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
+		if in.Err != nil {
+			fmt.Fprintf(tw, "%s\t?\t?\t?\t?\n", shown(in.Key))
+		}
 		for _, h := range in.Holders {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", shown(in.Key), shown(h.Owner), h.Token, expiresIn(h), waiters(in.Waiters))
 		}
 	}
-	return note, tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return note, err
+	}
+	return note, unreadableIn(page)
 }
+
+// exitUnreadable is the exit status of a locks ls whose page lists locks
+// it could not read (another user's, under the backend's access control):
+// the page is printed, theirs with "?" (-json: with their error), and is
+// not the whole answer.
+const exitUnreadable = 4
+
+// unreadable is a page's locks that could not be read: how many, and the
+// first one's error.
+type unreadable struct {
+	n     int
+	first error
+}
+
+// unreadableIn is the failure of a page that holds locks that could not be
+// read, or nil.
+func unreadableIn(page []guard.Inspection) error {
+	u := unreadable{}
+	for _, in := range page {
+		if in.Err != nil {
+			if u.n == 0 {
+				u.first = in.Err
+			}
+			u.n++
+		}
+	}
+	if u.n == 0 {
+		return nil
+	}
+	return u
+}
+
+func (u unreadable) Error() string {
+	why := strings.TrimPrefix(u.first.Error(), "warden: ")
+	if u.n == 1 {
+		return "a lock listed could not be read (its row shows ?): " + why
+	}
+	return fmt.Sprintf("%d locks listed could not be read (their rows show ?); the first: %s", u.n, why)
+}
+
+func (u unreadable) Unwrap() error { return u.first }
+
+func (u unreadable) ExitCode() int { return exitUnreadable }
 
 // nextPage is the note after a page of locks ls that more locks follow
 // last, the last one listed, saying how to ask for them: -after as a table
@@ -908,11 +966,18 @@ func escapeUnprintable(js []byte) []byte {
 type inspection struct {
 	guard.Inspection
 	KeyBase64 string `json:"key_base64,omitempty"`
+	// Error is why a lock listed could not be read; its holders and
+	// waiters are then unknown.
+	Error string `json:"error,omitempty"`
 }
 
 func inspected(in guard.Inspection) inspection {
 	in.Holders = nonNil(in.Holders)
-	return inspection{Inspection: in, KeyBase64: bytesOf(in.Key)}
+	out := inspection{Inspection: in, KeyBase64: bytesOf(in.Key)}
+	if in.Err != nil {
+		out.Error = strings.TrimPrefix(in.Err.Error(), "warden: ")
+	}
+	return out
 }
 
 // bytesOf is s in base64 when s is not UTF-8, for JSON beside s itself,
