@@ -25,10 +25,11 @@ import (
 //
 // A lock the backend shows to exist but refuses to let this Guard's client
 // read (another user's, under a ZooKeeper ACL that lets it list the lock
-// parents but not read that one) does not fail the page: it is listed in
-// its place, counted in limit, with Err set to the error Inspect of its
-// key would return (for ZooKeeper, one wrapping ErrUnavailable and
-// zk.ErrNoAuth) and no holders, which says nothing of whether it is held.
+// parents but not read that one, or a Redis ACL user's key patterns, which
+// SCAN does not apply) does not fail the page: it is listed in its place,
+// counted in limit, with Err set to the error Inspect of its key would
+// return (one wrapping ErrUnavailable, and zk.ErrNoAuth or Redis's NOPERM)
+// and no holders, which says nothing of whether it is held.
 // A failure that is not one lock's (the backend out of reach) fails the
 // page.
 func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -363,5 +364,52 @@ func TestDocumentedACLCluster(t *testing.T) {
 				t.Errorf("%s ACL LOG: %v", s.addr, denied)
 			}
 		}
+	}
+}
+
+// TestListUnreadable: SCAN shows an ACL user every lock key, those its key
+// patterns leave out too: a lock whose keys the server refuses to read to
+// it is listed in its place with the refusal (NOPERM) as its Err, and
+// those around it as they are, whether the refusal comes at the state's
+// read or at the inspection (the lock's key allowed, its queue's not).
+func TestListUnreadable(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	if err := admin.Do(ctx, "acl", "setuser", "ops", "on", ">pw", "+@all", "&*",
+		"~{a}:*", "~{c}:*", "~{d}:lock").Err(); err != nil {
+		t.Fatal(err)
+	}
+	holder := newLocker(t, admin)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ops := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "ops", Password: "pw"})
+	defer ops.Close()
+	var got []string
+	for after := ""; ; {
+		page, err := newLocker(t, ops).List(ctx, "", after, 2)
+		if err != nil {
+			t.Fatalf("List after %q: %v", after, err)
+		}
+		for _, p := range page {
+			switch unread := p.Key == "b" || p.Key == "d"; {
+			case unread && (!goredis.IsPermissionError(p.Err) || !errors.Is(p.Err, driver.ErrUnavailable) || len(p.Holders) != 0):
+				t.Errorf("lock %q, whose keys ops may not read: %+v, want no holders and an Err wrapping NOPERM and driver.ErrUnavailable", p.Key, p)
+			case !unread && (p.Err != nil || len(p.Holders) != 1):
+				t.Errorf("lock %q: %+v, want one holder and no Err", p.Key, p)
+			}
+			got = append(got, p.Key)
+		}
+		if len(page) < 2 {
+			break
+		}
+		after = page[len(page)-1].Key
+	}
+	if want := []string{"a", "b", "c", "d"}; !slices.Equal(got, want) {
+		t.Fatalf("listed %q, want %q", got, want)
 	}
 }

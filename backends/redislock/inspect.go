@@ -76,7 +76,10 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // each page SCANs every master for the prefix's lock keys and sorts them:
 // a page costs a pass over the keyspace, which suits an operator's tool,
 // not a hot path. The keys of locks released in the last day or two are
-// found too, and left out with one pipelined GET per 1000 names.
+// found too, and left out with one pipelined GET per 1000 names. SCAN shows
+// every key to a user whose ACL key patterns leave some out: a lock whose
+// keys the server refuses to read to it (NOPERM) is listed with that
+// refusal as its Err.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -124,16 +127,22 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		if err != nil {
 			return nil, driver.Unavailable(ctx, err)
 		}
-		for _, k := range held {
+		for _, h := range held {
 			if len(out) == limit {
 				break
 			}
-			in, err := l.Inspect(ctx, k)
-			if err != nil {
-				return nil, err
+			if h.Err != nil {
+				out = append(out, h)
+				continue
 			}
-			if len(in.Holders) > 0 { // it may have been released since the scan
-				out = append(out, driver.Listed{Key: k, Inspection: in})
+			in, err := l.Inspect(ctx, h.Key)
+			switch {
+			case goredis.IsPermissionError(err):
+				out = append(out, driver.Listed{Key: h.Key, Err: err})
+			case err != nil:
+				return nil, err
+			case len(in.Holders) > 0: // it may have been released since the scan
+				out = append(out, driver.Listed{Key: h.Key, Inspection: in})
 			}
 		}
 	}
@@ -141,23 +150,30 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 }
 
 // notReleased keeps the keys whose lock's state is not a released one (no
-// owner), in order: those may be held.
-func (l *Locker) notReleased(ctx context.Context, keys []string) ([]string, error) {
+// owner), in order: those may be held. A key whose state the server refuses
+// to read (an ACL user whose key patterns leave it out, NOPERM: SCAN
+// shows every key) is kept with that refusal as its Err, the error Inspect
+// would return.
+func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Listed, error) {
 	pipe := l.client.Pipeline()
 	gets := make([]*goredis.StringCmd, len(keys))
 	for i, k := range keys {
 		gets[i] = pipe.Get(ctx, lockKeyOf(k))
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, err
-	}
-	var out []string
+	// Exec returns the first command's failure; each is judged below.
+	pipe.Exec(ctx)
+	var out []driver.Listed
 	for i, g := range gets {
 		v, err := g.Result()
-		if errors.Is(err, goredis.Nil) || released(v) {
-			continue
+		switch {
+		case errors.Is(err, goredis.Nil):
+		case goredis.IsPermissionError(err):
+			out = append(out, driver.Listed{Key: keys[i], Err: driver.Unavailable(ctx, err)})
+		case err != nil:
+			return nil, err
+		case !released(v):
+			out = append(out, driver.Listed{Key: keys[i]})
 		}
-		out = append(out, keys[i])
 	}
 	return out, nil
 }
