@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
@@ -483,5 +485,55 @@ func TestRecordsOnlyDatabase(t *testing.T) {
 	}
 	if code, _, errOut := cliRun(t, "", "locks", "ls"); code != 2 || !strings.Contains(errOut, "no backend: give -lock URL") {
 		t.Errorf("locks ls with $WARDEN_STORE alone: exit %d, %q; want 2, asking for -lock", code, errOut)
+	}
+}
+
+// TestPasswordThatIsAWord: a password that is also a word the command
+// prints (the test servers' own is "warden") is removed from what the
+// backend said, and from nowhere else: the command's words, the Guard's,
+// the key it names and the URL's database stay whole.
+func TestPasswordThatIsAWord(t *testing.T) {
+	pg := backendURLs(t)["postgres"]
+	u, err := url.Parse(pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, _ := u.User.Password()
+	if len(password) < 4 {
+		t.Skipf("%s: a password of %d bytes, too short to be redacted", backendurl.Redact(pg), len(password))
+	}
+	key := password + "-report"
+	for _, tc := range []struct {
+		args   []string
+		whole  string // the command's words, with the password in them
+		masked string // the client library's, which quote it
+	}{
+		{[]string{"-lock", "postgres://ops:released@127.0.0.1:1/released?sslmode=disable", "locks", "release", "-any-holder", "-yes", "k"},
+			`warden: "k" was not released: postgres://xxxxx@127.0.0.1:1/released?sslmode=disable: `, "database=xxxxx"},
+		{[]string{"-store", "postgres://scope:scope@127.0.0.1:1/db?sslmode=disable", "idem", "delete", "-yes", "s", "k"},
+			`warden: the record under scope "s", key "k" was not deleted: -store `, "user=xxxxx"},
+		{[]string{"-lock", pg, "locks", "release", "-any-holder", "-yes", key},
+			fmt.Sprintf("warden: %q is not held: nothing to release\n", key), ""},
+		{[]string{"-lock", pg, "idem", "show", password, key},
+			fmt.Sprintf("warden: no record under scope %q, key %q\n", password, key), ""},
+	} {
+		code, _, errOut := cliRun(t, "", append([]string{"-timeout", "5s"}, tc.args...)...)
+		if code != 1 || !strings.HasPrefix(errOut, tc.whole) || !strings.Contains(errOut, tc.masked) {
+			t.Errorf("warden %q: exit %d, %q; want 1, starting %q, with %q", tc.args, code, errOut, tc.whole, tc.masked)
+		}
+	}
+}
+
+// TestRedactedKeepsTheGuardsWords: of a Guard's error, what the backend
+// said is redacted, and the Guard's words before it are kept.
+func TestRedactedKeepsTheGuardsWords(t *testing.T) {
+	u, err := backendurl.Parse("postgres://warden:warden@db.internal/warden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := errors.New("dial postgres://warden:warden@db.internal/warden: refused (password warden)")
+	got := redacted(u, fmt.Errorf("warden: lock %q: %w", "warden-report", backend)).Error()
+	if want := `warden: lock "warden-report": dial postgres://xxxxx@db.internal/xxxxx: refused (password xxxxx)`; got != want {
+		t.Errorf("redacted: %q, want %q", got, want)
 	}
 }

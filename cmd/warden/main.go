@@ -40,7 +40,10 @@
 // in JSON as key_base64 too, its bytes exactly, since JSON shows each
 // invalid byte as U+FFFD, and so are an idempotency record's scope, key and
 // fingerprint (scope_base64, key_base64, fingerprint_base64). URLs, in
-// usage and errors too, are printed redacted (backendurl).
+// usage and errors too, are printed redacted (backendurl), and so is what
+// a backend says in an error (its client library may quote a password):
+// the command's own words around it, and the keys and URLs it names, are
+// printed whole, even where a password is a word of them.
 //
 // -timeout bounds the backend's part of the command: opening the clients
 // and every call, which the command abandons, failing, should a client not
@@ -156,15 +159,18 @@ type cli struct {
 	tokenSet  bool
 	anyHolder bool // locks release -any-holder
 	timeout   time.Duration
-	deadline  time.Time    // the end of the current bound on the backend's part
-	abandoned bool         // a call outlived its bound, and may still use the clients
-	g         *guard.Guard // nil for the idem commands, which need no lock backend, and ping on SQL
+	deadline  time.Time // the end of the current bound on the backend's part
+	abandoned bool      // a call outlived its bound, and may still use the clients
+	g         locks     // nil for the idem commands, which need no lock backend, and ping on SQL
 	// backend names what ping asks, and pinger asks it: the Guard's
 	// backend, or a SQL database's connection pool.
 	backend string
 	pinger  func(context.Context) error
 	store   func(context.Context) (idempotency.Store, error)
-	change  *change // what a release or delete says when it fails; nil for the other commands
+	// storeURL is the store's URL, whose secrets are removed from what
+	// the store says (see redacted).
+	storeURL *backendurl.URL
+	change   *change // what a release or delete says when it fails; nil for the other commands
 }
 
 // grace is how long past its bound a call is waited for before it is
@@ -261,9 +267,6 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		if lockURL, err = backendurl.Parse(*lock); err != nil {
 			return badInput("-lock: %v", err)
 		}
-		// Whatever a client library put in an error, no password
-		// leaves here.
-		defer func() { err = lockURL.RedactError(err) }()
 		if lockURL.Scheme == "memory" {
 			return badInput("-lock memory: an in-process backend holds nothing another process can see")
 		}
@@ -275,9 +278,6 @@ func runErr(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	st := store{flag: "-lock", url: lockURL}
 	if *storeURL != "" {
 		st = parseStore(storeSet, *storeURL)
-		if st.url != nil {
-			defer func() { err = st.url.RedactError(err) }()
-		}
 	}
 	// The command is checked before anything is opened: a typo must not
 	// wait for a connection.
@@ -354,6 +354,7 @@ func parseStore(flagged bool, s string) store {
 // database whose services keep idempotency records and take no locks has
 // no lock table, which would fail the Locker's open.
 func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendurl.URL, st store, command string) error {
+	c.storeURL = st.url
 	c.store = func(ctx context.Context) (idempotency.Store, error) {
 		if st.err != nil {
 			return nil, st.err
@@ -366,7 +367,7 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 			return nil, badInput("%s %s has no idempotency store: give -store URL", st.flag, st.url)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, err)
+			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, st.url.RedactError(err))
 		}
 		return s, nil
 	}
@@ -376,19 +377,20 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 	if command == "ping" && lockURL.SQL() {
 		db, err := o.SQL(ctx, lockURL)
 		if err != nil {
-			return fmt.Errorf("%s: %w", lockURL, err)
+			return fmt.Errorf("%s: %w", lockURL, lockURL.RedactError(err))
 		}
 		pool, err := db.DB()
 		if err != nil {
-			return err
+			return lockURL.RedactError(err)
 		}
-		c.backend, c.pinger = lockURL.Scheme, pool.PingContext
+		c.backend = lockURL.Scheme
+		c.pinger = func(ctx context.Context) error { return lockURL.RedactError(pool.PingContext(ctx)) }
 		return nil
 	}
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
-		return fmt.Errorf("%s: %w", lockURL, err)
+		return fmt.Errorf("%s: %w", lockURL, lockURL.RedactError(err))
 	}
 	// The command's own output is the record of what it did.
 	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
@@ -396,12 +398,84 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 	if lockURL.Scheme == "etcd" {
 		opts = append(opts, guard.WithTTL(60*time.Second))
 	}
-	if c.g, err = guard.New(locker, opts...); err != nil {
-		return badInput("%v", err)
+	g, err := guard.New(locker, opts...)
+	if err != nil {
+		return badInput("%v", lockURL.RedactError(err))
 	}
-	c.backend, c.pinger = c.g.Backend(), c.g.Ping
+	c.g = redactedGuard{g, lockURL}
+	c.backend, c.pinger = g.Backend(), c.g.Ping
 	return nil
 }
+
+// locks is what the lock commands ask of the Guard, every error redacted:
+// a redactedGuard.
+type locks interface {
+	Inspect(ctx context.Context, key string) (guard.Inspection, error)
+	List(ctx context.Context, prefix, after string, limit int) ([]guard.Inspection, error)
+	ForceRelease(ctx context.Context, key string, target guard.ReleaseTarget) ([]guard.Holder, error)
+	Ping(ctx context.Context) error
+}
+
+// redactedGuard is a Guard whose errors have the lock URL's secrets
+// removed from what the backend said (see redacted), before the command
+// wraps them in its own words.
+type redactedGuard struct {
+	g   *guard.Guard
+	url *backendurl.URL
+}
+
+func (r redactedGuard) Inspect(ctx context.Context, key string) (guard.Inspection, error) {
+	in, err := r.g.Inspect(ctx, key)
+	return in, redacted(r.url, err)
+}
+
+func (r redactedGuard) List(ctx context.Context, prefix, after string, limit int) ([]guard.Inspection, error) {
+	page, err := r.g.List(ctx, prefix, after, limit)
+	for i := range page {
+		page[i].Err = redacted(r.url, page[i].Err)
+	}
+	return page, redacted(r.url, err)
+}
+
+func (r redactedGuard) ForceRelease(ctx context.Context, key string, target guard.ReleaseTarget) ([]guard.Holder, error) {
+	removed, err := r.g.ForceRelease(ctx, key, target)
+	return removed, redacted(r.url, err)
+}
+
+func (r redactedGuard) Ping(ctx context.Context) error { return redacted(r.url, r.g.Ping(ctx)) }
+
+// redacted is err, an error of the Guard's, with u's secrets removed from
+// what the backend said, which may quote a client library's words, and
+// the Guard's own words before it (warden, the key, the call), which
+// quote none, kept: a password that is also a word (the test servers'
+// "warden") would otherwise be masked in "warden: lock" and in a key. The
+// command's words around it are its own, and are not redacted either:
+// every error of a backend reaches the command through redacted, or
+// through u.RedactError, as soon as it is returned.
+func redacted(u *backendurl.URL, err error) error {
+	cause := errors.Unwrap(err)
+	if cause == nil {
+		return u.RedactError(err)
+	}
+	words, ok := strings.CutSuffix(err.Error(), cause.Error())
+	clean := u.RedactError(cause)
+	switch {
+	case !ok:
+		return u.RedactError(err)
+	case clean == cause:
+		return err
+	}
+	return &redactedError{words + clean.Error(), err}
+}
+
+// redactedError is an error whose message is err's with secrets removed.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
 
 // sqliteMissing returns a usage error when u, given with flag, names a
 // SQLite file that is not there (a typo in its path): opening it would make
@@ -808,7 +882,7 @@ func (c *cli) idem(ctx context.Context, scope, key string) error {
 		return fmt.Errorf("no record under scope %q, key %q", scope, key)
 	}
 	if err != nil {
-		return err
+		return c.storeURL.RedactError(err)
 	}
 	// The owner token is a capability: only the instance it names, if any.
 	instance := debugpage.Instance(rec.Owner)
@@ -851,7 +925,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		if errors.Is(err, idempotency.ErrNotFound) {
 			return fmt.Errorf("no record under scope %q, key %q", scope, key)
 		}
-		return err
+		return c.storeURL.RedactError(err)
 	})
 	if err != nil {
 		return c.change.before(ctx, err)
@@ -882,7 +956,7 @@ func (c *cli) idemDelete(ctx context.Context, scope, key string) error {
 		if rec.State == idempotency.StateInProgress {
 			remove = func() error { return st.Abandon(ctx, scope, key, rec.Owner) }
 		}
-		if err := remove(); err != nil {
+		if err := c.storeURL.RedactError(remove()); err != nil {
 			if errors.Is(err, idempotency.ErrNotOwner) {
 				return recordChanged{scope, key}
 			}
