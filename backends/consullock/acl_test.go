@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -483,5 +484,29 @@ func TestAcquisitionRefusedForAMoment(t *testing.T) {
 	}
 	if s := held.(*lease).s; s.lost() {
 		t.Error("the held lock's session was given up for a refused acquisition")
+	}
+}
+
+// TestInspectOfWithheldKeys: a token that may not read a name's keys, which
+// the ACL leaves out of its reads, is told that Inspect cannot say whether
+// the name is held, rather than that it is free; a name it may read is
+// inspected as ever.
+func TestInspectOfWithheldKeys(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holder := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`))
+	open, withheld := name("acl-open"), name("acl-withheld")
+	for _, k := range []string{open, withheld} {
+		if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "`+url.PathEscape(withheld)+`." { policy = "deny" } session_prefix "" { policy = "read" }`))
+	if in, err := l.Inspect(ctx, withheld); !errors.Is(err, errDenied) || !errors.Is(err, driver.ErrUnavailable) {
+		t.Errorf("Inspect of a name whose keys the token may not read: %+v, %v; want an error wrapping driver.ErrUnavailable, for want of ACL rights", in, err)
+	}
+	if in, err := l.Inspect(ctx, open); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect of a name the token may read: %+v, %v; want its holder", in, err)
 	}
 }

@@ -30,9 +30,10 @@ var (
 // TTL 0: it lives as long as the session that keeps it.
 //
 // With Consul's ACLs on, a read leaves out the keys its token may not
-// read, and Consul does not say that it did: a token without read on a
-// name's keys sees the name free (Inspect, List), and ForceRelease finds
-// nothing to remove.
+// read, and says only that it left some out: Inspect, and ForceRelease,
+// then fail with an error wrapping driver.ErrUnavailable that says so,
+// rather than see a name held by another token's session as free. List
+// cannot tell which names it left out (see List).
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
@@ -44,14 +45,20 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 
 // keysOf reads every key of the name key in one consistent read. Every key
 // of the name starts with its escape and a '.'; so do the keys of names
-// that continue it, which nameOf tells apart.
+// that continue it, which nameOf tells apart. A read from which the ACL
+// left keys out fails: they may be the name's (or a name's that continues
+// it, which the read cannot tell apart), and without them whether the name
+// is held cannot be told.
 func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
 	if err := checkName(key); err != nil {
 		return nil, err
 	}
-	pairs, err := l.tree(ctx, url.PathEscape(key)+".")
+	pairs, filtered, err := l.tree(ctx, url.PathEscape(key)+".")
 	if err != nil {
 		return nil, err
+	}
+	if filtered {
+		return nil, fmt.Errorf("%w: consul left keys under %q out of the read, which the token may not read: whether %q is held cannot be told", errDenied, url.PathEscape(key)+".", key)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -68,25 +75,29 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 // would read the whole store, and ".." would leave the KV API, whose 404
 // the client reads as no keys, as if the lock "." were free. Those two are
 // read by a transaction, which names the prefix in its body (and refuses
-// an empty one).
-func (l *Locker) tree(ctx context.Context, prefix string) ([]*api.KVPair, error) {
+// an empty one). filtered reports that the ACL left out keys the token may
+// not read (Consul says so, not which).
+func (l *Locker) tree(ctx context.Context, prefix string) (pairs []*api.KVPair, filtered bool, err error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
 	if prefix != "." && prefix != ".." {
-		pairs, _, err := l.client.KV().List(prefix, queryOpts(rctx))
-		return pairs, l.fail(ctx, rctx, err)
+		pairs, meta, err := l.client.KV().List(prefix, queryOpts(rctx))
+		if err != nil {
+			return nil, false, l.fail(ctx, rctx, err)
+		}
+		return pairs, meta.ResultsFilteredByACLs, nil
 	}
-	ok, resp, _, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, queryOpts(rctx))
+	ok, resp, meta, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, queryOpts(rctx))
 	switch {
 	case err != nil:
-		return nil, l.fail(ctx, rctx, err)
+		return nil, false, l.fail(ctx, rctx, err)
 	case !ok:
 		if err := denied(resp); err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		return nil, fmt.Errorf("%w: consul refused the read of %q", driver.ErrUnavailable, prefix)
+		return nil, false, fmt.Errorf("%w: consul refused the read of %q", driver.ErrUnavailable, prefix)
 	}
-	return resp.Results, nil
+	return resp.Results, meta.ResultsFilteredByACLs, nil
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -169,6 +180,10 @@ func nameOf(k string) (string, bool) {
 // in one consistent read, and keeps the limit smallest held names after
 // after: its cost grows with the number of keys under prefix, not with
 // limit.
+//
+// A name whose keys the token may not read is not listed: the ACL leaves
+// them out of the read, and Consul says that it left some out, not which,
+// so no entry with an Err can stand for them (Inspect of the name fails).
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -176,7 +191,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if err := checkName(prefix); err != nil {
 		return nil, err
 	}
-	pairs, err := l.tree(ctx, url.PathEscape(prefix))
+	pairs, _, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
 		return nil, err
 	}
