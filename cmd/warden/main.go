@@ -458,11 +458,11 @@ func redacted(u *backendurl.URL, err error) error {
 		return u.RedactError(err)
 	}
 	words, ok := strings.CutSuffix(err.Error(), cause.Error())
-	clean := u.RedactError(cause)
-	switch {
-	case !ok:
+	if !ok {
 		return u.RedactError(err)
-	case clean == cause:
+	}
+	clean := u.RedactError(cause)
+	if clean == cause {
 		return err
 	}
 	return &redactedError{words + clean.Error(), err}
