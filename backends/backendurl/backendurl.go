@@ -90,10 +90,20 @@ func Redact(s string) string {
 
 // RedactError returns err with u's secrets (of 4 bytes or more) removed
 // from its message, should a client library have quoted one; errors.Is and
-// errors.As see err.
+// errors.As see err. An Opener's error that starts with its own words
+// keeps them, and a name in them, whole ("no lock table warden_locks",
+// where the password is "warden"): the client library's error after them
+// is redacted.
 func (u *URL) RedactError(err error) error {
 	if err == nil {
 		return nil
+	}
+	if d, ok := err.(*described); ok {
+		cause := u.RedactError(d.err)
+		if cause == d.err {
+			return err
+		}
+		return &redacted{msg: d.words + cause.Error(), err: err}
 	}
 	msg := err.Error()
 	clean := u.redactText(msg)
@@ -123,6 +133,21 @@ func (u *URL) redactText(s string) string {
 
 // minScrubbed is the shortest secret RedactError looks for.
 const minScrubbed = 4
+
+// described is an error of the Opener's: its own words, which quote no
+// secret, before the error of a client library that it wraps, which may.
+type described struct {
+	words string // with the ": " before err
+	err   error
+}
+
+// describe is err after the Opener's words, which format and args make.
+func describe(err error, format string, args ...any) error {
+	return &described{words: fmt.Sprintf(format, args...) + ": ", err: err}
+}
+
+func (e *described) Error() string { return e.words + e.err.Error() }
+func (e *described) Unwrap() error { return e.err }
 
 // redacted is an error whose message has had secrets removed.
 type redacted struct {

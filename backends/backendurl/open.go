@@ -495,12 +495,12 @@ func existing(ctx context.Context, db *gorm.DB, what, table string, check func(c
 		return check(ctx)
 	}
 	if absent, _ := tableAbsent(ctx, db, table); absent {
-		return fmt.Errorf("no %s table %s on this database that this user may see (no service has used the database, or the URL names another one; the schema is left as it is): %w",
-			what, table, err)
+		return describe(err, "no %s table %s on this database that this user may see (no service has used the database, or the URL names another one; the schema is left as it is)",
+			what, table)
 	}
 	if sqliteReadOnlyDirectory(err) {
-		return fmt.Errorf("reading the %s table %s: a read-only open of an SQLite file in WAL mode needs its -shm file, or a directory it may write to make one (or immutable=1, when nothing writes the file): %w",
-			what, table, err)
+		return describe(err, "reading the %s table %s: a read-only open of an SQLite file in WAL mode needs its -shm file, or a directory it may write to make one (or immutable=1, when nothing writes the file)",
+			what, table)
 	}
 	return driver.Unavailable(ctx, fmt.Errorf("reading the %s table %s: %w", what, table, err))
 }

@@ -3,6 +3,7 @@ package backendurl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -214,5 +215,24 @@ func TestRedisUserWithoutPassword(t *testing.T) {
 		if _, err := Parse(s); err != nil {
 			t.Errorf("%s: %v", Redact(s), err)
 		}
+	}
+}
+
+// TestRedactKeepsTheOpenersWords: of an Opener's error, the client
+// library's part is redacted and the Opener's own words, which may hold
+// the password as a word of a name, are kept.
+func TestRedactKeepsTheOpenersWords(t *testing.T) {
+	u, err := Parse("postgres://warden:warden@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := u.RedactError(describe(errors.New(`relation "warden_locks" does not exist`), "no %s table %s", "lock", "warden_locks"))
+	if want := `no lock table warden_locks: relation "xxxxx_locks" does not exist`; got.Error() != want {
+		t.Errorf("RedactError: %q, want %q", got, want)
+	}
+	// Words of the Opener's under another error's are not told apart.
+	wrapped := fmt.Errorf("opening: %w", describe(errors.New("warden"), "table warden_locks"))
+	if got := u.RedactError(wrapped).Error(); got != "opening: table xxxxx_locks: xxxxx" {
+		t.Errorf("RedactError of a wrapped Opener's error: %q", got)
 	}
 }

@@ -503,6 +503,9 @@ func TestPasswordThatIsAWord(t *testing.T) {
 		t.Skipf("%s: a password of %d bytes, too short to be redacted", backendurl.Redact(pg), len(password))
 	}
 	key := password + "-report"
+	// A database of the server without warden's tables.
+	bare := *u
+	bare.Path = "/postgres"
 	for _, tc := range []struct {
 		args   []string
 		whole  string // the command's words, with the password in them
@@ -516,6 +519,8 @@ func TestPasswordThatIsAWord(t *testing.T) {
 			fmt.Sprintf("warden: %q is not held: nothing to release\n", key), ""},
 		{[]string{"-lock", pg, "idem", "show", password, key},
 			fmt.Sprintf("warden: no record under scope %q, key %q\n", password, key), ""},
+		{[]string{"-lock", bare.String(), "locks", "ls"},
+			"warden: " + backendurl.Redact(bare.String()) + ": no lock table warden_locks on this database", ""},
 	} {
 		code, _, errOut := cliRun(t, "", append([]string{"-timeout", "5s"}, tc.args...)...)
 		if code != 1 || !strings.HasPrefix(errOut, tc.whole) || !strings.Contains(errOut, tc.masked) {

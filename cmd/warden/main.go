@@ -367,7 +367,7 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 			return nil, badInput("%s %s has no idempotency store: give -store URL", st.flag, st.url)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, st.url.RedactError(err))
+			return nil, fmt.Errorf("%s %s: %w", st.flag, st.url, err)
 		}
 		return s, nil
 	}
@@ -377,7 +377,7 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 	if command == "ping" && lockURL.SQL() {
 		db, err := o.SQL(ctx, lockURL)
 		if err != nil {
-			return fmt.Errorf("%s: %w", lockURL, lockURL.RedactError(err))
+			return fmt.Errorf("%s: %w", lockURL, err)
 		}
 		pool, err := db.DB()
 		if err != nil {
@@ -390,7 +390,7 @@ func (c *cli) open(ctx context.Context, o *backendurl.Opener, lockURL *backendur
 	// The TTL only sizes ZooKeeper's session; nothing is locked here.
 	locker, err := o.Locker(ctx, lockURL, 30*time.Second)
 	if err != nil {
-		return fmt.Errorf("%s: %w", lockURL, lockURL.RedactError(err))
+		return fmt.Errorf("%s: %w", lockURL, err)
 	}
 	// The command's own output is the record of what it did.
 	opts := []guard.Option{guard.WithPrefix(c.prefix), guard.WithOwner("warden-cli"), guard.WithBackendName(lockURL.Scheme),
@@ -451,7 +451,8 @@ func (r redactedGuard) Ping(ctx context.Context) error { return redacted(r.url, 
 // "warden") would otherwise be masked in "warden: lock" and in a key. The
 // command's words around it are its own, and are not redacted either:
 // every error of a backend reaches the command through redacted, or
-// through u.RedactError, as soon as it is returned.
+// through u.RedactError, as soon as it is returned, but the Opener's,
+// which show no secret (backendurl redacts them, its own words kept).
 func redacted(u *backendurl.URL, err error) error {
 	cause := errors.Unwrap(err)
 	if cause == nil {
