@@ -107,9 +107,9 @@ type Listed struct {
 	Key string
 	Inspection
 	// Err, when not nil, says why the lock under Key could not be
-	// inspected, with the server's own error (a ZooKeeper zk.ErrNoAuth)
-	// wrapped for errors.Is; the Inspection is then empty, and says
-	// nothing of whether the lock is held.
+	// inspected, with the server's own error (ZooKeeper's zk.ErrNoAuth,
+	// Redis's NOPERM) wrapped for errors.Is; the Inspection is then
+	// empty, and says nothing of whether the lock is held.
 	Err error
 }
 
