@@ -123,7 +123,7 @@ func WithMaxBackoff(d time.Duration) Option {
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
 // recommended count. One client listed twice is an error wrapping
-// driver.ErrInvalidOption, as is a cluster or ring client (its INFO goes to
+// driver.ErrInvalidOption, as is a nil client, and a cluster or ring client (its INFO goes to
 // any of its servers, so its server cannot be known). So is one server
 // behind two clients (one address
 // twice, 127.0.0.1 and localhost, two dialers of their own), which New,
@@ -167,7 +167,13 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
 		}
-		switch n.(type) {
+		switch c := n.(type) {
+		case *goredis.Client:
+			// A nil pointer is not a nil interface: the first request to
+			// it would panic on one of the Locker's goroutines.
+			if c == nil {
+				return nil, fmt.Errorf("%w: node %d is a nil *redis.Client", driver.ErrInvalidOption, i)
+			}
 		case *goredis.ClusterClient, *goredis.Ring:
 			// INFO, naming no key, goes to any of their servers, not the
 			// one that holds a lock's vote: their identity cannot be read.
