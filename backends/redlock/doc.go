@@ -66,14 +66,20 @@
 // restarted, a lock with a minute left taken again). A node whose
 // maxmemory-policy evicts keys forgets votes the same way under memory
 // pressure (every vote's key has an expiry, so volatile-* policies evict
-// them too): run the nodes with noeviction, or no maxmemory. The nodes must
-// be independent masters. One server listed twice would count twice toward
-// a majority: New refuses one client listed twice, and one server behind
-// two clients (one address twice, two spellings of it such as 127.0.0.1
-// and localhost, two dialers of their own) is found by its run_id (INFO
-// server), which the Locker reads from every
-// node in one round on first use (an acquisition, a Ping) and again a
-// minute later, or a second later while a node's is unknown: the
+// them too): run the nodes with noeviction, or no maxmemory. Every Locker
+// of a lock must be given the same nodes, in any order: a majority of three
+// nodes and one of those three and two more can share no node, so while a
+// deployment grows from three to five, one process may hold a lock on two
+// of the three and another take it on the other three
+// (TestLockersOnDifferentNodeSets). Nothing on the nodes can tell, each
+// having seen one vote: stop every process on the old nodes before one
+// starts on the new. The nodes must be independent masters. One server
+// listed twice would count twice toward a majority: New refuses one client
+// listed twice, and one server behind two clients (one address twice, two
+// spellings of it such as 127.0.0.1 and localhost, two dialers of their
+// own) is found by its run_id (INFO server), which the Locker reads from
+// every node in one round on first use (an acquisition, a Ping) and again
+// a minute later, or a second later while a node's is unknown: the
 // acquisition and Ping then fail with driver.ErrInvalidOption naming the
 // two addresses. A node whose run_id is unknown (no answer, no INFO in its
 // ACL user's rights) has its vote withdrawn and not counted. The reads go

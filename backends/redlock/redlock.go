@@ -122,7 +122,8 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. One client listed twice is an error wrapping
+// recommended count. Every Locker of a lock must be given the same nodes,
+// in any order (see the package doc). One client listed twice is an error wrapping
 // driver.ErrInvalidOption, as is a nil client, and a cluster or ring client (its INFO goes to
 // any of its servers, so its server cannot be known). So is one server
 // behind two clients (one address
