@@ -54,3 +54,36 @@ func TestRefusalEndsTheWait(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalInsideTheVoteWritesNothing: a node whose ACL user lacks a
+// command the vote runs after writing it (PEXPIREAT, which sets the key's
+// expiry once a day) refuses every vote alike. It refused the first, but
+// kept the vote it had written, whose state says the expiry was set: the
+// votes after it were granted, on a key that never expires.
+func TestRefusalInsideTheVoteWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	for _, s := range servers {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+		if err := c.Do(ctx, "acl", "setuser", "noexpire", "on", ">pw", "~{warden:*",
+			"+evalsha", "+eval", "+get", "+set", "+del", "+time", "+pttl", "+info", "+ping").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noexpire", "pw" }, WithNodeTimeout(time.Second))
+	for i := range 3 {
+		lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "can't run this command") {
+			t.Fatalf("acquisition %d without PEXPIREAT: got %v, want the nodes' refusal", i, err)
+		}
+	}
+	admin := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer admin.Close()
+	if n := admin.Exists(ctx, "{warden:k}:lock").Val(); n != 0 {
+		t.Errorf("the refused votes left their key (%q)", admin.Get(ctx, "{warden:k}:lock").Val())
+	}
+}
