@@ -232,8 +232,8 @@ func (l *Locker) Limits() driver.Limits {
 // that grows to WithMaxBackoff and never past it however long the wait, is
 // never longer than the holder's remaining TTL as the nodes report it, and
 // goes on through nodes that fail (ErrUnavailable) until ctx is done,
-// unless so many refuse the vote for good (see redisrefusal) that no
-// majority can grant it.
+// unless so many refuse the vote, or the waiter's read of their state, for
+// good (see redisrefusal) that no majority can grant it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
@@ -255,8 +255,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			if clocks == nil {
 				clocks = make([]nodeClock, len(l.nodes))
 			}
-			hint, free := l.probeNodes(ctx, ls.lock, clocks)
-			if err := ctx.Err(); err != nil {
+			hint, free, err := l.probeNodes(ctx, ls.lock, clocks)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, ctxErr
+			}
+			if err != nil {
 				return nil, err
 			}
 			if !free {
