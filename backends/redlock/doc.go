@@ -85,21 +85,22 @@
 // (an acquisition, a Ping) and again a minute later, or a second later
 // while a node's is unknown: the acquisition and Ping then fail with
 // driver.ErrInvalidOption naming the two addresses. A node whose run_id is
-// unknown (no answer, no INFO in its ACL user's rights) has its vote
-// withdrawn and not counted. The reads go to all the nodes at once, so that
-// a restart, which changes the run_id, can make one server look like two
-// only when it falls within a round, and until the next. An address that
-// fails over onto another node's server between two reads (a virtual
-// address moved to the wrong server) is counted twice until the next read,
-// a minute at most: from then on an acquisition, a Ping and a lease's
-// refresh fail (the lease is lost, so the work it guards is cancelled); a
-// node's address should fail over to that node's own replica, which
-// replicates asynchronously: promoted, it has forgotten the votes it had
-// not received yet, as a node restarted without persistence has, and a
-// majority failing over within a TTL may let two hold a lock. The Locker
-// cannot tell a node that is another's replica, which refuses every vote
-// (READONLY): the Locker then tolerates one node's failure fewer, and Ping,
-// which asks for answers, not roles, does not tell.
+// unknown (no answer, no INFO in its ACL user's rights) has its vote not
+// counted, nor renewed: it is withdrawn with the others'. The reads go to
+// all the nodes at once, so that a restart, which changes the run_id, can
+// make one server look like two only when it falls within a round, and
+// until the next. An address that fails over onto another node's server
+// between two reads (a virtual address moved to the wrong server) is
+// counted twice until the next read, a minute at most: from then on an
+// acquisition, a Ping and a lease's refresh fail (the lease is lost, so the
+// work it guards is cancelled); a node's address should fail over to that
+// node's own replica, which replicates asynchronously: promoted, it has
+// forgotten the votes it had not received yet, as a node restarted without
+// persistence has, and a majority failing over within a TTL may let two
+// hold a lock. The Locker cannot tell a node that is another's replica,
+// which refuses every vote (READONLY): the Locker then tolerates one node's
+// failure fewer, and Ping, which asks for answers, not roles, does not
+// tell.
 // Tokens still grow when counters are lost: a node that votes takes the
 // greater of its counter and its clock in microseconds as its fence, so a
 // token issued after nodes forgot their counters is past every earlier one
