@@ -63,10 +63,10 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 
 // Refresh implements driver.Lease: it extends the owner's votes on the nodes
 // that may hold them and whose server was known at the acquisition, and
-// succeeds only when a majority extended them
-// before the new expiry. One that fails leaves Expiry where it was, or
-// lowers it to the refresh's start plus ttl less the drift allowance when
-// that is sooner: the nodes it reached lapse then.
+// succeeds only when a majority extended them before the new expiry. One
+// that fails leaves Expiry where it was, or lowers it to the refresh's start
+// plus ttl less the drift allowance when that is sooner: the nodes it
+// reached lapse then.
 //
 // It fails with ErrNotHeld once the nodes' identities, read again, show two
 // of them to be one server (a failover behind an address, onto another

@@ -107,9 +107,9 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 	yes, refused := 0, 0
 	var refusal error
 	tally := func(which []int, rs []result) {
-		n, first := refusals(rs)
-		if refused += n; refusal == nil {
-			refusal = first
+		nr, why := refusals(rs)
+		if refused += nr; refusal == nil {
+			refusal = why
 		}
 		for j, r := range rs {
 			if r.err != nil {

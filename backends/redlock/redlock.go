@@ -122,15 +122,15 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. Every Locker of a lock must be given the same nodes,
-// in any order (see the package doc). One client listed twice is an error wrapping
-// driver.ErrInvalidOption, as is a nil client, and a cluster or ring client (its INFO goes to
-// any of its servers, so its server cannot be known). So is one server
-// behind two clients (one address
-// twice, 127.0.0.1 and localhost, two dialers of their own), which New,
-// making no request, cannot see: the first acquisition or Ping reads each
-// node's run_id (INFO server) and fails with that error, naming the two
-// addresses. The caller keeps ownership of the clients.
+// recommended count. Every Locker of a lock must be given the same nodes, in
+// any order (see the package doc). One client listed twice is an error
+// wrapping driver.ErrInvalidOption, as is a nil client, and a cluster or
+// ring client (its INFO goes to any of its servers, so its server cannot be
+// known). So is one server behind two clients (one address twice, 127.0.0.1
+// and localhost, two dialers of their own), which New, making no request,
+// cannot see: the first acquisition or Ping reads each node's run_id (INFO
+// server) and fails with that error, naming the two addresses. The caller
+// keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
