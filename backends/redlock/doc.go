@@ -73,36 +73,36 @@
 // is stepped forward (an NTP step, a date set by hand) lapses them early by
 // the step, which the drift allowance does not cover, so keep the nodes'
 // clocks slewed, never stepped. Every Locker of a lock must be given the
-// same nodes, in any order: a majority of three nodes and one of those
-// three and two more can share no node, so while a deployment grows from
-// three to five, one process may hold a lock on two of the three and
-// another take it on the other three (TestLockersOnDifferentNodeSets).
-// Nothing on the nodes can tell, each having seen one vote: stop every
-// process on the old nodes before one starts on the new. The nodes must be
-// independent masters. One server listed twice would count twice toward a
-// majority: New refuses one client listed twice, and one server behind two
-// clients (one address twice, two spellings of it such as 127.0.0.1 and
-// localhost, two dialers of their own) is found by its run_id (INFO
-// server), which the Locker reads from every node in one round on first use
-// (an acquisition, a Ping) and again a minute later, or a second later
-// while a node's is unknown: the acquisition and Ping then fail with
-// driver.ErrInvalidOption naming the two addresses. A node whose run_id is
-// unknown (no answer, no INFO in its ACL user's rights) has its vote not
-// counted, nor renewed: it is withdrawn with the others'. The reads go to
-// all the nodes at once, so that a restart, which changes the run_id, can
-// make one server look like two only when it falls within a round, and
-// until the next. An address that fails over onto another node's server
-// between two reads (a virtual address moved to the wrong server) is
-// counted twice until the next read, a minute at most: from then on an
-// acquisition, a Ping and a lease's refresh fail (the lease is lost, so the
-// work it guards is cancelled); a node's address should fail over to that
-// node's own replica, which replicates asynchronously: promoted, it has
-// forgotten the votes it had not received yet, as a node restarted without
-// persistence has, and a majority failing over within a TTL may let two
-// hold a lock. The Locker cannot tell a node that is another's replica,
-// which refuses every vote (READONLY): the Locker then tolerates one node's
-// failure fewer, and Ping, which asks for answers, not roles, does not
-// tell.
+// same nodes (servers and database numbers), in any order: a majority of
+// three nodes and one of those three and two more can share no node, so
+// while a deployment grows from three to five, one process may hold a lock
+// on two of the three and another take it on the other three
+// (TestLockersOnDifferentNodeSets). Nothing on the nodes can tell, each
+// having seen one vote: stop every process on the old nodes before one
+// starts on the new. The nodes must be independent masters. One server
+// listed twice would count twice toward a majority: New refuses one client
+// listed twice, and one server behind two clients (one address twice, two
+// spellings of it such as 127.0.0.1 and localhost, two dialers of their
+// own) is found by its run_id (INFO server), which the Locker reads from
+// every node in one round on first use (an acquisition, a Ping) and again a
+// minute later, or a second later while a node's is unknown: the
+// acquisition and Ping then fail with driver.ErrInvalidOption naming the
+// two addresses. A node whose run_id is unknown (no answer, no INFO in its
+// ACL user's rights) has its vote not counted, nor renewed: it is withdrawn
+// with the others'. The reads go to all the nodes at once, so that a
+// restart, which changes the run_id, can make one server look like two only
+// when it falls within a round, and until the next. An address that fails
+// over onto another node's server between two reads (a virtual address
+// moved to the wrong server) is counted twice until the next read, a minute
+// at most: from then on an acquisition, a Ping and a lease's refresh fail
+// (the lease is lost, so the work it guards is cancelled); a node's address
+// should fail over to that node's own replica, which replicates
+// asynchronously: promoted, it has forgotten the votes it had not received
+// yet, as a node restarted without persistence has, and a majority failing
+// over within a TTL may let two hold a lock. The Locker cannot tell a node
+// that is another's replica, which refuses every vote (READONLY): the
+// Locker then tolerates one node's failure fewer, and Ping, which asks for
+// answers, not roles, does not tell.
 // Tokens still grow when counters are lost: a node that votes takes the
 // greater of its counter and its clock in microseconds as its fence, so a
 // token issued after nodes forgot their counters is past every earlier one
