@@ -114,7 +114,18 @@ end
 -- constant use.
 local od = old_day and tonumber(old_day)
 if not od or od < day then
-  redis.call('pexpireat', KEYS[1], day * 86400000)
+  local e = redis.pcall('pexpireat', KEYS[1], day * 86400000)
+  if type(e) == 'table' and e.err then
+    -- Refused (an ACL without PEXPIREAT): the vote is taken back, or
+    -- the next would find its day set, skip this, and be granted on a
+    -- key that never expires.
+    if old then
+      redis.call('set', KEYS[1], old, 'KEEPTTL')
+    else
+      redis.call('del', KEYS[1])
+    end
+    error(e)
+  end
 end
 if recorded then
   return 1

@@ -67,6 +67,43 @@ func TestOneServerUnderTwoAddresses(t *testing.T) {
 	}
 }
 
+// TestOneServerUnderOtherTransports: a server reached over its unix
+// socket beside its TCP address, or over ::1 beside 127.0.0.1, is one
+// server whatever the transport: the acquisition is refused with
+// ErrInvalidOption naming both, as for two spellings of a host name.
+func TestOneServerUnderOtherTransports(t *testing.T) {
+	ctx := context.Background()
+	sock := t.TempDir() + "/redis.sock"
+	// ::1 is bound only where the machine has it ('-': a missing address
+	// is skipped).
+	s := drivertest.StartRedis(t, "--unixsocket", sock, "--bind", "127.0.0.1", "-::1")
+	other := drivertest.StartRedis(t)
+	_, port, _ := net.SplitHostPort(s.Addr())
+	v6 := "[::1]:" + port
+	unix := goredis.NewClient(&goredis.Options{Network: "unix", Addr: sock, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { unix.Close() })
+	tcp := clients(t, []string{s.Addr(), other.Addr(), v6}, nil)
+	cases := map[string]goredis.UniversalClient{sock: unix}
+	if err := tcp[2].Ping(ctx).Err(); err == nil {
+		cases[v6] = tcp[2]
+	} else {
+		t.Logf("no ::1 here (%v): only the unix socket is tried", err)
+	}
+	for alias, c := range cases {
+		l, err := New([]goredis.UniversalClient{tcp[0], c, tcp[1]}, WithNodeTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := l.Acquire(ctx, "k", driver.AcquireOptions{TTL: 10 * time.Second})
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		if !errors.Is(err, driver.ErrInvalidOption) || !strings.Contains(err.Error(), s.Addr()) || !strings.Contains(err.Error(), alias) {
+			t.Errorf("%s beside %s: Acquire got %v, want ErrInvalidOption naming both", alias, s.Addr(), err)
+		}
+	}
+}
+
 // TestAliasesStayOneServerAfterRestart: a server restarted has a new
 // run_id; two nodes naming it under two addresses are refused before the
 // restart and after it alike, and distinct nodes, one restarted, still

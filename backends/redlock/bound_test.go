@@ -362,7 +362,7 @@ func TestProbeBoundedByContext(t *testing.T) {
 	stop := time.AfterFunc(bound, cancel)
 	defer stop.Stop()
 	start := time.Now()
-	_, free := l.probeNodes(ctx, lockKeyOf("probe-bounded"), make([]nodeClock, len(nodes)))
+	_, free, _ := l.probeNodes(ctx, lockKeyOf("probe-bounded"), make([]nodeClock, len(nodes)))
 	took := time.Since(start)
 	if free {
 		t.Error("silent nodes probed free")

@@ -41,6 +41,17 @@ var epoch = time.Now()
 
 func (ls *lease) setExpiry(t time.Time) { ls.expiry.Store(int64(t.Sub(epoch))) }
 
+// lowerExpiry moves the expiry to t when t is sooner.
+func (ls *lease) lowerExpiry(t time.Time) {
+	at := int64(t.Sub(epoch))
+	for {
+		cur := ls.expiry.Load()
+		if at >= cur || ls.expiry.CompareAndSwap(cur, at) {
+			return
+		}
+	}
+}
+
 // Token implements driver.Lease: one above the highest counter of the
 // majority that granted the lease.
 func (ls *lease) Token() uint64 { return ls.token }
@@ -52,8 +63,10 @@ func (ls *lease) Expiry() time.Time { return epoch.Add(time.Duration(ls.expiry.L
 
 // Refresh implements driver.Lease: it extends the owner's votes on the nodes
 // that may hold them and whose server was known at the acquisition, and
-// succeeds only when a majority extended them
-// before the new expiry.
+// succeeds only when a majority extended them before the new expiry. One
+// that fails leaves Expiry where it was, or lowers it to the refresh's start
+// plus ttl less the drift allowance when that is sooner: the nodes it
+// reached lapse then.
 //
 // It fails with ErrNotHeld once the nodes' identities, read again, show two
 // of them to be one server (a failover behind an address, onto another
@@ -85,6 +98,10 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 		ls.setExpiry(expiry)
 		return nil
 	}
+	// A refresh that failed may still have reached some nodes, and set
+	// their votes to lapse at ttl from there: sooner than the lease's
+	// Expiry says, when ttl is shorter than what the lease had left.
+	ls.lowerExpiry(expiry)
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +44,9 @@ type probeAnswer struct {
 // probeNodes asks the nodes whether they would grant a vote for lock,
 // writing nothing: free when a majority would, and otherwise how long the
 // holder's votes still last. A node that fails counts against a majority.
+// When so many refuse the read for good (an ACL user without GET; see
+// redisrefusal) that no majority can answer it, it returns errRefused with
+// the first refusal: no later probe would do better.
 //
 // It reads each node's state, a GET, and judges whether the vote there
 // lapsed by the node's clock: a TIME in the same round trip (where a
@@ -63,7 +67,7 @@ type probeAnswer struct {
 // are left: one that does not answer holds every round it is part of to
 // the node timeout, and would hold up the waiter's turn once the lock is
 // free.
-func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock) (hint time.Duration, free bool) {
+func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock) (hint time.Duration, free bool, err error) {
 	// The calls read a copy: one that finishes in the background, its
 	// round over, must not read clocks while this goroutine writes them.
 	known := slices.Clone(clocks)
@@ -100,8 +104,13 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 	}
 	n := len(l.nodes)
 	first := int(l.probes.Add(1) % uint32(n))
-	yes := 0
+	yes, refused := 0, 0
+	var refusal error
 	tally := func(which []int, rs []result) {
+		nr, why := refusals(rs)
+		if refused += nr; refusal == nil {
+			refusal = why
+		}
 		for j, r := range rs {
 			if r.err != nil {
 				l.silent[which[j]].Store(true)
@@ -124,7 +133,10 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 	if yes > 0 && yes < l.quorum {
 		tally(rest, l.gather(ctx, probe, nil, rest, nil))
 	}
-	return hint, yes >= l.quorum
+	if refused > n-l.quorum {
+		return 0, false, fmt.Errorf("%w (%d of %d): %w", errRefused, refused, n, refusal)
+	}
+	return hint, yes >= l.quorum, nil
 }
 
 // probeOrder splits the nodes, from first round the ring, into the

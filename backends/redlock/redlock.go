@@ -122,14 +122,15 @@ func WithMaxBackoff(d time.Duration) Option {
 
 // New returns a Locker on nodes, which must be independent masters (no
 // replication between them), an odd number and at least 3; 5 is the
-// recommended count. One client listed twice is an error wrapping
-// driver.ErrInvalidOption, as is a cluster or ring client (its INFO goes to
-// any of its servers, so its server cannot be known). So is one server
-// behind two clients (one address
-// twice, 127.0.0.1 and localhost, two dialers of their own), which New,
-// making no request, cannot see: the first acquisition or Ping reads each
-// node's run_id (INFO server) and fails with that error, naming the two
-// addresses. The caller keeps ownership of the clients.
+// recommended count. Every Locker of a lock must be given the same nodes, in
+// any order (see the package doc). One client listed twice is an error
+// wrapping driver.ErrInvalidOption, as is a nil client, and a cluster or
+// ring client (its INFO goes to any of its servers, so its server cannot be
+// known). So is one server behind two clients (one address twice, 127.0.0.1
+// and localhost, two dialers of their own), which New, making no request,
+// cannot see: the first acquisition or Ping reads each node's run_id (INFO
+// server) and fails with that error, naming the two addresses. The caller
+// keeps ownership of the clients.
 func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(nodes) < 3 || len(nodes)%2 == 0 {
 		return nil, fmt.Errorf("%w: %d nodes, want an odd number, at least 3", driver.ErrInvalidOption, len(nodes))
@@ -167,7 +168,13 @@ func New(nodes []goredis.UniversalClient, opts ...Option) (*Locker, error) {
 		if n == nil {
 			return nil, fmt.Errorf("%w: node %d is nil", driver.ErrInvalidOption, i)
 		}
-		switch n.(type) {
+		switch c := n.(type) {
+		case *goredis.Client:
+			// A nil pointer is not a nil interface: the first request to
+			// it would panic on one of the Locker's goroutines.
+			if c == nil {
+				return nil, fmt.Errorf("%w: node %d is a nil *redis.Client", driver.ErrInvalidOption, i)
+			}
 		case *goredis.ClusterClient, *goredis.Ring:
 			// INFO, naming no key, goes to any of their servers, not the
 			// one that holds a lock's vote: their identity cannot be read.
@@ -225,8 +232,8 @@ func (l *Locker) Limits() driver.Limits {
 // that grows to WithMaxBackoff and never past it however long the wait, is
 // never longer than the holder's remaining TTL as the nodes report it, and
 // goes on through nodes that fail (ErrUnavailable) until ctx is done,
-// unless so many refuse the vote for good (see redisrefusal) that no
-// majority can grant it.
+// unless so many refuse the vote, or the waiter's read of their state, for
+// good (see redisrefusal) that no majority can grant it.
 func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOptions) (driver.Lease, error) {
 	if opts.Fair {
 		return nil, fmt.Errorf("%w: fair mode with RedLock", driver.ErrUnsupported)
@@ -248,8 +255,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			if clocks == nil {
 				clocks = make([]nodeClock, len(l.nodes))
 			}
-			hint, free := l.probeNodes(ctx, ls.lock, clocks)
-			if err := ctx.Err(); err != nil {
+			hint, free, err := l.probeNodes(ctx, ls.lock, clocks)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, ctxErr
+			}
+			if err != nil {
 				return nil, err
 			}
 			if !free {

@@ -112,6 +112,21 @@ func TestNewRejectsANodeListedTwice(t *testing.T) {
 	}
 }
 
+// TestNewRejectsANilClient: a nil *goredis.Client in the list is not a nil
+// interface, and the first request to it panicked on a goroutine of the
+// Locker's own, which took the process down. New refuses it.
+func TestNewRejectsANilClient(t *testing.T) {
+	a := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	b := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:2"})
+	for _, c := range []*goredis.Client{a, b} {
+		t.Cleanup(func() { c.Close() })
+	}
+	var none *goredis.Client
+	if _, err := New([]goredis.UniversalClient{a, none, b}); !errors.Is(err, driver.ErrInvalidOption) {
+		t.Errorf("a nil *goredis.Client: got %v, want ErrInvalidOption", err)
+	}
+}
+
 // Clients that reach their servers through a Dialer of their own name no
 // address (go-redis fills in localhost:6379 for each): New takes them as
 // distinct, and the first acquisition tells their servers apart by their

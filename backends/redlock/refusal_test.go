@@ -10,7 +10,26 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
+
+// setUser makes an ACL user name, password "pw", with rules on every
+// server.
+func setUser(t *testing.T, servers []*drivertest.RedisServer, name string, rules ...string) {
+	t.Helper()
+	args := []any{"acl", "setuser", name, "on", ">pw"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	for _, s := range servers {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+		err := c.Do(context.Background(), args...).Err()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // TestRefusalEndsTheWait: when a majority of the masters refuse a request
 // whatever happens meanwhile (an ACL user without EVALSHA there), a
@@ -20,13 +39,7 @@ import (
 func TestRefusalEndsTheWait(t *testing.T) {
 	ctx := context.Background()
 	servers := startServers(t, 3)
-	for _, s := range servers {
-		c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
-		if err := c.Do(ctx, "acl", "setuser", "noevalsha", "on", ">pw", "~*", "&*", "+@all", "-evalsha").Err(); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
-	}
+	setUser(t, servers, "noevalsha", "~*", "&*", "+@all", "-evalsha")
 	for _, refusing := range []int{1, 2, 3} {
 		// The first nodes log in as the user without EVALSHA.
 		n := 0
@@ -52,5 +65,57 @@ func TestRefusalEndsTheWait(t *testing.T) {
 		if lease != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "NOPERM") {
 			t.Errorf("%d nodes of 3 refusing, waiting: got %v, want ErrUnavailable saying NOPERM", refusing, err)
 		}
+	}
+}
+
+// TestRefusalInsideTheVoteWritesNothing: a node whose ACL user lacks a
+// command the vote runs after writing it (PEXPIREAT, which sets the key's
+// expiry once a day) refuses every vote alike. It refused the first, but
+// kept the vote it had written, whose state says the expiry was set: the
+// votes after it were granted, on a key that never expires.
+func TestRefusalInsideTheVoteWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "noexpire", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+del", "+time", "+pttl", "+info", "+ping")
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noexpire", "pw" }, WithNodeTimeout(time.Second))
+	for i := range 3 {
+		lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "can't run this command") {
+			t.Fatalf("acquisition %d without PEXPIREAT: got %v, want the nodes' refusal", i, err)
+		}
+	}
+	admin := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer admin.Close()
+	if n := admin.Exists(ctx, "{warden:k}:lock").Val(); n != 0 {
+		t.Errorf("the refused votes left their key (%q)", admin.Get(ctx, "{warden:k}:lock").Val())
+	}
+}
+
+// TestRefusedProbeEndsTheWait: a waiter reads the nodes' states (GET)
+// before it votes again. When a majority refuses that read for good (an
+// ACL user without GET), the waiting acquisition ends at once with the
+// servers' words. It probed until its context ended, long after the lock
+// was released, and said only that the context had ended.
+func TestRefusedProbeEndsTheWait(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "noget", "~{warden:*", "+evalsha", "+eval", "+set", "+del", "+time", "+pttl", "+pexpireat", "+info", "+ping")
+	holder := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+	waiter := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noget", "pw" }, WithNodeTimeout(time.Second))
+	held, err := holder.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	// The context's end is only there for the test to fail rather than
+	// hang without the fix.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lease, err := waiter.Acquire(wctx, "warden:k", driver.AcquireOptions{TTL: time.Minute, Wait: true})
+	if lease != nil || !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("a waiter without GET: got %v, want the nodes' refusal (NOPERM)", err)
 	}
 }
