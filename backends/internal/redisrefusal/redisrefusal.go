@@ -12,7 +12,9 @@ import goredis "github.com/redis/go-redis/v9"
 // user's rights too: Redis 7.0 words that "The user executing the script
 // can't ...", 7.2 and Valkey "ACL failure in script: ..."), or the server
 // does not know a command warden sends, or one its scripts call (EVALSHA
-// or TIME renamed away with rename-command). A waiting acquisition returns
+// or TIME renamed away with rename-command), or the server is older than
+// the commands warden's scripts need (their own "warden needs Redis 6.2"
+// refusal). A waiting acquisition returns
 // such an error at once, where it tries again after a failure that may
 // pass (a server out of reach, out of memory, loading, a failover):
 // waiting would turn an operator's setting into a wait until the caller's
@@ -25,5 +27,6 @@ func Permanent(err error) bool {
 	return goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command") ||
 		goredis.HasErrorPrefix(err, "Unknown Redis command called from script") ||
 		goredis.HasErrorPrefix(err, "The user executing the script can't") ||
-		goredis.HasErrorPrefix(err, "ACL failure in script")
+		goredis.HasErrorPrefix(err, "ACL failure in script") ||
+		goredis.HasErrorPrefix(err, "warden needs Redis")
 }
