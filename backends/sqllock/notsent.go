@@ -11,7 +11,7 @@ import (
 )
 
 // notSentOr is err, the failure of a forced release's or a record delete's
-// statement, marked driver.NotSent (see there) when it proves that the
+// statement, marked driver.NotSent when it proves that the
 // statement changed nothing: no connection could be made for it (a dial
 // refused or timed out), the driver failed before it sent a byte
 // (database/sql/driver's ErrBadConn, which a driver may return only then,
@@ -36,13 +36,12 @@ func notSentOr(err error) error {
 // on a read-only connection (a replica, a read-only transaction or server,
 // an SQLite file opened read-only) or for a user not granted it. Such a
 // refusal may come midway, as from a trigger that writes another table,
-// and still changed nothing: the write is one statement, run alone in
-// autocommit, on a transactional table (NewLocker and NewStore refuse, on
-// MySQL, a session that does not autocommit and a table of another engine;
-// see Check), and such a statement is undone whole when it fails.
-// PostgreSQL's codes come with their SQLSTATE, MySQL's as "Error " and
-// their number, SQLite's as its result code, told apart without linking
-// any driver.
+// and still changed nothing: the write is one statement, run alone in a
+// session that autocommits, on a transactional table (on MySQL, Migrate
+// requires both and Check checks them), and such a statement is undone
+// whole when it fails. PostgreSQL's codes come with their SQLSTATE,
+// MySQL's as "Error " and their number, SQLite's as its result code, told
+// apart without linking any driver.
 func refusedWrite(err error) bool {
 	switch sqlState(err) {
 	case "25006", "42501": // read_only_sql_transaction, insufficient_privilege

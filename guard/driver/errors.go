@@ -51,9 +51,9 @@ var (
 // gave none, the client is closed, or the context was done before the
 // send; a request the backend sends before the change (reading the
 // holder) failed, so the change was never sent; or the server refused
-// the change whole, before running any of it (a read-only transaction's,
-// a read-only server's or a permission's refusal, a transaction that
-// failed its checks). A request written on a connection that then broke,
+// the change whole, running none of it or undoing all it ran (a read-only
+// transaction's, a read-only server's or a permission's refusal, a
+// transaction that failed its checks). A request written on a connection that then broke,
 // or whose answer timed out, is never marked: the server may have run it.
 // Nor is one the client may have sent more than once, unless each earlier
 // send is proved to have changed nothing too.
