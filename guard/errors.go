@@ -34,6 +34,13 @@ var (
 	// ErrUnavailable: the backend could not be reached or failed. The
 	// underlying error is wrapped as well.
 	ErrUnavailable = driver.ErrUnavailable
+	// ErrNotSent: a failed request changed nothing, provably: it never
+	// left the client, or the backend refused it whole (driver.NotSent
+	// says what a backend takes for proof). A forced release, or an
+	// idempotency record's delete, whose error matches it was not done;
+	// one whose error does not may have been, however unavailable the
+	// backend looks.
+	ErrNotSent = driver.ErrNotSent
 )
 
 // lockError is an error about one lock: `warden: lock "k"` once, then what

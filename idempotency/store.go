@@ -50,7 +50,9 @@ var (
 // returns an error wrapping ErrNotOwner, so that an operator's late answer
 // never removes work nobody showed them. An empty owner removes the record
 // whoever owns it. Delete returns an error wrapping ErrNotFound when there
-// was no record.
+// was no record. A failure that proves the record untouched (the delete
+// never left, or the backend refused it whole) matches guard.ErrNotSent;
+// any other failure may have come after the delete was done.
 type Deleter interface {
 	Delete(ctx context.Context, scope, key, owner string) error
 }

@@ -235,6 +235,10 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	var removed []driver.Holding
 	for {
 		mine, err := l.keysOf(ctx, key)
+		if err != nil && removed == nil {
+			// A read's, before any transaction that applied.
+			return nil, driver.NotSent(err)
+		}
 		if err != nil {
 			return removed, err
 		}
@@ -255,6 +259,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 		for len(targets) > 0 {
 			batch := targets[:min(len(targets), maxForced)]
 			ok, err := l.forceRemove(ctx, holders, batch)
+			if err != nil && removed == nil {
+				return nil, notSentOr(err)
+			}
 			if err != nil {
 				return removed, err
 			}
@@ -304,7 +311,7 @@ func (l *Locker) forceRemove(ctx context.Context, holders []*api.KVPair, batch [
 		for _, e := range resp.Errors {
 			why = append(why, e.What)
 		}
-		return false, fmt.Errorf("%w: consul refused the forced release: %s", driver.ErrUnavailable, strings.Join(why, "; "))
+		return false, fmt.Errorf("%w: the forced release: %s", errRefused, strings.Join(why, "; "))
 	}
 	return false, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -295,6 +296,20 @@ func refusal(err error) error {
 		return fmt.Errorf("%w: %s", errDenied, se.Body)
 	}
 	return fmt.Errorf("%w: %d %s", errRefused, se.Code, se.Body)
+}
+
+// notSentOr is err, the failure of a write (a forced release's
+// transaction, an idempotency record's delete), marked driver.NotSent when
+// it proves that the write changed nothing: no connection could be made
+// for it (net/http's dial error: the client sends a request again only
+// when it wrote none of it, and the write is sent once), or Consul refused
+// it (errRefused: a 4xx answer, a transaction refused whole).
+func notSentOr(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, errRefused) {
+		return driver.NotSent(err)
+	}
+	return err
 }
 
 // denied returns errDenied with Consul's reason when the refused

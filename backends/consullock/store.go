@@ -522,7 +522,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	if index == 0 {
 		kv, st, err := s.read(ctx, k)
 		if err != nil {
-			return err
+			return driver.NotSent(err) // a read's, before the delete
 		}
 		if kv == nil || st.state != idempotency.StateInProgress || st.owner != owner {
 			return notOwner("abandon", key)
@@ -531,7 +531,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	}
 	ok, _, err := s.txn(ctx, false, deleteRecord(k, index))
 	if err != nil {
-		return err
+		return notSentOr(err)
 	}
 	s.mu.Lock()
 	if c := s.claims[k]; c != nil && c.owner == owner {
@@ -574,7 +574,9 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 		if owner != "" {
 			ok, resp, err := s.txn(ctx, false, api.KVTxnOps{{Verb: api.KVGetOrEmpty, Key: k}})
 			if err != nil {
-				return err
+				// A read's: the deletes sent before it failed their
+				// check, and applied nothing.
+				return driver.NotSent(err)
 			}
 			if !ok || len(resp.Results) == 0 || resp.Results[0].ModifyIndex == 0 {
 				return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
@@ -594,7 +596,7 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 			{Verb: api.KVDeleteTree, Key: k + "/"},
 		})
 		if err != nil {
-			return err
+			return notSentOr(err)
 		}
 		switch {
 		case ok:

@@ -298,7 +298,8 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 
 // Delete implements idempotency.Deleter. A delete naming an owner is a
 // transaction fenced by the mod revision of the record read, read again
-// when the record changed meanwhile, a few times at most.
+// when the record changed meanwhile, a few times at most. Its errors, as
+// ForceRelease's, never match driver.ErrNotSent.
 func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err

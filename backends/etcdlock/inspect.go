@@ -205,6 +205,11 @@ func smallest(ls []driver.Listed, n int) []driver.Listed {
 // session's etcd lease instead would also take every other lock that
 // session holds (all the holder process's locks of that TTL), so
 // ForceRelease does not.
+//
+// Its errors never match driver.ErrNotSent: clientv3 waits for a member
+// until ctx ends, and its failures (unavailable, a deadline) do not say
+// whether a member got the transaction. Inspect tells whether the holding
+// is gone.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
 	for {
 		kvs, err := l.contenders(ctx, key)

@@ -74,6 +74,20 @@ func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis
 	return s.run(ctx, src, cmd, rediseval.EvalOnce)
 }
 
+// onceErr is err, the failure of a script sent with evalshaOnce, as
+// driver.ErrUnavailable, marked driver.NotSent when it proves that the
+// script changed nothing: it never left the client (rediseval.Unsent), a
+// slot migration's answers came until ctx ended (each ran nothing), the
+// user may not run it or touch its keys (NOPERM, checked before a command
+// runs), or the server is a read-only replica, on which no write of the
+// script, the first included, can run (READONLY).
+func onceErr(ctx context.Context, err error) error {
+	if rediseval.Unsent(err) || migrating(err) || goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "READONLY") {
+		err = driver.NotSent(err)
+	}
+	return driver.Unavailable(ctx, err)
+}
+
 func (s *scripter) run(ctx context.Context, src any, cmd []any, eval func(context.Context, rediseval.Client, ...any) *goredis.Cmd) *goredis.Cmd {
 	send := func() *goredis.Cmd { return eval(ctx, s.client, cmd...) }
 	c := s.retry(ctx, send)

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,7 +51,9 @@ const DefaultFencePrefix = "warden:fence:"
 // between the two nodes, or while some of them are not yet written (a new
 // data key, a resource's first fence): the write is sent again, with
 // growing pauses, until the slot settles, and fails as unavailable, not
-// applied, when ctx ends first.
+// applied, when ctx ends first. A write that fails so, or that never left
+// the client (no connection, a context already done), matches
+// driver.ErrNotSent as well.
 //
 // With go-redis's default options a write to a server that stopped
 // answering waits out the client's ReadTimeout (3 s), whatever its context
@@ -207,21 +208,13 @@ func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []a
 	return r, err
 }
 
-// unsent reports a failure that proves the command never left the client:
-// no connection could be made or taken from the pool, or the client is
-// closed.
-func unsent(err error) bool {
-	var op *net.OpError
-	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, goredis.ErrPoolTimeout) || errors.Is(err, goredis.ErrClosed)
-}
-
 func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []string, args ...any) (any, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		// Known not sent, which go-redis's error would not tell.
-		return nil, err
+		return nil, driver.NotSent(err)
 	}
 	fenceKey := f.Key(c.Resource)
 	if slices.Contains(keys, fenceKey) {
@@ -239,15 +232,15 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []st
 		return r, nil
 	case migrating(err):
 		// Sent again until ctx ended, and never run.
-		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err))
+		return nil, driver.Unavailable(ctx, driver.NotSent(fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
 	case errors.As(err, &re):
 		if high, ok := strings.CutPrefix(re.Error(), "WARDEN_STALE "); ok {
 			h, _ := strconv.ParseUint(high, 10, 64)
 			return nil, fence.Stale(c, h)
 		}
 		return nil, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)
-	case unsent(err):
-		return nil, driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err))
+	case rediseval.Unsent(err):
+		return nil, driver.Unavailable(ctx, driver.NotSent(fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
 	}
 	return nil, fmt.Errorf("%w: %w: fenced write on %q: %w", driver.ErrUnavailable, ErrOutcomeUnknown, c.Resource, err)
 }

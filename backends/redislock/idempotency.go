@@ -132,7 +132,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 
 func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int64, response string) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return driver.NotSent(err)
 	}
 	// Complete and Abandon are sent once, as releases are (see
 	// scripter.evalshaOnce): sent again after an answer lost, each would
@@ -144,8 +144,11 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 		eval = rediseval.Eval
 	}
 	n, err := s.sc.run(ctx, idemUpdateSrc, cmd, eval).Int64()
-	if err != nil {
+	switch {
+	case err != nil && op == "extend":
 		return driver.Unavailable(ctx, err)
+	case err != nil:
+		return onceErr(ctx, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
@@ -178,14 +181,14 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return driver.NotSent(err)
 	}
 	// Sent once, as Complete is: sent again after an answer lost, it would
 	// find the record gone and answer ErrNotFound.
 	n, err := s.sc.evalshaOnce(ctx, idemDeleteSrc, []any{"evalsha", s.remove.Hash(), 1, s.recordKey(scope, key), owner}).Int64()
 	switch {
 	case err != nil:
-		return driver.Unavailable(ctx, err)
+		return onceErr(ctx, err)
 	case n < 0:
 		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 	case n == 0:

@@ -221,7 +221,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	r, err := l.sc.evalshaOnce(ctx, l.s.forceReleaseBody, []any{"evalsha", l.s.forceRelease.Hash(), 4, n.lock, n.queue, n.deadlines, n.waiters,
 		n.channel, anyHolder, strconv.FormatUint(target.Token, 10), withLabel, target.Owner}).Slice()
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, onceErr(ctx, err)
 	}
 	if len(r) != 4 {
 		return nil, fmt.Errorf("%w: force release answered %d values, want 4", driver.ErrUnavailable, len(r))

@@ -197,12 +197,11 @@ func retryable(ctx context.Context, pool gorm.ConnPool, err error, attempt int) 
 	case "26000", "42P05": // invalid_sql_statement_name, duplicate_prepared_statement
 		return attempt == 0
 	}
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		for _, code := range []string{"Error 1213", "Error 1205"} { // deadlock, lock wait timeout
-			if rest, ok := strings.CutPrefix(e.Error(), code); ok && (strings.HasPrefix(rest, " (") || strings.HasPrefix(rest, ":")) {
-				return code == "Error 1205" || rerunPause(ctx, attempt)
-			}
-		}
+	switch mysqlNumber(err) {
+	case 1205: // lock wait timeout
+		return true
+	case 1213: // deadlock
+		return rerunPause(ctx, attempt)
 	}
 	return false
 }

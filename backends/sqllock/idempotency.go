@@ -309,7 +309,9 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 		}
 	}
 	if res.Error != nil {
-		return storeErr(ctx, op, res.Error)
+		// One statement, sent again only after an answer that it ran
+		// nothing.
+		return storeErr(ctx, op, notSentOr(res.Error))
 	}
 	if res.RowsAffected == 0 {
 		return fmt.Errorf("%w: %s", idempotency.ErrNotOwner, op)
@@ -372,16 +374,17 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 		res = db.Exec("DELETE FROM "+s.table+" WHERE id = ? AND owner = ?", id, []byte(owner))
 	}
 	if res.Error != nil {
-		return storeErr(ctx, "delete", res.Error)
+		return storeErr(ctx, "delete", notSentOr(res.Error))
 	}
 	if res.RowsAffected > 0 {
 		return nil
 	}
 	if owner != "" {
-		// Nothing of owner's: another's live record, or none.
+		// Nothing of owner's: another's live record, or none. The delete
+		// changed nothing, whatever this read's failure.
 		var n int64
 		if err := scanRow(db.Raw("SELECT count(*) FROM "+s.table+" WHERE id = ? AND expires_at > "+s.d.now, id), &n); err != nil {
-			return storeErr(ctx, "delete", err)
+			return driver.NotSent(storeErr(ctx, "delete", err))
 		}
 		if n > 0 {
 			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)

@@ -197,7 +197,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	for {
 		h, owner, ok, err := l.holding(ctx, key)
 		if err != nil || !ok {
-			return nil, err
+			// Nothing was changed: the release is sent after the read,
+			// and one sent before it found no row to change.
+			return nil, driver.NotSent(err)
 		}
 		if !target.AnyHolder && !target.Matches(h) {
 			return nil, driver.HolderChanged([]driver.Holding{h})
@@ -220,7 +222,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 			}
 		}
 		if err != nil {
-			return nil, unavailable(ctx, err)
+			return nil, unavailable(ctx, notSentOr(err))
 		}
 		if taken {
 			return []driver.Holding{h}, nil

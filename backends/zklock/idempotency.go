@@ -360,7 +360,7 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 	_, path := s.place(scope, key)
 	r, stat, err := s.owned(ctx, path, key, owner, "abandon")
 	if err != nil {
-		return err
+		return driver.NotSent(err) // a read's, before any delete
 	}
 	err = s.remove(ctx, path, stat.Version, r)
 	if answered(err) {
@@ -384,7 +384,9 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 			return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 		}
 		if err != nil {
-			return err
+			// A read's: nothing was deleted, the deletes sent before it
+			// having failed whole.
+			return driver.NotSent(err)
 		}
 		if owner != "" && r.owner != owner {
 			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
@@ -601,11 +603,11 @@ func (s *Store) remove(ctx context.Context, path string, version int32, r stored
 		ops = append(ops, &zk.DeleteRequest{Path: path, Version: version})
 		_, err := storeCall(ctx, s, "delete", func() ([]zk.MultiResponse, error) { return s.conn.Multi(ops...) })
 		if !errors.Is(err, zk.ErrNotEmpty) {
-			return err
+			return notSentOr(err)
 		}
 		kids, err := s.children(ctx, path)
 		if err != nil {
-			return err
+			return driver.NotSent(err) // the delete failed whole
 		}
 		// The incarnation child goes first and is kept even if the
 		// listing lacks it: deleting it is what proves the node is r's.

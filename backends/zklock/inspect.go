@@ -212,7 +212,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 	for {
 		hs, _, err := l.holders(ctx, parent)
 		if err != nil || len(hs) == 0 {
-			return nil, err
+			// Nothing was deleted: a delete sent before this read failed
+			// whole.
+			return nil, driver.NotSent(err)
 		}
 		var ops []any
 		var removed []holder
@@ -230,7 +232,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.Rel
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, notSentOr(err)
 		}
 		return holdings(removed), nil
 	}

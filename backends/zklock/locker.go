@@ -1281,6 +1281,20 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("%w: zookeeper %s: %w", driver.ErrUnavailable, op, err)
 }
 
+// notSentOr is err, the failure of a delete (a forced release's, an
+// idempotency record's), marked driver.NotSent when it proves that the
+// delete changed nothing: the client tried every server of the ensemble,
+// in vain, while the request waited unsent (zk.ErrNoServer, which the
+// library gives only requests still queued, and linked those it holds
+// back), or the ensemble refused it for want of rights (a multi is
+// refused whole).
+func notSentOr(err error) error {
+	if errors.Is(err, zk.ErrNoServer) || errors.Is(err, zk.ErrNoAuth) {
+		return driver.NotSent(err)
+	}
+	return err
+}
+
 // errDenied: the ensemble refused a request for want of rights (the ACL of
 // the node it touches does not allow it to the session), or refused the ACL
 // the Locker creates nodes with (the "auth" scheme on a session without

@@ -4,13 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/go-zookeeper/zk"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
@@ -150,56 +145,24 @@ func (ch *change) sent(ctx context.Context, err error) error {
 }
 
 // notSent is the failure of a change's request that changed nothing: it
-// never left the client, or the database refused it before running it.
+// never left the client, or the server refused it whole.
 type notSent struct{ error }
 
 func (e notSent) Unwrap() error { return e.error }
 
 // notSentOr is err, the failure of a change's request that changed nothing
-// before it, as a notSent when it proves that the request never left: no
-// connection could be made for it (a dial refused, or timed out; the
-// clients of Redis, PostgreSQL, MySQL and Consul connect to one server),
-// pgx failed before it wrote a byte of it (pgconn.SafeToRetry: a write on
-// a connection the server had reset), or ZooKeeper's client tried every
-// server of the ensemble, in vain, while the request waited
-// (zk.ErrNoServer). The backends send a release, and a record's delete,
-// once, or again only after an answer that it ran nothing, so that failure
-// is the request's own. No other error proves it: a request written on a
-// connection that then broke may have run. etcd's client waits for a
-// member until the bound ends, with an error that does not say whether
-// one was reached: etcd's stay "may have been". A SQL database's refusal
-// of the write for the connection's or the user's sake (refusedWrite) is
-// treated alike: it ran nothing.
+// before it (a forced release that removed no holder, a record's delete),
+// as a notSent when the backend marked it guard.ErrNotSent: the request
+// never left, or the server refused it whole. Only the backend can tell: a
+// request written on a connection that then broke may have run, and a
+// backend whose client's failures do not say whether the server got the
+// request (etcd's) leaves them unmarked, which the command says "may have
+// been" done.
 func notSentOr(err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" || pgconn.SafeToRetry(err) || errors.Is(err, zk.ErrNoServer) || refusedWrite(err) {
+	if errors.Is(err, guard.ErrNotSent) {
 		return notSent{err}
 	}
 	return err
-}
-
-// refusedWrite reports whether err is a SQL database's refusal to run a
-// write on a read-only connection (a replica, a read-only transaction or
-// server, an SQLite file opened read-only) or for a user not granted it.
-// Such a refusal may come midway, as from a trigger that writes another
-// table, and still changed nothing: the write is one statement, run alone
-// in autocommit, on a transactional table (the open refuses, on MySQL, a
-// session that does not autocommit and a table of another engine, by
-// sqllock's Check), and such a statement is undone whole when it fails.
-func refusedWrite(err error) bool {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		// read_only_sql_transaction, insufficient_privilege
-		return pg.Code == "25006" || pg.Code == "42501"
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		// a read-only transaction, a command denied, --read-only
-		return my.Number == 1792 || my.Number == 1142 || my.Number == 1290
-	}
-	// SQLite's driver: SQLITE_READONLY, or one of its extended codes.
-	var coded interface{ Code() int }
-	return errors.As(err, &coded) && coded.Code()&0xff == 8
 }
 
 // unanswered reports whether err is a failure in which the backend's answer

@@ -96,3 +96,21 @@ func TestUnavailable(t *testing.T) {
 		t.Errorf("a call cut short by its ctx: %v, want ctx's own error", err)
 	}
 }
+
+// TestNotSent: the mark matches ErrNotSent and keeps the error's text and
+// chain, under Unavailable too; nil stays nil.
+func TestNotSent(t *testing.T) {
+	if driver.NotSent(nil) != nil {
+		t.Error("a nil error became one")
+	}
+	err := driver.Unavailable(context.Background(), driver.NotSent(io.ErrUnexpectedEOF))
+	if !errors.Is(err, driver.ErrNotSent) || !errors.Is(err, driver.ErrUnavailable) || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("%v does not match ErrNotSent, ErrUnavailable and the cause", err)
+	}
+	if want := driver.Unavailable(context.Background(), io.ErrUnexpectedEOF).Error(); err.Error() != want {
+		t.Errorf("marked: %q, want the text unchanged, %q", err, want)
+	}
+	if errors.Is(driver.Unavailable(context.Background(), io.ErrUnexpectedEOF), driver.ErrNotSent) {
+		t.Error("an unmarked error matches ErrNotSent")
+	}
+}

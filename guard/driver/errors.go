@@ -32,7 +32,42 @@ var (
 	// ErrUnavailable: the backend could not be reached or failed. The
 	// underlying error is wrapped as well.
 	ErrUnavailable = errors.New("backend unavailable")
+	// ErrNotSent: a request that failed changed nothing, provably (see
+	// NotSent). It marks a failure that also matches another sentinel,
+	// most often ErrUnavailable, or the context's error.
+	ErrNotSent = errors.New("not sent")
 )
+
+// NotSent marks err, the failure of a call that would change what the
+// backend keeps (a release, a forced release, a record's delete), as one
+// that provably changed nothing, so that a caller may say "not done"
+// rather than "may have been done", and may send it again without doing
+// it twice: errors.Is(err, ErrNotSent) is then true, and the text and the
+// chain stay err's. A nil err stays nil.
+//
+// A backend marks only what its client's error, or its own order of
+// requests, proves: the change was never sent, because no connection
+// could be made for it (a dial refused or timed out), the client's pool
+// gave none, the client is closed, or the context was done before the
+// send; a request the backend sends before the change (reading the
+// holder) failed, so the change was never sent; or the server refused
+// the change whole, running none of it or undoing all it ran (a read-only
+// transaction's, a read-only server's or a permission's refusal, a
+// transaction that failed its checks). A request written on a connection that then broke,
+// or whose answer timed out, is never marked: the server may have run it.
+// Nor is one the client may have sent more than once, unless each earlier
+// send is proved to have changed nothing too.
+func NotSent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return notSent{err}
+}
+
+type notSent struct{ error }
+
+func (e notSent) Is(target error) bool { return target == ErrNotSent }
+func (e notSent) Unwrap() error        { return e.error }
 
 // Unavailable wraps err, the failure of a call to the backend, in
 // ErrUnavailable, except that a call cut short by ctx reports ctx's own

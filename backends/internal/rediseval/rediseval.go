@@ -6,6 +6,8 @@ package rediseval
 
 import (
 	"context"
+	"errors"
+	"net"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -37,6 +39,15 @@ func EvalOnce(ctx context.Context, client Client, args ...any) *goredis.Cmd {
 	c := newCmd(ctx, args)
 	_ = client.Process(ctx, once{c})
 	return c
+}
+
+// Unsent reports whether err, the failure of a command sent with EvalOnce,
+// proves that the command never left the client: no connection could be
+// made or taken from the pool, or the client is closed. A command sent
+// with Eval may have gone out on an attempt before the one that failed so.
+func Unsent(err error) bool {
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, goredis.ErrPoolTimeout) || errors.Is(err, goredis.ErrClosed)
 }
 
 // newCmd is args as a command whose first key is args[3], which a Cluster

@@ -1,0 +1,106 @@
+package redislock
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// heldAndClaimed holds key and claims its record under scope "s" for
+// owner "o", on c.
+func heldAndClaimed(t *testing.T, c goredis.UniversalClient, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := newLocker(t, c).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newStore(t, c).Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChangesRefusedMarkedNotSent: a forced release, a record's delete and
+// its abandon that the server never got (its port closed), or refused
+// whole (a read-only replica, a user denied EVALSHA), fail matching
+// driver.ErrNotSent, and the lock and the record are kept.
+func TestChangesRefusedMarkedNotSent(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	_, closedPort, _ := strings.Cut(drivertest.ClosedAddr(t), ":")
+	for _, tc := range []struct {
+		name   string
+		opts   goredis.Options
+		refuse []any // the admin's command that makes the server refuse, if any
+	}{
+		{name: "closed port", opts: goredis.Options{Addr: drivertest.ClosedAddr(t)}},
+		{name: "denied EVALSHA", opts: goredis.Options{Addr: s.Addr(), Username: "denied", Password: "pw"},
+			refuse: []any{"acl", "setuser", "denied", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"}},
+		{name: "read-only replica", opts: goredis.Options{Addr: s.Addr()}, refuse: []any{"replicaof", "127.0.0.1", closedPort}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := testKey(t)
+			heldAndClaimed(t, admin, key)
+			if tc.refuse != nil {
+				if err := admin.Do(ctx, tc.refuse...).Err(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { admin.Do(ctx, "replicaof", "no", "one") })
+			}
+			c := goredis.NewClient(&tc.opts)
+			t.Cleanup(func() { c.Close() })
+			drivertest.WantNotSent(t, ctx, drivertest.OperatorChanges(newLocker(t, c), newStore(t, c), key))
+			if in, err := newLocker(t, admin).Inspect(ctx, key); err != nil || len(in.Holders) != 1 {
+				t.Errorf("after the refused changes: %+v, %v; want the lock held", in, err)
+			}
+			if _, err := newStore(t, admin).Get(ctx, "s", key); err != nil {
+				t.Errorf("after the refused changes: %v; want the record kept", err)
+			}
+		})
+	}
+}
+
+// TestChangesUnansweredNotMarked: a change whose answer is lost after the
+// server ran it (its answer held back by the proxy, the connection then
+// reset) fails without driver.ErrNotSent.
+func TestChangesUnansweredNotMarked(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	p := drivertest.StartProxy(t, s.Addr())
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr()})
+	t.Cleanup(func() { c.Close() })
+	l, st := newLocker(t, c), newStore(t, c)
+	// The server has the scripts, so that their digests alone are sent:
+	// a NOSCRIPT answer held back would hold back the change itself.
+	for _, src := range []string{l.s.forceReleaseBody, idemDeleteSrc, idemUpdateSrc} {
+		if err := admin.ScriptLoad(ctx, src).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, done := range map[string]func(key string) bool{
+		"ForceRelease": func(key string) bool {
+			in, err := newLocker(t, admin).Inspect(ctx, key)
+			return err == nil && len(in.Holders) == 0
+		},
+		"Delete":  func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
+		"Abandon": func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p.Reset()
+			key := testKey(t)
+			heldAndClaimed(t, admin, key)
+			f := drivertest.OperatorChanges(l, st, key)[name]
+			drivertest.WantAnswerLostUnmarked(t, p, time.Second, func() error { return f(ctx) }, func() bool { return done(key) })
+		})
+	}
+}

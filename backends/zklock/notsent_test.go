@@ -1,0 +1,81 @@
+package zklock
+
+import (
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
+)
+
+// heldAndClaimed holds a new key and claims its record under scope "s"
+// for owner "o", on the ensemble, and returns the key and a func that
+// reports whether the lock is held and the record kept still.
+func heldAndClaimed(t *testing.T) (string, func() (held, kept bool)) {
+	t.Helper()
+	ctx := testCtx(t)
+	key := testKey(t)
+	l, st := dial(t, servers(t)), newTestStore(t, servers(t))
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return key, func() (bool, bool) {
+		in, err := l.Inspect(ctx, key)
+		_, gerr := st.Get(ctx, "s", key)
+		return err == nil && len(in.Holders) == 1, gerr == nil
+	}
+}
+
+// TestChangesUnsentMarkedNotSent: a forced release, a record's delete and
+// its abandon asked once the server is gone (its port closed, the
+// connections reset) fail matching driver.ErrNotSent, and the lock and
+// the record are kept.
+func TestChangesUnsentMarkedNotSent(t *testing.T) {
+	ctx := testCtx(t)
+	key, still := heldAndClaimed(t)
+	p := drivertest.StartProxy(t, servers(t)[0])
+	l, st := dial(t, []string{p.Addr()}), newTestStore(t, []string{p.Addr()})
+	if _, err := l.Inspect(ctx, key); err != nil { // connected
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, "s", key); err != nil {
+		t.Fatal(err)
+	}
+	p.Down()
+	drivertest.WantNotSent(t, ctx, drivertest.OperatorChanges(l, st, key))
+	if held, kept := still(); !held || !kept {
+		t.Errorf("after the unsent changes: held %v, kept %v; want both", held, kept)
+	}
+}
+
+// TestChangesUnansweredNotMarked: a change whose answer is lost after the
+// ensemble ran it (its answer held back by the proxy, the connection then
+// reset) fails without driver.ErrNotSent.
+func TestChangesUnansweredNotMarked(t *testing.T) {
+	ctx := testCtx(t)
+	p := drivertest.StartProxy(t, servers(t)[0])
+	// Sessions long enough to outlast the answers held back.
+	l := dial(t, []string{p.Addr()}, WithSessionTimeout(20*time.Second))
+	st := newTestStore(t, []string{p.Addr()})
+	for _, change := range []string{"ForceRelease", "Delete", "Abandon"} {
+		t.Run(change, func(t *testing.T) {
+			p.Reset()
+			key, still := heldAndClaimed(t)
+			if _, err := l.Inspect(ctx, key); err != nil { // connected again
+				t.Fatal(err)
+			}
+			if _, err := st.Get(ctx, "s", key); err != nil {
+				t.Fatal(err)
+			}
+			f := drivertest.OperatorChanges(l, st, key)[change]
+			drivertest.WantAnswerLostUnmarked(t, p, time.Second, func() error { return f(ctx) }, func() bool {
+				held, kept := still()
+				return change == "ForceRelease" && !held || change != "ForceRelease" && !kept
+			})
+		})
+	}
+}

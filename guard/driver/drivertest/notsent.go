@@ -1,0 +1,74 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// RecordRemover is the part of an idempotency store that an operator's
+// tool removes a record with: Delete (idempotency.Deleter), and Abandon
+// for a claim in progress.
+type RecordRemover interface {
+	Delete(ctx context.Context, scope, key, owner string) error
+	Abandon(ctx context.Context, scope, key, owner string) error
+}
+
+// OperatorChanges are the calls an operator's tool makes to change what a
+// backend keeps, by name: a forced release of key by l ("ForceRelease"),
+// and the delete ("Delete") and the abandon ("Abandon") by st of key's
+// record under scope "s", claimed by owner "o".
+func OperatorChanges(l driver.ForceReleaser, st RecordRemover, key string) map[string]func(context.Context) error {
+	return map[string]func(context.Context) error{
+		"ForceRelease": func(ctx context.Context) error {
+			_, err := l.ForceRelease(ctx, key, driver.ReleaseTarget{AnyHolder: true})
+			return err
+		},
+		"Delete":  func(ctx context.Context) error { return st.Delete(ctx, "s", key, "") },
+		"Abandon": func(ctx context.Context) error { return st.Abandon(ctx, "s", key, "o") },
+	}
+}
+
+// WantNotSent makes each of calls, changes that the server cannot have
+// run (it is gone, or refuses them), and fails t for each whose error does
+// not match driver.ErrNotSent.
+func WantNotSent(t testing.TB, ctx context.Context, calls map[string]func(context.Context) error) {
+	t.Helper()
+	for name, call := range calls {
+		err := call(ctx)
+		t.Logf("%s: %v", name, err)
+		if !errors.Is(err, driver.ErrNotSent) {
+			t.Errorf("%s: %v, want an error matching driver.ErrNotSent", name, err)
+		}
+	}
+}
+
+// WantAnswerLostUnmarked makes call, a change sent through p, with every
+// answer of the server held back by hold from then on, waits until done
+// reports the change made on the server, and then tears down p's
+// connections: the server ran the change, and its answer is lost. It
+// fails t when call's error then is nil or matches driver.ErrNotSent. The
+// requests call makes before the change (reads, a statement's prepare)
+// are answered late, but answered; hold must be long enough for done to
+// see the change made before its answer comes.
+func WantAnswerLostUnmarked(t testing.TB, p *Proxy, hold time.Duration, call func() error, done func() bool) {
+	t.Helper()
+	p.Slow(hold)
+	errc := make(chan error, 1)
+	go func() { errc <- call() }()
+	deadline := time.Now().Add(time.Minute)
+	for !done() {
+		if time.Now().After(deadline) {
+			p.Reset()
+			t.Fatalf("the change was not made on the server within a minute (error: %v)", <-errc)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.Reset()
+	if err := <-errc; err == nil || errors.Is(err, driver.ErrNotSent) {
+		t.Errorf("with its answer lost: %v, want an error not matching driver.ErrNotSent", err)
+	}
+}
