@@ -7,30 +7,14 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
-	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
-	"github.com/warden-go/warden/idempotency"
 )
 
-// heldAndClaimed holds a new key and claims its record under scope "s"
-// for owner "o", on c, and returns the key and a func that reports
-// whether the lock is held and the record kept still.
+// heldAndClaimed holds a new key and claims its record on c (see
+// drivertest.HeldAndClaimed).
 func heldAndClaimed(t *testing.T, c *api.Client) (string, func() (held, kept bool)) {
-	t.Helper()
-	ctx := context.Background()
 	key := name("notsent")
-	l, st := lockerOn(t, c), storeOn(t, c)
-	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	return key, func() (bool, bool) {
-		in, err := l.Inspect(ctx, key)
-		_, gerr := st.Get(ctx, "s", key)
-		return err == nil && len(in.Holders) == 1, gerr == nil
-	}
+	return key, drivertest.HeldAndClaimed(t, lockerOn(t, c), storeOn(t, c), key)
 }
 
 // TestChangesRefusedMarkedNotSent: a forced release, a record's delete and

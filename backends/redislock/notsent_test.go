@@ -8,22 +8,13 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
-	"github.com/warden-go/warden/idempotency"
 )
 
-// heldAndClaimed holds key and claims its record under scope "s" for
-// owner "o", on c.
+// heldAndClaimed holds key and claims its record on c (see
+// drivertest.HeldAndClaimed).
 func heldAndClaimed(t *testing.T, c goredis.UniversalClient, key string) {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := newLocker(t, c).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := newStore(t, c).Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
+	drivertest.HeldAndClaimed(t, newLocker(t, c), newStore(t, c), key)
 }
 
 // TestChangesRefusedMarkedNotSent: a forced release, a record's delete and

@@ -9,9 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/warden-go/warden/backends/sqllock"
-	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
-	"github.com/warden-go/warden/idempotency"
 )
 
 // operatorChanges are drivertest.OperatorChanges on g.
@@ -24,32 +22,18 @@ func operatorChanges(t *testing.T, g *gorm.DB, key string) map[string]func(conte
 	return drivertest.OperatorChanges(newLocker(t, g), st, key)
 }
 
-// heldAndClaimed holds a new key and claims its record under scope "s"
-// for owner "o", on g, and returns the key and a func that reports whether
-// the lock is held and the record kept still.
+// heldAndClaimed holds a new key and claims its record on g (see
+// drivertest.HeldAndClaimed).
 func heldAndClaimed(t *testing.T, g *gorm.DB) (string, func() (held, kept bool)) {
-	t.Helper()
-	ctx := context.Background()
-	key := uniqueKey(t)
-	l := newLocker(t, g)
 	st, err := sqllock.NewStore(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Migrate(ctx); err != nil {
+	if err := st.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	return key, func() (bool, bool) {
-		in, err := l.Inspect(ctx, key)
-		_, gerr := st.Get(ctx, "s", key)
-		return err == nil && len(in.Holders) == 1, gerr == nil
-	}
+	key := uniqueKey(t)
+	return key, drivertest.HeldAndClaimed(t, newLocker(t, g), st, key)
 }
 
 // readOnly is dsn, of db, for a connection whose writes the database

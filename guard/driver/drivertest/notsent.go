@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // RecordRemover is the part of an idempotency store that an operator's
@@ -15,6 +16,29 @@ import (
 type RecordRemover interface {
 	Delete(ctx context.Context, scope, key, owner string) error
 	Abandon(ctx context.Context, scope, key, owner string) error
+}
+
+// HeldAndClaimed holds key on l and claims its record under scope "s" for
+// owner "o" on st, the state OperatorChanges' calls are made against, and
+// returns a func that reports whether the lock is held still (by one
+// holder) and the record kept.
+func HeldAndClaimed(t testing.TB, l interface {
+	driver.Locker
+	driver.Inspector
+}, st idempotency.Store, key string) (still func() (held, kept bool)) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, idempotency.Claim{Scope: "s", Key: key, Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return func() (bool, bool) {
+		in, err := l.Inspect(ctx, key)
+		_, gerr := st.Get(ctx, "s", key)
+		return err == nil && len(in.Holders) == 1, gerr == nil
+	}
 }
 
 // OperatorChanges are the calls an operator's tool makes to change what a
