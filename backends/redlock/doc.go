@@ -185,8 +185,13 @@
 //	ACL SETUSER warden on >password ~{warden:* +evalsha +eval +get +set +del
 //	  +time +pttl +pexpireat +info +ping
 //
-// Without PEXPIREAT, every acquisition was refused from inside its script
-// on Redis 7.0 ("The user executing the script can't run this command").
+// Without PEXPIREAT, a vote or a refresh that moves its key's expiry to a
+// later day (the first vote on a key, then one a day for a key in use) is
+// refused from inside its script on Redis 7.0 ("The user executing the
+// script can't run this command") and writes nothing; one on a key whose
+// day a user with PEXPIREAT set is granted. Such a user's locks work until
+// a key's day has to move: a lock held over a day's end then loses its
+// renewal.
 //
 // A node that refuses INFO is refused a vote, as one that refuses EVALSHA:
 // an acquisition whose majority refuses ends at once with ErrUnavailable

@@ -3,6 +3,11 @@
 -- its helpers: see acquire.lua).
 -- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] the lease's token,
 -- the node's fence as a rule
+--
+-- A refresh refused PEXPIREAT after its write (an ACL without it) writes
+-- the old state back: kept, the extended vote's new day would make the
+-- next refresh skip PEXPIREAT and succeed, while the key still expired
+-- with its old day, before the lease's Expiry.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
@@ -36,6 +41,10 @@ if fence ~= ARGV[3] then
   redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, fence, day, owner), 'KEEPTTL')
 end
 if tonumber(old_day) < day then
-  redis.call('pexpireat', KEYS[1], day * 86400000)
+  local e = redis.pcall('pexpireat', KEYS[1], day * 86400000)
+  if type(e) == 'table' and e.err then
+    redis.call('set', KEYS[1], old, 'KEEPTTL')
+    error(e)
+  end
 end
 return 1

@@ -119,3 +119,45 @@ func TestRefusedProbeEndsTheWait(t *testing.T) {
 		t.Errorf("a waiter without GET: got %v, want the nodes' refusal (NOPERM)", err)
 	}
 }
+
+// TestRefusalInsideTheRefreshWritesNothing: a refresh whose node refuses
+// PEXPIREAT after writing the extended vote (an ACL without it; the key's
+// day was set by a user with it) takes its write back. It kept the vote,
+// with its new day, though the refresh failed: the next refresh, finding
+// the day set, skipped PEXPIREAT and succeeded, and the keys expired with
+// their old day, hours before the lease's Expiry.
+func TestRefusalInsideTheRefreshWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "noexpire", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+del", "+time", "+pttl", "+info", "+ping")
+	admin := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+	first, err := admin.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noexpire", "pw" }, WithNodeTimeout(time.Second))
+	lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("acquisition on a key whose day is set: %v", err)
+	}
+	defer lease.Release(ctx)
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer c.Close()
+	before := c.Get(ctx, "{warden:k}:lock").Val()
+	// Two days on: the day moves, and PEXPIREAT is refused.
+	for i := range 2 {
+		err := lease.Refresh(ctx, 48*time.Hour)
+		if err == nil || !strings.Contains(err.Error(), "can't run this command") {
+			t.Fatalf("refresh %d to 48h without PEXPIREAT: got %v, want the nodes' refusal", i, err)
+		}
+		if after := c.Get(ctx, "{warden:k}:lock").Val(); after != before {
+			t.Fatalf("refresh %d was refused but left %q where the vote was %q", i, after, before)
+		}
+	}
+	if left, pttl := time.Until(lease.Expiry()), c.PTTL(ctx, "{warden:k}:lock").Val(); left > pttl {
+		t.Errorf("the lease's Expiry is %v away, its key expires in %v", left, pttl)
+	}
+}
