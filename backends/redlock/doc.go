@@ -129,10 +129,12 @@
 // fence, the day its key expires and the owner; a withdrawn vote stays,
 // free, as the node's fence. A vote is the node's TIME and one SET ...
 // KEEPTTL GET that writes the new state and reads the old one (written back
-// when it was another owner's); a withdrawal is one SET ... KEEPTTL GET. An
-// uncontended acquisition and release cost 5 commands a node (25 over five
-// nodes, against 40 when the vote was a SET NX PX key beside a fence counter
-// the vote read and wrote). The key expires at the end of the day after its
+// when it was another owner's); a withdrawal is one SET ... XX KEEPTTL GET
+// (XX: a node that lost the key is not given one back by a refresh or a
+// withdrawal, which would have no expiry). An uncontended acquisition and
+// release cost 5 commands a node (25 over five nodes, against 40 when the
+// vote was a SET NX PX key beside a fence counter the vote read and
+// wrote). The key expires at the end of the day after its
 // last vote or refresh, so a fence still expires a day at least after it was
 // last written. Nodes need Redis 6.2 or newer. Each key or argument a
 // script is given costs a node about 1.3k instructions, the script itself

@@ -4,10 +4,14 @@
 -- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] the lease's token,
 -- the node's fence as a rule
 --
--- A refresh refused PEXPIREAT after its write (an ACL without it) writes
--- the old state back: kept, the extended vote's new day would make the
--- next refresh skip PEXPIREAT and succeed, while the key still expired
--- with its old day, before the lease's Expiry.
+-- A refresh that is not the owner's to make, or is refused, leaves the key
+-- as it was. Its SET is XX: on a node that lost the key (restarted empty,
+-- a key deleted by hand) it writes nothing, where a SET would create a key
+-- without an expiry, and a DEL to take it back could be refused. A refresh
+-- refused PEXPIREAT after its write (an ACL without it) writes the old
+-- state back: kept, the extended vote's new day would make the next
+-- refresh skip PEXPIREAT and succeed, while the key still expired with its
+-- old day, before the lease's Expiry.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
@@ -15,7 +19,7 @@ local day = math.floor(deadline / 86400000) + 2
 -- The deadline (13 digits) in two %d parts: see acquire.lua.
 local dhi = math.floor(deadline / 1000000)
 local dlo = deadline - dhi * 1000000
-local old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+local old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:%s', dhi, dlo, ARGV[3], day, ARGV[1]), 'XX', 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   -- A server older than 6.2 knows no GET for SET: a syntax error. Any
   -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -32,8 +36,6 @@ end
 if owner ~= ARGV[1] or tonumber(d) <= now then
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   return 0
 end

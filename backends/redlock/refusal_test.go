@@ -161,3 +161,33 @@ func TestRefusalInsideTheRefreshWritesNothing(t *testing.T) {
 		t.Errorf("the lease's Expiry is %v away, its key expires in %v", left, pttl)
 	}
 }
+
+// TestLostKeyStaysLost: a refresh and a release on a node that lost the
+// vote's key (restarted empty, deleted by hand) leave no key there. They
+// wrote their state, then took it back with a DEL, which a user without
+// DEL was refused: the key stayed, with no expiry.
+func TestLostKeyStaysLost(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "nodel", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+time", "+pttl", "+pexpireat", "+info", "+ping")
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "nodel", "pw" }, WithNodeTimeout(time.Second))
+	lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer c.Close()
+	lost := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s, held on 2 of 3 nodes: %v", what, err)
+		}
+		if n := c.Exists(ctx, "{warden:k}:lock").Val(); n != 0 {
+			t.Errorf("%s left a key where it was lost: %q, pttl %v", what, c.Get(ctx, "{warden:k}:lock").Val(), c.PTTL(ctx, "{warden:k}:lock").Val())
+			c.Del(ctx, "{warden:k}:lock")
+		}
+	}
+	c.Del(ctx, "{warden:k}:lock")
+	lost("the refresh", lease.Refresh(ctx, time.Minute))
+	lost("the release", lease.Release(ctx))
+}
