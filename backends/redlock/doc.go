@@ -205,7 +205,10 @@
 // to WithMaxBackoff (default 250ms) and stays there however long the wait
 // (driver.Backoff), never longer than the holder's remaining TTL as the
 // nodes report it. Nodes that fail do not end the wait: it goes on until
-// its context is done. Release notifications over N nodes' Pub/Sub are not
-// used: the single-deployment backend (package
+// its context is done, unless a majority refuses the vote, or the read of
+// their state a waiter makes between votes, for good (an ACL without a
+// command: see ACLs), which ends it at once, the lock held or not, with
+// ErrUnavailable and the servers' words. Release notifications over N
+// nodes' Pub/Sub are not used: the single-deployment backend (package
 // github.com/warden-go/warden/backends/redislock) does that.
 package redlock

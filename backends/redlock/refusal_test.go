@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -97,26 +98,52 @@ func TestRefusalInsideTheVoteWritesNothing(t *testing.T) {
 // TestRefusedProbeEndsTheWait: a waiter reads the nodes' states (GET)
 // before it votes again. When a majority refuses that read for good (an
 // ACL user without GET), the waiting acquisition ends at once with the
-// servers' words. It probed until its context ended, long after the lock
-// was released, and said only that the context had ended.
+// servers' words, though the lock is still held. It probed until its
+// context ended and said only that the context had ended: with every node
+// refusing, after the lock was released; with a majority refusing, while
+// the lock was held (the others were asked only when some of the first
+// were free). A minority refusing leaves the lock to the others once it
+// is released.
 func TestRefusedProbeEndsTheWait(t *testing.T) {
 	ctx := context.Background()
-	servers := startServers(t, 3)
+	servers := startServers(t, 5)
 	setUser(t, servers, "noget", "~{warden:*", "+evalsha", "+eval", "+set", "+del", "+time", "+pttl", "+pexpireat", "+info", "+ping")
-	holder := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
-	waiter := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noget", "pw" }, WithNodeTimeout(time.Second))
-	held, err := holder.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Release(ctx)
-	// The context's end is only there for the test to fail rather than
-	// hang without the fix.
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	lease, err := waiter.Acquire(wctx, "warden:k", driver.AcquireOptions{TTL: time.Minute, Wait: true})
-	if lease != nil || !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("a waiter without GET: got %v, want the nodes' refusal (NOPERM)", err)
+	for _, c := range []struct{ nodes, refusing int }{{3, 3}, {3, 2}, {5, 3}, {5, 2}} {
+		on := servers[:c.nodes]
+		key := fmt.Sprintf("warden:%d-of-%d", c.refusing, c.nodes)
+		holder := privateLocker(t, on, nil, WithNodeTimeout(time.Second))
+		// The first nodes log in as the user without GET.
+		n := 0
+		waiter := privateLocker(t, on, func(o *goredis.Options) {
+			if n++; n <= c.refusing {
+				o.Username, o.Password = "noget", "pw"
+			}
+		}, WithNodeTimeout(time.Second))
+		held, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		majority := c.refusing > c.nodes/2
+		if !majority {
+			time.AfterFunc(300*time.Millisecond, func() { held.Release(ctx) })
+		}
+		// The context's end is only there for the test to fail rather
+		// than hang without the fix.
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		lease, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+		cancel()
+		if !majority {
+			if err != nil {
+				t.Errorf("%d of %d nodes refusing the read: %v, want the lock once released", c.refusing, c.nodes, err)
+			} else {
+				lease.Release(ctx)
+			}
+			continue
+		}
+		held.Release(ctx)
+		if lease != nil || !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("%d of %d nodes refusing the read, the lock held: got %v, want the nodes' refusal (NOPERM)", c.refusing, c.nodes, err)
+		}
 	}
 }
 
