@@ -5,30 +5,32 @@
 // # Algorithm
 //
 // Acquire asks every node in parallel to take its vote, the lock key (a
-// random owner id and the vote's deadline on the node's clock), if it is free, each call bounded by a per-node timeout far below the
-// TTL (WithNodeTimeout, default 200ms), so a node that is down or hangs costs
-// at most that. The lock is acquired only when a majority granted it AND the
+// random owner id and the vote's deadline on the node's clock), if it is
+// free, each call bounded by a per-node timeout far below the TTL
+// (WithNodeTimeout, default 200ms), so a node that is down or hangs costs at
+// most that. The lock is acquired only when a majority granted it AND the
 // time the round took leaves a positive validity:
 //
 //	validity = ttl - elapsed - drift,   drift = ttl*0.01 + 2ms
 //
 // On any failure the owner's votes are withdrawn from every node that may
-// hold one: those that granted it and those whose answer was lost or late.
-// A node that refused held another owner's vote, so the attempt's cannot be
+// hold one: those that granted it and those whose answer was lost or late. A
+// node that refused held another owner's vote, so the attempt's cannot be
 // there. Every attempt has an owner id of its own, so a withdrawal still
 // under way on a slow node never removes a later attempt's vote. Refresh
-// (owner-checked PEXPIRE) also needs a majority within the validity; Release
-// is owner-checked. Both return once a majority has answered for them (or
-// against them, when no majority is left to have), and the other nodes
-// follow in the background, within the node timeout. Acquire waits for every
-// node, or the timeout, though a majority's grants settle the lease: a lease
-// handed out before a slow node's vote lands could be released before it
-// lands, and its withdrawal would then have to wait for it (the next
-// acquisition finding that node still held) or miss it (the vote left there
-// for the TTL). A lease's
-// Expiry is the start of the round that granted or last extended it plus
-// ttl - drift, so guard cancels the section before the votes can have lapsed
-// on any node.
+// (owner-checked: a script whose SET ... XX KEEPTTL GET writes the vote's new
+// deadline, the key's expiry moving once a day at most; see Server commands)
+// also needs a majority within the validity; Release is owner-checked. Both
+// return once a majority has answered for them (or against them, when no
+// majority is left to have), and the other nodes follow in the background,
+// within the node timeout. Acquire waits for every node, or the timeout,
+// though a majority's grants settle the lease: a lease handed out before a
+// slow node's vote lands could be released before it lands, and its
+// withdrawal would then have to wait for it (the next acquisition finding
+// that node still held) or miss it (the vote left there for the TTL). A
+// lease's Expiry is the start of the round that granted or last extended it
+// plus ttl - drift, so guard cancels the section before the votes can have
+// lapsed on any node.
 //
 // # Fencing tokens
 //
