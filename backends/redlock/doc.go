@@ -5,30 +5,32 @@
 // # Algorithm
 //
 // Acquire asks every node in parallel to take its vote, the lock key (a
-// random owner id and the vote's deadline on the node's clock), if it is free, each call bounded by a per-node timeout far below the
-// TTL (WithNodeTimeout, default 200ms), so a node that is down or hangs costs
-// at most that. The lock is acquired only when a majority granted it AND the
+// random owner id and the vote's deadline on the node's clock), if it is
+// free, each call bounded by a per-node timeout far below the TTL
+// (WithNodeTimeout, default 200ms), so a node that is down or hangs costs at
+// most that. The lock is acquired only when a majority granted it AND the
 // time the round took leaves a positive validity:
 //
 //	validity = ttl - elapsed - drift,   drift = ttl*0.01 + 2ms
 //
 // On any failure the owner's votes are withdrawn from every node that may
-// hold one: those that granted it and those whose answer was lost or late.
-// A node that refused held another owner's vote, so the attempt's cannot be
+// hold one: those that granted it and those whose answer was lost or late. A
+// node that refused held another owner's vote, so the attempt's cannot be
 // there. Every attempt has an owner id of its own, so a withdrawal still
 // under way on a slow node never removes a later attempt's vote. Refresh
-// (owner-checked PEXPIRE) also needs a majority within the validity; Release
-// is owner-checked. Both return once a majority has answered for them (or
-// against them, when no majority is left to have), and the other nodes
-// follow in the background, within the node timeout. Acquire waits for every
-// node, or the timeout, though a majority's grants settle the lease: a lease
-// handed out before a slow node's vote lands could be released before it
-// lands, and its withdrawal would then have to wait for it (the next
-// acquisition finding that node still held) or miss it (the vote left there
-// for the TTL). A lease's
-// Expiry is the start of the round that granted or last extended it plus
-// ttl - drift, so guard cancels the section before the votes can have lapsed
-// on any node.
+// (owner-checked: a script whose SET ... XX KEEPTTL GET writes the vote's new
+// deadline, the key's expiry moving once a day at most; see Server commands)
+// also needs a majority within the validity; Release is owner-checked. Both
+// return once a majority has answered for them (or against them, when no
+// majority is left to have), and the other nodes follow in the background,
+// within the node timeout. Acquire waits for every node, or the timeout,
+// though a majority's grants settle the lease: a lease handed out before a
+// slow node's vote lands could be released before it lands, and its
+// withdrawal would then have to wait for it (the next acquisition finding
+// that node still held) or miss it (the vote left there for the TTL). A
+// lease's Expiry is the start of the round that granted or last extended it
+// plus ttl - drift, so guard cancels the section before the votes can have
+// lapsed on any node.
 //
 // # Fencing tokens
 //
@@ -129,10 +131,12 @@
 // fence, the day its key expires and the owner; a withdrawn vote stays,
 // free, as the node's fence. A vote is the node's TIME and one SET ...
 // KEEPTTL GET that writes the new state and reads the old one (written back
-// when it was another owner's); a withdrawal is one SET ... KEEPTTL GET. An
-// uncontended acquisition and release cost 5 commands a node (25 over five
-// nodes, against 40 when the vote was a SET NX PX key beside a fence counter
-// the vote read and wrote). The key expires at the end of the day after its
+// when it was another owner's); a withdrawal is one SET ... XX KEEPTTL GET
+// (XX: a node that lost the key is not given one back by a refresh or a
+// withdrawal, which would have no expiry). An uncontended acquisition and
+// release cost 5 commands a node (25 over five nodes, against 40 when the
+// vote was a SET NX PX key beside a fence counter the vote read and
+// wrote). The key expires at the end of the day after its
 // last vote or refresh, so a fence still expires a day at least after it was
 // last written. Nodes need Redis 6.2 or newer. Each key or argument a
 // script is given costs a node about 1.3k instructions, the script itself
@@ -185,8 +189,13 @@
 //	ACL SETUSER warden on >password ~{warden:* +evalsha +eval +get +set +del
 //	  +time +pttl +pexpireat +info +ping
 //
-// Without PEXPIREAT, every acquisition was refused from inside its script
-// on Redis 7.0 ("The user executing the script can't run this command").
+// Without PEXPIREAT, a vote or a refresh that moves its key's expiry to a
+// later day (the first vote on a key, then one a day for a key in use) is
+// refused from inside its script on Redis 7.0 ("The user executing the
+// script can't run this command") and writes nothing; one on a key whose
+// day a user with PEXPIREAT set is granted. Such a user's locks work until
+// a key's day has to move: a lock held over a day's end then loses its
+// renewal.
 //
 // A node that refuses INFO is refused a vote, as one that refuses EVALSHA:
 // an acquisition whose majority refuses ends at once with ErrUnavailable
@@ -198,7 +207,10 @@
 // to WithMaxBackoff (default 250ms) and stays there however long the wait
 // (driver.Backoff), never longer than the holder's remaining TTL as the
 // nodes report it. Nodes that fail do not end the wait: it goes on until
-// its context is done. Release notifications over N nodes' Pub/Sub are not
-// used: the single-deployment backend (package
+// its context is done, unless a majority refuses the vote, or the read of
+// their state a waiter makes between votes, for good (an ACL without a
+// command: see ACLs), which ends it at once, the lock held or not, with
+// ErrUnavailable and the servers' words. Release notifications over N
+// nodes' Pub/Sub are not used: the single-deployment backend (package
 // github.com/warden-go/warden/backends/redislock) does that.
 package redlock

@@ -62,7 +62,10 @@ type probeAnswer struct {
 // round the nodes: under contention the lock is held there, which settles
 // it, so that a probe costs a majority's reads, not every node's. The
 // other nodes are asked only when the first leave a majority of free nodes
-// possible and unproven: some answered free, not all of them. A node that
+// possible and unproven (some answered free, not all of them), or when
+// some of the first refused the read for good: the others may refuse it
+// too, and a majority of refusals ends the wait, where the first alone,
+// held, would leave it to its context's end. A node that
 // failed its last vote or probe is asked first only when too few others
 // are left: one that does not answer holds every round it is part of to
 // the node timeout, and would hold up the waiter's turn once the lock is
@@ -130,7 +133,7 @@ func (l *Locker) probeNodes(ctx context.Context, lock string, clocks []nodeClock
 	}
 	which, rest := l.probeOrder(first)
 	tally(which, l.gather(ctx, probe, nil, which, nil))
-	if yes > 0 && yes < l.quorum {
+	if yes > 0 && yes < l.quorum || refused > 0 {
 		tally(rest, l.gather(ctx, probe, nil, rest, nil))
 	}
 	if refused > n-l.quorum {

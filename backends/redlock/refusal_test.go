@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -97,25 +98,123 @@ func TestRefusalInsideTheVoteWritesNothing(t *testing.T) {
 // TestRefusedProbeEndsTheWait: a waiter reads the nodes' states (GET)
 // before it votes again. When a majority refuses that read for good (an
 // ACL user without GET), the waiting acquisition ends at once with the
-// servers' words. It probed until its context ended, long after the lock
-// was released, and said only that the context had ended.
+// servers' words, though the lock is still held. It probed until its
+// context ended and said only that the context had ended: with every node
+// refusing, after the lock was released; with a majority refusing, while
+// the lock was held (the others were asked only when some of the first
+// were free). A minority refusing leaves the lock to the others once it
+// is released.
 func TestRefusedProbeEndsTheWait(t *testing.T) {
 	ctx := context.Background()
-	servers := startServers(t, 3)
+	servers := startServers(t, 5)
 	setUser(t, servers, "noget", "~{warden:*", "+evalsha", "+eval", "+set", "+del", "+time", "+pttl", "+pexpireat", "+info", "+ping")
-	holder := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
-	waiter := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noget", "pw" }, WithNodeTimeout(time.Second))
-	held, err := holder.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	for _, c := range []struct{ nodes, refusing int }{{3, 3}, {3, 2}, {5, 3}, {5, 2}} {
+		on := servers[:c.nodes]
+		key := fmt.Sprintf("warden:%d-of-%d", c.refusing, c.nodes)
+		holder := privateLocker(t, on, nil, WithNodeTimeout(time.Second))
+		// The first nodes log in as the user without GET.
+		n := 0
+		waiter := privateLocker(t, on, func(o *goredis.Options) {
+			if n++; n <= c.refusing {
+				o.Username, o.Password = "noget", "pw"
+			}
+		}, WithNodeTimeout(time.Second))
+		held, err := holder.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		majority := c.refusing > c.nodes/2
+		if !majority {
+			time.AfterFunc(300*time.Millisecond, func() { held.Release(ctx) })
+		}
+		// The context's end is only there for the test to fail rather
+		// than hang without the fix.
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		lease, err := waiter.Acquire(wctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true})
+		cancel()
+		if !majority {
+			if err != nil {
+				t.Errorf("%d of %d nodes refusing the read: %v, want the lock once released", c.refusing, c.nodes, err)
+			} else {
+				lease.Release(ctx)
+			}
+			continue
+		}
+		held.Release(ctx)
+		if lease != nil || !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("%d of %d nodes refusing the read, the lock held: got %v, want the nodes' refusal (NOPERM)", c.refusing, c.nodes, err)
+		}
+	}
+}
+
+// TestRefusalInsideTheRefreshWritesNothing: a refresh whose node refuses
+// PEXPIREAT after writing the extended vote (an ACL without it; the key's
+// day was set by a user with it) takes its write back. It kept the vote,
+// with its new day, though the refresh failed: the next refresh, finding
+// the day set, skipped PEXPIREAT and succeeded, and the keys expired with
+// their old day, hours before the lease's Expiry.
+func TestRefusalInsideTheRefreshWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "noexpire", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+del", "+time", "+pttl", "+info", "+ping")
+	admin := privateLocker(t, servers, nil, WithNodeTimeout(time.Second))
+	first, err := admin.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Release(ctx)
-	// The context's end is only there for the test to fail rather than
-	// hang without the fix.
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	lease, err := waiter.Acquire(wctx, "warden:k", driver.AcquireOptions{TTL: time.Minute, Wait: true})
-	if lease != nil || !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("a waiter without GET: got %v, want the nodes' refusal (NOPERM)", err)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "noexpire", "pw" }, WithNodeTimeout(time.Second))
+	lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("acquisition on a key whose day is set: %v", err)
+	}
+	defer lease.Release(ctx)
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer c.Close()
+	before := c.Get(ctx, "{warden:k}:lock").Val()
+	// Two days on: the day moves, and PEXPIREAT is refused.
+	for i := range 2 {
+		err := lease.Refresh(ctx, 48*time.Hour)
+		if err == nil || !strings.Contains(err.Error(), "can't run this command") {
+			t.Fatalf("refresh %d to 48h without PEXPIREAT: got %v, want the nodes' refusal", i, err)
+		}
+		if after := c.Get(ctx, "{warden:k}:lock").Val(); after != before {
+			t.Fatalf("refresh %d was refused but left %q where the vote was %q", i, after, before)
+		}
+	}
+	if left, pttl := time.Until(lease.Expiry()), c.PTTL(ctx, "{warden:k}:lock").Val(); left > pttl {
+		t.Errorf("the lease's Expiry is %v away, its key expires in %v", left, pttl)
+	}
+}
+
+// TestLostKeyStaysLost: a refresh and a release on a node that lost the
+// vote's key (restarted empty, deleted by hand) leave no key there. They
+// wrote their state, then took it back with a DEL, which a user without
+// DEL was refused: the key stayed, with no expiry.
+func TestLostKeyStaysLost(t *testing.T) {
+	ctx := context.Background()
+	servers := startServers(t, 3)
+	setUser(t, servers, "nodel", "~{warden:*", "+evalsha", "+eval", "+get", "+set", "+time", "+pttl", "+pexpireat", "+info", "+ping")
+	l := privateLocker(t, servers, func(o *goredis.Options) { o.Username, o.Password = "nodel", "pw" }, WithNodeTimeout(time.Second))
+	lease, err := l.Acquire(ctx, "warden:k", driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
+	defer c.Close()
+	lost := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s, held on 2 of 3 nodes: %v", what, err)
+		}
+		if n := c.Exists(ctx, "{warden:k}:lock").Val(); n != 0 {
+			t.Errorf("%s left a key where it was lost: %q, pttl %v", what, c.Get(ctx, "{warden:k}:lock").Val(), c.PTTL(ctx, "{warden:k}:lock").Val())
+			c.Del(ctx, "{warden:k}:lock")
+		}
+	}
+	c.Del(ctx, "{warden:k}:lock")
+	lost("the refresh", lease.Refresh(ctx, time.Minute))
+	lost("the release", lease.Release(ctx))
 }

@@ -5,12 +5,16 @@
 -- as a rule  ARGV[3] the key's day as the vote set it, as a rule ('0' when
 -- unknown)
 --
+-- Its SET is XX: on a node that lost the key (restarted empty, a key
+-- deleted by hand) it writes nothing, where a SET would create a key
+-- without an expiry, and a DEL to take it back could be refused.
+--
 -- This part runs on every release; the rest only when the state is not the
 -- one the client expects, the owner's vote with its token and day. That
 -- takes comparisons of strings, where a pattern match costs the server
 -- about as much as the rest of such a withdrawal.
 local free = '0:' .. ARGV[2] .. ':' .. ARGV[3] .. ':'
-local old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
+local old = redis.pcall('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   -- A server older than 6.2 knows no GET for SET: a syntax error. Any
   -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -35,8 +39,6 @@ if owner ~= ARGV[1] then
   -- Not the owner's (or another format): what was there is written back.
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   return 0
 end

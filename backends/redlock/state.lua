@@ -8,7 +8,8 @@
 -- passed is free: its key stays, with its fence.
 --
 -- A vote, a refresh and a withdrawal each write the key's new state and read
--- its old one in a single SET ... KEEPTTL GET, and write the old one back
+-- its old one in a single SET ... KEEPTTL GET (XX for a refresh and a
+-- withdrawal, which must not create the key), and write the old one back
 -- (or correct the fence) in the rare case it was not theirs to change.
 -- KEEPTTL keeps the key's expiry, which moves only when a vote or a refresh
 -- needs a later day (keep): once a day for a key in constant use. The
