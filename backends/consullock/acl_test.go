@@ -489,8 +489,8 @@ func TestAcquisitionRefusedForAMoment(t *testing.T) {
 
 // TestInspectOfWithheldKeys: a token that may not read a name's keys, which
 // the ACL leaves out of its reads, is told that Inspect cannot say whether
-// the name is held, rather than that it is free; a name it may read is
-// inspected as ever.
+// the name is held, rather than that it is free, and that List's page is
+// partial; a name it may read is inspected and listed as ever.
 func TestInspectOfWithheldKeys(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -508,6 +508,12 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 	}
 	if in, err := l.Inspect(ctx, open); err != nil || len(in.Holders) != 1 {
 		t.Errorf("Inspect of a name the token may read: %+v, %v; want its holder", in, err)
+	}
+	// A page cannot name what was left out of its read, but comes with
+	// ErrPartialList.
+	page, err := l.List(ctx, testPrefix, "", 100)
+	if !errors.Is(err, driver.ErrPartialList) || len(page) != 1 || page[0].Key != open || len(page[0].Holders) != 1 {
+		t.Errorf("List: %+v, %v; want %q held, with driver.ErrPartialList", page, err, open)
 	}
 }
 

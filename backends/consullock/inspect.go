@@ -185,6 +185,9 @@ func nameOf(k string) (string, bool) {
 // A name whose keys the token may not read is not listed: the ACL leaves
 // them out of the read, and Consul says that it left some out, not which,
 // so no entry with an Err can stand for them (Inspect of the name fails).
+// The page is then returned with an error matching driver.ErrPartialList.
+// Under the prefixes "." and "..", read with the whole store (see tree),
+// a key the token may not read anywhere in it does so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -192,9 +195,12 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if err := checkName(prefix); err != nil {
 		return nil, err
 	}
-	pairs, _, err := l.tree(ctx, url.PathEscape(prefix))
+	pairs, filtered, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
 		return nil, err
+	}
+	if filtered {
+		err = fmt.Errorf("%w: consul left out of its read of %q keys the token may not read", driver.ErrPartialList, url.PathEscape(prefix))
 	}
 	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
@@ -209,7 +215,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		}
 	}
 	slices.SortFunc(out, func(a, b driver.Listed) int { return strings.Compare(a.Key, b.Key) })
-	return out[:min(limit, len(out))], nil
+	return out[:min(limit, len(out))], err
 }
 
 // ForceRelease implements driver.ForceReleaser, for the lock of that name
