@@ -24,8 +24,8 @@ type Inspection struct {
 	// backend's waiters poll or listen instead of queueing.
 	Waiters int `json:"waiters"`
 	// Err is set by List alone, for a lock it found but could not read
-	// (see List): the error Inspect of Key would return. Holders and
-	// Waiters then say nothing.
+	// (see List): the backend's refusal. Holders and Waiters then say
+	// nothing, not even that the lock is held.
 	Err error `json:"-"`
 }
 

@@ -399,3 +399,49 @@ func (u unreadable) List(ctx context.Context, prefix, after string, limit int) (
 	}
 	return page, err
 }
+
+// TestListPassesAPartialPage: a backend's page that comes with
+// driver.ErrPartialList (the backend left out locks it may not read, and
+// said only that) reaches the caller with it, under the Guard's keys; a
+// page that comes with any other error does not.
+func TestListPassesAPartialPage(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	for _, c := range []struct {
+		err     error
+		partial bool
+	}{
+		{fmt.Errorf("%w: some keys were filtered", driver.ErrPartialList), true},
+		{fmt.Errorf("%w: the server went away", driver.ErrUnavailable), false},
+	} {
+		g := newGuard(t, failingList{Locker: mem, err: c.err})
+		l, err := g.Lock(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, err := g.List(ctx, "", "", 10)
+		l.Unlock(ctx)
+		switch {
+		case !errors.Is(err, c.err):
+			t.Errorf("List with the backend's %v: %v, want an error that matches it", c.err, err)
+		case c.partial && (!errors.Is(err, guard.ErrPartialList) || len(page) != 1 || page[0].Key != "a" || len(page[0].Holders) != 1):
+			t.Errorf("partial List: %+v, %v; want the lock \"a\" held, and ErrPartialList", page, err)
+		case !c.partial && page != nil:
+			t.Errorf("failed List: %+v, %v; want no page", page, err)
+		}
+	}
+}
+
+// failingList is the memory backend whose List pages come with err.
+type failingList struct {
+	*memory.Locker
+	err error
+}
+
+func (f failingList) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
+	page, err := f.Locker.List(ctx, prefix, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return page, f.err
+}

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -27,11 +28,18 @@ import (
 // read (another user's, under a ZooKeeper ACL that lets it list the lock
 // parents but not read that one, or a Redis ACL user's key patterns, which
 // SCAN does not apply) does not fail the page: it is listed in its place,
-// counted in limit, with Err set to the error Inspect of its key would
-// return (one wrapping ErrUnavailable, and zk.ErrNoAuth or Redis's NOPERM)
-// and no holders, which says nothing of whether it is held.
-// A failure that is not one lock's (the backend out of reach) fails the
-// page.
+// counted in limit, with Err set to the backend's refusal (wrapping
+// ErrUnavailable, and zk.ErrNoAuth or Redis's NOPERM) and no holders. Such
+// an entry says nothing of whether the lock is held: it may be one nobody
+// holds any longer (Redis keeps a lock's keys about a day after its last
+// holder, ZooKeeper a lock's node until it is removed).
+//
+// A backend that leaves such locks out and says only that it did (Consul,
+// whose ACLs filter a read) returns the page it could read together with
+// an error matching ErrPartialList, as an io.Reader returns n bytes and an
+// error: the page is right as far as it goes, but is not the whole
+// answer, however short. Any other failure (the backend out of reach, a
+// refusal of the listing itself) fails the page, and returns none.
 func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("warden: list: %w: nil context", ErrInvalidOption)
@@ -56,7 +64,10 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 		return ls.List(lctx, g.prefix+prefix, from, limit)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("warden: list: %w", err)
+		err = fmt.Errorf("warden: list: %w", err)
+		if !errors.Is(err, ErrPartialList) {
+			return nil, err
+		}
 	}
 	out := make([]Inspection, len(page))
 	for i, p := range page {
@@ -66,8 +77,13 @@ func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]In
 			out[i].Err = wrapLockErr(key, p.Err)
 		}
 	}
-	return out, nil
+	return out, err
 }
+
+// ErrPartialList comes with a List page from which the backend left out
+// locks this Guard's client may not read, saying that it did but not
+// which: such locks may be missing between and after the page's entries.
+var ErrPartialList = driver.ErrPartialList
 
 // checkListArg reports why s, a prefix or an after of List, could neither
 // start nor be a key in the Guard's namespace.

@@ -489,8 +489,8 @@ func TestAcquisitionRefusedForAMoment(t *testing.T) {
 
 // TestInspectOfWithheldKeys: a token that may not read a name's keys, which
 // the ACL leaves out of its reads, is told that Inspect cannot say whether
-// the name is held, rather than that it is free; a name it may read is
-// inspected as ever.
+// the name is held, rather than that it is free, and that List's page is
+// partial; a name it may read is inspected and listed as ever.
 func TestInspectOfWithheldKeys(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -508,5 +508,37 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 	}
 	if in, err := l.Inspect(ctx, open); err != nil || len(in.Holders) != 1 {
 		t.Errorf("Inspect of a name the token may read: %+v, %v; want its holder", in, err)
+	}
+	// A page cannot name what was left out of its read, but comes with
+	// ErrPartialList.
+	page, err := l.List(ctx, testPrefix, "", 100)
+	if !errors.Is(err, driver.ErrPartialList) || len(page) != 1 || page[0].Key != open || len(page[0].Holders) != 1 {
+		t.Errorf("List: %+v, %v; want %q held, with driver.ErrPartialList", page, err, open)
+	}
+}
+
+// TestInspectOfWithheldDotName: the name ".", whose keys' prefix ".." a
+// URL cannot name, is not read as free, nor found with nothing to
+// release, by a token that may not read its keys.
+func TestInspectOfWithheldDotName(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holder := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`))
+	if _, err := holder.Acquire(ctx, ".", driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
+		t.Fatalf("the holder's Inspect of \".\": %+v, %v; want its holder", in, err)
+	}
+	l := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix ".." { policy = "deny" } session_prefix "" { policy = "read" }`))
+	if in, err := l.Inspect(ctx, "."); !errors.Is(err, errDenied) || !errors.Is(err, driver.ErrUnavailable) {
+		t.Errorf("Inspect of \".\", whose keys the token may not read: %+v, %v; want an error wrapping driver.ErrUnavailable, for want of ACL rights", in, err)
+	}
+	if rm, err := l.ForceRelease(ctx, ".", driver.ReleaseTarget{AnyHolder: true}); !errors.Is(err, errDenied) {
+		t.Errorf("ForceRelease of \".\", whose keys the token may not read: %v, %v; want an error for want of ACL rights", rm, err)
+	}
+	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
+		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
 	}
 }

@@ -32,8 +32,10 @@ var (
 // With Consul's ACLs on, a read leaves out the keys its token may not
 // read, and says only that it left some out: Inspect, and ForceRelease,
 // then fail with an error wrapping driver.ErrUnavailable that says so,
-// rather than see a name held by another token's session as free. List
-// cannot tell which names it left out (see List).
+// rather than see a name held by another token's session as free. The
+// names "." and ".." are read with the whole store (a URL cannot name
+// their keys' prefix), so a key the token may not read anywhere in it
+// fails them so. List cannot tell which names it left out (see List).
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
@@ -58,7 +60,7 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 		return nil, err
 	}
 	if filtered {
-		return nil, fmt.Errorf("%w: consul left keys under %q out of the read, which the token may not read: whether %q is held cannot be told", errDenied, url.PathEscape(key)+".", key)
+		return nil, fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -70,34 +72,33 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 }
 
 // tree reads every key starting with prefix, the start of an escaped name
-// (no '/' in it), in one consistent read. A read names its prefix in the
-// URL's path, which Consul's HTTP server cleans before it serves it: "."
-// would read the whole store, and ".." would leave the KV API, whose 404
-// the client reads as no keys, as if the lock "." were free. Those two are
-// read by a transaction, which names the prefix in its body (and refuses
-// an empty one). filtered reports that the ACL left out keys the token may
-// not read (Consul says so, not which).
+// (no '/' in it), in one consistent read. filtered reports that the ACL
+// left out keys the token may not read (Consul says so, not which).
+//
+// A read names its prefix in the URL's path, which Consul's HTTP server
+// cleans before it serves it: "." would read the whole store, and ".."
+// would leave the KV API, whose 404 the client reads as no keys, as if the
+// lock "." were free. A transaction, which names the prefix in its body,
+// does not say when the ACL left keys out of its read. Those two prefixes
+// are therefore read as the whole store is, and the keys that start with
+// them kept: the read costs the whole store's keys, and a token that may
+// not read some key anywhere in it cannot tell whether "." or ".." is
+// held (filtered).
 func (l *Locker) tree(ctx context.Context, prefix string) (pairs []*api.KVPair, filtered bool, err error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	if prefix != "." && prefix != ".." {
-		pairs, meta, err := l.client.KV().List(prefix, queryOpts(rctx))
-		if err != nil {
-			return nil, false, l.fail(ctx, rctx, err)
-		}
-		return pairs, meta.ResultsFilteredByACLs, nil
+	read := prefix
+	if prefix == "." || prefix == ".." {
+		read = ""
 	}
-	ok, resp, meta, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, queryOpts(rctx))
-	switch {
-	case err != nil:
+	pairs, meta, err := l.client.KV().List(read, queryOpts(rctx))
+	if err != nil {
 		return nil, false, l.fail(ctx, rctx, err)
-	case !ok:
-		if err := denied(resp); err != nil {
-			return nil, false, err
-		}
-		return nil, false, fmt.Errorf("%w: consul refused the read of %q", driver.ErrUnavailable, prefix)
 	}
-	return resp.Results, meta.ResultsFilteredByACLs, nil
+	if read != prefix {
+		pairs = slices.DeleteFunc(pairs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
+	}
+	return pairs, meta.ResultsFilteredByACLs, nil
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -184,6 +185,9 @@ func nameOf(k string) (string, bool) {
 // A name whose keys the token may not read is not listed: the ACL leaves
 // them out of the read, and Consul says that it left some out, not which,
 // so no entry with an Err can stand for them (Inspect of the name fails).
+// The page is then returned with an error matching driver.ErrPartialList.
+// Under the prefixes "." and "..", read with the whole store (see tree),
+// a key the token may not read anywhere in it does so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -191,9 +195,12 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if err := checkName(prefix); err != nil {
 		return nil, err
 	}
-	pairs, _, err := l.tree(ctx, url.PathEscape(prefix))
+	pairs, filtered, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
 		return nil, err
+	}
+	if filtered {
+		err = fmt.Errorf("%w: consul left out of its read of %q keys the token may not read", driver.ErrPartialList, url.PathEscape(prefix))
 	}
 	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
@@ -208,7 +215,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 		}
 	}
 	slices.SortFunc(out, func(a, b driver.Listed) int { return strings.Compare(a.Key, b.Key) })
-	return out[:min(limit, len(out))], nil
+	return out[:min(limit, len(out))], err
 }
 
 // ForceRelease implements driver.ForceReleaser, for the lock of that name

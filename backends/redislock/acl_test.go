@@ -413,3 +413,32 @@ func TestListUnreadable(t *testing.T) {
 		t.Fatalf("listed %q, want %q", got, want)
 	}
 }
+
+// TestListCommandRefused: a user refused a command List sends (GET, or
+// EVALSHA and EVAL for the inspection), whatever the key, is not refused
+// one lock: the page fails with the server's refusal, rather than list
+// every lock as unreadable.
+func TestListCommandRefused(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	holder := newLocker(t, admin)
+	for _, k := range []string{"a", "b"} {
+		if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rules := range [][]any{{"-get"}, {"-evalsha", "-eval"}} {
+		args := append([]any{"acl", "setuser", "ops", "reset", "on", ">pw", "&*", "~*", "+@all"}, rules...)
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		ops := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "ops", Password: "pw"})
+		page, err := newLocker(t, ops).List(ctx, "", "", 10)
+		ops.Close()
+		if page != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "NOPERM") {
+			t.Errorf("without %v: List = %+v, %v; want no page and the server's NOPERM", rules, page, err)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/backends/internal/redistag"
 	"github.com/warden-go/warden/guard/driver"
 )
@@ -78,8 +79,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // not a hot path. The keys of locks released in the last day or two are
 // found too, and left out with one pipelined GET per 1000 names. SCAN shows
 // every key to a user whose ACL key patterns leave some out: a lock whose
-// keys the server refuses to read to it (NOPERM) is listed with that
-// refusal as its Err.
+// keys the server refuses to read to it (NOPERM for a key) is listed with
+// that refusal as its Err. A refusal of a command (a user without GET or
+// EVALSHA) is the same for every lock, and fails the page.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)
@@ -137,7 +139,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 			}
 			in, err := l.Inspect(ctx, h.Key)
 			switch {
-			case goredis.IsPermissionError(err):
+			case redisrefusal.KeyDenied(err):
 				out = append(out, driver.Listed{Key: h.Key, Err: err})
 			case err != nil:
 				return nil, err
@@ -153,7 +155,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // owner), in order: those may be held. A key whose state the server refuses
 // to read (an ACL user whose key patterns leave it out, NOPERM: SCAN
 // shows every key) is kept with that refusal as its Err, the error Inspect
-// would return.
+// would return; any other failure, a refused GET included, fails them all.
 func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Listed, error) {
 	pipe := l.client.Pipeline()
 	gets := make([]*goredis.StringCmd, len(keys))
@@ -167,7 +169,7 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 		v, err := g.Result()
 		switch {
 		case errors.Is(err, goredis.Nil):
-		case goredis.IsPermissionError(err):
+		case redisrefusal.KeyDenied(err):
 			out = append(out, driver.Listed{Key: keys[i], Err: driver.Unavailable(ctx, err)})
 		case err != nil:
 			return nil, err

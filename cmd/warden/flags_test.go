@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/warden-go/warden/backends/backendurl"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
@@ -506,6 +508,14 @@ func TestPasswordThatIsAWord(t *testing.T) {
 	// A database of the server without warden's tables.
 	bare := *u
 	bare.Path = "/postgres"
+	// A Redis user with the password, refused the inspection's script:
+	// its refusal comes back through the Guard, after the Guard's words.
+	rs := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: rs.Addr()})
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "acl", "setuser", "ops", "on", ">"+password, "+@all", "-evalsha", "-eval", "~*", "&*").Err(); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args   []string
 		whole  string // the command's words, with the password in them
@@ -521,6 +531,8 @@ func TestPasswordThatIsAWord(t *testing.T) {
 			fmt.Sprintf("warden: no record under scope %q, key %q\n", password, key), ""},
 		{[]string{"-lock", bare.String(), "locks", "ls"},
 			"warden: " + backendurl.Redact(bare.String()) + ": no lock table warden_locks on this database", ""},
+		{[]string{"-lock", "redis://ops:" + password + "@" + rs.Addr(), "locks", "show", key},
+			fmt.Sprintf("warden: lock %q: ", key), "NOPERM"},
 	} {
 		code, _, errOut := cliRun(t, "", append([]string{"-timeout", "5s"}, tc.args...)...)
 		if code != 1 || !strings.HasPrefix(errOut, tc.whole) || !strings.Contains(errOut, tc.masked) {

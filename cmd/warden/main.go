@@ -64,8 +64,11 @@
 // another request claimed the key after its record was shown (nothing is
 // deleted); 4 when locks ls found locks it could not read (another user's,
 // under the backend's access control, such as a ZooKeeper ACL): the page
-// is printed with a "?" row for each (-json: an "error" field), and the
-// error names the first.
+// is printed with a "?" row for each (-json: an "error" field, and null
+// holders and waiters), and the error names the first; a "?" row says
+// nothing of whether the lock is held (a backend keeps a lock's keys after
+// its last holder). It is 4 too when the backend left such locks out of
+// the page saying only that it did (Consul's ACLs): the error says so.
 package main
 
 import (
@@ -714,28 +717,22 @@ func (c *cli) noted(f func(context.Context) (string, error)) func(context.Contex
 // returns a note naming the next page when more locks follow it, or, for
 // an empty page, saying when the prefix without the Guard's is held.
 func (c *cli) list(ctx context.Context, prefix string) (string, error) {
-	page, err := c.g.List(ctx, prefix, c.after, c.limit)
-	if err != nil {
-		return "", badKeyOr(err)
+	page, partial := c.g.List(ctx, prefix, c.after, c.limit)
+	if partial != nil && !errors.Is(partial, guard.ErrPartialList) {
+		return "", badKeyOr(partial)
 	}
 	note := ""
 	if bare, ok := strings.CutPrefix(prefix, c.prefix); ok && len(page) == 0 && c.after == "" && c.prefix != "" {
 		// No lock under a prefix copied from the backend, the Guard's
 		// included.
-		if held, err := c.g.List(ctx, bare, "", 1); err == nil && len(held) > 0 {
-			held := "locks are held" // under the empty prefix: any lock
-			if bare != "" {
-				held = "locks whose keys start with " + shown(bare) + " are held"
-			}
-			note = fmt.Sprintf("%s: keys are named without the Guard's prefix (-prefix %q)", held, c.prefix)
-		}
+		note = c.unprefixedLocks(ctx, bare)
 	}
 	// A full page may be all there is, or the first of many; an operator
 	// told nothing would take the first hundred for all of them.
 	if len(page) == c.limit {
 		last := page[len(page)-1].Key
 		more, err := c.g.List(ctx, prefix, last, 1)
-		if err != nil {
+		if err != nil && !errors.Is(err, guard.ErrPartialList) {
 			return "", err
 		}
 		if len(more) > 0 {
@@ -750,7 +747,7 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 		if err := c.printJSON(out); err != nil {
 			return note, err
 		}
-		return note, unreadableIn(page)
+		return note, unreadableIn(page, partial)
 	}
 	tw := c.table("KEY", "OWNER", "TOKEN", "EXPIRES IN", "WAITERS")
 	for _, in := range page {
@@ -764,26 +761,49 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 	if err := tw.Flush(); err != nil {
 		return note, err
 	}
-	return note, unreadableIn(page)
+	return note, unreadableIn(page, partial)
+}
+
+// unprefixedLocks returns, when locks whose keys start with bare (a prefix
+// without the Guard's) are there, a note saying that keys are named
+// without the Guard's prefix; "" otherwise. Only a lock read held is said
+// to be held: one that could not be read may be one nobody holds any
+// longer (a backend keeps a lock's keys after its last holder).
+func (c *cli) unprefixedLocks(ctx context.Context, bare string) string {
+	found, err := c.g.List(ctx, bare, "", 1)
+	if (err != nil && !errors.Is(err, guard.ErrPartialList)) || len(found) == 0 {
+		return ""
+	}
+	locks, are := "locks", "are held" // under the empty prefix: any lock
+	if bare != "" {
+		locks = "locks whose keys start with " + shown(bare)
+	}
+	if found[0].Err != nil {
+		are = "exist that this user may not read"
+	}
+	return fmt.Sprintf("%s %s: keys are named without the Guard's prefix (-prefix %q)", locks, are, c.prefix)
 }
 
 // exitUnreadable is the exit status of a locks ls whose page lists locks
-// it could not read (another user's, under the backend's access control):
-// the page is printed, theirs with "?" (-json: with their error), and is
-// not the whole answer.
+// it could not read (another user's, under the backend's access control),
+// or from which the backend left out such locks without naming them: the
+// page is printed, the locks it could not read with "?" (-json: with their
+// error), and is not the whole answer.
 const exitUnreadable = 4
 
 // unreadable is a page's locks that could not be read: how many, and the
-// first one's error.
+// first one's error; and partial, the error that came with the page when
+// the backend left out locks without naming them (guard.ErrPartialList).
 type unreadable struct {
-	n     int
-	first error
+	n       int
+	first   error
+	partial error
 }
 
 // unreadableIn is the failure of a page that holds locks that could not be
-// read, or nil.
-func unreadableIn(page []guard.Inspection) error {
-	u := unreadable{}
+// read, or that came with partial, or nil.
+func unreadableIn(page []guard.Inspection, partial error) error {
+	u := unreadable{partial: partial}
 	for _, in := range page {
 		if in.Err != nil {
 			if u.n == 0 {
@@ -792,21 +812,37 @@ func unreadableIn(page []guard.Inspection) error {
 			u.n++
 		}
 	}
-	if u.n == 0 {
+	if u.n == 0 && partial == nil {
 		return nil
 	}
 	return u
 }
 
 func (u unreadable) Error() string {
-	why := strings.TrimPrefix(u.first.Error(), "warden: ")
-	if u.n == 1 {
-		return "a lock listed could not be read (its row shows ?): " + why
+	var says []string
+	if u.partial != nil {
+		says = append(says, "the page is not the whole list: "+strings.TrimPrefix(u.partial.Error(), "warden: list: "))
 	}
-	return fmt.Sprintf("%d locks listed could not be read (their rows show ?); the first: %s", u.n, why)
+	if u.n > 0 {
+		why := strings.TrimPrefix(u.first.Error(), "warden: ")
+		if u.n == 1 {
+			says = append(says, "a lock listed could not be read (its row shows ?): "+why)
+		} else {
+			says = append(says, fmt.Sprintf("%d locks listed could not be read (their rows show ?); the first: %s", u.n, why))
+		}
+	}
+	return strings.Join(says, "; ")
 }
 
-func (u unreadable) Unwrap() error { return u.first }
+func (u unreadable) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{u.partial, u.first} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
 
 func (u unreadable) ExitCode() int { return exitUnreadable }
 
@@ -1041,17 +1077,22 @@ func escapeUnprintable(js []byte) []byte {
 type inspection struct {
 	guard.Inspection
 	KeyBase64 string `json:"key_base64,omitempty"`
-	// Error is why a lock listed could not be read; its holders and
-	// waiters are then unknown.
+	// Holders and Waiters stand for the Inspection's: [] and a count
+	// when the lock was read, null when it could not be, so that a script
+	// that misses Error does not read an unreadable lock as free.
+	Holders []guard.Holder `json:"holders"`
+	Waiters *int           `json:"waiters"`
+	// Error is why a lock listed could not be read.
 	Error string `json:"error,omitempty"`
 }
 
 func inspected(in guard.Inspection) inspection {
-	in.Holders = nonNil(in.Holders)
 	out := inspection{Inspection: in, KeyBase64: bytesOf(in.Key)}
 	if in.Err != nil {
 		out.Error = strings.TrimPrefix(in.Err.Error(), "warden: ")
+		return out
 	}
+	out.Holders, out.Waiters = nonNil(in.Holders), &in.Waiters
 	return out
 }
 

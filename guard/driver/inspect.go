@@ -98,8 +98,21 @@ type Lister interface {
 	// order and counted in limit, rather than failing the whole page: an
 	// operator must see the others, and see that it is there. An error
 	// that is not the one key's (the server out of reach) fails the page.
+	//
+	// A server that leaves out of its answer the locks the caller may not
+	// read, and says that it did but not which (Consul's ACLs), gives no
+	// key to stand for them: List then returns the page it could read
+	// together with an error matching ErrPartialList, as an io.Reader
+	// returns n bytes and an error. Every other error comes with no page.
 	List(ctx context.Context, prefix, after string, limit int) ([]Listed, error)
 }
+
+// ErrPartialList comes with a List page from which the server left out
+// locks the caller may not read, saying that it did but not which. The
+// page is in key order and right as far as it goes, but such locks may be
+// missing between and after its entries, so the page, even a short one,
+// is not the whole answer; the pages after it may be partial too.
+var ErrPartialList = errors.New("the server left out of the list locks this client may not read")
 
 // Listed is one held lock in a List page, or one that could not be read.
 type Listed struct {

@@ -3,7 +3,11 @@
 // pass.
 package redisrefusal
 
-import goredis "github.com/redis/go-redis/v9"
+import (
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+)
 
 // Permanent reports whether err is a server's refusal of a request that it
 // would refuse again however long the caller waited: its ACL denies the
@@ -29,4 +33,29 @@ func Permanent(err error) bool {
 		goredis.HasErrorPrefix(err, "The user executing the script can't") ||
 		goredis.HasErrorPrefix(err, "ACL failure in script") ||
 		goredis.HasErrorPrefix(err, "warden needs Redis")
+}
+
+// KeyDenied reports whether err is a server's refusal of a request for one
+// of its keys alone: the user's ACL key patterns leave the key out, where
+// the same command on another key would be allowed (Redis 7.0 words it
+// "NOPERM this user has no permissions to access one of the keys used as
+// arguments", 7.2 and Valkey "NOPERM No permissions to access a key", and
+// in a script "The user executing the script can't access at least one of
+// the keys ..." and "ACL failure in script: No permissions to access a
+// key"). A command or a channel refused is not: it is refused whatever the
+// key.
+func KeyDenied(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	switch {
+	case goredis.HasErrorPrefix(err, "NOPERM"):
+		return strings.Contains(msg, "permissions to access one of the keys") || strings.Contains(msg, "No permissions to access a key")
+	case goredis.HasErrorPrefix(err, "The user executing the script can't access at least one of the keys"):
+		return true
+	case goredis.HasErrorPrefix(err, "ACL failure in script"):
+		return strings.Contains(msg, "No permissions to access a key")
+	}
+	return false
 }

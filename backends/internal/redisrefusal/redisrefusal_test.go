@@ -40,3 +40,30 @@ func TestPermanent(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyDenied: a refusal of one key, in the words the servers give it,
+// is told from a refusal of a command or a channel, which is the same
+// whatever the key.
+func TestKeyDenied(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{reply("NOPERM this user has no permissions to access one of the keys used as arguments"), true},
+		{reply("NOPERM No permissions to access a key"), true},
+		{reply("ERR The user executing the script can't access at least one of the keys mentioned in the command arguments script: ..."), true},
+		{reply("ERR ACL failure in script: No permissions to access a key script: ..."), true},
+		{fmt.Errorf("warden: backend unavailable: %w", reply("NOPERM No permissions to access a key")), true},
+		{reply("NOPERM this user has no permissions to run the 'get' command"), false},
+		{reply("NOPERM User ops has no permissions to run the 'evalsha' command"), false},
+		{reply("NOPERM No permissions to access a channel"), false},
+		{reply("ERR The user executing the script can't run this command or subcommand script: ..."), false},
+		{reply("ERR ACL failure in script: No permissions to run the 'get' command script: ..."), false},
+		{errors.New("NOPERM No permissions to access a key, in a message that is not a server's reply"), false},
+		{nil, false},
+	} {
+		if got := KeyDenied(c.err); got != c.want {
+			t.Errorf("KeyDenied(%v) = %t, want %t", c.err, got, c.want)
+		}
+	}
+}
