@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -204,10 +205,27 @@ func TestLostKeyStaysLost(t *testing.T) {
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr()})
 	defer c.Close()
-	lost := func(what string, err error) {
+	// Refresh and Release return on a majority's answers, which node 0's
+	// may not be among: the check waits until node 0 ran the script. A
+	// script not loaded there yet is refused (NOSCRIPT) and sent again.
+	scripts := func() int {
+		info := c.Info(ctx, "commandstats", "errorstats").Val()
+		stat := func(prefix string) int {
+			_, rest, _ := strings.Cut(info, prefix)
+			n, _ := strconv.Atoi(strings.TrimRight(rest[:strings.IndexAny(rest+",\r", ",\r")], "\r"))
+			return n
+		}
+		return stat("cmdstat_evalsha:calls=") + stat("cmdstat_eval:calls=") - stat("errorstat_NOSCRIPT:count=")
+	}
+	lost := func(what string, before int, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s, held on 2 of 3 nodes: %v", what, err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); scripts() == before; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: node 0 ran no script within 10s", what)
+			}
 		}
 		if n := c.Exists(ctx, "{warden:k}:lock").Val(); n != 0 {
 			t.Errorf("%s left a key where it was lost: %q, pttl %v", what, c.Get(ctx, "{warden:k}:lock").Val(), c.PTTL(ctx, "{warden:k}:lock").Val())
@@ -215,6 +233,8 @@ func TestLostKeyStaysLost(t *testing.T) {
 		}
 	}
 	c.Del(ctx, "{warden:k}:lock")
-	lost("the refresh", lease.Refresh(ctx, time.Minute))
-	lost("the release", lease.Release(ctx))
+	before := scripts()
+	lost("the refresh", before, lease.Refresh(ctx, time.Minute))
+	before = scripts()
+	lost("the release", before, lease.Release(ctx))
 }

@@ -55,18 +55,20 @@ func TestTokensAfterAQuickRestart(t *testing.T) {
 	opts := driver.AcquireOptions{TTL: 5 * time.Second}
 	const nodeTimeout = 2 * time.Second
 	ahead := privateLocker(t, servers, nil, WithNodeTimeout(nodeTimeout))
+	// The time away is counted from before the first acquisition, which
+	// the Locker learns the nodes' clocks from: a slow answer there puts
+	// the proposal further ahead (past the node timeout, the nodes refuse
+	// to record it), to after the next grant: the nodes, restarted empty,
+	// give the next token their clock, moved on since by no more than that.
+	began := time.Now()
 	lease, err := ahead.Acquire(ctx, "k", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease.Release(ctx)
 	// Proposals half the node timeout ahead of the fences, which follow
-	// the clocks: the nodes record them. The time away is counted from
-	// before the proposal is sent to after the next grant: the nodes,
-	// restarted empty, give the next token their clock, moved on since by
-	// no more than that.
+	// the clocks: the nodes record them.
 	ahead.fenceBase.Add((nodeTimeout / 2).Microseconds())
-	began := time.Now()
 	lease, err = ahead.Acquire(ctx, "k", opts)
 	if err != nil {
 		t.Fatal(err)
