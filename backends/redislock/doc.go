@@ -158,9 +158,14 @@
 // keeps the waiters' subscriptions made on it, and hears no release: the
 // Locker's probe of its connection finds it deaf and replaces it (see the
 // README: its waiter had the lock 2 s after the release, against 15 s, a
-// quarter of its TTL, before). A client that still counts it among its
-// seeds may load its slot map from it, which serves nothing: its answer,
-// "CLUSTERDOWN Hash slot not served", makes the client load the map again.
+// quarter of its TTL, before). A client that still counts the removed
+// master among its seeds may load its slot map from it, which serves
+// nothing: its answer, "CLUSTERDOWN Hash slot not served", makes the
+// client load the map again. The probe, after each silent second, is one
+// PUBLISH on the Locker's channel from another master than the
+// connection's, as on a single server it is one PING; a master that does
+// not take it (paused) is passed over for another, so that a deaf
+// connection is not kept for as long as that master is paused.
 //
 // Redis deletes a set or a list that a command empties, and on the source
 // node of an open slot, a command of a script on a key the node no longer
@@ -228,9 +233,12 @@
 // positions. Under another prefix (guard.WithPrefix("app:")),
 // ~{app:* and &{app:* take the place of ~{warden:* and &{warden:*, and on a
 // Cluster ~{warden:wake:* stays: the notifier probes a waiter's
-// subscription by a script on a key {warden:wake:<id>} whatever the
-// prefix, and, refused, falls back to a PING, which does not find out a
-// subscription on a master removed from the cluster. A
+// subscription by a PUBLISH on its Locker's channel, or, when the
+// connection carries only readers', writers' and semaphores' channels or
+// the client knows no other master than the connection's, by a script on
+// a key {warden:wake:<id>}, whatever the prefix, and, refused, falls back
+// to a PING, which does not find out a subscription on a master removed
+// from the cluster. A
 // request the server refuses for good (NOPERM, a script's call refused,
 // an unknown command such as an EVALSHA renamed away) fails at once with
 // the server's words, in a waiting acquisition too, which tries again

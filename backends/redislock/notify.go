@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,6 +52,10 @@ type notifier struct {
 	// delivery, waits on a connection being dialed.
 	ops     []psOp
 	writing bool
+	// home is the address of the node n.ps was found on (a probe's
+	// PUBLISH its subscribers heard), "" while unknown; shunned, that of
+	// the last node that did not take a probe. Both are of n.ps alone.
+	home, shunned string
 }
 
 // psOp is a SUBSCRIBE, an UNSUBSCRIBE or the closing of a connection.
@@ -185,7 +190,8 @@ func (n *notifier) join(ctx context.Context, channel, id string, within time.Dur
 			// Without channels, Subscribe only makes the PubSub: the
 			// connection is dialed by the SUBSCRIBE, off this goroutine.
 			n.ps = n.client.Subscribe(context.WithoutCancel(ctx))
-			go n.receive(n.ps)
+			n.home, n.shunned = "", ""
+			go n.receive(n.ps, channel)
 		}
 		s = &subscription{
 			channel: channel,
@@ -357,8 +363,10 @@ func (n *notifier) write() {
 }
 
 // receive dispatches the messages of one Pub/Sub connection until it is
-// closed or replaced, and watches its health.
-func (n *notifier) receive(ps *goredis.PubSub) {
+// closed or replaced, and watches its health. first is the channel of its
+// first SUBSCRIBE.
+func (n *notifier) receive(ps *goredis.PubSub, first string) {
+	n.guessHome(ps, first)
 	pause := driver.Backoff{Max: maxReconnectPause}
 	// probed is the answer of the probe sent after a silence (nil before
 	// one); pinged, that the connection's own node was pinged after it.
@@ -432,14 +440,22 @@ func (n *notifier) receive(ps *goredis.PubSub) {
 // master emptied and removed (redis-cli --cluster del-node: the others
 // forget it, it is reset) keeps its subscribers and answers their PINGs,
 // but no release's PUBLISH reaches it any more. There the probe is a
-// message that one of ps's confirmed channels carries from a member: a
-// script publishes it on the node that serves a key of the channel's slot
-// (a removed node serves none, and a PUBLISH alone may be sent to any node
-// the client knows, it too), and the cluster relays it to every member, so
-// that ps receives it only if its node is one. That node is often another
-// master than ps's: one that does not answer (paused, frozen) or refuses
-// for good (see redisrefusal: a user without the right to the key, to
-// EVALSHA or to PUBLISH) tells nothing of ps, which receive then pings.
+// message that one of ps's confirmed channels carries from a member, which
+// the cluster relays to every member, so that ps receives it only if its
+// node is one. On the Locker's own channel, which only ps listens to, it
+// is a PUBLISH sent to another master of the client's slot map than ps's
+// node (see publisher): one command, where a script costs two. A master
+// the map still names after its removal hears nobody else, and publishing
+// there alone would be heard by ps only if ps is on it: PUBLISH counts the
+// node's own subscribers that heard it, which finds ps's node out (home)
+// and takes it out of the next choices. On another channel, which other
+// processes hear too, that count finds out nothing: a script publishes the
+// message on the node that serves a key of the channel's slot (a removed
+// node serves none). The node meant to publish is often another master
+// than ps's: one that does not answer (paused, frozen) or refuses for good
+// (see redisrefusal: a user without the right to PUBLISH, the key or
+// EVALSHA) tells nothing of ps, which receive then pings; one that did not
+// answer is passed over next time when the map names another.
 func (n *notifier) probe(ps *goredis.PubSub) <-chan bool {
 	answered := make(chan bool, 1)
 	channel := n.probeChannel(ps)
@@ -448,24 +464,126 @@ func (n *notifier) probe(ps *goredis.PubSub) <-chan bool {
 		answered <- true
 		return answered
 	}
-	key := channel
-	if !strings.HasPrefix(key, "{") {
-		// The Locker's own channel has no hash tag: the key takes the
-		// channel's name for one, which keeps it under the ACL pattern
-		// of lock keys for guard's default prefix ({warden:*).
-		key = "{" + key + "}"
-	}
 	// Off the receiving goroutine, which counts the probe's healthEvery
 	// from now: a probe sent to a frozen master waits out its context.
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
 		defer cancel()
-		err := n.probeScript.Run(ctx, n.client, []string{key}, channel, probeMessage).Err()
-		// Any other answer (a stale slot map's CLUSTERDOWN or MOVED) is
-		// the silence of a connection that may be deaf.
-		answered <- err == nil || (isReply(err) && !redisrefusal.Permanent(err))
+		if strings.HasPrefix(channel, wakePrefix) {
+			if node := n.publisher(ctx, ps, channel); node != nil {
+				addr := node.Options().Addr
+				// Passed over until it answers: a client at go-redis's
+				// defaults ignores ctx's deadline, and waits out its read
+				// timeout for a paused node's answer, past the next probe.
+				n.shun(ps, addr, true)
+				heard, err := node.Publish(ctx, channel, probeMessage).Result()
+				took := tookProbe(err)
+				if took {
+					n.shun(ps, addr, false)
+				}
+				if heard > 0 {
+					n.setHome(ps, addr)
+				}
+				answered <- took
+				return
+			}
+		}
+		key := channel
+		if !strings.HasPrefix(key, "{") {
+			// The Locker's own channel has no hash tag: the key takes the
+			// channel's name for one, which keeps it under the ACL
+			// pattern of lock keys for guard's default prefix
+			// ({warden:*).
+			key = "{" + key + "}"
+		}
+		answered <- tookProbe(n.probeScript.Run(ctx, n.client, []string{key}, channel, probeMessage).Err())
 	}()
 	return answered
+}
+
+// tookProbe reports whether a probe's PUBLISH, answered err, was taken.
+// Any answer but a refusal for good is: a stale slot map's CLUSTERDOWN or
+// MOVED too, a silence of a connection that may be deaf.
+func tookProbe(err error) bool {
+	return err == nil || (isReply(err) && !redisrefusal.Permanent(err))
+}
+
+// publisherTries is how many slots publisher looks at for a master.
+const publisherTries = 16
+
+// publisher is the master of the client's slot map to publish ps's probe
+// on channel from: one of the masters of a few slots (the channel's own,
+// then others, the same ones each time) that is not ps's node, nor the one
+// that did not take the last probe, when another is named; nil when the
+// map names none but ps's node. The map is the client's own, read without
+// a command: a master it names may have been removed since, which hears
+// nothing and gets ps replaced for nothing, once, the map loaded again
+// then (lost).
+func (n *notifier) publisher(ctx context.Context, ps *goredis.PubSub, channel string) *goredis.Client {
+	n.mu.Lock()
+	home, shunned := n.home, n.shunned
+	n.mu.Unlock()
+	cc := n.client.(*goredis.ClusterClient)
+	var passed *goredis.Client
+	for i := range publisherTries {
+		key := channel
+		if i > 0 {
+			key += strconv.Itoa(i)
+		}
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return passed
+		}
+		switch node.Options().Addr {
+		case home:
+		case shunned:
+			passed = node
+		default:
+			return node
+		}
+	}
+	return passed
+}
+
+// setHome records that ps is on the node at addr: its own subscribers
+// heard a probe it published.
+func (n *notifier) setHome(ps *goredis.PubSub, addr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ps == ps {
+		n.home = addr
+	}
+}
+
+// guessHome takes the master of first's slot for ps's node, as go-redis
+// dials it there for its first SUBSCRIBE, so that no probe of ps is
+// published on its own node, whose subscribers hear it without the
+// cluster. (When go-redis dials before the first SUBSCRIBE is written, or
+// again after a failure, the node is another: the first probe published
+// there finds it out.)
+func (n *notifier) guessHome(ps *goredis.PubSub, first string) {
+	if n.probeScript == nil || first == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), healthEvery)
+	defer cancel()
+	if node, err := n.client.(*goredis.ClusterClient).MasterForKey(ctx, first); err == nil {
+		n.setHome(ps, node.Options().Addr)
+	}
+}
+
+// shun makes the node at addr the one ps's next probe passes over, or,
+// with !on, the node passed over no longer, if it is that one.
+func (n *notifier) shun(ps *goredis.PubSub, addr string, on bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.ps != ps:
+	case on:
+		n.shunned = addr
+	case n.shunned == addr:
+		n.shunned = ""
+	}
 }
 
 // ping sends a PING on ps, which its node answers on ps.
@@ -554,6 +672,7 @@ func (n *notifier) replace(old *goredis.PubSub) {
 		return
 	}
 	n.ps = n.client.Subscribe(context.Background())
+	n.home, n.shunned = "", ""
 	channels := make([]string, 0, len(n.subs))
 	for _, s := range n.subs {
 		s.unready()
@@ -564,7 +683,11 @@ func (n *notifier) replace(old *goredis.PubSub) {
 	if len(channels) > 0 {
 		n.send(psOp{ps: n.ps, kind: opSubscribe, channels: channels})
 	}
-	go n.receive(n.ps)
+	first := ""
+	if len(channels) > 0 {
+		first = channels[0]
+	}
+	go n.receive(n.ps, first)
 	n.mu.Unlock()
 	n.lost()
 }
