@@ -7,11 +7,15 @@
 -- The SET GET that extends is also the check: a state that was not the
 -- owner's is written back as the next write, with no command between that
 -- could fail the script (which is not rolled back) and leave the extension.
+-- It is XX: a key that is gone (deleted by hand, a restart without
+-- persistence) stays gone, where a SET would create it, without an expiry,
+-- and a DEL to take it back could be refused (an ACL user without DEL),
+-- leaving for good a lease that the next refresh would take for its own.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
-local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:0:%s', deadline, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:0:%s', deadline, ARGV[3], day, ARGV[1]), 'XX', 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   -- A server older than 6.2 knows no GET for SET: a syntax error. Any
   -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -28,8 +32,6 @@ end
 if owner ~= ARGV[1] or tonumber(d) <= now then
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   return 0
 end

@@ -79,7 +79,7 @@ if handing then
     state = '0:' .. my_token .. ':' .. my_day .. ':0:'
   end
   if state then
-    old = redis.call('set', KEYS[1], state, 'KEEPTTL', 'GET')
+    old = redis.call('set', KEYS[1], state, 'XX', 'KEEPTTL', 'GET')
     -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
     local mine = ':' .. my_token .. ':' .. my_day .. ':1:' .. my_owner
     local at = old and #old - #mine
@@ -96,7 +96,7 @@ if handing then
       return now
     end
   else
-    old = redis.call('set', KEYS[1], free, 'KEEPTTL', 'GET')
+    old = redis.call('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
   end
   -- The record taken is put back below, after the state is put right: a
   -- command that fails the script between them must leave the state as it
@@ -112,8 +112,6 @@ if owner ~= my_owner then
   -- as the first write after the check.
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   if popped_score then
     put_back(popped_score, popped)

@@ -10,7 +10,8 @@
 -- A lease whose deadline passed is free: its key stays, with its token.
 --
 -- A grant, a refresh and a release each write the key's new state and read
--- its old one in a single SET ... KEEPTTL GET, and write the old one back in
+-- its old one in a single SET ... KEEPTTL GET (XX for a refresh and a
+-- release, which must not create the key), and write the old one back in
 -- the rare case it was not theirs to change (held by another, or a value of
 -- another format, such as an earlier warden's lock: its owner, with PX).
 -- KEEPTTL keeps the key's expiry, which moves only when a grant or a refresh
