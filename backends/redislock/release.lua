@@ -17,18 +17,20 @@ local waiters = KEYS[4] or KEYS[2]
 -- grant, through here (see next_waiter.lua): on the source node of a slot
 -- being moved, a set that the record's taking emptied is gone, and the
 -- record is then lost (its waiter comes back within its lost wake-up's
--- bound, see wait.go), which costs a wait, not the lock.
-local function put_back(score, record)
+-- bound, see wait.go), which costs a wait, not the lock. now is the
+-- server's clock (ms) when the record was taken, before its deadline.
+local function put_back(score, record, now)
   if not here(redis.pcall('zadd', waiters, score, record)) then
     return
   end
   -- A ZPOPMIN that emptied the key took its expiry with it, and the
-  -- record's deadline is when the key may go.
+  -- record's deadline is when the key may go: PEXPIRE, which acquire.lua
+  -- calls to keep the records, so that no other command is needed.
   if redis.call('pttl', waiters) < 0 then
-    redis.call('pexpireat', waiters, score)
+    redis.call('pexpire', waiters, score - now)
   end
 end
-local popped, popped_score, wrote
+local popped, popped_score, popped_at, wrote
 if handing then
   -- The oldest live waiter's record is taken first, and the grant in its
   -- name written over the owner's state in one SET GET, which is checked
@@ -101,7 +103,7 @@ if handing then
   -- The record taken is put back below, after the state is put right: a
   -- command that fails the script between them must leave the state as it
   -- was or free in the owner's name, never a grant over another holder's.
-  popped, popped_score, wrote = next, score, state
+  popped, popped_score, popped_at, wrote = next, score, ms, state
 end
 local token, day, waiting, owner
 if old then
@@ -114,7 +116,7 @@ if owner ~= my_owner then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
   end
   if popped_score then
-    put_back(popped_score, popped)
+    put_back(popped_score, popped, popped_at)
   end
   return 0
 end
@@ -127,7 +129,7 @@ if handing then
     redis.call('set', KEYS[1], free, 'KEEPTTL')
   end
   if popped_score then
-    put_back(popped_score, popped)
+    put_back(popped_score, popped, popped_at)
   end
 end
 if waiting == '2' and not KEYS[4] then
@@ -169,7 +171,7 @@ if score then
     return now
   end
   -- Its waiter takes it out when it gets the lock.
-  put_back(score, next)
+  put_back(score, next, now)
 end
 if token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')
