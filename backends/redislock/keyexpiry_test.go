@@ -108,3 +108,195 @@ func TestPutBackRecordExpires(t *testing.T) {
 		t.Errorf("the waiters' pttl %v, want the record's minute at most", pttl)
 	}
 }
+
+// keyCovers checks that the lock's key, when present, expires, and not
+// before the deadline its state holds: a lease whose key expires first is
+// granted again to another while its holder still works.
+func keyCovers(t *testing.T, admin *goredis.Client, key, when string) {
+	t.Helper()
+	ctx := context.Background()
+	lock := lockKeyOf(key)
+	v, err := admin.Get(ctx, lock).Result()
+	if err == goredis.Nil {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	pttl, err := admin.PTTL(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pttl < 0 {
+		t.Errorf("%s: the key holds %q and never expires", when, v)
+		return
+	}
+	deadline, err := strconv.ParseInt(strings.SplitN(v, ":", 2)[0], 10, 64)
+	if err != nil {
+		t.Fatalf("%s: state %q: %v", when, v, err)
+	}
+	if expires := now.UnixMilli() + pttl.Milliseconds(); expires < deadline {
+		t.Errorf("%s: the key expires at %d, %v before the lease it holds ends (%q)",
+			when, expires, time.Duration(deadline-expires)*time.Millisecond, v)
+	}
+}
+
+// TestRenewalMovesTheKeysDay: a renewal whose lease ends past the day the
+// key expires with moves the key's expiry with the state, for a user
+// without PEXPIREAT too. The renewal wrote the extended state and then set
+// the expiry by PEXPIREAT: refused, the script stopped with the new day
+// written, and the next renewal, finding it, succeeded with the key's old
+// expiry, hours before the lease's end.
+func TestRenewalMovesTheKeysDay(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		name := "Refresh"
+		if batch {
+			name = "RefreshBatch"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			admin, user := serverWithout(t, "+pexpireat")
+			l := user()
+			const key = "warden:renewal/day"
+			keyUntilDayAfter(t, admin, key)
+			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keyCovers(t, admin, key, "granted")
+			for i := range 2 {
+				if batch {
+					err = l.RefreshBatch(ctx, []driver.Lease{lease}, 72*time.Hour)[0]
+				} else {
+					err = lease.Refresh(ctx, 72*time.Hour)
+				}
+				if err != nil {
+					t.Errorf("renewal %d: %v", i, err)
+				}
+				keyCovers(t, admin, key, "renewed "+strconv.Itoa(i))
+			}
+		})
+	}
+}
+
+// TestGrantMovesTheKeysDay: a grant on a key that did not exist, or whose
+// day is too early for the lease, sets the key's expiry with its state, for
+// a user without PEXPIREAT too; and so does a release that hands the lock
+// to a waiter whose lease ends later. Each set the state first and the
+// expiry by PEXPIREAT after: refused, the state stayed, with a key that
+// never expired or expired before the lease's end.
+func TestGrantMovesTheKeysDay(t *testing.T) {
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		t.Run("fair="+strconv.FormatBool(fair), func(t *testing.T) {
+			admin, user := serverWithout(t, "+pexpireat")
+			l := user()
+			opts := driver.AcquireOptions{TTL: time.Minute, Fair: fair}
+			lease, err := l.Acquire(ctx, "warden:grant/new", opts)
+			if err != nil {
+				t.Errorf("a grant on a new key: %v", err)
+			}
+			keyCovers(t, admin, "warden:grant/new", "granted on a new key")
+			if lease != nil {
+				lease.Release(ctx)
+			}
+			const key = "warden:grant/day"
+			keyUntilDayAfter(t, admin, key)
+			opts.TTL = 72 * time.Hour
+			if _, err := l.Acquire(ctx, key, opts); err != nil {
+				t.Errorf("a grant for three days: %v", err)
+			}
+			keyCovers(t, admin, key, "granted for three days")
+		})
+	}
+}
+
+// TestHandoverMovesTheKeysDay: a release that hands the lock to a waiter
+// whose lease ends past the key's day moves the key's expiry with the
+// grant, for a user without PEXPIREAT too, in both ways a release hands
+// over: after freeing the lock (the holder's grant found nobody waiting),
+// and in the one SET that takes it from the owner (its grant found a
+// waiter).
+func TestHandoverMovesTheKeysDay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, user := serverWithout(t, "+pexpireat")
+	const key = "warden:handover/day"
+	keyUntilDayAfter(t, admin, key)
+	_, waiters := lockWaitersOf(key)
+	held, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// wait starts a waiter with a lease of ttl and returns its outcome
+	// once it is recorded.
+	wait := func(ttl time.Duration) <-chan driver.Lease {
+		got := make(chan driver.Lease, 1)
+		go func() {
+			w, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: ttl, Wait: true})
+			if err != nil {
+				t.Errorf("waiter for %v: %v", ttl, err)
+			}
+			got <- w
+		}()
+		eventually(t, "the waiter recorded", func() bool { return admin.ZCard(ctx, waiters).Val() == 1 })
+		return got
+	}
+	for i, ttl := range []time.Duration{72 * time.Hour, 144 * time.Hour} {
+		got := wait(ttl)
+		if err := held.Release(ctx); err != nil {
+			t.Errorf("release %d: %v", i, err)
+		}
+		keyCovers(t, admin, key, "handed over for "+ttl.String())
+		held = <-got
+		if held == nil {
+			return
+		}
+	}
+}
+
+// TestFairWaiterOnAGoneKeyExpires: a fair waiter that queues behind
+// another on a lock whose key is gone writes the free state with the
+// waiting flag, for the next release to wake the queue, with its expiry in
+// the same SET: a PEXPIREAT after it, refused (a user without it), left a
+// key that never expired.
+func TestFairWaiterOnAGoneKeyExpires(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, user := serverWithout(t, "+pexpireat")
+	const key = "warden:fair/gone"
+	m := mutexNamesOf(key)
+	now, err := admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another waiter, live, heads the queue.
+	head := "60000:" + m.channel + "\nother"
+	if err := admin.RPush(ctx, m.queue, head).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ZAdd(ctx, m.deadlines, goredis.Z{Score: float64(now.UnixMilli() + 60000), Member: head}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := user().Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Wait: true, Fair: true})
+		done <- err
+	}()
+	eventually(t, "the waiter queued", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the waiter's acquisition ended: %v", err)
+		default:
+		}
+		return admin.LLen(ctx, m.queue).Val() == 2
+	})
+	if v := admin.Get(ctx, m.lock).Val(); !strings.HasSuffix(v, ":2:") {
+		t.Errorf("the lock's state %q, want the free state with the fair flag", v)
+	}
+	keyCovers(t, admin, key, "queued")
+}

@@ -11,6 +11,13 @@
 -- persistence) stays gone, where a SET would create it, without an expiry,
 -- and a DEL to take it back could be refused (an ACL user without DEL),
 -- leaving for good a lease that the next refresh would take for its own.
+-- A later day is set by a SET of the extended state with PXAT, not by a
+-- PEXPIREAT after it: a refused PEXPIREAT (an ACL user without it) would
+-- stop the script with the state's new day written, the next refresh would
+-- find it and succeed, and the key would expire with its old day, before
+-- the lease's end. That SET is refused no more than the SET GET was: the
+-- same command on the same key, and a script that wrote is not refused
+-- more writes for memory.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
@@ -35,10 +42,13 @@ if owner ~= ARGV[1] or tonumber(d) <= now then
   end
   return 0
 end
-if token ~= ARGV[3] or waiting ~= '0' then
-  redis.call('set', KEYS[1], string.format('%.0f:%s:%d:%s:%s', deadline, token, day, waiting, owner), 'KEEPTTL')
-end
-if tonumber(old_day) < day then
-  redis.call('pexpireat', KEYS[1], day * 86400000)
+local later = tonumber(old_day) < day
+if later or token ~= ARGV[3] or waiting ~= '0' then
+  local v = string.format('%.0f:%s:%d:%s:%s', deadline, token, day, waiting, owner)
+  if later then
+    redis.call('set', KEYS[1], v, 'PXAT', day * 86400000)
+  else
+    redis.call('set', KEYS[1], v, 'KEEPTTL')
+  end
 end
 return day

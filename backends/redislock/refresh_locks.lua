@@ -9,8 +9,8 @@
 -- character per key, '1' when it was extended, '0' when the lock was not
 -- its owner's or had expired.
 -- Each key as in refresh_lock.lua: a state that was not the owner's is
--- written back as the next write after the SET GET that read it, and a key
--- that is gone stays gone (XX).
+-- written back as the next write after the SET GET that read it, a key
+-- that is gone stays gone (XX), and a later day is set with the state.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[1]
@@ -38,11 +38,14 @@ for i, key in ipairs(KEYS) do
     end
     flags[i] = '0'
   else
-    if held ~= token or waiting ~= '0' then
-      redis.call('set', key, string.format('%.0f:%s:%d:%s:%s', deadline, held, day, waiting, owner), 'KEEPTTL')
-    end
-    if tonumber(old_day) < day then
-      redis.call('pexpireat', key, day * 86400000)
+    local later = tonumber(old_day) < day
+    if later or held ~= token or waiting ~= '0' then
+      local v = string.format('%.0f:%s:%d:%s:%s', deadline, held, day, waiting, owner)
+      if later then
+        redis.call('set', key, v, 'PXAT', day * 86400000)
+      else
+        redis.call('set', key, v, 'KEEPTTL')
+      end
     end
     flags[i] = '1'
   end

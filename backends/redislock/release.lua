@@ -89,9 +89,10 @@ if handing then
       if not px then
         return 1
       end
+      -- A later day is set with the state (see the grant below).
       local day = my_day
       if #day < #new_day or (#day == #new_day and day < new_day) then
-        redis.call('pexpireat', KEYS[1], new_day * 86400000)
+        redis.call('set', KEYS[1], state, 'PXAT', new_day * 86400000)
       end
       -- By pcall, as wake sends it (see next_waiter.lua).
       redis.pcall('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
@@ -162,9 +163,15 @@ if score then
     tk = string.format('%.0f', tk)
     local dhi = math.floor(deadline / 1000000)
     -- The flag stays: the release of this grant looks for more waiters.
-    redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who), 'KEEPTTL')
+    -- A later day is set by the grant's SET, not by a PEXPIREAT after it:
+    -- refused (an ACL user without it), that would stop the script with
+    -- the waiter's grant and its day written and the key's old expiry,
+    -- which the grant's refreshes, finding the day, would not move.
+    local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
     if tonumber(day) < new_day then
-      redis.call('pexpireat', KEYS[1], new_day * 86400000)
+      redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
+    else
+      redis.call('set', KEYS[1], v, 'KEEPTTL')
     end
     -- By pcall, as wake sends it (see next_waiter.lua).
     redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
