@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 const dayMs = 86400000
@@ -299,4 +300,23 @@ func TestFairWaiterOnAGoneKeyExpires(t *testing.T) {
 		t.Errorf("the lock's state %q, want the free state with the fair flag", v)
 	}
 	keyCovers(t, admin, key, "queued")
+}
+
+// TestRefusedClaimLeavesNoRecord: a claim whose record the server refuses
+// an expiry (a user without PEXPIRE) fails and leaves no record. Its HSET
+// stayed, with no expiry: the request's key was in progress for good, and
+// every later request with it refused.
+func TestRefusedClaimLeavesNoRecord(t *testing.T) {
+	ctx := context.Background()
+	admin, _ := serverWithout(t, "+pexpire")
+	c := goredis.NewClient(&goredis.Options{Addr: admin.Options().Addr, Username: "w", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	claim := idempotency.Claim{Scope: "s", Key: "k", Fingerprint: "f", Owner: "o", Lease: time.Minute}
+	if _, err := s.Claim(ctx, claim); err == nil {
+		t.Error("a claim whose expiry was refused succeeded")
+	}
+	if keys := admin.Keys(ctx, "warden:idem:*").Val(); len(keys) != 0 {
+		t.Errorf("the refused claim left %v, pttl %v", keys, admin.PTTL(ctx, keys[0]).Val())
+	}
 }
