@@ -62,9 +62,10 @@ local recorded = mode == '2' or mode == '3'
 -- the state before writing, where the others, likely to find the lock
 -- free, write theirs at once and read the old one with it.
 local swapped = mode == '0' or mode == '1'
-local old
+local old, written
 if swapped then
-  old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:0:%s', dhi, dlo, us, day, ARGV[1]), 'KEEPTTL', 'GET')
+  written = string.format('%d%06d:%s:%d:0:%s', dhi, dlo, us, day, ARGV[1])
+  old = redis.pcall('set', KEYS[1], written, 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
     -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -123,8 +124,12 @@ if free or mine then
   -- command on the same key, and a script that wrote is not refused more
   -- writes for memory.
   local later = not old_day or old_day - day < 0
-  if later or not swapped or tk ~= us or waiting ~= '0' then
-    local v = string.format('%d%06d:%s:%d:%s:%s', dhi, dlo, tk, day, waiting, ARGV[1])
+  local rewrite = not swapped or tk ~= us or waiting ~= '0'
+  if later or rewrite then
+    local v = written
+    if rewrite then
+      v = string.format('%d%06d:%s:%d:%s:%s', dhi, dlo, tk, day, waiting, ARGV[1])
+    end
     if later then
       redis.call('set', KEYS[1], v, 'PXAT', day * 86400000)
     else
