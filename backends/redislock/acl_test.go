@@ -25,7 +25,7 @@ import (
 // hash tag's '{'), the fence and idempotency keys, and the wake-up
 // channels. TestDocumentedACL proves them, and that each is needed.
 var aclRules = strings.Fields(`+evalsha +eval +ping +subscribe +unsubscribe +scan +get +set +del +exists
-	+pexpire +pexpireat +pttl +time +publish +hget +hmget +hset +incrby
+	+pexpire +pttl +time +publish +hget +hmget +hset +incrby
 	+lindex +llen +lpop +lrange +lrem +rpush
 	+zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem +zremrangebyscore +zscore
 	~{warden:* ~warden:fence:* ~warden:idem:* &warden:wake:* &{warden:*`)

@@ -62,9 +62,10 @@ local recorded = mode == '2' or mode == '3'
 -- the state before writing, where the others, likely to find the lock
 -- free, write theirs at once and read the old one with it.
 local swapped = mode == '0' or mode == '1'
-local old
+local old, written
 if swapped then
-  old = redis.pcall('set', KEYS[1], string.format('%d%06d:%s:%d:0:%s', dhi, dlo, us, day, ARGV[1]), 'KEEPTTL', 'GET')
+  written = string.format('%d%06d:%s:%d:0:%s', dhi, dlo, us, day, ARGV[1])
+  old = redis.pcall('set', KEYS[1], written, 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
     -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -104,19 +105,39 @@ if free or mine then
     -- token only when it was stepped back, or within a microsecond.
     tk = string.format('%.0f', tonumber(token) + 1)
   end
-  if recorded or ARGV[5] == '1' then
-    redis.call('zrem', KEYS[2], string.sub(ARGV[4], string.find(ARGV[4], '\n', 1, true) + 1))
+  -- A waiter's record goes once the lock is its own: before the grant is
+  -- written when nothing is yet, so that a refused ZREM (an ACL user
+  -- without it) writes nothing, else after the grant's last write.
+  local unrecord = (recorded or ARGV[5] == '1') and string.sub(ARGV[4], string.find(ARGV[4], '\n', 1, true) + 1)
+  if unrecord and not swapped then
+    redis.call('zrem', KEYS[2], unrecord)
   end
   -- Other waiters may still wait: the flag stays until a release finds
   -- none.
   waiting = waiting or '0'
-  if not swapped or tk ~= us or waiting ~= '0' then
-    redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s:%s', dhi, dlo, tk, day, waiting, ARGV[1]), 'KEEPTTL')
-  end
   -- The key expires at the end of day, moved once a day for a key in
-  -- constant use.
-  if not old_day or old_day - day < 0 then
-    redis.call('pexpireat', KEYS[1], day * 86400000)
+  -- constant use, by the SET of the state itself: a PEXPIREAT after it,
+  -- refused (an ACL user without it), would stop the script with the
+  -- state's day written and the key's old expiry (none, for a key the SET
+  -- GET created), and the next grant, finding the day, would not move it.
+  -- After the SET GET, this SET is refused no more than it was: the same
+  -- command on the same key, and a script that wrote is not refused more
+  -- writes for memory.
+  local later = not old_day or old_day - day < 0
+  local rewrite = not swapped or tk ~= us or waiting ~= '0'
+  if later or rewrite then
+    local v = written
+    if rewrite then
+      v = string.format('%d%06d:%s:%d:%s:%s', dhi, dlo, tk, day, waiting, ARGV[1])
+    end
+    if later then
+      redis.call('set', KEYS[1], v, 'PXAT', day * 86400000)
+    else
+      redis.call('set', KEYS[1], v, 'KEEPTTL')
+    end
+  end
+  if unrecord and swapped then
+    redis.call('zrem', KEYS[2], unrecord)
   end
   if waiting == '0' then
     return tk

@@ -221,7 +221,7 @@
 // README for what fails without each part; TestDocumentedACL proves it):
 //
 //	ACL SETUSER warden on >secret +evalsha +eval +ping +subscribe +unsubscribe
-//	  +scan +get +set +del +exists +pexpire +pexpireat +pttl +time +publish
+//	  +scan +get +set +del +exists +pexpire +pttl +time +publish
 //	  +hget +hmget +hset +incrby +lindex +llen +lpop +lrange +lrem +rpush
 //	  +zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem
 //	  +zremrangebyscore +zscore ~{warden:* ~warden:fence:* ~warden:idem:*

@@ -41,8 +41,7 @@ local deadline = now + tonumber(ARGV[2])
 -- contender's then, with the token that attempt drew.
 if ARGV[8] == '1' and d and d > now and owner == ARGV[1] then
   local day = day_of(deadline)
-  put(KEYS[1], state(deadline, token, day, waiting, owner))
-  keep(KEYS[1], old_day, day)
+  put_day(KEYS[1], state(deadline, token, day, waiting, owner), old_day, day)
   redis.call('lrem', KEYS[2], 0, ARGV[7])
   redis.call('zrem', KEYS[3], ARGV[7])
   return {1, tonumber(token), tonumber(day), tonumber(waiting)}
@@ -71,8 +70,7 @@ local function grant(head, behind)
       flag = '2'
     end
   end
-  put(KEYS[1], state(deadline, fmt(t), day, flag, ARGV[1]))
-  keep(KEYS[1], old_day, day)
+  put_day(KEYS[1], state(deadline, fmt(t), day, flag, ARGV[1]), old_day, day)
   return {1, t, tonumber(day), tonumber(flag)}
 end
 local head
@@ -138,8 +136,7 @@ if ARGV[3] ~= '0' then
     put(KEYS[1], state(d, token, old_day, '2', owner))
   elseif not old then
     local free_day = day_of(now)
-    redis.call('set', KEYS[1], state(0, '0', free_day, '2', ''))
-    keep(KEYS[1], nil, free_day)
+    put_day(KEYS[1], state(0, '0', free_day, '2', ''), nil, free_day)
   end
 end
 if not due then

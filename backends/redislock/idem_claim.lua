@@ -11,5 +11,12 @@ if r[1] then
   return r
 end
 redis.call('hset', KEYS[1], 'state', 'in_progress', 'fingerprint', ARGV[2], 'owner', ARGV[1], 'deadline', '9007199254740991')
-redis.call('pexpire', KEYS[1], ARGV[3])
+-- A hash takes no expiry with its fields: a PEXPIRE refused after the
+-- HSET (an ACL user without it) takes the claim back, or it would stay,
+-- in progress for good, and refuse every later request with its key.
+local e = redis.pcall('pexpire', KEYS[1], ARGV[3])
+if type(e) == 'table' and e.err then
+  redis.call('del', KEYS[1])
+  error(e)
+end
 return 0

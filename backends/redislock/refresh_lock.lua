@@ -7,11 +7,22 @@
 -- The SET GET that extends is also the check: a state that was not the
 -- owner's is written back as the next write, with no command between that
 -- could fail the script (which is not rolled back) and leave the extension.
+-- It is XX: a key that is gone (deleted by hand, a restart without
+-- persistence) stays gone, where a SET would create it, without an expiry,
+-- and a DEL to take it back could be refused (an ACL user without DEL),
+-- leaving for good a lease that the next refresh would take for its own.
+-- A later day is set by a SET of the extended state with PXAT, not by a
+-- PEXPIREAT after it: a refused PEXPIREAT (an ACL user without it) would
+-- stop the script with the state's new day written, the next refresh would
+-- find it and succeed, and the key would expire with its old day, before
+-- the lease's end. That SET is refused no more than the SET GET was: the
+-- same command on the same key, and a script that wrote is not refused
+-- more writes for memory.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[2]
 local day = math.floor(deadline / 86400000) + 2
-local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:0:%s', deadline, ARGV[3], day, ARGV[1]), 'KEEPTTL', 'GET')
+local old = redis.pcall('set', KEYS[1], string.format('%.0f:%s:%d:0:%s', deadline, ARGV[3], day, ARGV[1]), 'XX', 'KEEPTTL', 'GET')
 if type(old) == 'table' and old.err then
   -- A server older than 6.2 knows no GET for SET: a syntax error. Any
   -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -28,15 +39,16 @@ end
 if owner ~= ARGV[1] or tonumber(d) <= now then
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   return 0
 end
-if token ~= ARGV[3] or waiting ~= '0' then
-  redis.call('set', KEYS[1], string.format('%.0f:%s:%d:%s:%s', deadline, token, day, waiting, owner), 'KEEPTTL')
-end
-if tonumber(old_day) < day then
-  redis.call('pexpireat', KEYS[1], day * 86400000)
+local later = tonumber(old_day) < day
+if later or token ~= ARGV[3] or waiting ~= '0' then
+  local v = string.format('%.0f:%s:%d:%s:%s', deadline, token, day, waiting, owner)
+  if later then
+    redis.call('set', KEYS[1], v, 'PXAT', day * 86400000)
+  else
+    redis.call('set', KEYS[1], v, 'KEEPTTL')
+  end
 end
 return day

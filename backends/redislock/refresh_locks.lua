@@ -9,7 +9,8 @@
 -- character per key, '1' when it was extended, '0' when the lock was not
 -- its owner's or had expired.
 -- Each key as in refresh_lock.lua: a state that was not the owner's is
--- written back as the next write after the SET GET that read it.
+-- written back as the next write after the SET GET that read it, a key
+-- that is gone stays gone (XX), and a later day is set with the state.
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local deadline = now + ARGV[1]
@@ -17,7 +18,7 @@ local day = math.floor(deadline / 86400000) + 2
 local flags = {}
 for i, key in ipairs(KEYS) do
   local mine, token = ARGV[2 * i], ARGV[2 * i + 1]
-  local old = redis.pcall('set', key, string.format('%.0f:%s:%d:0:%s', deadline, token, day, mine), 'KEEPTTL', 'GET')
+  local old = redis.pcall('set', key, string.format('%.0f:%s:%d:0:%s', deadline, token, day, mine), 'XX', 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
     -- other refusal (OOM under noeviction, a replica's READONLY) is
@@ -34,16 +35,17 @@ for i, key in ipairs(KEYS) do
   if owner ~= mine or tonumber(d) <= now then
     if old then
       redis.call('set', key, old, 'KEEPTTL')
-    else
-      redis.call('del', key)
     end
     flags[i] = '0'
   else
-    if held ~= token or waiting ~= '0' then
-      redis.call('set', key, string.format('%.0f:%s:%d:%s:%s', deadline, held, day, waiting, owner), 'KEEPTTL')
-    end
-    if tonumber(old_day) < day then
-      redis.call('pexpireat', key, day * 86400000)
+    local later = tonumber(old_day) < day
+    if later or held ~= token or waiting ~= '0' then
+      local v = string.format('%.0f:%s:%d:%s:%s', deadline, held, day, waiting, owner)
+      if later then
+        redis.call('set', key, v, 'PXAT', day * 86400000)
+      else
+        redis.call('set', key, v, 'KEEPTTL')
+      end
     end
     flags[i] = '1'
   end

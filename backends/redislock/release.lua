@@ -17,18 +17,20 @@ local waiters = KEYS[4] or KEYS[2]
 -- grant, through here (see next_waiter.lua): on the source node of a slot
 -- being moved, a set that the record's taking emptied is gone, and the
 -- record is then lost (its waiter comes back within its lost wake-up's
--- bound, see wait.go), which costs a wait, not the lock.
-local function put_back(score, record)
+-- bound, see wait.go), which costs a wait, not the lock. now is the
+-- server's clock (ms) when the record was taken, before its deadline.
+local function put_back(score, record, now)
   if not here(redis.pcall('zadd', waiters, score, record)) then
     return
   end
   -- A ZPOPMIN that emptied the key took its expiry with it, and the
-  -- record's deadline is when the key may go.
+  -- record's deadline is when the key may go: PEXPIRE, which acquire.lua
+  -- calls to keep the records, so that no other command is needed.
   if redis.call('pttl', waiters) < 0 then
-    redis.call('pexpireat', waiters, score)
+    redis.call('pexpire', waiters, score - now)
   end
 end
-local popped, popped_score, wrote
+local popped, popped_score, popped_at, wrote
 if handing then
   -- The oldest live waiter's record is taken first, and the grant in its
   -- name written over the owner's state in one SET GET, which is checked
@@ -79,7 +81,7 @@ if handing then
     state = '0:' .. my_token .. ':' .. my_day .. ':0:'
   end
   if state then
-    old = redis.call('set', KEYS[1], state, 'KEEPTTL', 'GET')
+    old = redis.call('set', KEYS[1], state, 'XX', 'KEEPTTL', 'GET')
     -- The owner's state is '<deadline>' (digits, no ':') followed by mine.
     local mine = ':' .. my_token .. ':' .. my_day .. ':1:' .. my_owner
     local at = old and #old - #mine
@@ -87,21 +89,22 @@ if handing then
       if not px then
         return 1
       end
+      -- A later day is set with the state (see the grant below).
       local day = my_day
       if #day < #new_day or (#day == #new_day and day < new_day) then
-        redis.call('pexpireat', KEYS[1], new_day * 86400000)
+        redis.call('set', KEYS[1], state, 'PXAT', new_day * 86400000)
       end
       -- By pcall, as wake sends it (see next_waiter.lua).
       redis.pcall('publish', channel, '=' .. tk .. ':' .. new_day .. ':1\n' .. next)
       return now
     end
   else
-    old = redis.call('set', KEYS[1], free, 'KEEPTTL', 'GET')
+    old = redis.call('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
   end
   -- The record taken is put back below, after the state is put right: a
   -- command that fails the script between them must leave the state as it
   -- was or free in the owner's name, never a grant over another holder's.
-  popped, popped_score, wrote = next, score, state
+  popped, popped_score, popped_at, wrote = next, score, ms, state
 end
 local token, day, waiting, owner
 if old then
@@ -112,11 +115,9 @@ if owner ~= my_owner then
   -- as the first write after the check.
   if old then
     redis.call('set', KEYS[1], old, 'KEEPTTL')
-  else
-    redis.call('del', KEYS[1])
   end
   if popped_score then
-    put_back(popped_score, popped)
+    put_back(popped_score, popped, popped_at)
   end
   return 0
 end
@@ -129,7 +130,7 @@ if handing then
     redis.call('set', KEYS[1], free, 'KEEPTTL')
   end
   if popped_score then
-    put_back(popped_score, popped)
+    put_back(popped_score, popped, popped_at)
   end
 end
 if waiting == '2' and not KEYS[4] then
@@ -162,16 +163,22 @@ if score then
     tk = string.format('%.0f', tk)
     local dhi = math.floor(deadline / 1000000)
     -- The flag stays: the release of this grant looks for more waiters.
-    redis.call('set', KEYS[1], string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who), 'KEEPTTL')
+    -- A later day is set by the grant's SET, not by a PEXPIREAT after it:
+    -- refused (an ACL user without it), that would stop the script with
+    -- the waiter's grant and its day written and the key's old expiry,
+    -- which the grant's refreshes, finding the day, would not move.
+    local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
     if tonumber(day) < new_day then
-      redis.call('pexpireat', KEYS[1], new_day * 86400000)
+      redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
+    else
+      redis.call('set', KEYS[1], v, 'KEEPTTL')
     end
     -- By pcall, as wake sends it (see next_waiter.lua).
     redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
   end
   -- Its waiter takes it out when it gets the lock.
-  put_back(score, next)
+  put_back(score, next, now)
 end
 if token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')

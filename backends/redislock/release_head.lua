@@ -36,6 +36,11 @@
 -- the one it expects: held by the owner with its token and day and nobody
 -- waiting. That takes comparisons of strings, where a pattern match costs
 -- the server more than the rest of such a release.
+--
+-- Its SET GET, and release.lua's, are XX: a key that is gone (deleted by
+-- hand, a restart without persistence) stays gone, where a SET would
+-- create it without an expiry, and a DEL to take it back could be refused
+-- (an ACL user without DEL).
 local my_owner, my_token, my_day = ARGV[1], ARGV[2], ARGV[3]
 local given, free, mine = '0', ARGV[1], ARGV[2]
 if my_day then
@@ -51,7 +56,7 @@ end
 local handing = given == '1' and not KEYS[4]
 local old
 if not handing then
-  old = redis.pcall('set', KEYS[1], free, 'KEEPTTL', 'GET')
+  old = redis.pcall('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
     -- other refusal (OOM under noeviction, a replica's READONLY) is

@@ -10,12 +10,14 @@
 -- A lease whose deadline passed is free: its key stays, with its token.
 --
 -- A grant, a refresh and a release each write the key's new state and read
--- its old one in a single SET ... KEEPTTL GET, and write the old one back in
+-- its old one in a single SET ... KEEPTTL GET (XX for a refresh and a
+-- release, which must not create the key), and write the old one back in
 -- the rare case it was not theirs to change (held by another, or a value of
 -- another format, such as an earlier warden's lock: its owner, with PX).
 -- KEEPTTL keeps the key's expiry, which moves only when a grant or a refresh
--- needs a later day (keep): once a day for a key in constant use. The
--- helpers (clock, put, keep...) are backends/internal/redisstate's. The
+-- needs a later day, by a SET of the state with PXAT (put_day): once a day
+-- for a key in constant use. The helpers (clock, put, put_day...) are
+-- backends/internal/redisstate's. The
 -- scripts on every acquisition's path (acquire.lua, release.lua,
 -- refresh_lock.lua) read and write the format themselves, with none of
 -- these helpers: a helper is a closure made on every run of a script, and

@@ -12,8 +12,8 @@
 -- withdrawal, which must not create the key), and write the old one back
 -- (or correct the fence) in the rare case it was not theirs to change.
 -- KEEPTTL keeps the key's expiry, which moves only when a vote or a refresh
--- needs a later day (keep): once a day for a key in constant use. The
--- helpers (clock, put, keep...) are backends/internal/redisstate's; the
+-- needs a later day: once a day for a key in constant use. The
+-- helpers (clock, put...) are backends/internal/redisstate's; the
 -- vote, withdrawal and refresh scripts (and the waiter's probe, a GET read
 -- by the client), on every acquisition's path,
 -- read and write the format themselves, with none of them (see

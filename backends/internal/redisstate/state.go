@@ -9,7 +9,7 @@ package redisstate
 
 import _ "embed"
 
-// Lua defines clock, fmt, day_of, put and keep for the scripts it is
+// Lua defines clock, fmt, day_of, put and put_day for the scripts it is
 // prepended to.
 //
 //go:embed state.lua

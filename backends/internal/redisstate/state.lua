@@ -26,11 +26,18 @@ local function put(key, v)
   redis.call('set', key, v, 'KEEPTTL')
 end
 
--- keep makes the key expire at the end of day, when it was set to expire
--- earlier (or not at all: a key a SET just created). It moves once a day for a
--- key in constant use.
-local function keep(key, old_day, day)
-  if not old_day or tonumber(old_day) < tonumber(day) then
-    redis.call('pexpireat', key, tonumber(day) * day_ms)
+-- put_day writes v, a state whose key must last until the end of day, over
+-- a key set to expire at the end of old_day (nil for a key that is gone):
+-- with its expiry kept when that is late enough, else in the same SET with
+-- the new one, which moves once a day for a key in constant use. A
+-- PEXPIREAT after the SET, refused (an ACL user without it), would stop
+-- the script with the state's new day and the key's old expiry (none, for
+-- a key that was gone), and the next writer, finding the day, would not
+-- move it.
+local function put_day(key, v, old_day, day)
+  if old_day and tonumber(old_day) >= tonumber(day) then
+    put(key, v)
+  else
+    redis.call('set', key, v, 'PXAT', tonumber(day) * day_ms)
   end
 end
