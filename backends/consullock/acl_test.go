@@ -542,3 +542,37 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
 	}
 }
+
+// TestAnonymousReadsAreFiltered: Consul filters what a request without a
+// token (the anonymous token's) may not read without saying so; under the
+// default policy deny, such a reader is not shown a held lock as free nor
+// left out of a page said to be whole. A token allowed to read everything
+// is told of no keys left out.
+func TestAnonymousReadsAreFiltered(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	holder := lockerOn(t, allowed(t, a, root, all))
+	k := name("anonymous")
+	if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	anon := lockerOn(t, tokenClient(t, a, ""))
+	if in, err := anon.Inspect(ctx, k); !errors.Is(err, errDenied) {
+		t.Errorf("Inspect without a token: %+v, %v; want an error for want of ACL rights", in, err)
+	}
+	if rm, err := anon.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); !errors.Is(err, errDenied) {
+		t.Errorf("ForceRelease without a token: %v, %v; want an error for want of ACL rights", rm, err)
+	}
+	if page, err := anon.List(ctx, testPrefix, "", 100); !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List without a token: %+v, %v; want driver.ErrPartialList", page, err)
+	}
+	reader := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`))
+	if in, err := reader.Inspect(ctx, k); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect with a token that may read everything: %+v, %v; want its holder", in, err)
+	}
+	if page, err := reader.List(ctx, testPrefix, "", 100); err != nil || len(page) != 1 || page[0].Key != k {
+		t.Errorf("List with a token that may read everything: %+v, %v; want %q alone, whole", page, err, k)
+	}
+}

@@ -3,7 +3,9 @@ package consullock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -30,9 +32,10 @@ var (
 // TTL 0: it lives as long as the session that keeps it.
 //
 // With Consul's ACLs on, a read leaves out the keys its token may not
-// read, and says only that it left some out: Inspect, and ForceRelease,
-// then fail with an error wrapping driver.ErrUnavailable that says so,
-// rather than see a name held by another token's session as free. The
+// read, and says only that it left some out (see tree for a read without
+// a token): Inspect, and ForceRelease, then fail with an error wrapping
+// driver.ErrUnavailable that says so, rather than see a name held by
+// another token's session as free. The
 // names "." and ".." are read with the whole store (a URL cannot name
 // their keys' prefix), so a key the token may not read anywhere in it
 // fails them so. List cannot tell which names it left out (see List).
@@ -60,7 +63,7 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 		return nil, err
 	}
 	if filtered {
-		return nil, fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
+		return nil, withheld(key)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -71,9 +74,24 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 	return mine, nil
 }
 
-// tree reads every key starting with prefix, the start of an escaped name
-// (no '/' in it), in one consistent read. filtered reports that the ACL
-// left out keys the token may not read (Consul says so, not which).
+// withheld is the error of a name whose keys a read may have left out.
+func withheld(key string) error {
+	return fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
+}
+
+// tree reads every key starting with each of prefixes, each the start of
+// an escaped name (no '/' in it) or one of a name's prefixes, in one
+// consistent read each. filtered reports that the ACL may have left out
+// keys the token may not read.
+//
+// Consul says that it left keys out (not which) only to a request with a
+// token: a request without one, read as the anonymous token's, is filtered
+// as silently. When the datacenter's default ACL policy is deny (under
+// which the anonymous token reads only what its policies allow) and Consul
+// said nothing, tree therefore asks Consul whether the client's requests
+// carry a token (one more request), and takes a read without one as
+// filtered. Under the default policy allow, an anonymous token whose
+// policies deny keys is not found out.
 //
 // A read names its prefix in the URL's path, which Consul's HTTP server
 // cleans before it serves it: "." would read the whole store, and ".."
@@ -82,23 +100,46 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 // does not say when the ACL left keys out of its read. Those two prefixes
 // are therefore read as the whole store is, and the keys that start with
 // them kept: the read costs the whole store's keys, and a token that may
-// not read some key anywhere in it cannot tell whether "." or ".." is
-// held (filtered).
-func (l *Locker) tree(ctx context.Context, prefix string) (pairs []*api.KVPair, filtered bool, err error) {
+// not read some key anywhere in it cannot tell which names they are.
+func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, filtered bool, err error) {
+	deny := false
+	for _, prefix := range prefixes {
+		read := prefix
+		if prefix == "." || prefix == ".." {
+			read = ""
+		}
+		rctx, cancel := l.rctx(ctx)
+		kvs, meta, err := l.client.KV().List(read, queryOpts(rctx))
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		if err != nil {
+			return nil, false, err
+		}
+		if read != prefix {
+			kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
+		}
+		pairs = append(pairs, kvs...)
+		filtered = filtered || meta.ResultsFilteredByACLs
+		deny = deny || meta.DefaultACLPolicy == "deny"
+	}
+	if deny && !filtered {
+		filtered, err = l.anonymous(ctx)
+	}
+	return pairs, filtered, err
+}
+
+// anonymous reports whether the client's requests carry no token, so that
+// Consul reads them as the anonymous token's: it knows no token of theirs
+// (a token may always read itself, and a token Consul does not know was
+// refused the read before).
+func (l *Locker) anonymous(ctx context.Context) (bool, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	read := prefix
-	if prefix == "." || prefix == ".." {
-		read = ""
+	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
+	if se := (api.StatusError{}); errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found") {
+		return true, nil
 	}
-	pairs, meta, err := l.client.KV().List(read, queryOpts(rctx))
-	if err != nil {
-		return nil, false, l.fail(ctx, rctx, err)
-	}
-	if read != prefix {
-		pairs = slices.DeleteFunc(pairs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
-	}
-	return pairs, meta.ResultsFilteredByACLs, nil
+	return false, l.fail(ctx, rctx, err)
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
