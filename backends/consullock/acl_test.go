@@ -519,7 +519,8 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 
 // TestInspectOfWithheldDotName: the name ".", whose keys' prefix ".." a
 // URL cannot name, is not read as free, nor found with nothing to
-// release, by a token that may not read its keys.
+// release, by a token that may not read its keys; a token denied a key
+// elsewhere reads it.
 func TestInspectOfWithheldDotName(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -540,6 +541,15 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 	}
 	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
 		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
+	}
+	// A key elsewhere that the token may not read is not the name's.
+	elsewhere := name("elsewhere")
+	if _, err := holder.Acquire(ctx, elsewhere, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	l = lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "`+url.PathEscape(elsewhere)+`." { policy = "deny" } session_prefix "" { policy = "read" }`))
+	if in, err := l.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect of \".\" by a token denied a key elsewhere: %+v, %v; want its holder", in, err)
 	}
 }
 

@@ -35,10 +35,8 @@ var (
 // read, and says only that it left some out (see tree for a read without
 // a token): Inspect, and ForceRelease, then fail with an error wrapping
 // driver.ErrUnavailable that says so, rather than see a name held by
-// another token's session as free. The
-// names "." and ".." are read with the whole store (a URL cannot name
-// their keys' prefix), so a key the token may not read anywhere in it
-// fails them so. List cannot tell which names it left out (see List).
+// another token's session as free. List cannot tell which names it left
+// out (see List).
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
@@ -54,11 +52,20 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // left keys out fails: they may be the name's (or a name's that continues
 // it, which the read cannot tell apart), and without them whether the name
 // is held cannot be told.
+//
+// The keys of the name "." start with "..", which a URL cannot name (see
+// tree): they are read as its lock key's, its read/write lock's and its
+// semaphore's prefixes, which a URL can name, one consistent read each.
+// Each of those locks is judged on its own keys alone.
 func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
 	if err := checkName(key); err != nil {
 		return nil, err
 	}
-	pairs, filtered, err := l.tree(ctx, url.PathEscape(key)+".")
+	prefixes := []string{url.PathEscape(key) + "."}
+	if key == "." {
+		prefixes = []string{LockKey(key), RWDir(key), SemaphoreDir(key)}
+	}
+	pairs, filtered, err := l.tree(ctx, prefixes...)
 	if err != nil {
 		return nil, err
 	}
@@ -97,10 +104,11 @@ func withheld(key string) error {
 // cleans before it serves it: "." would read the whole store, and ".."
 // would leave the KV API, whose 404 the client reads as no keys, as if the
 // lock "." were free. A transaction, which names the prefix in its body,
-// does not say when the ACL left keys out of its read. Those two prefixes
-// are therefore read as the whole store is, and the keys that start with
-// them kept: the read costs the whole store's keys, and a token that may
-// not read some key anywhere in it cannot tell which names they are.
+// does not say when the ACL left keys out of its read. Those two prefixes,
+// which only List of the prefixes "." and ".." reads (keysOf reads the
+// name "." otherwise), are therefore read as the whole store is, and the
+// keys that start with them kept: the read costs the whole store's keys,
+// and a key the token may not read anywhere in it makes the read filtered.
 func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, filtered bool, err error) {
 	deny := false
 	for _, prefix := range prefixes {
