@@ -586,3 +586,50 @@ func TestAnonymousReadsAreFiltered(t *testing.T) {
 		t.Errorf("List with a token that may read everything: %+v, %v; want %q alone, whole", page, err, k)
 	}
 }
+
+// TestPartialPageJudgesNoSharedLock: on a page the ACL left keys out of,
+// a read/write lock some of whose contenders may be missing is listed as
+// one that could not be read, not as held by whom the keys read show: here
+// its writer's key is left out, which read its waiting reader as holding.
+func TestPartialPageJudgesNoSharedLock(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	writer, reader := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	k := name("rwx")
+	if _, err := writer.AcquireWrite(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	keys, _, err := root.KV().Keys(RWDir(k), "", nil)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("the writer's key: %q, %v", keys, err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := reader.AcquireRead(wctx, k, driver.AcquireOptions{TTL: MinTTL, Wait: true})
+		waited <- err
+	}()
+	defer func() {
+		stop()
+		<-waited
+	}()
+	for {
+		if ks, _, err := root.KV().Keys(RWDir(k), "", nil); err == nil && len(ks) == 2 {
+			break
+		}
+		select {
+		case err := <-waited:
+			t.Fatalf("the reader did not wait: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the reader did not queue within a minute")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	l := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key "`+keys[0]+`" { policy = "deny" } session_prefix "" { policy = "read" }`))
+	page, err := l.List(ctx, testPrefix, "", 100)
+	if !errors.Is(err, driver.ErrPartialList) || len(page) != 1 || page[0].Key != k || !errors.Is(page[0].Err, errDenied) || len(page[0].Holders) != 0 {
+		t.Errorf("List: %+v, %v; want %q unread, for want of ACL rights, with driver.ErrPartialList", page, err, k)
+	}
+}

@@ -234,7 +234,14 @@ func nameOf(k string) (string, bool) {
 // A name whose keys the token may not read is not listed: the ACL leaves
 // them out of the read, and Consul says that it left some out, not which,
 // so no entry with an Err can stand for them (Inspect of the name fails).
-// The page is then returned with an error matching driver.ErrPartialList.
+// The page is then returned with an error matching driver.ErrPartialList,
+// and a name of which it holds a read/write lock's or a semaphore's keys
+// is listed with an Err, as Inspect's: the keys left out may be some of
+// its contenders, without which its holders cannot be told (a writer's
+// key left out reads as its waiting reader holding). A name listed with
+// its lock key's holder is right but for keys of its left out: its
+// waiters may be more, and a read/write lock or semaphore of the same name
+// may have holders the page does not show.
 // Under the prefixes "." and "..", read with the whole store (see tree),
 // a key the token may not read anywhere in it does so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
@@ -259,6 +266,10 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	}
 	var out []driver.Listed
 	for name, kvs := range byName {
+		if filtered && slices.ContainsFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, LockKey(name)) }) {
+			out = append(out, driver.Listed{Key: name, Err: withheld(name)})
+			continue
+		}
 		if holders, waiters := judge(name, kvs); len(holders) > 0 {
 			out = append(out, driver.Listed{Key: name, Inspection: driver.Inspection{Holders: holdings(holders), Waiters: waiters}})
 		}
