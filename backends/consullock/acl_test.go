@@ -519,7 +519,8 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 
 // TestInspectOfWithheldDotName: the name ".", whose keys' prefix ".." a
 // URL cannot name, is not read as free, nor found with nothing to
-// release, by a token that may not read its keys.
+// release, by a token that may not read its keys; a token denied a key
+// elsewhere reads it.
 func TestInspectOfWithheldDotName(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -540,5 +541,95 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 	}
 	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
 		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
+	}
+	// A key elsewhere that the token may not read is not the name's.
+	elsewhere := name("elsewhere")
+	if _, err := holder.Acquire(ctx, elsewhere, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	l = lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "`+url.PathEscape(elsewhere)+`." { policy = "deny" } session_prefix "" { policy = "read" }`))
+	if in, err := l.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect of \".\" by a token denied a key elsewhere: %+v, %v; want its holder", in, err)
+	}
+}
+
+// TestAnonymousReadsAreFiltered: Consul filters what a request without a
+// token (the anonymous token's) may not read without saying so; under the
+// default policy deny, such a reader is not shown a held lock as free nor
+// left out of a page said to be whole. A token allowed to read everything
+// is told of no keys left out.
+func TestAnonymousReadsAreFiltered(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	holder := lockerOn(t, allowed(t, a, root, all))
+	k := name("anonymous")
+	if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	anon := lockerOn(t, tokenClient(t, a, ""))
+	if in, err := anon.Inspect(ctx, k); !errors.Is(err, errDenied) {
+		t.Errorf("Inspect without a token: %+v, %v; want an error for want of ACL rights", in, err)
+	}
+	if rm, err := anon.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); !errors.Is(err, errDenied) {
+		t.Errorf("ForceRelease without a token: %v, %v; want an error for want of ACL rights", rm, err)
+	}
+	if page, err := anon.List(ctx, testPrefix, "", 100); !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List without a token: %+v, %v; want driver.ErrPartialList", page, err)
+	}
+	reader := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`))
+	if in, err := reader.Inspect(ctx, k); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect with a token that may read everything: %+v, %v; want its holder", in, err)
+	}
+	if page, err := reader.List(ctx, testPrefix, "", 100); err != nil || len(page) != 1 || page[0].Key != k {
+		t.Errorf("List with a token that may read everything: %+v, %v; want %q alone, whole", page, err, k)
+	}
+}
+
+// TestPartialPageJudgesNoSharedLock: on a page the ACL left keys out of,
+// a read/write lock some of whose contenders may be missing is listed as
+// one that could not be read, not as held by whom the keys read show: here
+// its writer's key is left out, which read its waiting reader as holding.
+func TestPartialPageJudgesNoSharedLock(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	writer, reader := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	k := name("rwx")
+	if _, err := writer.AcquireWrite(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	keys, _, err := root.KV().Keys(RWDir(k), "", nil)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("the writer's key: %q, %v", keys, err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := reader.AcquireRead(wctx, k, driver.AcquireOptions{TTL: MinTTL, Wait: true})
+		waited <- err
+	}()
+	defer func() {
+		stop()
+		<-waited
+	}()
+	for {
+		if ks, _, err := root.KV().Keys(RWDir(k), "", nil); err == nil && len(ks) == 2 {
+			break
+		}
+		select {
+		case err := <-waited:
+			t.Fatalf("the reader did not wait: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the reader did not queue within a minute")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	l := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key "`+keys[0]+`" { policy = "deny" } session_prefix "" { policy = "read" }`))
+	page, err := l.List(ctx, testPrefix, "", 100)
+	if !errors.Is(err, driver.ErrPartialList) || len(page) != 1 || page[0].Key != k || !errors.Is(page[0].Err, errDenied) || len(page[0].Holders) != 0 {
+		t.Errorf("List: %+v, %v; want %q unread, for want of ACL rights, with driver.ErrPartialList", page, err, k)
 	}
 }

@@ -3,7 +3,9 @@ package consullock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -30,12 +32,11 @@ var (
 // TTL 0: it lives as long as the session that keeps it.
 //
 // With Consul's ACLs on, a read leaves out the keys its token may not
-// read, and says only that it left some out: Inspect, and ForceRelease,
-// then fail with an error wrapping driver.ErrUnavailable that says so,
-// rather than see a name held by another token's session as free. The
-// names "." and ".." are read with the whole store (a URL cannot name
-// their keys' prefix), so a key the token may not read anywhere in it
-// fails them so. List cannot tell which names it left out (see List).
+// read, and says only that it left some out (see tree for a read without
+// a token): Inspect, and ForceRelease, then fail with an error wrapping
+// driver.ErrUnavailable that says so, rather than see a name held by
+// another token's session as free. List cannot tell which names it left
+// out (see List).
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
@@ -51,16 +52,25 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // left keys out fails: they may be the name's (or a name's that continues
 // it, which the read cannot tell apart), and without them whether the name
 // is held cannot be told.
+//
+// The keys of the name "." start with "..", which a URL cannot name (see
+// tree): they are read as its lock key's, its read/write lock's and its
+// semaphore's prefixes, which a URL can name, one consistent read each.
+// Each of those locks is judged on its own keys alone.
 func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) {
 	if err := checkName(key); err != nil {
 		return nil, err
 	}
-	pairs, filtered, err := l.tree(ctx, url.PathEscape(key)+".")
+	prefixes := []string{url.PathEscape(key) + "."}
+	if key == "." {
+		prefixes = []string{LockKey(key), RWDir(key), SemaphoreDir(key)}
+	}
+	pairs, filtered, err := l.tree(ctx, prefixes...)
 	if err != nil {
 		return nil, err
 	}
 	if filtered {
-		return nil, fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
+		return nil, withheld(key)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -71,34 +81,73 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 	return mine, nil
 }
 
-// tree reads every key starting with prefix, the start of an escaped name
-// (no '/' in it), in one consistent read. filtered reports that the ACL
-// left out keys the token may not read (Consul says so, not which).
+// withheld is the error of a name whose keys a read may have left out.
+func withheld(key string) error {
+	return fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
+}
+
+// tree reads every key starting with each of prefixes, each the start of
+// an escaped name (no '/' in it) or one of a name's prefixes, in one
+// consistent read each. filtered reports that the ACL may have left out
+// keys the token may not read.
+//
+// Consul says that it left keys out (not which) only to a request with a
+// token: a request without one, read as the anonymous token's, is filtered
+// as silently. When the datacenter's default ACL policy is deny (under
+// which the anonymous token reads only what its policies allow) and Consul
+// said nothing, tree therefore asks Consul whether the client's requests
+// carry a token (one more request), and takes a read without one as
+// filtered. Under the default policy allow, an anonymous token whose
+// policies deny keys is not found out.
 //
 // A read names its prefix in the URL's path, which Consul's HTTP server
 // cleans before it serves it: "." would read the whole store, and ".."
 // would leave the KV API, whose 404 the client reads as no keys, as if the
 // lock "." were free. A transaction, which names the prefix in its body,
-// does not say when the ACL left keys out of its read. Those two prefixes
-// are therefore read as the whole store is, and the keys that start with
-// them kept: the read costs the whole store's keys, and a token that may
-// not read some key anywhere in it cannot tell whether "." or ".." is
-// held (filtered).
-func (l *Locker) tree(ctx context.Context, prefix string) (pairs []*api.KVPair, filtered bool, err error) {
+// does not say when the ACL left keys out of its read. Those two prefixes,
+// which only List of the prefixes "." and ".." reads (keysOf reads the
+// name "." otherwise), are therefore read as the whole store is, and the
+// keys that start with them kept: the read costs the whole store's keys,
+// and a key the token may not read anywhere in it makes the read filtered.
+func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, filtered bool, err error) {
+	deny := false
+	for _, prefix := range prefixes {
+		read := prefix
+		if prefix == "." || prefix == ".." {
+			read = ""
+		}
+		rctx, cancel := l.rctx(ctx)
+		kvs, meta, err := l.client.KV().List(read, queryOpts(rctx))
+		err = l.fail(ctx, rctx, err)
+		cancel()
+		if err != nil {
+			return nil, false, err
+		}
+		if read != prefix {
+			kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
+		}
+		pairs = append(pairs, kvs...)
+		filtered = filtered || meta.ResultsFilteredByACLs
+		deny = deny || meta.DefaultACLPolicy == "deny"
+	}
+	if deny && !filtered {
+		filtered, err = l.anonymous(ctx)
+	}
+	return pairs, filtered, err
+}
+
+// anonymous reports whether the client's requests carry no token, so that
+// Consul reads them as the anonymous token's: it knows no token of theirs
+// (a token may always read itself, and a token Consul does not know was
+// refused the read before).
+func (l *Locker) anonymous(ctx context.Context) (bool, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	read := prefix
-	if prefix == "." || prefix == ".." {
-		read = ""
+	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
+	if se := (api.StatusError{}); errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found") {
+		return true, nil
 	}
-	pairs, meta, err := l.client.KV().List(read, queryOpts(rctx))
-	if err != nil {
-		return nil, false, l.fail(ctx, rctx, err)
-	}
-	if read != prefix {
-		pairs = slices.DeleteFunc(pairs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
-	}
-	return pairs, meta.ResultsFilteredByACLs, nil
+	return false, l.fail(ctx, rctx, err)
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
@@ -185,7 +234,14 @@ func nameOf(k string) (string, bool) {
 // A name whose keys the token may not read is not listed: the ACL leaves
 // them out of the read, and Consul says that it left some out, not which,
 // so no entry with an Err can stand for them (Inspect of the name fails).
-// The page is then returned with an error matching driver.ErrPartialList.
+// The page is then returned with an error matching driver.ErrPartialList,
+// and a name of which it holds a read/write lock's or a semaphore's keys
+// is listed with an Err, as Inspect's: the keys left out may be some of
+// its contenders, without which its holders cannot be told (a writer's
+// key left out reads as its waiting reader holding). A name listed with
+// its lock key's holder is right but for keys of its left out: its
+// waiters may be more, and a read/write lock or semaphore of the same name
+// may have holders the page does not show.
 // Under the prefixes "." and "..", read with the whole store (see tree),
 // a key the token may not read anywhere in it does so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
@@ -210,6 +266,10 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	}
 	var out []driver.Listed
 	for name, kvs := range byName {
+		if filtered && slices.ContainsFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, LockKey(name)) }) {
+			out = append(out, driver.Listed{Key: name, Err: withheld(name)})
+			continue
+		}
 		if holders, waiters := judge(name, kvs); len(holders) > 0 {
 			out = append(out, driver.Listed{Key: name, Inspection: driver.Inspection{Holders: holdings(holders), Waiters: waiters}})
 		}

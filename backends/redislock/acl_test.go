@@ -24,7 +24,7 @@ import (
 // checked against the user's rights), the lock keys (each starts with its
 // hash tag's '{'), the fence and idempotency keys, and the wake-up
 // channels. TestDocumentedACL proves them, and that each is needed.
-var aclRules = strings.Fields(`+evalsha +eval +ping +subscribe +unsubscribe +scan +get +set +del +exists
+var aclRules = strings.Fields(`+evalsha +eval +evalsha_ro +eval_ro +ping +subscribe +unsubscribe +scan +get +set +del +exists
 	+pexpire +pttl +time +publish +hget +hmget +hset +incrby
 	+lindex +llen +lpop +lrange +lrem +rpush
 	+zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem +zremrangebyscore +zscore
@@ -415,7 +415,7 @@ func TestListUnreadable(t *testing.T) {
 }
 
 // TestListCommandRefused: a user refused a command List sends (GET, or
-// EVALSHA and EVAL for the inspection), whatever the key, is not refused
+// the four that run the inspection's script), whatever the key, is not refused
 // one lock: the page fails with the server's refusal, rather than list
 // every lock as unreadable.
 func TestListCommandRefused(t *testing.T) {
@@ -429,7 +429,7 @@ func TestListCommandRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, rules := range [][]any{{"-get"}, {"-evalsha", "-eval"}} {
+	for _, rules := range [][]any{{"-get"}, {"-evalsha", "-eval", "-evalsha_ro", "-eval_ro"}} {
 		args := append([]any{"acl", "setuser", "ops", "reset", "on", ">pw", "&*", "~*", "+@all"}, rules...)
 		if err := admin.Do(ctx, args...).Err(); err != nil {
 			t.Fatal(err)
@@ -440,5 +440,62 @@ func TestListCommandRefused(t *testing.T) {
 		if page != nil || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "NOPERM") {
 			t.Errorf("without %v: List = %+v, %v; want no page and the server's NOPERM", rules, page, err)
 		}
+	}
+}
+
+// TestListReadOnlyUser: a user allowed only to read the keys (%R~*), the
+// least a listing needs, inspects and lists the locks it may read, where
+// Redis 7 took the inspection's script for a write to them; a user with no
+// key patterns at all still gets each lock as refused.
+func TestListReadOnlyUser(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	holder := newLocker(t, admin)
+	if _, err := holder.Acquire(ctx, "a", driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rules    []any
+		readable bool
+	}{{[]any{"%R~*"}, true}, {[]any{"resetkeys"}, false}} {
+		args := append([]any{"acl", "setuser", "ops", "reset", "on", ">pw", "&*", "+@all"}, c.rules...)
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		ops := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "ops", Password: "pw"})
+		l := newLocker(t, ops)
+		in, ierr := l.Inspect(ctx, "a")
+		page, err := l.List(ctx, "", "", 10)
+		ops.Close()
+		switch {
+		case err != nil || len(page) != 1 || page[0].Key != "a":
+			t.Errorf("%v: List = %+v, %v; want lock \"a\"", c.rules, page, err)
+		case c.readable && (ierr != nil || len(in.Holders) != 1 || page[0].Err != nil || len(page[0].Holders) != 1):
+			t.Errorf("%v: Inspect = %+v, %v; List = %+v; want one holder", c.rules, in, ierr, page)
+		case !c.readable && (!goredis.IsPermissionError(ierr) || !goredis.IsPermissionError(page[0].Err)):
+			t.Errorf("%v: Inspect = %+v, %v; List = %+v; want NOPERM", c.rules, in, ierr, page)
+		}
+	}
+}
+
+// TestInspectWithoutReadOnlyScripts: on a server without EVALSHA_RO and
+// EVAL_RO (Redis 6.2 has neither; here they are renamed away), Inspect
+// and List run the inspection by EVALSHA.
+func TestInspectWithoutReadOnlyScripts(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t, "--rename-command", "evalsha_ro", "", "--rename-command", "eval_ro", "")
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer c.Close()
+	l := newLocker(t, c)
+	if _, err := l.Acquire(ctx, "a", driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := l.Inspect(ctx, "a"); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect = %+v, %v; want one holder", in, err)
+	}
+	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
+		t.Errorf("List = %+v, %v; want lock \"a\" held", page, err)
 	}
 }

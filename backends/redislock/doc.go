@@ -212,19 +212,24 @@
 // (ErrUnavailable): a lease whose renewals it refuses until the lease runs
 // out is lost with that error as the cause.
 //
-// With Redis ACLs, the user needs EVALSHA and EVAL, every command the
-// scripts call (a script's own calls are checked against the user's
+// With Redis ACLs, the user needs EVALSHA and EVAL, and on Redis 7
+// EVALSHA_RO and EVAL_RO (Inspect and List run their script read-only, so
+// that a user allowed only to read the keys, %R~{warden:*, may list; Redis
+// 6.2 has neither, and its ACL SETUSER refuses a line that names them:
+// leave them out there, where the script runs by EVALSHA), every command
+// the scripts call (a script's own calls are checked against the user's
 // rights), PING, SUBSCRIBE and UNSUBSCRIBE, SCAN and GET for List, the
 // lock keys (which start with '{', the hash tag: a pattern ~{warden:* for
 // guard's default prefix), the Fence's and the Store's keys (warden:fence:
 // and warden:idem:) and the channels; under the default prefixes (see the
 // README for what fails without each part; TestDocumentedACL proves it):
 //
-//	ACL SETUSER warden on >secret +evalsha +eval +ping +subscribe +unsubscribe
-//	  +scan +get +set +del +exists +pexpire +pttl +time +publish
-//	  +hget +hmget +hset +incrby +lindex +llen +lpop +lrange +lrem +rpush
-//	  +zadd +zcard +zcount +zpopmin +zrange +zrangebyscore +zrem
-//	  +zremrangebyscore +zscore ~{warden:* ~warden:fence:* ~warden:idem:*
+//	ACL SETUSER warden on >secret +evalsha +eval +evalsha_ro +eval_ro +ping
+//	  +subscribe +unsubscribe +scan +get +set +del +exists +pexpire +pttl
+//	  +time +publish +hget +hmget +hset +incrby +lindex +llen +lpop +lrange
+//	  +lrem +rpush +zadd +zcard +zcount +zpopmin +zrange +zrangebyscore
+//	  +zrem +zremrangebyscore +zscore ~{warden:* ~warden:fence:*
+//	  ~warden:idem:*
 //	  &warden:wake:* &{warden:*
 //
 // plus the keys the Fence's writes touch, which are the application's. On

@@ -513,7 +513,7 @@ func TestPasswordThatIsAWord(t *testing.T) {
 	rs := drivertest.StartRedis(t)
 	admin := goredis.NewClient(&goredis.Options{Addr: rs.Addr()})
 	defer admin.Close()
-	if err := admin.Do(context.Background(), "acl", "setuser", "ops", "on", ">"+password, "+@all", "-evalsha", "-eval", "~*", "&*").Err(); err != nil {
+	if err := admin.Do(context.Background(), "acl", "setuser", "ops", "on", ">"+password, "+@all", "-evalsha", "-eval", "-evalsha_ro", "-eval_ro", "~*", "&*").Err(); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

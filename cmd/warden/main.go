@@ -86,6 +86,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -768,9 +769,11 @@ func (c *cli) list(ctx context.Context, prefix string) (string, error) {
 // without the Guard's) are there, a note saying that keys are named
 // without the Guard's prefix; "" otherwise. Only a lock read held is said
 // to be held: one that could not be read may be one nobody holds any
-// longer (a backend keeps a lock's keys after its last holder).
+// longer (a backend keeps a lock's keys after its last holder). The first
+// hintPage locks are looked at, so that locks this user may not read,
+// which sort first, do not hide one held after them.
 func (c *cli) unprefixedLocks(ctx context.Context, bare string) string {
-	found, err := c.g.List(ctx, bare, "", 1)
+	found, err := c.g.List(ctx, bare, "", hintPage)
 	if (err != nil && !errors.Is(err, guard.ErrPartialList)) || len(found) == 0 {
 		return ""
 	}
@@ -778,11 +781,14 @@ func (c *cli) unprefixedLocks(ctx context.Context, bare string) string {
 	if bare != "" {
 		locks = "locks whose keys start with " + shown(bare)
 	}
-	if found[0].Err != nil {
+	if !slices.ContainsFunc(found, func(in guard.Inspection) bool { return in.Err == nil }) {
 		are = "exist that this user may not read"
 	}
 	return fmt.Sprintf("%s %s: keys are named without the Guard's prefix (-prefix %q)", locks, are, c.prefix)
 }
+
+// hintPage is how many locks unprefixedLocks looks at.
+const hintPage = 10
 
 // exitUnreadable is the exit status of a locks ls whose page lists locks
 // it could not read (another user's, under the backend's access control),

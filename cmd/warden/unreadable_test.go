@@ -114,17 +114,20 @@ func TestUnreadableInJSON(t *testing.T) {
 // TestHintCountsOnlyHeld: locks ls of a prefix copied from the backend
 // (with the Guard's prefix) that finds nothing names the locks found
 // without it as held only when they were read held: a lock that could not
-// be read may be one nobody holds any longer.
+// be read may be one nobody holds any longer. One that could not be read
+// before a held one does not hide it.
 func TestHintCountsOnlyHeld(t *testing.T) {
 	for _, c := range []struct {
+		keys             []string
 		unreadable, want string
 	}{
-		{"", "locks are held"},
-		{"warden:a", "locks exist that this user may not read"},
+		{[]string{"a"}, "", "locks are held"},
+		{[]string{"a"}, "warden:a", "locks exist that this user may not read"},
+		{[]string{"a", "b"}, "warden:a", "locks are held"},
 	} {
-		_, notes, err := lsOn(t, listedAs{Locker: memory.New(), unreadable: c.unreadable}, false, []string{"a"}, "warden:")
+		_, notes, err := lsOn(t, listedAs{Locker: memory.New(), unreadable: c.unreadable}, false, c.keys, "warden:")
 		if err != nil || !strings.Contains(notes, c.want+": keys are named without the Guard's prefix") {
-			t.Errorf("lock a unreadable %t: note %q, %v; want %q", c.unreadable != "", notes, err, c.want)
+			t.Errorf("locks %q, %q unreadable: note %q, %v; want %q", c.keys, c.unreadable, notes, err, c.want)
 		}
 	}
 }
