@@ -229,8 +229,7 @@
 //	  +time +publish +hget +hmget +hset +incrby +lindex +llen +lpop +lrange
 //	  +lrem +rpush +zadd +zcard +zcount +zpopmin +zrange +zrangebyscore
 //	  +zrem +zremrangebyscore +zscore ~{warden:* ~warden:fence:*
-//	  ~warden:idem:*
-//	  &warden:wake:* &{warden:*
+//	  ~warden:idem:* &warden:wake:* &{warden:*
 //
 // plus the keys the Fence's writes touch, which are the application's. On
 // a Cluster, add +cluster|slots and +command, which a go-redis
