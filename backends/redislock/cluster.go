@@ -78,11 +78,12 @@ func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis
 // driver.ErrUnavailable, marked driver.NotSent when it proves that the
 // script changed nothing: it never left the client (rediseval.Unsent), a
 // slot migration's answers came until ctx ended (each ran nothing), the
-// user may not run it or touch its keys (NOPERM, checked before a command
-// runs), or the server is a read-only replica, on which no write of the
-// script, the first included, can run (READONLY).
+// user may not run it or touch its keys (rediseval.Denied: not a refusal
+// of a command the script calls, which may come after its writes), or the
+// server is a read-only replica, on which no write of the script, the first
+// included, can run (READONLY).
 func onceErr(ctx context.Context, err error) error {
-	if rediseval.Unsent(err) || migrating(err) || goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "READONLY") {
+	if rediseval.Unsent(err) || migrating(err) || rediseval.Denied(err) || goredis.HasErrorPrefix(err, "READONLY") {
 		err = driver.NotSent(err)
 	}
 	return driver.Unavailable(ctx, err)

@@ -2,12 +2,14 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
@@ -95,3 +97,67 @@ func TestChangesUnansweredNotMarked(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusalInsideTheScriptNotMarked: a forced release whose script is
+// refused a command it calls after it freed the lock (a user denied
+// LINDEX, which finds the next waiter) fails without driver.ErrNotSent:
+// the lock is freed. Redis 7.0 words such a refusal "ERR The user
+// executing the script can't ...", 7.2 "ERR ACL failure in script: ...";
+// with NOPERM's code, which a compatible server may give it (the hook
+// rewrites the answer so), it must not pass for the refusal of the
+// command itself, which runs nothing.
+func TestRefusalInsideTheScriptNotMarked(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	if err := admin.Do(ctx, "acl", "setuser", "nolindex", "on", ">pw", "~*", "&*", "+@all", "-lindex").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name, hook := range map[string]goredis.Hook{"server's words": nil, "as NOPERM": nopermWords{}} {
+		t.Run(name, func(t *testing.T) {
+			key := testKey(t)
+			heldAndClaimed(t, admin, key)
+			c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "nolindex", Password: "pw"})
+			t.Cleanup(func() { c.Close() })
+			if hook != nil {
+				c.AddHook(hook)
+			}
+			_, err := newLocker(t, c).ForceRelease(ctx, key, driver.ReleaseTarget{AnyHolder: true})
+			t.Logf("ForceRelease: %v", err)
+			if err == nil || errors.Is(err, driver.ErrNotSent) {
+				t.Errorf("ForceRelease refused inside its script: %v, want an error not matching driver.ErrNotSent", err)
+			}
+			if in, err := newLocker(t, admin).Inspect(ctx, key); err != nil || len(in.Holders) != 0 {
+				t.Errorf("after the forced release refused inside its script: %+v, %v; want the lock freed", in, err)
+			}
+		})
+	}
+}
+
+// nopermWords is a go-redis hook that gives a refusal raised inside a
+// script (Redis 7.0's "ERR The user executing the script can't ...") the
+// NOPERM code.
+type nopermWords struct{}
+
+func (nopermWords) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (nopermWords) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		if goredis.HasErrorPrefix(err, "The user executing the script can't") {
+			return errorReply("NOPERM " + strings.TrimPrefix(err.Error(), "ERR "))
+		}
+		return err
+	}
+}
+
+func (nopermWords) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// errorReply is an error reply as go-redis gives one (goredis.Error).
+type errorReply string
+
+func (r errorReply) Error() string { return string(r) }
+func (errorReply) RedisError()     {}
