@@ -61,6 +61,24 @@ func TestChangesRefusedMarkedNotSent(t *testing.T) {
 	}
 }
 
+// TestChangesWithContextDoneMarkedNotSent: a forced release, a record's
+// delete and its abandon asked with a context already done are never
+// sent, and fail matching driver.ErrNotSent.
+func TestChangesWithContextDoneMarkedNotSent(t *testing.T) {
+	s := drivertest.StartRedis(t)
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	t.Cleanup(func() { c.Close() })
+	key := testKey(t)
+	l, st := newLocker(t, c), newStore(t, c)
+	still := drivertest.HeldAndClaimed(t, l, st, key)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	drivertest.WantNotSent(t, ctx, drivertest.OperatorChanges(l, st, key))
+	if held, kept := still(); !held || !kept {
+		t.Errorf("after the changes with the context done: held %v, kept %v; want both", held, kept)
+	}
+}
+
 // TestChangesUnansweredNotMarked: a change whose answer is lost after the
 // server ran it (its answer held back by the proxy, the connection then
 // reset) fails without driver.ErrNotSent.
