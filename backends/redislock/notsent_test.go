@@ -103,8 +103,9 @@ func TestChangesUnansweredNotMarked(t *testing.T) {
 			in, err := newLocker(t, admin).Inspect(ctx, key)
 			return err == nil && len(in.Holders) == 0
 		},
-		"Delete":  func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
-		"Abandon": func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
+		"Delete":      func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
+		"DeleteOwned": func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
+		"Abandon":     func(key string) bool { return admin.Exists(ctx, st.recordKey("s", key)).Val() == 0 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p.Reset()

@@ -45,7 +45,7 @@ func TestChangesUnansweredNotMarked(t *testing.T) {
 	// Sessions long enough to outlast the answers held back.
 	l := dial(t, []string{p.Addr()}, WithSessionTimeout(20*time.Second))
 	st := newTestStore(t, []string{p.Addr()})
-	for _, change := range []string{"ForceRelease", "Delete", "Abandon"} {
+	for _, change := range []string{"ForceRelease", "Delete", "DeleteOwned", "Abandon"} {
 		t.Run(change, func(t *testing.T) {
 			p.Reset()
 			key, still := heldAndClaimed(t)
