@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
@@ -33,6 +35,29 @@ func TestChangesUnsentMarkedNotSent(t *testing.T) {
 	drivertest.WantNotSent(t, ctx, drivertest.OperatorChanges(l, st, key))
 	if held, kept := still(); !held || !kept {
 		t.Errorf("after the unsent changes: held %v, kept %v; want both", held, kept)
+	}
+}
+
+// TestDeletesRefusedMarkedNotSent: a forced release, a record's delete and
+// its abandon whose reads are answered but whose delete the ensemble
+// refuses (the nodes' parents' ACL grants all but DELETE: ZNOAUTH, which
+// fails the multi whole) fail matching driver.ErrNotSent, and the lock and
+// the record are kept.
+func TestDeletesRefusedMarkedNotSent(t *testing.T) {
+	ctx := testCtx(t)
+	key, still := heldAndClaimed(t)
+	l, st := dial(t, servers(t)), newTestStore(t, servers(t))
+	_, record := st.place("s", key)
+	admin := connect(t, servers(t))
+	for _, parent := range []string{l.lockPath(key), record} {
+		if _, err := admin.SetACL(parent, zk.WorldACL(zk.PermAll&^zk.PermDelete), -1); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.SetACL(parent, zk.WorldACL(zk.PermAll), -1) })
+	}
+	drivertest.WantNotSent(t, ctx, drivertest.OperatorChanges(l, st, key))
+	if held, kept := still(); !held || !kept {
+		t.Errorf("after the refused deletes: held %v, kept %v; want both", held, kept)
 	}
 }
 
