@@ -180,3 +180,60 @@ type errorReply string
 
 func (r errorReply) Error() string { return string(r) }
 func (errorReply) RedisError()     {}
+
+// TestReshardForceReleaseNotSent: a forced release whose lock's slot is
+// migrating, with the lock's key still on the source node and its queue's
+// nowhere, is answered TRYAGAIN, having run nothing, until its context
+// ends (at the first such answer): it fails with the context's error
+// marked driver.ErrNotSent, and the lock stays held.
+func TestReshardForceReleaseNotSent(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	cc := c.client()
+	l := newLocker(t, cc)
+	ctx := context.Background()
+	short, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cc.AddHook(cancelOnMigration{cancel})
+	key := testKey(t)
+	if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	slot := c.slot(mutexNamesOf(key).lock)
+	src := c.owner(slot)
+	first := true
+	c.moveSlot(slot, src, c.other(src), 1, func() {
+		if !first {
+			return
+		}
+		first = false
+		_, err := l.ForceRelease(short, key, driver.ReleaseTarget{AnyHolder: true})
+		t.Logf("ForceRelease while the slot moves: %v", err)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, driver.ErrNotSent) {
+			t.Errorf("ForceRelease while the slot moves: %v, want the context's error matching driver.ErrNotSent", err)
+		}
+	})
+	if in, err := l.Inspect(ctx, key); err != nil || len(in.Holders) != 1 {
+		t.Errorf("after the forced release answered TRYAGAIN: %+v, %v; want the lock held", in, err)
+	}
+}
+
+// cancelOnMigration is a go-redis hook that calls cancel once a command is
+// answered as a slot migration answers (see migrating), so that a
+// caller's context ends between such an answer and the next send.
+type cancelOnMigration struct{ cancel context.CancelFunc }
+
+func (cancelOnMigration) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h cancelOnMigration) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && migrating(err) {
+			h.cancel()
+		}
+		return err
+	}
+}
+
+func (cancelOnMigration) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
