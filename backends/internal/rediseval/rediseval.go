@@ -1,7 +1,8 @@
 // Package rediseval sends the scripts of the Redis and RedLock backends as
 // commands they build themselves ("evalsha" or "eval", the digest or the
-// body, the number of keys, the keys, the arguments), and sends once those
-// that must not be sent twice.
+// body, the number of keys, the keys, the arguments), sends once those
+// that must not be sent twice, and tells the failures of those that prove
+// they ran nothing (Unsent, Denied).
 package rediseval
 
 import (
