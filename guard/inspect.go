@@ -85,6 +85,12 @@ var ErrHolderChanged = driver.ErrHolderChanged
 // only when its session ends, and until then fenced storage is what stops
 // it. It is logged at WARN and traced as an admin action. It needs a
 // backend that implements driver.ForceReleaser; ErrUnsupported otherwise.
+//
+// An error matching ErrNotSent says that nothing was removed: the request
+// never left, or the backend refused it whole. Any other error, however
+// unavailable the backend looks, may have come after the holding was
+// removed (its answer lost, the Guard's call timeout ended first): Inspect
+// tells. etcdlock's errors are never marked (see its documentation).
 func (g *Guard) ForceRelease(ctx context.Context, key string, target ReleaseTarget) ([]Holder, error) {
 	if ctx == nil {
 		return nil, wrapLockErr(key, fmt.Errorf("%w: nil context", ErrInvalidOption))

@@ -223,7 +223,9 @@ type Store interface {
 	Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error
 	// Abandon removes owner's in-progress claim so that a retry can run. It
 	// returns ErrNotOwner when the claim is not owner's (already released,
-	// taken over, completed).
+	// taken over, completed). A failure that proves the claim untouched
+	// (the request never left, or the backend refused it whole) matches
+	// guard.ErrNotSent; any other may have come after the claim was removed.
 	Abandon(ctx context.Context, scope, key, owner string) error
 	// Get returns the live record under (scope, key), or ErrNotFound.
 	Get(ctx context.Context, scope, key string) (*Record, error)

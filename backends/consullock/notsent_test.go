@@ -50,7 +50,7 @@ func TestChangesUnansweredNotMarked(t *testing.T) {
 	ctx := context.Background()
 	p := drivertest.StartProxy(t, addr(t))
 	via := newClient(t, p.Addr())
-	for _, change := range []string{"ForceRelease", "Delete", "Abandon"} {
+	for _, change := range []string{"ForceRelease", "Delete", "DeleteOwned", "Abandon"} {
 		t.Run(change, func(t *testing.T) {
 			p.Reset()
 			key, still := heldAndClaimed(t, newClient(t, addr(t)))

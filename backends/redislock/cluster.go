@@ -78,12 +78,15 @@ func (s *scripter) evalshaOnce(ctx context.Context, src any, cmd []any) *goredis
 // driver.ErrUnavailable, marked driver.NotSent when it proves that the
 // script changed nothing: it never left the client (rediseval.Unsent), a
 // slot migration's answers came until ctx ended (each ran nothing), the
-// user may not run it or touch its keys (NOPERM, checked before a command
-// runs), or the server is a read-only replica, on which no write of the
-// script, the first included, can run (READONLY).
+// user may not run it or touch its keys (rediseval.Denied: not a refusal
+// of a command the script calls, which may come after its writes), or the
+// server is a read-only replica, on which no write of the script, the first
+// included, can run (READONLY). The mark goes on last: driver.Unavailable
+// gives ctx's error alone once ctx is done, as it is whenever a migration's
+// answers end the script.
 func onceErr(ctx context.Context, err error) error {
-	if rediseval.Unsent(err) || migrating(err) || goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "READONLY") {
-		err = driver.NotSent(err)
+	if rediseval.Unsent(err) || migrating(err) || rediseval.Denied(err) || goredis.HasErrorPrefix(err, "READONLY") {
+		return driver.NotSent(driver.Unavailable(ctx, err))
 	}
 	return driver.Unavailable(ctx, err)
 }
@@ -123,7 +126,10 @@ func (s *resender) retry(ctx context.Context, send func() *goredis.Cmd) *goredis
 		if err == nil || !migrating(err) {
 			return cmd
 		}
-		if driver.Sleep(ctx, pause.Next(), nil) != nil {
+		// Once ctx is done, the migration's answer is the last: a send
+		// then would fail with ctx's error alone, which does not say
+		// that nothing was sent.
+		if driver.Sleep(ctx, pause.Next(), nil) != nil || ctx.Err() != nil {
 			return cmd
 		}
 	}

@@ -231,8 +231,9 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []st
 	case err == nil:
 		return r, nil
 	case migrating(err):
-		// Sent again until ctx ended, and never run.
-		return nil, driver.Unavailable(ctx, driver.NotSent(fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
+		// Sent again until ctx ended, and never run: marked after
+		// driver.Unavailable, which gives ctx's error alone.
+		return nil, driver.NotSent(driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
 	case errors.As(err, &re):
 		if high, ok := strings.CutPrefix(re.Error(), "WARDEN_STALE "); ok {
 			h, _ := strconv.ParseUint(high, 10, 64)
@@ -240,7 +241,7 @@ func (f *Fence) run(ctx context.Context, c fence.Claim, s fenceScript, keys []st
 		}
 		return nil, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)
 	case rediseval.Unsent(err):
-		return nil, driver.Unavailable(ctx, driver.NotSent(fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
+		return nil, driver.NotSent(driver.Unavailable(ctx, fmt.Errorf("warden: redislock: fenced write on %q: %w", c.Resource, err)))
 	}
 	return nil, fmt.Errorf("%w: %w: fenced write on %q: %w", driver.ErrUnavailable, ErrOutcomeUnknown, c.Resource, err)
 }

@@ -298,7 +298,7 @@ func TestFenceResentAfterNewerHolder(t *testing.T) {
 
 // TestFenceUnsentIsNotUnknown: a write that never left the client (no
 // server listens, its context ended before) is known not applied: not
-// ErrOutcomeUnknown.
+// ErrOutcomeUnknown, and matching driver.ErrNotSent.
 func TestFenceUnsentIsNotUnknown(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -313,14 +313,14 @@ func TestFenceUnsentIsNotUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = f.Set(context.Background(), fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
-	if !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown) {
-		t.Fatalf("write to a closed port: %v, want ErrUnavailable, not ErrOutcomeUnknown", err)
+	if !errors.Is(err, driver.ErrUnavailable) || !errors.Is(err, driver.ErrNotSent) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("write to a closed port: %v, want ErrUnavailable and ErrNotSent, not ErrOutcomeUnknown", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err = f.Set(ctx, fence.Claim{Resource: "{fence-unsent}", Token: 1}, "{fence-unsent}:v", "x", 0)
-	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
-		t.Fatalf("write with a cancelled context: %v, want context.Canceled, not ErrOutcomeUnknown", err)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, driver.ErrNotSent) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("write with a cancelled context: %v, want context.Canceled and ErrNotSent, not ErrOutcomeUnknown", err)
 	}
 }
 

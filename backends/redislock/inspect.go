@@ -220,9 +220,16 @@ func globEscape(s string) string {
 // one script that checks the holder and removes it. The token Inspect
 // reports, and the one target names, is the holder's own, which each grant
 // replaces: while it is unchanged and the lock is held, the holder is the
-// one that was seen. The old holder finds its lease gone at its next renewal, a third of its TTL
-// later at most, and its section's context is cancelled then.
+// one that was seen. The old holder finds its lease gone at its next
+// renewal, a third of its TTL later at most, and its section's context is
+// cancelled then. A failure that proves the script ran none of its writes
+// (never sent, a context already done; refused whole: see onceErr)
+// matches driver.ErrNotSent.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {
+	if err := ctx.Err(); err != nil {
+		// Known not sent, which go-redis's error would not tell.
+		return nil, driver.NotSent(err)
+	}
 	n := mutexNamesOf(key)
 	anyHolder, withLabel := "0", "0"
 	if target.AnyHolder {

@@ -99,7 +99,7 @@ func TestChangesUnansweredNotMarked(t *testing.T) {
 			g := migrated(t, db, dsn)
 			p := drivertest.StartProxy(t, hostOf(dsn))
 			via := openDB(t, db, strings.Replace(dsn, hostOf(dsn), p.Addr(), 1))
-			for _, change := range []string{"ForceRelease", "Delete", "Abandon"} {
+			for _, change := range []string{"ForceRelease", "Delete", "DeleteOwned", "Abandon"} {
 				t.Run(change, func(t *testing.T) {
 					p.Reset()
 					key, still := heldAndClaimed(t, g)

@@ -39,7 +39,8 @@ var (
 )
 
 // NotSent marks err, the failure of a call that would change what the
-// backend keeps (a release, a forced release, a record's delete), as one
+// backend keeps (a forced release, an idempotency record's delete or
+// abandon, a fenced write: no backend marks a lease's own Release), as one
 // that provably changed nothing, so that a caller may say "not done"
 // rather than "may have been done", and may send it again without doing
 // it twice: errors.Is(err, ErrNotSent) is then true, and the text and the

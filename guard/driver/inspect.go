@@ -150,6 +150,11 @@ type ForceReleaser interface {
 	// later writes; a removed holder finds its lease gone at its next
 	// renewal at the latest (for session-kept leases, see the backend's
 	// documentation).
+	//
+	// A failure that proves nothing was removed (the request never left,
+	// or the server refused it whole; see NotSent) matches ErrNotSent, and
+	// comes with no holdings; any other may have come after the removal,
+	// whose answer was lost.
 	ForceRelease(ctx context.Context, key string, target ReleaseTarget) ([]Holding, error)
 }
 

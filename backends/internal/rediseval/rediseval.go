@@ -1,13 +1,15 @@
 // Package rediseval sends the scripts of the Redis and RedLock backends as
 // commands they build themselves ("evalsha" or "eval", the digest or the
-// body, the number of keys, the keys, the arguments), and sends once those
-// that must not be sent twice.
+// body, the number of keys, the keys, the arguments), sends once those
+// that must not be sent twice, and tells the failures of those that prove
+// they ran nothing (Unsent, Denied).
 package rediseval
 
 import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -48,6 +50,21 @@ func EvalOnce(ctx context.Context, client Client, args ...any) *goredis.Cmd {
 func Unsent(err error) bool {
 	var op *net.OpError
 	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, goredis.ErrPoolTimeout) || errors.Is(err, goredis.ErrClosed)
+}
+
+// Denied reports whether err, the failure of a script command, is the
+// server's refusal of the command itself for want of rights (NOPERM: the
+// user may not run EVALSHA, or touch one of its keys), which the server
+// checks before it runs any of the script. A refusal of a command the
+// script calls comes after what the script wrote before it: Redis words it
+// "ERR The user executing the script can't ..." (7.0) or "ERR ACL failure
+// in script: ..." (7.2, Valkey), and ends any error raised inside a script
+// with "script: <digest>, on @user_script:<line>.", so that an answer
+// naming a script, whatever its code, is not taken for one. (A user whose
+// name has the word is named in the refusal too, and is not taken for one
+// either: the error then only fails to say that nothing was done.)
+func Denied(err error) bool {
+	return goredis.HasErrorPrefix(err, "NOPERM") && !strings.Contains(strings.ToLower(err.Error()), "script")
 }
 
 // newCmd is args as a command whose first key is args[3], which a Cluster

@@ -43,16 +43,19 @@ func HeldAndClaimed(t testing.TB, l interface {
 
 // OperatorChanges are the calls an operator's tool makes to change what a
 // backend keeps, by name: a forced release of key by l ("ForceRelease"),
-// and the delete ("Delete") and the abandon ("Abandon") by st of key's
-// record under scope "s", claimed by owner "o".
+// and by st, of key's record under scope "s", claimed by owner "o", the
+// delete of whoever owns it ("Delete"), the delete of o's alone
+// ("DeleteOwned", as the warden CLI deletes a record it showed), and the
+// abandon ("Abandon").
 func OperatorChanges(l driver.ForceReleaser, st RecordRemover, key string) map[string]func(context.Context) error {
 	return map[string]func(context.Context) error{
 		"ForceRelease": func(ctx context.Context) error {
 			_, err := l.ForceRelease(ctx, key, driver.ReleaseTarget{AnyHolder: true})
 			return err
 		},
-		"Delete":  func(ctx context.Context) error { return st.Delete(ctx, "s", key, "") },
-		"Abandon": func(ctx context.Context) error { return st.Abandon(ctx, "s", key, "o") },
+		"Delete":      func(ctx context.Context) error { return st.Delete(ctx, "s", key, "") },
+		"DeleteOwned": func(ctx context.Context) error { return st.Delete(ctx, "s", key, "o") },
+		"Abandon":     func(ctx context.Context) error { return st.Abandon(ctx, "s", key, "o") },
 	}
 }
 
