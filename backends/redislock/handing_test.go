@@ -71,3 +71,45 @@ func TestLostKeyStaysLostHanding(t *testing.T) {
 		})
 	}
 }
+
+// TestPutBackHandingExpires: a release whose grant found a waiter, of a
+// lease that is no longer as its grant left it, puts the waiter's record
+// it took back into the set its taking emptied with an expiry of the
+// record's time left, counted from when it took the record: for a lock
+// taken over by another owner since, and for the owner's own state with
+// the waiting flag gone (where nothing takes the record out again).
+func TestPutBackHandingExpires(t *testing.T) {
+	states := []struct {
+		name string
+		set  func(f []string) []string
+	}{
+		{"taken over", func(f []string) []string {
+			return []string{f[0], f[1] + "0", f[2], "1", "other"}
+		}},
+		{"the owner's without the flag", func(f []string) []string {
+			return []string{f[0], f[1], f[2], "0", f[4]}
+		}},
+	}
+	for _, s := range states {
+		for _, record := range handingRecords {
+			t.Run(s.name+"/"+strconv.Quote(record), func(t *testing.T) {
+				ctx := context.Background()
+				admin, user := serverWithout(t, "+pexpireat")
+				const key = "warden:putback/handing"
+				lock, waiters := lockWaitersOf(key)
+				lease := heldWithWaiter(t, admin, user(), key, record)
+				state := strings.Join(s.set(strings.SplitN(admin.Get(ctx, lock).Val(), ":", 5)), ":")
+				if err := admin.Do(ctx, "set", lock, state, "keepttl").Err(); err != nil {
+					t.Fatal(err)
+				}
+				err := lease.Release(ctx)
+				if got := admin.ZRange(ctx, waiters, 0, -1).Val(); len(got) != 1 || got[0] != record {
+					t.Fatalf("the release (%v) left the waiters %q, want the record put back", err, got)
+				}
+				if pttl := admin.PTTL(ctx, waiters).Val(); pttl <= 0 || pttl > time.Minute {
+					t.Errorf("the release (%v) left the waiters a pttl of %v, want the record's minute at most", err, pttl)
+				}
+			})
+		}
+	}
+}
