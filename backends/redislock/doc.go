@@ -231,8 +231,12 @@
 //	  +zrem +zremrangebyscore +zscore ~{warden:* ~warden:fence:*
 //	  ~warden:idem:* &warden:wake:* &{warden:*
 //
-// plus the keys the Fence's writes touch, which are the application's. On
-// a Cluster, add +cluster|slots and +command, which a go-redis
+// plus the keys the Fence's writes touch, which are the application's.
+// Earlier versions also needed +pexpireat: drop it only once every process
+// using the user runs this version, since an earlier one refused it leaves
+// keys that never expire or that expire before their lease ends; a state
+// so left is not repaired (see the README).
+// On a Cluster, add +cluster|slots and +command, which a go-redis
 // ClusterClient sends to load its slot map and its commands' key
 // positions. Under another prefix (guard.WithPrefix("app:")),
 // ~{app:* and &{app:* take the place of ~{warden:* and &{warden:*, and on a
