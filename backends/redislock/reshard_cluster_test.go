@@ -111,8 +111,8 @@ func (c *reshardCluster) must(s *shard, args ...any) *goredis.Cmd {
 	return cmd
 }
 
-// settle waits until every member knows every other, serves all the slots,
-// and sees each slot on the same master.
+// settle waits until every member knows every other, has its bus link to
+// every other, serves all the slots, and sees each slot on the same master.
 func (c *reshardCluster) settle() {
 	c.t.Helper()
 	var why string
@@ -144,6 +144,9 @@ func (c *reshardCluster) unsettled() string {
 		nodes, err := c.do(s, "CLUSTER", "NODES").Text()
 		if err != nil {
 			return err.Error()
+		}
+		if id := unlinked(nodes); id != "" {
+			return fmt.Sprintf("%s has no bus link to %s", s.addr, id)
 		}
 		view := slotView(nodes)
 		if first == "" {
@@ -181,6 +184,22 @@ func slotView(nodes string) string {
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "; ")
+}
+
+// unlinked is the first member CLUSTER NODES says the node has no bus link
+// to (link-state disconnected), or "". A member sends its messages to
+// another, the PUBLISHes it relays too, on the link it made to that one
+// alone, and drops them while there is none: a member that learned of a
+// node that joined from another's gossip makes its link at its next cron,
+// up to 100 ms later, so a node that every member already knows may still
+// miss one member's PUBLISHes.
+func unlinked(nodes string) string {
+	for line := range strings.SplitSeq(strings.TrimSpace(nodes), "\n") {
+		if f := strings.Fields(line); len(f) >= 8 && f[7] != "connected" {
+			return f[0]
+		}
+	}
+	return ""
 }
 
 // client is a Cluster client of the members at its making, with go-redis's
