@@ -633,3 +633,65 @@ func TestPartialPageJudgesNoSharedLock(t *testing.T) {
 		t.Errorf("List: %+v, %v; want %q unread, for want of ACL rights, with driver.ErrPartialList", page, err, k)
 	}
 }
+
+// TestFilteredContendersRefuse: a token that may write every key but an
+// earlier contender's is not granted a read/write lock or a semaphore that
+// contender holds, though the read it judges from leaves its key out: it
+// is refused at once, for want of ACL rights. So is a client without a
+// token under the default policy deny, whose reads Consul filters without
+// saying so.
+func TestFilteredContendersRefuse(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	holder := lockerOn(t, allowed(t, a, root, all))
+	rw, sem := name("filtered-rw"), name("filtered-sem")
+	if _, err := holder.AcquireWrite(ctx, rw, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.AcquireSemaphore(ctx, sem, 1, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	// The holders' keys, each denied by an exact rule.
+	rules := all
+	for _, dir := range []string{RWDir(rw), SemaphoreDir(sem)} {
+		keys, _, err := root.KV().Keys(dir, "", nil)
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("the keys under %q: %q, %v", dir, keys, err)
+		}
+		rules += ` key "` + keys[0] + `" { policy = "deny" }`
+	}
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "anonymous-filtered", Rules: rules}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const anonymousID = "00000000-0000-0000-0000-000000000002"
+	anonTok, _, err := root.ACL().TokenRead(anonymousID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anonTok.Policies = append(anonTok.Policies, &api.ACLTokenPolicyLink{ID: p.ID})
+	if _, _, err := root.ACL().TokenUpdate(anonTok, nil); err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		who    string
+		client *api.Client
+	}{{"a token", tokenClient(t, a, tok.SecretID)}, {"no token", tokenClient(t, a, "")}} {
+		l := lockerOn(t, c.client)
+		for _, wait := range []bool{false, true} {
+			opts := driver.AcquireOptions{TTL: MinTTL, Wait: wait}
+			if le, err := l.AcquireRead(ctx, rw, opts); !errors.Is(err, errDenied) {
+				t.Errorf("%s, wait %v: AcquireRead while its writer's key is hidden: %v, %v; want an error for want of ACL rights", c.who, wait, le, err)
+			}
+			if le, err := l.AcquireSemaphore(ctx, sem, 1, opts); !errors.Is(err, errDenied) {
+				t.Errorf("%s, wait %v: AcquireSemaphore of 1 while its holder's key is hidden: %v, %v; want an error for want of ACL rights", c.who, wait, le, err)
+			}
+		}
+	}
+}

@@ -130,10 +130,18 @@ func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVP
 		filtered = filtered || meta.ResultsFilteredByACLs
 		deny = deny || meta.DefaultACLPolicy == "deny"
 	}
-	if deny && !filtered {
-		filtered, err = l.anonymous(ctx)
-	}
+	filtered, err = l.hidden(ctx, filtered, deny)
 	return pairs, filtered, err
+}
+
+// hidden reports whether a read may have left out keys the token may not
+// read: Consul said so (filtered), or the datacenter's default policy is
+// deny and the client's requests carry no token (see tree).
+func (l *Locker) hidden(ctx context.Context, filtered, deny bool) (bool, error) {
+	if filtered || !deny {
+		return filtered, nil
+	}
+	return l.anonymous(ctx)
 }
 
 // anonymous reports whether the client's requests carry no token, so that

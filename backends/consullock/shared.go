@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 
 	"github.com/hashicorp/consul/api"
 
@@ -100,13 +101,25 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	// A permit blocks on the directory from the index of its last read of
 	// it; the first read after the transaction has none.
 	var dirIndex uint64
+	// The transaction's read leaves out, without a word, the keys the
+	// ACL hides from the token, an earlier contender's among them: it
+	// may show a blocker, which stands, but a grant is judged again on a
+	// read that says so (see list). The reads that follow are such reads.
+	checked := false
 	for {
 		mine, blocker := blocking(dir, own, tree, k, permits)
 		if mine == nil {
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
-		if blocker == nil {
+		if blocker == nil && checked {
 			return a.granted(ctx, mine, done)
+		}
+		checked = true
+		if blocker == nil {
+			if tree, dirIndex, err = a.list(ctx, dir, 0); err != nil {
+				return nil, a.abort(ctx, own, err)
+			}
+			continue
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
@@ -177,9 +190,29 @@ func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*
 	return pairs, err
 }
 
-// list reads the keys under dir; see read.
+// list reads the keys under dir; see read. A read from which the ACL may
+// have left keys out (see tree) fails with errDenied: a contender judged
+// on it could take for free a lock whose holder's key it was not shown.
 func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
-	return read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
-		return a.l.client.KV().List(dir, q)
+	var filtered, deny atomic.Bool
+	pairs, idx, err := read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
+		pairs, meta, err := a.l.client.KV().List(dir, q)
+		if meta != nil {
+			// Any answer's: the reads are of the same keys.
+			filtered.CompareAndSwap(false, meta.ResultsFilteredByACLs)
+			deny.CompareAndSwap(false, meta.DefaultACLPolicy == "deny")
+		}
+		return pairs, meta, err
 	})
+	if err != nil {
+		return nil, 0, err
+	}
+	hidden, err := a.l.hidden(ctx, filtered.Load(), deny.Load())
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case hidden:
+		return nil, 0, withheld(dir)
+	}
+	return pairs, idx, nil
 }
