@@ -695,3 +695,37 @@ func TestFilteredContendersRefuse(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenCheckedOnce: under the default policy deny, a client with a
+// token asks Consul whether it has one once, not with every read: ten
+// Inspects, each one read, cost eleven requests (guard.Observe inspects
+// every tenth of the TTL).
+func TestTokenCheckedOnce(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tok, _ := grant(t, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`)
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = a, tok.SecretID
+	var requests atomic.Int64
+	base := cfg.Transport
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		requests.Add(1)
+		return base.RoundTrip(r)
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	l := lockerOn(t, c)
+	const inspects = 10
+	for range inspects {
+		if _, err := l.Inspect(ctx, name("checked-once")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := requests.Load(); n != inspects+1 {
+		t.Errorf("%d Inspects under default deny: %d requests; want %d", inspects, n, inspects+1)
+	}
+}
