@@ -1,8 +1,10 @@
 package consullock
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -727,5 +729,31 @@ func TestTokenCheckedOnce(t *testing.T) {
 	}
 	if n := requests.Load(); n != inspects+1 {
 		t.Errorf("%d Inspects under default deny: %d requests; want %d", inspects, n, inspects+1)
+	}
+}
+
+// TestPurgeFilteredDeletesNothing: Purge by a token that may not read one
+// record, whose chunks it may read, fails for want of ACL rights rather
+// than take the chunks for no record's and delete them.
+func TestPurgeFilteredDeletesNothing(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	prefix := fmt.Sprintf("%sacl-purge-%d/", storePrefix, time.Now().UnixNano())
+	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	response := bytes.Repeat([]byte{1}, inlineResponse+1) // in chunks
+	if err := owner.Complete(ctx, "", "k", "o", response, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	purger := storeOn(t, allowed(t, a, root, all+` key "`+owner.recordKey("", "k")+`" { policy = "deny" }`), WithStorePrefix(prefix))
+	if n, err := purger.Purge(ctx); !errors.Is(err, errDenied) {
+		t.Errorf("Purge by a token denied a record: (%d, %v); want an error for want of ACL rights", n, err)
+	}
+	if rec, err := owner.Get(ctx, "", "k"); err != nil || !bytes.Equal(rec.Response, response) {
+		t.Errorf("the record after Purge: %v; want it whole", err)
 	}
 }
