@@ -757,3 +757,22 @@ func TestPurgeFilteredDeletesNothing(t *testing.T) {
 		t.Errorf("the record after Purge: %v; want it whole", err)
 	}
 }
+
+// TestDeleteHiddenRecord: Delete naming an owner, by a token that may not
+// read the record, fails for want of ACL rights, not as a record absent:
+// Consul's transaction leaves the record out of its read without a word.
+func TestDeleteHiddenRecord(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	prefix := fmt.Sprintf("%sacl-delete-%d/", storePrefix, time.Now().UnixNano())
+	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	denied := storeOn(t, allowed(t, a, root, all+` key "`+owner.recordKey("", "k")+`" { policy = "deny" }`), WithStorePrefix(prefix))
+	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, errDenied) || errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Delete by a token that may not read the record: %v; want an error for want of ACL rights", err)
+	}
+}

@@ -579,7 +579,12 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 				// check, and applied nothing.
 				return driver.NotSent(err)
 			}
-			if !ok || len(resp.Results) == 0 || resp.Results[0].ModifyIndex == 0 {
+			if ok && len(resp.Results) == 0 {
+				// Get-or-empty answers even when there is no record:
+				// Consul left out a record the token may not read.
+				return driver.NotSent(fmt.Errorf("%w: consul left the record out of its read", errDenied))
+			}
+			if !ok || resp.Results[0].ModifyIndex == 0 {
 				return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 			}
 			st, err := decodeRecord(resp.Results[0].Value)
