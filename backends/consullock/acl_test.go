@@ -736,20 +736,14 @@ func TestTokenCheckedOnce(t *testing.T) {
 // record, whose chunks it may read, fails for want of ACL rights rather
 // than take the chunks for no record's and delete them.
 func TestPurgeFilteredDeletesNothing(t *testing.T) {
-	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	prefix := fmt.Sprintf("%sacl-purge-%d/", storePrefix, time.Now().UnixNano())
-	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
-	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
-		t.Fatalf("Claim: (%v, %v)", rec, err)
-	}
+	owner, others := claimedRecord(ctx, t)
 	response := bytes.Repeat([]byte{1}, inlineResponse+1) // in chunks
 	if err := owner.Complete(ctx, "", "k", "o", response, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	purger := storeOn(t, allowed(t, a, root, all+` key "`+owner.recordKey("", "k")+`" { policy = "deny" }`), WithStorePrefix(prefix))
+	purger := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
 	if n, err := purger.Purge(ctx); !errors.Is(err, errDenied) {
 		t.Errorf("Purge by a token denied a record: (%d, %v); want an error for want of ACL rights", n, err)
 	}
@@ -762,17 +756,30 @@ func TestPurgeFilteredDeletesNothing(t *testing.T) {
 // read the record, fails for want of ACL rights, not as a record absent:
 // Consul's transaction leaves the record out of its read without a word.
 func TestDeleteHiddenRecord(t *testing.T) {
-	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	owner, others := claimedRecord(ctx, t)
+	denied := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
+	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, errDenied) || errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Delete by a token that may not read the record: %v; want an error for want of ACL rights", err)
+	}
+}
+
+// claimedRecord starts an ACL agent of the test's own (aclAgent) and
+// returns a Store there with every right, under a prefix of its own, that
+// holds the claim of the key "k" by "o", and a function that returns
+// another Store under that prefix whose token has every right but what
+// the rules it is given add.
+func claimedRecord(ctx context.Context, t *testing.T) (*Store, func(rules string) *Store) {
+	t.Helper()
+	a, root := aclAgent(t)
 	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	prefix := fmt.Sprintf("%sacl-delete-%d/", storePrefix, time.Now().UnixNano())
+	prefix := fmt.Sprintf("%sacl-%d/", storePrefix, time.Now().UnixNano())
 	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
 	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
 		t.Fatalf("Claim: (%v, %v)", rec, err)
 	}
-	denied := storeOn(t, allowed(t, a, root, all+` key "`+owner.recordKey("", "k")+`" { policy = "deny" }`), WithStorePrefix(prefix))
-	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, errDenied) || errors.Is(err, idempotency.ErrNotFound) {
-		t.Errorf("Delete by a token that may not read the record: %v; want an error for want of ACL rights", err)
+	return owner, func(rules string) *Store {
+		return storeOn(t, allowed(t, a, root, all+rules), WithStorePrefix(prefix))
 	}
 }
