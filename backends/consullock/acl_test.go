@@ -664,23 +664,7 @@ func TestFilteredContendersRefuse(t *testing.T) {
 		}
 		rules += ` key "` + keys[0] + `" { policy = "deny" }`
 	}
-	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "anonymous-filtered", Rules: rules}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const anonymousID = "00000000-0000-0000-0000-000000000002"
-	anonTok, _, err := root.ACL().TokenRead(anonymousID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	anonTok.Policies = append(anonTok.Policies, &api.ACLTokenPolicyLink{ID: p.ID})
-	if _, _, err := root.ACL().TokenUpdate(anonTok, nil); err != nil {
-		t.Fatal(err)
-	}
-	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := allowAnonymous(t, root, rules)
 	for _, c := range []struct {
 		who    string
 		client *api.Client
@@ -781,5 +765,71 @@ func claimedRecord(ctx context.Context, t *testing.T) (*Store, func(rules string
 	}
 	return owner, func(rules string) *Store {
 		return storeOn(t, allowed(t, a, root, all+rules), WithStorePrefix(prefix))
+	}
+}
+
+// allowAnonymous grants the anonymous token, which requests without a
+// token of their own carry, a policy that rules allow, and returns a new
+// token of that policy alone.
+func allowAnonymous(t *testing.T, root *api.Client, rules string) *api.ACLToken {
+	t.Helper()
+	tok, p := grant(t, root, rules)
+	const anonymousID = "00000000-0000-0000-0000-000000000002"
+	anon, _, err := root.ACL().TokenRead(anonymousID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon.Policies = append(anon.Policies, &api.ACLTokenPolicyLink{ID: p.ID})
+	if _, _, err := root.ACL().TokenUpdate(anon, nil); err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestAnonymousWaitsInQueue: a client without a token, under the default
+// policy deny, whose reads Consul may filter without a word, still waits
+// in a lock's queue behind another waiter and is granted the lock once
+// free: the queue only orders the waiters, and the lock key's transaction
+// judges the key itself.
+func TestAnonymousWaitsInQueue(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	allowAnonymous(t, root, all)
+	holder, first := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	anon := lockerOn(t, tokenClient(t, a, ""))
+	k := name("anonymous-queue")
+	opts := driver.AcquireOptions{TTL: MinTTL, Wait: true, Fair: true}
+	held, err := holder.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		le, err := first.Acquire(ctx, k, opts)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		firstDone <- err
+	}()
+	eventually(t, 10*time.Second, "the first waiter queued", func() bool { return queued(t, root, k) == 1 })
+	anonDone := make(chan error, 1)
+	go func() {
+		le, err := anon.Acquire(ctx, k, opts)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		anonDone <- err
+	}()
+	eventually(t, 10*time.Second, "the anonymous waiter queued", func() bool { return queued(t, root, k) == 2 })
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-firstDone; err != nil {
+		t.Errorf("the first waiter: %v", err)
+	}
+	if err := <-anonDone; err != nil {
+		t.Errorf("the waiter without a token: %v; want the lock once free", err)
 	}
 }

@@ -116,7 +116,7 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 		}
 		checked = true
 		if blocker == nil {
-			if tree, dirIndex, err = a.list(ctx, dir, 0); err != nil {
+			if tree, dirIndex, err = a.contenders(ctx, dir, 0); err != nil {
 				return nil, a.abort(ctx, own, err)
 			}
 			continue
@@ -125,9 +125,9 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
 		}
 		if k == permit {
-			tree, dirIndex, err = a.list(ctx, dir, dirIndex)
-		} else {
-			tree, err = a.waitGone(ctx, dir, blocker)
+			tree, dirIndex, err = a.contenders(ctx, dir, dirIndex)
+		} else if err = a.waitGone(ctx, blocker); err == nil {
+			tree, dirIndex, err = a.contenders(ctx, dir, 0)
 		}
 		if err != nil {
 			return nil, a.abort(ctx, own, err)
@@ -169,31 +169,36 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, b
 	return mine, nil
 }
 
-// waitGone waits, with blocking queries, until the key of kv, as read in
-// dir, is gone, and returns a new read of every key with the prefix dir. The first query blocks at
-// kv's ModifyIndex, which is the index a read of the key returns while it
-// stands unchanged, so no read precedes it; a key already gone answers it
-// at once, since its deletion came later.
-func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*api.KVPair, error) {
+// waitGone waits, with blocking queries, until the key of kv is gone. The
+// first query blocks at kv's ModifyIndex, which is the index a read of the
+// key returns while it stands unchanged, so no read precedes it; a key
+// already gone answers it at once, since its deletion came later.
+func (a *attempt) waitGone(ctx context.Context, kv *api.KVPair) error {
 	key, index := kv.Key, kv.ModifyIndex
 	for {
 		kv, idx, err := a.get(ctx, key, index)
-		if err != nil {
-			return nil, err
-		}
-		if kv == nil {
-			break
+		if err != nil || kv == nil {
+			return err
 		}
 		index = nextIndex(index, idx)
 	}
-	pairs, _, err := a.list(ctx, dir, 0)
-	return pairs, err
 }
 
-// list reads the keys under dir; see read. A read from which the ACL may
-// have left keys out (see tree) fails with errDenied: a contender judged
-// on it could take for free a lock whose holder's key it was not shown.
+// list reads the keys under dir; see read.
 func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
+	return read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
+		return a.l.client.KV().List(dir, q)
+	})
+}
+
+// contenders is list, for the contenders of a read/write lock or a
+// semaphore under dir, which are granted on what it reads: a read from
+// which the ACL may have left keys out (see tree) fails with errDenied,
+// since a contender judged on it could take for free a lock whose
+// holder's key it was not shown. A lock's queue needs no such read: it
+// only orders the waiters, and the lock key's transaction checks the key
+// itself.
+func (a *attempt) contenders(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
 	var filtered, deny atomic.Bool
 	pairs, idx, err := read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
 		pairs, meta, err := a.l.client.KV().List(dir, q)
