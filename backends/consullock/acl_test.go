@@ -1,8 +1,10 @@
 package consullock
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -631,5 +633,203 @@ func TestPartialPageJudgesNoSharedLock(t *testing.T) {
 	page, err := l.List(ctx, testPrefix, "", 100)
 	if !errors.Is(err, driver.ErrPartialList) || len(page) != 1 || page[0].Key != k || !errors.Is(page[0].Err, errDenied) || len(page[0].Holders) != 0 {
 		t.Errorf("List: %+v, %v; want %q unread, for want of ACL rights, with driver.ErrPartialList", page, err, k)
+	}
+}
+
+// TestFilteredContendersRefuse: a token that may write every key but an
+// earlier contender's is not granted a read/write lock or a semaphore that
+// contender holds, though the read it judges from leaves its key out: it
+// is refused at once, for want of ACL rights. So is a client without a
+// token under the default policy deny, whose reads Consul filters without
+// saying so.
+func TestFilteredContendersRefuse(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	holder := lockerOn(t, allowed(t, a, root, all))
+	rw, sem := name("filtered-rw"), name("filtered-sem")
+	if _, err := holder.AcquireWrite(ctx, rw, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.AcquireSemaphore(ctx, sem, 1, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+		t.Fatal(err)
+	}
+	// The holders' keys, each denied by an exact rule.
+	rules := all
+	for _, dir := range []string{RWDir(rw), SemaphoreDir(sem)} {
+		keys, _, err := root.KV().Keys(dir, "", nil)
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("the keys under %q: %q, %v", dir, keys, err)
+		}
+		rules += ` key "` + keys[0] + `" { policy = "deny" }`
+	}
+	tok := allowAnonymous(t, root, rules)
+	for _, c := range []struct {
+		who    string
+		client *api.Client
+	}{{"a token", tokenClient(t, a, tok.SecretID)}, {"no token", tokenClient(t, a, "")}} {
+		l := lockerOn(t, c.client)
+		for _, wait := range []bool{false, true} {
+			opts := driver.AcquireOptions{TTL: MinTTL, Wait: wait}
+			if le, err := l.AcquireRead(ctx, rw, opts); !errors.Is(err, errDenied) {
+				t.Errorf("%s, wait %v: AcquireRead while its writer's key is hidden: %v, %v; want an error for want of ACL rights", c.who, wait, le, err)
+			}
+			if le, err := l.AcquireSemaphore(ctx, sem, 1, opts); !errors.Is(err, errDenied) {
+				t.Errorf("%s, wait %v: AcquireSemaphore of 1 while its holder's key is hidden: %v, %v; want an error for want of ACL rights", c.who, wait, le, err)
+			}
+		}
+	}
+}
+
+// TestTokenCheckedOnce: under the default policy deny, a client with a
+// token asks Consul whether it has one once, not with every read: ten
+// Inspects, each one read, cost eleven requests (guard.Observe inspects
+// every tenth of the TTL).
+func TestTokenCheckedOnce(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tok, _ := grant(t, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`)
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = a, tok.SecretID
+	var requests atomic.Int64
+	base := cfg.Transport
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		requests.Add(1)
+		return base.RoundTrip(r)
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	l := lockerOn(t, c)
+	const inspects = 10
+	for range inspects {
+		if _, err := l.Inspect(ctx, name("checked-once")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := requests.Load(); n != inspects+1 {
+		t.Errorf("%d Inspects under default deny: %d requests; want %d", inspects, n, inspects+1)
+	}
+}
+
+// TestPurgeFilteredDeletesNothing: Purge by a token that may not read one
+// record, whose chunks it may read, fails for want of ACL rights rather
+// than take the chunks for no record's and delete them.
+func TestPurgeFilteredDeletesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner, others := claimedRecord(ctx, t)
+	response := bytes.Repeat([]byte{1}, inlineResponse+1) // in chunks
+	if err := owner.Complete(ctx, "", "k", "o", response, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	purger := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
+	if n, err := purger.Purge(ctx); !errors.Is(err, errDenied) {
+		t.Errorf("Purge by a token denied a record: (%d, %v); want an error for want of ACL rights", n, err)
+	}
+	if rec, err := owner.Get(ctx, "", "k"); err != nil || !bytes.Equal(rec.Response, response) {
+		t.Errorf("the record after Purge: %v; want it whole", err)
+	}
+}
+
+// TestDeleteHiddenRecord: Delete naming an owner, by a token that may not
+// read the record, fails for want of ACL rights, not as a record absent:
+// Consul's transaction leaves the record out of its read without a word.
+func TestDeleteHiddenRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner, others := claimedRecord(ctx, t)
+	denied := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
+	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, errDenied) || errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Delete by a token that may not read the record: %v; want an error for want of ACL rights", err)
+	}
+}
+
+// claimedRecord starts an ACL agent of the test's own (aclAgent) and
+// returns a Store there with every right, under a prefix of its own, that
+// holds the claim of the key "k" by "o", and a function that returns
+// another Store under that prefix whose token has every right but what
+// the rules it is given add.
+func claimedRecord(ctx context.Context, t *testing.T) (*Store, func(rules string) *Store) {
+	t.Helper()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	prefix := fmt.Sprintf("%sacl-%d/", storePrefix, time.Now().UnixNano())
+	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	return owner, func(rules string) *Store {
+		return storeOn(t, allowed(t, a, root, all+rules), WithStorePrefix(prefix))
+	}
+}
+
+// allowAnonymous grants the anonymous token, which requests without a
+// token of their own carry, a policy that rules allow, and returns a new
+// token of that policy alone.
+func allowAnonymous(t *testing.T, root *api.Client, rules string) *api.ACLToken {
+	t.Helper()
+	tok, p := grant(t, root, rules)
+	const anonymousID = "00000000-0000-0000-0000-000000000002"
+	anon, _, err := root.ACL().TokenRead(anonymousID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon.Policies = append(anon.Policies, &api.ACLTokenPolicyLink{ID: p.ID})
+	if _, _, err := root.ACL().TokenUpdate(anon, nil); err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestAnonymousWaitsInQueue: a client without a token, under the default
+// policy deny, whose reads Consul may filter without a word, still waits
+// in a lock's queue behind another waiter and is granted the lock once
+// free: the queue only orders the waiters, and the lock key's transaction
+// judges the key itself.
+func TestAnonymousWaitsInQueue(t *testing.T) {
+	a, root := aclAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	allowAnonymous(t, root, all)
+	holder, first := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	anon := lockerOn(t, tokenClient(t, a, ""))
+	k := name("anonymous-queue")
+	opts := driver.AcquireOptions{TTL: MinTTL, Wait: true, Fair: true}
+	held, err := holder.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstDone := make(chan error, 1)
+	go func() {
+		le, err := first.Acquire(ctx, k, opts)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		firstDone <- err
+	}()
+	eventually(t, 10*time.Second, "the first waiter queued", func() bool { return queued(t, root, k) == 1 })
+	anonDone := make(chan error, 1)
+	go func() {
+		le, err := anon.Acquire(ctx, k, opts)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		anonDone <- err
+	}()
+	eventually(t, 10*time.Second, "the anonymous waiter queued", func() bool { return queued(t, root, k) == 2 })
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-firstDone; err != nil {
+		t.Errorf("the first waiter: %v", err)
+	}
+	if err := <-anonDone; err != nil {
+		t.Errorf("the waiter without a token: %v; want the lock once free", err)
 	}
 }

@@ -513,8 +513,11 @@ func (a *attempt) waitTurn(ctx context.Context, own string, tree []*api.KVPair) 
 		}
 		// The predecessor may have been a waiter that gave up, with
 		// others still before it: the queue is read again.
+		if err := a.waitGone(ctx, pred); err != nil {
+			return nil, err
+		}
 		var err error
-		if tree, err = a.waitGone(ctx, a.key, pred); err != nil {
+		if tree, _, err = a.list(ctx, a.key, 0); err != nil {
 			return nil, err
 		}
 	}

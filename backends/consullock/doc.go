@@ -121,7 +121,14 @@
 // waiters block on the whole directory, since any release may admit any of
 // them. The token is the contender key's ModifyIndex. An acquisition that
 // does not wait and finds itself blocked deletes its key again: two
-// requests. These keys are compatible with nothing but this package's own.
+// requests. The transaction's read leaves out, without saying so, the keys
+// Consul's ACL hides from the token, so an acquisition it finds unblocked
+// reads the directory again, consistently, before it is granted (one more
+// request), and is refused, with an error wrapping driver.ErrUnavailable
+// that names the ACL, when Consul says that read left keys out, or when the
+// default policy is deny and the request carries no token (see
+// Locker.Inspect): a key hidden from it may be a holder's. These keys are
+// compatible with nothing but this package's own.
 //
 // # Operators
 //

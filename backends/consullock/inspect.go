@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -96,8 +97,9 @@ func withheld(key string) error {
 // as silently. When the datacenter's default ACL policy is deny (under
 // which the anonymous token reads only what its policies allow) and Consul
 // said nothing, tree therefore asks Consul whether the client's requests
-// carry a token (one more request), and takes a read without one as
-// filtered. Under the default policy allow, an anonymous token whose
+// carry a token (one more request, which a token found real spares the
+// reads of the minute after: see anonymous), and takes a read without one
+// as filtered. Under the default policy allow, an anonymous token whose
 // policies deny keys is not found out.
 //
 // A read names its prefix in the URL's path, which Consul's HTTP server
@@ -130,25 +132,56 @@ func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVP
 		filtered = filtered || meta.ResultsFilteredByACLs
 		deny = deny || meta.DefaultACLPolicy == "deny"
 	}
-	if deny && !filtered {
-		filtered, err = l.anonymous(ctx)
-	}
+	filtered, err = l.hidden(ctx, filtered, deny)
 	return pairs, filtered, err
+}
+
+// hidden reports whether a read may have left out keys the token may not
+// read: Consul said so (filtered), or the datacenter's default policy is
+// deny and the client's requests carry no token (see tree).
+func (l *Locker) hidden(ctx context.Context, filtered, deny bool) (bool, error) {
+	if filtered || !deny {
+		return filtered, nil
+	}
+	return l.anonymous(ctx)
 }
 
 // anonymous reports whether the client's requests carry no token, so that
 // Consul reads them as the anonymous token's: it knows no token of theirs
 // (a token may always read itself, and a token Consul does not know was
 // refused the read before).
+//
+// A token found real is taken as real for tokenKept after, sparing every
+// read under default deny a request (guard.Observe inspects every tenth
+// of the TTL). A token is not made anonymous while it lives: Consul
+// refuses the requests of a token it deleted. The agent's default token,
+// which requests without one of their own carry, can be changed or
+// cleared at any time, though: tokenKept bounds how long a read of such a
+// client's may be trusted once it was.
 func (l *Locker) anonymous(ctx context.Context) (bool, error) {
+	l.mu.Lock()
+	real := !l.tokenSeen.IsZero() && time.Since(l.tokenSeen) < tokenKept
+	l.mu.Unlock()
+	if real {
+		return false, nil
+	}
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
 	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
 	if se := (api.StatusError{}); errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found") {
 		return true, nil
 	}
-	return false, l.fail(ctx, rctx, err)
+	if err != nil {
+		return false, l.fail(ctx, rctx, err)
+	}
+	l.mu.Lock()
+	l.tokenSeen = time.Now()
+	l.mu.Unlock()
+	return false, nil
 }
+
+// tokenKept is how long anonymous takes a token it found real as real.
+const tokenKept = time.Minute
 
 // judge splits the keys of the name key into its holders, oldest grant
 // first, and the number of its waiters.

@@ -61,6 +61,9 @@ type Locker struct {
 	// rights live on unanchored (see newSession): a Store's, which holds
 	// no locks.
 	anchorOptional bool
+	// tokenSeen is when the client's requests were last found to carry a
+	// real token (see anonymous); zero before.
+	tokenSeen time.Time
 }
 
 var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 
 	"github.com/hashicorp/consul/api"
 
@@ -100,21 +101,33 @@ func (a *attempt) contend(ctx context.Context, dir string, wait bool, k kind, pe
 	// A permit blocks on the directory from the index of its last read of
 	// it; the first read after the transaction has none.
 	var dirIndex uint64
+	// The transaction's read leaves out, without a word, the keys the
+	// ACL hides from the token, an earlier contender's among them: it
+	// may show a blocker, which stands, but a grant is judged again on a
+	// read that says so (see list). The reads that follow are such reads.
+	checked := false
 	for {
 		mine, blocker := blocking(dir, own, tree, k, permits)
 		if mine == nil {
 			return nil, a.abort(ctx, own, errSessionLost)
 		}
-		if blocker == nil {
+		if blocker == nil && checked {
 			return a.granted(ctx, mine, done)
+		}
+		checked = true
+		if blocker == nil {
+			if tree, dirIndex, err = a.contenders(ctx, dir, 0); err != nil {
+				return nil, a.abort(ctx, own, err)
+			}
+			continue
 		}
 		if !wait {
 			return nil, a.abort(ctx, own, driver.ErrNotAcquired)
 		}
 		if k == permit {
-			tree, dirIndex, err = a.list(ctx, dir, dirIndex)
-		} else {
-			tree, err = a.waitGone(ctx, dir, blocker)
+			tree, dirIndex, err = a.contenders(ctx, dir, dirIndex)
+		} else if err = a.waitGone(ctx, blocker); err == nil {
+			tree, dirIndex, err = a.contenders(ctx, dir, 0)
 		}
 		if err != nil {
 			return nil, a.abort(ctx, own, err)
@@ -156,25 +169,19 @@ func blocking(dir, own string, tree []*api.KVPair, k kind, permits int) (mine, b
 	return mine, nil
 }
 
-// waitGone waits, with blocking queries, until the key of kv, as read in
-// dir, is gone, and returns a new read of every key with the prefix dir. The first query blocks at
-// kv's ModifyIndex, which is the index a read of the key returns while it
-// stands unchanged, so no read precedes it; a key already gone answers it
-// at once, since its deletion came later.
-func (a *attempt) waitGone(ctx context.Context, dir string, kv *api.KVPair) ([]*api.KVPair, error) {
+// waitGone waits, with blocking queries, until the key of kv is gone. The
+// first query blocks at kv's ModifyIndex, which is the index a read of the
+// key returns while it stands unchanged, so no read precedes it; a key
+// already gone answers it at once, since its deletion came later.
+func (a *attempt) waitGone(ctx context.Context, kv *api.KVPair) error {
 	key, index := kv.Key, kv.ModifyIndex
 	for {
 		kv, idx, err := a.get(ctx, key, index)
-		if err != nil {
-			return nil, err
-		}
-		if kv == nil {
-			break
+		if err != nil || kv == nil {
+			return err
 		}
 		index = nextIndex(index, idx)
 	}
-	pairs, _, err := a.list(ctx, dir, 0)
-	return pairs, err
 }
 
 // list reads the keys under dir; see read.
@@ -182,4 +189,35 @@ func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KV
 	return read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
 		return a.l.client.KV().List(dir, q)
 	})
+}
+
+// contenders is list, for the contenders of a read/write lock or a
+// semaphore under dir, which are granted on what it reads: a read from
+// which the ACL may have left keys out (see tree) fails with errDenied,
+// since a contender judged on it could take for free a lock whose
+// holder's key it was not shown. A lock's queue needs no such read: it
+// only orders the waiters, and the lock key's transaction checks the key
+// itself.
+func (a *attempt) contenders(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
+	var filtered, deny atomic.Bool
+	pairs, idx, err := read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
+		pairs, meta, err := a.l.client.KV().List(dir, q)
+		if meta != nil {
+			// Any answer's: the reads are of the same keys.
+			filtered.CompareAndSwap(false, meta.ResultsFilteredByACLs)
+			deny.CompareAndSwap(false, meta.DefaultACLPolicy == "deny")
+		}
+		return pairs, meta, err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	hidden, err := a.l.hidden(ctx, filtered.Load(), deny.Load())
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case hidden:
+		return nil, 0, withheld(dir)
+	}
+	return pairs, idx, nil
 }

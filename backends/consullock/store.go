@@ -1,6 +1,7 @@
 package consullock
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -578,7 +579,12 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 				// check, and applied nothing.
 				return driver.NotSent(err)
 			}
-			if !ok || len(resp.Results) == 0 || resp.Results[0].ModifyIndex == 0 {
+			if ok && len(resp.Results) == 0 {
+				// Get-or-empty answers even when there is no record:
+				// Consul left out a record the token may not read.
+				return driver.NotSent(fmt.Errorf("%w: consul left the record out of its read", errDenied))
+			}
+			if !ok || resp.Results[0].ModifyIndex == 0 {
 				return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 			}
 			st, err := decodeRecord(resp.Results[0].Value)
@@ -615,16 +621,23 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 // key never claimed again keeps its record. Purge lists the prefix's keys
 // in one request and reads each record with one more, so run it
 // periodically, from one process, at a pace the number of records allows.
+// Its token must read every key under the prefix: a listing from which
+// Consul's ACL left keys out fails, with nothing deleted.
 func (s *Store) Purge(ctx context.Context) (int, error) {
 	if err := idempotency.CheckContext(ctx); err != nil {
 		return 0, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	keys, _, err := s.client.KV().Keys(s.dir, "", queryOpts(rctx))
+	keys, meta, err := s.client.KV().Keys(s.dir, "", queryOpts(rctx))
 	err = s.sessions.fail(ctx, rctx, err)
 	cancel()
 	if err != nil {
 		return 0, err
+	}
+	// A record the ACL left out of the listing would leave its chunks
+	// looking like no record's, and deleted.
+	if hidden, err := s.sessions.hidden(ctx, meta.ResultsFilteredByACLs, meta.DefaultACLPolicy == "deny"); hidden || err != nil {
+		return 0, cmp.Or(err, fmt.Errorf("%w: consul left out of its listing of %q keys the token may not read", errDenied, s.dir))
 	}
 	records := make(map[string]bool)
 	for _, k := range keys {
