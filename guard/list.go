@@ -35,13 +35,13 @@ import (
 // holder, ZooKeeper a lock's node until it is removed).
 //
 // A backend that leaves such locks out and says only that it did (Consul,
-// whose ACLs filter a read) returns the page it could read together with
-// an error matching ErrPartialList, as an io.Reader returns n bytes and an
+// whose ACLs filter a read) returns the page it could read together with an
+// error matching ErrPartialList, as an io.Reader returns n bytes and an
 // error: the page is not the whole answer, however short, and is right as
-// far as it goes but for the keys left out: an entry they could make
-// wrong has Err (on Consul, a read/write lock or semaphore), and one read
-// held may have more waiters than it shows. Any other failure (the backend out of reach, a
-// refusal of the listing itself) fails the page, and returns none.
+// far as it goes but for the keys left out: an entry they could make wrong
+// has Err (on Consul, a read/write lock or semaphore), and one read held may
+// have more waiters than it shows. Any other failure (the backend out of
+// reach, a refusal of the listing itself) fails the page, and returns none.
 func (g *Guard) List(ctx context.Context, prefix, after string, limit int) ([]Inspection, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("warden: list: %w: nil context", ErrInvalidOption)

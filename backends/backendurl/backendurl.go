@@ -17,12 +17,12 @@
 // URL without credentials, is refused every lock and record under them
 // (zk.ErrNoAuth): the warden CLI's locks ls, which may not list the lock
 // root, fails as a whole. It shows a lock of another user's as a "?" row,
-// and exits 4, only where the roots are not that user's (created by a
-// client without credentials, or with an ACL naming both users). Every
-// service and operator sharing these locks uses the same user. Several users sharing them need an ACL naming them
-// all, which a URL cannot give: zklock.WithACL and zklock.WithStoreACL in
-// code (with the roots created with it), or zklock.WithRoot and
-// zklock.WithStoreRoot for a root per user.
+// and exits 4, only where the roots are not that user's (created by a client
+// without credentials, or with an ACL naming both users). Every service and
+// operator sharing these locks uses the same user. Several users sharing
+// them need an ACL naming them all, which a URL cannot give: zklock.WithACL
+// and zklock.WithStoreACL in code (with the roots created with it), or
+// zklock.WithRoot and zklock.WithStoreRoot for a root per user.
 //
 // A URL prints redacted (String): its user info, the values of its query
 // parameters whose names say "pass" (pgx reads ?password=), and the whole

@@ -39,8 +39,8 @@ func (l listedAs) List(ctx context.Context, prefix, after string, limit int) ([]
 	return page, l.err
 }
 
-// lsOn runs locks ls with args on a Guard of backend, whose services'
-// prefix is "warden:", with the locks keys held there by "svc-1"; it returns the
+// lsOn runs locks ls with args on a Guard of backend, whose services' prefix
+// is "warden:", with the locks keys held there by "svc-1"; it returns the
 // command's output, its notes and its error.
 func lsOn(t *testing.T, backend driver.Locker, asJSON bool, keys []string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()

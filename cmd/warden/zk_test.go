@@ -112,10 +112,10 @@ func TestListWithAnotherUsersLock(t *testing.T) {
 	}
 }
 
-// zkGuard is a Guard on the Locker that rawURL, a zk:// URL of hosts,
-// opens, whose locks are labelled owner. The roots, which the first Locker to need
-// them makes with its own ACL, are made first with the world's, so that
-// they stay open to the tests that run without credentials.
+// zkGuard is a Guard on the Locker that rawURL, a zk:// URL of hosts, opens,
+// whose locks are labelled owner. The roots, which the first Locker to need
+// them makes with its own ACL, are made first with the world's, so that they
+// stay open to the tests that run without credentials.
 func zkGuard(t *testing.T, hosts, rawURL, owner string) *guard.Guard {
 	t.Helper()
 	u, err := backendurl.Parse(rawURL)

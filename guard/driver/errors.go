@@ -47,17 +47,17 @@ var (
 // chain stay err's. A nil err stays nil.
 //
 // A backend marks only what its client's error, or its own order of
-// requests, proves: the change was never sent, because no connection
-// could be made for it (a dial refused or timed out), the client's pool
-// gave none, the client is closed, or the context was done before the
-// send; a request the backend sends before the change (reading the
-// holder) failed, so the change was never sent; or the server refused
-// the change whole, running none of it or undoing all it ran (a read-only
-// transaction's, a read-only server's or a permission's refusal, a
-// transaction that failed its checks). A request written on a connection that then broke,
-// or whose answer timed out, is never marked: the server may have run it.
-// Nor is one the client may have sent more than once, unless each earlier
-// send is proved to have changed nothing too.
+// requests, proves: the change was never sent, because no connection could
+// be made for it (a dial refused or timed out), the client's pool gave none,
+// the client is closed, or the context was done before the send; a request
+// the backend sends before the change (reading the holder) failed, so the
+// change was never sent; or the server refused the change whole, running
+// none of it or undoing all it ran (a read-only transaction's, a read-only
+// server's or a permission's refusal, a transaction that failed its checks).
+// A request written on a connection that then broke, or whose answer timed
+// out, is never marked: the server may have run it. Nor is one the client
+// may have sent more than once, unless each earlier send is proved to have
+// changed nothing too.
 func NotSent(err error) error {
 	if err == nil {
 		return nil
