@@ -82,3 +82,27 @@ func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectReadOnlyClientAfterReshard: a ReadOnly Cluster client whose
+// slot map still names the master a lock's slot has left inspects the lock
+// as held: that master's MOVED answer has the map reloaded (go-redis would
+// reload it a minute later), and the script is sent again to the new one.
+func TestInspectReadOnlyClientAfterReshard(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const key = "ro/moved"
+	if _, err := newLocker(t, c.client()).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	ro := newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.ReadOnly = true }))
+	if in, err := ro.Inspect(ctx, key); err != nil || len(in.Holders) != 1 {
+		t.Fatalf("Inspect before the move = %+v, %v; want one holder", in, err)
+	}
+	slot := c.slot(lockKeyOf(key))
+	src := c.owner(slot)
+	c.moveSlot(slot, src, c.other(src), 100, nil)
+	if in, err := ro.Inspect(ctx, key); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect after the move = %+v, %v; want one holder", in, err)
+	}
+}
