@@ -17,10 +17,11 @@ import (
 
 // TestReadsOnMasterWithReadOnlyClient: a Cluster client with ReadOnly set
 // sends the commands Redis flags read-only to a replica, which may lag its
-// master. Inspect, List, the Fence's Highest and the Store's Get, through
-// such a client, read on the master: the replica, whose link to its master
-// is cut just before each lock is taken, gets none of their commands, and
-// each held lock reads as held.
+// master. Inspect and List (as a user allowed only to read the keys), the
+// Fence's Highest and the Store's Get, through such a client, read on the
+// master: the replica, whose link to its master is cut just before each
+// lock is taken, gets none of their commands, and each held lock reads as
+// held.
 func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
 	c := startReshardCluster(t, 1)
 	m := c.shards[0]
@@ -41,7 +42,12 @@ func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
 	defer cancel()
 	holder := newLocker(t, c.client())
 	reader := c.client(func(o *goredis.ClusterOptions) { o.ReadOnly = true })
-	ro := newLocker(t, reader)
+	// Inspect and List as a user allowed only to read the keys, which may
+	// run EVALSHA_RO on them but not EVALSHA.
+	for _, s := range []*shard{m, r} {
+		c.must(s, "ACL", "SETUSER", "ops", "reset", "on", ">pw", "&*", "+@all", "%R~*")
+	}
+	ro := newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.ReadOnly, o.Username, o.Password = true, "ops", "pw" }))
 	fence, err := NewFence(reader)
 	if err != nil {
 		t.Fatal(err)
