@@ -499,3 +499,20 @@ func TestInspectWithoutReadOnlyScripts(t *testing.T) {
 		t.Errorf("List = %+v, %v; want lock \"a\" held", page, err)
 	}
 }
+
+// TestInspectRefusedReadOnlyScripts: a Redis 7 user allowed EVALSHA but
+// not EVALSHA_RO inspects and lists by EVALSHA.
+func TestInspectRefusedReadOnlyScripts(t *testing.T) {
+	ctx := context.Background()
+	admin, user := serverWithout(t, "+evalsha_ro")
+	if _, err := newLocker(t, admin).Acquire(ctx, "warden:a", driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	l := user()
+	if in, err := l.Inspect(ctx, "warden:a"); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect = %+v, %v; want one holder", in, err)
+	}
+	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
+		t.Errorf("List = %+v, %v; want lock \"warden:a\" held", page, err)
+	}
+}

@@ -34,6 +34,15 @@
 //
 // '{', '}' and '%' in a key are percent-encoded so the hash tag stays whole.
 //
+// Every read that judges a lock or a token is the key's master's. A
+// ClusterClient with ReadOnly set (as RouteByLatency, RouteRandomly and a
+// FailoverClusterClient's routing options set it) sends the commands Redis
+// flags read-only (GET, HGET, EVALSHA_RO) to a replica, which lags its
+// master and may show a held lock free; Inspect, List and the Fence's
+// Highest send theirs on go-redis's client of the key's master
+// (ClusterClient.MasterForKey) instead. The scripts run by EVALSHA (every
+// write, ForceRelease, the Store's Get) go to the master already.
+//
 // An exclusive lock is one key, read and written by every grant, refresh and
 // release in a single SET ... KEEPTTL GET: an uncontended acquisition and
 // release cost 5 server commands (the two scripts' EVALSHA, the grant's

@@ -158,11 +158,23 @@ func (f *Fence) Advance(ctx context.Context, c fence.Claim) error {
 	return err
 }
 
-// Highest returns the highest token resource accepted, 0 if none.
+// Highest returns the highest token resource accepted, 0 if none, read on
+// the resource's master even by a client that reads from replicas (see
+// resender.readsReplicas), where the token may not have come yet.
 func (f *Fence) Highest(ctx context.Context, resource string) (uint64, error) {
-	cmd := goredis.NewStringCmd(ctx, "hget", f.Key(resource), "t")
-	_ = f.client.Process(ctx, cmd)
-	s, err := cmd.Result()
+	key := f.Key(resource)
+	hget := func(c rediseval.Client) *goredis.Cmd {
+		cmd := goredis.NewCmd(ctx, "hget", key, "t")
+		_ = c.Process(ctx, cmd)
+		return cmd
+	}
+	var cmd *goredis.Cmd
+	if f.slots.readsReplicas() {
+		cmd = f.slots.onMaster(ctx, key, func(m *goredis.Client) *goredis.Cmd { return hget(m) })
+	} else {
+		cmd = hget(f.client)
+	}
+	s, err := cmd.Text()
 	if errors.Is(err, goredis.Nil) {
 		return 0, nil
 	}

@@ -79,13 +79,23 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // server older than 7 knows no EVALSHA_RO, and a user may have EVALSHA
 // without it: the script is then run by EVALSHA, as before Redis 7. A
 // refusal of a key is the key's, and EVALSHA would be refused it too.
+// The script runs on the keys' master even on a client that reads from
+// replicas (see resender.readsReplicas), so that the read-only user keeps
+// its read there; EVALSHA alone, which go-redis never sends to a replica,
+// would be refused to that user.
 func (l *Locker) inspect(ctx context.Context, keys []string) *goredis.Cmd {
-	c := l.sc.retry(ctx, func() *goredis.Cmd { return l.s.inspect.RunRO(ctx, l.sc.Scripter, keys) })
-	if err := c.Err(); err != nil && !redisrefusal.KeyDenied(err) &&
-		(goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command")) {
-		c = l.s.inspect.Run(ctx, l.sc, keys)
+	run := func(s goredis.Scripter) *goredis.Cmd {
+		c := l.s.inspect.RunRO(ctx, s, keys)
+		if err := c.Err(); err != nil && !redisrefusal.KeyDenied(err) &&
+			(goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command")) {
+			c = l.s.inspect.Run(ctx, s, keys)
+		}
+		return c
 	}
-	return c
+	if l.sc.readsReplicas() {
+		return l.sc.onMaster(ctx, keys[0], func(m *goredis.Client) *goredis.Cmd { return run(m) })
+	}
+	return l.sc.retry(ctx, func() *goredis.Cmd { return run(l.sc.Scripter) })
 }
 
 // List implements driver.Lister. Redis keeps no index of lock names, so
@@ -171,14 +181,36 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // to read (an ACL user whose key patterns leave it out, NOPERM: SCAN
 // shows every key) is kept with that refusal as its Err, the error Inspect
 // would return; any other failure, a refused GET included, fails them all.
+// The states are read on the masters, as Inspect reads them: a replica's
+// may lag, and leave a held lock out.
 func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Listed, error) {
-	pipe := l.client.Pipeline()
 	gets := make([]*goredis.StringCmd, len(keys))
-	for i, k := range keys {
-		gets[i] = pipe.Get(ctx, lockKeyOf(k))
+	if !l.sc.readsReplicas() {
+		pipe := l.client.Pipeline()
+		for i, k := range keys {
+			gets[i] = pipe.Get(ctx, lockKeyOf(k))
+		}
+		// Exec returns the first command's failure; each is judged below.
+		pipe.Exec(ctx)
+	} else {
+		// The client would send GET to replicas: one pipeline per master.
+		pipes := make(map[*goredis.Client]goredis.Pipeliner)
+		for i, k := range keys {
+			m, err := l.sc.cluster.MasterForKey(ctx, lockKeyOf(k))
+			if err != nil {
+				return nil, err
+			}
+			p := pipes[m]
+			if p == nil {
+				p = m.Pipeline()
+				pipes[m] = p
+			}
+			gets[i] = p.Get(ctx, lockKeyOf(k))
+		}
+		for _, p := range pipes {
+			p.Exec(ctx)
+		}
 	}
-	// Exec returns the first command's failure; each is judged below.
-	pipe.Exec(ctx)
 	var out []driver.Listed
 	for i, g := range gets {
 		v, err := g.Result()
