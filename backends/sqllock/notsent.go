@@ -11,15 +11,14 @@ import (
 )
 
 // notSentOr is err, the failure of a forced release's or a record delete's
-// statement, marked driver.NotSent when it proves that the
-// statement changed nothing: no connection could be made for it (a dial
-// refused or timed out), the driver failed before it sent a byte
-// (database/sql/driver's ErrBadConn, which a driver may return only then,
-// and pgx's SafeToRetry), or the database refused the write for the
-// connection's sake or the user's (refusedWrite). database/sql sends a
-// statement again only after ErrBadConn, and the package only after
-// the database's answer that it ran nothing (retryable), so the last
-// failure speaks for every attempt.
+// statement, marked driver.NotSent when it proves that the statement changed
+// nothing: no connection could be made for it (a dial refused or timed out),
+// the driver failed before it sent a byte (database/sql/driver's ErrBadConn,
+// which a driver may return only then, and pgx's SafeToRetry), or the
+// database refused the write for the connection's sake or the user's
+// (refusedWrite). database/sql sends a statement again only after
+// ErrBadConn, and the package only after the database's answer that it ran
+// nothing (retryable), so the last failure speaks for every attempt.
 func notSentOr(err error) error {
 	var (
 		op   *net.OpError
