@@ -482,7 +482,8 @@ func TestListReadOnlyUser(t *testing.T) {
 
 // TestInspectWithoutReadOnlyScripts: on a server without EVALSHA_RO and
 // EVAL_RO (Redis 6.2 has neither; here they are renamed away), Inspect
-// and List run the inspection by EVALSHA.
+// and List run the inspection by EVALSHA, and ask for EVALSHA_RO once,
+// not on every inspection.
 func TestInspectWithoutReadOnlyScripts(t *testing.T) {
 	ctx := context.Background()
 	s := drivertest.StartRedis(t, "--rename-command", "evalsha_ro", "", "--rename-command", "eval_ro", "")
@@ -497,6 +498,21 @@ func TestInspectWithoutReadOnlyScripts(t *testing.T) {
 	}
 	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
 		t.Errorf("List = %+v, %v; want lock \"a\" held", page, err)
+	}
+	// The server counts each unknown command it answers as an ERR reply.
+	refused := func() string {
+		_, rest, _ := strings.Cut(c.Info(ctx, "errorstats").Val(), "errorstat_ERR:count=")
+		n, _, _ := strings.Cut(rest, "\r")
+		return n
+	}
+	before := refused()
+	for range 3 {
+		if _, err := l.Inspect(ctx, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := refused(); after != before {
+		t.Errorf("three more inspections had %s refusals of ERR, after %s: EVALSHA_RO asked again", after, before)
 	}
 }
 

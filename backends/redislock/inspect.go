@@ -83,11 +83,20 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 // replicas (see resender.readsReplicas), so that the read-only user keeps
 // its read there; EVALSHA alone, which go-redis never sends to a replica,
 // would be refused to that user.
+//
+// The fallback is kept once taken: a server that knows no EVALSHA_RO, or a
+// user refused it, would refuse every later inspection too, and
+// guard.Observe inspects every tenth of the TTL, which would pay the
+// refused request on each.
 func (l *Locker) inspect(ctx context.Context, keys []string) *goredis.Cmd {
 	run := func(s goredis.Scripter) *goredis.Cmd {
+		if l.inspectRW.Load() {
+			return l.s.inspect.Run(ctx, s, keys)
+		}
 		c := l.s.inspect.RunRO(ctx, s, keys)
 		if err := c.Err(); err != nil && !redisrefusal.KeyDenied(err) &&
 			(goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command")) {
+			l.inspectRW.Store(true)
 			c = l.s.inspect.Run(ctx, s, keys)
 		}
 		return c
