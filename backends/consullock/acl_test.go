@@ -27,9 +27,9 @@ import (
 
 // aclAgent starts a Consul dev agent of the test's own, with ACLs on and
 // denying whatever a token's policies do not allow (the shared agent has
-// no ACLs), and returns its address and a client with its management
-// token.
-func aclAgent(t *testing.T) (string, *api.Client) {
+// no ACLs), and any further settings of its acl block, and returns its
+// address and a client with its management token.
+func aclAgent(t *testing.T, settings ...string) (string, *api.Client) {
 	t.Helper()
 	addr(t) // skips with the other server tests
 	bin, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "services.sh"), "bin", "consul").Output()
@@ -49,7 +49,7 @@ func aclAgent(t *testing.T) (string, *api.Client) {
 	cmd := exec.Command(strings.TrimSpace(string(bin)), "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
 		"-node", "warden-acl", "-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
 		"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
-		"-hcl", `acl { enabled = true default_policy = "deny" tokens { initial_management = "`+management+`" } }`,
+		"-hcl", `acl { enabled = true default_policy = "deny" tokens { initial_management = "`+management+`" } `+strings.Join(settings, " ")+` }`,
 		"-log-level", "error")
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -100,6 +100,28 @@ func tokenClient(t *testing.T, a, token string) *api.Client {
 	}
 	t.Cleanup(cfg.Transport.CloseIdleConnections)
 	return c
+}
+
+// countedClient returns a client of its own to a, with token, and the
+// number of the requests it has sent that counts reports true for.
+func countedClient(t testing.TB, a, token string, counts func(*http.Request) bool) (*api.Client, *atomic.Int64) {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = a, token
+	n := new(atomic.Int64)
+	base := cfg.Transport
+	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if counts(r) {
+			n.Add(1)
+		}
+		return base.RoundTrip(r)
+	})}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	return c, n
 }
 
 // allowed returns a client to the agent at a, whose management client is
@@ -340,21 +362,9 @@ func TestACLChangesWhileHeld(t *testing.T) {
 				t.Fatal(err)
 			}
 			tok, _ := grant(t, root, all)
-			cfg := api.DefaultConfig()
-			cfg.Address, cfg.Token = a, tok.SecretID
-			var reads atomic.Int64
-			base := cfg.Transport
-			cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/") {
-					reads.Add(1)
-				}
-				return base.RoundTrip(r)
-			})}
-			c, err := api.NewClient(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(base.CloseIdleConnections)
+			c, reads := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
+				return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/")
+			})
 			w := lockerOn(t, c)
 			done := make(chan error, 1)
 			go func() {
@@ -691,19 +701,7 @@ func TestTokenCheckedOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tok, _ := grant(t, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`)
-	cfg := api.DefaultConfig()
-	cfg.Address, cfg.Token = a, tok.SecretID
-	var requests atomic.Int64
-	base := cfg.Transport
-	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		requests.Add(1)
-		return base.RoundTrip(r)
-	})}
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(base.CloseIdleConnections)
+	c, requests := countedClient(t, a, tok.SecretID, func(*http.Request) bool { return true })
 	l := lockerOn(t, c)
 	const inspects = 10
 	for range inspects {

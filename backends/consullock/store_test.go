@@ -194,22 +194,9 @@ func TestStoreLateComplete(t *testing.T) {
 // storePrefix are counted; the session's own requests (creation, renewal,
 // its watch) are not.
 func countingClient(t testing.TB, a string) (*api.Client, *atomic.Int64) {
-	cfg := api.DefaultConfig()
-	cfg.Address = a
-	n := new(atomic.Int64)
-	base := cfg.Transport
-	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if p := r.URL.Path; p == "/v1/txn" || strings.HasPrefix(p, "/v1/kv/"+storePrefix) {
-			n.Add(1)
-		}
-		return base.RoundTrip(r)
-	})}
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(base.CloseIdleConnections)
-	return c, n
+	return countedClient(t, a, "", func(r *http.Request) bool {
+		return r.URL.Path == "/v1/txn" || strings.HasPrefix(r.URL.Path, "/v1/kv/"+storePrefix)
+	})
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
