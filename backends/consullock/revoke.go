@@ -2,6 +2,7 @@ package consullock
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -215,16 +216,33 @@ const revocationWait = 5 * time.Minute
 //
 // The directory's own key is acquired first, by the session (newSession
 // does, before any lock is acquired by it), and stays until the session
-// ends, when Consul deletes it: the query then returns,
-// and has the session renewed at once, which finds it gone, so that its
-// sections are cancelled within a round trip of its end rather than at
-// the next renewal. Without that anchor, too, Consul would answer a blocking query on a prefix with
-// no key under it with the whole KV store's index, and wakes it on writes
-// near it, so without that anchor the query would return at every write
-// to the store, from every session.
+// ends, when Consul deletes it: the query then returns, and has the
+// session renewed at once, which finds it gone, so that its sections are
+// cancelled within a round trip of its end rather than at the next
+// renewal. Without that anchor, too, Consul would answer a blocking query
+// on a prefix with no key under it with the whole KV store's index, and
+// wakes it on writes near it, so without that anchor the query would
+// return at every write to the store, from every session.
+//
+// A session that holds locks is given up, and its locks with it, once its
+// markers may go unseen, rather than work on unable to tell a forced
+// release from none: when Consul says it left keys out of a read
+// (ResultsFilteredByACLs: a rule denies a marker, the session's directory
+// or RevokedPrefix), refuses the read (a token without list on the
+// directory, under acl.enable_key_list_policy), or refuses anew the anchor
+// it left out of a read (the only sign Consul gives a request without a
+// token, whose reads it filters without a word). The anchor's acquisition
+// proved every marker readable when the session began, since a rule that
+// hides a marker and not the anchor names the session, which did not
+// exist before; rules changed later show at the first read by them after
+// a marker is written, which wakes the query within a round trip (Consul
+// judges a query by the rules as they were when it came, so a marker
+// written while it waits is seen). A Store's session holds no locks, and
+// no marker names it: it is kept.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
+	holdsLocks := !s.l.anchorOptional
 	var index uint64
 	for {
 		// Bounded like every request, so that a query sent to a server
@@ -242,11 +260,19 @@ func (s *session) watchRevocations() {
 		if s.lost() {
 			return
 		}
+		if err != nil && holdsLocks && refusal(err) != nil {
+			s.giveUp()
+			return
+		}
 		if err != nil {
 			if driver.Sleep(s.ctx, retryDelay, s.done) != nil {
 				return
 			}
 			continue
+		}
+		if meta.ResultsFilteredByACLs && holdsLocks {
+			s.giveUp()
+			return
 		}
 		// An index that goes back (a snapshot restored) starts over.
 		if index = meta.LastIndex; index < 1 {
@@ -261,7 +287,12 @@ func (s *session) watchRevocations() {
 			default:
 			}
 			// Anchored again if the session lives on.
-			anchored = s.anchor(s.ctx) == nil
+			err := s.anchor(s.ctx)
+			if holdsLocks && errors.Is(err, errDenied) {
+				s.giveUp()
+				return
+			}
+			anchored = err == nil
 		}
 		for _, p := range pairs {
 			rest := strings.TrimPrefix(p.Key, dir)

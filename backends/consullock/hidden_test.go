@@ -1,0 +1,132 @@
+package consullock
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// TestHiddenMarkerLosesTheLock: a holder whose ACL rules change while it
+// holds a lock, so that it may no longer read the marker a forced release
+// leaves it, loses the lock (its session given up, which frees its keys)
+// once the marker is written, rather than work on while an operator's
+// next holder holds the lock. Consul wakes the session's query on its
+// markers, leaves the marker out and says so, to a request with a token;
+// to one without, it says nothing, and a rule that hides the session's
+// anchor too is found out by the anchor, gone from the read, refused anew;
+// a token that may not list the markers, under acl.enable_key_list_policy,
+// has the query refused. Each holder went on unaware, the lock held twice.
+func TestHiddenMarkerLosesTheLock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	// Each case's rules, given the holder's lease, once it holds the lock.
+	hidings := []struct {
+		name  string
+		rules func(le *lease) string
+	}{
+		{"the marker denied", func(le *lease) string {
+			return all + ` key "` + marker(le.s.id, le.key, le.created) + `" { policy = "deny" }`
+		}},
+		{"the lock's markers denied", func(le *lease) string {
+			return all + ` key_prefix "` + revokedDir(le.s.id) + le.key + `/" { policy = "deny" }`
+		}},
+		{"RevokedPrefix denied", func(*lease) string {
+			return all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+		}},
+		{"no rule for RevokedPrefix", func(*lease) string {
+			return `key_prefix "` + testPrefix[:strings.IndexByte(testPrefix, '/')] + `" { policy = "write" } session_prefix "" { policy = "write" }`
+		}},
+	}
+
+	a, root := aclAgent(t)
+	for _, h := range hidings {
+		t.Run(h.name, func(t *testing.T) {
+			tok, p := grant(t, root, all)
+			heldTwice(ctx, t, a, root, tok.SecretID, func(le *lease) {
+				p.Rules = h.rules(le)
+				if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+
+	t.Run("without a token, RevokedPrefix denied", func(t *testing.T) {
+		tok := allowAnonymous(t, root, all)
+		p, _, err := root.ACL().PolicyRead(tok.Policies[0].ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		heldTwice(ctx, t, a, root, "", func(*lease) {
+			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+
+	t.Run("without list on RevokedPrefix", func(t *testing.T) {
+		a, root := aclAgent(t, "enable_key_list_policy = true")
+		tok, p := grant(t, root, all)
+		heldTwice(ctx, t, a, root, tok.SecretID, func(*lease) {
+			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "read" }`
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}
+
+// heldTwice has a Locker with token, on the ACL agent at a whose
+// management client is root, acquire a lock, calls hide with its lease
+// once the session's query on its markers waits, has that query sent
+// again (Consul judges a blocking query by the rules as they were when it
+// came), and has root take the lock by ForceRelease and acquire it; it
+// fails the test unless the holder is told (its lease revoked, or its
+// session ended) within ten seconds. A read by the new rules may end the
+// session before the forced release, which then finds the lock free.
+func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) {
+	t.Helper()
+	c, watches := countedClient(t, a, token, func(r *http.Request) bool {
+		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
+	})
+	k := name("hidden-marker")
+	le, err := lockerOn(t, c).Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := le.(*lease)
+	revoked := make(chan struct{})
+	held.OnRevoke(func() { close(revoked) })
+	// The first query reads the directory, the second waits.
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	hide(held)
+	// A write over the anchor, which keeps its session, wakes the query.
+	sent := watches.Load()
+	if _, err := root.KV().Put(&api.KVPair{Key: revokedDir(held.s.id), Value: []byte("touched")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the marker query sent again", func() bool { return watches.Load() > sent || held.s.lost() })
+
+	op := lockerOn(t, root)
+	rm, err := op.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
+	if err != nil || len(rm) != 1 && !held.s.lost() {
+		t.Fatalf("ForceRelease: %v, %v; want the holder removed", rm, err)
+	}
+	if _, err := op.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "next"}); err != nil {
+		t.Fatalf("the next holder's Acquire: %v", err)
+	}
+	select {
+	case <-revoked:
+	case <-held.s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder was not told its lock was taken: the lock is held twice")
+	}
+}
