@@ -183,6 +183,44 @@
 //     wrapping driver.ErrUnavailable that names the delay, and a waiting
 //     one tries again with backoff, up to a second apart.
 //
+// # ACLs
+//
+// With Consul's ACLs on, a Locker's token needs session:write on the
+// agent's node (session_prefix "" { policy = "write" } does), write on
+// its locks' keys, which start with the path escape of guard's prefix
+// (key_prefix "jobs%2F" { policy = "write" } for guard.WithPrefix("jobs/")),
+// and write on RevokedPrefix (key_prefix "warden/revoked/" { policy =
+// "write" }), with no narrower rule under it: each session acquires a key
+// there, its anchor, and reads (lists, under acl.enable_key_list_policy,
+// which write allows) the markers of the forced releases of its locks
+// there. Inspect and List need read on the locks' keys; ForceRelease needs
+// write on them and on RevokedPrefix, where it writes the holder's marker.
+// A Store's token needs write on its own prefix and session:write alone.
+//
+// A holder that cannot see its markers would not learn that ForceRelease
+// took its lock, and would work on while another holds it, so it does not
+// hold: a session whose anchor is refused is destroyed, and the
+// acquisition fails with Consul's refusal. The anchor proves every marker
+// of the session readable when it begins, since a rule that hides a
+// marker and not the anchor is narrower than the anchor, and so names the
+// session, whose id Consul has just made. Rules changed while the session
+// lives (a narrower deny, the read or list on RevokedPrefix taken away)
+// are found out at the session's first read of its markers by them: the
+// session is given up, its other locks with it (their sections cancelled,
+// their keys deleted), when Consul says it left keys out of that read (the
+// X-Consul-Results-Filtered-By-ACLs header), refuses the read, or refuses
+// the anchor anew after leaving it out. That read comes within a round
+// trip of a forced release's marker, which wakes the session's query;
+// Consul judges a query by the rules as they were when it came, so a
+// marker written while the query waits under the old rules is seen. The
+// next acquisition creates a new session, which the new rules may refuse.
+//
+// Consul says nothing of what it leaves out of a read without a token (the
+// anonymous token's): a Locker whose client has no token learns of a
+// hidden marker only when its anchor is hidden too (the read on
+// RevokedPrefix taken away, or denied), not when a rule names a marker or
+// a lock's markers. Give a Locker's client a token of its own.
+//
 // # Idempotency store
 //
 // NewStore returns an idempotency.Store on Consul KV, for

@@ -24,8 +24,10 @@ import (
 // delete), and the session deletes it once it has seen it. A lock key has
 // no '/' before its ".lock" suffix, so none lies under this prefix. With
 // Consul's ACLs on, the users of a Locker need read and write access to
-// it: without it, every acquisition fails with Consul's refusal, since
-// its holder would not learn of a forced release.
+// it, with no narrower rule under it: without it, every acquisition fails
+// with Consul's refusal, and a session that loses it while it holds locks
+// is given up, since its holders would not learn of a forced release (see
+// the package documentation, ACLs).
 const RevokedPrefix = "warden/revoked/"
 
 var _ driver.RevocableLease = (*lease)(nil)
