@@ -2,6 +2,7 @@ package consullock
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,39 +23,44 @@ import (
 // anchor too is found out by the anchor, gone from the read, refused anew;
 // a token that may not list the markers, under acl.enable_key_list_policy,
 // has the query refused. Each holder went on unaware, the lock held twice.
+// The holder's next acquisition is refused when the rules hide the new
+// session's markers too (its anchor refused), and granted when they named
+// the old session.
 func TestHiddenMarkerLosesTheLock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	// Each case's rules, given the holder's lease, once it holds the lock.
 	hidings := []struct {
-		name  string
-		rules func(le *lease) string
+		name    string
+		rules   func(le *lease) string
+		refused bool // the next acquisition
 	}{
 		{"the marker denied", func(le *lease) string {
 			return all + ` key "` + marker(le.s.id, le.key, le.created) + `" { policy = "deny" }`
-		}},
+		}, false},
 		{"the lock's markers denied", func(le *lease) string {
 			return all + ` key_prefix "` + revokedDir(le.s.id) + le.key + `/" { policy = "deny" }`
-		}},
+		}, false},
 		{"RevokedPrefix denied", func(*lease) string {
 			return all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
-		}},
+		}, true},
 		{"no rule for RevokedPrefix", func(*lease) string {
 			return `key_prefix "` + testPrefix[:strings.IndexByte(testPrefix, '/')] + `" { policy = "write" } session_prefix "" { policy = "write" }`
-		}},
+		}, true},
 	}
 
 	a, root := aclAgent(t)
 	for _, h := range hidings {
 		t.Run(h.name, func(t *testing.T) {
 			tok, p := grant(t, root, all)
-			heldTwice(ctx, t, a, root, tok.SecretID, func(le *lease) {
+			l := heldTwice(ctx, t, a, root, tok.SecretID, func(le *lease) {
 				p.Rules = h.rules(le)
 				if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 					t.Fatal(err)
 				}
 			})
+			nextAcquisition(ctx, t, l, h.refused)
 		})
 	}
 
@@ -64,23 +70,25 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		heldTwice(ctx, t, a, root, "", func(*lease) {
+		l := heldTwice(ctx, t, a, root, "", func(*lease) {
 			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
 		})
+		nextAcquisition(ctx, t, l, true)
 	})
 
 	t.Run("without list on RevokedPrefix", func(t *testing.T) {
 		a, root := aclAgent(t, "enable_key_list_policy = true")
 		tok, p := grant(t, root, all)
-		heldTwice(ctx, t, a, root, tok.SecretID, func(*lease) {
+		l := heldTwice(ctx, t, a, root, tok.SecretID, func(*lease) {
 			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "read" }`
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
 		})
+		nextAcquisition(ctx, t, l, true)
 	})
 }
 
@@ -90,15 +98,17 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 // again (Consul judges a blocking query by the rules as they were when it
 // came), and has root take the lock by ForceRelease and acquire it; it
 // fails the test unless the holder is told (its lease revoked, or its
-// session ended) within ten seconds. A read by the new rules may end the
-// session before the forced release, which then finds the lock free.
-func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) {
+// session ended) within ten seconds, and returns the holder's Locker. A
+// read by the new rules may end the session before the forced release,
+// which then finds the lock free.
+func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) *Locker {
 	t.Helper()
 	c, watches := countedClient(t, a, token, func(r *http.Request) bool {
 		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
 	})
 	k := name("hidden-marker")
-	le, err := lockerOn(t, c).Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
+	l := lockerOn(t, c)
+	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,5 +138,20 @@ func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, to
 	case <-held.s.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the holder was not told its lock was taken: the lock is held twice")
+	}
+	return l
+}
+
+// nextAcquisition fails the test unless l's next acquisition is refused,
+// for want of ACL rights on RevokedPrefix, when refused is set, and
+// granted otherwise.
+func nextAcquisition(ctx context.Context, t *testing.T, l *Locker, refused bool) {
+	t.Helper()
+	le, err := l.Acquire(ctx, name("after-hidden"), driver.AcquireOptions{TTL: MinTTL})
+	switch {
+	case refused && (!errors.Is(err, errDenied) || !strings.Contains(err.Error(), RevokedPrefix)):
+		t.Errorf("the next acquisition: %v, %v; want it refused for want of ACL rights on %s", le, err, RevokedPrefix)
+	case !refused && err != nil:
+		t.Errorf("the next acquisition: %v; want it granted, with a session of its own", err)
 	}
 }
