@@ -3,14 +3,18 @@ package consullock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // TestHiddenMarkerLosesTheLock: a holder whose ACL rules change while it
@@ -118,12 +122,7 @@ func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, to
 	// The first query reads the directory, the second waits.
 	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
 	hide(held)
-	// A write over the anchor, which keeps its session, wakes the query.
-	sent := watches.Load()
-	if _, err := root.KV().Put(&api.KVPair{Key: revokedDir(held.s.id), Value: []byte("touched")}, nil); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 10*time.Second, "the marker query sent again", func() bool { return watches.Load() > sent || held.s.lost() })
+	wake(t, root, held.s, watches)
 
 	op := lockerOn(t, root)
 	rm, err := op.ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true})
@@ -153,5 +152,54 @@ func nextAcquisition(ctx context.Context, t *testing.T, l *Locker, refused bool)
 		t.Errorf("the next acquisition: %v, %v; want it refused for want of ACL rights on %s", le, err, RevokedPrefix)
 	case !refused && err != nil:
 		t.Errorf("the next acquisition: %v; want it granted, with a session of its own", err)
+	}
+}
+
+// wake writes over the anchor of s, by root, which keeps its session and
+// wakes its query on its markers, and waits until the query, counted by
+// watches, is sent again, or the session ends. The value is new each
+// time: Consul applies no write that changes nothing.
+func wake(t *testing.T, root *api.Client, s *session, watches *atomic.Int64) {
+	t.Helper()
+	sent := watches.Load()
+	if _, err := root.KV().Put(&api.KVPair{Key: revokedDir(s.id), Value: strconv.AppendInt(nil, sent, 10)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the marker query sent again", func() bool { return watches.Load() > sent || s.lost() })
+}
+
+// TestStoreKeptWithMarkersHidden: a Store whose token loses its rights on
+// RevokedPrefix while it holds a claim keeps its session, and the claim,
+// though its marker query's reads leave its anchor out, and its anchor is
+// refused anew: no marker names a Store's session, which holds no locks.
+// The session was given up, and the claim lost with it.
+func TestStoreKeptWithMarkersHidden(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, p := grant(t, root, all)
+	c, watches := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
+		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
+	})
+	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%shidden-%d/", storePrefix, time.Now().UnixNano())))
+	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	st.sessions.mu.Lock()
+	s := st.sessions.sessions[st.ttl]
+	st.sessions.mu.Unlock()
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, root, s, watches) // the query sent before the rules changed
+	wake(t, root, s, watches) // and the one by the new rules
+	if s.lost() {
+		t.Fatal("the Store's session was given up")
+	}
+	if err := st.Complete(ctx, "", "k", "o", []byte("done"), time.Hour); err != nil {
+		t.Errorf("Complete: %v", err)
 	}
 }
