@@ -188,22 +188,25 @@
 // With Consul's ACLs on, a Locker's token needs session:write on the
 // agent's node (session_prefix "" { policy = "write" } does), write on
 // its locks' keys, which start with the path escape of guard's prefix
-// (key_prefix "jobs%2F" { policy = "write" } for guard.WithPrefix("jobs/")),
-// and write on RevokedPrefix (key_prefix "warden/revoked/" { policy =
-// "write" }), with no narrower rule under it: each session acquires a key
-// there, its anchor, and reads (lists, under acl.enable_key_list_policy,
-// which write allows) the markers of the forced releases of its locks
-// there. Inspect and List need read on the locks' keys; ForceRelease needs
-// write on them and on RevokedPrefix, where it writes the holder's marker.
-// A Store's token needs write on its own prefix and session:write alone.
+// (key_prefix "warden:" { policy = "write" } for guard's default prefix,
+// key_prefix "jobs%2F" for guard.WithPrefix("jobs/")), and write on
+// RevokedPrefix (key_prefix "warden/revoked/" { policy = "write" }), with
+// no narrower rule under it: each session acquires a key there, its
+// anchor, and reads (lists, under acl.enable_key_list_policy, which write
+// allows) the markers of the forced releases of its locks there. Inspect
+// and List need read on the locks' keys; ForceRelease needs write on them
+// and on RevokedPrefix, where it writes the holder's marker, and no
+// session rights. A Store's token needs write on its own prefix and
+// session:write alone.
 //
 // A holder that cannot see its markers would not learn that ForceRelease
 // took its lock, and would work on while another holds it, so it does not
 // hold: a session whose anchor is refused is destroyed, and the
 // acquisition fails with Consul's refusal. The anchor proves every marker
-// of the session readable when it begins, since a rule that hides a
-// marker and not the anchor is narrower than the anchor, and so names the
-// session, whose id Consul has just made. Rules changed while the session
+// of the session readable when it begins: a rule that hides a marker and
+// not the anchor tells the two apart, so it names the session, whose id,
+// in the anchor's key and at the start of every marker's, Consul has just
+// made. Rules changed while the session
 // lives (a narrower deny, the read or list on RevokedPrefix taken away)
 // are found out at the session's first read of its markers by them: the
 // session is given up, its other locks with it (their sections cancelled,
