@@ -57,9 +57,10 @@ type Locker struct {
 	// quit is closed by Close: lost sessions stop retrying their
 	// destruction then.
 	quit chan struct{}
-	// anchorOptional lets a session whose anchor is refused for want of
-	// rights live on unanchored (see newSession): a Store's, which holds
-	// no locks.
+	// anchorOptional marks a Store's Locker, whose sessions hold no
+	// locks: one whose anchor is refused for want of rights lives on
+	// unanchored (see newSession), and one whose markers Consul hides is
+	// kept (see watchRevocations).
 	anchorOptional bool
 	// tokenSeen is when the client's requests were last found to carry a
 	// real token (see anonymous); zero before.
