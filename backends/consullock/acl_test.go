@@ -521,8 +521,8 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 
 // TestInspectOfWithheldDotName: the name ".", whose keys' prefix ".." a
 // URL cannot name, is not read as free, nor found with nothing to
-// release, by a token that may not read its keys; a token denied a key
-// elsewhere reads it.
+// release, nor left out of a page said to be whole, by a token that may
+// not read its keys; a token denied a key elsewhere reads it.
 func TestInspectOfWithheldDotName(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -543,6 +543,14 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 	}
 	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
 		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
+	}
+	// List of the prefix ".", whose read a transaction would filter without
+	// a word, says that its page is partial, and whole to the holder.
+	if page, err := l.List(ctx, ".", "", 100); !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List(\".\") by a token that may not read its keys: %+v, %v; want driver.ErrPartialList", page, err)
+	}
+	if page, err := holder.List(ctx, ".", "", 100); err != nil || len(page) != 1 || page[0].Key != "." {
+		t.Errorf("the holder's List(\".\"): %+v, %v; want \".\" held, whole", page, err)
 	}
 	// A key elsewhere that the token may not read is not the name's.
 	elsewhere := name("elsewhere")
