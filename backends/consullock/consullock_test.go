@@ -51,12 +51,12 @@ func newClient(t testing.TB, a string) *api.Client {
 	return c
 }
 
-// clientThrough returns a client of its own to address a, whose requests
-// go through the round tripper wrap makes of its transport.
-func clientThrough(t testing.TB, a string, wrap func(base http.RoundTripper) http.RoundTripper) *api.Client {
+// clientThrough returns a client of its own to address a, with token,
+// whose requests go through the round tripper wrap makes of its transport.
+func clientThrough(t testing.TB, a, token string, wrap func(base http.RoundTripper) http.RoundTripper) *api.Client {
 	t.Helper()
 	cfg := api.DefaultConfig()
-	cfg.Address = a
+	cfg.Address, cfg.Token = a, token
 	cfg.HttpClient = &http.Client{Transport: wrap(cfg.Transport)}
 	c, err := api.NewClient(cfg)
 	if err != nil {
@@ -330,7 +330,7 @@ func TestDotListReadsItsKeysAlone(t *testing.T) {
 	}
 	t.Cleanup(func() { root.KV().DeleteTree(elsewhere, nil) })
 	var read atomic.Int64
-	l := lockerOn(t, clientThrough(t, a, func(base http.RoundTripper) http.RoundTripper {
+	l := lockerOn(t, clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			resp, err := base.RoundTrip(r)
 			if err == nil {

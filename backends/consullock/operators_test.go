@@ -421,7 +421,7 @@ func TestWrittenOverKeyReleasedByResend(t *testing.T) {
 	a := addr(t)
 	root := newClient(t, a)
 	var delay atomic.Bool
-	l := lockerOn(t, clientThrough(t, a, func(base http.RoundTripper) http.RoundTripper {
+	l := lockerOn(t, clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			resp, err := base.RoundTrip(r)
 			if err == nil && r.URL.Path == "/v1/txn" && delay.CompareAndSwap(true, false) {
