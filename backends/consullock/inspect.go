@@ -137,13 +137,14 @@ func (l *Locker) prefixTree(ctx context.Context, prefix string) ([]*api.KVPair, 
 }
 
 // dotTree reads every key starting with prefix, "." or "..", which a URL
-// cannot name (see tree), in one consistent read. A transaction names its
-// prefix in its body, and reads those keys alone; but it does not say when
-// the ACL left keys out of its read. It is therefore the read only when
-// the agent has ACLs off (aclsOff), under which nothing is left out. With
-// ACLs on, the keys are read as the whole store is, and those that start
-// with prefix kept: the read costs the whole store's keys, and a key the
-// token may not read anywhere in it makes the read filtered.
+// cannot name (see tree), in one consistent read, once it asked the agent
+// whether it has ACLs on. A transaction names its prefix in its body, and
+// reads those keys alone; but it does not say when the ACL left keys out
+// of its read. It is therefore the read only when the agent has ACLs off
+// (aclsOff), under which nothing is left out. With ACLs on, the keys are
+// read as the whole store is, and those that start with prefix kept: the
+// read costs the whole store's keys, and a key the token may not read
+// anywhere in it makes the read filtered.
 func (l *Locker) dotTree(ctx context.Context, prefix string) ([]*api.KVPair, *api.QueryMeta, error) {
 	off, err := l.aclsOff(ctx)
 	if err != nil {
