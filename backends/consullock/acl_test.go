@@ -410,51 +410,80 @@ func TestACLChangesWhileHeld(t *testing.T) {
 	})
 }
 
-// TestReleaseRefusedForAMoment: a release refused for a moment (the
-// token's policy loses its write on the keys, then gets it back, as a
-// token not yet replicated to a secondary datacenter, or acl.down_policy,
-// would have it) is sent again until Consul takes it, and the session's
-// other lock is kept. The refusal gave the session up at once, with every
-// lock it kept.
-func TestReleaseRefusedForAMoment(t *testing.T) {
+// TestReleaseRefused: a release refused for a moment (the token's policy
+// loses its rights on the key, then gets them back, as a token not yet
+// replicated to a secondary datacenter, or acl.down_policy, would have it)
+// is sent again until Consul takes it, and the session's other lock is
+// kept; so is the release of a key written over (consul kv put), whose
+// read and delete Consul refuses after its first send found the key
+// changed. Refused until the session's loss deadline, the session is given
+// up then, which deletes the key. Either refusal gave the session up at
+// once, with every lock it kept.
+func TestReleaseRefused(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	tok, p := grant(t, root, all)
-	l := lockerOn(t, tokenClient(t, a, tok.SecretID))
-	opts := driver.AcquireOptions{TTL: MinTTL}
-	released, kept := name("refused-moment"), name("refused-moment-other")
-	le, err := l.Acquire(ctx, released, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := l.Acquire(ctx, kept, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Rules = `key_prefix "" { policy = "read" } key_prefix "` + RevokedPrefix + `" { policy = "write" } session_prefix "" { policy = "write" }`
-	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
-		t.Fatal(err)
-	}
-	rctx, rcancel := context.WithTimeout(ctx, time.Second)
-	defer rcancel()
-	if err := le.Release(rctx); !errors.Is(err, errDenied) {
-		t.Errorf("Release while refused: %v; want Consul's refusal", err)
-	}
-	p.Rules = all
-	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 10*time.Second, "the released key gone", func() bool {
-		kv, _, err := root.KV().Get(LockKey(released), nil)
-		return err == nil && kv == nil
-	})
-	if s := other.(*lease).s; s.lost() {
-		t.Error("the session's other lock was lost with the refused release")
-	}
-	if err := other.Release(ctx); err != nil {
-		t.Errorf("Release of the other lock: %v", err)
+	for _, c := range []struct {
+		writtenOver, lifted bool
+	}{{false, true}, {true, true}, {true, false}} {
+		tok, p := grant(t, root, all)
+		released, kept := name("refused"), name("refused-other")
+		refuse := func() {
+			p.Rules = all + ` key "` + LockKey(released) + `" { policy = "read" }`
+			if c.writtenOver {
+				p.Rules = all + ` key "` + LockKey(released) + `" { policy = "deny" }`
+			}
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Error(err)
+			}
+		}
+		var armed atomic.Bool
+		l := lockerOn(t, clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				resp, err := base.RoundTrip(r)
+				if err == nil && r.URL.Path == "/v1/txn" && resp.StatusCode == http.StatusConflict && armed.CompareAndSwap(true, false) {
+					refuse() // the release's check failed: the key was written over
+				}
+				return resp, err
+			})
+		}))
+		opts := driver.AcquireOptions{TTL: MinTTL}
+		le, err := l.Acquire(ctx, released, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := l.Acquire(ctx, kept, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.writtenOver {
+			if _, err := root.KV().Put(&api.KVPair{Key: LockKey(released), Value: []byte("an operator's")}, nil); err != nil {
+				t.Fatal(err)
+			}
+			armed.Store(true)
+		} else {
+			refuse()
+		}
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		err = le.Release(rctx)
+		rcancel()
+		if !errors.Is(err, errDenied) || armed.Load() {
+			t.Errorf("%+v: Release while refused: %v (refused after a send found the key changed: %v); want Consul's refusal", c, err, !armed.Load())
+		}
+		if c.lifted {
+			p.Rules = all
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, 2*MinTTL, "the released key gone", func() bool {
+			kv, _, err := root.KV().Get(LockKey(released), nil)
+			return err == nil && kv == nil
+		})
+		if s := other.(*lease).s; s.lost() == c.lifted {
+			t.Errorf("%+v: the session's other lock lost: %v", c, s.lost())
+		}
 	}
 }
 
@@ -531,8 +560,8 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 
 // TestInspectOfWithheldDotName: the name ".", whose keys' prefix ".." a
 // URL cannot name, is not read as free, nor found with nothing to
-// release, by a token that may not read its keys; a token denied a key
-// elsewhere reads it.
+// release, nor left out of a page said to be whole, by a token that may
+// not read its keys; a token denied a key elsewhere reads it.
 func TestInspectOfWithheldDotName(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -553,6 +582,14 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 	}
 	if in, err := holder.Inspect(ctx, "."); err != nil || len(in.Holders) != 1 {
 		t.Errorf("the holder's Inspect of \".\" after: %+v, %v; want its holder", in, err)
+	}
+	// List of the prefix ".", whose read a transaction would filter without
+	// a word, says that its page is partial, and whole to the holder.
+	if page, err := l.List(ctx, ".", "", 100); !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List(\".\") by a token that may not read its keys: %+v, %v; want driver.ErrPartialList", page, err)
+	}
+	if page, err := holder.List(ctx, ".", "", 100); err != nil || len(page) != 1 || page[0].Key != "." {
+		t.Errorf("the holder's List(\".\"): %+v, %v; want \".\" held, whole", page, err)
 	}
 	// A key elsewhere that the token may not read is not the name's.
 	elsewhere := name("elsewhere")

@@ -1,12 +1,17 @@
 package consullock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +47,21 @@ func newClient(t testing.TB, a string) *api.Client {
 	}
 	// The agent refuses more than 200 connections from one address
 	// (limits.http_max_conns_per_client): the idle ones go with the test.
+	t.Cleanup(cfg.Transport.CloseIdleConnections)
+	return c
+}
+
+// clientThrough returns a client of its own to address a, with token,
+// whose requests go through the round tripper wrap makes of its transport.
+func clientThrough(t testing.TB, a, token string, wrap func(base http.RoundTripper) http.RoundTripper) *api.Client {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = a, token
+	cfg.HttpClient = &http.Client{Transport: wrap(cfg.Transport)}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatalf("consul client: %v", err)
+	}
 	t.Cleanup(cfg.Transport.CloseIdleConnections)
 	return c
 }
@@ -290,6 +310,63 @@ func TestDotNames(t *testing.T) {
 			t.Errorf("Release(%q) after ForceRelease: nil", k)
 		}
 	}
+}
+
+// TestDotListReadsItsKeysAlone: List of the prefixes "." and "..", which
+// a URL cannot name, reads the keys under them alone, not the whole store:
+// the client reads less for each than the values of keys written elsewhere,
+// and lists a name of its own under each. Each read the whole store.
+func TestDotListReadsItsKeysAlone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := addr(t)
+	root := newClient(t, a)
+	elsewhere := name("elsewhere") + "/"
+	const keys, size = 64, 16 << 10
+	for i := range keys {
+		if _, err := root.KV().Put(&api.KVPair{Key: elsewhere + strconv.Itoa(i), Value: bytes.Repeat([]byte{'x'}, size)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { root.KV().DeleteTree(elsewhere, nil) })
+	var read atomic.Int64
+	l := lockerOn(t, clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(r)
+			if err == nil {
+				resp.Body = countedBody{resp.Body, &read}
+			}
+			return resp, err
+		})
+	}))
+	for _, prefix := range []string{".", ".."} {
+		k := prefix + name("dots")
+		if _, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
+			t.Fatal(err)
+		}
+		before := read.Load()
+		page, err := l.List(ctx, prefix, "", 1000)
+		n := read.Load() - before
+		t.Logf("List(%q): %d bytes read", prefix, n)
+		if n >= keys*size/2 {
+			t.Errorf("List(%q): %d bytes read, with %d bytes of values elsewhere; want the keys under %[1]q alone", prefix, n, keys*size)
+		}
+		if err != nil || !slices.ContainsFunc(page, func(e driver.Listed) bool { return e.Key == k && len(e.Holders) == 1 }) {
+			t.Errorf("List(%q) = %+v, %v; want %q held", prefix, page, err, k)
+		}
+	}
+}
+
+// countedBody adds the bytes read from a response's body to n.
+type countedBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
 }
 
 // TestForceReleaseManyHolders: a forced release of every holder of a

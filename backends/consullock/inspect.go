@@ -105,28 +105,19 @@ func withheld(key string) error {
 // A read names its prefix in the URL's path, which Consul's HTTP server
 // cleans before it serves it: "." would read the whole store, and ".."
 // would leave the KV API, whose 404 the client reads as no keys, as if the
-// lock "." were free. A transaction, which names the prefix in its body,
-// does not say when the ACL left keys out of its read. Those two prefixes,
-// which only List of the prefixes "." and ".." reads (keysOf reads the
-// name "." otherwise), are therefore read as the whole store is, and the
-// keys that start with them kept: the read costs the whole store's keys,
-// and a key the token may not read anywhere in it makes the read filtered.
+// lock "." were free. Those two prefixes, which only List of the prefixes
+// "." and ".." reads (keysOf reads the name "." otherwise), are read by
+// dotTree.
 func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, filtered bool, err error) {
 	deny := false
 	for _, prefix := range prefixes {
-		read := prefix
+		read := l.prefixTree
 		if prefix == "." || prefix == ".." {
-			read = ""
+			read = l.dotTree
 		}
-		rctx, cancel := l.rctx(ctx)
-		kvs, meta, err := l.client.KV().List(read, queryOpts(rctx))
-		err = l.fail(ctx, rctx, err)
-		cancel()
+		kvs, meta, err := read(ctx, prefix)
 		if err != nil {
 			return nil, false, err
-		}
-		if read != prefix {
-			kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
 		}
 		pairs = append(pairs, kvs...)
 		filtered = filtered || meta.ResultsFilteredByACLs
@@ -134,6 +125,68 @@ func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVP
 	}
 	filtered, err = l.hidden(ctx, filtered, deny)
 	return pairs, filtered, err
+}
+
+// prefixTree reads every key starting with prefix, which a URL can name,
+// in one consistent read.
+func (l *Locker) prefixTree(ctx context.Context, prefix string) ([]*api.KVPair, *api.QueryMeta, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	kvs, meta, err := l.client.KV().List(prefix, queryOpts(rctx))
+	return kvs, meta, l.fail(ctx, rctx, err)
+}
+
+// dotTree reads every key starting with prefix, "." or "..", which a URL
+// cannot name (see tree), in one consistent read, once it asked the agent
+// whether it has ACLs on. A transaction names its prefix in its body, and
+// reads those keys alone; but it does not say when the ACL left keys out
+// of its read. It is therefore the read only when the agent has ACLs off
+// (aclsOff), under which nothing is left out. With ACLs on, the keys are
+// read as the whole store is, and those that start with prefix kept: the
+// read costs the whole store's keys, and a key the token may not read
+// anywhere in it makes the read filtered.
+func (l *Locker) dotTree(ctx context.Context, prefix string) ([]*api.KVPair, *api.QueryMeta, error) {
+	off, err := l.aclsOff(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !off {
+		kvs, meta, err := l.prefixTree(ctx, "")
+		kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
+		return kvs, meta, err
+	}
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	ok, resp, err := txn(rctx, l.client, api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}})
+	if err = l.fail(ctx, rctx, err); err != nil {
+		return nil, nil, err
+	}
+	if !ok {
+		var why []string
+		for _, e := range resp.Errors {
+			why = append(why, e.What)
+		}
+		return nil, nil, fmt.Errorf("%w: the read of %q: %s", errRefused, prefix, strings.Join(why, "; "))
+	}
+	return resp.Results, &api.QueryMeta{}, nil
+}
+
+// aclsOff reports whether the agent has ACLs off: Consul then answers a
+// token's read of itself with 401 "ACL support disabled". Under ACLs, a
+// token may always read itself, and a request without one is refused
+// with 403 "ACL not found" (see anonymous).
+func (l *Locker) aclsOff(ctx context.Context) (bool, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
+	se := api.StatusError{}
+	switch {
+	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"):
+		return true, nil
+	case errors.As(err, &se) && se.Code == http.StatusForbidden, err == nil:
+		return false, nil
+	}
+	return false, l.fail(ctx, rctx, err)
 }
 
 // hidden reports whether a read may have left out keys the token may not
@@ -275,8 +328,9 @@ func nameOf(k string) (string, bool) {
 // its lock key's holder is right but for keys of its left out: its
 // waiters may be more, and a read/write lock or semaphore of the same name
 // may have holders the page does not show.
-// Under the prefixes "." and "..", read with the whole store (see tree),
-// a key the token may not read anywhere in it does so.
+// Under the prefixes "." and "..", read with the whole store when the
+// agent has ACLs on (see dotTree), a key the token may not read anywhere
+// in it does so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)

@@ -132,7 +132,11 @@ func (le *lease) Release(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil && !ok:
-		return le.releaseWrittenOver(ctx)
+		// A refusal of its read or delete is sent again, as one of the
+		// release's own.
+		if err = le.releaseWrittenOver(ctx); !errors.Is(err, errRefused) {
+			return err
+		}
 	case err == nil:
 		return nil
 	}
@@ -172,7 +176,11 @@ func (le *lease) Release(ctx context.Context) error {
 // check follows the read: a grant after it changes the key's ModifyIndex,
 // which fails the delete. Its requests run to completion even when ctx is
 // cancelled, since one that fails leaves such a key in doubt: the session is
-// then given up, and the key goes with it.
+// then given up, and the key goes with it. One that Consul refuses
+// (errRefused) applied nothing, and may be refused for a moment only: it is
+// returned with the session kept, and the caller sends the release again
+// until the session's loss deadline, as it does a refused release (see
+// Release).
 func (le *lease) releaseWrittenOver(ctx context.Context) error {
 	l := le.s.l
 	for {
@@ -198,6 +206,8 @@ func (le *lease) releaseWrittenOver(ctx context.Context) error {
 			return nil
 		case err == nil && ctx.Err() == nil:
 			continue // written over again since the read
+		case errors.Is(err, errRefused):
+			return err
 		}
 		le.s.giveUp()
 		return fmt.Errorf("%w; consul session given up, which deletes the key", cmp.Or(err, ctx.Err()))
@@ -211,11 +221,12 @@ func (le *lease) releaseWrittenOver(ctx context.Context) error {
 // key's ModifyIndex changed hands over to releaseWrittenOver, which tells
 // a key released by an earlier send (gone) from one written over since
 // (consul kv put), still the lease's holding and kept by the session, which
-// it deletes. When no send is answered by deadline (the session's loss
-// deadline as of the first failure), the session is given up, and the key
-// goes with it; when the session ends first, the key goes with it too. It
-// returns nil once the key is known released, an error wrapping
-// driver.ErrUnavailable otherwise.
+// it deletes; a read or delete of releaseWrittenOver's that Consul refuses
+// is sent again, with the release. When the key is not known released by
+// deadline (the session's loss deadline as of the first failure), the
+// session is given up, and the key goes with it; when the session ends
+// first, the key goes with it too. It returns nil once the key is known
+// released, an error wrapping driver.ErrUnavailable otherwise.
 func (le *lease) resendRelease(deadline time.Time) error {
 	s := le.s
 	l := s.l
@@ -224,28 +235,38 @@ func (le *lease) resendRelease(deadline time.Time) error {
 	ctx, cancel2 := context.WithDeadline(ctx, deadline)
 	defer cancel2()
 	var applied atomic.Bool
-	err := untilAnswered(ctx, l.timeout, func(rctx context.Context) error {
+	send := func(rctx context.Context) error {
 		ok, err := l.sendRelease(rctx, le.key, le.token)
 		if ok {
 			applied.Store(true)
 		}
 		return err
-	})
-	switch {
-	case err == nil && applied.Load():
-		return nil
-	case err == nil:
-		if err := le.releaseWrittenOver(ctx); err != nil && !errors.Is(err, driver.ErrNotHeld) {
-			return err
+	}
+	pause := driver.Backoff{Min: resendPause / 4, Max: resendPause}
+	err := untilAnswered(ctx, l.timeout, send)
+	for err == nil && !applied.Load() {
+		err = le.releaseWrittenOver(ctx)
+		switch {
+		case err == nil || errors.Is(err, driver.ErrNotHeld):
+			// Gone: released by an earlier send, or by a forced
+			// release (which Release cannot tell apart; see Release).
+			return nil
+		case !errors.Is(err, errRefused):
+			return err // the session given up
 		}
-		// Gone: released by an earlier send, or by a forced release
-		// (which Release cannot tell apart; see Release).
+		if driver.Sleep(ctx, pause.Next(), nil) != nil {
+			break
+		}
+		err = untilAnswered(ctx, l.timeout, send)
+	}
+	switch {
+	case err == nil:
 		return nil
 	case s.lost():
-		return fmt.Errorf("%w: consul: release unanswered until its session ended, which takes the key: %w", driver.ErrUnavailable, err)
+		return fmt.Errorf("%w: consul: release unanswered or refused until its session ended, which takes the key: %w", driver.ErrUnavailable, err)
 	}
 	s.giveUp()
-	return fmt.Errorf("%w: consul: release unanswered until the session's loss deadline; session given up: %w", driver.ErrUnavailable, err)
+	return fmt.Errorf("%w: consul: release unanswered or refused until the session's loss deadline; session given up: %w", driver.ErrUnavailable, err)
 }
 
 // untilAnswered sends, again when a send fails and also every resendAfter

@@ -420,26 +420,19 @@ func TestStrayMarkerForgotten(t *testing.T) {
 func TestWrittenOverKeyReleasedByResend(t *testing.T) {
 	a := addr(t)
 	root := newClient(t, a)
-	cfg := api.DefaultConfig()
-	cfg.Address = a
-	base := cfg.Transport
 	var delay atomic.Bool
-	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		resp, err := base.RoundTrip(r)
-		if err == nil && r.URL.Path == "/v1/txn" && delay.CompareAndSwap(true, false) {
-			// Sent, and its answer lost: the send times out.
-			resp.Body.Close()
-			<-r.Context().Done()
-			return nil, r.Context().Err()
-		}
-		return resp, err
-	})}
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(base.CloseIdleConnections)
-	l := lockerOn(t, c)
+	l := lockerOn(t, clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(r)
+			if err == nil && r.URL.Path == "/v1/txn" && delay.CompareAndSwap(true, false) {
+				// Sent, and its answer lost: the send times out.
+				resp.Body.Close()
+				<-r.Context().Done()
+				return nil, r.Context().Err()
+			}
+			return resp, err
+		})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	k := name("written-over-resent")
