@@ -92,35 +92,22 @@ func aclAgent(t *testing.T, settings ...string) (string, *api.Client) {
 // tokenClient returns a client of its own to a, with token.
 func tokenClient(t *testing.T, a, token string) *api.Client {
 	t.Helper()
-	cfg := api.DefaultConfig()
-	cfg.Address, cfg.Token = a, token
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cfg.Transport.CloseIdleConnections)
-	return c
+	return clientThrough(t, a, token, func(base http.RoundTripper) http.RoundTripper { return base })
 }
 
 // countedClient returns a client of its own to a, with token, and the
 // number of the requests it has sent that counts reports true for.
 func countedClient(t testing.TB, a, token string, counts func(*http.Request) bool) (*api.Client, *atomic.Int64) {
 	t.Helper()
-	cfg := api.DefaultConfig()
-	cfg.Address, cfg.Token = a, token
 	n := new(atomic.Int64)
-	base := cfg.Transport
-	cfg.HttpClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if counts(r) {
-			n.Add(1)
-		}
-		return base.RoundTrip(r)
-	})}
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(base.CloseIdleConnections)
+	c := clientThrough(t, a, token, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if counts(r) {
+				n.Add(1)
+			}
+			return base.RoundTrip(r)
+		})
+	})
 	return c, n
 }
 
