@@ -294,6 +294,18 @@ func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func(
 	s := drivertest.StartRedis(t)
 	admin = goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 	t.Cleanup(func() { admin.Close() })
+	setUserWithout(t, admin, rule)
+	return admin, func() *Locker {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c)
+	}
+}
+
+// setUserWithout gives user w, password pw, aclRules but the one rule left
+// out, in place of whatever rules it had.
+func setUserWithout(t *testing.T, admin *goredis.Client, rule string) {
+	t.Helper()
 	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
 	for _, r := range aclRules {
 		if r != rule {
@@ -302,11 +314,6 @@ func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func(
 	}
 	if err := admin.Do(context.Background(), args...).Err(); err != nil {
 		t.Fatal(err)
-	}
-	return admin, func() *Locker {
-		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
-		t.Cleanup(func() { c.Close() })
-		return newLocker(t, c)
 	}
 }
 
