@@ -294,6 +294,18 @@ func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func(
 	s := drivertest.StartRedis(t)
 	admin = goredis.NewClient(&goredis.Options{Addr: s.Addr()})
 	t.Cleanup(func() { admin.Close() })
+	setUserWithout(t, admin, rule)
+	return admin, func() *Locker {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		return newLocker(t, c)
+	}
+}
+
+// setUserWithout gives user w, password pw, aclRules but the one rule left
+// out, in place of whatever rules it had.
+func setUserWithout(t *testing.T, admin *goredis.Client, rule string) {
+	t.Helper()
 	args := []any{"acl", "setuser", "w", "reset", "on", ">pw"}
 	for _, r := range aclRules {
 		if r != rule {
@@ -302,11 +314,6 @@ func serverWithout(t *testing.T, rule string) (admin *goredis.Client, user func(
 	}
 	if err := admin.Do(context.Background(), args...).Err(); err != nil {
 		t.Fatal(err)
-	}
-	return admin, func() *Locker {
-		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "w", Password: "pw"})
-		t.Cleanup(func() { c.Close() })
-		return newLocker(t, c)
 	}
 }
 
@@ -480,11 +487,69 @@ func TestListReadOnlyUser(t *testing.T) {
 	}
 }
 
-// TestInspectWithoutReadOnlyScripts: on a server without EVALSHA_RO and
+// TestReadOnlyUser: a user with the documented rules whose key patterns
+// allow only reads (%R~) does all that reads: Ping, Inspect, List,
+// Fence.Highest, and the Store's Ping and Get, where Redis 7 took the
+// Store's reading script, run by EVALSHA, for a write to its key.
+func TestReadOnlyUser(t *testing.T) {
+	ctx := context.Background()
+	s := drivertest.StartRedis(t)
+	admin := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
+	defer admin.Close()
+	args := []any{"acl", "setuser", "ro", "on", ">pw"}
+	for _, r := range aclRules {
+		if strings.HasPrefix(r, "~") {
+			r = "%R" + r
+		}
+		args = append(args, r)
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newLocker(t, admin).Acquire(ctx, "warden:a", driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	af, err := NewFence(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := af.Advance(ctx, fence.Claim{Resource: "r", Token: 5}); err != nil {
+		t.Fatal(err)
+	}
+	ro := goredis.NewClient(&goredis.Options{Addr: s.Addr(), Username: "ro", Password: "pw"})
+	defer ro.Close()
+	st := storeWithRecord(t, admin, ro)
+	l := newLocker(t, ro)
+	if err := l.Ping(ctx); err != nil {
+		t.Errorf("Ping: %v", err)
+	}
+	if in, err := l.Inspect(ctx, "warden:a"); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect = %+v, %v; want one holder", in, err)
+	}
+	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
+		t.Errorf("List = %+v, %v; want lock \"warden:a\" held", page, err)
+	}
+	f, err := NewFence(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := f.Highest(ctx, "r"); err != nil || h != 5 {
+		t.Errorf("Fence.Highest = %d, %v; want 5", h, err)
+	}
+	if err := st.Ping(ctx); err != nil {
+		t.Errorf("Store.Ping: %v", err)
+	}
+	if rec, err := st.Get(ctx, "s", "k"); err != nil || string(rec.Response) != "done" {
+		t.Errorf("Store.Get = %+v, %v; want the completed record", rec, err)
+	}
+}
+
+// TestReadsWithoutReadOnlyScripts: on a server without EVALSHA_RO and
 // EVAL_RO (Redis 6.2 has neither; here they are renamed away), Inspect
-// and List run the inspection by EVALSHA, and ask for EVALSHA_RO once,
-// not on every inspection.
-func TestInspectWithoutReadOnlyScripts(t *testing.T) {
+// and List run the inspection by EVALSHA, and the Store's Get its
+// reading, and each Locker and Store asks for EVALSHA_RO once, not on
+// every read.
+func TestReadsWithoutReadOnlyScripts(t *testing.T) {
 	ctx := context.Background()
 	s := drivertest.StartRedis(t, "--rename-command", "evalsha_ro", "", "--rename-command", "eval_ro", "")
 	c := goredis.NewClient(&goredis.Options{Addr: s.Addr()})
@@ -499,6 +564,10 @@ func TestInspectWithoutReadOnlyScripts(t *testing.T) {
 	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
 		t.Errorf("List = %+v, %v; want lock \"a\" held", page, err)
 	}
+	st := storeWithRecord(t, c, c)
+	if rec, err := st.Get(ctx, "s", "k"); err != nil || string(rec.Response) != "done" {
+		t.Errorf("Store.Get = %+v, %v; want the completed record", rec, err)
+	}
 	// The server counts each unknown command it answers as an ERR reply.
 	refused := func() string {
 		_, rest, _ := strings.Cut(c.Info(ctx, "errorstats").Val(), "errorstat_ERR:count=")
@@ -510,15 +579,34 @@ func TestInspectWithoutReadOnlyScripts(t *testing.T) {
 		if _, err := l.Inspect(ctx, "a"); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := st.Get(ctx, "s", "k"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if after := refused(); after != before {
-		t.Errorf("three more inspections had %s refusals of ERR, after %s: EVALSHA_RO asked again", after, before)
+		t.Errorf("three more inspections and reads had %s refusals of ERR, after %s: EVALSHA_RO asked again", after, before)
 	}
 }
 
-// TestInspectRefusedReadOnlyScripts: a Redis 7 user allowed EVALSHA but
-// not EVALSHA_RO inspects and lists by EVALSHA.
-func TestInspectRefusedReadOnlyScripts(t *testing.T) {
+// storeWithRecord completes a record of key "k" in scope "s", response
+// "done", through a Store on admin, and returns a Store on c.
+func storeWithRecord(t *testing.T, admin, c *goredis.Client) *Store {
+	t.Helper()
+	ctx := context.Background()
+	const owner = "owner-0123456789abcdef"
+	as := newStore(t, admin)
+	if _, err := as.Claim(ctx, idempotency.Claim{Scope: "s", Key: "k", Fingerprint: "f", Owner: owner, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := as.Complete(ctx, "s", "k", owner, []byte("done"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return newStore(t, c)
+}
+
+// TestReadsRefusedReadOnlyScripts: a Redis 7 user allowed EVALSHA but
+// not EVALSHA_RO inspects, lists and reads the Store's records by EVALSHA.
+func TestReadsRefusedReadOnlyScripts(t *testing.T) {
 	ctx := context.Background()
 	admin, user := serverWithout(t, "+evalsha_ro")
 	if _, err := newLocker(t, admin).Acquire(ctx, "warden:a", driver.AcquireOptions{TTL: time.Minute}); err != nil {
@@ -530,5 +618,10 @@ func TestInspectRefusedReadOnlyScripts(t *testing.T) {
 	}
 	if page, err := l.List(ctx, "", "", 10); err != nil || len(page) != 1 || len(page[0].Holders) != 1 {
 		t.Errorf("List = %+v, %v; want lock \"warden:a\" held", page, err)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: admin.Options().Addr, Username: "w", Password: "pw"})
+	defer c.Close()
+	if rec, err := storeWithRecord(t, admin, c).Get(ctx, "s", "k"); err != nil || string(rec.Response) != "done" {
+		t.Errorf("Store.Get = %+v, %v; want the completed record", rec, err)
 	}
 }

@@ -37,6 +37,9 @@ type scripter struct {
 	goredis.Scripter
 	client goredis.UniversalClient
 	resender
+	// readWrite: the scripts that write nothing run by EVALSHA, EVALSHA_RO
+	// having been refused (see runReadOnly).
+	readWrite atomic.Bool
 }
 
 // resender sends a script again, and reloads a Cluster client's slot map,

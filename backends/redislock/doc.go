@@ -38,10 +38,10 @@
 // ClusterClient with ReadOnly set (as RouteByLatency, RouteRandomly and a
 // FailoverClusterClient's routing options set it) sends the commands Redis
 // flags read-only (GET, HGET, EVALSHA_RO) to a replica, which lags its
-// master and may show a held lock free; Inspect, List and the Fence's
-// Highest send theirs on go-redis's client of the key's master
-// (ClusterClient.MasterForKey) instead. The scripts run by EVALSHA (every
-// write, ForceRelease, the Store's Get) go to the master already.
+// master and may show a held lock free; Inspect, List, the Fence's
+// Highest and the Store's Get send theirs on go-redis's client of the key's
+// master (ClusterClient.MasterForKey) instead. The scripts run by EVALSHA
+// (every write, ForceRelease) go to the master already.
 //
 // An exclusive lock is one key, read and written by every grant, refresh and
 // release in a single SET ... KEEPTTL GET: an uncontended acquisition and
@@ -222,10 +222,11 @@
 // out is lost with that error as the cause.
 //
 // With Redis ACLs, the user needs EVALSHA and EVAL, and on Redis 7
-// EVALSHA_RO and EVAL_RO (Inspect and List run their script read-only, so
-// that a user allowed only to read the keys, %R~{warden:*, may list; Redis
-// 6.2 has neither, and its ACL SETUSER refuses a line that names them:
-// leave them out there, where the script runs by EVALSHA), every command
+// EVALSHA_RO and EVAL_RO (Inspect, List and the Store's Get run their
+// script read-only, so that a user allowed only to read the keys,
+// %R~{warden:* or %R~warden:idem:*, may list or read records; Redis 6.2
+// has neither, and its ACL SETUSER refuses a line that names them: leave
+// them out there, where the script runs by EVALSHA), every command
 // the scripts call (a script's own calls are checked against the user's
 // rights), PING, SUBSCRIBE and UNSUBSCRIBE, SCAN and GET for List, the
 // lock keys (which start with '{', the hash tag: a pattern ~{warden:* for

@@ -31,7 +31,9 @@ var (
 // completed record's retention, is the key's expiry (PEXPIRE), counted by
 // Redis on its own clock as a lock's PX is, so that a first request costs 8
 // server commands (claim: EVALSHA, HMGET, HSET, PEXPIRE; complete the same)
-// and a replay 2 (EVALSHA, HMGET). It is safe for concurrent use.
+// and a replay 2 (EVALSHA_RO, HMGET: Get runs its script read-only, as
+// Inspect does, so that a user allowed only to read the records may). It
+// is safe for concurrent use.
 type Store struct {
 	client                      goredis.UniversalClient
 	sc                          *scripter // client, for scripts
@@ -164,7 +166,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	v, err := s.read.Run(ctx, s.sc, []string{s.recordKey(scope, key)}).Result()
+	v, err := s.sc.runReadOnly(ctx, s.read, []string{s.recordKey(scope, key)}).Result()
 	if err != nil {
 		return nil, driver.Unavailable(ctx, err)
 	}

@@ -54,7 +54,7 @@ func labelOf(owner string) string {
 // the fair queue and the live recorded waiters of plain locks.
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	n := mutexNamesOf(key)
-	r, err := l.inspect(ctx, []string{n.lock, n.queue, n.waiters}).Slice()
+	r, err := l.sc.runReadOnly(ctx, l.s.inspect, []string{n.lock, n.queue, n.waiters}).Slice()
 	if err != nil {
 		return driver.Inspection{}, driver.Unavailable(ctx, err)
 	}
@@ -71,40 +71,6 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, er
 	token, _ := r[2].(int64)
 	in.Holders = []driver.Holding{{Owner: labelOf(owner), Token: uint64(token), TTL: time.Duration(max(pttl, 0)) * time.Millisecond}}
 	return in, nil
-}
-
-// inspect runs the inspection's script as a read-only one (EVALSHA_RO),
-// which a user allowed only to read the lock keys (%R~) may run: Redis 7
-// takes a script run by EVALSHA for a write to every key it names. A
-// server older than 7 knows no EVALSHA_RO, and a user may have EVALSHA
-// without it: the script is then run by EVALSHA, as before Redis 7. A
-// refusal of a key is the key's, and EVALSHA would be refused it too.
-// The script runs on the keys' master even on a client that reads from
-// replicas (see resender.readsReplicas), so that the read-only user keeps
-// its read there; EVALSHA alone, which go-redis never sends to a replica,
-// would be refused to that user.
-//
-// The fallback is kept once taken: a server that knows no EVALSHA_RO, or a
-// user refused it, would refuse every later inspection too, and
-// guard.Observe inspects every tenth of the TTL, which would pay the
-// refused request on each.
-func (l *Locker) inspect(ctx context.Context, keys []string) *goredis.Cmd {
-	run := func(s goredis.Scripter) *goredis.Cmd {
-		if l.inspectRW.Load() {
-			return l.s.inspect.Run(ctx, s, keys)
-		}
-		c := l.s.inspect.RunRO(ctx, s, keys)
-		if err := c.Err(); err != nil && !redisrefusal.KeyDenied(err) &&
-			(goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command")) {
-			l.inspectRW.Store(true)
-			c = l.s.inspect.Run(ctx, s, keys)
-		}
-		return c
-	}
-	if l.sc.readsReplicas() {
-		return l.sc.onMaster(ctx, keys[0], func(m *goredis.Client) *goredis.Cmd { return run(m) })
-	}
-	return l.sc.retry(ctx, func() *goredis.Cmd { return run(l.sc.Scripter) })
 }
 
 // List implements driver.Lister. Redis keeps no index of lock names, so

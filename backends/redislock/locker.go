@@ -42,9 +42,6 @@ type Locker struct {
 	// bound cuts short the waiting attempts that have no answer (see
 	// attemptBound).
 	bound watchdog
-	// inspectRW: the inspection runs by EVALSHA, EVALSHA_RO having been
-	// refused (see inspect).
-	inspectRW atomic.Bool
 }
 
 type config struct {

@@ -6,21 +6,20 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)
 -- Returns {1, token} or {0, ms until the blocking writer's lease or place lapses}.
 -- Checks and writes: lapsed members are pruned, then the writer and the
--- waiting writers are read before the reader's member is written: a command
--- that fails the script (which is not rolled back) leaves no grant over a
--- writer.
+-- waiting writers are read, and the token drawn, before the reader's
+-- member is written (see add_member): a command that fails the script
+-- (which is not rolled back) leaves no grant over a writer, and no reader
+-- the caller is not told of. A token drawn for a grant that fails is
+-- skipped: tokens need only grow.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
 redis.call('zremrangebyscore', KEYS[3], '-inf', now)
 local wpttl = redis.call('pttl', KEYS[2])
 if wpttl == -2 and redis.call('zcard', KEYS[3]) == 0 then
-  local ttl = tonumber(ARGV[2])
-  redis.call('zadd', KEYS[1], now + ttl, ARGV[1])
-  if redis.call('pttl', KEYS[1]) < ttl then
-    redis.call('pexpire', KEYS[1], ttl)
-  end
-  return {1, next_token(KEYS[4])}
+  local token = next_token(KEYS[4])
+  add_member(KEYS[1], ARGV[1], now, tonumber(ARGV[2]))
+  return {1, token}
 end
 if wpttl < 0 then
   local first = redis.call('zrange', KEYS[3], 0, 0, 'WITHSCORES')

@@ -17,9 +17,9 @@ import (
 
 // TestReadsOnMasterWithReadOnlyClient: a Cluster client with ReadOnly set
 // sends the commands Redis flags read-only to a replica, which may lag its
-// master. Inspect and List (as a user allowed only to read the keys), the
-// Fence's Highest and the Store's Get, through such a client, read on the
-// master: the replica, whose link to its master is cut just before each
+// master. Inspect, List and the Store's Get (as a user allowed only to
+// read the keys), and the Fence's Highest, through such a client, read on
+// the master: the replica, whose link to its master is cut just before each
 // lock is taken, gets none of their commands, and each held lock reads as
 // held.
 func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
@@ -42,17 +42,18 @@ func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
 	defer cancel()
 	holder := newLocker(t, c.client())
 	reader := c.client(func(o *goredis.ClusterOptions) { o.ReadOnly = true })
-	// Inspect and List as a user allowed only to read the keys, which may
-	// run EVALSHA_RO on them but not EVALSHA.
+	// Inspect, List and Get as a user allowed only to read the keys, which
+	// may run EVALSHA_RO on them but not EVALSHA.
 	for _, s := range []*shard{m, r} {
 		c.must(s, "ACL", "SETUSER", "ops", "reset", "on", ">pw", "&*", "+@all", "%R~*")
 	}
-	ro := newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.ReadOnly, o.Username, o.Password = true, "ops", "pw" }))
+	ops := c.client(func(o *goredis.ClusterOptions) { o.ReadOnly, o.Username, o.Password = true, "ops", "pw" })
+	ro := newLocker(t, ops)
 	fence, err := NewFence(reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := NewStore(reader)
+	store, err := NewStore(ops)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,10 @@ var (
 	// write lock or a permit.
 	//go:embed token.lua
 	tokenSrc string
+	// memberSrc defines add_member for the scripts that write a member of
+	// a sorted set: a reader, a permit, a writer's wait.
+	//go:embed member.lua
+	memberSrc string
 	// lockStateSrc defines how the scripts of plain and fair locks read and
 	// write a lock's state.
 	//go:embed state.lua
@@ -91,13 +95,13 @@ func newScripts() *scripts {
 		refreshLock:  goredis.NewScript(refreshLockSrc),
 		refreshLocks: goredis.NewScript(refreshLocksSrc),
 		dequeue:      goredis.NewScript(stateSrc + nextWaiterSrc + dequeueSrc),
-		readAcquire:  goredis.NewScript(tokenSrc + readAcquireSrc),
-		writeAcquire: goredis.NewScript(tokenSrc + writeAcquireSrc),
+		readAcquire:  goredis.NewScript(tokenSrc + memberSrc + readAcquireSrc),
+		writeAcquire: goredis.NewScript(tokenSrc + memberSrc + writeAcquireSrc),
 		writeRelease: goredis.NewScript(writeReleaseSrc),
 		unwait:       goredis.NewScript(unwaitSrc),
-		semAcquire:   goredis.NewScript(tokenSrc + semAcquireSrc),
+		semAcquire:   goredis.NewScript(tokenSrc + memberSrc + semAcquireSrc),
 		zrelease:     goredis.NewScript(zreleaseSrc),
-		zrefresh:     goredis.NewScript(zrefreshSrc),
+		zrefresh:     goredis.NewScript(memberSrc + zrefreshSrc),
 		inspect:      goredis.NewScript(stateSrc + inspectSrc),
 		forceRelease: goredis.NewScript(stateSrc + nextWaiterSrc + forceReleaseSrc),
 		unwaitMutex:  goredis.NewScript(stateSrc + nextWaiterSrc + unwaitMutexSrc),
