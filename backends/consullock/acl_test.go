@@ -716,28 +716,6 @@ func TestFilteredContendersRefuse(t *testing.T) {
 	}
 }
 
-// TestTokenCheckedOnce: under the default policy deny, a client with a
-// token asks Consul whether it has one once, not with every read: ten
-// Inspects, each one read, cost eleven requests (guard.Observe inspects
-// every tenth of the TTL).
-func TestTokenCheckedOnce(t *testing.T) {
-	a, root := aclAgent(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tok, _ := grant(t, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "read" }`)
-	c, requests := countedClient(t, a, tok.SecretID, func(*http.Request) bool { return true })
-	l := lockerOn(t, c)
-	const inspects = 10
-	for range inspects {
-		if _, err := l.Inspect(ctx, name("checked-once")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := requests.Load(); n != inspects+1 {
-		t.Errorf("%d Inspects under default deny: %d requests; want %d", inspects, n, inspects+1)
-	}
-}
-
 // TestPurgeFilteredDeletesNothing: Purge by a token that may not read one
 // record, whose chunks it may read, fails for want of ACL rights rather
 // than take the chunks for no record's and delete them.
