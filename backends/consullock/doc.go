@@ -125,10 +125,9 @@
 // Consul's ACL hides from the token, so an acquisition it finds unblocked
 // reads the directory again, consistently, before it is granted (one more
 // request), and is refused, with an error wrapping driver.ErrUnavailable
-// that names the ACL, when Consul says that read left keys out, or when the
-// default policy is deny and the request carries no token (see
-// Locker.Inspect): a key hidden from it may be a holder's. These keys are
-// compatible with nothing but this package's own.
+// that names the ACL, when Consul says that read left keys out (see ACLs
+// for how Consul is made to say so): a key hidden from it may be a
+// holder's. These keys are compatible with nothing but this package's own.
 //
 // # Operators
 //
@@ -217,6 +216,46 @@
 // Consul judges a query by the rules as they were when it came, so a
 // marker written while the query waits under the old rules is seen. The
 // next acquisition creates a new session, which the new rules may refuse.
+//
+// A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
+// and a Store's Purge decide only on reads that Consul says are whole: one
+// from which the ACL left keys out (Consul says that it did, not which)
+// fails with an error wrapping driver.ErrUnavailable for want of ACL
+// rights (List returns its page with driver.ErrPartialList), rather than
+// take a lock for free, or a record's chunks for no record's, for want of
+// a key it was not shown. Consul says so only to a request that carries a
+// token, and reads one that carries none (none of the client's own, and no
+// default token of the agent's) as the anonymous token's, under either
+// default policy, filtered without a word. Those reads therefore name
+// their token: the one the client's requests carry, as token/self last
+// answered, or the anonymous token, by its secret "anonymous", when they
+// carry none Consul knows or the agent has ACLs off. For read/write locks
+// and semaphores, then, a Locker's client needs:
+//
+//   - with ACLs off (whatever default_policy the agent's configuration
+//     names): nothing;
+//   - with ACLs on, under either default policy: read on every contender
+//     key of the read/write locks and semaphores it takes, as write on its
+//     locks' keys (above) gives, for the token its requests carry: its
+//     own; the agent's default token, when it has none; else the anonymous
+//     token, whose policies must then allow it (under the default policy
+//     allow, an anonymous token without policies reads every key). While a
+//     contender's key stands that a rule denies that token (an exact
+//     key's, a narrower prefix's), a grant judged by it is refused, with an
+//     error that names the token (the anonymous token, for a client
+//     without one Consul knows).
+//
+// A Locker asks token/self for such a read when it has not in the last
+// minute (one request, with ACLs off too; List of the prefix "." or ".."
+// asks every time), and its reads carry the answer for that minute: a
+// client that carries the agent's default token reads with the token the
+// agent had when asked for up to a minute after the agent's token is
+// replaced or cleared, reads that are whole or said not to be. A read refused because that token was
+// deleted, or filtered as the anonymous token's (the agent's token set
+// since), asks again at once, and is made again when the answer names
+// another token. A client whose own token Consul does not know (deleted,
+// or not yet replicated) has its writes refused, and these reads made as
+// the anonymous token's.
 //
 // Consul says nothing of what it leaves out of a read without a token (the
 // anonymous token's): a Locker whose client has no token learns of a

@@ -3,13 +3,10 @@ package consullock
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -33,11 +30,11 @@ var (
 // TTL 0: it lives as long as the session that keeps it.
 //
 // With Consul's ACLs on, a read leaves out the keys its token may not
-// read, and says only that it left some out (see tree for a read without
-// a token): Inspect, and ForceRelease, then fail with an error wrapping
-// driver.ErrUnavailable that says so, rather than see a name held by
-// another token's session as free. List cannot tell which names it left
-// out (see List).
+// read, and says only that it left some out (see readToken for the token
+// the read carries): Inspect, and ForceRelease, then fail with an error
+// wrapping driver.ErrUnavailable that says so, rather than see a name held
+// by another token's session as free. List cannot tell which names it
+// left out (see List).
 func (l *Locker) Inspect(ctx context.Context, key string) (driver.Inspection, error) {
 	mine, err := l.keysOf(ctx, key)
 	if err != nil {
@@ -66,12 +63,12 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 	if key == "." {
 		prefixes = []string{LockKey(key), RWDir(key), SemaphoreDir(key)}
 	}
-	pairs, filtered, err := l.tree(ctx, prefixes...)
+	pairs, hiddenFrom, err := l.tree(ctx, prefixes...)
 	if err != nil {
 		return nil, err
 	}
-	if filtered {
-		return nil, withheld(key)
+	if hiddenFrom != "" {
+		return nil, withheld(key, hiddenFrom)
 	}
 	var mine []*api.KVPair
 	for _, kv := range pairs {
@@ -82,25 +79,17 @@ func (l *Locker) keysOf(ctx context.Context, key string) ([]*api.KVPair, error) 
 	return mine, nil
 }
 
-// withheld is the error of a name whose keys a read may have left out.
-func withheld(key string) error {
-	return fmt.Errorf("%w: consul left out of the read keys the token may not read: whether %q is held cannot be told", errDenied, key)
+// withheld is the error of a name whose keys a read left out, hidden from
+// the token hiddenFrom names (see whole).
+func withheld(key, hiddenFrom string) error {
+	return fmt.Errorf("%w: consul left out of the read keys that %s may not read, so whether %q is held cannot be told", errDenied, hiddenFrom, key)
 }
 
 // tree reads every key starting with each of prefixes, each the start of
 // an escaped name (no '/' in it) or one of a name's prefixes, in one
-// consistent read each. filtered reports that the ACL may have left out
-// keys the token may not read.
-//
-// Consul says that it left keys out (not which) only to a request with a
-// token: a request without one, read as the anonymous token's, is filtered
-// as silently. When the datacenter's default ACL policy is deny (under
-// which the anonymous token reads only what its policies allow) and Consul
-// said nothing, tree therefore asks Consul whether the client's requests
-// carry a token (one more request, which a token found real spares the
-// reads of the minute after: see anonymous), and takes a read without one
-// as filtered. Under the default policy allow, an anonymous token whose
-// policies deny keys is not found out.
+// consistent read each, with the token such reads carry (see readToken).
+// hiddenFrom names that token when the ACL left out keys it may not read
+// (see whole), and is empty otherwise.
 //
 // A read names its prefix in the URL's path, which Consul's HTTP server
 // cleans before it serves it: "." would read the whole store, and ".."
@@ -108,50 +97,56 @@ func withheld(key string) error {
 // lock "." were free. Those two prefixes, which only List of the prefixes
 // "." and ".." reads (keysOf reads the name "." otherwise), are read by
 // dotTree.
-func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, filtered bool, err error) {
-	deny := false
-	for _, prefix := range prefixes {
-		read := l.prefixTree
-		if prefix == "." || prefix == ".." {
-			read = l.dotTree
+func (l *Locker) tree(ctx context.Context, prefixes ...string) (pairs []*api.KVPair, hiddenFrom string, err error) {
+	hiddenFrom, err = l.whole(ctx, func(secret string) (bool, error) {
+		pairs = nil
+		filtered := false
+		for _, prefix := range prefixes {
+			read := l.prefixTree
+			if prefix == "." || prefix == ".." {
+				read = l.dotTree
+			}
+			kvs, meta, err := read(ctx, prefix, secret)
+			if err != nil {
+				return false, err
+			}
+			pairs = append(pairs, kvs...)
+			filtered = filtered || meta.ResultsFilteredByACLs
 		}
-		kvs, meta, err := read(ctx, prefix)
-		if err != nil {
-			return nil, false, err
-		}
-		pairs = append(pairs, kvs...)
-		filtered = filtered || meta.ResultsFilteredByACLs
-		deny = deny || meta.DefaultACLPolicy == "deny"
-	}
-	filtered, err = l.hidden(ctx, filtered, deny)
-	return pairs, filtered, err
+		return filtered, nil
+	})
+	return pairs, hiddenFrom, err
 }
 
 // prefixTree reads every key starting with prefix, which a URL can name,
-// in one consistent read.
-func (l *Locker) prefixTree(ctx context.Context, prefix string) ([]*api.KVPair, *api.QueryMeta, error) {
+// in one consistent read, with the token secret.
+func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	kvs, meta, err := l.client.KV().List(prefix, queryOpts(rctx))
+	q := queryOpts(rctx)
+	q.Token = secret
+	kvs, meta, err := l.client.KV().List(prefix, q)
 	return kvs, meta, l.fail(ctx, rctx, err)
 }
 
 // dotTree reads every key starting with prefix, "." or "..", which a URL
 // cannot name (see tree), in one consistent read, once it asked the agent
-// whether it has ACLs on. A transaction names its prefix in its body, and
-// reads those keys alone; but it does not say when the ACL left keys out
-// of its read. It is therefore the read only when the agent has ACLs off
-// (aclsOff), under which nothing is left out. With ACLs on, the keys are
-// read as the whole store is, and those that start with prefix kept: the
-// read costs the whole store's keys, and a key the token may not read
-// anywhere in it makes the read filtered.
-func (l *Locker) dotTree(ctx context.Context, prefix string) ([]*api.KVPair, *api.QueryMeta, error) {
-	off, err := l.aclsOff(ctx)
+// whether it has ACLs on (askToken, whose answer it does not take from an
+// earlier call). A transaction names its prefix in its body, and reads
+// those keys alone; but it does not say when the ACL left keys out of its
+// read, whatever its token. It is therefore the read only when the agent
+// has ACLs off, under which nothing is left out. With ACLs on, the keys
+// are read as the whole store is, with the token the answer names, and
+// those that start with prefix kept: the read costs the whole store's
+// keys, and a key the token may not read anywhere in it makes the read
+// filtered.
+func (l *Locker) dotTree(ctx context.Context, prefix, _ string) ([]*api.KVPair, *api.QueryMeta, error) {
+	t, err := l.askToken(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !off {
-		kvs, meta, err := l.prefixTree(ctx, "")
+	if !t.off {
+		kvs, meta, err := l.prefixTree(ctx, "", t.secret)
 		kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
 		return kvs, meta, err
 	}
@@ -170,71 +165,6 @@ func (l *Locker) dotTree(ctx context.Context, prefix string) ([]*api.KVPair, *ap
 	}
 	return resp.Results, &api.QueryMeta{}, nil
 }
-
-// aclsOff reports whether the agent has ACLs off: Consul then answers a
-// token's read of itself with 401 "ACL support disabled". Under ACLs, a
-// token may always read itself, and a request without one is refused
-// with 403 "ACL not found" (see anonymous).
-func (l *Locker) aclsOff(ctx context.Context) (bool, error) {
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
-	se := api.StatusError{}
-	switch {
-	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"):
-		return true, nil
-	case errors.As(err, &se) && se.Code == http.StatusForbidden, err == nil:
-		return false, nil
-	}
-	return false, l.fail(ctx, rctx, err)
-}
-
-// hidden reports whether a read may have left out keys the token may not
-// read: Consul said so (filtered), or the datacenter's default policy is
-// deny and the client's requests carry no token (see tree).
-func (l *Locker) hidden(ctx context.Context, filtered, deny bool) (bool, error) {
-	if filtered || !deny {
-		return filtered, nil
-	}
-	return l.anonymous(ctx)
-}
-
-// anonymous reports whether the client's requests carry no token, so that
-// Consul reads them as the anonymous token's: it knows no token of theirs
-// (a token may always read itself, and a token Consul does not know was
-// refused the read before).
-//
-// A token found real is taken as real for tokenKept after, sparing every
-// read under default deny a request (guard.Observe inspects every tenth
-// of the TTL). A token is not made anonymous while it lives: Consul
-// refuses the requests of a token it deleted. The agent's default token,
-// which requests without one of their own carry, can be changed or
-// cleared at any time, though: tokenKept bounds how long a read of such a
-// client's may be trusted once it was.
-func (l *Locker) anonymous(ctx context.Context) (bool, error) {
-	l.mu.Lock()
-	real := !l.tokenSeen.IsZero() && time.Since(l.tokenSeen) < tokenKept
-	l.mu.Unlock()
-	if real {
-		return false, nil
-	}
-	rctx, cancel := l.rctx(ctx)
-	defer cancel()
-	_, _, err := l.client.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(rctx))
-	if se := (api.StatusError{}); errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found") {
-		return true, nil
-	}
-	if err != nil {
-		return false, l.fail(ctx, rctx, err)
-	}
-	l.mu.Lock()
-	l.tokenSeen = time.Now()
-	l.mu.Unlock()
-	return false, nil
-}
-
-// tokenKept is how long anonymous takes a token it found real as real.
-const tokenKept = time.Minute
 
 // judge splits the keys of the name key into its holders, oldest grant
 // first, and the number of its waiters.
@@ -338,12 +268,13 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	if err := checkName(prefix); err != nil {
 		return nil, err
 	}
-	pairs, filtered, err := l.tree(ctx, url.PathEscape(prefix))
+	pairs, hiddenFrom, err := l.tree(ctx, url.PathEscape(prefix))
 	if err != nil {
 		return nil, err
 	}
+	filtered := hiddenFrom != ""
 	if filtered {
-		err = fmt.Errorf("%w: consul left out of its read of %q keys the token may not read", driver.ErrPartialList, url.PathEscape(prefix))
+		err = fmt.Errorf("%w: consul left out of its read of %q keys that %s may not read", driver.ErrPartialList, url.PathEscape(prefix), hiddenFrom)
 	}
 	byName := map[string][]*api.KVPair{}
 	for _, kv := range pairs {
@@ -354,7 +285,7 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 	var out []driver.Listed
 	for name, kvs := range byName {
 		if filtered && slices.ContainsFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, LockKey(name)) }) {
-			out = append(out, driver.Listed{Key: name, Err: withheld(name)})
+			out = append(out, driver.Listed{Key: name, Err: withheld(name, hiddenFrom)})
 			continue
 		}
 		if holders, waiters := judge(name, kvs); len(holders) > 0 {

@@ -62,9 +62,9 @@ type Locker struct {
 	// unanchored (see newSession), and one whose markers Consul hides is
 	// kept (see watchRevocations).
 	anchorOptional bool
-	// tokenSeen is when the client's requests were last found to carry a
-	// real token (see anonymous); zero before.
-	tokenSeen time.Time
+	// token is the token the reads that decide carry, as Consul last
+	// named it (see readToken); zero before.
+	token readToken
 }
 
 var (

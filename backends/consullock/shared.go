@@ -192,32 +192,36 @@ func (a *attempt) list(ctx context.Context, dir string, index uint64) ([]*api.KV
 }
 
 // contenders is list, for the contenders of a read/write lock or a
-// semaphore under dir, which are granted on what it reads: a read from
-// which the ACL may have left keys out (see tree) fails with errDenied,
-// since a contender judged on it could take for free a lock whose
-// holder's key it was not shown. A lock's queue needs no such read: it
-// only orders the waiters, and the lock key's transaction checks the key
-// itself.
+// semaphore under dir, which are granted on what it reads: it reads with
+// the token such reads carry (see readToken), and a read from which the
+// ACL left keys out fails with errDenied, since a contender judged on it
+// could take for free a lock whose holder's key it was not shown. A lock's
+// queue needs no such read: it only orders the waiters, and the lock key's
+// transaction checks the key itself.
 func (a *attempt) contenders(ctx context.Context, dir string, index uint64) ([]*api.KVPair, uint64, error) {
-	var filtered, deny atomic.Bool
-	pairs, idx, err := read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
-		pairs, meta, err := a.l.client.KV().List(dir, q)
-		if meta != nil {
-			// Any answer's: the reads are of the same keys.
-			filtered.CompareAndSwap(false, meta.ResultsFilteredByACLs)
-			deny.CompareAndSwap(false, meta.DefaultACLPolicy == "deny")
-		}
-		return pairs, meta, err
+	var (
+		pairs []*api.KVPair
+		idx   uint64
+	)
+	hiddenFrom, err := a.l.whole(ctx, func(secret string) (bool, error) {
+		var filtered atomic.Bool
+		var err error
+		pairs, idx, err = read(ctx, a, index, func(q *api.QueryOptions) ([]*api.KVPair, *api.QueryMeta, error) {
+			q.Token = secret
+			pairs, meta, err := a.l.client.KV().List(dir, q)
+			if meta != nil {
+				// Any answer's: the reads are of the same keys.
+				filtered.CompareAndSwap(false, meta.ResultsFilteredByACLs)
+			}
+			return pairs, meta, err
+		})
+		return filtered.Load(), err
 	})
-	if err != nil {
-		return nil, 0, err
-	}
-	hidden, err := a.l.hidden(ctx, filtered.Load(), deny.Load())
 	switch {
 	case err != nil:
 		return nil, 0, err
-	case hidden:
-		return nil, 0, withheld(dir)
+	case hiddenFrom != "":
+		return nil, 0, withheld(dir, hiddenFrom)
 	}
 	return pairs, idx, nil
 }

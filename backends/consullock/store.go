@@ -1,7 +1,6 @@
 package consullock
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -627,17 +626,27 @@ func (s *Store) Purge(ctx context.Context) (int, error) {
 	if err := idempotency.CheckContext(ctx); err != nil {
 		return 0, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	keys, meta, err := s.client.KV().Keys(s.dir, "", queryOpts(rctx))
-	err = s.sessions.fail(ctx, rctx, err)
-	cancel()
-	if err != nil {
-		return 0, err
-	}
 	// A record the ACL left out of the listing would leave its chunks
-	// looking like no record's, and deleted.
-	if hidden, err := s.sessions.hidden(ctx, meta.ResultsFilteredByACLs, meta.DefaultACLPolicy == "deny"); hidden || err != nil {
-		return 0, cmp.Or(err, fmt.Errorf("%w: consul left out of its listing of %q keys the token may not read", errDenied, s.dir))
+	// looking like no record's, and deleted: the listing carries the
+	// token such reads do (see readToken).
+	var keys []string
+	hiddenFrom, err := s.sessions.whole(ctx, func(secret string) (bool, error) {
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		q := queryOpts(rctx)
+		q.Token = secret
+		ks, meta, err := s.client.KV().Keys(s.dir, "", q)
+		if err = s.sessions.fail(ctx, rctx, err); err != nil {
+			return false, err
+		}
+		keys = ks
+		return meta.ResultsFilteredByACLs, nil
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case hiddenFrom != "":
+		return 0, fmt.Errorf("%w: consul left out of its listing of %q keys that %s may not read", errDenied, s.dir, hiddenFrom)
 	}
 	records := make(map[string]bool)
 	for _, k := range keys {
