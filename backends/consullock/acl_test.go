@@ -32,43 +32,9 @@ import (
 // address and a client with its management token.
 func aclAgent(t *testing.T, settings ...string) (string, *api.Client) {
 	t.Helper()
-	addr(t) // skips with the other server tests
-	bin, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "services.sh"), "bin", "consul").Output()
-	if err != nil {
-		t.Fatalf("scripts/services.sh bin consul: %v", err)
-	}
-	var ports []string
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-		ln.Close()
-	}
 	const management = "00000000-0000-4000-8000-0000000000a1"
-	cmd := exec.Command(strings.TrimSpace(string(bin)), "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
-		"-node", "warden-acl", "-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
-		"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
-		"-hcl", `acl { enabled = true default_policy = "deny" tokens { initial_management = "`+management+`" } `+strings.Join(settings, " ")+` }`,
-		"-log-level", "error")
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	// Killed with the test process, should the test time out.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
-	a := "127.0.0.1:" + ports[0]
+	a, exited, log := runAgent(t, "-dev", "-node", "warden-acl",
+		"-hcl", `acl { enabled = true default_policy = "deny" tokens { initial_management = "`+management+`" } `+strings.Join(settings, " ")+` }`)
 	root := tokenClient(t, a, management)
 	for deadline := time.Now().Add(time.Minute); ; {
 		// A leader, the management token bootstrapped with it (with ACLs
@@ -87,6 +53,48 @@ func aclAgent(t *testing.T, settings ...string) (string, *api.Client) {
 			t.Fatalf("the ACL agent did not serve within a minute: %s", log.String())
 		}
 	}
+}
+
+// runAgent starts a Consul agent of the test's own, on loopback ports of
+// its own, with args, and returns its HTTP address, a channel closed when
+// it exits, and what it logged; the agent is killed when the test ends.
+func runAgent(t *testing.T, args ...string) (string, <-chan struct{}, *strings.Builder) {
+	t.Helper()
+	addr(t) // skips with the other server tests
+	bin, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "services.sh"), "bin", "consul").Output()
+	if err != nil {
+		t.Fatalf("scripts/services.sh bin consul: %v", err)
+	}
+	var ports []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		ln.Close()
+	}
+	cmd := exec.Command(strings.TrimSpace(string(bin)), append([]string{"agent", "-bind", "127.0.0.1", "-client", "127.0.0.1",
+		"-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
+		"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
+		"-log-level", "error"}, args...)...)
+	log := new(strings.Builder)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Killed with the test process, should the test time out.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	return "127.0.0.1:" + ports[0], exited, log
 }
 
 // tokenClient returns a client of its own to a, with token.

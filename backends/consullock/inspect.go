@@ -130,29 +130,22 @@ func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.
 }
 
 // dotTree reads every key starting with prefix, "." or "..", which a URL
-// cannot name (see tree), in one consistent read, once it asked the agent
-// whether it has ACLs on (askToken, whose answer it does not take from an
-// earlier call). A transaction names its prefix in its body, and reads
-// those keys alone; but it does not say when the ACL left keys out of its
-// read, whatever its token. It is therefore the read only when the agent
-// has ACLs off, under which nothing is left out. With ACLs on, the keys
-// are read as the whole store is, with the token the answer names, and
-// those that start with prefix kept: the read costs the whole store's
-// keys, and a key the token may not read anywhere in it makes the read
-// filtered.
-func (l *Locker) dotTree(ctx context.Context, prefix, _ string) ([]*api.KVPair, *api.QueryMeta, error) {
-	t, err := l.askToken(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !t.off {
-		kvs, meta, err := l.prefixTree(ctx, "", t.secret)
-		kvs = slices.DeleteFunc(kvs, func(kv *api.KVPair) bool { return !strings.HasPrefix(kv.Key, prefix) })
-		return kvs, meta, err
-	}
+// cannot name (see tree). A transaction names its prefix in its body, and
+// reads those keys alone, but it does not say when the ACL left keys out
+// of its read, whatever its token; nor can the agent's answer that it has
+// ACLs off be trusted for it, since servers with ACLs on filter the
+// transactions of an agent with them off (the order in which ACLs are
+// rolled out). So the transaction is followed by a listing of the whole
+// store's key names, with the same token, which says so: the page costs
+// the store's names, not its values, and a key the token may not read
+// anywhere in the store makes it partial. A hidden key deleted between
+// the two reads goes unsaid, as it would in a read made after it.
+func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
-	ok, resp, err := txn(rctx, l.client, api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}})
+	q := queryOpts(rctx)
+	q.Token = secret
+	ok, resp, _, err := l.client.KV().Txn(api.KVTxnOps{{Verb: api.KVGetTree, Key: prefix}}, q)
 	if err = l.fail(ctx, rctx, err); err != nil {
 		return nil, nil, err
 	}
@@ -163,7 +156,14 @@ func (l *Locker) dotTree(ctx context.Context, prefix, _ string) ([]*api.KVPair, 
 		}
 		return nil, nil, fmt.Errorf("%w: the read of %q: %s", errRefused, prefix, strings.Join(why, "; "))
 	}
-	return resp.Results, &api.QueryMeta{}, nil
+	kctx, kcancel := l.rctx(ctx)
+	defer kcancel()
+	q = q.WithContext(kctx)
+	_, meta, err := l.client.KV().Keys("", "", q)
+	if err = l.fail(ctx, kctx, err); err != nil {
+		return nil, nil, err
+	}
+	return resp.Results, meta, nil
 }
 
 // judge splits the keys of the name key into its holders, oldest grant
