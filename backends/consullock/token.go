@@ -31,8 +31,6 @@ import (
 // read, whatever the agent's default token has become since it was asked.
 type readToken struct {
 	secret string
-	// off: the agent had ACLs off.
-	off bool
 	// asked is when Consul was asked.
 	asked time.Time
 }
@@ -67,9 +65,8 @@ func (l *Locker) askToken(ctx context.Context) (readToken, error) {
 		if self != nil && self.SecretID != "" {
 			t.secret = self.SecretID
 		}
-	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"):
-		t.off = true
-	case errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found"):
+	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"),
+		errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found"):
 	default:
 		return readToken{}, l.fail(ctx, rctx, err)
 	}
