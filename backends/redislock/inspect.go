@@ -168,22 +168,19 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 		// Exec returns the first command's failure; each is judged below.
 		pipe.Exec(ctx)
 	} else {
-		// The client would send GET to replicas: one pipeline per master.
-		pipes := make(map[*goredis.Client]goredis.Pipeliner)
+		// The client would send GET to replicas: one pipeline per master
+		// (see masterConn).
+		batches := make(map[*goredis.Client][]goredis.Cmder)
 		for i, k := range keys {
 			m, err := l.sc.cluster.MasterForKey(ctx, lockKeyOf(k))
 			if err != nil {
 				return nil, err
 			}
-			p := pipes[m]
-			if p == nil {
-				p = m.Pipeline()
-				pipes[m] = p
-			}
-			gets[i] = p.Get(ctx, lockKeyOf(k))
+			gets[i] = goredis.NewStringCmd(ctx, "get", lockKeyOf(k))
+			batches[m] = append(batches[m], gets[i])
 		}
-		for _, p := range pipes {
-			p.Exec(ctx)
+		for m, cmds := range batches {
+			l.sc.masterConn(m).exec(ctx, cmds...)
 		}
 	}
 	var out []driver.Listed
