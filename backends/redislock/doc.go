@@ -44,7 +44,8 @@
 // READONLY in one pipeline: a node the client's slot map still names the
 // master after a failover made it a replica answers MOVED, and the map is
 // reloaded, rather than answer from its own data (two commands more a
-// read, no round trip more). A FailoverClusterClient's slot map comes from
+// read, no round trip more). While the key's slot moves, its master's ASK
+// answer is followed. A FailoverClusterClient's slot map comes from
 // Sentinel, whose nodes are no Cluster's: the read goes to the master
 // Sentinel last named, as it is. The scripts run by EVALSHA (every write,
 // ForceRelease) go to the master already.

@@ -155,9 +155,11 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // owner), in order: those may be held. A key whose state the server refuses
 // to read (an ACL user whose key patterns leave it out, NOPERM: SCAN
 // shows every key) is kept with that refusal as its Err, the error Inspect
-// would return; any other failure, a refused GET included, fails them all.
-// The states are read on the masters, as Inspect reads them: a replica's
-// may lag, and leave a held lock out.
+// would return; a key whose node redirects the GET, its slot moving or
+// moved (see migrating), is kept for Inspect, which follows the slot; any
+// other failure, a refused GET included, fails them all. The states are
+// read on the masters, as Inspect reads them: a replica's may lag, and
+// leave a held lock out.
 func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Listed, error) {
 	gets := make([]*goredis.StringCmd, len(keys))
 	if !l.sc.readsReplicas() {
@@ -190,6 +192,9 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 		case errors.Is(err, goredis.Nil):
 		case redisrefusal.KeyDenied(err):
 			out = append(out, driver.Listed{Key: keys[i], Err: driver.Unavailable(ctx, err)})
+		case isReply(err) && migrating(err):
+			// A node that holds the key no more: Inspect finds it.
+			out = append(out, driver.Listed{Key: keys[i]})
 		case err != nil:
 			return nil, err
 		case !released(v):

@@ -2,6 +2,8 @@ package redislock
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -14,8 +16,15 @@ import (
 // the slot map names the master, which follows no redirection, and the map
 // may be out of date. A node that a failover has made a replica answers
 // MOVED (see masterConn): the map is reloaded, and the read sent again
-// as for a migration (see retry), which waits out an ASK answer too.
+// as for a migration (see retry). A master whose slot is moving, and that
+// no longer holds the key, answers ASK: the read is sent at once to the
+// node named, asking, as go-redis does for a command it routes itself,
+// rather than wait the migration out.
 func (s *resender) onMaster(ctx context.Context, key string, send func(masterConn) *goredis.Cmd) *goredis.Cmd {
+	// The node an ASK answer named, looked up once for all the sends (the
+	// node may answer TRYAGAIN until the migration ends; see retry).
+	var askedAddr string
+	var askedNode *goredis.Client
 	return s.retry(ctx, func() *goredis.Cmd {
 		m, err := s.cluster.MasterForKey(ctx, key)
 		if err != nil {
@@ -24,6 +33,16 @@ func (s *resender) onMaster(ctx context.Context, key string, send func(masterCon
 			return c
 		}
 		c := send(s.masterConn(m))
+		if addr, ok := asked(c.Err()); ok {
+			if addr != askedAddr {
+				askedAddr, askedNode = addr, s.masterAt(ctx, addr)
+			}
+			if askedNode != nil {
+				at := s.masterConn(askedNode)
+				at.asking = true
+				c = send(at)
+			}
+		}
 		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "MOVED") {
 			s.reload()
 		}
@@ -31,8 +50,38 @@ func (s *resender) onMaster(ctx context.Context, key string, send func(masterCon
 	})
 }
 
+// asked returns the node an ASK answer names.
+func asked(err error) (addr string, ok bool) {
+	if err == nil || !isReply(err) {
+		return "", false
+	}
+	f := strings.Fields(err.Error())
+	if len(f) != 3 || f[0] != "ASK" {
+		return "", false
+	}
+	return f[2], true
+}
+
+// masterAt returns go-redis's client of the master at addr, found among the
+// masters of a slot map it has loaded anew, or nil. A master that serves no
+// slot yet, being given its first, is not among them: a read it is asked
+// to send there waits the migration out (see retry). ASK answers come only
+// for the keys of a slot being moved, while it moves, so other reads pay
+// no load of the map.
+func (s *resender) masterAt(ctx context.Context, addr string) *goredis.Client {
+	var found atomic.Pointer[goredis.Client]
+	_ = s.cluster.ForEachMaster(ctx, func(_ context.Context, m *goredis.Client) error {
+		if m.Options().Addr == addr {
+			found.Store(m)
+		}
+		return nil
+	})
+	return found.Load()
+}
+
 // masterConn sends commands on go-redis's client of one node of a Cluster
-// so that the node answers them only as the master of their slot.
+// so that the node answers them only as the master of their slot, or, when
+// asking, as the node the slot is moving to.
 //
 // go-redis sends READONLY on every connection of a Cluster client with
 // ReadOnly set, its nodes' clients' included, and on such a connection a
@@ -57,6 +106,7 @@ func (s *resender) onMaster(ctx context.Context, key string, send func(masterCon
 type masterConn struct {
 	node     *goredis.Client
 	readOnly bool // the node's connections are READONLY ones
+	asking   bool // the node is the one an ASK answer named
 }
 
 // masterConn returns node's masterConn. go-redis sends READONLY on its
@@ -81,6 +131,9 @@ func (m masterConn) exec(ctx context.Context, cmds ...goredis.Cmder) {
 	var rw *goredis.StatusCmd
 	if m.readOnly {
 		rw = p.ReadWrite(ctx)
+	}
+	if m.asking {
+		_ = p.Process(ctx, goredis.NewStatusCmd(ctx, "asking"))
 	}
 	for _, c := range cmds {
 		_ = p.Process(ctx, c)

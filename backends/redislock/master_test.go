@@ -2,6 +2,8 @@ package redislock
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // TestReadOnlyReadsAfterFailover: a ReadOnly Cluster client whose slot map
@@ -80,6 +83,97 @@ func TestReadOnlyReadsAfterFailover(t *testing.T) {
 	if tok, err := fence.Highest(ctx, key); err != nil || tok != 7 {
 		t.Errorf("Highest after the failover = %d, %v; want 7", tok, err)
 	}
+}
+
+// TestReadOnlyReadsDuringMigration: while a slot moves and its keys have
+// gone already, their old master answers ASK. A ReadOnly client's Highest
+// and Store.Get follow it, as go-redis does for the commands it routes,
+// rather than wait the migration out, which goes on here only once they
+// have answered. List's read of a lock's state follows it too, and the
+// lock's inspection (its keys but one are absent: TRYAGAIN on the node
+// they move to) waits the migration out.
+func TestReadOnlyReadsDuringMigration(t *testing.T) {
+	c := startReshardCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const resource = "{ro}ask" // the fence's key and the record's in one slot
+	reader := c.client(func(o *goredis.ClusterOptions) { o.ReadOnly = true })
+	fence, err := NewFence(reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := newStore(t, reader)
+	slot := c.slot(fence.Key(resource))
+	if s := c.slot(store.recordKey("s", resource)); s != slot {
+		t.Fatalf("the record's slot %d, the fence's %d", s, slot)
+	}
+	if _, err := newStore(t, c.client()).Claim(ctx, idempotency.Claim{Scope: "s", Key: resource, Fingerprint: "f", Owner: "o", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// The lock "ro" has its keys in that slot too.
+	lister := newLocker(t, reader)
+	if _, err := newLocker(t, c.client()).Acquire(ctx, "ro", driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.slot(lockKeyOf("ro")); s != slot {
+		t.Fatalf("the lock's slot %d, the fence's %d", s, slot)
+	}
+	listed := make(chan string, 1)
+	src := c.owner(slot)
+	c.must(src, "HSET", fence.Key(resource), "t", 5)
+	if h, err := fence.Highest(ctx, resource); err != nil || h != 5 {
+		t.Fatalf("Highest before the move = %d, %v", h, err)
+	}
+	moved := false
+	c.moveSlot(slot, src, c.other(src), 1, func() {
+		if n, _ := c.do(src, "CLUSTER", "COUNTKEYSINSLOT", slot).Int(); n != 0 || moved {
+			return
+		}
+		moved = true
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer rcancel()
+		if h, err := fence.Highest(rctx, resource); err != nil || h != 5 {
+			t.Errorf("Highest while the slot moves = %d, %v; want 5", h, err)
+		}
+		if rec, err := store.Get(rctx, "s", resource); err != nil || rec.Owner != "o" {
+			t.Errorf("Store.Get while the slot moves = %+v, %v; want the claim", rec, err)
+		}
+		redirected := rejectedGets(t, src)
+		go func() {
+			page, err := lister.List(ctx, "ro", "", 10)
+			listed <- fmt.Sprintf("%d locks, %v", len(page), err)
+		}()
+		eventually(t, "List's GET redirected", func() bool { return rejectedGets(t, src) > redirected })
+	})
+	if !moved {
+		t.Fatal("never saw the slot open with its keys moved")
+	}
+	if got := <-listed; got != "1 locks, <nil>" {
+		t.Errorf("List begun while the slot moved = %s; want the held lock", got)
+	}
+}
+
+// rejectedGets is the number of GETs s has answered with an error before
+// running them, a redirection among them.
+func rejectedGets(t *testing.T, s *shard) int64 {
+	t.Helper()
+	info, err := s.admin.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_get:")
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "rejected_calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // TestReadOnlyClusterSlotsClient: a Cluster client whose slot map comes
