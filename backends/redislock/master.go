@@ -1,7 +1,9 @@
 package redislock
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 
@@ -145,9 +147,7 @@ func (m masterConn) exec(ctx context.Context, cmds ...goredis.Cmder) {
 	if rw == nil || rw.Val() == "OK" {
 		return
 	}
-	if rw.Err() != nil {
-		err = rw.Err()
-	}
+	err = cmp.Or(rw.Err(), err, fmt.Errorf("READWRITE answered %q", rw.Val()))
 	for _, c := range cmds {
 		c.SetErr(err)
 	}
