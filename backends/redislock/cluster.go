@@ -179,28 +179,6 @@ func (s *resender) readsReplicas() bool {
 	return s.cluster != nil && s.cluster.Options().ReadOnly
 }
 
-// onMaster sends a read by send to the master of key's slot, on the client
-// go-redis keeps for that node, whatever the Cluster client's routing: a
-// read that judges a lock or a token is the master's (see readsReplicas).
-// That client follows no redirection: a MOVED answer has the slot map
-// reloaded, and the read is sent again as for a migration (see retry),
-// which waits out an ASK answer too.
-func (s *resender) onMaster(ctx context.Context, key string, send func(*goredis.Client) *goredis.Cmd) *goredis.Cmd {
-	return s.retry(ctx, func() *goredis.Cmd {
-		m, err := s.cluster.MasterForKey(ctx, key)
-		if err != nil {
-			c := goredis.NewCmd(ctx)
-			c.SetErr(err)
-			return c
-		}
-		c := send(m)
-		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "MOVED") {
-			s.reload()
-		}
-		return c
-	})
-}
-
 // isReply tells an answer of the server (a Lua error, NOSCRIPT, MOVED) from
 // a failure to get one (a refused or timed-out connection).
 func isReply(err error) bool {

@@ -40,8 +40,15 @@
 // flags read-only (GET, HGET, EVALSHA_RO) to a replica, which lags its
 // master and may show a held lock free; Inspect, List, the Fence's
 // Highest and the Store's Get send theirs on go-redis's client of the key's
-// master (ClusterClient.MasterForKey) instead. The scripts run by EVALSHA
-// (every write, ForceRelease) go to the master already.
+// master (ClusterClient.MasterForKey) instead, between READWRITE and
+// READONLY in one pipeline: a node the client's slot map still names the
+// master after a failover made it a replica answers MOVED, and the map is
+// reloaded, rather than answer from its own data (two commands more a
+// read, no round trip more). While the key's slot moves, its master's ASK
+// answer is followed. A FailoverClusterClient's slot map comes from
+// Sentinel, whose nodes are no Cluster's: the read goes to the master
+// Sentinel last named, as it is. The scripts run by EVALSHA (every write,
+// ForceRelease) go to the master already.
 //
 // An exclusive lock is one key, read and written by every grant, refresh and
 // release in a single SET ... KEEPTTL GET: an uncontended acquisition and

@@ -170,7 +170,7 @@ func (f *Fence) Highest(ctx context.Context, resource string) (uint64, error) {
 	}
 	var cmd *goredis.Cmd
 	if f.slots.readsReplicas() {
-		cmd = f.slots.onMaster(ctx, key, func(m *goredis.Client) *goredis.Cmd { return hget(m) })
+		cmd = f.slots.onMaster(ctx, key, func(m masterConn) *goredis.Cmd { return hget(m) })
 	} else {
 		cmd = hget(f.client)
 	}
@@ -205,12 +205,7 @@ func newFenceScript(src string) fenceScript {
 // has a Cluster client's slot map reloaded first (see resender).
 func (f *Fence) eval(ctx context.Context, s fenceScript, keys []string, args []any) (any, error) {
 	send := func(name, script string) (any, error) {
-		argv := make([]any, 0, 3+len(keys)+len(args))
-		argv = append(argv, name, script, len(keys))
-		for _, k := range keys {
-			argv = append(argv, k)
-		}
-		argv = append(argv, args...)
+		argv := scriptArgs(name, script, keys, args)
 		return f.slots.retry(ctx, func() *goredis.Cmd { return rediseval.EvalOnce(ctx, f.client, argv...) }).Result()
 	}
 	r, err := send("evalsha", s.sha)

@@ -155,9 +155,11 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // owner), in order: those may be held. A key whose state the server refuses
 // to read (an ACL user whose key patterns leave it out, NOPERM: SCAN
 // shows every key) is kept with that refusal as its Err, the error Inspect
-// would return; any other failure, a refused GET included, fails them all.
-// The states are read on the masters, as Inspect reads them: a replica's
-// may lag, and leave a held lock out.
+// would return; a key whose node redirects the GET, its slot moving or
+// moved (see migrating), is kept for Inspect, which follows the slot; any
+// other failure, a refused GET included, fails them all. The states are
+// read on the masters, as Inspect reads them: a replica's may lag, and
+// leave a held lock out.
 func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Listed, error) {
 	gets := make([]*goredis.StringCmd, len(keys))
 	if !l.sc.readsReplicas() {
@@ -168,22 +170,19 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 		// Exec returns the first command's failure; each is judged below.
 		pipe.Exec(ctx)
 	} else {
-		// The client would send GET to replicas: one pipeline per master.
-		pipes := make(map[*goredis.Client]goredis.Pipeliner)
+		// The client would send GET to replicas: one pipeline per master
+		// (see masterConn).
+		batches := make(map[*goredis.Client][]goredis.Cmder)
 		for i, k := range keys {
 			m, err := l.sc.cluster.MasterForKey(ctx, lockKeyOf(k))
 			if err != nil {
 				return nil, err
 			}
-			p := pipes[m]
-			if p == nil {
-				p = m.Pipeline()
-				pipes[m] = p
-			}
-			gets[i] = p.Get(ctx, lockKeyOf(k))
+			gets[i] = goredis.NewStringCmd(ctx, "get", lockKeyOf(k))
+			batches[m] = append(batches[m], gets[i])
 		}
-		for _, p := range pipes {
-			p.Exec(ctx)
+		for m, cmds := range batches {
+			l.sc.masterConn(m).exec(ctx, cmds...)
 		}
 	}
 	var out []driver.Listed
@@ -193,6 +192,9 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 		case errors.Is(err, goredis.Nil):
 		case redisrefusal.KeyDenied(err):
 			out = append(out, driver.Listed{Key: keys[i], Err: driver.Unavailable(ctx, err)})
+		case isReply(err) && migrating(err):
+			// A node that holds the key no more: Inspect finds it.
+			out = append(out, driver.Listed{Key: keys[i]})
 		case err != nil:
 			return nil, err
 		case !released(v):

@@ -37,7 +37,7 @@ func (s *scripter) runReadOnly(ctx context.Context, script *goredis.Script, keys
 		return cmd
 	}
 	if s.readsReplicas() {
-		return s.onMaster(ctx, keys[0], func(m *goredis.Client) *goredis.Cmd { return run(m) })
+		return s.onMaster(ctx, keys[0], func(m masterConn) *goredis.Cmd { return run(m) })
 	}
 	return s.retry(ctx, func() *goredis.Cmd { return run(s.Scripter) })
 }

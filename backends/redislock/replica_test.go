@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,19 +23,7 @@ import (
 func TestReadsOnMasterWithReadOnlyClient(t *testing.T) {
 	c := startReshardCluster(t, 1)
 	m := c.shards[0]
-	r := c.start()
-	host, port, _ := net.SplitHostPort(r.addr)
-	c.must(m, "CLUSTER", "MEET", host, port, r.bus)
-	eventually(t, "the replica knows its master", func() bool {
-		return c.do(r, "CLUSTER", "REPLICATE", m.id).Err() == nil
-	})
-	eventually(t, "the replica follows its master", func() bool {
-		info, _ := c.do(r, "INFO", "replication").Text()
-		return strings.Contains(info, "master_link_status:up")
-	})
-	eventually(t, "the master lists its replica", func() bool {
-		return strings.Contains(fmt.Sprint(c.must(m, "CLUSTER", "SLOTS").Val()), port)
-	})
+	r := c.replicate(m)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	holder := newLocker(t, c.client())

@@ -76,6 +76,27 @@ func (c *reshardCluster) add() *shard {
 	return s
 }
 
+// replicate starts a node and makes it a replica of m, as redis-cli
+// --cluster add-node --cluster-slave does, once it follows m and m lists
+// it in CLUSTER SLOTS. It is none of c's shards, which are masters.
+func (c *reshardCluster) replicate(m *shard) *shard {
+	c.t.Helper()
+	r := c.start()
+	host, port, _ := net.SplitHostPort(r.addr)
+	c.must(m, "CLUSTER", "MEET", host, port, r.bus)
+	eventually(c.t, "the replica knows its master", func() bool {
+		return c.do(r, "CLUSTER", "REPLICATE", m.id).Err() == nil
+	})
+	eventually(c.t, "the replica follows its master", func() bool {
+		info, _ := c.do(r, "INFO", "replication").Text()
+		return strings.Contains(info, "master_link_status:up")
+	})
+	eventually(c.t, "the master lists its replica", func() bool {
+		return strings.Contains(fmt.Sprint(c.must(m, "CLUSTER", "SLOTS").Val()), port)
+	})
+	return r
+}
+
 // remove takes s, emptied of its slots, out of the cluster as
 // redis-cli --cluster del-node does: every other member forgets it, and it
 // is reset, alone and still running, as an operator's node is until they
