@@ -404,15 +404,15 @@ func commandsOf(t *testing.T, c *goredis.Client, f func()) (total int64, by map[
 
 // TestFairHandoffCommands: the server commands of each step of a fair
 // handoff, counted by the server itself. A waiter queued behind the holder
-// costs 8 (EVALSHA, TIME, GET, ZRANGEBYSCORE, ZADD, RPUSH and a PTTL of
-// each queue key), and the first one 3 more: the queue keys' expiry, which
-// lasts twice the waiter timeout so that the next ones within a timeout
-// need none, and the waiting flag in the lock's state. The holder's
-// release, which wakes the head of the queue, costs 7 (EVALSHA, SET GET,
-// TIME, LINDEX, ZSCORE, the flag's SET, PUBLISH), and the head's claim 7
-// (EVALSHA, TIME, GET, LRANGE, LPOP, ZREM, SET): the head reads its place
-// and whether anyone is behind it in one LRANGE, and takes the lock without
-// looking for lapsed places first.
+// costs 7 (EVALSHA, TIME, GET, ZRANGEBYSCORE, ZADD, RPUSH and a PTTL of the
+// deadlines, whose expiry the list's follows), and the first one 3 more:
+// the queue keys' expiry, which lasts twice the waiter timeout so that the
+// next ones within a timeout need none, and the waiting flag in the lock's
+// state. The holder's release, which wakes the head of the queue, costs 7
+// (EVALSHA, SET GET, TIME, LINDEX, ZSCORE, the flag's SET, PUBLISH), and
+// the head's claim 7 (EVALSHA, TIME, GET, LRANGE, LPOP, ZREM, SET): the
+// head reads its place and whether anyone is behind it in one LRANGE, and
+// takes the lock without looking for lapsed places first.
 func TestFairHandoffCommands(t *testing.T) {
 	c, addr := privateClient(t)
 	ctx := context.Background()
@@ -480,8 +480,8 @@ func TestFairHandoffCommands(t *testing.T) {
 			continue
 		}
 		t.Logf("first waiter %d %v; next %d %v; release and claim %d %v", first, by1, next, by2, handoff, by3)
-		if first != 11 || next != 8 || handoff != 14 {
-			t.Errorf("server commands: first waiter %d (%v), next %d (%v), release and claim %d (%v); want 11, 8 and 14",
+		if first != 10 || next != 7 || handoff != 14 {
+			t.Errorf("server commands: first waiter %d (%v), next %d (%v), release and claim %d (%v); want 10, 7 and 14",
 				first, by1, next, by2, handoff, by3)
 		}
 	}

@@ -117,18 +117,25 @@ if pttl == -2 then
   end
 end
 if ARGV[3] ~= '0' then
+  local made = false
   if redis.call('zadd', KEYS[3], now + timeout, me) == 1 then
-    redis.call('rpush', KEYS[2], me)
+    made = redis.call('rpush', KEYS[2], me) == 1
     shaken = shaken or ARGV[3] == '2'
   end
   -- The queue disappears with its last waiter, within twice its timeout:
   -- a waiter that queues or renews within a timeout of the last extension
   -- costs none (each place's deadline, not the keys' expiry, says whether
-  -- its waiter lives).
-  for i = 2, 3 do
-    if redis.call('pttl', KEYS[i]) < timeout then
-      redis.call('pexpire', KEYS[i], 2 * timeout)
-    end
+  -- its waiter lives). Only the deadlines' expiry is read: the list's is
+  -- set with it, and a list made here gets it, so the list expires no
+  -- sooner than the deadlines, which outlast every live place, whatever
+  -- timeouts the waiters of the key use. (Only this script extends the
+  -- queue's keys, and only here; a PEXPIRE of a missing key makes none.)
+  local left = redis.call('pttl', KEYS[3])
+  if left < timeout then
+    redis.call('pexpire', KEYS[3], 2 * timeout)
+    redis.call('pexpire', KEYS[2], 2 * timeout)
+  elseif made then
+    redis.call('pexpire', KEYS[2], left)
   end
   -- The lock's state says someone waits, so that its release, by whoever
   -- holds it then, fair or not, wakes the queue.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -137,5 +138,47 @@ func TestFairLapsedHeadClaims(t *testing.T) {
 	}
 	if !queued(t, c, key, behind) {
 		t.Error("the waiter behind lost its place")
+	}
+}
+
+// TestFairQueueOutlastsPlaces: a fair attempt reads the expiry of the
+// queue's deadlines only, and the list of places must still outlast every
+// live place. A waiter that makes the list anew, while the deadlines
+// expire later than its own timeout asks (a waiter with a longer one
+// extended them), gives the list the deadlines' expiry: the longer-lived
+// waiter, whose renewals find the deadlines' expiry long enough and leave
+// the list's as it is, keeps its place.
+func TestFairQueueOutlastsPlaces(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	l := newLocker(t, c)
+	key := testKey(t)
+	n := mutexNamesOf(key)
+	holder, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	// A place of a waiter with a minute's timeout, its deadlines expiring
+	// in ten minutes; the list is empty.
+	ghost(t, c, key, "long", time.Minute, time.Minute)
+	if err := c.PExpire(ctx, n.deadlines, 10*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Del(ctx, n.queue).Err(); err != nil {
+		t.Fatal(err)
+	}
+	me := "5000:" + l.wake + "\nshort"
+	r, err := run(ctx, l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines},
+		"short", int64(1000), "1", int64(5000), int64(1000), n.channel, me, "0")
+	if err != nil || r[0] != 0 {
+		t.Fatalf("a fair attempt on a held lock: %v, %v, want a refusal", r, err)
+	}
+	if places := c.LRange(ctx, n.queue, 0, -1).Val(); !slices.Equal(places, []string{me}) {
+		t.Fatalf("the places after the attempt: %q", places)
+	}
+	list, zset := c.PTTL(ctx, n.queue).Val(), c.PTTL(ctx, n.deadlines).Val()
+	if list < zset-time.Second {
+		t.Errorf("the list made by a waiter of a 5s timeout expires in %v, before the deadlines (in %v)", list, zset)
 	}
 }
