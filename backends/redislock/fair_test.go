@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,5 +182,102 @@ func TestFairQueueOutlastsPlaces(t *testing.T) {
 	list, zset := c.PTTL(ctx, n.queue).Val(), c.PTTL(ctx, n.deadlines).Val()
 	if list < zset-time.Second {
 		t.Errorf("the list made by a waiter of a 5s timeout expires in %v, before the deadlines (in %v)", list, zset)
+	}
+}
+
+// TestFairReleaseReservesForHead: a release that finds a live head of the
+// fair queue reserves the lock for it, granted in its owner's name for its
+// handoff window (a fifth of its waiter timeout here), with a token past
+// the holder's: nobody else takes the lock meanwhile, and the head's claim
+// extends it to its TTL. A head that lets the reservation lapse, without
+// renewing its place since, is gone: the waiter behind it takes the lock
+// at its first attempt after the lapse, with no window more. One that
+// renewed its place (an earlier version's, which does not claim a
+// reservation) keeps its place and its window.
+func TestFairReleaseReservesForHead(t *testing.T) {
+	for _, c := range []string{"claimed", "lapsed", "renewed"} {
+		t.Run(c, func(t *testing.T) {
+			ctx := context.Background()
+			admin := newClient(t)
+			l := newLocker(t, newClient(t))
+			key := testKey(t)
+			n := mutexNamesOf(key)
+			holder, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The head: a waiter timeout of a second, so a window of
+			// 200ms, its place renewed 100ms ago; the waiter behind
+			// it, whose attempt announces the queue in the lock's
+			// state.
+			head := ghost(t, admin, key, "warden:wake:nobody\nhead-owner", time.Second, 900*time.Millisecond)
+			behind := "60000:warden:wake:nobody\nbehind-owner"
+			attempt := func(owner, place, mode string) reply {
+				t.Helper()
+				r, err := run(ctx, l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines},
+					owner, int64(10000), mode, int64(60000), int64(250), n.channel, place)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			if r := attempt("behind-owner", behind, "1"); r[0] != 0 {
+				t.Fatalf("the attempt behind the head and the holder: %v", r)
+			}
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			now, err := admin.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := strings.Split(admin.Get(ctx, n.lock).Val(), ":")
+			deadline, _ := strconv.ParseInt(f[0], 10, 64)
+			token, _ := strconv.ParseUint(f[1], 10, 64)
+			if len(f) != 5 || f[4] != "head-owner" || deadline <= now.UnixMilli() || deadline > now.UnixMilli()+200 || token <= holder.Token() {
+				t.Fatalf("the state after the release: %q (server clock %d), want the head's, for 200ms at most, with a token past %d",
+					f, now.UnixMilli(), holder.Token())
+			}
+			if _, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("a non-fair TryLock while the lock is reserved: %v, want ErrNotAcquired", err)
+			}
+			switch c {
+			case "claimed":
+				r := attempt("head-owner", head, "2")
+				if r[0] != 1 || uint64(r[1]) != token {
+					t.Fatalf("the head's claim: %v, want the reserved token %d", r, token)
+				}
+				if pttl := admin.Get(ctx, n.lock).Val(); !strings.Contains(pttl, ":head-owner") {
+					t.Fatalf("the state after the claim: %q", pttl)
+				}
+				d, _ := strconv.ParseInt(strings.Split(admin.Get(ctx, n.lock).Val(), ":")[0], 10, 64)
+				if d < now.UnixMilli()+9000 {
+					t.Errorf("the claim's deadline %d, want its TTL of 10s past %d", d, now.UnixMilli())
+				}
+				if queued(t, admin, key, head) {
+					t.Error("the head that claimed is still queued")
+				}
+				return
+			case "renewed":
+				// Its place renewed after the reservation, as an
+				// earlier version's refused attempt does.
+				if err := admin.ZAdd(ctx, n.deadlines, goredis.Z{Score: float64(now.UnixMilli() + 1000), Member: head}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "the reservation lapses", func() bool {
+				now, err := admin.Time(ctx).Result()
+				return err == nil && now.UnixMilli() > deadline
+			})
+			r := attempt("behind-owner", behind, "2")
+			switch {
+			case c == "lapsed" && (r[0] != 1 || queued(t, admin, key, head)):
+				t.Errorf("the attempt behind a head that let its reservation lapse: %v, head queued %v; want the lock, the head dropped",
+					r, queued(t, admin, key, head))
+			case c == "renewed" && (r[0] != 0 || !queued(t, admin, key, head)):
+				t.Errorf("the attempt behind a head that renewed its place: %v, head queued %v; want a refusal, the head kept",
+					r, queued(t, admin, key, head))
+			}
+		})
 	}
 }

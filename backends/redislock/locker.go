@@ -205,9 +205,6 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// placed says the last attempt queued the contender: a place gone
 		// since is a sign of lost writes.
 		placed := false
-		// unanswered says an attempt got no answer, so may have taken the
-		// lock unbeknownst: later attempts then check for it.
-		unanswered := false
 		w = waiter{
 			id:        place,
 			keepAlive: l.cfg.waiterTimeout / 3,
@@ -217,11 +214,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				if queued && placed {
 					mode = "2"
 				}
-				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place, flag(unanswered))
+				// An attempt whose answer never came may have taken
+				// the lock: the next one finds it the contender's, as
+				// it finds one that a release reserved for it.
+				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place)
 				if err == nil {
 					placed = queued && r[0] == 0
 				}
-				unanswered = unanswered || err != nil
 				return r, err
 			}, clean: func(ctx context.Context) error {
 				// The place first: while it is there, the waiter is

@@ -145,34 +145,47 @@ if waiting ~= '0' then
     flag = waiting
   end
 end
+-- grant writes the lock's state granted to who for px ms from now, with a
+-- token past the owner's and not below the clock, and returns the token
+-- (digits) and the day.
+local function grant(who, px)
+  local tk = tonumber(token)
+  if tk >= us then
+    tk = tk + 1
+  else
+    tk = us
+  end
+  local deadline = now + px
+  local new_day = math.floor(deadline / 86400000) + 2
+  -- A %.0f costs the server more than a command: the token is formatted
+  -- once, and the deadline as two %d parts (a C long, 32 bits on some
+  -- builds; see acquire.lua).
+  tk = string.format('%.0f', tk)
+  local dhi = math.floor(deadline / 1000000)
+  -- The flag stays: the release of this grant looks for more waiters. A
+  -- later day is set by the grant's SET, not by a PEXPIREAT after it:
+  -- refused (an ACL user without it), that would stop the script with the
+  -- waiter's grant and its day written and the key's old expiry, which the
+  -- grant's refreshes, finding the day, would not move.
+  local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
+  if tonumber(day) < new_day then
+    redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
+  else
+    redis.call('set', KEYS[1], v, 'KEEPTTL')
+  end
+  return tk, new_day
+end
+-- The head of the fair queue, alive, has a handoff window (a place of an
+-- earlier version says none).
+local window
+if next ~= '' and not score then
+  window = select(2, handoff_of(next))
+end
 if score then
   -- A record '<channel>\n<ttl>\n<owner>'; an earlier version's has no ttl.
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
   if px then
-    local tk = tonumber(token)
-    if tk >= us then
-      tk = tk + 1
-    else
-      tk = us
-    end
-    local deadline = now + px
-    local new_day = math.floor(deadline / 86400000) + 2
-    -- A %.0f costs the server more than a command: the token is
-    -- formatted once, and the deadline as two %d parts (a C long, 32 bits
-    -- on some builds; see acquire.lua).
-    tk = string.format('%.0f', tk)
-    local dhi = math.floor(deadline / 1000000)
-    -- The flag stays: the release of this grant looks for more waiters.
-    -- A later day is set by the grant's SET, not by a PEXPIREAT after it:
-    -- refused (an ACL user without it), that would stop the script with
-    -- the waiter's grant and its day written and the key's old expiry,
-    -- which the grant's refreshes, finding the day, would not move.
-    local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
-    if tonumber(day) < new_day then
-      redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
-    else
-      redis.call('set', KEYS[1], v, 'KEEPTTL')
-    end
+    local tk, new_day = grant(who, px)
     -- By pcall, as wake sends it (see next_waiter.lua).
     redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
@@ -180,7 +193,16 @@ if score then
   -- Its waiter takes it out when it gets the lock.
   put_back(score, next, now)
 end
-if token ~= my_token or day ~= my_day or flag ~= given then
+if window then
+  -- The head of the fair queue, alive: the lock is reserved for it, granted
+  -- in its owner's name for its handoff window, and the message wakes it
+  -- to claim it, which extends the grant to its TTL (see fair_acquire.lua).
+  -- Until then nobody else takes the lock (the releaser coming straight
+  -- back is refused, as when the head has claimed it), and a head that
+  -- does not claim it in time, nor renew its place, is dropped by the
+  -- next waiter that finds the reservation lapsed.
+  grant(string.sub(next, string.find(next, '\n', 1, true) + 1), window)
+elseif token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')
 end
 if next ~= '' then
