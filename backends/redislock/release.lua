@@ -1,12 +1,12 @@
 -- The rest of the release (see release_head.lua, which runs first and
 -- leaves old, the state it replaced, and given, the waiting flag its
--- grant found, or handing, having written nothing; free, the free state
--- it wrote, and my_owner, my_token and my_day, the owner's, which it
--- parsed from the client's tail when the client packed them, my_owner
--- false when that tail was not as the client makes it).
+-- grant found, or handing or reserving, having written nothing; free, the
+-- free state it wrote, and my_owner, my_token and my_day, the owner's,
+-- which it parsed from the client's tail when the client packed them,
+-- my_owner false when that tail was not as the client makes it).
 --
--- Checks and writes: the SET GET that writes the free state or a grant is
--- also the owner check. A state that was not the owner's is written back
+-- Checks and writes: the SET GET that writes the free state, a grant or a
+-- reservation is also the owner check. A state that was not the owner's is written back
 -- as the next write, and only then is a waiter's record taken for the
 -- grant put back: a script is not rolled back, and a command that fails it
 -- at any point (on the source node of a slot being moved, see put_back)
@@ -30,8 +30,58 @@ local function put_back(score, record, now)
     redis.call('pexpire', waiters, score - now)
   end
 end
+-- granted is the state of a grant to who until deadline (the server's
+-- clock, ms), made at us (microseconds), with the waiting flag: its token
+-- is past the owner's, token, and not below the clock. It returns the day
+-- and the token (digits) too. A %.0f costs the server more than a
+-- command: the token is formatted once, and the deadline as two %d parts
+-- (a C long, 32 bits on some builds; see acquire.lua).
+local function granted(who, deadline, token, us, flag)
+  local tk = tonumber(token)
+  if tk >= us then
+    tk = tk + 1
+  else
+    tk = us
+  end
+  tk = string.format('%.0f', tk)
+  local day = math.floor(deadline / 86400000) + 2
+  local dhi = math.floor(deadline / 1000000)
+  return string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, day, flag, who), day, tk
+end
 local popped, popped_score, popped_at, wrote
-if handing then
+if reserving then
+  -- The head of the fair queue, alive, is likely there: the lock is
+  -- reserved for it (see below) in the SET GET that also reads the state
+  -- to check, a write less than freeing the lock first; the message wakes
+  -- it. A dead head, a place of an earlier version (which says no
+  -- window), or a state not the owner's with that token, day and flag
+  -- takes the rest of the script, as release_head.lua's SET GET would
+  -- have had it. Its owner check is the handing's, just after: a change
+  -- to one is a change to its twin.
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local head = here(redis.pcall('lindex', KEYS[2], 0))
+  local due = type(head) == 'string' and here(redis.pcall('zscore', KEYS[3], head))
+  local window = type(due) == 'string' and tonumber(due) > now and select(2, handoff_of(head))
+  local state, new_day
+  if window then
+    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    state, new_day = granted(string.sub(head, string.find(head, '\n', 1, true) + 1), now + window, my_token, us, '2')
+    old = redis.call('set', KEYS[1], state, 'XX', 'KEEPTTL', 'GET')
+    local mine = ':' .. my_token .. ':' .. my_day .. ':2:' .. my_owner
+    local at = old and #old - #mine
+    if at and at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
+      if tonumber(my_day) < new_day then
+        redis.call('set', KEYS[1], state, 'PXAT', new_day * 86400000)
+      end
+      wake(ARGV[4], head)
+      return 1
+    end
+  else
+    old = redis.call('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
+  end
+  wrote = state
+elseif handing then
   -- The oldest live waiter's record is taken first, and the grant in its
   -- name written over the owner's state in one SET GET, which is checked
   -- after: freeing the lock first and granting it next would cost a write
@@ -121,7 +171,7 @@ if owner ~= my_owner then
   end
   return 0
 end
-if handing then
+if handing or reserving then
   -- The owner's, with another token, day or flag: what the SET GET wrote
   -- (a grant in a waiter's name, or the free state without the flag)
   -- gives way to the free state, which the rest goes on from as from
@@ -149,25 +199,12 @@ end
 -- token past the owner's and not below the clock, and returns the token
 -- (digits) and the day.
 local function grant(who, px)
-  local tk = tonumber(token)
-  if tk >= us then
-    tk = tk + 1
-  else
-    tk = us
-  end
-  local deadline = now + px
-  local new_day = math.floor(deadline / 86400000) + 2
-  -- A %.0f costs the server more than a command: the token is formatted
-  -- once, and the deadline as two %d parts (a C long, 32 bits on some
-  -- builds; see acquire.lua).
-  tk = string.format('%.0f', tk)
-  local dhi = math.floor(deadline / 1000000)
   -- The flag stays: the release of this grant looks for more waiters. A
   -- later day is set by the grant's SET, not by a PEXPIREAT after it:
   -- refused (an ACL user without it), that would stop the script with the
   -- waiter's grant and its day written and the key's old expiry, which the
   -- grant's refreshes, finding the day, would not move.
-  local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
+  local v, new_day, tk = granted(who, now + px, token, us, flag)
   if tonumber(day) < new_day then
     redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
   else

@@ -54,8 +54,13 @@ end
 -- of them: release.lua looks for one first, and writes the grant, or the
 -- free state, in the one SET GET that also reads the state to check.
 local handing = given == '1' and not KEYS[4]
+-- A lock whose grant found a fair waiter announced, released with the
+-- queue's keys, is likely reserved for the head of the queue: release.lua
+-- looks for it first, and writes the reservation (see there), or the free
+-- state, in the one SET GET that also reads the state to check.
+local reserving = given == '2' and KEYS[4] ~= nil
 local old
-if not handing then
+if not handing and not reserving then
   old = redis.pcall('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
