@@ -31,6 +31,13 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired,
 -- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
 -- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
+-- ARGV[8], for the first attempt of a contender whose Locker's release of
+-- the lock reserved it for the head of the queue a moment ago: the
+-- server's clock (ms) at that release. A lock held by another until past
+-- it is taken for held without reading TIME, as rewait.lua does: a lease
+-- that ran out since is taken for held, which refuses a free lock, never
+-- grants a held one (the contender, told it has that little left, comes
+-- back when it would have run out), and the place lapses that much early.
 -- Returns {1, token, day, waiting flag} or {0, ms until the holder's lease or the head's
 -- window ends (negative when unknown)}.
 -- Checks and writes: the state is read first, and a grant written only
@@ -38,9 +45,15 @@
 -- writes: a command that fails the script (which is not rolled back), e.g.
 -- on a queue or deadlines key that a pruning emptied on the source node of
 -- a slot being moved, leaves no grant over a holder.
-local us, now = clock()
 local old = redis.call('get', KEYS[1])
 local d, token, old_day, waiting, owner = parse(old)
+local us, now
+if ARGV[8] and d and d > tonumber(ARGV[8]) and owner ~= ARGV[1] then
+  -- Held by another: no grant below, which alone needs us.
+  now = tonumber(ARGV[8])
+else
+  us, now = clock()
+end
 local deadline = now + tonumber(ARGV[2])
 -- A lock reserved for the contender, the head of the queue, by the release
 -- that woke it (see release.lua), or taken by an attempt of its own whose

@@ -128,7 +128,7 @@ func TestFairLapsedHeadClaims(t *testing.T) {
 	behind := ghost(t, c, key, "behind", time.Minute, time.Minute)
 	n := mutexNamesOf(key)
 	r, err := run(context.Background(), l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines},
-		"owner", int64(1000), "1", time.Minute.Milliseconds(), maxHandoff.Milliseconds(), n.channel, me, "0")
+		"owner", int64(1000), "1", time.Minute.Milliseconds(), maxHandoff.Milliseconds(), n.channel, me)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestFairQueueOutlastsPlaces(t *testing.T) {
 	}
 	me := "5000:" + l.wake + "\nshort"
 	r, err := run(ctx, l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines},
-		"short", int64(1000), "1", int64(5000), int64(1000), n.channel, me, "0")
+		"short", int64(1000), "1", int64(5000), int64(1000), n.channel, me)
 	if err != nil || r[0] != 0 {
 		t.Fatalf("a fair attempt on a held lock: %v, %v, want a refusal", r, err)
 	}
@@ -277,6 +277,61 @@ func TestFairReleaseReservesForHead(t *testing.T) {
 			case c == "renewed" && (r[0] != 0 || !queued(t, admin, key, head)):
 				t.Errorf("the attempt behind a head that renewed its place: %v, head queued %v; want a refusal, the head kept",
 					r, queued(t, admin, key, head))
+			}
+		})
+	}
+}
+
+// TestFairAttemptWithReleaseClock: the first attempt of a contender whose
+// release reserved the lock a moment ago sends that release's clock, which
+// the attempt takes for the server's when the lock is held by another
+// until past it: it is then refused and queued even when the lease ran out
+// since (it never grants on that clock). A lock in the contender's own
+// name, or free by that clock, is judged by the server's TIME: a grant
+// counts its lease from the server's clock, not the release's.
+func TestFairAttemptWithReleaseClock(t *testing.T) {
+	for _, c := range []string{"another's, lapsed since", "its own, lapsed since", "another's, control"} {
+		t.Run(c, func(t *testing.T) {
+			ctx := context.Background()
+			admin := newClient(t)
+			l := newLocker(t, newClient(t))
+			key := testKey(t)
+			n := mutexNamesOf(key)
+			now, err := admin.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A release a second ago; the lease it left ran out 950ms ago.
+			clock := now.UnixMilli() - 1000
+			owner := "other"
+			if c == "its own, lapsed since" {
+				owner = "me"
+			}
+			const token = 4242
+			state := fmt.Sprintf("%d:%d:%d:2:%s", clock+50, token, now.UnixMilli()/86400000+2, owner)
+			if err := admin.Set(ctx, n.lock, state, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			args := []any{"me", int64(10000), "1", int64(60000), int64(250), n.channel, "60000:warden:wake:nobody\nme"}
+			if c != "another's, control" {
+				args = append(args, clock)
+			}
+			r, err := run(ctx, l.sc, l.s.fairAcquire, []string{n.lock, n.queue, n.deadlines}, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, _ := strconv.ParseInt(strings.Split(admin.Get(ctx, n.lock).Val(), ":")[0], 10, 64)
+			switch c {
+			case "another's, lapsed since":
+				if r[0] != 0 || r[1] != 50 || admin.LLen(ctx, n.queue).Val() != 1 {
+					t.Errorf("the attempt: %v, queue %d; want a refusal for the 50ms the lease had by the release's clock, and a place",
+						r, admin.LLen(ctx, n.queue).Val())
+				}
+			default:
+				if r[0] != 1 || r[1] <= token || d < now.UnixMilli()+9000 {
+					t.Errorf("the attempt: %v, deadline %d; want a grant with a token past %d, until 10s past the server's clock %d",
+						r, d, token, now.UnixMilli())
+				}
 			}
 		})
 	}

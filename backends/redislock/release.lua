@@ -75,7 +75,7 @@ if reserving then
         redis.call('set', KEYS[1], state, 'PXAT', new_day * 86400000)
       end
       wake(ARGV[4], head)
-      return 1
+      return now
     end
   else
     old = redis.call('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
@@ -245,5 +245,8 @@ end
 if next ~= '' then
   -- '{<key>}:lock' gives '{<key>}:released'.
   wake((KEYS[4] and ARGV[4]) or (string.sub(KEYS[1], 1, -5) .. 'released'), next)
+end
+if window then
+  return now
 end
 return 1

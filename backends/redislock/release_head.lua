@@ -27,9 +27,10 @@
 -- instructions to hand to the script, a concatenation a few hundred).
 -- Returns 1 when released, 2 or more when released and handed to a waiter
 -- (the server's clock in ms when the grant was made as the lock's first
--- write, see below), 0 when the lock was not owner's, -1 (having changed
--- nothing) when a fair waiter announced itself and the script was not
--- given the queue's keys.
+-- write, see below) or reserved for the head of the fair queue (the
+-- server's clock in ms when the reservation was made), 0 when the lock was
+-- not owner's, -1 (having changed nothing) when a fair waiter announced
+-- itself and the script was not given the queue's keys.
 --
 -- This part runs on every release; the rest of the script, and its helpers
 -- (closures made when their definition runs), only when the state is not
