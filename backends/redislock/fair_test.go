@@ -40,6 +40,14 @@ func ghost(t *testing.T, c *goredis.Client, key, name string, period, left time.
 	return place
 }
 
+// lockOfTest returns a client to look at the server with, a Locker on a
+// client of its own, and a key of the test's own with its names.
+func lockOfTest(t *testing.T) (*goredis.Client, *Locker, string, mutexNames) {
+	t.Helper()
+	key := testKey(t)
+	return newClient(t), newLocker(t, newClient(t)), key, mutexNamesOf(key)
+}
+
 // queued reports whether place is still in key's fair queue.
 func queued(t *testing.T, c *goredis.Client, key, place string) bool {
 	t.Helper()
@@ -198,10 +206,7 @@ func TestFairReleaseReservesForHead(t *testing.T) {
 	for _, c := range []string{"claimed", "lapsed", "renewed"} {
 		t.Run(c, func(t *testing.T) {
 			ctx := context.Background()
-			admin := newClient(t)
-			l := newLocker(t, newClient(t))
-			key := testKey(t)
-			n := mutexNamesOf(key)
+			admin, l, key, n := lockOfTest(t)
 			holder, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -293,10 +298,7 @@ func TestFairAttemptWithReleaseClock(t *testing.T) {
 	for _, c := range []string{"another's, lapsed since", "its own, lapsed since", "another's, control"} {
 		t.Run(c, func(t *testing.T) {
 			ctx := context.Background()
-			admin := newClient(t)
-			l := newLocker(t, newClient(t))
-			key := testKey(t)
-			n := mutexNamesOf(key)
+			admin, l, _, n := lockOfTest(t)
 			now, err := admin.Time(ctx).Result()
 			if err != nil {
 				t.Fatal(err)

@@ -127,10 +127,7 @@ func TestReservingReleaseChecksOwner(t *testing.T) {
 	for _, c := range []string{"taken over", "key gone", "another token", "dead head"} {
 		t.Run(c, func(t *testing.T) {
 			ctx := context.Background()
-			admin := newClient(t)
-			l := newLocker(t, newClient(t))
-			key := testKey(t)
-			n := mutexNamesOf(key)
+			admin, l, key, n := lockOfTest(t)
 			// The queue announced in the free state, before a fair
 			// grant with nobody queued, which takes the flag.
 			first, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
