@@ -172,6 +172,12 @@ func exerciseAsUser(t *testing.T, admin *goredis.Client, addr, prefix string) (p
 		if m.name == "fair" {
 			// A fair waiter that gives up leaves the queue (dequeue.lua).
 			_, _ = waiter.Lock(ctx, key, guard.Fair(), guard.WaitAtMost(50*time.Millisecond))
+			// One that died while queued heads it: the release drops its
+			// place (LPOP) and reserves the lock for the waiter behind.
+			n := mutexNamesOf("warden:" + key)
+			dead := "1000:warden:wake:nobody\ndead"
+			admin.LPush(ctx, n.queue, dead)
+			admin.ZAdd(ctx, n.deadlines, goredis.Z{Score: 1, Member: dead})
 		}
 		_, err = holder.Inspect(ctx, key)
 		fail(m.name+" Inspect", err)

@@ -115,11 +115,14 @@
 // waiter that gives up takes its record out, so that no release hands it
 // the lock afterwards, then releases what one handed it before.
 //
-// Fair waiters are not handed the lock: a release wakes the head of the
-// queue, which claims it. Records of an earlier version, which
-// say no TTL, are woken as before and keep their place, so that processes
-// of both versions exclude each other during a rolling upgrade; a waiter of
-// this version is woken by an earlier version's release as before.
+// Fair waiters are not handed the lock for their TTL: a release reserves
+// it for the head of the queue for a handoff window, and wakes it; the
+// head claims it, which extends it to its TTL, and a head that does not,
+// nor renews its place, is dropped once the window ends. Records of an
+// earlier version, which say no TTL, are woken as before and keep their
+// place, so that processes of both versions exclude each other during a
+// rolling upgrade; a waiter of this version is woken by an earlier
+// version's release as before.
 //
 // # What the fencing token guarantees
 //

@@ -6,11 +6,17 @@
 -- timeout, is late, and the messages for it go to its process alone (see
 -- wake).
 --
--- A free lock that the head of the queue leaves unclaimed tells of a head
--- that is gone: a live head is woken by the release that freed the lock (or
--- by its own timer, when the lease expired) and claims it at once. So:
---   * a head that is late renewing its place is dropped at once (a live one
---     only goes to the back of the queue), and so is the next, while late;
+-- A release that finds a live head reserves the lock for it: it grants it
+-- in the head's owner's name for the head's handoff window, and wakes it;
+-- the head claims it at once, extending the grant to its TTL, and nobody
+-- else takes it meanwhile. A free lock that the head of the queue leaves
+-- unclaimed tells of a head that is gone: a live head is woken by the
+-- release (or by its own timer, when the lease expired) and claims at
+-- once. So:
+--   * a head whose reservation lapsed without its claim, nor a renewal of
+--     its place since, is dropped at once, as is a head late renewing its
+--     place (a live one only goes to the back of the queue), and so is the
+--     next, while late;
 --   * a head on time has a handoff window to claim the lock; whoever finds
 --     the lock free behind it comes back when the window ends.
 -- A head dropped, a place lapsed, or a waiter whose place vanished although
@@ -25,7 +31,13 @@
 -- ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] '1' to queue when not acquired,
 -- '2' when the contender had a place already  ARGV[4] waiter timeout (ms)
 -- ARGV[5] handoff window (ms)  ARGV[6] channel  ARGV[7] the contender's place
--- ARGV[8] '1' when an earlier attempt of the contender got no answer
+-- ARGV[8], for the first attempt of a contender whose Locker's release of
+-- the lock reserved it for the head of the queue a moment ago: the
+-- server's clock (ms) at that release. A lock held by another until past
+-- it is taken for held without reading TIME, as rewait.lua does: a lease
+-- that ran out since is taken for held, which refuses a free lock, never
+-- grants a held one (the contender, told it has that little left, comes
+-- back when it would have run out), and the place lapses that much early.
 -- Returns {1, token, day, waiting flag} or {0, ms until the holder's lease or the head's
 -- window ends (negative when unknown)}.
 -- Checks and writes: the state is read first, and a grant written only
@@ -33,13 +45,22 @@
 -- writes: a command that fails the script (which is not rolled back), e.g.
 -- on a queue or deadlines key that a pruning emptied on the source node of
 -- a slot being moved, leaves no grant over a holder.
-local us, now = clock()
 local old = redis.call('get', KEYS[1])
 local d, token, old_day, waiting, owner = parse(old)
+local us, now
+if ARGV[8] and d and d > tonumber(ARGV[8]) and owner ~= ARGV[1] then
+  -- Held by another: no grant below, which alone needs us.
+  now = tonumber(ARGV[8])
+else
+  us, now = clock()
+end
 local deadline = now + tonumber(ARGV[2])
--- An attempt whose answer never came may have taken the lock: it is the
--- contender's then, with the token that attempt drew.
-if ARGV[8] == '1' and d and d > now and owner == ARGV[1] then
+-- A lock reserved for the contender, the head of the queue, by the release
+-- that woke it (see release.lua), or taken by an attempt of its own whose
+-- answer never came: it is the contender's, with the token drawn for it,
+-- which nobody can have moved since, and this attempt extends it. (An
+-- owner id is drawn anew for each acquisition.)
+if d and d > now and owner == ARGV[1] then
   local day = day_of(deadline)
   put_day(KEYS[1], state(deadline, token, day, waiting, owner), old_day, day)
   redis.call('lrem', KEYS[2], 0, ARGV[7])
@@ -103,8 +124,14 @@ if pttl == -2 then
     -- A place without a deadline is nobody's: it would block the queue for
     -- as long as live waiters keep the list from expiring. A deadline within
     -- the window is a head told to confirm, or one about to lapse anyway.
-    local period = tonumber(string.match(head, '^(%d+):') or '')
-    if due and not (period and due > now + window and due - period < now - math.floor(period / 3) - window) then
+    local period, reserve = handoff_of(head)
+    local late = period and due and due > now + window and due - period < now - math.floor(period / 3) - window
+    -- The lapsed state in the head's owner's name (d, from parse) is a
+    -- reservation it did not claim: a head that renewed its place since,
+    -- or within the millisecond it was made (an earlier version's, which
+    -- does not claim one), is kept.
+    local unclaimed = period and due and d and d > 0 and string.sub(head, -#owner - 1) == '\n' .. owner and due - period < d - reserve
+    if due and not late and not unclaimed then
       break
     end
     redis.call('lpop', KEYS[2])
@@ -117,18 +144,25 @@ if pttl == -2 then
   end
 end
 if ARGV[3] ~= '0' then
+  local made = false
   if redis.call('zadd', KEYS[3], now + timeout, me) == 1 then
-    redis.call('rpush', KEYS[2], me)
+    made = redis.call('rpush', KEYS[2], me) == 1
     shaken = shaken or ARGV[3] == '2'
   end
   -- The queue disappears with its last waiter, within twice its timeout:
   -- a waiter that queues or renews within a timeout of the last extension
   -- costs none (each place's deadline, not the keys' expiry, says whether
-  -- its waiter lives).
-  for i = 2, 3 do
-    if redis.call('pttl', KEYS[i]) < timeout then
-      redis.call('pexpire', KEYS[i], 2 * timeout)
-    end
+  -- its waiter lives). Only the deadlines' expiry is read: the list's is
+  -- set with it, and a list made here gets it, so the list expires no
+  -- sooner than the deadlines, which outlast every live place, whatever
+  -- timeouts the waiters of the key use. (Only this script extends the
+  -- queue's keys, and only here; a PEXPIRE of a missing key makes none.)
+  local left = redis.call('pttl', KEYS[3])
+  if left < timeout then
+    redis.call('pexpire', KEYS[3], 2 * timeout)
+    redis.call('pexpire', KEYS[2], 2 * timeout)
+  elseif made then
+    redis.call('pexpire', KEYS[2], left)
   end
   -- The lock's state says someone waits, so that its release, by whoever
   -- holds it then, fair or not, wakes the queue.

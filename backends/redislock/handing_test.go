@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -111,5 +112,81 @@ func TestPutBackHandingExpires(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestReservingReleaseChecksOwner: the release of a fair lease whose grant
+// found the queue announced writes the reservation for the head of the
+// queue in the SET GET that checks the owner's state. A state taken over
+// by another owner is written back, and a key that is gone stays gone,
+// with the head queued and nothing reserved; the owner's state with
+// another token is freed, and the lock reserved for the head with a token
+// past that state's; a dead head is dropped, and the lock freed without
+// the flag.
+func TestReservingReleaseChecksOwner(t *testing.T) {
+	for _, c := range []string{"taken over", "key gone", "another token", "dead head"} {
+		t.Run(c, func(t *testing.T) {
+			ctx := context.Background()
+			admin, l, key, n := lockOfTest(t)
+			// The queue announced in the free state, before a fair
+			// grant with nobody queued, which takes the flag.
+			first, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first.Release(ctx)
+			f := strings.Split(admin.Get(ctx, n.lock).Val(), ":")
+			f[3] = "2"
+			if err := admin.Do(ctx, "set", n.lock, strings.Join(f, ":"), "keepttl").Err(); err != nil {
+				t.Fatal(err)
+			}
+			lease, err := l.Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute, Fair: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := time.Minute
+			if c == "dead head" {
+				left = -time.Second
+			}
+			head := ghost(t, admin, key, "warden:wake:nobody\nhead-owner", time.Minute, left)
+			f = strings.Split(admin.Get(ctx, n.lock).Val(), ":")
+			// A later token, as a grant after the lease's would draw.
+			tk, _ := strconv.ParseUint(f[1], 10, 64)
+			later := strconv.FormatUint(tk+1000, 10)
+			switch c {
+			case "taken over":
+				f[1], f[4] = later, "other"
+			case "another token":
+				f[1] = later
+			}
+			state := strings.Join(f, ":")
+			if err := admin.Do(ctx, "set", n.lock, state, "keepttl").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if c == "key gone" {
+				admin.Del(ctx, n.lock)
+			}
+			err = lease.Release(ctx)
+			got := strings.Split(admin.Get(ctx, n.lock).Val(), ":")
+			switch c {
+			case "taken over":
+				if !errors.Is(err, driver.ErrNotHeld) || strings.Join(got, ":") != state || !queued(t, admin, key, head) {
+					t.Errorf("release: %v, state %q, head queued %v; want ErrNotHeld, %q kept, the head queued", err, got, queued(t, admin, key, head), state)
+				}
+			case "key gone":
+				if !errors.Is(err, driver.ErrNotHeld) || admin.Exists(ctx, n.lock).Val() != 0 || !queued(t, admin, key, head) {
+					t.Errorf("release: %v, state %q, head queued %v; want ErrNotHeld, no key, the head queued", err, got, queued(t, admin, key, head))
+				}
+			case "another token":
+				reserved, _ := strconv.ParseUint(got[1], 10, 64)
+				if err != nil || len(got) != 5 || got[4] != "head-owner" || reserved <= tk+1000 {
+					t.Errorf("release: %v, state %q; want the lock reserved for the head, with a token past %s", err, got, later)
+				}
+			case "dead head":
+				if err != nil || len(got) != 5 || got[0] != "0" || got[3] != "0" || queued(t, admin, key, head) {
+					t.Errorf("release: %v, state %q, head queued %v; want the lock free without the flag, the head dropped", err, got, queued(t, admin, key, head))
+				}
+			}
+		})
 	}
 }

@@ -141,13 +141,14 @@ func (ls *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// handoff is what a release that handed the lock to a waiter leaves for
-// the releaser's next acquisition of the key (see Locker.handedOff).
+// handoff is what a release that handed the lock to a waiter, or reserved
+// it for one, leaves for the releaser's next acquisition of the key (see
+// Locker.handedOff).
 type handoff struct {
 	key string
-	// clock is the server's clock (ms) when it granted the lock to the
-	// waiter, which the release answers; at is when the release was
-	// answered.
+	// clock is the server's clock (ms) when it granted or reserved the
+	// lock for the waiter, which the release answers; at is when the
+	// release was answered.
 	clock int64
 	at    time.Time
 }

@@ -33,11 +33,12 @@ type Locker struct {
 	// converted once.
 	waitArg any
 	// handedOff is the Locker's latest release that handed the lock to a
-	// waiter: a waiting acquisition of that key, which comes right after
-	// it in a loop, will find the lock held, so it reads the state before
-	// writing its own (see acquire.lua), a command less, and, right after
-	// the release, takes the release's clock for the server's (see
-	// rewait.lua), one more.
+	// waiter, or reserved it for the head of the fair queue: a waiting
+	// acquisition of that key, which comes right after it in a loop, will
+	// find the lock held, so it reads the state before writing its own
+	// (see acquire.lua), a command less, and, right after the release,
+	// takes the release's clock for the server's (see rewait.lua, and
+	// fair_acquire.lua for a fair one), one more.
 	handedOff atomic.Pointer[handoff]
 	// bound cuts short the waiting attempts that have no answer (see
 	// attemptBound).
@@ -202,9 +203,15 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// placed says the last attempt queued the contender: a place gone
 		// since is a sign of lost writes.
 		placed := false
-		// unanswered says an attempt got no answer, so may have taken the
-		// lock unbeknownst: later attempts then check for it.
-		unanswered := false
+		// clock, when not 0, is the server's clock at this Locker's
+		// release of the key a moment ago, which reserved it for the head
+		// of the queue: the first attempt, most likely refused, sends it
+		// for TIME (see fair_acquire.lua), within the same bound as
+		// rewait.lua's.
+		var clock int64
+		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) && time.Since(h.at) < l.cfg.waiterTimeout/16 {
+			clock = h.clock
+		}
 		w = waiter{
 			id:        place,
 			keepAlive: l.cfg.waiterTimeout / 3,
@@ -214,11 +221,17 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 				if queued && placed {
 					mode = "2"
 				}
-				r, err := run(ctx, sc, l.s.fairAcquire, keys, owner, px, mode, waitMs, handoffMs, channel, place, flag(unanswered))
+				// An attempt whose answer never came may have taken
+				// the lock: the next one finds it the contender's, as
+				// it finds one that a release reserved for it.
+				args := []any{owner, px, mode, waitMs, handoffMs, channel, place}
+				if clock != 0 {
+					args, clock = append(args, clock), 0
+				}
+				r, err := run(ctx, sc, l.s.fairAcquire, keys, args...)
 				if err == nil {
 					placed = queued && r[0] == 0
 				}
-				unanswered = unanswered || err != nil
 				return r, err
 			}, clean: func(ctx context.Context) error {
 				// The place first: while it is there, the waiter is

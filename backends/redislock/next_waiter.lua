@@ -78,3 +78,15 @@ local function wake(channel, next)
     redis.pcall('publish', channel, next)
   end
 end
+
+-- handoff_of is the waiter timeout (ms) that a fair place records, and the
+-- handoff window (ms) its waiter has to claim the lock as the head of the
+-- queue: a fifth of the timeout, 250ms at most and 1ms at least, as
+-- handoffWindow in locker.go has it. A place of an earlier version, which
+-- records no timeout, gives nil.
+local function handoff_of(place)
+  local period = tonumber(string.match(place, '^(%d+):') or '')
+  if period then
+    return period, math.max(math.min(250, math.floor(period / 5)), 1)
+  end
+end

@@ -1,12 +1,12 @@
 -- The rest of the release (see release_head.lua, which runs first and
 -- leaves old, the state it replaced, and given, the waiting flag its
--- grant found, or handing, having written nothing; free, the free state
--- it wrote, and my_owner, my_token and my_day, the owner's, which it
--- parsed from the client's tail when the client packed them, my_owner
--- false when that tail was not as the client makes it).
+-- grant found, or handing or reserving, having written nothing; free, the
+-- free state it wrote, and my_owner, my_token and my_day, the owner's,
+-- which it parsed from the client's tail when the client packed them,
+-- my_owner false when that tail was not as the client makes it).
 --
--- Checks and writes: the SET GET that writes the free state or a grant is
--- also the owner check. A state that was not the owner's is written back
+-- Checks and writes: the SET GET that writes the free state, a grant or a
+-- reservation is also the owner check. A state that was not the owner's is written back
 -- as the next write, and only then is a waiter's record taken for the
 -- grant put back: a script is not rolled back, and a command that fails it
 -- at any point (on the source node of a slot being moved, see put_back)
@@ -30,8 +30,58 @@ local function put_back(score, record, now)
     redis.call('pexpire', waiters, score - now)
   end
 end
+-- granted is the state of a grant to who until deadline (the server's
+-- clock, ms), made at us (microseconds), with the waiting flag: its token
+-- is past the owner's, token, and not below the clock. It returns the day
+-- and the token (digits) too. A %.0f costs the server more than a
+-- command: the token is formatted once, and the deadline as two %d parts
+-- (a C long, 32 bits on some builds; see acquire.lua).
+local function granted(who, deadline, token, us, flag)
+  local tk = tonumber(token)
+  if tk >= us then
+    tk = tk + 1
+  else
+    tk = us
+  end
+  tk = string.format('%.0f', tk)
+  local day = math.floor(deadline / 86400000) + 2
+  local dhi = math.floor(deadline / 1000000)
+  return string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, day, flag, who), day, tk
+end
 local popped, popped_score, popped_at, wrote
-if handing then
+if reserving then
+  -- The head of the fair queue, alive, is likely there: the lock is
+  -- reserved for it (see below) in the SET GET that also reads the state
+  -- to check, a write less than freeing the lock first; the message wakes
+  -- it. A dead head, a place of an earlier version (which says no
+  -- window), or a state not the owner's with that token, day and flag
+  -- takes the rest of the script, as release_head.lua's SET GET would
+  -- have had it. Its owner check is the handing's, just after: a change
+  -- to one is a change to its twin.
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local head = here(redis.pcall('lindex', KEYS[2], 0))
+  local due = type(head) == 'string' and here(redis.pcall('zscore', KEYS[3], head))
+  local window = type(due) == 'string' and tonumber(due) > now and select(2, handoff_of(head))
+  local state, new_day
+  if window then
+    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    state, new_day = granted(string.sub(head, string.find(head, '\n', 1, true) + 1), now + window, my_token, us, '2')
+    old = redis.call('set', KEYS[1], state, 'XX', 'KEEPTTL', 'GET')
+    local mine = ':' .. my_token .. ':' .. my_day .. ':2:' .. my_owner
+    local at = old and #old - #mine
+    if at and at > 0 and string.sub(old, at + 1) == mine and string.find(old, ':', 1, true) == at + 1 then
+      if tonumber(my_day) < new_day then
+        redis.call('set', KEYS[1], state, 'PXAT', new_day * 86400000)
+      end
+      wake(ARGV[4], head)
+      return now
+    end
+  else
+    old = redis.call('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
+  end
+  wrote = state
+elseif handing then
   -- The oldest live waiter's record is taken first, and the grant in its
   -- name written over the owner's state in one SET GET, which is checked
   -- after: freeing the lock first and granting it next would cost a write
@@ -121,7 +171,7 @@ if owner ~= my_owner then
   end
   return 0
 end
-if handing then
+if handing or reserving then
   -- The owner's, with another token, day or flag: what the SET GET wrote
   -- (a grant in a waiter's name, or the free state without the flag)
   -- gives way to the free state, which the rest goes on from as from
@@ -145,34 +195,34 @@ if waiting ~= '0' then
     flag = waiting
   end
 end
+-- grant writes the lock's state granted to who for px ms from now, with a
+-- token past the owner's and not below the clock, and returns the token
+-- (digits) and the day.
+local function grant(who, px)
+  -- The flag stays: the release of this grant looks for more waiters. A
+  -- later day is set by the grant's SET, not by a PEXPIREAT after it:
+  -- refused (an ACL user without it), that would stop the script with the
+  -- waiter's grant and its day written and the key's old expiry, which the
+  -- grant's refreshes, finding the day, would not move.
+  local v, new_day, tk = granted(who, now + px, token, us, flag)
+  if tonumber(day) < new_day then
+    redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
+  else
+    redis.call('set', KEYS[1], v, 'KEEPTTL')
+  end
+  return tk, new_day
+end
+-- The head of the fair queue, alive, has a handoff window (a place of an
+-- earlier version says none).
+local window
+if next ~= '' and not score then
+  window = select(2, handoff_of(next))
+end
 if score then
   -- A record '<channel>\n<ttl>\n<owner>'; an earlier version's has no ttl.
   local channel, px, who = string.match(next, '^([^\n]*)\n(%d+)\n(.*)$')
   if px then
-    local tk = tonumber(token)
-    if tk >= us then
-      tk = tk + 1
-    else
-      tk = us
-    end
-    local deadline = now + px
-    local new_day = math.floor(deadline / 86400000) + 2
-    -- A %.0f costs the server more than a command: the token is
-    -- formatted once, and the deadline as two %d parts (a C long, 32 bits
-    -- on some builds; see acquire.lua).
-    tk = string.format('%.0f', tk)
-    local dhi = math.floor(deadline / 1000000)
-    -- The flag stays: the release of this grant looks for more waiters.
-    -- A later day is set by the grant's SET, not by a PEXPIREAT after it:
-    -- refused (an ACL user without it), that would stop the script with
-    -- the waiter's grant and its day written and the key's old expiry,
-    -- which the grant's refreshes, finding the day, would not move.
-    local v = string.format('%d%06d:%s:%d:%s:%s', dhi, deadline - dhi * 1000000, tk, new_day, flag, who)
-    if tonumber(day) < new_day then
-      redis.call('set', KEYS[1], v, 'PXAT', new_day * 86400000)
-    else
-      redis.call('set', KEYS[1], v, 'KEEPTTL')
-    end
+    local tk, new_day = grant(who, px)
     -- By pcall, as wake sends it (see next_waiter.lua).
     redis.pcall('publish', channel, string.format('=%s:%d:%s\n', tk, new_day, flag) .. next)
     return now
@@ -180,11 +230,23 @@ if score then
   -- Its waiter takes it out when it gets the lock.
   put_back(score, next, now)
 end
-if token ~= my_token or day ~= my_day or flag ~= given then
+if window then
+  -- The head of the fair queue, alive: the lock is reserved for it, granted
+  -- in its owner's name for its handoff window, and the message wakes it
+  -- to claim it, which extends the grant to its TTL (see fair_acquire.lua).
+  -- Until then nobody else takes the lock (the releaser coming straight
+  -- back is refused, as when the head has claimed it), and a head that
+  -- does not claim it in time, nor renew its place, is dropped by the
+  -- next waiter that finds the reservation lapsed.
+  grant(string.sub(next, string.find(next, '\n', 1, true) + 1), window)
+elseif token ~= my_token or day ~= my_day or flag ~= given then
   redis.call('set', KEYS[1], '0:' .. token .. ':' .. day .. ':' .. flag .. ':', 'KEEPTTL')
 end
 if next ~= '' then
   -- '{<key>}:lock' gives '{<key>}:released'.
   wake((KEYS[4] and ARGV[4]) or (string.sub(KEYS[1], 1, -5) .. 'released'), next)
+end
+if window then
+  return now
 end
 return 1

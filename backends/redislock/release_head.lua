@@ -27,9 +27,10 @@
 -- instructions to hand to the script, a concatenation a few hundred).
 -- Returns 1 when released, 2 or more when released and handed to a waiter
 -- (the server's clock in ms when the grant was made as the lock's first
--- write, see below), 0 when the lock was not owner's, -1 (having changed
--- nothing) when a fair waiter announced itself and the script was not
--- given the queue's keys.
+-- write, see below) or reserved for the head of the fair queue (the
+-- server's clock in ms when the reservation was made), 0 when the lock was
+-- not owner's, -1 (having changed nothing) when a fair waiter announced
+-- itself and the script was not given the queue's keys.
 --
 -- This part runs on every release; the rest of the script, and its helpers
 -- (closures made when their definition runs), only when the state is not
@@ -54,8 +55,13 @@ end
 -- of them: release.lua looks for one first, and writes the grant, or the
 -- free state, in the one SET GET that also reads the state to check.
 local handing = given == '1' and not KEYS[4]
+-- A lock whose grant found a fair waiter announced, released with the
+-- queue's keys, is likely reserved for the head of the queue: release.lua
+-- looks for it first, and writes the reservation (see there), or the free
+-- state, in the one SET GET that also reads the state to check.
+local reserving = given == '2' and KEYS[4] ~= nil
 local old
-if not handing then
+if not handing and not reserving then
   old = redis.pcall('set', KEYS[1], free, 'XX', 'KEEPTTL', 'GET')
   if type(old) == 'table' and old.err then
     -- A server older than 6.2 knows no GET for SET: a syntax error. Any
