@@ -229,11 +229,15 @@
 // default policy, filtered without a word. Those reads therefore name
 // their token: the one the client's requests carry, as token/self last
 // answered, or the anonymous token, by its secret "anonymous", when they
-// carry none Consul knows or the agent has ACLs off. For read/write locks
-// and semaphores, then, a Locker's client needs:
+// carry none Consul knows. For read/write locks and semaphores, then, a
+// Locker's client needs:
 //
 //   - with ACLs off (whatever default_policy the agent's configuration
-//     names): nothing;
+//     names): nothing. An agent with ACLs off says so without asking the
+//     servers, which may have them on (they are turned on there first):
+//     a Locker behind it reads with its client's own token, which such
+//     servers judge as below; a client without a token is then not told
+//     what they leave out;
 //   - with ACLs on, under either default policy: read on every contender
 //     key of the read/write locks and semaphores it takes, as write on its
 //     locks' keys (above) gives, for the token its requests carry: its
@@ -246,16 +250,18 @@
 //     without one Consul knows).
 //
 // A Locker asks token/self for such a read when it has not in the last
-// minute (one request, with ACLs off too; List of the prefix "." or ".."
-// asks every time), and its reads carry the answer for that minute: a
-// client that carries the agent's default token reads with the token the
-// agent had when asked for up to a minute after the agent's token is
-// replaced or cleared, reads that are whole or said not to be. A read refused because that token was
-// deleted, or filtered as the anonymous token's (the agent's token set
-// since), asks again at once, and is made again when the answer names
-// another token. A client whose own token Consul does not know (deleted,
-// or not yet replicated) has its writes refused, and these reads made as
-// the anonymous token's.
+// minute (one request, with ACLs off too), and its reads carry the answer
+// for that minute: a client that carries the agent's default token reads
+// with the token the agent had when asked for up to a minute after the
+// agent's token is replaced or cleared, reads that are whole or said not
+// to be. A read refused because that token was deleted, or filtered as
+// the anonymous token's (the agent's token set since), asks again at
+// once, and is made again when the answer names another token. A client
+// whose own token Consul does not know (deleted, or not yet replicated)
+// has its writes refused, and these reads made as the anonymous token's.
+// token/self goes to the servers: where they cannot answer it (a
+// secondary datacenter that does not replicate tokens, its primary down),
+// these reads fail.
 //
 // Consul says nothing of what it leaves out of a read without a token (the
 // anonymous token's): a Locker whose client has no token learns of a

@@ -258,9 +258,9 @@ func nameOf(k string) (string, bool) {
 // its lock key's holder is right but for keys of its left out: its
 // waiters may be more, and a read/write lock or semaphore of the same name
 // may have holders the page does not show.
-// Under the prefixes "." and "..", read with the whole store when the
-// agent has ACLs on (see dotTree), a key the token may not read anywhere
-// in it does so.
+// Under the prefixes "." and "..", whose read lists the whole store's key
+// names (see dotTree), a key the token may not read anywhere in it does
+// so.
 func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]driver.Listed, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: list limit %d", driver.ErrInvalidOption, limit)

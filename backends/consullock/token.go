@@ -26,9 +26,14 @@ import (
 // of the token the client's requests carried when Consul was last asked
 // (token/self, which answers a token with its own secret), or the
 // anonymous token's secret, "anonymous", when they carried none Consul
-// knows, or the agent has ACLs off (which then reads no token, and leaves
-// nothing out). Either way Consul says when it leaves keys out of the
-// read, whatever the agent's default token has become since it was asked.
+// knows. Either way Consul says when it leaves keys out of the read,
+// whatever the agent's default token has become since it was asked.
+//
+// An agent with ACLs off says so from its own configuration, without
+// asking the servers, which may have them on (ACLs are turned on in the
+// servers first): the reads then carry the client's own token, if any
+// (secret empty), which such servers judge and report filtering to. A
+// client without a token, behind such an agent, is not told of it.
 type readToken struct {
 	secret string
 	// asked is when Consul was asked.
@@ -65,8 +70,9 @@ func (l *Locker) askToken(ctx context.Context) (readToken, error) {
 		if self != nil && self.SecretID != "" {
 			t.secret = self.SecretID
 		}
-	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"),
-		errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found"):
+	case errors.As(err, &se) && se.Code == http.StatusUnauthorized && strings.Contains(se.Body, "ACL support disabled"):
+		t.secret = "" // see readToken
+	case errors.As(err, &se) && se.Code == http.StatusForbidden && strings.Contains(se.Body, "ACL not found"):
 	default:
 		return readToken{}, l.fail(ctx, rctx, err)
 	}
@@ -96,7 +102,12 @@ func (l *Locker) whole(ctx context.Context, read func(secret string) (filtered b
 		}
 	}
 	filtered, err := read(t.secret)
-	stale := filtered || errors.Is(err, errDenied) && strings.Contains(err.Error(), "ACL not found")
+	// A read filtered under a real token is taken as it is: asking again
+	// at every such read (a List page, while any key is hidden) would
+	// double its requests for a change of the agent's default token that
+	// tokenKept bounds anyway.
+	stale := filtered && t.secret == anonymousSecret ||
+		errors.Is(err, errDenied) && strings.Contains(err.Error(), "ACL not found")
 	if kept && stale {
 		if again, aerr := l.askToken(ctx); aerr == nil && again.secret != t.secret {
 			t = again
