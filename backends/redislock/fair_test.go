@@ -295,7 +295,7 @@ func TestFairReleaseReservesForHead(t *testing.T) {
 // name, or free by that clock, is judged by the server's TIME: a grant
 // counts its lease from the server's clock, not the release's.
 func TestFairAttemptWithReleaseClock(t *testing.T) {
-	for _, c := range []string{"another's, lapsed since", "its own, lapsed since", "another's, control"} {
+	for _, c := range []string{"another's, lapsed since", "another's, lapsed before", "its own, lapsed since", "another's, control"} {
 		t.Run(c, func(t *testing.T) {
 			ctx := context.Background()
 			admin, l, _, n := lockOfTest(t)
@@ -310,7 +310,12 @@ func TestFairAttemptWithReleaseClock(t *testing.T) {
 				owner = "me"
 			}
 			const token = 4242
-			state := fmt.Sprintf("%d:%d:%d:2:%s", clock+50, token, now.UnixMilli()/86400000+2, owner)
+			// Free by the release's clock, in the case lapsed before.
+			deadline := clock + 50
+			if c == "another's, lapsed before" {
+				deadline = clock - 50
+			}
+			state := fmt.Sprintf("%d:%d:%d:2:%s", deadline, token, now.UnixMilli()/86400000+2, owner)
 			if err := admin.Set(ctx, n.lock, state, time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}

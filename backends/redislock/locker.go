@@ -206,10 +206,14 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		// clock, when not 0, is the server's clock at this Locker's
 		// release of the key a moment ago, which reserved it for the head
 		// of the queue: the first attempt, most likely refused, sends it
-		// for TIME (see fair_acquire.lua), within the same bound as
-		// rewait.lua's.
+		// for TIME (see fair_acquire.lua). The place that attempt writes
+		// is due early by the clock's age, which shrinks the handoff
+		// window by which a head late renewing it is told from one that
+		// is gone: so the clock is sent only while its age is a small
+		// part of that window, not of the waiter timeout, as rewait.lua's
+		// is, which can be longer than the window.
 		var clock int64
-		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) && time.Since(h.at) < l.cfg.waiterTimeout/16 {
+		if h := l.handedOff.Load(); h != nil && h.key == key && opts.Wait && l.handedOff.CompareAndSwap(h, nil) && time.Since(h.at) < handoffWindow(l.cfg.waiterTimeout)/8 {
 			clock = h.clock
 		}
 		w = waiter{

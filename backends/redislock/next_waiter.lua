@@ -83,9 +83,10 @@ end
 -- handoff window (ms) its waiter has to claim the lock as the head of the
 -- queue: a fifth of the timeout, 250ms at most and 1ms at least, as
 -- handoffWindow in locker.go has it. A place of an earlier version, which
--- records no timeout, gives nil.
+-- records no timeout, gives nil, as does one of no shape the scripts write
+-- (they split a place at its first newline).
 local function handoff_of(place)
-  local period = tonumber(string.match(place, '^(%d+):') or '')
+  local period = tonumber(string.match(place, '^(%d+):[^\n]*\n') or '')
   if period then
     return period, math.max(math.min(250, math.floor(period / 5)), 1)
   end
