@@ -107,9 +107,14 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 // which then finds the lock free.
 func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) *Locker {
 	t.Helper()
-	c, watches := countedClient(t, a, token, func(r *http.Request) bool {
-		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
-	})
+	c, watches := countedClient(t, a, token, markerRead)
+	return heldTwiceThrough(ctx, t, root, c, watches, hide)
+}
+
+// heldTwiceThrough is heldTwice with the holder's client c, whose marker
+// reads watches counts.
+func heldTwiceThrough(ctx context.Context, t *testing.T, root *api.Client, c *api.Client, watches *atomic.Int64, hide func(*lease)) *Locker {
+	t.Helper()
 	k := name("hidden-marker")
 	l := lockerOn(t, c)
 	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
@@ -155,6 +160,12 @@ func nextAcquisition(ctx context.Context, t *testing.T, l *Locker, refused bool)
 	}
 }
 
+// markerRead reports whether r reads markers, as a session's query on its
+// marker directory does.
+func markerRead(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
+}
+
 // wake writes over the anchor of s, by root, which keeps its session and
 // wakes its query on its markers, and waits until the query, counted by
 // watches, is sent again, or the session ends. The value is new each
@@ -179,9 +190,7 @@ func TestStoreKeptWithMarkersHidden(t *testing.T) {
 	a, root := aclAgent(t)
 	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	tok, p := grant(t, root, all)
-	c, watches := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
-		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
-	})
+	c, watches := countedClient(t, a, tok.SecretID, markerRead)
 	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%shidden-%d/", storePrefix, time.Now().UnixNano())))
 	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
 		t.Fatalf("Claim: (%v, %v)", rec, err)
