@@ -211,11 +211,13 @@
 // session is given up, its other locks with it (their sections cancelled,
 // their keys deleted), when Consul says it left keys out of that read (the
 // X-Consul-Results-Filtered-By-ACLs header), refuses the read, or refuses
-// the anchor anew after leaving it out. That read comes within a round
-// trip of a forced release's marker, which wakes the session's query;
-// Consul judges a query by the rules as they were when it came, so a
-// marker written while the query waits under the old rules is seen. The
-// next acquisition creates a new session, which the new rules may refuse.
+// (or does not grant) the anchor anew after leaving it out (an attempt
+// that gets no answer is made again until one does). That read comes
+// within a round trip of a forced release's marker, which wakes the
+// session's query; Consul judges a query by the rules as they were when
+// it came, so a marker written while the query waits under the old rules
+// is seen. The next acquisition creates a new session, which the new
+// rules may refuse.
 //
 // A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
 // and a Store's Purge decide only on reads that Consul says are whole: one

@@ -231,16 +231,16 @@ const revocationWait = 5 * time.Minute
 // release from none: when Consul says it left keys out of a read
 // (ResultsFilteredByACLs: a rule denies a marker, the session's directory
 // or RevokedPrefix), refuses the read (a token without list on the
-// directory, under acl.enable_key_list_policy), or refuses anew the anchor
-// it left out of a read (the only sign Consul gives a request without a
-// token, whose reads it filters without a word). The anchor's acquisition
-// proved every marker readable when the session began, since a rule that
-// hides a marker and not the anchor names the session, which did not
-// exist before; rules changed later show at the first read by them after
-// a marker is written, which wakes the query within a round trip (Consul
-// judges a query by the rules as they were when it came, so a marker
-// written while it waits is seen). A Store's session holds no locks, and
-// no marker names it: it is kept.
+// directory, under acl.enable_key_list_policy), or refuses anew, or does
+// not grant, the anchor it left out of a read (the only sign Consul gives
+// a request without a token, whose reads it filters without a word; see
+// reanchor). The anchor's acquisition proved every marker readable when
+// the session began, since a rule that hides a marker and not the anchor
+// names the session, which did not exist before; rules changed later show
+// at the first read by them after a marker is written, which wakes the
+// query within a round trip (Consul judges a query by the rules as they
+// were when it came, so a marker written while it waits is seen). A
+// Store's session holds no locks, and no marker names it: it is kept.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
@@ -280,22 +280,8 @@ func (s *session) watchRevocations() {
 		if index = meta.LastIndex; index < 1 {
 			index = 1
 		}
-		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
-			// The anchor went with the session (behaviour delete), or
-			// someone deleted it: the renewal tells which, now rather
-			// than at its next period.
-			select {
-			case s.renewNow <- struct{}{}:
-			default:
-			}
-			// Anchored again if the session lives on.
-			err := s.anchor(s.ctx)
-			if holdsLocks && errors.Is(err, errDenied) {
-				s.giveUp()
-				return
-			}
-			anchored = err == nil
-		}
+		// The markers read are reported before the anchor, whose
+		// acquisition may take attempts.
 		for _, p := range pairs {
 			rest := strings.TrimPrefix(p.Key, dir)
 			i := strings.LastIndexByte(rest, '/')
@@ -311,6 +297,45 @@ func (s *session) watchRevocations() {
 			rctx, rcancel := s.l.rctx(s.ctx)
 			_, _ = s.l.client.KV().Delete(p.Key, writeOpts(rctx))
 			rcancel()
+		}
+		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
+			// The anchor went with the session (behaviour delete), or
+			// someone deleted it: the renewal tells which, now rather
+			// than at its next period.
+			select {
+			case s.renewNow <- struct{}{}:
+			default:
+			}
+			err := s.reanchor()
+			switch {
+			case s.lost():
+				return
+			case err != nil && holdsLocks:
+				s.giveUp()
+				return
+			}
+			anchored = err == nil
+		}
+	}
+}
+
+// reanchor acquires the session's anchor again, after a read of its
+// markers left it out, until it is granted, refused (errRefused), or not
+// granted (errSessionLost), or the session ends. A failure of another
+// kind (no answer, as while Consul elects a leader) proves nothing, and
+// giving up on the anchor for it would leave a client without a token,
+// whose reads Consul filters without a word, unable to learn that its
+// markers are hidden for the rest of the session: the attempts go on,
+// spaced as a failed renewal's, and the renewal, asked for already, ends
+// them if the session went.
+func (s *session) reanchor() error {
+	for {
+		err := s.anchor(s.ctx)
+		if err == nil || errors.Is(err, errRefused) || errors.Is(err, errSessionLost) {
+			return err
+		}
+		if err := driver.Sleep(s.ctx, retryDelay, s.done); err != nil || s.lost() {
+			return errSessionLost
 		}
 	}
 }

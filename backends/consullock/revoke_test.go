@@ -1,0 +1,96 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// anchorAcquisition reports whether r acquires a session's anchor.
+func anchorAcquisition(r *http.Request) bool {
+	return r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix) && r.URL.Query().Has("acquire")
+}
+
+// anchorFailing returns a client of its own to a, with token, the number of
+// marker reads it has sent, and a switch: once set, the next acquisition
+// of a session's anchor fails without an answer (as in a leader election),
+// and the switch is cleared.
+func anchorFailing(t *testing.T, a, token string) (c *api.Client, watches *atomic.Int64, fail *atomic.Bool) {
+	watches, fail = new(atomic.Int64), new(atomic.Bool)
+	c = clientThrough(t, a, token, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if markerRead(r) {
+				watches.Add(1)
+			}
+			if anchorAcquisition(r) && fail.CompareAndSwap(true, false) {
+				return nil, errors.New("no answer")
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	return c, watches, fail
+}
+
+// TestAnchorAcquiredAgainAfterAFailure: the anchor, left out of a read of
+// the markers, is acquired again until Consul answers, though the first
+// attempt gets no answer. Without a token, the read on RevokedPrefix taken
+// away, the attempt after it is refused, and the session given up before
+// the forced release; with one, an anchor deleted by an operator is back.
+// The failed attempt left the session unanchored for its life: the holder
+// without a token worked on, the lock held twice, and the deleted anchor
+// stayed gone.
+func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+
+	t.Run("without a token, RevokedPrefix denied", func(t *testing.T) {
+		tok := allowAnonymous(t, root, all)
+		p, _, err := root.ACL().PolicyRead(tok.Policies[0].ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, watches, fail := anchorFailing(t, a, "")
+		heldTwiceThrough(ctx, t, root, c, watches, func(*lease) {
+			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Fatal(err)
+			}
+			fail.Store(true)
+		})
+		if fail.Load() {
+			t.Error("the anchor was not acquired again")
+		}
+	})
+
+	t.Run("the anchor deleted", func(t *testing.T) {
+		tok, _ := grant(t, root, all)
+		c, watches, fail := anchorFailing(t, a, tok.SecretID)
+		le, err := lockerOn(t, c).Acquire(ctx, name("anchor-deleted"), driver.AcquireOptions{TTL: MinTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := le.(*lease).s
+		eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+		fail.Store(true)
+		if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the anchor acquired again", func() bool {
+			kv, _, err := root.KV().Get(revokedDir(s.id), nil)
+			return err == nil && kv != nil && kv.Session == s.id
+		})
+		if fail.Load() || s.lost() {
+			t.Errorf("the first attempt failed: %v; the session lost: %v", !fail.Load(), s.lost())
+		}
+	})
+}
