@@ -26,7 +26,9 @@ import (
 // to one without, it says nothing, and a rule that hides the session's
 // anchor too is found out by the anchor, gone from the read, refused anew;
 // a token that may not list the markers, under acl.enable_key_list_policy,
-// has the query refused. Each holder went on unaware, the lock held twice.
+// has the query refused, and the session is given up when no read is
+// answered by its loss deadline, nine tenths of the TTL or less after the
+// first refusal. Each holder went on unaware, the lock held twice.
 // The holder's next acquisition is refused when the rules hide the new
 // session's markers too (its anchor refused), and granted when they named
 // the old session.
@@ -102,9 +104,10 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 // again (Consul judges a blocking query by the rules as they were when it
 // came), and has root take the lock by ForceRelease and acquire it; it
 // fails the test unless the holder is told (its lease revoked, or its
-// session ended) within ten seconds, and returns the holder's Locker. A
-// read by the new rules may end the session before the forced release,
-// which then finds the lock free.
+// session ended) within the TTL, and returns the holder's Locker (a read
+// refused is sent again until the session's loss deadline, nine tenths of
+// the TTL or less after the first). A read by the new rules may end the
+// session before the forced release, which then finds the lock free.
 func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) *Locker {
 	t.Helper()
 	c, watches := countedClient(t, a, token, markerRead)
@@ -140,7 +143,7 @@ func heldTwiceThrough(ctx context.Context, t *testing.T, root *api.Client, c *ap
 	select {
 	case <-revoked:
 	case <-held.s.Done():
-	case <-time.After(10 * time.Second):
+	case <-time.After(MinTTL):
 		t.Fatal("the holder was not told its lock was taken: the lock is held twice")
 	}
 	return l

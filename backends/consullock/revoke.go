@@ -230,22 +230,36 @@ const revocationWait = 5 * time.Minute
 // markers may go unseen, rather than work on unable to tell a forced
 // release from none: when Consul says it left keys out of a read
 // (ResultsFilteredByACLs: a rule denies a marker, the session's directory
-// or RevokedPrefix), refuses the read (a token without list on the
-// directory, under acl.enable_key_list_policy), or refuses anew, or does
-// not grant, the anchor it left out of a read (the only sign Consul gives
-// a request without a token, whose reads it filters without a word; see
-// reanchor). The anchor's acquisition proved every marker readable when
-// the session began, since a rule that hides a marker and not the anchor
-// names the session, which did not exist before; rules changed later show
-// at the first read by them after a marker is written, which wakes the
-// query within a round trip (Consul judges a query by the rules as they
-// were when it came, so a marker written while it waits is seen). A
-// Store's session holds no locks, and no marker names it: it is kept.
+// or RevokedPrefix), or refuses anew, or does not grant, the anchor it
+// left out of a read (the only sign Consul gives a request without a
+// token, whose reads it filters without a word; see reanchor). The
+// anchor's acquisition proved every marker readable when the session
+// began, since a rule that hides a marker and not the anchor names the
+// session, which did not exist before; rules changed later show at the
+// first read by them after a marker is written, which wakes the query
+// within a round trip (Consul judges a query by the rules as they were
+// when it came, so a marker written while it waits is seen). A Store's
+// session holds no locks, and no marker names it: it is kept.
+//
+// A read Consul refuses (a token without list on the directory, under
+// acl.enable_key_list_policy, or one it does not know for a moment, as a
+// secondary datacenter's servers may not yet) hides nothing: a marker
+// stays in the directory until seen, and the next answered read reports
+// it. It is sent again, as an unanswered read is, and the session given
+// up only when no read has been answered by the session's loss deadline
+// as of the first refusal, when it would have been lost had its renewals
+// been refused too: a refusal of a moment costs its locks nothing, and a
+// holder refused for good works on for up to nine tenths of the TTL
+// without learning of a forced release, as one whose reads go unanswered
+// does.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
 	holdsLocks := !s.l.anchorOptional
 	var index uint64
+	// refusedUntil is the loss deadline as of the first of the reads
+	// refused since the last answered; zero when the last was answered.
+	var refusedUntil time.Time
 	for {
 		// Bounded like every request, so that a query sent to a server
 		// that stopped answering is sent again.
@@ -262,16 +276,26 @@ func (s *session) watchRevocations() {
 		if s.lost() {
 			return
 		}
-		if err != nil && holdsLocks && refusal(err) != nil {
-			s.giveUp()
-			return
-		}
 		if err != nil {
-			if driver.Sleep(s.ctx, retryDelay, s.done) != nil {
+			pause := retryDelay
+			if holdsLocks && refusal(err) != nil {
+				if refusedUntil.IsZero() {
+					refusedUntil = s.Expiry().Add(-s.margin())
+				}
+				left := time.Until(refusedUntil)
+				if left <= 0 {
+					s.giveUp()
+					return
+				}
+				// The last read is sent at the deadline.
+				pause = min(pause, left)
+			}
+			if driver.Sleep(s.ctx, pause, s.done) != nil {
 				return
 			}
 			continue
 		}
+		refusedUntil = time.Time{}
 		if meta.ResultsFilteredByACLs && holdsLocks {
 			s.giveUp()
 			return

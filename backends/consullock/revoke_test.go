@@ -94,3 +94,66 @@ func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
 		}
 	})
 }
+
+// TestMarkerReadRefusedForAMoment: the holder's token is unknown to Consul
+// for a moment (deleted and created again with the same secret, as a
+// secondary datacenter's servers may not know a token yet), while its
+// session's query on its markers is sent again: the session keeps its
+// locks, and a forced release of one, once the token is back, is
+// reported. The session, and both its locks, were given up at the first
+// refused read.
+func TestMarkerReadRefusedForAMoment(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	tok, _ := grant(t, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`)
+	var watches, refused atomic.Int64
+	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if !markerRead(r) {
+				return base.RoundTrip(r)
+			}
+			watches.Add(1)
+			resp, err := base.RoundTrip(r)
+			if err == nil && resp.StatusCode == http.StatusForbidden {
+				refused.Add(1)
+			}
+			return resp, err
+		})
+	})
+	l := lockerOn(t, c)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("refused-read")
+	le, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, name("refused-read-other"), opts); err != nil {
+		t.Fatal(err)
+	}
+	held := le.(*lease)
+	revoked := make(chan struct{})
+	held.OnRevoke(func() { close(revoked) })
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, root, held.s, &watches)
+	eventually(t, 10*time.Second, "a marker read refused", func() bool { return refused.Load() > 0 || held.s.lost() })
+	if _, _, err := root.ACL().TokenCreate(&api.ACLToken{AccessorID: tok.AccessorID, SecretID: tok.SecretID, Policies: tok.Policies}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-revoked:
+	case <-held.s.Done():
+		t.Fatal("the session, and both its locks, given up for a refusal of a moment")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forced release not reported")
+	}
+	if held.s.lost() {
+		t.Error("the session, and its other lock, lost")
+	}
+}
