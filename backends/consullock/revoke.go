@@ -238,7 +238,13 @@ const revocationWait = 5 * time.Minute
 // session, which did not exist before; rules changed later show at the
 // first read by them after a marker is written, which wakes the query
 // within a round trip (Consul judges a query by the rules as they were
-// when it came, so a marker written while it waits is seen). A Store's
+// when it came, so a marker written while it waits is seen). A filtered
+// read is the exception when its index is that of the last read not
+// filtered: no key under the directory was written since, so it hides
+// only keys that read saw (such as a marker reported already, whose
+// delete a rule naming it, added since, refused, when the query is sent
+// again after its wait). After any write there, a filtered read gives
+// the session up: Consul does not say which keys it hid. A Store's
 // session holds no locks, and no marker names it: it is kept.
 //
 // A read Consul refuses (a token without list on the directory, under
@@ -260,6 +266,10 @@ func (s *session) watchRevocations() {
 	// refusedUntil is the loss deadline as of the first of the reads
 	// refused since the last answered; zero when the last was answered.
 	var refusedUntil time.Time
+	// whole is the index of the last read that Consul did not filter, the
+	// greatest ModifyIndex of the keys under the directory then (or of
+	// their tombstones): a key written since has a greater one.
+	var whole uint64
 	for {
 		// Bounded like every request, so that a query sent to a server
 		// that stopped answering is sent again.
@@ -297,9 +307,16 @@ func (s *session) watchRevocations() {
 		}
 		refusedUntil = time.Time{}
 		if meta.ResultsFilteredByACLs && holdsLocks {
-			s.giveUp()
-			return
+			// Consul says that it left keys out, not which: they are
+			// known to be keys already seen only when none under the
+			// directory was written since the last whole read.
+			if whole == 0 || meta.LastIndex != whole {
+				s.giveUp()
+				return
+			}
+			continue
 		}
+		whole = meta.LastIndex
 		// An index that goes back (a snapshot restored) starts over.
 		if index = meta.LastIndex; index < 1 {
 			index = 1

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,6 +96,29 @@ func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
 	})
 }
 
+// holdTwo has a Locker on c acquire two locks, and returns the name of the
+// first, its lease, and a channel closed when the lease is revoked, once
+// the session's query on its markers, counted by watches, waits.
+func holdTwo(ctx context.Context, t *testing.T, c *api.Client, watches *atomic.Int64) (string, *lease, <-chan struct{}) {
+	t.Helper()
+	l := lockerOn(t, c)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("held")
+	le, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, name("held-other"), opts); err != nil {
+		t.Fatal(err)
+	}
+	held := le.(*lease)
+	revoked := make(chan struct{})
+	held.OnRevoke(func() { close(revoked) })
+	// The first query reads the directory, the second waits.
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	return k, held, revoked
+}
+
 // TestMarkerReadRefusedForAMoment: the holder's token is unknown to Consul
 // for a moment (deleted and created again with the same secret, as a
 // secondary datacenter's servers may not know a token yet), while its
@@ -121,20 +145,7 @@ func TestMarkerReadRefusedForAMoment(t *testing.T) {
 			return resp, err
 		})
 	})
-	l := lockerOn(t, c)
-	opts := driver.AcquireOptions{TTL: MinTTL}
-	k := name("refused-read")
-	le, err := l.Acquire(ctx, k, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Acquire(ctx, name("refused-read-other"), opts); err != nil {
-		t.Fatal(err)
-	}
-	held := le.(*lease)
-	revoked := make(chan struct{})
-	held.OnRevoke(func() { close(revoked) })
-	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
 	if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -156,4 +167,66 @@ func TestMarkerReadRefusedForAMoment(t *testing.T) {
 	if held.s.lost() {
 		t.Error("the session, and its other lock, lost")
 	}
+}
+
+// TestSeenMarkerHiddenAfter: a rule naming a marker, added after the
+// holder's query on its markers read it (the lease revoked) and before
+// the marker's delete (as one added while the query waits is, since
+// Consul judges the query by the rules as they were when it came), refuses
+// that delete and hides the marker from the reads after. With nothing
+// else written under the session's directory, those reads, filtered, keep
+// the session and its other lock; they gave the session up. After a write
+// there, a filtered read gives it up: it cannot tell what it hides from
+// the marker.
+func TestSeenMarkerHiddenAfter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, p := grant(t, root, all)
+	var watches, filtered atomic.Int64
+	var hide sync.Once
+	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			switch {
+			case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix):
+				hide.Do(func() {
+					p.Rules = all + ` key "` + strings.TrimPrefix(r.URL.Path, "/v1/kv/") + `" { policy = "deny" }`
+					if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+						t.Error(err)
+					}
+				})
+			case markerRead(r):
+				watches.Add(1)
+				// The query sent again after its wait, in a moment
+				// rather than in minutes.
+				r = r.Clone(r.Context())
+				q := r.URL.Query()
+				q.Set("wait", "100ms")
+				r.URL.RawQuery = q.Encode()
+			}
+			resp, err := base.RoundTrip(r)
+			if err == nil && resp.Header.Get("X-Consul-Results-Filtered-By-Acls") == "true" {
+				filtered.Add(1)
+			}
+			return resp, err
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-revoked:
+	case <-held.s.Done():
+		t.Fatal("the session given up before the marker was seen")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forced release not reported")
+	}
+	eventually(t, 10*time.Second, "two reads filtered", func() bool { return filtered.Load() >= 2 || held.s.lost() })
+	if held.s.lost() {
+		t.Fatal("the session, with its other lock, given up for a marker already seen")
+	}
+	wake(t, root, held.s, &watches)
+	eventually(t, 10*time.Second, "the session given up after a write under its directory", held.s.lost)
 }
