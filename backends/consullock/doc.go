@@ -210,12 +210,29 @@
 // are found out at the session's first read of its markers by them: the
 // session is given up, its other locks with it (their sections cancelled,
 // their keys deleted), when Consul says it left keys out of that read (the
-// X-Consul-Results-Filtered-By-ACLs header), refuses the read, or refuses
-// the anchor anew after leaving it out. That read comes within a round
+// X-Consul-Results-Filtered-By-ACLs header), or refuses (or does not
+// grant) the anchor anew after leaving it out (an attempt that gets no
+// answer is made again until one does). That read comes within a round
 // trip of a forced release's marker, which wakes the session's query;
 // Consul judges a query by the rules as they were when it came, so a
-// marker written while the query waits under the old rules is seen. The
-// next acquisition creates a new session, which the new rules may refuse.
+// marker written while the query waits under the old rules is seen.
+// Consul says that it left keys out, not which: a filtered read that
+// follows no write under the session's markers' directory since the last
+// read not filtered (its index the same) can hide only keys already seen,
+// and keeps the session, but one after any such write gives it up. A
+// rule naming a marker already seen, which refuses its delete and hides
+// it, thus gives the session up at the next marker of another of its
+// locks, as a rule hiding a marker unseen would. A read Consul refuses
+// hides nothing (a marker stays until seen), and may be refused for a
+// moment only (a token a secondary datacenter's servers do not know yet,
+// acl.down_policy): it is sent again, as one unanswered is, and the
+// session is given up when none has been answered by its loss deadline
+// as of the first refusal, at most nine tenths of the TTL after it. A
+// holder refused for good (the list on RevokedPrefix taken away, under
+// acl.enable_key_list_policy) thus works on for up to nine tenths of the
+// TTL without learning of a forced release, as one whose reads a network
+// fault cuts off does. The next acquisition creates a new session, which
+// the new rules may refuse.
 //
 // A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
 // and a Store's Purge decide only on reads that Consul says are whole: one

@@ -26,7 +26,9 @@ import (
 // to one without, it says nothing, and a rule that hides the session's
 // anchor too is found out by the anchor, gone from the read, refused anew;
 // a token that may not list the markers, under acl.enable_key_list_policy,
-// has the query refused. Each holder went on unaware, the lock held twice.
+// has the query refused, and the session is given up when no read is
+// answered by its loss deadline, nine tenths of the TTL or less after the
+// first refusal. Each holder went on unaware, the lock held twice.
 // The holder's next acquisition is refused when the rules hide the new
 // session's markers too (its anchor refused), and granted when they named
 // the old session.
@@ -102,14 +104,20 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 // again (Consul judges a blocking query by the rules as they were when it
 // came), and has root take the lock by ForceRelease and acquire it; it
 // fails the test unless the holder is told (its lease revoked, or its
-// session ended) within ten seconds, and returns the holder's Locker. A
-// read by the new rules may end the session before the forced release,
-// which then finds the lock free.
+// session ended) within the TTL, and returns the holder's Locker (a read
+// refused is sent again until the session's loss deadline, nine tenths of
+// the TTL or less after the first). A read by the new rules may end the
+// session before the forced release, which then finds the lock free.
 func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, token string, hide func(*lease)) *Locker {
 	t.Helper()
-	c, watches := countedClient(t, a, token, func(r *http.Request) bool {
-		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
-	})
+	c, watches := countedClient(t, a, token, markerRead)
+	return heldTwiceThrough(ctx, t, root, c, watches, hide)
+}
+
+// heldTwiceThrough is heldTwice with the holder's client c, whose marker
+// reads watches counts.
+func heldTwiceThrough(ctx context.Context, t *testing.T, root *api.Client, c *api.Client, watches *atomic.Int64, hide func(*lease)) *Locker {
+	t.Helper()
 	k := name("hidden-marker")
 	l := lockerOn(t, c)
 	le, err := l.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
@@ -135,7 +143,7 @@ func heldTwice(ctx context.Context, t *testing.T, a string, root *api.Client, to
 	select {
 	case <-revoked:
 	case <-held.s.Done():
-	case <-time.After(10 * time.Second):
+	case <-time.After(MinTTL):
 		t.Fatal("the holder was not told its lock was taken: the lock is held twice")
 	}
 	return l
@@ -153,6 +161,12 @@ func nextAcquisition(ctx context.Context, t *testing.T, l *Locker, refused bool)
 	case !refused && err != nil:
 		t.Errorf("the next acquisition: %v; want it granted, with a session of its own", err)
 	}
+}
+
+// markerRead reports whether r reads markers, as a session's query on its
+// marker directory does.
+func markerRead(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
 }
 
 // wake writes over the anchor of s, by root, which keeps its session and
@@ -179,9 +193,7 @@ func TestStoreKeptWithMarkersHidden(t *testing.T) {
 	a, root := aclAgent(t)
 	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	tok, p := grant(t, root, all)
-	c, watches := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
-		return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix)
-	})
+	c, watches := countedClient(t, a, tok.SecretID, markerRead)
 	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%shidden-%d/", storePrefix, time.Now().UnixNano())))
 	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
 		t.Fatalf("Claim: (%v, %v)", rec, err)

@@ -230,22 +230,46 @@ const revocationWait = 5 * time.Minute
 // markers may go unseen, rather than work on unable to tell a forced
 // release from none: when Consul says it left keys out of a read
 // (ResultsFilteredByACLs: a rule denies a marker, the session's directory
-// or RevokedPrefix), refuses the read (a token without list on the
-// directory, under acl.enable_key_list_policy), or refuses anew the anchor
-// it left out of a read (the only sign Consul gives a request without a
-// token, whose reads it filters without a word). The anchor's acquisition
-// proved every marker readable when the session began, since a rule that
-// hides a marker and not the anchor names the session, which did not
-// exist before; rules changed later show at the first read by them after
-// a marker is written, which wakes the query within a round trip (Consul
-// judges a query by the rules as they were when it came, so a marker
-// written while it waits is seen). A Store's session holds no locks, and
-// no marker names it: it is kept.
+// or RevokedPrefix), or refuses anew, or does not grant, the anchor it
+// left out of a read (the only sign Consul gives a request without a
+// token, whose reads it filters without a word; see reanchor). The
+// anchor's acquisition proved every marker readable when the session
+// began, since a rule that hides a marker and not the anchor names the
+// session, which did not exist before; rules changed later show at the
+// first read by them after a marker is written, which wakes the query
+// within a round trip (Consul judges a query by the rules as they were
+// when it came, so a marker written while it waits is seen). A filtered
+// read is the exception when its index is that of the last read not
+// filtered: no key under the directory was written since, so it hides
+// only keys that read saw (such as a marker reported already, whose
+// delete a rule naming it, added since, refused, when the query is sent
+// again after its wait). After any write there, a filtered read gives
+// the session up: Consul does not say which keys it hid. A Store's
+// session holds no locks, and no marker names it: it is kept.
+//
+// A read Consul refuses (a token without list on the directory, under
+// acl.enable_key_list_policy, or one it does not know for a moment, as a
+// secondary datacenter's servers may not yet) hides nothing: a marker
+// stays in the directory until seen, and the next answered read reports
+// it. It is sent again, as an unanswered read is, and the session given
+// up only when no read has been answered by the session's loss deadline
+// as of the first refusal, when it would have been lost had its renewals
+// been refused too: a refusal of a moment costs its locks nothing, and a
+// holder refused for good works on for up to nine tenths of the TTL
+// without learning of a forced release, as one whose reads go unanswered
+// does.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
 	holdsLocks := !s.l.anchorOptional
 	var index uint64
+	// refusedUntil is the loss deadline as of the first of the reads
+	// refused since the last answered; zero when the last was answered.
+	var refusedUntil time.Time
+	// whole is the index of the last read that Consul did not filter, the
+	// greatest ModifyIndex of the keys under the directory then (or of
+	// their tombstones): a key written since has a greater one.
+	var whole uint64
 	for {
 		// Bounded like every request, so that a query sent to a server
 		// that stopped answering is sent again.
@@ -262,40 +286,43 @@ func (s *session) watchRevocations() {
 		if s.lost() {
 			return
 		}
-		if err != nil && holdsLocks && refusal(err) != nil {
-			s.giveUp()
-			return
-		}
 		if err != nil {
-			if driver.Sleep(s.ctx, retryDelay, s.done) != nil {
+			pause := retryDelay
+			if holdsLocks && refusal(err) != nil {
+				if refusedUntil.IsZero() {
+					refusedUntil = s.Expiry().Add(-s.margin())
+				}
+				left := time.Until(refusedUntil)
+				if left <= 0 {
+					s.giveUp()
+					return
+				}
+				// The last read is sent at the deadline.
+				pause = min(pause, left)
+			}
+			if driver.Sleep(s.ctx, pause, s.done) != nil {
 				return
 			}
 			continue
 		}
+		refusedUntil = time.Time{}
 		if meta.ResultsFilteredByACLs && holdsLocks {
-			s.giveUp()
-			return
+			// Consul says that it left keys out, not which: they are
+			// known to be keys already seen only when none under the
+			// directory was written since the last whole read.
+			if whole == 0 || meta.LastIndex != whole {
+				s.giveUp()
+				return
+			}
+			continue
 		}
+		whole = meta.LastIndex
 		// An index that goes back (a snapshot restored) starts over.
 		if index = meta.LastIndex; index < 1 {
 			index = 1
 		}
-		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
-			// The anchor went with the session (behaviour delete), or
-			// someone deleted it: the renewal tells which, now rather
-			// than at its next period.
-			select {
-			case s.renewNow <- struct{}{}:
-			default:
-			}
-			// Anchored again if the session lives on.
-			err := s.anchor(s.ctx)
-			if holdsLocks && errors.Is(err, errDenied) {
-				s.giveUp()
-				return
-			}
-			anchored = err == nil
-		}
+		// The markers read are reported before the anchor, whose
+		// acquisition may take attempts.
 		for _, p := range pairs {
 			rest := strings.TrimPrefix(p.Key, dir)
 			i := strings.LastIndexByte(rest, '/')
@@ -311,6 +338,45 @@ func (s *session) watchRevocations() {
 			rctx, rcancel := s.l.rctx(s.ctx)
 			_, _ = s.l.client.KV().Delete(p.Key, writeOpts(rctx))
 			rcancel()
+		}
+		if anchored && !slices.ContainsFunc(pairs, func(p *api.KVPair) bool { return p.Key == dir }) {
+			// The anchor went with the session (behaviour delete), or
+			// someone deleted it: the renewal tells which, now rather
+			// than at its next period.
+			select {
+			case s.renewNow <- struct{}{}:
+			default:
+			}
+			err := s.reanchor()
+			switch {
+			case s.lost():
+				return
+			case err != nil && holdsLocks:
+				s.giveUp()
+				return
+			}
+			anchored = err == nil
+		}
+	}
+}
+
+// reanchor acquires the session's anchor again, after a read of its
+// markers left it out, until it is granted, refused (errRefused), or not
+// granted (errSessionLost), or the session ends. A failure of another
+// kind (no answer, as while Consul elects a leader) proves nothing, and
+// giving up on the anchor for it would leave a client without a token,
+// whose reads Consul filters without a word, unable to learn that its
+// markers are hidden for the rest of the session: the attempts go on,
+// spaced as a failed renewal's, and the renewal, asked for already, ends
+// them if the session went.
+func (s *session) reanchor() error {
+	for {
+		err := s.anchor(s.ctx)
+		if err == nil || errors.Is(err, errRefused) || errors.Is(err, errSessionLost) {
+			return err
+		}
+		if err := driver.Sleep(s.ctx, retryDelay, s.done); err != nil || s.lost() {
+			return errSessionLost
 		}
 	}
 }

@@ -695,7 +695,7 @@ type slowAnchor struct {
 }
 
 func (s slowAnchor) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix) && strings.Contains(r.URL.RawQuery, "acquire") {
+	if anchorAcquisition(r) {
 		time.Sleep(s.delay)
 	}
 	return s.base.RoundTrip(r)

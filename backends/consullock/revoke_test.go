@@ -1,0 +1,232 @@
+package consullock
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/warden-go/warden/guard/driver"
+)
+
+// anchorAcquisition reports whether r acquires a session's anchor.
+func anchorAcquisition(r *http.Request) bool {
+	return r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix) && r.URL.Query().Has("acquire")
+}
+
+// anchorFailing returns a client of its own to a, with token, the number of
+// marker reads it has sent, and a switch: once set, the next acquisition
+// of a session's anchor fails without an answer (as in a leader election),
+// and the switch is cleared.
+func anchorFailing(t *testing.T, a, token string) (c *api.Client, watches *atomic.Int64, fail *atomic.Bool) {
+	watches, fail = new(atomic.Int64), new(atomic.Bool)
+	c = clientThrough(t, a, token, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if markerRead(r) {
+				watches.Add(1)
+			}
+			if anchorAcquisition(r) && fail.CompareAndSwap(true, false) {
+				return nil, errors.New("no answer")
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	return c, watches, fail
+}
+
+// TestAnchorAcquiredAgainAfterAFailure: the anchor, left out of a read of
+// the markers, is acquired again until Consul answers, though the first
+// attempt gets no answer. Without a token, the read on RevokedPrefix taken
+// away, the attempt after it is refused, and the session given up before
+// the forced release; with one, an anchor deleted by an operator is back.
+// The failed attempt left the session unanchored for its life: the holder
+// without a token worked on, the lock held twice, and the deleted anchor
+// stayed gone.
+func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+
+	t.Run("without a token, RevokedPrefix denied", func(t *testing.T) {
+		tok := allowAnonymous(t, root, all)
+		p, _, err := root.ACL().PolicyRead(tok.Policies[0].ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, watches, fail := anchorFailing(t, a, "")
+		heldTwiceThrough(ctx, t, root, c, watches, func(*lease) {
+			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Fatal(err)
+			}
+			fail.Store(true)
+		})
+		if fail.Load() {
+			t.Error("the anchor was not acquired again")
+		}
+	})
+
+	t.Run("the anchor deleted", func(t *testing.T) {
+		tok, _ := grant(t, root, all)
+		c, watches, fail := anchorFailing(t, a, tok.SecretID)
+		le, err := lockerOn(t, c).Acquire(ctx, name("anchor-deleted"), driver.AcquireOptions{TTL: MinTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := le.(*lease).s
+		eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+		fail.Store(true)
+		if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the anchor acquired again", func() bool {
+			kv, _, err := root.KV().Get(revokedDir(s.id), nil)
+			return err == nil && kv != nil && kv.Session == s.id
+		})
+		if fail.Load() || s.lost() {
+			t.Errorf("the first attempt failed: %v; the session lost: %v", !fail.Load(), s.lost())
+		}
+	})
+}
+
+// holdTwo has a Locker on c acquire two locks, and returns the name of the
+// first, its lease, and a channel closed when the lease is revoked, once
+// the session's query on its markers, counted by watches, waits.
+func holdTwo(ctx context.Context, t *testing.T, c *api.Client, watches *atomic.Int64) (string, *lease, <-chan struct{}) {
+	t.Helper()
+	l := lockerOn(t, c)
+	opts := driver.AcquireOptions{TTL: MinTTL}
+	k := name("held")
+	le, err := l.Acquire(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, name("held-other"), opts); err != nil {
+		t.Fatal(err)
+	}
+	held := le.(*lease)
+	revoked := make(chan struct{})
+	held.OnRevoke(func() { close(revoked) })
+	// The first query reads the directory, the second waits.
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	return k, held, revoked
+}
+
+// TestMarkerReadRefusedForAMoment: the holder's token is unknown to Consul
+// for a moment (deleted and created again with the same secret, as a
+// secondary datacenter's servers may not know a token yet), while its
+// session's query on its markers is sent again: the session keeps its
+// locks, and a forced release of one, once the token is back, is
+// reported. The session, and both its locks, were given up at the first
+// refused read.
+func TestMarkerReadRefusedForAMoment(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	tok, _ := grant(t, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`)
+	var watches, refused atomic.Int64
+	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if !markerRead(r) {
+				return base.RoundTrip(r)
+			}
+			watches.Add(1)
+			resp, err := base.RoundTrip(r)
+			if err == nil && resp.StatusCode == http.StatusForbidden {
+				refused.Add(1)
+			}
+			return resp, err
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	if _, err := root.ACL().TokenDelete(tok.AccessorID, nil); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, root, held.s, &watches)
+	eventually(t, 10*time.Second, "a marker read refused", func() bool { return refused.Load() > 0 || held.s.lost() })
+	if _, _, err := root.ACL().TokenCreate(&api.ACLToken{AccessorID: tok.AccessorID, SecretID: tok.SecretID, Policies: tok.Policies}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-revoked:
+	case <-held.s.Done():
+		t.Fatal("the session, and both its locks, given up for a refusal of a moment")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forced release not reported")
+	}
+	if held.s.lost() {
+		t.Error("the session, and its other lock, lost")
+	}
+}
+
+// TestSeenMarkerHiddenAfter: a rule naming a marker, added after the
+// holder's query on its markers read it (the lease revoked) and before
+// the marker's delete (as one added while the query waits is, since
+// Consul judges the query by the rules as they were when it came), refuses
+// that delete and hides the marker from the reads after. With nothing
+// else written under the session's directory, those reads, filtered, keep
+// the session and its other lock; they gave the session up. After a write
+// there, a filtered read gives it up: it cannot tell what it hides from
+// the marker.
+func TestSeenMarkerHiddenAfter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+	tok, p := grant(t, root, all)
+	var watches, filtered atomic.Int64
+	var hide sync.Once
+	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			switch {
+			case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix):
+				hide.Do(func() {
+					p.Rules = all + ` key "` + strings.TrimPrefix(r.URL.Path, "/v1/kv/") + `" { policy = "deny" }`
+					if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+						t.Error(err)
+					}
+				})
+			case markerRead(r):
+				watches.Add(1)
+				// The query sent again after its wait, in a moment
+				// rather than in minutes.
+				r = r.Clone(r.Context())
+				q := r.URL.Query()
+				q.Set("wait", "100ms")
+				r.URL.RawQuery = q.Encode()
+			}
+			resp, err := base.RoundTrip(r)
+			if err == nil && resp.Header.Get("X-Consul-Results-Filtered-By-Acls") == "true" {
+				filtered.Add(1)
+			}
+			return resp, err
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-revoked:
+	case <-held.s.Done():
+		t.Fatal("the session given up before the marker was seen")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forced release not reported")
+	}
+	eventually(t, 10*time.Second, "two reads filtered", func() bool { return filtered.Load() >= 2 || held.s.lost() })
+	if held.s.lost() {
+		t.Fatal("the session, with its other lock, given up for a marker already seen")
+	}
+	wake(t, root, held.s, &watches)
+	eventually(t, 10*time.Second, "the session given up after a write under its directory", held.s.lost)
+}
