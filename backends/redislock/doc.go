@@ -258,7 +258,10 @@
 // so left is not repaired (see the README).
 // On a Cluster, add +cluster|slots and +command, which a go-redis
 // ClusterClient sends to load its slot map and its commands' key
-// positions. Under another prefix (guard.WithPrefix("app:")),
+// positions, and for a ClusterClient with ReadOnly set +readonly, which
+// go-redis sends on each connection, +readwrite, without which every read
+// on the master (see above) fails, and +asking, without which such a read
+// waits a slot's move out. Under another prefix (guard.WithPrefix("app:")),
 // ~{app:* and &{app:* take the place of ~{warden:* and &{warden:*, and on a
 // Cluster ~{warden:wake:* stays: the notifier probes a waiter's
 // subscription by a PUBLISH on its Locker's channel, or, when the

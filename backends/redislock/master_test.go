@@ -259,3 +259,29 @@ func TestReadOnlyConnectionsStayReadOnly(t *testing.T) {
 		t.Fatalf("no connection of the reader in CLIENT LIST:\n%s", list)
 	}
 }
+
+// TestReadWriteRefusalKeepsReadOnlyScripts: a ReadOnly Cluster client's
+// user refused READWRITE, which its reads on the master need, has them
+// refused; once granted it, its Locker reads again. READWRITE's refusal,
+// which the read carries, is no refusal of EVALSHA_RO: taken for one, it
+// made the Locker run its read-only scripts by EVALSHA for good, which a
+// user allowed only to read is refused, also after the ACL was mended.
+func TestReadWriteRefusalKeepsReadOnlyScripts(t *testing.T) {
+	c := startReshardCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m := c.shards[0]
+	key := "readwrite-refused"
+	if _, err := newLocker(t, c.client()).Acquire(ctx, key, driver.AcquireOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	c.must(m, "ACL", "SETUSER", "ops", "reset", "on", ">pw", "&*", "+@all", "-readwrite", "%R~*")
+	l := newLocker(t, c.client(func(o *goredis.ClusterOptions) { o.ReadOnly, o.Username, o.Password = true, "ops", "pw" }))
+	if _, err := l.Inspect(ctx, key); err == nil {
+		t.Fatal("Inspect by a user refused READWRITE, on a ReadOnly client: nil")
+	}
+	c.must(m, "ACL", "SETUSER", "ops", "+readwrite")
+	if in, err := l.Inspect(ctx, key); err != nil || len(in.Holders) != 1 {
+		t.Errorf("Inspect once READWRITE is granted: %+v, %v; want the holder", in, err)
+	}
+}

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -29,8 +30,7 @@ func (s *scripter) runReadOnly(ctx context.Context, script *goredis.Script, keys
 			return script.Run(ctx, c, keys, args...)
 		}
 		cmd := script.RunRO(ctx, c, keys, args...)
-		if err := cmd.Err(); err != nil && !redisrefusal.KeyDenied(err) &&
-			(goredis.HasErrorPrefix(err, "NOPERM") || goredis.HasErrorPrefix(err, "unknown command")) {
+		if refusesReadOnlyScripts(cmd.Err()) {
 			s.readWrite.Store(true)
 			cmd = script.Run(ctx, c, keys, args...)
 		}
@@ -40,4 +40,18 @@ func (s *scripter) runReadOnly(ctx context.Context, script *goredis.Script, keys
 		return s.onMaster(ctx, keys[0], func(m masterConn) *goredis.Cmd { return run(m) })
 	}
 	return s.retry(ctx, func() *goredis.Cmd { return run(s.Scripter) })
+}
+
+// refusesReadOnlyScripts reports whether err is the server's refusal of
+// EVALSHA_RO or EVAL_RO themselves, which it names: unknown to it, or not
+// granted to the user. Another refusal a read carries, of a key or of the
+// READWRITE before it (see masterConn), would come for EVALSHA too, and
+// switching to it for good would outlast the mending of the ACL.
+func refusesReadOnlyScripts(err error) bool {
+	if err == nil || redisrefusal.KeyDenied(err) ||
+		!goredis.HasErrorPrefix(err, "NOPERM") && !goredis.HasErrorPrefix(err, "unknown command") {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "evalsha_ro") || strings.Contains(msg, "eval_ro")
 }
