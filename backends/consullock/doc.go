@@ -200,39 +200,37 @@
 //
 // A holder that cannot see its markers would not learn that ForceRelease
 // took its lock, and would work on while another holds it, so it does not
-// hold: a session whose anchor is refused is destroyed, and the
-// acquisition fails with Consul's refusal. The anchor proves every marker
-// of the session readable when it begins: a rule that hides a marker and
-// not the anchor tells the two apart, so it names the session, whose id,
-// in the anchor's key and at the start of every marker's, Consul has just
-// made. Rules changed while the session
-// lives (a narrower deny, the read or list on RevokedPrefix taken away)
-// are found out at the session's first read of its markers by them: the
-// session is given up, its other locks with it (their sections cancelled,
-// their keys deleted), when Consul says it left keys out of that read (the
-// X-Consul-Results-Filtered-By-ACLs header), or refuses (or does not
-// grant) the anchor anew after leaving it out (an attempt that gets no
-// answer is made again until one does). That read comes within a round
-// trip of a forced release's marker, which wakes the session's query;
-// Consul judges a query by the rules as they were when it came, so a
-// marker written while the query waits under the old rules is seen.
-// Consul says that it left keys out, not which: a filtered read that
+// hold: a session whose anchor is refused is destroyed, and the acquisition
+// fails with Consul's refusal. The anchor proves every marker of the
+// session readable when it begins: a rule that hides a marker and not the
+// anchor tells the two apart, so it names the session, whose id, in the
+// anchor's key and at the start of every marker's, Consul has just made.
+// Rules changed while the session lives (a narrower deny, the read or list
+// on RevokedPrefix taken away) are found out at the session's first read of
+// its markers by them: the session is given up, its other locks with it
+// (their sections cancelled, their keys deleted), when Consul says it left
+// keys out of that read (the X-Consul-Results-Filtered-By-ACLs header), or
+// refuses (or does not grant) the anchor anew after leaving it out (an
+// attempt that gets no answer is made again until one does). That read
+// comes within a round trip of a forced release's marker, which wakes the
+// session's query; Consul judges a query by the rules as they were when it
+// came, so a marker written while the query waits under the old rules is
+// seen. Consul says that it left keys out, not which: a filtered read that
 // follows no write under the session's markers' directory since the last
 // read not filtered (its index the same) can hide only keys already seen,
-// and keeps the session, but one after any such write gives it up. A
-// rule naming a marker already seen, which refuses its delete and hides
-// it, thus gives the session up at the next marker of another of its
-// locks, as a rule hiding a marker unseen would. A read Consul refuses
-// hides nothing (a marker stays until seen), and may be refused for a
-// moment only (a token a secondary datacenter's servers do not know yet,
-// acl.down_policy): it is sent again, as one unanswered is, and the
-// session is given up when none has been answered by its loss deadline
-// as of the first refusal, at most nine tenths of the TTL after it. A
-// holder refused for good (the list on RevokedPrefix taken away, under
-// acl.enable_key_list_policy) thus works on for up to nine tenths of the
-// TTL without learning of a forced release, as one whose reads a network
-// fault cuts off does. The next acquisition creates a new session, which
-// the new rules may refuse.
+// and keeps the session, but one after any such write gives it up. A rule
+// naming a marker already seen, which refuses its delete and hides it, thus
+// gives the session up at the next marker of another of its locks, as a
+// rule hiding a marker unseen would. A read Consul refuses hides nothing (a
+// marker stays until seen), and may be refused for a moment only (a token a
+// secondary datacenter's servers do not know yet, acl.down_policy): it is
+// sent again, as one unanswered is, and the session is given up when none
+// has been answered by its loss deadline as of the first refusal, at most
+// nine tenths of the TTL after it. A holder refused for good (the list on
+// RevokedPrefix taken away, under acl.enable_key_list_policy) thus works on
+// for up to nine tenths of the TTL without learning of a forced release, as
+// one whose reads a network fault cuts off does. The next acquisition
+// creates a new session, which the new rules may refuse.
 //
 // A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
 // and a Store's Purge decide only on reads that Consul says are whole: one
@@ -339,13 +337,13 @@
 // or more after that leader serves: a fresh one is forwarded at once), but
 // no more than three outstanding at once (each holds a connection, and the
 // agent refuses a client address more than 200 by default, its session
-// renewals included), until Consul answers; Release waits for that no longer than its context,
-// and the resend goes on in the background until Close. The session, with
-// its other locks, lives on meanwhile, unless no send is answered by the
-// session's loss deadline as of the first failure: at that moment the
-// session would have been lost anyway had Consul answered nothing since,
-// so it is given up then (see below), and the lock comes back no later
-// than had its holder crashed.
+// renewals included), until Consul answers; Release waits for that no
+// longer than its context, and the resend goes on in the background until
+// Close. The session, with its other locks, lives on meanwhile, unless no
+// send is answered by the session's loss deadline as of the first failure:
+// at that moment the session would have been lost anyway had Consul
+// answered nothing since, so it is given up then (see below), and the lock
+// comes back no later than had its holder crashed.
 //
 // Each session keeps a blocking query open on its markers, and each waiter
 // one on what blocks it, each on a connection of its own: a client whose

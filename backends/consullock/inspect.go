@@ -300,14 +300,14 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // and its read/write lock's readers or writer and its semaphore's permits,
 // as Inspect reports them. A holding's token is its key's ModifyIndex,
 // which no other holding shares and which changes with every acquisition:
-// the holdings target names are deleted in one transaction that checks
-// each key's index (the label, the key's value, cannot change without it),
-// so a holding that left after the read, and any later one, is never
-// touched; when the transaction fails, the keys are read again and judged
-// anew. Consul takes at most 128 operations in a transaction, 42
-// holdings: more (a semaphore's or a read lock's every holder, with
-// target.AnyHolder) are removed by as many transactions as they need, each
-// atomic, in order of grant. The next holder acquires a key at a later Raft index, so its token
+// the holdings target names are deleted in one transaction that checks each
+// key's index (the label, the key's value, cannot change without it), so a
+// holding that left after the read, and any later one, is never touched;
+// when the transaction fails, the keys are read again and judged anew.
+// Consul takes at most 128 operations in a transaction, 42 holdings: more
+// (a semaphore's or a read lock's every holder, with target.AnyHolder) are
+// removed by as many transactions as they need, each atomic, in order of
+// grant. The next holder acquires a key at a later Raft index, so its token
 // is greater than every token issued before.
 //
 // The same transaction acquires a marker under RevokedPrefix by each

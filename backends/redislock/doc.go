@@ -95,8 +95,8 @@
 // the server's clock started it, but from the send time of its own last
 // attempt that the server answered with a refusal, when the grant came
 // after that attempt ran: the server then keeps the lease at least that
-// long. The grant's token tells: the refusal answers the holder's token, and
-// a later grant's is past it (messages and attempts travel on different
+// long. The grant's token tells: the refusal answers the holder's token,
+// and a later grant's is past it (messages and attempts travel on different
 // connections, so a grant made before the refusal, since taken away by an
 // expiry or a forced release, can arrive after it: its token is not past
 // the one the refusal found, and the waiter tries again instead). A waiter
@@ -105,15 +105,15 @@
 // instead, which finds the lock its own and extends it (and waits for the
 // replicas). The message can be lost: the waiter comes back within a
 // quarter of its TTL, as it does for a lost wake-up, and finds the lock its
-// own the same way. A waiter that dies
-// while recorded can be handed the lock until its record lapses, a waiter
-// timeout after its last renewal, and then holds it for its TTL at most, as
-// a holder that died would: each waiter's death costs the lock at most one
-// TTL, within a waiter timeout of it. So can a record that a failover to a
-// replica brought back after the grant that let its waiter in was lost: it
-// costs at most one TTL too, within a waiter timeout of the failover. A
-// waiter that gives up takes its record out, so that no release hands it
-// the lock afterwards, then releases what one handed it before.
+// own the same way. A waiter that dies while recorded can be handed the
+// lock until its record lapses, a waiter timeout after its last renewal,
+// and then holds it for its TTL at most, as a holder that died would: each
+// waiter's death costs the lock at most one TTL, within a waiter timeout of
+// it. So can a record that a failover to a replica brought back after the
+// grant that let its waiter in was lost: it costs at most one TTL too,
+// within a waiter timeout of the failover. A waiter that gives up takes its
+// record out, so that no release hands it the lock afterwards, then
+// releases what one handed it before.
 //
 // Fair waiters are not handed the lock for their TTL: a release reserves
 // it for the head of the queue for a handoff window, and wakes it; the
@@ -254,29 +254,28 @@
 // plus the keys the Fence's writes touch, which are the application's.
 // Earlier versions also needed +pexpireat: drop it only once every process
 // using the user runs this version, since an earlier one refused it leaves
-// keys that never expire or that expire before their lease ends; a state
-// so left is not repaired (see the README).
-// On a Cluster, add +cluster|slots and +command, which a go-redis
-// ClusterClient sends to load its slot map and its commands' key
-// positions, and for a ClusterClient with ReadOnly set +readonly, which
-// go-redis sends on each connection, +readwrite, without which every read
-// on the master (see above) fails, and +asking, without which such a read
-// waits a slot's move out. Under another prefix (guard.WithPrefix("app:")),
-// ~{app:* and &{app:* take the place of ~{warden:* and &{warden:*, and on a
-// Cluster ~{warden:wake:* stays: the notifier probes a waiter's
-// subscription by a PUBLISH on its Locker's channel, or, when the
-// connection carries only readers', writers' and semaphores' channels or
-// the client knows no other master than the connection's, by a script on
-// a key {warden:wake:<id>}, whatever the prefix, and, refused, falls back
-// to a PING, which does not find out a subscription on a master removed
-// from the cluster. A
-// request the server refuses for good (NOPERM, a script's call refused,
-// an unknown command such as an EVALSHA renamed away) fails at once with
-// the server's words, in a waiting acquisition too, which tries again
-// after failures that may pass (no answer, OOM, a failover, an
-// authentication error, which a credentials provider of short-lived tokens
-// mends). A user without the channels loses
-// only the wake-ups: releases send them by pcall, so a refused message
-// fails nothing the release wrote, and waiters whose subscription the
-// server refused poll every eighth of a second instead (see the README).
+// keys that never expire or that expire before their lease ends; a state so
+// left is not repaired (see the README). On a Cluster, add +cluster|slots
+// and +command, which a go-redis ClusterClient sends to load its slot map
+// and its commands' key positions, and for a ClusterClient with ReadOnly
+// set +readonly, which go-redis sends on each connection, +readwrite,
+// without which every read on the master (see above) fails, and +asking,
+// without which such a read waits a slot's move out. Under another prefix
+// (guard.WithPrefix("app:")), ~{app:* and &{app:* take the place of
+// ~{warden:* and &{warden:*, and on a Cluster ~{warden:wake:* stays: the
+// notifier probes a waiter's subscription by a PUBLISH on its Locker's
+// channel, or, when the connection carries only readers', writers' and
+// semaphores' channels or the client knows no other master than the
+// connection's, by a script on a key {warden:wake:<id>}, whatever the
+// prefix, and, refused, falls back to a PING, which does not find out a
+// subscription on a master removed from the cluster. A request the server
+// refuses for good (NOPERM, a script's call refused, an unknown command
+// such as an EVALSHA renamed away) fails at once with the server's words,
+// in a waiting acquisition too, which tries again after failures that may
+// pass (no answer, OOM, a failover, an authentication error, which a
+// credentials provider of short-lived tokens mends). A user without the
+// channels loses only the wake-ups: releases send them by pcall, so a
+// refused message fails nothing the release wrote, and waiters whose
+// subscription the server refused poll every eighth of a second instead
+// (see the README).
 package redislock
