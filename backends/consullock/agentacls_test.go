@@ -52,16 +52,8 @@ func TestDotListThroughAgentWithoutACLs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	client, server, root := agentWithoutACLs(t)
-	sid, _, err := root.Session().Create(&api.SessionEntry{TTL: "60s", Behavior: "delete"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	open, hidden := ".open", ".hidden"
-	for _, n := range []string{open, hidden} {
-		if ok, _, err := root.KV().Acquire(&api.KVPair{Key: LockKey(n), Session: sid}, nil); err != nil || !ok {
-			t.Fatalf("acquire %q: %v, %v", n, ok, err)
-		}
-	}
+	hold(t, root, open, hidden)
 	tok, _ := grant(t, root, `key_prefix "" { policy = "read" } key "`+LockKey(hidden)+`" { policy = "deny" }`)
 	for _, a := range []string{client, server} {
 		page, err := lockerOn(t, tokenClient(t, a, tok.SecretID)).List(ctx, ".", "", 100)
@@ -129,5 +121,99 @@ func TestFilteredReadAsksOnce(t *testing.T) {
 	}
 	if n := asked.Load(); n != 1 {
 		t.Errorf("10 partial Lists asked token/self %d times; want 1", n)
+	}
+}
+
+// TestDotListRightsWidenedBetweenReads: List of the prefix "." reads the
+// prefix by a transaction, which Consul filters without a word, then the
+// store's names, for Consul's filtering report. A token whose rights widen
+// between the two (its policy no longer denying a held name) is reported
+// nothing by the listing: a name the listing shows under the prefix and the
+// transaction did not makes the page partial, not whole without the name.
+func TestDotListRightsWidenedBetweenReads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, root := aclAgent(t)
+	open, hidden := ".open", ".hidden"
+	hold(t, root, open, hidden)
+	tok, p := grant(t, root, `key_prefix "" { policy = "read" } key "`+LockKey(hidden)+`" { policy = "deny" }`)
+	var widened atomic.Bool
+	c, _ := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
+		if r.URL.Path == "/v1/kv/" && r.URL.Query().Has("keys") && widened.CompareAndSwap(false, true) {
+			p.Rules = `key_prefix "" { policy = "read" }`
+			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+				t.Error(err)
+			}
+		}
+		return false
+	})
+	page, err := lockerOn(t, c).List(ctx, ".", "", 100)
+	if !widened.Load() {
+		t.Fatal("the names were not listed: the test shows nothing")
+	}
+	if !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List(\".\"), %q hidden from the transaction alone: %+v, %v; want %v", hidden, page, err, driver.ErrPartialList)
+	}
+}
+
+// TestAgentTurningACLsOnFoundAtOnce: a Locker whose client has no token
+// asked token/self while its agent had ACLs off; the agent then has them
+// on (here the client's requests go to another agent of the same servers,
+// with them on), and the anonymous token may not read a held name. An
+// answer kept from before would have the Locker read as the anonymous
+// token without a word from Consul, for up to a minute: its page must be
+// partial at once.
+func TestAgentTurningACLsOnFoundAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	off, _, root := agentWithoutACLs(t)
+	self, err := root.Agent().Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, exited, log := runAgent(t, "-node", "warden-acl-client-on", "-data-dir", t.TempDir(),
+		"-hcl", `acl { enabled = true default_policy = "deny" }`,
+		"-retry-join", fmt.Sprintf("127.0.0.1:%v", self["Member"]["Port"]))
+	eventually(t, time.Minute, "the second client agent joined", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("the second client agent exited: %s", log.String())
+		default:
+		}
+		n, _, err := root.Catalog().Node("warden-acl-client-on", nil)
+		return err == nil && n != nil && n.Node != nil
+	})
+	open, hidden := name("open"), name("hidden")
+	allowAnonymous(t, root, `key_prefix "" { policy = "read" } key "`+LockKey(hidden)+`" { policy = "deny" }`)
+	hold(t, root, open, hidden)
+	var switched atomic.Bool
+	l := lockerOn(t, clientThrough(t, off, "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if switched.Load() {
+				r.URL.Host = on
+			}
+			return base.RoundTrip(r)
+		})
+	}))
+	if _, err := l.List(ctx, testPrefix, "", 100); err != nil {
+		t.Fatalf("List through the agent with ACLs off: %v", err)
+	}
+	switched.Store(true)
+	if page, err := l.List(ctx, testPrefix, "", 100); !errors.Is(err, driver.ErrPartialList) {
+		t.Errorf("List through an agent with ACLs on, %q hidden from the anonymous token: %d names, %v; want %v", hidden, len(page), err, driver.ErrPartialList)
+	}
+}
+
+// hold acquires the lock keys of names by a session of root's.
+func hold(t *testing.T, root *api.Client, names ...string) {
+	t.Helper()
+	sid, _, err := root.Session().Create(&api.SessionEntry{TTL: "60s", Behavior: "delete"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if ok, _, err := root.KV().Acquire(&api.KVPair{Key: LockKey(n), Session: sid}, nil); err != nil || !ok {
+			t.Fatalf("acquire %q: %v, %v", n, ok, err)
+		}
 	}
 }

@@ -265,18 +265,19 @@
 //     without one Consul knows).
 //
 // A Locker asks token/self for such a read when it has not in the last
-// minute (one request, with ACLs off too), and its reads carry the answer
-// for that minute: a client that carries the agent's default token reads
-// with the token the agent had when asked for up to a minute after the
-// agent's token is replaced or cleared, reads that are whole or said not
-// to be. A read refused because that token was deleted, or filtered as
-// the anonymous token's (the agent's token set since), asks again at
-// once, and is made again when the answer names another token. A client
-// whose own token Consul does not know (deleted, or not yet replicated)
-// has its writes refused, and these reads made as the anonymous token's.
-// token/self goes to the servers: where they cannot answer it (a
-// secondary datacenter that does not replicate tokens, its primary down),
-// these reads fail.
+// minute (one request; with ACLs off, at each such read, which the agent
+// answers itself: one that comes back with them on is found out at once),
+// and its reads carry the answer for that minute: a client that carries the
+// agent's default token reads with the token the agent had when asked for
+// up to a minute after the agent's token is replaced or cleared, reads that
+// are whole or said not to be. A read refused because that token was
+// deleted, or filtered as the anonymous token's (the agent's token set
+// since), asks again at once, and is made again when the answer names
+// another token. A client whose own token Consul does not know (deleted, or
+// not yet replicated) has its writes refused, and these reads made as the
+// anonymous token's. token/self goes to the servers: where they cannot
+// answer it (a secondary datacenter that does not replicate tokens, its
+// primary down), these reads fail.
 //
 // Consul says nothing of what it leaves out of a read without a token (the
 // anonymous token's): a Locker whose client has no token learns of a

@@ -138,8 +138,11 @@ func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.
 // rolled out). So the transaction is followed by a listing of the whole
 // store's key names, with the same token, which says so: the page costs
 // the store's names, not its values, and a key the token may not read
-// anywhere in the store makes it partial. A hidden key deleted between
-// the two reads goes unsaid, as it would in a read made after it.
+// anywhere in the store makes it partial, as does a name under prefix the
+// listing shows and the transaction did not (hidden from it, the token's
+// rights widened since; or made since, a partial page that is not). A
+// hidden key deleted between the two reads goes unsaid, as it would in a
+// read made after it.
 func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
@@ -159,9 +162,19 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 	kctx, kcancel := l.rctx(ctx)
 	defer kcancel()
 	q = q.WithContext(kctx)
-	_, meta, err := l.client.KV().Keys("", "", q)
+	names, meta, err := l.client.KV().Keys("", "", q)
 	if err = l.fail(ctx, kctx, err); err != nil {
 		return nil, nil, err
+	}
+	read := make(map[string]bool, len(resp.Results))
+	for _, kv := range resp.Results {
+		read[kv.Key] = true
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) && !read[n] {
+			meta.ResultsFilteredByACLs = true
+			break
+		}
 	}
 	return resp.Results, meta, nil
 }

@@ -33,7 +33,11 @@ import (
 // asking the servers, which may have them on (ACLs are turned on in the
 // servers first): the reads then carry the client's own token, if any
 // (secret empty), which such servers judge and report filtering to. A
-// client without a token, behind such an agent, is not told of it.
+// client without a token, behind such an agent, is not told of it. That
+// answer is not kept: asked again at each read that decides, which costs
+// a request the agent answers itself, so that a Locker whose client has
+// no token learns at once that its agent came back with ACLs on, rather
+// than read unwarned, as the anonymous token, for up to tokenKept.
 type readToken struct {
 	secret string
 	// asked is when Consul was asked.
@@ -95,7 +99,7 @@ func (l *Locker) whole(ctx context.Context, read func(secret string) (filtered b
 	l.mu.Lock()
 	t := l.token
 	l.mu.Unlock()
-	kept := !t.asked.IsZero() && time.Since(t.asked) < tokenKept
+	kept := !t.asked.IsZero() && time.Since(t.asked) < tokenKept && t.secret != ""
 	if !kept {
 		if t, err = l.askToken(ctx); err != nil {
 			return "", err
