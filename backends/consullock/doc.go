@@ -221,16 +221,18 @@
 // and keeps the session, but one after any such write gives it up. A rule
 // naming a marker already seen, which refuses its delete and hides it, thus
 // gives the session up at the next marker of another of its locks, as a
-// rule hiding a marker unseen would. A read Consul refuses hides nothing (a
-// marker stays until seen), and may be refused for a moment only (a token a
-// secondary datacenter's servers do not know yet, acl.down_policy): it is
-// sent again, as one unanswered is, and the session is given up when none
-// has been answered by its loss deadline as of the first refusal, at most
-// nine tenths of the TTL after it. A holder refused for good (the list on
-// RevokedPrefix taken away, under acl.enable_key_list_policy) thus works on
-// for up to nine tenths of the TTL without learning of a forced release, as
-// one whose reads a network fault cuts off does. The next acquisition
-// creates a new session, which the new rules may refuse.
+// rule hiding a marker unseen would. A read that fails hides nothing (a
+// marker stays until seen), and may fail for a moment only (a token a
+// secondary datacenter's servers do not know yet, acl.down_policy, a 5xx
+// during an election, a 429 of a rate limit on reads): it is sent again,
+// and the session is given up when none has been answered by its loss
+// deadline as of the first failure, at most nine tenths of the TTL after
+// it; an anchor that cannot be acquired again, while no marker is read,
+// likewise. A holder whose reads fail for good (the list on RevokedPrefix
+// taken away, under acl.enable_key_list_policy) thus works on for up to
+// nine tenths of the TTL without learning of a forced release, as one whose
+// reads a network fault cuts off does. The next acquisition creates a new
+// session, which the new rules may refuse.
 //
 // A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
 // and a Store's Purge decide only on reads that Consul says are whole: one

@@ -3,6 +3,7 @@ package consullock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -138,11 +139,12 @@ func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.
 // rolled out). So the transaction is followed by a listing of the whole
 // store's key names, with the same token, which says so: the page costs
 // the store's names, not its values, and a key the token may not read
-// anywhere in the store makes it partial, as does a name under prefix the
-// listing shows and the transaction did not (hidden from it, the token's
-// rights widened since; or made since, a partial page that is not). A
-// hidden key deleted between the two reads goes unsaid, as it would in a
-// read made after it.
+// anywhere in the store makes it partial. A name under prefix that the
+// listing shows and the transaction did not was made since, or hidden
+// from the transaction, the token's rights widened since: it is read on
+// its own (see dotKey), and the page is partial if that read is refused.
+// A hidden key deleted between the two reads goes unsaid, as it would in
+// a read made after it.
 func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
@@ -170,13 +172,41 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 	for _, kv := range resp.Results {
 		read[kv.Key] = true
 	}
+	kvs := resp.Results
 	for _, n := range names {
-		if strings.HasPrefix(n, prefix) && !read[n] {
+		if meta.ResultsFilteredByACLs || !strings.HasPrefix(n, prefix) || read[n] {
+			continue
+		}
+		// A name the transaction did not return: made since, or hidden
+		// from it (the token's rights widened since). Its own read, which
+		// names it in its path, tells: found, it is listed; gone, it was
+		// deleted since; refused, the page is partial.
+		kv, err := l.dotKey(ctx, n, secret)
+		switch {
+		case errors.Is(err, errDenied):
 			meta.ResultsFilteredByACLs = true
-			break
+		case err != nil:
+			return nil, nil, err
+		case kv != nil:
+			kvs = append(kvs, kv)
 		}
 	}
-	return resp.Results, meta, nil
+	return kvs, meta, nil
+}
+
+// dotKey reads the key k, under the prefix "." or "..", by the token
+// secret: nil when there is none, errDenied when the token may not read
+// it.
+func (l *Locker) dotKey(ctx context.Context, k, secret string) (*api.KVPair, error) {
+	rctx, cancel := l.rctx(ctx)
+	defer cancel()
+	q := queryOpts(rctx)
+	q.Token = secret
+	kv, _, err := l.client.KV().Get(k, q)
+	if r := refusal(err); r != nil {
+		return nil, r
+	}
+	return kv, l.fail(ctx, rctx, err)
 }
 
 // judge splits the keys of the name key into its holders, oldest grant

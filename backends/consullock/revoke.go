@@ -3,6 +3,7 @@ package consullock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -247,24 +248,26 @@ const revocationWait = 5 * time.Minute
 // the session up: Consul does not say which keys it hid. A Store's
 // session holds no locks, and no marker names it: it is kept.
 //
-// A read Consul refuses (a token without list on the directory, under
+// A read that fails hides nothing: a marker stays in the directory until
+// seen, and the next answered read reports it. Whether Consul refused it
+// (a token without list on the directory, under
 // acl.enable_key_list_policy, or one it does not know for a moment, as a
-// secondary datacenter's servers may not yet) hides nothing: a marker
-// stays in the directory until seen, and the next answered read reports
-// it. It is sent again, as an unanswered read is, and the session given
-// up only when no read has been answered by the session's loss deadline
-// as of the first refusal, when it would have been lost had its renewals
-// been refused too: a refusal of a moment costs its locks nothing, and a
-// holder refused for good works on for up to nine tenths of the TTL
-// without learning of a forced release, as one whose reads go unanswered
-// does.
+// secondary datacenter's servers may not yet), answered it with an error
+// (a 5xx, a 429 of a rate limit on reads that lets renewals through) or
+// not at all, it is sent again, and the session given up when no read has
+// been answered by the session's loss deadline as of the first failure,
+// when it would have been lost had its renewals failed too: a failure of
+// a moment costs its locks nothing, and a holder whose reads fail for
+// good works on for up to nine tenths of the TTL without learning of a
+// forced release. The anchor's acquisition again (see reanchor) is bound
+// the same way.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
 	holdsLocks := !s.l.anchorOptional
 	var index uint64
 	// refusedUntil is the loss deadline as of the first of the reads
-	// refused since the last answered; zero when the last was answered.
+	// failed since the last answered; zero when the last was answered.
 	var refusedUntil time.Time
 	// whole is the index of the last read that Consul did not filter, the
 	// greatest ModifyIndex of the keys under the directory then (or of
@@ -288,7 +291,7 @@ func (s *session) watchRevocations() {
 		}
 		if err != nil {
 			pause := retryDelay
-			if holdsLocks && refusal(err) != nil {
+			if holdsLocks {
 				if refusedUntil.IsZero() {
 					refusedUntil = s.Expiry().Add(-s.margin())
 				}
@@ -368,14 +371,21 @@ func (s *session) watchRevocations() {
 // whose reads Consul filters without a word, unable to learn that its
 // markers are hidden for the rest of the session: the attempts go on,
 // spaced as a failed renewal's, and the renewal, asked for already, ends
-// them if the session went.
+// them if the session went. No marker is read meanwhile: so they end, with
+// an error, at the session's loss deadline as of the first failure, as
+// failed reads of the markers do (see watchRevocations).
 func (s *session) reanchor() error {
+	until := s.Expiry().Add(-s.margin())
 	for {
 		err := s.anchor(s.ctx)
 		if err == nil || errors.Is(err, errRefused) || errors.Is(err, errSessionLost) {
 			return err
 		}
-		if err := driver.Sleep(s.ctx, retryDelay, s.done); err != nil || s.lost() {
+		left := time.Until(until)
+		if left <= 0 {
+			return fmt.Errorf("consul: the revocation anchor not acquired again by the session's loss deadline: %w", err)
+		}
+		if err := driver.Sleep(s.ctx, min(retryDelay, left), s.done); err != nil || s.lost() {
 			return errSessionLost
 		}
 	}

@@ -3,6 +3,7 @@ package consullock
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -229,4 +230,68 @@ func TestSeenMarkerHiddenAfter(t *testing.T) {
 	}
 	wake(t, root, held.s, &watches)
 	eventually(t, 10*time.Second, "the session given up after a write under its directory", held.s.lost)
+}
+
+// TestMarkersUnreadForGood: a holder whose marker reads fail for good
+// without a refusal (answered 500, while its renewals go through), or
+// whose anchor, deleted, cannot be acquired again (answered 500: no
+// marker is read meanwhile), did not learn of a forced release while its
+// session lived: its session is given up by its loss deadline as of the
+// first failure, nine tenths of the TTL after it.
+func TestMarkersUnreadForGood(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fault func(*http.Request) bool
+		begin func(t *testing.T, s *session, root *api.Client, watches, faults *atomic.Int64)
+	}{
+		{"reads answered 500", markerRead, func(t *testing.T, s *session, root *api.Client, watches, _ *atomic.Int64) {
+			// The query waiting unfaulted returns; the next are faulted.
+			wake(t, root, s, watches)
+			wake(t, root, s, watches)
+		}},
+		{"anchor answered 500", anchorAcquisition, func(t *testing.T, s *session, root *api.Client, _, faults *atomic.Int64) {
+			if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, "the watcher acquires the anchor again", func() bool { return faults.Load() > 0 })
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			a, root := aclAgent(t)
+			tok, _ := grant(t, root, everything)
+			var on atomic.Bool
+			var watches, faults atomic.Int64
+			client := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
+				return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					if markerRead(r) {
+						watches.Add(1)
+					}
+					if on.Load() && c.fault(r) {
+						faults.Add(1)
+						return &http.Response{StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error",
+							Header: http.Header{}, Body: io.NopCloser(strings.NewReader("rpc error")), Request: r}, nil
+					}
+					return base.RoundTrip(r)
+				})
+			})
+			k, held, revoked := holdTwo(ctx, t, client, &watches)
+			on.Store(true)
+			c.begin(t, held.s, root, &watches, &faults)
+			if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			select {
+			case <-revoked:
+			case <-held.s.Done():
+			case <-time.After(2 * MinTTL):
+				// Due 0.9 TTL after the first failure, before the release:
+				// the room is for a loaded machine.
+				t.Errorf("the holder not told within two TTLs of a forced release, its session alive")
+			}
+			t.Logf("the holder told or its session ended %v after the forced release", time.Since(start).Round(time.Millisecond))
+		})
+	}
 }
