@@ -127,6 +127,10 @@ func allowed(t *testing.T, a string, root *api.Client, rules string) *api.Client
 	return tokenClient(t, a, tok.SecretID)
 }
 
+// everything is the rules of a token that may do anything a Locker or a
+// Store does.
+const everything = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
+
 // grant creates a token of its own, and its policy, which rules allow, by
 // the management client root.
 func grant(t *testing.T, root *api.Client, rules string) (*api.ACLToken, *api.ACLPolicy) {
@@ -148,8 +152,7 @@ func grant(t *testing.T, root *api.Client, rules string) (*api.ACLToken, *api.AC
 func TestACLRefusals(t *testing.T) {
 	a, root := aclAgent(t)
 	const (
-		all        = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-		noMarkers  = all + ` key_prefix "warden/revoked/" { policy = "deny" }`
+		noMarkers  = everything + ` key_prefix "warden/revoked/" { policy = "deny" }`
 		refusedErr = "Permission denied"
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -209,7 +212,7 @@ func TestACLRefusals(t *testing.T) {
 	// ErrNotOwner.
 	t.Run("store without write on its records", func(t *testing.T) {
 		const prefix = "warden-test/acl-store/"
-		owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+		owner := storeOn(t, allowed(t, a, root, everything), WithStorePrefix(prefix))
 		readOnly := storeOn(t, allowed(t, a, root, `key_prefix "" { policy = "read" } key_prefix "warden/revoked/" { policy = "write" } session_prefix "" { policy = "write" }`), WithStorePrefix(prefix))
 		scope, key := "tenant", name("order")
 		c := idempotency.Claim{Scope: scope, Key: key, Fingerprint: "fp", Owner: "o", Lease: time.Minute}
@@ -278,7 +281,7 @@ func TestACLRefusals(t *testing.T) {
 		hb.mu.Lock()
 		sb := hb.sessions[MinTTL].id
 		hb.mu.Unlock()
-		op := lockerOn(t, allowed(t, a, root, all+` key_prefix "warden/revoked/`+sb+`/" { policy = "deny" }`))
+		op := lockerOn(t, allowed(t, a, root, everything+` key_prefix "warden/revoked/`+sb+`/" { policy = "deny" }`))
 		var logs strings.Builder
 		g, err := guard.New(op, guard.WithTTL(MinTTL), guard.WithPrefix(""), guard.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 		if err != nil {
@@ -291,7 +294,7 @@ func TestACLRefusals(t *testing.T) {
 	})
 
 	t.Run("forced release without rights to the markers", func(t *testing.T) {
-		holder := lockerOn(t, allowed(t, a, root, all))
+		holder := lockerOn(t, allowed(t, a, root, everything))
 		op := lockerOn(t, allowed(t, a, root, noMarkers))
 		k := name("acl-force")
 		le, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL, Owner: "holder"})
@@ -313,7 +316,6 @@ func TestACLRefusals(t *testing.T) {
 // while its Locker holds locks or waits for one.
 func TestACLChangesWhileHeld(t *testing.T) {
 	a, root := aclAgent(t)
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	opts := driver.AcquireOptions{TTL: MinTTL}
@@ -322,7 +324,7 @@ func TestACLChangesWhileHeld(t *testing.T) {
 	// Consul may end it, and its renewal stops; its destruction, refused,
 	// was sent again every 200 ms until the Locker closed.
 	t.Run("holder's token deleted", func(t *testing.T) {
-		tok, _ := grant(t, root, all)
+		tok, _ := grant(t, root, everything)
 		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
 		le, err := l.Acquire(ctx, name("acl-deleted"), opts)
 		if err != nil {
@@ -356,7 +358,7 @@ func TestACLChangesWhileHeld(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tok, _ := grant(t, root, all)
+			tok, _ := grant(t, root, everything)
 			c, reads := countedClient(t, a, tok.SecretID, func(r *http.Request) bool {
 				return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/")
 			})
@@ -384,7 +386,7 @@ func TestACLChangesWhileHeld(t *testing.T) {
 	// waiting as long, and then gives the session up, which deletes the
 	// key.
 	t.Run("holder's write on the keys taken", func(t *testing.T) {
-		tok, p := grant(t, root, all)
+		tok, p := grant(t, root, everything)
 		l := lockerOn(t, tokenClient(t, a, tok.SecretID))
 		k := name("acl-stripped")
 		le, err := l.Acquire(ctx, k, opts)
@@ -418,16 +420,15 @@ func TestReleaseRefused(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	for _, c := range []struct {
 		writtenOver, lifted bool
 	}{{false, true}, {true, true}, {true, false}} {
-		tok, p := grant(t, root, all)
+		tok, p := grant(t, root, everything)
 		released, kept := name("refused"), name("refused-other")
 		refuse := func() {
-			p.Rules = all + ` key "` + LockKey(released) + `" { policy = "read" }`
+			p.Rules = everything + ` key "` + LockKey(released) + `" { policy = "read" }`
 			if c.writtenOver {
-				p.Rules = all + ` key "` + LockKey(released) + `" { policy = "deny" }`
+				p.Rules = everything + ` key "` + LockKey(released) + `" { policy = "deny" }`
 			}
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Error(err)
@@ -467,7 +468,7 @@ func TestReleaseRefused(t *testing.T) {
 			t.Errorf("%+v: Release while refused: %v (refused after a send found the key changed: %v); want Consul's refusal", c, err, !armed.Load())
 		}
 		if c.lifted {
-			p.Rules = all
+			p.Rules = everything
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -493,8 +494,7 @@ func TestAcquisitionRefusedForAMoment(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	tok, _ := grant(t, root, all)
+	tok, _ := grant(t, root, everything)
 	c := tokenClient(t, a, tok.SecretID)
 	l := lockerOn(t, c)
 	st := storeOn(t, c)
@@ -531,7 +531,7 @@ func TestInspectOfWithheldKeys(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	holder := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`))
+	holder := lockerOn(t, allowed(t, a, root, everything))
 	open, withheld := name("acl-open"), name("acl-withheld")
 	for _, k := range []string{open, withheld} {
 		if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
@@ -561,7 +561,7 @@ func TestInspectOfWithheldDotName(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	holder := lockerOn(t, allowed(t, a, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`))
+	holder := lockerOn(t, allowed(t, a, root, everything))
 	if _, err := holder.Acquire(ctx, ".", driver.AcquireOptions{TTL: MinTTL}); err != nil {
 		t.Fatal(err)
 	}
@@ -606,8 +606,7 @@ func TestAnonymousReadsAreFiltered(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	holder := lockerOn(t, allowed(t, a, root, all))
+	holder := lockerOn(t, allowed(t, a, root, everything))
 	k := name("anonymous")
 	if _, err := holder.Acquire(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
 		t.Fatal(err)
@@ -639,8 +638,7 @@ func TestPartialPageJudgesNoSharedLock(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	writer, reader := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	writer, reader := lockerOn(t, allowed(t, a, root, everything)), lockerOn(t, allowed(t, a, root, everything))
 	k := name("rwx")
 	if _, err := writer.AcquireWrite(ctx, k, driver.AcquireOptions{TTL: MinTTL}); err != nil {
 		t.Fatal(err)
@@ -688,8 +686,7 @@ func TestFilteredContendersRefuse(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	holder := lockerOn(t, allowed(t, a, root, all))
+	holder := lockerOn(t, allowed(t, a, root, everything))
 	rw, sem := name("filtered-rw"), name("filtered-sem")
 	if _, err := holder.AcquireWrite(ctx, rw, driver.AcquireOptions{TTL: MinTTL}); err != nil {
 		t.Fatal(err)
@@ -698,7 +695,7 @@ func TestFilteredContendersRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The holders' keys, each denied by an exact rule.
-	rules := all
+	rules := everything
 	for _, dir := range []string{RWDir(rw), SemaphoreDir(sem)} {
 		keys, _, err := root.KV().Keys(dir, "", nil)
 		if err != nil || len(keys) != 1 {
@@ -765,14 +762,13 @@ func TestDeleteHiddenRecord(t *testing.T) {
 func claimedRecord(ctx context.Context, t *testing.T) (*Store, func(rules string) *Store) {
 	t.Helper()
 	a, root := aclAgent(t)
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	prefix := fmt.Sprintf("%sacl-%d/", storePrefix, time.Now().UnixNano())
-	owner := storeOn(t, allowed(t, a, root, all), WithStorePrefix(prefix))
+	owner := storeOn(t, allowed(t, a, root, everything), WithStorePrefix(prefix))
 	if rec, err := owner.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
 		t.Fatalf("Claim: (%v, %v)", rec, err)
 	}
 	return owner, func(rules string) *Store {
-		return storeOn(t, allowed(t, a, root, all+rules), WithStorePrefix(prefix))
+		return storeOn(t, allowed(t, a, root, everything+rules), WithStorePrefix(prefix))
 	}
 }
 
@@ -803,9 +799,8 @@ func TestAnonymousWaitsInQueue(t *testing.T) {
 	a, root := aclAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	allowAnonymous(t, root, all)
-	holder, first := lockerOn(t, allowed(t, a, root, all)), lockerOn(t, allowed(t, a, root, all))
+	allowAnonymous(t, root, everything)
+	holder, first := lockerOn(t, allowed(t, a, root, everything)), lockerOn(t, allowed(t, a, root, everything))
 	anon := lockerOn(t, tokenClient(t, a, ""))
 	k := name("anonymous-queue")
 	opts := driver.AcquireOptions{TTL: MinTTL, Wait: true, Fair: true}

@@ -35,7 +35,6 @@ import (
 func TestHiddenMarkerLosesTheLock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 	// Each case's rules, given the holder's lease, once it holds the lock.
 	hidings := []struct {
 		name    string
@@ -43,13 +42,13 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 		refused bool // the next acquisition
 	}{
 		{"the marker denied", func(le *lease) string {
-			return all + ` key "` + marker(le.s.id, le.key, le.created) + `" { policy = "deny" }`
+			return everything + ` key "` + marker(le.s.id, le.key, le.created) + `" { policy = "deny" }`
 		}, false},
 		{"the lock's markers denied", func(le *lease) string {
-			return all + ` key_prefix "` + revokedDir(le.s.id) + le.key + `/" { policy = "deny" }`
+			return everything + ` key_prefix "` + revokedDir(le.s.id) + le.key + `/" { policy = "deny" }`
 		}, false},
 		{"RevokedPrefix denied", func(*lease) string {
-			return all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			return everything + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 		}, true},
 		{"no rule for RevokedPrefix", func(*lease) string {
 			return `key_prefix "` + testPrefix[:strings.IndexByte(testPrefix, '/')] + `" { policy = "write" } session_prefix "" { policy = "write" }`
@@ -59,7 +58,7 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 	a, root := aclAgent(t)
 	for _, h := range hidings {
 		t.Run(h.name, func(t *testing.T) {
-			tok, p := grant(t, root, all)
+			tok, p := grant(t, root, everything)
 			l := heldTwice(ctx, t, a, root, tok.SecretID, func(le *lease) {
 				p.Rules = h.rules(le)
 				if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
@@ -71,13 +70,13 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 	}
 
 	t.Run("without a token, RevokedPrefix denied", func(t *testing.T) {
-		tok := allowAnonymous(t, root, all)
+		tok := allowAnonymous(t, root, everything)
 		p, _, err := root.ACL().PolicyRead(tok.Policies[0].ID, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		l := heldTwice(ctx, t, a, root, "", func(*lease) {
-			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			p.Rules = everything + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -87,9 +86,9 @@ func TestHiddenMarkerLosesTheLock(t *testing.T) {
 
 	t.Run("without list on RevokedPrefix", func(t *testing.T) {
 		a, root := aclAgent(t, "enable_key_list_policy = true")
-		tok, p := grant(t, root, all)
+		tok, p := grant(t, root, everything)
 		l := heldTwice(ctx, t, a, root, tok.SecretID, func(*lease) {
-			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "read" }`
+			p.Rules = everything + ` key_prefix "` + RevokedPrefix + `" { policy = "read" }`
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -191,8 +190,7 @@ func TestStoreKeptWithMarkersHidden(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, root := aclAgent(t)
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	tok, p := grant(t, root, all)
+	tok, p := grant(t, root, everything)
 	c, watches := countedClient(t, a, tok.SecretID, markerRead)
 	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%shidden-%d/", storePrefix, time.Now().UnixNano())))
 	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
@@ -202,7 +200,7 @@ func TestStoreKeptWithMarkersHidden(t *testing.T) {
 	s := st.sessions.sessions[st.ttl]
 	st.sessions.mu.Unlock()
 	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
-	p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+	p.Rules = everything + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestChangesRefusedMarkedNotSent(t *testing.T) {
 	})
 	t.Run("read-only token", func(t *testing.T) {
 		a, root := aclAgent(t)
-		key, still := heldAndClaimed(t, allowed(t, a, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`))
+		key, still := heldAndClaimed(t, allowed(t, a, root, everything))
 		check(t, allowed(t, a, root, `key_prefix "" { policy = "read" } session_prefix "" { policy = "write" }`), key, still)
 	})
 }

@@ -17,7 +17,6 @@ import (
 )
 
 // everything is an ACL policy's rules that allow a Locker every request.
-const everything = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 
 // contenderKey is the one contender key under dir, read by the management
 // client root.

@@ -53,17 +53,16 @@ func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, root := aclAgent(t)
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
 
 	t.Run("without a token, RevokedPrefix denied", func(t *testing.T) {
-		tok := allowAnonymous(t, root, all)
+		tok := allowAnonymous(t, root, everything)
 		p, _, err := root.ACL().PolicyRead(tok.Policies[0].ID, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c, watches, fail := anchorFailing(t, a, "")
 		heldTwiceThrough(ctx, t, root, c, watches, func(*lease) {
-			p.Rules = all + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
+			p.Rules = everything + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 			if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +74,7 @@ func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
 	})
 
 	t.Run("the anchor deleted", func(t *testing.T) {
-		tok, _ := grant(t, root, all)
+		tok, _ := grant(t, root, everything)
 		c, watches, fail := anchorFailing(t, a, tok.SecretID)
 		le, err := lockerOn(t, c).Acquire(ctx, name("anchor-deleted"), driver.AcquireOptions{TTL: MinTTL})
 		if err != nil {
@@ -131,7 +130,7 @@ func TestMarkerReadRefusedForAMoment(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, root := aclAgent(t)
-	tok, _ := grant(t, root, `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`)
+	tok, _ := grant(t, root, everything)
 	var watches, refused atomic.Int64
 	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -183,8 +182,7 @@ func TestSeenMarkerHiddenAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, root := aclAgent(t)
-	const all = `key_prefix "" { policy = "write" } session_prefix "" { policy = "write" }`
-	tok, p := grant(t, root, all)
+	tok, p := grant(t, root, everything)
 	var watches, filtered atomic.Int64
 	var hide sync.Once
 	c := clientThrough(t, a, tok.SecretID, func(base http.RoundTripper) http.RoundTripper {
@@ -192,7 +190,7 @@ func TestSeenMarkerHiddenAfter(t *testing.T) {
 			switch {
 			case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/kv/"+RevokedPrefix):
 				hide.Do(func() {
-					p.Rules = all + ` key "` + strings.TrimPrefix(r.URL.Path, "/v1/kv/") + `" { policy = "deny" }`
+					p.Rules = everything + ` key "` + strings.TrimPrefix(r.URL.Path, "/v1/kv/") + `" { policy = "deny" }`
 					if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 						t.Error(err)
 					}
