@@ -58,6 +58,10 @@ func aclAgent(t *testing.T, settings ...string) (string, *api.Client) {
 // runAgent starts a Consul agent of the test's own, on loopback ports of
 // its own, with args, and returns its HTTP address, a channel closed when
 // it exits, and what it logged; the agent is killed when the test ends.
+// It returns once the agent listens for HTTP, which it does after taking
+// its other ports: a port found free here may be taken by another test
+// process before the agent binds it, and the agent is then started again
+// on other ports.
 func runAgent(t *testing.T, args ...string) (string, <-chan struct{}, *strings.Builder) {
 	t.Helper()
 	addr(t) // skips with the other server tests
@@ -65,36 +69,56 @@ func runAgent(t *testing.T, args ...string) (string, <-chan struct{}, *strings.B
 	if err != nil {
 		t.Fatalf("scripts/services.sh bin consul: %v", err)
 	}
-	var ports []string
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+	for attempt := 1; ; attempt++ {
+		var ports []string
+		for range 3 {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+			ln.Close()
+		}
+		cmd := exec.Command(strings.TrimSpace(string(bin)), append([]string{"agent", "-bind", "127.0.0.1", "-client", "127.0.0.1",
+			"-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
+			"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
+			"-log-level", "error"}, args...)...)
+		log := new(strings.Builder)
+		cmd.Stdout, cmd.Stderr = log, log
+		// Killed with the test process, should the test time out.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-		ln.Close()
+		exited := make(chan struct{})
+		go func() {
+			cmd.Wait()
+			close(exited)
+		}()
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+		a := "127.0.0.1:" + ports[0]
+		for deadline := time.Now().Add(time.Minute); ; {
+			if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+				c.Close()
+				return a, exited, log
+			}
+			select {
+			case <-exited:
+			case <-time.After(20 * time.Millisecond):
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent did not listen on %s within a minute: %s", a, log.String())
+				}
+				continue
+			}
+			break
+		}
+		if attempt == 5 || !strings.Contains(log.String(), "address already in use") {
+			t.Fatalf("the agent exited: %s", log.String())
+		}
 	}
-	cmd := exec.Command(strings.TrimSpace(string(bin)), append([]string{"agent", "-bind", "127.0.0.1", "-client", "127.0.0.1",
-		"-http-port", ports[0], "-server-port", ports[1], "-serf-lan-port", ports[2],
-		"-serf-wan-port", "-1", "-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1", "-https-port", "-1",
-		"-log-level", "error"}, args...)...)
-	log := new(strings.Builder)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Killed with the test process, should the test time out.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
-	return "127.0.0.1:" + ports[0], exited, log
 }
 
 // tokenClient returns a client of its own to a, with token.
