@@ -22,6 +22,7 @@ type cycleResult struct {
 	back      float64 // share of handoffs back to the releaser
 	cmds      float64 // server commands per acquisition
 	trips     float64 // round trips per acquisition
+	idle      float64 // uncontended: the machine's CPU idle entries per cycle (see idleEntries); NaN when not read
 	foreign   bool    // another client used the server meanwhile: cmds is an upper bound
 	errs      int     // acquisitions that failed
 	acquiring int     // acquisitions counted
@@ -36,6 +37,9 @@ func (r cycleResult) String() string {
 	}
 	if !math.IsNaN(r.cmds) {
 		fmt.Fprintf(&sb, "  cmds %.2f trips %.2f", r.cmds, r.trips)
+	}
+	if !math.IsNaN(r.idle) {
+		fmt.Fprintf(&sb, "  cpu idle entries %.2f", r.idle)
 	}
 	if r.foreign {
 		sb.WriteString("  (server shared)")
@@ -132,6 +136,7 @@ type uncontendedRun struct {
 	elapsed time.Duration
 	cmds    float64
 	trips   float64
+	idle    float64 // CPU idle entries; NaN once they could not be read
 	foreign bool
 }
 
@@ -151,6 +156,7 @@ func (r *uncontendedRun) result() cycleResult {
 		back:      math.NaN(),
 		cmds:      r.cmds / float64(r.cycles),
 		trips:     r.trips / float64(r.cycles),
+		idle:      r.idle / float64(r.cycles),
 		foreign:   r.foreign,
 		acquiring: r.cycles,
 		held:      math.NaN(),
@@ -247,6 +253,7 @@ func (b *bench) uncontendedSlice(ctx context.Context, r *uncontendedRun, slice t
 			return err
 		}
 		samples, cycles := r.samples, 0
+		idle0, idleOK := idleEntries(cpuIdleRoot)
 		start := time.Now()
 		deadline := start.Add(slice)
 		for {
@@ -263,6 +270,11 @@ func (b *bench) uncontendedSlice(ctx context.Context, r *uncontendedRun, slice t
 			cycles += batch
 		}
 		elapsed := time.Since(start)
+		idle1, ok := idleEntries(cpuIdleRoot)
+		idle := float64(idle1 - idle0)
+		if !idleOK || !ok {
+			idle = math.NaN()
+		}
 		after, err := r.m.snapshot(ctx)
 		if err != nil {
 			return err
@@ -274,7 +286,7 @@ func (b *bench) uncontendedSlice(ctx context.Context, r *uncontendedRun, slice t
 			continue
 		}
 		r.samples, r.cycles, r.elapsed = samples, r.cycles+cycles, r.elapsed+elapsed
-		r.cmds, r.trips, r.foreign = r.cmds+wk.cmds, r.trips+wk.trips, r.foreign || wk.foreign
+		r.cmds, r.trips, r.idle, r.foreign = r.cmds+wk.cmds, r.trips+wk.trips, r.idle+idle, r.foreign || wk.foreign
 		return nil
 	}
 }
@@ -425,6 +437,7 @@ func (b *bench) contended(ctx context.Context, sub *subject, n int, hold time.Du
 		hand50:    quantile(hands, 0.50),
 		hand99:    quantile(hands, 0.99),
 		back:      math.NaN(),
+		idle:      math.NaN(),
 		cmds:      wk.cmds / float64(acq),
 		trips:     wk.trips / float64(acq),
 		foreign:   wk.foreign,

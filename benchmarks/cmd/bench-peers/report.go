@@ -157,6 +157,15 @@ func shares(w, p float64) string {
 	return percent(w) + " / " + percent(p)
 }
 
+// counts shows two counts without a ratio: CPU idle entries per cycle are
+// often near zero, where a ratio would be one of noise.
+func counts(w, p float64) string {
+	if math.IsNaN(w) && math.IsNaN(p) {
+		return "—"
+	}
+	return fmtCount(w) + " / " + fmtCount(p)
+}
+
 func (b *bench) pairLabel(p pair) string {
 	return b.subj[p.warden].label + " vs " + b.subj[p.peer].label
 }
@@ -178,6 +187,7 @@ func (b *bench) cycleMedian(k cycleKey) cycleMedians {
 	m.back = median(rs, func(r cycleResult) float64 { return r.back })
 	m.cmds = median(rs, func(r cycleResult) float64 { return r.cmds })
 	m.trips = median(rs, func(r cycleResult) float64 { return r.trips })
+	m.idle = median(rs, func(r cycleResult) float64 { return r.idle })
 	for _, r := range rs {
 		m.foreign = m.foreign || r.foreign
 		m.errs += r.errs
@@ -242,16 +252,20 @@ func (b *bench) markdown() string {
 	if ps := b.selected("uncontended"); len(ps) > 0 && b.ran("uncontended") {
 		w("## 1. Uncontended lock and unlock\n\n")
 		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the other subjects' (so that a change of the machine's speed meets every subject alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
-		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle.\n\n")
-		w("| pair | cycles/s ↑ | p50 ↓ | p99 ↓ | server commands/cycle ↓ | round trips/cycle ↓ |\n|---|---|---|---|---|---|\n")
+		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle. ")
+		w("CPU idle entries are the times, per cycle, that any of the machine's CPUs halted (Linux cpuidle states other than POLL, whoever ran on them). ")
+		w("They tell what a cycle of two loopback round trips mostly costs: a CPU halted while the client waits must be woken for the answer, which on a virtual machine costs tens of µs a wake-up. ")
+		w("A client that hands each call to another goroutine (warden over redislock, whose acquisitions under a context that can be cancelled go to a call goroutine; redsync) keeps a second runtime thread running and the CPUs halt less, so on an idle machine it beats a client that calls on its own goroutine (bsm/redislock, the raw floors), and on a busy machine, where the CPUs seldom halt, it is the slower one: the ratios of this section hold for a machine as idle, or as busy, as this run's.\n\n")
+		w("| pair | cycles/s ↑ | p50 ↓ | p99 ↓ | server commands/cycle ↓ | round trips/cycle ↓ | CPU idle entries/cycle |\n|---|---|---|---|---|---|---|\n")
 		for _, p := range ps {
 			wm, pm := b.cycleMedian(cycleKey{"uncontended", 1, 0, p.warden}), b.cycleMedian(cycleKey{"uncontended", 1, 0, p.peer})
-			w("| %s | %s | %s | %s | %s | %s |\n", b.pairLabel(p),
+			w("| %s | %s | %s | %s | %s | %s | %s |\n", b.pairLabel(p),
 				cell(wm.ops, pm.ops, fmtCount, false),
 				cell(wm.p50, pm.p50, ms, false),
 				cell(wm.p99, pm.p99, ms, false),
 				cell(wm.cmds, pm.cmds, fmtCount, wm.foreign || pm.foreign),
-				cell(wm.trips, pm.trips, fmtCount, false))
+				cell(wm.trips, pm.trips, fmtCount, false),
+				counts(wm.idle, pm.idle))
 		}
 		w("\n")
 	}
