@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -259,5 +261,61 @@ func TestDotListUnderChurn(t *testing.T) {
 	}
 	if partial > 0 {
 		t.Errorf("%d of 200 List(\".\") said partial, with ACLs off, while %q was taken %d times", partial, hot, cycles.Load())
+	}
+}
+
+// TestDotListNameOfAnotherPath: List of "." while another tool writes,
+// between its transaction and its names listing, a key under "." whose
+// name Consul's HTTP server would clean into another key's: a held lock's
+// own, through the path of no name's key, or of another lock's. The held
+// lock is listed once, with its one holder, or the page is said partial.
+// The name's own read, by its path, read the held lock's key again, and
+// the page listed it with two holders, said whole.
+func TestDotListNameOfAnotherPath(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := addr(t)
+	root := newClient(t, a)
+	n := "." + strings.ReplaceAll(name("cleaned"), "/", "-")
+	hold(t, root, n)
+	for _, foreign := range []string{
+		fmt.Sprintf(".other-%d/../%s", time.Now().UnixNano(), LockKey(n)),
+		fmt.Sprintf("%s/../%s", LockKey(fmt.Sprintf(".other-%d", time.Now().UnixNano())), LockKey(n)),
+	} {
+		var once sync.Once
+		c := clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet && r.URL.Path == "/v1/kv/" && r.URL.Query().Has("keys") {
+					once.Do(func() {
+						// A transaction names the key in its body, which
+						// no one cleans.
+						ok, resp, _, err := root.KV().Txn(api.KVTxnOps{{Verb: api.KVSet, Key: foreign, Value: []byte("x")}}, nil)
+						if err != nil || !ok {
+							t.Errorf("write %q: %v, %v, %+v", foreign, ok, err, resp)
+						}
+					})
+				}
+				return base.RoundTrip(r)
+			})
+		})
+		page, err := lockerOn(t, c).List(ctx, ".", "", 1000)
+		if _, _, _, err := root.KV().Txn(api.KVTxnOps{{Verb: api.KVDelete, Key: foreign}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err != nil && !errors.Is(err, driver.ErrPartialList) {
+			t.Fatalf("%q written: %v", foreign, err)
+		}
+		listed := false
+		for _, e := range page {
+			if e.Key == n {
+				listed = true
+				if len(e.Holders) != 1 {
+					t.Errorf("%q written: %q, held once, listed with %d holders (error %v)", foreign, n, len(e.Holders), err)
+				}
+			}
+		}
+		if err == nil && !listed {
+			t.Errorf("%q written: %q, held, not in a page said whole", foreign, n)
+		}
 	}
 }

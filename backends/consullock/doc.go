@@ -227,12 +227,15 @@
 // during an election, a 429 of a rate limit on reads): it is sent again,
 // and the session is given up when none has been answered by its loss
 // deadline as of the first failure, at most nine tenths of the TTL after
-// it; an anchor that cannot be acquired again, while no marker is read,
-// likewise. A holder whose reads fail for good (the list on RevokedPrefix
-// taken away, under acl.enable_key_list_policy) thus works on for up to
-// nine tenths of the TTL without learning of a forced release, as one whose
-// reads a network fault cuts off does. The next acquisition creates a new
-// session, which the new rules may refuse.
+// it; a read that finds the anchor gone likewise, since no marker is read
+// until the anchor is acquired again and a read after that answered. A
+// query cut after its wait (a proxy's response timeout, an agent's restart)
+// is followed by a read answered at once, which costs a session whose
+// markers are readable nothing. A holder whose reads fail for good (the
+// list on RevokedPrefix taken away, under acl.enable_key_list_policy) thus
+// works on for up to nine tenths of the TTL without learning of a forced
+// release, as one whose reads a network fault cuts off does. The next
+// acquisition creates a new session, which the new rules may refuse.
 //
 // A read/write lock's or a semaphore's grant, Inspect, List, ForceRelease
 // and a Store's Purge decide only on reads that Consul says are whole: one

@@ -181,6 +181,23 @@ func wake(t *testing.T, root *api.Client, s *session, watches *atomic.Int64) {
 	eventually(t, 10*time.Second, "the marker query sent again", func() bool { return watches.Load() > sent || s.lost() })
 }
 
+// claimingStore has a Store on c, under a prefix of its own named for
+// what, claim the key "k" as the owner "o", and returns the Store and its
+// session once the session's query on its markers, counted by watches,
+// waits.
+func claimingStore(ctx context.Context, t *testing.T, c *api.Client, what string, watches *atomic.Int64) (*Store, *session) {
+	t.Helper()
+	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%s%s-%d/", storePrefix, what, time.Now().UnixNano())))
+	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
+		t.Fatalf("Claim: (%v, %v)", rec, err)
+	}
+	st.sessions.mu.Lock()
+	s := st.sessions.sessions[st.ttl]
+	st.sessions.mu.Unlock()
+	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	return st, s
+}
+
 // TestStoreKeptWithMarkersHidden: a Store whose token loses its rights on
 // RevokedPrefix while it holds a claim keeps its session, and the claim,
 // though its marker query's reads leave its anchor out, and its anchor is
@@ -192,14 +209,7 @@ func TestStoreKeptWithMarkersHidden(t *testing.T) {
 	a, root := aclAgent(t)
 	tok, p := grant(t, root, everything)
 	c, watches := countedClient(t, a, tok.SecretID, markerRead)
-	st := storeOn(t, c, WithStorePrefix(fmt.Sprintf("%shidden-%d/", storePrefix, time.Now().UnixNano())))
-	if rec, err := st.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); rec != nil || err != nil {
-		t.Fatalf("Claim: (%v, %v)", rec, err)
-	}
-	st.sessions.mu.Lock()
-	s := st.sessions.sessions[st.ttl]
-	st.sessions.mu.Unlock()
-	eventually(t, 10*time.Second, "the marker query waiting", func() bool { return watches.Load() >= 2 })
+	st, s := claimingStore(ctx, t, c, "hidden", watches)
 	p.Rules = everything + ` key_prefix "` + RevokedPrefix + `" { policy = "deny" }`
 	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
 		t.Fatal(err)

@@ -132,19 +132,21 @@ func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.
 
 // dotTree reads every key starting with prefix, "." or "..", which a URL
 // cannot name (see tree). A transaction names its prefix in its body, and
-// reads those keys alone, but it does not say when the ACL left keys out
-// of its read, whatever its token; nor can the agent's answer that it has
-// ACLs off be trusted for it, since servers with ACLs on filter the
-// transactions of an agent with them off (the order in which ACLs are
-// rolled out). So the transaction is followed by a listing of the whole
-// store's key names, with the same token, which says so: the page costs
-// the store's names, not its values, and a key the token may not read
-// anywhere in the store makes it partial. A name under prefix that the
-// listing shows and the transaction did not was made since, or hidden
-// from the transaction, the token's rights widened since: it is read on
-// its own (see dotKey), and the page is partial if that read is refused.
-// A hidden key deleted between the two reads goes unsaid, as it would in
-// a read made after it.
+// reads those keys alone, but it does not say when the ACL left keys out of
+// its read, whatever its token; nor can the agent's answer that it has ACLs
+// off be trusted for it, since servers with ACLs on filter the transactions
+// of an agent with them off (the order in which ACLs are rolled out). So
+// the transaction is followed by a listing of the whole store's key names,
+// with the same token, which says so: the page costs the store's names, not
+// its values, and a key the token may not read anywhere in the store makes
+// it partial. A name under prefix that the listing shows and the
+// transaction did not was made since, or hidden from the transaction, the
+// token's rights widened since: it is read on its own (see dotKey), and the
+// page is partial if that read is refused, or answered with another key (a
+// name with dot segments in its path, which Consul's HTTP server cleans:
+// another tool's key, since no lock's has them). A name that is no lock's
+// key is not read: List leaves it out. A hidden key deleted between the two
+// reads goes unsaid, as it would in a read made after it.
 func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
@@ -177,6 +179,9 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 		if meta.ResultsFilteredByACLs || !strings.HasPrefix(n, prefix) || read[n] {
 			continue
 		}
+		if _, ok := nameOf(n); !ok {
+			continue
+		}
 		// A name the transaction did not return: made since, or hidden
 		// from it (the token's rights widened since). Its own read, which
 		// names it in its path, tells: found, it is listed; gone, it was
@@ -187,6 +192,8 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 			meta.ResultsFilteredByACLs = true
 		case err != nil:
 			return nil, nil, err
+		case kv != nil && kv.Key != n:
+			meta.ResultsFilteredByACLs = true
 		case kv != nil:
 			kvs = append(kvs, kv)
 		}

@@ -249,18 +249,22 @@ const revocationWait = 5 * time.Minute
 // session holds no locks, and no marker names it: it is kept.
 //
 // A read that fails hides nothing: a marker stays in the directory until
-// seen, and the next answered read reports it. Whether Consul refused it
-// (a token without list on the directory, under
-// acl.enable_key_list_policy, or one it does not know for a moment, as a
-// secondary datacenter's servers may not yet), answered it with an error
-// (a 5xx, a 429 of a rate limit on reads that lets renewals through) or
-// not at all, it is sent again, and the session given up when no read has
-// been answered by the session's loss deadline as of the first failure,
-// when it would have been lost had its renewals failed too: a failure of
-// a moment costs its locks nothing, and a holder whose reads fail for
-// good works on for up to nine tenths of the TTL without learning of a
-// forced release. The anchor's acquisition again (see reanchor) is bound
-// the same way.
+// seen, and the next answered read reports it. Whether Consul refused it (a
+// token without list on the directory, under acl.enable_key_list_policy, or
+// one it does not know for a moment, as a secondary datacenter's servers
+// may not yet), answered it with an error (a 5xx, a 429 of a rate limit on
+// reads that lets renewals through) or not at all, it is sent again, and
+// the session given up when no read has been answered by the session's loss
+// deadline as of the first failure, when it would have been lost had its
+// renewals failed too: a failure of a moment costs its locks nothing, and a
+// holder whose reads fail for good works on for up to nine tenths of the
+// TTL without learning of a forced release. The read after a failure is
+// sent without an index, so that it is answered at once: a deadline is
+// cleared by an answer, and a query cut after a long wait (by a proxy's
+// response timeout, an agent's restart) counts only when the read sent
+// after it fails too. No marker is read while the anchor is acquired again
+// (see reanchor): the loss deadline as of the read that found it gone
+// bounds that acquisition and the reads after it, until one is answered.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
@@ -290,6 +294,7 @@ func (s *session) watchRevocations() {
 			return
 		}
 		if err != nil {
+			index = 0
 			pause := retryDelay
 			if holdsLocks {
 				if refusedUntil.IsZero() {
@@ -317,6 +322,7 @@ func (s *session) watchRevocations() {
 				s.giveUp()
 				return
 			}
+			index = whole
 			continue
 		}
 		whole = meta.LastIndex
@@ -350,7 +356,13 @@ func (s *session) watchRevocations() {
 			case s.renewNow <- struct{}{}:
 			default:
 			}
-			err := s.reanchor()
+			var until time.Time // a Store's session: no deadline
+			if holdsLocks {
+				refusedUntil = s.Expiry().Add(-s.margin())
+				until = refusedUntil
+			}
+			err := s.reanchor(until)
+			index = 0
 			switch {
 			case s.lost():
 				return
@@ -371,21 +383,26 @@ func (s *session) watchRevocations() {
 // whose reads Consul filters without a word, unable to learn that its
 // markers are hidden for the rest of the session: the attempts go on,
 // spaced as a failed renewal's, and the renewal, asked for already, ends
-// them if the session went. No marker is read meanwhile: so they end, with
-// an error, at the session's loss deadline as of the first failure, as
-// failed reads of the markers do (see watchRevocations).
-func (s *session) reanchor() error {
-	until := s.Expiry().Add(-s.margin())
+// them if the session went. No marker is read meanwhile: a session that
+// holds locks gives until, its loss deadline as of the read that found the
+// anchor gone, at which they end with an error, as failed reads of the
+// markers do (see watchRevocations). A Store's session, which holds no
+// lock, gives none: its attempts go on until one is answered.
+func (s *session) reanchor(until time.Time) error {
 	for {
 		err := s.anchor(s.ctx)
 		if err == nil || errors.Is(err, errRefused) || errors.Is(err, errSessionLost) {
 			return err
 		}
-		left := time.Until(until)
-		if left <= 0 {
-			return fmt.Errorf("consul: the revocation anchor not acquired again by the session's loss deadline: %w", err)
+		pause := retryDelay
+		if !until.IsZero() {
+			left := time.Until(until)
+			if left <= 0 {
+				return fmt.Errorf("consul: the revocation anchor not acquired again by the session's loss deadline: %w", err)
+			}
+			pause = min(pause, left)
 		}
-		if err := driver.Sleep(s.ctx, min(retryDelay, left), s.done); err != nil || s.lost() {
+		if err := driver.Sleep(s.ctx, pause, s.done); err != nil || s.lost() {
 			return errSessionLost
 		}
 	}

@@ -3,6 +3,7 @@ package consullock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -268,8 +269,7 @@ func TestMarkersUnreadForGood(t *testing.T) {
 					}
 					if on.Load() && c.fault(r) {
 						faults.Add(1)
-						return &http.Response{StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error",
-							Header: http.Header{}, Body: io.NopCloser(strings.NewReader("rpc error")), Request: r}, nil
+						return answered(r, http.StatusInternalServerError, "rpc error"), nil
 					}
 					return base.RoundTrip(r)
 				})
@@ -291,5 +291,172 @@ func TestMarkersUnreadForGood(t *testing.T) {
 			}
 			t.Logf("the holder told or its session ended %v after the forced release", time.Since(start).Round(time.Millisecond))
 		})
+	}
+}
+
+// answered is the answer to r of a server, or a proxy, that says status
+// and why.
+func answered(r *http.Request, status int, why string) *http.Response {
+	return &http.Response{StatusCode: status, Status: fmt.Sprintf("%d %s", status, http.StatusText(status)),
+		Header: http.Header{}, Body: io.NopCloser(strings.NewReader(why)), Request: r}
+}
+
+// cancelOnClose is a response body whose Close ends its request's context.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// TestCutQueriesKeepTheSession: the holder reaches Consul through a proxy
+// that answers 504 to a request it has had no answer to within a few
+// seconds (a route timeout, Envoy's 15 s by default), so every marker
+// query that waits is cut; nothing else fails. The markers stay readable:
+// the session keeps its locks, and a forced release of one is reported
+// within a cut. The session was given up at the first cut past its loss
+// deadline as of the first, since the read after each was a query that
+// waited to be cut too, and no read cleared that deadline.
+func TestCutQueriesKeepTheSession(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const cutAfter = 2 * time.Second
+	var watches, cuts atomic.Int64
+	c := clientThrough(t, addr(t), "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if !markerRead(r) {
+				return base.RoundTrip(r)
+			}
+			watches.Add(1)
+			rctx, cancel := context.WithTimeout(r.Context(), cutAfter)
+			resp, err := base.RoundTrip(r.WithContext(rctx))
+			if err != nil {
+				cancel()
+				if r.Context().Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+					cuts.Add(1)
+					return answered(r, http.StatusGatewayTimeout, "upstream request timeout"), nil
+				}
+				return nil, err
+			}
+			resp.Body = cancelOnClose{resp.Body, cancel}
+			return resp, nil
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	// Two TTLs: the session would have been given up within one.
+	select {
+	case <-held.s.Done():
+		t.Fatalf("the session given up after %d cut queries, its markers readable all along", cuts.Load())
+	case <-time.After(2 * MinTTL):
+	}
+	if cuts.Load() < 3 {
+		t.Fatalf("%d marker queries cut in two TTLs; want more", cuts.Load())
+	}
+	if _, err := lockerOn(t, newClient(t, addr(t))).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-revoked:
+	case <-time.After(cutAfter + 5*time.Second):
+		t.Errorf("a forced release not reported within a cut and 5 s, %d queries cut", cuts.Load())
+	}
+}
+
+// TestAnchorThenReadsUnread: the holder's anchor is deleted, and a forced
+// release made; the anchor's acquisitions fail (answered 500) until just
+// before the session's loss deadline as of the read that found it gone,
+// and are granted then, and every marker read fails from then on. The
+// holder reads no marker all along, so its session is given up at that
+// deadline, nine tenths of a TTL after the forced release. The deadline
+// started again at the first failed read after the anchor came back: 1.57
+// TTLs.
+func TestAnchorThenReadsUnread(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var watches, anchorFaults atomic.Int64
+	var switchAt atomic.Int64 // unix ns: the anchor granted, and reads failing, from then; 0 before the faults
+	c := clientThrough(t, addr(t), "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			at := switchAt.Load()
+			after := at != 0 && time.Now().UnixNano() >= at
+			if markerRead(r) {
+				watches.Add(1)
+				if after {
+					return answered(r, http.StatusInternalServerError, "rpc error"), nil
+				}
+			}
+			if anchorAcquisition(r) && at != 0 && !after {
+				anchorFaults.Add(1)
+				return answered(r, http.StatusInternalServerError, "rpc error"), nil
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	s := held.s
+	switchAt.Store(s.Expiry().Add(-s.margin() - 400*time.Millisecond).UnixNano())
+	root := newClient(t, addr(t))
+	if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the anchor acquired again, and failing", func() bool { return anchorFaults.Load() > 0 })
+	if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case <-revoked:
+	case <-s.Done():
+	case <-time.After(3 * MinTTL):
+		t.Fatal("the holder not told within three TTLs of a forced release, its session alive")
+	}
+	// Due 0.9 TTL after the forced release at the latest; the room is for
+	// a loaded machine.
+	if d := time.Since(start); d > MinTTL+2*time.Second {
+		t.Errorf("the holder worked on %v (%.2f TTLs) after a forced release it could not read", d.Round(time.Millisecond), float64(d)/float64(MinTTL))
+	}
+}
+
+// TestStoreAnchorBackAfterLongOutage: a Store's anchor is deleted, and its
+// acquisitions fail (answered 500) for longer than the TTL, as through a
+// long election: the Store's session, which holds no locks, is kept, and
+// acquires its anchor once Consul answers. It gave the anchor up for the
+// rest of its life at its loss deadline.
+func TestStoreAnchorBackAfterLongOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var watches, faults atomic.Int64
+	var until atomic.Int64 // unix ns: the acquisitions fail until then
+	c := clientThrough(t, addr(t), "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if markerRead(r) {
+				watches.Add(1)
+			}
+			if anchorAcquisition(r) && time.Now().UnixNano() < until.Load() {
+				faults.Add(1)
+				return answered(r, http.StatusInternalServerError, "rpc error"), nil
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	_, s := claimingStore(ctx, t, c, "outage", &watches)
+	end := time.Now().Add(MinTTL + time.Second)
+	until.Store(end.UnixNano())
+	root := newClient(t, addr(t))
+	if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the anchor acquired again, and failing", func() bool { return faults.Load() > 0 })
+	// The anchor cannot be back before end.
+	eventually(t, time.Until(end)+10*time.Second, "the anchor acquired once Consul answers", func() bool {
+		kv, _, err := root.KV().Get(revokedDir(s.id), nil)
+		return err == nil && kv != nil && kv.Session == s.id
+	})
+	if s.lost() {
+		t.Error("the Store's session given up")
 	}
 }
