@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 
@@ -142,11 +143,10 @@ func (l *Locker) prefixTree(ctx context.Context, prefix, secret string) ([]*api.
 // it partial. A name under prefix that the listing shows and the
 // transaction did not was made since, or hidden from the transaction, the
 // token's rights widened since: it is read on its own (see dotKey), and the
-// page is partial if that read is refused, or answered with another key (a
-// name with dot segments in its path, which Consul's HTTP server cleans:
-// another tool's key, since no lock's has them). A name that is no lock's
-// key is not read: List leaves it out. A hidden key deleted between the two
-// reads goes unsaid, as it would in a read made after it.
+// page is partial if that read is refused. A name that is no lock's key,
+// or whose own read would go to another path (see servedAsIs), is not read:
+// List leaves it out, and no lock's key is such. A hidden key deleted
+// between the two reads goes unsaid, as it would in a read made after it.
 func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVPair, *api.QueryMeta, error) {
 	rctx, cancel := l.rctx(ctx)
 	defer cancel()
@@ -179,7 +179,7 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 		if meta.ResultsFilteredByACLs || !strings.HasPrefix(n, prefix) || read[n] {
 			continue
 		}
-		if _, ok := nameOf(n); !ok {
+		if _, ok := nameOf(n); !ok || !servedAsIs(n) {
 			continue
 		}
 		// A name the transaction did not return: made since, or hidden
@@ -192,13 +192,25 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 			meta.ResultsFilteredByACLs = true
 		case err != nil:
 			return nil, nil, err
-		case kv != nil && kv.Key != n:
-			meta.ResultsFilteredByACLs = true
 		case kv != nil:
 			kvs = append(kvs, kv)
 		}
 	}
 	return kvs, meta, nil
+}
+
+// servedAsIs reports whether a read of the key k, which names it in the
+// URL's path, reads k: Consul's HTTP server redirects a path with empty or
+// dot segments to its cleaning, which is another key's, or another
+// endpoint's. The keys of a lock, whose name is escaped, have no such
+// segments; another tool's may.
+func servedAsIs(k string) bool {
+	p := "/v1/kv/" + k
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean == p
 }
 
 // dotKey reads the key k, under the prefix "." or "..", by the token

@@ -284,6 +284,10 @@ func (s *session) watchRevocations() {
 		if index != 0 {
 			bound = queryBound(revocationWait)
 		}
+		if !refusedUntil.IsZero() {
+			// No answer by the loss deadline is a failure at it.
+			bound = min(bound, time.Until(refusedUntil))
+		}
 		wctx, cancel := s.whileAlive(s.ctx)
 		rctx, cancel2 := context.WithTimeout(wctx, bound)
 		q := (&api.QueryOptions{WaitIndex: index, WaitTime: revocationWait}).WithContext(rctx)
@@ -390,7 +394,12 @@ func (s *session) watchRevocations() {
 // lock, gives none: its attempts go on until one is answered.
 func (s *session) reanchor(until time.Time) error {
 	for {
-		err := s.anchor(s.ctx)
+		actx, acancel := s.ctx, context.CancelFunc(func() {})
+		if !until.IsZero() {
+			actx, acancel = context.WithDeadline(s.ctx, until)
+		}
+		err := s.anchor(actx)
+		acancel()
 		if err == nil || errors.Is(err, errRefused) || errors.Is(err, errSessionLost) {
 			return err
 		}

@@ -97,19 +97,20 @@ func TestAnchorAcquiredAgainAfterAFailure(t *testing.T) {
 	})
 }
 
-// holdTwo has a Locker on c acquire two locks, and returns the name of the
-// first, its lease, and a channel closed when the lease is revoked, once
-// the session's query on its markers, counted by watches, waits.
-func holdTwo(ctx context.Context, t *testing.T, c *api.Client, watches *atomic.Int64) (string, *lease, <-chan struct{}) {
+// holdTwo has a Locker on c, with opts, acquire two locks, and returns the
+// name of the first, its lease, and a channel closed when the lease is
+// revoked, once the session's query on its markers, counted by watches,
+// waits.
+func holdTwo(ctx context.Context, t *testing.T, c *api.Client, watches *atomic.Int64, opts ...Option) (string, *lease, <-chan struct{}) {
 	t.Helper()
-	l := lockerOn(t, c)
-	opts := driver.AcquireOptions{TTL: MinTTL}
+	l := lockerOn(t, c, opts...)
+	ao := driver.AcquireOptions{TTL: MinTTL}
 	k := name("held")
-	le, err := l.Acquire(ctx, k, opts)
+	le, err := l.Acquire(ctx, k, ao)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Acquire(ctx, name("held-other"), opts); err != nil {
+	if _, err := l.Acquire(ctx, name("held-other"), ao); err != nil {
 		t.Fatal(err)
 	}
 	held := le.(*lease)
@@ -458,5 +459,76 @@ func TestStoreAnchorBackAfterLongOutage(t *testing.T) {
 	})
 	if s.lost() {
 		t.Error("the Store's session given up")
+	}
+}
+
+// TestUnansweredPastDeadline: a holder whose Locker waits long for an
+// answer (a request timeout of 20 s) reads no marker, since its reads, or
+// its anchor's acquisitions, get no answer at all, after a first read
+// answered 500, or after its anchor was deleted; a forced release is made
+// meanwhile. Its session is given up at its loss deadline, 0.9 TTL after
+// the failure. The deadline was looked at only once a request came back,
+// so the holder worked on until the request timeout: 2.02 TTLs.
+func TestUnansweredPastDeadline(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hang func(*http.Request) bool
+		fail func(t *testing.T, root *api.Client, s *session, watches *atomic.Int64, failing *atomic.Bool)
+	}{
+		{"reads", markerRead, func(t *testing.T, root *api.Client, s *session, watches *atomic.Int64, failing *atomic.Bool) {
+			failing.Store(true)
+			wake(t, root, s, watches)
+		}},
+		{"anchor", anchorAcquisition, func(t *testing.T, root *api.Client, s *session, _ *atomic.Int64, _ *atomic.Bool) {
+			if _, err := root.KV().Delete(revokedDir(s.id), nil); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var watches, hung atomic.Int64
+			// failing: the next marker read is answered 500 (and
+			// failing cleared); hanging: every request c.hang picks
+			// gets no answer.
+			var failing, hanging atomic.Bool
+			client := clientThrough(t, addr(t), "", func(base http.RoundTripper) http.RoundTripper {
+				return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					if markerRead(r) {
+						watches.Add(1)
+						if failing.CompareAndSwap(true, false) {
+							return answered(r, http.StatusInternalServerError, "rpc error"), nil
+						}
+					}
+					if hanging.Load() && c.hang(r) {
+						hung.Add(1)
+						<-r.Context().Done()
+						return nil, r.Context().Err()
+					}
+					return base.RoundTrip(r)
+				})
+			})
+			k, held, revoked := holdTwo(ctx, t, client, &watches, WithRequestTimeout(20*time.Second))
+			root := newClient(t, addr(t))
+			hanging.Store(true)
+			start := time.Now()
+			c.fail(t, root, held.s, &watches, &failing)
+			eventually(t, 10*time.Second, "a request without an answer", func() bool { return hung.Load() > 0 })
+			if _, err := lockerOn(t, root).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-revoked:
+			case <-held.s.Done():
+			case <-time.After(3 * MinTTL):
+				t.Fatal("the holder not told within three TTLs of a forced release, its session alive")
+			}
+			// Due 0.9 TTL after the failure; the room is for a loaded
+			// machine.
+			if d := time.Since(start); d > MinTTL+2*time.Second {
+				t.Errorf("the holder worked on %v (%.2f TTLs) after its reads failed, %d requests unanswered", d.Round(time.Millisecond), float64(d)/float64(MinTTL), hung.Load())
+			}
+		})
 	}
 }
