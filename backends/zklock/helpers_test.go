@@ -101,11 +101,12 @@ func children(t testing.TB, l *Locker, key string) []string {
 // zkServer is a ZooKeeper server of the test's own, for faults that must not
 // touch the shared one.
 type zkServer struct {
-	addr string
-	cmd  *exec.Cmd
-	args []string // of the JVM
-	data string   // the data directory
-	log  *os.File
+	addr   string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
+	args   []string      // of the JVM
+	data   string        // the data directory
+	log    *os.File
 }
 
 // startServer starts a standalone ZooKeeper on a free port with its data in
@@ -127,59 +128,78 @@ func startServerUpTo(t *testing.T, maxSession time.Duration, properties ...strin
 		return nil
 	}
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cfg := filepath.Join(dir, "zoo.cfg")
-	data := filepath.Join(dir, "data")
-	conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=%d\ndataDir=%s\n"+
-		"clientPort=%d\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n",
-		maxSession.Milliseconds(), data, port)
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	logf, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"}, properties...)
-	s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), data: data, log: logf,
-		args: append(args, "-cp", "/usr/share/java/*:/etc/zookeeper/conf", "org.apache.zookeeper.server.ZooKeeperServerMain", cfg)}
-	t.Cleanup(func() {
-		s.Kill()
-		logf.Close()
-	})
-	if !s.start(t) {
-		return nil
+	t.Cleanup(func() { logf.Close() })
+	// A port found free can be taken by another process before the JVM
+	// binds it, and the JVM then exits: it is started again on another.
+	for attempt := 1; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		cfg := filepath.Join(dir, "zoo.cfg")
+		data := filepath.Join(dir, "data")
+		conf := fmt.Sprintf("tickTime=200\nminSessionTimeout=1000\nmaxSessionTimeout=%d\ndataDir=%s\n"+
+			"clientPort=%d\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n",
+			maxSession.Milliseconds(), data, port)
+		if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"}, properties...)
+		s := &zkServer{addr: fmt.Sprintf("127.0.0.1:%d", port), data: data, log: logf,
+			args: append(args, "-cp", "/usr/share/java/*:/etc/zookeeper/conf", "org.apache.zookeeper.server.ZooKeeperServerMain", cfg)}
+		err = s.start()
+		if err == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+		if !errors.Is(err, errExited) || attempt == 3 {
+			drivertest.Unreachable(t, "own ZooKeeper", s.addr, err)
+			return nil
+		}
+		t.Logf("own ZooKeeper on %s: %v; starting it on another port", s.addr, err)
 	}
-	return s
 }
 
-// start runs the server's JVM and waits until it serves, reporting whether
-// it does.
-func (s *zkServer) start(t *testing.T) bool {
-	t.Helper()
+// errExited is the failure of a server whose JVM exited before it served.
+var errExited = errors.New("the JVM exited before serving")
+
+// start runs the server's JVM and waits until it serves; the JVM is ended
+// when it does not.
+func (s *zkServer) start() error {
 	s.cmd = exec.Command(s.args[0], s.args[1:]...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
-		drivertest.Unreachable(t, "java ZooKeeperServerMain", s.addr, err)
-		return false
+		return err
 	}
+	exited := make(chan struct{})
+	s.exited = exited
+	go func(cmd *exec.Cmd) {
+		cmd.Wait()
+		close(exited)
+	}(s.cmd)
 	// A JVM on a loaded machine takes a while; the deadline only bounds a
 	// server that will never come up.
 	deadline := time.Now().Add(60 * time.Second)
 	for !s.ok() {
-		if time.Now().After(deadline) {
+		select {
+		case <-exited:
 			log, _ := os.ReadFile(s.log.Name())
-			drivertest.Unreachable(t, "own ZooKeeper", s.addr, fmt.Errorf("not answering after 60s; log:\n%s", log))
-			return false
+			return fmt.Errorf("%w (%v); log:\n%s", errExited, s.cmd.ProcessState, log)
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) {
+			s.Kill()
+			log, _ := os.ReadFile(s.log.Name())
+			return fmt.Errorf("not answering after 60s; log:\n%s", log)
+		}
 	}
-	return true
+	return nil
 }
 
 // restart kills the server and starts it again on the same port, with its
@@ -193,8 +213,15 @@ func (s *zkServer) restart(t *testing.T, wipe bool) {
 			t.Fatal(err)
 		}
 	}
-	if !s.start(t) {
-		t.FailNow()
+	s.startAgain(t)
+}
+
+// startAgain starts the server, killed, again on its port, and waits until
+// it serves.
+func (s *zkServer) startAgain(t *testing.T) {
+	t.Helper()
+	if err := s.start(); err != nil {
+		t.Fatalf("own ZooKeeper on %s, started again: %v", s.addr, err)
 	}
 }
 
@@ -216,10 +243,8 @@ func (s *zkServer) ok() bool {
 
 // Kill stops the server with SIGKILL.
 func (s *zkServer) Kill() {
-	if s.cmd.ProcessState == nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-	}
+	s.cmd.Process.Kill()
+	<-s.exited
 }
 
 // sessionDone is the Done channel of the session that keeps lease.
