@@ -45,8 +45,9 @@ type scripter struct {
 // resender sends a script again, and reloads a Cluster client's slot map,
 // as scripter says; the Fence's writes go through one too.
 type resender struct {
-	cluster  *goredis.ClusterClient // nil when the client is not a Cluster's
-	reloaded atomic.Int64           // unix nanos of the last reload asked for
+	cluster  *goredis.ClusterClient    // nil when the client is not a Cluster's
+	reloaded atomic.Int64              // unix nanos of the last reload asked for
+	asked    atomic.Pointer[askedNode] // the node the last ASK answer named
 }
 
 const reloadEvery = 250 * time.Millisecond

@@ -3,6 +3,7 @@ package redislock
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -23,10 +24,10 @@ import (
 // node named, asking, as go-redis does for a command it routes itself,
 // rather than wait the migration out.
 func (s *resender) onMaster(ctx context.Context, key string, send func(masterConn) *goredis.Cmd) *goredis.Cmd {
-	// The node an ASK answer named, looked up once for all the sends (the
-	// node may answer TRYAGAIN until the migration ends; see retry).
-	var askedAddr string
-	var askedNode *goredis.Client
+	// An address an ASK answer named that no master has (see masterAt),
+	// looked up once for all the sends (the node may answer TRYAGAIN
+	// until the migration ends; see retry).
+	var unknown string
 	return s.retry(ctx, func() *goredis.Cmd {
 		m, err := s.cluster.MasterForKey(ctx, key)
 		if err != nil {
@@ -35,14 +36,11 @@ func (s *resender) onMaster(ctx context.Context, key string, send func(masterCon
 			return c
 		}
 		c := send(s.masterConn(m))
-		if addr, ok := asked(c.Err()); ok {
-			if addr != askedAddr {
-				askedAddr, askedNode = addr, s.masterAt(ctx, addr)
-			}
-			if askedNode != nil {
-				at := s.masterConn(askedNode)
-				at.asking = true
-				c = send(at)
+		if addr, ok := asked(c.Err()); ok && addr != unknown {
+			if at := s.sendAsking(ctx, addr, send); at != nil {
+				c = at
+			} else {
+				unknown = addr
 			}
 		}
 		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "MOVED") {
@@ -50,6 +48,43 @@ func (s *resender) onMaster(ctx context.Context, key string, send func(masterCon
 		}
 		return c
 	})
+}
+
+// askedNode is the master at addr, the last an ASK answer named, kept for
+// the reads after: while a slot moves, each read of a key already moved is
+// answered ASK, and finding the node anew (see masterAt) would load the
+// whole slot map for each. One is kept, as a reshard moves one slot at a
+// time to one node.
+//
+// It is go-redis's client of the node, which the ASK answers' address
+// names: what the node answers does not depend on the client. A node that
+// left addr, or another node that took it, is no longer named by ASK
+// answers, or answers the read itself as the master of the slot it serves
+// (MOVED when the slot is not its own or its import's). The client alone
+// can go stale: go-redis closes its client of a node a while after
+// loading a slot map without it, and makes another should the node come
+// back. A send that finds it closed drops it (see sendAsking).
+type askedNode struct {
+	addr string
+	node *goredis.Client
+}
+
+// sendAsking sends by send to the master at addr, asking; nil when there
+// is no master at addr (see masterAt).
+func (s *resender) sendAsking(ctx context.Context, addr string, send func(masterConn) *goredis.Cmd) *goredis.Cmd {
+	if a := s.asked.Load(); a != nil && a.addr == addr {
+		c := send(s.askingConn(a.node))
+		if !errors.Is(c.Err(), goredis.ErrClosed) {
+			return c
+		}
+		s.asked.CompareAndSwap(a, nil)
+	}
+	node := s.masterAt(ctx, addr)
+	if node == nil {
+		return nil
+	}
+	s.asked.Store(&askedNode{addr: addr, node: node})
+	return send(s.askingConn(node))
 }
 
 // asked returns the node an ASK answer names.
@@ -69,7 +104,8 @@ func asked(err error) (addr string, ok bool) {
 // slot yet, being given its first, is not among them: a read it is asked
 // to send there waits the migration out (see retry). ASK answers come only
 // for the keys of a slot being moved, while it moves, so other reads pay
-// no load of the map.
+// no load of the map, and those of the slot one, the node found being kept
+// (see askedNode).
 func (s *resender) masterAt(ctx context.Context, addr string) *goredis.Client {
 	var found atomic.Pointer[goredis.Client]
 	_ = s.cluster.ForEachMaster(ctx, func(_ context.Context, m *goredis.Client) error {
@@ -109,6 +145,13 @@ type masterConn struct {
 	node     *goredis.Client
 	readOnly bool // the node's connections are READONLY ones
 	asking   bool // the node is the one an ASK answer named
+}
+
+// askingConn is node's masterConn, asking.
+func (s *resender) askingConn(node *goredis.Client) masterConn {
+	at := s.masterConn(node)
+	at.asking = true
+	return at
 }
 
 // masterConn returns node's masterConn. go-redis sends READONLY on its

@@ -138,12 +138,12 @@ func TestReadOnlyReadsDuringMigration(t *testing.T) {
 		if rec, err := store.Get(rctx, "s", resource); err != nil || rec.Owner != "o" {
 			t.Errorf("Store.Get while the slot moves = %+v, %v; want the claim", rec, err)
 		}
-		redirected := rejectedGets(t, src)
+		redirected := commandStat(t, src, "get", "rejected_calls")
 		go func() {
 			page, err := lister.List(ctx, "ro", "", 10)
 			listed <- fmt.Sprintf("%d locks, %v", len(page), err)
 		}()
-		eventually(t, "List's GET redirected", func() bool { return rejectedGets(t, src) > redirected })
+		eventually(t, "List's GET redirected", func() bool { return commandStat(t, src, "get", "rejected_calls") > redirected })
 	})
 	if !moved {
 		t.Fatal("never saw the slot open with its keys moved")
@@ -153,21 +153,21 @@ func TestReadOnlyReadsDuringMigration(t *testing.T) {
 	}
 }
 
-// rejectedGets is the number of GETs s has answered with an error before
-// running them, a redirection among them.
-func rejectedGets(t *testing.T, s *shard) int64 {
+// commandStat is the figure field ("calls", "rejected_calls") that s's
+// INFO commandstats gives cmd ("get", "cluster|slots"), 0 if none.
+func commandStat(t *testing.T, s *shard, cmd, field string) int64 {
 	t.Helper()
 	info, err := s.admin.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for line := range strings.SplitSeq(info, "\n") {
-		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_get:")
+		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
 		if !ok {
 			continue
 		}
 		for f := range strings.SplitSeq(stats, ",") {
-			if v, ok := strings.CutPrefix(f, "rejected_calls="); ok {
+			if v, ok := strings.CutPrefix(f, field+"="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				return n
 			}
