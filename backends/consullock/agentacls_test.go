@@ -266,12 +266,13 @@ func TestDotListUnderChurn(t *testing.T) {
 
 // TestDotListNameOfAnotherPath: List of "." while another tool writes,
 // between its transaction and its names listing, a key under "." whose
-// path Consul's HTTP server would clean into another key's or endpoint's:
-// a held lock's own, through the path of no name's key, or of another
-// lock's, or of itself; an agent endpoint. The held lock is listed once,
-// with its one holder, and List does not fail. The name's own read, by its
-// path, read the held lock's key again, and the page listed it with two
-// holders, said whole; or it read the agent's endpoint, and List failed.
+// path Consul's HTTP server would clean into another key's or endpoint's
+// (a held lock's own, through the path of no name's key, or of another
+// lock's, or of itself; an agent endpoint), or refuse (a control
+// character). The held lock is listed once, with its one holder, and List
+// does not fail. The name's own read, by its path, read the held lock's
+// key again, and the page listed it with two holders, said whole; or it
+// read the agent's endpoint, or was refused, and List failed.
 func TestDotListNameOfAnotherPath(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -284,6 +285,7 @@ func TestDotListNameOfAnotherPath(t *testing.T) {
 		fmt.Sprintf("%s/../%s", LockKey(fmt.Sprintf(".other-%d", time.Now().UnixNano())), LockKey(n)),
 		fmt.Sprintf("%s//x/..", LockKey(n)),
 		fmt.Sprintf("%s/../../agent/self", LockKey(fmt.Sprintf(".other-%d", time.Now().UnixNano()))),
+		RWDir(fmt.Sprintf(".other-%d", time.Now().UnixNano())) + "\n",
 	} {
 		var once sync.Once
 		c := clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {

@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/hashicorp/consul/api"
 
@@ -202,15 +203,16 @@ func (l *Locker) dotTree(ctx context.Context, prefix, secret string) ([]*api.KVP
 // servedAsIs reports whether a read of the key k, which names it in the
 // URL's path, reads k: Consul's HTTP server redirects a path with empty or
 // dot segments to its cleaning, which is another key's, or another
-// endpoint's. The keys of a lock, whose name is escaped, have no such
-// segments; another tool's may.
+// endpoint's, and refuses (400) one with a rune unicode.IsPrint is false
+// for. The keys of a lock, whose name is escaped, have neither; another
+// tool's may.
 func servedAsIs(k string) bool {
 	p := "/v1/kv/" + k
 	clean := path.Clean(p)
 	if strings.HasSuffix(p, "/") && clean != "/" {
 		clean += "/"
 	}
-	return clean == p
+	return clean == p && !strings.ContainsFunc(k, func(r rune) bool { return !unicode.IsPrint(r) })
 }
 
 // dotKey reads the key k, under the prefix "." or "..", by the token

@@ -286,7 +286,12 @@ func (s *session) watchRevocations() {
 		}
 		if !refusedUntil.IsZero() {
 			// No answer by the loss deadline is a failure at it.
-			bound = min(bound, time.Until(refusedUntil))
+			left := time.Until(refusedUntil)
+			if left <= 0 {
+				s.giveUp()
+				return
+			}
+			bound = min(bound, left)
 		}
 		wctx, cancel := s.whileAlive(s.ctx)
 		rctx, cancel2 := context.WithTimeout(wctx, bound)
@@ -304,13 +309,8 @@ func (s *session) watchRevocations() {
 				if refusedUntil.IsZero() {
 					refusedUntil = s.Expiry().Add(-s.margin())
 				}
-				left := time.Until(refusedUntil)
-				if left <= 0 {
-					s.giveUp()
-					return
-				}
-				// The last read is sent at the deadline.
-				pause = min(pause, left)
+				// Given up at the deadline (above), not a pause after.
+				pause = min(pause, time.Until(refusedUntil))
 			}
 			if driver.Sleep(s.ctx, pause, s.done) != nil {
 				return
