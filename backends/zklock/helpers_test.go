@@ -172,17 +172,18 @@ var errExited = errors.New("the JVM exited before serving")
 // start runs the server's JVM and waits until it serves; the JVM is ended
 // when it does not.
 func (s *zkServer) start() error {
-	s.cmd = exec.Command(s.args[0], s.args[1:]...)
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
+	cmd := exec.Command(s.args[0], s.args[1:]...)
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	if err := cmd.Start(); err != nil {
 		return err
 	}
+	// Kill ends the last JVM started, whose Wait is this goroutine's.
 	exited := make(chan struct{})
-	s.exited = exited
-	go func(cmd *exec.Cmd) {
+	s.cmd, s.exited = cmd, exited
+	go func() {
 		cmd.Wait()
 		close(exited)
-	}(s.cmd)
+	}()
 	// A JVM on a loaded machine takes a while; the deadline only bounds a
 	// server that will never come up.
 	deadline := time.Now().Add(60 * time.Second)
@@ -227,18 +228,27 @@ func (s *zkServer) startAgain(t *testing.T) {
 
 // ok reports whether the server serves clients: "imok" to "ruok" comes too
 // early, while it still turns sessions away, so it asks "srvr" for its mode.
+// A server that answers so at addr may also be another process's, which
+// took the port first: its data directory tells.
 func (s *zkServer) ok() bool {
+	return strings.Contains(s.answer("srvr"), "Mode: standalone") &&
+		strings.Contains(s.answer("conf"), "dataDir="+s.data+string(filepath.Separator))
+}
+
+// answer is what the server at addr answers the four-letter command word,
+// empty when it does not.
+func (s *zkServer) answer(word string) string {
 	c, err := net.DialTimeout("tcp", s.addr, time.Second)
 	if err != nil {
-		return false
+		return ""
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("srvr")); err != nil {
-		return false
+	if _, err := c.Write([]byte(word)); err != nil {
+		return ""
 	}
 	b, _ := io.ReadAll(c)
-	return strings.Contains(string(b), "Mode: standalone")
+	return string(b)
 }
 
 // Kill stops the server with SIGKILL.
