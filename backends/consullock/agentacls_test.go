@@ -288,10 +288,12 @@ func TestDotListNameOfAnotherPath(t *testing.T) {
 		RWDir(fmt.Sprintf(".other-%d", time.Now().UnixNano())) + "\n",
 	} {
 		var once sync.Once
+		written := false
 		c := clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
 			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 				if r.Method == http.MethodGet && r.URL.Path == "/v1/kv/" && r.URL.Query().Has("keys") {
 					once.Do(func() {
+						written = true
 						// A transaction names the key in its body, which
 						// no one cleans.
 						ok, resp, _, err := root.KV().Txn(api.KVTxnOps{{Verb: api.KVSet, Key: foreign, Value: []byte("x")}}, nil)
@@ -306,6 +308,9 @@ func TestDotListNameOfAnotherPath(t *testing.T) {
 		page, err := lockerOn(t, c).List(ctx, ".", "", 1000)
 		if _, _, _, err := root.KV().Txn(api.KVTxnOps{{Verb: api.KVDelete, Key: foreign}}, nil); err != nil {
 			t.Fatal(err)
+		}
+		if !written {
+			t.Fatalf("List(\".\") sent no names listing: %q was never written between its reads", foreign)
 		}
 		if err != nil && !errors.Is(err, driver.ErrPartialList) {
 			t.Fatalf("%q written: %v", foreign, err)
