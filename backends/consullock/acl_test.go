@@ -70,13 +70,20 @@ func runAgent(t *testing.T, args ...string) (string, <-chan struct{}, *strings.B
 		t.Fatalf("scripts/services.sh bin consul: %v", err)
 	}
 	for attempt := 1; ; attempt++ {
+		// The three listeners stay open until all are found: one closed
+		// at once may be handed out again, and the agent refuses to
+		// start with two of its ports the same.
 		var ports []string
+		var found []net.Listener
 		for range 3 {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
+			found = append(found, ln)
 			ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		}
+		for _, ln := range found {
 			ln.Close()
 		}
 		cmd := exec.Command(strings.TrimSpace(string(bin)), append([]string{"agent", "-bind", "127.0.0.1", "-client", "127.0.0.1",
