@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,6 +175,9 @@ var errExited = errors.New("the JVM exited before serving")
 func (s *zkServer) start() error {
 	cmd := exec.Command(s.args[0], s.args[1:]...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
+	// Killed with the test process, should the test time out: a JVM left
+	// behind keeps its port and its memory until someone finds it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
