@@ -252,7 +252,7 @@ func (b *bench) markdown() string {
 
 	if ps := b.selected("uncontended"); len(ps) > 0 && b.ran("uncontended") {
 		w("## 1. Uncontended lock and unlock\n\n")
-		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the other subjects' of its group (so that a change of the machine's speed meets both sides of a ratio alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
+		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the slices of the other subjects of its group (so that a change of the machine's speed meets both sides of a ratio alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
 		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle. ")
 		w("CPU idle entries are the times, per cycle, that any of the machine's CPUs halted (Linux cpuidle states other than POLL, whoever ran on them). ")
 		w("They tell what a cycle of two loopback round trips mostly costs: a CPU halted while the client waits must be woken for the answer, which on a virtual machine costs tens of µs a wake-up. ")
