@@ -92,13 +92,17 @@ var pairs = slices.Concat(
 	peerPairs(pair{group: "memory", warden: "warden-memory", peer: "sync-mutex"}, false),
 )
 
-// bench is one run: its settings, its subjects, and the figures so far.
+// bench is one run, or one group's process in a run: its settings, its
+// subjects, and the figures so far.
 type bench struct {
-	s       settings
-	log     io.Writer
-	id      string // names this run's keys, so runs sharing servers stay apart
-	srv     servers
-	groups  []string          // groups whose servers answered
+	s   settings
+	log io.Writer
+	id  string // names this process's keys, so runs sharing servers stay apart
+	srv servers
+	// groups are the groups measured: a group's process's own, once its
+	// servers answered; in the parent, those whose process handed off its
+	// figures.
+	groups  []string
 	skipped map[string]string // group: why it was left out
 	subj    map[string]*subject
 	admin   *admin
@@ -111,7 +115,9 @@ type bench struct {
 	end       time.Time
 }
 
-func newBench(ctx context.Context, s settings, log io.Writer) (*bench, error) {
+// newBench makes a run's bench, with every subject; it asks no server
+// anything yet.
+func newBench(s settings, log io.Writer) (*bench, error) {
 	var idb [4]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return nil, err
@@ -125,34 +131,27 @@ func newBench(ctx context.Context, s settings, log io.Writer) (*bench, error) {
 		subj:    map[string]*subject{},
 		admin:   newAdmin(),
 		res:     newResults(),
-	}
-	b.machine = describeMachine()
-	for _, g := range s.groups {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		version, err := b.prepare(pctx, g)
-		cancel()
-		if err != nil {
-			if s.strict {
-				b.close()
-				return nil, fmt.Errorf("%s: %w", g, err)
-			}
-			b.skipped[g] = err.Error()
-			fmt.Fprintf(log, "leaving out %s: %v\n", g, err)
-			continue
-		}
-		if version != "" {
-			b.machine.servers = append(b.machine.servers, version)
-		}
-		b.groups = append(b.groups, g)
-	}
-	if len(b.groups) == 0 {
-		b.close()
-		return nil, fmt.Errorf("no server answered: %v", b.skipped)
+		machine: describeMachine(),
 	}
 	for _, sub := range allSubjects(b) {
 		b.subj[sub.id] = sub
 	}
 	return b, nil
+}
+
+// connect prepares the servers of the one group a process measures.
+func (b *bench) connect(ctx context.Context, group string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	version, err := b.prepare(ctx, group)
+	if err != nil {
+		return err
+	}
+	if version != "" {
+		b.machine.servers = append(b.machine.servers, version)
+	}
+	b.groups = []string{group}
+	return nil
 }
 
 // prepare checks that a group's servers answer, creates what its subjects

@@ -9,10 +9,11 @@
 // The servers are found through the variables scripts/services.sh env
 // prints (WARDEN_REDIS_ADDR, WARDEN_REDLOCK_ADDRS, WARDEN_ETCD_ENDPOINTS,
 // WARDEN_ZK_SERVERS, WARDEN_POSTGRES_DSN, WARDEN_CONSUL_ADDR), with the same
-// defaults. A group
-// whose servers do not answer is left out of the report, or fails the run
-// with -strict. Run with -h for the flags; -quick is a smoke run of
-// seconds.
+// defaults. Each group of pairs is measured in a process of its own (this
+// program again), one group after another, and the parent writes their
+// figures into one report. A group whose servers do not answer, or whose
+// process fails, is left out of the report, or fails the run with -strict.
+// Run with -h for the flags; -quick is a smoke run of seconds.
 package main
 
 import (
@@ -214,8 +215,12 @@ func parseList[T comparable](list, flagName, what string, parse func(string) (T,
 	return out, nil
 }
 
-// run is the whole program, callable from the test.
+// run is the whole program, callable from the test: the parent, or with
+// childFlag first, a group's process.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if group, path, rest, ok := childArgs(args); ok {
+		return runChild(ctx, group, path, rest, stdout)
+	}
 	s, err := parseSettings(args, os.Stderr)
 	if err != nil {
 		return err
@@ -223,12 +228,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := os.MkdirAll(s.out, 0o755); err != nil {
 		return err
 	}
-	b, err := newBench(ctx, s, stdout)
+	b, err := newBench(s, stdout)
 	if err != nil {
 		return err
 	}
-	defer b.close()
-	if err := b.measureAll(ctx); err != nil {
+	if err := b.measureGroups(ctx, args); err != nil {
 		return err
 	}
 	return b.writeOutputs()

@@ -233,7 +233,7 @@ func (b *bench) markdown() string {
 	if b.s.note != "" {
 		w("- Note: %s\n", b.s.note)
 	}
-	w("- Run: %d repetition(s) of every measurement, reported as medians; uncontended windows %v (in %d slices, in turns with the other subjects), contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
+	w("- Run: each group of pairs measured in a process of its own, one group after another; %d repetition(s) of every measurement, reported as medians; uncontended windows %v (in %d slices, in turns with the other subjects of the group), contended windows %v, holds %v; PostgreSQL lock tables aged by %d cycles each first; renewal TTL %v (renewal every %v), %d period(s) counted; measuring took %v\n",
 		b.s.reps, b.s.uncontended, b.s.slices, b.s.contended, b.s.holds, b.s.churn, b.s.renewTTL, (b.s.renewTTL / 3).Round(time.Millisecond), b.s.periods, b.end.Sub(b.start).Round(time.Second))
 	for _, g := range slices.Sorted(maps.Keys(b.skipped)) {
 		w("- Left out: %s (%s)\n", g, b.skipped[g])
@@ -242,6 +242,7 @@ func (b *bench) markdown() string {
 
 	w("## How to read it\n\n")
 	w("Each cell is `warden / peer (warden ÷ peer)`. ↑ marks figures where more is better (a ratio above 1 favours warden), ↓ those where less is better (a ratio below 1 favours warden). ")
+	w("Each group of pairs (%s) was measured in a process of its own, one group after another, as the services of users run, each with the clients of the one engine it uses: no group's clients, goroutines or heap shared a process with another's. Within a group, warden and its peers shared a process, and took their uncontended windows in turns. ", strings.Join(b.groups, ", "))
 	w("Every worker has clients of its own (its own go-redis client, etcd client, ZooKeeper session, database connections, and for warden its own Locker and Guard), as separate processes would; the in-process pair (memory, sync.Mutex) shares one lock table, as goroutines do. ")
 	w("Server commands are INFO commandstats deltas summed over the servers involved, so they include the commands Lua scripts run inside Redis (an EVALSHA whose script runs SET and INCR counts 3); round trips are counted by a go-redis hook (a pipeline is one). On PostgreSQL, statements are counted by a pgx tracer, and each is a round trip. On Consul, HTTP requests are counted by a counting http.RoundTripper in each client (api.Config.HttpClient), and each is a round trip, its \"server commands\" too (a /v1/txn counts once, whatever its operations; a blocking query counts once, when sent). etcd, ZooKeeper and in-process figures have no command counts (—). ")
 	w("† marks a figure taken while another client used the same server: the server ran more of the subject's own commands than it sent, so the command count is an upper bound. ")
@@ -251,7 +252,7 @@ func (b *bench) markdown() string {
 
 	if ps := b.selected("uncontended"); len(ps) > 0 && b.ran("uncontended") {
 		w("## 1. Uncontended lock and unlock\n\n")
-		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the other subjects' (so that a change of the machine's speed meets every subject alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
+		w("One worker takes and releases a lock nobody else wants, as fast as it can, for %v per repetition, in %d slices taken in turns with the slices of the other subjects of its group (so that a change of the machine's speed meets both sides of a ratio alike). Latency is a whole cycle (acquire, empty section, release)", b.s.uncontended, b.s.slices)
 		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle. ")
 		w("CPU idle entries are the times, per cycle, that any of the machine's CPUs halted (Linux cpuidle states other than POLL, whoever ran on them). ")
 		w("They tell what a cycle of two loopback round trips mostly costs: a CPU halted while the client waits must be woken for the answer, which on a virtual machine costs tens of µs a wake-up. ")
