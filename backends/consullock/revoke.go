@@ -221,9 +221,11 @@ const revocationWait = 5 * time.Minute
 // connection, within a renewal period of a forced release, rather than
 // after revocationWait, while a forced release has let another holder in.
 // The cost is one query per wait, about one per renewal, whatever the
-// number of locks the session holds.
+// number of locks the session holds. It is never shorter than a waiter's
+// (waitTime), which a TTL under 4 s (that Consul takes only with its
+// session_ttl_min lowered) would make it, or not positive.
 func holderWait(ttl time.Duration) time.Duration {
-	return min(revocationWait, (ttl/3-queryGrace)*16/17)
+	return min(revocationWait, max(waitTime, (ttl/3-queryGrace)*16/17))
 }
 
 // watchRevocations keeps one blocking query on the session's marker

@@ -585,3 +585,19 @@ func TestWatchCutSilently(t *testing.T) {
 		t.Fatalf("the holder not told of a forced release within %v, its query's connection silent: the lock is held twice", within)
 	}
 }
+
+// TestHolderWait: the marker query of a session that holds locks is bounded
+// by the renewal period, by revocationWait's bound for a long TTL, and by a
+// waiter's for a TTL too short to leave room for Consul's jitter and the
+// grace within a renewal period; its wait is positive. A TTL under 0.75 s
+// (which Consul takes only with its session_ttl_min lowered) made the wait
+// negative.
+func TestHolderWait(t *testing.T) {
+	for _, ttl := range []time.Duration{600 * time.Millisecond, 3 * time.Second, MinTTL, 30 * time.Second, time.Hour, MaxTTL} {
+		w := holderWait(ttl)
+		want := min(queryBound(revocationWait), max(ttl/3, queryBound(waitTime)))
+		if w <= 0 || queryBound(w) > want {
+			t.Errorf("holderWait(%v) = %v, bound %v; want a positive wait bound by %v", ttl, w, queryBound(w), want)
+		}
+	}
+}
