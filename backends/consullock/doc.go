@@ -138,7 +138,15 @@
 // therefore acquires, in the same transaction as its delete, a marker under
 // RevokedPrefix by the holder's own session, and every session keeps one
 // blocking query on its markers. The lease, a driver.RevocableLease,
-// reports the revocation to guard, which cancels the section.
+// reports the revocation to guard, which cancels the section. A Locker's
+// session sends that query again about every renewal period (its wait,
+// with Consul's jitter and a grace, is bounded by TTL/3, or by 5 min 19 s
+// for a TTL over 16 min), so that a query whose connection died silently
+// (a NAT or a proxy that drops an idle long poll without a reset) is given
+// up, and the markers read on another connection, within a renewal period
+// of a forced release, at a cost of about one request per renewal per
+// session, whatever the number of its locks; a Store's session, which
+// holds no locks, waits 5 min.
 //
 // Consul's own tools go around that, and tell no holder:
 //

@@ -21,16 +21,19 @@ import (
 )
 
 // requestCounter counts the HTTP requests a client sends, the session
-// renewals apart.
+// renewals and the reads of markers apart.
 type requestCounter struct {
-	base           http.RoundTripper
-	renews, others atomic.Int64
+	base                    http.RoundTripper
+	renews, markers, others atomic.Int64
 }
 
 func (rc *requestCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if strings.HasPrefix(r.URL.Path, "/v1/session/renew/") {
+	switch {
+	case strings.HasPrefix(r.URL.Path, "/v1/session/renew/"):
 		rc.renews.Add(1)
-	} else {
+	case markerRead(r):
+		rc.markers.Add(1)
+	default:
 		rc.others.Add(1)
 	}
 	return rc.base.RoundTrip(r)
@@ -38,10 +41,10 @@ func (rc *requestCounter) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // TestNoPerLockRequests holds 2,000 locks through guard for a whole TTL,
 // while another client writes to the store, and counts what the client
-// sends meanwhile: a session renewal every TTL/3 and nothing else (guard
-// refreshes no session lease, and the session's blocking query on its
-// markers stays open whatever else is written), and no goroutine per held
-// lock.
+// sends meanwhile: a session renewal every TTL/3, the session's blocking
+// query on its markers about as often (sent again at the end of its wait,
+// and not woken by what else is written), and nothing else (guard
+// refreshes no session lease), and no goroutine per held lock.
 func TestNoPerLockRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 2,000 locks")
@@ -92,7 +95,7 @@ func TestNoPerLockRequests(t *testing.T) {
 	if grew := runtime.NumGoroutine() - goroutines; grew > 50 {
 		t.Errorf("%d goroutines more while holding %d locks", grew, locks)
 	}
-	renews, others := rc.renews.Load(), rc.others.Load()
+	renews, markers, others := rc.renews.Load(), rc.markers.Load(), rc.others.Load()
 	start := time.Now()
 	// Someone else writes to the store meanwhile, which must wake nothing
 	// of this Locker's.
@@ -105,13 +108,16 @@ func TestNoPerLockRequests(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	dRenews, dOthers := rc.renews.Load()-renews, rc.others.Load()-others
-	t.Logf("holding %d locks for %v: %d renewals, %d other requests", locks, time.Since(start).Round(time.Millisecond), dRenews, dOthers)
+	dRenews, dMarkers, dOthers := rc.renews.Load()-renews, rc.markers.Load()-markers, rc.others.Load()-others
+	t.Logf("holding %d locks for %v: %d renewals, %d marker queries, %d other requests", locks, time.Since(start).Round(time.Millisecond), dRenews, dMarkers, dOthers)
 	if dOthers != 0 {
 		t.Errorf("%d requests other than renewals while holding %d locks, want none", dOthers, locks)
 	}
 	if periods := int64(time.Since(start)/(MinTTL/3)) + 1; dRenews < 2 || dRenews > periods+1 {
 		t.Errorf("%d renewals in %d renewal periods", dRenews, periods)
+	}
+	if waits := int64(time.Since(start)/holderWait(MinTTL)) + 1; dMarkers > waits {
+		t.Errorf("%d marker queries in %d of their waits", dMarkers, waits)
 	}
 	for i, lk := range held {
 		if err := lk.Err(); err != nil {

@@ -208,14 +208,32 @@ func (s *session) anchor(ctx context.Context) error {
 	return nil
 }
 
-// revocationWait is how long the session's query on its markers waits on
-// the server before it is sent again.
+// revocationWait is how long the query on the markers of a Store's session
+// waits on the server before it is sent again, and the most that of a
+// Locker's session waits (see holderWait).
 const revocationWait = 5 * time.Minute
+
+// holderWait is how long the query on the markers of a session of ttl that
+// holds locks waits on the server: the longest whose bound (queryBound) is
+// the session's renewal period, so that a query whose connection died
+// silently (a NAT, a firewall or a proxy that drops an idle long poll
+// without a reset) is given up, and the markers read on another
+// connection, within a renewal period of a forced release, rather than
+// after revocationWait, while a forced release has let another holder in.
+// The cost is one query per wait, about one per renewal, whatever the
+// number of locks the session holds. It is never shorter than a waiter's
+// (waitTime), which a TTL under 4 s (that Consul takes only with its
+// session_ttl_min lowered) would make it, or not positive.
+func holderWait(ttl time.Duration) time.Duration {
+	return min(revocationWait, max(waitTime, (ttl/3-queryGrace)*16/17))
+}
 
 // watchRevocations keeps one blocking query on the session's marker
 // directory until the session ends, reporting each marker and then
 // deleting it. The first query, without an index, reads what is there
-// already.
+// already. A session that holds locks has each query wait holderWait, so
+// that one whose connection died silently is found out within a renewal
+// period; a Store's waits revocationWait.
 //
 // The directory's own key is acquired first, by the session (newSession
 // does, before any lock is acquired by it), and stays until the session
@@ -259,16 +277,23 @@ const revocationWait = 5 * time.Minute
 // renewals failed too: a failure of a moment costs its locks nothing, and a
 // holder whose reads fail for good works on for up to nine tenths of the
 // TTL without learning of a forced release. The read after a failure is
-// sent without an index, so that it is answered at once: a deadline is
-// cleared by an answer, and a query cut after a long wait (by a proxy's
-// response timeout, an agent's restart) counts only when the read sent
-// after it fails too. No marker is read while the anchor is acquired again
+// sent without an index, so that it is answered at once, and without a
+// pause after a query that waited (a read that fails pauses): a deadline
+// is cleared by an answer, and a query cut after a long wait (by a proxy's
+// response timeout, an agent's restart) or unanswered by its bound (its
+// connection gone silent) counts only when the read sent after it fails
+// too (net/http closes the connection of a request given up, and sends the
+// next on another). No marker is read while the anchor is acquired again
 // (see reanchor): the loss deadline as of the read that found it gone
 // bounds that acquisition and the reads after it, until one is answered.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
 	holdsLocks := !s.l.anchorOptional
+	wait := revocationWait
+	if holdsLocks {
+		wait = holderWait(s.ttl)
+	}
 	var index uint64
 	// refusedUntil is the loss deadline as of the first of the reads
 	// failed since the last answered; zero when the last was answered.
@@ -282,7 +307,7 @@ func (s *session) watchRevocations() {
 		// that stopped answering is sent again.
 		bound := s.l.timeout
 		if index != 0 {
-			bound = queryBound(revocationWait)
+			bound = queryBound(wait)
 		}
 		if !refusedUntil.IsZero() {
 			// No answer by the loss deadline is a failure at it.
@@ -295,7 +320,7 @@ func (s *session) watchRevocations() {
 		}
 		wctx, cancel := s.whileAlive(s.ctx)
 		rctx, cancel2 := context.WithTimeout(wctx, bound)
-		q := (&api.QueryOptions{WaitIndex: index, WaitTime: revocationWait}).WithContext(rctx)
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(rctx)
 		pairs, meta, err := s.l.client.KV().List(dir, q)
 		cancel2()
 		cancel()
@@ -303,8 +328,14 @@ func (s *session) watchRevocations() {
 			return
 		}
 		if err != nil {
-			index = 0
+			// The read after a query that waited goes at once: its
+			// connection may be the one that failed, and it is answered
+			// at once. Only a read without an index that failed pauses.
 			pause := retryDelay
+			if index != 0 {
+				pause = 0
+			}
+			index = 0
 			if holdsLocks {
 				if refusedUntil.IsZero() {
 					refusedUntil = s.Expiry().Add(-s.margin())

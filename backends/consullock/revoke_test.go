@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // anchorAcquisition reports whether r acquires a session's anchor.
@@ -530,5 +532,72 @@ func TestUnansweredPastDeadline(t *testing.T) {
 				t.Errorf("the holder worked on %v (%.2f TTLs) after its reads failed, %d requests unanswered", d.Round(time.Millisecond), float64(d)/float64(MinTTL), hung.Load())
 			}
 		})
+	}
+}
+
+// TestWatchCutSilently: the session's blocking query on its markers goes
+// through a proxy that, once the query waits, forwards nothing more either
+// way and keeps the connection open, as a NAT or a firewall that drops an
+// idle long poll without a reset does; every other request, the read sent
+// after a failed query included, reaches Consul on a connection of its
+// own. A forced release is made meanwhile: the holder is told of it by its
+// marker, within its renewal period of it, its session kept. The holder
+// was told only when the query's bound ran out, over five minutes later.
+func TestWatchCutSilently(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := addr(t)
+	p := drivertest.StartProxy(t, a)
+	// watches counts every marker read, queries counts those that wait.
+	var watches, queries atomic.Int64
+	c := clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
+		proxied := base.(*http.Transport).Clone()
+		proxied.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, p.Addr())
+		}
+		t.Cleanup(proxied.CloseIdleConnections)
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if !markerRead(r) {
+				return base.RoundTrip(r)
+			}
+			watches.Add(1)
+			if r.URL.Query().Has("index") {
+				queries.Add(1)
+				return proxied.RoundTrip(r)
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	k, held, revoked := holdTwo(ctx, t, c, &watches)
+	p.Blackhole()
+	if _, err := lockerOn(t, newClient(t, a)).ForceRelease(ctx, k, driver.ReleaseTarget{AnyHolder: true}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	// The room past the renewal period is for a loaded machine.
+	within := held.s.ttl/3 + 2*time.Second
+	select {
+	case <-revoked:
+		t.Logf("told %v after the forced release, %d blocking queries sent", time.Since(start).Round(time.Millisecond), queries.Load())
+	case <-held.s.Done():
+		t.Fatal("the session ended, its markers readable on other connections")
+	case <-time.After(within):
+		t.Fatalf("the holder not told of a forced release within %v, its query's connection silent: the lock is held twice", within)
+	}
+}
+
+// TestHolderWait: the marker query of a session that holds locks is bounded
+// by the renewal period, by revocationWait's bound for a long TTL, and by a
+// waiter's for a TTL too short to leave room for Consul's jitter and the
+// grace within a renewal period; its wait is positive. A TTL under 0.75 s
+// (which Consul takes only with its session_ttl_min lowered) made the wait
+// negative.
+func TestHolderWait(t *testing.T) {
+	for _, ttl := range []time.Duration{600 * time.Millisecond, 3 * time.Second, MinTTL, 30 * time.Second, time.Hour, MaxTTL} {
+		w := holderWait(ttl)
+		want := min(queryBound(revocationWait), max(ttl/3, queryBound(waitTime)))
+		if w <= 0 || queryBound(w) > want {
+			t.Errorf("holderWait(%v) = %v, bound %v; want a positive wait bound by %v", ttl, w, queryBound(w), want)
+		}
 	}
 }
