@@ -321,6 +321,7 @@ func (s *session) watchRevocations() {
 		wctx, cancel := s.whileAlive(s.ctx)
 		rctx, cancel2 := context.WithTimeout(wctx, bound)
 		q := (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(rctx)
+		sent := time.Now()
 		pairs, meta, err := s.l.client.KV().List(dir, q)
 		cancel2()
 		cancel()
@@ -330,9 +331,13 @@ func (s *session) watchRevocations() {
 		if err != nil {
 			// The read after a query that waited goes at once: its
 			// connection may be the one that failed, and it is answered
-			// at once. Only a read without an index that failed pauses.
+			// at once. A query refused as soon as sent (a proxy or a
+			// rate limit that turns long polls away) pauses, as a read
+			// without an index that failed does, so that an indexed
+			// query failing at once and an unindexed read answered make
+			// no loop without a pause.
 			pause := retryDelay
-			if index != 0 {
+			if index != 0 && time.Since(sent) >= retryDelay {
 				pause = 0
 			}
 			index = 0

@@ -586,6 +586,50 @@ func TestWatchCutSilently(t *testing.T) {
 	}
 }
 
+// TestQueryRefusedAtOnce: a proxy or a rate limit that turns every marker
+// query with an index away at once (429), while reads without one are
+// answered, leaves the session its locks, and its marker reads paused as
+// after any failure: at most two reads (the refused query and the read
+// after it) a retryDelay. The read after a query that failed went without
+// a pause whatever the query's time, and the two made a loop without one.
+func TestQueryRefusedAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := addr(t)
+	var watches, refusing atomic.Int64
+	c := clientThrough(t, a, "", func(base http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if !markerRead(r) {
+				return base.RoundTrip(r)
+			}
+			watches.Add(1)
+			if refusing.Load() == 1 && r.URL.Query().Has("index") {
+				return &http.Response{StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests",
+					Header: http.Header{}, Body: io.NopCloser(strings.NewReader("rate limit")), Request: r}, nil
+			}
+			return base.RoundTrip(r)
+		})
+	})
+	_, held, revoked := holdTwo(ctx, t, c, &watches)
+	refusing.Store(1)
+	// The query waiting now is answered at a write over the anchor, and
+	// every query after it is refused.
+	wake(t, newClient(t, a), held.s, &watches)
+	start, from := time.Now(), watches.Load()
+	time.Sleep(2 * time.Second) // the window in which reads are counted
+	reads, took := watches.Load()-from, time.Since(start)
+	if most := 2 * (int64(took/retryDelay) + 2); reads > most {
+		t.Errorf("%d marker reads in %v with every query refused at once; want at most %d, two a %v", reads, took.Round(time.Millisecond), most, retryDelay)
+	}
+	select {
+	case <-held.s.Done():
+		t.Fatal("the session was given up, its marker reads without an index answered")
+	case <-revoked:
+		t.Fatal("the holder was told of a forced release that nobody made")
+	default:
+	}
+}
+
 // TestHolderWait: the marker query of a session that holds locks is bounded
 // by the renewal period, by revocationWait's bound for a long TTL, and by a
 // waiter's for a TTL too short to leave room for Consul's jitter and the
