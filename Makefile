@@ -35,7 +35,7 @@ help:
 	@echo "make test-faults      services, then the fenced-counter workload under kill -9, SIGSTOP, partitions and restarts, every backend"
 	@echo "make test-clusters    3-member etcd, 3-server ZooKeeper, a 3x2 Redis Cluster and 3 Consul servers (scripts/clusters.sh), faults while locks are held"
 	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
-	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 20 minutes)"
+	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 45 minutes)"
 	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
 	@echo "make fuzz             each fuzz target for FUZZTIME=$(FUZZTIME) (FUZZ=regexp)"
 
