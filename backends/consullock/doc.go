@@ -132,21 +132,24 @@
 // # Operators
 //
 // Inspect, List and ForceRelease read every key of a name: its lock key,
-// fair queue, and read/write and semaphore contenders, reported together.
-// A holder renews its session, not its keys, so a key deleted by
-// ForceRelease would go unnoticed while the session lives: ForceRelease
-// therefore acquires, in the same transaction as its delete, a marker under
+// fair queue, and read/write and semaphore contenders, reported together. A
+// holder renews its session, not its keys, so a key deleted by ForceRelease
+// would go unnoticed while the session lives: ForceRelease therefore
+// acquires, in the same transaction as its delete, a marker under
 // RevokedPrefix by the holder's own session, and every session keeps one
-// blocking query on its markers. The lease, a driver.RevocableLease,
-// reports the revocation to guard, which cancels the section. A Locker's
-// session sends that query again about every renewal period (its wait,
-// with Consul's jitter and a grace, is bounded by TTL/3, or by 5 min 19 s
-// for a TTL over 16 min), so that a query whose connection died silently
-// (a NAT or a proxy that drops an idle long poll without a reset) is given
-// up, and the markers read on another connection, within a renewal period
-// of a forced release, at a cost of about one request per renewal per
-// session, whatever the number of its locks; a Store's session, which
-// holds no locks, waits 5 min.
+// blocking query on its markers. The lease, a driver.RevocableLease, reports
+// the revocation to guard, which cancels the section. A Locker's session
+// sends that query again about every renewal period (its wait, with Consul's
+// jitter and a grace, is bounded by TTL/3, or by 5 min 19 s for a TTL of 16
+// min or more), so that a query whose connection died silently (a NAT or a
+// proxy that drops an idle long poll without a reset) is given up, and the
+// markers read on another connection, within a renewal period of a forced
+// release, at a cost of about one request per renewal per session, whatever
+// the number of its locks (two, and a new connection, when the answers come
+// after the bound); a Store's session, which holds no locks, waits 5 min.
+// Over HTTP/2 (Consul over TLS) the query shares its connection with the
+// renewals, and a connection gone silent ends the session at its loss
+// deadline, nine tenths of the TTL, instead.
 //
 // Consul's own tools go around that, and tell no holder:
 //

@@ -282,9 +282,12 @@ func holderWait(ttl time.Duration) time.Duration {
 // is cleared by an answer, and a query cut after a long wait (by a proxy's
 // response timeout, an agent's restart) or unanswered by its bound (its
 // connection gone silent) counts only when the read sent after it fails
-// too (net/http closes the connection of a request given up, and sends the
-// next on another). No marker is read while the anchor is acquired again
-// (see reanchor): the loss deadline as of the read that found it gone
+// too (net/http closes the connection of a request given up over HTTP/1.1,
+// and sends the next on another; over HTTP/2, which a client of Consul over
+// TLS speaks, the client's requests, renewals included, share a connection
+// that a cancelled request leaves open, so one gone silent fails the
+// renewals too, and the session is lost at its loss deadline). No marker
+// is read while the anchor is acquired again (see reanchor): the loss deadline as of the read that found it gone
 // bounds that acquisition and the reads after it, until one is answered.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)

@@ -615,8 +615,14 @@ func TestQueryRefusedAtOnce(t *testing.T) {
 	// The query waiting now is answered at a write over the anchor, and
 	// every query after it is refused.
 	wake(t, newClient(t, a), held.s, &watches)
+	// Counted over a TTL, past the loss deadline of the first refusal, so
+	// that a session given up at it, its deadline not cleared by the
+	// answered reads, is seen.
 	start, from := time.Now(), watches.Load()
-	time.Sleep(2 * time.Second) // the window in which reads are counted
+	select {
+	case <-held.s.Done():
+	case <-time.After(held.s.ttl):
+	}
 	reads, took := watches.Load()-from, time.Since(start)
 	if most := 2 * (int64(took/retryDelay) + 2); reads > most {
 		t.Errorf("%d marker reads in %v with every query refused at once; want at most %d, two a %v", reads, took.Round(time.Millisecond), most, retryDelay)
@@ -633,15 +639,19 @@ func TestQueryRefusedAtOnce(t *testing.T) {
 // TestHolderWait: the marker query of a session that holds locks is bounded
 // by the renewal period, by revocationWait's bound for a long TTL, and by a
 // waiter's for a TTL too short to leave room for Consul's jitter and the
-// grace within a renewal period; its wait is positive. A TTL under 0.75 s
-// (which Consul takes only with its session_ttl_min lowered) made the wait
-// negative.
+// grace within a renewal period, and is the longest so bound; its wait is
+// positive. A TTL under 0.75 s (which Consul takes only with its
+// session_ttl_min lowered) made the wait negative.
 func TestHolderWait(t *testing.T) {
 	for _, ttl := range []time.Duration{600 * time.Millisecond, 3 * time.Second, MinTTL, 30 * time.Second, time.Hour, MaxTTL} {
 		w := holderWait(ttl)
 		want := min(queryBound(revocationWait), max(ttl/3, queryBound(waitTime)))
 		if w <= 0 || queryBound(w) > want {
 			t.Errorf("holderWait(%v) = %v, bound %v; want a positive wait bound by %v", ttl, w, queryBound(w), want)
+		}
+		// The longest such wait: a shorter one costs queries, one per wait.
+		if queryBound(w) < want-time.Millisecond {
+			t.Errorf("holderWait(%v) = %v, bound %v; want the longest wait bound by %v", ttl, w, queryBound(w), want)
 		}
 	}
 }
