@@ -269,26 +269,28 @@ func holderWait(ttl time.Duration) time.Duration {
 // A read that fails hides nothing: a marker stays in the directory until
 // seen, and the next answered read reports it. Whether Consul refused it (a
 // token without list on the directory, under acl.enable_key_list_policy, or
-// one it does not know for a moment, as a secondary datacenter's servers
-// may not yet), answered it with an error (a 5xx, a 429 of a rate limit on
-// reads that lets renewals through) or not at all, it is sent again, and
-// the session given up when no read has been answered by the session's loss
+// one it does not know for a moment, as a secondary datacenter's servers may
+// not yet), answered it with an error (a 5xx, a 429 of a rate limit on reads
+// that lets renewals through) or not at all, it is sent again, and the
+// session given up when no read has been answered by the session's loss
 // deadline as of the first failure, when it would have been lost had its
 // renewals failed too: a failure of a moment costs its locks nothing, and a
-// holder whose reads fail for good works on for up to nine tenths of the
-// TTL without learning of a forced release. The read after a failure is
-// sent without an index, so that it is answered at once, and without a
-// pause after a query that waited (a read that fails pauses): a deadline
-// is cleared by an answer, and a query cut after a long wait (by a proxy's
+// holder whose reads fail for good works on for up to nine tenths of the TTL
+// without learning of a forced release. The read after a failure is sent
+// without an index, so that it is answered at once, and without a pause
+// after a query that waited retryDelay or more (after one that failed
+// sooner, or a read without an index that failed, it pauses): a deadline is
+// cleared by an answer, and a query cut after a long wait (by a proxy's
 // response timeout, an agent's restart) or unanswered by its bound (its
-// connection gone silent) counts only when the read sent after it fails
-// too (net/http closes the connection of a request given up over HTTP/1.1,
-// and sends the next on another; over HTTP/2, which a client of Consul over
-// TLS speaks, the client's requests, renewals included, share a connection
-// that a cancelled request leaves open, so one gone silent fails the
-// renewals too, and the session is lost at its loss deadline). No marker
-// is read while the anchor is acquired again (see reanchor): the loss deadline as of the read that found it gone
-// bounds that acquisition and the reads after it, until one is answered.
+// connection gone silent) counts only when the read sent after it fails too
+// (net/http closes the connection of a request given up over HTTP/1.1, and
+// sends the next on another; over HTTP/2, which a client of Consul over TLS
+// speaks, the client's requests, renewals included, share a connection that
+// a cancelled request leaves open, so one gone silent fails the renewals
+// too, and the session is lost at its loss deadline). No marker is read
+// while the anchor is acquired again (see reanchor): the loss deadline as of
+// the read that found it gone bounds that acquisition and the reads after
+// it, until one is answered.
 func (s *session) watchRevocations() {
 	dir := revokedDir(s.id)
 	anchored := s.anchored
