@@ -13,7 +13,7 @@
 // program again), one group after another, and the parent writes their
 // figures into one report. A group whose servers do not answer, or whose
 // process fails, is left out of the report, or fails the run with -strict.
-// Run with -h for the flags; -quick is a smoke run of seconds.
+// Run with -h for the flags; -quick is a smoke run of about two minutes.
 package main
 
 import (
@@ -75,7 +75,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	var s settings
 	fs := flag.NewFlagSet("bench-peers", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.BoolVar(&s.quick, "quick", false, "smoke run of seconds: one repetition, short windows, few contenders and locks")
+	fs.BoolVar(&s.quick, "quick", false, "smoke run of about two minutes: one repetition, short windows, few contenders and locks")
 	groups := fs.String("pairs", strings.Join(allGroups, ","), "groups of pairs to measure: "+strings.Join(allGroups, ","))
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run: "+strings.Join(allScenarios, ","))
 	fs.IntVar(&s.reps, "reps", 3, "repetitions of every measurement; the report shows medians")
