@@ -136,6 +136,9 @@ const (
 // returns which bound ended an acquisition that found the lock held.
 func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, error) {
 	ctxEnd, hasEnd := ctx.Deadline()
+	if lease, done, err := g.fastAttempt(ctx, full, c, ctxEnd, hasEnd); done {
+		return lease, boundNone, err
+	}
 	if c.wait < 0 && !hasEnd {
 		// Nothing bounds it but ctx's cancellation, if even that.
 		lease, err := g.attempt(ctx, full, c, true, g.direct || ctx.Done() == nil)
@@ -187,6 +190,57 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 		}
 	}
 	return lease, kind, err
+}
+
+// fastBound bounds a fast attempt (see fastAttempt): a cancellation of the
+// caller's context while it runs is honoured within it, well within
+// handoff.Grace, as on a call goroutine.
+const fastBound = handoff.Grace / 2
+
+// fastPause is how long a Guard makes no fast attempt after one that found
+// the lock held or got no answer within fastBound.
+const fastPause = time.Second
+
+// fastAttempt starts a waiting acquisition with one attempt that does not
+// wait, made on the caller's goroutine and bounded by fastBound, when the
+// backend returns once its context's deadline has passed but not once it
+// is cancelled (driver.DeadlineBounded: redislock) and ctx can be
+// cancelled, which would otherwise hand the whole acquisition to a call
+// goroutine. Most acquisitions find their lock free, and the hand-off to
+// another goroutine and back wakes a thread each way on a machine with
+// idle CPUs: about 35µs of a 150µs cycle on loopback Redis, measured,
+// against about 3µs with one CPU.
+//
+// It reports done with the lease it got, or when ctx has ended. Otherwise
+// the acquisition goes on as if it had not been made: a lease its attempt
+// may have taken unanswered the backend gives back itself, as it does for
+// any attempt that failed. And the Guard makes no fast attempt for
+// fastPause, so that a Guard whose locks are contended, or whose backend
+// answers slowly, does not pay a round trip more on each acquisition. A
+// single attempt (NoWait) makes none: a lease taken by an unanswered fast
+// attempt, not yet given back, would make the one attempt that follows
+// find its own lock held. Nor does a fair one, which would try the lock
+// before taking its place in the queue.
+func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end time.Time, hasEnd bool) (driver.Lease, bool, error) {
+	if !g.byDeadline || g.direct || c.wait == 0 || c.fair || ctx.Done() == nil {
+		return nil, false, nil
+	}
+	now := time.Now()
+	if now.UnixNano() < g.fastOff.Load() {
+		return nil, false, nil
+	}
+	bound := now.Add(fastBound)
+	if hasEnd && end.Before(bound) {
+		return nil, false, nil
+	}
+	fctx, cancel := context.WithDeadline(ctx, bound)
+	lease, err := g.acquireLease(fctx, full, c, false)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		return lease, true, err
+	}
+	g.fastOff.Store(now.Add(fastPause).UnixNano())
+	return nil, false, nil
 }
 
 // attempt calls the backend for c (one attempt, or a wait), on the caller's

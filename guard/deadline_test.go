@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,12 @@ type deadlineBound struct {
 
 	mu       sync.Mutex
 	handedOn map[string]bool // by call: made on a hand-off goroutine
+	acquires []acquireCall   // every acquisition, in order
+}
+
+// acquireCall is an acquisition a deadlineBound was asked for.
+type acquireCall struct {
+	wait, handed bool
 }
 
 func newDeadlineBound() *deadlineBound {
@@ -39,11 +46,15 @@ func newDeadlineBound() *deadlineBound {
 func (d *deadlineBound) BoundedByDeadline() bool { return true }
 
 // enter records where call runs, and holds it while d is hung.
-func (d *deadlineBound) enter(ctx context.Context, call string) error {
+func (d *deadlineBound) enter(ctx context.Context, call string, wait bool) error {
 	buf := make([]byte, 16<<10)
 	stack := string(buf[:runtime.Stack(buf, false)])
+	handed := strings.Contains(stack, "internal/handoff")
 	d.mu.Lock()
-	d.handedOn[call] = strings.Contains(stack, "internal/handoff")
+	d.handedOn[call] = handed
+	if call == "acquire" {
+		d.acquires = append(d.acquires, acquireCall{wait: wait, handed: handed})
+	}
 	d.mu.Unlock()
 	if !d.hung.Load() {
 		return nil
@@ -62,6 +73,15 @@ func (d *deadlineBound) enter(ctx context.Context, call string) error {
 	}
 }
 
+// takeAcquires returns the acquisitions made since it was last called.
+func (d *deadlineBound) takeAcquires() []acquireCall {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.acquires
+	d.acquires = nil
+	return a
+}
+
 // handedOff reports whether the latest call of that kind ran on a hand-off
 // goroutine, and whether there was one.
 func (d *deadlineBound) handedOff(call string) (handed, made bool) {
@@ -72,7 +92,7 @@ func (d *deadlineBound) handedOff(call string) (handed, made bool) {
 }
 
 func (d *deadlineBound) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
-	if err := d.enter(ctx, "acquire"); err != nil {
+	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
 		return nil, err
 	}
 	l, err := d.mem.Acquire(ctx, key, o)
@@ -82,7 +102,7 @@ func (d *deadlineBound) Acquire(ctx context.Context, key string, o driver.Acquir
 	return &deadlineBoundLease{Lease: l, d: d}, nil
 }
 
-func (d *deadlineBound) Ping(ctx context.Context) error { return d.enter(ctx, "ping") }
+func (d *deadlineBound) Ping(ctx context.Context) error { return d.enter(ctx, "ping", false) }
 
 type deadlineBoundLease struct {
 	driver.Lease
@@ -90,7 +110,7 @@ type deadlineBoundLease struct {
 }
 
 func (l *deadlineBoundLease) Release(ctx context.Context) error {
-	if err := l.d.enter(ctx, "release"); err != nil {
+	if err := l.d.enter(ctx, "release", false); err != nil {
 		return err
 	}
 	return l.Lease.Release(ctx)
@@ -165,6 +185,133 @@ func TestDeadlineBoundedBackend(t *testing.T) {
 		}
 		where("acquire", true)
 
+		close(d.unhang)
+		synctest.Wait()
+	})
+}
+
+// A waiting acquisition whose context can be cancelled, on a backend
+// bounded by its context's deadline, starts with one attempt that does not
+// wait, made on the caller's goroutine: the acquisition ends there when
+// the lock is free. When the lock is held, or the backend does not answer
+// within the attempt's short bound, the acquisition goes on on a hand-off
+// goroutine, and the Guard makes no such attempt for a while. A
+// cancellation during that attempt is honoured within guard's grace.
+func TestDeadlineBoundedFastAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDeadlineBound()
+		g := newBubbleGuard(t, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		calls := func(what string, want ...acquireCall) {
+			t.Helper()
+			if got := d.takeAcquires(); !slices.Equal(got, want) {
+				t.Errorf("%s: acquisitions %+v, want %+v", what, got, want)
+			}
+		}
+		fast := acquireCall{wait: false, handed: false}
+		handedWait := acquireCall{wait: true, handed: true}
+
+		l, err := g.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("free lock", fast)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err = g.Lock(ctx, "k", guard.WaitAtMost(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("free lock, bounded wait", fast)
+
+		// Held: the fast attempt finds it so, and the acquisition waits on
+		// a hand-off goroutine until the holder lets go.
+		got := make(chan error, 1)
+		go func() {
+			l2, err := g.Lock(ctx, "k")
+			if err == nil {
+				err = l2.Unlock(ctx)
+			}
+			got <- err
+		}()
+		synctest.Wait()
+		calls("held lock", fast, handedWait)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+		d.takeAcquires()
+
+		// Paused after finding it held: handed off at once.
+		l, err = g.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("free lock within a second of the refusal", handedWait)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		l, err = g.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("free lock a second after the refusal", fast)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		// Neither a single attempt nor a context that cannot be cancelled
+		// takes the fast path: both are made on the caller's goroutine
+		// already.
+		l, err = g.Lock(ctx, "k", guard.NoWait())
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("NoWait", acquireCall{wait: false, handed: true})
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err = g.Lock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("context.Background", acquireCall{wait: true, handed: false})
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		// Hung: a cancellation during the fast attempt ends the
+		// acquisition within the grace.
+		d.hung.Store(true)
+		cctx, ccancel := context.WithCancel(context.Background())
+		time.AfterFunc(2*time.Millisecond, ccancel)
+		err = within(t, "Lock cancelled during the fast attempt, hung", 2*time.Millisecond, func() error {
+			_, err := g.Lock(cctx, "hung")
+			return err
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Lock cancelled, hung: %v, want context.Canceled", err)
+		}
+		calls("hung, cancelled", fast)
+
+		// Hung, not cancelled: past the fast attempt's bound the
+		// acquisition goes on handed off, and ends at its wait bound.
+		time.Sleep(time.Second)
+		err = within(t, "Lock WaitAtMost(1s), hung", time.Second, func() error {
+			_, err := g.Lock(ctx, "hung", guard.WaitAtMost(time.Second))
+			return err
+		})
+		if !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("Lock WaitAtMost(1s), hung: %v, want ErrUnavailable", err)
+		}
+		if a := d.takeAcquires(); len(a) < 2 || a[0] != fast || !a[1].handed {
+			t.Errorf("hung: acquisitions %+v, want the fast attempt, then handed off", a)
+		}
 		close(d.unhang)
 		synctest.Wait()
 	})

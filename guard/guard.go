@@ -31,6 +31,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -69,6 +70,9 @@ type Guard struct {
 	names          names
 	callers        handoff.Callers
 	releases       releaseTimer
+	// fastOff is when, in Unix nanoseconds, the Guard may make a fast
+	// attempt again (see fastAttempt).
+	fastOff atomic.Int64
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses

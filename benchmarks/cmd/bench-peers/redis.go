@@ -54,7 +54,7 @@ func redisSubjects(b *bench) []*subject {
 	return []*subject{
 		{
 			id: "warden-redis", label: "warden redislock", group: "redis", warden: true, redis: one,
-			how: "guard.Do over redislock.New(go-redis client); with ContextTimeoutEnabled the Locker is driver.DeadlineBounded, so guard makes releases on the worker's goroutine and hands only acquisitions (under the worker's cancellable context) to its call goroutines; a waiter sleeps until a release is published (Pub/Sub) or the holder's TTL ends; the lease keeper renews held locks in one pipeline per period",
+			how: "guard.Do over redislock.New(go-redis client); with ContextTimeoutEnabled the Locker is driver.DeadlineBounded, so guard makes releases on the worker's goroutine, and an acquisition under the worker's cancellable context starts there too with one attempt that does not wait (bounded by 10ms), handed to a call goroutine to wait only when that attempt finds the lock held; a waiter sleeps until a release is published (Pub/Sub) or the holder's TTL ends; the lease keeper renews held locks in one pipeline per period",
 			fixture: func(ctx context.Context, m *meter) (fixture, error) {
 				return perWorker(func(ctx context.Context) (worker, error) { return newWardenRedis(b.srv.redis, m) }), nil
 			},

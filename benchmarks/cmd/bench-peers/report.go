@@ -256,7 +256,7 @@ func (b *bench) markdown() string {
 		w("; in-process subjects are timed 100 cycles at a time, since reading the clock costs as much as their cycle. ")
 		w("CPU idle entries are the times, per cycle, that any of the machine's CPUs halted (Linux cpuidle states other than POLL, whoever ran on them). ")
 		w("They tell what a cycle of two loopback round trips mostly costs: a CPU halted while the client waits must be woken for the answer, which on a virtual machine costs tens of µs a wake-up. ")
-		w("A client that hands each call to another goroutine (warden over redislock, whose acquisitions under a context that can be cancelled go to a call goroutine; redsync) keeps a second runtime thread running and the CPUs halt less, so on an idle machine it beats a client that calls on its own goroutine (bsm/redislock, the raw floors), and on a busy machine, where the CPUs seldom halt, it is the slower one: the ratios of this section hold for a machine as idle, or as busy, as this run's.\n\n")
+		w("A client that hands each call to another goroutine (redsync) keeps a second runtime thread running and the CPUs halt less, so on an idle machine it beats a client that calls on its own goroutine (bsm/redislock, the raw floors), and on a busy machine, where the CPUs seldom halt, it is the slower one: the ratios of this section hold for a machine as idle, or as busy, as this run's.\n\n")
 		w("| pair | cycles/s ↑ | p50 ↓ | p99 ↓ | server commands/cycle ↓ | round trips/cycle ↓ | CPU idle entries/cycle |\n|---|---|---|---|---|---|---|\n")
 		for _, p := range ps {
 			wm, pm := b.cycleMedian(cycleKey{"uncontended", 1, 0, p.warden}), b.cycleMedian(cycleKey{"uncontended", 1, 0, p.peer})
