@@ -266,8 +266,7 @@ func TestDeadlineBoundedFastAttempt(t *testing.T) {
 		}
 
 		// Neither a single attempt nor a context that cannot be cancelled
-		// takes the fast path: both are made on the caller's goroutine
-		// already.
+		// takes the fast path.
 		l, err = g.Lock(ctx, "k", guard.NoWait())
 		if err != nil {
 			t.Fatal(err)
@@ -281,6 +280,18 @@ func TestDeadlineBoundedFastAttempt(t *testing.T) {
 			t.Fatal(err)
 		}
 		calls("context.Background", acquireCall{wait: true, handed: false})
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Nor a wait bound shorter than the fast attempt's, which would
+		// outlast it.
+		l, err = g.Lock(ctx, "k", guard.WaitAtMost(5*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := d.takeAcquires(); len(a) == 0 || !a[0].handed {
+			t.Errorf("WaitAtMost(5ms): acquisitions %+v, want them handed off", a)
+		}
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
