@@ -227,14 +227,25 @@ const fastPause = time.Second
 // single attempt (NoWait) makes none: a lease taken by an unanswered fast
 // attempt, not yet given back, would make the one attempt that follows
 // find its own lock held. Nor does a fair one, which would try the lock
-// before taking its place in the queue, nor one whose wait bound, or
-// ctx's deadline, is closer than fastBound.
+// before taking its place in the queue; nor a read or write lock or a
+// semaphore, whose attempt would pass this process's own waiters (a
+// backend's release hands a plain lock to a waiter, not those); nor one
+// whose wait bound, or ctx's deadline, is closer than fastBound.
+//
+// An attempt that got no answer may still reach the server after the
+// backend gave back what it might have taken, and take the lock for nobody
+// then: redislock gives it back again a while later (see its cleanUp), so
+// that a request held up on the network (a lost segment sent again) costs
+// the lock's other contenders that while, not the lease's TTL.
 func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end time.Time, hasEnd bool) (lease driver.Lease, started time.Time, done bool, err error) {
-	if !g.byDeadline || g.direct || c.wait == 0 || c.fair || ctx.Done() == nil || (c.wait > 0 && c.wait < fastBound) {
+	if !g.byDeadline || g.direct || c.wait == 0 || c.fair || c.mode != exclusive || ctx.Done() == nil || (c.wait > 0 && c.wait < fastBound) {
 		return nil, time.Time{}, false, nil
 	}
 	now := time.Now()
-	if now.UnixNano() < g.fastOff.Load() {
+	// On the monotonic clock: a wall clock stepped back would stretch the
+	// pause by the step.
+	since := int64(now.Sub(g.epoch))
+	if since < g.fastOff.Load() {
 		return nil, now, false, nil
 	}
 	bound := now.Add(fastBound)
@@ -247,7 +258,7 @@ func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end
 	if err == nil || ctx.Err() != nil {
 		return lease, now, true, err
 	}
-	g.fastOff.Store(now.Add(fastPause).UnixNano())
+	g.fastOff.Store(int64(time.Since(g.epoch) + fastPause))
 	return nil, now, false, nil
 }
 

@@ -102,6 +102,28 @@ func (d *deadlineBound) Acquire(ctx context.Context, key string, o driver.Acquir
 	return &deadlineBoundLease{Lease: l, d: d}, nil
 }
 
+func (d *deadlineBound) AcquireRead(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
+		return nil, err
+	}
+	l, err := d.mem.AcquireRead(ctx, key, o)
+	if err != nil {
+		return nil, err
+	}
+	return &deadlineBoundLease{Lease: l, d: d}, nil
+}
+
+func (d *deadlineBound) AcquireWrite(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
+		return nil, err
+	}
+	l, err := d.mem.AcquireWrite(ctx, key, o)
+	if err != nil {
+		return nil, err
+	}
+	return &deadlineBoundLease{Lease: l, d: d}, nil
+}
+
 func (d *deadlineBound) Ping(ctx context.Context) error { return d.enter(ctx, "ping", false) }
 
 type deadlineBoundLease struct {
@@ -265,8 +287,17 @@ func TestDeadlineBoundedFastAttempt(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// Neither a single attempt nor a context that cannot be cancelled
-		// takes the fast path.
+		// Neither a single attempt, nor a context that cannot be
+		// cancelled, nor a lock other than a plain one takes the fast
+		// path.
+		l, err = g.Lock(ctx, "k", guard.Write())
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls("Write", handedWait)
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
 		l, err = g.Lock(ctx, "k", guard.NoWait())
 		if err != nil {
 			t.Fatal(err)
@@ -311,17 +342,26 @@ func TestDeadlineBoundedFastAttempt(t *testing.T) {
 		calls("hung, cancelled", fast)
 
 		// Hung, not cancelled: past the fast attempt's bound the
-		// acquisition goes on handed off, and ends at its wait bound.
+		// acquisition goes on handed off, and ends at its wait bound,
+		// counted from its start (fake time: exact); and the Guard makes
+		// no fast attempt for a while after one that got no answer.
 		time.Sleep(time.Second)
-		err = within(t, "Lock WaitAtMost(1s), hung", time.Second, func() error {
-			_, err := g.Lock(ctx, "hung", guard.WaitAtMost(time.Second))
-			return err
-		})
+		start := time.Now()
+		_, err = g.Lock(ctx, "hung", guard.WaitAtMost(time.Second))
 		if !errors.Is(err, guard.ErrUnavailable) {
 			t.Errorf("Lock WaitAtMost(1s), hung: %v, want ErrUnavailable", err)
 		}
+		if took := time.Since(start); took != time.Second {
+			t.Errorf("Lock WaitAtMost(1s), hung: took %v, want its wait bound, 1s", took)
+		}
 		if a := d.takeAcquires(); len(a) < 2 || a[0] != fast || !a[1].handed {
 			t.Errorf("hung: acquisitions %+v, want the fast attempt, then handed off", a)
+		}
+		if _, err := g.Lock(ctx, "hung", guard.WaitAtMost(100*time.Millisecond)); !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("Lock WaitAtMost(100ms), hung, again: %v, want ErrUnavailable", err)
+		}
+		if a := d.takeAcquires(); len(a) == 0 || !a[0].handed {
+			t.Errorf("hung, right after an attempt that got no answer: acquisitions %+v, want them handed off", a)
 		}
 		close(d.unhang)
 		synctest.Wait()

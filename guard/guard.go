@@ -70,9 +70,10 @@ type Guard struct {
 	names          names
 	callers        handoff.Callers
 	releases       releaseTimer
-	// fastOff is when, in Unix nanoseconds, the Guard may make a fast
-	// attempt again (see fastAttempt).
+	// fastOff is when, in nanoseconds since epoch (the Guard's making),
+	// the Guard may make a fast attempt again (see fastAttempt).
 	fastOff atomic.Int64
+	epoch   time.Time
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses
@@ -106,6 +107,7 @@ func New(locker driver.Locker, opts ...Option) (*Guard, error) {
 		backend:        c.backend,
 		owner:          c.owner,
 		logger:         c.logger,
+		epoch:          time.Now(),
 	}
 	if cb, ok := locker.(driver.ContextBounded); ok {
 		g.direct = cb.BoundedByContext()

@@ -93,6 +93,16 @@ const cleanupTry = 10 * time.Millisecond
 // default options, which ignores the try's deadline, would hold it for its
 // read timeout. f is the same either time, and a second run changes
 // nothing the first one did.
+//
+// An attempt that got no answer may reach the server after the cleanup
+// did: a request held up on the network (a lost segment is sent again
+// 200ms or more later) while the cleanup went on another connection. It
+// then takes the lock, if free, for an owner that nobody holds any longer,
+// until the lease's TTL runs out. So after such an attempt the cleanup
+// runs again cleanupAgain later, and four and sixteen times that, while
+// the server answers: what the late attempt took is given back within
+// those pauses of its arrival, and a request held up longer than them all
+// (about 5s) still holds its lock for a TTL.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
@@ -108,11 +118,27 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 		}
 	}
 	go func() {
-		cctx, cancel := context.WithTimeout(base, cleanupTimeout)
-		defer cancel()
-		_ = f(cctx)
+		run := func() error {
+			cctx, cancel := context.WithTimeout(base, cleanupTimeout)
+			defer cancel()
+			return f(cctx)
+		}
+		err := run()
+		if answered {
+			return
+		}
+		for pause := cleanupAgain; err == nil && pause <= 16*cleanupAgain; pause *= 4 {
+			time.Sleep(pause)
+			err = run()
+		}
 	}()
 }
+
+// cleanupAgain is the first pause after which the cleanup of an
+// acquisition whose latest attempt got no answer runs again (see
+// cleanUp): past a retransmission of a lost segment (Linux's least
+// retransmission timeout is 200ms).
+const cleanupAgain = 250 * time.Millisecond
 
 // attemptBound cuts short a waiting attempt (of a bounded waiter) that has
 // no answer yet, a boundTick later at most (see watchdog). After a Cluster

@@ -176,11 +176,15 @@ type ContextBounded interface {
 // ContextTimeoutEnabled. guard calls such a backend on the caller's
 // goroutine when nothing but a deadline can end the call's context (a
 // release, which guard bounds by its release timeout; an acquisition whose
-// caller's context has no cancellation; the first attempt of a waiting
-// acquisition, which it makes without waiting and bounds by a short
-// deadline of its own), and on one of its own otherwise, as for any
-// backend that is not ContextBounded: handing a call to another goroutine
-// and back costs a fast client a large share of its cycle.
+// caller's context has no cancellation), and on one of its own otherwise,
+// as for any backend that is not ContextBounded: handing a call to another
+// goroutine and back costs a fast client a large share of its cycle. A
+// waiting acquisition of a plain lock whose context can be cancelled starts
+// with one attempt that does not wait, on the caller's goroutine, under a
+// deadline of 10ms of guard's own, so that a cancellation is still
+// honoured within guard's grace; the wait is handed off when that attempt
+// fails. Such a backend must give back what an attempt that got no answer
+// may have taken, should its request reach the server late.
 type DeadlineBounded interface {
 	Locker
 	// BoundedByDeadline reports whether every call of this Locker returns

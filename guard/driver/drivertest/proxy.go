@@ -20,6 +20,7 @@ type Proxy struct {
 	holed atomic.Bool  // bytes are dropped, connections kept: a silent partition
 	deaf  atomic.Bool  // the server's bytes are dropped, the client's still relayed
 	slow  atomic.Int64 // the server's bytes are held back this long (ns)
+	late  atomic.Int64 // the client's bytes are held back this long (ns)
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -82,33 +83,46 @@ func (p *Proxy) relay(dst, src net.Conn, fromServer bool) {
 		dst.Close()
 		src.Close()
 	}()
-	write := func(b []byte) error {
-		_, err := dst.Write(b)
-		return err
-	}
+	// Bytes go out in order, each chunk no earlier than its arrival plus
+	// the delay asked for then: Slow's for the server's, SlowRequests's
+	// for the client's.
+	delay := &p.late
 	if fromServer {
-		// The server's bytes go out in order, each chunk no earlier than
-		// its arrival plus the delay Slow asked for then.
-		type chunk struct {
-			due time.Time
-			b   []byte
+		delay = &p.slow
+	}
+	type chunk struct {
+		due time.Time
+		b   []byte
+	}
+	q := make(chan chunk, 1024)
+	drained := make(chan struct{})
+	defer func() {
+		close(q)
+		if !fromServer {
+			// The client's bytes held back when it closes still go,
+			// before the close, as TCP delivers a segment sent again;
+			// the server's are dropped (see Slow).
+			<-drained
 		}
-		q := make(chan chunk, 1024)
-		defer close(q)
-		go func() {
-			var failed bool
-			for c := range q {
-				time.Sleep(time.Until(c.due))
-				if !failed {
-					_, err := dst.Write(c.b)
-					failed = err != nil
+	}()
+	var failed atomic.Bool // a write to dst failed: the relay ends
+	go func() {
+		defer close(drained)
+		for c := range q {
+			time.Sleep(time.Until(c.due))
+			if !failed.Load() {
+				if _, err := dst.Write(c.b); err != nil {
+					failed.Store(true)
 				}
 			}
-		}()
-		write = func(b []byte) error {
-			q <- chunk{time.Now().Add(time.Duration(p.slow.Load())), append([]byte(nil), b...)}
-			return nil
 		}
+	}()
+	write := func(b []byte) error {
+		if failed.Load() {
+			return net.ErrClosed
+		}
+		q <- chunk{time.Now().Add(time.Duration(delay.Load())), append([]byte(nil), b...)}
+		return nil
 	}
 	buf := make([]byte, 32<<10)
 	for {
@@ -147,6 +161,14 @@ func (p *Proxy) LoseReplies() { p.deaf.Store(true) }
 // connection: a server that answers, late, as one under load does. Bytes
 // still held back when a connection closes are dropped.
 func (p *Proxy) Slow(d time.Duration) { p.slow.Store(int64(d)) }
+
+// SlowRequests holds back every byte clients send from now on by d, on
+// every connection: a request held up on its way, as a lost TCP segment
+// sent again 200ms or more later is, while what is sent on other
+// connections after it is not (SlowRequests(0) again). Bytes held back
+// when the client closes its connection still reach the server, before
+// the close.
+func (p *Proxy) SlowRequests(d time.Duration) { p.late.Store(int64(d)) }
 
 // Reset heals a Blackhole or LoseReplies as a partition heals: every
 // relayed connection is torn down with a TCP reset, and new ones are
