@@ -68,8 +68,9 @@ func WithCallTimeout(d time.Duration) Option { return func(c *config) { c.callTi
 // release; to a DeadlineBounded one (redislock over a go-redis Client made
 // with ContextTimeoutEnabled), only the calls whose context can be
 // cancelled, all others running on the caller's goroutine, as does the
-// first attempt of a waiting acquisition of a plain lock (not Fair), which
-// does not wait and is bounded by 10ms of its own; the wait is handed off
+// first attempt of a waiting acquisition of a plain lock (not Fair, with
+// its bounds 10ms away or more), which does not wait and is bounded by
+// 10ms of its own; the wait is handed off
 // when that attempt finds the lock held or gets no answer, and then the
 // Guard makes no such attempt for a second.
 // Keeping them spares each such call a goroutine's start and stack growth,

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -46,10 +47,18 @@ func (h *holdBackOnce) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 // free lock for an owner nobody holds: the cleanup runs again after a
 // while, and gives it back long before its TTL runs out.
 func TestLateAttemptGivenBack(t *testing.T) {
+	// Held back past the cleanup's first run again (250ms after its
+	// first), and past its second (1.25s after).
+	for _, late := range []time.Duration{100 * time.Millisecond, 700 * time.Millisecond} {
+		t.Run(late.String(), func(t *testing.T) { lateAttemptGivenBack(t, late) })
+	}
+}
+
+func lateAttemptGivenBack(t *testing.T, late time.Duration) {
 	p := drivertest.StartProxy(t, drivertest.Addr(t, addrEnv, addrDefault))
 	c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	h := &holdBackOnce{p: p, delay: 100 * time.Millisecond}
+	h := &holdBackOnce{p: p, delay: late}
 	c.AddHook(h)
 	l := newLocker(t, c)
 	other := newLocker(t, newClient(t))
@@ -71,10 +80,10 @@ func TestLateAttemptGivenBack(t *testing.T) {
 	_, err = l.Acquire(actx, key, opts)
 	cancel()
 	if err == nil {
-		t.Fatal("an attempt held back 100ms, bounded by 10ms, succeeded")
+		t.Fatalf("an attempt held back %v, bounded by 10ms, succeeded", late)
 	}
 
-	// The held-back attempt lands on the free lock 100ms after it was
+	// The held-back attempt lands on the free lock late after it was
 	// sent, after its cleanup, and takes it: its state names an owner.
 	// Read, not tried, so that no attempt of the test's takes the lock
 	// first.
@@ -113,4 +122,37 @@ func TestLateAttemptGivenBack(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("the lock a late attempt took was given back %v after it was seen taken", time.Since(seen).Round(time.Millisecond))
+}
+
+// However many attempts a slow server leaves unanswered, at most
+// maxCleanupsAgain of their cleanups run again at a time; the others run
+// once.
+func TestCleanupsAgainBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &Locker{}
+		var runs atomic.Int32
+		f := func(context.Context) error {
+			runs.Add(1)
+			return nil
+		}
+		const n = 3 * maxCleanupsAgain
+		for range n {
+			l.cleanUp(context.Background(), f, false)
+		}
+		synctest.Wait()
+		if got := runs.Load(); got != n {
+			t.Errorf("first runs: %d, want %d", got, n)
+		}
+		if got := l.again.Load(); got != maxCleanupsAgain {
+			t.Errorf("cleanups to run again: %d, want %d", got, maxCleanupsAgain)
+		}
+		time.Sleep(21 * cleanupAgain)
+		synctest.Wait()
+		if got, want := runs.Load(), int32(n+3*maxCleanupsAgain); got != want {
+			t.Errorf("runs after the pauses: %d, want %d", got, want)
+		}
+		if got := l.again.Load(); got != 0 {
+			t.Errorf("cleanups still to run again: %d, want 0", got)
+		}
+	})
 }

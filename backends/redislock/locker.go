@@ -43,6 +43,9 @@ type Locker struct {
 	// bound cuts short the waiting attempts that have no answer (see
 	// attemptBound).
 	bound watchdog
+	// again counts the cleanups whose runs again are under way (see
+	// cleanUp).
+	again atomic.Int32
 }
 
 type config struct {

@@ -99,10 +99,16 @@ const cleanupTry = 10 * time.Millisecond
 // 200ms or more later) while the cleanup went on another connection. It
 // then takes the lock, if free, for an owner that nobody holds any longer,
 // until the lease's TTL runs out. So after such an attempt the cleanup
-// runs again cleanupAgain later, and four and sixteen times that, while
-// the server answers: what the late attempt took is given back within
-// those pauses of its arrival, and a request held up longer than them all
-// (about 5s) still holds its lock for a TTL.
+// runs again after pauses of cleanupAgain, four and sixteen times that
+// (about 250ms, 1.25s and 5.25s after the first run), whether or not a run
+// got an answer: a run that failed, in a partition whose end lets the held
+// up request through first, would otherwise be the last. What the late
+// attempt took is given back within those pauses of its arrival, and a
+// request held up longer than them all still holds its lock for a TTL.
+// At most maxCleanupsAgain cleanups of a Locker run again at a time: a
+// server slow enough to leave many attempts unanswered would otherwise get
+// three times their cleanups more, and the Locker a goroutine each for
+// seconds; those past it run once, as every cleanup did before.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
@@ -118,21 +124,36 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 		}
 	}
 	go func() {
-		run := func() error {
+		run := func() {
 			cctx, cancel := context.WithTimeout(base, cleanupTimeout)
 			defer cancel()
-			return f(cctx)
+			_ = f(cctx)
 		}
-		err := run()
-		if answered {
+		run()
+		if answered || !l.takeAgain() {
 			return
 		}
-		for pause := cleanupAgain; err == nil && pause <= 16*cleanupAgain; pause *= 4 {
+		defer l.again.Add(-1)
+		for pause := cleanupAgain; pause <= 16*cleanupAgain; pause *= 4 {
 			time.Sleep(pause)
-			err = run()
+			run()
 		}
 	}()
 }
+
+// takeAgain reports whether a cleanup may run again (see cleanUp), and
+// counts it if so.
+func (l *Locker) takeAgain() bool {
+	if l.again.Add(1) > maxCleanupsAgain {
+		l.again.Add(-1)
+		return false
+	}
+	return true
+}
+
+// maxCleanupsAgain bounds the cleanups of a Locker that run again at a
+// time (see cleanUp).
+const maxCleanupsAgain = 16
 
 // cleanupAgain is the first pause after which the cleanup of an
 // acquisition whose latest attempt got no answer runs again (see

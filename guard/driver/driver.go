@@ -179,12 +179,13 @@ type ContextBounded interface {
 // caller's context has no cancellation), and on one of its own otherwise,
 // as for any backend that is not ContextBounded: handing a call to another
 // goroutine and back costs a fast client a large share of its cycle. A
-// waiting acquisition of a plain lock whose context can be cancelled starts
-// with one attempt that does not wait, on the caller's goroutine, under a
-// deadline of 10ms of guard's own, so that a cancellation is still
-// honoured within guard's grace; the wait is handed off when that attempt
-// fails. Such a backend must give back what an attempt that got no answer
-// may have taken, should its request reach the server late.
+// waiting acquisition of a plain lock whose context can be cancelled (and
+// whose bounds are 10ms away or more) starts with one attempt that does
+// not wait, on the caller's goroutine, under a deadline of 10ms of guard's
+// own, so that a cancellation is still honoured within guard's grace; the
+// wait is handed off when that attempt fails. Such a backend should give
+// back what an attempt that got no answer may have taken, should its
+// request reach the server late (redislock does, within seconds).
 type DeadlineBounded interface {
 	Locker
 	// BoundedByDeadline reports whether every call of this Locker returns

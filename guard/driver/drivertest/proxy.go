@@ -170,9 +170,9 @@ func (p *Proxy) Slow(d time.Duration) { p.slow.Store(int64(d)) }
 // the close.
 func (p *Proxy) SlowRequests(d time.Duration) { p.late.Store(int64(d)) }
 
-// Reset heals a Blackhole or LoseReplies as a partition heals: every
-// relayed connection is torn down with a TCP reset, and new ones are
-// relayed again.
+// Reset heals a Blackhole or LoseReplies as a partition heals, and ends
+// Slow and SlowRequests: every relayed connection is torn down with a TCP
+// reset, and new ones are relayed again.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	for c := range p.conns {
@@ -183,6 +183,7 @@ func (p *Proxy) Reset() {
 	p.holed.Store(false)
 	p.deaf.Store(false)
 	p.slow.Store(0)
+	p.late.Store(0)
 }
 
 // Down takes the server away for good, as a stopped server whose port is
