@@ -107,8 +107,8 @@ const cleanupTry = 10 * time.Millisecond
 // request held up longer than them all still holds its lock for a TTL.
 // At most maxCleanupsAgain cleanups of a Locker run again at a time: a
 // server slow enough to leave many attempts unanswered would otherwise get
-// three times their cleanups more, and the Locker a goroutine each for
-// seconds; those past it run once, as every cleanup did before.
+// three more runs of each of their cleanups, and the Locker a goroutine
+// each for seconds; those past it run once, as every cleanup did before.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
