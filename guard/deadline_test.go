@@ -92,32 +92,24 @@ func (d *deadlineBound) handedOff(call string) (handed, made bool) {
 }
 
 func (d *deadlineBound) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
-	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
-		return nil, err
-	}
-	l, err := d.mem.Acquire(ctx, key, o)
-	if err != nil {
-		return nil, err
-	}
-	return &deadlineBoundLease{Lease: l, d: d}, nil
+	return d.acquire(ctx, key, o, d.mem.Acquire)
 }
 
 func (d *deadlineBound) AcquireRead(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
-	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
-		return nil, err
-	}
-	l, err := d.mem.AcquireRead(ctx, key, o)
-	if err != nil {
-		return nil, err
-	}
-	return &deadlineBoundLease{Lease: l, d: d}, nil
+	return d.acquire(ctx, key, o, d.mem.AcquireRead)
 }
 
 func (d *deadlineBound) AcquireWrite(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	return d.acquire(ctx, key, o, d.mem.AcquireWrite)
+}
+
+// acquire makes an acquisition of the memory backend's (by f), as the
+// hung client would.
+func (d *deadlineBound) acquire(ctx context.Context, key string, o driver.AcquireOptions, f func(context.Context, string, driver.AcquireOptions) (driver.Lease, error)) (driver.Lease, error) {
 	if err := d.enter(ctx, "acquire", o.Wait); err != nil {
 		return nil, err
 	}
-	l, err := d.mem.AcquireWrite(ctx, key, o)
+	l, err := f(ctx, key, o)
 	if err != nil {
 		return nil, err
 	}
