@@ -129,16 +129,8 @@ func lateAttemptGivenBack(t *testing.T, late time.Duration) {
 // once.
 func TestCleanupsAgainBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := &Locker{}
-		var runs atomic.Int32
-		f := func(context.Context) error {
-			runs.Add(1)
-			return nil
-		}
 		const n = 3 * maxCleanupsAgain
-		for range n {
-			l.cleanUp(context.Background(), f, false)
-		}
+		l, runs := unansweredCleanups(n)
 		synctest.Wait()
 		if got := runs.Load(); got != n {
 			t.Errorf("first runs: %d, want %d", got, n)
@@ -155,4 +147,44 @@ func TestCleanupsAgainBounded(t *testing.T) {
 			t.Errorf("cleanups still to run again: %d, want 0", got)
 		}
 	})
+}
+
+// TestCleanupsAgainEndAtClose: Close ends the runs again of cleanups under
+// way, each after one last run, with no time passing, instead of leaving
+// their goroutines for seconds.
+func TestCleanupsAgainEndAtClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 3
+		l, runs := unansweredCleanups(n)
+		synctest.Wait()
+		start := time.Now()
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got := runs.Load(); got != 2*n {
+			t.Errorf("runs after Close: %d, want %d (one first run and one last run each)", got, 2*n)
+		}
+		if got := l.again.Load(); got != 0 {
+			t.Errorf("cleanups still to run again after Close: %d, want 0", got)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("the runs again ended %v after Close, want at once", d)
+		}
+	})
+}
+
+// unansweredCleanups starts, on a Locker of no client, the cleanups of n
+// acquisitions whose latest attempt got no answer, each a function that
+// counts its runs in runs.
+func unansweredCleanups(n int) (l *Locker, runs *atomic.Int32) {
+	l, runs = &Locker{notify: newNotifier(nil, func() {})}, new(atomic.Int32)
+	f := func(context.Context) error {
+		runs.Add(1)
+		return nil
+	}
+	for range n {
+		l.cleanUp(context.Background(), f, false)
+	}
+	return l, runs
 }

@@ -172,7 +172,9 @@ func honoursDeadlines(client goredis.UniversalClient) bool {
 // Close ends the Pub/Sub connection the Locker's waiters share. Waits in
 // progress end with an error, and so does any later waiting acquisition;
 // held leases, and acquisitions that do not wait, go on working on the
-// client, which stays the caller's to close.
+// client, which stays the caller's to close. The cleanups of unanswered
+// acquisitions that were to run again over the next seconds (see
+// cleanUp) run once more at once instead, and end.
 func (l *Locker) Close() error { return l.notify.close() }
 
 var (

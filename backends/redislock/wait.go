@@ -109,6 +109,8 @@ const cleanupTry = 10 * time.Millisecond
 // server slow enough to leave many attempts unanswered would otherwise get
 // three more runs of each of their cleanups, and the Locker a goroutine
 // each for seconds; those past it run once, as every cleanup did before.
+// Close cuts the pauses short: each cleanup still to run again runs once
+// more at once and is done.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
@@ -135,7 +137,18 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 		}
 		defer l.again.Add(-1)
 		for pause := cleanupAgain; pause <= 16*cleanupAgain; pause *= 4 {
-			time.Sleep(pause)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-l.notify.closed:
+				// The caller is done with the Locker, and likely with
+				// the client next: one last run now, while the client
+				// may still take it, rather than a goroutine lingering
+				// for seconds after Close.
+				t.Stop()
+				run()
+				return
+			}
 			run()
 		}
 	}()
