@@ -203,8 +203,12 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 const fastBound = handoff.Grace / 2
 
 // fastPause is how long a Guard makes no fast attempt after one that found
-// the lock held or got no answer within fastBound.
+// the lock held or failed, and after the first of those in a row that got
+// no answer within fastBound; each such attempt after it doubles the
+// pause, up to fastPause<<maxFastDoublings (about 8.5 minutes).
 const fastPause = time.Second
+
+const maxFastDoublings = 9
 
 // fastAttempt starts a waiting acquisition with one attempt that does not
 // wait, made on the caller's goroutine and bounded by fastBound, when the
@@ -221,15 +225,20 @@ const fastPause = time.Second
 // bounds count. Otherwise the acquisition goes on as if the attempt had
 // not been made: a lease its attempt may have taken unanswered the
 // backend gives back itself, as it does for any attempt that failed. And
-// the Guard makes no fast attempt for
-// fastPause, so that a Guard whose locks are contended, or whose backend
-// answers slowly, does not pay a round trip more on each acquisition. A
-// single attempt (NoWait) makes none: a lease taken by an unanswered fast
-// attempt, not yet given back, would make the one attempt that follows
-// find its own lock held. Nor does a fair one, which would try the lock
-// before taking its place in the queue; nor a read or write lock or a
-// semaphore, whose attempt would pass this process's own waiters (a
-// backend's release hands a plain lock to a waiter, not those); nor one
+// the Guard makes no fast attempt for fastPause, so that a Guard whose
+// locks are contended does not pay a round trip more on each acquisition;
+// nor, for twice as long after each unanswered fast attempt in a row, one
+// whose backend answers slower than fastBound (a distant server): each
+// such attempt costs the time of its bound and the backend's cleanup of
+// what it may have taken (redislock's runs four times over 5s), and a
+// Guard that locks once a minute, as a cron job's does, would otherwise
+// pay them on every acquisition. An attempt answered in time ends the
+// doubling. A single attempt (NoWait) makes none: a lease taken by an
+// unanswered fast attempt, not yet given back, would make the one attempt
+// that follows find its own lock held. Nor does a fair one, which would
+// try the lock before taking its place in the queue; nor a read or write
+// lock or a semaphore, whose attempt would pass this process's own waiters
+// (a backend's release hands a plain lock to a waiter, not those); nor one
 // whose wait bound, or ctx's deadline, is closer than fastBound.
 //
 // An attempt that got no answer may still reach the server after the
@@ -254,12 +263,34 @@ func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end
 	}
 	fctx, cancel := context.WithDeadline(ctx, bound)
 	lease, err = g.acquireLease(fctx, full, c, false)
+	// Past its bound: not fctx.Err(), which the deadline's timer sets
+	// maybe a moment after the backend's own deadline ended the call.
+	timedOut := !time.Now().Before(bound)
 	cancel()
 	if err == nil || ctx.Err() != nil {
+		if err == nil {
+			g.answeredInTime()
+		}
 		return lease, now, true, err
 	}
-	g.fastOff.Store(int64(time.Since(g.epoch) + fastPause))
+	pause := fastPause
+	switch {
+	case errors.Is(err, ErrNotAcquired):
+		g.answeredInTime()
+	case timedOut:
+		pause <<= min(g.fastMisses.Add(1)-1, maxFastDoublings)
+	}
+	g.fastOff.Store(int64(time.Since(g.epoch) + pause))
 	return nil, now, false, nil
+}
+
+// answeredInTime ends the doubling of the pause between fast attempts (see
+// fastAttempt); read first, so that the acquisitions of a Guard on many
+// CPUs do not write the same memory every time.
+func (g *Guard) answeredInTime() {
+	if g.fastMisses.Load() != 0 {
+		g.fastMisses.Store(0)
+	}
 }
 
 // attempt calls the backend for c (one attempt, or a wait), on the caller's

@@ -28,6 +28,9 @@ type deadlineBound struct {
 	mem    *memory.Locker
 	hung   atomic.Bool
 	unhang chan struct{}
+	// slow, when not 0, is how long every call takes to be answered
+	// (nanoseconds); one whose ctx's deadline comes first ends then.
+	slow atomic.Int64
 
 	mu       sync.Mutex
 	handedOn map[string]bool // by call: made on a hand-off goroutine
@@ -56,7 +59,14 @@ func (d *deadlineBound) enter(ctx context.Context, call string, wait bool) error
 		d.acquires = append(d.acquires, acquireCall{wait: wait, handed: handed})
 	}
 	d.mu.Unlock()
-	if !d.hung.Load() {
+	var unhang <-chan struct{}
+	var answered <-chan time.Time
+	switch slow := d.slow.Load(); {
+	case d.hung.Load():
+		unhang = d.unhang
+	case slow != 0:
+		answered = time.After(time.Duration(slow))
+	default:
 		return nil
 	}
 	var atDeadline <-chan time.Time
@@ -68,7 +78,9 @@ func (d *deadlineBound) enter(ctx context.Context, call string, wait bool) error
 		// A read past the connection's deadline, as the backend reports
 		// it.
 		return driver.Unavailable(ctx, os.ErrDeadlineExceeded)
-	case <-d.unhang:
+	case <-unhang:
+		return nil
+	case <-answered:
 		return nil
 	}
 }
@@ -357,5 +369,69 @@ func TestDeadlineBoundedFastAttempt(t *testing.T) {
 		}
 		close(d.unhang)
 		synctest.Wait()
+	})
+}
+
+// TestFastAttemptsOnASlowBackend: on a backend that answers, but slower
+// than the fast attempt's bound (a distant server), each fast attempt in a
+// row that gets no answer doubles the pause before the next one, so that
+// a Guard taking a lock every second makes one at its 1st, 2nd, 4th, 8th,
+// 16th... acquisition, not at every other one; and one answered in time
+// ends the doubling.
+func TestFastAttemptsOnASlowBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDeadlineBound()
+		g := newBubbleGuard(t, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// fast takes and lets go of the lock, and reports whether the
+		// acquisition started with a fast attempt.
+		fast := func() bool {
+			t.Helper()
+			l, err := g.Lock(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			a := d.takeAcquires()
+			return len(a) > 0 && !a[0].handed
+		}
+		d.slow.Store(int64(15 * time.Millisecond))
+		// Each acquisition starts a second after the previous one started.
+		var fastAt []int
+		for i := range 40 {
+			start := time.Now()
+			if fast() {
+				fastAt = append(fastAt, i)
+			}
+			time.Sleep(time.Second - time.Since(start))
+		}
+		// A fast attempt at 0 misses, pausing 1s (from its end, which is
+		// past the start of acquisition 1): the next at 2, pausing 2s,
+		// then 5 (4s), 10 (8s), 19 (16s), 36.
+		if want := []int{0, 2, 5, 10, 19, 36}; !slices.Equal(fastAt, want) {
+			t.Errorf("slow backend: fast attempts at acquisitions %v, want %v", fastAt, want)
+		}
+
+		// Answering in time again: the next fast attempt, after the
+		// longest pause (about 8.5 minutes), is granted and the doubling
+		// ends: slow again, the pause after a miss is back to 1s.
+		d.slow.Store(0)
+		time.Sleep(10 * time.Minute)
+		for i := range 3 {
+			if !fast() {
+				t.Errorf("fast backend again, acquisition %d: handed off, want a fast attempt", i)
+			}
+		}
+		d.slow.Store(int64(15 * time.Millisecond))
+		if got := []bool{fast(), fast()}; !slices.Equal(got, []bool{true, false}) {
+			t.Errorf("slow again, two acquisitions in a row: fast attempts %v, want [true false]", got)
+		}
+		time.Sleep(1100 * time.Millisecond)
+		if !fast() {
+			t.Errorf("slow again, 1.1s after the first miss since: handed off, want a fast attempt")
+		}
 	})
 }

@@ -73,7 +73,10 @@ type Guard struct {
 	// fastOff is when, in nanoseconds since epoch (the Guard's making),
 	// the Guard may make a fast attempt again (see fastAttempt).
 	fastOff atomic.Int64
-	epoch   time.Time
+	// fastMisses counts the fast attempts in a row that got no answer
+	// within their bound; each doubles the pause after it.
+	fastMisses atomic.Int32
+	epoch      time.Time
 }
 
 // New returns a Guard over locker, a backend's driver.Locker. It refuses
