@@ -481,7 +481,7 @@ func (b *bench) renewal(ctx context.Context, sub *subject, n, rep, try int) (ren
 	// Locks taken over a while fall into step with the keeper's first
 	// round; what is measured is the steady state after it.
 	period := ttl / 3
-	if err := settle(ctx, period+period/2); err != nil {
+	if err := settle(ctx, max(period+period/2, sub.quietAfter)); err != nil {
 		return renewResult{}, err
 	}
 	runtime.GC()

@@ -309,6 +309,9 @@ func (b *bench) markdown() string {
 			ttl := b.renewTTL(sub)
 			w(" (on Consul, whose sessions take TTLs from 10s, a TTL of %v, and %d periods of %v counted: a whole number of TTLs, over which api.Lock's renewals every TTL/2 come a whole number of times too)", ttl, b.renewPeriods(sub), (ttl / 3).Round(time.Millisecond))
 		}
+		if slices.ContainsFunc(b.selected("renewal"), func(p pair) bool { return b.subj[p.warden].quietAfter > 0 }) {
+			w("; warden redislock's window starts %v after its last lock was taken, when no cleanup of an acquisition can still run (an acquisition whose first attempt got no answer within its 10ms, queued behind a renewal pipeline, leaves one that runs again up to 5.25s later: in a run holding 100,000 locks, 8 such acquisitions and 16 scripts after the last lock, which the window would otherwise count as renewals)", b.subj["warden-redis"].quietAfter)
+		}
 		w(". ")
 		w("warden's lease keeper renews every lease due within the next period in one request; the Redis and PostgreSQL peers offer a per-lock Refresh or Extend and no keeper, so their locks are renewed the way their users write it, a goroutine per lock. On etcd, warden and concurrency.Mutex alike keep every lock on one session lease (its keepalive is not counted), so the memory per lock is what differs there; etcd is measured up to %d locks. ", etcdMaxLocks)
 		w("On Consul, warden keeps every lock on one session, renewed by one request per period; api.Lock gives each lock a session of its own, renewed by a goroutine of its own every TTL/2, and a goroutine monitoring it with a blocking query, as its users get from LockOpts; Consul is measured up to %d locks. ", consulMaxLocks)

@@ -27,6 +27,10 @@ type subject struct {
 	// maxLocks bounds the renewal scenario's sizes for this subject; 0:
 	// every size.
 	maxLocks int
+	// quietAfter is how long the subject's acquisitions may still send
+	// requests of their own after the last lock is taken: the renewal
+	// scenario's window starts no sooner, so that it counts renewals alone.
+	quietAfter time.Duration
 	// minTTL is the shortest lease TTL the subject's server accepts
 	// (Consul's sessions: 10s); the renewal scenario uses it when -ttl is
 	// shorter.
