@@ -31,12 +31,12 @@ help:
 	@echo "make services         start the test servers ($(SERVICES) up)"
 	@echo "make services-down    stop the test servers that make services started"
 	@echo "make services-status  which test servers answer"
-	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...)"
+	@echo "make test             services, then go test -race over PKG=$(PKG) (TESTFLAGS=...), and the benchmarks module's tests"
 	@echo "make test-faults      services, then the fenced-counter workload under kill -9, SIGSTOP, partitions and restarts, every backend"
 	@echo "make test-clusters    3-member etcd, 3-server ZooKeeper, a 3x2 Redis Cluster and 3 Consul servers (scripts/clusters.sh), faults while locks are held"
 	@echo "make bench            services, then benchmarks BENCH=$(BENCH) over PKG=$(PKG)"
 	@echo "make bench-peers      services, then warden beside its peers: writes benchmarks/BENCHMARKS.md and its chart (about 45 minutes)"
-	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION)"
+	@echo "make lint             gofmt, go vet, staticcheck $(STATICCHECK_VERSION), the benchmarks module too"
 	@echo "make fuzz             each fuzz target for FUZZTIME=$(FUZZTIME) (FUZZ=regexp)"
 
 run:
@@ -64,6 +64,13 @@ test: services
 	# machine, which the race detector's slowdown would decide instead: they
 	# skip themselves under -race and run here without it.
 	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 30m -run 'HoldMany' $(TESTFLAGS) $(PKG)
+ifeq ($(PKG),./...)
+	# The benchmark's own module (bench-peers), whose tests include a quick
+	# run of every group against the servers; without the race detector,
+	# whose slowdown of the measuring processes would decide whether its
+	# peers keep their locks.
+	eval "$$($(SERVICES) env)" && cd benchmarks && WARDEN_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 20m $(TESTFLAGS) ./...
+endif
 
 bench: services
 	eval "$$($(SERVICES) env)" && WARDEN_REQUIRE_SERVERS=1 $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKG)
@@ -96,6 +103,10 @@ lint: staticcheck
 	fi
 	$(GO) vet $(PKG)
 	$(STATICCHECK) $(PKG)
+ifeq ($(PKG),./...)
+	cd benchmarks && $(GO) vet ./...
+	cd benchmarks && $(STATICCHECK) ./...
+endif
 
 # Installed (again) unless the pinned version is already there.
 staticcheck:
