@@ -9,9 +9,10 @@
 // Under Idempotency, a key whose handler has been called is never run a
 // second time while its record is retained, whatever the client does: the
 // handler's context does not end when the client disconnects (only when
-// the claim on the key is lost or the server shuts down; WithRequestContext
-// restores net/http's behaviour), and whatever it answers is stored, even
-// for a client that is gone. A response that cannot be replayed (streamed,
+// the claim on the key is lost; WithRequestContext restores net/http's
+// behaviour), nor, as in net/http, when the server shuts down (unless
+// WithShutdownCancel), and whatever it answers is stored, even for a
+// client that is gone. A response that cannot be replayed (streamed,
 // hijacked, 101, too large, or cut short by http.ErrAbortHandler once its
 // status was chosen, as httputil.ReverseProxy does when the upstream's
 // answer cannot be copied) is recorded as executed, not replayable. The

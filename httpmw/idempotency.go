@@ -35,7 +35,7 @@ const (
 )
 
 // ErrShutdown is the cause of a handler's context when the server it runs
-// in shuts down (http.Server.Shutdown).
+// in shuts down (http.Server.Shutdown), under WithShutdownCancel.
 var ErrShutdown = errors.New("httpmw: server shutting down")
 
 // ReplayedHeader marks a response replayed from the store.
@@ -76,11 +76,14 @@ type idemConfig struct {
 	store       func(status int) bool
 	failOpen    bool
 	requestCtx  bool
-	retryAfter  time.Duration
-	exec        []idempotency.Option
-	logger      *slog.Logger
-	tracer      trace.TracerProvider
-	meter       metric.MeterProvider
+	// shutdownCancel: the handler's context ends when its server shuts
+	// down (WithShutdownCancel).
+	shutdownCancel bool
+	retryAfter     time.Duration
+	exec           []idempotency.Option
+	logger         *slog.Logger
+	tracer         trace.TracerProvider
+	meter          metric.MeterProvider
 }
 
 // WithMethods sets the methods guarded (default POST and PATCH), at least
@@ -172,12 +175,28 @@ func WithFailOpen() IdempotencyOption { return func(c *idemConfig) { c.failOpen 
 // WithRequestContext gives the handler the request's own context, which
 // ends when the client goes away, as net/http does without this middleware.
 // By default the handler's context does not end when its client leaves, only
-// when the claim on its key is lost or the server shuts down (ErrShutdown),
-// so that work a client stopped waiting for still finishes and is recorded.
-// Either way, what the handler answers is kept as the store policy says: a
-// handler that stops early should answer a status the policy does not keep
-// if a retry is to run it again.
+// when the claim on its key is lost (or the server shuts down, under
+// WithShutdownCancel), so that work a client stopped waiting for still
+// finishes and is recorded. Either way, what the handler answers is kept as
+// the store policy says: a handler that stops early should answer a status
+// the policy does not keep if a retry is to run it again.
 func WithRequestContext() IdempotencyOption { return func(c *idemConfig) { c.requestCtx = true } }
+
+// WithShutdownCancel ends the handler's context, with cause ErrShutdown,
+// when the http.Server it runs in starts shutting down. By default it does
+// not, as net/http's request contexts do not: Shutdown waits for the
+// handlers under way, which finish their work and have their answers
+// stored, and a handler still running when the process exits leaves a
+// claim that lapses after its lease, so that a retry runs it then, as
+// after a crash. A handler stopped by this option answers something
+// (a 503, or an empty 200 if it just returns), and that answer is kept as
+// the store policy says: under DefaultStorePolicy, which keeps every
+// answer, each request under way at a deploy would have its stopped answer
+// replayed to its retries for the whole retention. Use it with a policy
+// that frees the key for the statuses a stopped handler answers
+// (RetryableStorePolicy, for a handler that answers 5xx when it stops).
+// Ignored under WithRequestContext, whose context is the request's own.
+func WithShutdownCancel() IdempotencyOption { return func(c *idemConfig) { c.shutdownCancel = true } }
 
 // WithRetryAfter sets the Retry-After sent with 409 (in progress) and 503
 // (store unreachable); default DefaultRetryAfter, never negative.
@@ -554,10 +573,13 @@ func (m *idempotent) shutdownOf(r *http.Request) context.Context {
 
 // handlerContext is the context the handler runs with: run, the executor's
 // (which ends only when the claim is lost, unless WithRequestContext), ended
-// also when the server shuts down.
+// also when the server shuts down under WithShutdownCancel.
 func (m *idempotent) handlerContext(r *http.Request, run context.Context) (context.Context, func()) {
+	if !m.cfg.shutdownCancel || m.cfg.requestCtx {
+		return run, func() {}
+	}
 	sd := m.shutdownOf(r)
-	if sd == nil || m.cfg.requestCtx {
+	if sd == nil {
 		return run, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(run)

@@ -3,9 +3,11 @@ package httpmw_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,10 +21,11 @@ func TestIdempotencyMemoryStore(t *testing.T) {
 	httpmwtest.Run(t, func(testing.TB) idempotency.Store { return st })
 }
 
-// TestHandlerContextEndsOnShutdown: the handler's context, which outlives
-// its client, ends when the server shuts down, with cause ErrShutdown.
+// TestHandlerContextEndsOnShutdown: under WithShutdownCancel, the
+// handler's context, which outlives its client, ends when the server shuts
+// down, with cause ErrShutdown.
 func TestHandlerContextEndsOnShutdown(t *testing.T) {
-	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore(), httpmw.WithShutdownCancel())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,5 +61,94 @@ func TestHandlerContextEndsOnShutdown(t *testing.T) {
 	}
 	if status := <-answered; status != http.StatusServiceUnavailable {
 		t.Errorf("client got %d, want the handler's 503", status)
+	}
+}
+
+// TestHandlerFinishesAcrossShutdown: by default a server's Shutdown does not
+// end the context of a handler under way, as net/http's does not: the
+// handler finishes its work, its answer is stored, and a retry sent to the
+// next server on the same store gets it replayed, with no second run. (With
+// the context ended at Shutdown, the handler's stopped answer was stored
+// and replayed instead.)
+func TestHandlerFinishesAcrossShutdown(t *testing.T) {
+	store := idempotency.NewMemoryStore()
+	var runs atomic.Int32
+	started := make(chan struct{})
+	finish := make(chan struct{})
+	handlerDone := make(chan struct{})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			defer close(handlerDone)
+		}
+		select {
+		case <-finish:
+		case <-r.Context().Done():
+			http.Error(w, "stopped: "+context.Cause(r.Context()).Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created")
+	})
+	serve := func() *httptest.Server {
+		mw, err := httpmw.Idempotency(store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return httptest.NewServer(mw(handler))
+	}
+	post := func(url string) (int, string, string) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", `"deploy"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error(), ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get(httpmw.ReplayedHeader)
+	}
+	old := serve()
+	defer old.Close()
+	shuttingDown := make(chan struct{})
+	old.Config.RegisterOnShutdown(func() { close(shuttingDown) })
+	type answer struct {
+		status int
+		body   string
+	}
+	first := make(chan answer, 1)
+	go func() {
+		status, body, _ := post(old.URL)
+		first <- answer{status, body}
+	}()
+	<-started
+	shutdown := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		shutdown <- old.Config.Shutdown(ctx)
+	}()
+	<-shuttingDown
+	// A handler whose context Shutdown ended would answer within this
+	// while (at once, in practice); one that goes on is then let finish.
+	select {
+	case <-handlerDone:
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(finish)
+	if err := <-shutdown; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if a := <-first; a.status != http.StatusCreated || a.body != "created" {
+		t.Errorf("request under way at Shutdown: %d %q, want 201 \"created\"", a.status, a.body)
+	}
+	next := serve()
+	defer next.Close()
+	status, body, replayed := post(next.URL)
+	if status != http.StatusCreated || body != "created" || replayed != "true" {
+		t.Errorf("retry on the next server: %d %q replayed=%q, want the first run's 201 \"created\" replayed", status, body, replayed)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
 	}
 }
