@@ -254,7 +254,8 @@ func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end
 	// On the monotonic clock: a wall clock stepped back would stretch the
 	// pause by the step.
 	since := int64(now.Sub(g.epoch))
-	if since < g.fastOff.Load() {
+	off := g.fastOff.Load()
+	if since < off {
 		return nil, now, false, nil
 	}
 	bound := now.Add(fastBound)
@@ -273,14 +274,21 @@ func (g *Guard) fastAttempt(ctx context.Context, full string, c *lockConfig, end
 		}
 		return lease, now, true, err
 	}
-	pause := fastPause
+	pause, missed := fastPause, false
 	switch {
 	case errors.Is(err, ErrNotAcquired):
 		g.answeredInTime()
 	case timedOut:
-		pause <<= min(g.fastMisses.Add(1)-1, maxFastDoublings)
+		missed = true
+		pause <<= min(g.fastMisses.Load(), maxFastDoublings)
 	}
-	g.fastOff.Store(int64(time.Since(g.epoch) + pause))
+	// The attempts made in one window count as one: only the first to end
+	// sets the next pause, and counts its miss, so that a moment's slowness
+	// seen by many acquisitions at once doubles the pause once, not once
+	// for each of them.
+	if g.fastOff.CompareAndSwap(off, int64(time.Since(g.epoch)+pause)) && missed {
+		g.fastMisses.Store(min(g.fastMisses.Load()+1, maxFastDoublings))
+	}
 	return nil, now, false, nil
 }
 

@@ -3,12 +3,14 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -31,6 +33,8 @@ type deadlineBound struct {
 	// slow, when not 0, is how long every call takes to be answered
 	// (nanoseconds); one whose ctx's deadline comes first ends then.
 	slow atomic.Int64
+	// down: every call fails at once, as on a refused connection.
+	down atomic.Bool
 
 	mu       sync.Mutex
 	handedOn map[string]bool // by call: made on a hand-off goroutine
@@ -62,6 +66,8 @@ func (d *deadlineBound) enter(ctx context.Context, call string, wait bool) error
 	var unhang <-chan struct{}
 	var answered <-chan time.Time
 	switch slow := d.slow.Load(); {
+	case d.down.Load():
+		return driver.Unavailable(ctx, syscall.ECONNREFUSED)
 	case d.hung.Load():
 		unhang = d.unhang
 	case slow != 0:
@@ -432,6 +438,85 @@ func TestFastAttemptsOnASlowBackend(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond)
 		if !fast() {
 			t.Errorf("slow again, 1.1s after the first miss since: handed off, want a fast attempt")
+		}
+	})
+}
+
+// TestFastAttemptPauseCounts: the attempts that miss together, in one
+// window, count as one miss; a refusal (an answer in time) ends the
+// doubling as a grant does; and an attempt that fails at once (a refused
+// connection) pauses for a second without doubling.
+func TestFastAttemptPauseCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDeadlineBound()
+		g := newBubbleGuard(t, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// lock takes and lets go of key, waiting at most 50ms, and reports
+		// whether the acquisition started with a fast attempt.
+		lock := func(key string) bool {
+			t.Helper()
+			l, err := g.Lock(ctx, key, guard.WaitAtMost(50*time.Millisecond))
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			if err != nil && !errors.Is(err, guard.ErrNotAcquired) && !errors.Is(err, guard.ErrUnavailable) {
+				t.Fatal(err)
+			}
+			a := d.takeAcquires()
+			return len(a) > 0 && !a[0].handed
+		}
+
+		// Ten acquisitions at once on a slow backend: one miss, a pause
+		// of a second.
+		d.slow.Store(int64(15 * time.Millisecond))
+		var wg sync.WaitGroup
+		for i := range 10 {
+			wg.Go(func() { lock(fmt.Sprint("k", i)) })
+		}
+		wg.Wait()
+		d.slow.Store(0)
+		time.Sleep(1100 * time.Millisecond)
+		if !lock("k") {
+			t.Errorf("1.1s after ten misses at once: handed off, want a fast attempt (one miss, a 1s pause)")
+		}
+
+		// Two misses in a row (pauses 1s, then 2s), then a refusal: the
+		// next miss pauses for a second again.
+		d.slow.Store(int64(15 * time.Millisecond))
+		lock("k")
+		time.Sleep(1100 * time.Millisecond)
+		lock("k")
+		time.Sleep(2100 * time.Millisecond)
+		d.slow.Store(0)
+		held, err := g.Lock(context.Background(), "held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lock("held") {
+			t.Errorf("after the pause: handed off, want a fast attempt, refused")
+		}
+		if err := held.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		d.slow.Store(int64(15 * time.Millisecond))
+		time.Sleep(1100 * time.Millisecond)
+		lock("k")
+		time.Sleep(1100 * time.Millisecond)
+		if !lock("k") {
+			t.Errorf("1.1s after a miss that followed a refusal: handed off, want a fast attempt (the doubling ended)")
+		}
+
+		// A backend that refuses connections: a fast attempt every second,
+		// the pause not doubled.
+		time.Sleep(2100 * time.Millisecond)
+		d.slow.Store(0)
+		d.down.Store(true)
+		for i := range 4 {
+			if !lock("k") {
+				t.Errorf("refused connections, acquisition %d, 1.1s after the last: handed off, want a fast attempt", i)
+			}
+			time.Sleep(1100 * time.Millisecond)
 		}
 	})
 }

@@ -73,8 +73,9 @@ type Guard struct {
 	// fastOff is when, in nanoseconds since epoch (the Guard's making),
 	// the Guard may make a fast attempt again (see fastAttempt).
 	fastOff atomic.Int64
-	// fastMisses counts the fast attempts in a row that got no answer
-	// within their bound; each doubles the pause after it.
+	// fastMisses counts the fast attempts in a row (those of one window
+	// counting as one) that got no answer within their bound, up to
+	// maxFastDoublings; each doubles the pause after it.
 	fastMisses atomic.Int32
 	epoch      time.Time
 }
