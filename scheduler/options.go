@@ -294,6 +294,8 @@ func (c *jobConfig) validate(g *guard.Guard) error {
 		return fmt.Errorf("SlotRetention %v is not positive", c.retention)
 	case c.ttl < 0:
 		return fmt.Errorf("LockTTL %v is negative", c.ttl)
+	case short(c.ttl):
+		return fmt.Errorf("LockTTL %v is neither 0 (the Guard's) nor at least %v", c.ttl, minBound)
 	case c.catchUp && c.misfireAfter == 0:
 		return errors.New("CatchUp needs MisfireAfter, the age after which a slot is no longer caught up")
 	}

@@ -328,8 +328,11 @@ func (s *Scheduler) Start() {
 // Stop stops scheduling, cancels the contexts of running jobs (cause
 // ErrStopped), releases the locks kept for LockAtLeastFor at once, resigns
 // any leadership (WithLeaderElection, Elector), and waits for the jobs to
-// return and release their locks. Stop returns ctx's error
-// if ctx is done before every job has returned.
+// return and release their locks. When ctx is done first, Stop waits at
+// most the Guard's ReleaseTimeout more, for jobs that returned as it
+// ended to release their locks, and returns ctx's error unless every job
+// has returned by then: a job that ignores its context holds Stop for
+// ctx's time and that grace, not longer.
 //
 // Stop does not wait for the slot store beyond a bound, whatever its client
 // does with contexts: the runs stop waiting for their store calls, and the
@@ -369,11 +372,14 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	// The held locks are being released now; give that the Guard's own
-	// release bound rather than none.
+	// release bound rather than none. A ctx done before the call (or as
+	// the runs ended) must not make a Stop whose runs all ended report
+	// that they did not.
 	t := time.NewTimer(s.g.ReleaseTimeout())
 	defer t.Stop()
 	select {
 	case <-done:
+		return nil
 	case <-t.C:
 	}
 	return ctx.Err()

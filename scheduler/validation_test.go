@@ -57,6 +57,7 @@ func TestAddRefusesWhatItCannotHonour(t *testing.T) {
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(time.Minute), scheduler.LockAtLeastFor(time.Hour)}, "longer than LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.LockAtMostFor(0)}, "LockAtMostFor"},
 			{"@every 1s", []scheduler.JobOption{scheduler.WaitForLock(-time.Second)}, "WaitForLock"},
+			{"@every 1s", []scheduler.JobOption{scheduler.LockTTL(5)}, "LockTTL 5ns is neither 0"},
 			{"@every 1s", []scheduler.JobOption{scheduler.CatchUp(), scheduler.MisfireAfter(time.Second)}, "CatchUp needs a slot store"},
 		} {
 			err := s.Add(tc.spec, "job", noop, tc.opts...)
@@ -291,4 +292,21 @@ func TestNewNamesTheSchedulerInItsRefusals(t *testing.T) {
 			t.Errorf("New with a %s: %v; want ErrInvalidOption, naming the scheduler", name, err)
 		}
 	}
+}
+
+// TestStopWithADoneContextWhenNothingRuns: a Stop whose ctx is already done
+// reports success when no job is left running, rather than ctx's error.
+func TestStopWithADoneContextWhenNothingRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newMemoryScheduler(t)
+		if err := s.Add("@every 1m", "idle", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("Stop(cancelled ctx) with nothing running: %v, want nil", err)
+		}
+	})
 }

@@ -19,16 +19,27 @@ import (
 // options and defaults. The Scheduler need not be started; Stop still ends
 // the holds and makes later firings do nothing.
 //
-// robfig/cron fires on whole seconds of each node's clock, so the slot of a
-// firing is the Scheduler's clock truncated to the second: nodes whose
-// clocks differ by less than a second name the same slot, and with a slot
-// store the job runs once per slot. That holds for cron specs and
-// descriptors, not for robfig/cron's "@every D": it fires on the whole
-// seconds D apart from when each process added the job, so processes
-// started at different seconds name different slots and each runs the job,
-// kept apart only by the lock and LockAtLeastFor. Add such jobs to the
-// Scheduler, which aligns them to its anchor. A cron.Job takes no context,
-// so neither a lost lock nor LockAtMostFor can stop it; they are recorded.
+// robfig/cron fires on whole seconds of each node's clock, and the slot of
+// a firing is the Scheduler's clock, read when the wrapper is called,
+// truncated to the second: every node names the same slot whatever its
+// clock's skew, as long as the wrapper is called within the second the
+// firing is for, and with a slot store the job runs once per slot. A
+// firing that reaches the wrapper a second or more late names the next
+// slot, and runs again: put the wrapper first in cron.WithChain (the
+// outermost), before wrappers that delay a run (cron.DelayIfStillRunning),
+// or Add the job to the Scheduler, whose slots come from its schedule, not
+// from when a run starts; a process stalled past a second at a firing is
+// such a late firing too. That holds for cron specs and descriptors, not
+// for robfig/cron's "@every D": it fires on the whole seconds D apart from
+// when each process added the job, so processes started at different
+// seconds name different slots and each runs the job, kept apart only by
+// the lock and LockAtLeastFor. Add such jobs to the Scheduler, which
+// aligns them to its anchor. Without a slot store, the lock is kept for
+// DefaultLockAtLeastFor, a second, unless LockAtLeastFor says otherwise: a
+// wrapped job that fires every second should set it shorter (half a
+// second), or its hold takes the next firing's slot. A cron.Job takes no
+// context, so neither a lost lock nor LockAtMostFor can stop it; they are
+// recorded.
 func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error) {
 	j, err := s.newJob(name, 0, opts)
 	if err != nil {
