@@ -135,7 +135,7 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got := runs.Load(); got != n {
 			t.Errorf("first runs: %d, want %d", got, n)
 		}
-		if got := l.again.Load(); got != maxCleanupsAgain {
+		if got := l.again.running(); got != maxCleanupsAgain {
 			t.Errorf("cleanups to run again: %d, want %d", got, maxCleanupsAgain)
 		}
 		time.Sleep(21 * cleanupAgain)
@@ -143,15 +143,16 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got, want := runs.Load(), int32(n+3*maxCleanupsAgain); got != want {
 			t.Errorf("runs after the pauses: %d, want %d", got, want)
 		}
-		if got := l.again.Load(); got != 0 {
+		if got := l.again.running(); got != 0 {
 			t.Errorf("cleanups still to run again: %d, want 0", got)
 		}
 	})
 }
 
 // TestCleanupsAgainEndAtClose: Close ends the runs again of cleanups under
-// way, each after one last run, with no time passing, instead of leaving
-// their goroutines for seconds.
+// way, each after one last run, with no time passing, and returns once
+// those runs are made, instead of leaving their goroutines for seconds; a
+// cleanup that starts after Close runs once.
 func TestCleanupsAgainEndAtClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 3
@@ -165,11 +166,20 @@ func TestCleanupsAgainEndAtClose(t *testing.T) {
 		if got := runs.Load(); got != 2*n {
 			t.Errorf("runs after Close: %d, want %d (one first run and one last run each)", got, 2*n)
 		}
-		if got := l.again.Load(); got != 0 {
+		if got := l.again.running(); got != 0 {
 			t.Errorf("cleanups still to run again after Close: %d, want 0", got)
 		}
 		if d := time.Since(start); d != 0 {
 			t.Errorf("the runs again ended %v after Close, want at once", d)
+		}
+		l.cleanUp(context.Background(), func(context.Context) error {
+			runs.Add(1)
+			return nil
+		}, false)
+		time.Sleep(21 * cleanupAgain)
+		synctest.Wait()
+		if got := runs.Load(); got != 2*n+1 {
+			t.Errorf("runs after a cleanup started after Close: %d, want %d (one run)", got, 2*n+1)
 		}
 	})
 }

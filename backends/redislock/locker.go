@@ -45,7 +45,7 @@ type Locker struct {
 	bound watchdog
 	// again counts the cleanups whose runs again are under way (see
 	// cleanUp).
-	again atomic.Int32
+	again againCount
 }
 
 type config struct {
@@ -173,9 +173,14 @@ func honoursDeadlines(client goredis.UniversalClient) bool {
 // progress end with an error, and so does any later waiting acquisition;
 // held leases, and acquisitions that do not wait, go on working on the
 // client, which stays the caller's to close. The cleanups of unanswered
-// acquisitions that were to run again over the next seconds (see
-// cleanUp) run once more at once instead, and end.
-func (l *Locker) Close() error { return l.notify.close() }
+// acquisitions that were to run again over the next seconds (see cleanUp)
+// run once more at once instead, and Close returns once they have, within
+// 2s on a server that does not answer them.
+func (l *Locker) Close() error {
+	err := l.notify.close()
+	l.again.close(cleanupTimeout)
+	return err
+}
 
 var (
 	_ driver.Locker          = (*Locker)(nil)

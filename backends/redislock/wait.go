@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -110,7 +111,9 @@ const cleanupTry = 10 * time.Millisecond
 // three more runs of each of their cleanups, and the Locker a goroutine
 // each for seconds; those past it run once, as every cleanup did before.
 // Close cuts the pauses short: each cleanup still to run again runs once
-// more at once and is done.
+// more at once, and Close waits for those runs (see againCount), so that
+// they run while the caller's client is still open and no goroutine of
+// theirs outlives Close; a cleanup that starts after Close runs once.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
@@ -132,19 +135,15 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 			_ = f(cctx)
 		}
 		run()
-		if answered || !l.takeAgain() {
+		if answered || !l.again.take() {
 			return
 		}
-		defer l.again.Add(-1)
+		defer l.again.done()
 		for pause := cleanupAgain; pause <= 16*cleanupAgain; pause *= 4 {
 			t := time.NewTimer(pause)
 			select {
 			case <-t.C:
 			case <-l.notify.closed:
-				// The caller is done with the Locker, and likely with
-				// the client next: one last run now, while the client
-				// may still take it, rather than a goroutine lingering
-				// for seconds after Close.
 				t.Stop()
 				run()
 				return
@@ -154,14 +153,67 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 	}()
 }
 
-// takeAgain reports whether a cleanup may run again (see cleanUp), and
-// counts it if so.
-func (l *Locker) takeAgain() bool {
-	if l.again.Add(1) > maxCleanupsAgain {
-		l.again.Add(-1)
+// againCount counts the cleanups of a Locker whose runs again are under
+// way (see cleanUp), and lets Close wait for them.
+type againCount struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	// idle, once Close waits, is closed by the last to end.
+	idle chan struct{}
+}
+
+// take reports whether a cleanup may run again, and counts it if so: not
+// past maxCleanupsAgain, nor after Close.
+func (a *againCount) take() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.n >= maxCleanupsAgain {
 		return false
 	}
+	a.n++
 	return true
+}
+
+// done ends a cleanup's runs again.
+func (a *againCount) done() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n--
+	if a.n == 0 && a.idle != nil {
+		close(a.idle)
+		a.idle = nil
+	}
+}
+
+// running is how many cleanups are running again.
+func (a *againCount) running() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+// close refuses any more runs again and waits for those under way to end,
+// at most within: a server that does not answer their last run must not
+// hold Close much longer than it would hold the run.
+func (a *againCount) close(within time.Duration) {
+	a.mu.Lock()
+	a.closed = true
+	if a.n == 0 {
+		a.mu.Unlock()
+		return
+	}
+	if a.idle == nil {
+		a.idle = make(chan struct{})
+	}
+	idle := a.idle
+	a.mu.Unlock()
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+	}
 }
 
 // maxCleanupsAgain bounds the cleanups of a Locker that run again at a
