@@ -162,10 +162,11 @@ func TestCleanupsAgainEndAtClose(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		synctest.Wait()
+		// Close has waited for the last runs.
 		if got := runs.Load(); got != 2*n {
-			t.Errorf("runs after Close: %d, want %d (one first run and one last run each)", got, 2*n)
+			t.Errorf("runs when Close returned: %d, want %d (one first run and one last run each)", got, 2*n)
 		}
+		synctest.Wait()
 		if got := l.again.running(); got != 0 {
 			t.Errorf("cleanups still to run again after Close: %d, want 0", got)
 		}
