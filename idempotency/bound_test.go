@@ -181,6 +181,9 @@ func TestCompleteBounded(t *testing.T) {
 				if d := time.Since(returned); !errors.Is(err, idempotency.ErrUnavailable) || string(res.Response) != "order 7" || d > 10*time.Second+grace {
 					t.Errorf("Do: %q, %v, %v after fn returned; want fn's bytes and ErrUnavailable within %v", res.Response, err, d, 10*time.Second+grace)
 				}
+				if err != nil && !strings.Contains(err.Error(), "no answer") {
+					t.Errorf("Do: %v, want an error that says the store gave no answer", err)
+				}
 				st.(interface{ settled(*testing.T) }).settled(t)
 			})
 		})

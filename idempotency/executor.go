@@ -546,7 +546,13 @@ func finishing[T any](s storeCall, f func(context.Context, storeCall) (T, error)
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, end)
 	defer cancel()
-	v, _, err := bounded(ctx, s.e.callers(s.ctx), s.cfg.call, f, s, nil)
+	v, abandoned, err := bounded(ctx, s.e.callers(s.ctx), s.cfg.call, f, s, nil)
+	if abandoned && s.ctx.Err() == nil {
+		// ctx's end is this call's own bound, not a caller's
+		// cancellation: the store did not answer, and the log and the
+		// caller's error must say so, not "context deadline exceeded".
+		err = errNoAnswer
+	}
 	return v, err
 }
 
