@@ -45,6 +45,13 @@
 //
 // 413: the request body exceeds the limit the fingerprint reads.
 //
+// # Body consumed
+//
+// 500: a handler or middleware before the idempotency middleware read the
+// request body (not as a form: a form it parsed is fingerprinted), so the
+// request cannot be told from another with the same key and a different
+// body. Put the idempotency middleware before it.
+//
 // # In progress
 //
 // 409, with Retry-After: a request with the same key is still being

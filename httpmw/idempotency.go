@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime/multipart"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -125,7 +127,10 @@ func WithScope(scope func(*http.Request) string) IdempotencyOption {
 // WithFingerprint replaces the request fingerprint (default
 // Fingerprint: method, path, query and body), of any length: one longer
 // than idempotency.MaxFingerprintLen is stored as its hash. A request that
-// reuses a key with a different fingerprint gets 422.
+// reuses a key with a different fingerprint gets 422. The body f is given
+// is the request's, or, when a middleware before this one parsed it as a
+// form (Request.ParseForm, FormValue, ParseMultipartForm), which leaves
+// nothing to read, that form as bodyToFingerprint encodes it.
 func WithFingerprint(f func(r *http.Request, body []byte) string) IdempotencyOption {
 	return func(c *idemConfig) { c.fingerprint = f }
 }
@@ -645,6 +650,11 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	fpBody, err := bodyToFingerprint(r, body)
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read", err.Error(), 0)
+		return
+	}
 	scope := storedScope(c.scope(r))
 	if guardedBy(w, r, scope, key) {
 		// An outer Idempotency claimed this very key: it runs the request
@@ -655,7 +665,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var rec *recorder
 	aborted := false
-	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, body), func(ctx context.Context) (out []byte, err error) {
+	res, err := m.exec.Do(r.Context(), key, c.fingerprint(r, fpBody), func(ctx context.Context) (out []byte, err error) {
 		hctx, done := m.handlerContext(r, ctx)
 		defer done()
 		rec = &recorder{w: w, limit: c.maxResponse}
@@ -791,4 +801,57 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 	for name, values := range resp.trailers {
 		h[name] = values
 	}
+}
+
+// bodyToFingerprint is what the fingerprint takes for the body read from
+// r: the body itself, or, when a middleware before this one parsed the body
+// as a form (CSRF checks and RFC 6750 access tokens read the form), which
+// leaves nothing to read, the form: without it a retry with the same key
+// and another form would be answered the first one's response. Its
+// encoding starts with a NUL, which no form body (URL-encoded text) does.
+// A body that a middleware before this one read otherwise (fewer bytes
+// left than Content-Length announced, no error) cannot be fingerprinted:
+// an error says so, rather than a fingerprint that leaves it out.
+func bodyToFingerprint(r *http.Request, body []byte) ([]byte, error) {
+	mf := r.MultipartForm
+	if len(body) > 0 || (len(r.PostForm) == 0 && (mf == nil || len(mf.File) == 0)) {
+		if int64(len(body)) < r.ContentLength {
+			return nil, fmt.Errorf("%d of the %d bytes of the request body were left to read: a handler or middleware before the idempotency middleware read the rest, so the request cannot be fingerprinted; put the idempotency middleware before it", len(body), r.ContentLength)
+		}
+		return body, nil
+	}
+	var b bytes.Buffer
+	b.WriteString("\x00form\x00")
+	b.WriteString(r.PostForm.Encode())
+	if mf != nil {
+		names := make([]string, 0, len(mf.File))
+		for name := range mf.File {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			for _, fh := range mf.File[name] {
+				sum, err := fileSum(fh)
+				if err != nil {
+					return nil, fmt.Errorf("the file %q of field %q, parsed by a middleware before the idempotency middleware, cannot be read to fingerprint it: %w", fh.Filename, name, err)
+				}
+				fmt.Fprintf(&b, "\x00file\x00%q\x00%q\x00%d\x00%x", name, fh.Filename, fh.Size, sum)
+			}
+		}
+	}
+	return b.Bytes(), nil
+}
+
+// fileSum is the SHA-256 of a parsed multipart file.
+func fileSum(fh *multipart.FileHeader) ([]byte, error) {
+	f, err := fh.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }

@@ -1,9 +1,12 @@
 package httpmw_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -150,5 +153,76 @@ func TestHandlerFinishesAcrossShutdown(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestFormParsedUpstream: a middleware before Idempotency that parsed the
+// body as a form (a CSRF check, an access token in the form) leaves nothing
+// to read; the parsed form is fingerprinted instead, so that the same key
+// with another form gets 422, not the first form's answer, and the same
+// form is replayed. A body read otherwise gets 500, the handler not run.
+func TestFormParsedUpstream(t *testing.T) {
+	var runs atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charged %s", r.PostFormValue("amount"))
+	})
+	mw, err := httpmw.Idempotency(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := mw(handler)
+	upstream := func(read func(r *http.Request)) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			read(r)
+			inner.ServeHTTP(w, r)
+		})
+	}
+	send := func(h http.Handler, key, contentType, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/charge", strings.NewReader(body))
+		req.Header.Set("Content-Type", contentType)
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	const urlencoded = "application/x-www-form-urlencoded"
+	parse := upstream(func(r *http.Request) { r.ParseForm() })
+	if rec := send(parse, `"form"`, urlencoded, "amount=10"); rec.Code != http.StatusCreated || rec.Body.String() != "charged 10" {
+		t.Fatalf("first: %d %q", rec.Code, rec.Body)
+	}
+	if rec := send(parse, `"form"`, urlencoded, "amount=9999"); rec.Code != http.StatusUnprocessableEntity {
+		t.Errorf("same key, another form: %d %q, want 422", rec.Code, rec.Body)
+	}
+	if rec := send(parse, `"form"`, urlencoded, "amount=10"); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
+		t.Errorf("same key, same form: %d %q replayed=%q, want the first answer replayed", rec.Code, rec.Body, rec.Header().Get(httpmw.ReplayedHeader))
+	}
+
+	multipartBody := func(content string) (string, string) {
+		var b bytes.Buffer
+		mw := multipart.NewWriter(&b)
+		mw.WriteField("amount", "10")
+		f, _ := mw.CreateFormFile("invoice", "invoice.txt")
+		io.WriteString(f, content)
+		mw.Close()
+		return mw.FormDataContentType(), b.String()
+	}
+	parseMultipart := upstream(func(r *http.Request) { r.ParseMultipartForm(1 << 20) })
+	ct, body := multipartBody("lines: 1")
+	if rec := send(parseMultipart, `"multipart"`, ct, body); rec.Code != http.StatusCreated {
+		t.Fatalf("first multipart: %d %q", rec.Code, rec.Body)
+	}
+	ct, body = multipartBody("lines: 2")
+	if rec := send(parseMultipart, `"multipart"`, ct, body); rec.Code != http.StatusUnprocessableEntity {
+		t.Errorf("same key, same fields, another file: %d %q, want 422", rec.Code, rec.Body)
+	}
+
+	drain := upstream(func(r *http.Request) { io.Copy(io.Discard, r.Body) })
+	if rec := send(drain, `"drained"`, "application/json", `{"amount":10}`); rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "Body_consumed") {
+		t.Errorf("body read before the middleware: %d %q, want 500 Body_consumed", rec.Code, rec.Body)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (the first form, the first multipart)", n)
 	}
 }
