@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -307,6 +308,64 @@ func TestStopWithADoneContextWhenNothingRuns(t *testing.T) {
 		cancel()
 		if err := s.Stop(ctx); err != nil {
 			t.Errorf("Stop(cancelled ctx) with nothing running: %v, want nil", err)
+		}
+	})
+}
+
+// lateGrants is the memory backend behind a server that answers each
+// grant only after late has passed, its lease's time running meanwhile,
+// as a server that stalled mid-acquisition does.
+type lateGrants struct {
+	driver.Locker
+	late time.Duration
+}
+
+func (d *lateGrants) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	l, err := d.Locker.Acquire(ctx, key, o)
+	if err == nil {
+		time.Sleep(d.late)
+	}
+	return l, err
+}
+
+// TestLockGrantedAfterItsLeaseRanOut: a job whose lock is granted only
+// after its lease ran out does not start on it; the run is recorded failed
+// on its lock, and the slot given back, not recorded as run.
+func TestLockGrantedAfterItsLeaseRanOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g, err := guard.New(&lateGrants{Locker: memory.New(), late: 4 * time.Second}, guard.WithTTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := idempotency.NewMemoryStore()
+		s, err := scheduler.New(g, scheduler.WithSlotStore(store))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int32
+		if err := s.Add("@every 1m", "late", func(context.Context) error {
+			runs.Add(1)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		time.Sleep(70 * time.Second)
+		if err := s.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := runs.Load(); n != 0 {
+			t.Errorf("the job ran %d times on a lock granted after its lease ran out, want 0", n)
+		}
+		last := s.Entries()[0].Last
+		if last == nil {
+			t.Fatal("no run recorded")
+		}
+		if last.Outcome != scheduler.Failed || !strings.Contains(last.Reason, "lock") {
+			t.Errorf("last run: %+v, want failed on its lock", last)
+		}
+		if rec, err := store.Get(context.Background(), "warden.scheduler", "late@"+last.Slot.UTC().Format(time.RFC3339Nano)); !errors.Is(err, idempotency.ErrNotFound) {
+			t.Errorf("the slot of the run that never started: %+v, %v; want it given back (not found)", rec, err)
 		}
 	})
 }
