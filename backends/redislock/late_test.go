@@ -135,7 +135,7 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got := runs.Load(); got != n {
 			t.Errorf("first runs: %d, want %d", got, n)
 		}
-		if got := l.again.running(); got != maxCleanupsAgain {
+		if got := l.cleanups.runningAgain(); got != maxCleanupsAgain {
 			t.Errorf("cleanups to run again: %d, want %d", got, maxCleanupsAgain)
 		}
 		time.Sleep(21 * cleanupAgain)
@@ -143,7 +143,7 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got, want := runs.Load(), int32(n+3*maxCleanupsAgain); got != want {
 			t.Errorf("runs after the pauses: %d, want %d", got, want)
 		}
-		if got := l.again.running(); got != 0 {
+		if got := l.cleanups.runningAgain(); got != 0 {
 			t.Errorf("cleanups still to run again: %d, want 0", got)
 		}
 	})
@@ -167,7 +167,7 @@ func TestCleanupsAgainEndAtClose(t *testing.T) {
 			t.Errorf("runs when Close returned: %d, want %d (one first run and one last run each)", got, 2*n)
 		}
 		synctest.Wait()
-		if got := l.again.running(); got != 0 {
+		if got := l.cleanups.runningAgain(); got != 0 {
 			t.Errorf("cleanups still to run again after Close: %d, want 0", got)
 		}
 		if d := time.Since(start); d != 0 {
@@ -198,4 +198,44 @@ func unansweredCleanups(n int) (l *Locker, runs *atomic.Int32) {
 		l.cleanUp(context.Background(), f, false)
 	}
 	return l, runs
+}
+
+// TestCloseWaitsForFirstRuns: Close waits, within its bound, for a
+// cleanup making its first run (the one that gives back what an
+// unanswered attempt took as soon as it can), so that the run is made
+// while the caller's client is still open.
+func TestCloseWaitsForFirstRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &Locker{notify: newNotifier(nil, func() {})}
+		var ran atomic.Bool
+		l.cleanUp(context.Background(), func(context.Context) error {
+			time.Sleep(500 * time.Millisecond)
+			ran.Store(true)
+			return nil
+		}, false)
+		start := time.Now()
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !ran.Load() || time.Since(start) != 500*time.Millisecond {
+			t.Errorf("Close returned after %v, the first run done: %v; want after the run, 500ms", time.Since(start), ran.Load())
+		}
+
+		// One that does not end within the bound holds Close for the
+		// bound only.
+		l = &Locker{notify: newNotifier(nil, func() {})}
+		l.cleanUp(context.Background(), func(context.Context) error {
+			time.Sleep(time.Minute)
+			return nil
+		}, false)
+		start = time.Now()
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != cleanupTimeout {
+			t.Errorf("Close with a run that hangs returned after %v, want %v", d, cleanupTimeout)
+		}
+		time.Sleep(time.Minute) // the hung run's end
+		synctest.Wait()
+	})
 }

@@ -43,9 +43,9 @@ type Locker struct {
 	// bound cuts short the waiting attempts that have no answer (see
 	// attemptBound).
 	bound watchdog
-	// again counts the cleanups whose runs again are under way (see
-	// cleanUp).
-	again againCount
+	// cleanups counts the cleanups under way on goroutines of their own
+	// (see cleanUp).
+	cleanups cleanups
 }
 
 type config struct {
@@ -174,11 +174,12 @@ func honoursDeadlines(client goredis.UniversalClient) bool {
 // held leases, and acquisitions that do not wait, go on working on the
 // client, which stays the caller's to close. The cleanups of unanswered
 // acquisitions that were to run again over the next seconds (see cleanUp)
-// run once more at once instead, and Close returns once they have, within
-// 2s on a server that does not answer them.
+// run once more at once instead, and Close returns once they, and the
+// cleanups making their first run, are done, within 2s on a server that
+// does not answer them.
 func (l *Locker) Close() error {
 	err := l.notify.close()
-	l.again.close(cleanupTimeout)
+	l.cleanups.close(cleanupTimeout)
 	return err
 }
 

@@ -111,9 +111,10 @@ const cleanupTry = 10 * time.Millisecond
 // three more runs of each of their cleanups, and the Locker a goroutine
 // each for seconds; those past it run once, as every cleanup did before.
 // Close cuts the pauses short: each cleanup still to run again runs once
-// more at once, and Close waits for those runs (see againCount), so that
-// they run while the caller's client is still open and no goroutine of
-// theirs outlives Close; a cleanup that starts after Close runs once.
+// more at once, and Close waits for those runs, and for the first runs
+// under way (see cleanups), so that they run while the caller's client is
+// still open and no goroutine of theirs outlives Close; a cleanup that
+// starts after Close runs once.
 func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, answered bool) {
 	base := context.WithoutCancel(ctx)
 	if answered {
@@ -128,17 +129,20 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 			return
 		}
 	}
+	l.cleanups.start()
 	go func() {
+		again := false
+		defer func() { l.cleanups.end(again) }()
 		run := func() {
 			cctx, cancel := context.WithTimeout(base, cleanupTimeout)
 			defer cancel()
 			_ = f(cctx)
 		}
 		run()
-		if answered || !l.again.take() {
+		if answered || !l.cleanups.takeAgain() {
 			return
 		}
-		defer l.again.done()
+		again = true
 		for pause := cleanupAgain; pause <= 16*cleanupAgain; pause *= 4 {
 			t := time.NewTimer(pause)
 			select {
@@ -153,61 +157,74 @@ func (l *Locker) cleanUp(ctx context.Context, f func(context.Context) error, ans
 	}()
 }
 
-// againCount counts the cleanups of a Locker whose runs again are under
-// way (see cleanUp), and lets Close wait for them.
-type againCount struct {
-	mu     sync.Mutex
-	n      int
-	closed bool
+// cleanups counts the cleanups of a Locker that run on goroutines of
+// their own (see cleanUp), and those of them that run again, and lets
+// Close wait for them.
+type cleanups struct {
+	mu sync.Mutex
+	// live counts the goroutines, again those of them running again.
+	live, again int
+	closed      bool
 	// idle, once Close waits, is closed by the last to end.
 	idle chan struct{}
 }
 
-// take reports whether a cleanup may run again, and counts it if so: not
-// past maxCleanupsAgain, nor after Close.
-func (a *againCount) take() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed || a.n >= maxCleanupsAgain {
+// start counts a cleanup's goroutine in.
+func (c *cleanups) start() {
+	c.mu.Lock()
+	c.live++
+	c.mu.Unlock()
+}
+
+// takeAgain reports whether a cleanup may run again, and counts it if so:
+// not past maxCleanupsAgain, nor after Close.
+func (c *cleanups) takeAgain() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.again >= maxCleanupsAgain {
 		return false
 	}
-	a.n++
+	c.again++
 	return true
 }
 
-// done ends a cleanup's runs again.
-func (a *againCount) done() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.n--
-	if a.n == 0 && a.idle != nil {
-		close(a.idle)
-		a.idle = nil
+// end counts a cleanup's goroutine out; again says it was running again.
+func (c *cleanups) end(again bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live--
+	if again {
+		c.again--
+	}
+	if c.live == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
 	}
 }
 
-// running is how many cleanups are running again.
-func (a *againCount) running() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.n
+// runningAgain is how many cleanups are running again.
+func (c *cleanups) runningAgain() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.again
 }
 
-// close refuses any more runs again and waits for those under way to end,
-// at most within: a server that does not answer their last run must not
-// hold Close much longer than it would hold the run.
-func (a *againCount) close(within time.Duration) {
-	a.mu.Lock()
-	a.closed = true
-	if a.n == 0 {
-		a.mu.Unlock()
+// close refuses any more runs again and waits for the cleanups under way
+// (a first run, or a last one) to end, at most within: a server that does
+// not answer them must not hold Close much longer than it would hold one
+// run.
+func (c *cleanups) close(within time.Duration) {
+	c.mu.Lock()
+	c.closed = true
+	if c.live == 0 {
+		c.mu.Unlock()
 		return
 	}
-	if a.idle == nil {
-		a.idle = make(chan struct{})
+	if c.idle == nil {
+		c.idle = make(chan struct{})
 	}
-	idle := a.idle
-	a.mu.Unlock()
+	idle := c.idle
+	c.mu.Unlock()
 	t := time.NewTimer(within)
 	defer t.Stop()
 	select {
