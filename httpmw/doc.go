@@ -48,9 +48,12 @@
 // # Body consumed
 //
 // 500: a handler or middleware before the idempotency middleware read the
-// request body (not as a form: a form it parsed is fingerprinted), so the
-// request cannot be told from another with the same key and a different
-// body. Put the idempotency middleware before it.
+// whole request body, of a known length, not as a form (a form it parsed
+// is fingerprinted), so the request cannot be told from another with the
+// same key and a different body. Put the idempotency middleware before it.
+// A body of unknown length (chunked) read before the middleware looks
+// empty, and one read in part looks shorter: neither can be told, and
+// each is fingerprinted as what was left.
 //
 // # In progress
 //

@@ -130,7 +130,8 @@ func WithScope(scope func(*http.Request) string) IdempotencyOption {
 // reuses a key with a different fingerprint gets 422. The body f is given
 // is the request's, or, when a middleware before this one parsed it as a
 // form (Request.ParseForm, FormValue, ParseMultipartForm), which leaves
-// nothing to read, that form as bodyToFingerprint encodes it.
+// nothing to read, that form: a NUL, "form", a NUL and PostForm's
+// encoding, then for each file its field, name, size and SHA-256.
 func WithFingerprint(f func(r *http.Request, body []byte) string) IdempotencyOption {
 	return func(c *idemConfig) { c.fingerprint = f }
 }
@@ -645,21 +646,30 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "Unreadable_body", "Request body could not be read", "", 0)
 		return
 	case int64(len(body)) > c.maxBody:
-		writeProblem(w, http.StatusRequestEntityTooLarge, "Body_too_large", "Request body too large",
-			fmt.Sprintf("An idempotent request body is limited to %d bytes.", c.maxBody), 0)
+		c.bodyTooLarge(w)
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	fpBody, err := bodyToFingerprint(r, body)
-	if err != nil {
-		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read", err.Error(), 0)
-		return
-	}
 	scope := storedScope(c.scope(r))
 	if guardedBy(w, r, scope, key) {
 		// An outer Idempotency claimed this very key: it runs the request
 		// once and records what the handler answers.
 		m.next.ServeHTTP(w, r)
+		return
+	}
+	fpBody, err := bodyToFingerprint(r, body, c.maxBody)
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		c.bodyTooLarge(w)
+		return
+	case err != nil:
+		// The server's setup, not the client's request: said where its
+		// operators look, and counted.
+		m.count(r, "error")
+		c.logger.ErrorContext(r.Context(), "idempotency: request body read before the middleware; not fingerprinted",
+			slog.String("key_hash", idempotency.KeyHash(scope, key)), slog.Any("error", err))
+		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read", err.Error(), 0)
 		return
 	}
 
@@ -808,38 +818,59 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 // as a form (CSRF checks and RFC 6750 access tokens read the form), which
 // leaves nothing to read, the form: without it a retry with the same key
 // and another form would be answered the first one's response. Its
-// encoding starts with a NUL, which no form body (URL-encoded text) does.
-// A body that a middleware before this one read otherwise (fewer bytes
-// left than Content-Length announced, no error) cannot be fingerprinted:
-// an error says so, rather than a fingerprint that leaves it out.
-func bodyToFingerprint(r *http.Request, body []byte) ([]byte, error) {
+// encoding starts with a NUL, which no form body (URL-encoded text) does;
+// with the files' sizes, it is held to maxBody as a body is (an error
+// wrapping *http.MaxBytesError past it).
+//
+// A body with a known length of which nothing was left to read, and no
+// form parsed from it, was read by a middleware before this one: an error
+// says so, rather than a fingerprint that leaves it out. One of unknown
+// length (chunked) that was drained looks like an empty body, and one
+// read in part, or rewritten (a decompressing middleware that leaves
+// Content-Length as it was), cannot be told from a body whose length
+// changed on the way: those are fingerprinted as they are read.
+func bodyToFingerprint(r *http.Request, body []byte, maxBody int64) ([]byte, error) {
 	mf := r.MultipartForm
 	if len(body) > 0 || (len(r.PostForm) == 0 && (mf == nil || len(mf.File) == 0)) {
-		if int64(len(body)) < r.ContentLength {
-			return nil, fmt.Errorf("%d of the %d bytes of the request body were left to read: a handler or middleware before the idempotency middleware read the rest, so the request cannot be fingerprinted; put the idempotency middleware before it", len(body), r.ContentLength)
+		if len(body) == 0 && r.ContentLength > 0 {
+			return nil, fmt.Errorf("none of the %d bytes of the request body was left to read: a handler or middleware before the idempotency middleware read it, so the request cannot be fingerprinted; put the idempotency middleware before it", r.ContentLength)
 		}
 		return body, nil
 	}
 	var b bytes.Buffer
 	b.WriteString("\x00form\x00")
 	b.WriteString(r.PostForm.Encode())
+	size := int64(b.Len())
+	var names []string
 	if mf != nil {
-		names := make([]string, 0, len(mf.File))
-		for name := range mf.File {
+		for name, fhs := range mf.File {
 			names = append(names, name)
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			for _, fh := range mf.File[name] {
-				sum, err := fileSum(fh)
-				if err != nil {
-					return nil, fmt.Errorf("the file %q of field %q, parsed by a middleware before the idempotency middleware, cannot be read to fingerprint it: %w", fh.Filename, name, err)
-				}
-				fmt.Fprintf(&b, "\x00file\x00%q\x00%q\x00%d\x00%x", name, fh.Filename, fh.Size, sum)
+			for _, fh := range fhs {
+				size += fh.Size
 			}
 		}
 	}
+	if size > maxBody {
+		return nil, &http.MaxBytesError{Limit: maxBody}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		for _, fh := range mf.File[name] {
+			sum, err := fileSum(fh)
+			if err != nil {
+				return nil, fmt.Errorf("the file %q of field %q, parsed by a middleware before the idempotency middleware, cannot be read to fingerprint it: %w", fh.Filename, name, err)
+			}
+			fmt.Fprintf(&b, "\x00file\x00%q\x00%q\x00%d\x00%x", name, fh.Filename, fh.Size, sum)
+		}
+	}
 	return b.Bytes(), nil
+}
+
+// bodyTooLarge answers a request whose body, or the form parsed from it
+// before the middleware, is past WithMaxBody.
+func (c *idemConfig) bodyTooLarge(w http.ResponseWriter) {
+	writeProblem(w, http.StatusRequestEntityTooLarge, "Body_too_large", "Request body too large",
+		fmt.Sprintf("An idempotent request body is limited to %d bytes.", c.maxBody), 0)
 }
 
 // fileSum is the SHA-256 of a parsed multipart file.

@@ -2,10 +2,12 @@ package httpmw_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -224,5 +226,93 @@ func TestFormParsedUpstream(t *testing.T) {
 	}
 	if n := runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times, want 2 (the first form, the first multipart)", n)
+	}
+}
+
+// TestBodyReadUpstream: what a middleware before Idempotency does to the
+// body decides what is fingerprinted. A decompressing middleware that
+// leaves Content-Length as it was is fingerprinted as decoded, not
+// refused; an Idempotency inside another with the same key defers to it
+// whatever reads the body between them; a form parsed before it is held
+// to WithMaxBody as a body is; and a body read whole before it is logged
+// as the server's error.
+func TestBodyReadUpstream(t *testing.T) {
+	store := idempotency.NewMemoryStore()
+	var runs atomic.Int32
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "got %s", b)
+	})
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	mw, err := httpmw.Idempotency(store, httpmw.WithMaxBody(1024), httpmw.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(h http.Handler, key, contentType string, body []byte) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		req.Header.Set("Content-Type", contentType)
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+
+	gunzip := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		r.Body = zr // Content-Length left as the compressed length
+		mw(handler).ServeHTTP(w, r)
+	})
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		io.WriteString(zw, s)
+		zw.Close()
+		return b.Bytes()
+	}
+	if rec := send(gunzip, `"gz"`, "application/json", gz(`{"amount":10}`)); rec.Code != http.StatusCreated || rec.Body.String() != `got {"amount":10}` {
+		t.Errorf("body decompressed before the middleware: %d %q, want 201", rec.Code, rec.Body)
+	}
+	if rec := send(gunzip, `"gz"`, "application/json", gz(`{"amount":9999}`)); rec.Code != http.StatusUnprocessableEntity {
+		t.Errorf("same key, another decompressed body: %d %q, want 422", rec.Code, rec.Body)
+	}
+
+	nested := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mw(handler).ServeHTTP(w, r)
+	}))
+	if rec := send(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated {
+		t.Errorf("nested, a body reader between: %d %q, want 201", rec.Code, rec.Body)
+	}
+	if rec := send(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
+		t.Errorf("nested, retried: %d %q, want the first answer replayed", rec.Code, rec.Body)
+	}
+
+	parse := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.ParseForm()
+		mw(handler).ServeHTTP(w, r)
+	})
+	if rec := send(parse, `"big form"`, "application/x-www-form-urlencoded", []byte("a="+strings.Repeat("x", 2048))); rec.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("form parsed before the middleware, past WithMaxBody: %d %q, want 413", rec.Code, rec.Body)
+	}
+
+	drain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mw(handler).ServeHTTP(w, r)
+	})
+	if rec := send(drain, `"drained"`, "text/plain", []byte("order")); rec.Code != http.StatusInternalServerError {
+		t.Errorf("body read whole before the middleware: %d %q, want 500", rec.Code, rec.Body)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "read before the middleware") {
+		t.Errorf("body read whole before the middleware: logged %q, want an error", logs.String())
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (the first decompressed body, the first nested request)", n)
 	}
 }
