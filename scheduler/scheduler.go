@@ -367,7 +367,9 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		s.waitBehind()
+		t := time.NewTimer(s.g.ReleaseTimeout())
+		defer t.Stop()
+		s.waitBehind(t.C)
 		return nil
 	case <-ctx.Done():
 	}
@@ -379,27 +381,33 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	defer t.Stop()
 	select {
 	case <-done:
-		return nil
 	case <-t.C:
+		return ctx.Err()
+	}
+	// Every run ended: their store calls left behind get what is left of
+	// the same grace.
+	if s.waitBehind(t.C) {
+		return nil
 	}
 	return ctx.Err()
 }
 
 // waitBehind waits for the store calls the runs left behind (a slot
-// completed as Stop came, a claim given back) for as long as the Guard
-// gives a release: a healthy store answers them well within it, and a hung
-// one must not hold Stop for as long as its client library waits.
-func (s *Scheduler) waitBehind() {
+// completed as Stop came, a claim given back) until expired, which Stop
+// gives the Guard's release bound: a healthy store answers them well
+// within it, and a hung one must not hold Stop for as long as its client
+// library waits. It reports whether they ended.
+func (s *Scheduler) waitBehind(expired <-chan time.Time) (ended bool) {
 	done := make(chan struct{})
 	go func() {
 		s.behind.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(s.g.ReleaseTimeout())
-	defer t.Stop()
 	select {
 	case <-done:
-	case <-t.C:
+		return true
+	case <-expired:
+		return false
 	}
 }
 

@@ -369,3 +369,46 @@ func TestLockGrantedAfterItsLeaseRanOut(t *testing.T) {
 		}
 	})
 }
+
+// slowCompletes is the memory store whose completions take a while, and
+// counts those that finished.
+type slowCompletes struct {
+	idempotency.Store
+	finished atomic.Int32
+}
+
+func (s *slowCompletes) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+	time.Sleep(300 * time.Millisecond)
+	err := s.Store.Complete(ctx, scope, key, owner, response, retention)
+	s.finished.Add(1)
+	return err
+}
+
+// TestStopWithADoneContextWaitsForTheSlotsCompletion: a Stop whose ctx is
+// done, whose runs all end within its grace, waits for their slots'
+// completions too (within the same grace) before it reports success, so
+// that a caller who then closes the store does not cut one short.
+func TestStopWithADoneContextWaitsForTheSlotsCompletion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &slowCompletes{Store: idempotency.NewMemoryStore()}
+		s, _ := newMemoryScheduler(t, scheduler.WithSlotStore(store))
+		started := make(chan struct{}, 1)
+		if err := s.Add("@every 1m", "blocks", func(ctx context.Context) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		<-started
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("Stop(cancelled ctx), the run ending at once: %v, want nil", err)
+		}
+		if n := store.finished.Load(); n != 1 {
+			t.Errorf("slot completions finished when Stop returned: %d, want 1", n)
+		}
+	})
+}
