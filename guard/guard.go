@@ -477,6 +477,16 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if err == nil && lease == nil {
 		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
 	}
+	if err == nil && grantedTooLate(lease, g.marginFor(c.ttl)) {
+		// Granted, but answered only once the lease had run out, or was
+		// within the loss margin of its end (a server that stalled while
+		// the acquisition waited for its answer): another may hold it by
+		// now, and work started on it would run beside theirs until the
+		// keeper noticed. Given back, as a grant that came after its
+		// caller stopped waiting is.
+		go undoAcquire(attemptCall{g: g, full: full}, lease, nil)
+		err = fmt.Errorf("%w: the lease was granted too late to be held: it ends at %v, too soon after the answer came to be renewed", ErrUnavailable, lease.Expiry())
+	}
 	if err != nil {
 		// The backend's error is looked at before the bounds: a wait that
 		// ran out while the backend could not be reached is an outage,
@@ -525,6 +535,17 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 	g.keeper.add(l)
 	return l, nil
+}
+
+// grantedTooLate reports whether lease, just granted, runs out within
+// margin of now: its TTL counted from the request's sending, whose answer
+// came that late. A lease on a session lives as long as its session, which
+// is kept alive apart from the grant: its expiry is the session's.
+func grantedTooLate(lease driver.Lease, margin time.Duration) bool {
+	if _, ok := lease.(driver.SessionLease); ok {
+		return false
+	}
+	return !time.Now().Add(margin).Before(lease.Expiry())
 }
 
 // acquireLease makes the backend call for c: one attempt, or a wait.

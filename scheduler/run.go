@@ -324,14 +324,14 @@ func (j *job) begin(slot time.Time) (r *running, ok bool) {
 	}
 	r.lock, r.locked, r.began = l, time.Now(), s.clock()
 	r.rec.Token = l.Token()
-	// A grant answered only after its lease ran out (a server that stalled
-	// while the acquisition waited for its answer) is lost as it is
-	// taken: the job must not start on it, and the slot, which nothing
-	// ran, is given back rather than recorded as run.
-	if err := l.Err(); err != nil || !r.locked.Before(l.Expiry()) {
+	// A lock lost as soon as it was taken (its session revoked, forced
+	// away) must not start the job: the slot, which nothing ran, is given
+	// back rather than recorded as run. (One granted too late to be held
+	// guard refuses itself.)
+	if err := l.Err(); err != nil {
 		r.claim.abandon(r.ctx)
 		r.unlock()
-		r.finish(Failed, "lock", fmt.Errorf("%w: granted after its lease ran out (at %v)", guard.ErrLockLost, l.Expiry()))
+		r.finish(Failed, "lock", err)
 		return r, false
 	}
 	// Waiting for the lock may have made the run late.

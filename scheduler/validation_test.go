@@ -15,6 +15,7 @@ import (
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
 )
@@ -312,28 +313,13 @@ func TestStopWithADoneContextWhenNothingRuns(t *testing.T) {
 	})
 }
 
-// lateGrants is the memory backend behind a server that answers each
-// grant only after late has passed, its lease's time running meanwhile,
-// as a server that stalled mid-acquisition does.
-type lateGrants struct {
-	driver.Locker
-	late time.Duration
-}
-
-func (d *lateGrants) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
-	l, err := d.Locker.Acquire(ctx, key, o)
-	if err == nil {
-		time.Sleep(d.late)
-	}
-	return l, err
-}
-
 // TestLockGrantedAfterItsLeaseRanOut: a job whose lock is granted only
-// after its lease ran out does not start on it; the run is recorded failed
-// on its lock, and the slot given back, not recorded as run.
+// after its lease ran out (which guard refuses) does not start on it; the
+// run is recorded failed on its lock, and the slot given back, not
+// recorded as run.
 func TestLockGrantedAfterItsLeaseRanOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g, err := guard.New(&lateGrants{Locker: memory.New(), late: 4 * time.Second}, guard.WithTTL(3*time.Second))
+		g, err := guard.New(&drivertest.LateGrants{Locker: memory.New(), Late: 4 * time.Second}, guard.WithTTL(3*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
