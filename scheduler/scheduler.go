@@ -385,19 +385,18 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 		return ctx.Err()
 	}
 	// Every run ended: their store calls left behind get what is left of
-	// the same grace.
-	if s.waitBehind(t.C) {
-		return nil
-	}
-	return ctx.Err()
+	// the same grace, and Stop reports what it reports when ctx did not
+	// end, that the jobs returned.
+	s.waitBehind(t.C)
+	return nil
 }
 
 // waitBehind waits for the store calls the runs left behind (a slot
 // completed as Stop came, a claim given back) until expired, which Stop
 // gives the Guard's release bound: a healthy store answers them well
 // within it, and a hung one must not hold Stop for as long as its client
-// library waits. It reports whether they ended.
-func (s *Scheduler) waitBehind(expired <-chan time.Time) (ended bool) {
+// library waits.
+func (s *Scheduler) waitBehind(expired <-chan time.Time) {
 	done := make(chan struct{})
 	go func() {
 		s.behind.Wait()
@@ -405,9 +404,7 @@ func (s *Scheduler) waitBehind(expired <-chan time.Time) (ended bool) {
 	}()
 	select {
 	case <-done:
-		return true
 	case <-expired:
-		return false
 	}
 }
 
