@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"mime/multipart"
 	"net/http"
 	"slices"
@@ -667,7 +668,7 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The server's setup, not the client's request: said where its
 		// operators look, and counted.
 		m.count(r, "error")
-		c.logger.ErrorContext(r.Context(), "idempotency: request body read before the middleware; not fingerprinted",
+		c.logger.ErrorContext(r.Context(), "httpmw: request not fingerprinted: its body was read before the middleware",
 			slog.String("key_hash", idempotency.KeyHash(scope, key)), slog.Any("error", err))
 		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read", err.Error(), 0)
 		return
@@ -818,9 +819,10 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 // as a form (CSRF checks and RFC 6750 access tokens read the form), which
 // leaves nothing to read, the form: without it a retry with the same key
 // and another form would be answered the first one's response. Its
-// encoding starts with a NUL, which no form body (URL-encoded text) does;
-// with the files' sizes, it is held to maxBody as a body is (an error
-// wrapping *http.MaxBytesError past it).
+// encoding starts with a NUL, which no form body (URL-encoded text) does.
+// The body the form came from is held to maxBody as a body is (an error
+// wrapping *http.MaxBytesError past it): its Content-Length, or when that
+// is unknown the sizes of the form's names, values and files.
 //
 // A body with a known length of which nothing was left to read, and no
 // form parsed from it, was read by a middleware before this one: an error
@@ -831,7 +833,10 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 // changed on the way: those are fingerprinted as they are read.
 func bodyToFingerprint(r *http.Request, body []byte, maxBody int64) ([]byte, error) {
 	mf := r.MultipartForm
-	if len(body) > 0 || (len(r.PostForm) == 0 && (mf == nil || len(mf.File) == 0)) {
+	// ParseForm leaves a PostForm, empty or not, once it read a form body
+	// (and reads no other).
+	parsed := (r.PostForm != nil || mf != nil) && isForm(r.Header.Get("Content-Type"))
+	if len(body) > 0 || r.ContentLength == 0 || !parsed {
 		if len(body) == 0 && r.ContentLength > 0 {
 			return nil, fmt.Errorf("none of the %d bytes of the request body was left to read: a handler or middleware before the idempotency middleware read it, so the request cannot be fingerprinted; put the idempotency middleware before it", r.ContentLength)
 		}
@@ -840,13 +845,23 @@ func bodyToFingerprint(r *http.Request, body []byte, maxBody int64) ([]byte, err
 	var b bytes.Buffer
 	b.WriteString("\x00form\x00")
 	b.WriteString(r.PostForm.Encode())
-	size := int64(b.Len())
+	size := r.ContentLength
+	if size < 0 {
+		size = 0
+		for name, values := range r.PostForm {
+			for _, v := range values {
+				size += int64(len(name) + len(v))
+			}
+		}
+	}
 	var names []string
 	if mf != nil {
 		for name, fhs := range mf.File {
 			names = append(names, name)
-			for _, fh := range fhs {
-				size += fh.Size
+			if r.ContentLength < 0 {
+				for _, fh := range fhs {
+					size += fh.Size
+				}
 			}
 		}
 	}
@@ -871,6 +886,13 @@ func bodyToFingerprint(r *http.Request, body []byte, maxBody int64) ([]byte, err
 func (c *idemConfig) bodyTooLarge(w http.ResponseWriter) {
 	writeProblem(w, http.StatusRequestEntityTooLarge, "Body_too_large", "Request body too large",
 		fmt.Sprintf("An idempotent request body is limited to %d bytes.", c.maxBody), 0)
+}
+
+// isForm reports whether contentType is one whose body ParseForm or
+// ParseMultipartForm reads.
+func isForm(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data")
 }
 
 // fileSum is the SHA-256 of a parsed multipart file.
