@@ -106,12 +106,17 @@ func undoAcquire(a attemptCall, lease driver.Lease, err error) {
 	if err != nil || lease == nil {
 		return
 	}
-	g := a.g
+	a.g.giveBack(a.full, lease, "a lease granted after its caller stopped waiting")
+}
+
+// giveBack releases lease, granted on full but not to be held (what says
+// why), within the release timeout.
+func (g *Guard) giveBack(full string, lease driver.Lease, what string) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.releaseTimeout)
 	defer cancel()
 	if err := lease.Release(ctx); err != nil {
-		g.logger.Warn("warden: a lease granted after its caller stopped waiting could not be released; it stays taken until it expires",
-			"key", a.full, "backend", g.backend, "error", err)
+		g.logger.Warn("warden: "+what+" could not be released; it stays taken until it expires",
+			"key", full, "backend", g.backend, "error", err)
 	}
 }
 

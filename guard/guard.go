@@ -452,8 +452,9 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if tracer != nil {
 		_, span = g.tel.startSpan(ctx, tracer, "warden.acquire", key)
 	}
-	// The clock is read only for someone who records the wait: on some
-	// machines a clock read costs as much as the in-process lock itself.
+	// The clock is read here only for someone who records the wait: on
+	// some machines a clock read costs as much as the in-process lock
+	// itself (the grant's check reads it once, see grantedTooLate).
 	timed := span != nil || g.tel.acquireDuration.Enabled(ctx)
 	var start time.Time
 	if timed {
@@ -471,20 +472,22 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
 	}
 	var took time.Duration
+	var now time.Time
 	if timed {
-		took = time.Since(start)
+		now = time.Now()
+		took = now.Sub(start)
 	}
 	if err == nil && lease == nil {
 		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
 	}
-	if err == nil && grantedTooLate(lease, g.marginFor(c.ttl)) {
+	if err == nil && grantedTooLate(lease, now, g.marginFor(c.ttl)) {
 		// Granted, but answered only once the lease had run out, or was
 		// within the loss margin of its end (a server that stalled while
 		// the acquisition waited for its answer): another may hold it by
 		// now, and work started on it would run beside theirs until the
 		// keeper noticed. Given back, as a grant that came after its
 		// caller stopped waiting is.
-		go undoAcquire(attemptCall{g: g, full: full}, lease, nil)
+		go g.giveBack(full, lease, "a lease granted too late to be held")
 		err = fmt.Errorf("%w: the lease was granted too late to be held: it ends at %v, too soon after the answer came to be renewed", ErrUnavailable, lease.Expiry())
 	}
 	if err != nil {
@@ -538,14 +541,19 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 }
 
 // grantedTooLate reports whether lease, just granted, runs out within
-// margin of now: its TTL counted from the request's sending, whose answer
-// came that late. A lease on a session lives as long as its session, which
-// is kept alive apart from the grant: its expiry is the session's.
-func grantedTooLate(lease driver.Lease, margin time.Duration) bool {
+// margin of now (read here when zero: once per acquisition, the price of
+// telling a grant that came too late): its TTL counted from the request's
+// sending, whose answer came that late. A lease on a session lives as long
+// as its session, which is kept alive apart from the grant: its expiry is
+// the session's.
+func grantedTooLate(lease driver.Lease, now time.Time, margin time.Duration) bool {
 	if _, ok := lease.(driver.SessionLease); ok {
 		return false
 	}
-	return !time.Now().Add(margin).Before(lease.Expiry())
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return !now.Add(margin).Before(lease.Expiry())
 }
 
 // acquireLease makes the backend call for c: one attempt, or a wait.
