@@ -834,8 +834,10 @@ func (m *idempotent) replay(w http.ResponseWriter, stored []byte, hash func() st
 func bodyToFingerprint(r *http.Request, body []byte, maxBody int64) ([]byte, error) {
 	mf := r.MultipartForm
 	// ParseForm leaves a PostForm, empty or not, once it read a form body
-	// (and reads no other).
-	parsed := (r.PostForm != nil || mf != nil) && isForm(r.Header.Get("Content-Type"))
+	// (and reads no other, nor the body of any method but these three, for
+	// which it leaves an empty one all the same).
+	readsBody := r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch
+	parsed := ((r.PostForm != nil && readsBody) || mf != nil) && isForm(r.Header.Get("Content-Type"))
 	if len(body) > 0 || r.ContentLength == 0 || !parsed {
 		if len(body) == 0 && r.ContentLength > 0 {
 			return nil, fmt.Errorf("none of the %d bytes of the request body was left to read: a handler or middleware before the idempotency middleware read it, so the request cannot be fingerprinted; put the idempotency middleware before it", r.ContentLength)

@@ -313,6 +313,25 @@ func TestBodyReadUpstream(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		mw(handler).ServeHTTP(w, r)
 	})
+	// A DELETE's form body is one ParseForm does not read: drained, then
+	// parsed, it is still a body read before the middleware.
+	deletes, err := httpmw.Idempotency(store, httpmw.WithMethods(http.MethodDelete), httpmw.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drainParse := deletes(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("handler of a DELETE whose body was read before the middleware ran")
+	}))
+	req := httptest.NewRequest(http.MethodDelete, "/", strings.NewReader("a=1"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", `"delete"`)
+	io.Copy(io.Discard, req.Body)
+	req.ParseForm()
+	rec := httptest.NewRecorder()
+	drainParse.ServeHTTP(rec, req)
+	if rec.Code != http.StatusInternalServerError {
+		t.Errorf("DELETE form body read before the middleware: %d %q, want 500", rec.Code, rec.Body)
+	}
 	if rec := send(drain, `"drained"`, "text/plain", []byte("order")); rec.Code != http.StatusInternalServerError {
 		t.Errorf("body read whole before the middleware: %d %q, want 500", rec.Code, rec.Body)
 	}
