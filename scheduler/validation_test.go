@@ -356,15 +356,16 @@ func TestLockGrantedAfterItsLeaseRanOut(t *testing.T) {
 	})
 }
 
-// slowCompletes is the memory store whose completions take a while, and
+// slowCompletes is the memory store whose completions take delay, and
 // counts those that finished.
 type slowCompletes struct {
 	idempotency.Store
+	delay    time.Duration
 	finished atomic.Int32
 }
 
 func (s *slowCompletes) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(s.delay)
 	err := s.Store.Complete(ctx, scope, key, owner, response, retention)
 	s.finished.Add(1)
 	return err
@@ -376,18 +377,8 @@ func (s *slowCompletes) Complete(ctx context.Context, scope, key, owner string, 
 // that a caller who then closes the store does not cut one short.
 func TestStopWithADoneContextWaitsForTheSlotsCompletion(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &slowCompletes{Store: idempotency.NewMemoryStore()}
-		s, _ := newMemoryScheduler(t, scheduler.WithSlotStore(store))
-		started := make(chan struct{}, 1)
-		if err := s.Add("@every 1m", "blocks", func(ctx context.Context) error {
-			started <- struct{}{}
-			<-ctx.Done()
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		s.Start()
-		<-started
+		store := &slowCompletes{Store: idempotency.NewMemoryStore(), delay: 300 * time.Millisecond}
+		s, _ := runningUntilStopped(t, store)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		if err := s.Stop(ctx); err != nil {
@@ -397,4 +388,47 @@ func TestStopWithADoneContextWaitsForTheSlotsCompletion(t *testing.T) {
 			t.Errorf("slot completions finished when Stop returned: %d, want 1", n)
 		}
 	})
+}
+
+// TestStopWithADoneContextAndAHungStore: a Stop whose ctx is done, whose
+// runs all returned, reports what a Stop whose ctx is not done reports,
+// nil, once the store calls they left behind have had the grace, even when
+// the store never answers them: the jobs returned.
+func TestStopWithADoneContextAndAHungStore(t *testing.T) {
+	for _, done := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			s, g := runningUntilStopped(t, &slowCompletes{Store: idempotency.NewMemoryStore(), delay: time.Hour})
+			ctx, cancel := context.WithCancel(context.Background())
+			if done {
+				cancel()
+			}
+			defer cancel()
+			start := time.Now()
+			if err := s.Stop(ctx); err != nil {
+				t.Errorf("Stop, ctx done %v, the job returned, the store hung: %v, want nil", done, err)
+			}
+			if d := time.Since(start); d != g.ReleaseTimeout() {
+				t.Errorf("Stop, ctx done %v: returned after %v, want the grace, %v", done, d, g.ReleaseTimeout())
+			}
+			time.Sleep(time.Hour) // the hung completion's end
+		})
+	}
+}
+
+// runningUntilStopped starts a Scheduler on store with a job that runs
+// until its context ends, and returns once the job runs.
+func runningUntilStopped(t *testing.T, store idempotency.Store) (*scheduler.Scheduler, *guard.Guard) {
+	t.Helper()
+	s, g := newMemoryScheduler(t, scheduler.WithSlotStore(store))
+	started := make(chan struct{}, 1)
+	if err := s.Add("@every 1m", "blocks", func(ctx context.Context) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	<-started
+	return s, g
 }
