@@ -135,7 +135,7 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got := runs.Load(); got != n {
 			t.Errorf("first runs: %d, want %d", got, n)
 		}
-		if got := l.cleanups.runningAgain(); got != maxCleanupsAgain {
+		if got := runningAgain(l); got != maxCleanupsAgain {
 			t.Errorf("cleanups to run again: %d, want %d", got, maxCleanupsAgain)
 		}
 		time.Sleep(21 * cleanupAgain)
@@ -143,7 +143,7 @@ func TestCleanupsAgainBounded(t *testing.T) {
 		if got, want := runs.Load(), int32(n+3*maxCleanupsAgain); got != want {
 			t.Errorf("runs after the pauses: %d, want %d", got, want)
 		}
-		if got := l.cleanups.runningAgain(); got != 0 {
+		if got := runningAgain(l); got != 0 {
 			t.Errorf("cleanups still to run again: %d, want 0", got)
 		}
 	})
@@ -167,7 +167,7 @@ func TestCleanupsAgainEndAtClose(t *testing.T) {
 			t.Errorf("runs when Close returned: %d, want %d (one first run and one last run each)", got, 2*n)
 		}
 		synctest.Wait()
-		if got := l.cleanups.runningAgain(); got != 0 {
+		if got := runningAgain(l); got != 0 {
 			t.Errorf("cleanups still to run again after Close: %d, want 0", got)
 		}
 		if d := time.Since(start); d != 0 {
@@ -238,4 +238,11 @@ func TestCloseWaitsForFirstRuns(t *testing.T) {
 		time.Sleep(time.Minute) // the hung run's end
 		synctest.Wait()
 	})
+}
+
+// runningAgain is how many of l's cleanups are running again.
+func runningAgain(l *Locker) int {
+	l.cleanups.mu.Lock()
+	defer l.cleanups.mu.Unlock()
+	return l.cleanups.again
 }

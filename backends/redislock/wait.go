@@ -202,13 +202,6 @@ func (c *cleanups) end(again bool) {
 	}
 }
 
-// runningAgain is how many cleanups are running again.
-func (c *cleanups) runningAgain() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.again
-}
-
 // close refuses any more runs again and waits for the cleanups under way
 // (a first run, or a last one) to end, at most within: a server that does
 // not answer them must not hold Close much longer than it would hold one
