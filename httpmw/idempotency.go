@@ -670,7 +670,9 @@ func (m *idempotent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.count(r, "error")
 		c.logger.ErrorContext(r.Context(), "httpmw: request not fingerprinted: its body was read before the middleware",
 			slog.String("key_hash", idempotency.KeyHash(scope, key)), slog.Any("error", err))
-		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read", err.Error(), 0)
+		// The cause (a temporary file's path, say) stays in the log.
+		writeProblem(w, http.StatusInternalServerError, "Body_consumed", "Request body already read",
+			"A handler or middleware before the idempotency middleware read the request body, or the form it parsed from it cannot be read, so the request cannot be fingerprinted; the server's log says which.", 0)
 		return
 	}
 

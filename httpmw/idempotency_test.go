@@ -181,23 +181,15 @@ func TestFormParsedUpstream(t *testing.T) {
 			inner.ServeHTTP(w, r)
 		})
 	}
-	send := func(h http.Handler, key, contentType, body string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/charge", strings.NewReader(body))
-		req.Header.Set("Content-Type", contentType)
-		req.Header.Set("Idempotency-Key", key)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
 	const urlencoded = "application/x-www-form-urlencoded"
 	parse := upstream(func(r *http.Request) { r.ParseForm() })
-	if rec := send(parse, `"form"`, urlencoded, "amount=10"); rec.Code != http.StatusCreated || rec.Body.String() != "charged 10" {
+	if rec := serveKeyed(parse, `"form"`, urlencoded, []byte("amount=10")); rec.Code != http.StatusCreated || rec.Body.String() != "charged 10" {
 		t.Fatalf("first: %d %q", rec.Code, rec.Body)
 	}
-	if rec := send(parse, `"form"`, urlencoded, "amount=9999"); rec.Code != http.StatusUnprocessableEntity {
+	if rec := serveKeyed(parse, `"form"`, urlencoded, []byte("amount=9999")); rec.Code != http.StatusUnprocessableEntity {
 		t.Errorf("same key, another form: %d %q, want 422", rec.Code, rec.Body)
 	}
-	if rec := send(parse, `"form"`, urlencoded, "amount=10"); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
+	if rec := serveKeyed(parse, `"form"`, urlencoded, []byte("amount=10")); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
 		t.Errorf("same key, same form: %d %q replayed=%q, want the first answer replayed", rec.Code, rec.Body, rec.Header().Get(httpmw.ReplayedHeader))
 	}
 
@@ -212,16 +204,16 @@ func TestFormParsedUpstream(t *testing.T) {
 	}
 	parseMultipart := upstream(func(r *http.Request) { r.ParseMultipartForm(1 << 20) })
 	ct, body := multipartBody("lines: 1")
-	if rec := send(parseMultipart, `"multipart"`, ct, body); rec.Code != http.StatusCreated {
+	if rec := serveKeyed(parseMultipart, `"multipart"`, ct, []byte(body)); rec.Code != http.StatusCreated {
 		t.Fatalf("first multipart: %d %q", rec.Code, rec.Body)
 	}
 	ct, body = multipartBody("lines: 2")
-	if rec := send(parseMultipart, `"multipart"`, ct, body); rec.Code != http.StatusUnprocessableEntity {
+	if rec := serveKeyed(parseMultipart, `"multipart"`, ct, []byte(body)); rec.Code != http.StatusUnprocessableEntity {
 		t.Errorf("same key, same fields, another file: %d %q, want 422", rec.Code, rec.Body)
 	}
 
 	drain := upstream(func(r *http.Request) { io.Copy(io.Discard, r.Body) })
-	if rec := send(drain, `"drained"`, "application/json", `{"amount":10}`); rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "Body_consumed") {
+	if rec := serveKeyed(drain, `"drained"`, "application/json", []byte(`{"amount":10}`)); rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "Body_consumed") {
 		t.Errorf("body read before the middleware: %d %q, want 500 Body_consumed", rec.Code, rec.Body)
 	}
 	if n := runs.Load(); n != 2 {
@@ -251,15 +243,6 @@ func TestBodyReadUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	send := func(h http.Handler, key, contentType string, body []byte) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-		req.Header.Set("Content-Type", contentType)
-		req.Header.Set("Idempotency-Key", key)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
-
 	gunzip := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		zr, err := gzip.NewReader(r.Body)
 		if err != nil {
@@ -276,10 +259,10 @@ func TestBodyReadUpstream(t *testing.T) {
 		zw.Close()
 		return b.Bytes()
 	}
-	if rec := send(gunzip, `"gz"`, "application/json", gz(`{"amount":10}`)); rec.Code != http.StatusCreated || rec.Body.String() != `got {"amount":10}` {
+	if rec := serveKeyed(gunzip, `"gz"`, "application/json", gz(`{"amount":10}`)); rec.Code != http.StatusCreated || rec.Body.String() != `got {"amount":10}` {
 		t.Errorf("body decompressed before the middleware: %d %q, want 201", rec.Code, rec.Body)
 	}
-	if rec := send(gunzip, `"gz"`, "application/json", gz(`{"amount":9999}`)); rec.Code != http.StatusUnprocessableEntity {
+	if rec := serveKeyed(gunzip, `"gz"`, "application/json", gz(`{"amount":9999}`)); rec.Code != http.StatusUnprocessableEntity {
 		t.Errorf("same key, another decompressed body: %d %q, want 422", rec.Code, rec.Body)
 	}
 
@@ -287,10 +270,10 @@ func TestBodyReadUpstream(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		mw(handler).ServeHTTP(w, r)
 	}))
-	if rec := send(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated {
+	if rec := serveKeyed(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated {
 		t.Errorf("nested, a body reader between: %d %q, want 201", rec.Code, rec.Body)
 	}
-	if rec := send(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
+	if rec := serveKeyed(nested, `"nested"`, "text/plain", []byte("order")); rec.Code != http.StatusCreated || rec.Header().Get(httpmw.ReplayedHeader) != "true" {
 		t.Errorf("nested, retried: %d %q, want the first answer replayed", rec.Code, rec.Body)
 	}
 
@@ -298,13 +281,13 @@ func TestBodyReadUpstream(t *testing.T) {
 		r.ParseForm()
 		mw(handler).ServeHTTP(w, r)
 	})
-	if rec := send(parse, `"big form"`, "application/x-www-form-urlencoded", []byte("a="+strings.Repeat("x", 2048))); rec.Code != http.StatusRequestEntityTooLarge {
+	if rec := serveKeyed(parse, `"big form"`, "application/x-www-form-urlencoded", []byte("a="+strings.Repeat("x", 2048))); rec.Code != http.StatusRequestEntityTooLarge {
 		t.Errorf("form parsed before the middleware, past WithMaxBody: %d %q, want 413", rec.Code, rec.Body)
 	}
 	// Held to WithMaxBody as sent, not as encoded again (UTF-8 escaped
 	// takes three times its size); and a form of no fields is a form.
 	for _, body := range []string{"a=" + strings.Repeat("é", 400), "&"} {
-		if rec := send(parse, `"form `+fmt.Sprint(len(body))+`"`, "application/x-www-form-urlencoded", []byte(body)); rec.Code != http.StatusCreated {
+		if rec := serveKeyed(parse, `"form `+fmt.Sprint(len(body))+`"`, "application/x-www-form-urlencoded", []byte(body)); rec.Code != http.StatusCreated {
 			t.Errorf("form of %d bytes parsed before the middleware: %d %q, want 201", len(body), rec.Code, rec.Body)
 		}
 	}
@@ -332,7 +315,7 @@ func TestBodyReadUpstream(t *testing.T) {
 	if rec.Code != http.StatusInternalServerError {
 		t.Errorf("DELETE form body read before the middleware: %d %q, want 500", rec.Code, rec.Body)
 	}
-	if rec := send(drain, `"drained"`, "text/plain", []byte("order")); rec.Code != http.StatusInternalServerError {
+	if rec := serveKeyed(drain, `"drained"`, "text/plain", []byte("order")); rec.Code != http.StatusInternalServerError {
 		t.Errorf("body read whole before the middleware: %d %q, want 500", rec.Code, rec.Body)
 	}
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "read before the middleware") {
@@ -341,4 +324,14 @@ func TestBodyReadUpstream(t *testing.T) {
 	if n := runs.Load(); n != 4 {
 		t.Errorf("handler ran %d times, want 4 (the first decompressed body, the first nested request, the two forms)", n)
 	}
+}
+
+// serveKeyed POSTs body of contentType to h with the idempotency key key.
+func serveKeyed(h http.Handler, key, contentType string, body []byte) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Idempotency-Key", key)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
 }
