@@ -114,7 +114,9 @@ func undoAcquire(a attemptCall, lease driver.Lease, err error) {
 func (g *Guard) giveBack(full string, lease driver.Lease, what string) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.releaseTimeout)
 	defer cancel()
-	if err := lease.Release(ctx); err != nil {
+	// A lease no longer held (it ran out, or was taken away) holds
+	// nothing to give back.
+	if err := lease.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
 		g.logger.Warn("warden: "+what+" could not be released; it stays taken until it expires",
 			"key", full, "backend", g.backend, "error", err)
 	}
@@ -138,31 +140,69 @@ const (
 // waiting call, ended by its context, cannot say; when it finds the lock
 // held, the rest of the bound is waited out as well. (A fair waiter thus
 // gives up its place in the queue for the last part of its wait.) It
-// returns which bound ended an acquisition that found the lock held.
-func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, error) {
+// returns which bound ended an acquisition that found the lock held, and
+// when a grant was answered (see heldInTime; zero when the clock was not
+// read).
+//
+// A lease granted too late to be held (see heldInTime) is given back. A
+// waiting acquisition then waits for that, within its bound, and goes on
+// waiting for a lease it can hold: the backend stalled while the
+// acquisition waited for its answer, or a database statement waited for a
+// row lock another transaction held past the TTL. A single attempt fails
+// with ErrUnavailable: the answer it got is no lock.
+func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) (driver.Lease, boundKind, time.Time, error) {
 	ctxEnd, hasEnd := ctx.Deadline()
 	lease, started, done, err := g.fastAttempt(ctx, full, c, ctxEnd, hasEnd)
-	if done {
-		return lease, boundNone, err
+	// The bounds count from a fast attempt's start, if one was made; a
+	// zero end is none: nothing bounds the acquisition but ctx's
+	// cancellation, if even that.
+	var now, end time.Time
+	kind := boundNone
+	if c.wait >= 0 || hasEnd {
+		if now = started; now.IsZero() {
+			now = time.Now()
+		}
+		end = now.Add(g.callTimeout)
+		if c.wait > 0 {
+			end, kind = now.Add(c.wait), boundWait
+		}
+		if hasEnd && (c.wait < 0 || !ctxEnd.After(end)) {
+			end, kind = ctxEnd, boundContext
+		}
 	}
-	if c.wait < 0 && !hasEnd {
-		// Nothing bounds it but ctx's cancellation, if even that.
-		lease, err := g.attempt(ctx, full, c, true, g.direct || ctx.Done() == nil)
-		return lease, boundNone, err
+	bound := boundNone
+	for {
+		// The fast attempt's answer, if it gave one, is the first.
+		if !done {
+			if end.IsZero() {
+				lease, err = g.attempt(ctx, full, c, true, g.direct || ctx.Done() == nil)
+			} else {
+				lease, bound, err = g.acquireUntil(ctx, full, c, now, end, kind)
+			}
+		}
+		done = false
+		if err != nil {
+			return lease, bound, time.Time{}, err
+		}
+		at, held := g.heldInTime(lease, c)
+		if held {
+			return lease, bound, at, nil
+		}
+		if c.wait == 0 {
+			go g.giveBack(full, lease, "a lease granted too late to be held")
+			return nil, boundNone, time.Time{}, errGrantedTooLate(lease)
+		}
+		g.giveBackWithin(ctx, full, lease, end)
+		if now = time.Now(); !end.IsZero() && !now.Before(end) {
+			return nil, boundNone, now, errGrantedTooLate(lease)
+		}
 	}
+}
+
+// acquireUntil is the part of acquireBounded that waits, from now until
+// end, the bound of the given kind.
+func (g *Guard) acquireUntil(ctx context.Context, full string, c *lockConfig, now, end time.Time, kind boundKind) (driver.Lease, boundKind, error) {
 	inline := g.inline(ctx)
-	// The bounds count from a fast attempt's start, if one was made.
-	now := started
-	if now.IsZero() {
-		now = time.Now()
-	}
-	end, kind := now.Add(g.callTimeout), boundNone
-	if c.wait > 0 {
-		end, kind = now.Add(c.wait), boundWait
-	}
-	if hasEnd && (c.wait < 0 || !ctxEnd.After(end)) {
-		end, kind = ctxEnd, boundContext
-	}
 	if c.wait != 0 {
 		if probeAt := end.Add(-probeShare(end.Sub(now))); probeAt.After(now) {
 			wctx, cancel := context.WithDeadline(ctx, probeAt)
@@ -184,7 +224,7 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 	}
 	pctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	lease, err = g.attempt(pctx, full, c, false, inline)
+	lease, err := g.attempt(pctx, full, c, false, inline)
 	err = noAnswer(ctx, pctx, err)
 	if c.wait == 0 {
 		// A single attempt's ErrNotAcquired is its answer, whatever bound
@@ -200,6 +240,54 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 		}
 	}
 	return lease, kind, err
+}
+
+// heldInTime reports whether lease, just granted, came in time to be held,
+// and when its answer came (the clock read here, once per acquisition, is
+// also the one that times it): not when it runs out within the loss margin
+// of now, its TTL counted from the request's sending, whose answer came
+// that late. Another may hold such a lease by now, and work started on it
+// would run beside theirs until the keeper noticed. A lease on a session
+// lives as long as its session, which is kept alive apart from the grant:
+// its expiry is the session's, and the clock is not read for it. Neither
+// is it for no lease, which the caller refuses.
+func (g *Guard) heldInTime(lease driver.Lease, c *lockConfig) (time.Time, bool) {
+	if lease == nil {
+		return time.Time{}, true
+	}
+	if _, ok := lease.(driver.SessionLease); ok {
+		return time.Time{}, true
+	}
+	now := time.Now()
+	return now, now.Add(g.marginFor(c.ttl)).Before(lease.Expiry())
+}
+
+// giveBackWithin gives lease back (see giveBack), and waits for that until
+// end (none when zero) or ctx's end: so that an acquisition waiting again
+// finds the lock free, rather than held by its own lease.
+func (g *Guard) giveBackWithin(ctx context.Context, full string, lease driver.Lease, end time.Time) {
+	given := make(chan struct{})
+	go func() {
+		defer close(given)
+		g.giveBack(full, lease, "a lease granted too late to be held")
+	}()
+	var ended <-chan time.Time
+	if !end.IsZero() {
+		t := time.NewTimer(time.Until(end))
+		defer t.Stop()
+		ended = t.C
+	}
+	select {
+	case <-given:
+	case <-ctx.Done():
+	case <-ended:
+	}
+}
+
+// errGrantedTooLate is the failure of an acquisition whose lease was
+// granted too late to be held (see heldInTime), and given back.
+func errGrantedTooLate(lease driver.Lease) error {
+	return fmt.Errorf("%w: the lease was granted too late to be held: it ends at %v, too soon after the answer came to be renewed", ErrUnavailable, lease.Expiry().Round(0))
 }
 
 // fastBound bounds a fast attempt (see fastAttempt): a cancellation of the

@@ -454,7 +454,7 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 	// The clock is read here only for someone who records the wait: on
 	// some machines a clock read costs as much as the in-process lock
-	// itself (the grant's check reads it once, see grantedTooLate).
+	// itself (the grant's check reads it once, see heldInTime).
 	timed := span != nil || g.tel.acquireDuration.Enabled(ctx)
 	var start time.Time
 	if timed {
@@ -467,28 +467,19 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	if waits {
 		g.tel.waiters.Add(ctx, 1, g.tel.onBackend...)
 	}
-	lease, bound, err := g.acquireBounded(ctx, full, &c)
+	lease, bound, answered, err := g.acquireBounded(ctx, full, &c)
 	if waits {
 		g.tel.waiters.Add(ctx, -1, g.tel.onBackend...)
 	}
 	var took time.Duration
-	var now time.Time
 	if timed {
-		now = time.Now()
-		took = now.Sub(start)
+		if answered.IsZero() {
+			answered = time.Now()
+		}
+		took = answered.Sub(start)
 	}
 	if err == nil && lease == nil {
 		err = fmt.Errorf("%w: the backend returned neither a lease nor an error", ErrUnavailable)
-	}
-	if err == nil && grantedTooLate(lease, now, g.marginFor(c.ttl)) {
-		// Granted, but answered only once the lease had run out, or was
-		// within the loss margin of its end (a server that stalled while
-		// the acquisition waited for its answer): another may hold it by
-		// now, and work started on it would run beside theirs until the
-		// keeper noticed. Given back, as a grant that came after its
-		// caller stopped waiting is.
-		go g.giveBack(full, lease, "a lease granted too late to be held")
-		err = fmt.Errorf("%w: the lease was granted too late to be held: it ends at %v, too soon after the answer came to be renewed", ErrUnavailable, lease.Expiry())
 	}
 	if err != nil {
 		// The backend's error is looked at before the bounds: a wait that
@@ -538,22 +529,6 @@ func (g *Guard) acquire(ctx context.Context, key string, c lockConfig) (*Lock, e
 	}
 	g.keeper.add(l)
 	return l, nil
-}
-
-// grantedTooLate reports whether lease, just granted, runs out within
-// margin of now (read here when zero: once per acquisition, the price of
-// telling a grant that came too late): its TTL counted from the request's
-// sending, whose answer came that late. A lease on a session lives as long
-// as its session, which is kept alive apart from the grant: its expiry is
-// the session's.
-func grantedTooLate(lease driver.Lease, now time.Time, margin time.Duration) bool {
-	if _, ok := lease.(driver.SessionLease); ok {
-		return false
-	}
-	if now.IsZero() {
-		now = time.Now()
-	}
-	return !now.Add(margin).Before(lease.Expiry())
 }
 
 // acquireLease makes the backend call for c: one attempt, or a wait.

@@ -12,23 +12,43 @@ import (
 	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
+// lateGuards returns a Guard on d with a 3s TTL, and another on the
+// memory backend d stands before, which finds the locks d's gave back.
+func lateGuards(t *testing.T, d *drivertest.LateGrants) (late, other *guard.Guard) {
+	t.Helper()
+	late, err := guard.New(d, guard.WithTTL(3*time.Second), guard.WithIdleCallers(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err = guard.New(d.Locker, guard.WithTTL(3*time.Second), guard.WithIdleCallers(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return late, other
+}
+
+// free fails t unless other takes key at once: nothing holds it.
+func free(t *testing.T, other *guard.Guard, key, what string) {
+	t.Helper()
+	l, err := other.Lock(context.Background(), key, guard.NoWait())
+	if err != nil {
+		t.Errorf("%s: the lock was not given back: %v", what, err)
+		return
+	}
+	if err := l.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestGrantTooLateToHold: a lease granted only after it ran out, or so
 // close to its end that the loss margin has begun, is not handed to the
-// caller as held, where another can take the lock: Lock and Do fail with
-// ErrUnavailable, the work does not start, and the lease is given back.
-// One answered with time to spare is held as usual.
+// caller as held, where another can take the lock. A single attempt fails
+// with ErrUnavailable, its work does not start, and the lease is given
+// back. One answered with time to spare is held as usual.
 func TestGrantTooLateToHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := memory.New()
-		d := &drivertest.LateGrants{Locker: mem}
-		g, err := guard.New(d, guard.WithTTL(3*time.Second), guard.WithIdleCallers(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		other, err := guard.New(mem, guard.WithTTL(3*time.Second), guard.WithIdleCallers(0))
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := &drivertest.LateGrants{Locker: memory.New()}
+		g, other := lateGuards(t, d)
 		ctx := context.Background()
 		// Past its end, and within the margin (a tenth of the TTL) of it.
 		for _, late := range []time.Duration{4 * time.Second, 2800 * time.Millisecond} {
@@ -37,30 +57,99 @@ func TestGrantTooLateToHold(t *testing.T) {
 			err := g.Do(ctx, "k", func(context.Context, *guard.Lock) error {
 				ran = true
 				return nil
-			})
+			}, guard.NoWait())
 			if !errors.Is(err, guard.ErrUnavailable) || ran {
 				t.Errorf("granted %v late: Do %v, fn ran %v; want ErrUnavailable and no run", late, err, ran)
 			}
-			if l, err := g.Lock(ctx, "k"); !errors.Is(err, guard.ErrUnavailable) || l != nil {
+			synctest.Wait() // the lease given back
+			if l, err := g.Lock(ctx, "k", guard.NoWait()); !errors.Is(err, guard.ErrUnavailable) || l != nil {
 				t.Errorf("granted %v late: Lock %v, %v; want ErrUnavailable and no lock", late, l, err)
 			}
 			synctest.Wait()
-			l, err := other.Lock(ctx, "k", guard.NoWait())
-			if err != nil {
-				t.Errorf("granted %v late: the lease was not given back: %v", late, err)
-				continue
-			}
-			if err := l.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			free(t, other, "k", "granted "+late.String()+" late")
 		}
 		d.Late = time.Second
-		l, err := g.Lock(ctx, "k")
+		l, err := g.Lock(ctx, "k", guard.NoWait())
 		if err != nil {
 			t.Fatalf("granted 1s late of a 3s TTL: %v, want it held", err)
 		}
 		if err := l.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// TestWaitAgainAfterALateGrant: a waiting acquisition whose lease is
+// granted too late to be held gives it back and waits again, within its
+// bound, for a lease it can hold; its work runs once, on that one. With no
+// bound it waits as long as the grants come late.
+func TestWaitAgainAfterALateGrant(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		late  int
+		opts  []guard.LockOption
+		after time.Duration // the time the acquisition takes
+	}{
+		{"bounded", 1, []guard.LockOption{guard.WaitAtMost(20 * time.Second)}, 4 * time.Second},
+		{"unbounded", 3, nil, 12 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := &drivertest.LateGrants{Locker: memory.New(), Late: 4 * time.Second, OnTimeAfter: tc.late}
+				g, other := lateGuards(t, d)
+				start := time.Now()
+				runs := 0
+				err := g.Do(context.Background(), "k", func(ctx context.Context, l *guard.Lock) error {
+					runs++
+					if took := time.Since(start); took != tc.after {
+						t.Errorf("held after %v, want %v (%d late grants, 4s late each)", took, tc.after, tc.late)
+					}
+					if _, err := other.Lock(ctx, "k", guard.NoWait()); !errors.Is(err, guard.ErrNotAcquired) {
+						t.Errorf("another took the lock while it was held: %v", err)
+					}
+					return nil
+				}, tc.opts...)
+				if err != nil || runs != 1 {
+					t.Errorf("Do: %v, %d runs; want nil and 1", err, runs)
+				}
+				if n := d.LateOnes(); n != tc.late {
+					t.Errorf("%d late grants, want %d", n, tc.late)
+				}
+				synctest.Wait()
+				free(t, other, "k", "after Do")
+			})
+		})
+	}
+}
+
+// TestLateGrantsPastTheBound: a waiting acquisition whose every grant comes
+// too late returns within its bound (and the grace of a call not
+// answered) without its work starting, and leaves no lease held: each late
+// one is given back.
+func TestLateGrantsPastTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &drivertest.LateGrants{Locker: memory.New(), Late: 4 * time.Second}
+		g, other := lateGuards(t, d)
+		start := time.Now()
+		ran := false
+		err := g.Do(context.Background(), "k", func(context.Context, *guard.Lock) error {
+			ran = true
+			return nil
+		}, guard.WaitAtMost(10*time.Second))
+		took := time.Since(start)
+		if ran || !(errors.Is(err, guard.ErrUnavailable) || errors.Is(err, guard.ErrNotAcquired)) {
+			t.Errorf("Do: %v, fn ran %v; want no run, and the lock unavailable or not acquired", err, ran)
+		}
+		if took > 10*time.Second+time.Second {
+			t.Errorf("Do returned after %v, past its 10s bound", took)
+		}
+		if d.LateOnes() < 2 {
+			t.Errorf("%d late grants: the acquisition did not wait again after the first", d.LateOnes())
+		}
+		// The grant still on its way when the bound ran out is given back
+		// once it is answered.
+		time.Sleep(d.Late)
+		synctest.Wait()
+		free(t, other, "k", "after the bound")
 	})
 }
