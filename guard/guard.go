@@ -269,6 +269,13 @@ func (g *Guard) marginFor(ttl time.Duration) time.Duration {
 // the error is ctx's own, and it also matches ErrUnavailable when the
 // backend had failed or not answered by then.
 //
+// A lease whose grant comes too late to be held (its TTL, counted from the
+// request's sending, runs out within the loss margin of the answer: a
+// server that stalled, a database statement that waited on a row lock
+// another transaction held) is given back, and Lock waits again, within
+// its bound, for one it can hold; TryLock and NoWait fail with
+// ErrUnavailable.
+//
 // When ctx already carries a held lock on key from this Guard (it is, or
 // derives from, that Lock's Context), the same Lock is returned with one
 // more hold: reentrancy.
