@@ -171,7 +171,13 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 		}
 	}
 	bound := boundNone
-	for {
+	// The pause before each wait after the first that followed a late
+	// grant: a backend that grants at once what has already run out (a
+	// TTL below its clock's step) would otherwise be asked again and again
+	// as fast as it answers. The first comes at once: the row lock or the
+	// stall that made the grant late is most likely over.
+	var pause driver.Backoff
+	for late := 0; ; late++ {
 		// The fast attempt's answer, if it gave one, is the first.
 		if !done {
 			if end.IsZero() {
@@ -192,7 +198,20 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 			go g.giveBack(full, lease, "a lease granted too late to be held")
 			return nil, boundNone, time.Time{}, errGrantedTooLate(lease)
 		}
+		g.logger.Warn("warden: a lease was granted too late to be held; it is given back, and the acquisition waits again",
+			"key", full, "backend", g.backend, "expiry", lease.Expiry(), "answered", at)
 		g.giveBackWithin(ctx, full, lease, end)
+		if late > 0 && ctx.Err() == nil {
+			d := pause.Next()
+			if !end.IsZero() {
+				d = min(d, time.Until(end))
+			}
+			_ = driver.Sleep(ctx, d, nil)
+		}
+		if ctx.Err() != nil {
+			// Guard.acquire answers ctx's error, with this as its cause.
+			return nil, boundNone, time.Time{}, errGrantedTooLate(lease)
+		}
 		if now = time.Now(); !end.IsZero() && !now.Before(end) {
 			return nil, boundNone, now, errGrantedTooLate(lease)
 		}
