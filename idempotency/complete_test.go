@@ -1,17 +1,16 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -220,7 +219,7 @@ func TestCompleteOutageOutlastsLeaseIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &failingCompletes{Store: idempotency.NewMemoryStore()}
 		st.down.Store(true)
-		var log lockedBuffer
+		var log drivertest.LogBuffer
 		e := newExecutor(t, st, idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 		fn := func(context.Context) ([]byte, error) { return []byte("order 7"), nil }
 		if _, err := e.Do(context.Background(), "k", "fp", fn); !errors.Is(err, idempotency.ErrUnavailable) {
@@ -232,23 +231,4 @@ func TestCompleteOutageOutlastsLeaseIsLogged(t *testing.T) {
 			t.Errorf("log after the claim ran out:\n%s\nwant an ERROR saying the result was lost", s)
 		}
 	})
-}
-
-// lockedBuffer is a bytes.Buffer for a logger written from several
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

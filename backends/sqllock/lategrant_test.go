@@ -4,27 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 )
 
 // TestGrantAfterARowLock: a waiting acquisition whose statement waits on
 // the lock row for another transaction (one bound to its caller's
-// transaction, SELECT … FOR UPDATE) longer than the TTL is granted by
-// PostgreSQL a lease counted from the grant, which sqllock counts from the
-// statement's sending: too late to be held. guard gives it back and waits
-// again, within its bound, and the caller holds the lock.
+// transaction, SELECT … FOR UPDATE) longer than the TTL is granted a lease
+// that has already run out: PostgreSQL reads the clock that counts it
+// before the statement waits. guard gives it back and waits again, within
+// its bound, and the caller holds the lock.
 func TestGrantAfterARowLock(t *testing.T) {
 	db := postgresDB()
 	dsn := db.dsn(t)
 	admin := migrated(t, db, dsn)
 	app := fmt.Sprintf("warden_late_grant_%d", time.Now().UnixNano())
 	const ttl = time.Second
-	g, err := guard.New(newLocker(t, openDB(t, db, dsn+"&application_name="+app)), guard.WithTTL(ttl))
+	var log drivertest.LogBuffer
+	g, err := guard.New(newLocker(t, openDB(t, db, dsn+"&application_name="+app)), guard.WithTTL(ttl),
+		guard.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +66,9 @@ func TestGrantAfterARowLock(t *testing.T) {
 		admin.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND wait_event_type = 'Lock'", app).Scan(&waiting)
 		return waiting > 0
 	})
-	// The statement was sent before it was seen waiting: its lease, as
-	// sqllock counts it, runs out by the time the row is free.
+	// The row lock is held past the TTL: the scenario, not a wait for a
+	// condition. The statement was sent before it was seen waiting, so
+	// its lease runs out before the row is free.
 	time.Sleep(ttl)
 	if err := blocker.Commit().Error; err != nil {
 		t.Fatal(err)
@@ -72,6 +78,9 @@ func TestGrantAfterARowLock(t *testing.T) {
 		t.Fatalf("Lock after a row lock held past the TTL: %v, want it held", r.err)
 	}
 	defer r.l.Unlock(ctx)
+	if !strings.Contains(log.String(), "granted too late to be held") {
+		t.Errorf("no late grant was given back: the row lock did not outlast the TTL? Log:\n%s", log.String())
+	}
 	if err := r.l.Context().Err(); err != nil {
 		t.Errorf("the lock's context ended: %v (%v)", err, context.Cause(r.l.Context()))
 	}

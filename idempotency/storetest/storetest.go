@@ -45,6 +45,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -774,24 +775,6 @@ func (s *suite) testLongFingerprints(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log's output, written by the Executor's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // testKeyNeverLogged: an Executor over the store whose claim is taken from
 // it while the work runs (its record abandoned by another client) names
 // the key only as its hash, in what it logs, in the cause it gives the
@@ -799,7 +782,7 @@ func (b *syncBuffer) String() string {
 // quote the key: a key is often a secret-like token.
 func (s *suite) testKeyNeverLogged(t *testing.T) {
 	ctx := s.ctx(t)
-	var logs syncBuffer
+	var logs drivertest.LogBuffer
 	e := s.executor(t, idempotency.WithLease(3*s.short), idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	other := s.newStore(t)
 	const secret = "never-logged-6b1f"
