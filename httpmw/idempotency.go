@@ -118,9 +118,9 @@ func WithRequireKey() IdempotencyOption { return func(c *idemConfig) { c.require
 // answers the same request sent to another with the first host's response.
 // Never scope by something the client says of itself (a header naming the
 // user, or the host alone): that lets anyone reach anyone's responses by
-// naming them. Scopes longer than idempotency.MaxScopeLen are stored as
-// their SHA-256, in a form no scope of that length can take (see
-// storedScope).
+// naming them. Scopes longer than idempotency.MaxScopeLen, and those
+// beginning with idempotency.ReservedScopePrefix, are stored as their
+// SHA-256, in a form no scope of that length can take (see storedScope).
 func WithScope(scope func(*http.Request) string) IdempotencyOption {
 	return func(c *idemConfig) { c.scope = scope }
 }
@@ -378,12 +378,13 @@ const summaryHeaderLimit = 16 << 10
 // hashedScope begins every stored scope that is a hash. A literal scope
 // that begins with it is hashed too, so no literal scope can be stored as a
 // long scope's hash: the stored forms of two different scopes differ unless
-// SHA-256 collides.
+// SHA-256 collides. So is one in warden's own namespace
+// (idempotency.ReservedScopePrefix), which no request may claim keys in.
 const hashedScope = "\x00sha256:"
 
 // storedScope is the scope a request's keys are stored under.
 func storedScope(scope string) string {
-	if len(scope) <= idempotency.MaxScopeLen && !strings.HasPrefix(scope, hashedScope) {
+	if len(scope) <= idempotency.MaxScopeLen && !strings.HasPrefix(scope, hashedScope) && !strings.HasPrefix(scope, idempotency.ReservedScopePrefix) {
 		return scope
 	}
 	sum := sha256.Sum256([]byte(scope))

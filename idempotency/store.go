@@ -89,6 +89,14 @@ const (
 	MaxFingerprintLen = 1024
 )
 
+// ReservedScopePrefix begins the scopes warden's own packages claim keys
+// in (the scheduler's slots: "warden.scheduler"). httpmw never stores a
+// request's scope in that form, so that no caller who can choose their
+// scope (a user who names themselves "warden.scheduler") can claim, and so
+// suppress, a scheduled run; an application calling an Executor itself
+// should not scope by it either.
+const ReservedScopePrefix = "warden."
+
 // CheckKey returns an error wrapping ErrInvalid when (scope, key) is outside
 // the limits: an empty key, a key longer than MaxKeyLen or a scope longer
 // than MaxScopeLen. Stores call it before touching their backend.

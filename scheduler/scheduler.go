@@ -36,8 +36,9 @@ var (
 	ErrInvalidJob = errors.New("warden/scheduler: invalid job")
 )
 
-// slotScope is the idempotency scope slots are claimed under.
-const slotScope = "warden.scheduler"
+// slotScope is the idempotency scope slots are claimed under, in the
+// namespace no request's scope takes (see idempotency.ReservedScopePrefix).
+const slotScope = idempotency.ReservedScopePrefix + "scheduler"
 
 // Scheduler runs cron jobs once per slot across every Scheduler sharing its
 // lock backend and slot store. Create it with New, add jobs, Start it once
