@@ -57,6 +57,12 @@ func (c *config) apply(opts []Option) error {
 // whatever their clocks say. Without one, once per slot rests on the lock
 // and LockAtLeastFor alone (see the package documentation).
 // A nil store is refused: leave the option out to run without one.
+//
+// A slot is claimed by its job's name and time alone, not by the Guard's
+// prefix: two services whose jobs share a name and a store (one Redis for
+// both) claim each other's slots, and each slot runs in one of them only.
+// Give each service a store of its own (on Redis,
+// redislock.WithStorePrefix), or jobs of names of its own.
 func WithSlotStore(s idempotency.Store) Option {
 	return func(c *config) {
 		if s == nil {
