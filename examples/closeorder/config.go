@@ -12,6 +12,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/warden-go/warden/backends/backendurl"
+	"github.com/warden-go/warden/guard/driver"
 )
 
 // config is the command line, validated.
@@ -108,6 +109,11 @@ func (c *config) validate() error {
 	}
 	if c.instance == "" || len(c.instance) > 128 {
 		return badFlag("instance", "must be 1 to 128 characters")
+	}
+	// The instance also labels the locks it holds (guard.WithOwner), as
+	// operators see them in the CLI and on the debug page.
+	if err := driver.CheckOwner(c.instance); err != nil {
+		return badFlag("instance", "%v", err)
 	}
 	switch c.trace {
 	case "none", "stdout", "otlp":

@@ -426,9 +426,9 @@ func runCluster(t *testing.T, db, lock string, extra ...string) {
 			Name string `json:"name"`
 		} `json:"jobs"`
 	}
-	if err := getJSON(t, "http://"+survivor.admin+"/debug/warden?format=json", &debug); err != nil || debug.Owner == "" ||
+	if err := getJSON(t, "http://"+survivor.admin+"/debug/warden?format=json", &debug); err != nil || debug.Owner != survivor.name ||
 		len(debug.Jobs) != 1 || debug.Jobs[0].Name != closeJob {
-		t.Errorf("debug page: %+v, %v; want this process's owner and the %s job", debug, err, closeJob)
+		t.Errorf("debug page: %+v, %v; want the replica's instance, %s, as its locks' owner, and the %s job", debug, err, survivor.name, closeJob)
 	}
 
 	// Each order closed once, by a run of the instance it names, with that

@@ -22,3 +22,15 @@ func TestTTLTheBackendRefuses(t *testing.T) {
 		t.Fatalf("-ttl 2500ms on etcd: exit %d, %q; want 2 and one line naming -ttl and etcd's unit", code, msg)
 	}
 }
+
+// TestInstanceThatCannotLabelALock: the instance labels the replica's locks,
+// so one an operator's terminal would obey (a control character) is
+// refused as the flag it is, in one line, before anything starts.
+func TestInstanceThatCannotLabelALock(t *testing.T) {
+	var stderr strings.Builder
+	code := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-admin-addr", "",
+		"-db", "sqlite://" + filepath.Join(t.TempDir(), "orders.db"), "-instance", "r1\x1b[2J"}, io.Discard, &stderr)
+	if msg := stderr.String(); code != 2 || !strings.HasPrefix(msg, "closeorder: -instance: ") || !strings.Contains(msg, "control character") || strings.Count(msg, "\n") != 1 {
+		t.Fatalf("-instance with an escape: exit %d, %q; want 2 and one line naming -instance", code, msg)
+	}
+}

@@ -153,7 +153,7 @@ func open(ctx context.Context, cfg *config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"),
+	g, err := guard.New(locker, guard.WithTTL(cfg.ttl), guard.WithPrefix("closeorder:"), guard.WithOwner(cfg.instance),
 		guard.WithBackendName(lockURL.Scheme), guard.WithLogger(log), guard.WithTracerProvider(tp), guard.WithMeterProvider(mp))
 	if errors.Is(err, guard.ErrInvalidOption) {
 		// The one option here a user chooses: a TTL the backend does not
