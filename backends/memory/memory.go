@@ -446,6 +446,8 @@ type lease struct {
 	e       *entry
 	token   uint64
 	expires time.Time // guarded by l.mu
+	// released: Release gave the holding up (guarded by l.mu).
+	released bool
 }
 
 // entryLocked returns the entry s was granted on while the Locker keeps
@@ -478,13 +480,13 @@ func (s *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 func (s *lease) refreshLocked(ttl time.Duration, now time.Time) error {
 	e := s.entryLocked()
 	if e == nil {
-		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
+		return s.gone(now)
 	}
 	e.expire(now)
 	i := e.find(s.token)
 	if i < 0 {
 		s.l.dispatch(e, now)
-		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
+		return s.gone(now)
 	}
 	s.expires = now.Add(ttl)
 	e.holders[i].expires = s.expires
@@ -511,20 +513,36 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 }
 
 func (s *lease) Release(ctx context.Context) error {
+	now := time.Now()
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
 	e := s.entryLocked()
 	if e == nil {
-		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
+		return s.gone(now)
 	}
-	now := time.Now()
 	e.expire(now)
 	held := e.drop(s.token)
 	s.l.dispatch(e, now)
 	if !held {
-		return fmt.Errorf("%w: expired", driver.ErrNotHeld)
+		return s.gone(now)
 	}
+	s.released = true
 	return nil
+}
+
+// gone is the error of a lease whose holding is no longer there, with the
+// Locker's mutex held: it ran out, or was taken away before that, as only
+// ForceRelease does, which the lease's own deadline tells apart. Its
+// holder's section is cancelled with this as the cause, which an operator's
+// release should not read as an expiry.
+func (s *lease) gone(now time.Time) error {
+	switch {
+	case s.released:
+		return fmt.Errorf("%w: released already", driver.ErrNotHeld)
+	case now.Before(s.expires):
+		return fmt.Errorf("%w: released before it expired, by ForceRelease (an operator)", driver.ErrNotHeld)
+	}
+	return fmt.Errorf("%w: expired", driver.ErrNotHeld)
 }
 
 // Ping implements driver.Pinger: an in-process backend always answers.
