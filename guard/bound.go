@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -195,11 +196,10 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 			return lease, bound, at, nil
 		}
 		if c.wait == 0 {
+			g.lateGrant(ctx, full, lease, at, late, "fails: a single attempt")
 			go g.giveBack(full, lease, "a lease granted too late to be held")
 			return nil, boundNone, time.Time{}, errGrantedTooLate(lease)
 		}
-		g.logger.Warn("warden: a lease was granted too late to be held; it is given back, and the acquisition waits again",
-			"key", full, "backend", g.backend, "expiry", lease.Expiry(), "answered", at)
 		g.giveBackWithin(ctx, full, lease, end)
 		if late > 0 && ctx.Err() == nil {
 			d := pause.Next()
@@ -209,13 +209,30 @@ func (g *Guard) acquireBounded(ctx context.Context, full string, c *lockConfig) 
 			_ = driver.Sleep(ctx, d, nil)
 		}
 		if ctx.Err() != nil {
+			g.lateGrant(ctx, full, lease, at, late, "ends: its context is done")
 			// Guard.acquire answers ctx's error, with this as its cause.
 			return nil, boundNone, time.Time{}, errGrantedTooLate(lease)
 		}
 		if now = time.Now(); !end.IsZero() && !now.Before(end) {
+			g.lateGrant(ctx, full, lease, at, late, "ends: its bound has run out")
 			return nil, boundNone, now, errGrantedTooLate(lease)
 		}
+		g.lateGrant(ctx, full, lease, at, late, "waits again")
 	}
+}
+
+// lateGrant logs a lease granted too late to be held (answered at
+// answered), given back, and what the acquisition then does: the first of
+// an acquisition's at Warn, the others at Debug, so that a backend whose
+// every grant comes late (a TTL below its clock's step) does not fill the
+// log with each of its waiters' attempts.
+func (g *Guard) lateGrant(ctx context.Context, full string, lease driver.Lease, answered time.Time, before int, then string) {
+	level := slog.LevelWarn
+	if before > 0 {
+		level = slog.LevelDebug
+	}
+	g.logger.Log(ctx, level, "warden: a lease was granted too late to be held, and is given back; the acquisition "+then,
+		"key", full, "backend", g.backend, "expiry", lease.Expiry(), "answered", answered, "late_grants", before+1)
 }
 
 // acquireUntil is the part of acquireBounded that waits, from now until

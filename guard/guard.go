@@ -272,10 +272,11 @@ func (g *Guard) marginFor(ttl time.Duration) time.Duration {
 // A lease whose grant comes too late to be held (its TTL, counted from the
 // request's sending, runs out within the loss margin of the answer: a
 // server that stalled, a database statement that waited on a row lock
-// another transaction held) is given back, logged, and Lock waits again,
-// within its bound, for one it can hold (a Fair waiter at the back of the
-// queue), pausing before each wait after the first such; TryLock and
-// NoWait fail with ErrUnavailable.
+// another transaction held) is given back and logged (an acquisition's
+// first at Warn, the others at Debug). Lock then waits again, within its
+// bound, for one it can hold (a Fair waiter at the back of the queue),
+// pausing before each wait after the first such; TryLock and NoWait fail
+// with ErrUnavailable.
 //
 // When ctx already carries a held lock on key from this Guard (it is, or
 // derives from, that Lock's Context), the same Lock is returned with one

@@ -3,6 +3,8 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -167,14 +169,17 @@ func TestLateGrantsPaced(t *testing.T) {
 		name string
 		opts []guard.LockOption
 		want error
+		end  string // the last log line's account of the acquisition's end
 	}{
-		{"cancelled", nil, context.Canceled},
-		{"bounded", []guard.LockOption{guard.WaitAtMost(time.Second)}, guard.ErrUnavailable},
+		{"cancelled", nil, context.Canceled, "ends: its context is done"},
+		{"bounded", []guard.LockOption{guard.WaitAtMost(time.Second)}, guard.ErrUnavailable, "ends: its bound has run out"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := &drivertest.LateGrants{Locker: memory.New(), Late: 2 * time.Microsecond}
-				g, err := guard.New(d, guard.WithTTL(time.Microsecond), guard.WithIdleCallers(0))
+				var log drivertest.LogBuffer
+				g, err := guard.New(d, guard.WithTTL(time.Microsecond), guard.WithIdleCallers(0),
+					guard.WithLogger(slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -195,6 +200,12 @@ func TestLateGrantsPaced(t *testing.T) {
 				// second, where an unpaced loop makes one every 2µs.
 				if n := d.LateOnes(); n > 100 {
 					t.Errorf("%d late grants in a second: not paced", n)
+				}
+				// One warning an acquisition, its other late grants at
+				// Debug, the last saying how it ended.
+				lines := strings.Split(strings.TrimSpace(log.String()), "\n")
+				if warns := strings.Count(log.String(), "level=WARN"); warns != 1 || len(lines) != d.LateOnes() || !strings.Contains(lines[len(lines)-1], tc.end) {
+					t.Errorf("%d warnings, %d lines for %d late grants, last %q; want 1 warning, a line each, the last saying %q", warns, len(lines), d.LateOnes(), lines[len(lines)-1], tc.end)
 				}
 			})
 		})

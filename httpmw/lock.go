@@ -70,7 +70,11 @@ func WithGuardOptions(opts ...guard.LockOption) LockOption {
 // number) therefore lets clients create such state at will. Derive keys from
 // values the service has checked (an authenticated user, an order that
 // exists), and reclaim the state of idle keys as the backend's package
-// documentation describes.
+// documentation describes. Keys share g's names with every other lock
+// taken on it, a scheduler's jobs among them: a request whose key equals a
+// job's name holds that job's lock, and the job skips its slot meanwhile.
+// Give request keys a namespace of their own ("user/"+id), or the
+// middleware a Guard of its own prefix.
 //
 // Lock refuses a nil g, a nil key function and a nil or out-of-range option
 // with an error wrapping guard.ErrInvalidOption, as Idempotency does, so

@@ -153,7 +153,10 @@ func (s *Scheduler) Instance() string { return s.instance }
 // same time zone: a spec without CRON_TZ= is read in WithLocation's zone,
 // time.Local by default, and "0 3 * * *" on a node run with TZ=UTC and on
 // one run with TZ=Europe/Berlin names two instants, so two slots, and the
-// job runs at both.
+// job runs at both. The lock is the Scheduler's Guard's, and its name is
+// shared with every other lock taken on that Guard: one taken under the
+// job's name elsewhere (an httpmw.Lock key made from a request) makes the
+// job skip its slots while it is held.
 func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, opts ...JobOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: %q: nil func", ErrInvalidJob, name)
