@@ -44,7 +44,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	host, _ := os.Hostname()
 	c := &config{}
 	fs := flag.NewFlagSet("closeorder", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// A flag the parser refuses is told in one line, as every bad flag is,
+	// not followed by the usage; -h prints the usage.
+	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "listen address of the API")
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:8081", "listen address of the operator endpoints (debug page, metrics, job runs); keep it off public networks; empty: none")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 10*time.Second, "bound on reading one request, headers and body")
@@ -59,6 +61,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.trace, "trace", "none", "tracing: none | stdout | otlp (OTLP from the OTEL_EXPORTER_OTLP_* variables)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.Usage()
 			return nil, err
 		}
 		return nil, &usageError{msg: err.Error()}

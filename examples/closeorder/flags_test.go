@@ -34,3 +34,19 @@ func TestInstanceThatCannotLabelALock(t *testing.T) {
 		t.Fatalf("-instance with an escape: exit %d, %q; want 2 and one line naming -instance", code, msg)
 	}
 }
+
+// TestFlagTheParserRefuses: a value the flag parser itself refuses is told
+// in one line naming the flag, as the flags checked after parsing are,
+// without the usage; -h prints the usage.
+func TestFlagTheParserRefuses(t *testing.T) {
+	var stderr strings.Builder
+	code := run(context.Background(), []string{"-ttl", "1x"}, io.Discard, &stderr)
+	if msg := stderr.String(); code != 2 || !strings.Contains(msg, "-ttl") || strings.Count(msg, "\n") != 1 {
+		t.Errorf("-ttl 1x: exit %d, %q; want 2 and one line naming -ttl", code, msg)
+	}
+	stderr.Reset()
+	run(context.Background(), []string{"-h"}, io.Discard, &stderr)
+	if msg := stderr.String(); !strings.Contains(msg, "-unpaid-after") {
+		t.Errorf("-h: %q; want the usage", msg)
+	}
+}
