@@ -365,6 +365,7 @@ func TestDoInvalid(t *testing.T) {
 		{"nil tracer", idempotency.WithTracerProvider(nil), "WithTracerProvider"},
 		{"nil meter", idempotency.WithMeterProvider(nil), "WithMeterProvider"},
 		{"nil option", nil, "nil Option"},
+		{"reserved scope", idempotency.WithScope(idempotency.ReservedScopePrefix + "scheduler"), "WithScope"},
 	} {
 		if _, err := idempotency.New(st, tc.opt); !errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New with %s: %v, want ErrInvalid naming %s", tc.name, err, tc.want)

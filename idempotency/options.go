@@ -3,6 +3,7 @@ package idempotency
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -80,6 +81,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithWait %v is neither 0 nor at least %v", ErrInvalid, c.wait, MinDuration)
 	case len(c.scope) > MaxScopeLen:
 		return fmt.Errorf("%w: WithScope of %d bytes, more than %d", ErrInvalid, len(c.scope), MaxScopeLen)
+	case strings.HasPrefix(c.scope, ReservedScopePrefix):
+		return fmt.Errorf("%w: WithScope %q begins with %q, which names warden's own scopes (a scheduler's slots): a principal scoped so could claim them", ErrInvalid, c.scope, ReservedScopePrefix)
 	case c.onError == nil:
 		return fmt.Errorf("%w: nil WithErrorPolicy", ErrInvalid)
 	case c.logger == nil:
@@ -105,7 +108,10 @@ func (c *config) apply(opts []Option) error {
 
 // WithScope sets the scope keys live in: typically the principal (the
 // user, the tenant) so that one principal's key never reaches another's
-// result, or the name of a consumer. Default "" (one shared scope).
+// result, or the name of a consumer. Default "" (one shared scope). A
+// scope beginning with ReservedScopePrefix is refused (ErrInvalid): map a
+// principal whose name may take that form to another, as httpmw does by
+// hashing it.
 func WithScope(scope string) Option { return func(c *config) { c.scope = scope } }
 
 // WithLease sets the in-progress lease (default DefaultLease, at least

@@ -93,8 +93,7 @@ const (
 // in (the scheduler's slots: "warden.scheduler"). httpmw never stores a
 // request's scope in that form, so that no caller who can choose their
 // scope (a user who names themselves "warden.scheduler") can claim, and so
-// suppress, a scheduled run; an application calling an Executor itself
-// should not scope by it either.
+// suppress, a scheduled run, and an Executor refuses it in WithScope.
 const ReservedScopePrefix = "warden."
 
 // CheckKey returns an error wrapping ErrInvalid when (scope, key) is outside
