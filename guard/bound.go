@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/warden-go/warden/guard/driver"
@@ -239,6 +240,7 @@ func (g *Guard) lateGrant(ctx context.Context, full string, lease driver.Lease, 
 // end, the bound of the given kind.
 func (g *Guard) acquireUntil(ctx context.Context, full string, c *lockConfig, now, end time.Time, kind boundKind) (driver.Lease, boundKind, error) {
 	inline := g.inline(ctx)
+	var unreached *driver.UnreachedError
 	if c.wait != 0 {
 		if probeAt := end.Add(-probeShare(end.Sub(now))); probeAt.After(now) {
 			wctx, cancel := context.WithDeadline(ctx, probeAt)
@@ -247,11 +249,19 @@ func (g *Guard) acquireUntil(ctx context.Context, full string, c *lockConfig, no
 			if err == nil || ctx.Err() != nil || wctx.Err() == nil {
 				return lease, boundNone, err
 			}
+			// The wait's attempts failed (see driver.Unreached): if the
+			// last attempt is not answered either, that failure says more
+			// than the silence.
+			errors.As(err, &unreached)
 			if !time.Now().Before(end) {
 				// No time is left for the last attempt (a late wake-up on
-				// a busy machine): only a call that never answered shows
-				// the backend out of reach; otherwise the wait ran out.
-				if err != errNoAnswer {
+				// a busy machine): only a call that never answered, or
+				// attempts that failed, show the backend out of reach;
+				// otherwise the wait ran out.
+				switch {
+				case unreached != nil:
+					err = noAnswerAfter(unreached)
+				case err != errNoAnswer:
 					err = ErrNotAcquired
 				}
 				return nil, kind, err
@@ -269,14 +279,33 @@ func (g *Guard) acquireUntil(ctx context.Context, full string, c *lockConfig, no
 	}
 	if errors.Is(err, ErrNotAcquired) && time.Now().Before(end) {
 		// The backend answers and the lock is held: wait out what is
-		// left of the bound, so that a release in it is not missed.
+		// left of the bound, so that a release in it is not missed. A
+		// failure of that wait leaves the answer as it was.
 		lease, werr := g.attempt(pctx, full, c, true, inline)
-		if werr == nil || ctx.Err() != nil || (errors.Is(werr, ErrUnavailable) && werr != errNoAnswer) {
+		if werr == nil || ctx.Err() != nil || (errors.Is(werr, ErrUnavailable) && werr != errNoAnswer && !errors.As(werr, new(*driver.UnreachedError))) {
 			return lease, boundNone, werr
 		}
 	}
+	if err == errNoAnswer && unreached != nil {
+		err = noAnswerAfter(unreached)
+	}
 	return lease, kind, err
 }
+
+// noAnswerAfter is errNoAnswer for a bounded wait whose attempts had
+// failed (u) before its last attempt went unanswered: that failure may
+// tell the caller what to mend (a refused connection, a wrong password,
+// an address nothing listens on), where the silence alone does not.
+func noAnswerAfter(u *driver.UnreachedError) error { return &noAnswerAfterError{last: u.Last} }
+
+type noAnswerAfterError struct{ last error }
+
+// Error says ErrUnavailable's words once, though both errors carry them.
+func (e *noAnswerAfterError) Error() string {
+	return errNoAnswer.Error() + "; before it, " + strings.TrimPrefix(e.last.Error(), ErrUnavailable.Error()+": ")
+}
+
+func (e *noAnswerAfterError) Unwrap() []error { return []error{errNoAnswer, e.last} }
 
 // heldInTime reports whether lease, just granted, came in time to be held,
 // and when its answer came (the clock read here, once per acquisition, is

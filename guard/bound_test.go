@@ -549,3 +549,43 @@ func callGoroutines(t *testing.T) int {
 	}
 	return strings.Count(b.String(), "handoff.(*caller).run(")
 }
+
+// refusedThenSilent is a backend whose waiting attempts fail with refusal
+// until their context ends, and report it then (driver.Unreached), and
+// whose single attempts get no answer: a client that dials again after a
+// refused connection for longer than guard's last attempt has (go-redis
+// with its default options).
+type refusedThenSilent struct{ refusal error }
+
+func (b refusedThenSilent) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	if !o.Wait {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	for {
+		if err := driver.Sleep(ctx, 100*time.Millisecond, nil); err != nil {
+			return nil, driver.Unreached(ctx, b.refusal)
+		}
+	}
+}
+
+// A bounded wait whose attempts failed, and whose last attempt got no
+// answer, says what the attempts failed with, not only that no answer
+// came: that is what the caller can mend (an address nothing listens on).
+func TestWaitSaysWhyItWasUnanswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		refusal := fmt.Errorf("%w: dial tcp 127.0.0.1:6379: connect: connection refused", driver.ErrUnavailable)
+		g := newBubbleGuard(t, refusedThenSilent{refusal: refusal})
+		err := within(t, "Lock WaitAtMost(1s)", time.Second, func() error {
+			_, err := g.Lock(context.Background(), "k", guard.WaitAtMost(time.Second))
+			return err
+		})
+		if !errors.Is(err, guard.ErrUnavailable) || !errors.Is(err, refusal) || errors.Is(err, guard.ErrNotAcquired) {
+			t.Fatalf("Lock WaitAtMost(1s): %v, want ErrUnavailable carrying the attempts' failure", err)
+		}
+		const want = `warden: lock "k": backend unavailable: no answer within the bound; before it, dial tcp 127.0.0.1:6379: connect: connection refused`
+		if err.Error() != want {
+			t.Errorf("Lock WaitAtMost(1s): %q, want %q", err, want)
+		}
+	})
+}

@@ -273,6 +273,9 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		// answered says the server answered the latest attempt: the
 		// cleanup is then tried on this goroutine first (see cleanUp).
 		answered bool
+		// failed is the failure of the attempts since the last answer, which
+		// a wait that its ctx ends reports (see driver.Unreached).
+		failed error
 	)
 	if opts.Wait {
 		sub, wake, queued = l.notify.joinIfActive(channel, w.id)
@@ -303,6 +306,12 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 		sent := time.Now()
 		r, err := l.attempt(ctx, ls, w, opts.Wait)
 		answered = err == nil
+		if err != nil && opts.Wait && ctx.Err() != nil && !redisrefusal.Permanent(err) {
+			if errors.Is(err, driver.ErrUnavailable) {
+				failed = err
+			}
+			return nil, driver.Unreached(ctx, failed)
+		}
 		switch {
 		case err == nil && r[0] == 1:
 			ls.token = uint64(r[1])
@@ -316,7 +325,11 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			ls.renewed(sent, pxOf(opts.TTL))
 			return ls, nil
 		case err != nil && opts.Wait && errors.Is(err, driver.ErrUnavailable) && !redisrefusal.Permanent(err):
+			failed = err
 			if msg, err = l.sleep(ctx, sub, wake, unreachable.Next(), poll, &woken); err != nil {
+				if ctx.Err() != nil {
+					return nil, driver.Unreached(ctx, failed)
+				}
 				return nil, err
 			}
 			if l.handedOver(ls, msg, refused, refusedToken, opts.TTL) {
@@ -329,6 +342,7 @@ func (l *Locker) acquire(ctx context.Context, channel string, opts driver.Acquir
 			return nil, driver.ErrNotAcquired
 		}
 		unreachable.Reset()
+		failed = nil
 		refused, refusedToken = sent, uint64(r[2])
 		if sub == nil {
 			if sub, wake, err = l.notify.join(ctx, channel, w.id, poll); err != nil {
@@ -470,7 +484,7 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 			// The client reports the cut as a cancellation, which is
 			// nobody's: the caller's own error once its ctx is done too.
 			if err = ctx.Err(); err == nil {
-				err = fmt.Errorf("%w: redis: no answer within %v", driver.ErrUnavailable, attemptBound)
+				err = fmt.Errorf("%w: redis: no answer within %v%s", driver.ErrUnavailable, attemptBound, l.unconnected())
 			}
 		}
 		return r, err
@@ -503,6 +517,26 @@ func (l *Locker) attempt(ctx context.Context, ls *lease, w waiter, queued bool) 
 	defer cancel()
 	ls.releaseOn(rctx, conn)
 	return reply{}, driver.Unavailable(ctx, err)
+}
+
+// unconnected says, for an attempt that had no answer, that the client has
+// no connection open, when it has none: go-redis dials on a goroutine of its
+// own, trying again after a refusal (five times, 100ms apart, by default),
+// so an attempt cut short at its bound hears nothing of the refusal, which
+// only go-redis's log then tells; the server cannot be connected to at all,
+// and the address (a single server's) is likely what to look at.
+func (l *Locker) unconnected() string {
+	switch c := l.client.(type) {
+	case *goredis.Client:
+		if c.PoolStats().TotalConns == 0 {
+			return fmt.Sprintf(", with no connection open to %s (go-redis logs why its dials fail)", c.Options().Addr)
+		}
+	case *goredis.ClusterClient:
+		if c.PoolStats().TotalConns == 0 {
+			return ", with no connection open to any node (go-redis logs why its dials fail)"
+		}
+	}
+	return ""
 }
 
 // replicasOf says how many replicas the master behind conn has, when it

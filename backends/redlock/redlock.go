@@ -247,6 +247,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 	held := false
 	// clocks are the nodes' clocks as the probes last read them.
 	var clocks []nodeClock
+	// failed is the failure of the last attempt, while the attempts fail,
+	// which a wait that ctx ends reports (see driver.Unreached).
+	var failed error
 	for {
 		if held {
 			// A waiter probes, writing nothing, and votes only once a
@@ -280,16 +283,22 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 		if err == nil {
 			return ls, nil
 		}
+		if opts.Wait && ctx.Err() != nil {
+			return nil, driver.Unreached(ctx, failed)
+		}
 		if !opts.Wait || errors.Is(err, errRefused) || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
 			return nil, err
 		}
 		held = errors.Is(err, driver.ErrNotAcquired)
+		if failed = nil; !held {
+			failed = err
+		}
 		d := backoff.Next()
 		if hint > 0 && hint < d {
 			d = hint
 		}
 		if err := driver.Sleep(ctx, d, nil); err != nil {
-			return nil, err
+			return nil, driver.Unreached(ctx, failed)
 		}
 	}
 }

@@ -32,7 +32,10 @@ type Locker interface {
 	// error and leaves nothing behind (no queued waiter, no key). A backend
 	// that cannot be reached returns an error wrapping ErrUnavailable (see
 	// Unavailable); a waiting Acquire keeps trying through such errors until
-	// ctx is done.
+	// ctx is done, and then returns ctx's error, carrying the last of them
+	// where it has one (see Unreached): guard tells it to a caller whose
+	// bound ran out with no answer, which would otherwise learn nothing of
+	// why.
 	Acquire(ctx context.Context, key string, opts AcquireOptions) (Lease, error)
 }
 

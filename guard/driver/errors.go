@@ -86,3 +86,31 @@ func Unavailable(ctx context.Context, err error) error {
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
+
+// Unreached is the error of a waiting acquisition that ctx ended after its
+// attempts failed, the last with last (an ErrUnavailable): an
+// *UnreachedError that matches ctx's error and last, whose text says both.
+// With a nil last, or ctx not done, it is ctx.Err().
+func Unreached(ctx context.Context, last error) error {
+	cerr := ctx.Err()
+	if last == nil || cerr == nil {
+		return cerr
+	}
+	return &UnreachedError{Ctx: cerr, Last: last}
+}
+
+// UnreachedError is a wait that ended with its context while the backend
+// could not be reached: the context's error, and the last attempt's
+// failure. A caller whose wait ran out reads from it why no attempt got an
+// answer, where the context's error alone would say only that time was up.
+type UnreachedError struct {
+	Ctx  error // the context's error
+	Last error // the last attempt's failure, an ErrUnavailable
+}
+
+func (e *UnreachedError) Error() string {
+	return e.Ctx.Error() + " (the last attempt: " + e.Last.Error() + ")"
+}
+
+// Unwrap returns both, so that errors.Is finds either.
+func (e *UnreachedError) Unwrap() []error { return []error{e.Ctx, e.Last} }
