@@ -284,6 +284,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts driver.AcquireOpt
 			return ls, nil
 		}
 		if opts.Wait && ctx.Err() != nil {
+			if errors.Is(err, driver.ErrUnavailable) {
+				failed = err
+			}
 			return nil, driver.Unreached(ctx, failed)
 		}
 		if !opts.Wait || errors.Is(err, errRefused) || !(errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrUnavailable)) {
