@@ -208,7 +208,13 @@
 // lock held, and they find any name this version used in the last day or
 // two held, whether it is or not, so they wait until they are upgraded. A
 // rollback meets the same wait: stop this version's processes, then delete
-// the names' {key}:lock keys (see the README).
+// the names' {key}:lock keys (see the README). The free state ForceRelease
+// leaves has, in its owner's place, '!forced:' and the token it removed, so
+// that the removed holder's refused renewal says an operator took its lock
+// rather than that it expired; its deadline is 0, as every free state's,
+// and a process of an earlier version that keeps the state in this format
+// reads it as free, takes the lock over it with the same next token, and
+// finds no owner of its own there.
 //
 // # The server's memory policy and rights
 //

@@ -205,9 +205,11 @@ func (l *Locker) notReleased(ctx context.Context, keys []string) ([]driver.Liste
 }
 
 // released tells the state of a released plain or fair lock, which ends
-// with its empty owner: '<deadline>:<token>:<day>:<waiting>:'.
+// with its empty owner, '<deadline>:<token>:<day>:<waiting>:', or with the
+// mark ForceRelease leaves in its place.
 func released(state string) bool {
-	return strings.Count(state, ":") == 4 && strings.HasSuffix(state, ":")
+	f := strings.SplitN(state, ":", 5)
+	return len(f) == 5 && (f[4] == "" || strings.HasPrefix(f[4], forcedOwner))
 }
 
 // globEscape keeps the characters SCAN's pattern gives a meaning to literal.
@@ -231,7 +233,9 @@ func globEscape(s string) string {
 // replaces: while it is unchanged and the lock is held, the holder is the
 // one that was seen. The old holder finds its lease gone at its next
 // renewal, a third of its TTL later at most, and its section's context is
-// cancelled then. A failure that proves the script ran none of its writes
+// cancelled then, with a cause that names ForceRelease: the free state left
+// says which token it removed (see force_release.lua), and a holder that
+// finds another's since, before its own deadline, knows it did not expire. A failure that proves the script ran none of its writes
 // (never sent, a context already done; refused whole: see onceErr)
 // matches driver.ErrNotSent.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {

@@ -2,14 +2,18 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/warden-go/warden/backends/internal/notheld"
 	"github.com/warden-go/warden/guard/driver"
 )
 
@@ -88,8 +92,27 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	px := pxOf(ttl)
 	s, keys, args := ls.refreshCall(px)
 	sent := time.Now()
-	n, err := s.Run(ctx, ls.l.sc, keys, args...).Int64()
-	return ls.refreshed(ctx, sent, px, n, err)
+	n, why, err := refreshAnswer(s.Run(ctx, ls.l.sc, keys, args...))
+	return ls.refreshed(ctx, sent, px, n, why, err)
+}
+
+// refreshAnswer reads a refresh script's answer: a number (a plain or fair
+// lock's day, 1 for other leases) when extended, else 0 or, from
+// refresh_lock.lua, a letter for why not.
+func refreshAnswer(c *goredis.Cmd) (n int64, why byte, err error) {
+	v, err := c.Result()
+	switch v := v.(type) {
+	case int64:
+		return v, 0, err
+	case string:
+		if len(v) == 1 {
+			return 0, v[0], err
+		}
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: a refresh answered %v", driver.ErrUnavailable, v)
+	}
+	return 0, 0, err
 }
 
 func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
@@ -108,13 +131,13 @@ func (ls *lease) refreshCall(px int64) (*goredis.Script, []string, []any) {
 	}
 }
 
-// refreshed takes the answer of a refresh sent at sent.
-func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, err error) error {
+// refreshed takes the answer of a refresh sent at sent: n, or why not.
+func (ls *lease) refreshed(ctx context.Context, sent time.Time, px, n int64, why byte, err error) error {
 	if err != nil {
 		return driver.Unavailable(ctx, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+		return ls.notHeld(why, "")
 	}
 	if ls.kind == kindMutex {
 		ls.day.Store(uint32(n))
@@ -131,7 +154,11 @@ func (ls *lease) Release(ctx context.Context) error {
 		return driver.Unavailable(ctx, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
+		var why byte
+		if ls.kind == kindMutex {
+			why = ls.whyReleaseRefused(ctx)
+		}
+		return ls.notHeld(why, " before release")
 	}
 	if n >= 2 {
 		// Made here, not kept in the lease: only a contended release
@@ -140,6 +167,60 @@ func (ls *lease) Release(ctx context.Context) error {
 	}
 	return nil
 }
+
+// notHeld is the error of a renewal or a release (when says which, see
+// notheld.Error) that found the lease no longer its owner's, for why, a
+// letter of refresh_lock.lua's.
+func (ls *lease) notHeld(why byte, when string) error {
+	w := notheld.Unknown
+	switch why {
+	case 'f':
+		w = notheld.Forced
+	case 'e':
+		w = notheld.Expired
+	case 't':
+		w = notheld.Later
+	case 'r':
+		w = notheld.Released
+	case 'g':
+		w = notheld.Gone
+	}
+	return notheld.Error(w, ls.Expiry(), when)
+}
+
+// whyReleaseRefused reads the state of a plain or fair lock whose release
+// release.lua refused, which answers no reason (0 if the read fails), for
+// the letter refresh_lock.lua would answer: one command more, on a release
+// that failed already. The state may have changed since the refusal, and
+// the GET goes where the client sends it (a replica, for a ClusterClient
+// with ReadOnly set), which can make the reason vaguer, never another
+// lease's: a ForceRelease's state names the token it removed, and a later
+// token or this lease's own release was written once.
+func (ls *lease) whyReleaseRefused(ctx context.Context) byte {
+	v, err := ls.l.client.Get(ctx, lockKeyOf(ls.key)).Result()
+	if errors.Is(err, goredis.Nil) {
+		return 'g'
+	}
+	f := strings.SplitN(v, ":", 5)
+	if err != nil || len(f) != 5 {
+		return 0
+	}
+	token, err := strconv.ParseUint(f[1], 10, 64)
+	switch owner := f[4]; {
+	case err != nil:
+	case owner == forcedOwner+strconv.FormatUint(ls.token, 10):
+		return 'f'
+	case token > ls.token:
+		return 't'
+	case owner == "" && token == ls.token:
+		return 'r'
+	}
+	return 0
+}
+
+// forcedOwner begins the owner of the free state ForceRelease leaves, the
+// removed holder's token following (see force_release.lua).
+const forcedOwner = "!forced:"
 
 // handoff is what a release that handed the lock to a waiter, or reserved
 // it for one, leaves for the releaser's next acquisition of the key (see
@@ -275,8 +356,8 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 			again = append(again, i)
 			continue
 		}
-		n, err := c.Int64()
-		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+		n, why, err := refreshAnswer(c)
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, why, err)
 	}
 	for j, c := range chunks {
 		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
@@ -306,8 +387,8 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 	sent = time.Now()
 	_, _ = pipe.Exec(ctx)
 	for _, i := range again {
-		n, err := cmds[i].Int64()
-		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+		n, why, err := refreshAnswer(cmds[i])
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, why, err)
 	}
 	for _, j := range againChunks {
 		refreshedChunk(ctx, chunks[j], chunkAt(locks, j), mine, errs, sent, px)
@@ -342,7 +423,8 @@ func (l *Locker) refreshLocksCmd(ctx context.Context, mine []*lease, at []int, p
 }
 
 // refreshedChunk takes the answer of a call of refresh_locks.lua, sent at
-// sent, for the leases mine[at...]: {day, one flag per lease}.
+// sent, for the leases mine[at...]: {day, one flag per lease, '1' or a
+// letter for why not}.
 func refreshedChunk(ctx context.Context, c *goredis.Cmd, at []int, mine []*lease, errs []error, sent time.Time, px int64) {
 	v, err := c.Slice()
 	var (
@@ -362,10 +444,16 @@ func refreshedChunk(ctx context.Context, c *goredis.Cmd, at []int, mine []*lease
 		}
 	}
 	for j, i := range at {
-		var n int64
-		if err == nil && flags[j] == '1' {
-			n = day
+		var (
+			n   int64
+			why byte
+		)
+		if err == nil {
+			why = flags[j]
+			if why == '1' {
+				n = day
+			}
 		}
-		errs[i] = mine[i].refreshed(ctx, sent, px, n, err)
+		errs[i] = mine[i].refreshed(ctx, sent, px, n, why, err)
 	}
 }

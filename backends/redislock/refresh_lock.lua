@@ -3,7 +3,13 @@
 -- acquire.lua): only a lease still the owner's and not yet expired is
 -- extended.
 -- KEYS[1] lock  ARGV[1] owner  ARGV[2] ttl (ms)  ARGV[3] its token
--- Returns the key's day when extended, 0 when the lock was not owner's.
+-- Returns the key's day when extended; when the lock was not owner's, a
+-- letter for why, which its holder's error says (see lease.notHeld in
+-- lease.go): 'f' an operator's ForceRelease took it (the free state it
+-- left names the owner's token), 'e' it expired and nobody took it since
+-- (the state is still the owner's), 't' a holder with a later token took it
+-- since, 'r' the owner released it, 'g' the key is gone, 'o' anything else
+-- (another format, an earlier token). refresh_locks.lua tells them alike.
 -- The SET GET that extends is also the check: a state that was not the
 -- owner's is written back as the next write, with no command between that
 -- could fail the script (which is not rolled back) and leave the extension.
@@ -37,10 +43,21 @@ if old then
   d, token, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
 end
 if owner ~= ARGV[1] or tonumber(d) <= now then
-  if old then
-    redis.call('set', KEYS[1], old, 'KEEPTTL')
+  if not old then
+    return 'g'
   end
-  return 0
+  redis.call('set', KEYS[1], old, 'KEEPTTL')
+  local mine = ARGV[3]
+  if owner == ARGV[1] then
+    return 'e'
+  elseif owner == '!forced:' .. mine then
+    return 'f'
+  elseif token and (#token > #mine or (#token == #mine and token > mine)) then
+    return 't'
+  elseif owner == '' and token == mine then
+    return 'r'
+  end
+  return 'o'
 end
 local later = tonumber(old_day) < day
 if later or token ~= ARGV[3] or waiting ~= '0' then

@@ -6,8 +6,8 @@
 -- KEYS the locks  ARGV[1] ttl (ms)  ARGV[2i], ARGV[2i+1] the owner and the
 -- token of KEYS[i]
 -- Returns {day, flags}: the day every extended key now has, and one
--- character per key, '1' when it was extended, '0' when the lock was not
--- its owner's or had expired.
+-- character per key, '1' when it was extended, else the letter
+-- refresh_lock.lua answers for why not.
 -- Each key as in refresh_lock.lua: a state that was not the owner's is
 -- written back as the next write after the SET GET that read it, a key
 -- that is gone stays gone (XX), and a later day is set with the state.
@@ -33,10 +33,22 @@ for i, key in ipairs(KEYS) do
     d, held, old_day, waiting, owner = string.match(old, '^(%d+):(%d+):(%d+):([012]):(.*)$')
   end
   if owner ~= mine or tonumber(d) <= now then
-    if old then
+    if not old then
+      flags[i] = 'g'
+    else
       redis.call('set', key, old, 'KEEPTTL')
+      if owner == mine then
+        flags[i] = 'e'
+      elseif owner == '!forced:' .. token then
+        flags[i] = 'f'
+      elseif held and (#held > #token or (#held == #token and held > token)) then
+        flags[i] = 't'
+      elseif owner == '' and held == token then
+        flags[i] = 'r'
+      else
+        flags[i] = 'o'
+      end
     end
-    flags[i] = '0'
   else
     local later = tonumber(old_day) < day
     if later or held ~= token or waiting ~= '0' then

@@ -6,7 +6,9 @@
 -- (since the epoch) at whose end the key expires, at least a day after the
 -- deadline; waiting: '1' once a non-fair waiter announced itself, '2' once a
 -- fair one did, which is what makes a release look for one (in the fair
--- queue only for '2'); owner: the holder's id ('' once released).
+-- queue only for '2'); owner: the holder's id ('' once released, and
+-- '!forced:<the removed holder's token>' once ForceRelease took it, which
+-- no id begins with: see force_release.lua).
 -- A lease whose deadline passed is free: its key stays, with its token.
 --
 -- A grant, a refresh and a release each write the key's new state and read

@@ -181,7 +181,9 @@ func (l *Locker) List(ctx context.Context, prefix, after string, limit int) ([]d
 // token is greater than the old holder's; and every statement of the old
 // holder names its owner id, most also its version, so none matches the row
 // again, whatever the database's clock does next: its next Refresh (or
-// batch refresh) and its Release return driver.ErrNotHeld. On PostgreSQL
+// batch refresh) and its Release return driver.ErrNotHeld, saying that
+// ForceRelease took the lock, which the row's empty owner and the version
+// one past the holder's tell (see Locker.notHeld). On PostgreSQL
 // the statement also notifies the lock table's channel, as a release does,
 // so that waiters that listen try at once.
 func (l *Locker) ForceRelease(ctx context.Context, key string, target driver.ReleaseTarget) ([]driver.Holding, error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ func (ls *lease) Refresh(ctx context.Context, ttl time.Duration) error {
 		return unavailable(ctx, err)
 	}
 	if !held {
-		return fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+		return ls.notHeld(ctx, "")
 	}
 	ls.renewed(sent, ttl)
 	return nil
@@ -136,13 +137,21 @@ func (ls *lease) Release(ctx context.Context) error {
 		return unavailable(ctx, err)
 	}
 	if !held {
-		return fmt.Errorf("%w: expired or taken over before release", driver.ErrNotHeld)
+		return ls.notHeld(ctx, " before release")
 	}
+	ls.expiry.Store(releasedExpiry)
 	if waited.Bool {
 		l.announcer.after(ls.key)
 	}
 	return nil
 }
+
+// releasedExpiry is the expiry of a lease its Release freed: long past, and
+// what tells a batch renewal that raced with the release why the lease was
+// not extended without a query (see Locker.notHeld), as a lease a holder
+// released while its renewal was under way is no rare case. A renewal
+// answered after the release moves it again, which costs that query.
+const releasedExpiry = math.MinInt64
 
 func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 	var n int64
@@ -223,6 +232,7 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 			defer func() { <-slots }()
 			chunk := all.slice(start, end)
 			missed, sent, err := l.refreshChunk(ctx, chunk, ttl)
+			var lost []int32
 			for j, i := range chunk.order {
 				switch {
 				case err != nil:
@@ -230,7 +240,16 @@ func (l *Locker) RefreshBatch(ctx context.Context, leases []driver.Lease, ttl ti
 				case missed == nil || !missed[j]:
 					chunk.at(j).renewed(sent, ttl)
 				default:
-					errs[i] = fmt.Errorf("%w: expired or taken over", driver.ErrNotHeld)
+					lost = append(lost, i)
+				}
+			}
+			if len(lost) > 0 {
+				gone := make([]*lease, len(lost))
+				for j, i := range lost {
+					gone[j] = leases[i].(*lease)
+				}
+				for j, err := range l.notHeld(ctx, gone, "") {
+					errs[lost[j]] = err
 				}
 			}
 		})
