@@ -102,8 +102,9 @@
 // everywhere (a new leader 10 minutes ahead: the 10 slots of a minutely job
 // in between; none of a CatchUp job's with MisfireAfter(20*time.Minute)).
 //
-// For programs that keep their own scheduler, Scheduler.Wrap guards a
-// robfig/cron job and Scheduler.Locker serves as a go-co-op/gocron/v2
-// Locker: both take every run through the same path as a job added to the
-// Scheduler, with the same options and defaults.
+// For programs that keep their own scheduler, Scheduler.WrapSpec (or
+// Wrap, which is not told the spec and names a late firing's slot wrong)
+// guards a robfig/cron job and Scheduler.Locker serves as a
+// go-co-op/gocron/v2 Locker: both take every run through the same path as
+// a job added to the Scheduler, with the same options and defaults.
 package scheduler

@@ -55,8 +55,9 @@ func Example() {
 }
 
 // A program that keeps its own robfig/cron runs its jobs through the
-// Scheduler's run path with Wrap: slot claim, lock, bounds, telemetry.
-func ExampleScheduler_Wrap() {
+// Scheduler's run path with WrapSpec, given the job's spec: slot claim,
+// lock, bounds, telemetry.
+func ExampleScheduler_WrapSpec() {
 	g, err := guard.New(memory.New())
 	if err != nil {
 		log.Fatal(err)
@@ -66,12 +67,13 @@ func ExampleScheduler_Wrap() {
 		log.Fatal(err)
 	}
 	defer s.Stop(context.Background())
-	wrap, err := s.Wrap("send-reports", scheduler.LockAtMostFor(10*time.Minute))
+	const spec = "0 6 * * *"
+	wrap, err := s.WrapSpec(spec, "send-reports", scheduler.LockAtMostFor(10*time.Minute))
 	if err != nil {
 		log.Fatal(err)
 	}
 	c := cron.New()
-	if _, err := c.AddJob("0 6 * * *", cron.NewChain(wrap).Then(cron.FuncJob(func() {
+	if _, err := c.AddJob(spec, cron.NewChain(wrap).Then(cron.FuncJob(func() {
 		// send the reports
 	}))); err != nil {
 		log.Fatal(err)

@@ -50,6 +50,7 @@ type Scheduler struct {
 	store    idempotency.Store
 	clock    func() time.Time
 	anchor   time.Time
+	location *time.Location
 	instance string
 	logger   *slog.Logger
 	tel      *telemetry
@@ -124,6 +125,7 @@ func New(g *guard.Guard, opts ...Option) (*Scheduler, error) {
 		store:    c.store,
 		clock:    c.clock,
 		anchor:   c.anchor,
+		location: c.location,
 		instance: c.instance,
 		logger:   c.logger,
 		tel:      tel,
@@ -161,21 +163,11 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	if fn == nil {
 		return fmt.Errorf("%w: %q: nil func", ErrInvalidJob, name)
 	}
-	sched, err := parseSpec(s.parser, spec)
-	if err != nil {
-		return fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
-	}
-	// A day that does not exist ("0 0 30 2 *", April 31) parses, and
-	// robfig/cron never fires it, without a word: a slip, refused here
-	// rather than a job that silently never runs.
-	if sched.Next(s.clock()).IsZero() {
-		return fmt.Errorf("%w: %q: spec %q never fires", ErrInvalidJob, name, spec)
-	}
-	j, err := s.newJob(name, shortestInterval(sched), opts)
+	j, sched, err := s.specJob(spec, name, opts)
 	if err != nil {
 		return err
 	}
-	j.spec, j.fn, j.slots = spec, fn, newSlotSchedule(sched, s.anchor, s.clock)
+	j.fn, j.slots = fn, newSlotSchedule(sched, s.anchor, s.clock)
 	j.slots.passedOver = j.passedOver
 
 	s.mu.Lock()
@@ -189,6 +181,27 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	}
 	s.cron.Schedule(j.slots, j)
 	return nil
+}
+
+// specJob parses spec and returns the job name runs on it, with its
+// options checked, not yet scheduled.
+func (s *Scheduler) specJob(spec, name string, opts []JobOption) (*job, cron.Schedule, error) {
+	sched, err := parseSpec(s.parser, spec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
+	}
+	// A day that does not exist ("0 0 30 2 *", April 31) parses, and
+	// robfig/cron never fires it, without a word: a slip, refused here
+	// rather than a job that silently never runs.
+	if sched.Next(s.clock()).IsZero() {
+		return nil, nil, fmt.Errorf("%w: %q: spec %q never fires", ErrInvalidJob, name, spec)
+	}
+	j, err := s.newJob(name, shortestInterval(sched), opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	j.spec = spec
+	return j, sched, nil
 }
 
 // newJob checks a job's name and options and returns the job, not yet

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 	"sync"
@@ -317,6 +318,26 @@ func (s *slotSchedule) after(v time.Time) time.Time {
 		k-- // floor, for instants before the anchor
 	}
 	return s.anchor.Add((k + 1) * s.every).In(v.Location())
+}
+
+// atOrBefore returns the latest slot at or before now, which a firing
+// less than interval (the shortest between two slots) late finds as its
+// own. A spec's slots are looked for from an interval before now, and from
+// twice as far back each time none is found there.
+func (s *slotSchedule) atOrBefore(now time.Time, interval time.Duration) time.Time {
+	if s.spec == nil {
+		return s.after(now.Add(-s.every))
+	}
+	for back := max(interval, time.Second); back < math.MaxInt64/2; back *= 2 {
+		if v := s.spec.Next(now.Add(-back)); !v.IsZero() && !v.After(now) {
+			for next := s.spec.Next(v); !next.IsZero() && !next.After(now); next = s.spec.Next(next) {
+				v = next
+			}
+			return v
+		}
+	}
+	// No slot in the last 146 years: none a firing can be for.
+	return now.Truncate(time.Second)
 }
 
 // fired returns the slot of the firing that is starting now.

@@ -25,16 +25,15 @@ import (
 // clock's skew, as long as the wrapper is called within the second the
 // firing is for, and with a slot store the job runs once per slot. A
 // firing that reaches the wrapper a second or more late names the next
-// slot, and runs again: put the wrapper first in cron.WithChain (the
-// outermost), before wrappers that delay a run (cron.DelayIfStillRunning),
-// or Add the job to the Scheduler, whose slots come from its schedule, not
-// from when a run starts; a process stalled past a second at a firing is
-// such a late firing too. That holds for cron specs and descriptors, not
+// slot, and runs again: a process stalled past a second at a firing, or a
+// wrapper behind one that delays a run (cron.DelayIfStillRunning). WrapSpec,
+// which is told the job's spec, names each firing's slot from it instead,
+// late or not: prefer it. That holds for cron specs and descriptors, not
 // for robfig/cron's "@every D": it fires on the whole seconds D apart from
 // when each process added the job, so processes started at different
 // seconds name different slots and each runs the job, kept apart only by
-// the lock and LockAtLeastFor. Add such jobs to the Scheduler, which
-// aligns them to its anchor. Without a slot store, the lock is kept for
+// the lock and LockAtLeastFor. WrapSpec and Add align such slots to the
+// Scheduler's anchor. Without a slot store, the lock is kept for
 // DefaultLockAtLeastFor, a second, unless LockAtLeastFor says otherwise: a
 // wrapped job that fires every second should set it shorter (half a
 // second), or its hold takes the next firing's slot. A cron.Job takes no
@@ -46,6 +45,33 @@ func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error
 		return nil, err
 	}
 	j.spec = "robfig/cron"
+	return s.wrapper(j, func() time.Time { return s.clock().Truncate(time.Second) })
+}
+
+// WrapSpec is Wrap for a job that robfig/cron runs on spec, the spec given
+// to its AddJob, read as Add reads one (the Scheduler's syntax, location
+// and anchor): the slot of each firing is the latest instant spec names at
+// or before the wrapper's call, on the Scheduler's clock, not that clock
+// truncated to the second. A firing that reaches the wrapper late (on a
+// process stalled at the firing, or behind cron.DelayIfStillRunning) names
+// its own slot all the same, and with a slot store still runs once, if it
+// is late by less than spec's shortest interval; and "@every D" names slots
+// aligned to the Scheduler's anchor, as Add's are, so that processes whose
+// crons started at different seconds name the same ones. Give the cron the
+// Scheduler's location (cron.WithLocation; time.Local for both by
+// default): a spec read in two zones names two instants.
+func (s *Scheduler) WrapSpec(spec, name string, opts ...JobOption) (cron.JobWrapper, error) {
+	j, sched, err := s.specJob(spec, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	slots, interval := newSlotSchedule(sched, s.anchor, s.clock), shortestInterval(sched)
+	return s.wrapper(j, func() time.Time { return slots.atOrBefore(s.clock().In(s.location), interval) })
+}
+
+// wrapper registers j and returns the JobWrapper that runs it, in the slot
+// slotOf names when a firing calls it.
+func (s *Scheduler) wrapper(j *job, slotOf func() time.Time) (cron.JobWrapper, error) {
 	if err := s.register(j); err != nil {
 		return nil, err
 	}
@@ -59,7 +85,7 @@ func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error
 				return
 			}
 			defer s.runs.Done()
-			j.run(s.clock().Truncate(time.Second), fn)
+			j.run(slotOf(), fn)
 		})
 	}, nil
 }

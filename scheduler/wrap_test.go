@@ -13,6 +13,7 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
 )
 
@@ -224,5 +225,104 @@ func TestGocronLocker(t *testing.T) {
 		}
 		l.Unlock(context.Background())
 		return true
+	})
+}
+
+// WrapSpec names a firing's slot from the job's spec: a firing that reaches
+// the wrapper 1.5s late (a stalled process, a DelayIfStillRunning ahead of
+// it) names the slot it was for, which the other node ran, and is skipped,
+// where Wrap would name the second after it, a slot of its own, and run
+// the tick again.
+func TestWrapSpecNamesALateFiringsSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var runs atomic.Int32
+		var crons []*cron.Cron
+		for i := range 2 {
+			s := stoppedScheduler(t, newGuard(t, locker), scheduler.WithSlotStore(store))
+			wrap, err := s.WrapSpec("*/5 * * * * *", "report")
+			if err != nil {
+				t.Fatal(err)
+			}
+			delay := time.Duration(i) * 1500 * time.Millisecond
+			late := func(j cron.Job) cron.Job {
+				return cron.FuncJob(func() { time.Sleep(delay); j.Run() })
+			}
+			c := cron.New(cron.WithSeconds())
+			if _, err := c.AddJob("*/5 * * * * *", cron.NewChain(late, wrap).Then(cron.FuncJob(func() { runs.Add(1) }))); err != nil {
+				t.Fatal(err)
+			}
+			crons = append(crons, c)
+		}
+		for _, c := range crons {
+			c.Start()
+		}
+		start := time.Now()
+		time.Sleep(22 * time.Second)
+		for _, c := range crons {
+			<-c.Stop().Done()
+		}
+		// synctest's clock starts on a whole second: the ticks in the
+		// window are those at multiples of 5s after the first.
+		ticks := int32(0)
+		for tk := start.Truncate(5 * time.Second); !tk.After(start.Add(22 * time.Second)); tk = tk.Add(5 * time.Second) {
+			if tk.After(start) {
+				ticks++
+			}
+		}
+		if n := runs.Load(); n != ticks {
+			t.Errorf("%d runs in %d ticks across two nodes, one of them 1.5s late, want one per tick", n, ticks)
+		}
+	})
+}
+
+// WrapSpec refuses what Add refuses: a spec that does not parse, or that
+// never fires.
+func TestWrapSpecRefusesBadSpecs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := stoppedScheduler(t, newGuard(t, memory.New()))
+		for _, spec := range []string{"", "* * *", "0 0 30 2 *", "@every 1ms"} {
+			if _, err := s.WrapSpec(spec, "job"); !errors.Is(err, scheduler.ErrInvalidJob) {
+				t.Errorf("WrapSpec(%q): %v, want ErrInvalidJob", spec, err)
+			}
+		}
+	})
+}
+
+// WrapSpec aligns "@every D" slots to the Scheduler's anchor: robfig/cron
+// fires such a job D apart from when each process started its cron, and
+// two processes started 3s apart name the same slot for the firings of one
+// period, so the job runs once a period, where Wrap names each firing's
+// second and runs it twice.
+func TestWrapSpecAlignsEvery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker, store := memory.New(), idempotency.NewMemoryStore()
+		var runs atomic.Int32
+		var crons []*cron.Cron
+		for range 2 {
+			s := stoppedScheduler(t, newGuard(t, locker), scheduler.WithSlotStore(store))
+			wrap, err := s.WrapSpec("@every 10s", "sweep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cron.New()
+			if _, err := c.AddJob("@every 10s", cron.NewChain(wrap).Then(cron.FuncJob(func() { runs.Add(1) }))); err != nil {
+				t.Fatal(err)
+			}
+			crons = append(crons, c)
+		}
+		// synctest's clock starts on a multiple of 10s since the epoch,
+		// the anchor's slots: the first cron fires at 10s, 20s and 30s,
+		// the second, started 3s later, at 13s, 23s and 33s.
+		crons[0].Start()
+		time.Sleep(3 * time.Second)
+		crons[1].Start()
+		time.Sleep(32 * time.Second)
+		for _, c := range crons {
+			<-c.Stop().Done()
+		}
+		if n := runs.Load(); n != 3 {
+			t.Errorf("%d runs in three periods of two crons started 3s apart, want 3", n)
+		}
 	})
 }
