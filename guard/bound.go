@@ -69,13 +69,19 @@ func callFunc[T any](ctx context.Context, f func(context.Context) (T, error)) (T
 }
 
 // noAnswer is err, the failure of a call made with cctx (derived from the
-// caller's ctx), or errNoAnswer when the backend said only that cctx's
-// deadline had cut the call short: it did not answer within the bound. An
-// answer (the lock is held, an invalid option) stays what it is, and a
-// cancellation by the caller is no outage.
+// caller's ctx), or errNoAnswer when the backend said only that a context
+// had cut the call short while the caller's was not done, or cctx's
+// deadline had: it did not answer within the bound. The caller's ctx being
+// live is what tells, not cctx's error: a client that counts cctx's
+// deadline itself (gRPC, under etcd) answers DeadlineExceeded a moment
+// before cctx's own timer marks it done. An answer (the lock is held, an
+// invalid option) stays what it is, and a cancellation by the caller is no
+// outage.
 func noAnswer(ctx, cctx context.Context, err error) error {
-	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.Is(ctx.Err(), context.Canceled) &&
-		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return err
+	}
+	if ctx.Err() == nil || (errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.Is(ctx.Err(), context.Canceled)) {
 		return errNoAnswer
 	}
 	return err

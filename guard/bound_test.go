@@ -589,3 +589,35 @@ func TestWaitSaysWhyItWasUnanswered(t *testing.T) {
 		}
 	})
 }
+
+// earlyDeadline is a backend whose client counts its context's deadline
+// itself, as gRPC does under etcd's client: a single attempt that gets no
+// answer returns context.DeadlineExceeded a moment before the context's
+// own timer marks it done.
+type earlyDeadline struct{}
+
+func (earlyDeadline) Acquire(ctx context.Context, key string, o driver.AcquireOptions) (driver.Lease, error) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	time.Sleep(time.Until(d) - time.Microsecond)
+	return nil, context.DeadlineExceeded
+}
+
+// A single attempt that a client cut short at its own reckoning of the
+// bound is an outage (ErrUnavailable), as one cut by guard's context is,
+// never a bare deadline the caller did not set.
+func TestClientCountedDeadlineIsNoAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newBubbleGuard(t, earlyDeadline{})
+		err := within(t, "TryLock", 5*time.Second, func() error {
+			_, err := g.TryLock(context.Background(), "k")
+			return err
+		})
+		if !errors.Is(err, guard.ErrUnavailable) || errors.Is(err, guard.ErrNotAcquired) {
+			t.Errorf("TryLock cut short by the client's own count of the call timeout: %v, want ErrUnavailable", err)
+		}
+	})
+}
