@@ -198,7 +198,7 @@ func TestStopCancelsRunningJobsAndReleases(t *testing.T) {
 		s := newScheduler(t, g, scheduler.WithRunObserver(j.observe))
 		started := make(chan struct{}, 1)
 		cause := make(chan error, 1)
-		if err := s.Add("@every 1s", "stopped", func(ctx context.Context) error {
+		if err := s.Add("@every 2h", "stopped", func(ctx context.Context) error {
 			started <- struct{}{}
 			<-ctx.Done()
 			cause <- context.Cause(ctx)

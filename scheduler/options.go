@@ -192,7 +192,9 @@ func LockAtMostFor(d time.Duration) JobOption { return func(c *jobConfig) { c.at
 // when the run ends sooner, so that a node whose clock or timer is a little
 // behind finds it held rather than running the job again. The default is 0
 // with a slot store (the store keeps slots apart) and
-// DefaultLockAtLeastFor without one (see there).
+// DefaultLockAtLeastFor without one (see there). Add and WrapSpec refuse a
+// d not shorter than the time between two of the job's slots: each run
+// would hold the lock into the next slot, and every node skip it.
 func LockAtLeastFor(d time.Duration) JobOption {
 	return func(c *jobConfig) { c.atLeast, c.atLeastSet = d, true }
 }

@@ -231,6 +231,13 @@ func (s *Scheduler) newJob(name string, interval time.Duration, opts []JobOption
 	if err := jc.validate(s.g); err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, name, err)
 	}
+	// A run holds its lock for LockAtLeastFor from its start: as long as
+	// the time to the next slot, it holds it into that slot, which every
+	// node then skips as held, at Debug only, one slot in two or more.
+	if interval > 0 && jc.atLeast >= interval {
+		return nil, fmt.Errorf("%w: %q: LockAtLeastFor %v is not shorter than the %v between two of its slots: each run's hold would skip the slot after it; give a schedule that fires less often",
+			ErrInvalidJob, name, jc.atLeast, interval)
+	}
 	if jc.catchUp && s.store == nil {
 		return nil, fmt.Errorf("%w: %q: CatchUp needs a slot store (WithSlotStore)", ErrInvalidJob, name)
 	}
