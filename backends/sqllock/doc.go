@@ -292,8 +292,9 @@
 //	ALTER TABLE warden_locks MODIFY name varbinary(255) NOT NULL;
 //	ALTER TABLE warden_fences MODIFY resource varbinary(255) NOT NULL;
 //
-// Keys are at most 255 bytes; longer ones are refused with
-// driver.ErrInvalidKey.
+// The table takes names of at most 255 bytes, guard's prefix included;
+// guard refuses keys over guard.MaxKeyLen (200 bytes) before they reach it,
+// and the Locker a longer name with driver.ErrInvalidKey.
 //
 // Lock tables made by earlier versions have no waiting_until column, which
 // only PostgreSQL's statements use: Migrate adds it, or run
