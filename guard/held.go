@@ -20,8 +20,8 @@ type HeldLock struct {
 	Acquired time.Time `json:"acquired"`
 	// Renewed is the send time of the latest renewal the backend confirmed,
 	// or Acquired when there was none. Zero for a lease kept by a backend
-	// session, which is renewed as a whole.
-	Renewed time.Time `json:"renewed"`
+	// session, which is renewed as a whole, and then left out of JSON.
+	Renewed time.Time `json:"renewed,omitzero"`
 	// Expiry is the lease's conservative expiry (Lock.Expiry): the lock is
 	// declared lost a safety margin before it unless a renewal moves it.
 	Expiry time.Time `json:"expiry"`

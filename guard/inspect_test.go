@@ -445,3 +445,22 @@ func (f failingList) List(ctx context.Context, prefix, after string, limit int) 
 	}
 	return page, f.err
 }
+
+// A lease kept by a backend session has no renewals of its own: its JSON
+// leaves "renewed" out rather than show the zero time.
+func TestHeldJSONOfASessionLease(t *testing.T) {
+	b, err := json.Marshal(guard.HeldLock{Key: "k", SessionBound: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "renewed") {
+		t.Errorf("a session-bound lock's JSON %s has a renewal time", b)
+	}
+	b, err = json.Marshal(guard.HeldLock{Key: "k", Renewed: time.Unix(1, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"renewed"`) {
+		t.Errorf("a renewed lock's JSON %s has no renewal time", b)
+	}
+}

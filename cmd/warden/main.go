@@ -689,6 +689,9 @@ func (c *cli) command(cmd []string) (func(context.Context) error, error) {
 	if cmd[0] == "ping" && len(cmd) == 1 {
 		return bounded(c.ping), nil
 	}
+	if subs, ok := map[string]string{"locks": "ls, show or release", "idem": "show or delete"}[cmd[0]]; ok && len(cmd) == 1 {
+		return nil, badInput("%s needs a command after it: %s (try -h)", cmd[0], subs)
+	}
 	return nil, badInput("unknown command %q (try -h)", strings.Join(cmd, " "))
 }
 

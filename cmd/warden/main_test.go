@@ -274,6 +274,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{[]string{"-lock", redis, "idem", "show", "s", ""}, "empty key"},
 		{[]string{"-lock", redis, "idem", "delete", "s"}, "want SCOPE KEY"},
 		{[]string{"-lock", redis, "lock", "ls"}, "unknown command"},
+		{[]string{"-lock", redis, "locks"}, "locks needs a command after it: ls, show or release"},
+		{[]string{"-lock", redis, "idem"}, "idem needs a command after it: show or delete"},
 		{[]string{"-lock", redis, "-limit", "0", "locks", "ls"}, "-limit 0"},
 		{[]string{"-lock", redis, "-timeout", "-1s", "ping"}, "not positive"},
 		{[]string{"-nosuchflag"}, "not defined"},
