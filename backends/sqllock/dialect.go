@@ -238,10 +238,22 @@ func (l *Locker) notFit(err error) error {
 		return fmt.Errorf("%w: the lock table %s has no waiting_until column (made by an earlier version): run Locker.Migrate, or the ALTER TABLE of the package documentation, to add it: %w",
 			driver.ErrInvalidOption, l.table, err)
 	case missingSchema(err):
-		return fmt.Errorf("%w: the lock table %s is missing, or lacks a column of the package's: run Locker.Migrate, or create it with the DDL of the package documentation: %w",
-			driver.ErrInvalidOption, l.table, err)
+		return notMigrated("lock", l.table, "run Locker.Migrate, or create it with the DDL of the package documentation", err)
 	}
 	return nil
+}
+
+// notMigrated says that the table of kind ("lock", "idempotency") that
+// err refused is missing or lacks a column, and how to make it: fix. A
+// table that names its schema is missing, on every database, when the
+// schema is, which Migrate does not create.
+func notMigrated(kind, table, fix string, err error) error {
+	where := ""
+	if strings.Contains(table, ".") {
+		where = " (or the schema it names, which Migrate does not create)"
+	}
+	return fmt.Errorf("%w: the %s table %s%s is missing, or lacks a column of the package's: %s: %w",
+		driver.ErrInvalidOption, kind, table, where, fix, err)
 }
 
 // missingSchema reports whether err is a database's refusal of a table or a

@@ -46,6 +46,13 @@ const DefaultIdempotencyTable = "warden_idempotency"
 // fits every database's index limits. Expired rows are equivalent to absent
 // ones and are reused by the next Claim; Purge deletes those never claimed
 // again.
+//
+// On a table that is missing (Migrate never ran, or its schema is missing)
+// or lacks a column, every call fails with an error naming the table and
+// the fix, which wraps idempotency.ErrInvalid and driver.ErrInvalidOption,
+// not ErrUnavailable: an Executor passes it on rather than as an outage,
+// so that httpmw's WithFailOpen does not serve keyed requests unguarded
+// and a scheduler's slot claims fail saying why.
 type Store struct {
 	db    *gorm.DB
 	d     dialect
@@ -132,7 +139,15 @@ func recordID(scope, key string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func storeErr(ctx context.Context, op string, err error) error {
+// storeErr classifies err, the database's answer to the Store's op. A
+// table never migrated is no outage that a retry outlasts, and must not
+// read as one (see Store): an Executor passes on an idempotency.ErrInvalid
+// as it is, and makes any other error an ErrUnavailable.
+func (s *Store) storeErr(ctx context.Context, op string, err error) error {
+	if missingSchema(err) {
+		return fmt.Errorf("%w: idempotency %s: %w", idempotency.ErrInvalid, op,
+			notMigrated("idempotency", s.table, "run Store.Migrate, or create it with the DDL of Store's documentation", err))
+	}
 	return unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
 }
 
@@ -183,7 +198,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 		if s.d.name == "postgres" {
 			rec, claimed, err := s.claimOrRead(ctx, query, id, c, claimID)
 			if err != nil {
-				return nil, storeErr(ctx, "claim", err)
+				return nil, s.storeErr(ctx, "claim", err)
 			}
 			if claimed || rec != nil {
 				return rec, nil
@@ -193,7 +208,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			// claim found: read it as it is now.
 			rec, _, live, err := s.read(ctx, id)
 			if err != nil {
-				return nil, storeErr(ctx, "claim", err)
+				return nil, s.storeErr(ctx, "claim", err)
 			}
 			if live {
 				return rec, nil
@@ -209,14 +224,14 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			}
 		}
 		if res.Error != nil {
-			return nil, storeErr(ctx, "claim", res.Error)
+			return nil, s.storeErr(ctx, "claim", res.Error)
 		}
 		if s.d.upsert && res.RowsAffected > 0 {
 			return nil, nil
 		}
 		rec, winner, live, err := s.read(ctx, id)
 		if err != nil {
-			return nil, storeErr(ctx, "claim", err)
+			return nil, s.storeErr(ctx, "claim", err)
 		}
 		if !s.d.upsert && winner == claimID {
 			return nil, nil
@@ -225,7 +240,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 			return rec, nil
 		}
 	}
-	return nil, storeErr(ctx, "claim", errors.New("record kept expiring under contention"))
+	return nil, s.storeErr(ctx, "claim", errors.New("record kept expiring under contention"))
 }
 
 // claimOrRead runs PostgreSQL's claim, which reports whether it claimed the
@@ -285,7 +300,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	}
 	rec, _, live, err := s.read(ctx, recordID(scope, key))
 	if err != nil {
-		return nil, storeErr(ctx, "get", err)
+		return nil, s.storeErr(ctx, "get", err)
 	}
 	if !live {
 		return nil, fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
@@ -311,7 +326,7 @@ func (s *Store) write(ctx context.Context, op, query string, args ...any) error 
 	if res.Error != nil {
 		// One statement, sent again only after an answer that it ran
 		// nothing.
-		return storeErr(ctx, op, notSentOr(res.Error))
+		return s.storeErr(ctx, op, notSentOr(res.Error))
 	}
 	if res.RowsAffected == 0 {
 		return fmt.Errorf("%w: %s", idempotency.ErrNotOwner, op)
@@ -331,7 +346,7 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 		// expires_at reports none. Check the claim itself.
 		var n int64
 		if qerr := scanRow(s.db.WithContext(ctx).Raw("SELECT count(*) FROM "+s.table+s.owned(), id, []byte(owner)), &n); qerr != nil {
-			return storeErr(ctx, "extend", qerr)
+			return s.storeErr(ctx, "extend", qerr)
 		}
 		if n > 0 {
 			return nil
@@ -374,7 +389,7 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 		res = db.Exec("DELETE FROM "+s.table+" WHERE id = ? AND owner = ?", id, []byte(owner))
 	}
 	if res.Error != nil {
-		return storeErr(ctx, "delete", notSentOr(res.Error))
+		return s.storeErr(ctx, "delete", notSentOr(res.Error))
 	}
 	if res.RowsAffected > 0 {
 		return nil
@@ -384,7 +399,7 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 		// changed nothing, whatever this read's failure.
 		var n int64
 		if err := scanRow(db.Raw("SELECT count(*) FROM "+s.table+" WHERE id = ? AND expires_at > "+s.d.now, id), &n); err != nil {
-			return driver.NotSent(storeErr(ctx, "delete", err))
+			return driver.NotSent(s.storeErr(ctx, "delete", err))
 		}
 		if n > 0 {
 			return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
@@ -402,7 +417,7 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	}
 	res := s.db.WithContext(ctx).Exec("DELETE FROM " + s.table + " WHERE expires_at <= " + s.d.now)
 	if res.Error != nil {
-		return 0, storeErr(ctx, "purge", res.Error)
+		return 0, s.storeErr(ctx, "purge", res.Error)
 	}
 	return res.RowsAffected, nil
 }

@@ -18,7 +18,8 @@ import (
 // every database, and a waiting Acquire returns it at once rather than
 // retry until its deadline as if the database were down. The error names
 // the column missing, not waiting_until, which an earlier version's table
-// lacks alone.
+// lacks alone. A table whose schema is missing is reported so, naming the
+// schema as what may be missing.
 func TestTableNotFit(t *testing.T) {
 	for _, db := range databases() {
 		t.Run(db.name, func(t *testing.T) {
@@ -30,6 +31,7 @@ func TestTableNotFit(t *testing.T) {
 			t.Cleanup(func() { g.Exec("DROP TABLE " + shaped) })
 			for _, c := range []struct{ table, want string }{
 				{fmt.Sprintf("missing_%d", time.Now().UnixNano()), "Migrate"},
+				{fmt.Sprintf("no_schema_%d.missing", time.Now().UnixNano()), "the schema it names"},
 				{shaped, "version"},
 			} {
 				l := newLocker(t, g, sqllock.WithTable(c.table))
