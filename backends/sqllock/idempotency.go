@@ -148,7 +148,12 @@ func (s *Store) storeErr(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%w: idempotency %s: %w", idempotency.ErrInvalid, op,
 			notMigrated("idempotency", s.table, "run Store.Migrate, or create it with the DDL of Store's documentation", err))
 	}
-	return unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+	err = unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
+	if errors.Is(err, driver.ErrInvalidOption) {
+		// Prepared statements lost behind a pooler: a setup to mend too.
+		return fmt.Errorf("%w: %w", idempotency.ErrInvalid, err)
+	}
+	return err
 }
 
 // Claim implements idempotency.Store.

@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // pgBouncer starts a PgBouncer of the test's own in front of dsn, a
@@ -152,6 +154,42 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 			check("Release", lease.Release(ctx))
 		}
 		t.Logf("%d of %d calls refused with the cause", refused, calls)
+	})
+
+	// The idempotency Store's calls that the pooler refuses say the cause
+	// too, as a setup to mend (idempotency.ErrInvalid), never as an outage,
+	// which httpmw's WithFailOpen would answer by serving keyed requests
+	// unguarded.
+	t.Run("store", func(t *testing.T) {
+		direct, err := sqllock.NewStore(openDB(t, db, direct))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := direct.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		refused := 0
+		for i := range 20 {
+			st, err := sqllock.NewStore(openDB(t, db, pooled))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := idempotency.Claim{Scope: "pgbouncer", Key: fmt.Sprintf("%s-%d", uniqueKey(t), i), Owner: "o", Lease: time.Minute}
+			for _, err := range []error{
+				func() error { _, err := st.Claim(ctx, c); return err }(),
+				func() error { _, err := st.Get(ctx, c.Scope, c.Key); return err }(),
+				st.Complete(ctx, c.Scope, c.Key, c.Owner, []byte("done"), time.Hour),
+			} {
+				switch {
+				case err == nil, errors.Is(err, idempotency.ErrNotFound), errors.Is(err, idempotency.ErrNotOwner):
+				case errors.Is(err, idempotency.ErrInvalid) && !errors.Is(err, driver.ErrUnavailable) && strings.Contains(err.Error(), "default_query_exec_mode=exec"):
+					refused++
+				default:
+					t.Fatalf("a Store call behind the pooler: %v, want success or idempotency.ErrInvalid naming the fix", err)
+				}
+			}
+		}
+		t.Logf("%d Store calls refused with the cause", refused)
 	})
 
 	t.Run("exec", func(t *testing.T) {
