@@ -95,7 +95,7 @@ load_config() {
 			[[ -z $p ]] || REDIS_PORTS+=("$p")
 		done
 	done
-	mapfile -t REDIS_PORTS < <(printf '%s\n' "${REDIS_PORTS[@]}" | sort -nu | grep .)
+	mapfile -t REDIS_PORTS < <(printf '%s\n' "${REDIS_PORTS[@]}" | sort -nu | { grep . || true; })
 
 	v=$(envval WARDEN_ETCD_ENDPOINTS)
 	ETCD_PORT=$(local_port WARDEN_ETCD_ENDPOINTS "${v%%,*}")
