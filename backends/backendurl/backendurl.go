@@ -164,7 +164,10 @@ func (e *redacted) Unwrap() error { return e.err }
 // mysql://user:pass@tcp(host:port)/db, redis://[user:pass@]host:port[/db],
 // rediss://..., redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db], redlocks://...,
 // etcd://[user:pass@]host:port[,...], zk://[user:pass@]host:port[,...] or
-// consul://host:port. Redis URLs take
+// consul://host:port. A password with a reserved character (/ @ : % ?
+// #) is percent-encoded in every URL but mysql://, whose part after the
+// scheme is go-sql-driver's DSN, read as it is: there the password is
+// written raw (the DSN's last '@' ends it). Redis URLs take
 // go-redis's query options (redis.ParseURL), applied to every RedLock
 // master. A query option given twice is refused, rather than one of the
 // two ignored. Its errors name what is wrong and never quote a secret.
