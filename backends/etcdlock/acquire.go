@@ -57,24 +57,17 @@ type attempt struct {
 // or on a new session.
 func (l *Locker) acquire(ctx context.Context, name string, opts driver.AcquireOptions, k kind, permits int) (driver.Lease, error) {
 	backoff := driver.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
-	// failed is the last attempt's failure to reach etcd, which a wait
-	// that ctx ends reports (see driver.Unreached).
-	var failed error
 	for moved := 0; ; {
 		lease, err := l.attempt(ctx, name, opts, k, permits)
 		if movesOn(ctx, err, moved, rpctypes.ErrLeaseNotFound) {
 			moved++
 			continue
 		}
-		if err != nil && opts.Wait && failed != nil && ctx.Err() != nil {
-			return nil, driver.Unreached(ctx, failed)
-		}
 		if err == nil || !opts.Wait || !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errClosed) || refusedAgain(err) {
 			return lease, err
 		}
-		failed = err
 		if err := driver.Sleep(ctx, backoff.Next(), nil); err != nil {
-			return nil, driver.Unreached(ctx, failed)
+			return nil, err
 		}
 	}
 }

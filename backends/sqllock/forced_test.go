@@ -12,6 +12,7 @@ import (
 	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard"
 	"github.com/warden-go/warden/guard/driver"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // TestForcedCause: a holder under guard.Do whose row ForceRelease takes
@@ -71,5 +72,58 @@ func TestNotHeldWhy(t *testing.T) {
 			key := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 			forcedtest.Reasons(t, newLocker(t, g), newLocker(t, openDB(t, db, dsn)), key)
 		})
+	}
+}
+
+// TestExpiryAfterRelease: a released lease keeps the expiry it had, which
+// guard logs (a grant given back as late says when it would have ended),
+// rather than a marker of its release read as a date centuries ago.
+func TestExpiryAfterRelease(t *testing.T) {
+	for _, db := range databases() {
+		t.Run(db.name, func(t *testing.T) {
+			dsn := db.dsn(t)
+			l := newLocker(t, migrated(t, db, dsn))
+			ctx := context.Background()
+			lease, err := l.Acquire(ctx, uniqueKey(t), driver.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := lease.Expiry()
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if after := lease.Expiry(); !after.Equal(before) {
+				t.Errorf("Expiry after Release: %v, want %v as before it", after, before)
+			}
+		})
+	}
+}
+
+// TestStoreNotGranted: a Store whose database user may not use its table
+// fails every call with idempotency.ErrInvalid naming the grant, never as
+// an outage, which httpmw's WithFailOpen would answer by serving keyed
+// requests unguarded.
+func TestStoreNotGranted(t *testing.T) {
+	db := postgresDB()
+	dsn := db.dsn(t)
+	table := fmt.Sprintf("notgranted_%d", time.Now().UnixNano())
+	owner, writer := rowWriter(t, db, dsn, table)
+	ctx := context.Background()
+	idem := table + "_idem"
+	st, err := sqllock.NewStore(owner, sqllock.WithStoreTable(idem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { owner.Exec("DROP TABLE " + idem) })
+	denied, err := sqllock.NewStore(writer, sqllock.WithStoreTable(idem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = denied.Claim(ctx, idempotency.Claim{Scope: "s", Key: "k", Owner: "o", Lease: time.Minute})
+	if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), "grant") {
+		t.Errorf("Claim as a user not granted the table: %v, want idempotency.ErrInvalid naming the grant, not ErrUnavailable", err)
 	}
 }

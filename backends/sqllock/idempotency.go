@@ -144,9 +144,13 @@ func recordID(scope, key string) string {
 // read as one (see Store): an Executor passes on an idempotency.ErrInvalid
 // as it is, and makes any other error an ErrUnavailable.
 func (s *Store) storeErr(ctx context.Context, op string, err error) error {
-	if missingSchema(err) {
+	switch {
+	case missingSchema(err):
 		return fmt.Errorf("%w: idempotency %s: %w", idempotency.ErrInvalid, op,
 			notMigrated("idempotency", s.table, "run Store.Migrate, or create it with the DDL of Store's documentation", err))
+	case deniedPrivilege(err):
+		return fmt.Errorf("%w: idempotency %s: %w: the database user may not use the idempotency table %s: grant it SELECT, INSERT, UPDATE and DELETE there: %w",
+			idempotency.ErrInvalid, op, driver.ErrInvalidOption, s.table, err)
 	}
 	err = unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
 	if errors.Is(err, driver.ErrInvalidOption) {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +34,11 @@ type lease struct {
 	// expiry is Expiry in nanoseconds after epoch, so that a refresh can
 	// move it while guard reads it.
 	expiry atomic.Int64
+	// released is set once Release freed the row: a batch renewal that
+	// raced with the release is told why it was not extended without a
+	// query (see Locker.notHeld), as a lease released while its renewal
+	// was under way is no rare case.
+	released atomic.Bool
 }
 
 // epoch anchors lease expiries on the monotonic clock.
@@ -139,19 +143,12 @@ func (ls *lease) Release(ctx context.Context) error {
 	if !held {
 		return ls.notHeld(ctx, " before release")
 	}
-	ls.expiry.Store(releasedExpiry)
+	ls.released.Store(true)
 	if waited.Bool {
 		l.announcer.after(ls.key)
 	}
 	return nil
 }
-
-// releasedExpiry is the expiry of a lease its Release freed: long past, and
-// what tells a batch renewal that raced with the release why the lease was
-// not extended without a query (see Locker.notHeld), as a lease a holder
-// released while its renewal was under way is no rare case. A renewal
-// answered after the release moves it again, which costs that query.
-const releasedExpiry = math.MinInt64
 
 func (ls *lease) stillHeld(ctx context.Context) (bool, error) {
 	var n int64

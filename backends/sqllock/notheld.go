@@ -10,7 +10,7 @@ import (
 // see notheld.Error) the database refused, saying why as far as their rows
 // tell, read in one more query on a path that failed already: a renewal or
 // a release that succeeds costs none, nor does a lease this Locker released
-// (releasedExpiry), the one a batch renewal finds most often. A row keeps
+// (lease.released), the one a batch renewal finds most often. A row keeps
 // its owner and version when its lease runs out, and when it is released
 // (lock_until back at locked_at); ForceRelease empties the owner and moves
 // the version one past the holder's it removed; a grant writes its own
@@ -21,7 +21,7 @@ import (
 func (l *Locker) notHeld(ctx context.Context, leases []*lease, when string) []error {
 	var names []string
 	for _, ls := range leases {
-		if ls.expiry.Load() != releasedExpiry {
+		if !ls.released.Load() {
 			names = append(names, ls.key)
 		}
 	}
@@ -37,7 +37,7 @@ func (l *Locker) notHeld(ctx context.Context, leases []*lease, when string) []er
 		why := notheld.Unknown
 		r, found := rows[ls.key]
 		switch {
-		case ls.expiry.Load() == releasedExpiry:
+		case ls.released.Load():
 			why = notheld.Released
 		case err != nil:
 		case !found:

@@ -55,6 +55,22 @@ func refusedWrite(err error) bool {
 	return errors.As(err, &coded) && coded.Code()&0xff == 8
 }
 
+// deniedPrivilege reports whether err is a database's refusal of a
+// statement to a user not granted it (PostgreSQL's insufficient_privilege;
+// MySQL's command, column and database access denied), which no retry
+// outlasts: a setup to mend, where a read-only database (a standby until a
+// failover ends) may pass.
+func deniedPrivilege(err error) bool {
+	if sqlState(err) == "42501" {
+		return true
+	}
+	switch mysqlNumber(err) {
+	case 1142, 1143, 1044:
+		return true
+	}
+	return false
+}
+
 // mysqlNumber is the number of MySQL's error in err's chain (go-sql-driver's
 // *mysql.MySQLError reads "Error 1290 (HY000): ..." or "Error 1290: ..."),
 // 0 when there is none.
