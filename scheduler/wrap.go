@@ -57,17 +57,45 @@ func (s *Scheduler) Wrap(name string, opts ...JobOption) (cron.JobWrapper, error
 // its own slot all the same, and with a slot store still runs once, if it
 // is late by less than spec's shortest interval; and "@every D" names slots
 // aligned to the Scheduler's anchor, as Add's are, so that processes whose
-// crons started at different seconds name the same ones. Give the cron the
-// Scheduler's location (cron.WithLocation; time.Local for both by
-// default): a spec read in two zones names two instants.
+// crons started at different seconds name the same ones (robfig/cron fires
+// "@every D" on whole seconds, so D must be whole seconds, and the anchor on
+// one). Give the cron the Scheduler's location (cron.WithLocation;
+// time.Local for both by default): a spec read in two zones names two
+// instants, and a firing that comes more than 10 minutes after the latest
+// slot the spec names is logged at Warn, since the slot it takes may have
+// run already.
 func (s *Scheduler) WrapSpec(spec, name string, opts ...JobOption) (cron.JobWrapper, error) {
 	j, sched, err := s.specJob(spec, name, opts)
 	if err != nil {
 		return nil, err
 	}
+	// robfig/cron fires "@every D" on whole seconds, D rounded down to
+	// them: slots of another D, or off the whole seconds, would not be
+	// the firings'.
+	if cd, ok := sched.(cron.ConstantDelaySchedule); ok && (cd.Delay%time.Second != 0 || !s.anchor.Equal(s.anchor.Truncate(time.Second))) {
+		return nil, fmt.Errorf("%w: %q: robfig/cron fires %q on whole seconds: WrapSpec needs a whole number of seconds, and the Scheduler's anchor (%v) on a whole second",
+			ErrInvalidJob, name, spec, s.anchor)
+	}
 	slots, interval := newSlotSchedule(sched, s.anchor, s.clock), shortestInterval(sched)
-	return s.wrapper(j, func() time.Time { return slots.atOrBefore(s.clock().In(s.location), interval) })
+	return s.wrapper(j, func() time.Time {
+		now := s.clock().In(s.location)
+		slot := slots.atOrBefore(now, interval)
+		if late := now.Sub(slot); late > wrapSpecLate {
+			// A cron that reads the spec in another zone (or runs another
+			// spec) fires where this spec names no slot: the firing takes
+			// the slot before it, which another firing may have run.
+			s.logger.Warn("warden/scheduler: a firing came long after the latest slot of the job's spec: is the cron reading the spec in another time zone than the Scheduler's, or running another spec?",
+				"job", j.name, "spec", spec, "location", s.location.String(), "slot", slot, "late", late)
+		}
+		return slot
+	})
 }
+
+// wrapSpecLate is how long after its slot a firing of WrapSpec's job may
+// come before it is told as one the spec does not name: far longer than a
+// stall or a DelayIfStillRunning holds a firing up, far shorter than the
+// hour or more that separates zones.
+const wrapSpecLate = 10 * time.Minute
 
 // wrapper registers j and returns the JobWrapper that runs it, in the slot
 // slotOf names when a firing calls it.

@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/warden-go/warden/backends/memory"
 	"github.com/warden-go/warden/guard"
+	"github.com/warden-go/warden/guard/driver/drivertest"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/scheduler"
 )
@@ -281,10 +284,16 @@ func TestWrapSpecNamesALateFiringsSlot(t *testing.T) {
 func TestWrapSpecRefusesBadSpecs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := stoppedScheduler(t, newGuard(t, memory.New()))
-		for _, spec := range []string{"", "* * *", "0 0 30 2 *", "@every 1ms"} {
+		for _, spec := range []string{"", "* * *", "0 0 30 2 *", "@every 1ms", "@every 1500ms", "@every 100ms"} {
 			if _, err := s.WrapSpec(spec, "job"); !errors.Is(err, scheduler.ErrInvalidJob) {
 				t.Errorf("WrapSpec(%q): %v, want ErrInvalidJob", spec, err)
 			}
+		}
+		// robfig/cron fires "@every" on whole seconds: slots off them
+		// would not be its firings'.
+		off := stoppedScheduler(t, newGuard(t, memory.New()), scheduler.WithAnchor(time.Unix(0, 2e6)))
+		if _, err := off.WrapSpec("@every 1s", "job"); !errors.Is(err, scheduler.ErrInvalidJob) || !strings.Contains(err.Error(), "anchor") {
+			t.Errorf("WrapSpec(\"@every 1s\") with an anchor off the second: %v, want ErrInvalidJob naming the anchor", err)
 		}
 	})
 }
@@ -323,6 +332,35 @@ func TestWrapSpecAlignsEvery(t *testing.T) {
 		}
 		if n := runs.Load(); n != 3 {
 			t.Errorf("%d runs in three periods of two crons started 3s apart, want 3", n)
+		}
+	})
+}
+
+// A firing far from every slot of its spec (a cron reading the spec in
+// another zone than the Scheduler's) is told at Warn: the slot it takes,
+// the one before it, may have run already, and its run is then skipped.
+func TestWrapSpecTellsAFiringOffItsSpec(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs drivertest.LogBuffer
+		s := stoppedScheduler(t, newGuard(t, memory.New()), scheduler.WithLocation(time.UTC),
+			scheduler.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		wrap, err := s.WrapSpec("0 8,9 * * *", "report")
+		if err != nil {
+			t.Fatal(err)
+		}
+		job := wrap(cron.FuncJob(func() {}))
+		const warning = "a firing came long after the latest slot"
+		// synctest's clock starts at midnight UTC: 08:00 UTC is a slot.
+		time.Sleep(8 * time.Hour)
+		job.Run()
+		if strings.Contains(logs.String(), warning) {
+			t.Fatalf("a firing on its slot was told as off its spec: %s", logs.String())
+		}
+		// 08:00 in Asia/Kolkata, where a cron in that zone fires.
+		time.Sleep(18*time.Hour + 30*time.Minute)
+		job.Run()
+		if !strings.Contains(logs.String(), warning) {
+			t.Errorf("a firing 17h30m after its spec's latest slot was not told: %s", logs.String())
 		}
 	})
 }

@@ -37,3 +37,19 @@ func TestNothingListening(t *testing.T) {
 		t.Errorf("Do: %q does not say %q", err, want)
 	}
 }
+
+// TestNothingListeningBehindSentinels: a Sentinel-managed client whose
+// Sentinels nothing listens on is not said to have no connection to
+// go-redis's placeholder address, "FailoverClient".
+func TestNothingListeningBehindSentinels(t *testing.T) {
+	client := goredis.NewFailoverClient(&goredis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{drivertest.ClosedAddr(t)}})
+	defer client.Close()
+	g, err := guard.New(newLocker(t, client), guard.WithTTL(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Lock(context.Background(), "k", guard.WaitAtMost(3*time.Second))
+	if !errors.Is(err, guard.ErrUnavailable) || strings.Contains(err.Error(), "FailoverClient") {
+		t.Fatalf("Lock: %v, want ErrUnavailable not naming go-redis's placeholder address", err)
+	}
+}

@@ -529,7 +529,13 @@ func (l *Locker) unconnected() string {
 	switch c := l.client.(type) {
 	case *goredis.Client:
 		if c.PoolStats().TotalConns == 0 {
-			return fmt.Sprintf(", with no connection open to %s (go-redis logs why its dials fail)", c.Options().Addr)
+			// A Sentinel-managed client's Addr is a placeholder: the master
+			// is whichever Sentinel names.
+			to := c.Options().Addr
+			if to == "FailoverClient" {
+				to = "the master its Sentinels name"
+			}
+			return fmt.Sprintf(", with no connection open to %s (go-redis logs why its dials fail)", to)
 		}
 	case *goredis.ClusterClient:
 		if c.PoolStats().TotalConns == 0 {
