@@ -153,8 +153,14 @@ func (s *Store) storeErr(ctx context.Context, op string, err error) error {
 			idempotency.ErrInvalid, op, driver.ErrInvalidOption, s.table, err)
 	}
 	err = unavailable(ctx, fmt.Errorf("idempotency %s: %w", op, err))
-	if errors.Is(err, driver.ErrInvalidOption) {
-		// Prepared statements lost behind a pooler: a setup to mend too.
+	if errors.Is(err, driver.ErrInvalidOption) && op == "claim" {
+		// Prepared statements lost behind a pooler: a setup to mend too,
+		// which a claim must not pass for an outage (WithFailOpen would
+		// serve the request unguarded). The calls that end a claim stay
+		// ErrUnavailable, which the Executor tries again: the pooler may
+		// send the next one to a server connection that knows the
+		// statement, and a completion given up on leaves the request to
+		// run again once its claim lapses.
 		return fmt.Errorf("%w: %w", idempotency.ErrInvalid, err)
 	}
 	return err
