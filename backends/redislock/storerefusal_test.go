@@ -46,11 +46,14 @@ func TestStoreRefusedForGood(t *testing.T) {
 		says string
 		// Get runs its script by EVALSHA_RO, which these leave alone.
 		reads bool
+		// The server refused the script before running any of it, which
+		// the changes sent once say (driver.ErrNotSent).
+		notSent bool
 	}{
-		{"user without the store's keys", goredis.Options{Addr: s.Addr(), Username: "nokeys", Password: "pw"}, "NOPERM", false},
-		{"user without evalsha", goredis.Options{Addr: s.Addr(), Username: "noevalsha", Password: "pw"}, "NOPERM", true},
-		{"user without the scripts' commands", goredis.Options{Addr: s.Addr(), Username: "scriptsonly", Password: "pw"}, "script", false},
-		{"evalsha renamed", goredis.Options{Addr: renamed.Addr()}, "unknown command", true},
+		{"user without the store's keys", goredis.Options{Addr: s.Addr(), Username: "nokeys", Password: "pw"}, "NOPERM", false, true},
+		{"user without evalsha", goredis.Options{Addr: s.Addr(), Username: "noevalsha", Password: "pw"}, "NOPERM", true, true},
+		{"user without the scripts' commands", goredis.Options{Addr: s.Addr(), Username: "scriptsonly", Password: "pw"}, "script", false, false},
+		{"evalsha renamed", goredis.Options{Addr: renamed.Addr()}, "unknown command", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := goredis.NewClient(&tc.opts)
@@ -75,6 +78,9 @@ func TestStoreRefusedForGood(t *testing.T) {
 				}
 				if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
 					t.Errorf("%s: %v; want ErrInvalid, not ErrUnavailable, saying %s", op, err, tc.says)
+				}
+				if once := op == "Complete" || op == "Abandon" || op == "Delete"; once && tc.notSent && !errors.Is(err, driver.ErrNotSent) {
+					t.Errorf("%s: %v; want it marked not sent", op, err)
 				}
 			}
 			if status, ran := failopen.Serve(t, st, true); ran != 0 || status != http.StatusInternalServerError {
