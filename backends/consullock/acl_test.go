@@ -240,7 +240,10 @@ func TestACLRefusals(t *testing.T) {
 
 	// A Store that could read its records but not write them sent its
 	// claim again until ctx ended, and reported an abandon refused as
-	// ErrNotOwner.
+	// ErrNotOwner; then it answered ErrUnavailable, which an Executor
+	// passes on as an outage (and httpmw's WithFailOpen served keyed
+	// requests unguarded): no retry outlasts the refusal, so it is
+	// ErrInvalid.
 	t.Run("store without write on its records", func(t *testing.T) {
 		const prefix = "warden-test/acl-store/"
 		owner := storeOn(t, allowed(t, a, root, everything), WithStorePrefix(prefix))
@@ -253,8 +256,8 @@ func TestACLRefusals(t *testing.T) {
 		enc := strings.TrimPrefix(owner.recordKey(scope, key), prefix)
 		check := func(op string, err error) {
 			t.Helper()
-			if !errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || strings.Contains(err.Error(), enc) {
-				t.Errorf("%s: %v; want ErrUnavailable saying %q, without the record's path", op, err, refusedErr)
+			if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || strings.Contains(err.Error(), enc) {
+				t.Errorf("%s: %v; want ErrInvalid, not ErrUnavailable, saying %q, without the record's path", op, err, refusedErr)
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -262,6 +265,8 @@ func TestACLRefusals(t *testing.T) {
 		cancel()
 		check("Claim", err)
 		check("Abandon", readOnly.Abandon(ctx, scope, key, "o"))
+		check("Delete", readOnly.Delete(ctx, scope, key, "o"))
+		check("Delete (any owner)", readOnly.Delete(ctx, scope, key, ""))
 		if err := owner.Complete(ctx, scope, key, "o", []byte("done"), time.Hour); err != nil {
 			t.Errorf("Complete by the owner after the refused Abandon: %v", err)
 		}
@@ -276,8 +281,31 @@ func TestACLRefusals(t *testing.T) {
 		none.mu.Lock()
 		left := len(none.claims)
 		none.mu.Unlock()
-		if !errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || left != 0 {
-			t.Errorf("Claim: %v, with %d claims kept to be taken back; want the refusal, none kept", err, left)
+		if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) || left != 0 {
+			t.Errorf("Claim: %v, with %d claims kept to be taken back; want the refusal (ErrInvalid, not ErrUnavailable), none kept", err, left)
+		}
+		_, err = none.Get(ctx, "tenant", name("order"))
+		if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), "read of the record refused") {
+			t.Errorf("Get: %v; want ErrInvalid, not ErrUnavailable, saying the read was refused", err)
+		}
+	})
+
+	// Nor does a refusal of the Store's session pass: ErrInvalid too.
+	t.Run("store without session rights", func(t *testing.T) {
+		st := storeOn(t, allowed(t, a, root, `key_prefix "" { policy = "write" }`), WithStorePrefix("warden-test/acl-store-nosession/"))
+		_, err := st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("order"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+		if !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), refusedErr) {
+			t.Errorf("Claim: %v; want ErrInvalid, not ErrUnavailable, saying %q", err, refusedErr)
+		}
+	})
+
+	// A token Consul does not know may be one replaced since: the next
+	// request may carry its successor, so it stays an outage.
+	t.Run("store with an unknown token", func(t *testing.T) {
+		st := storeOn(t, tokenClient(t, a, "no/such token"), WithStorePrefix("warden-test/acl-store-unknown/"))
+		_, err := st.Claim(ctx, idempotency.Claim{Scope: "tenant", Key: name("order"), Fingerprint: "fp", Owner: "o", Lease: time.Minute})
+		if !errors.Is(err, idempotency.ErrUnavailable) || errors.Is(err, idempotency.ErrInvalid) || !strings.Contains(err.Error(), "ACL not found") {
+			t.Errorf("Claim: %v; want ErrUnavailable saying ACL not found", err)
 		}
 	})
 
@@ -764,8 +792,8 @@ func TestPurgeFilteredDeletesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	purger := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
-	if n, err := purger.Purge(ctx); !errors.Is(err, errDenied) {
-		t.Errorf("Purge by a token denied a record: (%d, %v); want an error for want of ACL rights", n, err)
+	if n, err := purger.Purge(ctx); !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) || !strings.Contains(err.Error(), "ACL rights") {
+		t.Errorf("Purge by a token denied a record: (%d, %v); want ErrInvalid, not ErrUnavailable, for want of ACL rights", n, err)
 	}
 	if rec, err := owner.Get(ctx, "", "k"); err != nil || !bytes.Equal(rec.Response, response) {
 		t.Errorf("the record after Purge: %v; want it whole", err)
@@ -780,8 +808,9 @@ func TestDeleteHiddenRecord(t *testing.T) {
 	defer cancel()
 	owner, others := claimedRecord(ctx, t)
 	denied := others(` key "` + owner.recordKey("", "k") + `" { policy = "deny" }`)
-	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, errDenied) || errors.Is(err, idempotency.ErrNotFound) {
-		t.Errorf("Delete by a token that may not read the record: %v; want an error for want of ACL rights", err)
+	if err := denied.Delete(ctx, "", "k", "o"); !errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, idempotency.ErrUnavailable) ||
+		!errors.Is(err, driver.ErrNotSent) || !strings.Contains(err.Error(), "ACL rights") {
+		t.Errorf("Delete by a token that may not read the record: %v; want ErrInvalid, not ErrUnavailable, for want of ACL rights, marked not sent", err)
 	}
 }
 

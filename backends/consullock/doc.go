@@ -252,7 +252,8 @@
 // and a Store's Purge decide only on reads that Consul says are whole: one
 // from which the ACL left keys out (Consul says that it did, not which)
 // fails with an error wrapping driver.ErrUnavailable for want of ACL
-// rights (List returns its page with driver.ErrPartialList), rather than
+// rights (List returns its page with driver.ErrPartialList; a Store's
+// calls wrap idempotency.ErrInvalid instead, see Store), rather than
 // take a lock for free, or a record's chunks for no record's, for want of
 // a key it was not shown. Consul says so only to a request that carries a
 // token, and reads one that carries none (none of the client's own, and no

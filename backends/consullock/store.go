@@ -123,10 +123,15 @@ const DefaultStorePrefix = "warden/idem/"
 // one that gets no answer in time fails with an error wrapping
 // idempotency.ErrUnavailable, while the caller's own cancellation is
 // reported as ctx's error. A request Consul refuses for want of ACL rights
-// fails the same way, at once, with Consul's reason (the record's path
-// taken out), never as a record taken or not owned. A Claim whose outcome
-// is unknown (no answer) is deleted again by the Store as soon as Consul
-// answers, since its caller was told that it failed.
+// fails at once, with Consul's reason (the record's path taken out), never
+// as a record taken or not owned, and wraps idempotency.ErrInvalid, not
+// ErrUnavailable: an Executor passes it on rather than as an outage, so
+// that httpmw's WithFailOpen does not serve keyed requests unguarded until
+// someone mends the token's rules. A token Consul does not know (403 "ACL
+// not found") stays ErrUnavailable: the next request may carry a new one.
+// A Claim whose outcome is unknown (no answer) is deleted again by the
+// Store as soon as Consul answers, since its caller was told that it
+// failed.
 type Store struct {
 	client  *api.Client
 	dir     string
@@ -321,7 +326,8 @@ func (s *Store) unexpect(k string) {
 // Claim implements idempotency.Store. It starts with the claim transaction,
 // or with a read of the record when this Store expects one (see Round
 // trips); either way it claims only a key it has seen free or expired.
-func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Record, error) {
+func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (_ *idempotency.Record, err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), c.Check()); err != nil {
 		return nil, err
 	}
@@ -434,7 +440,8 @@ func (s *Store) ClaimDone(scope, key, owner string) <-chan struct{} {
 // Extend implements idempotency.Store: one read-only transaction checks
 // that the claim is still the record, then the lease runs for lease from
 // when it was sent.
-func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time.Duration) (err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(lease)); err != nil {
 		return err
 	}
@@ -465,7 +472,8 @@ func (s *Store) Extend(ctx context.Context, scope, key, owner string, lease time
 // Complete implements idempotency.Store: one transaction checks that the
 // claim is still the record and releases it from the session with the
 // completed value.
-func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) error {
+func (s *Store) Complete(ctx context.Context, scope, key, owner string, response []byte, retention time.Duration) (err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner), idempotency.CheckDuration(retention), idempotency.CheckResponse(response)); err != nil {
 		return err
 	}
@@ -508,7 +516,8 @@ func (s *Store) Complete(ctx context.Context, scope, key, owner string, response
 
 // Abandon implements idempotency.Store. An owner may abandon from any Store:
 // deleting its claim only frees the key sooner.
-func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
+func (s *Store) Abandon(ctx context.Context, scope, key, owner string) (err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key), idempotency.CheckOwner(owner)); err != nil {
 		return err
 	}
@@ -546,7 +555,8 @@ func (s *Store) Abandon(ctx context.Context, scope, key, owner string) error {
 }
 
 // Get implements idempotency.Store, in one request, chunks included.
-func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record, error) {
+func (s *Store) Get(ctx context.Context, scope, key string) (_ *idempotency.Record, err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return nil, err
 	}
@@ -564,7 +574,8 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 // record fails it when there is none. A delete naming an owner reads the
 // record first and is fenced by the index it read, read again when the
 // record changed meanwhile, a few times at most.
-func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
+func (s *Store) Delete(ctx context.Context, scope, key, owner string) (err error) {
+	defer refusedForGood(&err)
 	if err := errors.Join(idempotency.CheckContext(ctx), idempotency.CheckKey(scope, key)); err != nil {
 		return err
 	}
@@ -622,7 +633,8 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 // periodically, from one process, at a pace the number of records allows.
 // Its token must read every key under the prefix: a listing from which
 // Consul's ACL left keys out fails, with nothing deleted.
-func (s *Store) Purge(ctx context.Context) (int, error) {
+func (s *Store) Purge(ctx context.Context) (_ int, err error) {
+	defer refusedForGood(&err)
 	if err := idempotency.CheckContext(ctx); err != nil {
 		return 0, err
 	}
@@ -869,12 +881,14 @@ func (s *Store) load(ctx context.Context, k string) (*api.KVPair, stored, error)
 		return nil, stored{}, err
 	}
 	if !ok || len(resp.Results) == 0 || resp.Results[0].Key != k {
-		// An ACL that denies the read, or a server older than 1.14.
+		// An ACL that denies the read, or a server older than 1.14:
+		// neither passes (see Store).
 		var why []string
 		for _, e := range resp.Errors {
 			why = append(why, e.What)
 		}
-		return nil, stored{}, s.hidePath(fmt.Errorf("%w: consul: read of the record refused: %s", idempotency.ErrUnavailable, strings.Join(why, "; ")), k)
+		return nil, stored{}, s.hidePath(fmt.Errorf("%w: consul: read of the record refused, a setup to mend (the store's token needs read and write on its prefix, and Consul 1.14 or later): %s",
+			idempotency.ErrInvalid, strings.Join(why, "; ")), k)
 	}
 	kv := resp.Results[0]
 	if kv.ModifyIndex == 0 {
@@ -993,6 +1007,25 @@ func (e *pathHidden) Unwrap() error { return e.err }
 // whose context is ctx, as the Locker does.
 func (s *Store) unavailable(ctx, rctx context.Context, err error) error {
 	return s.sessions.fail(ctx, rctx, err)
+}
+
+// refusedForGood makes *err, the failure of a Store call, an
+// idempotency.ErrInvalid when Consul refused it for want of ACL rights
+// (errDenied, which wraps ErrUnavailable for the Locker's callers): no
+// retry outlasts that, and an Executor makes any error but an ErrInvalid
+// an outage (see Store). Consul's words, and a driver.NotSent mark, are
+// kept.
+func refusedForGood(err *error) {
+	e := *err
+	if !errors.Is(e, errDenied) || unknownToken(e) {
+		return
+	}
+	msg := strings.Replace(e.Error(), errDenied.Error(),
+		"consul refused the store's request for want of ACL rights, a setup to mend (its token needs write on the store's prefix and session:write)", 1)
+	*err = fmt.Errorf("%w: %s", idempotency.ErrInvalid, msg)
+	if errors.Is(e, driver.ErrNotSent) {
+		*err = driver.NotSent(*err)
+	}
 }
 
 func notOwner(op, key string) error {

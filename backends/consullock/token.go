@@ -110,8 +110,7 @@ func (l *Locker) whole(ctx context.Context, read func(secret string) (filtered b
 	// at every such read (a List page, while any key is hidden) would
 	// double its requests for a change of the agent's default token that
 	// tokenKept bounds anyway.
-	stale := filtered && t.secret == anonymousSecret ||
-		errors.Is(err, errDenied) && strings.Contains(err.Error(), "ACL not found")
+	stale := filtered && t.secret == anonymousSecret || unknownToken(err)
 	if kept && stale {
 		if again, aerr := l.askToken(ctx); aerr == nil && again.secret != t.secret {
 			t = again
@@ -125,4 +124,11 @@ func (l *Locker) whole(ctx context.Context, read func(secret string) (filtered b
 		return "the anonymous token (the client's requests carry no token Consul knows: give it one that may read them)", nil
 	}
 	return "the token", nil
+}
+
+// unknownToken reports whether err is Consul's refusal of a token it does
+// not know (403 "ACL not found"): one deleted, or replaced by a new one
+// that the next request may carry, rather than one without the rights.
+func unknownToken(err error) bool {
+	return errors.Is(err, errDenied) && strings.Contains(err.Error(), "ACL not found")
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/guard/driver/drivertest"
+	"github.com/warden-go/warden/idempotency"
 )
 
 // The users authEtcd creates: root, and a user whose password holds the
@@ -188,6 +189,59 @@ func TestPingWithRightsOnItsKeysAlone(t *testing.T) {
 	for what, p := range map[string]driver.Pinger{"Locker": lockerOn(t, c), "Store": s} {
 		if err := p.Ping(ctx); err != nil {
 			t.Errorf("%s.Ping: %v", what, err)
+		}
+	}
+}
+
+// TestStoreRefusedForWantOfRights: a Store whose user may not read and
+// write its prefix fails every call with etcd's refusal wrapping
+// idempotency.ErrInvalid, not ErrUnavailable, which an Executor would
+// pass on as an outage (and httpmw's WithFailOpen serve keyed requests
+// unguarded); on a prefix the user may write, the same calls work.
+func TestStoreRefusedForWantOfRights(t *testing.T) {
+	c := authEtcd(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, prefix := range []string{"forbidden", "ok"} {
+		s, err := NewStore(c, WithStorePrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const owner = "owner-0123456789abcdef"
+		claim := func(key string) error {
+			_, err := s.Claim(ctx, idempotency.Claim{Key: key, Fingerprint: "f", Owner: owner, Lease: time.Minute})
+			return err
+		}
+		_, getErr := s.Get(ctx, "", "done")
+		got := map[string]error{
+			"Claim": claim("done"), "Get": getErr,
+			"Extend":   s.Extend(ctx, "", "done", owner, time.Minute),
+			"Complete": s.Complete(ctx, "", "done", owner, []byte("r"), time.Minute),
+			"Delete":   s.Delete(ctx, "", "done", owner),
+			"Delete (any owner)": func() error {
+				if err := claim("any"); prefix == "ok" && err != nil {
+					return err
+				}
+				return s.Delete(ctx, "", "any", "")
+			}(),
+			"Abandon": func() error {
+				if err := claim("abandoned"); prefix == "ok" && err != nil {
+					return err
+				}
+				return s.Abandon(ctx, "", "abandoned", owner)
+			}(),
+		}
+		for op, err := range got {
+			switch {
+			case prefix == "ok" && op == "Get":
+				if !errors.Is(err, idempotency.ErrNotFound) {
+					t.Errorf("%s on the user's prefix: %v; want ErrNotFound", op, err)
+				}
+			case prefix == "ok" && err != nil:
+				t.Errorf("%s on the user's prefix: %v", op, err)
+			case prefix != "ok" && (!errors.Is(err, idempotency.ErrInvalid) || errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "permission denied")):
+				t.Errorf("%s on a prefix the user may not write: %v; want ErrInvalid, not ErrUnavailable, saying permission denied", op, err)
+			}
 		}
 	}
 }

@@ -83,6 +83,12 @@ const DefaultStorePrefix = "warden"
 // one that gets no answer in time fails with an error wrapping
 // idempotency.ErrUnavailable (which is driver.ErrUnavailable), while the
 // caller's own cancellation is reported as ctx's error.
+//
+// A request etcd refuses for want of rights (a user without read and write
+// on the store's prefix) fails with etcd's words wrapping
+// idempotency.ErrInvalid, not ErrUnavailable: an Executor passes it on
+// rather than as an outage, so that httpmw's WithFailOpen does not serve
+// keyed requests unguarded until someone mends the user's role.
 type Store struct {
 	client  *clientv3.Client
 	dir     string
@@ -583,11 +589,17 @@ func (s *Store) withdraw(ctx context.Context, k, v string) {
 }
 
 // call makes one request to etcd, bounded by b, and reports its failure as
-// b.err does.
+// b.err does, but for a refusal for want of rights: no retry outlasts it,
+// and an Executor makes any error but an idempotency.ErrInvalid an outage
+// (see Store).
 func call[T any](ctx context.Context, b bound, f func(rctx context.Context) (T, error)) (T, error) {
 	rctx, cancel := b.ctx(ctx)
 	defer cancel()
 	v, err := f(rctx)
+	if denied(err) && ctx.Err() == nil {
+		return v, fmt.Errorf("%w: etcd refuses the store's user its records, a setup to mend (grant it read and write on the store's prefix): %w",
+			idempotency.ErrInvalid, err)
+	}
 	return v, b.err(ctx, rctx, err)
 }
 

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden/backends/internal/rediseval"
+	"github.com/warden-go/warden/backends/internal/redisrefusal"
 	"github.com/warden-go/warden/guard/driver"
 	"github.com/warden-go/warden/idempotency"
 )
@@ -34,6 +35,15 @@ var (
 // and a replay 2 (EVALSHA_RO, HMGET: Get runs its script read-only, as
 // Inspect does, so that a user allowed only to read the records may). It
 // is safe for concurrent use.
+//
+// A call the server refuses for good (an ACL user without the store's keys
+// or a command its scripts call, NOPERM, or EVALSHA renamed away) fails
+// with the server's words wrapping idempotency.ErrInvalid, not
+// ErrUnavailable: an Executor passes it on rather than as an outage, so
+// that httpmw's WithFailOpen does not serve keyed requests unguarded until
+// someone mends the setup. Authentication errors (NOAUTH, WRONGPASS) stay
+// ErrUnavailable, as for the Locker: a credentials provider of short-lived
+// tokens may hand a fresh one to the next connection.
 type Store struct {
 	client                      goredis.UniversalClient
 	sc                          *scripter // client, for scripts
@@ -103,7 +113,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (*idempotency.Re
 	}
 	v, err := s.claim.Run(ctx, s.sc, []string{s.recordKey(c.Scope, c.Key)}, c.Owner, c.Fingerprint, ms(c.Lease)).Result()
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, storeErr(ctx, "claim", err, driver.Unavailable)
 	}
 	return record(c.Scope, c.Key, v)
 }
@@ -148,9 +158,9 @@ func (s *Store) change(ctx context.Context, scope, key, owner, op string, d int6
 	n, err := s.sc.run(ctx, idemUpdateSrc, cmd, eval).Int64()
 	switch {
 	case err != nil && op == "extend":
-		return driver.Unavailable(ctx, err)
+		return storeErr(ctx, op, err, driver.Unavailable)
 	case err != nil:
-		return onceErr(ctx, err)
+		return storeErr(ctx, op, err, onceErr)
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %s of %q", idempotency.ErrNotOwner, op, key)
@@ -168,7 +178,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 	}
 	v, err := s.sc.runReadOnly(ctx, s.read, []string{s.recordKey(scope, key)}).Result()
 	if err != nil {
-		return nil, driver.Unavailable(ctx, err)
+		return nil, storeErr(ctx, "get", err, driver.Unavailable)
 	}
 	rec, err := record(scope, key, v)
 	if err == nil && rec == nil {
@@ -190,13 +200,32 @@ func (s *Store) Delete(ctx context.Context, scope, key, owner string) error {
 	n, err := s.sc.evalshaOnce(ctx, idemDeleteSrc, []any{"evalsha", s.remove.Hash(), 1, s.recordKey(scope, key), owner}).Int64()
 	switch {
 	case err != nil:
-		return onceErr(ctx, err)
+		return storeErr(ctx, "delete", err, onceErr)
 	case n < 0:
 		return fmt.Errorf("%w: %q", idempotency.ErrNotFound, key)
 	case n == 0:
 		return fmt.Errorf("%w: delete of %q: the record has another owner", idempotency.ErrNotOwner, key)
 	}
 	return nil
+}
+
+// storeErr classifies err, the server's answer to the Store's op, as
+// classify does, but for a refusal no retry outlasts (see Store), which
+// wraps idempotency.ErrInvalid and the server's words, without
+// ErrUnavailable: an Executor makes any error but an ErrInvalid an
+// outage. What classify proves of the change (driver.NotSent) holds for
+// it too.
+func storeErr(ctx context.Context, op string, err error, classify func(context.Context, error) error) error {
+	cerr := classify(ctx, err)
+	if ctx.Err() != nil || !redisrefusal.Permanent(err) {
+		return cerr
+	}
+	err = fmt.Errorf("%w: idempotency %s refused by the server for good, a setup to mend (the ACL lines that work are in redislock's documentation): %w",
+		idempotency.ErrInvalid, op, err)
+	if errors.Is(cerr, driver.ErrNotSent) {
+		return driver.NotSent(err)
+	}
+	return err
 }
 
 // record decodes a script's answer: 0 for none, else the record's fields.

@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden/backends/internal/failopen"
 	"github.com/warden-go/warden/backends/sqllock"
 	"github.com/warden-go/warden/guard/driver"
-	"github.com/warden-go/warden/httpmw"
 	"github.com/warden-go/warden/idempotency"
 )
 
@@ -54,26 +51,9 @@ func TestStoreNotMigrated(t *testing.T) {
 				}
 				cancel()
 				for _, failOpen := range []bool{false, true} {
-					var opts []httpmw.IdempotencyOption
-					if failOpen {
-						opts = append(opts, httpmw.WithFailOpen())
-					}
-					mw, err := httpmw.Idempotency(st, append(opts, httpmw.WithLogger(slog.New(slog.DiscardHandler)))...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var ran atomic.Int32
-					h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-						ran.Add(1)
-						w.WriteHeader(http.StatusCreated)
-					}))
-					req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":1}`))
-					req.Header.Set(httpmw.DefaultHeader, "order-1")
-					rec := httptest.NewRecorder()
-					h.ServeHTTP(rec, req)
-					if ran.Load() != 0 || rec.Code != http.StatusInternalServerError {
+					if status, ran := failopen.Serve(t, st, failOpen); ran != 0 || status != http.StatusInternalServerError {
 						t.Errorf("Idempotency (WithFailOpen %v) on the table %s, never created: status %d, handler run %d times; want 500 (not 503, which says retry later), the handler not run",
-							failOpen, table, rec.Code, ran.Load())
+							failOpen, table, status, ran)
 					}
 				}
 			}

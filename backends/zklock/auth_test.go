@@ -490,3 +490,48 @@ func newTestStoreOn(t *testing.T, conn *zk.Conn, secure string) *Store {
 	}
 	return s
 }
+
+// TestStoreRefusedByACL: a Store whose records' ACL refuses its
+// connection (one without their user's credentials), or whose own ACL the
+// server will not set (zk.AuthACL on a connection without credentials),
+// fails with the zk error wrapping idempotency.ErrInvalid, not
+// ErrUnavailable, which an Executor would pass on as an outage (and
+// httpmw's WithFailOpen serve keyed requests unguarded).
+func TestStoreRefusedByACL(t *testing.T) {
+	srv := servers(t)
+	secure, admin := secureRoot(t, srv)
+	ctx := testCtx(t)
+	owners, err := NewStore(admin, WithStoreRoot(secure+"/idem"), WithStoreACL(zk.DigestACL(zk.PermAll, authUser, authPassword)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := owners.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute}); err != nil || rec != nil {
+		t.Fatalf("Claim with the credentials: %v, %v", rec, err)
+	}
+	anon := connect(t, srv)
+	s := newTestStoreOn(t, anon, secure)
+	_, claimErr := s.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o2", Lease: time.Minute})
+	_, getErr := s.Get(ctx, "", "k")
+	_, purgeErr := s.Purge(ctx)
+	authACL, err := NewStore(anon, WithStoreRoot(secure[:strings.LastIndex(secure, "/")]+"/authacl"), WithStoreACL(zk.AuthACL(zk.PermAll)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, authACLErr := authACL.Claim(ctx, idempotency.Claim{Key: "k", Owner: "o", Lease: time.Minute})
+	for op, tc := range map[string]struct {
+		err, want error
+	}{
+		"Claim":    {claimErr, zk.ErrNoAuth},
+		"Get":      {getErr, zk.ErrNoAuth},
+		"Purge":    {purgeErr, zk.ErrNoAuth},
+		"Extend":   {s.Extend(ctx, "", "k", "o", time.Minute), zk.ErrNoAuth},
+		"Complete": {s.Complete(ctx, "", "k", "o", []byte("r"), time.Minute), zk.ErrNoAuth},
+		"Abandon":  {s.Abandon(ctx, "", "k", "o"), zk.ErrNoAuth},
+		"Delete":   {s.Delete(ctx, "", "k", "o"), zk.ErrNoAuth},
+		"Claim with an ACL the server will not set": {authACLErr, zk.ErrInvalidACL},
+	} {
+		if !errors.Is(tc.err, idempotency.ErrInvalid) || errors.Is(tc.err, driver.ErrUnavailable) || !errors.Is(tc.err, tc.want) {
+			t.Errorf("%s: %v; want ErrInvalid wrapping %v, not ErrUnavailable", op, tc.err, tc.want)
+		}
+	}
+}

@@ -108,6 +108,13 @@ const (
 // cancellation or deadline is reported as ctx's error. A write whose answer
 // was lost may still have been applied; a Claim cut off that way retries and
 // recognises its own record.
+//
+// A request the ACL of the store's znodes refuses (zk.ErrNoAuth: a
+// connection without their user's credentials; zk.ErrInvalidACL: a
+// WithStoreACL the server will not set) wraps idempotency.ErrInvalid and the
+// zk error instead: an Executor passes it on rather than as an outage, so
+// that httpmw's WithFailOpen does not serve keyed requests unguarded until
+// someone mends the setup.
 type Store struct {
 	conn    *zk.Conn
 	root    string
@@ -727,8 +734,9 @@ func (s *Store) ensure(ctx context.Context, bucket string) error {
 // storeCall runs one ZooKeeper request, bounded by the store's request
 // timeout and by ctx (the client library takes no context). The answers the
 // store acts on (no node, node exists, bad version, not empty) come back as
-// the zk errors; every other failure wraps idempotency.ErrUnavailable, except
-// that the caller's own cancellation or deadline is ctx's error.
+// the zk errors; a refusal by an ACL wraps idempotency.ErrInvalid (see
+// Store); every other failure wraps idempotency.ErrUnavailable, except that
+// the caller's own cancellation or deadline is ctx's error.
 func storeCall[T any](ctx context.Context, s *Store, op string, fn func() (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
@@ -747,8 +755,13 @@ func storeCall[T any](ctx context.Context, s *Store, op string, fn func() (T, er
 	defer timeout.Stop()
 	select {
 	case r := <-ch:
-		if r.err == nil || answered(r.err) {
+		switch {
+		case r.err == nil || answered(r.err):
 			return r.v, r.err
+		case deniedByACL(r.err) && ctx.Err() == nil:
+			return r.v, fmt.Errorf("%w: zookeeper idempotency %s refused by the ACL of the store's znodes, a setup to mend"+
+				" (the credentials of their user on the connection, conn.AddAuth, or a root of the connection's own user, WithStoreRoot): %w",
+				idempotency.ErrInvalid, op, r.err)
 		}
 		return r.v, driver.Unavailable(ctx, fmt.Errorf("zookeeper idempotency %s: %w", op, r.err))
 	case <-timeout.C:

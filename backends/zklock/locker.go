@@ -1275,10 +1275,18 @@ func unavailable(op string, err error) error {
 	if errors.Is(err, driver.ErrUnavailable) {
 		return err
 	}
-	if errors.Is(err, zk.ErrNoAuth) || errors.Is(err, zk.ErrInvalidACL) {
+	if deniedByACL(err) {
 		return fmt.Errorf("%w: zookeeper %s: %w", errDenied, op, err)
 	}
 	return fmt.Errorf("%w: zookeeper %s: %w", driver.ErrUnavailable, op, err)
+}
+
+// deniedByACL reports whether err is the ensemble's refusal of a request
+// for want of rights, or of the ACL it would create a node with (see
+// errDenied): the same request is refused again until someone changes an
+// ACL or the session's credentials.
+func deniedByACL(err error) bool {
+	return errors.Is(err, zk.ErrNoAuth) || errors.Is(err, zk.ErrInvalidACL)
 }
 
 // notSentOr is err, the failure of a delete (a forced release's, an
