@@ -183,7 +183,7 @@ func (s *Scheduler) Add(spec, name string, fn func(ctx context.Context) error, o
 	return nil
 }
 
-// specJob parses spec and returns the job name runs on it, with its
+// specJob parses spec and returns the job named name that runs on it, its
 // options checked, not yet scheduled.
 func (s *Scheduler) specJob(spec, name string, opts []JobOption) (*job, cron.Schedule, error) {
 	sched, err := parseSpec(s.parser, spec)
