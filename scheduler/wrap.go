@@ -92,9 +92,10 @@ func (s *Scheduler) WrapSpec(spec, name string, opts ...JobOption) (cron.JobWrap
 }
 
 // wrapSpecLate is how long after its slot a firing of WrapSpec's job may
-// come before it is told as one the spec does not name: far longer than a
-// stall or a DelayIfStillRunning holds a firing up, far shorter than the
-// hour or more that separates zones.
+// come before it is told as one the spec does not name: longer than a stall
+// commonly holds a firing up, shorter than most zones' offsets from one
+// another (an hour or more; a few differ by 30 or 45 minutes, and fewer
+// still by 15, which this does not tell).
 const wrapSpecLate = 10 * time.Minute
 
 // wrapper registers j and returns the JobWrapper that runs it, in the slot
